@@ -1,0 +1,135 @@
+// Builder helpers: each packs Params for one Prim and appends the op.
+#include "circuit/builder.hpp"
+
+namespace kiln {
+
+ValueId Builder::op(const std::string& prim, Params params, std::vector<ValueId> inputs) {
+  return c_.add_op(prim, std::move(params), std::move(inputs), scope_).at(0);
+}
+
+ValueId Builder::pointwise(const ScalarExp& body, std::vector<ValueId> inputs) {
+  Params p;
+  p.body = body;
+  return op("pointwise", std::move(p), std::move(inputs));
+}
+
+ValueId Builder::add(ValueId a, ValueId b) { return pointwise(se::in(0) + se::in(1), {a, b}); }
+ValueId Builder::sub(ValueId a, ValueId b) { return pointwise(se::in(0) - se::in(1), {a, b}); }
+ValueId Builder::mul(ValueId a, ValueId b) { return pointwise(se::in(0) * se::in(1), {a, b}); }
+ValueId Builder::div(ValueId a, ValueId b) { return pointwise(se::in(0) / se::in(1), {a, b}); }
+ValueId Builder::scale(ValueId a, double s) { return pointwise(se::in(0) * se::c(s), {a}); }
+
+ValueId Builder::reduce(ReduceKind kind, ValueId x, int axis) {
+  if (axis < 0) axis += info(x).shape.rank();  // out-of-range axes are left to the shape rule
+  Params p;
+  p.ints = {static_cast<int64_t>(kind), axis};
+  return op("reduce", std::move(p), {x});
+}
+
+ValueId Builder::reduce_all(ReduceKind kind, ValueId x) {
+  Params p;
+  p.ints = {static_cast<int64_t>(kind)};
+  return op("reduce_all", std::move(p), {x});
+}
+
+ValueId Builder::matmul(ValueId a, ValueId b, bool ta, bool tb) {
+  Params p;
+  p.ints = {ta ? 1 : 0, tb ? 1 : 0};
+  return op("matmul", std::move(p), {a, b});
+}
+
+ValueId Builder::gather_rows(ValueId table, ValueId idx) { return op("gather_rows", {}, {table, idx}); }
+
+ValueId Builder::scatter_add_rows(ValueId idx, ValueId src, int64_t rows) {
+  Params p;
+  p.ints = {rows};
+  return op("scatter_add_rows", std::move(p), {idx, src});
+}
+
+ValueId Builder::one_hot(ValueId idx, int64_t depth, DType dtype) {
+  Params p;
+  p.ints = {depth};
+  p.dtype = dtype;
+  return op("one_hot", std::move(p), {idx});
+}
+
+ValueId Builder::reshape(ValueId x, const Shape& shape) {
+  Params p;
+  p.ints = shape.dims();
+  return op("reshape", std::move(p), {x});
+}
+
+ValueId Builder::permute(ValueId x, const std::vector<int64_t>& perm) {
+  Params p;
+  p.ints = perm;
+  return op("permute", std::move(p), {x});
+}
+
+ValueId Builder::transpose(ValueId x, int a, int b) {
+  int r = info(x).shape.rank();
+  a = info(x).shape.normalize_axis(a, "transpose");
+  b = info(x).shape.normalize_axis(b, "transpose");
+  std::vector<int64_t> perm(static_cast<size_t>(r));
+  for (int i = 0; i < r; ++i) perm[static_cast<size_t>(i)] = i;
+  std::swap(perm[static_cast<size_t>(a)], perm[static_cast<size_t>(b)]);
+  return permute(x, perm);
+}
+
+ValueId Builder::broadcast(ValueId x, const Shape& shape) {
+  Params p;
+  p.ints = shape.dims();
+  return op("broadcast", std::move(p), {x});
+}
+
+ValueId Builder::slice(ValueId x, int axis, int64_t start, int64_t end) {
+  if (axis < 0) axis += info(x).shape.rank();
+  Params p;
+  p.ints = {axis, start, end};
+  return op("slice", std::move(p), {x});
+}
+
+ValueId Builder::concat(const std::vector<ValueId>& xs, int axis) {
+  if (axis < 0 && !xs.empty()) axis += info(xs[0]).shape.rank();
+  Params p;
+  p.ints = {axis};
+  return op("concat", std::move(p), xs);
+}
+
+ValueId Builder::where(ValueId cond, ValueId a, ValueId b) { return op("where", {}, {cond, a, b}); }
+
+ValueId Builder::cast(ValueId x, DType dtype) {
+  Params p;
+  p.dtype = dtype;
+  return op("cast", std::move(p), {x});
+}
+
+ValueId Builder::stop_gradient(ValueId x) { return op("stop_gradient", {}, {x}); }
+
+ValueId Builder::fill(const Shape& shape, DType dtype, double value) {
+  Params p;
+  p.ints = shape.dims();
+  p.reals = {value};
+  p.dtype = dtype;
+  return op("fill", std::move(p), {});
+}
+
+ValueId Builder::iota(const Shape& shape, DType dtype, const IndexExp& index) {
+  Params p;
+  p.ints = shape.dims();
+  p.dtype = dtype;
+  p.index = index;
+  return op("iota", std::move(p), {});
+}
+
+ValueId Builder::random(RandomKind kind, const Shape& shape, DType dtype, ValueId key, ValueId offset, double prob) {
+  Params p;
+  p.ints = {static_cast<int64_t>(kind)};
+  p.ints.insert(p.ints.end(), shape.dims().begin(), shape.dims().end());
+  p.reals = {prob};
+  p.dtype = dtype;
+  return op("random", std::move(p), {key, offset});
+}
+
+ValueId Builder::assign(ValueId target, ValueId value) { return op("assign", {}, {target, value}); }
+
+}  // namespace kiln

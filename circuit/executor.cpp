@@ -1,0 +1,70 @@
+// Program: verification, liveness and the run loop of the Eigen executor.
+#include "circuit/executor.hpp"
+
+#include "circuit/error.hpp"
+
+namespace kiln {
+
+Program::Program(Circuit circuit, std::vector<ValueId> outputs)
+    : circuit_(std::move(circuit)), outputs_(std::move(outputs)) {
+  circuit_.verify();
+  const auto& ops = circuit_.ops();
+  std::vector<int32_t> last_use(circuit_.num_values(), -1);
+  for (size_t i = 0; i < ops.size(); ++i)
+    for (ValueId in : ops[i].inputs) last_use[static_cast<size_t>(in)] = static_cast<int32_t>(i);
+  for (ValueId o : outputs_) last_use[static_cast<size_t>(o)] = static_cast<int32_t>(ops.size());
+  free_after_.resize(ops.size());
+  for (size_t v = 0; v < circuit_.num_values(); ++v) {
+    const Value& val = circuit_.value(static_cast<ValueId>(v));
+    if (val.role != ValueRole::Computed) continue;
+    int32_t at = last_use[v] < 0 ? val.producer : last_use[v];
+    if (at < static_cast<int32_t>(ops.size())) free_after_[static_cast<size_t>(at)].push_back(static_cast<ValueId>(v));
+  }
+}
+
+std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) const {
+  const auto& ext = circuit_.externals();
+  if (bindings.size() != ext.size())
+    throw Error("executor: the circuit has " + std::to_string(ext.size()) + " external values, " +
+                std::to_string(bindings.size()) + " were bound");
+  std::vector<HostTensor> values(circuit_.num_values());
+  for (size_t i = 0; i < ext.size(); ++i) {
+    const Value& v = circuit_.value(ext[i]);
+    const HostTensor& b = bindings[i];
+    if (!b.defined() || b.dtype() != v.info.dtype || b.shape() != v.info.shape)
+      throw Error("executor: binding for %" + std::to_string(ext[i]) + (v.name.empty() ? "" : " '" + v.name + "'") +
+                  ": expected " + dtype_name(v.info.dtype) + v.info.shape.str() + ", received " +
+                  (b.defined() ? std::string(dtype_name(b.dtype())) + b.shape().str() : std::string("nothing")));
+    values[static_cast<size_t>(ext[i])] = b;
+  }
+  const auto& ops = circuit_.ops();
+  std::vector<const HostTensor*> in;
+  std::vector<ValueInfo> out_info;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    in.clear();
+    out_info.clear();
+    for (ValueId v : op.inputs) in.push_back(&values[static_cast<size_t>(v)]);
+    for (ValueId v : op.outputs) out_info.push_back(circuit_.info(v));
+    std::vector<HostTensor> out;
+    try {
+      out = op.prim->eval(op, in, out_info);
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      if (!op.scope.empty() && msg.find(" in layer ") == std::string::npos) msg += " (in layer '" + op.scope + "')";
+      throw Error(msg);
+    }
+    for (size_t k = 0; k < op.outputs.size(); ++k) values[static_cast<size_t>(op.outputs[k])] = std::move(out[k]);
+    for (ValueId dead : free_after_[i]) values[static_cast<size_t>(dead)] = HostTensor();
+  }
+  std::vector<HostTensor> result;
+  for (ValueId o : outputs_) result.push_back(values[static_cast<size_t>(o)]);
+  return result;
+}
+
+std::vector<HostTensor> execute(const Circuit& c, const std::vector<HostTensor>& bindings,
+                                const std::vector<ValueId>& outputs) {
+  return Program(c, outputs).run(bindings);
+}
+
+}  // namespace kiln

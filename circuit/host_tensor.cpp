@@ -1,0 +1,61 @@
+// HostTensor storage and element access.
+#include "circuit/host_tensor.hpp"
+
+#include "circuit/error.hpp"
+
+namespace kiln {
+
+HostTensor HostTensor::zeros(DType dtype, Shape shape) {
+  HostTensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  size_t n = t.nbytes();
+  // Over-allocate so that the data pointer can be 64-byte aligned (vector loads, cache lines).
+  t.owner_ = std::shared_ptr<std::byte[]>(new std::byte[n + 64]());
+  auto addr = reinterpret_cast<uintptr_t>(t.owner_.get());
+  t.data_ = t.owner_.get() + ((64 - addr % 64) % 64);
+  return t;
+}
+
+HostTensor HostTensor::view(DType dtype, Shape shape, void* data) {
+  HostTensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.data_ = data;
+  return t;
+}
+
+double HostTensor::get(int64_t i) const {
+  switch (dtype_) {
+    case DType::f32: return data<float>()[i];
+    case DType::f64: return data<double>()[i];
+    case DType::i32: return data<int32_t>()[i];
+    default: throw Error(std::string("HostTensor: no host element access for dtype ") + dtype_name(dtype_));
+  }
+}
+
+void HostTensor::set(int64_t i, double v) {
+  switch (dtype_) {
+    case DType::f32: data<float>()[i] = static_cast<float>(v); return;
+    case DType::f64: data<double>()[i] = v; return;
+    case DType::i32: data<int32_t>()[i] = static_cast<int32_t>(v); return;
+    default: throw Error(std::string("HostTensor: no host element access for dtype ") + dtype_name(dtype_));
+  }
+}
+
+HostTensor HostTensor::clone() const {
+  HostTensor t = zeros(dtype_, shape_);
+  if (nbytes()) std::memcpy(t.data_, data_, nbytes());
+  return t;
+}
+
+HostTensor HostTensor::reshaped(Shape shape) const {
+  if (shape.numel() != numel())
+    throw Error("HostTensor::reshaped: " + shape_.str() + " has " + std::to_string(numel()) +
+                " elements, " + shape.str() + " has " + std::to_string(shape.numel()));
+  HostTensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+}  // namespace kiln

@@ -1,0 +1,18 @@
+// Circuit -> Circuit passes that keep semantics. Each takes the values the caller needs
+// (`outputs`) and rewrites them to the ids they have in the returned Circuit.
+#pragma once
+
+#include <vector>
+
+#include "circuit/circuit.hpp"
+
+namespace kiln {
+
+// Dead-code elimination: keeps the ops that outputs depend on and every side effect (assign).
+Circuit dce(const Circuit& c, std::vector<ValueId>& outputs);
+
+// Common-subexpression elimination: ops with the same Prim, params and inputs are computed
+// once (side effects never merge); then DCE drops the duplicates.
+Circuit cse(const Circuit& c, std::vector<ValueId>& outputs);
+
+}  // namespace kiln

@@ -1,0 +1,86 @@
+// Prim registry, Params equality and hashing, and the error helpers given to shape rules.
+#include "circuit/prim.hpp"
+
+#include <bit>
+#include <cstring>
+
+#include "circuit/error.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+
+namespace {
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
+  return h * 0xBF58476D1CE4E5B9ULL;
+}
+}  // namespace
+
+bool Params::operator==(const Params& o) const {
+  if (ints != o.ints || dtype != o.dtype || reals.size() != o.reals.size()) return false;
+  for (size_t i = 0; i < reals.size(); ++i)
+    if (std::bit_cast<uint64_t>(reals[i]) != std::bit_cast<uint64_t>(o.reals[i])) return false;
+  if (body.is_null() != o.body.is_null() || (body && body != o.body)) return false;
+  if (index.is_null() != o.index.is_null() || (index && index != o.index)) return false;
+  return true;
+}
+
+uint64_t Params::hash() const {
+  uint64_t h = mix(0x5EEDULL, static_cast<uint64_t>(dtype));
+  for (int64_t v : ints) h = mix(h, static_cast<uint64_t>(v));
+  h = mix(h, 0xA11);
+  for (double v : reals) h = mix(h, std::bit_cast<uint64_t>(v));
+  if (body) h = mix(h, body.hash());
+  if (index) h = mix(h, index.hash());
+  return h;
+}
+
+void ShapeCtx::fail(const std::string& message) const { kiln::fail(prim.name, layer, message); }
+
+void ShapeCtx::require_float(const ValueInfo& info, const char* what) const {
+  if (info.dtype != DType::f32 && info.dtype != DType::f64)
+    fail(std::string(what) + " must be a float tensor (f32 or f64), received " + dtype_name(info.dtype) +
+         info.shape.str());
+}
+
+void ShapeCtx::require_dtype(const ValueInfo& info, DType dtype, const char* what) const {
+  if (info.dtype != dtype)
+    fail(std::string(what) + " must have dtype " + dtype_name(dtype) + ", received " + dtype_name(info.dtype) +
+         info.shape.str());
+}
+
+PrimRegistry& PrimRegistry::instance() {
+  static PrimRegistry registry;
+  return registry;
+}
+
+PrimRegistry::PrimRegistry() { register_all_prims(*this); }
+
+const PrimDef& PrimRegistry::find(const std::string& name) const {
+  for (const auto& p : prims_)
+    if (p->name == name) return *p;
+  throw Error("unknown Prim '" + name + "'");
+}
+
+PrimDef& PrimRegistry::mutable_find(const std::string& name) { return const_cast<PrimDef&>(find(name)); }
+
+std::vector<const PrimDef*> PrimRegistry::all() const {
+  std::vector<const PrimDef*> out;
+  for (const auto& p : prims_) out.push_back(p.get());
+  return out;
+}
+
+void PrimRegistry::add(PrimDef def) {
+  for (const auto& p : prims_)
+    if (p->name == def.name) throw Error("Prim '" + def.name + "' registered twice");
+  prims_.push_back(std::make_unique<PrimDef>(std::move(def)));
+}
+
+ScopedVjpOverride::ScopedVjpOverride(const std::string& prim, VjpRule rule)
+    : def_(PrimRegistry::instance().mutable_find(prim)), saved_(def_.vjp) {
+  def_.vjp = std::move(rule);
+}
+
+ScopedVjpOverride::~ScopedVjpOverride() { def_.vjp = saved_; }
+
+}  // namespace kiln

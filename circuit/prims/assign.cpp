@@ -1,0 +1,40 @@
+// Prim family `assign`: the in-place write of a persistent buffer (parameters, gradients,
+// optimizer moments). Shape contract: target: T, value: T (same shape and dtype) -> T, the
+// buffer's new version, which aliases the buffer itself. Circuit::verify checks that every
+// read of the old version comes before the assign. An assign is a side effect: DCE keeps it.
+// It has no VJP rule: differentiating through a buffer update fails loudly.
+#include <cstring>
+
+#include "circuit/circuit.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+namespace {
+
+std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params&) {
+  if (in.size() != 2) ctx.fail("takes (target, value)");
+  if (!(in[0] == in[1]))
+    ctx.fail(std::string("value must match the target buffer: expected ") + dtype_name(in[0].dtype) +
+             in[0].shape.str() + ", received " + dtype_name(in[1].dtype) + in[1].shape.str());
+  return {in[0]};
+}
+
+std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in, const std::vector<ValueInfo>&) {
+  HostTensor target = *in[0];
+  if (target.raw() != in[1]->raw()) std::memcpy(target.raw(), in[1]->raw(), target.nbytes());
+  return {target};
+}
+
+}  // namespace
+
+void register_assign(PrimRegistry& r) {
+  PrimDef d;
+  d.name = "assign";
+  d.family = "assign.cpp";
+  d.shape = shape_rule;
+  d.eval = eval;
+  d.side_effect = true;
+  r.add(std::move(d));
+}
+
+}  // namespace kiln

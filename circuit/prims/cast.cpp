@@ -1,0 +1,66 @@
+// Prim family `cast`: dtype conversion and the gradient barrier.
+//   cast          x -> same shape, params dtype (float -> int truncates toward zero)
+//   stop_gradient x -> x, with no gradient flowing back
+// VJPs: a float cast casts g back to x's dtype; an integer input has no gradient.
+#include "circuit/builder.hpp"
+#include "circuit/prim.hpp"
+#include "circuit/prims/eigen_util.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+namespace {
+
+std::vector<ValueInfo> cast_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 1) ctx.fail("takes one input");
+  return {{in[0].shape, p.dtype}};
+}
+
+std::vector<HostTensor> cast_eval(const Op& op, const std::vector<const HostTensor*>& in,
+                                  const std::vector<ValueInfo>& out_info) {
+  HostTensor out = HostTensor::zeros(op.params.dtype, out_info[0].shape);
+  ref::dispatch_any(in[0]->dtype(), "cast", [&](auto s) {
+    using S = decltype(s);
+    ref::dispatch_any(out.dtype(), "cast", [&](auto d) {
+      using D = decltype(d);
+      ref::array_of<D>(out) = ref::array_of<S>(*in[0]).template cast<D>();
+    });
+  });
+  return {out};
+}
+
+std::vector<ValueId> cast_vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  DType src = b.info(op.inputs[0]).dtype;
+  if (src == DType::i32 || op.params.dtype == DType::i32) return {kNoValue};
+  return {b.cast(g[0], src)};
+}
+
+std::vector<ValueInfo> identity_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params&) {
+  if (in.size() != 1) ctx.fail("takes one input");
+  return {in[0]};
+}
+
+}  // namespace
+
+void register_cast(PrimRegistry& r) {
+  PrimDef c;
+  c.name = "cast";
+  c.family = "cast.cpp";
+  c.shape = cast_shape;
+  c.eval = cast_eval;
+  c.vjp = cast_vjp;
+  c.describe = [](const Params& p) { return std::string("to ") + dtype_name(p.dtype); };
+  r.add(c);
+
+  PrimDef s;
+  s.name = "stop_gradient";
+  s.family = "cast.cpp";
+  s.shape = identity_shape;
+  s.eval = [](const Op&, const std::vector<const HostTensor*>& in, const std::vector<ValueInfo>&) {
+    return std::vector<HostTensor>{in[0]->clone()};
+  };
+  s.vjp = [](Builder&, const Op&, const std::vector<ValueId>&) { return std::vector<ValueId>{kNoValue}; };
+  s.nondiff_inputs = {0};
+  r.add(s);
+}
+
+}  // namespace kiln

@@ -1,0 +1,82 @@
+// Prim family `constants`: ops without inputs.
+//   fill  -> params shape (ints), every element params reals[0], params dtype
+//   iota  -> params shape (ints), element at coords = params index(coords) as params dtype
+//            (positions: index = i_axis; causal masks: index = ge(i0, i1))
+// Neither has inputs, so neither needs a VJP; both are registered with an empty one.
+#include <spdlog/fmt/fmt.h>
+
+#include "circuit/circuit.hpp"
+#include "circuit/prims/eigen_util.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+namespace {
+
+std::vector<ValueInfo> fill_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (!in.empty()) ctx.fail("takes no inputs");
+  if (p.reals.size() != 1) ctx.fail("params must hold the fill value");
+  for (int64_t d : p.ints)
+    if (d < 0) ctx.fail("negative dim in shape " + Shape(p.ints).str());
+  return {{Shape(p.ints), p.dtype}};
+}
+
+std::vector<HostTensor> fill_eval(const Op& op, const std::vector<const HostTensor*>&,
+                                  const std::vector<ValueInfo>& out_info) {
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  ref::dispatch_any(out.dtype(), "fill", [&](auto t) {
+    using T = decltype(t);
+    ref::array_of<T>(out).setConstant(static_cast<T>(op.params.reals[0]));
+  });
+  return {out};
+}
+
+std::vector<ValueInfo> iota_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (!in.empty()) ctx.fail("takes no inputs");
+  if (!p.index) ctx.fail("has no index expression");
+  Shape s(p.ints);
+  if (p.index.max_axis() >= s.rank())
+    ctx.fail("index " + p.index.str() + " reads axis " + std::to_string(p.index.max_axis()) + " of shape " + s.str());
+  return {{s, p.dtype}};
+}
+
+std::vector<HostTensor> iota_eval(const Op& op, const std::vector<const HostTensor*>&,
+                                  const std::vector<ValueInfo>& out_info) {
+  const Shape& s = out_info[0].shape;
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, s);
+  ref::dispatch_any(out.dtype(), "iota", [&](auto t) {
+    using T = decltype(t);
+    std::vector<int64_t> idx(static_cast<size_t>(s.rank()), 0);
+    for (int64_t e = 0; e < s.numel(); ++e) {
+      out.data<T>()[e] = static_cast<T>(op.params.index.eval(idx));
+      for (int a = s.rank() - 1; a >= 0; --a) {
+        if (++idx[static_cast<size_t>(a)] < s[a]) break;
+        idx[static_cast<size_t>(a)] = 0;
+      }
+    }
+  });
+  return {out};
+}
+
+}  // namespace
+
+void register_constants(PrimRegistry& r) {
+  PrimDef f;
+  f.name = "fill";
+  f.family = "constants.cpp";
+  f.shape = fill_shape;
+  f.eval = fill_eval;
+  f.vjp = [](Builder&, const Op&, const std::vector<ValueId>&) { return std::vector<ValueId>{}; };
+  f.describe = [](const Params& p) { return fmt::format("value={}", p.reals[0]); };
+  r.add(f);
+
+  PrimDef i;
+  i.name = "iota";
+  i.family = "constants.cpp";
+  i.shape = iota_shape;
+  i.eval = iota_eval;
+  i.vjp = [](Builder&, const Op&, const std::vector<ValueId>&) { return std::vector<ValueId>{}; };
+  i.describe = [](const Params& p) { return fmt::format("{{{}}}", p.index.str()); };
+  r.add(i);
+}
+
+}  // namespace kiln

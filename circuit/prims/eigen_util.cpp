@@ -1,0 +1,25 @@
+// Broadcast helpers for the Eigen references.
+#include "circuit/prims/eigen_util.hpp"
+
+namespace kiln::ref {
+
+std::vector<int64_t> broadcast_strides(const Shape& src, const Shape& dst) {
+  std::vector<int64_t> out(static_cast<size_t>(dst.rank()), 0);
+  const std::vector<int64_t> s = src.strides();
+  for (int i = 0; i < src.rank(); ++i) {
+    int d = dst.rank() - src.rank() + i;
+    out[static_cast<size_t>(d)] = src[i] == 1 ? 0 : s[static_cast<size_t>(i)];
+  }
+  return out;
+}
+
+HostTensor broadcast_to(const HostTensor& x, const Shape& dst) {
+  HostTensor out = HostTensor::zeros(x.dtype(), dst);
+  dispatch_any(x.dtype(), "broadcast", [&](auto t) {
+    using T = decltype(t);
+    broadcast_copy<T>(x.data<T>(), x.shape(), out.data<T>(), dst);
+  });
+  return out;
+}
+
+}  // namespace kiln::ref

@@ -1,0 +1,76 @@
+// Internal helpers shared by the Prims' Eigen references: dtype dispatch, array views and
+// broadcast copies. Only circuit/prims/*.cpp and the executor include this (it pulls in Eigen).
+#pragma once
+
+#include <Eigen/Core>
+#include <string>
+#include <vector>
+
+#include "circuit/error.hpp"
+#include "circuit/host_tensor.hpp"
+
+namespace kiln::ref {
+
+template <class T>
+using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+
+template <class T>
+Eigen::Map<Arr<T>> array_of(const HostTensor& t) {
+  return Eigen::Map<Arr<T>>(t.data<T>(), t.numel());
+}
+
+// Calls f(T{}) with T = float or double according to dt; other dtypes are an error naming op.
+template <class F>
+decltype(auto) dispatch_float(DType dt, const std::string& op, F&& f) {
+  switch (dt) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    default:
+      throw Error("op '" + op + "': the Eigen executor runs f32 and f64 tensors, received " + dtype_name(dt));
+  }
+}
+
+// Calls f(T{}) for any dtype the host executes (f32, f64, i32).
+template <class F>
+decltype(auto) dispatch_any(DType dt, const std::string& op, F&& f) {
+  if (dt == DType::i32) return f(int32_t{});
+  return dispatch_float(dt, op, std::forward<F>(f));
+}
+
+// Strides of `src` laid against `dst` (numpy alignment of trailing dims); 0 where broadcast.
+std::vector<int64_t> broadcast_strides(const Shape& src, const Shape& dst);
+
+// dst[i] = src[broadcast index of i] for every element of dst_shape.
+template <class T>
+void broadcast_copy(const T* src, const Shape& src_shape, T* dst, const Shape& dst_shape) {
+  const int64_t n = dst_shape.numel();
+  if (src_shape.numel() == n) {
+    std::copy(src, src + n, dst);
+    return;
+  }
+  if (src_shape.numel() == 1) {
+    std::fill(dst, dst + n, src[0]);
+    return;
+  }
+  const std::vector<int64_t> st = broadcast_strides(src_shape, dst_shape);
+  const int r = dst_shape.rank();
+  const int64_t inner = dst_shape[r - 1], inner_stride = st[static_cast<size_t>(r - 1)];
+  std::vector<int64_t> idx(static_cast<size_t>(r), 0);
+  for (int64_t base = 0; base < n; base += inner) {
+    int64_t off = 0;
+    for (int a = 0; a < r - 1; ++a) off += idx[static_cast<size_t>(a)] * st[static_cast<size_t>(a)];
+    if (inner_stride == 0)
+      std::fill(dst + base, dst + base + inner, src[off]);
+    else
+      for (int64_t j = 0; j < inner; ++j) dst[base + j] = src[off + j * inner_stride];
+    for (int a = r - 2; a >= 0; --a) {
+      if (++idx[static_cast<size_t>(a)] < dst_shape[a]) break;
+      idx[static_cast<size_t>(a)] = 0;
+    }
+  }
+}
+
+// An owning tensor of `dst` shape holding x broadcast to it.
+HostTensor broadcast_to(const HostTensor& x, const Shape& dst);
+
+}  // namespace kiln::ref

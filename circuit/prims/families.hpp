@@ -1,0 +1,35 @@
+// One registration function per Prim family (one source file each under circuit/prims/).
+// Registration is explicit, not by static initializers, which a static library would drop.
+#pragma once
+
+namespace kiln {
+
+class PrimRegistry;
+
+void register_pointwise(PrimRegistry& r);       // pointwise
+void register_reduce(PrimRegistry& r);          // reduce, reduce_all
+void register_matmul(PrimRegistry& r);          // matmul
+void register_gather(PrimRegistry& r);          // gather_rows, scatter_add_rows, one_hot
+void register_shape_ops(PrimRegistry& r);       // reshape, permute, broadcast
+void register_slice_concat(PrimRegistry& r);    // slice, concat
+void register_where(PrimRegistry& r);           // where
+void register_cast(PrimRegistry& r);            // cast, stop_gradient
+void register_constants(PrimRegistry& r);       // fill, iota
+void register_random(PrimRegistry& r);          // random
+void register_assign(PrimRegistry& r);          // assign
+
+inline void register_all_prims(PrimRegistry& r) {
+  register_pointwise(r);
+  register_reduce(r);
+  register_matmul(r);
+  register_gather(r);
+  register_shape_ops(r);
+  register_slice_concat(r);
+  register_where(r);
+  register_cast(r);
+  register_constants(r);
+  register_random(r);
+  register_assign(r);
+}
+
+}  // namespace kiln

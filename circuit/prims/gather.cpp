@@ -1,0 +1,146 @@
+// Prim family `gather`: row gathers and their adjoints over integer indices.
+//   gather_rows      table: (V, D), idx: i32 S -> S + (D)           (embedding lookup)
+//   scatter_add_rows idx: i32 S, src: S + (D) -> (rows, D)          zeros, then src rows added at idx
+//   one_hot          idx: i32 S -> S + (depth), 1 at idx, 0 elsewhere (params ints {depth}, dtype)
+// An index outside [0, V) is an error naming the op, the index, its position and V.
+// VJPs: gather_rows -> scatter_add_rows of g into the table; scatter_add_rows -> gather_rows of
+// g for src; indices and one_hot have no gradient.
+#include "circuit/builder.hpp"
+#include "circuit/prim.hpp"
+#include "circuit/prims/eigen_util.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+namespace {
+
+void check_index(const char* op, int32_t i, int64_t pos, int64_t limit) {
+  if (i < 0 || i >= limit)
+    throw Error(std::string("op '") + op + "': index " + std::to_string(i) + " at position " + std::to_string(pos) +
+                " is out of range [0, " + std::to_string(limit) + ")");
+}
+
+Shape with_last(const Shape& s, int64_t d) {
+  std::vector<int64_t> dims = s.dims();
+  dims.push_back(d);
+  return Shape(dims);
+}
+
+std::vector<ValueInfo> gather_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params&) {
+  if (in.size() != 2) ctx.fail("takes (table, idx)");
+  ctx.require_float(in[0], "table");
+  ctx.require_dtype(in[1], DType::i32, "idx");
+  if (in[0].shape.rank() != 2) ctx.fail("table must have rank 2 (V, D), received " + in[0].shape.str());
+  return {{with_last(in[1].shape, in[0].shape[1]), in[0].dtype}};
+}
+
+std::vector<HostTensor> gather_eval(const Op&, const std::vector<const HostTensor*>& in,
+                                    const std::vector<ValueInfo>& out_info) {
+  const HostTensor &table = *in[0], &idx = *in[1];
+  int64_t v = table.shape()[0], d = table.shape()[1];
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  ref::dispatch_float(table.dtype(), "gather_rows", [&](auto t) {
+    using T = decltype(t);
+    for (int64_t p = 0; p < idx.numel(); ++p) {
+      int32_t i = idx.data<int32_t>()[p];
+      check_index("gather_rows", i, p, v);
+      std::copy_n(table.data<T>() + i * d, d, out.data<T>() + p * d);
+    }
+  });
+  return {out};
+}
+
+std::vector<ValueId> gather_vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  return {b.scatter_add_rows(op.inputs[1], g[0], b.info(op.inputs[0]).shape[0]), kNoValue};
+}
+
+std::vector<ValueInfo> scatter_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 2) ctx.fail("takes (idx, src)");
+  ctx.require_dtype(in[0], DType::i32, "idx");
+  ctx.require_float(in[1], "src");
+  if (p.ints.size() != 1 || p.ints[0] < 1) ctx.fail("params must be {rows >= 1}");
+  const Shape &is = in[0].shape, &ss = in[1].shape;
+  if (ss.rank() != is.rank() + 1 || Shape(std::vector<int64_t>(ss.dims().begin(), ss.dims().end() - 1)) != is)
+    ctx.fail("src must have shape idx + (D): idx " + is.str() + ", src " + ss.str());
+  return {{Shape{p.ints[0], ss[ss.rank() - 1]}, in[1].dtype}};
+}
+
+std::vector<HostTensor> scatter_eval(const Op& op, const std::vector<const HostTensor*>& in,
+                                     const std::vector<ValueInfo>& out_info) {
+  const HostTensor &idx = *in[0], &src = *in[1];
+  int64_t rows = op.params.ints[0], d = out_info[0].shape[1];
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  ref::dispatch_float(src.dtype(), "scatter_add_rows", [&](auto t) {
+    using T = decltype(t);
+    for (int64_t p = 0; p < idx.numel(); ++p) {
+      int32_t i = idx.data<int32_t>()[p];
+      check_index("scatter_add_rows", i, p, rows);
+      T* dst = out.data<T>() + i * d;
+      const T* s = src.data<T>() + p * d;
+      for (int64_t j = 0; j < d; ++j) dst[j] += s[j];
+    }
+  });
+  return {out};
+}
+
+std::vector<ValueId> scatter_vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  return {kNoValue, b.gather_rows(g[0], op.inputs[0])};
+}
+
+std::vector<ValueInfo> one_hot_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 1) ctx.fail("takes (idx)");
+  ctx.require_dtype(in[0], DType::i32, "idx");
+  if (p.ints.size() != 1 || p.ints[0] < 1) ctx.fail("params must be {depth >= 1}");
+  ctx.require_float({Shape{}, p.dtype}, "result dtype");
+  return {{with_last(in[0].shape, p.ints[0]), p.dtype}};
+}
+
+std::vector<HostTensor> one_hot_eval(const Op& op, const std::vector<const HostTensor*>& in,
+                                     const std::vector<ValueInfo>& out_info) {
+  const HostTensor& idx = *in[0];
+  int64_t depth = op.params.ints[0];
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  ref::dispatch_float(out.dtype(), "one_hot", [&](auto t) {
+    using T = decltype(t);
+    for (int64_t p = 0; p < idx.numel(); ++p) {
+      int32_t i = idx.data<int32_t>()[p];
+      check_index("one_hot", i, p, depth);
+      out.data<T>()[p * depth + i] = T(1);
+    }
+  });
+  return {out};
+}
+
+}  // namespace
+
+void register_gather(PrimRegistry& r) {
+  PrimDef g;
+  g.name = "gather_rows";
+  g.family = "gather.cpp";
+  g.shape = gather_shape;
+  g.eval = gather_eval;
+  g.vjp = gather_vjp;
+  g.nondiff_inputs = {1};
+  r.add(g);
+
+  PrimDef s;
+  s.name = "scatter_add_rows";
+  s.family = "gather.cpp";
+  s.shape = scatter_shape;
+  s.eval = scatter_eval;
+  s.vjp = scatter_vjp;
+  s.nondiff_inputs = {0};
+  s.describe = [](const Params& p) { return "rows=" + std::to_string(p.ints[0]); };
+  r.add(s);
+
+  PrimDef o;
+  o.name = "one_hot";
+  o.family = "gather.cpp";
+  o.shape = one_hot_shape;
+  o.eval = one_hot_eval;
+  o.vjp = [](Builder&, const Op&, const std::vector<ValueId>&) { return std::vector<ValueId>{kNoValue}; };
+  o.nondiff_inputs = {0};
+  o.describe = [](const Params& p) { return "depth=" + std::to_string(p.ints[0]) + " " + dtype_name(p.dtype); };
+  r.add(o);
+}
+
+}  // namespace kiln

@@ -1,0 +1,128 @@
+// Prim family `matmul`: batched matrix product with transpose flags.
+// Shape contract: a: (..., M, K) or with ta (..., K, M); b: (..., K, N) or with tb (..., N, K);
+// batch dims broadcast (numpy) -> out: (batch..., M, N). Params ints = {ta, tb}.
+// Reference: one Eigen GEMM per batch entry; a batched `a` against a 2-D `b` is one GEMM over
+// the flattened rows. VJP: dA = g op(B)^T, dB = op(A)^T g (with the flags folded in); a
+// gradient for a broadcast batch dim is summed by the reverse sweep.
+#include "circuit/builder.hpp"
+#include "circuit/prim.hpp"
+#include "circuit/prims/eigen_util.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+namespace {
+
+Shape batch_of(const Shape& s) { return Shape(std::vector<int64_t>(s.dims().begin(), s.dims().end() - 2)); }
+
+std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 2) ctx.fail("takes two inputs");
+  ctx.require_float(in[0], "a");
+  ctx.require_float(in[1], "b");
+  if (in[0].dtype != in[1].dtype)
+    ctx.fail(std::string("a and b must share one dtype (no implicit promotion), received ") + dtype_name(in[0].dtype) +
+             " and " + dtype_name(in[1].dtype));
+  const Shape &a = in[0].shape, &b = in[1].shape;
+  if (a.rank() < 2 || b.rank() < 2)
+    ctx.fail("needs inputs of rank >= 2, received a " + a.str() + " and b " + b.str());
+  bool ta = p.ints.at(0) != 0, tb = p.ints.at(1) != 0;
+  int64_t m = ta ? a[a.rank() - 1] : a[a.rank() - 2];
+  int64_t ka = ta ? a[a.rank() - 2] : a[a.rank() - 1];
+  int64_t kb = tb ? b[b.rank() - 1] : b[b.rank() - 2];
+  int64_t n = tb ? b[b.rank() - 2] : b[b.rank() - 1];
+  if (ka != kb)
+    ctx.fail("inner dimensions differ: a " + a.str() + (ta ? " (transposed)" : "") + " has K=" + std::to_string(ka) +
+             ", b " + b.str() + (tb ? " (transposed)" : "") + " has K=" + std::to_string(kb));
+  Shape batch;
+  try {
+    batch = broadcast_shapes(batch_of(a), batch_of(b), "matmul");
+  } catch (const Error&) {
+    ctx.fail("batch dims do not broadcast: a " + a.str() + ", b " + b.str());
+  }
+  std::vector<int64_t> out = batch.dims();
+  out.push_back(m);
+  out.push_back(n);
+  return {{Shape(out), in[0].dtype}};
+}
+
+template <class T>
+using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// C = op(A) op(B) with A stored as [ra, ca] and B as [rb, cb], all row-major.
+template <class T>
+void gemm(const T* a, int64_t ra, int64_t ca, bool ta, const T* b, int64_t rb, int64_t cb, bool tb, T* c) {
+  Eigen::Map<const RowMat<T>> A(a, ra, ca), B(b, rb, cb);
+  int64_t m = ta ? ca : ra, n = tb ? rb : cb;
+  Eigen::Map<RowMat<T>> C(c, m, n);
+  if (!ta && !tb) C.noalias() = A * B;
+  else if (ta && !tb) C.noalias() = A.transpose() * B;
+  else if (!ta && tb) C.noalias() = A * B.transpose();
+  else C.noalias() = A.transpose() * B.transpose();
+}
+
+std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
+                             const std::vector<ValueInfo>& out_info) {
+  const HostTensor &a = *in[0], &b = *in[1];
+  bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  const Shape &as = a.shape(), &bs = b.shape(), &os = out.shape();
+  int64_t ra = as[as.rank() - 2], ca = as[as.rank() - 1], rb = bs[bs.rank() - 2], cb = bs[bs.rank() - 1];
+  int64_t m = os[os.rank() - 2], n = os[os.rank() - 1];
+  ref::dispatch_float(a.dtype(), "matmul", [&](auto t) {
+    using T = decltype(t);
+    Shape batch = batch_of(os);
+    if (bs.rank() == 2 && !ta) {
+      // Rows of every batch entry of a are one tall matrix against the shared b.
+      gemm<T>(a.data<T>(), batch.numel() * ra, ca, false, b.data<T>(), rb, cb, tb, out.data<T>());
+      return;
+    }
+    std::vector<int64_t> sa = ref::broadcast_strides(batch_of(as), batch), sb = ref::broadcast_strides(batch_of(bs), batch);
+    std::vector<int64_t> idx(static_cast<size_t>(batch.rank()), 0);
+    for (int64_t e = 0; e < batch.numel(); ++e) {
+      int64_t oa = 0, ob = 0;
+      for (int d = 0; d < batch.rank(); ++d) {
+        oa += idx[static_cast<size_t>(d)] * sa[static_cast<size_t>(d)];
+        ob += idx[static_cast<size_t>(d)] * sb[static_cast<size_t>(d)];
+      }
+      gemm<T>(a.data<T>() + oa * ra * ca, ra, ca, ta, b.data<T>() + ob * rb * cb, rb, cb, tb, out.data<T>() + e * m * n);
+      for (int d = batch.rank() - 1; d >= 0; --d) {
+        if (++idx[static_cast<size_t>(d)] < batch[d]) break;
+        idx[static_cast<size_t>(d)] = 0;
+      }
+    }
+  });
+  return {out};
+}
+
+std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  ValueId A = op.inputs[0], B = op.inputs[1], G = g[0];
+  bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
+  ValueId da = ta ? b.matmul(B, G, tb, true) : b.matmul(G, B, false, !tb);
+  ValueId db;
+  const Shape& as = b.info(A).shape;
+  if (b.info(B).shape.rank() == 2 && as.rank() > 2 && !ta) {
+    // b is shared by every batch entry: one GEMM over the flattened rows gives the summed dB.
+    const Shape& gs = b.info(G).shape;
+    int64_t rows = as.numel() / (as[as.rank() - 1] * as[as.rank() - 2]);
+    ValueId a2 = b.reshape(A, Shape{rows * as[as.rank() - 2], as[as.rank() - 1]});
+    ValueId g2 = b.reshape(G, Shape{rows * gs[gs.rank() - 2], gs[gs.rank() - 1]});
+    db = tb ? b.matmul(g2, a2, true, false) : b.matmul(a2, g2, true, false);
+  } else {
+    db = tb ? b.matmul(G, A, true, ta) : b.matmul(A, G, !ta, false);
+  }
+  return {da, db};
+}
+
+}  // namespace
+
+void register_matmul(PrimRegistry& r) {
+  PrimDef d;
+  d.name = "matmul";
+  d.family = "matmul.cpp";
+  d.shape = shape_rule;
+  d.eval = eval;
+  d.vjp = vjp;
+  d.describe = [](const Params& p) { return "ta=" + std::to_string(p.ints[0]) + " tb=" + std::to_string(p.ints[1]); };
+  r.add(std::move(d));
+}
+
+}  // namespace kiln

@@ -1,0 +1,78 @@
+// Prim family `random`: Philox4x32-10 random tensors, the same bits on every backend.
+// Shape contract: key: i32 (2) = (seed lo, seed hi), offset: i32 () -> params shape, params
+// dtype. Both are runtime inputs so a new seed or offset is not a new plan.
+// Params ints {kind, shape...}, reals {p}. Element i uses the stream of circuit/philox.hpp:
+//   uniform   u(i) = bits_to_uniform(philox_bits(seed, offset, i))       in [0, 1)
+//   normal    sqrt(-2 log(1 - u(2i))) * cos(2 pi u(2i + 1))             (Box-Muller, one of the pair)
+//   bernoulli 1 if u(i) < p else 0                                       (dropout keep masks)
+// No gradient flows to key or offset.
+#include <cmath>
+
+#include <spdlog/fmt/fmt.h>
+
+#include "circuit/builder.hpp"
+#include "circuit/philox.hpp"
+#include "circuit/prim.hpp"
+#include "circuit/prims/eigen_util.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+namespace {
+
+std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 2) ctx.fail("takes (key, offset)");
+  ctx.require_dtype(in[0], DType::i32, "key");
+  ctx.require_dtype(in[1], DType::i32, "offset");
+  if (in[0].shape != Shape{2}) ctx.fail("key must have shape [2], received " + in[0].shape.str());
+  if (in[1].shape != Shape{}) ctx.fail("offset must be a scalar [], received " + in[1].shape.str());
+  if (p.ints.empty() || p.ints[0] < 0 || p.ints[0] > 2) ctx.fail("params must be {kind, shape...}");
+  if (p.reals.size() != 1 || !(p.reals[0] >= 0.0 && p.reals[0] <= 1.0))
+    ctx.fail("bernoulli probability must lie in [0, 1]");
+  ctx.require_float({Shape{}, p.dtype}, "result dtype");
+  return {{Shape(std::vector<int64_t>(p.ints.begin() + 1, p.ints.end())), p.dtype}};
+}
+
+std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
+                             const std::vector<ValueInfo>& out_info) {
+  const int32_t* key = in[0]->data<int32_t>();
+  uint64_t seed = static_cast<uint32_t>(key[0]) | (static_cast<uint64_t>(static_cast<uint32_t>(key[1])) << 32);
+  auto offset = static_cast<uint32_t>(in[1]->data<int32_t>()[0]);
+  auto kind = static_cast<RandomKind>(op.params.ints[0]);
+  double p = op.params.reals[0];
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  auto u = [&](uint64_t i) { return bits_to_uniform(philox_bits(seed, offset, i)); };
+  ref::dispatch_float(out.dtype(), "random", [&](auto t) {
+    using T = decltype(t);
+    T* o = out.data<T>();
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      auto e = static_cast<uint64_t>(i);
+      switch (kind) {
+        case RandomKind::Uniform: o[i] = static_cast<T>(u(e)); break;
+        case RandomKind::Normal:
+          o[i] = static_cast<T>(std::sqrt(-2.0 * std::log(1.0 - u(2 * e))) * std::cos(2.0 * M_PI * u(2 * e + 1)));
+          break;
+        case RandomKind::Bernoulli: o[i] = u(e) < p ? T(1) : T(0); break;
+      }
+    }
+  });
+  return {out};
+}
+
+}  // namespace
+
+void register_random(PrimRegistry& r) {
+  PrimDef d;
+  d.name = "random";
+  d.family = "random.cpp";
+  d.shape = shape_rule;
+  d.eval = eval;
+  d.vjp = [](Builder&, const Op&, const std::vector<ValueId>&) { return std::vector<ValueId>{kNoValue, kNoValue}; };
+  d.nondiff_inputs = {0, 1};
+  d.describe = [](const Params& p) {
+    static const char* kKinds[] = {"uniform", "normal", "bernoulli"};
+    return p.ints[0] == 2 ? fmt::format("{} p={}", kKinds[p.ints[0]], p.reals[0]) : std::string(kKinds[p.ints[0]]);
+  };
+  r.add(std::move(d));
+}
+
+}  // namespace kiln

@@ -1,0 +1,150 @@
+// Prim family `reduce`: reductions along one axis (sum, max, mean; the axis is kept as a dim
+// of 1) and over all axes (`reduce_all`: sum or mean to a scalar of shape []).
+// Shape contracts: reduce x: (..., n, ...) -> (..., 1, ...); reduce_all x: any -> [].
+// VJPs return gradients of the output's shape or a mask-weighted one; the reverse sweep
+// broadcasts them back to the input's shape. Max sends the gradient to every maximal element
+// in equal parts (ties split, as torch.amax).
+#include <cmath>
+#include <limits>
+
+#include "circuit/builder.hpp"
+#include "circuit/prim.hpp"
+#include "circuit/prims/eigen_util.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+namespace {
+
+const char* kind_name(int64_t k) {
+  switch (static_cast<ReduceKind>(k)) {
+    case ReduceKind::Sum: return "sum";
+    case ReduceKind::Max: return "max";
+    case ReduceKind::Mean: return "mean";
+  }
+  return "?";
+}
+
+std::vector<ValueInfo> reduce_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 1) ctx.fail("takes one input");
+  ctx.require_float(in[0], "input");
+  if (in[0].shape.rank() == 0) ctx.fail("cannot reduce along an axis of a scalar; use reduce_all");
+  if (p.ints.size() != 2 || p.ints[0] < 0 || p.ints[0] > 2) ctx.fail("params must be {kind, axis}");
+  int axis = static_cast<int>(p.ints[1]);
+  if (axis < 0 || axis >= in[0].shape.rank())
+    ctx.fail("axis " + std::to_string(axis) + " out of range for input " + in[0].shape.str() +
+             " (the builder normalizes negative axes)");
+  Shape out = in[0].shape;
+  out[axis] = 1;
+  return {{out, in[0].dtype}};
+}
+
+// x viewed as [outer, n, inner]; out as [outer, inner].
+template <class T>
+void reduce_axis(const T* x, T* out, int64_t outer, int64_t n, int64_t inner, ReduceKind kind) {
+  for (int64_t o = 0; o < outer; ++o) {
+    T* dst = out + o * inner;
+    const T* src = x + o * n * inner;
+    if (kind == ReduceKind::Max) {
+      std::fill(dst, dst + inner, -std::numeric_limits<T>::infinity());
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < inner; ++j) {
+          T v = src[i * inner + j];
+          if (v > dst[j] || std::isnan(v)) dst[j] = std::isnan(dst[j]) ? dst[j] : v;
+        }
+    } else {
+      std::fill(dst, dst + inner, T(0));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < inner; ++j) dst[j] += src[i * inner + j];
+      if (kind == ReduceKind::Mean)
+        for (int64_t j = 0; j < inner; ++j) dst[j] /= static_cast<T>(n);
+    }
+  }
+}
+
+std::vector<HostTensor> reduce_eval(const Op& op, const std::vector<const HostTensor*>& in,
+                                    const std::vector<ValueInfo>& out_info) {
+  const HostTensor& x = *in[0];
+  auto kind = static_cast<ReduceKind>(op.params.ints[0]);
+  int axis = static_cast<int>(op.params.ints[1]);
+  int64_t outer = 1, inner = 1, n = x.shape()[axis];
+  for (int a = 0; a < axis; ++a) outer *= x.shape()[a];
+  for (int a = axis + 1; a < x.shape().rank(); ++a) inner *= x.shape()[a];
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  ref::dispatch_float(x.dtype(), "reduce", [&](auto t) {
+    using T = decltype(t);
+    if (inner == 1 && kind != ReduceKind::Max) {
+      // Rows are contiguous: let Eigen sum each column of the [n, outer] column-major view.
+      Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic>> m(x.data<T>(), n, outer);
+      Eigen::Map<ref::Arr<T>> o(out.data<T>(), outer);
+      o = m.colwise().sum().transpose();
+      if (kind == ReduceKind::Mean) o /= static_cast<T>(n);
+    } else {
+      reduce_axis<T>(x.data<T>(), out.data<T>(), outer, n, inner, kind);
+    }
+  });
+  return {out};
+}
+
+std::vector<ValueId> reduce_vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  auto kind = static_cast<ReduceKind>(op.params.ints[0]);
+  int axis = static_cast<int>(op.params.ints[1]);
+  ValueId x = op.inputs[0];
+  switch (kind) {
+    case ReduceKind::Sum: return {g[0]};
+    case ReduceKind::Mean: return {b.scale(g[0], 1.0 / static_cast<double>(b.info(x).shape[axis]))};
+    case ReduceKind::Max: {
+      ValueId mask = b.pointwise(se::eq(se::in(0), se::in(1)), {x, op.outputs[0]});
+      ValueId count = b.reduce(ReduceKind::Sum, mask, axis);
+      return {b.pointwise(se::in(0) * se::in(1) / se::in(2), {g[0], mask, count})};
+    }
+  }
+  return {kNoValue};
+}
+
+std::vector<ValueInfo> reduce_all_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 1) ctx.fail("takes one input");
+  ctx.require_float(in[0], "input");
+  if (p.ints.size() != 1 || (p.ints[0] != 0 && p.ints[0] != 2)) ctx.fail("params must be {kind} with kind sum or mean");
+  return {{Shape{}, in[0].dtype}};
+}
+
+std::vector<HostTensor> reduce_all_eval(const Op& op, const std::vector<const HostTensor*>& in,
+                                        const std::vector<ValueInfo>& out_info) {
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, Shape{});
+  ref::dispatch_float(in[0]->dtype(), "reduce_all", [&](auto t) {
+    using T = decltype(t);
+    T s = ref::array_of<T>(*in[0]).sum();
+    if (static_cast<ReduceKind>(op.params.ints[0]) == ReduceKind::Mean) s /= static_cast<T>(in[0]->numel());
+    out.data<T>()[0] = s;
+  });
+  return {out};
+}
+
+std::vector<ValueId> reduce_all_vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  if (static_cast<ReduceKind>(op.params.ints[0]) == ReduceKind::Sum) return {g[0]};
+  return {b.scale(g[0], 1.0 / static_cast<double>(b.info(op.inputs[0]).shape.numel()))};
+}
+
+}  // namespace
+
+void register_reduce(PrimRegistry& r) {
+  PrimDef d;
+  d.name = "reduce";
+  d.family = "reduce.cpp";
+  d.shape = reduce_shape;
+  d.eval = reduce_eval;
+  d.vjp = reduce_vjp;
+  d.describe = [](const Params& p) { return std::string(kind_name(p.ints[0])) + " axis=" + std::to_string(p.ints[1]); };
+  r.add(d);
+
+  PrimDef all;
+  all.name = "reduce_all";
+  all.family = "reduce.cpp";
+  all.shape = reduce_all_shape;
+  all.eval = reduce_all_eval;
+  all.vjp = reduce_all_vjp;
+  all.describe = [](const Params& p) { return std::string(kind_name(p.ints[0])); };
+  r.add(all);
+}
+
+}  // namespace kiln

@@ -1,0 +1,150 @@
+// Prim family `shape_ops`: ops that only move elements.
+//   reshape   x -> same elements, new shape (params ints = new dims, one may be -1)
+//   permute   x: (d0, d1, ...) -> (d_perm[0], d_perm[1], ...) (params ints = perm)
+//   broadcast x -> params shape, numpy rules (x must broadcast to exactly that shape)
+// VJPs: reshape back; inverse permutation; broadcast passes g through and the reverse sweep
+// sums it back to x's shape.
+#include <numeric>
+
+#include "circuit/builder.hpp"
+#include "circuit/prim.hpp"
+#include "circuit/prims/eigen_util.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+namespace {
+
+std::vector<ValueInfo> reshape_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 1) ctx.fail("takes one input");
+  std::vector<int64_t> dims = p.ints;
+  int64_t known = 1;
+  int infer = -1;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] == -1) {
+      if (infer >= 0) ctx.fail("at most one dim may be -1, received " + Shape(p.ints).str());
+      infer = static_cast<int>(i);
+    } else if (dims[i] < 0) {
+      ctx.fail("negative dim in target shape " + Shape(p.ints).str());
+    } else {
+      known *= dims[i];
+    }
+  }
+  int64_t n = in[0].shape.numel();
+  if (infer >= 0) {
+    if (known == 0 || n % known != 0)
+      ctx.fail("cannot infer -1 in " + Shape(p.ints).str() + " for input " + in[0].shape.str());
+    dims[static_cast<size_t>(infer)] = n / known;
+    known = n;
+  }
+  if (known != n)
+    ctx.fail("cannot reshape " + in[0].shape.str() + " (" + std::to_string(n) + " elements) to " +
+             Shape(p.ints).str() + " (" + std::to_string(known) + " elements)");
+  return {{Shape(dims), in[0].dtype}};
+}
+
+std::vector<HostTensor> reshape_eval(const Op&, const std::vector<const HostTensor*>& in,
+                                     const std::vector<ValueInfo>& out_info) {
+  return {in[0]->clone().reshaped(out_info[0].shape)};
+}
+
+std::vector<ValueInfo> permute_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 1) ctx.fail("takes one input");
+  const Shape& s = in[0].shape;
+  std::vector<char> seen(static_cast<size_t>(s.rank()), 0);
+  bool ok = static_cast<int>(p.ints.size()) == s.rank();
+  for (int64_t a : p.ints) {
+    if (!ok || a < 0 || a >= s.rank() || seen[static_cast<size_t>(a)]) {
+      ok = false;
+      break;
+    }
+    seen[static_cast<size_t>(a)] = 1;
+  }
+  if (!ok) ctx.fail("perm " + Shape(p.ints).str() + " is not a permutation of the axes of " + s.str());
+  std::vector<int64_t> dims;
+  for (int64_t a : p.ints) dims.push_back(s[static_cast<int>(a)]);
+  return {{Shape(dims), in[0].dtype}};
+}
+
+std::vector<HostTensor> permute_eval(const Op& op, const std::vector<const HostTensor*>& in,
+                                     const std::vector<ValueInfo>& out_info) {
+  const HostTensor& x = *in[0];
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  const Shape& os = out.shape();
+  std::vector<int64_t> xs = x.shape().strides(), st(op.params.ints.size());
+  for (size_t i = 0; i < st.size(); ++i) st[i] = xs[static_cast<size_t>(op.params.ints[i])];
+  ref::dispatch_any(x.dtype(), "permute", [&](auto t) {
+    using T = decltype(t);
+    const T* src = x.data<T>();
+    T* dst = out.data<T>();
+    std::vector<int64_t> idx(static_cast<size_t>(os.rank()), 0);
+    for (int64_t e = 0; e < os.numel(); ++e) {
+      int64_t off = 0;
+      for (int a = 0; a < os.rank(); ++a) off += idx[static_cast<size_t>(a)] * st[static_cast<size_t>(a)];
+      dst[e] = src[off];
+      for (int a = os.rank() - 1; a >= 0; --a) {
+        if (++idx[static_cast<size_t>(a)] < os[a]) break;
+        idx[static_cast<size_t>(a)] = 0;
+      }
+    }
+  });
+  return {out};
+}
+
+std::vector<ValueId> permute_vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  std::vector<int64_t> inv(op.params.ints.size());
+  for (size_t i = 0; i < inv.size(); ++i) inv[static_cast<size_t>(op.params.ints[i])] = static_cast<int64_t>(i);
+  return {b.permute(g[0], inv)};
+}
+
+std::vector<ValueInfo> broadcast_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 1) ctx.fail("takes one input");
+  Shape target(p.ints);
+  bool ok = in[0].shape.rank() <= target.rank();
+  for (int i = 0; ok && i < in[0].shape.rank(); ++i) {
+    int64_t d = in[0].shape[i], t = target[target.rank() - in[0].shape.rank() + i];
+    ok = d == t || d == 1;
+  }
+  if (!ok) ctx.fail("cannot broadcast " + in[0].shape.str() + " to " + target.str());
+  return {{target, in[0].dtype}};
+}
+
+std::vector<HostTensor> broadcast_eval(const Op&, const std::vector<const HostTensor*>& in,
+                                       const std::vector<ValueInfo>& out_info) {
+  return {ref::broadcast_to(*in[0], out_info[0].shape)};
+}
+
+}  // namespace
+
+void register_shape_ops(PrimRegistry& r) {
+  auto dims = [](const Params& p) { return Shape(p.ints).str(); };
+  PrimDef rs;
+  rs.name = "reshape";
+  rs.family = "shape_ops.cpp";
+  rs.shape = reshape_shape;
+  rs.eval = reshape_eval;
+  rs.vjp = [](Builder& b, const Op& op, const std::vector<ValueId>& g) {
+    return std::vector<ValueId>{b.reshape(g[0], b.info(op.inputs[0]).shape)};
+  };
+  rs.describe = dims;
+  r.add(rs);
+
+  PrimDef pm;
+  pm.name = "permute";
+  pm.family = "shape_ops.cpp";
+  pm.shape = permute_shape;
+  pm.eval = permute_eval;
+  pm.vjp = permute_vjp;
+  pm.describe = dims;
+  r.add(pm);
+
+  PrimDef bc;
+  bc.name = "broadcast";
+  bc.family = "shape_ops.cpp";
+  bc.shape = broadcast_shape;
+  bc.eval = broadcast_eval;
+  bc.vjp = [](Builder&, const Op&, const std::vector<ValueId>& g) { return std::vector<ValueId>{g[0]}; };
+  bc.describe = dims;
+  r.add(bc);
+}
+
+}  // namespace kiln

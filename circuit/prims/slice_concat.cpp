@@ -1,0 +1,143 @@
+// Prim family `slice_concat`: contiguous slices along an axis and their inverse.
+//   slice  x: (..., n, ...) -> (..., end - start, ...)  params ints {axis, start, end}, 0 <= start <= end <= n
+//   concat xs: (..., n_i, ...) -> (..., sum n_i, ...)    params ints {axis}; other dims and dtype equal
+// VJPs: slice -> concat of zeros around g; concat -> the matching slice of g for each input.
+#include "circuit/builder.hpp"
+#include "circuit/prim.hpp"
+#include "circuit/prims/eigen_util.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+namespace {
+
+// A tensor viewed as [outer, n * inner] rows around `axis`.
+struct AxisView {
+  int64_t outer = 1, inner = 1;
+  AxisView(const Shape& s, int axis) {
+    for (int a = 0; a < axis; ++a) outer *= s[a];
+    for (int a = axis + 1; a < s.rank(); ++a) inner *= s[a];
+  }
+};
+
+std::vector<ValueInfo> slice_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 1) ctx.fail("takes one input");
+  if (p.ints.size() != 3) ctx.fail("params must be {axis, start, end}");
+  const Shape& s = in[0].shape;
+  int64_t axis = p.ints[0], start = p.ints[1], end = p.ints[2];
+  if (axis < 0 || axis >= s.rank()) ctx.fail("axis " + std::to_string(axis) + " out of range for " + s.str());
+  int64_t n = s[static_cast<int>(axis)];
+  if (start < 0 || start > end || end > n)
+    ctx.fail("range [" + std::to_string(start) + ", " + std::to_string(end) + ") is not inside [0, " +
+             std::to_string(n) + ") of axis " + std::to_string(axis) + " of " + s.str());
+  Shape out = s;
+  out[static_cast<int>(axis)] = end - start;
+  return {{out, in[0].dtype}};
+}
+
+std::vector<HostTensor> slice_eval(const Op& op, const std::vector<const HostTensor*>& in,
+                                   const std::vector<ValueInfo>& out_info) {
+  const HostTensor& x = *in[0];
+  int axis = static_cast<int>(op.params.ints[0]);
+  int64_t start = op.params.ints[1], n = x.shape()[axis], m = out_info[0].shape[axis];
+  AxisView v(x.shape(), axis);
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  ref::dispatch_any(x.dtype(), "slice", [&](auto t) {
+    using T = decltype(t);
+    for (int64_t o = 0; o < v.outer; ++o)
+      std::copy_n(x.data<T>() + (o * n + start) * v.inner, m * v.inner, out.data<T>() + o * m * v.inner);
+  });
+  return {out};
+}
+
+std::vector<ValueId> slice_vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  const ValueInfo& x = b.info(op.inputs[0]);
+  int axis = static_cast<int>(op.params.ints[0]);
+  int64_t start = op.params.ints[1], end = op.params.ints[2], n = x.shape[axis];
+  std::vector<ValueId> parts;
+  auto zeros = [&](int64_t len) {
+    Shape s = x.shape;
+    s[axis] = len;
+    return b.fill(s, x.dtype, 0.0);
+  };
+  if (start > 0) parts.push_back(zeros(start));
+  parts.push_back(g[0]);
+  if (end < n) parts.push_back(zeros(n - end));
+  return {parts.size() == 1 ? g[0] : b.concat(parts, axis)};
+}
+
+std::vector<ValueInfo> concat_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.empty()) ctx.fail("needs at least one input");
+  if (p.ints.size() != 1) ctx.fail("params must be {axis}");
+  const Shape& s0 = in[0].shape;
+  int64_t axis = p.ints[0];
+  if (axis < 0 || axis >= s0.rank()) ctx.fail("axis " + std::to_string(axis) + " out of range for " + s0.str());
+  Shape out = s0;
+  out[static_cast<int>(axis)] = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const Shape& s = in[i].shape;
+    bool ok = s.rank() == s0.rank() && in[i].dtype == in[0].dtype;
+    for (int a = 0; ok && a < s.rank(); ++a) ok = a == axis || s[a] == s0[a];
+    if (!ok)
+      ctx.fail("input " + std::to_string(i) + " " + dtype_name(in[i].dtype) + s.str() + " does not match input 0 " +
+               dtype_name(in[0].dtype) + s0.str() + " outside axis " + std::to_string(axis));
+    out[static_cast<int>(axis)] += s[static_cast<int>(axis)];
+  }
+  return {{out, in[0].dtype}};
+}
+
+std::vector<HostTensor> concat_eval(const Op& op, const std::vector<const HostTensor*>& in,
+                                    const std::vector<ValueInfo>& out_info) {
+  int axis = static_cast<int>(op.params.ints[0]);
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  AxisView v(out.shape(), axis);
+  int64_t total = out.shape()[axis];
+  ref::dispatch_any(out.dtype(), "concat", [&](auto t) {
+    using T = decltype(t);
+    int64_t at = 0;
+    for (const HostTensor* x : in) {
+      int64_t m = x->shape()[axis];
+      for (int64_t o = 0; o < v.outer; ++o)
+        std::copy_n(x->data<T>() + o * m * v.inner, m * v.inner, out.data<T>() + (o * total + at) * v.inner);
+      at += m;
+    }
+  });
+  return {out};
+}
+
+std::vector<ValueId> concat_vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  int axis = static_cast<int>(op.params.ints[0]);
+  std::vector<ValueId> grads;
+  int64_t at = 0;
+  for (ValueId x : op.inputs) {
+    int64_t m = b.info(x).shape[axis];
+    grads.push_back(b.slice(g[0], axis, at, at + m));
+    at += m;
+  }
+  return grads;
+}
+
+}  // namespace
+
+void register_slice_concat(PrimRegistry& r) {
+  PrimDef s;
+  s.name = "slice";
+  s.family = "slice_concat.cpp";
+  s.shape = slice_shape;
+  s.eval = slice_eval;
+  s.vjp = slice_vjp;
+  s.describe = [](const Params& p) {
+    return "axis=" + std::to_string(p.ints[0]) + " [" + std::to_string(p.ints[1]) + ":" + std::to_string(p.ints[2]) + "]";
+  };
+  r.add(s);
+
+  PrimDef c;
+  c.name = "concat";
+  c.family = "slice_concat.cpp";
+  c.shape = concat_shape;
+  c.eval = concat_eval;
+  c.vjp = concat_vjp;
+  c.describe = [](const Params& p) { return "axis=" + std::to_string(p.ints[0]); };
+  r.add(c);
+}
+
+}  // namespace kiln

@@ -1,0 +1,65 @@
+// Prim family `where`: out = cond != 0 ? a : b, broadcasting all three (masking).
+// Shape contract: cond any dtype (i32 masks, float masks), a and b one float dtype ->
+// out: broadcast(cond, a, b) shape, a's dtype. It is a Prim of its own (not a pointwise
+// select) because cond may have another dtype than a and b.
+// VJP: a gets where(cond, g, 0), b gets where(cond, 0, g); cond has no gradient.
+#include "circuit/builder.hpp"
+#include "circuit/prim.hpp"
+#include "circuit/prims/eigen_util.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+namespace {
+
+std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params&) {
+  if (in.size() != 3) ctx.fail("takes (cond, a, b)");
+  ctx.require_float(in[1], "a");
+  ctx.require_float(in[2], "b");
+  if (in[1].dtype != in[2].dtype)
+    ctx.fail(std::string("a and b must share one dtype, received ") + dtype_name(in[1].dtype) + " and " +
+             dtype_name(in[2].dtype));
+  Shape out;
+  try {
+    out = broadcast_shapes(broadcast_shapes(in[0].shape, in[1].shape, "where"), in[2].shape, "where");
+  } catch (const Error&) {
+    ctx.fail("shapes do not broadcast: cond " + in[0].shape.str() + ", a " + in[1].shape.str() + ", b " +
+             in[2].shape.str());
+  }
+  return {{out, in[1].dtype}};
+}
+
+std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in,
+                             const std::vector<ValueInfo>& out_info) {
+  const Shape& s = out_info[0].shape;
+  HostTensor cond = ref::broadcast_to(*in[0], s), a = ref::broadcast_to(*in[1], s), b = ref::broadcast_to(*in[2], s);
+  HostTensor out = HostTensor::zeros(out_info[0].dtype, s);
+  ref::dispatch_float(out.dtype(), "where", [&](auto t) {
+    using T = decltype(t);
+    ref::dispatch_any(cond.dtype(), "where", [&](auto c) {
+      using C = decltype(c);
+      ref::array_of<T>(out) = (ref::array_of<C>(cond) != C(0)).select(ref::array_of<T>(a), ref::array_of<T>(b));
+    });
+  });
+  return {out};
+}
+
+std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  ValueId zero = b.fill(Shape{}, b.info(g[0]).dtype, 0.0);
+  ValueId cond = op.inputs[0];
+  return {kNoValue, b.where(cond, g[0], zero), b.where(cond, zero, g[0])};
+}
+
+}  // namespace
+
+void register_where(PrimRegistry& r) {
+  PrimDef d;
+  d.name = "where";
+  d.family = "where.cpp";
+  d.shape = shape_rule;
+  d.eval = eval;
+  d.vjp = vjp;
+  d.nondiff_inputs = {0};
+  r.add(std::move(d));
+}
+
+}  // namespace kiln

@@ -1,0 +1,51 @@
+// Helpers shared by the Prim tests: random inputs from Philox (reproducible everywhere) and a
+// small circuit harness that binds them.
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "circuit/builder.hpp"
+#include "circuit/philox.hpp"
+
+namespace kiln::testing {
+
+struct InputSpec {
+  Shape shape;
+  DType dtype = DType::f64;
+  double lo = -1.0, hi = 1.0;  // float inputs: uniform in [lo, hi); i32 inputs: integers in [lo, hi)
+  bool check = true;           // include in the gradient check (float inputs only)
+};
+
+inline HostTensor random_tensor(const InputSpec& s, uint64_t seed) {
+  HostTensor t = HostTensor::zeros(s.dtype, s.shape);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double u = bits_to_uniform(philox_bits(seed, 0, static_cast<uint64_t>(i)));
+    double v = s.lo + (s.hi - s.lo) * u;
+    t.set(i, s.dtype == DType::i32 ? std::floor(v) : v);
+  }
+  return t;
+}
+
+using BuildFn = std::function<ValueId(Builder&, const std::vector<ValueId>&)>;
+
+// A circuit with one external per spec, the output built by `build`, and bound random inputs.
+struct Harness {
+  Circuit circuit;
+  std::vector<ValueId> inputs;
+  std::vector<HostTensor> bindings;
+  ValueId output = kNoValue;
+
+  Harness(const std::vector<InputSpec>& specs, const BuildFn& build, uint64_t seed = 42) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      inputs.push_back(circuit.add_external({specs[i].shape, specs[i].dtype}, ValueRole::Input, "x" + std::to_string(i)));
+      bindings.push_back(random_tensor(specs[i], seed + i));
+    }
+    Builder b(circuit, "test");
+    output = build(b, inputs);
+  }
+};
+
+}  // namespace kiln::testing

@@ -73,6 +73,9 @@ struct PrimDef {
   DescribeFn describe;
   bool ref_f32 = true, ref_f64 = true;  // Eigen reference implemented for these dtypes
   bool side_effect = false;             // writes a persistent buffer (assign): never removed
+  // False for Prims with no input a gradient could flow to (fill, iota, random, one_hot): they
+  // need no VJP rule, since the sweep never reaches them.
+  bool differentiable = true;
   // Inputs with no gradient by nature (indices, masks, seeds): the sweep skips them.
   std::vector<int> nondiff_inputs;
 };

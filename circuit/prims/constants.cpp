@@ -2,7 +2,7 @@
 //   fill  -> params shape (ints), every element params reals[0], params dtype
 //   iota  -> params shape (ints), element at coords = params index(coords) as params dtype
 //            (positions: index = i_axis; causal masks: index = ge(i0, i1))
-// Neither has inputs, so neither needs a VJP; both are registered with an empty one.
+// Neither has inputs, so neither needs a VJP rule.
 #include <spdlog/fmt/fmt.h>
 
 #include "circuit/circuit.hpp"
@@ -65,7 +65,7 @@ void register_constants(PrimRegistry& r) {
   f.family = "constants.cpp";
   f.shape = fill_shape;
   f.eval = fill_eval;
-  f.vjp = [](Builder&, const Op&, const std::vector<ValueId>&) { return std::vector<ValueId>{}; };
+  f.differentiable = false;
   f.describe = [](const Params& p) { return fmt::format("value={}", p.reals[0]); };
   r.add(f);
 
@@ -74,7 +74,7 @@ void register_constants(PrimRegistry& r) {
   i.family = "constants.cpp";
   i.shape = iota_shape;
   i.eval = iota_eval;
-  i.vjp = [](Builder&, const Op&, const std::vector<ValueId>&) { return std::vector<ValueId>{}; };
+  i.differentiable = false;
   i.describe = [](const Params& p) { return fmt::format("{{{}}}", p.index.str()); };
   r.add(i);
 }

@@ -66,7 +66,7 @@ void register_random(PrimRegistry& r) {
   d.family = "random.cpp";
   d.shape = shape_rule;
   d.eval = eval;
-  d.vjp = [](Builder&, const Op&, const std::vector<ValueId>&) { return std::vector<ValueId>{kNoValue, kNoValue}; };
+  d.differentiable = false;
   d.nondiff_inputs = {0, 1};
   d.describe = [](const Params& p) {
     static const char* kKinds[] = {"uniform", "normal", "bernoulli"};

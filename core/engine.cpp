@@ -1,0 +1,225 @@
+// Engine: recording state, persistent tensors, gradients, and realization through the plan
+// cache and the Eigen executor.
+#include "core/engine.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "ad/backward.hpp"
+#include "circuit/error.hpp"
+
+namespace kiln {
+
+namespace {
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+Engine& Engine::current() {
+  thread_local Engine engine;
+  return engine;
+}
+
+Engine::Engine() { rec_.epoch = next_epoch_++; }
+
+Builder Engine::builder() { return Builder(rec_.circuit, scope_path_); }
+
+ValueId Engine::add_input(HostTensor data, const std::string& name) {
+  ValueId id = rec_.circuit.add_external({data.shape(), data.dtype()}, ValueRole::Input, name);
+  rec_.bound.push_back(std::move(data));
+  rec_.external_slot.push_back(-1);
+  return id;
+}
+
+ValueId Engine::value_of(const Tensor& t) {
+  if (!t.defined()) throw Error("use of an undefined Tensor (default-constructed or moved from)");
+  TensorImpl& impl = *t.impl();
+  if (impl.slot >= 0) {
+    auto it = rec_.slot_version.find(impl.slot);
+    if (it != rec_.slot_version.end()) return it->second;
+    ValueId id = rec_.circuit.add_external(impl.info, ValueRole::Persistent, impl.name);
+    rec_.bound.emplace_back();
+    rec_.external_slot.push_back(impl.slot);
+    rec_.slot_version[impl.slot] = id;
+    return id;
+  }
+  if (impl.pending != kNoValue) {
+    if (impl.epoch != rec_.epoch)
+      throw Error("a Tensor from a step that failed or was set aside is used in another step");
+    return impl.pending;
+  }
+  auto it = rec_.realized_inputs.find(&impl);
+  if (it != rec_.realized_inputs.end()) return it->second;
+  ValueId id = add_input(impl.data, impl.name);
+  rec_.realized_inputs[&impl] = id;
+  return id;
+}
+
+Tensor Engine::wrap(ValueId id) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->info = rec_.circuit.info(id);
+  impl->epoch = rec_.epoch;
+  impl->pending = id;
+  rec_.handles.push_back(impl);
+  return Tensor(impl);
+}
+
+void Engine::assign(const Tensor& t, const Tensor& value) {
+  if (!t.defined() || t.impl()->slot < 0)
+    throw Error("assign: the target must be a persistent tensor (a parameter or optimizer state)");
+  ValueId target = value_of(t), v = value_of(value);
+  rec_.slot_version[t.impl()->slot] = builder().assign(target, v);
+}
+
+std::pair<ValueId, ValueId> Engine::next_random_stream() {
+  HostTensor key = HostTensor::zeros(DType::i32, Shape{2});
+  key.data<int32_t>()[0] = static_cast<int32_t>(static_cast<uint32_t>(seed_));
+  key.data<int32_t>()[1] = static_cast<int32_t>(static_cast<uint32_t>(seed_ >> 32));
+  HostTensor offset = HostTensor::zeros(DType::i32, Shape{});
+  offset.data<int32_t>()[0] = static_cast<int32_t>(static_cast<uint32_t>(random_counter_++));
+  return {add_input(key, "rng_key"), add_input(offset, "rng_offset")};
+}
+
+Tensor Engine::new_persistent(ArenaKind kind, const std::string& name, const HostTensor& init, bool requires_grad) {
+  if (requires_grad && !(init.dtype() == DType::f32 || init.dtype() == DType::f64))
+    throw Error("parameter '" + name + "': only f32/f64 parameters can require gradients, received " +
+                dtype_name(init.dtype()));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->info = {init.shape(), init.dtype()};
+  impl->name = name;
+  impl->slot = arenas_.allocate(kind, init.dtype(), init.shape(), name);
+  if (init.nbytes()) std::memcpy(arenas_.view(impl->slot).raw(), init.raw(), init.nbytes());
+  impl->requires_grad = requires_grad;
+  owners_[impl->slot] = impl;
+  if (requires_grad) {
+    auto g = std::make_shared<TensorImpl>();
+    g->info = impl->info;
+    g->name = name + ".grad";
+    g->slot = arenas_.allocate(ArenaKind::Grad, init.dtype(), init.shape(), g->name);
+    impl->grad = g;
+  }
+  return Tensor(impl);
+}
+
+void Engine::backward(const Tensor& loss) {
+  ValueId out = value_of(loss);
+  const ValueInfo& info = rec_.circuit.info(out);
+  if (info.shape.numel() != 1)
+    fail("backward", scope_path_, "needs a scalar loss (one element), received " + std::string(dtype_name(info.dtype)) +
+                                      info.shape.str());
+  // Every parameter read in this step, by its original (pre-update) version.
+  // In external order, so that equal steps record equal backward ops.
+  std::vector<std::shared_ptr<TensorImpl>> params;
+  std::vector<ValueId> wrt;
+  const auto& externals = rec_.circuit.externals();
+  for (size_t i = 0; i < externals.size(); ++i) {
+    auto it = owners_.find(rec_.external_slot[i]);
+    if (it == owners_.end()) continue;
+    auto owner = it->second.lock();
+    if (!owner || !owner->requires_grad) continue;
+    params.push_back(owner);
+    wrt.push_back(externals[i]);
+  }
+  Builder b = builder();
+  std::vector<ValueId> grads = ad::backward(b, out, wrt);
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor grad(params[i]->grad);
+    ValueId g = grads[i] == kNoValue ? b.fill(params[i]->info.shape, params[i]->info.dtype, 0.0) : grads[i];
+    if (accumulate_gradients) g = b.add(value_of(grad), g);
+    rec_.slot_version[grad.impl()->slot] = b.assign(value_of(grad), g);
+  }
+}
+
+std::vector<HostTensor> Engine::bindings(const Recording& rec) const {
+  std::vector<HostTensor> out = rec.bound;
+  for (size_t i = 0; i < out.size(); ++i)
+    if (rec.external_slot[i] >= 0) out[i] = arenas_.view(rec.external_slot[i]);
+  return out;
+}
+
+void Engine::realize() {
+  if (rec_.circuit.ops().empty()) {
+    rec_ = Recording{};
+    rec_.epoch = next_epoch_++;
+    return;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<TensorImpl>> live;
+  std::vector<ValueId> requested;
+  for (const auto& w : rec_.handles)
+    if (auto h = w.lock()) {
+      live.push_back(h);
+      requested.push_back(h->pending);
+    }
+  Recording rec = take_recording();
+  try {
+    uint64_t hash = rec.circuit.structural_hash();
+    const Plan* plan = cache_.find(hash, rec.circuit, requested);
+    double plan_ms = 0;
+    if (plan) {
+      ++stats_.cache_hits;
+    } else {
+      auto tp = std::chrono::steady_clock::now();
+      plan = cache_.build(hash, rec.circuit, requested);
+      plan_ms = ms_since(tp);
+      ++stats_.plans_built;
+      spdlog::debug("plan built: {} recorded ops -> {} ops in {:.2f} ms ({} plans cached)", plan->recorded_ops,
+                    plan->optimized_ops, plan_ms, cache_.size());
+    }
+    std::vector<HostTensor> binds = bindings(rec);
+    stats_.last_hash_bind_ms = ms_since(t0) - plan_ms;
+    stats_.last_plan_ms = plan_ms;
+    auto tr = std::chrono::steady_clock::now();
+    std::vector<HostTensor> results = plan->program->run(binds);
+    stats_.last_run_ms = ms_since(tr);
+    stats_.last_recorded_ops = plan->recorded_ops;
+    stats_.last_executed_ops = plan->optimized_ops;
+    ++stats_.realizations;
+    const Circuit& pc = plan->program->circuit();
+    for (size_t i = 0; i < live.size(); ++i) {
+      ValueId id = plan->program->outputs()[i];
+      // A value that is (a version of) a persistent buffer is snapshotted: the handle keeps the
+      // value it had in this step.
+      bool aliases = pc.value(id).role != ValueRole::Computed || pc.assign_root(id) != kNoValue;
+      live[i]->data = aliases ? results[i].clone() : results[i];
+      live[i]->pending = kNoValue;
+    }
+  } catch (...) {
+    spdlog::error("step failed; its pending values are discarded");
+    throw;
+  }
+}
+
+HostTensor Engine::read_persistent(const TensorImpl& t) const { return arenas_.view(t.slot).clone(); }
+
+Engine::Recording Engine::take_recording() {
+  Recording r = std::move(rec_);
+  rec_ = Recording{};
+  rec_.epoch = next_epoch_++;
+  return r;
+}
+
+void Engine::restore_recording(Recording rec) { rec_ = std::move(rec); }
+
+void Engine::manual_seed(uint64_t seed) {
+  seed_ = seed;
+  random_counter_ = 0;
+}
+
+void Engine::push_scope(const std::string& name) {
+  scopes_.push_back(name);
+  scope_path_ = scope_path_.empty() ? name : scope_path_ + "." + name;
+}
+
+void Engine::pop_scope() {
+  scopes_.pop_back();
+  scope_path_.clear();
+  for (const auto& s : scopes_) scope_path_ = scope_path_.empty() ? s : scope_path_ + "." + s;
+}
+
+void manual_seed(uint64_t seed) { Engine::current().manual_seed(seed); }
+
+}  // namespace kiln

@@ -1,0 +1,126 @@
+// Engine: owns the Circuit being recorded, the persistent arenas, the plan cache, the RNG seed
+// and the scope stack. One engine per thread (Engine::current()). realize() runs the pending
+// Circuit as one unit: forward, backward and updates together.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "circuit/builder.hpp"
+#include "core/arena.hpp"
+#include "core/plan_cache.hpp"
+#include "core/tensor.hpp"
+
+namespace kiln {
+
+struct TensorImpl {
+  ValueInfo info;
+  std::string name;
+  // Pending: a value of the recording with this epoch.
+  uint64_t epoch = 0;
+  ValueId pending = kNoValue;
+  // Realized: host data (a snapshot; never aliases an arena).
+  HostTensor data;
+  // Persistent: an arena slot, and for parameters the slot of the gradient.
+  int32_t slot = -1;
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+};
+
+struct EngineStats {
+  uint64_t realizations = 0;
+  uint64_t plans_built = 0;
+  uint64_t cache_hits = 0;
+  double last_hash_bind_ms = 0;  // structural hash + cache lookup + binding of the last step
+  double last_plan_ms = 0;       // passes + planning (0 on a cache hit)
+  double last_run_ms = 0;        // execution
+  size_t last_recorded_ops = 0, last_executed_ops = 0;
+};
+
+class Engine {
+ public:
+  static Engine& current();
+  Engine();
+
+  // --- recording (used by Tensor) ---------------------------------------------------------
+  Builder builder();
+  const Circuit& pending() const { return rec_.circuit; }
+  // The id of t in the pending circuit; a realized tensor becomes an input value, a
+  // persistent one a persistent value (its latest assigned version within this step).
+  ValueId value_of(const Tensor& t);
+  // Wraps a new pending value in a Tensor handle.
+  Tensor wrap(ValueId id);
+  // Records value into the persistent tensor t.
+  void assign(const Tensor& t, const Tensor& value);
+  // Key (i32 [2]) and a fresh stream offset (i32 []) as runtime inputs for a random op.
+  std::pair<ValueId, ValueId> next_random_stream();
+
+  Tensor new_persistent(ArenaKind kind, const std::string& name, const HostTensor& init, bool requires_grad);
+  void backward(const Tensor& loss);
+
+  // --- realization ------------------------------------------------------------------------
+  // Runs everything recorded so far; live handles get their values. No-op when empty.
+  void realize();
+  // The current contents of a persistent tensor (a copy).
+  HostTensor read_persistent(const TensorImpl& t) const;
+
+  // --- settings and state -----------------------------------------------------------------
+  void manual_seed(uint64_t seed);
+  uint64_t seed() const { return seed_; }
+  uint64_t random_counter() const { return random_counter_; }
+  void set_random_counter(uint64_t c) { random_counter_ = c; }
+  bool accumulate_gradients = false;
+  void push_scope(const std::string& name);
+  void pop_scope();
+  const std::string& scope() const { return scope_path_; }
+  const EngineStats& stats() const { return stats_; }
+  PlanCache& plan_cache() { return cache_; }
+  ArenaSet& arenas() { return arenas_; }
+
+  // Moves the pending recording out (and starts an empty one), or puts one back: the user
+  // gradient check records a function in isolation this way.
+  struct Recording {
+    Circuit circuit;
+    std::vector<HostTensor> bound;         // per external of circuit; persistent ones empty
+    std::vector<int32_t> external_slot;    // per external: arena slot or -1
+    std::unordered_map<const TensorImpl*, ValueId> realized_inputs;
+    std::unordered_map<int32_t, ValueId> slot_version;  // arena slot -> latest version id
+    std::vector<std::weak_ptr<TensorImpl>> handles;     // pending handles of this recording
+    uint64_t epoch = 0;
+  };
+  Recording take_recording();
+  void restore_recording(Recording rec);
+  // Bindings for the externals of a recording (arena views for persistent values).
+  std::vector<HostTensor> bindings(const Recording& rec) const;
+
+ private:
+  ValueId add_input(HostTensor data, const std::string& name);
+  Recording rec_;
+  uint64_t next_epoch_ = 1;
+  std::unordered_map<int32_t, std::weak_ptr<TensorImpl>> owners_;  // arena slot -> tensor
+  ArenaSet arenas_;
+  PlanCache cache_;
+  EngineStats stats_;
+  uint64_t seed_ = 0x5EED;
+  uint64_t random_counter_ = 0;
+  std::vector<std::string> scopes_;
+  std::string scope_path_;
+};
+
+// Seeds the current engine's Philox streams (and nothing else: kiln has no other RNG).
+void manual_seed(uint64_t seed);
+
+// Pushes a module path component for the ops recorded in its lifetime ("h.0" then "attn"
+// gives "h.0.attn"), so errors and dumps name the layer.
+class Scope {
+ public:
+  explicit Scope(const std::string& name) { Engine::current().push_scope(name); }
+  ~Scope() { Engine::current().pop_scope(); }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+};
+
+}  // namespace kiln

@@ -1,0 +1,36 @@
+// PlanCache: structural lookup, pass pipeline on a miss, LRU eviction.
+#include "core/plan_cache.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "circuit/passes.hpp"
+
+namespace kiln {
+
+const Plan* PlanCache::find(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested) {
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->hash != hash || it->plan.requested != requested || !it->plan.recorded.structurally_equal(recorded)) continue;
+    entries_.splice(entries_.begin(), entries_, it);
+    return &entries_.front().plan;
+  }
+  return nullptr;
+}
+
+const Plan* PlanCache::build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested) {
+  std::vector<ValueId> outputs = requested;
+  Circuit optimized = cse(recorded, outputs);
+  Plan plan;
+  plan.recorded = recorded;
+  plan.requested = requested;
+  plan.recorded_ops = recorded.ops().size();
+  plan.optimized_ops = optimized.ops().size();
+  plan.program = std::make_unique<Program>(std::move(optimized), std::move(outputs));
+  entries_.push_front(Entry{hash, std::move(plan)});
+  if (entries_.size() > capacity_) {
+    spdlog::debug("plan cache full ({} plans): evicting the least recently used", capacity_);
+    entries_.pop_back();
+  }
+  return &entries_.front().plan;
+}
+
+}  // namespace kiln

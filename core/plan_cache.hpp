@@ -1,0 +1,40 @@
+// The cache of compiled plans. A recorded step is looked up by its structural hash and the hit
+// is confirmed by full structural equality (a hash alone can collide); a miss runs the passes
+// and builds a Program. The cache is bounded: the least recently used plan is evicted.
+#pragma once
+
+#include <list>
+#include <memory>
+
+#include "circuit/executor.hpp"
+
+namespace kiln {
+
+struct Plan {
+  Circuit recorded;                 // the key: the circuit as recorded
+  std::vector<ValueId> requested;   // the key: the values the caller asked for (recorded ids)
+  std::unique_ptr<Program> program; // optimized circuit; outputs in the order of `requested`
+  size_t recorded_ops = 0, optimized_ops = 0;
+};
+
+class PlanCache {
+ public:
+  explicit PlanCache(size_t capacity = 64) : capacity_(capacity) {}
+  // The plan for (recorded, requested), or nullptr.
+  const Plan* find(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
+  // Builds (DCE, CSE, Program) and inserts; evicts the least recently used beyond capacity.
+  const Plan* build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
+  size_t size() const { return entries_.size(); }
+  size_t capacity() const { return capacity_; }
+  void clear() { entries_.clear(); }
+
+ private:
+  struct Entry {
+    uint64_t hash;
+    Plan plan;
+  };
+  size_t capacity_;
+  std::list<Entry> entries_;  // most recently used first
+};
+
+}  // namespace kiln

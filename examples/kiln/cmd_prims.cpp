@@ -1,0 +1,29 @@
+// `kiln prims`: the Prim catalogue, one row per Prim: its family (source file) and whether it
+// has a shape rule, Eigen f32/f64 reference, VJP rule, and a GPU kernel lowering.
+#include <cstdio>
+
+#include "circuit/prim.hpp"
+#include "commands.hpp"
+
+namespace kiln::cli {
+
+int cmd_prims(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::printf("usage: kiln prims\n\nPrints every registered Prim with the rules it implements.\n"
+                "Columns: shape rule, Eigen reference in f32 and f64, VJP rule (\"n/a\": no inputs to\n"
+                "differentiate), GPU lowering (none yet: the PTX back end is a later issue).\n");
+    return args[0] == "--help" || args[0] == "-h" ? 0 : 2;
+  }
+  std::printf("%-18s %-18s %-6s %-8s %-8s %-6s %-8s\n", "prim", "family", "shape", "ref f32", "ref f64", "vjp", "lowering");
+  int n = 0;
+  for (const PrimDef* p : PrimRegistry::instance().all()) {
+    const char* vjp = !p->differentiable ? "n/a" : p->vjp ? "yes" : "no";
+    std::printf("%-18s %-18s %-6s %-8s %-8s %-6s %-8s\n", p->name.c_str(), p->family.c_str(), p->shape ? "yes" : "no",
+                p->eval && p->ref_f32 ? "yes" : "no", p->eval && p->ref_f64 ? "yes" : "no", vjp, "no");
+    ++n;
+  }
+  std::printf("%d prims\n", n);
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,12 @@
+// The kiln CLI's subcommands: each takes its arguments (after the subcommand's name) and
+// returns the process exit code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kiln::cli {
+
+int cmd_prims(const std::vector<std::string>& args);
+
+}  // namespace kiln::cli

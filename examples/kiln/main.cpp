@@ -1,0 +1,50 @@
+// kiln: one binary, subcommands. `kiln --help` lists them; `kiln <command> --help` explains one.
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+
+namespace {
+
+struct Command {
+  std::function<int(const std::vector<std::string>&)> run;
+  const char* summary;
+};
+
+const std::map<std::string, Command>& commands() {
+  static const std::map<std::string, Command> table = {
+      {"prims", {kiln::cli::cmd_prims, "print the Prim catalogue and what each Prim implements"}},
+  };
+  return table;
+}
+
+void usage() {
+  std::printf("usage: kiln <command> [options]\n\ncommands:\n");
+  for (const auto& [name, c] : commands()) std::printf("  %-8s %s\n", name.c_str(), c.summary);
+  std::printf("\n`kiln <command> --help` describes a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  auto it = commands().find(argv[1]);
+  if (it == commands().end()) {
+    std::fprintf(stderr, "kiln: unknown command '%s'\n\n", argv[1]);
+    usage();
+    return 2;
+  }
+  try {
+    return it->second.run(std::vector<std::string>(argv + 2, argv + argc));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln %s: error: %s\n", argv[1], e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,31 @@
+// SGD with momentum over the engine's persistent tensors.
+#include "train/sgd.hpp"
+
+#include "circuit/error.hpp"
+#include "core/engine.hpp"
+
+namespace kiln::optim {
+
+SGD::SGD(std::vector<Tensor> params, double lr, double momentum)
+    : params_(std::move(params)), lr_(lr), momentum_(momentum) {
+  for (const Tensor& p : params_) {
+    if (!p.requires_grad()) throw Error("SGD: parameter '" + p.name() + "' does not require gradients");
+    if (momentum_ != 0.0) velocity_.push_back(Tensor::state(p.name() + ".momentum", p.shape(), p.dtype()));
+  }
+}
+
+void SGD::step() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    Tensor lr = Tensor::scalar(lr_, p.dtype());  // a runtime input: changing lr keeps the plan
+    Tensor g = p.grad();
+    if (momentum_ != 0.0) {
+      velocity_[i].assign(velocity_[i] * momentum_ + g);
+      g = velocity_[i];
+    }
+    p.assign(p - lr * g);
+  }
+  Engine::current().realize();
+}
+
+}  // namespace kiln::optim

@@ -1,0 +1,234 @@
+// Execution semantics of core/: lazy recording, realization through the plan cache, runtime
+// scalars, assign ordering, step-local gradients in arenas, dtype rules, scopes in errors,
+// recovery after a failed step, seeding, devices and the user-facing gradient check.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "circuit/error.hpp"
+#include "core/device.hpp"
+#include "core/engine.hpp"
+#include "core/gradcheck.hpp"
+#include "train/sgd.hpp"
+
+namespace kiln {
+namespace {
+
+HostTensor host(const std::vector<double>& v, Shape s, DType dt = DType::f32) {
+  return Tensor::from_vector(v, std::move(s), dt).to_host();
+}
+
+// One training step of a linear model; returns the loss.
+double linear_step(const Tensor& w, optim::SGD& opt, const std::vector<double>& x, double target) {
+  Tensor xs = Tensor::from_vector(x, Shape{1, static_cast<int64_t>(x.size())});
+  Tensor err = matmul(xs, w) - target;
+  Tensor loss = mean(err * err);
+  loss.backward();
+  opt.step();
+  return loss.item();
+}
+
+TEST(EnginePlanCache, IdenticalStepsReuseOnePlanWithoutPasses) {
+  Engine& e = Engine::current();
+  Tensor w = Tensor::parameter("cache.w", host({0.1, -0.2, 0.3}, Shape{3, 1}));
+  optim::SGD opt({w}, 0.05);
+  linear_step(w, opt, {1, 2, 3}, 1.0);
+  uint64_t built = e.stats().plans_built, hits = e.stats().cache_hits;
+  for (int i = 0; i < 5; ++i) {
+    opt.set_lr(0.05 / (i + 1));  // a runtime scalar: must not make a new plan
+    linear_step(w, opt, {1.0 + i, 2, 3}, 1.0);
+    EXPECT_EQ(e.stats().last_plan_ms, 0.0);
+  }
+  EXPECT_EQ(e.stats().plans_built, built);
+  EXPECT_EQ(e.stats().cache_hits, hits + 5);
+  EXPECT_GT(e.stats().last_recorded_ops, 0u);
+}
+
+TEST(EnginePlanCache, ConstantsAndShapesAreStructure) {
+  Engine& e = Engine::current();
+  Tensor x = Tensor::from_vector({1, 2}, Shape{2});
+  (x * 2.0).to_vector();
+  uint64_t built = e.stats().plans_built;
+  EXPECT_EQ((x * 2.0).to_vector(), (std::vector<double>{2, 4}));
+  EXPECT_EQ(e.stats().plans_built, built);  // same constant: cache hit
+  EXPECT_EQ((x * 3.0).to_vector(), (std::vector<double>{3, 6}));
+  EXPECT_EQ(e.stats().plans_built, built + 1);  // another constant: another plan
+  Tensor y = Tensor::from_vector({1, 2, 3}, Shape{3});
+  (y * 3.0).to_vector();
+  EXPECT_EQ(e.stats().plans_built, built + 2);  // another shape: another plan
+}
+
+TEST(EnginePlanCache, BoundedAndConfirmedByEquality) {
+  PlanCache cache(2);
+  std::vector<Circuit> cs(3);
+  std::vector<ValueId> outs;
+  for (int i = 0; i < 3; ++i) {
+    ValueId x = cs[static_cast<size_t>(i)].add_external({Shape{2}, DType::f32}, ValueRole::Input);
+    Builder b(cs[static_cast<size_t>(i)]);
+    outs = {b.scale(x, i + 1.0)};
+    cache.build(7, cs[static_cast<size_t>(i)], outs);  // same (forced) hash for all three
+  }
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.find(7, cs[0], outs), nullptr);  // evicted
+  EXPECT_NE(cache.find(7, cs[2], outs), nullptr);
+  EXPECT_NE(cache.find(7, cs[1], outs), nullptr);  // a colliding hash is told apart by equality
+}
+
+TEST(EngineAssign, ReadsBeforeAnAssignSeeTheOldValue) {
+  Tensor p = Tensor::parameter("assign.p", host({1, 2, 3}, Shape{3}), false);
+  Tensor before = p * 2.0;
+  p.assign(p + 1.0);
+  Tensor after = p * 2.0;
+  EXPECT_EQ(before.to_vector(), (std::vector<double>{2, 4, 6}));
+  EXPECT_EQ(after.to_vector(), (std::vector<double>{4, 6, 8}));
+  EXPECT_EQ(p.to_vector(), (std::vector<double>{2, 3, 4}));
+  EXPECT_THROW(Tensor::from_vector({1}, Shape{1}).assign(p), Error);  // not persistent
+}
+
+TEST(EngineGradients, BelongToTheStepUnlessAccumulationIsAsked) {
+  Engine& e = Engine::current();
+  Tensor w = Tensor::parameter("grad.w", host({1, 1}, Shape{2}));
+  Tensor unused = Tensor::parameter("grad.unused", host({5}, Shape{1}));
+  auto step = [&](std::vector<double> x) {
+    Tensor loss = sum(w * Tensor::from_vector(x, Shape{2})) + sum(unused * 0.0);
+    loss.backward();
+    e.realize();
+  };
+  step({2, 3});
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{2, 3}));
+  step({4, 5});
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{4, 5}));  // assigned, not added
+  EXPECT_EQ(unused.grad().to_vector(), (std::vector<double>{0}));
+  e.accumulate_gradients = true;
+  step({1, 1});
+  e.accumulate_gradients = false;
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{5, 6}));
+}
+
+TEST(EngineGradients, TiedUseAccumulatesFanOut) {
+  Tensor w = Tensor::parameter("tied.w", host({3}, Shape{1}));
+  Tensor loss = sum(w * w + w);  // d/dw = 2w + 1 = 7
+  loss.backward();
+  Engine::current().realize();
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{7}));
+  Tensor v = Tensor::parameter("tied.v", host({1, 2}, Shape{2}));
+  EXPECT_THROW((v * 1.0).backward(), Error);  // backward needs a one-element loss
+  Engine::current().realize();
+}
+
+TEST(EngineArenas, ParametersAreViewsOfPerDtypeArenas) {
+  Engine& e = Engine::current();
+  Tensor a = Tensor::parameter("arena.a", host({1, 2, 3}, Shape{3}));
+  Tensor b = Tensor::parameter("arena.b", host({4, 5}, Shape{2}));
+  Tensor c = Tensor::parameter("arena.c", host({6}, Shape{1}, DType::f64));
+  const ArenaSlot& sa = e.arenas().slot(a.impl()->slot);
+  const ArenaSlot& sb = e.arenas().slot(b.impl()->slot);
+  const ArenaSlot& sc = e.arenas().slot(c.impl()->slot);
+  EXPECT_EQ(sa.dtype, DType::f32);
+  EXPECT_EQ(sc.dtype, DType::f64);
+  EXPECT_GT(sb.offset, sa.offset);
+  EXPECT_EQ(sb.offset % 16, 0);
+  HostTensor arena = e.arenas().arena_view(ArenaKind::Param, DType::f32);
+  EXPECT_EQ(arena.get(sb.offset + 1), 5.0);
+  EXPECT_EQ(e.arenas().slot(a.grad().impl()->slot).kind, ArenaKind::Grad);
+}
+
+TEST(EngineDtypes, NoImplicitPromotion) {
+  Tensor a = Tensor::from_vector({1}, Shape{1}, DType::f32);
+  Tensor b = Tensor::from_vector({1}, Shape{1}, DType::f64);
+  try {
+    (void)(a + b);
+    FAIL() << "f32 + f64 must not promote";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no implicit promotion"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ((cast(a, DType::f64) + b).item(), 2.0);
+}
+
+TEST(EngineScopes, ErrorsNameTheLayer) {
+  Scope outer("block");
+  Scope inner("attn");
+  EXPECT_EQ(Engine::current().scope(), "block.attn");
+  Tensor a = Tensor::from_vector({1, 2, 3, 4, 5, 6}, Shape{2, 3});
+  try {
+    (void)matmul(a, a);
+    FAIL();
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("op 'matmul' in layer 'block.attn'"), std::string::npos) << m;
+    EXPECT_NE(m.find("[2, 3]"), std::string::npos) << m;
+  }
+}
+
+TEST(EngineFailure, AFailedStepIsDiscardedAndTheEngineGoesOn) {
+  Tensor table = Tensor::from_vector({1, 2, 3, 4}, Shape{2, 2});
+  Tensor bad = gather_rows(table, Tensor::from_ints({0, 5}, Shape{2}));
+  try {
+    bad.item();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("index 5 at position 1 is out of range [0, 2)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((bad * 1.0).item(), Error);  // a value of the failed step has none
+  EXPECT_EQ(sum(gather_rows(table, Tensor::from_ints({1}, Shape{1}))).item(), 7.0);
+}
+
+TEST(EngineSeeding, ManualSeedReproducesRandomTensors) {
+  manual_seed(3);
+  std::vector<double> a = Tensor::rand(Shape{5}).to_vector();
+  std::vector<double> a2 = Tensor::rand(Shape{5}).to_vector();
+  manual_seed(3);
+  std::vector<double> b = Tensor::rand(Shape{5}).to_vector();
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, a2);  // each draw is a fresh stream
+  std::vector<double> n = Tensor::randn(Shape{4000}, DType::f64).to_vector();
+  double m = 0, v = 0;
+  for (double x : n) m += x / n.size();
+  for (double x : n) v += (x - m) * (x - m) / n.size();
+  EXPECT_NEAR(m, 0.0, 0.06);
+  EXPECT_NEAR(v, 1.0, 0.08);
+}
+
+TEST(EngineDevice, CudaWithoutAGpuIsAClearError) {
+  EXPECT_EQ(parse_device("cpu"), Device::CPU);
+  EXPECT_EQ(parse_device("auto"), Device::CPU);
+  try {
+    parse_device("cuda");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no usable GPU"), std::string::npos);
+  }
+  EXPECT_THROW(parse_device("gpu"), Error);
+}
+
+TEST(UserGradcheck, PassesForACorrectFunctionAndChecksParameters) {
+  Tensor w = Tensor::parameter("gc.w", host({0.3, -0.1, 0.2, 0.5, -0.4, 0.1}, Shape{3, 2}, DType::f64));
+  auto f = [&](const std::vector<Tensor>& in) { return sum(tanh(matmul(in[0], w)) * in[0].shape()[0]); };
+  ad::GradCheckResult r = gradcheck(f, {host({0.1, 0.2, -0.3, 0.4, 0.5, -0.6}, Shape{2, 3})}, {}, true);
+  EXPECT_TRUE(r.ok) << r.report;
+  EXPECT_EQ(r.rel_error.size(), 2u);  // the input and the parameter
+  EXPECT_EQ(w.to_vector()[0], 0.3);   // parameters are perturbed on copies only
+}
+
+TEST(UserGradcheck, LeavesThePendingStepAlone) {
+  Tensor x = Tensor::from_vector({1, 2}, Shape{2});
+  Tensor y = x * 2.0;  // pending
+  gradcheck([](const std::vector<Tensor>& in) { return sum(exp(in[0])); }, {host({0.5}, Shape{1})});
+  EXPECT_EQ(y.to_vector(), (std::vector<double>{2, 4}));
+}
+
+TEST(EngineTraining, SgdFitsALinearModel) {
+  Tensor w = Tensor::parameter("fit.w", host({0, 0}, Shape{2, 1}));
+  optim::SGD opt({w}, 0.1, 0.5);
+  double loss = 0;
+  for (int i = 0; i < 200; ++i) {
+    double a = std::sin(i), b = std::cos(i);
+    loss = linear_step(w, opt, {a, b}, 2 * a - 3 * b);
+  }
+  EXPECT_LT(loss, 1e-6);
+  EXPECT_NEAR(w.to_vector()[0], 2.0, 1e-3);
+  EXPECT_NEAR(w.to_vector()[1], -3.0, 1e-3);
+}
+
+}  // namespace
+}  // namespace kiln

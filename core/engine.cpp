@@ -2,9 +2,12 @@
 // cache and the Eigen executor.
 #include "core/engine.hpp"
 
+#include <spdlog/cfg/env.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "ad/backward.hpp"
@@ -23,7 +26,14 @@ Engine& Engine::current() {
   return engine;
 }
 
-Engine::Engine() { rec_.epoch = next_epoch_++; }
+Engine::Engine() {
+  rec_.epoch = next_epoch_++;
+  static const bool logging_configured = [] {
+    spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug shows plan builds
+    return true;
+  }();
+  (void)logging_configured;
+}
 
 Builder Engine::builder() { return Builder(rec_.circuit, scope_path_); }
 
@@ -168,6 +178,9 @@ void Engine::realize() {
       ++stats_.plans_built;
       spdlog::debug("plan built: {} recorded ops -> {} ops in {:.2f} ms ({} plans cached)", plan->recorded_ops,
                     plan->optimized_ops, plan_ms, cache_.size());
+      if (const char* dump = std::getenv("KILN_DUMP"); dump && std::string(dump) != "0")
+        std::fprintf(stderr, "%s%s", rec.circuit.dump("recorded (forward, backward, updates)").c_str(),
+                     plan->program->circuit().dump("optimized (CSE, DCE)").c_str());
     }
     std::vector<HostTensor> binds = bindings(rec);
     stats_.last_hash_bind_ms = ms_since(t0) - plan_ms;

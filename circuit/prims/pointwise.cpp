@@ -121,7 +121,8 @@ std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g
       }
     }
     ScalarExp body = (se::in(0) * d.substitute(subs)).simplify();
-    grads[k] = b.pointwise(body, inputs);
+    // A derivative of 1 (sums, differences) passes g on as it is: no copy op.
+    grads[k] = body == se::in(0) ? g[0] : b.pointwise(body, inputs);
   }
   return grads;
 }

@@ -3,6 +3,12 @@
 
 namespace kiln {
 
+namespace {
+// -1 is the last axis; an axis out of range is passed on unchanged so the shape rule's error
+// shows the axis the caller gave.
+int normalize(int axis, int rank) { return axis < 0 && axis >= -rank ? axis + rank : axis; }
+}  // namespace
+
 ValueId Builder::op(const std::string& prim, Params params, std::vector<ValueId> inputs) {
   return c_.add_op(prim, std::move(params), std::move(inputs), scope_).at(0);
 }
@@ -20,7 +26,7 @@ ValueId Builder::div(ValueId a, ValueId b) { return pointwise(se::in(0) / se::in
 ValueId Builder::scale(ValueId a, double s) { return pointwise(se::in(0) * se::c(s), {a}); }
 
 ValueId Builder::reduce(ReduceKind kind, ValueId x, int axis) {
-  if (axis < 0) axis += info(x).shape.rank();  // out-of-range axes are left to the shape rule
+  axis = normalize(axis, info(x).shape.rank());
   Params p;
   p.ints = {static_cast<int64_t>(kind), axis};
   return op("reduce", std::move(p), {x});
@@ -82,14 +88,14 @@ ValueId Builder::broadcast(ValueId x, const Shape& shape) {
 }
 
 ValueId Builder::slice(ValueId x, int axis, int64_t start, int64_t end) {
-  if (axis < 0) axis += info(x).shape.rank();
+  axis = normalize(axis, info(x).shape.rank());
   Params p;
   p.ints = {axis, start, end};
   return op("slice", std::move(p), {x});
 }
 
 ValueId Builder::concat(const std::vector<ValueId>& xs, int axis) {
-  if (axis < 0 && !xs.empty()) axis += info(xs[0]).shape.rank();
+  if (!xs.empty()) axis = normalize(axis, info(xs[0]).shape.rank());
   Params p;
   p.ints = {axis};
   return op("concat", std::move(p), xs);

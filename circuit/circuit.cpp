@@ -109,8 +109,8 @@ void Circuit::verify() const {
       ValueId target = op.inputs[0];
       if (assign_root(target) == kNoValue)
         fail("assign", op.scope, "target %" + std::to_string(target) + " is not a persistent buffer");
-      if (!overwritten_at.emplace(target, static_cast<int32_t>(i)).second)
-        fail("assign", op.scope, "buffer version %" + std::to_string(target) + " is assigned twice");
+      // A second assign of the same version reads it after the first: caught above.
+      overwritten_at.emplace(target, static_cast<int32_t>(i));
     }
     for (ValueId o : op.outputs) defined[static_cast<size_t>(o)] = 1;
   }

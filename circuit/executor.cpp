@@ -9,6 +9,10 @@ Program::Program(Circuit circuit, std::vector<ValueId> outputs)
     : circuit_(std::move(circuit)), outputs_(std::move(outputs)) {
   circuit_.verify();
   const auto& ops = circuit_.ops();
+  for (ValueId o : outputs_)
+    if (o < 0 || static_cast<size_t>(o) >= circuit_.num_values())
+      throw Error("executor: requested output %" + std::to_string(o) + " does not exist (the circuit has " +
+                  std::to_string(circuit_.num_values()) + " values)");
   std::vector<int32_t> last_use(circuit_.num_values(), -1);
   for (size_t i = 0; i < ops.size(); ++i)
     for (ValueId in : ops[i].inputs) last_use[static_cast<size_t>(in)] = static_cast<int32_t>(i);

@@ -49,6 +49,11 @@ void ShapeCtx::require_dtype(const ValueInfo& info, DType dtype, const char* wha
          info.shape.str());
 }
 
+void ShapeCtx::require_dims(const std::vector<int64_t>& dims, const char* what) const {
+  for (int64_t d : dims)
+    if (d < 0) fail(std::string(what) + " " + Shape(dims).str() + " has a negative dim");
+}
+
 PrimRegistry& PrimRegistry::instance() {
   static PrimRegistry registry;
   return registry;

@@ -47,6 +47,8 @@ struct ShapeCtx {
   // Throws unless `info` has a floating-point dtype the Eigen executor runs.
   void require_float(const ValueInfo& info, const char* what) const;
   void require_dtype(const ValueInfo& info, DType dtype, const char* what) const;
+  // Throws unless every dim of a shape given in params is >= 0.
+  void require_dims(const std::vector<int64_t>& dims, const char* what) const;
 };
 
 // Given input infos and params, returns output infos or throws via ctx.fail.

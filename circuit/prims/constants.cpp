@@ -15,8 +15,7 @@ namespace {
 std::vector<ValueInfo> fill_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
   if (!in.empty()) ctx.fail("takes no inputs");
   if (p.reals.size() != 1) ctx.fail("params must hold the fill value");
-  for (int64_t d : p.ints)
-    if (d < 0) ctx.fail("negative dim in shape " + Shape(p.ints).str());
+  ctx.require_dims(p.ints, "shape");
   return {{Shape(p.ints), p.dtype}};
 }
 
@@ -33,6 +32,7 @@ std::vector<HostTensor> fill_eval(const Op& op, const std::vector<const HostTens
 std::vector<ValueInfo> iota_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
   if (!in.empty()) ctx.fail("takes no inputs");
   if (!p.index) ctx.fail("has no index expression");
+  ctx.require_dims(p.ints, "shape");
   Shape s(p.ints);
   if (p.index.max_axis() >= s.rank())
     ctx.fail("index " + p.index.str() + " reads axis " + std::to_string(p.index.max_axis()) + " of shape " + s.str());

@@ -24,7 +24,8 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   const Shape &a = in[0].shape, &b = in[1].shape;
   if (a.rank() < 2 || b.rank() < 2)
     ctx.fail("needs inputs of rank >= 2, received a " + a.str() + " and b " + b.str());
-  bool ta = p.ints.at(0) != 0, tb = p.ints.at(1) != 0;
+  if (p.ints.size() != 2) ctx.fail("params must be {transpose_a, transpose_b}");
+  bool ta = p.ints[0] != 0, tb = p.ints[1] != 0;
   int64_t m = ta ? a[a.rank() - 1] : a[a.rank() - 2];
   int64_t ka = ta ? a[a.rank() - 2] : a[a.rank() - 1];
   int64_t kb = tb ? b[b.rank() - 1] : b[b.rank() - 2];

@@ -29,6 +29,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   if (p.reals.size() != 1 || !(p.reals[0] >= 0.0 && p.reals[0] <= 1.0))
     ctx.fail("bernoulli probability must lie in [0, 1]");
   ctx.require_float({Shape{}, p.dtype}, "result dtype");
+  ctx.require_dims(std::vector<int64_t>(p.ints.begin() + 1, p.ints.end()), "shape");
   return {{Shape(std::vector<int64_t>(p.ints.begin() + 1, p.ints.end())), p.dtype}};
 }
 

@@ -98,6 +98,7 @@ std::vector<ValueId> permute_vjp(Builder& b, const Op& op, const std::vector<Val
 
 std::vector<ValueInfo> broadcast_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
   if (in.size() != 1) ctx.fail("takes one input");
+  ctx.require_dims(p.ints, "target shape");
   Shape target(p.ints);
   bool ok = in[0].shape.rank() <= target.rank();
   for (int i = 0; ok && i < in[0].shape.rank(); ++i) {

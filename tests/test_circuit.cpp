@@ -1,0 +1,446 @@
+// Circuit, passes and errors: DCE/CSE, verify() of persistent-buffer ordering, structural
+// hashing/equality, dump(); and bad input of every kind, which must throw kiln::Error (never
+// crash) with a message naming the op, the shapes and the layer; plus the gradient checker on NaN.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <functional>
+
+#include "ad/gradcheck.hpp"
+#include "circuit/error.hpp"
+#include "circuit/executor.hpp"
+#include "circuit/passes.hpp"
+#include "prim_test_util.hpp"
+
+namespace kiln {
+namespace {
+
+const DType f32 = DType::f32, f64 = DType::f64, i32 = DType::i32;
+
+size_t count_prim(const Circuit& c, const std::string& name) {
+  size_t n = 0;
+  for (const Op& op : c.ops()) n += op.prim->name == name;
+  return n;
+}
+
+// Runs f, which must throw kiln::Error; returns its message ("" and a test failure otherwise).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected kiln::Error, nothing was thrown";
+  return {};
+}
+
+// Evaluates msg once (it is often an error_of(...) call).
+#define EXPECT_HAS(msg, part)                                                                  \
+  do {                                                                                         \
+    const std::string m_ = (msg), p_ = (part);                                                 \
+    EXPECT_NE(m_.find(p_), std::string::npos) << "missing \"" << p_ << "\" in: \"" << m_ << "\""; \
+  } while (0)
+
+HostTensor zeros(DType dt, Shape s) { return HostTensor::zeros(dt, std::move(s)); }
+HostTensor ints(Shape s, const std::vector<int32_t>& v) {
+  HostTensor t = zeros(i32, std::move(s));
+  for (size_t i = 0; i < v.size(); ++i) t.data<int32_t>()[i] = v[i];
+  return t;
+}
+
+// --- passes ---------------------------------------------------------------------------------
+
+TEST(CircuitDce, RemovesUnusedOpKeepsAssignWhoseResultIsUnused) {
+  Circuit c;
+  ValueId p = c.add_external({Shape{3}, f64}, ValueRole::Persistent, "p");
+  ValueId x = c.add_external({Shape{3}, f64}, ValueRole::Input, "x");
+  Builder b(c);
+  b.pointwise(se::exp(se::in(0)), {x});  // unused
+  ValueId y = b.scale(x, 2.0);
+  b.assign(p, b.add(y, x));  // result unused, but a side effect
+  ASSERT_EQ(c.ops().size(), 4u);
+  std::vector<ValueId> outs{y};
+  Circuit d = dce(c, outs);
+  EXPECT_EQ(d.ops().size(), 3u) << d.dump();
+  EXPECT_EQ(count_prim(d, "assign"), 1u);
+  EXPECT_EQ(d.value(outs[0]).producer, 0) << d.dump();
+  EXPECT_NO_THROW(d.verify());
+  HostTensor buf = zeros(f64, Shape{3}), xv = zeros(f64, Shape{3});
+  for (int i = 0; i < 3; ++i) xv.set(i, i + 1.0);
+  auto r = execute(d, {buf, xv}, outs);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r[0].get(i), 2.0 * (i + 1));
+    EXPECT_EQ(buf.get(i), 3.0 * (i + 1)) << "the kept assign must still write the buffer";
+  }
+}
+
+TEST(CircuitCse, MergesIdenticalPointwiseOps) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{2, 3}, f32}, ValueRole::Input, "x");
+  ValueId y = c.add_external({Shape{2, 3}, f32}, ValueRole::Input, "y");
+  Builder b(c);
+  ValueId a1 = b.add(x, y), a2 = b.add(x, y);
+  ValueId e1 = b.pointwise(se::exp(se::in(0)), {a1}), e2 = b.pointwise(se::exp(se::in(0)), {a2});  // equal once a1 == a2
+  ValueId out = b.mul(e1, e2);
+  ASSERT_EQ(c.ops().size(), 5u);
+  std::vector<ValueId> outs{out, e2};
+  Circuit d = cse(c, outs);
+  EXPECT_EQ(d.ops().size(), 3u) << d.dump();
+  const Op& mul = d.ops().back();
+  EXPECT_EQ(mul.inputs[0], mul.inputs[1]);
+  EXPECT_EQ(outs[1], mul.inputs[0]);
+  HostTensor xv = testing::random_tensor({Shape{2, 3}, f32}, 1), yv = testing::random_tensor({Shape{2, 3}, f32}, 2);
+  auto before = execute(c, {xv, yv}, {out}), after = execute(d, {xv, yv}, {outs[0]});
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(before[0].get(i), after[0].get(i));
+}
+
+TEST(CircuitCse, KeepsOpsWithDifferentParamsOrWiring) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{4}, f64}, ValueRole::Input, "x");
+  ValueId y = c.add_external({Shape{4}, f64}, ValueRole::Input, "y");
+  Builder b(c);
+  ValueId s2 = b.scale(x, 2.0), s3 = b.scale(x, 3.0);
+  ValueId d1 = b.sub(x, y), d2 = b.sub(y, x);
+  ValueId r1 = b.reduce(ReduceKind::Sum, b.reshape(x, Shape{2, 2}), 0), r2 = b.reduce(ReduceKind::Max, b.reshape(x, Shape{2, 2}), 0);
+  std::vector<ValueId> outs{s2, s3, d1, d2, r1, r2};
+  Circuit d = cse(c, outs);
+  EXPECT_EQ(d.ops().size(), c.ops().size() - 1) << "only the two equal reshapes merge\n" << d.dump();
+  for (size_t i = 0; i < outs.size(); ++i)
+    for (size_t j = i + 1; j < outs.size(); ++j) EXPECT_NE(outs[i], outs[j]) << i << " vs " << j;
+}
+
+TEST(CircuitCse, NeverMergesAssigns) {
+  Circuit c;
+  ValueId p = c.add_external({Shape{3}, f32}, ValueRole::Persistent, "p");
+  ValueId x = c.add_external({Shape{3}, f32}, ValueRole::Input, "x");
+  Builder b(c);
+  ValueId v1 = b.assign(p, x);
+  ValueId v2 = b.assign(p, x);  // identical prim, params and inputs (an invalid circuit, but CSE must not merge)
+  std::vector<ValueId> outs{v1, v2};
+  Circuit d = cse(c, outs);
+  EXPECT_EQ(count_prim(d, "assign"), 2u) << d.dump();
+  EXPECT_NE(outs[0], outs[1]);
+}
+
+// --- verify ---------------------------------------------------------------------------------
+
+TEST(CircuitVerify, ReadOfOldVersionAfterAssignThrows) {
+  Circuit c;
+  ValueId p = c.add_external({Shape{3}, f32}, ValueRole::Persistent, "w");
+  ValueId x = c.add_external({Shape{3}, f32}, ValueRole::Input, "x");
+  Params body;
+  body.body = se::in(0) * se::c(2.0);
+  c.add_op("pointwise", body, {p});  // before the assign: fine
+  c.add_op("assign", {}, {p, x});
+  EXPECT_NO_THROW(c.verify());
+  ValueId late = c.add_op("pointwise", body, {p}, "opt").at(0);  // reads the overwritten version
+  std::string msg = error_of([&] { c.verify(); });
+  EXPECT_HAS(msg, "pointwise");
+  EXPECT_HAS(msg, "assign");
+  EXPECT_HAS(msg, "in layer 'opt'");
+  EXPECT_THROW(execute(c, {zeros(f32, Shape{3}), zeros(f32, Shape{3})}, {late}), Error);
+}
+
+TEST(CircuitVerify, BufferVersionAssignedTwiceThrows) {
+  Circuit c;
+  ValueId p = c.add_external({Shape{2}, f64}, ValueRole::Persistent, "m");
+  ValueId x = c.add_external({Shape{2}, f64}, ValueRole::Input, "x");
+  ValueId v1 = c.add_op("assign", {}, {p, x}).at(0);
+  c.add_op("assign", {}, {v1, x});  // a chain of versions is fine
+  EXPECT_NO_THROW(c.verify());
+  c.add_op("assign", {}, {v1, x});  // version v1 assigned a second time
+  std::string msg = error_of([&] { c.verify(); });
+  EXPECT_HAS(msg, "assign");
+}
+
+TEST(CircuitVerify, AssignToNonPersistentValueThrows) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{2}, f64}, ValueRole::Input, "x");
+  c.add_op("assign", {}, {x, x});
+  std::string msg = error_of([&] { c.verify(); });
+  EXPECT_HAS(msg, "not a persistent buffer");
+}
+
+// --- structural identity and dump -----------------------------------------------------------
+
+struct Variant {
+  double scale = 2.0;
+  int64_t cols = 3;
+  bool swap = false;
+  std::string name = "x", scope = "a";
+};
+
+Circuit build(const Variant& v) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{2, v.cols}, f32}, ValueRole::Input, v.name);
+  ValueId y = c.add_external({Shape{2, v.cols}, f32}, ValueRole::Persistent, "y");
+  Builder b(c, v.scope);
+  ValueId s = v.swap ? b.sub(y, x) : b.sub(x, y);
+  b.reduce(ReduceKind::Sum, b.scale(s, v.scale), 1);
+  return c;
+}
+
+TEST(CircuitStructure, IdenticalCircuitsHashAndCompareEqual) {
+  Circuit a = build({}), b = build({});
+  EXPECT_EQ(a.structural_hash(), b.structural_hash());
+  EXPECT_TRUE(a.structurally_equal(b));
+  Variant renamed;
+  renamed.name = "other";
+  EXPECT_TRUE(a.structurally_equal(build(renamed))) << "names are not part of the structure";
+  EXPECT_EQ(a.structural_hash(), build(renamed).structural_hash());
+}
+
+TEST(CircuitStructure, ParamShapeOrWiringChangesIdentity) {
+  Circuit base = build({});
+  Variant param, shape, wiring;
+  param.scale = 3.0;
+  shape.cols = 4;
+  wiring.swap = true;
+  for (const Variant& v : {param, shape, wiring}) {
+    Circuit o = build(v);
+    EXPECT_NE(base.structural_hash(), o.structural_hash()) << o.dump();
+    EXPECT_FALSE(base.structurally_equal(o)) << o.dump();
+  }
+  // An external's role is part of the structure too.
+  Circuit roles;
+  roles.add_external({Shape{2, 3}, f32}, ValueRole::Input, "x");
+  roles.add_external({Shape{2, 3}, f32}, ValueRole::Input, "y");
+  Builder b(roles, "a");
+  b.reduce(ReduceKind::Sum, b.scale(b.sub(0, 1), 2.0), 1);
+  EXPECT_FALSE(base.structurally_equal(roles));
+  EXPECT_NE(base.structural_hash(), roles.structural_hash());
+}
+
+TEST(CircuitDump, NamesPrimsScopesAndTypes) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{2, 3}, f32}, ValueRole::Input, "x");
+  ValueId w = c.add_external({Shape{3, 4}, f32}, ValueRole::Persistent, "w");
+  Builder b(c, "layer");
+  b.reduce(ReduceKind::Max, b.matmul(x, w, false, false), 1);
+  std::string d = c.dump("fwd");
+  EXPECT_HAS(d, "fwd");
+  EXPECT_HAS(d, "matmul(%0, %1)");
+  EXPECT_HAS(d, "reduce(");
+  EXPECT_HAS(d, "# layer");
+  EXPECT_HAS(d, "f32[2, 3]");
+  EXPECT_HAS(d, "f32[2, 4]");
+  EXPECT_HAS(d, "'w'");
+  EXPECT_HAS(d, "persistent");
+}
+
+// --- errors at build time: op name, both shapes, layer ----------------------------------------
+
+struct ErrNet {
+  Circuit c;
+  Builder b{c, "blk.1"};
+  ValueId in(Shape s, DType dt = f32, std::string name = "v") {
+    return c.add_external({std::move(s), dt}, ValueRole::Input, std::move(name));
+  }
+};
+
+TEST(Errors, PointwiseShapesDoNotBroadcast) {
+  ErrNet n;
+  ValueId a = n.in(Shape{3, 4}), b = n.in(Shape{5});
+  std::string msg = error_of([&] { n.b.add(a, b); });
+  EXPECT_HAS(msg, "op 'pointwise'");
+  EXPECT_HAS(msg, "[3, 4]");
+  EXPECT_HAS(msg, "[5]");
+  EXPECT_HAS(msg, "in layer 'blk.1'");
+}
+
+TEST(Errors, MatmulInnerDimMismatchAndRank) {
+  ErrNet n;
+  ValueId a = n.in(Shape{2, 3}), b = n.in(Shape{4, 5}), v = n.in(Shape{3});
+  std::string msg = error_of([&] { n.b.matmul(a, b); });
+  EXPECT_HAS(msg, "op 'matmul' in layer 'blk.1'");
+  EXPECT_HAS(msg, "[2, 3]");
+  EXPECT_HAS(msg, "[4, 5]");
+  msg = error_of([&] { n.b.matmul(v, b); });
+  EXPECT_HAS(msg, "op 'matmul'");
+  EXPECT_HAS(msg, "[3]");
+  EXPECT_HAS(msg, "rank");
+  msg = error_of([&] { n.b.matmul(n.in(Shape{2, 2, 3}), n.in(Shape{3, 3, 4})); });
+  EXPECT_HAS(msg, "batch");
+}
+
+TEST(Errors, NoImplicitDtypePromotionAndFloatOnly) {
+  ErrNet n;
+  ValueId a = n.in(Shape{2}, f32), b = n.in(Shape{2}, f64), k = n.in(Shape{2}, i32);
+  std::string msg = error_of([&] { n.b.add(a, b); });
+  EXPECT_HAS(msg, "op 'pointwise'");
+  EXPECT_HAS(msg, "no implicit promotion");
+  EXPECT_HAS(msg, "f32");
+  EXPECT_HAS(msg, "f64");
+  msg = error_of([&] { n.b.scale(k, 2.0); });
+  EXPECT_HAS(msg, "op 'pointwise'");
+  EXPECT_HAS(msg, "must be a float tensor");
+  EXPECT_HAS(msg, "i32[2]");
+  msg = error_of([&] { n.b.matmul(n.in(Shape{2, 2}, f32), n.in(Shape{2, 2}, f64)); });
+  EXPECT_HAS(msg, "no implicit promotion");
+}
+
+TEST(Errors, LayoutOpsNameOpAndShapes) {
+  ErrNet n;
+  ValueId x = n.in(Shape{2, 3}), y = n.in(Shape{3, 3}), x3 = n.in(Shape{2, 3, 4});
+  std::string msg = error_of([&] { n.b.reshape(x, Shape{4, 2}); });
+  EXPECT_HAS(msg, "op 'reshape' in layer 'blk.1'");
+  EXPECT_HAS(msg, "[2, 3]");
+  EXPECT_HAS(msg, "[4, 2]");
+  msg = error_of([&] { n.b.permute(x3, {0, 0, 1}); });
+  EXPECT_HAS(msg, "op 'permute'");
+  EXPECT_HAS(msg, "[2, 3, 4]");
+  EXPECT_HAS(error_of([&] { n.b.permute(x3, {1, 0}); }), "op 'permute'");
+  msg = error_of([&] { n.b.slice(x, 1, 2, 7); });
+  EXPECT_HAS(msg, "op 'slice'");
+  EXPECT_HAS(msg, "[2, 3]");
+  EXPECT_HAS(error_of([&] { n.b.slice(x, 0, 2, 1); }), "op 'slice'");
+  msg = error_of([&] { n.b.concat({x, y}, 1); });
+  EXPECT_HAS(msg, "op 'concat'");
+  EXPECT_HAS(msg, "[2, 3]");
+  EXPECT_HAS(msg, "[3, 3]");
+  EXPECT_HAS(error_of([&] { n.b.concat({x, n.in(Shape{2, 3}, f64)}, 0); }), "f64");
+  msg = error_of([&] { n.b.reduce(ReduceKind::Sum, x3, 3); });
+  EXPECT_HAS(msg, "op 'reduce'");
+  EXPECT_HAS(msg, "axis 3");
+  EXPECT_HAS(msg, "[2, 3, 4]");
+  EXPECT_HAS(error_of([&] { n.b.reduce(ReduceKind::Mean, x3, -4); }), "op 'reduce'");
+  msg = error_of([&] { n.b.broadcast(x, Shape{2, 4, 3}); });
+  EXPECT_HAS(msg, "op 'broadcast'");
+  EXPECT_HAS(msg, "[2, 4, 3]");
+  EXPECT_HAS(error_of([&] { n.b.where(x, x, n.in(Shape{4})); }), "op 'where'");
+}
+
+TEST(Errors, IndexAndConstantOpsCheckTheirInputs) {
+  ErrNet n;
+  ValueId t = n.in(Shape{5, 3}), fidx = n.in(Shape{4}, f32), idx = n.in(Shape{4}, i32);
+  std::string msg = error_of([&] { n.b.gather_rows(t, fidx); });
+  EXPECT_HAS(msg, "op 'gather_rows'");
+  EXPECT_HAS(msg, "i32");
+  EXPECT_HAS(error_of([&] { n.b.scatter_add_rows(idx, n.in(Shape{3, 2}), 5); }), "op 'scatter_add_rows'");
+  EXPECT_HAS(error_of([&] { n.b.one_hot(idx, 0, f32); }), "op 'one_hot'");
+  EXPECT_HAS(error_of([&] { n.b.fill(Shape{-1, 2}, f32, 0.0); }), "op 'fill'");
+  EXPECT_HAS(error_of([&] { n.b.iota(Shape{3}, i32, ix::coord(1)); }), "op 'iota'");
+  EXPECT_HAS(error_of([&] { n.b.random(RandomKind::Uniform, Shape{2}, f32, idx, n.in(Shape{}, i32)); }), "op 'random'");
+  EXPECT_HAS(error_of([&] { n.b.assign(n.c.add_external({Shape{2}, f32}, ValueRole::Persistent, "p"), t); }),
+             "op 'assign'");
+  EXPECT_HAS(error_of([&] { n.b.op("no_such_prim", {}, {t}); }), "no_such_prim");
+}
+
+// Shape params are dims: a negative one must be rejected by every Prim that takes a shape, as
+// fill does. (iota, random and broadcast accept them; broadcast then crashes at run time.)
+TEST(Errors, NegativeDimsInShapeParamsAreRejected) {
+  ErrNet n;
+  ValueId one = n.in(Shape{1}), key = n.in(Shape{2}, i32), off = n.in(Shape{}, i32);
+  EXPECT_HAS(error_of([&] { n.b.fill(Shape{-2, 3}, f32, 1.0); }), "op 'fill'");
+  EXPECT_HAS(error_of([&] { n.b.iota(Shape{-2, 3}, f32, ix::coord(1)); }), "op 'iota'");
+  EXPECT_HAS(error_of([&] { n.b.random(RandomKind::Uniform, Shape{-4}, f32, key, off); }), "op 'random'");
+  EXPECT_HAS(error_of([&] { n.b.broadcast(one, Shape{-3}); }), "op 'broadcast'");
+}
+
+// add_op is public: a Prim's params come from the caller, and malformed ones must be a
+// kiln::Error like every other bad input (matmul reads ints.at(0) unchecked).
+TEST(Errors, MalformedParamsThroughAddOpThrowKilnError) {
+  ErrNet n;
+  ValueId x = n.in(Shape{2, 2});
+  EXPECT_THROW(n.c.add_op("matmul", Params{}, {x, x}, "blk.1"), Error);
+  EXPECT_THROW(n.c.add_op("reduce", Params{}, {x}), Error);
+  EXPECT_THROW(n.c.add_op("slice", Params{}, {x}), Error);
+  EXPECT_THROW(n.c.add_op("pointwise", Params{}, {x}), Error);
+  EXPECT_THROW(n.c.add_op("random", Params{}, {x}), Error);
+}
+
+// --- errors at run time --------------------------------------------------------------------
+
+TEST(Errors, GatherOneHotScatterIndexOutOfRangeAtRunTime) {
+  // One circuit per Prim: table [5, 3] (or depth / rows 5), idx i32 [4].
+  const std::vector<std::pair<std::string, std::function<ValueId(Builder&, ValueId, ValueId)>>> prims = {
+      {"gather_rows", [](Builder& b, ValueId t, ValueId i) { return b.gather_rows(t, i); }},
+      {"one_hot", [](Builder& b, ValueId, ValueId i) { return b.one_hot(i, 5, f32); }},
+      {"scatter_add_rows", [](Builder& b, ValueId, ValueId i) { return b.scatter_add_rows(i, b.fill(Shape{4, 2}, f32, 1.0), 5); }},
+  };
+  for (const auto& [prim, build] : prims) {
+    Circuit c;
+    ValueId t = c.add_external({Shape{5, 3}, f32}, ValueRole::Input, "table");
+    ValueId idx = c.add_external({Shape{4}, i32}, ValueRole::Input, "idx");
+    Builder b(c, "embed");
+    ValueId out = build(b, t, idx);
+    HostTensor table = zeros(f32, Shape{5, 3});
+    EXPECT_NO_THROW(execute(c, {table, ints(Shape{4}, {0, 4, 4, 1})}, {out})) << prim;
+    for (int32_t bad : {5, 7, -1}) {
+      std::string msg = error_of([&] { execute(c, {table, ints(Shape{4}, {0, 4, bad, 1})}, {out}); });
+      EXPECT_HAS(msg, "op '" + prim + "'");
+      EXPECT_HAS(msg, "index " + std::to_string(bad));
+      EXPECT_HAS(msg, "position 2");
+      EXPECT_HAS(msg, "[0, 5)");
+      EXPECT_HAS(msg, "in layer 'embed'");
+    }
+  }
+}
+
+TEST(Errors, ExecutorBindingsAreChecked) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{2, 3}, f32}, ValueRole::Input, "x");
+  ValueId w = c.add_external({Shape{3}, f32}, ValueRole::Persistent, "w");
+  Builder b(c);
+  ValueId y = b.mul(x, w);
+  std::string msg = error_of([&] { execute(c, {zeros(f32, Shape{3, 2}), zeros(f32, Shape{3})}, {y}); });
+  EXPECT_HAS(msg, "%0 'x'");
+  EXPECT_HAS(msg, "f32[2, 3]");
+  EXPECT_HAS(msg, "f32[3, 2]");
+  msg = error_of([&] { execute(c, {zeros(f32, Shape{2, 3}), zeros(f64, Shape{3})}, {y}); });
+  EXPECT_HAS(msg, "'w'");
+  EXPECT_HAS(msg, "f64[3]");
+  msg = error_of([&] { execute(c, {zeros(f32, Shape{2, 3})}, {y}); });
+  EXPECT_HAS(msg, "2 external values");
+  EXPECT_HAS(msg, "1 were bound");
+  EXPECT_HAS(error_of([&] { execute(c, {zeros(f32, Shape{2, 3}), HostTensor()}, {y}); }), "'w'");
+}
+
+TEST(Errors, HostExecutorRejectsStorageOnlyDtypes) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{2}, f32}, ValueRole::Input, "x");
+  Builder b(c, "lowp");
+  ValueId h = b.cast(x, DType::bf16);
+  std::string msg = error_of([&] { execute(c, {zeros(f32, Shape{2})}, {h}); });
+  EXPECT_HAS(msg, "op 'cast'");
+  EXPECT_HAS(msg, "bf16");
+  EXPECT_HAS(msg, "in layer 'lowp'");
+}
+
+// Output ids are caller input too: an id that is not a value of the circuit must be an error.
+// Run in a child process, since the failure mode is heap corruption.
+TEST(Errors, ExecuteWithUnknownOutputIdThrows) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto attempt = [](ValueId bad) {
+    Circuit c;
+    ValueId x = c.add_external({Shape{2}, f32}, ValueRole::Input, "x");
+    Builder b(c);
+    b.scale(x, 2.0);
+    try {
+      execute(c, {zeros(f32, Shape{2})}, {bad});
+    } catch (const Error&) {
+      std::exit(0);
+    }
+    std::exit(1);
+  };
+  EXPECT_EXIT(attempt(99), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(attempt(kNoValue), ::testing::ExitedWithCode(0), "");
+}
+
+// --- the gradient checker never passes on NaN ------------------------------------------------
+
+TEST(Errors, GradientCheckOnNanOutputThrows) {
+  testing::Harness h({{Shape{3}, f64, -2.0, -1.0}},
+                     [](Builder& b, const std::vector<ValueId>& x) { return b.pointwise(se::log(se::in(0)), {x[0]}); });
+  std::string msg = error_of([&] { ad::check_gradients(h.circuit, h.output, {h.inputs[0]}, h.bindings); });
+  EXPECT_HAS(msg, "nan");
+  // NaN from an input that is not checked still poisons the output and must not pass.
+  testing::Harness h2({{Shape{3}, f64}, {Shape{3}, f64, -2.0, -1.0, false}}, [](Builder& b, const std::vector<ValueId>& x) {
+    return b.pointwise(se::in(0) * se::log(se::in(1)), {x[0], x[1]});
+  });
+  msg = error_of([&] { ad::check_gradients(h2.circuit, h2.output, {h2.inputs[0]}, h2.bindings); });
+  EXPECT_HAS(msg, "nan");
+}
+
+}  // namespace
+}  // namespace kiln

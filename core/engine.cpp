@@ -114,12 +114,33 @@ Tensor Engine::new_persistent(ArenaKind kind, const std::string& name, const Hos
   return Tensor(impl);
 }
 
+namespace {
+void require_scalar_loss(const Circuit& c, ValueId out, const char* op, const std::string& scope) {
+  const ValueInfo& info = c.info(out);
+  if (info.shape.numel() != 1)
+    fail(op, scope, "needs a scalar loss (one element), received " + std::string(dtype_name(info.dtype)) + info.shape.str());
+}
+}  // namespace
+
+std::vector<Tensor> Engine::grad(const Tensor& loss, const std::vector<Tensor>& wrt) {
+  ValueId out = value_of(loss);
+  require_scalar_loss(rec_.circuit, out, "grad", scope_path_);
+  std::vector<ValueId> ids;
+  for (const Tensor& t : wrt) ids.push_back(value_of(t));
+  Builder b = builder();
+  std::vector<ValueId> grads = ad::backward(b, out, ids);
+  std::vector<Tensor> result;
+  for (size_t i = 0; i < wrt.size(); ++i) {
+    ValueId g = grads[i];
+    if (g == kNoValue) g = b.fill(wrt[i].shape(), wrt[i].dtype(), 0.0);
+    result.push_back(wrap(g));
+  }
+  return result;
+}
+
 void Engine::backward(const Tensor& loss) {
   ValueId out = value_of(loss);
-  const ValueInfo& info = rec_.circuit.info(out);
-  if (info.shape.numel() != 1)
-    fail("backward", scope_path_, "needs a scalar loss (one element), received " + std::string(dtype_name(info.dtype)) +
-                                      info.shape.str());
+  require_scalar_loss(rec_.circuit, out, "backward", scope_path_);
   // Every parameter read in this step, by its original (pre-update) version.
   // In external order, so that equal steps record equal backward ops.
   std::vector<std::shared_ptr<TensorImpl>> params;

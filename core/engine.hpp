@@ -60,6 +60,7 @@ class Engine {
 
   Tensor new_persistent(ArenaKind kind, const std::string& name, const HostTensor& init, bool requires_grad);
   void backward(const Tensor& loss);
+  std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& wrt);
 
   // --- realization ------------------------------------------------------------------------
   // Runs everything recorded so far; live handles get their values. No-op when empty.

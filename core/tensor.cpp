@@ -119,6 +119,8 @@ std::vector<double> Tensor::to_vector() const {
 
 void Tensor::assign(const Tensor& value) const { eng().assign(*this, value); }
 
+std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& wrt) { return eng().grad(loss, wrt); }
+
 Tensor operator+(const Tensor& a, const Tensor& b) { return record_pointwise(se::in(0) + se::in(1), {a, b}); }
 Tensor operator-(const Tensor& a, const Tensor& b) { return record_pointwise(se::in(0) - se::in(1), {a, b}); }
 Tensor operator*(const Tensor& a, const Tensor& b) { return record_pointwise(se::in(0) * se::in(1), {a, b}); }

@@ -77,6 +77,11 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// d loss / d wrt[i] for any tensors of the step (parameters, inputs, intermediates), as new
+// pending tensors; zeros where loss does not depend on wrt[i]. Parameters' grad() buffers are
+// not touched (that is backward()'s job).
+std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& wrt);
+
 // Pointwise (numpy broadcasting, one dtype: no implicit promotion).
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);

@@ -116,6 +116,17 @@ TEST(EngineGradients, TiedUseAccumulatesFanOut) {
   Engine::current().realize();
 }
 
+TEST(EngineGradients, FunctionalGradOfInputsAndIntermediates) {
+  Tensor x = Tensor::from_vector({1, 2, 3}, Shape{3}, DType::f64);
+  Tensor h = x * x;                     // intermediate
+  Tensor loss = sum(h * 2.0);           // d/dh = 2, d/dx = 4x
+  Tensor other = Tensor::from_vector({7}, Shape{1}, DType::f64);
+  std::vector<Tensor> g = grad(loss, {x, h, other});
+  EXPECT_EQ(g[0].to_vector(), (std::vector<double>{4, 8, 12}));
+  EXPECT_EQ(g[1].to_vector(), (std::vector<double>{2, 2, 2}));
+  EXPECT_EQ(g[2].to_vector(), (std::vector<double>{0}));  // loss does not depend on it
+}
+
 TEST(EngineArenas, ParametersAreViewsOfPerDtypeArenas) {
   Engine& e = Engine::current();
   Tensor a = Tensor::parameter("arena.a", host({1, 2, 3}, Shape{3}));

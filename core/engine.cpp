@@ -164,6 +164,26 @@ void Engine::backward(const Tensor& loss) {
   }
 }
 
+void Engine::convert_persistent(const std::shared_ptr<TensorImpl>& t, DType dtype) {
+  if (t->slot < 0) throw Error("convert_persistent: '" + t->name + "' is not a persistent tensor");
+  if (t->info.dtype == dtype) return;
+  realize();  // pending updates of the old buffer land first
+  auto move_slot = [&](TensorImpl& x) {
+    HostTensor old = arenas_.view(x.slot);
+    ArenaKind kind = arenas_.slot(x.slot).kind;
+    int32_t slot = arenas_.allocate(kind, dtype, old.shape(), x.name);
+    HostTensor converted = arenas_.view(slot);
+    old = arenas_.view(x.slot);  // the allocation may have moved the arena
+    for (int64_t i = 0; i < old.numel(); ++i) converted.set(i, old.get(i));
+    x.slot = slot;
+    x.info.dtype = dtype;
+  };
+  owners_.erase(t->slot);
+  move_slot(*t);
+  owners_[t->slot] = t;
+  if (t->grad) move_slot(*t->grad);
+}
+
 std::vector<HostTensor> Engine::bindings(const Recording& rec) const {
   std::vector<HostTensor> out = rec.bound;
   for (size_t i = 0; i < out.size(); ++i)

@@ -60,6 +60,9 @@ class Engine {
 
   Tensor new_persistent(ArenaKind kind, const std::string& name, const HostTensor& init, bool requires_grad);
   void backward(const Tensor& loss);
+  // Moves a persistent tensor (and its gradient buffer) to new arena slots of `dtype`, values
+  // converted; every handle sharing it sees the change. The old slots stay unused.
+  void convert_persistent(const std::shared_ptr<TensorImpl>& t, DType dtype);
   std::vector<Tensor> grad(const Tensor& loss, const std::vector<Tensor>& wrt);
 
   // --- realization ------------------------------------------------------------------------

@@ -1,0 +1,50 @@
+// Causal self-attention and the transformer MLP.
+#include "layers/attention.hpp"
+
+#include <cmath>
+
+#include "circuit/error.hpp"
+
+namespace kiln::nn {
+
+CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, double dropout, double proj_init_std)
+    : n_embd(n_embd), n_head(n_head) {
+  if (n_head <= 0 || n_embd % n_head != 0)
+    throw Error("CausalSelfAttention: n_embd " + std::to_string(n_embd) + " is not divisible by n_head " +
+                std::to_string(n_head));
+  c_attn = register_module("c_attn", std::make_shared<Linear>(n_embd, 3 * n_embd));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(n_embd, n_embd, true, proj_init_std));
+  attn_dropout = register_module("attn_dropout", std::make_shared<Dropout>(dropout));
+  resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(dropout));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  auto s = scope();
+  if (x.rank() != 3 || x.shape()[2] != n_embd)
+    throw Error("CausalSelfAttention in layer '" + Engine::current().scope() + "': expected x (B, T, " +
+                std::to_string(n_embd) + "), received " + x.shape().str());
+  const int64_t b = x.shape()[0], t = x.shape()[1], hs = n_embd / n_head;
+  Tensor qkv = c_attn->forward(x);  // (B, T, 3C)
+  auto heads = [&](int i) {         // (B, T, C) slice i -> (B, H, T, hs)
+    return permute(reshape(slice(qkv, 2, i * n_embd, (i + 1) * n_embd), {b, t, n_head, hs}), {0, 2, 1, 3});
+  };
+  Tensor q = heads(0), k = heads(1), v = heads(2);
+  Tensor att = matmul(q, k, false, true) * (1.0 / std::sqrt(static_cast<double>(hs)));  // (B, H, T, T)
+  att = attn_dropout->forward(softmax(causal_mask_fill(att)));
+  Tensor y = matmul(att, v);                                  // (B, H, T, hs)
+  y = reshape(permute(y, {0, 2, 1, 3}), {b, t, n_embd});      // (B, T, C)
+  return resid_dropout->forward(c_proj->forward(y));
+}
+
+MLP::MLP(int64_t n_embd, double dropout, double proj_init_std) {
+  c_fc = register_module("c_fc", std::make_shared<Linear>(n_embd, 4 * n_embd));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(4 * n_embd, n_embd, true, proj_init_std));
+  drop = register_module("dropout", std::make_shared<Dropout>(dropout));
+}
+
+Tensor MLP::forward(const Tensor& x) const {
+  auto s = scope();
+  return drop->forward(c_proj->forward(gelu(c_fc->forward(x))));
+}
+
+}  // namespace kiln::nn

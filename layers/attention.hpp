@@ -1,0 +1,31 @@
+// Causal multi-head self-attention with a fused QKV projection (GPT-2 / nanoGPT layout).
+// Shape contract: x: (B, T, C) -> (B, T, C); c_attn: Linear(C, 3C) giving q, k, v in that
+// order along the last axis; heads of size C / n_head; scores scaled by 1 / sqrt(head size),
+// future positions masked before the softmax; c_proj: Linear(C, C).
+#pragma once
+
+#include "layers/layer_norm.hpp"
+#include "layers/linear.hpp"
+
+namespace kiln::nn {
+
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t n_embd, int64_t n_head, double dropout = 0.0, double proj_init_std = 0.02);
+  Tensor forward(const Tensor& x) const;
+  std::shared_ptr<Linear> c_attn, c_proj;
+  std::shared_ptr<Dropout> attn_dropout, resid_dropout;
+  int64_t n_embd, n_head;
+};
+
+// The transformer MLP: Linear(C, 4C), GELU (tanh approximation), Linear(4C, C), dropout.
+// Shape contract: x: (..., C) -> (..., C).
+class MLP : public Module {
+ public:
+  MLP(int64_t n_embd, double dropout = 0.0, double proj_init_std = 0.02);
+  Tensor forward(const Tensor& x) const;
+  std::shared_ptr<Linear> c_fc, c_proj;
+  std::shared_ptr<Dropout> drop;
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,22 @@
+// LayerNorm and Dropout.
+#include "layers/layer_norm.hpp"
+
+namespace kiln::nn {
+
+LayerNorm::LayerNorm(int64_t dim, double eps) : eps(eps) {
+  weight = register_parameter("weight", constant_init({dim}, 1.0));
+  bias = register_parameter("bias", constant_init({dim}, 0.0));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const {
+  auto s = scope();
+  return layer_norm(x, weight, bias, eps);
+}
+
+Tensor Dropout::forward(const Tensor& x) const {
+  if (!is_training() || p == 0.0) return x;
+  auto s = scope();
+  return dropout(x, p);
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,65 @@
+// Module: the base of every layer, in the libtorch manner. A module owns named parameters
+// (persistent tensors) and named child modules; named_parameters() lists every parameter once
+// under its dotted path ("transformer.h.0.attn.c_attn.weight"), a module's own parameters
+// before its children's (as PyTorch), so a tied parameter appears once, under its first name. forward code runs inside scope(), so the
+// ops it records (and their errors) carry the module's path.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/engine.hpp"
+#include "core/tensor.hpp"
+
+namespace kiln::nn {
+
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  // Registers `init` as a new parameter under `name` and returns it.
+  Tensor register_parameter(const std::string& name, const HostTensor& init, bool requires_grad = true);
+  // Registers an existing parameter under another name too (weight tying).
+  Tensor register_parameter(const std::string& name, const Tensor& existing);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    module->name_ = name;
+    children_.emplace_back(name, module);
+    return module;
+  }
+
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  // The parameter at a dotted path; throws kiln::Error naming the path if there is none.
+  Tensor parameter(const std::string& path) const;
+  size_t num_parameters() const;  // elements, each parameter counted once
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Converts every parameter (and its gradient buffer) to dtype; f64 for gradient checks.
+  void to(DType dtype);
+  // Sets every parameter's gradient buffer to zero (for accumulation across steps).
+  void zero_grad();
+
+ protected:
+  // RAII scope carrying this module's local name while its forward records ops.
+  std::optional<Scope> scope() const;
+
+ private:
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out,
+               std::vector<const TensorImpl*>& seen) const;
+  std::string name_;
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// A host tensor of N(0, std^2) values from kiln's Philox stream (the engine's seed), realized.
+HostTensor normal_init(const Shape& shape, double std, DType dtype = DType::f32);
+HostTensor constant_init(const Shape& shape, double value, DType dtype = DType::f32);
+
+}  // namespace kiln::nn

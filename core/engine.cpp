@@ -249,6 +249,16 @@ void Engine::realize() {
 
 HostTensor Engine::read_persistent(const TensorImpl& t) const { return arenas_.view(t.slot).clone(); }
 
+void Engine::write_persistent(const TensorImpl& t, const HostTensor& values) {
+  if (t.slot < 0) throw Error("write_persistent: '" + t.name + "' is not a persistent tensor");
+  if (values.shape() != t.info.shape)
+    throw Error("write_persistent: '" + t.name + "' has shape " + t.info.shape.str() + ", values have " +
+                values.shape().str());
+  realize();  // pending reads and updates of the buffer come first
+  HostTensor dst = arenas_.view(t.slot);
+  for (int64_t i = 0; i < dst.numel(); ++i) dst.set(i, values.get(i));
+}
+
 Engine::Recording Engine::take_recording() {
   Recording r = std::move(rec_);
   rec_ = Recording{};

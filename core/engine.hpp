@@ -70,6 +70,8 @@ class Engine {
   void realize();
   // The current contents of a persistent tensor (a copy).
   HostTensor read_persistent(const TensorImpl& t) const;
+  // Overwrites a persistent tensor with `values` (same shape; converted to its dtype).
+  void write_persistent(const TensorImpl& t, const HostTensor& values);
 
   // --- settings and state -----------------------------------------------------------------
   void manual_seed(uint64_t seed);

@@ -1,0 +1,58 @@
+// GPT model (GPT-2 architecture).
+#include "models/gpt.hpp"
+
+#include <cmath>
+
+#include "circuit/error.hpp"
+
+namespace kiln::models {
+
+Block::Block(const GPTConfig& c) {
+  double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(c.n_embd));
+  attn = register_module("attn", std::make_shared<nn::CausalSelfAttention>(c.n_embd, c.n_head, c.dropout, proj_std));
+  ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(c.n_embd));
+  mlp = register_module("mlp", std::make_shared<nn::MLP>(c.n_embd, c.dropout, proj_std));
+}
+
+Tensor Block::forward(const Tensor& x) const {
+  auto s = scope();
+  Tensor y = x + attn->forward(ln_1->forward(x));
+  return y + mlp->forward(ln_2->forward(y));
+}
+
+GPT::GPT(const GPTConfig& c) : config_(c) {
+  if (c.vocab_size < 1 || c.block_size < 1 || c.n_layer < 1 || c.n_embd < 1)
+    throw Error("GPT: vocab_size, block_size, n_layer and n_embd must be positive");
+  transformer_ = register_module("transformer", std::make_shared<Transformer>());
+  Transformer& t = *transformer_;
+  t.wte = t.register_module("wte", std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd));
+  t.wpe = t.register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd));
+  t.drop = t.register_module("drop", std::make_shared<nn::Dropout>(c.dropout));
+  auto blocks = t.register_module("h", std::make_shared<nn::Module>());
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    t.h.push_back(blocks->register_module(std::to_string(i), std::make_shared<Block>(c)));
+  t.ln_f = t.register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd));
+  lm_head_ = register_module("lm_head", std::make_shared<TiedHead>());
+  lm_head_->weight = lm_head_->register_parameter("weight", t.wte->weight);
+}
+
+Tensor GPT::forward(const Tensor& idx) const {
+  if (idx.dtype() != DType::i32 || idx.rank() != 2)
+    throw Error("GPT.forward: expected token ids i32 (B, T), received " + std::string(dtype_name(idx.dtype())) +
+                idx.shape().str());
+  const int64_t t = idx.shape()[1];
+  if (t > config_.block_size)
+    throw Error("GPT.forward: sequence length " + std::to_string(t) + " exceeds block_size " +
+                std::to_string(config_.block_size));
+  const Transformer& tr = *transformer_;
+  Tensor x = tr.drop->forward(tr.wte->forward(idx) + tr.wpe->forward(arange(t)));  // (B, T, C) + (T, C)
+  for (const auto& block : tr.h) x = block->forward(x);
+  x = tr.ln_f->forward(x);
+  Scope s("lm_head");
+  return matmul(x, lm_head_->weight, false, true);  // (B, T, V)
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const { return cross_entropy(forward(idx), targets); }
+
+}  // namespace kiln::models

@@ -1,0 +1,55 @@
+// GPT with the GPT-2 architecture and nanoGPT's parameter names: token + learned position
+// embeddings, pre-LayerNorm blocks x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), a final ln_f
+// and an lm_head tied to the token embedding (one parameter, listed as transformer.wte.weight).
+// Shape contract: idx: i32 (B, T) with T <= block_size -> logits (B, T, vocab_size).
+#pragma once
+
+#include "layers/attention.hpp"
+#include "layers/embedding.hpp"
+
+namespace kiln::models {
+
+struct GPTConfig {
+  int64_t vocab_size = 65;
+  int64_t block_size = 64;
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  double dropout = 0.0;
+};
+
+class Block : public nn::Module {
+ public:
+  explicit Block(const GPTConfig& c);
+  Tensor forward(const Tensor& x) const;
+  std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
+  std::shared_ptr<nn::CausalSelfAttention> attn;
+  std::shared_ptr<nn::MLP> mlp;
+};
+
+class GPT : public nn::Module {
+ public:
+  // Initialized as GPT-2: N(0, 0.02) weights, residual projections N(0, 0.02 / sqrt(2 n_layer)),
+  // zero biases, LayerNorm weight 1 and bias 0; from the engine's seed.
+  explicit GPT(const GPTConfig& config);
+  Tensor forward(const Tensor& idx) const;
+  // Mean cross-entropy of the next-token predictions against targets: i32 (B, T).
+  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+  const GPTConfig& config() const { return config_; }
+
+ private:
+  struct Transformer : nn::Module {
+    std::shared_ptr<nn::Embedding> wte, wpe;
+    std::shared_ptr<nn::Dropout> drop;
+    std::vector<std::shared_ptr<Block>> h;
+    std::shared_ptr<nn::LayerNorm> ln_f;
+  };
+  struct TiedHead : nn::Module {
+    Tensor weight;
+  };
+  GPTConfig config_;
+  std::shared_ptr<Transformer> transformer_;
+  std::shared_ptr<TiedHead> lm_head_;
+};
+
+}  // namespace kiln::models

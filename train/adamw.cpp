@@ -1,0 +1,41 @@
+// AdamW update recorded as pointwise ops over the persistent buffers.
+#include "train/adamw.hpp"
+
+#include <cmath>
+
+#include "circuit/error.hpp"
+#include "core/engine.hpp"
+
+namespace kiln::optim {
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opts) : params_(std::move(params)), opts_(opts) {
+  for (const Tensor& p : params_) {
+    if (!p.requires_grad()) throw Error("AdamW: parameter '" + p.name() + "' does not require gradients");
+    m_.push_back(Tensor::state(p.name() + ".exp_avg", p.shape(), p.dtype()));
+    v_.push_back(Tensor::state(p.name() + ".exp_avg_sq", p.shape(), p.dtype()));
+  }
+}
+
+void AdamW::step() {
+  ++t_;
+  const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(t_));
+  const double bc2 = 1.0 - std::pow(opts_.beta2, static_cast<double>(t_));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    DType dt = p.dtype();
+    // Runtime scalars: they change every step without changing the step's structure.
+    Tensor lr = Tensor::scalar(opts_.lr, dt), step_size = Tensor::scalar(opts_.lr / bc1, dt);
+    Tensor inv_sqrt_bc2 = Tensor::scalar(1.0 / std::sqrt(bc2), dt);
+    Tensor g = p.grad();
+    m_[i].assign(map(se::in(0) * se::c(opts_.beta1) + se::in(1) * se::c(1.0 - opts_.beta1), {m_[i], g}));
+    v_[i].assign(map(se::in(0) * se::c(opts_.beta2) + se::in(1) * se::in(1) * se::c(1.0 - opts_.beta2), {v_[i], g}));
+    Tensor decayed = p;
+    if (opts_.weight_decay != 0.0 && p.rank() >= 2) decayed = map(se::in(0) - se::in(0) * se::in(1) * se::c(opts_.weight_decay), {p, lr});
+    // p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), as torch.optim.AdamW.
+    p.assign(map(se::in(0) - se::in(1) * se::in(2) / (se::sqrt(se::in(3)) * se::in(4) + se::c(opts_.eps)),
+                 {decayed, step_size, m_[i], v_[i], inv_sqrt_bc2}));
+  }
+  Engine::current().realize();
+}
+
+}  // namespace kiln::optim

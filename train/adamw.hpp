@@ -1,0 +1,31 @@
+// AdamW (Loshchilov & Hutter) as PyTorch computes it: bias-corrected moments, decoupled weight
+// decay p -= lr * wd * p applied to 2-D parameters only (matrices and embeddings; none on
+// biases and LayerNorm, as nanoGPT). Moments live in the state arena; the learning rate and
+// the bias corrections are runtime inputs, so every step replays one plan.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.hpp"
+
+namespace kiln::optim {
+
+struct AdamWOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<Tensor> params, AdamWOptions opts);
+  // Records the update of every parameter from its gradient, then realizes the step.
+  void step();
+  void set_lr(double lr) { opts_.lr = lr; }
+  int64_t steps() const { return t_; }
+
+ private:
+  std::vector<Tensor> params_, m_, v_;
+  AdamWOptions opts_;
+  int64_t t_ = 0;
+};
+
+}  // namespace kiln::optim

@@ -1,0 +1,211 @@
+// HDF5 C API wrapper (see hdf5_file.hpp).
+#include "train/hdf5_file.hpp"
+
+#include <hdf5.h>
+
+#include <vector>
+
+#include "circuit/error.hpp"
+
+namespace kiln::h5 {
+
+namespace {
+
+// Turns off HDF5's own error printing: every failure becomes a kiln::Error instead.
+void quiet() {
+  static const bool done = [] {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    return true;
+  }();
+  (void)done;
+}
+
+// Closes an HDF5 handle when it goes out of scope.
+struct Handle {
+  hid_t id;
+  herr_t (*close)(hid_t);
+  ~Handle() {
+    if (id >= 0) close(id);
+  }
+};
+
+hid_t native_type(DType dt) {
+  switch (dt) {
+    case DType::f32: return H5T_NATIVE_FLOAT;
+    case DType::f64: return H5T_NATIVE_DOUBLE;
+    case DType::i32: return H5T_NATIVE_INT32;
+    default: throw Error(std::string("HDF5: no storage type for dtype ") + dtype_name(dt));
+  }
+}
+
+}  // namespace
+
+File File::open_read(const std::string& path) {
+  quiet();
+  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id < 0) throw Error("cannot open '" + path + "' as an HDF5 file (missing, unreadable or not HDF5)");
+  return File(id, path);
+}
+
+File File::open_write(const std::string& path) {
+  quiet();
+  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  if (id < 0) throw Error("cannot open '" + path + "' for writing as an HDF5 file");
+  return File(id, path);
+}
+
+File File::create(const std::string& path) {
+  quiet();
+  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (id < 0) throw Error("cannot create HDF5 file '" + path + "'");
+  return File(id, path);
+}
+
+File::File(File&& o) noexcept : id_(o.id_), path_(std::move(o.path_)) { o.id_ = -1; }
+
+File::~File() {
+  if (id_ >= 0) H5Fclose(static_cast<hid_t>(id_));
+}
+
+void File::fail(const std::string& what) const { throw Error("HDF5 file '" + path_ + "': " + what); }
+
+bool File::exists(const std::string& path) const {
+  std::string prefix;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t slash = path.find('/', start);
+    std::string part = path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+    prefix += (prefix.empty() ? "" : "/") + part;
+    if (part.empty() || H5Lexists(static_cast<hid_t>(id_), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  return true;
+}
+
+DType File::dataset_dtype(const std::string& path) const {
+  if (!exists(path)) fail("dataset '" + path + "' is missing");
+  Handle ds{H5Dopen2(static_cast<hid_t>(id_), path.c_str(), H5P_DEFAULT), H5Dclose};
+  if (ds.id < 0) fail("'" + path + "' is not a dataset");
+  Handle type{H5Dget_type(ds.id), H5Tclose};
+  H5T_class_t cls = H5Tget_class(type.id);
+  size_t size = H5Tget_size(type.id);
+  if (cls == H5T_FLOAT && size == 4) return DType::f32;
+  if (cls == H5T_FLOAT && size == 8) return DType::f64;
+  if (cls == H5T_INTEGER && size == 4 && H5Tget_sign(type.id) == H5T_SGN_2) return DType::i32;
+  fail("dataset '" + path + "' has element type class " + std::to_string(static_cast<int>(cls)) + " of " +
+       std::to_string(size) + " bytes; expected float32, float64 or int32");
+}
+
+Shape File::dataset_shape(const std::string& path) const {
+  if (!exists(path)) fail("dataset '" + path + "' is missing");
+  Handle ds{H5Dopen2(static_cast<hid_t>(id_), path.c_str(), H5P_DEFAULT), H5Dclose};
+  if (ds.id < 0) fail("'" + path + "' is not a dataset");
+  Handle space{H5Dget_space(ds.id), H5Sclose};
+  int rank = H5Sget_simple_extent_ndims(space.id);
+  if (rank < 0) fail("dataset '" + path + "' has no simple dataspace");
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+  return Shape(std::vector<int64_t>(dims.begin(), dims.end()));
+}
+
+HostTensor File::read(const std::string& path) const {
+  DType dt = dataset_dtype(path);
+  HostTensor t = HostTensor::zeros(dt, dataset_shape(path));
+  Handle ds{H5Dopen2(static_cast<hid_t>(id_), path.c_str(), H5P_DEFAULT), H5Dclose};
+  if (t.numel() > 0 && H5Dread(ds.id, native_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) < 0)
+    fail("reading dataset '" + path + "' failed");
+  return t;
+}
+
+void File::write(const std::string& path, const HostTensor& t) {
+  Handle lcpl{H5Pcreate(H5P_LINK_CREATE), H5Pclose};
+  H5Pset_create_intermediate_group(lcpl.id, 1);
+  std::vector<hsize_t> dims(t.shape().dims().begin(), t.shape().dims().end());
+  Handle space{t.shape().rank() == 0 ? H5Screate(H5S_SCALAR)
+                                     : H5Screate_simple(t.shape().rank(), dims.data(), nullptr),
+               H5Sclose};
+  hid_t type = native_type(t.dtype());
+  Handle ds{H5Dcreate2(static_cast<hid_t>(id_), path.c_str(), type, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT),
+            H5Dclose};
+  if (ds.id < 0) fail("cannot create dataset '" + path + "' (does it exist already?)");
+  if (t.numel() > 0 && H5Dwrite(ds.id, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) < 0)
+    fail("writing dataset '" + path + "' failed");
+}
+
+void File::hard_link(const std::string& target, const std::string& link) {
+  Handle lcpl{H5Pcreate(H5P_LINK_CREATE), H5Pclose};
+  H5Pset_create_intermediate_group(lcpl.id, 1);
+  if (H5Lcreate_hard(static_cast<hid_t>(id_), target.c_str(), static_cast<hid_t>(id_), link.c_str(), lcpl.id,
+                     H5P_DEFAULT) < 0)
+    fail("cannot link '" + link + "' to '" + target + "'");
+}
+
+bool File::has_attribute(const std::string& name) const {
+  return H5Aexists(static_cast<hid_t>(id_), name.c_str()) > 0;
+}
+
+int64_t File::read_int_attribute(const std::string& name) const {
+  if (!has_attribute(name)) fail("attribute '" + name + "' is missing");
+  Handle a{H5Aopen(static_cast<hid_t>(id_), name.c_str(), H5P_DEFAULT), H5Aclose};
+  Handle type{H5Aget_type(a.id), H5Tclose};
+  if (H5Tget_class(type.id) != H5T_INTEGER) fail("attribute '" + name + "' is not an integer");
+  int64_t v = 0;
+  if (H5Aread(a.id, H5T_NATIVE_INT64, &v) < 0) fail("reading attribute '" + name + "' failed");
+  return v;
+}
+
+double File::read_real_attribute(const std::string& name) const {
+  if (!has_attribute(name)) fail("attribute '" + name + "' is missing");
+  Handle a{H5Aopen(static_cast<hid_t>(id_), name.c_str(), H5P_DEFAULT), H5Aclose};
+  double v = 0;
+  if (H5Aread(a.id, H5T_NATIVE_DOUBLE, &v) < 0) fail("reading attribute '" + name + "' failed");
+  return v;
+}
+
+std::string File::read_string_attribute(const std::string& name) const {
+  if (!has_attribute(name)) fail("attribute '" + name + "' is missing");
+  Handle a{H5Aopen(static_cast<hid_t>(id_), name.c_str(), H5P_DEFAULT), H5Aclose};
+  Handle type{H5Aget_type(a.id), H5Tclose};
+  if (H5Tget_class(type.id) != H5T_STRING) fail("attribute '" + name + "' is not a string");
+  if (H5Tis_variable_str(type.id) > 0) {
+    Handle mem{H5Tcopy(H5T_C_S1), H5Tclose};
+    H5Tset_size(mem.id, H5T_VARIABLE);
+    H5Tset_cset(mem.id, H5Tget_cset(type.id));
+    char* s = nullptr;
+    if (H5Aread(a.id, mem.id, &s) < 0 || !s) fail("reading attribute '" + name + "' failed");
+    std::string out(s);
+    H5free_memory(s);
+    return out;
+  }
+  size_t size = H5Tget_size(type.id);
+  std::string out(size, '\0');
+  if (H5Aread(a.id, type.id, out.data()) < 0) fail("reading attribute '" + name + "' failed");
+  return out.substr(0, out.find('\0'));
+}
+
+void File::write_attribute(const std::string& name, int64_t value) {
+  Handle space{H5Screate(H5S_SCALAR), H5Sclose};
+  Handle a{H5Acreate2(static_cast<hid_t>(id_), name.c_str(), H5T_STD_I64LE, space.id, H5P_DEFAULT, H5P_DEFAULT),
+           H5Aclose};
+  if (a.id < 0 || H5Awrite(a.id, H5T_NATIVE_INT64, &value) < 0) fail("cannot write attribute '" + name + "'");
+}
+
+void File::write_attribute(const std::string& name, double value) {
+  Handle space{H5Screate(H5S_SCALAR), H5Sclose};
+  Handle a{H5Acreate2(static_cast<hid_t>(id_), name.c_str(), H5T_IEEE_F64LE, space.id, H5P_DEFAULT, H5P_DEFAULT),
+           H5Aclose};
+  if (a.id < 0 || H5Awrite(a.id, H5T_NATIVE_DOUBLE, &value) < 0) fail("cannot write attribute '" + name + "'");
+}
+
+void File::write_attribute(const std::string& name, const std::string& value) {
+  Handle type{H5Tcopy(H5T_C_S1), H5Tclose};
+  H5Tset_size(type.id, H5T_VARIABLE);
+  H5Tset_cset(type.id, H5T_CSET_UTF8);
+  Handle space{H5Screate(H5S_SCALAR), H5Sclose};
+  Handle a{H5Acreate2(static_cast<hid_t>(id_), name.c_str(), type.id, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
+  const char* s = value.c_str();
+  if (a.id < 0 || H5Awrite(a.id, type.id, &s) < 0) fail("cannot write attribute '" + name + "'");
+}
+
+}  // namespace kiln::h5

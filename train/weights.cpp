@@ -1,0 +1,79 @@
+// Loading and saving kiln weights files.
+#include "train/weights.hpp"
+
+#include <algorithm>
+
+#include "circuit/error.hpp"
+#include "train/hdf5_file.hpp"
+
+namespace kiln {
+
+std::string dataset_path(const std::string& parameter_name) {
+  std::string p = parameter_name;
+  std::replace(p.begin(), p.end(), '.', '/');
+  return p;
+}
+
+namespace {
+void check_format(const h5::File& f) {
+  if (!f.has_attribute("format") || f.read_string_attribute("format") != "kiln-weights")
+    throw Error("'" + f.path() + "' is not a kiln weights file (root attribute format = \"kiln-weights\" missing)");
+  int64_t v = f.read_int_attribute("format_version");
+  if (v != kWeightsFormatVersion)
+    throw Error("'" + f.path() + "' has format_version " + std::to_string(v) + "; this kiln reads version " +
+                std::to_string(kWeightsFormatVersion));
+}
+}  // namespace
+
+models::GPTConfig read_weights_config(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  check_format(f);
+  models::GPTConfig c;
+  c.vocab_size = f.read_int_attribute("vocab_size");
+  c.block_size = f.read_int_attribute("block_size");
+  c.n_layer = f.read_int_attribute("n_layer");
+  c.n_head = f.read_int_attribute("n_head");
+  c.n_embd = f.read_int_attribute("n_embd");
+  return c;
+}
+
+void load_weights(const std::string& path, nn::Module& model) {
+  h5::File f = h5::File::open_read(path);
+  check_format(f);
+  // Read and check every dataset before touching the model.
+  std::vector<std::pair<Tensor, HostTensor>> loaded;
+  for (const auto& [name, p] : model.named_parameters()) {
+    std::string ds = dataset_path(name);
+    if (!f.exists(ds)) throw Error("weights file '" + path + "': dataset '" + ds + "' for parameter '" + name + "' is missing");
+    DType dt = f.dataset_dtype(ds);
+    if (dt != DType::f32)
+      throw Error("weights file '" + path + "': dataset '" + ds + "' is " + dtype_name(dt) + ", expected float32");
+    Shape shape = f.dataset_shape(ds);
+    if (shape != p.shape())
+      throw Error("weights file '" + path + "': dataset '" + ds + "' has shape " + shape.str() + ", parameter '" +
+                  name + "' needs " + p.shape().str());
+    loaded.emplace_back(p, f.read(ds));
+  }
+  for (const auto& [p, values] : loaded) Engine::current().write_persistent(*p.impl(), values);
+}
+
+void save_weights(const std::string& path, const models::GPT& model) {
+  h5::File f = h5::File::create(path);
+  f.write_attribute("format", std::string("kiln-weights"));
+  f.write_attribute("format_version", kWeightsFormatVersion);
+  const models::GPTConfig& c = model.config();
+  f.write_attribute("vocab_size", c.vocab_size);
+  f.write_attribute("block_size", c.block_size);
+  f.write_attribute("n_layer", c.n_layer);
+  f.write_attribute("n_head", c.n_head);
+  f.write_attribute("n_embd", c.n_embd);
+  for (const auto& [name, p] : model.named_parameters()) {
+    HostTensor h = p.to_host();
+    HostTensor f32 = HostTensor::zeros(DType::f32, h.shape());
+    for (int64_t i = 0; i < h.numel(); ++i) f32.set(i, h.get(i));
+    f.write(dataset_path(name), f32);
+  }
+  f.hard_link("transformer/wte/weight", "lm_head/weight");
+}
+
+}  // namespace kiln

@@ -38,7 +38,9 @@ ValueId cross_entropy(Builder& b, ValueId logits, ValueId targets) {
                                          ", targets " + ti.shape.str());
   ValueId lsm = log_softmax(b, logits);
   ValueId onehot = b.one_hot(targets, li.shape[li.shape.rank() - 1], li.dtype);
-  ValueId picked = b.reduce(ReduceKind::Sum, b.mul(lsm, onehot), -1);
+  // where, not a product: a -inf log-probability off the target must not give 0 * -inf = NaN.
+  ValueId zero = b.fill(Shape{}, li.dtype, 0.0);
+  ValueId picked = b.reduce(ReduceKind::Sum, b.where(onehot, lsm, zero), -1);
   return b.scale(b.reduce_all(ReduceKind::Mean, picked), -1.0);
 }
 

@@ -1,6 +1,8 @@
 // Program: verification, liveness and the run loop of the Eigen executor.
 #include "circuit/executor.hpp"
 
+#include <cstring>
+
 #include "circuit/error.hpp"
 
 namespace kiln {
@@ -42,6 +44,7 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
     values[static_cast<size_t>(ext[i])] = b;
   }
   const auto& ops = circuit_.ops();
+  std::vector<std::pair<ValueId, HostTensor>> commits;  // (persistent external, new contents)
   std::vector<const HostTensor*> in;
   std::vector<ValueInfo> out_info;
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -59,7 +62,12 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
       throw Error(msg);
     }
     for (size_t k = 0; k < op.outputs.size(); ++k) values[static_cast<size_t>(op.outputs[k])] = std::move(out[k]);
+    if (op.prim->side_effect) commits.emplace_back(circuit_.assign_root(op.inputs[0]), values[static_cast<size_t>(op.outputs[0])]);
     for (ValueId dead : free_after_[i]) values[static_cast<size_t>(dead)] = HostTensor();
+  }
+  for (const auto& [buffer, contents] : commits) {
+    const HostTensor& dst = values[static_cast<size_t>(buffer)];
+    if (dst.raw() != contents.raw()) std::memcpy(dst.raw(), contents.raw(), dst.nbytes());
   }
   std::vector<HostTensor> result;
   for (ValueId o : outputs_) result.push_back(values[static_cast<size_t>(o)]);

@@ -16,7 +16,7 @@ class Program {
 
   // `bindings` holds one tensor per circuit().externals(), in order; each must match the
   // external's dtype and shape exactly (an error names the value otherwise). Persistent
-  // externals are written in place by assign ops.
+  // externals are written in place by assign ops, all at the end of a run that succeeded.
   std::vector<HostTensor> run(const std::vector<HostTensor>& bindings) const;
 
   const Circuit& circuit() const { return circuit_; }

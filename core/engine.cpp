@@ -5,6 +5,7 @@
 #include <spdlog/cfg/env.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +48,8 @@ ValueId Engine::add_input(HostTensor data, const std::string& name) {
 ValueId Engine::value_of(const Tensor& t) {
   if (!t.defined()) throw Error("use of an undefined Tensor (default-constructed or moved from)");
   TensorImpl& impl = *t.impl();
+  if (impl.engine != this)
+    throw Error("a Tensor made by another thread's engine is used here; tensors belong to the thread that made them");
   if (impl.slot >= 0) {
     auto it = rec_.slot_version.find(impl.slot);
     if (it != rec_.slot_version.end()) return it->second;
@@ -62,14 +65,15 @@ ValueId Engine::value_of(const Tensor& t) {
     return impl.pending;
   }
   auto it = rec_.realized_inputs.find(&impl);
-  if (it != rec_.realized_inputs.end()) return it->second;
+  if (it != rec_.realized_inputs.end()) return it->second.second;
   ValueId id = add_input(impl.data, impl.name);
-  rec_.realized_inputs[&impl] = id;
+  rec_.realized_inputs[&impl] = {t.impl(), id};
   return id;
 }
 
 Tensor Engine::wrap(ValueId id) {
   auto impl = std::make_shared<TensorImpl>();
+  impl->engine = this;
   impl->info = rec_.circuit.info(id);
   impl->epoch = rec_.epoch;
   impl->pending = id;
@@ -98,6 +102,7 @@ Tensor Engine::new_persistent(ArenaKind kind, const std::string& name, const Hos
     throw Error("parameter '" + name + "': only f32/f64 parameters can require gradients, received " +
                 dtype_name(init.dtype()));
   auto impl = std::make_shared<TensorImpl>();
+  impl->engine = this;
   impl->info = {init.shape(), init.dtype()};
   impl->name = name;
   impl->slot = arenas_.allocate(kind, init.dtype(), init.shape(), name);
@@ -106,6 +111,7 @@ Tensor Engine::new_persistent(ArenaKind kind, const std::string& name, const Hos
   owners_[impl->slot] = impl;
   if (requires_grad) {
     auto g = std::make_shared<TensorImpl>();
+    g->engine = this;
     g->info = impl->info;
     g->name = name + ".grad";
     g->slot = arenas_.allocate(ArenaKind::Grad, init.dtype(), init.shape(), g->name);
@@ -139,34 +145,54 @@ std::vector<Tensor> Engine::grad(const Tensor& loss, const std::vector<Tensor>& 
 }
 
 void Engine::backward(const Tensor& loss) {
+  if (!loss.defined() || loss.impl()->pending == kNoValue || loss.impl()->epoch != rec_.epoch)
+    throw Error("backward() needs a loss recorded in the current step (this one was already realized, or is not "
+                "a computed value); call backward() before reading the loss");
   ValueId out = value_of(loss);
   require_scalar_loss(rec_.circuit, out, "backward", scope_path_);
-  // Every parameter read in this step, by its original (pre-update) version.
-  // In external order, so that equal steps record equal backward ops.
-  std::vector<std::shared_ptr<TensorImpl>> params;
-  std::vector<ValueId> wrt;
-  const auto& externals = rec_.circuit.externals();
-  for (size_t i = 0; i < externals.size(); ++i) {
-    auto it = owners_.find(rec_.external_slot[i]);
-    if (it == owners_.end()) continue;
-    auto owner = it->second.lock();
-    if (!owner || !owner->requires_grad) continue;
-    params.push_back(owner);
-    wrt.push_back(externals[i]);
+  // Every parameter of this engine that requires a gradient, in slot order (deterministic):
+  // those the step reads get d loss / d p (by their pre-update version), the rest zero, so a
+  // gradient never outlives its step. A later backward() in the same step adds.
+  std::vector<int32_t> slots;
+  for (const auto& [slot, owner] : owners_) {
+    auto o = owner.lock();
+    if (o && o->requires_grad) slots.push_back(slot);
   }
+  std::sort(slots.begin(), slots.end());
+  std::unordered_map<int32_t, ValueId> read;  // slot -> external id in this recording
+  const auto& externals = rec_.circuit.externals();
+  for (size_t i = 0; i < externals.size(); ++i)
+    if (rec_.external_slot[i] >= 0) read[rec_.external_slot[i]] = externals[i];
+  std::vector<ValueId> wrt;
+  std::vector<int32_t> wrt_slots;
+  for (int32_t s : slots)
+    if (read.count(s)) {
+      wrt.push_back(read[s]);
+      wrt_slots.push_back(s);
+    }
   Builder b = builder();
   std::vector<ValueId> grads = ad::backward(b, out, wrt);
-  for (size_t i = 0; i < params.size(); ++i) {
-    Tensor grad(params[i]->grad);
-    ValueId g = grads[i] == kNoValue ? b.fill(params[i]->info.shape, params[i]->info.dtype, 0.0) : grads[i];
-    if (accumulate_gradients) g = b.add(value_of(grad), g);
+  std::unordered_map<int32_t, ValueId> grad_of;
+  for (size_t i = 0; i < wrt.size(); ++i)
+    if (grads[i] != kNoValue) grad_of[wrt_slots[i]] = grads[i];
+  for (int32_t s : slots) {
+    auto p = owners_[s].lock();
+    Tensor grad(p->grad);
+    auto it = grad_of.find(s);
+    bool accumulate = accumulate_gradients || rec_.grad_written[grad.impl()->slot];
+    if (it == grad_of.end() && accumulate) continue;  // adding zero changes nothing
+    ValueId g = it != grad_of.end() ? it->second : b.fill(p->info.shape, p->info.dtype, 0.0);
+    if (accumulate) g = b.add(value_of(grad), g);
     rec_.slot_version[grad.impl()->slot] = b.assign(value_of(grad), g);
+    rec_.grad_written[grad.impl()->slot] = true;
   }
 }
 
 void Engine::convert_persistent(const std::shared_ptr<TensorImpl>& t, DType dtype) {
   if (t->slot < 0) throw Error("convert_persistent: '" + t->name + "' is not a persistent tensor");
   if (t->info.dtype == dtype) return;
+  if (dtype != DType::f32 && dtype != DType::f64)
+    throw Error(std::string("convert_persistent: '") + t->name + "' can only move to f32 or f64, not " + dtype_name(dtype));
   realize();  // pending updates of the old buffer land first
   auto move_slot = [&](TensorImpl& x) {
     HostTensor old = arenas_.view(x.slot);
@@ -193,8 +219,7 @@ std::vector<HostTensor> Engine::bindings(const Recording& rec) const {
 
 void Engine::realize() {
   if (rec_.circuit.ops().empty()) {
-    rec_ = Recording{};
-    rec_.epoch = next_epoch_++;
+    take_recording();
     return;
   }
   auto t0 = std::chrono::steady_clock::now();

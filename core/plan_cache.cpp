@@ -17,6 +17,7 @@ const Plan* PlanCache::find(uint64_t hash, const Circuit& recorded, const std::v
 }
 
 const Plan* PlanCache::build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested) {
+  recorded.verify();  // ordering of buffer reads and writes, before passes could hide it
   std::vector<ValueId> outputs = requested;
   Circuit optimized = cse(recorded, outputs);
   Plan plan;

@@ -19,7 +19,7 @@ struct Plan {
 
 class PlanCache {
  public:
-  explicit PlanCache(size_t capacity = 64) : capacity_(capacity) {}
+  explicit PlanCache(size_t capacity = 64) : capacity_(capacity < 1 ? 1 : capacity) {}
   // The plan for (recorded, requested), or nullptr.
   const Plan* find(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
   // Builds (DCE, CSE, Program) and inserts; evicts the least recently used beyond capacity.

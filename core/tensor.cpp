@@ -34,6 +34,7 @@ Tensor reduce(ReduceKind kind, const Tensor& x, int axis, bool keepdim) {
 
 Tensor Tensor::from_host(HostTensor data) {
   auto impl = std::make_shared<TensorImpl>();
+  impl->engine = &eng();
   impl->info = {data.shape(), data.dtype()};
   impl->data = std::move(data);
   return Tensor(impl);
@@ -85,7 +86,10 @@ DType Tensor::dtype() const {
   if (!impl_) throw Error("use of an undefined Tensor");
   return impl_->info.dtype;
 }
-const std::string& Tensor::name() const { return impl_->name; }
+const std::string& Tensor::name() const {
+  if (!impl_) throw Error("use of an undefined Tensor");
+  return impl_->name;
+}
 bool Tensor::is_persistent() const { return impl_ && impl_->slot >= 0; }
 bool Tensor::requires_grad() const { return impl_ && impl_->requires_grad; }
 bool Tensor::is_realized() const { return impl_ && impl_->slot < 0 && impl_->pending == kNoValue; }
@@ -143,7 +147,8 @@ Tensor tanh(const Tensor& x) { return unary(x, se::tanh(se::in(0))); }
 Tensor sigmoid(const Tensor& x) { return unary(x, se::sigmoid(se::in(0))); }
 Tensor gelu(const Tensor& x) { return unary(x, se::gelu(se::in(0))); }
 Tensor silu(const Tensor& x) { return unary(x, se::silu(se::in(0))); }
-Tensor relu(const Tensor& x) { return unary(x, se::max(se::in(0), se::c(0.0))); }
+// select, not max: the gradient at 0 is 0, as torch.relu.
+Tensor relu(const Tensor& x) { return unary(x, se::select(se::gt(se::in(0), se::c(0.0)), se::in(0), se::c(0.0))); }
 Tensor abs(const Tensor& x) { return unary(x, se::abs(se::in(0))); }
 Tensor pow(const Tensor& x, double p) { return unary(x, se::pow(se::in(0), se::c(p))); }
 Tensor maximum(const Tensor& a, const Tensor& b) { return record_pointwise(se::max(se::in(0), se::in(1)), {a, b}); }

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <thread>
 
 #include "circuit/error.hpp"
 #include "core/device.hpp"
@@ -239,6 +241,86 @@ TEST(EngineTraining, SgdFitsALinearModel) {
   EXPECT_LT(loss, 1e-6);
   EXPECT_NEAR(w.to_vector()[0], 2.0, 1e-3);
   EXPECT_NEAR(w.to_vector()[1], -3.0, 1e-3);
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Regressions from the review of the foundation.
+
+TEST(EngineRegression, TemporariesNeverAliasAnotherTensorsData) {
+  Tensor acc = Tensor::scalar(0.0);
+  for (int i = 1; i <= 4; ++i) acc = acc + Tensor::scalar(i);  // each temporary dies at once
+  EXPECT_EQ(acc.item(), 10.0);
+}
+
+TEST(EngineRegression, GradientsOfParametersTheStepDoesNotReadAreZero) {
+  Tensor w = Tensor::parameter("reg.w", Tensor::from_vector({1}, {1}).to_host());
+  Tensor b = Tensor::parameter("reg.b", Tensor::from_vector({1}, {1}).to_host());
+  (sum(w * b)).backward();
+  Engine::current().realize();
+  EXPECT_EQ(b.grad().item(), 1.0);
+  sum(w * 3.0).backward();  // b not read this step
+  Engine::current().realize();
+  EXPECT_EQ(b.grad().item(), 0.0);
+  EXPECT_EQ(w.grad().item(), 3.0);
+}
+
+TEST(EngineRegression, ASecondBackwardInOneStepAdds) {
+  Tensor w = Tensor::parameter("reg2.w", Tensor::from_vector({1}, {1}).to_host());
+  sum(w * 2.0).backward();
+  sum(w * 3.0).backward();
+  Engine::current().realize();
+  EXPECT_EQ(w.grad().item(), 5.0);
+}
+
+TEST(EngineRegression, BackwardOfARealizedLossIsAnError) {
+  Tensor w = Tensor::parameter("reg3.w", Tensor::from_vector({1}, {1}).to_host());
+  Tensor loss = sum(w * 2.0);
+  loss.item();
+  EXPECT_THROW(loss.backward(), Error);
+}
+
+TEST(EngineRegression, ATensorFromAnotherThreadIsRefused) {
+  Tensor x = Tensor::from_vector({42}, {1}) * 1.0;  // pending on this thread
+  std::string message;
+  std::thread t([&] {
+    try {
+      (x * 1.0).item();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+  });
+  t.join();
+  EXPECT_NE(message.find("another thread"), std::string::npos) << message;
+  EXPECT_EQ(x.item(), 42.0);
+}
+
+TEST(EngineRegression, AFailedStepChangesNoParameter) {
+  Tensor w = Tensor::parameter("reg4.w", Tensor::from_vector({0}, {1}).to_host(), false);
+  w.assign(w + 1.0);
+  Tensor bad = gather_rows(Tensor::from_vector({1, 2}, {1, 2}), Tensor::from_ints({3}, {1}));
+  EXPECT_THROW(bad.to_vector(), Error);
+  EXPECT_EQ(w.item(), 0.0);
+}
+
+TEST(EngineRegression, CrossEntropyWithMinusInfinityLogitIsFinite) {
+  double inf = std::numeric_limits<double>::infinity();
+  Tensor logits = Tensor::from_vector({0.5, -inf, 1.0}, {1, 3}, DType::f64);
+  double loss = cross_entropy(logits, Tensor::from_ints({2}, {1})).item();
+  EXPECT_NEAR(loss, std::log(std::exp(0.5) + std::exp(1.0)) - 1.0, 1e-12);
+}
+
+TEST(EngineRegression, UndefinedTensorsAndEmptyBatchesThrowOrWork) {
+  EXPECT_THROW(optim::SGD({Tensor()}, 0.1), Error);
+  Tensor w = Tensor::parameter("reg5.w", HostTensor::zeros(DType::f32, {3, 2}));
+  Tensor x = Tensor::from_host(HostTensor::zeros(DType::f32, {2, 0, 3}));
+  sum(matmul(x, w)).backward();
+  Engine::current().realize();
+  EXPECT_EQ(w.grad().to_vector(), std::vector<double>(6, 0.0));
 }
 
 }  // namespace

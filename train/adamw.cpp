@@ -16,8 +16,18 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opts) : params_(std::move(
   }
 }
 
-void AdamW::step() {
+void AdamW::step(double max_grad_norm) {
   ++t_;
+  Tensor scale;  // undefined: no clipping
+  if (max_grad_norm > 0.0) {
+    Tensor total;
+    for (const Tensor& p : params_) {
+      Tensor s = sum(p.grad() * p.grad());
+      total = total.defined() ? total + s : s;
+    }
+    last_norm_ = sqrt(total);
+    scale = map(se::min(se::c(1.0), se::c(max_grad_norm) / (se::in(0) + se::c(1e-6))), {last_norm_});
+  }
   const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(opts_.beta2, static_cast<double>(t_));
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -26,7 +36,7 @@ void AdamW::step() {
     // Runtime scalars: they change every step without changing the step's structure.
     Tensor lr = Tensor::scalar(opts_.lr, dt), step_size = Tensor::scalar(opts_.lr / bc1, dt);
     Tensor inv_sqrt_bc2 = Tensor::scalar(1.0 / std::sqrt(bc2), dt);
-    Tensor g = p.grad();
+    Tensor g = scale.defined() ? p.grad() * scale : p.grad();
     m_[i].assign(map(se::in(0) * se::c(opts_.beta1) + se::in(1) * se::c(1.0 - opts_.beta1), {m_[i], g}));
     v_[i].assign(map(se::in(0) * se::c(opts_.beta2) + se::in(1) * se::in(1) * se::c(1.0 - opts_.beta2), {v_[i], g}));
     Tensor decayed = p;

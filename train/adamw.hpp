@@ -17,13 +17,22 @@ struct AdamWOptions {
 class AdamW {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions opts);
-  // Records the update of every parameter from its gradient, then realizes the step.
-  void step();
+  // Records the update of every parameter from its gradient, then realizes the step. With
+  // max_grad_norm > 0 the gradients are first scaled by min(1, max_norm / (global norm + 1e-6)),
+  // computed inside the same step (as torch.nn.utils.clip_grad_norm_).
+  void step(double max_grad_norm = 0.0);
+  // The global gradient norm of the last step that clipped (before clipping).
+  double last_grad_norm() const { return last_norm_.defined() ? last_norm_.item() : 0.0; }
+  // Adam moments, for checkpoints.
+  const std::vector<Tensor>& exp_avg() const { return m_; }
+  const std::vector<Tensor>& exp_avg_sq() const { return v_; }
+  void set_steps(int64_t t) { t_ = t; }
   void set_lr(double lr) { opts_.lr = lr; }
   int64_t steps() const { return t_; }
 
  private:
   std::vector<Tensor> params_, m_, v_;
+  Tensor last_norm_;
   AdamWOptions opts_;
   int64_t t_ = 0;
 };

@@ -1,10 +1,10 @@
 // Prim family `assign`: the in-place write of a persistent buffer (parameters, gradients,
 // optimizer moments). Shape contract: target: T, value: T (same shape and dtype) -> T, the
-// buffer's new version, which aliases the buffer itself. Circuit::verify checks that every
-// read of the old version comes before the assign. An assign is a side effect: DCE keeps it.
-// It has no VJP rule: differentiating through a buffer update fails loudly.
-#include <cstring>
-
+// buffer's new version. Circuit::verify checks that every read of the old version comes
+// before the assign. An assign is a side effect: DCE keeps it. The executor commits the
+// write to the buffer only after every op of the run has succeeded (a failed step changes no
+// buffer); until then the new version is the value itself, which is what the reference
+// returns. It has no VJP rule: differentiating through a buffer update fails loudly.
 #include "circuit/circuit.hpp"
 #include "circuit/prims/families.hpp"
 
@@ -20,9 +20,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
 }
 
 std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in, const std::vector<ValueInfo>&) {
-  HostTensor target = *in[0];
-  if (target.raw() != in[1]->raw()) std::memcpy(target.raw(), in[1]->raw(), target.nbytes());
-  return {target};
+  return {*in[1]};
 }
 
 }  // namespace

@@ -103,7 +103,7 @@ std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g
   if (b.info(B).shape.rank() == 2 && as.rank() > 2 && !ta) {
     // b is shared by every batch entry: one GEMM over the flattened rows gives the summed dB.
     const Shape& gs = b.info(G).shape;
-    int64_t rows = as.numel() / (as[as.rank() - 1] * as[as.rank() - 2]);
+    int64_t rows = batch_of(as).numel();
     ValueId a2 = b.reshape(A, Shape{rows * as[as.rank() - 2], as[as.rank() - 1]});
     ValueId g2 = b.reshape(G, Shape{rows * gs[gs.rank() - 2], gs[gs.rank() - 1]});
     db = tb ? b.matmul(g2, a2, true, false) : b.matmul(a2, g2, true, false);

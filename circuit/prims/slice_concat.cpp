@@ -28,7 +28,7 @@ std::vector<ValueInfo> slice_shape(const ShapeCtx& ctx, const std::vector<ValueI
   int64_t n = s[static_cast<int>(axis)];
   if (start < 0 || start > end || end > n)
     ctx.fail("range [" + std::to_string(start) + ", " + std::to_string(end) + ") is not inside [0, " +
-             std::to_string(n) + ") of axis " + std::to_string(axis) + " of " + s.str());
+             std::to_string(n) + "] of axis " + std::to_string(axis) + " of " + s.str());
   Shape out = s;
   out[static_cast<int>(axis)] = end - start;
   return {{out, in[0].dtype}};

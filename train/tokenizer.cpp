@@ -1,0 +1,116 @@
+// Char and byte tokenizers, UTF-8 coding.
+#include "train/tokenizer.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "circuit/error.hpp"
+
+namespace kiln {
+
+std::vector<int32_t> utf8_decode(const std::string& text) {
+  std::vector<int32_t> out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    auto c = static_cast<unsigned char>(text[i]);
+    int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len == 0 || i + static_cast<size_t>(len) > text.size())
+      throw Error("invalid UTF-8 at byte offset " + std::to_string(i));
+    int32_t cp = len == 1 ? c : c & (0xFF >> (len + 1));
+    for (int k = 1; k < len; ++k) {
+      auto cc = static_cast<unsigned char>(text[i + static_cast<size_t>(k)]);
+      if ((cc >> 6) != 0x2) throw Error("invalid UTF-8 at byte offset " + std::to_string(i));
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    out.push_back(cp);
+    i += static_cast<size_t>(len);
+  }
+  return out;
+}
+
+std::string utf8_encode(const std::vector<int32_t>& cps) {
+  std::string s;
+  for (int32_t cp : cps) {
+    auto u = static_cast<uint32_t>(cp);
+    if (u < 0x80) {
+      s += static_cast<char>(u);
+    } else if (u < 0x800) {
+      s += static_cast<char>(0xC0 | (u >> 6));
+      s += static_cast<char>(0x80 | (u & 0x3F));
+    } else if (u < 0x10000) {
+      s += static_cast<char>(0xE0 | (u >> 12));
+      s += static_cast<char>(0x80 | ((u >> 6) & 0x3F));
+      s += static_cast<char>(0x80 | (u & 0x3F));
+    } else {
+      s += static_cast<char>(0xF0 | (u >> 18));
+      s += static_cast<char>(0x80 | ((u >> 12) & 0x3F));
+      s += static_cast<char>(0x80 | ((u >> 6) & 0x3F));
+      s += static_cast<char>(0x80 | (u & 0x3F));
+    }
+  }
+  return s;
+}
+
+Tokenizer Tokenizer::byte_level() { return Tokenizer(); }
+
+Tokenizer Tokenizer::char_level(const std::string& corpus) {
+  std::vector<int32_t> cps = utf8_decode(corpus);
+  std::set<int32_t> unique(cps.begin(), cps.end());
+  return from_vocab(std::vector<int32_t>(unique.begin(), unique.end()));
+}
+
+Tokenizer Tokenizer::from_vocab(std::vector<int32_t> code_points) {
+  if (!std::is_sorted(code_points.begin(), code_points.end()) ||
+      std::adjacent_find(code_points.begin(), code_points.end()) != code_points.end())
+    throw Error("char tokenizer: the vocabulary must be strictly ascending code points");
+  Tokenizer t;
+  t.kind_ = Kind::Char;
+  t.vocab_ = std::move(code_points);
+  return t;
+}
+
+std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+  if (kind_ == Kind::Byte) {
+    std::vector<int32_t> ids;
+    for (unsigned char c : text) ids.push_back(c);
+    return ids;
+  }
+  std::vector<int32_t> ids;
+  std::set<int32_t> unknown;
+  for (int32_t cp : utf8_decode(text)) {
+    auto it = std::lower_bound(vocab_.begin(), vocab_.end(), cp);
+    if (it == vocab_.end() || *it != cp) {
+      unknown.insert(cp);
+      continue;
+    }
+    ids.push_back(static_cast<int32_t>(it - vocab_.begin()));
+  }
+  if (!unknown.empty()) {
+    std::string names;
+    for (int32_t cp : unknown) {
+      if (!names.empty()) names += ", ";
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(cp));
+      names += "'" + utf8_encode({cp}) + "' (" + hex + ")";
+      if (names.size() > 400) { names += ", ..."; break; }
+    }
+    throw Error("text has " + std::to_string(unknown.size()) + " character(s) outside the vocabulary: " + names);
+  }
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  if (kind_ == Kind::Byte) {
+    std::string s;
+    for (int32_t id : ids) s += static_cast<char>(id);
+    return s;
+  }
+  std::vector<int32_t> cps;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab_size()) throw Error("decode: id " + std::to_string(id) + " is outside the vocabulary");
+    cps.push_back(vocab_[static_cast<size_t>(id)]);
+  }
+  return utf8_encode(cps);
+}
+
+}  // namespace kiln

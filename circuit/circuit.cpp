@@ -4,15 +4,11 @@
 #include <unordered_map>
 
 #include "circuit/error.hpp"
+#include "circuit/hash.hpp"
 
 namespace kiln {
 
 namespace {
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
-  return h * 0x94D049BB133111EBULL;
-}
-
 std::string value_type(const ValueInfo& info) { return std::string(dtype_name(info.dtype)) + info.shape.str(); }
 }  // namespace
 
@@ -117,23 +113,23 @@ void Circuit::verify() const {
 }
 
 uint64_t Circuit::structural_hash() const {
-  uint64_t h = mix(0xC12C017ULL, values_.size());
+  uint64_t h = hash_combine(0xC12C017ULL, values_.size());
   for (ValueId e : externals_) {
     const Value& v = value(e);
-    h = mix(h, static_cast<uint64_t>(e));
-    h = mix(h, static_cast<uint64_t>(v.role));
-    h = mix(h, static_cast<uint64_t>(v.info.dtype));
-    for (int64_t d : v.info.shape.dims()) h = mix(h, static_cast<uint64_t>(d));
+    h = hash_combine(h, static_cast<uint64_t>(e));
+    h = hash_combine(h, static_cast<uint64_t>(v.role));
+    h = hash_combine(h, static_cast<uint64_t>(v.info.dtype));
+    for (int64_t d : v.info.shape.dims()) h = hash_combine(h, static_cast<uint64_t>(d));
   }
   for (const Op& op : ops_) {
-    h = mix(h, std::hash<std::string>{}(op.prim->name));
-    h = mix(h, op.params.hash());
-    for (ValueId in : op.inputs) h = mix(h, static_cast<uint64_t>(in));
-    h = mix(h, 0xFFFF);
+    h = hash_combine(h, std::hash<std::string>{}(op.prim->name));
+    h = hash_combine(h, op.params.hash());
+    for (ValueId in : op.inputs) h = hash_combine(h, static_cast<uint64_t>(in));
+    h = hash_combine(h, 0xFFFF);
     for (ValueId o : op.outputs) {
       const ValueInfo& info = value(o).info;
-      h = mix(h, static_cast<uint64_t>(info.dtype));
-      for (int64_t d : info.shape.dims()) h = mix(h, static_cast<uint64_t>(d));
+      h = hash_combine(h, static_cast<uint64_t>(info.dtype));
+      for (int64_t d : info.shape.dims()) h = hash_combine(h, static_cast<uint64_t>(d));
     }
   }
   return h;

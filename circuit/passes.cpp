@@ -1,6 +1,8 @@
 // DCE and CSE over Circuits.
 #include "circuit/passes.hpp"
 
+#include "circuit/hash.hpp"
+
 #include <algorithm>
 #include <unordered_map>
 
@@ -40,8 +42,8 @@ Circuit cse(const Circuit& c, std::vector<ValueId>& outputs) {
     std::vector<ValueId> inputs;
     for (ValueId in : op.inputs) inputs.push_back(rename[static_cast<size_t>(in)]);
     if (op.prim->side_effect) continue;
-    uint64_t h = std::hash<const void*>{}(op.prim) ^ (op.params.hash() * 31);
-    for (ValueId in : inputs) h = h * 1000003 ^ static_cast<uint64_t>(in);
+    uint64_t h = hash_combine(std::hash<const void*>{}(op.prim), op.params.hash());
+    for (ValueId in : inputs) h = hash_combine(h, static_cast<uint64_t>(in));
     bool merged = false;
     auto [lo, hi] = index.equal_range(h);
     for (auto it = lo; it != hi && !merged; ++it) {

@@ -5,16 +5,10 @@
 #include <cstring>
 
 #include "circuit/error.hpp"
+#include "circuit/hash.hpp"
 #include "circuit/prims/families.hpp"
 
 namespace kiln {
-
-namespace {
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
-  return h * 0xBF58476D1CE4E5B9ULL;
-}
-}  // namespace
 
 bool Params::operator==(const Params& o) const {
   if (ints != o.ints || dtype != o.dtype || reals.size() != o.reals.size()) return false;
@@ -26,12 +20,12 @@ bool Params::operator==(const Params& o) const {
 }
 
 uint64_t Params::hash() const {
-  uint64_t h = mix(0x5EEDULL, static_cast<uint64_t>(dtype));
-  for (int64_t v : ints) h = mix(h, static_cast<uint64_t>(v));
-  h = mix(h, 0xA11);
-  for (double v : reals) h = mix(h, std::bit_cast<uint64_t>(v));
-  if (body) h = mix(h, body.hash());
-  if (index) h = mix(h, index.hash());
+  uint64_t h = hash_combine(0x5EEDULL, static_cast<uint64_t>(dtype));
+  for (int64_t v : ints) h = hash_combine(h, static_cast<uint64_t>(v));
+  h = hash_combine(h, 0xA11);
+  for (double v : reals) h = hash_combine(h, std::bit_cast<uint64_t>(v));
+  if (body) h = hash_combine(h, body.hash());
+  if (index) h = hash_combine(h, index.hash());
   return h;
 }
 

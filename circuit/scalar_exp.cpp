@@ -13,23 +13,11 @@
 #include <unordered_map>
 
 #include "circuit/error.hpp"
+#include "circuit/hash.hpp"
 
 namespace kiln {
 
 namespace {
-
-// splitmix64's finalizer: a bijective 64-bit mixer with good avalanche.
-uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-uint64_t hash_combine(uint64_t h, uint64_t v) {
-  return mix64(h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)));
-}
 
 uint64_t bits(double v) { return std::bit_cast<uint64_t>(v); }
 

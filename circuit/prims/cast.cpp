@@ -1,7 +1,8 @@
 // Prim family `cast`: dtype conversion and the gradient barrier.
 //   cast          x -> same shape, params dtype (float -> int truncates toward zero)
 //   stop_gradient x -> x, with no gradient flowing back
-// VJPs: a float cast casts g back to x's dtype; an integer input has no gradient.
+// VJPs: a float cast casts g back to x's dtype; an integer input has no gradient;
+// stop_gradient needs no rule, since its input is marked non-differentiable.
 #include "circuit/builder.hpp"
 #include "circuit/prim.hpp"
 #include "circuit/prims/eigen_util.hpp"
@@ -58,8 +59,8 @@ void register_cast(PrimRegistry& r) {
   s.eval = [](const Op&, const std::vector<const HostTensor*>& in, const std::vector<ValueInfo>&) {
     return std::vector<HostTensor>{in[0]->clone()};
   };
-  s.vjp = [](Builder&, const Op&, const std::vector<ValueId>&) { return std::vector<ValueId>{kNoValue}; };
-  s.nondiff_inputs = {0};
+  s.nondiff_inputs = {0};  // the barrier itself: no gradient reaches x
+  s.differentiable = false;
   r.add(s);
 }
 

@@ -4,6 +4,7 @@
 // broadcast to the output shape. VJP: grad_k = g * d(body)/d(in_k), the derivative taken
 // symbolically by ScalarExp and recorded as another pointwise op.
 #include <cmath>
+#include <unordered_map>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -15,11 +16,28 @@
 namespace kiln {
 namespace {
 
+// Shared subtrees (derivatives share them heavily) are evaluated once: `memo` maps a node to
+// its array.
 template <class T>
-ref::Arr<T> eval_body(const ScalarExp& e, const std::vector<ref::Arr<T>>& in, int64_t n) {
+using Memo = std::unordered_map<const ScalarExp::Node*, ref::Arr<T>>;
+
+template <class T>
+ref::Arr<T> eval_node(const ScalarExp& e, const std::vector<ref::Arr<T>>& in, int64_t n, Memo<T>& memo);
+
+template <class T>
+ref::Arr<T> eval_body(const ScalarExp& e, const std::vector<ref::Arr<T>>& in, int64_t n, Memo<T>& memo) {
+  auto it = memo.find(e.node());
+  if (it != memo.end()) return it->second;
+  ref::Arr<T> value = eval_node<T>(e, in, n, memo);
+  if (e.op() != ExpOp::Input && e.op() != ExpOp::Const) memo.emplace(e.node(), value);
+  return value;
+}
+
+template <class T>
+ref::Arr<T> eval_node(const ScalarExp& e, const std::vector<ref::Arr<T>>& in, int64_t n, Memo<T>& memo) {
   using A = ref::Arr<T>;
   const auto& args = e.args();
-  auto arg = [&](size_t i) { return eval_body<T>(args[i], in, n); };
+  auto arg = [&](size_t i) { return eval_body<T>(args[i], in, n, memo); };
   auto b2 = [](bool v) { return v ? T(1) : T(0); };
   switch (e.op()) {
     case ExpOp::Const: return A::Constant(n, static_cast<T>(e.const_value()));
@@ -99,7 +117,8 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
       ref::broadcast_copy<T>(x->data<T>(), x->shape(), a.data(), shape);
       arrays.push_back(std::move(a));
     }
-    ref::array_of<T>(out) = eval_body<T>(op.params.body, arrays, shape.numel());
+    Memo<T> memo;
+    ref::array_of<T>(out) = eval_body<T>(op.params.body, arrays, shape.numel(), memo);
   });
   return {out};
 }

@@ -57,7 +57,21 @@ void load_weights(const std::string& path, nn::Module& model) {
   for (const auto& [p, values] : loaded) Engine::current().write_persistent(*p.impl(), values);
 }
 
-void save_weights(const std::string& path, const models::GPT& model) {
+std::optional<Tokenizer> load_tokenizer(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  check_format(f);
+  if (!f.has_attribute("tokenizer")) return std::nullopt;
+  std::string kind = f.read_string_attribute("tokenizer");
+  if (kind == "byte") return Tokenizer::byte_level();
+  if (kind != "char") throw Error("weights file '" + path + "': unknown tokenizer '" + kind + "'");
+  if (!f.exists("tokenizer/vocab")) throw Error("weights file '" + path + "': dataset 'tokenizer/vocab' is missing");
+  HostTensor v = f.read("tokenizer/vocab");
+  if (v.dtype() != DType::i32 || v.shape().rank() != 1)
+    throw Error("weights file '" + path + "': dataset 'tokenizer/vocab' must be int32 (V)");
+  return Tokenizer::from_vocab(std::vector<int32_t>(v.data<int32_t>(), v.data<int32_t>() + v.numel()));
+}
+
+void save_weights(const std::string& path, const models::GPT& model, const Tokenizer* tokenizer) {
   h5::File f = h5::File::create(path);
   f.write_attribute("format", std::string("kiln-weights"));
   f.write_attribute("format_version", kWeightsFormatVersion);
@@ -74,6 +88,15 @@ void save_weights(const std::string& path, const models::GPT& model) {
     f.write(dataset_path(name), f32);
   }
   f.hard_link("transformer/wte/weight", "lm_head/weight");
+  if (tokenizer) {
+    f.write_attribute("tokenizer", std::string(tokenizer->kind_name()));
+    if (tokenizer->kind() == Tokenizer::Kind::Char) {
+      const auto& v = tokenizer->vocab();
+      HostTensor vocab = HostTensor::zeros(DType::i32, Shape{static_cast<int64_t>(v.size())});
+      std::copy(v.begin(), v.end(), vocab.data<int32_t>());
+      f.write("tokenizer/vocab", vocab);
+    }
+  }
 }
 
 }  // namespace kiln

@@ -7,7 +7,10 @@
 
 #include <string>
 
+#include <optional>
+
 #include "models/gpt.hpp"
+#include "train/tokenizer.hpp"
 
 namespace kiln {
 
@@ -17,9 +20,12 @@ constexpr int64_t kWeightsFormatVersion = 1;
 models::GPTConfig read_weights_config(const std::string& path);
 // Loads every parameter of `model` from the file (converted to the model's dtype).
 void load_weights(const std::string& path, nn::Module& model);
-// Writes the model's parameters and config. `tied` lists (link, target) dataset paths written
-// as hard links, e.g. {"lm_head/weight", "transformer/wte/weight"}.
-void save_weights(const std::string& path, const models::GPT& model);
+// Writes the model's parameters, config and (when given) tokenizer: attribute tokenizer =
+// "char" | "byte", and for "char" an int32 dataset tokenizer/vocab of code points in id order.
+// lm_head/weight is a hard link to transformer/wte/weight.
+void save_weights(const std::string& path, const models::GPT& model, const Tokenizer* tokenizer = nullptr);
+// The tokenizer stored with the weights, or nullopt for a file without one.
+std::optional<Tokenizer> load_tokenizer(const std::string& path);
 
 // "transformer.h.0.ln_1.weight" -> "transformer/h/0/ln_1/weight".
 std::string dataset_path(const std::string& parameter_name);

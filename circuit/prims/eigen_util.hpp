@@ -70,6 +70,30 @@ void broadcast_copy(const T* src, const Shape& src_shape, T* dst, const Shape& d
   }
 }
 
+// out[j] = src[broadcast index of element start + j of dst_shape] for j < len; `bstrides`
+// from broadcast_strides(src shape, dst_shape).
+template <class T>
+void broadcast_range(const T* src, const std::vector<int64_t>& bstrides, const Shape& dst_shape, int64_t start,
+                     int64_t len, T* out) {
+  const int r = dst_shape.rank();
+  std::vector<int64_t> idx(static_cast<size_t>(r));
+  int64_t rest = start, off = 0;
+  for (int a = r - 1; a >= 0; --a) {
+    idx[static_cast<size_t>(a)] = rest % dst_shape[a];
+    rest /= dst_shape[a];
+    off += idx[static_cast<size_t>(a)] * bstrides[static_cast<size_t>(a)];
+  }
+  for (int64_t j = 0; j < len; ++j) {
+    out[j] = src[off];
+    for (int a = r - 1; a >= 0; --a) {  // odometer step, keeping the source offset in sync
+      off += bstrides[static_cast<size_t>(a)];
+      if (++idx[static_cast<size_t>(a)] < dst_shape[a]) break;
+      off -= bstrides[static_cast<size_t>(a)] * dst_shape[a];
+      idx[static_cast<size_t>(a)] = 0;
+    }
+  }
+}
+
 // An owning tensor of `dst` shape holding x broadcast to it.
 HostTensor broadcast_to(const HostTensor& x, const Shape& dst);
 

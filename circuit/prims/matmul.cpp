@@ -77,18 +77,19 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
       return;
     }
     std::vector<int64_t> sa = ref::broadcast_strides(batch_of(as), batch), sb = ref::broadcast_strides(batch_of(bs), batch);
-    std::vector<int64_t> idx(static_cast<size_t>(batch.rank()), 0);
-    for (int64_t e = 0; e < batch.numel(); ++e) {
-      int64_t oa = 0, ob = 0;
-      for (int d = 0; d < batch.rank(); ++d) {
-        oa += idx[static_cast<size_t>(d)] * sa[static_cast<size_t>(d)];
-        ob += idx[static_cast<size_t>(d)] * sb[static_cast<size_t>(d)];
+    // Many small GEMMs (attention heads): threads take whole batch entries, each GEMM runs on
+    // one thread (Eigen does not nest inside a parallel region).
+    const int64_t entries = batch.numel();
+#pragma omp parallel for schedule(static) if (entries > 1)
+    for (int64_t e = 0; e < entries; ++e) {
+      int64_t oa = 0, ob = 0, rest = e;
+      for (int d = batch.rank() - 1; d >= 0; --d) {
+        int64_t i = rest % batch[d];
+        rest /= batch[d];
+        oa += i * sa[static_cast<size_t>(d)];
+        ob += i * sb[static_cast<size_t>(d)];
       }
       gemm<T>(a.data<T>() + oa * ra * ca, ra, ca, ta, b.data<T>() + ob * rb * cb, rb, cb, tb, out.data<T>() + e * m * n);
-      for (int d = batch.rank() - 1; d >= 0; --d) {
-        if (++idx[static_cast<size_t>(d)] < batch[d]) break;
-        idx[static_cast<size_t>(d)] = 0;
-      }
     }
   });
   return {out};

@@ -4,7 +4,6 @@
 // broadcast to the output shape. VJP: grad_k = g * d(body)/d(in_k), the derivative taken
 // symbolically by ScalarExp and recorded as another pointwise op.
 #include <cmath>
-#include <unordered_map>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -16,70 +15,91 @@
 namespace kiln {
 namespace {
 
-// Shared subtrees (derivatives share them heavily) are evaluated once: `memo` maps a node to
-// its array.
-template <class T>
-using Memo = std::unordered_map<const ScalarExp::Node*, ref::Arr<T>>;
+// The body is compiled once per call into a flat list of instructions (structurally equal
+// subtrees, which derivatives produce in numbers, become one instruction), then run over the
+// output in blocks that stay in cache, in parallel. Inputs of the output's shape are read in
+// place; broadcast inputs are gathered block by block.
+struct Instr {
+  ExpOp op;
+  int a = -1, b = -1, c = -1;  // argument instructions
+  double value = 0;            // Const
+  int input = -1;              // Input
+};
 
-template <class T>
-ref::Arr<T> eval_node(const ScalarExp& e, const std::vector<ref::Arr<T>>& in, int64_t n, Memo<T>& memo);
-
-template <class T>
-ref::Arr<T> eval_body(const ScalarExp& e, const std::vector<ref::Arr<T>>& in, int64_t n, Memo<T>& memo) {
-  auto it = memo.find(e.node());
-  if (it != memo.end()) return it->second;
-  ref::Arr<T> value = eval_node<T>(e, in, n, memo);
-  if (e.op() != ExpOp::Input && e.op() != ExpOp::Const) memo.emplace(e.node(), value);
-  return value;
+int compile(const ScalarExp& e, std::vector<Instr>& code, std::vector<std::pair<ScalarExp, int>>& seen) {
+  for (const auto& [expr, at] : seen)
+    if (expr.hash() == e.hash() && expr == e) return at;
+  Instr ins{e.op()};
+  const auto& args = e.args();
+  if (e.op() == ExpOp::Const) ins.value = e.const_value();
+  if (e.op() == ExpOp::Input) ins.input = e.input_index();
+  if (args.size() > 0) ins.a = compile(args[0], code, seen);
+  if (args.size() > 1) ins.b = compile(args[1], code, seen);
+  if (args.size() > 2) ins.c = compile(args[2], code, seen);
+  code.push_back(ins);
+  seen.emplace_back(e, static_cast<int>(code.size()) - 1);
+  return static_cast<int>(code.size()) - 1;
 }
 
+constexpr int64_t kBlock = 2048;
+
 template <class T>
-ref::Arr<T> eval_node(const ScalarExp& e, const std::vector<ref::Arr<T>>& in, int64_t n, Memo<T>& memo) {
-  using A = ref::Arr<T>;
-  const auto& args = e.args();
-  auto arg = [&](size_t i) { return eval_body<T>(args[i], in, n, memo); };
+using Blk = Eigen::Array<T, Eigen::Dynamic, 1, Eigen::ColMajor, kBlock, 1>;  // storage inline, no heap
+
+// One block of `len` elements; regs holds one block per instruction.
+template <class T>
+void run_block(const std::vector<Instr>& code, const std::vector<const T*>& direct,
+               const std::vector<std::vector<int64_t>>& bstrides, const std::vector<const HostTensor*>& in,
+               const Shape& shape, int64_t start, int64_t len, std::vector<Blk<T>>& regs) {
   auto b2 = [](bool v) { return v ? T(1) : T(0); };
-  switch (e.op()) {
-    case ExpOp::Const: return A::Constant(n, static_cast<T>(e.const_value()));
-    case ExpOp::Input: return in[static_cast<size_t>(e.input_index())];
-    case ExpOp::Neg: return -arg(0);
-    case ExpOp::Exp: return arg(0).exp();
-    case ExpOp::Log: return arg(0).log();
-    case ExpOp::Sqrt: return arg(0).sqrt();
-    case ExpOp::Rsqrt: return arg(0).sqrt().inverse();
-    case ExpOp::Tanh: return arg(0).tanh();
-    case ExpOp::Sigmoid: return (T(1) + (-arg(0)).exp()).inverse();
-    case ExpOp::Gelu: {
-      A x = arg(0);
-      const T k = static_cast<T>(0.7978845608028654);  // sqrt(2 / pi)
-      return T(0.5) * x * (T(1) + (k * (x + T(0.044715) * x * x * x)).tanh());
-    }
-    case ExpOp::Silu: {
-      A x = arg(0);
-      return x * (T(1) + (-x).exp()).inverse();
-    }
-    case ExpOp::Sin: return arg(0).sin();
-    case ExpOp::Cos: return arg(0).cos();
-    case ExpOp::Abs: return arg(0).abs();
-    case ExpOp::Add: return arg(0) + arg(1);
-    case ExpOp::Sub: return arg(0) - arg(1);
-    case ExpOp::Mul: return arg(0) * arg(1);
-    case ExpOp::Div: return arg(0) / arg(1);
-    case ExpOp::Pow: return arg(0).pow(arg(1));
-    case ExpOp::Max:
+  for (size_t i = 0; i < code.size(); ++i) {
+    const Instr& I = code[i];
+    Blk<T>& r = regs[i];
+    r.resize(len);
+    auto A = [&]() -> const Blk<T>& { return regs[static_cast<size_t>(I.a)]; };
+    auto B = [&]() -> const Blk<T>& { return regs[static_cast<size_t>(I.b)]; };
+    switch (I.op) {
+      case ExpOp::Const: r.setConstant(static_cast<T>(I.value)); break;
+      case ExpOp::Input: {
+        auto k = static_cast<size_t>(I.input);
+        if (direct[k]) r = Eigen::Map<const ref::Arr<T>>(direct[k] + start, len);
+        else ref::broadcast_range<T>(in[k]->data<T>(), bstrides[k], shape, start, len, r.data());
+        break;
+      }
+      case ExpOp::Neg: r = -A(); break;
+      case ExpOp::Exp: r = A().exp(); break;
+      case ExpOp::Log: r = A().log(); break;
+      case ExpOp::Sqrt: r = A().sqrt(); break;
+      case ExpOp::Rsqrt: r = A().sqrt().inverse(); break;
+      case ExpOp::Tanh: r = A().tanh(); break;
+      case ExpOp::Sigmoid: r = (T(1) + (-A()).exp()).inverse(); break;
+      case ExpOp::Gelu: {
+        const T k = static_cast<T>(0.7978845608028654);  // sqrt(2 / pi)
+        const auto& x = A();
+        r = T(0.5) * x * (T(1) + (k * (x + T(0.044715) * x * x * x)).tanh());
+        break;
+      }
+      case ExpOp::Silu: r = A() * (T(1) + (-A()).exp()).inverse(); break;
+      case ExpOp::Sin: r = A().sin(); break;
+      case ExpOp::Cos: r = A().cos(); break;
+      case ExpOp::Abs: r = A().abs(); break;
+      case ExpOp::Add: r = A() + B(); break;
+      case ExpOp::Sub: r = A() - B(); break;
+      case ExpOp::Mul: r = A() * B(); break;
+      case ExpOp::Div: r = A() / B(); break;
+      case ExpOp::Pow: r = A().pow(B()); break;
       // NaN propagates; ties return the first argument (as ScalarExp::eval).
-      return arg(0).binaryExpr(arg(1), [](T a, T b) { return std::isnan(a) ? a : std::isnan(b) ? b : a >= b ? a : b; });
-    case ExpOp::Min:
-      return arg(0).binaryExpr(arg(1), [](T a, T b) { return std::isnan(a) ? a : std::isnan(b) ? b : a <= b ? a : b; });
-    case ExpOp::Lt: return arg(0).binaryExpr(arg(1), [&](T a, T b) { return b2(a < b); });
-    case ExpOp::Le: return arg(0).binaryExpr(arg(1), [&](T a, T b) { return b2(a <= b); });
-    case ExpOp::Gt: return arg(0).binaryExpr(arg(1), [&](T a, T b) { return b2(a > b); });
-    case ExpOp::Ge: return arg(0).binaryExpr(arg(1), [&](T a, T b) { return b2(a >= b); });
-    case ExpOp::Eq: return arg(0).binaryExpr(arg(1), [&](T a, T b) { return b2(a == b); });
-    case ExpOp::Ne: return arg(0).binaryExpr(arg(1), [&](T a, T b) { return b2(a != b); });
-    case ExpOp::Select: return (arg(0) != T(0)).select(arg(1), arg(2));
+      case ExpOp::Max: r = A().binaryExpr(B(), [](T a, T b) { return std::isnan(a) ? a : std::isnan(b) ? b : a >= b ? a : b; }); break;
+      case ExpOp::Min: r = A().binaryExpr(B(), [](T a, T b) { return std::isnan(a) ? a : std::isnan(b) ? b : a <= b ? a : b; }); break;
+      case ExpOp::Lt: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a < b); }); break;
+      case ExpOp::Le: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a <= b); }); break;
+      case ExpOp::Gt: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a > b); }); break;
+      case ExpOp::Ge: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a >= b); }); break;
+      case ExpOp::Eq: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a == b); }); break;
+      case ExpOp::Ne: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a != b); }); break;
+      case ExpOp::Select: r = (A() != T(0)).select(B(), regs[static_cast<size_t>(I.c)]); break;
+    }
   }
-  throw Error("pointwise: unknown ScalarExp op");
 }
 
 std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
@@ -109,16 +129,30 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
                              const std::vector<ValueInfo>& out_info) {
   const Shape& shape = out_info[0].shape;
   HostTensor out = HostTensor::zeros(out_info[0].dtype, shape);
+  std::vector<Instr> code;
+  std::vector<std::pair<ScalarExp, int>> seen;
+  compile(op.params.body, code, seen);
   ref::dispatch_float(out.dtype(), "pointwise", [&](auto t) {
     using T = decltype(t);
-    std::vector<ref::Arr<T>> arrays;
+    std::vector<const T*> direct;
+    std::vector<std::vector<int64_t>> bstrides;
     for (const HostTensor* x : in) {
-      ref::Arr<T> a(shape.numel());
-      ref::broadcast_copy<T>(x->data<T>(), x->shape(), a.data(), shape);
-      arrays.push_back(std::move(a));
+      bool same = x->shape().numel() == shape.numel();
+      direct.push_back(same ? x->data<T>() : nullptr);
+      bstrides.push_back(same ? std::vector<int64_t>{} : ref::broadcast_strides(x->shape(), shape));
     }
-    Memo<T> memo;
-    ref::array_of<T>(out) = eval_body<T>(op.params.body, arrays, shape.numel(), memo);
+    const int64_t n = shape.numel(), blocks = (n + kBlock - 1) / kBlock;
+    T* o = out.data<T>();
+#pragma omp parallel if (n >= 4 * kBlock)
+    {
+      std::vector<Blk<T>> regs(code.size());
+#pragma omp for schedule(static)
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        int64_t start = blk * kBlock, len = std::min(kBlock, n - start);
+        run_block<T>(code, direct, bstrides, in, shape, start, len, regs);
+        Eigen::Map<ref::Arr<T>>(o + start, len) = regs.back();
+      }
+    }
   });
   return {out};
 }

@@ -76,12 +76,20 @@ std::vector<HostTensor> permute_eval(const Op& op, const std::vector<const HostT
     using T = decltype(t);
     const T* src = x.data<T>();
     T* dst = out.data<T>();
-    std::vector<int64_t> idx(static_cast<size_t>(os.rank()), 0);
-    for (int64_t e = 0; e < os.numel(); ++e) {
+    if (os.numel() == 0) return;
+    // Rows along the output's last axis: contiguous copies when that axis stays last (the
+    // head split and merge of attention), strided otherwise.
+    const int r = os.rank();
+    const int64_t inner = r ? os[r - 1] : 1, inner_stride = r ? st[static_cast<size_t>(r - 1)] : 1;
+    std::vector<int64_t> idx(static_cast<size_t>(std::max(r - 1, 0)), 0);
+    for (int64_t base = 0; base < os.numel(); base += inner) {
       int64_t off = 0;
-      for (int a = 0; a < os.rank(); ++a) off += idx[static_cast<size_t>(a)] * st[static_cast<size_t>(a)];
-      dst[e] = src[off];
-      for (int a = os.rank() - 1; a >= 0; --a) {
+      for (int a = 0; a < r - 1; ++a) off += idx[static_cast<size_t>(a)] * st[static_cast<size_t>(a)];
+      if (inner_stride == 1)
+        std::copy_n(src + off, inner, dst + base);
+      else
+        for (int64_t j = 0; j < inner; ++j) dst[base + j] = src[off + j * inner_stride];
+      for (int a = r - 2; a >= 0; --a) {
         if (++idx[static_cast<size_t>(a)] < os[a]) break;
         idx[static_cast<size_t>(a)] = 0;
       }

@@ -8,5 +8,6 @@
 namespace kiln::cli {
 
 int cmd_prims(const std::vector<std::string>& args);
+int cmd_train(const std::vector<std::string>& args);
 
 }  // namespace kiln::cli

@@ -18,6 +18,7 @@ struct Command {
 const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"prims", {kiln::cli::cmd_prims, "print the Prim catalogue and what each Prim implements"}},
+      {"train", {kiln::cli::cmd_train, "train a GPT on a text corpus; save weights; print a sample"}},
   };
   return table;
 }

@@ -1,0 +1,125 @@
+// Checkpoint save (atomic) and load (all-or-nothing).
+#include "train/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "circuit/error.hpp"
+#include "core/engine.hpp"
+#include "train/hdf5_file.hpp"
+#include "train/weights.hpp"
+
+namespace kiln {
+
+namespace {
+
+void fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error("checkpoint: cannot open '" + path + "' to sync it");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw Error("checkpoint: fsync of '" + path + "' failed");
+}
+
+void write_config(h5::File& f, const models::GPTConfig& c) {
+  f.write_attribute("vocab_size", c.vocab_size);
+  f.write_attribute("block_size", c.block_size);
+  f.write_attribute("n_layer", c.n_layer);
+  f.write_attribute("n_head", c.n_head);
+  f.write_attribute("n_embd", c.n_embd);
+  f.write_attribute("dropout", c.dropout);
+}
+
+h5::File open_checkpoint(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  if (!f.has_attribute("format") || f.read_string_attribute("format") != "kiln-checkpoint")
+    throw Error("'" + path + "' is not a kiln checkpoint (root attribute format = \"kiln-checkpoint\" missing)");
+  return f;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const models::GPT& model, const optim::AdamW& opt,
+                     const Tokenizer& tokenizer, const CheckpointState& state) {
+  const std::string tmp = path + ".tmp";
+  {
+    h5::File f = h5::File::create(tmp);
+    f.write_attribute("format", std::string("kiln-checkpoint"));
+    f.write_attribute("format_version", int64_t{1});
+    write_config(f, model.config());
+    f.write_attribute("step", state.step);
+    f.write_attribute("data_seed", static_cast<int64_t>(state.data_seed));
+    f.write_attribute("rng_seed", static_cast<int64_t>(Engine::current().seed()));
+    f.write_attribute("rng_counter", static_cast<int64_t>(Engine::current().random_counter()));
+    f.write_attribute("tokenizer", std::string(tokenizer.kind_name()));
+    if (tokenizer.kind() == Tokenizer::Kind::Char) {
+      const auto& v = tokenizer.vocab();
+      HostTensor vocab = HostTensor::zeros(DType::i32, Shape{static_cast<int64_t>(v.size())});
+      std::copy(v.begin(), v.end(), vocab.data<int32_t>());
+      f.write("tokenizer/vocab", vocab);
+    }
+    auto params = model.named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string ds = dataset_path(params[i].first);
+      f.write("model/" + ds, params[i].second.to_host());
+      f.write("exp_avg/" + ds, opt.exp_avg()[i].to_host());
+      f.write("exp_avg_sq/" + ds, opt.exp_avg_sq()[i].to_host());
+    }
+  }  // closed (flushed) here
+  fsync_path(tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("checkpoint: cannot rename '" + tmp + "' to '" + path + "'");
+  std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
+  fsync_path(dir.string());
+}
+
+models::GPTConfig read_checkpoint_config(const std::string& path) {
+  h5::File f = open_checkpoint(path);
+  models::GPTConfig c;
+  c.vocab_size = f.read_int_attribute("vocab_size");
+  c.block_size = f.read_int_attribute("block_size");
+  c.n_layer = f.read_int_attribute("n_layer");
+  c.n_head = f.read_int_attribute("n_head");
+  c.n_embd = f.read_int_attribute("n_embd");
+  c.dropout = f.read_real_attribute("dropout");
+  return c;
+}
+
+Tokenizer read_checkpoint_tokenizer(const std::string& path) {
+  h5::File f = open_checkpoint(path);
+  if (f.read_string_attribute("tokenizer") == "byte") return Tokenizer::byte_level();
+  HostTensor v = f.read("tokenizer/vocab");
+  return Tokenizer::from_vocab(std::vector<int32_t>(v.data<int32_t>(), v.data<int32_t>() + v.numel()));
+}
+
+CheckpointState load_checkpoint(const std::string& path, models::GPT& model, optim::AdamW& opt) {
+  h5::File f = open_checkpoint(path);
+  auto params = model.named_parameters();
+  std::vector<std::pair<Tensor, HostTensor>> loaded;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string ds = dataset_path(params[i].first);
+    for (const auto& [group, target] : {std::pair<std::string, Tensor>{"model/", params[i].second},
+                                        {"exp_avg/", opt.exp_avg()[i]}, {"exp_avg_sq/", opt.exp_avg_sq()[i]}}) {
+      if (!f.exists(group + ds)) throw Error("checkpoint '" + path + "': dataset '" + group + ds + "' is missing");
+      HostTensor h = f.read(group + ds);
+      if (h.shape() != target.shape() || h.dtype() != target.dtype())
+        throw Error("checkpoint '" + path + "': dataset '" + group + ds + "' is " + dtype_name(h.dtype()) +
+                    h.shape().str() + ", expected " + dtype_name(target.dtype()) + target.shape().str());
+      loaded.emplace_back(target, h);
+    }
+  }
+  CheckpointState state;
+  state.step = f.read_int_attribute("step");
+  state.data_seed = static_cast<uint64_t>(f.read_int_attribute("data_seed"));
+  const auto rng_seed = static_cast<uint64_t>(f.read_int_attribute("rng_seed"));
+  const auto rng_counter = static_cast<uint64_t>(f.read_int_attribute("rng_counter"));
+  for (const auto& [t, h] : loaded) Engine::current().write_persistent(*t.impl(), h);
+  opt.set_steps(state.step);
+  Engine::current().manual_seed(rng_seed);
+  Engine::current().set_random_counter(rng_counter);
+  return state;
+}
+
+}  // namespace kiln

@@ -1,0 +1,30 @@
+// Checkpoints: everything a run needs to continue bit for bit (on the CPU with the same thread
+// count): weights, Adam moments, the step, the engine's RNG state, the tokenizer and the model
+// config (the data position is the step: batch i is a pure function of i and the seed).
+// Written atomically: a temp file beside the target, fsync, rename; a crash mid-save leaves
+// the previous checkpoint intact.
+#pragma once
+
+#include <string>
+
+#include "models/gpt.hpp"
+#include "train/adamw.hpp"
+#include "train/tokenizer.hpp"
+
+namespace kiln {
+
+struct CheckpointState {
+  int64_t step = 0;        // steps completed
+  uint64_t data_seed = 0;  // the dataset's seed
+};
+
+void save_checkpoint(const std::string& path, const models::GPT& model, const optim::AdamW& opt,
+                     const Tokenizer& tokenizer, const CheckpointState& state);
+// Restores weights, moments, the optimizer's step and the engine's RNG state into an existing
+// model and optimizer of the same config; checks everything before changing anything.
+CheckpointState load_checkpoint(const std::string& path, models::GPT& model, optim::AdamW& opt);
+// The config and tokenizer stored in a checkpoint (to build the model before loading it).
+models::GPTConfig read_checkpoint_config(const std::string& path);
+Tokenizer read_checkpoint_tokenizer(const std::string& path);
+
+}  // namespace kiln

@@ -1,0 +1,86 @@
+// Trainer: the loop, progress lines, validation and checkpoints.
+#include "train/trainer.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "train/checkpoint.hpp"
+#include "train/schedule.hpp"
+
+namespace kiln {
+
+namespace {
+optim::AdamWOptions adamw_options(const TrainOptions& o) {
+  optim::AdamWOptions a;
+  a.lr = o.lr;
+  a.beta2 = o.beta2;
+  a.weight_decay = o.weight_decay;
+  return a;
+}
+}  // namespace
+
+Trainer::Trainer(models::GPT& model, const TextDataset& data, const Tokenizer& tokenizer, uint64_t data_seed,
+                 TrainOptions opts)
+    : model_(model),
+      data_(data),
+      tokenizer_(tokenizer),
+      data_seed_(data_seed),
+      opts_(std::move(opts)),
+      opt_(model.parameters(), adamw_options(opts_)) {}
+
+void Trainer::resume(const std::string& path) {
+  CheckpointState s = load_checkpoint(path, model_, opt_);
+  step_ = s.step;
+  spdlog::info("resumed from '{}' at step {}", path, step_);
+}
+
+double Trainer::val_loss() {
+  model_.eval();
+  const int64_t block = model_.config().block_size;
+  double total = 0;
+  for (int64_t i = 0; i < opts_.eval_batches; ++i) {
+    Batch b = data_.val_batch(static_cast<uint64_t>(i), opts_.batch, block);
+    total += model_.loss(b.x, b.y).item();
+  }
+  model_.train();
+  return total / static_cast<double>(opts_.eval_batches);
+}
+
+TrainResult Trainer::run() {
+  TrainResult result;
+  const int64_t block = model_.config().block_size;
+  const double tokens_per_step = static_cast<double>(opts_.batch * block);
+  auto t0 = std::chrono::steady_clock::now();
+  int64_t first = step_;
+  auto save = [&] {
+    if (opts_.checkpoint.empty()) return;
+    save_checkpoint(opts_.checkpoint, model_, opt_, tokenizer_, {step_, data_seed_});
+  };
+  while (step_ < opts_.steps) {
+    double lr = warmup_cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
+    opt_.set_lr(lr);
+    Batch b = data_.train_batch(static_cast<uint64_t>(step_), opts_.batch, block);
+    Tensor loss = model_.loss(b.x, b.y);
+    loss.backward();
+    opt_.step(opts_.grad_clip);
+    result.losses.push_back(loss.item());
+    ++step_;
+    bool last = step_ == opts_.steps;
+    if (step_ % opts_.log_interval == 0 || last || step_ == first + 1) {
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      double per_step = secs / static_cast<double>(step_ - first);
+      spdlog::info("step {:5d}/{}  loss {:.4f}  lr {:.2e}  {:.1f} ms/step  {:.0f} tok/s  ETA {:.0f} s", step_, opts_.steps,
+                   result.losses.back(), lr, 1000 * per_step, tokens_per_step / per_step,
+                   per_step * static_cast<double>(opts_.steps - step_));
+    }
+    if ((opts_.eval_interval > 0 && step_ % opts_.eval_interval == 0) || last) {
+      result.val_loss = val_loss();
+      spdlog::info("step {:5d}/{}  validation loss {:.4f} nats/token", step_, opts_.steps, result.val_loss);
+    }
+    if ((opts_.checkpoint_interval > 0 && step_ % opts_.checkpoint_interval == 0) || last) save();
+  }
+  return result;
+}
+
+}  // namespace kiln

@@ -1,0 +1,56 @@
+// The training loop: AdamW with warmup + cosine LR and global-norm clipping, one progress line
+// per logging interval (step/total, loss, lr, ms/step, tok/s, ETA) through spdlog, periodic
+// validation loss over a fixed set of batches, and checkpoints.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/gpt.hpp"
+#include "train/adamw.hpp"
+#include "train/dataset.hpp"
+
+namespace kiln {
+
+struct TrainOptions {
+  int64_t batch = 16;
+  int64_t steps = 1000;
+  double lr = 1e-3, min_lr = 1e-4;
+  int64_t warmup = 100;
+  double weight_decay = 0.1, beta2 = 0.99, grad_clip = 1.0;
+  int64_t log_interval = 50;
+  int64_t eval_interval = 250;  // 0: only at the end
+  int64_t eval_batches = 20;
+  std::string checkpoint;       // written every checkpoint_interval steps and at the end
+  int64_t checkpoint_interval = 500;
+};
+
+struct TrainResult {
+  std::vector<double> losses;  // training loss of each step run
+  double val_loss = 0;         // at the end
+};
+
+class Trainer {
+ public:
+  Trainer(models::GPT& model, const TextDataset& data, const Tokenizer& tokenizer, uint64_t data_seed,
+          TrainOptions opts);
+  // Runs steps [start_step, opts.steps); resume by loading a checkpoint first (resume()).
+  TrainResult run();
+  // Loads a checkpoint into the model and optimizer; run() continues from its step.
+  void resume(const std::string& checkpoint_path);
+  // Mean loss over the fixed validation batches (eval mode, no gradients).
+  double val_loss();
+  optim::AdamW& optimizer() { return opt_; }
+  int64_t step() const { return step_; }
+
+ private:
+  models::GPT& model_;
+  const TextDataset& data_;
+  const Tokenizer& tokenizer_;
+  uint64_t data_seed_;
+  TrainOptions opts_;
+  optim::AdamW opt_;
+  int64_t step_ = 0;
+};
+
+}  // namespace kiln

@@ -57,7 +57,8 @@ TrainResult Trainer::run() {
     if (opts_.checkpoint.empty()) return;
     save_checkpoint(opts_.checkpoint, model_, opt_, tokenizer_, {step_, data_seed_});
   };
-  while (step_ < opts_.steps) {
+  const int64_t end = opts_.stop_at > 0 ? std::min(opts_.stop_at, opts_.steps) : opts_.steps;
+  while (step_ < end) {
     double lr = warmup_cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
     opt_.set_lr(lr);
     Batch b = data_.train_batch(static_cast<uint64_t>(step_), opts_.batch, block);
@@ -66,7 +67,7 @@ TrainResult Trainer::run() {
     opt_.step(opts_.grad_clip);
     result.losses.push_back(loss.item());
     ++step_;
-    bool last = step_ == opts_.steps;
+    bool last = step_ == end;
     if (step_ % opts_.log_interval == 0 || last || step_ == first + 1) {
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       double per_step = secs / static_cast<double>(step_ - first);

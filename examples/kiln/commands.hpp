@@ -9,5 +9,10 @@ namespace kiln::cli {
 
 int cmd_prims(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
+int cmd_sample(const std::vector<std::string>& args);
+int cmd_eval(const std::vector<std::string>& args);
+int cmd_init(const std::vector<std::string>& args);
+int cmd_dump(const std::vector<std::string>& args);
+int cmd_bench(const std::vector<std::string>& args);
 
 }  // namespace kiln::cli

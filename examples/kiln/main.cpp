@@ -19,6 +19,11 @@ const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"prims", {kiln::cli::cmd_prims, "print the Prim catalogue and what each Prim implements"}},
       {"train", {kiln::cli::cmd_train, "train a GPT on a text corpus; save weights; print a sample"}},
+      {"sample", {kiln::cli::cmd_sample, "generate text from a weights file"}},
+      {"eval", {kiln::cli::cmd_eval, "mean loss (nats/token) of a weights file on a text file"}},
+      {"init", {kiln::cli::cmd_init, "write freshly initialized GPT weights"}},
+      {"dump", {kiln::cli::cmd_dump, "logits, loss and gradients of one batch, for checks against other frameworks"}},
+      {"bench", {kiln::cli::cmd_bench, "time full training steps; compare with the machine's GEMM rate"}},
   };
   return table;
 }

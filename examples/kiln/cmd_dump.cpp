@@ -1,0 +1,57 @@
+// `kiln dump`: one forward and backward pass on a given batch, written to HDF5 for comparison
+// with other frameworks (logits, loss, and the gradient of every parameter).
+#include <cstdio>
+
+#include "args.hpp"
+#include "circuit/error.hpp"
+#include "commands.hpp"
+#include "train/hdf5_file.hpp"
+#include "train/weights.hpp"
+
+namespace kiln::cli {
+
+int cmd_dump(const std::vector<std::string>& argv) {
+  Args a(argv,
+         {{"weights", "weights file (required)"},
+          {"batch", "HDF5 file with int32 datasets x and y of shape [B, T] (required)"},
+          {"out", "HDF5 file to write (required)"},
+          {"dtype", "f32 (default) or f64"}},
+         "usage: kiln dump --weights model.h5 --batch batch.h5 --out dump.h5 [--dtype f32|f64]\n\n"
+         "Runs forward and backward once (dropout off, no optimizer step) and writes logits [B, T, V],\n"
+         "loss (scalar) and grads/<parameter path> for every parameter, in the weights file's layouts.");
+  if (a.help()) {
+    a.print_help();
+    return 0;
+  }
+  std::string dt = a.str("dtype", "f32");
+  if (dt != "f32" && dt != "f64") throw Error("--dtype must be f32 or f64, received '" + dt + "'");
+  std::string path = a.required("weights");
+  models::GPT model(read_weights_config(path));
+  load_weights(path, model);
+  model.eval();
+  model.to(dt == "f64" ? DType::f64 : DType::f32);
+  h5::File batch = h5::File::open_read(a.required("batch"));
+  HostTensor x = batch.read("x"), y = batch.read("y");
+  for (const auto& [name, t] : {std::pair<const char*, const HostTensor&>{"x", x}, {"y", y}}) {
+    if (t.dtype() != DType::i32 || t.shape().rank() != 2)
+      throw Error("batch '" + batch.path() + "': dataset '" + name + "' must be int32 [B, T], received " +
+                  dtype_name(t.dtype()) + t.shape().str());
+  }
+  if (x.shape() != y.shape()) throw Error("batch: x " + x.shape().str() + " and y " + y.shape().str() + " differ");
+  if (x.shape()[1] > model.config().block_size)
+    throw Error("batch: T = " + std::to_string(x.shape()[1]) + " exceeds the model's block_size " +
+                std::to_string(model.config().block_size));
+  Tensor logits = model.forward(Tensor::from_host(x));
+  Tensor loss = cross_entropy(logits, Tensor::from_host(y));
+  loss.backward();
+  Engine::current().realize();
+  h5::File out = h5::File::create(a.required("out"));
+  out.write("logits", logits.to_host());
+  out.write("loss", loss.to_host());
+  for (const auto& [name, p] : model.named_parameters()) out.write("grads/" + dataset_path(name), p.grad().to_host());
+  std::printf("loss %.8f; wrote logits, loss and %zu gradients to %s\n", loss.item(), model.named_parameters().size(),
+              a.required("out").c_str());
+  return 0;
+}
+
+}  // namespace kiln::cli

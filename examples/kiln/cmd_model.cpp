@@ -1,0 +1,113 @@
+// `kiln sample`, `kiln eval`, `kiln init`: commands over a weights file.
+#include <cstdio>
+
+#include "args.hpp"
+#include "circuit/error.hpp"
+#include "commands.hpp"
+#include "train/dataset.hpp"
+#include "train/sample.hpp"
+#include "train/weights.hpp"
+
+namespace kiln::cli {
+
+namespace {
+std::unique_ptr<models::GPT> load_model(const std::string& path) {
+  auto model = std::make_unique<models::GPT>(read_weights_config(path));
+  load_weights(path, *model);
+  model->eval();
+  return model;
+}
+
+Tokenizer require_tokenizer(const std::string& path) {
+  std::optional<Tokenizer> tok = load_tokenizer(path);
+  if (!tok) throw Error("weights file '" + path + "' has no tokenizer (the model was not trained on text), so it cannot "
+                        "turn text into tokens");
+  return *tok;
+}
+}  // namespace
+
+int cmd_sample(const std::vector<std::string>& argv) {
+  Args a(argv,
+         {{"weights", "weights file (required)"},
+          {"prompt", "text to continue (default: a newline)"},
+          {"tokens", "tokens to generate (default 200)"},
+          {"temperature", "sampling temperature > 0 (default 0.8)"},
+          {"seed", "sampling seed (default 1)"}},
+         "usage: kiln sample --weights model.h5 [options]\n\nGenerates text from a trained model.");
+  if (a.help()) {
+    a.print_help();
+    return 0;
+  }
+  std::string path = a.required("weights");
+  Tokenizer tok = require_tokenizer(path);
+  auto model = load_model(path);
+  SampleOptions o;
+  o.tokens = a.integer("tokens", 200);
+  o.temperature = a.real("temperature", 0.8);
+  o.seed = static_cast<uint64_t>(a.integer("seed", 1));
+  std::string prompt = a.str("prompt", "\n");
+  std::printf("%s%s\n", prompt.c_str(), sample_text(*model, tok, prompt, o).c_str());
+  return 0;
+}
+
+int cmd_eval(const std::vector<std::string>& argv) {
+  Args a(argv, {{"weights", "weights file (required)"}, {"data", "text file (required)"}},
+         "usage: kiln eval --weights model.h5 --data FILE\n\nPrints the mean loss in nats per token over non-overlapping\n"
+         "block-long windows of the file (a last partial window is dropped).");
+  if (a.help()) {
+    a.print_help();
+    return 0;
+  }
+  std::string path = a.required("weights");
+  Tokenizer tok = require_tokenizer(path);
+  auto model = load_model(path);
+  std::vector<int32_t> ids = tok.encode(read_corpus(a.required("data")));
+  const int64_t block = model->config().block_size;
+  const int64_t windows = ids.size() > 0 ? static_cast<int64_t>((ids.size() - 1) / static_cast<size_t>(block)) : 0;
+  if (windows == 0) throw Error("the data has fewer than block_size + 1 = " + std::to_string(block + 1) + " tokens");
+  const int64_t per_batch = 16;
+  double total = 0;
+  for (int64_t w0 = 0; w0 < windows; w0 += per_batch) {
+    int64_t n = std::min(per_batch, windows - w0);
+    HostTensor x = HostTensor::zeros(DType::i32, Shape{n, block}), y = HostTensor::zeros(DType::i32, Shape{n, block});
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < block; ++j) {
+        size_t at = static_cast<size_t>((w0 + r) * block + j);
+        x.data<int32_t>()[r * block + j] = ids[at];
+        y.data<int32_t>()[r * block + j] = ids[at + 1];
+      }
+    total += model->loss(Tensor::from_host(x), Tensor::from_host(y)).item() * static_cast<double>(n);
+  }
+  std::printf("%.6f nats/token over %lld windows of %lld tokens\n", total / static_cast<double>(windows),
+              static_cast<long long>(windows), static_cast<long long>(block));
+  return 0;
+}
+
+int cmd_init(const std::vector<std::string>& argv) {
+  Args a(argv,
+         {{"out", "weights file to write (required)"},
+          {"layers", "transformer blocks (default 4)"},
+          {"heads", "attention heads (default 4)"},
+          {"embd", "embedding width (default 128)"},
+          {"block", "context length (default 64)"},
+          {"vocab-size", "vocabulary size (default 65)"},
+          {"seed", "initialization seed (default 1337)"}},
+         "usage: kiln init --out model.h5 [options]\n\nWrites freshly initialized GPT weights (GPT-2 initialization).");
+  if (a.help()) {
+    a.print_help();
+    return 0;
+  }
+  models::GPTConfig c;
+  c.n_layer = a.integer("layers", 4);
+  c.n_head = a.integer("heads", 4);
+  c.n_embd = a.integer("embd", 128);
+  c.block_size = a.integer("block", 64);
+  c.vocab_size = a.integer("vocab-size", 65);
+  manual_seed(static_cast<uint64_t>(a.integer("seed", 1337)));
+  models::GPT model(c);
+  save_weights(a.required("out"), model);
+  std::printf("wrote %s (%zu parameters)\n", a.required("out").c_str(), model.num_parameters());
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -24,6 +24,8 @@ class HostTensor {
   int64_t numel() const { return shape_.numel(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   bool defined() const { return data_ != nullptr || numel() == 0; }
+  // False for views of storage owned elsewhere (arena slots, caller buffers).
+  bool owns_storage() const { return owner_ != nullptr; }
 
   void* raw() const { return data_; }
   template <class T>

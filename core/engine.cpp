@@ -257,13 +257,10 @@ void Engine::realize() {
     stats_.last_recorded_ops = plan->recorded_ops;
     stats_.last_executed_ops = plan->optimized_ops;
     ++stats_.realizations;
-    const Circuit& pc = plan->program->circuit();
     for (size_t i = 0; i < live.size(); ++i) {
-      ValueId id = plan->program->outputs()[i];
-      // A value that is (a version of) a persistent buffer is snapshotted: the handle keeps the
-      // value it had in this step.
-      bool aliases = pc.value(id).role != ValueRole::Computed || pc.assign_root(id) != kNoValue;
-      live[i]->data = aliases ? results[i].clone() : results[i];
+      // A result that views storage owned elsewhere (an arena slot, or an input's buffer
+      // through a reshape) is snapshotted: the handle keeps the value it had in this step.
+      live[i]->data = results[i].owns_storage() ? results[i] : results[i].clone();
       live[i]->pending = kNoValue;
     }
   } catch (...) {

@@ -57,7 +57,7 @@ void register_cast(PrimRegistry& r) {
   s.family = "cast.cpp";
   s.shape = identity_shape;
   s.eval = [](const Op&, const std::vector<const HostTensor*>& in, const std::vector<ValueInfo>&) {
-    return std::vector<HostTensor>{in[0]->clone()};
+    return std::vector<HostTensor>{*in[0]};  // values are immutable: share the storage
   };
   s.nondiff_inputs = {0};  // the barrier itself: no gradient reaches x
   s.differentiable = false;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -83,13 +84,26 @@ void broadcast_range(const T* src, const std::vector<int64_t>& bstrides, const S
     rest /= dst_shape[a];
     off += idx[static_cast<size_t>(a)] * bstrides[static_cast<size_t>(a)];
   }
-  for (int64_t j = 0; j < len; ++j) {
-    out[j] = src[off];
-    for (int a = r - 1; a >= 0; --a) {  // odometer step, keeping the source offset in sync
-      off += bstrides[static_cast<size_t>(a)];
-      if (++idx[static_cast<size_t>(a)] < dst_shape[a]) break;
+  // Runs along the last axis: a copy when the source is contiguous there, a fill when it is
+  // broadcast there; the odometer moves once per run.
+  const int64_t last = dst_shape[r - 1], last_stride = bstrides[static_cast<size_t>(r - 1)];
+  int64_t j = 0;
+  while (j < len) {
+    int64_t run = std::min(last - idx[static_cast<size_t>(r - 1)], len - j);
+    if (last_stride == 0)
+      std::fill_n(out + j, run, src[off]);
+    else if (last_stride == 1)
+      std::copy_n(src + off, run, out + j);
+    else
+      for (int64_t k = 0; k < run; ++k) out[j + k] = src[off + k * last_stride];
+    j += run;
+    off += run * last_stride;
+    idx[static_cast<size_t>(r - 1)] += run;
+    for (int a = r - 1; a > 0 && idx[static_cast<size_t>(a)] == dst_shape[a]; --a) {
       off -= bstrides[static_cast<size_t>(a)] * dst_shape[a];
       idx[static_cast<size_t>(a)] = 0;
+      off += bstrides[static_cast<size_t>(a - 1)];
+      ++idx[static_cast<size_t>(a - 1)];
     }
   }
 }

@@ -44,7 +44,7 @@ std::vector<ValueInfo> reshape_shape(const ShapeCtx& ctx, const std::vector<Valu
 
 std::vector<HostTensor> reshape_eval(const Op&, const std::vector<const HostTensor*>& in,
                                      const std::vector<ValueInfo>& out_info) {
-  return {in[0]->clone().reshaped(out_info[0].shape)};
+  return {in[0]->reshaped(out_info[0].shape)};  // values are immutable: share the storage
 }
 
 std::vector<ValueInfo> permute_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {

@@ -28,16 +28,40 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   return {{out, in[1].dtype}};
 }
 
+// Blocks of the output, each input read in place when it has the output's element count and
+// gathered for the block when broadcast.
+template <class T>
+const T* block_of(const HostTensor& x, const Shape& s, int64_t start, int64_t len, std::vector<T>& scratch) {
+  if (x.numel() == s.numel()) return x.data<T>() + start;
+  scratch.resize(static_cast<size_t>(len));
+  ref::broadcast_range<T>(x.data<T>(), ref::broadcast_strides(x.shape(), s), s, start, len, scratch.data());
+  return scratch.data();
+}
+
 std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in,
                              const std::vector<ValueInfo>& out_info) {
   const Shape& s = out_info[0].shape;
-  HostTensor cond = ref::broadcast_to(*in[0], s), a = ref::broadcast_to(*in[1], s), b = ref::broadcast_to(*in[2], s);
   HostTensor out = HostTensor::zeros(out_info[0].dtype, s);
+  constexpr int64_t kBlock = 4096;
+  const int64_t n = s.numel();
   ref::dispatch_float(out.dtype(), "where", [&](auto t) {
     using T = decltype(t);
-    ref::dispatch_any(cond.dtype(), "where", [&](auto c) {
+    ref::dispatch_any(in[0]->dtype(), "where", [&](auto c) {
       using C = decltype(c);
-      ref::array_of<T>(out) = (ref::array_of<C>(cond) != C(0)).select(ref::array_of<T>(a), ref::array_of<T>(b));
+#pragma omp parallel if (n >= 4 * kBlock)
+      {
+        std::vector<C> sc;
+        std::vector<T> sa, sb;
+#pragma omp for schedule(static)
+        for (int64_t start = 0; start < n; start += kBlock) {
+          int64_t len = std::min(kBlock, n - start);
+          const C* cond = block_of<C>(*in[0], s, start, len, sc);
+          const T* a = block_of<T>(*in[1], s, start, len, sa);
+          const T* b = block_of<T>(*in[2], s, start, len, sb);
+          T* o = out.data<T>() + start;
+          for (int64_t i = 0; i < len; ++i) o[i] = cond[i] != C(0) ? a[i] : b[i];
+        }
+      }
     });
   });
   return {out};

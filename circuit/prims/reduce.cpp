@@ -72,11 +72,16 @@ std::vector<HostTensor> reduce_eval(const Op& op, const std::vector<const HostTe
   HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
   ref::dispatch_float(x.dtype(), "reduce", [&](auto t) {
     using T = decltype(t);
-    if (inner == 1 && kind != ReduceKind::Max) {
-      // Rows are contiguous: let Eigen sum each column of the [n, outer] column-major view.
+    if (inner == 1 && n > 0) {
+      // Rows are contiguous: Eigen reduces each column of the [n, outer] column-major view.
       Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic>> m(x.data<T>(), n, outer);
       Eigen::Map<ref::Arr<T>> o(out.data<T>(), outer);
-      o = m.colwise().sum().transpose();
+      if (kind == ReduceKind::Max) {
+        for (int64_t r = 0; r < outer; ++r)
+          o[r] = Eigen::Map<const ref::Arr<T>>(x.data<T>() + r * n, n).template maxCoeff<Eigen::PropagateNaN>();
+      } else {
+        o = m.colwise().sum().transpose();
+      }
       if (kind == ReduceKind::Mean) o /= static_cast<T>(n);
     } else {
       reduce_axis<T>(x.data<T>(), out.data<T>(), outer, n, inner, kind);

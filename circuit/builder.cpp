@@ -101,6 +101,14 @@ ValueId Builder::concat(const std::vector<ValueId>& xs, int axis) {
   return op("concat", std::move(p), xs);
 }
 
+std::vector<ValueId> Builder::split(ValueId x, int axis, const std::vector<int64_t>& sizes) {
+  axis = normalize(axis, info(x).shape.rank());
+  Params p;
+  p.ints = {axis};
+  p.ints.insert(p.ints.end(), sizes.begin(), sizes.end());
+  return c_.add_op("split", std::move(p), {x}, scope_);
+}
+
 ValueId Builder::where(ValueId cond, ValueId a, ValueId b) { return op("where", {}, {cond, a, b}); }
 
 ValueId Builder::cast(ValueId x, DType dtype) {

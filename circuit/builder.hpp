@@ -47,6 +47,8 @@ class Builder {
   // x[..., start:end, ...] along axis.
   ValueId slice(ValueId x, int axis, int64_t start, int64_t end);
   ValueId concat(const std::vector<ValueId>& xs, int axis);
+  // x cut along axis into consecutive pieces of the given sizes (one op, one output each).
+  std::vector<ValueId> split(ValueId x, int axis, const std::vector<int64_t>& sizes);
   // cond (any dtype, nonzero = true) ? a : b, broadcasting all three.
   ValueId where(ValueId cond, ValueId a, ValueId b);
   ValueId cast(ValueId x, DType dtype);

@@ -180,6 +180,11 @@ Tensor concat(const std::vector<Tensor>& xs, int axis) {
   for (const Tensor& x : xs) ids.push_back(eng().value_of(x));
   return eng().wrap(eng().builder().concat(ids, axis));
 }
+std::vector<Tensor> split(const Tensor& x, int axis, const std::vector<int64_t>& sizes) {
+  std::vector<Tensor> out;
+  for (ValueId id : eng().builder().split(eng().value_of(x), axis, sizes)) out.push_back(eng().wrap(id));
+  return out;
+}
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   ValueId c = eng().value_of(cond), va = eng().value_of(a), vb = eng().value_of(b);
   return eng().wrap(eng().builder().where(c, va, vb));

@@ -128,6 +128,7 @@ Tensor transpose(const Tensor& x, int a, int b);
 Tensor broadcast_to(const Tensor& x, Shape shape);
 Tensor slice(const Tensor& x, int axis, int64_t start, int64_t end);
 Tensor concat(const std::vector<Tensor>& xs, int axis);
+std::vector<Tensor> split(const Tensor& x, int axis, const std::vector<int64_t>& sizes);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor cast(const Tensor& x, DType dtype);
 Tensor stop_gradient(const Tensor& x);

@@ -104,6 +104,10 @@ std::vector<GradCase> cases() {
   add("slice_middle", {"slice"}, {F({4, 9})}, [](Builder& b, const auto& x) { return b.slice(x[0], 1, 2, 7); });
   add("slice_head", {"slice"}, {F({5, 3})}, [](Builder& b, const auto& x) { return b.slice(x[0], 0, 0, 2); });
   add("concat_three", {"concat"}, {F({2, 3}), F({2, 1}), F({2, 4})}, [](Builder& b, const auto& x) { return b.concat({x[0], x[1], x[2]}, 1); });
+  add("split_three_one_unused", {"split"}, {F({2, 7, 3})}, [](Builder& b, const auto& x) {
+    std::vector<ValueId> p = b.split(x[0], 1, {2, 4, 1});
+    return b.concat({p[2], p[0]}, 1);  // the middle piece gets no gradient
+  });
   add("where_broadcast", {"where"}, {I({3, 4}, 2), F({3, 4}), F({4})}, [](Builder& b, const auto& x) { return b.where(x[0], x[1], x[2]); });
   add("cast_int_weights", {"cast", "pointwise"}, {F({3, 4}), I({3, 4}, 5)},
       [](Builder& b, const auto& x) { return b.mul(x[0], b.cast(x[1], DType::f64)); });

@@ -350,6 +350,22 @@ TYPED_TEST(PrimReference, ConcatThreeAlongMiddleAxis) {
       }
 }
 
+TYPED_TEST(PrimReference, SplitAlongMiddleAxis) {
+  using T = TypeParam;
+  HostTensor x = rnd(dtype_of<T>(), Shape{2, 7, 3}, 49);
+  Net n;
+  std::vector<ValueId> parts = n.b.split(n.in(x), 1, {1, 4, 2});
+  auto out = execute(n.c, n.binds, parts);
+  const int64_t sizes[] = {1, 4, 2}, starts[] = {0, 1, 5};
+  for (int p = 0; p < 3; ++p) {
+    ASSERT_EQ(out[p].shape(), (Shape{2, sizes[p], 3}));
+    for (int64_t i = 0; i < 2; ++i)
+      for (int64_t j = 0; j < sizes[p]; ++j)
+        for (int64_t k = 0; k < 3; ++k)
+          EXPECT_EQ(out[p].data<T>()[(i * sizes[p] + j) * 3 + k], x.data<T>()[(i * 7 + starts[p] + j) * 3 + k]);
+  }
+}
+
 TYPED_TEST(PrimReference, WhereWithIntCondBroadcast) {
   using T = TypeParam;
   HostTensor cond = ints(Shape{3, 1}, {1, 0, -2}), a = rnd(dtype_of<T>(), Shape{3, 4}, 47), b = rnd(dtype_of<T>(), Shape{4}, 48);
@@ -584,7 +600,7 @@ TYPED_TEST(PrimReference, CrossEntropyIsMeanNegativeLogSoftmaxOfTarget) {
 TEST(PrimReferenceTable, EveryRegisteredPrimIsCovered) {
   const std::set<std::string> covered = {"pointwise", "reduce",    "reduce_all", "matmul",        "gather_rows",
                                          "scatter_add_rows", "one_hot", "reshape", "permute", "broadcast",
-                                         "slice",     "concat",    "where",      "cast",          "stop_gradient",
+                                         "slice",     "concat",    "split",    "where",      "cast",          "stop_gradient",
                                          "fill",      "iota",      "random",     "assign"};
   for (const PrimDef* p : PrimRegistry::instance().all())
     EXPECT_TRUE(covered.count(p->name)) << "Prim '" << p->name << "' has no reference test";

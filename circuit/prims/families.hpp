@@ -11,7 +11,7 @@ void register_reduce(PrimRegistry& r);          // reduce, reduce_all
 void register_matmul(PrimRegistry& r);          // matmul
 void register_gather(PrimRegistry& r);          // gather_rows, scatter_add_rows, one_hot
 void register_shape_ops(PrimRegistry& r);       // reshape, permute, broadcast
-void register_slice_concat(PrimRegistry& r);    // slice, concat
+void register_slice_concat(PrimRegistry& r);    // slice, concat, split
 void register_where(PrimRegistry& r);           // where
 void register_cast(PrimRegistry& r);            // cast, stop_gradient
 void register_constants(PrimRegistry& r);       // fill, iota

@@ -1,7 +1,10 @@
 // Prim family `slice_concat`: contiguous slices along an axis and their inverse.
 //   slice  x: (..., n, ...) -> (..., end - start, ...)  params ints {axis, start, end}, 0 <= start <= end <= n
 //   concat xs: (..., n_i, ...) -> (..., sum n_i, ...)    params ints {axis}; other dims and dtype equal
-// VJPs: slice -> concat of zeros around g; concat -> the matching slice of g for each input.
+//   split  x: (..., sum n_i, ...) -> pieces (..., n_i, ...)  params ints {axis, n_0, n_1, ...}
+// VJPs: slice -> concat of zeros around g; concat -> the matching slice of g for each input;
+// split -> one concat of the pieces' gradients (zeros for pieces that get none), where
+// separate slices would each pad with zeros and the sweep would add the padded copies.
 #include "circuit/builder.hpp"
 #include "circuit/prim.hpp"
 #include "circuit/prims/eigen_util.hpp"
@@ -116,6 +119,56 @@ std::vector<ValueId> concat_vjp(Builder& b, const Op& op, const std::vector<Valu
   return grads;
 }
 
+std::vector<ValueInfo> split_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  if (in.size() != 1) ctx.fail("takes one input");
+  if (p.ints.size() < 2) ctx.fail("params must be {axis, n_0, n_1, ...}");
+  const Shape& s = in[0].shape;
+  int64_t axis = p.ints[0], total = 0;
+  if (axis < 0 || axis >= s.rank()) ctx.fail("axis " + std::to_string(axis) + " out of range for " + s.str());
+  std::vector<ValueInfo> out;
+  for (size_t i = 1; i < p.ints.size(); ++i) {
+    if (p.ints[i] < 0) ctx.fail("negative piece size in " + Shape(p.ints).str());
+    Shape piece = s;
+    piece[static_cast<int>(axis)] = p.ints[i];
+    out.push_back({piece, in[0].dtype});
+    total += p.ints[i];
+  }
+  if (total != s[static_cast<int>(axis)])
+    ctx.fail("pieces sum to " + std::to_string(total) + " but axis " + std::to_string(axis) + " of " + s.str() +
+             " has " + std::to_string(s[static_cast<int>(axis)]));
+  return out;
+}
+
+std::vector<HostTensor> split_eval(const Op& op, const std::vector<const HostTensor*>& in,
+                                   const std::vector<ValueInfo>& out_info) {
+  const HostTensor& x = *in[0];
+  int axis = static_cast<int>(op.params.ints[0]);
+  int64_t n = x.shape()[axis], at = 0;
+  AxisView v(x.shape(), axis);
+  std::vector<HostTensor> outs;
+  for (const ValueInfo& info : out_info) {
+    HostTensor o = HostTensor::zeros(info.dtype, info.shape);
+    int64_t m = info.shape[axis];
+    ref::dispatch_any(x.dtype(), "split", [&](auto t) {
+      using T = decltype(t);
+      for (int64_t r = 0; r < v.outer; ++r)
+        std::copy_n(x.data<T>() + (r * n + at) * v.inner, m * v.inner, o.data<T>() + r * m * v.inner);
+    });
+    at += m;
+    outs.push_back(std::move(o));
+  }
+  return outs;
+}
+
+std::vector<ValueId> split_vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  std::vector<ValueId> parts;
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    const ValueInfo& piece = b.info(op.outputs[i]);
+    parts.push_back(g[i] != kNoValue ? g[i] : b.fill(piece.shape, piece.dtype, 0.0));
+  }
+  return {parts.size() == 1 ? parts[0] : b.concat(parts, static_cast<int>(op.params.ints[0]))};
+}
+
 }  // namespace
 
 void register_slice_concat(PrimRegistry& r) {
@@ -138,6 +191,17 @@ void register_slice_concat(PrimRegistry& r) {
   c.vjp = concat_vjp;
   c.describe = [](const Params& p) { return "axis=" + std::to_string(p.ints[0]); };
   r.add(c);
+
+  PrimDef sp;
+  sp.name = "split";
+  sp.family = "slice_concat.cpp";
+  sp.shape = split_shape;
+  sp.eval = split_eval;
+  sp.vjp = split_vjp;
+  sp.describe = [](const Params& p) {
+    return "axis=" + std::to_string(p.ints[0]) + " " + Shape(std::vector<int64_t>(p.ints.begin() + 1, p.ints.end())).str();
+  };
+  r.add(sp);
 }
 
 }  // namespace kiln

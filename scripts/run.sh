@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# README main-job command: install what is missing, build, and train the example model on the
-# CPU, printing its falling loss. (The small GPT replaces the MLP example in the next issue.)
+# README main-job command: install what is missing (the default corpus is Debian's `fortunes`
+# package), build, then train the default GPT on the CPU (`--device auto`: the GPU once kiln's
+# CUDA back end lands), save model.h5 and print a sample. Extra arguments go to `kiln train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-./build/examples/train_mlp "$@"
+KILN_EXTRA_PACKAGES=fortunes bash scripts/setup.sh
+./build/examples/kiln train --out model.h5 "$@"

@@ -24,15 +24,6 @@ void fsync_path(const std::string& path) {
   if (rc != 0) throw Error("checkpoint: fsync of '" + path + "' failed");
 }
 
-void write_config(h5::File& f, const models::GPTConfig& c) {
-  f.write_attribute("vocab_size", c.vocab_size);
-  f.write_attribute("block_size", c.block_size);
-  f.write_attribute("n_layer", c.n_layer);
-  f.write_attribute("n_head", c.n_head);
-  f.write_attribute("n_embd", c.n_embd);
-  f.write_attribute("dropout", c.dropout);
-}
-
 h5::File open_checkpoint(const std::string& path) {
   h5::File f = h5::File::open_read(path);
   if (!f.has_attribute("format") || f.read_string_attribute("format") != "kiln-checkpoint")
@@ -49,18 +40,13 @@ void save_checkpoint(const std::string& path, const models::GPT& model, const op
     h5::File f = h5::File::create(tmp);
     f.write_attribute("format", std::string("kiln-checkpoint"));
     f.write_attribute("format_version", int64_t{1});
-    write_config(f, model.config());
+    write_model_config(f, model.config());
+    f.write_attribute("dropout", model.config().dropout);
     f.write_attribute("step", state.step);
     f.write_attribute("data_seed", static_cast<int64_t>(state.data_seed));
     f.write_attribute("rng_seed", static_cast<int64_t>(Engine::current().seed()));
     f.write_attribute("rng_counter", static_cast<int64_t>(Engine::current().random_counter()));
-    f.write_attribute("tokenizer", std::string(tokenizer.kind_name()));
-    if (tokenizer.kind() == Tokenizer::Kind::Char) {
-      const auto& v = tokenizer.vocab();
-      HostTensor vocab = HostTensor::zeros(DType::i32, Shape{static_cast<int64_t>(v.size())});
-      std::copy(v.begin(), v.end(), vocab.data<int32_t>());
-      f.write("tokenizer/vocab", vocab);
-    }
+    write_tokenizer(f, tokenizer);
     auto params = model.named_parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string ds = dataset_path(params[i].first);
@@ -77,21 +63,16 @@ void save_checkpoint(const std::string& path, const models::GPT& model, const op
 
 models::GPTConfig read_checkpoint_config(const std::string& path) {
   h5::File f = open_checkpoint(path);
-  models::GPTConfig c;
-  c.vocab_size = f.read_int_attribute("vocab_size");
-  c.block_size = f.read_int_attribute("block_size");
-  c.n_layer = f.read_int_attribute("n_layer");
-  c.n_head = f.read_int_attribute("n_head");
-  c.n_embd = f.read_int_attribute("n_embd");
+  models::GPTConfig c = read_model_config(f);
   c.dropout = f.read_real_attribute("dropout");
   return c;
 }
 
 Tokenizer read_checkpoint_tokenizer(const std::string& path) {
   h5::File f = open_checkpoint(path);
-  if (f.read_string_attribute("tokenizer") == "byte") return Tokenizer::byte_level();
-  HostTensor v = f.read("tokenizer/vocab");
-  return Tokenizer::from_vocab(std::vector<int32_t>(v.data<int32_t>(), v.data<int32_t>() + v.numel()));
+  std::optional<Tokenizer> t = read_tokenizer(f);
+  if (!t) throw Error("checkpoint '" + path + "' has no tokenizer");
+  return *t;
 }
 
 CheckpointState load_checkpoint(const std::string& path, models::GPT& model, optim::AdamW& opt) {

@@ -25,9 +25,15 @@ void check_format(const h5::File& f) {
 }
 }  // namespace
 
-models::GPTConfig read_weights_config(const std::string& path) {
-  h5::File f = h5::File::open_read(path);
-  check_format(f);
+void write_model_config(h5::File& f, const models::GPTConfig& c) {
+  f.write_attribute("vocab_size", c.vocab_size);
+  f.write_attribute("block_size", c.block_size);
+  f.write_attribute("n_layer", c.n_layer);
+  f.write_attribute("n_head", c.n_head);
+  f.write_attribute("n_embd", c.n_embd);
+}
+
+models::GPTConfig read_model_config(const h5::File& f) {
   models::GPTConfig c;
   c.vocab_size = f.read_int_attribute("vocab_size");
   c.block_size = f.read_int_attribute("block_size");
@@ -35,6 +41,33 @@ models::GPTConfig read_weights_config(const std::string& path) {
   c.n_head = f.read_int_attribute("n_head");
   c.n_embd = f.read_int_attribute("n_embd");
   return c;
+}
+
+void write_tokenizer(h5::File& f, const Tokenizer& tokenizer) {
+  f.write_attribute("tokenizer", std::string(tokenizer.kind_name()));
+  if (tokenizer.kind() != Tokenizer::Kind::Char) return;
+  const auto& v = tokenizer.vocab();
+  HostTensor vocab = HostTensor::zeros(DType::i32, Shape{static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), vocab.data<int32_t>());
+  f.write("tokenizer/vocab", vocab);
+}
+
+std::optional<Tokenizer> read_tokenizer(const h5::File& f) {
+  if (!f.has_attribute("tokenizer")) return std::nullopt;
+  std::string kind = f.read_string_attribute("tokenizer");
+  if (kind == "byte") return Tokenizer::byte_level();
+  if (kind != "char") throw Error("'" + f.path() + "': unknown tokenizer '" + kind + "'");
+  if (!f.exists("tokenizer/vocab")) throw Error("'" + f.path() + "': dataset 'tokenizer/vocab' is missing");
+  HostTensor v = f.read("tokenizer/vocab");
+  if (v.dtype() != DType::i32 || v.shape().rank() != 1)
+    throw Error("'" + f.path() + "': dataset 'tokenizer/vocab' must be int32 (V)");
+  return Tokenizer::from_vocab(std::vector<int32_t>(v.data<int32_t>(), v.data<int32_t>() + v.numel()));
+}
+
+models::GPTConfig read_weights_config(const std::string& path) {
+  h5::File f = h5::File::open_read(path);
+  check_format(f);
+  return read_model_config(f);
 }
 
 void load_weights(const std::string& path, nn::Module& model) {
@@ -60,27 +93,14 @@ void load_weights(const std::string& path, nn::Module& model) {
 std::optional<Tokenizer> load_tokenizer(const std::string& path) {
   h5::File f = h5::File::open_read(path);
   check_format(f);
-  if (!f.has_attribute("tokenizer")) return std::nullopt;
-  std::string kind = f.read_string_attribute("tokenizer");
-  if (kind == "byte") return Tokenizer::byte_level();
-  if (kind != "char") throw Error("weights file '" + path + "': unknown tokenizer '" + kind + "'");
-  if (!f.exists("tokenizer/vocab")) throw Error("weights file '" + path + "': dataset 'tokenizer/vocab' is missing");
-  HostTensor v = f.read("tokenizer/vocab");
-  if (v.dtype() != DType::i32 || v.shape().rank() != 1)
-    throw Error("weights file '" + path + "': dataset 'tokenizer/vocab' must be int32 (V)");
-  return Tokenizer::from_vocab(std::vector<int32_t>(v.data<int32_t>(), v.data<int32_t>() + v.numel()));
+  return read_tokenizer(f);
 }
 
 void save_weights(const std::string& path, const models::GPT& model, const Tokenizer* tokenizer) {
   h5::File f = h5::File::create(path);
   f.write_attribute("format", std::string("kiln-weights"));
   f.write_attribute("format_version", kWeightsFormatVersion);
-  const models::GPTConfig& c = model.config();
-  f.write_attribute("vocab_size", c.vocab_size);
-  f.write_attribute("block_size", c.block_size);
-  f.write_attribute("n_layer", c.n_layer);
-  f.write_attribute("n_head", c.n_head);
-  f.write_attribute("n_embd", c.n_embd);
+  write_model_config(f, model.config());
   for (const auto& [name, p] : model.named_parameters()) {
     HostTensor h = p.to_host();
     HostTensor f32 = HostTensor::zeros(DType::f32, h.shape());
@@ -88,15 +108,7 @@ void save_weights(const std::string& path, const models::GPT& model, const Token
     f.write(dataset_path(name), f32);
   }
   f.hard_link("transformer/wte/weight", "lm_head/weight");
-  if (tokenizer) {
-    f.write_attribute("tokenizer", std::string(tokenizer->kind_name()));
-    if (tokenizer->kind() == Tokenizer::Kind::Char) {
-      const auto& v = tokenizer->vocab();
-      HostTensor vocab = HostTensor::zeros(DType::i32, Shape{static_cast<int64_t>(v.size())});
-      std::copy(v.begin(), v.end(), vocab.data<int32_t>());
-      f.write("tokenizer/vocab", vocab);
-    }
-  }
+  if (tokenizer) write_tokenizer(f, *tokenizer);
 }
 
 }  // namespace kiln

@@ -27,6 +27,16 @@ void save_weights(const std::string& path, const models::GPT& model, const Token
 // The tokenizer stored with the weights, or nullopt for a file without one.
 std::optional<Tokenizer> load_tokenizer(const std::string& path);
 
+// The pieces weights files and checkpoints share: the model config as root attributes, and the
+// tokenizer (attribute + tokenizer/vocab). read_tokenizer returns nullopt when none is stored.
+namespace h5 {
+class File;
+}
+void write_model_config(h5::File& f, const models::GPTConfig& c);
+models::GPTConfig read_model_config(const h5::File& f);
+void write_tokenizer(h5::File& f, const Tokenizer& tokenizer);
+std::optional<Tokenizer> read_tokenizer(const h5::File& f);
+
 // "transformer.h.0.ln_1.weight" -> "transformer/h/0/ln_1/weight".
 std::string dataset_path(const std::string& parameter_name);
 

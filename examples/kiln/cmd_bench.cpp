@@ -59,12 +59,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     a.print_help();
     return 0;
   }
-  models::GPTConfig c;
-  c.n_layer = a.integer("layers", 4);
-  c.n_head = a.integer("heads", 4);
-  c.n_embd = a.integer("embd", 128);
-  c.block_size = a.integer("block", 64);
-  c.vocab_size = a.integer("vocab-size", 65);
+  models::GPTConfig c = config_from_flags(a);
   const int64_t batch = a.integer("batch", 16), steps = a.integer("steps", 20);
   manual_seed(1);
   models::GPT model(c);

@@ -26,6 +26,16 @@ Tokenizer require_tokenizer(const std::string& path) {
 }
 }  // namespace
 
+models::GPTConfig config_from_flags(const Args& a) {
+  models::GPTConfig c;
+  c.n_layer = a.integer("layers", 4);
+  c.n_head = a.integer("heads", 4);
+  c.n_embd = a.integer("embd", 128);
+  c.block_size = a.integer("block", 64);
+  c.vocab_size = a.integer("vocab-size", 65);
+  return c;
+}
+
 int cmd_sample(const std::vector<std::string>& argv) {
   Args a(argv,
          {{"weights", "weights file (required)"},
@@ -97,12 +107,7 @@ int cmd_init(const std::vector<std::string>& argv) {
     a.print_help();
     return 0;
   }
-  models::GPTConfig c;
-  c.n_layer = a.integer("layers", 4);
-  c.n_head = a.integer("heads", 4);
-  c.n_embd = a.integer("embd", 128);
-  c.block_size = a.integer("block", 64);
-  c.vocab_size = a.integer("vocab-size", 65);
+  models::GPTConfig c = config_from_flags(a);
   manual_seed(static_cast<uint64_t>(a.integer("seed", 1337)));
   models::GPT model(c);
   save_weights(a.required("out"), model);

@@ -51,11 +51,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   if (a.has("resume")) {
     c = read_checkpoint_config(a.str("resume", ""));
   } else {
+    c = config_from_flags(a);
     c.vocab_size = tok.vocab_size();
-    c.n_layer = a.integer("layers", 4);
-    c.n_head = a.integer("heads", 4);
-    c.n_embd = a.integer("embd", 128);
-    c.block_size = a.integer("block", 64);
     c.dropout = a.real("dropout", 0.0);
   }
   TextDataset data(tok.encode(text), seed);

@@ -5,7 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "models/gpt.hpp"
+
 namespace kiln::cli {
+
+class Args;
+// The model shape from --layers --heads --embd --block --vocab-size (defaults: the kiln train
+// default config, vocabulary 65).
+models::GPTConfig config_from_flags(const Args& a);
 
 int cmd_prims(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);

@@ -27,8 +27,9 @@ std::vector<ValueId> backward(Builder& b, ValueId output, const std::vector<Valu
   Circuit& c = b.circuit();
   const ValueInfo out_info = c.info(output);
   if (out_info.dtype != DType::f32 && out_info.dtype != DType::f64)
-    fail("backward", b.scope(), std::string("can only differentiate a float value, received ") +
-                                    dtype_name(out_info.dtype) + out_info.shape.str());
+    fail("backward", b.scope(),
+         std::string("can only differentiate a float value, received ") + dtype_name(out_info.dtype) +
+             out_info.shape.str());
   // Forward pass over the recorded ops: which values depend on some wrt value.
   const size_t n_ops = c.ops().size();
   std::vector<char> needs(c.num_values(), 0);
@@ -47,9 +48,9 @@ std::vector<ValueId> backward(Builder& b, ValueId output, const std::vector<Valu
   std::vector<ValueId> grad(c.num_values(), kNoValue);
   if (seed == kNoValue) seed = b.fill(out_info.shape, out_info.dtype, 1.0);
   if (!(c.info(seed) == out_info))
-    fail("backward", b.scope(), "seed gradient must match the output: expected " +
-                                    std::string(dtype_name(out_info.dtype)) + out_info.shape.str() + ", received " +
-                                    dtype_name(c.info(seed).dtype) + c.info(seed).shape.str());
+    fail("backward", b.scope(),
+         "seed gradient must match the output: expected " + std::string(dtype_name(out_info.dtype)) +
+             out_info.shape.str() + ", received " + dtype_name(c.info(seed).dtype) + c.info(seed).shape.str());
   grad[static_cast<size_t>(output)] = seed;
 
   for (size_t i = n_ops; i-- > 0;) {
@@ -65,15 +66,17 @@ std::vector<ValueId> backward(Builder& b, ValueId output, const std::vector<Valu
     Builder rule_builder(c, op.scope);
     std::vector<ValueId> in_grads = op.prim->vjp(rule_builder, op, out_grads);
     if (in_grads.size() != op.inputs.size())
-      fail(op.prim->name, op.scope, "VJP rule returned " + std::to_string(in_grads.size()) + " gradients for " +
-                                        std::to_string(op.inputs.size()) + " inputs");
+      fail(op.prim->name, op.scope,
+           "VJP rule returned " + std::to_string(in_grads.size()) + " gradients for " +
+               std::to_string(op.inputs.size()) + " inputs");
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       ValueId x = op.inputs[k];
       if (in_grads[k] == kNoValue || !needs[static_cast<size_t>(x)]) continue;
       ValueId g = fit_to_shape(rule_builder, in_grads[k], c.info(x).shape);
       if (c.info(g).dtype != c.info(x).dtype)
-        fail(op.prim->name, op.scope, "VJP rule returned a gradient of dtype " + std::string(dtype_name(c.info(g).dtype)) +
-                                          " for an input of dtype " + dtype_name(c.info(x).dtype));
+        fail(op.prim->name, op.scope,
+             "VJP rule returned a gradient of dtype " + std::string(dtype_name(c.info(g).dtype)) +
+                 " for an input of dtype " + dtype_name(c.info(x).dtype));
       ValueId& acc = grad[static_cast<size_t>(x)];
       acc = acc == kNoValue ? g : rule_builder.add(acc, g);
     }

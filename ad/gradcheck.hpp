@@ -11,9 +11,9 @@
 namespace kiln::ad {
 
 struct GradCheckOptions {
-  double step = 1e-6;        // central-difference step h
-  double tolerance = 1e-6;   // passes when ||numeric - analytic|| / ||analytic|| < tolerance
-  uint64_t seed = 1234;      // for the projection weights of a non-scalar output
+  double step = 1e-6;       // central-difference step h
+  double tolerance = 1e-6;  // passes when ||numeric - analytic|| / ||analytic|| < tolerance
+  uint64_t seed = 1234;     // for the projection weights of a non-scalar output
 };
 
 struct GradCheckResult {

@@ -34,8 +34,9 @@ ValueId cross_entropy(Builder& b, ValueId logits, ValueId targets) {
   const ValueInfo& ti = b.info(targets);
   std::vector<int64_t> batch(li.shape.dims().begin(), li.shape.dims().end() - (li.shape.rank() > 0 ? 1 : 0));
   if (li.shape.rank() < 1 || Shape(batch) != ti.shape)
-    fail("cross_entropy", b.scope(), "logits must be (..., V) and targets (...): received logits " + li.shape.str() +
-                                         ", targets " + ti.shape.str());
+    fail(
+        "cross_entropy", b.scope(),
+        "logits must be (..., V) and targets (...): received logits " + li.shape.str() + ", targets " + ti.shape.str());
   ValueId lsm = log_softmax(b, logits);
   ValueId onehot = b.one_hot(targets, li.shape[li.shape.rank() - 1], li.dtype);
   // where, not a product: a -inf log-probability off the target must not give 0 * -inf = NaN.

@@ -123,7 +123,8 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
       throw Error(msg);
     }
     for (size_t k = 0; k < op.outputs.size(); ++k) values[static_cast<size_t>(op.outputs[k])] = std::move(out[k]);
-    if (op.prim->side_effect) commits.emplace_back(circuit_.assign_root(op.inputs[0]), values[static_cast<size_t>(op.outputs[0])]);
+    if (op.prim->side_effect)
+      commits.emplace_back(circuit_.assign_root(op.inputs[0]), values[static_cast<size_t>(op.outputs[0])]);
     for (ValueId dead : free_after_[i]) values[static_cast<size_t>(dead)] = HostTensor();
   }
   for (const auto& [buffer, contents] : commits) {

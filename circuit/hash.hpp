@@ -15,6 +15,8 @@ inline uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-inline uint64_t hash_combine(uint64_t h, uint64_t v) { return mix64(h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2))); }
+inline uint64_t hash_combine(uint64_t h, uint64_t v) {
+  return mix64(h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)));
+}
 
 }  // namespace kiln

@@ -51,8 +51,8 @@ HostTensor HostTensor::clone() const {
 
 HostTensor HostTensor::reshaped(Shape shape) const {
   if (shape.numel() != numel())
-    throw Error("HostTensor::reshaped: " + shape_.str() + " has " + std::to_string(numel()) +
-                " elements, " + shape.str() + " has " + std::to_string(shape.numel()));
+    throw Error("HostTensor::reshaped: " + shape_.str() + " has " + std::to_string(numel()) + " elements, " +
+                shape.str() + " has " + std::to_string(shape.numel()));
   HostTensor t = *this;
   t.shape_ = std::move(shape);
   return t;

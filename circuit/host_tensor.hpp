@@ -29,7 +29,9 @@ class HostTensor {
 
   void* raw() const { return data_; }
   template <class T>
-  T* data() const { return static_cast<T*>(data_); }
+  T* data() const {
+    return static_cast<T*>(data_);
+  }
 
   // Element i as double (any dtype but bf16/f16); for tests and host reads.
   double get(int64_t i) const;

@@ -1,10 +1,10 @@
 // DCE and CSE over Circuits.
 #include "circuit/passes.hpp"
 
-#include "circuit/hash.hpp"
-
 #include <algorithm>
 #include <unordered_map>
+
+#include "circuit/hash.hpp"
 
 namespace kiln {
 

@@ -71,7 +71,7 @@ struct PrimDef {
   std::string family;  // the source file under circuit/prims/ that defines it
   ShapeRule shape;
   EvalFn eval;
-  VjpRule vjp;         // empty: differentiating through this Prim fails loudly
+  VjpRule vjp;  // empty: differentiating through this Prim fails loudly
   DescribeFn describe;
   bool ref_f32 = true, ref_f64 = true;  // Eigen reference implemented for these dtypes
   bool side_effect = false;             // writes a persistent buffer (assign): never removed
@@ -86,8 +86,8 @@ class PrimRegistry {
  public:
   static PrimRegistry& instance();
   const PrimDef& find(const std::string& name) const;  // throws kiln::Error for unknown names
-  PrimDef& mutable_find(const std::string& name);       // tests swap rules through this
-  std::vector<const PrimDef*> all() const;              // in registration order
+  PrimDef& mutable_find(const std::string& name);      // tests swap rules through this
+  std::vector<const PrimDef*> all() const;             // in registration order
   void add(PrimDef def);
 
  private:

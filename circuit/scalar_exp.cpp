@@ -41,10 +41,10 @@ void ix_check(bool ok, const std::string& msg) {
 // ScalarExp
 
 const char* exp_op_name(ExpOp op) {
-  static constexpr const char* names[] = {
-      "const", "input", "neg", "exp", "log", "sqrt", "rsqrt", "tanh",  "sigmoid", "gelu",
-      "silu",  "sin",   "cos", "abs", "add", "sub",  "mul",   "div",   "pow",     "max",
-      "min",   "lt",    "le",  "gt",  "ge",  "eq",   "ne",    "select"};
+  static constexpr const char* names[] = {"const", "input",   "neg",  "exp",  "log", "sqrt", "rsqrt",
+                                          "tanh",  "sigmoid", "gelu", "silu", "sin", "cos",  "abs",
+                                          "add",   "sub",     "mul",  "div",  "pow", "max",  "min",
+                                          "lt",    "le",      "gt",   "ge",   "eq",  "ne",   "select"};
   static_assert(std::size(names) == static_cast<size_t>(ExpOp::Select) + 1);
   const auto i = static_cast<size_t>(op);
   return i < std::size(names) ? names[i] : "?";
@@ -104,8 +104,7 @@ ScalarExp ScalarExp::unary(ExpOp op, const ScalarExp& a) {
 }
 
 ScalarExp ScalarExp::binary(ExpOp op, const ScalarExp& a, const ScalarExp& b) {
-  se_check(exp_op_arity(op) == 2,
-           std::string("binary() needs a binary op, got ") + exp_op_name(op));
+  se_check(exp_op_arity(op) == 2, std::string("binary() needs a binary op, got ") + exp_op_name(op));
   se_check(a && b, std::string(exp_op_name(op)) + " of a null expression");
   return Node::make(op, 0.0, -1, {a, b});
 }
@@ -192,8 +191,7 @@ T eval_rec(const ScalarExp& e, std::span<const T> in) {
     case ExpOp::Const: return static_cast<T>(n.value);
     case ExpOp::Input:
       se_check(static_cast<size_t>(n.index) < in.size(),
-               "eval: uses in" + std::to_string(n.index) + " but got " +
-                   std::to_string(in.size()) + " inputs");
+               "eval: uses in" + std::to_string(n.index) + " but got " + std::to_string(in.size()) + " inputs");
       return in[static_cast<size_t>(n.index)];
     case ExpOp::Select: return arg(0) != T(0) ? arg(1) : arg(2);
     default: break;
@@ -273,8 +271,7 @@ ScalarExp gelu_grad(const ScalarExp& x) {
   const double k1 = 0.044715;
   const ScalarExp one = se::c(1.0);
   const ScalarExp t = se::tanh(se::c(k0) * (x + se::c(k1) * (x * x * x)));
-  return se::c(0.5) * (one + t) +
-         se::c(0.5 * k0) * x * (one - t * t) * (one + se::c(3.0 * k1) * (x * x));
+  return se::c(0.5) * (one + t) + se::c(0.5 * k0) * x * (one - t * t) * (one + se::c(3.0 * k1) * (x * x));
 }
 
 ScalarExp diff_rec(const ScalarExp& e, int k, Memo& memo) {
@@ -305,8 +302,7 @@ ScalarExp diff_rec(const ScalarExp& e, int k, Memo& memo) {
     case ExpOp::Abs: {
       const ScalarExp& x = n.args[0];
       const ScalarExp zero = se::c(0.0);
-      r = mul_z(se::select(se::gt(x, zero), one, se::select(se::lt(x, zero), se::c(-1.0), zero)),
-                d(0));
+      r = mul_z(se::select(se::gt(x, zero), one, se::select(se::lt(x, zero), se::c(-1.0), zero)), d(0));
       break;
     }
     case ExpOp::Add: r = add_z(d(0), d(1)); break;
@@ -333,9 +329,7 @@ ScalarExp diff_rec(const ScalarExp& e, int k, Memo& memo) {
   return r;
 }
 
-bool is_const(const ScalarExp& e, double v) {
-  return e.op() == ExpOp::Const && bits(e.const_value()) == bits(v);
-}
+bool is_const(const ScalarExp& e, double v) { return e.op() == ExpOp::Const && bits(e.const_value()) == bits(v); }
 
 // The exact local rewrites of simplify(), applied to a node whose arguments are simplified.
 ScalarExp simplify_node(const ScalarExp& e) {
@@ -395,8 +389,7 @@ ScalarExp substitute_rec(const ScalarExp& e, const std::vector<ScalarExp>& subs,
   }
   if (n.args.empty()) return e;
   return rebuild(
-      e, memo, [&](const ScalarExp& a) { return substitute_rec(a, subs, memo); },
-      [](ScalarExp r) { return r; });
+      e, memo, [&](const ScalarExp& a) { return substitute_rec(a, subs, memo); }, [](ScalarExp r) { return r; });
 }
 
 }  // namespace
@@ -414,9 +407,9 @@ ScalarExp ScalarExp::simplify() const {
 
 ScalarExp ScalarExp::substitute(const std::vector<ScalarExp>& subs) const {
   if (!node_) return {};
-  se_check(subs.size() >= static_cast<size_t>(num_inputs()),
-           "substitute: " + std::to_string(subs.size()) + " replacements for an expression over " +
-               std::to_string(num_inputs()) + " inputs");
+  se_check(subs.size() >= static_cast<size_t>(num_inputs()), "substitute: " + std::to_string(subs.size()) +
+                                                                 " replacements for an expression over " +
+                                                                 std::to_string(num_inputs()) + " inputs");
   Memo memo;
   return substitute_rec(*this, subs, memo);
 }
@@ -431,18 +424,10 @@ float ScalarExp::eval(std::span<const float> inputs) const {
   return eval_rec<float>(*this, inputs);
 }
 
-ScalarExp operator+(const ScalarExp& a, const ScalarExp& b) {
-  return ScalarExp::binary(ExpOp::Add, a, b);
-}
-ScalarExp operator-(const ScalarExp& a, const ScalarExp& b) {
-  return ScalarExp::binary(ExpOp::Sub, a, b);
-}
-ScalarExp operator*(const ScalarExp& a, const ScalarExp& b) {
-  return ScalarExp::binary(ExpOp::Mul, a, b);
-}
-ScalarExp operator/(const ScalarExp& a, const ScalarExp& b) {
-  return ScalarExp::binary(ExpOp::Div, a, b);
-}
+ScalarExp operator+(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Add, a, b); }
+ScalarExp operator-(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Sub, a, b); }
+ScalarExp operator*(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Mul, a, b); }
+ScalarExp operator/(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Div, a, b); }
 ScalarExp operator-(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Neg, a); }
 
 namespace se {
@@ -457,24 +442,16 @@ ScalarExp silu(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Silu, a); }
 ScalarExp sin(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Sin, a); }
 ScalarExp cos(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Cos, a); }
 ScalarExp abs(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Abs, a); }
-ScalarExp pow(const ScalarExp& a, const ScalarExp& b) {
-  return ScalarExp::binary(ExpOp::Pow, a, b);
-}
-ScalarExp max(const ScalarExp& a, const ScalarExp& b) {
-  return ScalarExp::binary(ExpOp::Max, a, b);
-}
-ScalarExp min(const ScalarExp& a, const ScalarExp& b) {
-  return ScalarExp::binary(ExpOp::Min, a, b);
-}
+ScalarExp pow(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Pow, a, b); }
+ScalarExp max(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Max, a, b); }
+ScalarExp min(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Min, a, b); }
 ScalarExp lt(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Lt, a, b); }
 ScalarExp le(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Le, a, b); }
 ScalarExp gt(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Gt, a, b); }
 ScalarExp ge(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Ge, a, b); }
 ScalarExp eq(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Eq, a, b); }
 ScalarExp ne(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Ne, a, b); }
-ScalarExp select(const ScalarExp& c, const ScalarExp& a, const ScalarExp& b) {
-  return ScalarExp::select(c, a, b);
-}
+ScalarExp select(const ScalarExp& c, const ScalarExp& a, const ScalarExp& b) { return ScalarExp::select(c, a, b); }
 }  // namespace se
 
 // ---------------------------------------------------------------------------------------------
@@ -483,9 +460,8 @@ ScalarExp select(const ScalarExp& c, const ScalarExp& a, const ScalarExp& b) {
 namespace {
 
 const char* index_op_name(IndexOp op) {
-  static constexpr const char* names[] = {"const", "coord", "add", "sub",   "mul", "floordiv",
-                                          "mod",   "min",   "max", "lt",    "le",  "gt",
-                                          "ge",    "eq",    "ne",  "select"};
+  static constexpr const char* names[] = {"const", "coord", "add", "sub", "mul", "floordiv", "mod", "min",
+                                          "max",   "lt",    "le",  "gt",  "ge",  "eq",       "ne",  "select"};
   static_assert(std::size(names) == static_cast<size_t>(IndexOp::Select) + 1);
   const auto i = static_cast<size_t>(op);
   return i < std::size(names) ? names[i] : "?";
@@ -504,8 +480,7 @@ int64_t checked_arith(IndexOp op, int64_t a, int64_t b) {
 // Python's a // b and a % b.
 int64_t floor_div(int64_t a, int64_t b) {
   ix_check(b != 0, "eval: division by zero in floordiv");
-  ix_check(!(a == std::numeric_limits<int64_t>::min() && b == -1),
-           "eval: int64 overflow in floordiv");
+  ix_check(!(a == std::numeric_limits<int64_t>::min() && b == -1), "eval: int64 overflow in floordiv");
   const int64_t q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
@@ -571,8 +546,7 @@ IndexOp IndexExp::op() const {
 }
 
 int64_t IndexExp::const_value() const {
-  ix_check(op() == IndexOp::Const,
-           std::string("const_value() of a ") + index_op_name(op()) + " node");
+  ix_check(op() == IndexOp::Const, std::string("const_value() of a ") + index_op_name(op()) + " node");
   return node_->value;
 }
 
@@ -595,8 +569,7 @@ bool IndexExp::operator==(const IndexExp& o) const {
   if (!node_ || !o.node_) return false;
   const Node& a = *node_;
   const Node& b = *o.node_;
-  if (a.hash != b.hash || a.op != b.op || a.value != b.value || a.axis != b.axis ||
-      a.args.size() != b.args.size())
+  if (a.hash != b.hash || a.op != b.op || a.value != b.value || a.axis != b.axis || a.args.size() != b.args.size())
     return false;
   for (size_t i = 0; i < a.args.size(); ++i)
     if (a.args[i] != b.args[i]) return false;
@@ -626,11 +599,9 @@ int64_t IndexExp::eval(std::span<const int64_t> coords) const {
     case IndexOp::Const: return n.value;
     case IndexOp::Coord:
       ix_check(static_cast<size_t>(n.axis) < coords.size(),
-               "eval: coordinate i" + std::to_string(n.axis) + " of " +
-                   std::to_string(coords.size()) + " coordinates");
+               "eval: coordinate i" + std::to_string(n.axis) + " of " + std::to_string(coords.size()) + " coordinates");
       return coords[static_cast<size_t>(n.axis)];
-    case IndexOp::Select:
-      return n.args[0].eval(coords) != 0 ? n.args[1].eval(coords) : n.args[2].eval(coords);
+    case IndexOp::Select: return n.args[0].eval(coords) != 0 ? n.args[1].eval(coords) : n.args[2].eval(coords);
     default: break;
   }
   const int64_t a = n.args[0].eval(coords);
@@ -658,9 +629,7 @@ namespace ix {
 IndexExp add(const IndexExp& a, const IndexExp& b) { return IndexExp::binary(IndexOp::Add, a, b); }
 IndexExp sub(const IndexExp& a, const IndexExp& b) { return IndexExp::binary(IndexOp::Sub, a, b); }
 IndexExp mul(const IndexExp& a, const IndexExp& b) { return IndexExp::binary(IndexOp::Mul, a, b); }
-IndexExp floordiv(const IndexExp& a, const IndexExp& b) {
-  return IndexExp::binary(IndexOp::FloorDiv, a, b);
-}
+IndexExp floordiv(const IndexExp& a, const IndexExp& b) { return IndexExp::binary(IndexOp::FloorDiv, a, b); }
 IndexExp mod(const IndexExp& a, const IndexExp& b) { return IndexExp::binary(IndexOp::Mod, a, b); }
 IndexExp ge(const IndexExp& a, const IndexExp& b) { return IndexExp::binary(IndexOp::Ge, a, b); }
 IndexExp lt(const IndexExp& a, const IndexExp& b) { return IndexExp::binary(IndexOp::Lt, a, b); }

@@ -14,13 +14,36 @@ namespace kiln {
 
 enum class ExpOp : uint8_t {
   // leaves
-  Const, Input,
+  Const,
+  Input,
   // unary
-  Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Gelu, Silu, Sin, Cos, Abs,
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Tanh,
+  Sigmoid,
+  Gelu,
+  Silu,
+  Sin,
+  Cos,
+  Abs,
   // binary
-  Add, Sub, Mul, Div, Pow, Max, Min,
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Pow,
+  Max,
+  Min,
   // comparisons: 1.0 when true, 0.0 when false
-  Lt, Le, Gt, Ge, Eq, Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  Eq,
+  Ne,
   // select(c, a, b) = c != 0 ? a : b
   Select,
 };
@@ -51,13 +74,13 @@ class ScalarExp {
   int input_index() const;     // Input only
   const std::vector<ScalarExp>& args() const;
 
-  uint64_t hash() const;  // structural; constants hashed by bit pattern; cached in the node
+  uint64_t hash() const;                      // structural; constants hashed by bit pattern; cached in the node
   bool operator==(const ScalarExp& o) const;  // structural equality (constants by bit pattern)
   bool operator!=(const ScalarExp& o) const { return !(*this == o); }
   std::string str() const;  // infix, e.g. "(in0 * 2)", "exp(in1)", "select(c, a, b)"
 
-  int num_inputs() const;         // 1 + largest input index used, 0 if none
-  bool depends_on(int k) const;   // does input k occur?
+  int num_inputs() const;        // 1 + largest input index used, 0 if none
+  bool depends_on(int k) const;  // does input k occur?
   // d(this)/d(in_k) as a ScalarExp over the same inputs; null when structurally zero.
   // Gelu is the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   // Max/Min send the whole gradient to the first argument on ties; Abs has derivative 0 at 0;
@@ -114,11 +137,22 @@ ScalarExp select(const ScalarExp& c, const ScalarExp& a, const ScalarExp& b);
 }  // namespace se
 
 enum class IndexOp : uint8_t {
-  Const, Coord,                    // leaves: a constant; the output coordinate along an axis
-  Add, Sub, Mul, FloorDiv, Mod,    // floor semantics for negative operands, as Python
-  Min, Max,
-  Lt, Le, Gt, Ge, Eq, Ne,          // 1 when true, 0 when false
-  Select,                          // select(c, a, b) = c != 0 ? a : b
+  Const,
+  Coord,  // leaves: a constant; the output coordinate along an axis
+  Add,
+  Sub,
+  Mul,
+  FloorDiv,
+  Mod,  // floor semantics for negative operands, as Python
+  Min,
+  Max,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  Eq,
+  Ne,      // 1 when true, 0 when false
+  Select,  // select(c, a, b) = c != 0 ? a : b
 };
 
 // An integer expression over the coordinates of an output element (64-bit arithmetic).

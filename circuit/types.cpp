@@ -39,7 +39,8 @@ int64_t Shape::numel() const {
 
 std::vector<int64_t> Shape::strides() const {
   std::vector<int64_t> s(dims_.size(), 1);
-  for (int i = rank() - 2; i >= 0; --i) s[static_cast<size_t>(i)] = s[static_cast<size_t>(i) + 1] * dims_[static_cast<size_t>(i) + 1];
+  for (int i = rank() - 2; i >= 0; --i)
+    s[static_cast<size_t>(i)] = s[static_cast<size_t>(i) + 1] * dims_[static_cast<size_t>(i) + 1];
   return s;
 }
 
@@ -66,8 +67,9 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const std::string& op) {
     int ia = a.rank() - r + i, ib = b.rank() - r + i;
     int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
     if (da != db && da != 1 && db != 1)
-      fail(op, "", "shapes " + a.str() + " and " + b.str() + " do not broadcast (dim " +
-                       std::to_string(i) + ": " + std::to_string(da) + " vs " + std::to_string(db) + ")");
+      fail(op, "",
+           "shapes " + a.str() + " and " + b.str() + " do not broadcast (dim " + std::to_string(i) + ": " +
+               std::to_string(da) + " vs " + std::to_string(db) + ")");
     out[static_cast<size_t>(i)] = da == 1 ? db : da;
   }
   return Shape(std::move(out));

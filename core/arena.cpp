@@ -42,7 +42,9 @@ HostTensor ArenaSet::view(int32_t id) const {
   const ArenaSlot& s = slot(id);
   for (const Arena& a : arenas_)
     if (a.kind == s.kind && a.dtype == s.dtype)
-      return HostTensor::view(s.dtype, s.shape, static_cast<std::byte*>(a.storage.raw()) + s.offset * static_cast<int64_t>(dtype_size(s.dtype)));
+      return HostTensor::view(
+          s.dtype, s.shape,
+          static_cast<std::byte*>(a.storage.raw()) + s.offset * static_cast<int64_t>(dtype_size(s.dtype)));
   return {};
 }
 

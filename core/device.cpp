@@ -15,7 +15,8 @@ Device parse_device(const std::string& s) {
   if (s == "auto") return cuda_available() ? Device::CUDA : Device::CPU;
   if (s == "cuda") {
     if (!cuda_available())
-      throw Error("--device cuda: no usable GPU (this build of kiln has no CUDA back end yet); use --device cpu or auto");
+      throw Error(
+          "--device cuda: no usable GPU (this build of kiln has no CUDA back end yet); use --device cpu or auto");
     return Device::CUDA;
   }
   throw Error("unknown device '" + s + "': expected auto, cpu or cuda");

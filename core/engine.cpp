@@ -124,7 +124,8 @@ namespace {
 void require_scalar_loss(const Circuit& c, ValueId out, const char* op, const std::string& scope) {
   const ValueInfo& info = c.info(out);
   if (info.shape.numel() != 1)
-    fail(op, scope, "needs a scalar loss (one element), received " + std::string(dtype_name(info.dtype)) + info.shape.str());
+    fail(op, scope,
+         "needs a scalar loss (one element), received " + std::string(dtype_name(info.dtype)) + info.shape.str());
 }
 }  // namespace
 
@@ -146,8 +147,9 @@ std::vector<Tensor> Engine::grad(const Tensor& loss, const std::vector<Tensor>& 
 
 void Engine::backward(const Tensor& loss) {
   if (!loss.defined() || loss.impl()->pending == kNoValue || loss.impl()->epoch != rec_.epoch)
-    throw Error("backward() needs a loss recorded in the current step (this one was already realized, or is not "
-                "a computed value); call backward() before reading the loss");
+    throw Error(
+        "backward() needs a loss recorded in the current step (this one was already realized, or is not "
+        "a computed value); call backward() before reading the loss");
   ValueId out = value_of(loss);
   require_scalar_loss(rec_.circuit, out, "backward", scope_path_);
   // Every parameter of this engine that requires a gradient, in slot order (deterministic):
@@ -192,7 +194,8 @@ void Engine::convert_persistent(const std::shared_ptr<TensorImpl>& t, DType dtyp
   if (t->slot < 0) throw Error("convert_persistent: '" + t->name + "' is not a persistent tensor");
   if (t->info.dtype == dtype) return;
   if (dtype != DType::f32 && dtype != DType::f64)
-    throw Error(std::string("convert_persistent: '") + t->name + "' can only move to f32 or f64, not " + dtype_name(dtype));
+    throw Error(std::string("convert_persistent: '") + t->name + "' can only move to f32 or f64, not " +
+                dtype_name(dtype));
   realize();  // pending updates of the old buffer land first
   auto move_slot = [&](TensorImpl& x) {
     HostTensor old = arenas_.view(x.slot);

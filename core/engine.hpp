@@ -91,11 +91,11 @@ class Engine {
   // gradient check records a function in isolation this way.
   struct Recording {
     Circuit circuit;
-    std::vector<HostTensor> bound;         // per external of circuit; persistent ones empty
-    std::vector<int32_t> external_slot;    // per external: arena slot or -1
+    std::vector<HostTensor> bound;       // per external of circuit; persistent ones empty
+    std::vector<int32_t> external_slot;  // per external: arena slot or -1
     // Realized tensors bound as inputs; held so that no other tensor can take their address.
     std::unordered_map<const TensorImpl*, std::pair<std::shared_ptr<TensorImpl>, ValueId>> realized_inputs;
-    std::unordered_map<int32_t, bool> grad_written;  // grad slots assigned by a backward() of this step
+    std::unordered_map<int32_t, bool> grad_written;     // grad slots assigned by a backward() of this step
     std::unordered_map<int32_t, ValueId> slot_version;  // arena slot -> latest version id
     std::vector<std::weak_ptr<TensorImpl>> handles;     // pending handles of this recording
     uint64_t epoch = 0;

@@ -9,7 +9,8 @@ namespace kiln {
 
 const Plan* PlanCache::find(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested) {
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->hash != hash || it->plan.requested != requested || !it->plan.recorded.structurally_equal(recorded)) continue;
+    if (it->hash != hash || it->plan.requested != requested || !it->plan.recorded.structurally_equal(recorded))
+      continue;
     entries_.splice(entries_.begin(), entries_, it);
     return &entries_.front().plan;
   }

@@ -11,9 +11,9 @@
 namespace kiln {
 
 struct Plan {
-  Circuit recorded;                 // the key: the circuit as recorded
-  std::vector<ValueId> requested;   // the key: the values the caller asked for (recorded ids)
-  std::unique_ptr<Program> program; // optimized circuit; outputs in the order of `requested`
+  Circuit recorded;                  // the key: the circuit as recorded
+  std::vector<ValueId> requested;    // the key: the values the caller asked for (recorded ids)
+  std::unique_ptr<Program> program;  // optimized circuit; outputs in the order of `requested`
   size_t recorded_ops = 0, optimized_ops = 0;
 };
 

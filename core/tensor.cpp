@@ -56,7 +56,9 @@ Tensor Tensor::from_ints(const std::vector<int32_t>& values, Shape shape) {
 
 Tensor Tensor::scalar(double value, DType dtype) { return from_vector({value}, Shape{}, dtype); }
 
-Tensor Tensor::full(Shape shape, double value, DType dtype) { return eng().wrap(eng().builder().fill(shape, dtype, value)); }
+Tensor Tensor::full(Shape shape, double value, DType dtype) {
+  return eng().wrap(eng().builder().fill(shape, dtype, value));
+}
 Tensor Tensor::zeros(Shape shape, DType dtype) { return full(std::move(shape), 0.0, dtype); }
 Tensor Tensor::ones(Shape shape, DType dtype) { return full(std::move(shape), 1.0, dtype); }
 
@@ -168,7 +170,9 @@ Tensor reshape(const Tensor& x, Shape shape) { return eng().wrap(eng().builder()
 Tensor permute(const Tensor& x, const std::vector<int64_t>& perm) {
   return eng().wrap(eng().builder().permute(eng().value_of(x), perm));
 }
-Tensor transpose(const Tensor& x, int a, int b) { return eng().wrap(eng().builder().transpose(eng().value_of(x), a, b)); }
+Tensor transpose(const Tensor& x, int a, int b) {
+  return eng().wrap(eng().builder().transpose(eng().value_of(x), a, b));
+}
 Tensor broadcast_to(const Tensor& x, Shape shape) {
   return eng().wrap(eng().builder().broadcast(eng().value_of(x), shape));
 }

@@ -143,7 +143,7 @@ Tensor softmax(const Tensor& x);      // over the last axis
 Tensor log_softmax(const Tensor& x);  // over the last axis
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);  // mean over positions
-Tensor causal_mask_fill(const Tensor& scores);                       // (..., T, T), future = -inf
-Tensor dropout(const Tensor& x, double p);                           // Philox mask, scaled 1/(1-p)
+Tensor causal_mask_fill(const Tensor& scores);                      // (..., T, T), future = -inf
+Tensor dropout(const Tensor& x, double p);                          // Philox mask, scaled 1/(1-p)
 
 }  // namespace kiln

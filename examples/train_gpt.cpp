@@ -36,8 +36,8 @@ int main(int argc, char** argv) {
     opt.set_lr(warmup_cosine_lr(step, 50, steps, 2e-3, 2e-4));
     Batch batch = data.train_batch(static_cast<uint64_t>(step), /*batch=*/16, config.block_size);
     Tensor loss = model.loss(batch.x, batch.y);  // records forward ops
-    loss.backward();                              // records backward ops
-    opt.step(/*max_grad_norm=*/1.0);              // records updates, runs the whole step
+    loss.backward();                             // records backward ops
+    opt.step(/*max_grad_norm=*/1.0);             // records updates, runs the whole step
     if (step % 50 == 0 || step == steps - 1) spdlog::info("step {} loss {:.4f}", step, loss.item());
   }
 

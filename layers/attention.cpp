@@ -24,14 +24,14 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
     throw Error("CausalSelfAttention in layer '" + Engine::current().scope() + "': expected x (B, T, " +
                 std::to_string(n_embd) + "), received " + x.shape().str());
   const int64_t b = x.shape()[0], t = x.shape()[1], hs = n_embd / n_head;
-  std::vector<Tensor> qkv = split(c_attn->forward(x), 2, {n_embd, n_embd, n_embd});  // 3 x (B, T, C)
+  std::vector<Tensor> qkv = split(c_attn->forward(x), 2, {n_embd, n_embd, n_embd});                     // 3 x (B, T, C)
   auto heads = [&](const Tensor& y) { return permute(reshape(y, {b, t, n_head, hs}), {0, 2, 1, 3}); };  // (B, H, T, hs)
   // The scale goes on q, half the size of the scores.
   Tensor q = heads(qkv[0]) * (1.0 / std::sqrt(static_cast<double>(hs))), k = heads(qkv[1]), v = heads(qkv[2]);
   Tensor att = matmul(q, k, false, true);  // (B, H, T, T)
   att = attn_dropout->forward(softmax(causal_mask_fill(att)));
-  Tensor y = matmul(att, v);                                  // (B, H, T, hs)
-  y = reshape(permute(y, {0, 2, 1, 3}), {b, t, n_embd});      // (B, T, C)
+  Tensor y = matmul(att, v);                              // (B, H, T, hs)
+  y = reshape(permute(y, {0, 2, 1, 3}), {b, t, n_embd});  // (B, T, C)
   return resid_dropout->forward(c_proj->forward(y));
 }
 

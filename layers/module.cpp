@@ -74,7 +74,9 @@ std::optional<Scope> Module::scope() const {
   return std::optional<Scope>(std::in_place, name_);
 }
 
-HostTensor normal_init(const Shape& shape, double std, DType dtype) { return (Tensor::randn(shape, dtype) * std).to_host(); }
+HostTensor normal_init(const Shape& shape, double std, DType dtype) {
+  return (Tensor::randn(shape, dtype) * std).to_host();
+}
 
 HostTensor constant_init(const Shape& shape, double value, DType dtype) {
   HostTensor t = HostTensor::zeros(dtype, shape);

@@ -1,8 +1,8 @@
 // Module: the base of every layer, in the libtorch manner. A module owns named parameters
 // (persistent tensors) and named child modules; named_parameters() lists every parameter once
 // under its dotted path ("transformer.h.0.attn.c_attn.weight"), a module's own parameters
-// before its children's (as PyTorch), so a tied parameter appears once, under its first name. forward code runs inside scope(), so the
-// ops it records (and their errors) carry the module's path.
+// before its children's (as PyTorch), so a tied parameter appears once, under its first name. forward code runs inside
+// scope(), so the ops it records (and their errors) carry the module's path.
 #pragma once
 
 #include <memory>

@@ -40,7 +40,8 @@ struct Harness {
 
   Harness(const std::vector<InputSpec>& specs, const BuildFn& build, uint64_t seed = 42) {
     for (size_t i = 0; i < specs.size(); ++i) {
-      inputs.push_back(circuit.add_external({specs[i].shape, specs[i].dtype}, ValueRole::Input, "x" + std::to_string(i)));
+      inputs.push_back(
+          circuit.add_external({specs[i].shape, specs[i].dtype}, ValueRole::Input, "x" + std::to_string(i)));
       bindings.push_back(random_tensor(specs[i], seed + i));
     }
     Builder b(circuit, "test");

@@ -35,9 +35,9 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 // Evaluates msg once (it is often an error_of(...) call).
-#define EXPECT_HAS(msg, part)                                                                  \
-  do {                                                                                         \
-    const std::string m_ = (msg), p_ = (part);                                                 \
+#define EXPECT_HAS(msg, part)                                                                     \
+  do {                                                                                            \
+    const std::string m_ = (msg), p_ = (part);                                                    \
     EXPECT_NE(m_.find(p_), std::string::npos) << "missing \"" << p_ << "\" in: \"" << m_ << "\""; \
   } while (0)
 
@@ -80,7 +80,8 @@ TEST(CircuitCse, MergesIdenticalPointwiseOps) {
   ValueId y = c.add_external({Shape{2, 3}, f32}, ValueRole::Input, "y");
   Builder b(c);
   ValueId a1 = b.add(x, y), a2 = b.add(x, y);
-  ValueId e1 = b.pointwise(se::exp(se::in(0)), {a1}), e2 = b.pointwise(se::exp(se::in(0)), {a2});  // equal once a1 == a2
+  ValueId e1 = b.pointwise(se::exp(se::in(0)), {a1}),
+          e2 = b.pointwise(se::exp(se::in(0)), {a2});  // equal once a1 == a2
   ValueId out = b.mul(e1, e2);
   ASSERT_EQ(c.ops().size(), 5u);
   std::vector<ValueId> outs{out, e2};
@@ -101,7 +102,8 @@ TEST(CircuitCse, KeepsOpsWithDifferentParamsOrWiring) {
   Builder b(c);
   ValueId s2 = b.scale(x, 2.0), s3 = b.scale(x, 3.0);
   ValueId d1 = b.sub(x, y), d2 = b.sub(y, x);
-  ValueId r1 = b.reduce(ReduceKind::Sum, b.reshape(x, Shape{2, 2}), 0), r2 = b.reduce(ReduceKind::Max, b.reshape(x, Shape{2, 2}), 0);
+  ValueId r1 = b.reduce(ReduceKind::Sum, b.reshape(x, Shape{2, 2}), 0),
+          r2 = b.reduce(ReduceKind::Max, b.reshape(x, Shape{2, 2}), 0);
   std::vector<ValueId> outs{s2, s3, d1, d2, r1, r2};
   Circuit d = cse(c, outs);
   EXPECT_EQ(d.ops().size(), c.ops().size() - 1) << "only the two equal reshapes merge\n" << d.dump();
@@ -321,7 +323,9 @@ TEST(Errors, IndexAndConstantOpsCheckTheirInputs) {
   EXPECT_HAS(error_of([&] { n.b.fill(Shape{-1, 2}, f32, 0.0); }), "op 'fill'");
   EXPECT_HAS(error_of([&] { n.b.iota(Shape{3}, i32, ix::coord(1)); }), "op 'iota'");
   EXPECT_HAS(error_of([&] { n.b.random(RandomKind::Uniform, Shape{2}, f32, idx, n.in(Shape{}, i32)); }), "op 'random'");
-  EXPECT_HAS(error_of([&] { n.b.assign(n.c.add_external({Shape{2}, f32}, ValueRole::Persistent, "p"), t); }),
+  EXPECT_HAS(error_of([&] {
+               n.b.assign(n.c.add_external({Shape{2}, f32}, ValueRole::Persistent, "p"), t);
+             }),
              "op 'assign'");
   EXPECT_HAS(error_of([&] { n.b.op("no_such_prim", {}, {t}); }), "no_such_prim");
 }
@@ -356,7 +360,10 @@ TEST(Errors, GatherOneHotScatterIndexOutOfRangeAtRunTime) {
   const std::vector<std::pair<std::string, std::function<ValueId(Builder&, ValueId, ValueId)>>> prims = {
       {"gather_rows", [](Builder& b, ValueId t, ValueId i) { return b.gather_rows(t, i); }},
       {"one_hot", [](Builder& b, ValueId, ValueId i) { return b.one_hot(i, 5, f32); }},
-      {"scatter_add_rows", [](Builder& b, ValueId, ValueId i) { return b.scatter_add_rows(i, b.fill(Shape{4, 2}, f32, 1.0), 5); }},
+      {"scatter_add_rows",
+       [](Builder& b, ValueId, ValueId i) {
+         return b.scatter_add_rows(i, b.fill(Shape{4, 2}, f32, 1.0), 5);
+       }},
   };
   for (const auto& [prim, build] : prims) {
     Circuit c;
@@ -435,9 +442,10 @@ TEST(Errors, GradientCheckOnNanOutputThrows) {
   std::string msg = error_of([&] { ad::check_gradients(h.circuit, h.output, {h.inputs[0]}, h.bindings); });
   EXPECT_HAS(msg, "nan");
   // NaN from an input that is not checked still poisons the output and must not pass.
-  testing::Harness h2({{Shape{3}, f64}, {Shape{3}, f64, -2.0, -1.0, false}}, [](Builder& b, const std::vector<ValueId>& x) {
-    return b.pointwise(se::in(0) * se::log(se::in(1)), {x[0], x[1]});
-  });
+  testing::Harness h2({{Shape{3}, f64}, {Shape{3}, f64, -2.0, -1.0, false}},
+                      [](Builder& b, const std::vector<ValueId>& x) {
+                        return b.pointwise(se::in(0) * se::log(se::in(1)), {x[0], x[1]});
+                      });
   msg = error_of([&] { ad::check_gradients(h2.circuit, h2.output, {h2.inputs[0]}, h2.bindings); });
   EXPECT_HAS(msg, "nan");
 }

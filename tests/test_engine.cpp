@@ -120,8 +120,8 @@ TEST(EngineGradients, TiedUseAccumulatesFanOut) {
 
 TEST(EngineGradients, FunctionalGradOfInputsAndIntermediates) {
   Tensor x = Tensor::from_vector({1, 2, 3}, Shape{3}, DType::f64);
-  Tensor h = x * x;                     // intermediate
-  Tensor loss = sum(h * 2.0);           // d/dh = 2, d/dx = 4x
+  Tensor h = x * x;            // intermediate
+  Tensor loss = sum(h * 2.0);  // d/dh = 2, d/dx = 4x
   Tensor other = Tensor::from_vector({7}, Shape{1}, DType::f64);
   std::vector<Tensor> g = grad(loss, {x, h, other});
   EXPECT_EQ(g[0].to_vector(), (std::vector<double>{4, 8, 12}));
@@ -180,7 +180,8 @@ TEST(EngineFailure, AFailedStepIsDiscardedAndTheEngineGoesOn) {
     bad.item();
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("index 5 at position 1 is out of range [0, 2)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("index 5 at position 1 is out of range [0, 2)"), std::string::npos)
+        << e.what();
   }
   EXPECT_THROW((bad * 1.0).item(), Error);  // a value of the failed step has none
   EXPECT_EQ(sum(gather_rows(table, Tensor::from_ints({1}, Shape{1}))).item(), 7.0);

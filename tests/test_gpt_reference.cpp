@@ -19,12 +19,12 @@ const std::string kDir = KILN_REFERENCE_DIR;
 
 bool reference_present() { return std::filesystem::exists(kDir + "/gpt_tiny_reference.h5"); }
 
-#define REQUIRE_REFERENCE()                                                                             \
-  do {                                                                                                  \
-    if (!reference_present()) {                                                                         \
-      if (std::getenv("KILN_REQUIRE_REFERENCE")) FAIL() << "reference data missing in " << kDir;        \
-      GTEST_SKIP() << "reference data not found in " << kDir;                                           \
-    }                                                                                                   \
+#define REQUIRE_REFERENCE()                                                                      \
+  do {                                                                                           \
+    if (!reference_present()) {                                                                  \
+      if (std::getenv("KILN_REQUIRE_REFERENCE")) FAIL() << "reference data missing in " << kDir; \
+      GTEST_SKIP() << "reference data not found in " << kDir;                                    \
+    }                                                                                            \
   } while (0)
 
 double rel_error(const HostTensor& a, const HostTensor& ref) {

@@ -1,11 +1,11 @@
 // Tests for circuit/philox: Philox4x32-10 against Random123's published known answers,
 // kiln's (seed, offset, element) stream layout, and the bits -> uniform float mapping.
-#include "circuit/philox.hpp"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+
+#include "circuit/philox.hpp"
 
 namespace kiln {
 namespace {
@@ -45,9 +45,9 @@ TEST(Philox, KnownAnswerVectors) {
   for (const Kat& kat : kKats) {
     const auto out = philox4x32_10(kat.ctr, kat.key);
     for (int w = 0; w < 4; ++w) {
-      EXPECT_EQ(out[w], kat.expected[w])
-          << "word " << w << " of ctr " << std::hex << kat.ctr[0] << " " << kat.ctr[1] << " "
-          << kat.ctr[2] << " " << kat.ctr[3] << " key " << kat.key[0] << " " << kat.key[1];
+      EXPECT_EQ(out[w], kat.expected[w]) << "word " << w << " of ctr " << std::hex << kat.ctr[0] << " " << kat.ctr[1]
+                                         << " " << kat.ctr[2] << " " << kat.ctr[3] << " key " << kat.key[0] << " "
+                                         << kat.key[1];
     }
   }
 }

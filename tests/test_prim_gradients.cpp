@@ -7,8 +7,8 @@
 
 #include "ad/backward.hpp"
 #include "ad/gradcheck.hpp"
-#include "circuit/error.hpp"
 #include "circuit/composites.hpp"
+#include "circuit/error.hpp"
 #include "prim_test_util.hpp"
 
 namespace kiln {
@@ -62,8 +62,8 @@ std::vector<GradCase> cases() {
   pw("pow", {F({6, 5}, 0.5, 2.0), F({5}, -1.5, 2.0)}, body(se::pow(in(0), in(1))));
   pw("max_min", {F({4, 9}), F({9})}, body(se::max(in(0), in(1)) + se::min(in(0), in(1)) * se::c(0.5)));
   pw("select_compare", {F({3, 11}), F({3, 11})},
-     body(se::select(se::gt(in(0), in(1)), in(0) * in(1), in(0) - in(1)) + se::lt(in(0), in(1)) +
-          se::ge(in(0), in(1)) + se::le(in(0), in(1)) + se::eq(in(0), in(1)) + se::ne(in(0), in(1))));
+     body(se::select(se::gt(in(0), in(1)), in(0) * in(1), in(0) - in(1)) + se::lt(in(0), in(1)) + se::ge(in(0), in(1)) +
+          se::le(in(0), in(1)) + se::eq(in(0), in(1)) + se::ne(in(0), in(1))));
   pw("three_inputs_fanout", {F({2, 3, 5}), F({3, 1}), F({5})},
      body(in(0) * se::exp(in(1)) + se::tanh(in(0) * in(2)) / (se::c(2.0) + in(1) * in(1))));
 
@@ -75,10 +75,14 @@ std::vector<GradCase> cases() {
   for (int axis : {0, 1, 2})
     add("reduce_sum_axis" + std::to_string(axis), {"reduce"}, {F({3, 37, 5})},
         [axis](Builder& b, const auto& x) { return b.reduce(ReduceKind::Sum, x[0], axis); });
-  add("reduce_mean_last", {"reduce"}, {F({4, 33})}, [](Builder& b, const auto& x) { return b.reduce(ReduceKind::Mean, x[0], -1); });
-  add("reduce_max_middle", {"reduce"}, {F({3, 7, 5})}, [](Builder& b, const auto& x) { return b.reduce(ReduceKind::Max, x[0], 1); });
-  add("reduce_all_sum", {"reduce_all"}, {F({5, 7})}, [](Builder& b, const auto& x) { return b.reduce_all(ReduceKind::Sum, x[0]); });
-  add("reduce_all_mean", {"reduce_all"}, {F({5, 7})}, [](Builder& b, const auto& x) { return b.reduce_all(ReduceKind::Mean, x[0]); });
+  add("reduce_mean_last", {"reduce"}, {F({4, 33})},
+      [](Builder& b, const auto& x) { return b.reduce(ReduceKind::Mean, x[0], -1); });
+  add("reduce_max_middle", {"reduce"}, {F({3, 7, 5})},
+      [](Builder& b, const auto& x) { return b.reduce(ReduceKind::Max, x[0], 1); });
+  add("reduce_all_sum", {"reduce_all"}, {F({5, 7})},
+      [](Builder& b, const auto& x) { return b.reduce_all(ReduceKind::Sum, x[0]); });
+  add("reduce_all_mean", {"reduce_all"}, {F({5, 7})},
+      [](Builder& b, const auto& x) { return b.reduce_all(ReduceKind::Mean, x[0]); });
   // matmul: flags, batches, broadcast batches
   for (int flags = 0; flags < 4; ++flags) {
     bool ta = flags & 1, tb = flags & 2;
@@ -86,42 +90,58 @@ std::vector<GradCase> cases() {
         {F(ta ? Shape{7, 5} : Shape{5, 7}), F(tb ? Shape{3, 7} : Shape{7, 3})},
         [ta, tb](Builder& b, const auto& x) { return b.matmul(x[0], x[1], ta, tb); });
   }
-  add("matmul_batched_shared_b", {"matmul"}, {F({2, 5, 7}), F({7, 3})}, [](Builder& b, const auto& x) { return b.matmul(x[0], x[1]); });
-  add("matmul_batched_shared_b_tb", {"matmul"}, {F({2, 5, 7}), F({3, 7})}, [](Builder& b, const auto& x) { return b.matmul(x[0], x[1], false, true); });
-  add("matmul_batched_ta_shared_b", {"matmul"}, {F({2, 7, 5}), F({7, 3})}, [](Builder& b, const auto& x) { return b.matmul(x[0], x[1], true, false); });
-  add("matmul_batch_broadcast", {"matmul"}, {F({1, 3, 4}), F({2, 4, 5})}, [](Builder& b, const auto& x) { return b.matmul(x[0], x[1]); });
-  add("matmul_4d_tb", {"matmul"}, {F({2, 2, 3, 4}), F({2, 2, 5, 4})}, [](Builder& b, const auto& x) { return b.matmul(x[0], x[1], false, true); });
+  add("matmul_batched_shared_b", {"matmul"}, {F({2, 5, 7}), F({7, 3})},
+      [](Builder& b, const auto& x) { return b.matmul(x[0], x[1]); });
+  add("matmul_batched_shared_b_tb", {"matmul"}, {F({2, 5, 7}), F({3, 7})},
+      [](Builder& b, const auto& x) { return b.matmul(x[0], x[1], false, true); });
+  add("matmul_batched_ta_shared_b", {"matmul"}, {F({2, 7, 5}), F({7, 3})},
+      [](Builder& b, const auto& x) { return b.matmul(x[0], x[1], true, false); });
+  add("matmul_batch_broadcast", {"matmul"}, {F({1, 3, 4}), F({2, 4, 5})},
+      [](Builder& b, const auto& x) { return b.matmul(x[0], x[1]); });
+  add("matmul_4d_tb", {"matmul"}, {F({2, 2, 3, 4}), F({2, 2, 5, 4})},
+      [](Builder& b, const auto& x) { return b.matmul(x[0], x[1], false, true); });
   // gathers
-  add("gather_rows_repeated", {"gather_rows"}, {F({11, 5}), I({2, 9}, 11)}, [](Builder& b, const auto& x) { return b.gather_rows(x[0], x[1]); });
-  add("scatter_add_rows", {"scatter_add_rows"}, {I({7}, 5), F({7, 3})}, [](Builder& b, const auto& x) { return b.scatter_add_rows(x[0], x[1], 5); });
+  add("gather_rows_repeated", {"gather_rows"}, {F({11, 5}), I({2, 9}, 11)},
+      [](Builder& b, const auto& x) { return b.gather_rows(x[0], x[1]); });
+  add("scatter_add_rows", {"scatter_add_rows"}, {I({7}, 5), F({7, 3})},
+      [](Builder& b, const auto& x) { return b.scatter_add_rows(x[0], x[1], 5); });
   add("one_hot_weighting", {"one_hot", "pointwise"}, {F({4, 6}), I({4}, 6)},
       [](Builder& b, const auto& x) { return b.mul(x[0], b.one_hot(x[1], 6, DType::f64)); });
   // layout
   add("reshape", {"reshape"}, {F({6, 5})}, [](Builder& b, const auto& x) { return b.reshape(x[0], Shape{3, -1, 5}); });
   add("permute", {"permute"}, {F({2, 3, 4})}, [](Builder& b, const auto& x) { return b.permute(x[0], {2, 0, 1}); });
   add("transpose", {"permute"}, {F({5, 3})}, [](Builder& b, const auto& x) { return b.transpose(x[0], 0, 1); });
-  add("broadcast", {"broadcast"}, {F({3, 1})}, [](Builder& b, const auto& x) { return b.broadcast(x[0], Shape{2, 3, 4}); });
+  add("broadcast", {"broadcast"}, {F({3, 1})}, [](Builder& b, const auto& x) {
+    return b.broadcast(x[0], Shape{2, 3, 4});
+  });
   add("slice_middle", {"slice"}, {F({4, 9})}, [](Builder& b, const auto& x) { return b.slice(x[0], 1, 2, 7); });
   add("slice_head", {"slice"}, {F({5, 3})}, [](Builder& b, const auto& x) { return b.slice(x[0], 0, 0, 2); });
-  add("concat_three", {"concat"}, {F({2, 3}), F({2, 1}), F({2, 4})}, [](Builder& b, const auto& x) { return b.concat({x[0], x[1], x[2]}, 1); });
+  add("concat_three", {"concat"}, {F({2, 3}), F({2, 1}), F({2, 4})}, [](Builder& b, const auto& x) {
+    return b.concat({x[0], x[1], x[2]}, 1);
+  });
   add("split_three_one_unused", {"split"}, {F({2, 7, 3})}, [](Builder& b, const auto& x) {
     std::vector<ValueId> p = b.split(x[0], 1, {2, 4, 1});
     return b.concat({p[2], p[0]}, 1);  // the middle piece gets no gradient
   });
-  add("where_broadcast", {"where"}, {I({3, 4}, 2), F({3, 4}), F({4})}, [](Builder& b, const auto& x) { return b.where(x[0], x[1], x[2]); });
+  add("where_broadcast", {"where"}, {I({3, 4}, 2), F({3, 4}), F({4})},
+      [](Builder& b, const auto& x) { return b.where(x[0], x[1], x[2]); });
   add("cast_int_weights", {"cast", "pointwise"}, {F({3, 4}), I({3, 4}, 5)},
       [](Builder& b, const auto& x) { return b.mul(x[0], b.cast(x[1], DType::f64)); });
   // Through f32 and back: rounding limits what differences can resolve, so a larger step and a
   // tolerance of 1e-4 (f32 resolution over h = 1e-2 on a linear function).
-  add("cast_f64_f32_roundtrip", {"cast"}, {F({3, 4})},
+  add(
+      "cast_f64_f32_roundtrip", {"cast"}, {F({3, 4})},
       [](Builder& b, const auto& x) { return b.cast(b.cast(x[0], DType::f32), DType::f64); }, 1e-2, 1e-4);
   add("stop_gradient", {"stop_gradient", "pointwise"}, {F({3, 4}), Fixed({3, 4})},
       [](Builder& b, const auto& x) { return b.mul(x[0], b.stop_gradient(x[1])); });
-  add("fill", {"fill", "pointwise"}, {F({3, 4})}, [](Builder& b, const auto& x) { return b.mul(x[0], b.fill(Shape{4}, DType::f64, 2.5)); });
-  add("iota", {"iota", "pointwise"}, {F({3, 4})},
-      [](Builder& b, const auto& x) { return b.mul(x[0], b.iota(Shape{3, 4}, DType::f64, ix::coord(1))); });
-  add("random_uniform", {"random", "pointwise"}, {F({5, 7}), I({2}, 1000), I({}, 10)},
-      [](Builder& b, const auto& x) { return b.mul(x[0], b.random(RandomKind::Uniform, Shape{5, 7}, DType::f64, x[1], x[2])); });
+  add("fill", {"fill", "pointwise"}, {F({3, 4})},
+      [](Builder& b, const auto& x) { return b.mul(x[0], b.fill(Shape{4}, DType::f64, 2.5)); });
+  add("iota", {"iota", "pointwise"}, {F({3, 4})}, [](Builder& b, const auto& x) {
+    return b.mul(x[0], b.iota(Shape{3, 4}, DType::f64, ix::coord(1)));
+  });
+  add("random_uniform", {"random", "pointwise"}, {F({5, 7}), I({2}, 1000), I({}, 10)}, [](Builder& b, const auto& x) {
+    return b.mul(x[0], b.random(RandomKind::Uniform, Shape{5, 7}, DType::f64, x[1], x[2]));
+  });
   // composites
   add("softmax", {"reduce", "stop_gradient", "pointwise"}, {F({3, 7}, -2, 2)},
       [](Builder& b, const auto& x) { return composite::softmax(b, x[0]); });
@@ -198,14 +218,17 @@ TEST(PrimGradientTable, StopGradientGivesNoGradient) {
 // --- deliberately wrong rules must fail the checker -------------------------------------
 
 GradCase square_matmul() {
-  return {"square_matmul", {"matmul"}, {F({4, 4}), F({4, 4})}, [](Builder& b, const auto& x) { return b.matmul(x[0], x[1]); }};
+  return {"square_matmul", {"matmul"}, {F({4, 4}), F({4, 4})}, [](Builder& b, const auto& x) {
+            return b.matmul(x[0], x[1]);
+          }};
 }
 
 TEST(WrongVjpRule, CorrectRulePasses) { EXPECT_TRUE(run_case(square_matmul()).ok); }
 
 TEST(WrongVjpRule, ZeroedIsCaught) {
   ScopedVjpOverride guard("matmul", [](Builder& b, const Op& op, const std::vector<ValueId>&) {
-    return std::vector<ValueId>{b.fill(b.info(op.inputs[0]).shape, f64, 0.0), b.fill(b.info(op.inputs[1]).shape, f64, 0.0)};
+    return std::vector<ValueId>{b.fill(b.info(op.inputs[0]).shape, f64, 0.0),
+                                b.fill(b.info(op.inputs[1]).shape, f64, 0.0)};
   });
   EXPECT_FALSE(run_case(square_matmul()).ok);
 }

@@ -9,8 +9,8 @@
 #include <set>
 #include <span>
 
-#include "circuit/error.hpp"
 #include "circuit/composites.hpp"
+#include "circuit/error.hpp"
 #include "circuit/executor.hpp"
 #include "prim_test_util.hpp"
 
@@ -20,9 +20,13 @@ namespace {
 using Dims = std::vector<int64_t>;
 
 template <class T>
-constexpr DType dtype_of() { return std::is_same_v<T, float> ? DType::f32 : DType::f64; }
+constexpr DType dtype_of() {
+  return std::is_same_v<T, float> ? DType::f32 : DType::f64;
+}
 template <class T>
-constexpr double eps() { return std::is_same_v<T, float> ? 1e-6 : 1e-12; }
+constexpr double eps() {
+  return std::is_same_v<T, float> ? 1e-6 : 1e-12;
+}
 
 HostTensor rnd(DType dt, Shape s, uint64_t seed, double lo = -1.0, double hi = 1.0) {
   return testing::random_tensor(testing::InputSpec{std::move(s), dt, lo, hi}, seed);
@@ -90,8 +94,10 @@ std::vector<BodyCase> bodies() {
       {"sub_div", a - b / c, 0.25, 2},
       {"neg_abs", -a + se::abs(b - c), -2, 2},
       {"max_min", se::max(a, b) * se::c(2.0) + se::min(a, c), -2, 2},
-      {"compares", se::lt(a, b) + se::le(a, c) * se::c(2.0) + se::gt(b, c) * se::c(4.0) + se::ge(a, a) * se::c(8.0) +
-                       se::eq(b, b) * se::c(16.0) + se::ne(a, c) * se::c(32.0), -1, 1},
+      {"compares",
+       se::lt(a, b) + se::le(a, c) * se::c(2.0) + se::gt(b, c) * se::c(4.0) + se::ge(a, a) * se::c(8.0) +
+           se::eq(b, b) * se::c(16.0) + se::ne(a, c) * se::c(32.0),
+       -1, 1},
       {"select", se::select(se::gt(a, b), a * c, b - c), -1, 1},
       {"exp", se::exp(a) * b, -2, 2},
       {"log", se::log(a) * c, 0.1, 3},
@@ -235,7 +241,7 @@ TYPED_TEST(PrimReference, MatmulFlagsBatchesAndBroadcast) {
       {{7, 5}, {7, 3}, true, false, {5, 3}},
       {{5, 7}, {3, 7}, false, true, {5, 3}},
       {{7, 5}, {3, 7}, true, true, {5, 3}},
-      {{2, 5, 7}, {7, 3}, false, false, {2, 5, 3}},   // batched a, shared 2-D b
+      {{2, 5, 7}, {7, 3}, false, false, {2, 5, 3}},  // batched a, shared 2-D b
       {{2, 5, 7}, {3, 7}, false, true, {2, 5, 3}},
       {{2, 7, 5}, {7, 3}, true, false, {2, 5, 3}},
       {{1, 2, 3}, {2, 3, 4}, false, false, {2, 2, 4}},  // batch broadcast
@@ -306,8 +312,7 @@ TYPED_TEST(PrimReference, Permute3D) {
   ASSERT_EQ(out.shape(), (Shape{4, 2, 3}));
   for (int64_t i = 0; i < 4; ++i)
     for (int64_t j = 0; j < 2; ++j)
-      for (int64_t k = 0; k < 3; ++k)
-        EXPECT_EQ(out.data<T>()[(i * 2 + j) * 3 + k], x.data<T>()[(j * 3 + k) * 4 + i]);
+      for (int64_t k = 0; k < 3; ++k) EXPECT_EQ(out.data<T>()[(i * 2 + j) * 3 + k], x.data<T>()[(j * 3 + k) * 4 + i]);
 }
 
 TYPED_TEST(PrimReference, Broadcast) {
@@ -343,7 +348,7 @@ TYPED_TEST(PrimReference, ConcatThreeAlongMiddleAxis) {
   for (int64_t i = 0; i < 2; ++i)
     for (int64_t j = 0; j < 7; ++j)
       for (int64_t k = 0; k < 3; ++k) {
-        T want = j < 1 ? x0.data<T>()[(i * 1 + j) * 3 + k]
+        T want = j < 1   ? x0.data<T>()[(i * 1 + j) * 3 + k]
                  : j < 5 ? x1.data<T>()[(i * 4 + (j - 1)) * 3 + k]
                          : x2.data<T>()[(i * 2 + (j - 5)) * 3 + k];
         EXPECT_EQ(out.data<T>()[(i * 7 + j) * 3 + k], want) << i << "," << j << "," << k;
@@ -368,7 +373,8 @@ TYPED_TEST(PrimReference, SplitAlongMiddleAxis) {
 
 TYPED_TEST(PrimReference, WhereWithIntCondBroadcast) {
   using T = TypeParam;
-  HostTensor cond = ints(Shape{3, 1}, {1, 0, -2}), a = rnd(dtype_of<T>(), Shape{3, 4}, 47), b = rnd(dtype_of<T>(), Shape{4}, 48);
+  HostTensor cond = ints(Shape{3, 1}, {1, 0, -2}), a = rnd(dtype_of<T>(), Shape{3, 4}, 47),
+             b = rnd(dtype_of<T>(), Shape{4}, 48);
   Net n;
   HostTensor out = n.run(n.b.where(n.in(cond), n.in(a), n.in(b)));
   ASSERT_EQ(out.shape(), (Shape{3, 4}));
@@ -428,7 +434,8 @@ TEST(PrimReferenceInt, CastTruncatesAndConverts) {
   ValueId f_to_d = n.b.cast(n.in(xf), DType::f64);
   auto out = execute(n.c, n.binds, {to_i, i_to_f, f_to_d});
   ASSERT_EQ(out[0].dtype(), DType::i32);
-  for (size_t i = 0; i < vals.size(); ++i) EXPECT_EQ(out[0].data<int32_t>()[i], static_cast<int32_t>(std::trunc(vals[i])));
+  for (size_t i = 0; i < vals.size(); ++i)
+    EXPECT_EQ(out[0].data<int32_t>()[i], static_cast<int32_t>(std::trunc(vals[i])));
   ASSERT_EQ(out[1].dtype(), DType::f32);
   ASSERT_EQ(out[1].shape(), (Shape{2, 3}));
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(out[1].data<float>()[i], static_cast<float>(xi.data<int32_t>()[i]));
@@ -598,10 +605,11 @@ TYPED_TEST(PrimReference, CrossEntropyIsMeanNegativeLogSoftmaxOfTarget) {
 
 // Every registered Prim has at least one reference test in this file.
 TEST(PrimReferenceTable, EveryRegisteredPrimIsCovered) {
-  const std::set<std::string> covered = {"pointwise", "reduce",    "reduce_all", "matmul",        "gather_rows",
-                                         "scatter_add_rows", "one_hot", "reshape", "permute", "broadcast",
-                                         "slice",     "concat",    "split",    "where",      "cast",          "stop_gradient",
-                                         "fill",      "iota",      "random",     "assign"};
+  const std::set<std::string> covered = {
+      "pointwise", "reduce",  "reduce_all", "matmul",        "gather_rows", "scatter_add_rows",
+      "one_hot",   "reshape", "permute",    "broadcast",     "slice",       "concat",
+      "split",     "where",   "cast",       "stop_gradient", "fill",        "iota",
+      "random",    "assign"};
   for (const PrimDef* p : PrimRegistry::instance().all())
     EXPECT_TRUE(covered.count(p->name)) << "Prim '" << p->name << "' has no reference test";
 }

@@ -115,21 +115,19 @@ TEST(ScalarExp, EvalMissingInputThrows) {
 TEST(ScalarExp, DerivativeUnaryMatchesFiniteDifferences) {
   const ScalarExp x = in(0);
   for (double p : {0.7, -1.3}) {
-    for (const ScalarExp& f : {-x, se::exp(x), se::tanh(x), se::sigmoid(x), se::gelu(x),
-                               se::silu(x), se::sin(x), se::cos(x), se::abs(x)})
+    for (const ScalarExp& f :
+         {-x, se::exp(x), se::tanh(x), se::sigmoid(x), se::gelu(x), se::silu(x), se::sin(x), se::cos(x), se::abs(x)})
       expect_grad_matches_fd(f, {p});
   }
   for (double p : {0.7, 2.3}) {
-    for (const ScalarExp& f : {se::log(x), se::sqrt(x), se::rsqrt(x)})
-      expect_grad_matches_fd(f, {p});
+    for (const ScalarExp& f : {se::log(x), se::sqrt(x), se::rsqrt(x)}) expect_grad_matches_fd(f, {p});
   }
 }
 
 TEST(ScalarExp, DerivativeBinaryMatchesFiniteDifferences) {
   const ScalarExp a = in(0), b = in(1);
   for (const std::vector<double>& p : {std::vector<double>{0.7, -1.3}, {-2.1, 0.4}}) {
-    for (const ScalarExp& f :
-         {a + b, a - b, a * b, a / b, se::max(a, b), se::min(a, b), se::max(b, a), se::min(b, a)})
+    for (const ScalarExp& f : {a + b, a - b, a * b, a / b, se::max(a, b), se::min(a, b), se::max(b, a), se::min(b, a)})
       expect_grad_matches_fd(f, p);
   }
   for (const std::vector<double>& p : {std::vector<double>{0.7, 1.3}, {2.1, -0.4}})
@@ -157,8 +155,7 @@ TEST(ScalarExp, DerivativeNullWhenStructurallyZero) {
   EXPECT_TRUE(se::exp(a).derivative(1).is_null());
   EXPECT_TRUE((a * in(2)).derivative(1).is_null());
   EXPECT_TRUE(c(3.0).derivative(0).is_null());
-  for (const ScalarExp& f :
-       {se::lt(a, b), se::le(a, b), se::gt(a, b), se::ge(a, b), se::eq(a, b), se::ne(a, b)}) {
+  for (const ScalarExp& f : {se::lt(a, b), se::le(a, b), se::gt(a, b), se::ge(a, b), se::eq(a, b), se::ne(a, b)}) {
     EXPECT_TRUE(f.derivative(0).is_null()) << f.str();
     EXPECT_TRUE(f.derivative(1).is_null()) << f.str();
   }

@@ -3,13 +3,12 @@
 // resume from a checkpoint, falling loss, reproducible sampling, and an end-to-end f64
 // gradient check of a tiny GPT.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-
-#include <unistd.h>
 
 #include "circuit/error.hpp"
 #include "core/gradcheck.hpp"
@@ -171,9 +170,7 @@ TEST(Weights, EveryBadFileIsAClearErrorAndLoadsNothing) {
   }
   expect_error(other_format, "is not a kiln weights file");
   std::string not_hdf5 = tmp_path("text.h5");
-  {
-    std::ofstream(not_hdf5) << "hello";
-  }
+  { std::ofstream(not_hdf5) << "hello"; }
   expect_error(not_hdf5, "not HDF5");
   expect_error(tmp_path("missing.h5"), "cannot open");
   for (const auto& p : {good, wrong_dtype, other_format, not_hdf5}) std::filesystem::remove(p);
@@ -248,7 +245,8 @@ TEST(Checkpoint, ResumeIsBitExact) {
 
 TEST(Training, LossFallsOnGeneratedText) {
   TrainRun r = train_tiny(150, "", "", 0, 1e-2);
-  double head = (r.losses[0] + r.losses[1] + r.losses[2]) / 3, tail = (r.losses[147] + r.losses[148] + r.losses[149]) / 3;
+  double head = (r.losses[0] + r.losses[1] + r.losses[2]) / 3,
+         tail = (r.losses[147] + r.losses[148] + r.losses[149]) / 3;
   EXPECT_LT(tail, 0.6 * head) << head << " -> " << tail;
 }
 

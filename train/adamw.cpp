@@ -40,7 +40,8 @@ void AdamW::step(double max_grad_norm) {
     m_[i].assign(map(se::in(0) * se::c(opts_.beta1) + se::in(1) * se::c(1.0 - opts_.beta1), {m_[i], g}));
     v_[i].assign(map(se::in(0) * se::c(opts_.beta2) + se::in(1) * se::in(1) * se::c(1.0 - opts_.beta2), {v_[i], g}));
     Tensor decayed = p;
-    if (opts_.weight_decay != 0.0 && p.rank() >= 2) decayed = map(se::in(0) - se::in(0) * se::in(1) * se::c(opts_.weight_decay), {p, lr});
+    if (opts_.weight_decay != 0.0 && p.rank() >= 2)
+      decayed = map(se::in(0) - se::in(0) * se::in(1) * se::c(opts_.weight_decay), {p, lr});
     // p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), as torch.optim.AdamW.
     p.assign(map(se::in(0) - se::in(1) * se::in(2) / (se::sqrt(se::in(3)) * se::in(4) + se::c(opts_.eps)),
                  {decayed, step_size, m_[i], v_[i], inv_sqrt_bc2}));

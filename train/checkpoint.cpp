@@ -56,7 +56,8 @@ void save_checkpoint(const std::string& path, const models::GPT& model, const op
     }
   }  // closed (flushed) here
   fsync_path(tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error("checkpoint: cannot rename '" + tmp + "' to '" + path + "'");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw Error("checkpoint: cannot rename '" + tmp + "' to '" + path + "'");
   std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
   fsync_path(dir.string());
 }
@@ -82,7 +83,8 @@ CheckpointState load_checkpoint(const std::string& path, models::GPT& model, opt
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string ds = dataset_path(params[i].first);
     for (const auto& [group, target] : {std::pair<std::string, Tensor>{"model/", params[i].second},
-                                        {"exp_avg/", opt.exp_avg()[i]}, {"exp_avg_sq/", opt.exp_avg_sq()[i]}}) {
+                                        {"exp_avg/", opt.exp_avg()[i]},
+                                        {"exp_avg_sq/", opt.exp_avg_sq()[i]}}) {
       if (!f.exists(group + ds)) throw Error("checkpoint '" + path + "': dataset '" + group + ds + "' is missing");
       HostTensor h = f.read(group + ds);
       if (h.shape() != target.shape() || h.dtype() != target.dtype())

@@ -122,8 +122,7 @@ void File::write(const std::string& path, const HostTensor& t) {
   Handle lcpl{H5Pcreate(H5P_LINK_CREATE), H5Pclose};
   H5Pset_create_intermediate_group(lcpl.id, 1);
   std::vector<hsize_t> dims(t.shape().dims().begin(), t.shape().dims().end());
-  Handle space{t.shape().rank() == 0 ? H5Screate(H5S_SCALAR)
-                                     : H5Screate_simple(t.shape().rank(), dims.data(), nullptr),
+  Handle space{t.shape().rank() == 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(t.shape().rank(), dims.data(), nullptr),
                H5Sclose};
   hid_t type = native_type(t.dtype());
   Handle ds{H5Dcreate2(static_cast<hid_t>(id_), path.c_str(), type, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT),
@@ -141,9 +140,7 @@ void File::hard_link(const std::string& target, const std::string& link) {
     fail("cannot link '" + link + "' to '" + target + "'");
 }
 
-bool File::has_attribute(const std::string& name) const {
-  return H5Aexists(static_cast<hid_t>(id_), name.c_str()) > 0;
-}
+bool File::has_attribute(const std::string& name) const { return H5Aexists(static_cast<hid_t>(id_), name.c_str()) > 0; }
 
 int64_t File::read_int_attribute(const std::string& name) const {
   if (!has_attribute(name)) fail("attribute '" + name + "' is missing");

@@ -31,7 +31,8 @@ std::string sample_text(const models::GPT& model, const Tokenizer& tokenizer, co
     for (int64_t v = 0; v < usable; ++v) mx = std::max(mx, logits.get(row + v) / opts.temperature);
     std::vector<double> p(static_cast<size_t>(usable));
     double z = 0;
-    for (int64_t v = 0; v < usable; ++v) z += p[static_cast<size_t>(v)] = std::exp(logits.get(row + v) / opts.temperature - mx);
+    for (int64_t v = 0; v < usable; ++v)
+      z += p[static_cast<size_t>(v)] = std::exp(logits.get(row + v) / opts.temperature - mx);
     double u = bits_to_uniform(philox_bits(opts.seed, 3, static_cast<uint64_t>(n))) * z;
     int32_t next = static_cast<int32_t>(usable - 1);
     for (int64_t v = 0; v < usable; ++v) {

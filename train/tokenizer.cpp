@@ -92,7 +92,10 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
       char hex[16];
       std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(cp));
       names += "'" + utf8_encode({cp}) + "' (" + hex + ")";
-      if (names.size() > 400) { names += ", ..."; break; }
+      if (names.size() > 400) {
+        names += ", ...";
+        break;
+      }
     }
     throw Error("text has " + std::to_string(unknown.size()) + " character(s) outside the vocabulary: " + names);
   }

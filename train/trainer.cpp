@@ -71,8 +71,8 @@ TrainResult Trainer::run() {
     if (step_ % opts_.log_interval == 0 || last || step_ == first + 1) {
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       double per_step = secs / static_cast<double>(step_ - first);
-      spdlog::info("step {:5d}/{}  loss {:.4f}  lr {:.2e}  {:.1f} ms/step  {:.0f} tok/s  ETA {:.0f} s", step_, opts_.steps,
-                   result.losses.back(), lr, 1000 * per_step, tokens_per_step / per_step,
+      spdlog::info("step {:5d}/{}  loss {:.4f}  lr {:.2e}  {:.1f} ms/step  {:.0f} tok/s  ETA {:.0f} s", step_,
+                   opts_.steps, result.losses.back(), lr, 1000 * per_step, tokens_per_step / per_step,
                    per_step * static_cast<double>(opts_.steps - step_));
     }
     if ((opts_.eval_interval > 0 && step_ % opts_.eval_interval == 0) || last) {

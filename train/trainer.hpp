@@ -21,7 +21,7 @@ struct TrainOptions {
   int64_t log_interval = 50;
   int64_t eval_interval = 250;  // 0: only at the end
   int64_t eval_batches = 20;
-  std::string checkpoint;       // written every checkpoint_interval steps and at the end
+  std::string checkpoint;  // written every checkpoint_interval steps and at the end
   int64_t checkpoint_interval = 500;
   int64_t stop_at = 0;  // > 0: stop (and checkpoint) after this step, the schedule still spanning `steps`
 };

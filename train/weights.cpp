@@ -77,7 +77,8 @@ void load_weights(const std::string& path, nn::Module& model) {
   std::vector<std::pair<Tensor, HostTensor>> loaded;
   for (const auto& [name, p] : model.named_parameters()) {
     std::string ds = dataset_path(name);
-    if (!f.exists(ds)) throw Error("weights file '" + path + "': dataset '" + ds + "' for parameter '" + name + "' is missing");
+    if (!f.exists(ds))
+      throw Error("weights file '" + path + "': dataset '" + ds + "' for parameter '" + name + "' is missing");
     DType dt = f.dataset_dtype(ds);
     if (dt != DType::f32)
       throw Error("weights file '" + path + "': dataset '" + ds + "' is " + dtype_name(dt) + ", expected float32");

@@ -5,9 +5,8 @@
 // shape or dtype, or another format is an error naming it, never a partly loaded model.
 #pragma once
 
-#include <string>
-
 #include <optional>
+#include <string>
 
 #include "models/gpt.hpp"
 #include "train/tokenizer.hpp"

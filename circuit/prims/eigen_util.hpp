@@ -26,8 +26,7 @@ decltype(auto) dispatch_float(DType dt, const std::string& op, F&& f) {
   switch (dt) {
     case DType::f32: return f(float{});
     case DType::f64: return f(double{});
-    default:
-      throw Error("op '" + op + "': the Eigen executor runs f32 and f64 tensors, received " + dtype_name(dt));
+    default: throw Error("op '" + op + "': the Eigen executor runs f32 and f64 tensors, received " + dtype_name(dt));
   }
 }
 

@@ -6,17 +6,17 @@ namespace kiln {
 
 class PrimRegistry;
 
-void register_pointwise(PrimRegistry& r);       // pointwise
-void register_reduce(PrimRegistry& r);          // reduce, reduce_all
-void register_matmul(PrimRegistry& r);          // matmul
-void register_gather(PrimRegistry& r);          // gather_rows, scatter_add_rows, one_hot
-void register_shape_ops(PrimRegistry& r);       // reshape, permute, broadcast
-void register_slice_concat(PrimRegistry& r);    // slice, concat, split
-void register_where(PrimRegistry& r);           // where
-void register_cast(PrimRegistry& r);            // cast, stop_gradient
-void register_constants(PrimRegistry& r);       // fill, iota
-void register_random(PrimRegistry& r);          // random
-void register_assign(PrimRegistry& r);          // assign
+void register_pointwise(PrimRegistry& r);     // pointwise
+void register_reduce(PrimRegistry& r);        // reduce, reduce_all
+void register_matmul(PrimRegistry& r);        // matmul
+void register_gather(PrimRegistry& r);        // gather_rows, scatter_add_rows, one_hot
+void register_shape_ops(PrimRegistry& r);     // reshape, permute, broadcast
+void register_slice_concat(PrimRegistry& r);  // slice, concat, split
+void register_where(PrimRegistry& r);         // where
+void register_cast(PrimRegistry& r);          // cast, stop_gradient
+void register_constants(PrimRegistry& r);     // fill, iota
+void register_random(PrimRegistry& r);        // random
+void register_assign(PrimRegistry& r);        // assign
 
 inline void register_all_prims(PrimRegistry& r) {
   register_pointwise(r);

@@ -22,8 +22,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
     ctx.fail(std::string("a and b must share one dtype (no implicit promotion), received ") + dtype_name(in[0].dtype) +
              " and " + dtype_name(in[1].dtype));
   const Shape &a = in[0].shape, &b = in[1].shape;
-  if (a.rank() < 2 || b.rank() < 2)
-    ctx.fail("needs inputs of rank >= 2, received a " + a.str() + " and b " + b.str());
+  if (a.rank() < 2 || b.rank() < 2) ctx.fail("needs inputs of rank >= 2, received a " + a.str() + " and b " + b.str());
   if (p.ints.size() != 2) ctx.fail("params must be {transpose_a, transpose_b}");
   bool ta = p.ints[0] != 0, tb = p.ints[1] != 0;
   int64_t m = ta ? a[a.rank() - 1] : a[a.rank() - 2];
@@ -54,10 +53,14 @@ void gemm(const T* a, int64_t ra, int64_t ca, bool ta, const T* b, int64_t rb, i
   Eigen::Map<const RowMat<T>> A(a, ra, ca), B(b, rb, cb);
   int64_t m = ta ? ca : ra, n = tb ? rb : cb;
   Eigen::Map<RowMat<T>> C(c, m, n);
-  if (!ta && !tb) C.noalias() = A * B;
-  else if (ta && !tb) C.noalias() = A.transpose() * B;
-  else if (!ta && tb) C.noalias() = A * B.transpose();
-  else C.noalias() = A.transpose() * B.transpose();
+  if (!ta && !tb)
+    C.noalias() = A * B;
+  else if (ta && !tb)
+    C.noalias() = A.transpose() * B;
+  else if (!ta && tb)
+    C.noalias() = A * B.transpose();
+  else
+    C.noalias() = A.transpose() * B.transpose();
 }
 
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
@@ -76,7 +79,8 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
       gemm<T>(a.data<T>(), batch.numel() * ra, ca, false, b.data<T>(), rb, cb, tb, out.data<T>());
       return;
     }
-    std::vector<int64_t> sa = ref::broadcast_strides(batch_of(as), batch), sb = ref::broadcast_strides(batch_of(bs), batch);
+    std::vector<int64_t> sa = ref::broadcast_strides(batch_of(as), batch),
+                         sb = ref::broadcast_strides(batch_of(bs), batch);
     const int64_t entries = batch.numel();
     if (entries == 1) {
       // Outside any parallel region, so that Eigen threads the GEMM itself (inside even a
@@ -95,7 +99,8 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
         oa += i * sa[static_cast<size_t>(d)];
         ob += i * sb[static_cast<size_t>(d)];
       }
-      gemm<T>(a.data<T>() + oa * ra * ca, ra, ca, ta, b.data<T>() + ob * rb * cb, rb, cb, tb, out.data<T>() + e * m * n);
+      gemm<T>(a.data<T>() + oa * ra * ca, ra, ca, ta, b.data<T>() + ob * rb * cb, rb, cb, tb,
+              out.data<T>() + e * m * n);
     }
   });
   return {out};

@@ -3,9 +3,9 @@
 // Reference: the body is evaluated node by node as Eigen array expressions over the inputs
 // broadcast to the output shape. VJP: grad_k = g * d(body)/d(in_k), the derivative taken
 // symbolically by ScalarExp and recorded as another pointwise op.
-#include <cmath>
-
 #include <spdlog/fmt/fmt.h>
+
+#include <cmath>
 
 #include "circuit/builder.hpp"
 #include "circuit/prim.hpp"
@@ -62,8 +62,10 @@ void run_block(const std::vector<Instr>& code, const std::vector<const T*>& dire
       case ExpOp::Const: r.setConstant(static_cast<T>(I.value)); break;
       case ExpOp::Input: {
         auto k = static_cast<size_t>(I.input);
-        if (direct[k]) r = Eigen::Map<const ref::Arr<T>>(direct[k] + start, len);
-        else ref::broadcast_range<T>(in[k]->data<T>(), bstrides[k], shape, start, len, r.data());
+        if (direct[k])
+          r = Eigen::Map<const ref::Arr<T>>(direct[k] + start, len);
+        else
+          ref::broadcast_range<T>(in[k]->data<T>(), bstrides[k], shape, start, len, r.data());
         break;
       }
       case ExpOp::Neg: r = -A(); break;
@@ -89,8 +91,12 @@ void run_block(const std::vector<Instr>& code, const std::vector<const T*>& dire
       case ExpOp::Div: r = A() / B(); break;
       case ExpOp::Pow: r = A().pow(B()); break;
       // NaN propagates; ties return the first argument (as ScalarExp::eval).
-      case ExpOp::Max: r = A().binaryExpr(B(), [](T a, T b) { return std::isnan(a) ? a : std::isnan(b) ? b : a >= b ? a : b; }); break;
-      case ExpOp::Min: r = A().binaryExpr(B(), [](T a, T b) { return std::isnan(a) ? a : std::isnan(b) ? b : a <= b ? a : b; }); break;
+      case ExpOp::Max:
+        r = A().binaryExpr(B(), [](T a, T b) { return std::isnan(a) ? a : std::isnan(b) ? b : a >= b ? a : b; });
+        break;
+      case ExpOp::Min:
+        r = A().binaryExpr(B(), [](T a, T b) { return std::isnan(a) ? a : std::isnan(b) ? b : a <= b ? a : b; });
+        break;
       case ExpOp::Lt: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a < b); }); break;
       case ExpOp::Le: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a <= b); }); break;
       case ExpOp::Gt: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a > b); }); break;

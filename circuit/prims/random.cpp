@@ -6,9 +6,9 @@
 //   normal    sqrt(-2 log(1 - u(2i))) * cos(2 pi u(2i + 1))             (Box-Muller, one of the pair)
 //   bernoulli 1 if u(i) < p else 0                                       (dropout keep masks)
 // No gradient flows to key or offset.
-#include <cmath>
-
 #include <spdlog/fmt/fmt.h>
+
+#include <cmath>
 
 #include "circuit/builder.hpp"
 #include "circuit/philox.hpp"

@@ -37,8 +37,8 @@ std::vector<ValueInfo> reshape_shape(const ShapeCtx& ctx, const std::vector<Valu
     known = n;
   }
   if (known != n)
-    ctx.fail("cannot reshape " + in[0].shape.str() + " (" + std::to_string(n) + " elements) to " +
-             Shape(p.ints).str() + " (" + std::to_string(known) + " elements)");
+    ctx.fail("cannot reshape " + in[0].shape.str() + " (" + std::to_string(n) + " elements) to " + Shape(p.ints).str() +
+             " (" + std::to_string(known) + " elements)");
   return {{Shape(dims), in[0].dtype}};
 }
 

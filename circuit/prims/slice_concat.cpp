@@ -179,7 +179,8 @@ void register_slice_concat(PrimRegistry& r) {
   s.eval = slice_eval;
   s.vjp = slice_vjp;
   s.describe = [](const Params& p) {
-    return "axis=" + std::to_string(p.ints[0]) + " [" + std::to_string(p.ints[1]) + ":" + std::to_string(p.ints[2]) + "]";
+    return "axis=" + std::to_string(p.ints[0]) + " [" + std::to_string(p.ints[1]) + ":" + std::to_string(p.ints[2]) +
+           "]";
   };
   r.add(s);
 
@@ -199,7 +200,8 @@ void register_slice_concat(PrimRegistry& r) {
   sp.eval = split_eval;
   sp.vjp = split_vjp;
   sp.describe = [](const Params& p) {
-    return "axis=" + std::to_string(p.ints[0]) + " " + Shape(std::vector<int64_t>(p.ints.begin() + 1, p.ints.end())).str();
+    return "axis=" + std::to_string(p.ints[0]) + " " +
+           Shape(std::vector<int64_t>(p.ints.begin() + 1, p.ints.end())).str();
   };
   r.add(sp);
 }

@@ -39,7 +39,8 @@ double gemm_gflops() {
   ValueId b = c.add_external({Shape{1024, 1024}, DType::f32}, ValueRole::Input);
   Builder bl(c);
   Program p(c, {bl.matmul(a, b)});
-  std::vector<HostTensor> binds{HostTensor::zeros(DType::f32, {1024, 1024}), HostTensor::zeros(DType::f32, {1024, 1024})};
+  std::vector<HostTensor> binds{HostTensor::zeros(DType::f32, {1024, 1024}),
+                                HostTensor::zeros(DType::f32, {1024, 1024})};
   for (auto& t : binds)
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<double>(i % 17) / 17.0 - 0.5);
   p.run(binds);
@@ -52,8 +53,13 @@ double gemm_gflops() {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv,
-         {{"layers", "(default 4)"}, {"heads", "(default 4)"}, {"embd", "(default 128)"}, {"block", "(default 64)"},
-          {"batch", "(default 16)"}, {"vocab-size", "(default 65)"}, {"steps", "timed steps (default 20)"}},
+         {{"layers", "(default 4)"},
+          {"heads", "(default 4)"},
+          {"embd", "(default 128)"},
+          {"block", "(default 64)"},
+          {"batch", "(default 16)"},
+          {"vocab-size", "(default 65)"},
+          {"steps", "timed steps (default 20)"}},
          "usage: kiln bench [options]\n\nTimes full GPT training steps (AdamW, dropout 0) on the CPU.");
   if (a.help()) {
     a.print_help();

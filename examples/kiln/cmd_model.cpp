@@ -20,8 +20,10 @@ std::unique_ptr<models::GPT> load_model(const std::string& path) {
 
 Tokenizer require_tokenizer(const std::string& path) {
   std::optional<Tokenizer> tok = load_tokenizer(path);
-  if (!tok) throw Error("weights file '" + path + "' has no tokenizer (the model was not trained on text), so it cannot "
-                        "turn text into tokens");
+  if (!tok)
+    throw Error("weights file '" + path +
+                "' has no tokenizer (the model was not trained on text), so it cannot "
+                "turn text into tokens");
   return *tok;
 }
 }  // namespace
@@ -61,9 +63,10 @@ int cmd_sample(const std::vector<std::string>& argv) {
 }
 
 int cmd_eval(const std::vector<std::string>& argv) {
-  Args a(argv, {{"weights", "weights file (required)"}, {"data", "text file (required)"}},
-         "usage: kiln eval --weights model.h5 --data FILE\n\nPrints the mean loss in nats per token over non-overlapping\n"
-         "block-long windows of the file (a last partial window is dropped).");
+  Args a(
+      argv, {{"weights", "weights file (required)"}, {"data", "text file (required)"}},
+      "usage: kiln eval --weights model.h5 --data FILE\n\nPrints the mean loss in nats per token over non-overlapping\n"
+      "block-long windows of the file (a last partial window is dropped).");
   if (a.help()) {
     a.print_help();
     return 0;

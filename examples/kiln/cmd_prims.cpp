@@ -9,12 +9,14 @@ namespace kiln::cli {
 
 int cmd_prims(const std::vector<std::string>& args) {
   if (!args.empty()) {
-    std::printf("usage: kiln prims\n\nPrints every registered Prim with the rules it implements.\n"
-                "Columns: shape rule, Eigen reference in f32 and f64, VJP rule (\"n/a\": no inputs to\n"
-                "differentiate), GPU lowering (none yet: the PTX back end is a later issue).\n");
+    std::printf(
+        "usage: kiln prims\n\nPrints every registered Prim with the rules it implements.\n"
+        "Columns: shape rule, Eigen reference in f32 and f64, VJP rule (\"n/a\": no inputs to\n"
+        "differentiate), GPU lowering (none yet: the PTX back end is a later issue).\n");
     return args[0] == "--help" || args[0] == "-h" ? 0 : 2;
   }
-  std::printf("%-18s %-18s %-6s %-8s %-8s %-6s %-8s\n", "prim", "family", "shape", "ref f32", "ref f64", "vjp", "lowering");
+  std::printf("%-18s %-18s %-6s %-8s %-8s %-6s %-8s\n", "prim", "family", "shape", "ref f32", "ref f64", "vjp",
+              "lowering");
   int n = 0;
   for (const PrimDef* p : PrimRegistry::instance().all()) {
     const char* vjp = !p->differentiable ? "n/a" : p->vjp ? "yes" : "no";

@@ -33,7 +33,8 @@ int cmd_train(const std::vector<std::string>& argv) {
           {"seed", "seed for initialization, batches and sampling (default 1337)"},
           {"eval-every", "steps between validation losses (default 250)"},
           {"device", "auto (default), cpu or cuda"}},
-         "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) with AdamW on a character- or byte-level corpus.");
+         "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) with AdamW on a character- or byte-level "
+         "corpus.");
   if (a.help()) {
     a.print_help();
     return 0;
@@ -44,7 +45,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   if (a.str("tokenizer", "char") != "char" && a.str("tokenizer", "char") != "byte")
     throw Error("--tokenizer must be char or byte");
   std::string text = read_corpus(a.str("data", kDefaultCorpus));
-  Tokenizer tok = a.has("resume") ? read_checkpoint_tokenizer(a.str("resume", ""))
+  Tokenizer tok = a.has("resume")                        ? read_checkpoint_tokenizer(a.str("resume", ""))
                   : a.str("tokenizer", "char") == "byte" ? Tokenizer::byte_level()
                                                          : Tokenizer::char_level(text);
   models::GPTConfig c;

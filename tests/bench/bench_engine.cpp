@@ -16,7 +16,9 @@ struct Mlp {
         b1(Tensor::parameter("b1", HostTensor::zeros(DType::f32, {hidden}))),
         w2(Tensor::parameter("w2", Tensor::randn({hidden, out}).to_host())),
         b2(Tensor::parameter("b2", HostTensor::zeros(DType::f32, {out}))) {}
-  Tensor loss(const Tensor& x, const Tensor& y) const { return cross_entropy(matmul(gelu(matmul(x, w1) + b1), w2) + b2, y); }
+  Tensor loss(const Tensor& x, const Tensor& y) const {
+    return cross_entropy(matmul(gelu(matmul(x, w1) + b1), w2) + b2, y);
+  }
 };
 
 // A whole training step (record, backward, SGD, realize) on tiny sizes, so host work dominates.

@@ -5,15 +5,6 @@
 
 namespace kiln {
 
-const char* arena_kind_name(ArenaKind k) {
-  switch (k) {
-    case ArenaKind::Param: return "param";
-    case ArenaKind::Grad: return "grad";
-    case ArenaKind::State: return "state";
-  }
-  return "?";
-}
-
 ArenaSet::Arena& ArenaSet::arena(ArenaKind kind, DType dtype) {
   for (Arena& a : arenas_)
     if (a.kind == kind && a.dtype == dtype) return a;

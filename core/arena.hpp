@@ -12,7 +12,6 @@
 namespace kiln {
 
 enum class ArenaKind : uint8_t { Param, Grad, State };
-const char* arena_kind_name(ArenaKind k);
 
 struct ArenaSlot {
   ArenaKind kind;
@@ -27,7 +26,6 @@ class ArenaSet {
   // Reserves a zero-filled slot; offsets are aligned to 16 elements (64 bytes for f32).
   int32_t allocate(ArenaKind kind, DType dtype, const Shape& shape, std::string name);
   const ArenaSlot& slot(int32_t id) const { return slots_.at(static_cast<size_t>(id)); }
-  size_t num_slots() const { return slots_.size(); }
   // A view of the slot's current storage (valid until the next allocate in that arena).
   HostTensor view(int32_t id) const;
   // The whole arena of (kind, dtype) as a 1-D view; empty if none.

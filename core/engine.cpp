@@ -101,22 +101,19 @@ Tensor Engine::new_persistent(ArenaKind kind, const std::string& name, const Hos
   if (requires_grad && !(init.dtype() == DType::f32 || init.dtype() == DType::f64))
     throw Error("parameter '" + name + "': only f32/f64 parameters can require gradients, received " +
                 dtype_name(init.dtype()));
-  auto impl = std::make_shared<TensorImpl>();
-  impl->engine = this;
-  impl->info = {init.shape(), init.dtype()};
-  impl->name = name;
-  impl->slot = arenas_.allocate(kind, init.dtype(), init.shape(), name);
+  auto persistent = [&](ArenaKind k, const std::string& n) {  // zero-filled slot
+    auto t = std::make_shared<TensorImpl>();
+    t->engine = this;
+    t->info = {init.shape(), init.dtype()};
+    t->name = n;
+    t->slot = arenas_.allocate(k, init.dtype(), init.shape(), n);
+    return t;
+  };
+  auto impl = persistent(kind, name);
   if (init.nbytes()) std::memcpy(arenas_.view(impl->slot).raw(), init.raw(), init.nbytes());
   impl->requires_grad = requires_grad;
   owners_[impl->slot] = impl;
-  if (requires_grad) {
-    auto g = std::make_shared<TensorImpl>();
-    g->engine = this;
-    g->info = impl->info;
-    g->name = name + ".grad";
-    g->slot = arenas_.allocate(ArenaKind::Grad, init.dtype(), init.shape(), g->name);
-    impl->grad = g;
-  }
+  if (requires_grad) impl->grad = persistent(ArenaKind::Grad, name + ".grad");
   return Tensor(impl);
 }
 

@@ -39,28 +39,31 @@ std::string Args::required(const std::string& name) const {
   return it->second;
 }
 
-int64_t Args::integer(const std::string& name, int64_t fallback) const {
-  auto it = values_.find(name);
-  if (it == values_.end()) return fallback;
+namespace {
+// The whole value must convert (std::stoll / std::stod), else an error naming the option.
+template <class T, class Convert>
+T parse_number(const std::map<std::string, std::string>& values, const std::string& name, T fallback, Convert convert,
+               const char* what) {
+  auto it = values.find(name);
+  if (it == values.end()) return fallback;
   try {
     size_t used = 0;
-    int64_t v = std::stoll(it->second, &used);
+    T v = convert(it->second, &used);
     if (used == it->second.size()) return v;
   } catch (const std::exception&) {
   }
-  throw Error("option --" + name + ": '" + it->second + "' is not an integer");
+  throw Error("option --" + name + ": '" + it->second + "' is not " + what);
+}
+}  // namespace
+
+int64_t Args::integer(const std::string& name, int64_t fallback) const {
+  return parse_number<int64_t>(
+      values_, name, fallback, [](const std::string& s, size_t* used) { return std::stoll(s, used); }, "an integer");
 }
 
 double Args::real(const std::string& name, double fallback) const {
-  auto it = values_.find(name);
-  if (it == values_.end()) return fallback;
-  try {
-    size_t used = 0;
-    double v = std::stod(it->second, &used);
-    if (used == it->second.size()) return v;
-  } catch (const std::exception&) {
-  }
-  throw Error("option --" + name + ": '" + it->second + "' is not a number");
+  return parse_number<double>(
+      values_, name, fallback, [](const std::string& s, size_t* used) { return std::stod(s, used); }, "a number");
 }
 
 }  // namespace kiln::cli

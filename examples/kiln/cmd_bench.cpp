@@ -53,13 +53,7 @@ double gemm_gflops() {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv,
-         {{"layers", "(default 4)"},
-          {"heads", "(default 4)"},
-          {"embd", "(default 128)"},
-          {"block", "(default 64)"},
-          {"batch", "(default 16)"},
-          {"vocab-size", "(default 65)"},
-          {"steps", "timed steps (default 20)"}},
+         with_model_flags({{"batch", "sequences per step (default 16)"}, {"steps", "timed steps (default 20)"}}, true),
          "usage: kiln bench [options]\n\nTimes full GPT training steps (AdamW, dropout 0) on the CPU.");
   if (a.help()) {
     a.print_help();

@@ -28,6 +28,15 @@ Tokenizer require_tokenizer(const std::string& path) {
 }
 }  // namespace
 
+std::map<std::string, std::string> with_model_flags(std::map<std::string, std::string> options, bool vocab_size) {
+  options["layers"] = "transformer blocks (default 4)";
+  options["heads"] = "attention heads (default 4)";
+  options["embd"] = "embedding width (default 128)";
+  options["block"] = "context length (default 64)";
+  if (vocab_size) options["vocab-size"] = "vocabulary size (default 65)";
+  return options;
+}
+
 models::GPTConfig config_from_flags(const Args& a) {
   models::GPTConfig c;
   c.n_layer = a.integer("layers", 4);
@@ -98,13 +107,8 @@ int cmd_eval(const std::vector<std::string>& argv) {
 
 int cmd_init(const std::vector<std::string>& argv) {
   Args a(argv,
-         {{"out", "weights file to write (required)"},
-          {"layers", "transformer blocks (default 4)"},
-          {"heads", "attention heads (default 4)"},
-          {"embd", "embedding width (default 128)"},
-          {"block", "context length (default 64)"},
-          {"vocab-size", "vocabulary size (default 65)"},
-          {"seed", "initialization seed (default 1337)"}},
+         with_model_flags({{"out", "weights file to write (required)"}, {"seed", "initialization seed (default 1337)"}},
+                          true),
          "usage: kiln init --out model.h5 [options]\n\nWrites freshly initialized GPT weights (GPT-2 initialization).");
   if (a.help()) {
     a.print_help();

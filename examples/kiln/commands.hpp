@@ -2,6 +2,7 @@
 // returns the process exit code.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -10,8 +11,9 @@
 namespace kiln::cli {
 
 class Args;
-// The model shape from --layers --heads --embd --block --vocab-size (defaults: the kiln train
-// default config, vocabulary 65).
+// The model-shape options (--layers --heads --embd --block, and --vocab-size when asked) added
+// to a command's own, and the config they give (defaults: kiln train's config, vocabulary 65).
+std::map<std::string, std::string> with_model_flags(std::map<std::string, std::string> options, bool vocab_size);
 models::GPTConfig config_from_flags(const Args& a);
 
 int cmd_prims(const std::vector<std::string>& args);

@@ -81,20 +81,10 @@ Program::Program(Circuit circuit, std::vector<ValueId> outputs)
 
 std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) const {
   flush_subnormals_once();
+  check_bindings(circuit_, bindings, "executor");
   const auto& ext = circuit_.externals();
-  if (bindings.size() != ext.size())
-    throw Error("executor: the circuit has " + std::to_string(ext.size()) + " external values, " +
-                std::to_string(bindings.size()) + " were bound");
   std::vector<HostTensor> values(circuit_.num_values());
-  for (size_t i = 0; i < ext.size(); ++i) {
-    const Value& v = circuit_.value(ext[i]);
-    const HostTensor& b = bindings[i];
-    if (!b.defined() || b.dtype() != v.info.dtype || b.shape() != v.info.shape)
-      throw Error("executor: binding for %" + std::to_string(ext[i]) + (v.name.empty() ? "" : " '" + v.name + "'") +
-                  ": expected " + dtype_name(v.info.dtype) + v.info.shape.str() + ", received " +
-                  (b.defined() ? std::string(dtype_name(b.dtype())) + b.shape().str() : std::string("nothing")));
-    values[static_cast<size_t>(ext[i])] = b;
-  }
+  for (size_t i = 0; i < ext.size(); ++i) values[static_cast<size_t>(ext[i])] = bindings[i];
   const auto& ops = circuit_.ops();
   std::vector<std::pair<ValueId, HostTensor>> commits;  // (persistent external, new contents)
   std::vector<const HostTensor*> in;
@@ -134,6 +124,21 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
   std::vector<HostTensor> result;
   for (ValueId o : outputs_) result.push_back(values[static_cast<size_t>(o)]);
   return result;
+}
+
+void check_bindings(const Circuit& c, const std::vector<HostTensor>& bindings, const std::string& who) {
+  const auto& ext = c.externals();
+  if (bindings.size() != ext.size())
+    throw Error(who + ": the circuit has " + std::to_string(ext.size()) + " external values, " +
+                std::to_string(bindings.size()) + " were bound");
+  for (size_t i = 0; i < ext.size(); ++i) {
+    const Value& v = c.value(ext[i]);
+    const HostTensor& b = bindings[i];
+    if (!b.defined() || b.dtype() != v.info.dtype || b.shape() != v.info.shape)
+      throw Error(who + ": binding for %" + std::to_string(ext[i]) + (v.name.empty() ? "" : " '" + v.name + "'") +
+                  ": expected " + dtype_name(v.info.dtype) + v.info.shape.str() + ", received " +
+                  (b.defined() ? std::string(dtype_name(b.dtype())) + b.shape().str() : std::string("nothing")));
+  }
 }
 
 std::vector<HostTensor> execute(const Circuit& c, const std::vector<HostTensor>& bindings,

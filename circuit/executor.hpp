@@ -28,6 +28,10 @@ class Program {
   std::vector<std::vector<ValueId>> free_after_;  // per op: intermediates dead after it runs
 };
 
+// Throws kiln::Error (prefixed with `who`) unless `bindings` holds one tensor per external of c,
+// each with the external's dtype and shape; the message names the value.
+void check_bindings(const Circuit& c, const std::vector<HostTensor>& bindings, const std::string& who);
+
 // One-shot convenience: Program(c, outputs).run(bindings).
 std::vector<HostTensor> execute(const Circuit& c, const std::vector<HostTensor>& bindings,
                                 const std::vector<ValueId>& outputs);

@@ -1,22 +1,34 @@
 // Device parsing and availability.
 #include "core/device.hpp"
 
+#include <cstdlib>
+#include <memory>
+
 #include "circuit/error.hpp"
+#include "cuda/fake_driver.hpp"
+#include "cuda/runtime.hpp"
 
 namespace kiln {
 
 const char* device_name(Device d) { return d == Device::CUDA ? "cuda" : "cpu"; }
 
-// The PTX back end is not built yet, so no GPU is usable by kiln whatever the machine has.
-bool cuda_available() { return false; }
+cuda::Runtime* cuda_runtime(std::string* why) {
+  if (const char* fake = std::getenv("KILN_FAKE_CUDA"); fake && std::string(fake) == "1") {
+    static cuda::Runtime rt(cuda::fake_driver(), cuda::RuntimeOptions{"", "", true});
+    return &rt;
+  }
+  return cuda::Runtime::system(why);
+}
+
+bool cuda_available() { return cuda_runtime() != nullptr; }
 
 Device parse_device(const std::string& s) {
   if (s == "cpu") return Device::CPU;
   if (s == "auto") return cuda_available() ? Device::CUDA : Device::CPU;
   if (s == "cuda") {
-    if (!cuda_available())
-      throw Error(
-          "--device cuda: no usable GPU (this build of kiln has no CUDA back end yet); use --device cpu or auto");
+    std::string why;
+    if (!cuda_runtime(&why))
+      throw Error("--device cuda: no usable GPU (" + why + "); use --device cpu or auto");
     return Device::CUDA;
   }
   throw Error("unknown device '" + s + "': expected auto, cpu or cuda");

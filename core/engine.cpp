@@ -252,7 +252,20 @@ void Engine::realize() {
     stats_.last_hash_bind_ms = ms_since(t0) - plan_ms;
     stats_.last_plan_ms = plan_ms;
     auto tr = std::chrono::steady_clock::now();
-    std::vector<HostTensor> results = plan->program->run(binds);
+    std::vector<HostTensor> results;
+    if (device_ == Device::CUDA) {
+      if (!plan->device) {
+        auto tl = std::chrono::steady_clock::now();
+        plan->device = std::make_unique<cuda::DeviceProgram>(plan->program->circuit(), plan->program->outputs(), *runtime_);
+        spdlog::debug("plan lowered for {}: {} kernels in {:.1f} ms", runtime_->device_name(),
+                      plan->device->kernels().size(), ms_since(tl));
+        if (const char* dump = std::getenv("KILN_DUMP"); dump && std::string(dump) != "0")
+          std::fprintf(stderr, "%s", plan->device->dump().c_str());
+      }
+      results = plan->device->run(binds);
+    } else {
+      results = plan->program->run(binds);
+    }
     stats_.last_run_ms = ms_since(tr);
     stats_.last_recorded_ops = plan->recorded_ops;
     stats_.last_executed_ops = plan->optimized_ops;
@@ -289,6 +302,18 @@ Engine::Recording Engine::take_recording() {
 }
 
 void Engine::restore_recording(Recording rec) { rec_ = std::move(rec); }
+
+void Engine::set_device(Device d, cuda::Runtime* runtime) {
+  realize();  // pending work runs where it was recorded for
+  if (d == Device::CUDA) {
+    std::string why;
+    runtime_ = runtime ? runtime : cuda_runtime(&why);
+    if (!runtime_) throw Error("device cuda: no usable GPU (" + why + ")");
+  } else {
+    runtime_ = nullptr;
+  }
+  device_ = d;
+}
 
 void Engine::manual_seed(uint64_t seed) {
   seed_ = seed;

@@ -11,6 +11,7 @@
 
 #include "circuit/builder.hpp"
 #include "core/arena.hpp"
+#include "core/device.hpp"
 #include "core/plan_cache.hpp"
 #include "core/tensor.hpp"
 
@@ -76,6 +77,10 @@ class Engine {
 
   // --- settings and state -----------------------------------------------------------------
   void manual_seed(uint64_t seed);
+  // Where realize() runs steps. CUDA runs them through `runtime` (default: cuda_runtime());
+  // throws kiln::Error when there is none.
+  void set_device(Device d, cuda::Runtime* runtime = nullptr);
+  Device device() const { return device_; }
   uint64_t seed() const { return seed_; }
   uint64_t random_counter() const { return random_counter_; }
   void set_random_counter(uint64_t c) { random_counter_ = c; }
@@ -113,6 +118,8 @@ class Engine {
   ArenaSet arenas_;
   PlanCache cache_;
   EngineStats stats_;
+  Device device_ = Device::CPU;
+  cuda::Runtime* runtime_ = nullptr;
   uint64_t seed_ = 0x5EED;
   uint64_t random_counter_ = 0;
   std::vector<std::string> scopes_;

@@ -17,6 +17,12 @@ const Plan* PlanCache::find(uint64_t hash, const Circuit& recorded, const std::v
   return nullptr;
 }
 
+std::vector<const Plan*> PlanCache::plans() const {
+  std::vector<const Plan*> out;
+  for (const auto& e : entries_) out.push_back(&e.plan);
+  return out;
+}
+
 const Plan* PlanCache::build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested) {
   recorded.verify();  // ordering of buffer reads and writes, before passes could hide it
   std::vector<ValueId> outputs = requested;

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "circuit/executor.hpp"
+#include "cuda/device_program.hpp"
 
 namespace kiln {
 
@@ -15,6 +16,8 @@ struct Plan {
   std::vector<ValueId> requested;    // the key: the values the caller asked for (recorded ids)
   std::unique_ptr<Program> program;  // optimized circuit; outputs in the order of `requested`
   size_t recorded_ops = 0, optimized_ops = 0;
+  // The optimized circuit lowered for the GPU, built on the plan's first run there.
+  mutable std::unique_ptr<cuda::DeviceProgram> device;
 };
 
 class PlanCache {
@@ -25,6 +28,7 @@ class PlanCache {
   // Builds (DCE, CSE, Program) and inserts; evicts the least recently used beyond capacity.
   const Plan* build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
   size_t size() const { return entries_.size(); }
+  std::vector<const Plan*> plans() const;  // most recently used first
   size_t capacity() const { return capacity_; }
   void clear() { entries_.clear(); }
 

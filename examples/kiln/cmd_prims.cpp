@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "circuit/prim.hpp"
+#include "cuda/lower.hpp"
 #include "commands.hpp"
 
 namespace kiln::cli {
@@ -12,16 +13,18 @@ int cmd_prims(const std::vector<std::string>& args) {
     std::printf(
         "usage: kiln prims\n\nPrints every registered Prim with the rules it implements.\n"
         "Columns: shape rule, Eigen reference in f32 and f64, VJP rule (\"n/a\": no inputs to\n"
-        "differentiate), GPU lowering (none yet: the PTX back end is a later issue).\n");
+        "differentiate), and how the PTX back end lowers it to kernels.\n");
     return args[0] == "--help" || args[0] == "-h" ? 0 : 2;
   }
-  std::printf("%-18s %-18s %-6s %-8s %-8s %-6s %-8s\n", "prim", "family", "shape", "ref f32", "ref f64", "vjp",
-              "lowering");
+  std::printf("%-18s %-18s %-6s %-8s %-8s %-6s %s\n", "prim", "family", "shape", "ref f32", "ref f64", "vjp",
+              "lowering (GPU)");
   int n = 0;
   for (const PrimDef* p : PrimRegistry::instance().all()) {
     const char* vjp = !p->differentiable ? "n/a" : p->vjp ? "yes" : "no";
-    std::printf("%-18s %-18s %-6s %-8s %-8s %-6s %-8s\n", p->name.c_str(), p->family.c_str(), p->shape ? "yes" : "no",
-                p->eval && p->ref_f32 ? "yes" : "no", p->eval && p->ref_f64 ? "yes" : "no", vjp, "no");
+    std::string lowering = cuda::lowering_summary(p->name);
+    std::printf("%-18s %-18s %-6s %-8s %-8s %-6s %s\n", p->name.c_str(), p->family.c_str(), p->shape ? "yes" : "no",
+                p->eval && p->ref_f32 ? "yes" : "no", p->eval && p->ref_f64 ? "yes" : "no", vjp,
+                lowering.empty() ? "no" : lowering.c_str());
     ++n;
   }
   std::printf("%d prims\n", n);

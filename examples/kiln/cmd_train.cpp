@@ -6,6 +6,7 @@
 #include "circuit/error.hpp"
 #include "commands.hpp"
 #include "core/device.hpp"
+#include "core/engine.hpp"
 #include "train/checkpoint.hpp"
 #include "train/sample.hpp"
 #include "train/trainer.hpp"
@@ -37,6 +38,7 @@ int cmd_train(const std::vector<std::string>& argv) {
     return 0;
   }
   Device device = parse_device(a.str("device", "auto"));
+  Engine::current().set_device(device);
   spdlog::info("device: {}", device_name(device));
   const uint64_t seed = static_cast<uint64_t>(a.integer("seed", 1337));
   if (a.str("tokenizer", "char") != "char" && a.str("tokenizer", "char") != "byte")

@@ -23,5 +23,6 @@ int cmd_eval(const std::vector<std::string>& args);
 int cmd_init(const std::vector<std::string>& args);
 int cmd_dump(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
+int cmd_ptx(const std::vector<std::string>& args);
 
 }  // namespace kiln::cli

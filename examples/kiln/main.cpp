@@ -23,6 +23,7 @@ const std::map<std::string, Command>& commands() {
       {"eval", {kiln::cli::cmd_eval, "mean loss (nats/token) of a weights file on a text file"}},
       {"init", {kiln::cli::cmd_init, "write freshly initialized GPT weights"}},
       {"dump", {kiln::cli::cmd_dump, "logits, loss and gradients of one batch, for checks against other frameworks"}},
+      {"ptx", {kiln::cli::cmd_ptx, "write the PTX of every kernel of one training step, with an index"}},
       {"bench", {kiln::cli::cmd_bench, "time full training steps; compare with the machine's GEMM rate"}},
   };
   return table;

@@ -1,0 +1,56 @@
+// DeviceProgram: a Circuit lowered to kernel launches and run through a Runtime (a GPU, or the
+// fake driver's simulator). Same contract as the Eigen executor's Program::run: bindings per
+// external, results per requested output, and persistent buffers written by assign ops only
+// after the whole step succeeded on the device (the commit downloads them into the bound host
+// buffers). Every binding is uploaded per run: parameters are not yet resident on the device.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "circuit/circuit.hpp"
+#include "cuda/lower.hpp"
+#include "cuda/runtime.hpp"
+
+namespace kiln::cuda {
+
+struct DeviceRunStats {
+  int64_t launches = 0;
+  size_t peak_bytes = 0;  // device bytes held by this run's buffers at their peak
+};
+
+class DeviceProgram {
+ public:
+  // Lowers every op (errors name the op and layer) and loads every kernel through `rt`.
+  DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runtime& rt);
+
+  std::vector<HostTensor> run(const std::vector<HostTensor>& bindings);
+
+  const Circuit& circuit() const { return circuit_; }
+  // One entry per launch, in launch order.
+  struct KernelInfo {
+    int op = 0;
+    std::string prim;
+    const Launch* launch = nullptr;
+    int registers = -1;
+  };
+  std::vector<KernelInfo> kernels() const;
+  // The back end's own dump: each op with its lowering, kernels, grids and blocks.
+  std::string dump() const;
+  const DeviceRunStats& last_run() const { return last_run_; }
+
+ private:
+  Circuit circuit_;
+  std::vector<ValueId> outputs_;
+  Runtime& rt_;
+  std::vector<LoweredOp> lowered_;
+  std::vector<std::vector<LoadedKernel>> loaded_;  // per op, per launch
+  std::vector<ValueId> root_;                      // value -> the value whose buffer it uses
+  std::vector<std::vector<ValueId>> free_after_;   // per op: buffers (roots) dead after it
+  std::vector<int> status_slot_;                   // per op: its status words, or -1
+  int status_slots_ = 0;
+  DeviceRunStats last_run_;
+};
+
+}  // namespace kiln::cuda

@@ -1,0 +1,36 @@
+// The fake driver: the DriverApi table implemented on the CPU. Every call is checked (handles,
+// allocation bounds, double frees, parameter buffer size and alignment against the kernel's
+// parameters, launch dimensions and shared memory) and a launched kernel runs in the SIMT
+// simulator on the fake device's memory. It reports itself as an sm_90 device. It does not
+// parse PTX: a PTX text compiles when Driver::observe_kernel was given its IR, and cuLinkComplete
+// returns a "fake cubin" ("KILNFAKECUBIN\n", the PTX text, a NUL) that loads the same way.
+#pragma once
+
+#include <string>
+
+#include "cuda/driver_api.hpp"
+#include "cuda/simulator.hpp"
+
+namespace kiln::cuda {
+
+// The fake driver's table. All tables share one process-wide fake device.
+Driver fake_driver();
+
+// The fake device's state, for tests: its memory and counters.
+struct FakeDeviceState {
+  sim::DeviceMemory* memory;
+  int64_t launches;
+  int64_t modules_loaded;  // cuModuleLoadDataEx calls that succeeded
+  int64_t jit_compiles;    // PTX compilations: cuLinkAddData of PTX, cuModuleLoadDataEx of PTX text
+};
+FakeDeviceState fake_device_state();
+
+// Test hook: the next PTX compilation (cuLinkAddData of PTX, or cuModuleLoadDataEx of PTX text)
+// fails with CUDA_ERROR_INVALID_PTX and `log` as the driver's error log.
+void fake_driver_fail_next_jit(std::string log);
+
+// The message of the last failed fake-driver call (the simulator's report for a failed launch),
+// empty when none failed; the runtime puts it in its exceptions.
+std::string fake_driver_last_error();
+
+}  // namespace kiln::cuda

@@ -1,0 +1,52 @@
+// The generic elementwise kernel and the lowerings built on it (pointwise, where, cast, the
+// element-moving shape ops, fill, iota, one_hot, random). Internal to cuda/.
+#pragma once
+
+#include <functional>
+
+#include "cuda/lower_util.hpp"
+
+namespace kiln::cuda {
+
+// How a kernel operand is addressed: element offset = base + sum_k coord_k * strides[k] over
+// the coordinates of the index domain; `arg` is the kernel parameter holding the buffer.
+struct Access {
+  int arg = 0;
+  DType dtype = DType::f32;
+  std::vector<int64_t> strides;
+  int64_t base = 0;
+  int64_t elements = 0;  // of the whole buffer (chooses the index type)
+};
+Access access_of(int arg, const ValueInfo& info, std::vector<int64_t> strides, int64_t base = 0);
+
+// Computes the stored value from the loaded operands (in their own types), the domain
+// coordinates (empty unless needed) and the kernel's buffer parameters.
+using ValueFn = std::function<Reg(KernelBuilder& b, const std::vector<Reg>& loaded, const std::vector<Reg>& coords,
+                                  const std::vector<Reg>& params)>;
+
+// for each element of `domain`: store(value(loads)). One u64 buffer parameter per ArgRef.
+Launch elementwise_launch(const std::string& prefix, const Shape& domain, std::vector<ArgRef> args,
+                          const std::vector<Access>& loads, const Access& store, const ValueFn& value,
+                          bool value_needs_coords = false);
+
+// Finishes a kernel (checked), names it by prefix and structural hash, and wraps it in a Launch.
+Launch finish_launch(KernelBuilder& b, const std::string& prefix, sim::Dim3 grid, sim::Dim3 block,
+                     std::vector<ArgRef> args);
+
+// Status words (see lower.hpp): count one index error and keep the offending index.
+void record_index_error(KernelBuilder& b, Reg status, Reg index);
+
+LoweredOp lower_pointwise(const Circuit& c, const Op& op);
+LoweredOp lower_move(const Circuit& c, const Op& op);  // permute, broadcast, slice, concat, split
+LoweredOp lower_where(const Circuit& c, const Op& op);
+LoweredOp lower_cast(const Circuit& c, const Op& op);
+LoweredOp lower_constant(const Circuit& c, const Op& op);  // fill, iota
+LoweredOp lower_one_hot(const Circuit& c, const Op& op);
+LoweredOp lower_random(const Circuit& c, const Op& op);
+
+// Defined in their own files.
+LoweredOp lower_reduce(const Circuit& c, const Op& op);  // reduce, reduce_all
+LoweredOp lower_matmul(const Circuit& c, const Op& op);
+LoweredOp lower_gather(const Circuit& c, const Op& op);  // gather_rows, scatter_add_rows
+
+}  // namespace kiln::cuda

@@ -1,0 +1,83 @@
+// The simulated device's global memory: bounds-checked allocations. New memory is poisoned (like
+// cuMemAlloc's, it holds no zeros to rely on) and allocations are separated by unmapped gaps so
+// that an access just past an allocation's end is an error, not a hit in its neighbour.
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+
+#include "circuit/error.hpp"
+#include "cuda/simulator.hpp"
+
+namespace kiln::sim {
+
+namespace {
+
+constexpr uint64_t kAlign = 256;
+constexpr uint64_t kGap = 256;  // unmapped bytes after each allocation
+constexpr std::byte kPoison{0xff};
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+uint64_t DeviceMemory::alloc(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  const uint64_t base = next_;
+  blocks_.emplace(base, std::vector<std::byte>(bytes, kPoison));
+  next_ += (bytes + kAlign - 1) / kAlign * kAlign + kGap;
+  return base;
+}
+
+void DeviceMemory::free(uint64_t addr) {
+  if (blocks_.erase(addr) == 0) throw Error("device memory: free of " + hex(addr) + ", which is not a live allocation");
+}
+
+void DeviceMemory::write(uint64_t addr, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(at(addr, bytes), src, bytes);
+}
+
+void DeviceMemory::read(uint64_t addr, void* dst, size_t bytes) const {
+  // at() only looks the allocation up: casting const away to share its checks modifies nothing.
+  if (bytes) std::memcpy(dst, const_cast<DeviceMemory*>(this)->at(addr, bytes), bytes);
+}
+
+std::byte* DeviceMemory::at(uint64_t addr, size_t bytes) {
+  auto above = blocks_.upper_bound(addr);
+  if (above != blocks_.begin()) {
+    auto& [base, data] = *std::prev(above);
+    const uint64_t off = addr - base;
+    if (off <= data.size() && bytes <= data.size() - off) return data.data() + off;
+  }
+  // Name the allocation the access belongs to most likely: the one it starts in or runs past,
+  // else the nearest one.
+  std::string where = "there are no live allocations";
+  const auto below = above == blocks_.begin() ? blocks_.end() : std::prev(above);
+  const uint64_t below_end = below == blocks_.end() ? 0 : below->first + below->second.size();
+  const bool use_below =
+      below != blocks_.end() && (above == blocks_.end() || addr < below_end || addr - below_end <= above->first - addr);
+  const auto near = use_below ? below : above;
+  if (near != blocks_.end()) {
+    const uint64_t base = near->first, size = near->second.size();
+    where = "allocation " + hex(base) + " of " + std::to_string(size) + " bytes";
+    if (addr >= base && addr < base + size)
+      where = "runs past the end of " + where;
+    else if (addr >= base)
+      where = "starts " + std::to_string(addr - base - size) + " bytes past the end of " + where;
+    else
+      where = "lies " + std::to_string(base - addr) + " bytes before " + where;
+  }
+  throw Error("device memory: access of " + std::to_string(bytes) + " bytes at " + hex(addr) +
+              " outside every live allocation (" + where + ")");
+}
+
+size_t DeviceMemory::live_bytes() const {
+  size_t total = 0;
+  for (const auto& [base, data] : blocks_) total += data.size();
+  return total;
+}
+
+}  // namespace kiln::sim

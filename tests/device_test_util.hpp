@@ -1,0 +1,47 @@
+// Helpers for the tests of the GPU back end: one fake-driver runtime for the whole test binary
+// (kernels run in the SIMT simulator), a norm-relative error, and the ptxas check of kernels.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "cuda/device_program.hpp"
+#include "cuda/fake_driver.hpp"
+#include "cuda/ptx_printer.hpp"
+#include "cuda/ptxas.hpp"
+#include "cuda/runtime.hpp"
+
+namespace kiln::testing {
+
+inline cuda::Runtime& fake_runtime() {
+  static cuda::Runtime rt(cuda::fake_driver(), cuda::RuntimeOptions{"off", "", true});
+  return rt;
+}
+
+// ||got - want|| / max(||want||, tiny), over all elements.
+inline double relative_error(const HostTensor& got, const HostTensor& want) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    double d = got.get(i) - want.get(i);
+    num += d * d;
+    den += want.get(i) * want.get(i);
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+// Every kernel given passes ptxas for sm_80 and sm_90 (once per distinct kernel name).
+inline void expect_ptxas_accepts(const std::vector<const kir::Kernel*>& kernels) {
+  std::set<std::string> seen;
+  for (const kir::Kernel* k : kernels) {
+    if (!seen.insert(k->name).second) continue;
+    for (int sm : {80, 90}) {
+      cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, sm), sm);
+      EXPECT_TRUE(r.ok) << k->name << " sm_" << sm << ":\n" << r.log;
+    }
+  }
+}
+
+}  // namespace kiln::testing

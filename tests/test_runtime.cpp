@@ -1,0 +1,562 @@
+// Tests for the CUDA runtime over the fake driver (arena, transfers, memory and disk module caches,
+// corrupt cache entries, JIT failures, PTX dumps, launches and their checks), the fake driver's own
+// checks, the driver ABI constants against cuda.h where the toolkit is installed, and (GpuRuntime*)
+// the same on a real device plus cuRAND, skipped where no GPU is found.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "circuit/error.hpp"
+#include "cuda/curand.hpp"
+#include "cuda/driver_api.hpp"
+#include "cuda/fake_driver.hpp"
+#include "cuda/kir.hpp"
+#include "cuda/ptx_printer.hpp"
+#include "cuda/runtime.hpp"
+
+namespace kiln::cuda {
+namespace {
+
+namespace fs = std::filesystem;
+using kir::Cmp;
+using kir::Reg;
+using kir::Space;
+using kir::Type;
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+// y[i] = a * x[i] for i < n; parameters x (u64), y (u64), n (u32), a (f32): 24 bytes packed.
+kir::Kernel scale_kernel(const std::string& name = "kiln_test_scale") {
+  kir::KernelBuilder b(name);
+  Reg x = b.param("x", Type::u64), y = b.param("y", Type::u64), n = b.param("n", Type::u32);
+  Reg a = b.param("a", Type::f32);
+  Reg i = b.global_index_x();
+  b.if_(b.setp(Cmp::lt, i, n), [&] {
+    Reg v = b.ld(Space::global, Type::f32, b.address(x, i, 4));
+    b.st(Space::global, Type::f32, b.address(y, i, 4), b.mul(Type::f32, a, v));
+  });
+  return b.finish();
+}
+
+uint64_t f32_bits(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// Runs the scale kernel on x; returns y. Grid and block as given (default: enough 128-thread blocks).
+std::vector<float> run_scale(Runtime& rt, const LoadedKernel& k, const std::vector<float>& x, float a,
+                             uint32_t n_arg = 0, Dim3 block = {128, 1, 1}) {
+  const size_t bytes = x.size() * sizeof(float);
+  const uint32_t n = n_arg ? n_arg : static_cast<uint32_t>(x.size());
+  CUdeviceptr dx = rt.alloc(bytes), dy = rt.alloc(bytes);
+  rt.upload(dx, x.data(), bytes);
+  rt.memset_zero(dy, bytes);
+  std::vector<float> y(x.size());
+  try {
+    rt.launch(k, Dim3{(n + block.x - 1) / block.x, 1, 1}, block, {dx, dy, n, f32_bits(a)});
+    rt.synchronize();
+    rt.download(y.data(), dy, bytes);
+  } catch (...) {
+    rt.free(dx);
+    rt.free(dy);
+    throw;
+  }
+  rt.free(dx);
+  rt.free(dy);
+  return y;
+}
+
+std::vector<float> ramp(size_t n) {
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = 0.25f * static_cast<float>(i) - 7.0f;
+  return x;
+}
+
+void expect_scaled(const std::vector<float>& y, const std::vector<float>& x, float a) {
+  ASSERT_EQ(y.size(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], a * x[i]) << "element " << i;  // one f32 multiply: exact
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<fs::path> cache_files(const std::string& dir) {
+  std::vector<fs::path> files;
+  if (!fs::exists(dir)) return files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".cubin") files.push_back(e.path());
+  return files;
+}
+
+// Each test gets a fresh directory (the module cache lives in dir/cache), removed afterwards.
+class RuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "kiln_runtime_test_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  std::string cache_dir() const { return dir_ + "/cache"; }
+  RuntimeOptions options() const { return RuntimeOptions{cache_dir(), ""}; }
+
+  std::string dir_;
+};
+
+using FakeDriverTest = RuntimeTest;
+
+TEST_F(FakeDriverTest, IsAnSm90Device) {
+  Runtime rt(fake_driver(), options());
+  EXPECT_TRUE(rt.fake());
+  EXPECT_EQ(rt.sm(), 90);
+  EXPECT_EQ(rt.ptx_target(), 90);
+  EXPECT_EQ(rt.device_name(), "kiln fake device (SIMT simulator)");
+  EXPECT_EQ(rt.driver_version(), 12080);
+}
+
+TEST_F(RuntimeTest, ArenaReusesFreedBlocksOfTheSameSizeClass) {
+  const size_t live_before = fake_device_state().memory->live_allocations();
+  {
+    Runtime rt(fake_driver(), options());
+    const RuntimeStats& s = rt.stats();
+    CUdeviceptr a = rt.alloc(1000);  // class 1024
+    EXPECT_EQ(s.bytes_in_use, 1024u);
+    EXPECT_EQ(s.device_allocations, 1);
+    rt.free(a);
+    EXPECT_EQ(s.bytes_in_use, 0u);
+    CUdeviceptr b = rt.alloc(513);  // class 1024 again: the freed block
+    EXPECT_EQ(b, a);
+    EXPECT_EQ(s.device_allocations, 1);
+    CUdeviceptr c = rt.alloc(0);  // class 256
+    EXPECT_EQ(s.device_allocations, 2);
+    CUdeviceptr d = rt.alloc(3 * kMiB + 1);  // class 4 MiB (a multiple of 1 MiB)
+    CUdeviceptr e = rt.alloc(kMiB + 1);      // class 2 MiB
+    EXPECT_EQ(s.bytes_in_use, 1024 + 256 + 4 * kMiB + 2 * kMiB);
+    EXPECT_EQ(fake_device_state().memory->live_allocations(), live_before + 4);
+    for (CUdeviceptr p : {b, c, d, e}) rt.free(p);
+    EXPECT_EQ(s.bytes_in_use, 0u);
+    EXPECT_EQ(s.peak_bytes_in_use, 1024 + 256 + 4 * kMiB + 2 * kMiB);
+    EXPECT_THROW(rt.free(d), Error);  // freed twice
+    EXPECT_THROW(rt.free(0x1234), Error);
+    rt.free(0);  // like free(nullptr)
+  }
+  // The destructor gave every block back to the driver.
+  EXPECT_EQ(fake_device_state().memory->live_allocations(), live_before);
+}
+
+TEST_F(RuntimeTest, UploadDownloadCopyAndZeroRoundTrip) {
+  Runtime rt(fake_driver(), options());
+  std::vector<float> x = ramp(300), y(300, 1.0f), z(300, 1.0f);
+  const size_t bytes = x.size() * sizeof(float);
+  CUdeviceptr a = rt.alloc(bytes), b = rt.alloc(bytes);
+  rt.upload(a, x.data(), bytes);
+  rt.copy(b, a, bytes);
+  rt.download(y.data(), b, bytes);
+  EXPECT_EQ(y, x);
+  rt.memset_zero(b, bytes);
+  rt.download(z.data(), b, bytes);
+  EXPECT_EQ(z, std::vector<float>(300, 0.0f));
+  // The block holds 2048 bytes (its class); the fake device checks every transfer against it.
+  std::vector<char> big(4096);
+  try {
+    rt.upload(a, big.data(), big.size());
+    ADD_FAILURE() << "an upload past the block's end succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("upload of 4096 bytes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("CUDA_ERROR_INVALID_VALUE"), std::string::npos) << e.what();
+  }
+  rt.free(a);
+  rt.free(b);
+}
+
+TEST_F(RuntimeTest, ScaleKernelLoadsAndRuns) {
+  Runtime rt(fake_driver(), options());
+  const kir::Kernel k = scale_kernel();
+  const int64_t launches = fake_device_state().launches;
+  LoadedKernel lk = rt.load(k);
+  ASSERT_NE(lk.kernel, nullptr);
+  EXPECT_NE(lk.kernel, &k);  // the runtime's own copy of the IR
+  EXPECT_EQ(lk.kernel->name, k.name);
+  EXPECT_GT(lk.registers, 0);
+  const std::vector<float> x = ramp(300);  // not a multiple of the block
+  expect_scaled(run_scale(rt, lk, x, 1.5f), x, 1.5f);
+  EXPECT_EQ(rt.stats().launches, 1);
+  EXPECT_EQ(rt.stats().modules_compiled, 1);
+  EXPECT_EQ(fake_device_state().launches, launches + 1);
+}
+
+TEST_F(RuntimeTest, SecondLoadHitsTheMemoryCache) {
+  Runtime rt(fake_driver(), options());
+  const kir::Kernel k = scale_kernel();
+  const FakeDeviceState before = fake_device_state();
+  LoadedKernel a = rt.load(k);
+  LoadedKernel b = rt.load(scale_kernel());  // an equal kernel: the same PTX text
+  EXPECT_EQ(a.fn, b.fn);
+  EXPECT_EQ(rt.stats().memory_cache_hits, 1);
+  EXPECT_EQ(rt.stats().modules_compiled, 1);
+  EXPECT_EQ(fake_device_state().jit_compiles, before.jit_compiles + 1);
+  EXPECT_EQ(fake_device_state().modules_loaded, before.modules_loaded + 1);
+}
+
+TEST_F(RuntimeTest, SecondRuntimeHitsTheDiskCache) {
+  const kir::Kernel k = scale_kernel();
+  {
+    Runtime rt(fake_driver(), options());
+    rt.load(k);
+    EXPECT_EQ(rt.stats().modules_compiled, 1);
+    EXPECT_EQ(rt.stats().disk_cache_hits, 0);
+  }
+  ASSERT_EQ(cache_files(cache_dir()).size(), 1u);
+  Runtime rt(fake_driver(), options());
+  const int64_t jits = fake_device_state().jit_compiles;
+  LoadedKernel lk = rt.load(k);
+  EXPECT_EQ(rt.stats().disk_cache_hits, 1);
+  EXPECT_EQ(rt.stats().modules_compiled, 0);
+  EXPECT_EQ(fake_device_state().jit_compiles, jits);
+  const std::vector<float> x = ramp(64);
+  expect_scaled(run_scale(rt, lk, x, -2.0f), x, -2.0f);
+}
+
+TEST_F(RuntimeTest, CorruptCacheEntriesAreDetectedCountedAndRebuilt) {
+  const kir::Kernel k = scale_kernel();
+  struct Corruption {
+    const char* what;
+    void (*apply)(std::string& bytes);
+  };
+  const Corruption corruptions[] = {
+      {"a flipped payload byte", [](std::string& b) { b.back() ^= 0x20; }},
+      {"a truncated payload", [](std::string& b) { b.resize(b.size() - 7); }},
+      {"a file shorter than the header", [](std::string& b) { b.resize(12); }},
+      {"a wrong magic", [](std::string& b) { b[0] = 'X'; }},
+  };
+  for (const Corruption& c : corruptions) {
+    SCOPED_TRACE(c.what);
+    fs::remove_all(cache_dir());
+    { Runtime(fake_driver(), options()).load(k); }
+    const std::vector<fs::path> files = cache_files(cache_dir());
+    ASSERT_EQ(files.size(), 1u);
+    std::string bytes = read_file(files[0]);
+    c.apply(bytes);
+    std::ofstream(files[0], std::ios::binary | std::ios::trunc) << bytes;
+
+    {
+      Runtime rt(fake_driver(), options());
+      LoadedKernel lk = rt.load(k);
+      EXPECT_EQ(rt.stats().corrupt_cache_entries, 1);
+      EXPECT_EQ(rt.stats().disk_cache_hits, 0);
+      EXPECT_EQ(rt.stats().modules_compiled, 1);
+      const std::vector<float> x = ramp(40);
+      expect_scaled(run_scale(rt, lk, x, 3.0f), x, 3.0f);
+    }
+    Runtime rt(fake_driver(), options());  // the entry was rewritten
+    rt.load(k);
+    EXPECT_EQ(rt.stats().disk_cache_hits, 1);
+    EXPECT_EQ(rt.stats().corrupt_cache_entries, 0);
+  }
+}
+
+TEST_F(RuntimeTest, DiskCacheOffWritesNothing) {
+  const kir::Kernel k = scale_kernel();
+  for (int i = 0; i < 2; ++i) {
+    Runtime rt(fake_driver(), RuntimeOptions{"off", ""});
+    rt.load(k);
+    EXPECT_EQ(rt.stats().modules_compiled, 1);
+  }
+}
+
+TEST_F(RuntimeTest, UnwritableCacheDirectoryOnlyWarns) {
+  std::ofstream(dir_ + "/file") << "a file, so that file/cache cannot be created";
+  Runtime rt(fake_driver(), RuntimeOptions{dir_ + "/file/cache", ""});
+  LoadedKernel lk = rt.load(scale_kernel());
+  EXPECT_EQ(rt.stats().modules_compiled, 1);
+  const std::vector<float> x = ramp(10);
+  expect_scaled(run_scale(rt, lk, x, 0.5f), x, 0.5f);
+}
+
+TEST_F(RuntimeTest, JitFailureShowsTheDriverLogAndWritesThePtx) {
+  Runtime rt(fake_driver(), options());
+  const kir::Kernel k = scale_kernel("kiln_test_jit_failure");
+  fake_driver_fail_next_jit("ptxas fatal   : test-injected failure");
+  std::string message;
+  try {
+    rt.load(k);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  ASSERT_FALSE(message.empty()) << "load() did not throw";
+  EXPECT_NE(message.find("kiln_test_jit_failure"), std::string::npos) << message;
+  EXPECT_NE(message.find("CUDA_ERROR_INVALID_PTX"), std::string::npos) << message;
+  EXPECT_NE(message.find("test-injected failure"), std::string::npos) << message;
+  const std::string marker = "PTX written to ";
+  const size_t at = message.find(marker);
+  ASSERT_NE(at, std::string::npos) << message;
+  const fs::path ptx_file = message.substr(at + marker.size());
+  EXPECT_NE(ptx_file.filename().string().find("kiln-failed-kiln_test_jit_failure-"), std::string::npos);
+  ASSERT_TRUE(fs::exists(ptx_file)) << ptx_file;
+  EXPECT_EQ(read_file(ptx_file), kir::print_ptx(k, rt.ptx_target()));
+  fs::remove(ptx_file);
+  EXPECT_TRUE(cache_files(cache_dir()).empty());
+  rt.load(k);  // the hook fails one compilation only
+  EXPECT_EQ(rt.stats().modules_compiled, 1);
+}
+
+TEST_F(RuntimeTest, PtxDumpWritesEveryLoadedKernel) {
+  Runtime rt(fake_driver(), RuntimeOptions{cache_dir(), dir_ + "/dump/nested"});
+  const kir::Kernel k = scale_kernel("kiln_test_dumped");
+  rt.load(k);
+  EXPECT_EQ(read_file(dir_ + "/dump/nested/kiln_test_dumped.ptx"), kir::print_ptx(k, rt.ptx_target()));
+}
+
+TEST_F(RuntimeTest, OutOfBoundsAccessFailsTheLaunchNamingTheKernel) {
+  Runtime rt(fake_driver(), options());
+  LoadedKernel lk = rt.load(scale_kernel("kiln_test_out_of_bounds"));
+  const std::vector<float> x = ramp(64);  // 256-byte blocks; n = 1024 reads and writes past them
+  try {
+    run_scale(rt, lk, x, 2.0f, 1024, Dim3{1024, 1, 1});
+    ADD_FAILURE() << "an out-of-bounds launch succeeded";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("launch of kernel 'kiln_test_out_of_bounds' (grid 1x1x1, block 1024x1x1)"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("CUDA_ERROR_LAUNCH_FAILED"), std::string::npos) << message;
+    const std::string simulator = fake_driver_last_error();
+    EXPECT_NE(simulator.find("kiln_test_out_of_bounds"), std::string::npos) << simulator;
+    EXPECT_NE(message.find(simulator), std::string::npos) << message;
+  }
+  EXPECT_EQ(rt.stats().launches, 0);
+}
+
+TEST_F(FakeDriverTest, ChecksTheParameterBufferAndLaunchDimensions) {
+  Runtime rt(fake_driver(), options());
+  LoadedKernel lk = rt.load(scale_kernel());
+  CUdeviceptr x = rt.alloc(256), y = rt.alloc(256);
+  alignas(8) unsigned char buffer[32] = {};
+  const uint32_t n = 64;
+  const float a = 2.0f;
+  std::memcpy(buffer, &x, 8);
+  std::memcpy(buffer + 8, &y, 8);
+  std::memcpy(buffer + 16, &n, 4);
+  std::memcpy(buffer + 20, &a, 4);
+  size_t size = 16;
+  void* buffer_ptr = buffer;
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buffer_ptr, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+  auto launch = [&](unsigned block_x, void** params) {
+    return rt.api().cuLaunchKernel(lk.fn, 1, 1, 1, block_x, 1, 1, 0, nullptr, params, extra);
+  };
+  EXPECT_EQ(launch(64, nullptr), CUDA_ERROR_INVALID_VALUE);  // 16 bytes: the parameters pack to 24
+  EXPECT_NE(fake_driver_last_error().find("pack to 24"), std::string::npos) << fake_driver_last_error();
+  size = 24;
+  extra[1] = buffer + 4;
+  EXPECT_EQ(launch(64, nullptr), CUDA_ERROR_INVALID_VALUE);  // misaligned buffer
+  EXPECT_NE(fake_driver_last_error().find("aligned"), std::string::npos) << fake_driver_last_error();
+  extra[1] = buffer_ptr;
+  void* params[] = {&x, &y};
+  EXPECT_EQ(launch(64, params), CUDA_ERROR_INVALID_VALUE);  // kiln always packs into `extra`
+  EXPECT_EQ(launch(2048, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launch(0, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launch(64, nullptr), CUDA_SUCCESS);
+  rt.free(x);
+  rt.free(y);
+}
+
+TEST_F(FakeDriverTest, ChecksFreesHandlesAndCopies) {
+  Runtime rt(fake_driver(), options());  // initializes the fake driver
+  const DriverApi& api = rt.api();
+  EXPECT_EQ(api.cuMemFree(0xdead00), CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr p = 0;
+  ASSERT_EQ(api.cuMemAlloc(&p, 100), CUDA_SUCCESS);
+  char host[128] = {};
+  EXPECT_EQ(api.cuMemcpyHtoD(p, host, 100), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuMemcpyHtoD(p, host, 101), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api.cuMemcpyDtoH(host, p + 50, 51), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api.cuMemsetD8(p + 1, 0, 100), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api.cuMemFree(p), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuMemFree(p), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_NE(fake_driver_last_error().find("double free"), std::string::npos) << fake_driver_last_error();
+
+  CUfunction fn = nullptr;
+  EXPECT_EQ(api.cuModuleGetFunction(&fn, reinterpret_cast<CUmodule>(0x10), "x"), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(api.cuModuleUnload(reinterpret_cast<CUmodule>(0x10)), CUDA_ERROR_INVALID_HANDLE);
+  int value = 0;
+  EXPECT_EQ(api.cuFuncGetAttribute(&value, CU_FUNC_ATTRIBUTE_NUM_REGS, fn), CUDA_ERROR_INVALID_HANDLE);
+
+  const char* text = nullptr;
+  EXPECT_EQ(api.cuGetErrorString(CUDA_ERROR_INVALID_PTX, &text), CUDA_SUCCESS);
+  EXPECT_STREQ(text, "CUDA_ERROR_INVALID_PTX");
+}
+
+TEST_F(FakeDriverTest, ModulesLoadObservedPtxOnlyAndFindFunctionsByName) {
+  Runtime rt(fake_driver(), options());
+  const DriverApi& api = rt.api();
+  const kir::Kernel k = scale_kernel("kiln_test_module");
+  const std::string ptx = kir::print_ptx(k, 90);
+
+  // PTX the driver was never told the IR of: INVALID_PTX, with the log cut to the buffer's size.
+  char log[16];
+  std::memset(log, 'x', sizeof log);
+  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void* values[] = {log, reinterpret_cast<void*>(uintptr_t{sizeof log})};
+  CUmodule module = nullptr;
+  const std::string unknown = ptx + "// changed\n";
+  EXPECT_EQ(api.cuModuleLoadDataEx(&module, unknown.c_str(), 2, options, values), CUDA_ERROR_INVALID_PTX);
+  EXPECT_EQ(std::strlen(log), sizeof log - 1);
+
+  rt.load(k);  // the runtime tells the driver the IR
+  ASSERT_EQ(api.cuModuleLoadDataEx(&module, ptx.c_str(), 0, nullptr, nullptr), CUDA_SUCCESS);
+  CUfunction fn = nullptr;
+  EXPECT_EQ(api.cuModuleGetFunction(&fn, module, "another_name"), CUDA_ERROR_NOT_FOUND);
+  ASSERT_EQ(api.cuModuleGetFunction(&fn, module, "kiln_test_module"), CUDA_SUCCESS);
+  int registers = 0, local = -1;
+  EXPECT_EQ(api.cuFuncGetAttribute(&registers, CU_FUNC_ATTRIBUTE_NUM_REGS, fn), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn), CUDA_SUCCESS);
+  int total = 0;
+  for (int r : k.num_regs) total += r;
+  EXPECT_EQ(registers, total);
+  EXPECT_EQ(local, 0);
+  EXPECT_EQ(api.cuModuleUnload(module), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuFuncGetAttribute(&registers, CU_FUNC_ATTRIBUTE_NUM_REGS, fn), CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST(RuntimeDriver, LoadCudaDriverSaysWhyWhenAbsent) {
+  std::string why;
+  std::optional<Driver> driver = load_cuda_driver(&why);
+  if (!driver) {
+    EXPECT_FALSE(why.empty());
+    std::string system_why;
+    EXPECT_EQ(Runtime::system(&system_why), nullptr);
+    EXPECT_FALSE(system_why.empty());
+  } else {
+    EXPECT_FALSE(driver->fake);
+    EXPECT_NE(driver->api.cuLaunchKernel, nullptr);
+  }
+}
+
+TEST(RuntimeCurand, LoadsOrSaysWhy) {
+  std::string why;
+  std::optional<Curand> curand = Curand::load(&why);
+  if (!curand) {
+    EXPECT_FALSE(why.empty());
+    return;
+  }
+  EXPECT_THROW(curand->normal(0, 3, 0.0f, 1.0f, 1), Error);  // checked before cuRAND is called
+}
+
+// The GPU tier: the real driver, with a module cache of its own.
+class GpuRuntime : public RuntimeTest {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (Runtime::system(&why) == nullptr) GTEST_SKIP() << "no usable GPU: " << why;
+    RuntimeTest::SetUp();
+  }
+};
+
+TEST_F(GpuRuntime, ScaleKernelRunsAndCachesItsCubin) {
+  const kir::Kernel k = scale_kernel();
+  const std::vector<float> x = ramp(100000);
+  {
+    Runtime rt(*load_cuda_driver(nullptr), options());
+    EXPECT_GE(rt.sm(), 80);
+    LoadedKernel lk = rt.load(k);
+    EXPECT_EQ(rt.stats().modules_compiled, 1);
+    expect_scaled(run_scale(rt, lk, x, 1.5f), x, 1.5f);
+  }
+  Runtime rt(*load_cuda_driver(nullptr), options());
+  LoadedKernel lk = rt.load(k);
+  EXPECT_EQ(rt.stats().disk_cache_hits, 1);
+  expect_scaled(run_scale(rt, lk, x, -0.75f), x, -0.75f);
+}
+
+TEST_F(GpuRuntime, CurandUniformAndNormalStatistics) {
+  std::string why;
+  std::optional<Curand> curand = Curand::load(&why);
+  if (!curand) GTEST_SKIP() << "no cuRAND: " << why;
+  Runtime& rt = *Runtime::system();
+  const size_t n = size_t{1} << 20;
+  CUdeviceptr d = rt.alloc(n * sizeof(float));
+  std::vector<float> v(n);
+  auto moments = [&](double* mean, double* var) {
+    rt.synchronize();
+    rt.download(v.data(), d, n * sizeof(float));
+    double s = 0, s2 = 0;
+    for (float f : v) s += f;
+    *mean = s / static_cast<double>(n);
+    for (float f : v) s2 += (f - *mean) * (f - *mean);
+    *var = s2 / static_cast<double>(n - 1);
+  };
+  double mean = 0, var = 0;
+  curand->uniform(d, n, 1234);
+  moments(&mean, &var);
+  for (float f : v) ASSERT_TRUE(f > 0.0f && f <= 1.0f) << f;
+  EXPECT_NEAR(mean, 0.5, 5 * std::sqrt(1.0 / 12.0 / static_cast<double>(n)));
+  curand->normal(d, n, 2.0f, 3.0f, 99);
+  moments(&mean, &var);
+  EXPECT_NEAR(mean, 2.0, 5 * 3.0 / std::sqrt(static_cast<double>(n)));
+  EXPECT_NEAR(var, 9.0, 5 * 9.0 * std::sqrt(2.0 / static_cast<double>(n)));  // sd of a normal sample variance
+  rt.free(d);
+}
+
+}  // namespace
+}  // namespace kiln::cuda
+
+#if defined(KILN_HAVE_CUDA_H) && __has_include(<cuda.h>)
+// The ABI check. cuda.h comes last: it defines macros (cuMemAlloc -> cuMemAlloc_v2,
+// CU_LAUNCH_PARAM_END, ...) that would rewrite the code above. The launch-parameter markers are
+// macros there, so kiln's are captured first under other names.
+namespace {
+void* const kKilnLaunchParamEnd = kiln::cuda::CU_LAUNCH_PARAM_END;
+void* const kKilnLaunchParamBufferPointer = kiln::cuda::CU_LAUNCH_PARAM_BUFFER_POINTER;
+void* const kKilnLaunchParamBufferSize = kiln::cuda::CU_LAUNCH_PARAM_BUFFER_SIZE;
+}  // namespace
+
+#include <cuda.h>
+
+#define KILN_SAME_AS_CUDA_H(name) static_assert(static_cast<int>(kiln::cuda::name) == static_cast<int>(::name), #name)
+KILN_SAME_AS_CUDA_H(CUDA_SUCCESS);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_INVALID_VALUE);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_OUT_OF_MEMORY);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_NOT_INITIALIZED);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_NO_DEVICE);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_INVALID_IMAGE);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_INVALID_HANDLE);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_NOT_FOUND);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_LAUNCH_FAILED);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_INVALID_PTX);
+KILN_SAME_AS_CUDA_H(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+KILN_SAME_AS_CUDA_H(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+KILN_SAME_AS_CUDA_H(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+KILN_SAME_AS_CUDA_H(CU_JIT_INFO_LOG_BUFFER);
+KILN_SAME_AS_CUDA_H(CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES);
+KILN_SAME_AS_CUDA_H(CU_JIT_ERROR_LOG_BUFFER);
+KILN_SAME_AS_CUDA_H(CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES);
+KILN_SAME_AS_CUDA_H(CU_JIT_INPUT_PTX);
+KILN_SAME_AS_CUDA_H(CU_FUNC_ATTRIBUTE_NUM_REGS);
+KILN_SAME_AS_CUDA_H(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES);
+#undef KILN_SAME_AS_CUDA_H
+static_assert(sizeof(kiln::cuda::CUdeviceptr) == sizeof(::CUdeviceptr));
+static_assert(sizeof(kiln::cuda::CUdevice) == sizeof(::CUdevice));
+static_assert(sizeof(kiln::cuda::CUresult) == sizeof(::CUresult));
+static_assert(sizeof(kiln::cuda::CUjit_option) == sizeof(::CUjit_option));
+
+TEST(FakeDriverAbi, LaunchParameterMarkersMatchCudaH) {
+  EXPECT_EQ(kKilnLaunchParamEnd, CU_LAUNCH_PARAM_END);
+  EXPECT_EQ(kKilnLaunchParamBufferPointer, CU_LAUNCH_PARAM_BUFFER_POINTER);
+  EXPECT_EQ(kKilnLaunchParamBufferSize, CU_LAUNCH_PARAM_BUFFER_SIZE);
+}
+#endif

@@ -76,6 +76,16 @@ class SimKernel {
   int64_t shared_bytes = 0;
 };
 
+// "0x7f0000000100": addresses in error messages (sim_memory.cpp).
+std::string hex_address(uint64_t v);
+
+// splitmix64's finalizer: hashes inputs (approximate functions) and seeds (schedules).
+inline uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Numerics (sim_math.cpp; the small ones inline because the interpreter's hot loop uses them)
 

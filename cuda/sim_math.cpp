@@ -70,12 +70,6 @@ uint64_t float_bits(double v, Type t) {
   }
 }
 
-uint64_t mix(uint64_t z) {  // splitmix64's finalizer
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 // exact moved by a fraction in [0.5, 1) of `bound` (absolute) in a direction, both drawn from
 // `h`, rounded to float and then kept within the bound (the rounding may add half an ulp).
 float perturb(double exact, double bound, uint64_t h) {

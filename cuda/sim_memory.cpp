@@ -4,9 +4,10 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <string>
 
 #include "circuit/error.hpp"
-#include "cuda/simulator.hpp"
+#include "cuda/sim_internal.hpp"
 
 namespace kiln::sim {
 
@@ -16,13 +17,13 @@ constexpr uint64_t kAlign = 256;
 constexpr uint64_t kGap = 256;  // unmapped bytes after each allocation
 constexpr std::byte kPoison{0xff};
 
-std::string hex(uint64_t v) {
+}  // namespace
+
+std::string hex_address(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
   return buf;
 }
-
-}  // namespace
 
 uint64_t DeviceMemory::alloc(size_t bytes) {
   if (bytes == 0) bytes = 1;
@@ -33,7 +34,8 @@ uint64_t DeviceMemory::alloc(size_t bytes) {
 }
 
 void DeviceMemory::free(uint64_t addr) {
-  if (blocks_.erase(addr) == 0) throw Error("device memory: free of " + hex(addr) + ", which is not a live allocation");
+  if (blocks_.erase(addr) == 0)
+    throw Error("device memory: free of " + hex_address(addr) + ", which is not a live allocation");
 }
 
 void DeviceMemory::write(uint64_t addr, const void* src, size_t bytes) {
@@ -62,7 +64,7 @@ std::byte* DeviceMemory::at(uint64_t addr, size_t bytes) {
   const auto near = use_below ? below : above;
   if (near != blocks_.end()) {
     const uint64_t base = near->first, size = near->second.size();
-    where = "allocation " + hex(base) + " of " + std::to_string(size) + " bytes";
+    where = "allocation " + hex_address(base) + " of " + std::to_string(size) + " bytes";
     if (addr >= base && addr < base + size)
       where = "runs past the end of " + where;
     else if (addr >= base)
@@ -70,7 +72,7 @@ std::byte* DeviceMemory::at(uint64_t addr, size_t bytes) {
     else
       where = "lies " + std::to_string(base - addr) + " bytes before " + where;
   }
-  throw Error("device memory: access of " + std::to_string(bytes) + " bytes at " + hex(addr) +
+  throw Error("device memory: access of " + std::to_string(bytes) + " bytes at " + hex_address(addr) +
               " outside every live allocation (" + where + ")");
 }
 

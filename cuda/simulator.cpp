@@ -6,9 +6,8 @@
 #include <xmmintrin.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
-#include <functional>
+#include <string>
 
 #include "circuit/error.hpp"
 #include "cuda/sim_internal.hpp"
@@ -27,12 +26,6 @@ constexpr uint32_t kWarp = 32;
 // loop forever (a for-loop whose step is zero, say): an error instead of a hung test.
 constexpr int64_t kMaxRun = int64_t{1} << 32;
 constexpr std::byte kSharedPoison{0xff};  // unwritten shared memory reads as NaN / all ones
-
-uint64_t mix(uint64_t z) {  // splitmix64's finalizer
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // splitmix64: draws the schedule.
 class Rng {
@@ -58,12 +51,6 @@ struct Shadow {
   uint32_t reader_pc[2] = {};
   uint32_t atomic_pc[2] = {};
 };
-
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 uint64_t load_elem(const std::byte* p, int size) {
   switch (size) {
@@ -246,13 +233,15 @@ class Executor {
 
   std::byte* global(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes, const char* what) {
     if (addr % bytes)
-      fail(t, pc, std::string("misaligned global ") + what + " of " + std::to_string(bytes) + " bytes at " + hex(addr));
+      fail(
+          t, pc,
+          std::string("misaligned global ") + what + " of " + std::to_string(bytes) + " bytes at " + hex_address(addr));
     try {
       return mem_.at(addr, bytes);
     } catch (const Error& e) {
       fail(t, pc,
-           std::string("out-of-bounds global ") + what + " of " + std::to_string(bytes) + " bytes at " + hex(addr) +
-               " [" + e.what() + "]");
+           std::string("out-of-bounds global ") + what + " of " + std::to_string(bytes) + " bytes at " +
+               hex_address(addr) + " [" + e.what() + "]");
     }
   }
 
@@ -261,10 +250,11 @@ class Executor {
     if (uint64_t{addr} + bytes > shared_.size())
       fail(t, pc,
            std::string("out-of-bounds shared ") + what + " of " + std::to_string(bytes) + " bytes at offset " +
-               hex(addr) + " (the block's shared memory is " + std::to_string(shared_.size()) + " bytes)");
+               hex_address(addr) + " (the block's shared memory is " + std::to_string(shared_.size()) + " bytes)");
     if (addr % bytes)
       fail(t, pc,
-           std::string("misaligned shared ") + what + " of " + std::to_string(bytes) + " bytes at offset " + hex(addr));
+           std::string("misaligned shared ") + what + " of " + std::to_string(bytes) + " bytes at offset " +
+               hex_address(addr));
     if (options_.check_races) check_race(t, pc, addr, bytes, kind);
     return shared_.data() + addr;
   }
@@ -321,9 +311,9 @@ class Executor {
     static const char* kPast[] = {"read", "wrote", "atomically updated"};
     const auto o = static_cast<uint32_t>(other);
     throw Error("simulator: shared-memory race " + where() + ": thread " + thread_name(t) + " " +
-                kVerb[static_cast<int>(kind)] + " shared byte " + hex(addr) + " that thread " + thread_name(o) + " " +
-                kPast[static_cast<int>(other_kind)] + " with no bar.sync in between; thread " + thread_name(t) + ": " +
-                k_.text[pc] + "; thread " + thread_name(o) + ": " + k_.text[other_pc]);
+                kVerb[static_cast<int>(kind)] + " shared byte " + hex_address(addr) + " that thread " + thread_name(o) +
+                " " + kPast[static_cast<int>(other_kind)] + " with no bar.sync in between; thread " + thread_name(t) +
+                ": " + k_.text[pc] + "; thread " + thread_name(o) + ": " + k_.text[other_pc]);
   }
 
   // What a thread does when no thread can run: it exited or waits at a synchronization.

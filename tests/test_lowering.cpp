@@ -168,11 +168,10 @@ std::vector<LoweringCase> cases() {
 // Runs every case; returns the kernels they generated (for ptxas).
 class LoweringTest : public ::testing::TestWithParam<LoweringCase> {};
 
-TEST_P(LoweringTest, SimulatorMatchesEigen) {
-  const LoweringCase& lc = GetParam();
+void check_case(const LoweringCase& lc, cuda::Runtime& rt) {
   testing::Harness h(lc.inputs, lc.build, 7);
   HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
-  cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+  cuda::DeviceProgram dp(h.circuit, {h.output}, rt);
   HostTensor got = dp.run(h.bindings)[0];
   ASSERT_EQ(got.shape(), want.shape());
   ASSERT_EQ(got.dtype(), want.dtype());
@@ -181,6 +180,15 @@ TEST_P(LoweringTest, SimulatorMatchesEigen) {
   } else {
     EXPECT_LT(testing::relative_error(got, want), lc.tolerance) << lc.name << "\n" << dp.dump();
   }
+}
+
+TEST_P(LoweringTest, SimulatorMatchesEigen) { check_case(GetParam(), testing::fake_runtime()); }
+
+// T5: the same kernels on a real GPU.
+TEST_P(LoweringTest, GpuMatchesEigen) {
+  cuda::Runtime* rt = cuda::Runtime::system();
+  if (!rt) GTEST_SKIP() << "no CUDA device";
+  check_case(GetParam(), *rt);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryPrim, LoweringTest, ::testing::ValuesIn(cases()),

@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <numbers>
@@ -357,7 +356,7 @@ TEST(SimulatorArith, SubnormalsSurviveAHostThatFlushesThem) {
   const unsigned after = _mm_getcsr();
   _mm_setcsr(saved);
   EXPECT_EQ(out[sum], bits(0x1p-140f) + bits(0x1p-141f));  // subnormal bit patterns add exactly
-  EXPECT_EQ(out[product], 1u << 19);  // 2^-130 = 2^19 * 2^-149
+  EXPECT_EQ(out[product], 1u << 19);                       // 2^-130 = 2^19 * 2^-149
   EXPECT_EQ(after, saved | 0x8040);
 }
 

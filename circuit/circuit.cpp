@@ -169,6 +169,7 @@ std::string Circuit::dump(const std::string& title) const {
     line += " : ";
     for (size_t i = 0; i < op.outputs.size(); ++i) line += (i ? ", " : "") + value_type(value(op.outputs[i]).info);
     if (!op.scope.empty()) line += "   # " + op.scope;
+    if (op.absorbed > 0) line += "   [fused: absorbed " + std::to_string(op.absorbed) + " ops]";
     s += line + "\n";
   }
   return s;

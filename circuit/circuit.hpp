@@ -31,6 +31,7 @@ struct Op {
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
   std::string scope;  // module path of the layer that recorded it
+  int32_t absorbed = 0;  // ops a fusion pass merged into this one (dumps only; not structure)
 };
 
 class Circuit {
@@ -49,6 +50,9 @@ class Circuit {
   // Rebuilds the circuit keeping only `keep_ops` (indices, ascending); values are renumbered.
   // `remap` receives old value id -> new id (kNoValue for dropped values).
   Circuit subset(const std::vector<int32_t>& keep_ops, std::vector<ValueId>* remap) const;
+
+  // Records that fusion merged `count` ops into op `op` (shown by dump()).
+  void set_absorbed(size_t op, int32_t count) { ops_.at(op).absorbed = count; }
 
   // Rewires every op input v to rename[v] (rename.size() == num_values()); used by CSE.
   void replace_uses(const std::vector<ValueId>& rename);

@@ -246,7 +246,7 @@ void Engine::realize() {
                     plan->optimized_ops, plan_ms, cache_.size());
       if (const char* dump = std::getenv("KILN_DUMP"); dump && std::string(dump) != "0")
         std::fprintf(stderr, "%s%s", rec.circuit.dump("recorded (forward, backward, updates)").c_str(),
-                     plan->program->circuit().dump("optimized (CSE, DCE)").c_str());
+                     plan->program->circuit().dump("optimized (CSE, DCE, fusion)").c_str());
     }
     std::vector<HostTensor> binds = bindings(rec);
     stats_.last_hash_bind_ms = ms_since(t0) - plan_ms;

@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "circuit/fusion.hpp"
 #include "circuit/passes.hpp"
 
 namespace kiln {
@@ -26,7 +27,8 @@ std::vector<const Plan*> PlanCache::plans() const {
 const Plan* PlanCache::build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested) {
   recorded.verify();  // ordering of buffer reads and writes, before passes could hide it
   std::vector<ValueId> outputs = requested;
-  Circuit optimized = cse(recorded, outputs);
+  Circuit optimized = pass_enabled("cse") ? cse(recorded, outputs) : dce(recorded, outputs);
+  if (pass_enabled("fuse_pointwise")) optimized = fuse_pointwise(optimized, outputs);
   Plan plan;
   plan.recorded = recorded;
   plan.requested = requested;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <unordered_map>
 
 #include "circuit/error.hpp"
 #include "circuit/hash.hpp"
@@ -228,14 +229,39 @@ Reg bool_to_f32(KernelBuilder& b, Reg p) { return b.selp(Type::f32, imm_f32(1.0f
 
 }  // namespace
 
+namespace {
+// Emits e once per distinct node: fused bodies share subtrees (a producer substituted into
+// several places of its consumer's body), which must not be recomputed per use.
+Reg emit_node(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>& inputs,
+              std::unordered_map<const ScalarExp::Node*, Reg>& done);
+}  // namespace
+
 Reg emit_scalar_exp(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>& inputs) {
-  switch (e.op()) {
-    case ExpOp::Const: return b.mov(Type::f32, imm_f32(static_cast<float>(e.const_value())));
-    case ExpOp::Input: return inputs.at(static_cast<size_t>(e.input_index()));
-    default: break;
+  std::unordered_map<const ScalarExp::Node*, Reg> done;
+  return emit_node(b, e, inputs, done);
+}
+
+namespace {
+Reg emit_op_of(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>& a);
+
+Reg emit_node(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>& inputs,
+              std::unordered_map<const ScalarExp::Node*, Reg>& done) {
+  if (auto it = done.find(e.node()); it != done.end()) return it->second;
+  Reg r;
+  if (e.op() == ExpOp::Const) {
+    r = b.mov(Type::f32, imm_f32(static_cast<float>(e.const_value())));
+  } else if (e.op() == ExpOp::Input) {
+    r = inputs.at(static_cast<size_t>(e.input_index()));
+  } else {
+    std::vector<Reg> a;
+    for (const auto& arg : e.args()) a.push_back(emit_node(b, arg, inputs, done));
+    r = emit_op_of(b, e, a);
   }
-  std::vector<Reg> a;
-  for (const auto& arg : e.args()) a.push_back(emit_scalar_exp(b, arg, inputs));
+  done.emplace(e.node(), r);
+  return r;
+}
+
+Reg emit_op_of(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>& a) {
   switch (e.op()) {
     case ExpOp::Neg: return b.neg(Type::f32, a[0]);
     case ExpOp::Exp: return emit_exp(b, a[0]);
@@ -275,6 +301,7 @@ Reg emit_scalar_exp(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>
   }
   throw Error(std::string("GPU lowering: ScalarExp op '") + exp_op_name(e.op()) + "' has no lowering");
 }
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Index expressions in s64

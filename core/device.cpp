@@ -14,7 +14,7 @@ const char* device_name(Device d) { return d == Device::CUDA ? "cuda" : "cpu"; }
 
 cuda::Runtime* cuda_runtime(std::string* why) {
   if (const char* fake = std::getenv("KILN_FAKE_CUDA"); fake && std::string(fake) == "1") {
-    static cuda::Runtime rt(cuda::fake_driver(), cuda::RuntimeOptions{"", "", true});
+    static cuda::Runtime rt(cuda::fake_driver(), cuda::RuntimeOptions{"off", "", true});
     return &rt;
   }
   return cuda::Runtime::system(why);

@@ -254,7 +254,8 @@ void Engine::realize() {
     auto tr = std::chrono::steady_clock::now();
     std::vector<HostTensor> results;
     if (device_ == Device::CUDA) {
-      if (!plan->device) {
+      // A plan lowered for another runtime (a test's fake device, then the GPU) is lowered again.
+      if (!plan->device || &plan->device->runtime() != runtime_) {
         auto tl = std::chrono::steady_clock::now();
         plan->device = std::make_unique<cuda::DeviceProgram>(plan->program->circuit(), plan->program->outputs(), *runtime_);
         spdlog::debug("plan lowered for {}: {} kernels in {:.1f} ms", runtime_->device_name(),
@@ -305,13 +306,13 @@ void Engine::restore_recording(Recording rec) { rec_ = std::move(rec); }
 
 void Engine::set_device(Device d, cuda::Runtime* runtime) {
   realize();  // pending work runs where it was recorded for
+  cuda::Runtime* rt = nullptr;
   if (d == Device::CUDA) {
     std::string why;
-    runtime_ = runtime ? runtime : cuda_runtime(&why);
-    if (!runtime_) throw Error("device cuda: no usable GPU (" + why + ")");
-  } else {
-    runtime_ = nullptr;
+    rt = runtime ? runtime : cuda_runtime(&why);
+    if (!rt) throw Error("device cuda: no usable GPU (" + why + ")");
   }
+  runtime_ = rt;
   device_ = d;
 }
 

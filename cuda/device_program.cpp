@@ -5,6 +5,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "circuit/error.hpp"
 #include "circuit/executor.hpp"
@@ -113,8 +114,13 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
         CUdeviceptr d = buf.alloc(o, nbytes(circuit_.info(o)));
         if (l.zero_outputs) rt_.memset_zero(d, nbytes(circuit_.info(o)));
       }
+      // Scratch buffers live in `buf` past the values, so an exception frees them too.
       std::vector<CUdeviceptr> scratch;
-      for (size_t s = 0; s < l.scratch_bytes.size(); ++s) scratch.push_back(rt_.alloc(std::max<size_t>(l.scratch_bytes[s], 4)));
+      for (size_t s = 0; s < l.scratch_bytes.size(); ++s) {
+        buf.of.push_back(0);
+        buf.bytes.push_back(0);
+        scratch.push_back(buf.alloc(static_cast<ValueId>(buf.of.size() - 1), l.scratch_bytes[s]));
+      }
       try {
         for (size_t k = 0; k < l.launches.size(); ++k) {
           const Launch& launch = l.launches[k];
@@ -134,10 +140,9 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
           ++launches;
         }
       } catch (const Error& e) {
-        for (CUdeviceptr s : scratch) rt_.free(s);
         fail(op.prim->name, op.scope, e.what());
       }
-      for (CUdeviceptr s : scratch) rt_.free(s);
+      for (size_t s = 0; s < scratch.size(); ++s) buf.release(static_cast<ValueId>(buf.of.size() - 1 - s));
     }
     for (ValueId dead : free_after_[i]) buf.release(dead);
   }
@@ -161,14 +166,20 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
     if (h.nbytes()) rt_.download(h.raw(), ptr(o), h.nbytes());
     results.push_back(std::move(h));
   }
-  // The step succeeded: commit assigned persistent buffers into their host bindings.
+  // The step succeeded: commit assigned persistent buffers into their host bindings. Every
+  // download comes first, so a failing one leaves every host buffer as it was.
+  std::vector<std::pair<const HostTensor*, HostTensor>> commits;
   for (const Op& op : ops) {
     if (!op.prim->side_effect) continue;
     ValueId target = circuit_.assign_root(op.inputs[0]);
     auto at = std::find(ext.begin(), ext.end(), target);
     const HostTensor& host = bindings[static_cast<size_t>(at - ext.begin())];
-    if (host.nbytes()) rt_.download(host.raw(), ptr(op.outputs[0]), host.nbytes());
+    HostTensor contents = HostTensor::zeros(host.dtype(), host.shape());
+    if (host.nbytes()) rt_.download(contents.raw(), ptr(op.outputs[0]), host.nbytes());
+    commits.emplace_back(&host, std::move(contents));
   }
+  for (const auto& [host, contents] : commits)
+    if (host->nbytes()) std::memcpy(host->raw(), contents.raw(), host->nbytes());
   last_run_ = {launches, buf.peak};
   return results;
 }

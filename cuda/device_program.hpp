@@ -28,6 +28,7 @@ class DeviceProgram {
   std::vector<HostTensor> run(const std::vector<HostTensor>& bindings);
 
   const Circuit& circuit() const { return circuit_; }
+  Runtime& runtime() const { return rt_; }
   // One entry per launch, in launch order.
   struct KernelInfo {
     int op = 0;

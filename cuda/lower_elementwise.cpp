@@ -278,7 +278,10 @@ LoweredOp lower_random(const Circuit& c, const Op& op) {
       Reg u1 = uniform(pick(word)), u2 = uniform(pick(b.add(Type::u32, word, imm_u32(1))));
       Reg one_minus = b.sub(Type::f32, imm_f32(1.0f), u1);
       Reg lg = b.unary(kir::Opc::Lg2, Type::f32, one_minus);
-      Reg radius = b.unary(kir::Opc::Sqrt, Type::f32, b.mul(Type::f32, lg, imm_f32(static_cast<float>(-2.0 * M_LN2))));
+      // lg2.approx's absolute error can make lg2(1 - u1) slightly positive for u1 near 0:
+      // clamp so the radius is never the sqrt of a negative.
+      Reg r2 = b.max(Type::f32, b.mul(Type::f32, lg, imm_f32(static_cast<float>(-2.0 * M_LN2))), imm_f32(0.0f));
+      Reg radius = b.unary(kir::Opc::Sqrt, Type::f32, r2);
       Reg angle = b.mul(Type::f32, u2, imm_f32(static_cast<float>(2 * M_PI)));
       v = b.mul(Type::f32, radius, emit_scalar_exp(b, se::cos(se::in(0)), {angle}));
     }

@@ -170,8 +170,30 @@ constexpr float kLn2 = static_cast<float>(std::numbers::ln2);
 Reg f_mul(KernelBuilder& b, Operand x, Operand y) { return b.mul(Type::f32, x, y); }
 Reg f_add(KernelBuilder& b, Operand x, Operand y) { return b.add(Type::f32, x, y); }
 
-// e^x = 2^(x log2 e): ex2.approx (2 ulp) after one rounding of the product.
-Reg emit_exp(KernelBuilder& b, Reg x) { return b.unary(Opc::Ex2, Type::f32, f_mul(b, x, imm_f32(kLog2e))); }
+// e^x = 2^(x log2 e). The product is carried in two parts (Cody-Waite: hi = rn(x L), lo = the
+// rest, with L = log2 e split in two floats), and 2^lo = 1 + lo ln 2 corrects ex2(hi); without
+// this, rounding x log2 e costs up to 64 ulp near |x| = 87. Error: ex2.approx's 2 ulp + ~1 ulp.
+Reg emit_exp(KernelBuilder& b, Reg x) {
+  const float l_lo = static_cast<float>(std::numbers::log2e - static_cast<double>(kLog2e));
+  Reg hi = f_mul(b, x, imm_f32(kLog2e));
+  Reg lo = f_add(b, b.fma(Type::f32, x, imm_f32(kLog2e), b.neg(Type::f32, hi)), f_mul(b, x, imm_f32(l_lo)));
+  lo = b.selp(Type::f32, imm_f32(0.0f), lo, b.setp(Cmp::eq, b.abs(Type::f32, hi), imm_f32(INFINITY)));
+  return f_mul(b, b.unary(Opc::Ex2, Type::f32, hi), b.fma(Type::f32, lo, imm_f32(kLn2), imm_f32(1.0f)));
+}
+
+// ln x: lg2.approx has an absolute error (2^-22.6), which is a large relative error where
+// ln x is near 0, so for |x - 1| < 1/16 a series in m = x - 1 (exact by Sterbenz) is used:
+// m - m^2/2 + ... + m^7/7, dropped terms < 5e-10 relative. Elsewhere the relative error is at
+// most 2^-22.6 ln 2 / |ln x| < 2.5e-6.
+Reg emit_log(KernelBuilder& b, Reg x) {
+  Reg m = b.sub(Type::f32, x, imm_f32(1.0f));
+  Reg p = b.mov(Type::f32, imm_f32(1.0f / 7.0f));
+  for (float c : {-1.0f / 6.0f, 1.0f / 5.0f, -1.0f / 4.0f, 1.0f / 3.0f, -1.0f / 2.0f, 1.0f})
+    p = b.fma(Type::f32, m, p, imm_f32(c));
+  Reg series = f_mul(b, m, p);
+  Reg general = f_mul(b, b.unary(Opc::Lg2, Type::f32, x), imm_f32(kLn2));
+  return b.selp(Type::f32, series, general, b.setp(Cmp::lt, b.abs(Type::f32, m), imm_f32(0.0625f)));
+}
 
 // tanh: an odd Taylor polynomial for |x| < 0.125 (where 1 - e^-2|x| would cancel; the first
 // dropped term is < 2e-10 relative), else sign(x) (1 - e^-2|x|) / (1 + e^-2|x|).
@@ -202,16 +224,21 @@ Reg emit_minmax(KernelBuilder& b, bool is_max, Reg x, Reg y) {
 }
 
 // x^y = 2^(y log2|x|), with the sign of a negative base raised to an odd integer, NaN for a
-// negative base and a non-integer exponent, and x^0 = 1 (as std::pow).
+// negative base and a non-integer exponent, and x^0 = 1^y = 1 (as std::pow). Relative error
+// about |y log2 x| 2^-22.6 (lg2's absolute error, scaled by y). Every float of magnitude
+// >= 2^24 is an even integer; below that, the s32 round trip decides.
 Reg emit_pow(KernelBuilder& b, Reg x, Reg y) {
   Reg mag = b.unary(Opc::Ex2, Type::f32, f_mul(b, y, b.unary(Opc::Lg2, Type::f32, b.abs(Type::f32, x))));
   Reg yi = b.cvt(Type::s32, y);
-  Reg y_integral = b.setp(Cmp::eq, b.cvt(Type::f32, yi), y);
-  Reg odd = b.setp(Cmp::ne, b.and_(Type::s32, yi, kir::imm_s32(1)), kir::imm_s32(0));
+  Reg big = b.setp(Cmp::ge, b.abs(Type::f32, y), imm_f32(16777216.0f));
+  Reg y_integral = b.or_(Type::pred, big, b.setp(Cmp::eq, b.cvt(Type::f32, yi), y));
+  Reg odd = b.and_(Type::pred, b.setp(Cmp::ne, b.and_(Type::s32, yi, kir::imm_s32(1)), kir::imm_s32(0)),
+                   b.setp(Cmp::lt, b.abs(Type::f32, y), imm_f32(16777216.0f)));
   Reg neg_base = b.selp(Type::f32, b.selp(Type::f32, b.neg(Type::f32, mag), mag, odd), imm_f32(std::nanf("")),
                         y_integral);
   Reg r = b.selp(Type::f32, neg_base, mag, b.setp(Cmp::lt, x, imm_f32(0.0f)));
-  return b.selp(Type::f32, imm_f32(1.0f), r, b.setp(Cmp::eq, y, imm_f32(0.0f)));
+  Reg one = b.or_(Type::pred, b.setp(Cmp::eq, y, imm_f32(0.0f)), b.setp(Cmp::eq, x, imm_f32(1.0f)));
+  return b.selp(Type::f32, imm_f32(1.0f), r, one);
 }
 
 // sin/cos.approx are accurate on [-pi, pi]: reduce x - 2 pi k first (2 pi split in two parts).
@@ -265,7 +292,7 @@ Reg emit_op_of(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>& a) 
   switch (e.op()) {
     case ExpOp::Neg: return b.neg(Type::f32, a[0]);
     case ExpOp::Exp: return emit_exp(b, a[0]);
-    case ExpOp::Log: return f_mul(b, b.unary(Opc::Lg2, Type::f32, a[0]), imm_f32(kLn2));
+    case ExpOp::Log: return emit_log(b, a[0]);
     case ExpOp::Sqrt: return b.unary(Opc::Sqrt, Type::f32, a[0]);
     case ExpOp::Rsqrt: return b.div(Type::f32, imm_f32(1.0f), b.unary(Opc::Sqrt, Type::f32, a[0]));
     case ExpOp::Tanh: return emit_tanh(b, a[0]);

@@ -46,10 +46,11 @@ Reg load_as_f32(KernelBuilder& b, DType dt, Reg base, Reg index);
 void store_from_f32(KernelBuilder& b, DType dt, Reg base, Reg index, Reg value);
 kir::Type kir_type(DType dt);  // f32 -> f32, i32 -> s32; others throw
 
-// A value expression evaluated in f32 over registers `inputs` (in0, in1, ...). Accuracy:
-// exact IEEE for + - * / sqrt; exp/log/tanh/sigmoid/gelu/silu/pow within a few ulp of f32
-// through ex2/lg2 (see the .cpp for each); sin/cos through sin/cos.approx after reduction to
-// [-pi, pi] (absolute error ~1e-6 for |x| < 100).
+// A value expression evaluated in f32 over registers `inputs` (in0, in1, ...); shared subtrees
+// are emitted once. Accuracy: exact IEEE for + - * / sqrt; exp (and sigmoid, tanh, gelu, silu
+// built on it) within ~3 ulp; log within 2.5e-6 relative; pow within |y log2 x| 2^-22.6
+// relative; sin/cos through sin/cos.approx after reduction to [-pi, pi] (absolute error
+// ~1e-6 for |x| < 100). The .cpp states each derivation.
 Reg emit_scalar_exp(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>& inputs);
 // An index expression evaluated in s64 over the output coordinates (converted to s64).
 // Division and modulo by a constant only (floor semantics); other divisors are an error.

@@ -293,6 +293,7 @@ LoadedKernel Runtime::load(const kir::Kernel& k) {
   // The disk-cache key: the whole text, then everything else that changes the compiled image.
   uint64_t key = fnv1a64(ptx);
   key = hash_combine(key, static_cast<uint64_t>(ptx_target()));
+  key = hash_combine(key, static_cast<uint64_t>(sm_));  // a cubin is for the exact device arch
   key = hash_combine(key, static_cast<uint64_t>(driver_version_));
   key = hash_combine(key, static_cast<uint64_t>(kir::kPtxGeneratorVersion));
   key = hash_combine(key, driver_.fake ? 1 : 0);  // a fake cubin is no image for the real driver

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "circuit/error.hpp"
 #include "core/engine.hpp"
 #include "device_test_util.hpp"
 #include "ptxas_skip.hpp"
@@ -119,6 +120,28 @@ TEST(GpuGpt, TrainingStepsWithDropoutMatchTheCpu) {
   cuda::Runtime* rt = real_gpu();
   if (!rt) GTEST_SKIP() << "no CUDA device";
   training_steps_match_cpu(*rt);
+}
+
+// Regressions: a cached plan must run on the runtime the engine uses now (a plan lowered for
+// the fake device once kept running there when the GPU tier switched to a real GPU), and a
+// failed switch must leave the engine where it was.
+TEST(FakeGpuEngine, ACachedPlanRunsOnTheCurrentRuntimeAndAFailedSwitchChangesNothing) {
+  cuda::Runtime other(cuda::fake_driver(), cuda::RuntimeOptions{"off", "", true});
+  Tensor x = Tensor::from_vector({1.0, 2.0, 3.0}, Shape{3});
+  auto step = [&] { return sum(x * x + 1.0).item(); };
+  {
+    OnDevice on(testing::fake_runtime());
+    EXPECT_EQ(step(), 17.0);
+  }
+  const int64_t before = other.stats().launches;
+  OnDevice on(other);
+  EXPECT_EQ(step(), 17.0);
+  EXPECT_GT(other.stats().launches, before);
+  if (!cuda::Runtime::system()) {
+    EXPECT_THROW(Engine::current().set_device(Device::CUDA), Error);
+    EXPECT_EQ(Engine::current().device(), Device::CUDA);
+    EXPECT_EQ(step(), 17.0);
+  }
 }
 
 TEST(FakeGpuGpt, EveryKernelOfATrainingStepPassesPtxas) {

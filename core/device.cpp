@@ -27,8 +27,7 @@ Device parse_device(const std::string& s) {
   if (s == "auto") return cuda_available() ? Device::CUDA : Device::CPU;
   if (s == "cuda") {
     std::string why;
-    if (!cuda_runtime(&why))
-      throw Error("--device cuda: no usable GPU (" + why + "); use --device cpu or auto");
+    if (!cuda_runtime(&why)) throw Error("--device cuda: no usable GPU (" + why + "); use --device cpu or auto");
     return Device::CUDA;
   }
   throw Error("unknown device '" + s + "': expected auto, cpu or cuda");

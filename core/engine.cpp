@@ -257,7 +257,8 @@ void Engine::realize() {
       // A plan lowered for another runtime (a test's fake device, then the GPU) is lowered again.
       if (!plan->device || &plan->device->runtime() != runtime_) {
         auto tl = std::chrono::steady_clock::now();
-        plan->device = std::make_unique<cuda::DeviceProgram>(plan->program->circuit(), plan->program->outputs(), *runtime_);
+        plan->device =
+            std::make_unique<cuda::DeviceProgram>(plan->program->circuit(), plan->program->outputs(), *runtime_);
         spdlog::debug("plan lowered for {}: {} kernels in {:.1f} ms", runtime_->device_name(),
                       plan->device->kernels().size(), ms_since(tl));
         if (const char* dump = std::getenv("KILN_DUMP"); dump && std::string(dump) != "0")

@@ -25,7 +25,8 @@ class PlanCache {
   explicit PlanCache(size_t capacity = 64) : capacity_(capacity < 1 ? 1 : capacity) {}
   // The plan for (recorded, requested), or nullptr.
   const Plan* find(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
-  // Builds (CSE + DCE, pointwise fusion, Program; KILN_DISABLE_PASSES switches passes off) and inserts; evicts the least recently used beyond capacity.
+  // Builds (CSE + DCE, pointwise fusion, Program; KILN_DISABLE_PASSES switches passes off) and inserts; evicts the
+  // least recently used beyond capacity.
   const Plan* build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
   size_t size() const { return entries_.size(); }
   std::vector<const Plan*> plans() const;  // most recently used first

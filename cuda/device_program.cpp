@@ -23,7 +23,8 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
     lowered_.push_back(lower(circuit_, static_cast<int>(i)));
     const LoweredOp& l = lowered_.back();
     if (l.alias_of >= 0)
-      root_[static_cast<size_t>(ops[i].outputs[0])] = root_[static_cast<size_t>(ops[i].inputs[static_cast<size_t>(l.alias_of)])];
+      root_[static_cast<size_t>(ops[i].outputs[0])] =
+          root_[static_cast<size_t>(ops[i].inputs[static_cast<size_t>(l.alias_of)])];
     int slot = -1;
     for (const auto& launch : l.launches)
       for (const auto& a : launch.args)
@@ -37,20 +38,23 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
   // assigned contents live to the end; externals are never freed early.
   std::vector<int32_t> last_use(circuit_.num_values(), -1);
   for (size_t i = 0; i < ops.size(); ++i) {
-    for (ValueId in : ops[i].inputs) last_use[static_cast<size_t>(root_[static_cast<size_t>(in)])] = static_cast<int32_t>(i);
+    for (ValueId in : ops[i].inputs)
+      last_use[static_cast<size_t>(root_[static_cast<size_t>(in)])] = static_cast<int32_t>(i);
     for (ValueId out : ops[i].outputs) {
       auto r = static_cast<size_t>(root_[static_cast<size_t>(out)]);
       last_use[r] = std::max(last_use[r], static_cast<int32_t>(i));
     }
   }
-  for (ValueId o : outputs_) last_use[static_cast<size_t>(root_[static_cast<size_t>(o)])] = static_cast<int32_t>(ops.size());
+  for (ValueId o : outputs_)
+    last_use[static_cast<size_t>(root_[static_cast<size_t>(o)])] = static_cast<int32_t>(ops.size());
   // An assigned buffer's new contents are committed after the last op.
   for (const Op& op : ops)
     if (op.prim->side_effect)
       last_use[static_cast<size_t>(root_[static_cast<size_t>(op.outputs[0])])] = static_cast<int32_t>(ops.size());
   free_after_.resize(ops.size());
   for (size_t v = 0; v < circuit_.num_values(); ++v) {
-    if (root_[v] != static_cast<ValueId>(v) || circuit_.value(static_cast<ValueId>(v)).role != ValueRole::Computed) continue;
+    if (root_[v] != static_cast<ValueId>(v) || circuit_.value(static_cast<ValueId>(v)).role != ValueRole::Computed)
+      continue;
     if (last_use[v] >= 0 && last_use[v] < static_cast<int32_t>(ops.size()))
       free_after_[static_cast<size_t>(last_use[v])].push_back(static_cast<ValueId>(v));
   }
@@ -93,7 +97,8 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
   check_bindings(circuit_, bindings, "device program");
   const auto& ops = circuit_.ops();
   const auto& ext = circuit_.externals();
-  Buffers buf{rt_, std::vector<CUdeviceptr>(circuit_.num_values(), 0), 0, 0, std::vector<size_t>(circuit_.num_values())};
+  Buffers buf{rt_, std::vector<CUdeviceptr>(circuit_.num_values(), 0), 0, 0,
+              std::vector<size_t>(circuit_.num_values())};
   auto ptr = [&](ValueId v) { return buf.of[static_cast<size_t>(root_[static_cast<size_t>(v)])]; };
   for (size_t i = 0; i < ext.size(); ++i) {
     CUdeviceptr d = buf.alloc(ext[i], bindings[i].nbytes());
@@ -188,7 +193,8 @@ std::vector<DeviceProgram::KernelInfo> DeviceProgram::kernels() const {
   std::vector<KernelInfo> out;
   for (size_t i = 0; i < lowered_.size(); ++i)
     for (size_t k = 0; k < lowered_[i].launches.size(); ++k)
-      out.push_back({static_cast<int>(i), circuit_.ops()[i].prim->name, &lowered_[i].launches[k], loaded_[i][k].registers});
+      out.push_back(
+          {static_cast<int>(i), circuit_.ops()[i].prim->name, &lowered_[i].launches[k], loaded_[i][k].registers});
   return out;
 }
 
@@ -200,7 +206,8 @@ std::string DeviceProgram::dump() const {
     s += fmt::format("  op {:4} {:16} {}{}\n", i, op.prim->name,
                      l.alias_of >= 0 ? fmt::format("alias of input {}", l.alias_of) : l.summary,
                      op.scope.empty() ? "" : "   # " + op.scope);
-    for (const auto& launch : l.launches) s += fmt::format("         {}  {}\n", launch.kernel->name, launch_text(launch));
+    for (const auto& launch : l.launches)
+      s += fmt::format("         {}  {}\n", launch.kernel->name, launch_text(launch));
   }
   return s;
 }

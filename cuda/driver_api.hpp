@@ -69,12 +69,12 @@ struct DriverApi {
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext* ctx, CUdevice dev);
   CUresult (*cuCtxSetCurrent)(CUcontext ctx);
   CUresult (*cuCtxSynchronize)();
-  CUresult (*cuMemAlloc)(CUdeviceptr* ptr, size_t bytes);                          // cuMemAlloc_v2
-  CUresult (*cuMemFree)(CUdeviceptr ptr);                                          // cuMemFree_v2
-  CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void* src, size_t bytes);        // cuMemcpyHtoD_v2
-  CUresult (*cuMemcpyDtoH)(void* dst, CUdeviceptr src, size_t bytes);              // cuMemcpyDtoH_v2
-  CUresult (*cuMemcpyDtoD)(CUdeviceptr dst, CUdeviceptr src, size_t bytes);        // cuMemcpyDtoD_v2
-  CUresult (*cuMemsetD8)(CUdeviceptr dst, unsigned char value, size_t bytes);      // cuMemsetD8_v2
+  CUresult (*cuMemAlloc)(CUdeviceptr* ptr, size_t bytes);                      // cuMemAlloc_v2
+  CUresult (*cuMemFree)(CUdeviceptr ptr);                                      // cuMemFree_v2
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void* src, size_t bytes);    // cuMemcpyHtoD_v2
+  CUresult (*cuMemcpyDtoH)(void* dst, CUdeviceptr src, size_t bytes);          // cuMemcpyDtoH_v2
+  CUresult (*cuMemcpyDtoD)(CUdeviceptr dst, CUdeviceptr src, size_t bytes);    // cuMemcpyDtoD_v2
+  CUresult (*cuMemsetD8)(CUdeviceptr dst, unsigned char value, size_t bytes);  // cuMemsetD8_v2
   CUresult (*cuModuleLoadDataEx)(CUmodule* module, const void* image, unsigned num_options, CUjit_option* options,
                                  void** values);
   CUresult (*cuModuleGetFunction)(CUfunction* fn, CUmodule module, const char* name);

@@ -22,17 +22,17 @@ bool is_float_type(Type t) { return t == Type::f32 || t == Type::f64 || t == Typ
 bool is_signed_type(Type t) { return t == Type::s32 || t == Type::s64; }
 
 const char* sreg_name(SReg s) {
-  static const char* kNames[] = {"%tid.x",   "%tid.y",   "%tid.z",    "%ntid.x",   "%ntid.y",   "%ntid.z",  "%ctaid.x",
+  static const char* kNames[] = {"%tid.x",   "%tid.y",   "%tid.z",    "%ntid.x",   "%ntid.y",   "%ntid.z", "%ctaid.x",
                                  "%ctaid.y", "%ctaid.z", "%nctaid.x", "%nctaid.y", "%nctaid.z", "%laneid"};
   return kNames[static_cast<int>(s)];
 }
 
 const char* opc_name(Opc op) {
-  static const char* kNames[] = {"mov",   "add",  "sub", "mul",  "mul.hi", "mul.wide", "mad", "fma", "div",
-                                 "rem",   "min",  "max", "neg",  "abs",    "and",      "or",  "xor", "not",
-                                 "shl",   "shr",  "setp", "selp", "cvt",   "ex2",      "lg2", "rcp", "rsqrt",
-                                 "sqrt",  "tanh", "sin", "cos",  "ld.param", "sreg",   "shared.addr", "ld", "st",
-                                 "atom.add", "bar.sync", "shfl.sync", "ret"};
+  static const char* kNames[] = {
+      "mov",  "add",      "sub",  "mul",         "mul.hi", "mul.wide", "mad",      "fma",      "div",       "rem",
+      "min",  "max",      "neg",  "abs",         "and",    "or",       "xor",      "not",      "shl",       "shr",
+      "setp", "selp",     "cvt",  "ex2",         "lg2",    "rcp",      "rsqrt",    "sqrt",     "tanh",      "sin",
+      "cos",  "ld.param", "sreg", "shared.addr", "ld",     "st",       "atom.add", "bar.sync", "shfl.sync", "ret"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -97,8 +97,7 @@ struct Checker {
     if (r.index < 0 || r.index >= k.num_regs[static_cast<int>(r.type)]) fail(in, "unallocated register");
   }
   void type_is(const Instr& in, const Operand& o, Type t, const char* what) const {
-    if (o.type != t)
-      fail(in, std::string(what) + " has type " + type_name(o.type) + ", expected " + type_name(t));
+    if (o.type != t) fail(in, std::string(what) + " has type " + type_name(o.type) + ", expected " + type_name(t));
   }
   void instr(const Instr& in) {
     for (Reg r : in.dsts) reg_ok(in, r);
@@ -111,8 +110,17 @@ struct Checker {
       if (in.dsts.size() != 1 || in.dsts[0].type != t) fail(in, std::string("destination must be ") + type_name(t));
     };
     switch (in.op) {
-      case Opc::Add: case Opc::Sub: case Opc::Mul: case Opc::MulHi: case Opc::Div: case Opc::Rem:
-      case Opc::Min: case Opc::Max: case Opc::And: case Opc::Or: case Opc::Xor:
+      case Opc::Add:
+      case Opc::Sub:
+      case Opc::Mul:
+      case Opc::MulHi:
+      case Opc::Div:
+      case Opc::Rem:
+      case Opc::Min:
+      case Opc::Max:
+      case Opc::And:
+      case Opc::Or:
+      case Opc::Xor:
         nsrc(2);
         type_is(in, in.srcs[0], in.type, "a");
         type_is(in, in.srcs[1], in.type, "b");
@@ -121,7 +129,8 @@ struct Checker {
             is_float_type(in.type))
           fail(in, "integer operation on a float type");
         break;
-      case Opc::Shl: case Opc::Shr:
+      case Opc::Shl:
+      case Opc::Shr:
         nsrc(2);
         type_is(in, in.srcs[0], in.type, "a");
         type_is(in, in.srcs[1], Type::u32, "shift");
@@ -135,19 +144,29 @@ struct Checker {
         dst_is(in.type == Type::u32 ? Type::u64 : Type::s64);
         break;
       }
-      case Opc::Mad: case Opc::Fma:
+      case Opc::Mad:
+      case Opc::Fma:
         nsrc(3);
         for (const auto& o : in.srcs) type_is(in, o, in.type, "operand");
         dst_is(in.type);
         if (in.op == Opc::Fma && !is_float_type(in.type)) fail(in, "fma needs a float type");
         break;
-      case Opc::Mov: case Opc::Neg: case Opc::Abs: case Opc::Not:
+      case Opc::Mov:
+      case Opc::Neg:
+      case Opc::Abs:
+      case Opc::Not:
         nsrc(1);
         type_is(in, in.srcs[0], in.type, "a");
         dst_is(in.type);
         break;
-      case Opc::Ex2: case Opc::Lg2: case Opc::Rcp: case Opc::Rsqrt: case Opc::Sqrt: case Opc::Tanh:
-      case Opc::Sin: case Opc::Cos:
+      case Opc::Ex2:
+      case Opc::Lg2:
+      case Opc::Rcp:
+      case Opc::Rsqrt:
+      case Opc::Sqrt:
+      case Opc::Tanh:
+      case Opc::Sin:
+      case Opc::Cos:
         nsrc(1);
         if (in.type != Type::f32) fail(in, "approximate functions are f32 only");
         type_is(in, in.srcs[0], Type::f32, "a");
@@ -176,13 +195,18 @@ struct Checker {
         if (in.param < 0 || in.param >= static_cast<int>(k.params.size())) fail(in, "no such parameter");
         dst_is(k.params[static_cast<size_t>(in.param)].type);
         break;
-      case Opc::Sreg: nsrc(0); dst_is(Type::u32); break;
+      case Opc::Sreg:
+        nsrc(0);
+        dst_is(Type::u32);
+        break;
       case Opc::SharedAddr:
         nsrc(0);
         if (in.shared < 0 || in.shared >= static_cast<int>(k.shared.size())) fail(in, "no such shared array");
         dst_is(Type::u32);
         break;
-      case Opc::Ld: case Opc::St: case Opc::AtomAdd: {
+      case Opc::Ld:
+      case Opc::St:
+      case Opc::AtomAdd: {
         Type at = in.space == Space::global ? Type::u64 : Type::u32;
         if (in.srcs.empty()) fail(in, "missing address");
         type_is(in, in.srcs[0], at, "address");
@@ -228,7 +252,8 @@ struct Checker {
           instr(s.instr);
           break;
         case Stmt::Kind::If:
-          if (s.cond.type != Type::pred || !s.cond.valid()) throw Error("kernel IR check: if without a predicate in " + k.name);
+          if (s.cond.type != Type::pred || !s.cond.valid())
+            throw Error("kernel IR check: if without a predicate in " + k.name);
           body(s.body);
           body(s.else_body);
           break;

@@ -46,7 +46,21 @@ Operand imm_s64(int64_t v);
 Operand imm_f32(float v);
 Operand imm_f64(double v);
 
-enum class SReg : uint8_t { tid_x, tid_y, tid_z, ntid_x, ntid_y, ntid_z, ctaid_x, ctaid_y, ctaid_z, nctaid_x, nctaid_y, nctaid_z, laneid };
+enum class SReg : uint8_t {
+  tid_x,
+  tid_y,
+  tid_z,
+  ntid_x,
+  ntid_y,
+  ntid_z,
+  ctaid_x,
+  ctaid_y,
+  ctaid_z,
+  nctaid_x,
+  nctaid_y,
+  nctaid_z,
+  laneid
+};
 const char* sreg_name(SReg s);  // "%tid.x", ...
 
 enum class Cmp : uint8_t { eq, ne, lt, le, gt, ge };
@@ -55,16 +69,16 @@ enum class Space : uint8_t { global, shared };
 
 // Opcodes. Types: `type` is the operation type (PTX's instruction type suffix).
 enum class Opc : uint8_t {
-  Mov,     // dst = a                        (also: Reg = shared array address, see SharedAddr)
-  Add,     // dst = a + b
-  Sub,     // dst = a - b
-  Mul,     // dst = a * b (integers: low half, mul.lo)
-  MulHi,   // dst = high half of a * b (integers)
-  MulWide, // dst (2x wide) = a * b, type is the source type (u32 -> u64, s32 -> s64)
-  Mad,     // dst = a * b + c (integers: mad.lo)
-  Fma,     // dst = fma(a, b, c), round to nearest (floats)
-  Div,     // dst = a / b (floats: div.rn; integers truncate)
-  Rem,     // dst = a % b (integers, C semantics)
+  Mov,      // dst = a                        (also: Reg = shared array address, see SharedAddr)
+  Add,      // dst = a + b
+  Sub,      // dst = a - b
+  Mul,      // dst = a * b (integers: low half, mul.lo)
+  MulHi,    // dst = high half of a * b (integers)
+  MulWide,  // dst (2x wide) = a * b, type is the source type (u32 -> u64, s32 -> s64)
+  Mad,      // dst = a * b + c (integers: mad.lo)
+  Fma,      // dst = fma(a, b, c), round to nearest (floats)
+  Div,      // dst = a / b (floats: div.rn; integers truncate)
+  Rem,      // dst = a % b (integers, C semantics)
   Min,
   Max,
   Neg,
@@ -73,31 +87,31 @@ enum class Opc : uint8_t {
   Or,
   Xor,
   Not,
-  Shl,     // dst = a << b (b: u32)
-  Shr,     // dst = a >> b (b: u32; arithmetic for signed types)
-  Setp,    // dst (pred) = a cmp b; floats compare ordered (false when either is NaN), except ne: unordered
-  Selp,    // dst = c ? a : b (c: pred)
-  Cvt,     // dst (type) = a (src_type); float -> int rounds toward zero (rzi), int -> float and
-           // narrowing float conversions round to nearest (rn)
+  Shl,   // dst = a << b (b: u32)
+  Shr,   // dst = a >> b (b: u32; arithmetic for signed types)
+  Setp,  // dst (pred) = a cmp b; floats compare ordered (false when either is NaN), except ne: unordered
+  Selp,  // dst = c ? a : b (c: pred)
+  Cvt,   // dst (type) = a (src_type); float -> int rounds toward zero (rzi), int -> float and
+         // narrowing float conversions round to nearest (rn)
   // Fast approximations (f32 only), with the accuracy the PTX ISA documents; the simulator
   // evaluates them within that error:
-  Ex2,     // 2^a          ex2.approx.ftz.f32: max relative error 2^-22.5 (2 ulp)
-  Lg2,     // log2(a)      lg2.approx.ftz.f32: max absolute error 2^-22.6 (relative 2^-22 away from 1)
-  Rcp,     // 1/a          rcp.approx.ftz.f32: max relative error 1 ulp
-  Rsqrt,   // 1/sqrt(a)    rsqrt.approx.ftz.f32: max relative error 2^-22.9
-  Sqrt,    // sqrt(a)      sqrt.rn.f32: IEEE rounded (exact)
-  Tanh,    // tanh(a)      tanh.approx.f32 (sm_75+): max relative error 2^-10.987
-  Sin,     // sin(a)       sin.approx.ftz.f32: max absolute error 2^-20.5 on [-pi, pi]
-  Cos,     // cos(a)       cos.approx.ftz.f32: max absolute error 2^-20.5 on [-pi, pi]
-  LdParam, // dst = kernel parameter number `param`
-  Sreg,    // dst (u32) = special register `sreg`
-  SharedAddr, // dst (u32) = offset of shared array number `shared` in the block's shared window
-  Ld,      // dsts[0..vec) = space[a + offset]   (vec 1, 2 or 4; address u64 global, u32 shared)
-  St,      // space[a + offset] = srcs[1..1+vec)
-  AtomAdd, // dst = old; space[a + offset] += b  (f32 or u32)
-  Bar,     // bar.sync 0: every thread of the block
-  Shfl,    // dst = shfl.sync.mode.b32(a, b = lane/delta, c = clamp), full mask 0xffffffff
-  Ret,     // the thread exits
+  Ex2,         // 2^a          ex2.approx.ftz.f32: max relative error 2^-22.5 (2 ulp)
+  Lg2,         // log2(a)      lg2.approx.ftz.f32: max absolute error 2^-22.6 (relative 2^-22 away from 1)
+  Rcp,         // 1/a          rcp.approx.ftz.f32: max relative error 1 ulp
+  Rsqrt,       // 1/sqrt(a)    rsqrt.approx.ftz.f32: max relative error 2^-22.9
+  Sqrt,        // sqrt(a)      sqrt.rn.f32: IEEE rounded (exact)
+  Tanh,        // tanh(a)      tanh.approx.f32 (sm_75+): max relative error 2^-10.987
+  Sin,         // sin(a)       sin.approx.ftz.f32: max absolute error 2^-20.5 on [-pi, pi]
+  Cos,         // cos(a)       cos.approx.ftz.f32: max absolute error 2^-20.5 on [-pi, pi]
+  LdParam,     // dst = kernel parameter number `param`
+  Sreg,        // dst (u32) = special register `sreg`
+  SharedAddr,  // dst (u32) = offset of shared array number `shared` in the block's shared window
+  Ld,          // dsts[0..vec) = space[a + offset]   (vec 1, 2 or 4; address u64 global, u32 shared)
+  St,          // space[a + offset] = srcs[1..1+vec)
+  AtomAdd,     // dst = old; space[a + offset] += b  (f32 or u32)
+  Bar,         // bar.sync 0: every thread of the block
+  Shfl,        // dst = shfl.sync.mode.b32(a, b = lane/delta, c = clamp), full mask 0xffffffff
+  Ret,         // the thread exits
 };
 const char* opc_name(Opc op);
 
@@ -131,7 +145,7 @@ struct Stmt {
   Operand begin, end, step;  // For
   std::vector<Stmt> body;    // If: then; For: body
   std::vector<Stmt> else_body;
-  int32_t label = 0;         // If/For: unique number for the printed labels
+  int32_t label = 0;  // If/For: unique number for the printed labels
 };
 
 struct Param {
@@ -211,7 +225,7 @@ class KernelBuilder {
   Reg shr(Type t, Operand a, Operand b);
   Reg setp(Cmp c, Operand a, Operand b);  // compares in a's type
   Reg selp(Type t, Operand a, Operand b, Operand c);
-  Reg cvt(Type to, Operand a);  // from a's type
+  Reg cvt(Type to, Operand a);           // from a's type
   Reg unary(Opc op, Type t, Operand a);  // Ex2, Lg2, Rcp, Rsqrt, Sqrt, Tanh, Sin, Cos, Neg, Abs, Not
 
   Reg ld(Space s, Type t, Operand addr, int64_t offset = 0);

@@ -37,7 +37,9 @@ Launch elementwise_launch(const std::string& prefix, const Shape& domain, std::v
   for (const auto& a : loads) need_coords = need_coords || !is_identity(a, domain);
   grid_stride_loop(b, it, n, [&](Reg i) {
     std::vector<Reg> coords = need_coords ? coordinates(b, i, domain.dims()) : std::vector<Reg>{};
-    auto offset = [&](const Access& a) { return is_identity(a, domain) ? i : linear_offset(b, coords, a.strides, a.base); };
+    auto offset = [&](const Access& a) {
+      return is_identity(a, domain) ? i : linear_offset(b, coords, a.strides, a.base);
+    };
     std::vector<Reg> loaded;
     for (const auto& a : loads) {
       Type t = kir_type(a.dtype);
@@ -141,8 +143,7 @@ LoweredOp lower_move(const Circuit& c, const Op& op) {
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       const ValueInfo& in = c.info(op.inputs[k]);
       r.launches.push_back(copy_launch("kiln_concat", in.shape, {ArgRef::Kind::Input, static_cast<int>(k)}, kOut0,
-                                       access_of(0, in, in.shape.strides()),
-                                       access_of(1, out, os, along * os[axis])));
+                                       access_of(0, in, in.shape.strides()), access_of(1, out, os, along * os[axis])));
       along += in.shape[static_cast<int>(axis)];
     }
     r.summary = "concat: one copy per input into its slice of the output";

@@ -39,7 +39,8 @@ LoweredOp lower_gather(const Circuit& c, const Op& op) {
           Reg row_it = it == Type::u32 ? b.cvt(Type::u32, row) : b.cvt(Type::u64, row);
           Reg at = b.mad(it, row_it, imm_index(it, D), d);
           if (gather) {
-            b.st(Space::global, Type::f32, b.address(p_out, i, 4), b.ld(Space::global, Type::f32, b.address(p_data, at, 4)));
+            b.st(Space::global, Type::f32, b.address(p_out, i, 4),
+                 b.ld(Space::global, Type::f32, b.address(p_data, at, 4)));
           } else {
             b.atom_add(Space::global, Type::f32, b.address(p_out, at, 4),
                        b.ld(Space::global, Type::f32, b.address(p_data, i, 4)));

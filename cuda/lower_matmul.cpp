@@ -6,11 +6,10 @@
 // operand's contiguous axis) and zero-filled outside the matrix, so no size needs to be a
 // multiple of the tile. Batch dims broadcast: grid z walks the output batch, and an operand's
 // batch offset has stride 0 along its broadcast dims. FFMA in f32 (tensor cores come later).
-#include "cuda/lower_elementwise.hpp"
-
 #include <spdlog/fmt/fmt.h>
 
 #include "circuit/error.hpp"
+#include "cuda/lower_elementwise.hpp"
 
 namespace kiln::cuda {
 
@@ -47,9 +46,9 @@ void fma_into(KernelBuilder& b, Reg acc, Reg x, Reg y) {
 // (contiguous along k) unless `transposed` (contiguous along rows). Stored in shared memory
 // as tile[k][r] so that a thread's 4 consecutive rows are one 16-byte vector.
 struct TileLoader {
-  Reg base;                        // the operand's batch base address
+  Reg base;  // the operand's batch base address
   bool transposed = false;
-  int64_t rows = 0, depth = 0;     // the operand's M (or N) and K
+  int64_t rows = 0, depth = 0;      // the operand's M (or N) and K
   std::vector<Reg> tile_r, tile_k;  // per load slot: row and k within the tile (index type)
   std::vector<Reg> row_ok;          // per load slot: row0 + r < rows
   std::vector<Reg> smem_addr;       // per load slot: shared address of tile[k][r]
@@ -106,8 +105,9 @@ LoweredOp lower_matmul(const Circuit& c, const Op& op) {
   const int64_t batch = out_batch.numel();
   const int64_t grid_m = (M + kTileM - 1) / kTileM, grid_n = (N + kTileN - 1) / kTileN;
   if (batch > 65535 || grid_m > 65535)
-    fail("matmul", op.scope, "batch " + std::to_string(batch) + " or " + std::to_string(grid_m) +
-                                 " row tiles exceed the grid's y/z limit of 65535");
+    fail("matmul", op.scope,
+         "batch " + std::to_string(batch) + " or " + std::to_string(grid_m) +
+             " row tiles exceed the grid's y/z limit of 65535");
   const Type it = index_type(std::max({A.shape.numel(), B.shape.numel(), C.shape.numel()}));
 
   KernelBuilder b("kiln_matmul");
@@ -166,8 +166,7 @@ LoweredOp lower_matmul(const Circuit& c, const Op& op) {
   }
   LoweredOp r;
   r.launches.push_back(finish_launch(
-      b, "kiln_matmul",
-      {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},
+      b, "kiln_matmul", {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},
       {kThreads, 1, 1}, {{ArgRef::Kind::Input, 0}, {ArgRef::Kind::Input, 1}, {ArgRef::Kind::Output, 0}}));
   r.summary = fmt::format("matmul ta={} tb={}: tile {}x{}x{}, {} threads x {}x{} outputs, {}", ta, tb, kTileM, kTileN,
                           kTileK, kThreads, kPerThread, kPerThread, launch_text(r.launches.back()));

@@ -44,7 +44,8 @@ Reg warp_reduce(KernelBuilder& b, ReduceKind kind, Reg acc) {
 // Combines `acc` over the block's `threads` (a multiple of 32); `emit_result(v)` is emitted
 // where thread 0 holds the block's value. Every thread reaches the barrier and every lane of
 // a warp reaches each shuffle: only the final use is guarded.
-void block_reduce(KernelBuilder& b, ReduceKind kind, Reg acc, uint32_t threads, const std::function<void(Reg)>& emit_result) {
+void block_reduce(KernelBuilder& b, ReduceKind kind, Reg acc, uint32_t threads,
+                  const std::function<void(Reg)>& emit_result) {
   Reg tid = b.sreg(SReg::tid_x);
   acc = warp_reduce(b, kind, acc);
   if (threads == 32) {
@@ -99,9 +100,8 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
       grid_stride_loop(b, it, n, [&](Reg i) {
         b.set(acc, combine(b, kind, acc, b.ld(Space::global, Type::f32, b.address(xp, i, 4))));
       });
-      block_reduce(b, kind, acc, threads, [&](Reg v) {
-        b.st(Space::global, Type::f32, b.address(part, b.sreg(SReg::ctaid_x), 4), v);
-      });
+      block_reduce(b, kind, acc, threads,
+                   [&](Reg v) { b.st(Space::global, Type::f32, b.address(part, b.sreg(SReg::ctaid_x), 4), v); });
       r.launches.push_back(finish_launch(b, "kiln_reduce_all_partial", {static_cast<uint32_t>(blocks), 1, 1},
                                          {threads, 1, 1}, {in, scratch}));
     }
@@ -109,11 +109,9 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
       KernelBuilder b("kiln_reduce_all_final");
       Reg part = b.param("partials", Type::u64), y = b.param("y", Type::u64);
       Reg acc = b.mov(Type::f32, identity(kind));
-      b.for_(b.sreg(SReg::tid_x), imm_u32(static_cast<uint32_t>(blocks)), imm_u32(threads), [&](Reg j) {
-        b.set(acc, combine(b, kind, acc, b.ld(Space::global, Type::f32, b.address(part, j, 4))));
-      });
-      block_reduce(b, kind, acc, threads,
-                   [&](Reg v) { b.st(Space::global, Type::f32, y, finalize(b, kind, v, n)); });
+      b.for_(b.sreg(SReg::tid_x), imm_u32(static_cast<uint32_t>(blocks)), imm_u32(threads),
+             [&](Reg j) { b.set(acc, combine(b, kind, acc, b.ld(Space::global, Type::f32, b.address(part, j, 4)))); });
+      block_reduce(b, kind, acc, threads, [&](Reg v) { b.st(Space::global, Type::f32, y, finalize(b, kind, v, n)); });
       r.launches.push_back(finish_launch(b, "kiln_reduce_all_final", {1, 1, 1}, {threads, 1, 1}, {scratch, out}));
     }
     r.summary = std::string("reduce_all ") + kind_text(kind) + ": " + std::to_string(blocks) +
@@ -142,8 +140,8 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
     block_reduce(b, kind, acc, threads,
                  [&](Reg v) { b.st(Space::global, Type::f32, b.address(y, row, 4), finalize(b, kind, v, n)); });
     if (outer > 0x7fffffff) fail(op.prim->name, op.scope, "more than 2^31 - 1 rows");
-    r.launches.push_back(finish_launch(b, "kiln_reduce_row", {static_cast<uint32_t>(outer), 1, 1},
-                                       {threads, 1, 1}, {in, out}));
+    r.launches.push_back(
+        finish_launch(b, "kiln_reduce_row", {static_cast<uint32_t>(outer), 1, 1}, {threads, 1, 1}, {in, out}));
     r.summary = std::string("reduce ") + kind_text(kind) + " of rows: one block per row";
   } else {
     KernelBuilder b("kiln_reduce_axis");
@@ -158,10 +156,10 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
       });
       b.st(Space::global, Type::f32, b.address(y, o, 4), finalize(b, kind, acc, n));
     });
-    r.launches.push_back(finish_launch(b, "kiln_reduce_axis", elementwise_grid(outer * inner),
-                                       {kElementwiseThreads, 1, 1}, {in, out}));
-    r.summary = std::string("reduce ") + kind_text(kind) + " along axis " + std::to_string(axis) +
-                ": one thread per output";
+    r.launches.push_back(
+        finish_launch(b, "kiln_reduce_axis", elementwise_grid(outer * inner), {kElementwiseThreads, 1, 1}, {in, out}));
+    r.summary =
+        std::string("reduce ") + kind_text(kind) + " along axis " + std::to_string(axis) + ": one thread per output";
   }
   r.summary += ", " + launch_text(r.launches.back());
   return r;

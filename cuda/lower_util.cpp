@@ -102,8 +102,8 @@ void require_gpu_dtypes(const Circuit& c, const Op& op) {
     DType dt = c.info(v).dtype;
     if (dt != DType::f32 && dt != DType::i32)
       fail(op.prim->name, op.scope,
-           std::string("the GPU back end runs f32 and i32 tensors, received ") + dtype_name(dt) + c.info(v).shape.str() +
-               " (f64 runs on the CPU: --device cpu)");
+           std::string("the GPU back end runs f32 and i32 tensors, received ") + dtype_name(dt) +
+               c.info(v).shape.str() + " (f64 runs on the CPU: --device cpu)");
   };
   for (ValueId v : op.inputs) ok(v);
   for (ValueId v : op.outputs) ok(v);
@@ -234,8 +234,8 @@ Reg emit_pow(KernelBuilder& b, Reg x, Reg y) {
   Reg y_integral = b.or_(Type::pred, big, b.setp(Cmp::eq, b.cvt(Type::f32, yi), y));
   Reg odd = b.and_(Type::pred, b.setp(Cmp::ne, b.and_(Type::s32, yi, kir::imm_s32(1)), kir::imm_s32(0)),
                    b.setp(Cmp::lt, b.abs(Type::f32, y), imm_f32(16777216.0f)));
-  Reg neg_base = b.selp(Type::f32, b.selp(Type::f32, b.neg(Type::f32, mag), mag, odd), imm_f32(std::nanf("")),
-                        y_integral);
+  Reg neg_base =
+      b.selp(Type::f32, b.selp(Type::f32, b.neg(Type::f32, mag), mag, odd), imm_f32(std::nanf("")), y_integral);
   Reg r = b.selp(Type::f32, neg_base, mag, b.setp(Cmp::lt, x, imm_f32(0.0f)));
   Reg one = b.or_(Type::pred, b.setp(Cmp::eq, y, imm_f32(0.0f)), b.setp(Cmp::eq, x, imm_f32(1.0f)));
   return b.selp(Type::f32, imm_f32(1.0f), r, one);
@@ -393,8 +393,8 @@ std::vector<Reg> emit_philox(KernelBuilder& b, std::vector<Reg> c, std::vector<R
     }
     Reg hi0 = b.mul_hi(Type::u32, c[0], imm_u32(m0)), lo0 = b.mul(Type::u32, c[0], imm_u32(m0));
     Reg hi1 = b.mul_hi(Type::u32, c[2], imm_u32(m1)), lo1 = b.mul(Type::u32, c[2], imm_u32(m1));
-    c = {b.xor_(Type::u32, b.xor_(Type::u32, hi1, c[1]), k[0]), lo1, b.xor_(Type::u32, b.xor_(Type::u32, hi0, c[3]), k[1]),
-         lo0};
+    c = {b.xor_(Type::u32, b.xor_(Type::u32, hi1, c[1]), k[0]), lo1,
+         b.xor_(Type::u32, b.xor_(Type::u32, hi0, c[3]), k[1]), lo0};
   }
   return c;
 }

@@ -69,9 +69,9 @@ class Runtime {
   const DriverApi& api() const { return driver_.api; }
 
   // Memory: a caching arena over cuMemAlloc (freed blocks are kept for reuse by size class).
-  // Sizes round up to a class (unless options.exact_block_sizes): powers of two from 256 bytes to 1 MiB, then multiples of 1 MiB;
-  // bytes_in_use counts classes. When cuMemAlloc runs out, the cached free blocks are released
-  // and it is tried once more. free(0) does nothing; freeing anything but a live block throws.
+  // Sizes round up to a class (unless options.exact_block_sizes): powers of two from 256 bytes to 1 MiB, then multiples
+  // of 1 MiB; bytes_in_use counts classes. When cuMemAlloc runs out, the cached free blocks are released and it is
+  // tried once more. free(0) does nothing; freeing anything but a live block throws.
   CUdeviceptr alloc(size_t bytes);
   void free(CUdeviceptr ptr);
   void upload(CUdeviceptr dst, const void* src, size_t bytes);

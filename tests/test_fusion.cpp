@@ -51,13 +51,13 @@ TEST(FusePointwise, ProtectedSharedBroadcastAndAssignCrossingProducersStay) {
   Builder b(c);
   ValueId shared = b.pointwise(se::exp(se::in(0)), {x});  // two consumers
   ValueId u1 = b.add(shared, x), u2 = b.mul(shared, x);
-  ValueId out = b.pointwise(se::sqrt(se::in(0)), {x});     // requested output
+  ValueId out = b.pointwise(se::sqrt(se::in(0)), {x});  // requested output
   ValueId out_user = b.add(out, x);
-  ValueId narrow = b.pointwise(-se::in(0), {small});       // [5] read by a [4, 5] consumer
+  ValueId narrow = b.pointwise(-se::in(0), {small});  // [5] read by a [4, 5] consumer
   ValueId wide = b.add(narrow, x);
-  ValueId old_w = b.scale(w, 2.0);                         // reads w's old contents...
-  b.assign(w, x);                                          // ...which this assign overwrites...
-  ValueId after = b.add(old_w, x);                         // ...before the consumer
+  ValueId old_w = b.scale(w, 2.0);  // reads w's old contents...
+  b.assign(w, x);                   // ...which this assign overwrites...
+  ValueId after = b.add(old_w, x);  // ...before the consumer
   std::vector<ValueId> outs{u1, u2, out, out_user, wide, after};
   const size_t before = count_prim(c, "pointwise");
   Circuit f = fuse_pointwise(c, outs);
@@ -96,7 +96,8 @@ TEST(FusePointwise, RandomGraphsGiveTheUnfusedResults) {
       auto want = execute(c, binds, outs), got = execute(f, binds, dce_outs);
       for (size_t o = 0; o < outs.size(); ++o)
         EXPECT_LT(testing::relative_error(got[o], want[o]), dt == DType::f64 ? 1e-14 : 1e-6)
-            << "seed " << seed << "\n" << c.dump("unfused") << f.dump("fused");
+            << "seed " << seed << "\n"
+            << c.dump("unfused") << f.dump("fused");
       if (dt == DType::f32) {  // fused and unfused in the simulator (f32: ex2/lg2 within 2 ulp)
         auto sim_fused = cuda::DeviceProgram(f, dce_outs, testing::fake_runtime()).run(binds);
         auto sim_plain = cuda::DeviceProgram(c, outs, testing::fake_runtime()).run(binds);
@@ -132,7 +133,8 @@ size_t training_step_launches() {
     if (!step || p->optimized_ops > step->optimized_ops) step = p;
   size_t launches = 0;
   const Circuit& circuit = step->program->circuit();
-  for (size_t i = 0; i < circuit.ops().size(); ++i) launches += cuda::lower(circuit, static_cast<int>(i)).launches.size();
+  for (size_t i = 0; i < circuit.ops().size(); ++i)
+    launches += cuda::lower(circuit, static_cast<int>(i)).launches.size();
   return launches;
 }
 

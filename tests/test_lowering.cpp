@@ -42,8 +42,10 @@ std::vector<LoweringCase> cases() {
   using se::in;
   std::vector<LoweringCase> c;
   auto pw1 = [&](const std::string& name, ScalarExp body, double lo = -3, double hi = 3) {
-    c.push_back({"pointwise_" + name, {f32({37, 45}, lo, hi)},
-                 [body](Builder& b, const std::vector<ValueId>& x) { return unary(b, x, body); }, 1e-5});
+    c.push_back({"pointwise_" + name,
+                 {f32({37, 45}, lo, hi)},
+                 [body](Builder& b, const std::vector<ValueId>& x) { return unary(b, x, body); },
+                 1e-5});
   };
   pw1("exp", se::exp(in(0)));
   pw1("exp_wide", se::exp(in(0)), -80, 85);  // large |x log2 e|: the product's rounding matters
@@ -70,24 +72,37 @@ std::vector<LoweringCase> cases() {
                1e-5});
   c.push_back({"pointwise_scalar_and_3d",
                {f32({3, 5, 7}), f32({})},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.add(x[0], x[1]); }, 1e-6});
+               [](Builder& b, const std::vector<ValueId>& x) { return b.add(x[0], x[1]); },
+               1e-6});
   for (auto kind : {ReduceKind::Sum, ReduceKind::Max, ReduceKind::Mean}) {
     const std::string k = kind == ReduceKind::Sum ? "sum" : kind == ReduceKind::Max ? "max" : "mean";
-    c.push_back({"reduce_rows_" + k, {f32({7, 1000})},
-                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce(kind, x[0], 1); }, 1e-5});
-    c.push_back({"reduce_short_rows_" + k, {f32({45, 33})},
-                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce(kind, x[0], 1); }, 1e-5});
-    c.push_back({"reduce_axis0_" + k, {f32({300, 37})},
-                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce(kind, x[0], 0); }, 1e-5});
-    c.push_back({"reduce_middle_" + k, {f32({5, 77, 3})},
-                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce(kind, x[0], 1); }, 1e-5});
+    c.push_back({"reduce_rows_" + k,
+                 {f32({7, 1000})},
+                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce(kind, x[0], 1); },
+                 1e-5});
+    c.push_back({"reduce_short_rows_" + k,
+                 {f32({45, 33})},
+                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce(kind, x[0], 1); },
+                 1e-5});
+    c.push_back({"reduce_axis0_" + k,
+                 {f32({300, 37})},
+                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce(kind, x[0], 0); },
+                 1e-5});
+    c.push_back({"reduce_middle_" + k,
+                 {f32({5, 77, 3})},
+                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce(kind, x[0], 1); },
+                 1e-5});
   }
   for (auto kind : {ReduceKind::Sum, ReduceKind::Mean}) {
     const std::string k = kind == ReduceKind::Sum ? "sum" : "mean";
-    c.push_back({"reduce_all_many_blocks_" + k, {f32({5000}, 0, 1)},
-                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce_all(kind, x[0]); }, 1e-5});
-    c.push_back({"reduce_all_small_" + k, {f32({3, 3})},
-                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce_all(kind, x[0]); }, 1e-5});
+    c.push_back({"reduce_all_many_blocks_" + k,
+                 {f32({5000}, 0, 1)},
+                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce_all(kind, x[0]); },
+                 1e-5});
+    c.push_back({"reduce_all_small_" + k,
+                 {f32({3, 3})},
+                 [kind](Builder& b, const std::vector<ValueId>& x) { return b.reduce_all(kind, x[0]); },
+                 1e-5});
   }
   struct Mm {
     std::string name;
@@ -101,60 +116,106 @@ std::vector<LoweringCase> cases() {
                                      {"batched_shared_b", {3, 2, 33, 17}, {17, 70}, false, false},
                                      {"batch_broadcast", {2, 1, 5, 19}, {3, 7, 19}, false, true},
                                      {"k_larger_than_tile", {9, 130}, {130, 11}, false, false}}) {
-    c.push_back({"matmul_" + m.name, {f32(m.a), f32(m.b)},
-                 [m](Builder& b, const std::vector<ValueId>& x) { return b.matmul(x[0], x[1], m.ta, m.tb); }, 1e-5});
+    c.push_back({"matmul_" + m.name,
+                 {f32(m.a), f32(m.b)},
+                 [m](Builder& b, const std::vector<ValueId>& x) { return b.matmul(x[0], x[1], m.ta, m.tb); },
+                 1e-5});
   }
-  c.push_back({"gather_rows", {f32({50, 37}), i32({3, 7}, 0, 50)},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.gather_rows(x[0], x[1]); }, 0});
+  c.push_back({"gather_rows",
+               {f32({50, 37}), i32({3, 7}, 0, 50)},
+               [](Builder& b, const std::vector<ValueId>& x) { return b.gather_rows(x[0], x[1]); },
+               0});
   // Few rows, many repeats: atomics add several contributions to one element.
-  c.push_back({"scatter_add_rows", {i32({3, 7}, 0, 5), f32({3, 7, 37})},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.scatter_add_rows(x[0], x[1], 5); }, 1e-6});
-  c.push_back({"one_hot", {i32({5, 9}, 0, 13)},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.one_hot(x[0], 13, DType::f32); }, 0});
-  c.push_back({"reshape", {f32({6, 35})},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.reshape(x[0], Shape{5, 42}); }, 0});
-  c.push_back({"permute", {f32({3, 5, 7})},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.permute(x[0], {2, 0, 1}); }, 0});
-  c.push_back({"broadcast", {f32({5, 1})},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.broadcast(x[0], Shape{3, 5, 33}); }, 0});
-  c.push_back({"slice", {f32({4, 37, 3})},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.slice(x[0], 1, 5, 29); }, 0});
-  c.push_back({"concat", {f32({2, 3, 5}), f32({2, 7, 5}), f32({2, 1, 5})},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.concat({x[0], x[1], x[2]}, 1); }, 0});
-  c.push_back({"split", {f32({2, 11, 5})},
+  c.push_back({"scatter_add_rows",
+               {i32({3, 7}, 0, 5), f32({3, 7, 37})},
+               [](Builder& b, const std::vector<ValueId>& x) { return b.scatter_add_rows(x[0], x[1], 5); },
+               1e-6});
+  c.push_back({"one_hot",
+               {i32({5, 9}, 0, 13)},
+               [](Builder& b, const std::vector<ValueId>& x) { return b.one_hot(x[0], 13, DType::f32); },
+               0});
+  c.push_back({"reshape",
+               {f32({6, 35})},
+               [](Builder& b, const std::vector<ValueId>& x) {
+                 return b.reshape(x[0], Shape{5, 42});
+               },
+               0});
+  c.push_back({"permute",
+               {f32({3, 5, 7})},
+               [](Builder& b, const std::vector<ValueId>& x) {
+                 return b.permute(x[0], {2, 0, 1});
+               },
+               0});
+  c.push_back({"broadcast",
+               {f32({5, 1})},
+               [](Builder& b, const std::vector<ValueId>& x) {
+                 return b.broadcast(x[0], Shape{3, 5, 33});
+               },
+               0});
+  c.push_back({"slice",
+               {f32({4, 37, 3})},
+               [](Builder& b, const std::vector<ValueId>& x) { return b.slice(x[0], 1, 5, 29); },
+               0});
+  c.push_back({"concat",
+               {f32({2, 3, 5}), f32({2, 7, 5}), f32({2, 1, 5})},
+               [](Builder& b, const std::vector<ValueId>& x) {
+                 return b.concat({x[0], x[1], x[2]}, 1);
+               },
+               0});
+  c.push_back({"split",
+               {f32({2, 11, 5})},
                [](Builder& b, const std::vector<ValueId>& x) {
                  auto parts = b.split(x[0], 1, {4, 7});
                  return b.concat({parts[1], parts[0]}, 1);  // both pieces reach the output
                },
                0});
-  c.push_back({"where_int_cond", {i32({37, 1}, 0, 2), f32({37, 45}), f32({45})},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.where(x[0], x[1], x[2]); }, 0});
-  c.push_back({"where_float_cond", {f32({37, 45}, -1, 1), f32({37, 45}), f32({37, 45})},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.where(x[0], x[1], x[2]); }, 0});
-  c.push_back({"cast_f32_to_i32", {f32({37, 45}, -100, 100)},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.cast(x[0], DType::i32); }, 0});
-  c.push_back({"cast_i32_to_f32", {i32({37, 45}, -1000, 1000)},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.cast(x[0], DType::f32); }, 0});
-  c.push_back({"stop_gradient", {f32({37})},
-               [](Builder& b, const std::vector<ValueId>& x) { return b.add(b.stop_gradient(x[0]), x[0]); }, 0});
-  c.push_back({"fill", {},
-               [](Builder& b, const std::vector<ValueId>&) { return b.fill(Shape{3, 77}, DType::f32, -1.25); }, 0});
-  c.push_back({"fill_i32", {},
-               [](Builder& b, const std::vector<ValueId>&) { return b.fill(Shape{77}, DType::i32, 7); }, 0});
-  c.push_back({"iota_causal_mask", {},
+  c.push_back({"where_int_cond",
+               {i32({37, 1}, 0, 2), f32({37, 45}), f32({45})},
+               [](Builder& b, const std::vector<ValueId>& x) { return b.where(x[0], x[1], x[2]); },
+               0});
+  c.push_back({"where_float_cond",
+               {f32({37, 45}, -1, 1), f32({37, 45}), f32({37, 45})},
+               [](Builder& b, const std::vector<ValueId>& x) { return b.where(x[0], x[1], x[2]); },
+               0});
+  c.push_back({"cast_f32_to_i32",
+               {f32({37, 45}, -100, 100)},
+               [](Builder& b, const std::vector<ValueId>& x) { return b.cast(x[0], DType::i32); },
+               0});
+  c.push_back({"cast_i32_to_f32",
+               {i32({37, 45}, -1000, 1000)},
+               [](Builder& b, const std::vector<ValueId>& x) { return b.cast(x[0], DType::f32); },
+               0});
+  c.push_back({"stop_gradient",
+               {f32({37})},
+               [](Builder& b, const std::vector<ValueId>& x) { return b.add(b.stop_gradient(x[0]), x[0]); },
+               0});
+  c.push_back({"fill",
+               {},
+               [](Builder& b, const std::vector<ValueId>&) {
+                 return b.fill(Shape{3, 77}, DType::f32, -1.25);
+               },
+               0});
+  c.push_back(
+      {"fill_i32", {}, [](Builder& b, const std::vector<ValueId>&) { return b.fill(Shape{77}, DType::i32, 7); }, 0});
+  c.push_back({"iota_causal_mask",
+               {},
                [](Builder& b, const std::vector<ValueId>&) {
                  return b.iota(Shape{37, 37}, DType::f32, ix::ge(ix::coord(0), ix::coord(1)));
                },
                0});
-  c.push_back({"iota_floor_div_mod_negative", {},
+  c.push_back({"iota_floor_div_mod_negative",
+               {},
                [](Builder& b, const std::vector<ValueId>&) {
                  IndexExp shifted = ix::sub(ix::coord(0), ix::c(20));
-                 return b.iota(Shape{41, 3}, DType::i32,
-                               ix::add(ix::mul(ix::floordiv(shifted, ix::c(3)), ix::c(10)), ix::mod(shifted, ix::c(-4))));
+                 return b.iota(
+                     Shape{41, 3}, DType::i32,
+                     ix::add(ix::mul(ix::floordiv(shifted, ix::c(3)), ix::c(10)), ix::mod(shifted, ix::c(-4))));
                },
                0});
   for (auto kind : {RandomKind::Uniform, RandomKind::Bernoulli, RandomKind::Normal}) {
-    const std::string k = kind == RandomKind::Uniform ? "uniform" : kind == RandomKind::Bernoulli ? "bernoulli" : "normal";
+    const std::string k = kind == RandomKind::Uniform     ? "uniform"
+                          : kind == RandomKind::Bernoulli ? "bernoulli"
+                                                          : "normal";
     c.push_back({"random_" + k,
                  {i32({2}, -2000000000.0, 2000000000.0), i32({}, 0, 1000)},
                  [kind](Builder& b, const std::vector<ValueId>& x) {
@@ -215,8 +276,8 @@ TEST(Lowering, EveryCaseKernelPassesPtxas) {
   std::vector<const kir::Kernel*> kernels;
   for (const LoweringCase& lc : cases()) {
     testing::Harness h(lc.inputs, lc.build, 7);
-    programs.push_back(std::make_unique<cuda::DeviceProgram>(h.circuit, std::vector<ValueId>{h.output},
-                                                             testing::fake_runtime()));
+    programs.push_back(
+        std::make_unique<cuda::DeviceProgram>(h.circuit, std::vector<ValueId>{h.output}, testing::fake_runtime()));
     for (const auto& k : programs.back()->kernels()) kernels.push_back(k.launch->kernel.get());
   }
   testing::expect_ptxas_accepts(kernels);

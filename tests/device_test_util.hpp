@@ -13,12 +13,26 @@
 #include "cuda/ptx_printer.hpp"
 #include "cuda/ptxas.hpp"
 #include "cuda/runtime.hpp"
+#include "models/gpt.hpp"
 
 namespace kiln::testing {
 
 inline cuda::Runtime& fake_runtime() {
   static cuda::Runtime rt(cuda::fake_driver(), cuda::RuntimeOptions{"off", "", true});
   return rt;
+}
+
+// A small GPT for device tests: vocabulary 13, context 8, 2 heads, 16 wide, dropout 0.1 (so the
+// step draws Philox masks on the device).
+inline models::GPTConfig tiny_gpt_config(int64_t layers) {
+  models::GPTConfig c;
+  c.vocab_size = 13;
+  c.block_size = 8;
+  c.n_layer = layers;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.dropout = 0.1;
+  return c;
 }
 
 // ||got - want|| / max(||want||, tiny), over all elements.

@@ -67,13 +67,7 @@ void reference_forward_backward(cuda::Runtime& rt) {
 // divides each gradient by its own magnitude, so for a gradient that is zero in exact
 // arithmetic (the attention key bias) it turns f32 rounding noise into full-size steps.
 void training_steps_match_cpu(cuda::Runtime& rt) {
-  models::GPTConfig c;
-  c.vocab_size = 13;
-  c.block_size = 8;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.dropout = 0.1;
+  const models::GPTConfig c = testing::tiny_gpt_config(2);
   HostTensor ids = HostTensor::zeros(DType::i32, Shape{2, 8});
   for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 5 + 3) % 13));
   struct Run {
@@ -146,13 +140,7 @@ TEST(FakeGpuEngine, ACachedPlanRunsOnTheCurrentRuntimeAndAFailedSwitchChangesNot
 
 TEST(FakeGpuGpt, EveryKernelOfATrainingStepPassesPtxas) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
-  models::GPTConfig c;
-  c.vocab_size = 13;
-  c.block_size = 8;
-  c.n_layer = 1;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.dropout = 0.1;
+  const models::GPTConfig c = testing::tiny_gpt_config(1);
   manual_seed(3);
   models::GPT model(c);
   OnDevice on(testing::fake_runtime());

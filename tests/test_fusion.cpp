@@ -113,13 +113,7 @@ TEST(FusePointwise, RandomGraphsGiveTheUnfusedResults) {
 // launches with fusion on. Measured: 316 without pointwise fusion, 279 with it (this guard
 // fails when fusion regresses; lower it as later fusion passes land).
 size_t training_step_launches() {
-  models::GPTConfig cfg;
-  cfg.vocab_size = 13;
-  cfg.block_size = 8;
-  cfg.n_layer = 1;
-  cfg.n_head = 2;
-  cfg.n_embd = 16;
-  cfg.dropout = 0.1;
+  const models::GPTConfig cfg = testing::tiny_gpt_config(1);
   Engine::current().plan_cache().clear();
   manual_seed(5);
   models::GPT model(cfg);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace kiln {
 
@@ -13,6 +14,14 @@ inline uint64_t mix64(uint64_t x) {
   x ^= x >> 27;
   x *= 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
+}
+
+// FNV-1a over bytes: the same on every platform and run, for hashes that end up in files or
+// text (module-cache keys, kernel names in PTX).
+inline uint64_t fnv1a64(std::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  return h;
 }
 
 inline uint64_t hash_combine(uint64_t h, uint64_t v) {

@@ -350,12 +350,12 @@ Reg KernelBuilder::sreg(SReg s) {
 }
 
 Reg KernelBuilder::mov(Type t, Operand a) { return emit_op(Opc::Mov, t, {a}, t); }
-void KernelBuilder::set(Reg dst, Operand a) {
+void KernelBuilder::assign(Opc op, Reg dst, std::vector<Operand> srcs) {
   Instr in;
-  in.op = Opc::Mov;
+  in.op = op;
   in.type = dst.type;
   in.dsts = {dst};
-  in.srcs = {a};
+  in.srcs = std::move(srcs);
   emit(std::move(in));
 }
 Reg KernelBuilder::add(Type t, Operand a, Operand b) { return emit_op(Opc::Add, t, {a, b}, t); }

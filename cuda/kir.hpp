@@ -202,8 +202,10 @@ class KernelBuilder {
   Reg sreg(SReg s);
 
   Reg mov(Type t, Operand a);
-  // dst = a, reassigning an existing register (accumulators and loop-carried values).
-  void set(Reg dst, Operand a);
+  // dst = op(srcs) into an existing register (accumulators and loop-carried values), where
+  // the calls above would return a fresh one; set(dst, a) is assign(Mov, dst, {a}).
+  void assign(Opc op, Reg dst, std::vector<Operand> srcs);
+  void set(Reg dst, Operand a) { assign(Opc::Mov, dst, {a}); }
   Reg add(Type t, Operand a, Operand b);
   Reg sub(Type t, Operand a, Operand b);
   Reg mul(Type t, Operand a, Operand b);

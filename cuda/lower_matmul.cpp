@@ -33,15 +33,6 @@ std::vector<int64_t> batch_strides(const Shape& operand, const Shape& out_batch)
   return st;
 }
 
-void fma_into(KernelBuilder& b, Reg acc, Reg x, Reg y) {
-  kir::Instr in;
-  in.op = kir::Opc::Fma;
-  in.type = Type::f32;
-  in.dsts = {acc};
-  in.srcs = {x, y, acc};
-  b.emit(in);
-}
-
 // One operand tile: element (row r, k) of the operand's [rows x K] view, stored row-major
 // (contiguous along k) unless `transposed` (contiguous along rows). Stored in shared memory
 // as tile[k][r] so that a thread's 4 consecutive rows are one 16-byte vector.
@@ -145,8 +136,9 @@ LoweredOp lower_matmul(const Circuit& c, const Op& op) {
       std::vector<Reg> bv = b.ld_vec(Space::shared, Type::f32, b_frag, 4, 4 * kk * kTileN);
       for (int i = 0; i < kPerThread; ++i)
         for (int j = 0; j < kPerThread; ++j)
-          fma_into(b, acc[static_cast<size_t>(i * kPerThread + j)], av[static_cast<size_t>(i)],
-                   bv[static_cast<size_t>(j)]);
+          b.assign(
+              kir::Opc::Fma, acc[static_cast<size_t>(i * kPerThread + j)],
+              {av[static_cast<size_t>(i)], bv[static_cast<size_t>(j)], acc[static_cast<size_t>(i * kPerThread + j)]});
     }
     b.bar();
   });

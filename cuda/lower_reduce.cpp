@@ -27,10 +27,7 @@ using kir::SReg;
 namespace {
 
 Reg combine(KernelBuilder& b, ReduceKind kind, Reg acc, Reg x) {
-  if (kind != ReduceKind::Max) return b.add(Type::f32, acc, x);
-  Reg m = b.max(Type::f32, acc, x);
-  m = b.selp(Type::f32, x, m, b.setp(Cmp::ne, x, x));
-  return b.selp(Type::f32, acc, m, b.setp(Cmp::ne, acc, acc));
+  return kind == ReduceKind::Max ? emit_minmax(b, true, acc, x) : b.add(Type::f32, acc, x);
 }
 
 Operand identity(ReduceKind kind) { return imm_f32(kind == ReduceKind::Max ? -INFINITY : 0.0f); }

@@ -110,12 +110,6 @@ void require_gpu_dtypes(const Circuit& c, const Op& op) {
 }
 
 namespace {
-// FNV-1a: names hashed the same on every platform and run (kernel names end up in PTX text).
-uint64_t hash_text(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ULL;
-  return h;
-}
 uint64_t hash_operand(uint64_t h, const Operand& o) {
   h = hash_combine(h, o.is_imm);
   h = hash_combine(h, static_cast<uint64_t>(o.type));
@@ -147,9 +141,9 @@ uint64_t hash_stmts(uint64_t h, const std::vector<kir::Stmt>& body) {
 
 uint64_t kernel_hash(const kir::Kernel& k) {
   uint64_t h = 0x6b696c6e;
-  for (const auto& p : k.params) h = hash_combine(hash_combine(h, hash_text(p.name)), static_cast<uint64_t>(p.type));
+  for (const auto& p : k.params) h = hash_combine(hash_combine(h, fnv1a64(p.name)), static_cast<uint64_t>(p.type));
   for (const auto& a : k.shared) {
-    h = hash_combine(h, hash_text(a.name));
+    h = hash_combine(h, fnv1a64(a.name));
     h = hash_combine(hash_combine(h, static_cast<uint64_t>(a.bytes)), static_cast<uint64_t>(a.align));
   }
   return hash_stmts(hash_combine(h, k.body.size()), k.body);
@@ -157,6 +151,13 @@ uint64_t kernel_hash(const kir::Kernel& k) {
 
 std::string launch_text(const Launch& l) {
   return fmt::format("grid {}x{}x{}, block {}", l.grid.x, l.grid.y, l.grid.z, l.block.x * l.block.y * l.block.z);
+}
+
+Reg emit_minmax(KernelBuilder& b, bool is_max, Reg x, Reg y) {
+  Reg m = is_max ? b.max(Type::f32, x, y) : b.min(Type::f32, x, y);
+  Reg y_nan = b.setp(Cmp::ne, y, y);
+  m = b.selp(Type::f32, y, m, y_nan);
+  return b.selp(Type::f32, x, m, b.setp(Cmp::ne, x, x));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -213,14 +214,6 @@ Reg emit_tanh(KernelBuilder& b, Reg x) {
 Reg emit_sigmoid(KernelBuilder& b, Reg x) {
   Reg e = emit_exp(b, b.neg(Type::f32, x));
   return b.div(Type::f32, imm_f32(1.0f), f_add(b, e, imm_f32(1.0f)));
-}
-
-// NaN-propagating max/min, as the reference (a NaN operand wins; ties take the first).
-Reg emit_minmax(KernelBuilder& b, bool is_max, Reg x, Reg y) {
-  Reg m = is_max ? b.max(Type::f32, x, y) : b.min(Type::f32, x, y);
-  Reg y_nan = b.setp(Cmp::ne, y, y);
-  m = b.selp(Type::f32, y, m, y_nan);
-  return b.selp(Type::f32, x, m, b.setp(Cmp::ne, x, x));
 }
 
 // x^y = 2^(y log2|x|), with the sign of a negative base raised to an odd integer, NaN for a

@@ -52,6 +52,10 @@ kir::Type kir_type(DType dt);  // f32 -> f32, i32 -> s32; others throw
 // relative; sin/cos through sin/cos.approx after reduction to [-pi, pi] (absolute error
 // ~1e-6 for |x| < 100). The .cpp states each derivation.
 Reg emit_scalar_exp(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>& inputs);
+// max(x, y) or min(x, y) in f32 that propagates NaN as the reference does (a NaN operand wins;
+// ties take x); PTX's max/min would return the other operand.
+Reg emit_minmax(KernelBuilder& b, bool is_max, Reg x, Reg y);
+
 // An index expression evaluated in s64 over the output coordinates (converted to s64).
 // Division and modulo by a constant only (floor semantics); other divisors are an error.
 Reg emit_index_exp(KernelBuilder& b, const IndexExp& e, const std::vector<Reg>& coords);

@@ -43,15 +43,6 @@ size_t size_class(size_t bytes) {
   return b <= kMiB ? std::bit_ceil(b) : (b + kMiB - 1) / kMiB * kMiB;
 }
 
-uint64_t fnv1a64(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (char c : bytes) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";

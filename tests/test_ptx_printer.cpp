@@ -15,16 +15,6 @@
 namespace kiln::kir {
 namespace {
 
-// dst = src: the builder returns a fresh register per operation, loops accumulate with a mov.
-void assign(KernelBuilder& b, Reg dst, Operand src) {
-  Instr in;
-  in.op = Opc::Mov;
-  in.type = dst.type;
-  in.dsts = {dst};
-  in.srcs = {src};
-  b.emit(in);
-}
-
 // y[i] = 2 * x[i] + 1 for i < n.
 Kernel scale_kernel() {
   KernelBuilder b("scale");
@@ -87,7 +77,7 @@ Kernel block_sum_kernel() {
   Reg acc = b.mov(Type::f32, imm_f32(0));
   b.for_(tid, n, ntid, [&](Reg j) {
     Reg v = b.ld(Space::global, Type::f32, b.address(x, j, 4));
-    assign(b, acc, b.add(Type::f32, acc, v));
+    b.set(acc, b.add(Type::f32, acc, v));
   });
   Reg s = acc;
   for (uint32_t d = 16; d >= 1; d /= 2) s = b.add(Type::f32, s, b.shfl(ShflMode::bfly, s, imm_u32(d)));
@@ -108,7 +98,7 @@ Kernel block_sum_kernel() {
     Reg total = b.mov(Type::f32, imm_f32(0));
     b.for_(imm_u32(0), nwarps, imm_u32(1), [&](Reg w) {
       Reg v = b.ld(Space::shared, Type::f32, b.mad(Type::u32, w, imm_u32(4), base));
-      assign(b, total, b.add(Type::f32, total, v));
+      b.set(total, b.add(Type::f32, total, v));
     });
     b.atom_add(Space::global, Type::f32, out, total);
   });

@@ -1,5 +1,5 @@
 // Helpers for the tests of the GPU back end: one fake-driver runtime for the whole test binary
-// (kernels run in the SIMT simulator), a norm-relative error, and the ptxas check of kernels.
+// (kernels run in the SIMT simulator), a small GPT config, and the ptxas check of kernels.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include "cuda/ptxas.hpp"
 #include "cuda/runtime.hpp"
 #include "models/gpt.hpp"
+#include "prim_test_util.hpp"
 
 namespace kiln::testing {
 
@@ -33,17 +34,6 @@ inline models::GPTConfig tiny_gpt_config(int64_t layers) {
   c.n_embd = 16;
   c.dropout = 0.1;
   return c;
-}
-
-// ||got - want|| / max(||want||, tiny), over all elements.
-inline double relative_error(const HostTensor& got, const HostTensor& want) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    double d = got.get(i) - want.get(i);
-    num += d * d;
-    den += want.get(i) * want.get(i);
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
 // Every kernel given passes ptxas for sm_80 and sm_90 (once per distinct kernel name).

@@ -2,6 +2,7 @@
 // small circuit harness that binds them.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -27,6 +28,19 @@ inline HostTensor random_tensor(const InputSpec& s, uint64_t seed) {
     t.set(i, s.dtype == DType::i32 ? std::floor(v) : v);
   }
   return t;
+}
+
+// ||got - want|| / ||want|| over all elements (the project's per-tensor error measure); infinite
+// when the shapes differ, so that no tolerance accepts a mismatch.
+inline double relative_error(const HostTensor& got, const HostTensor& want) {
+  if (got.shape() != want.shape()) return INFINITY;
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    double d = got.get(i) - want.get(i);
+    num += d * d;
+    den += want.get(i) * want.get(i);
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
 using BuildFn = std::function<ValueId(Builder&, const std::vector<ValueId>&)>;

@@ -11,6 +11,7 @@
 #include "circuit/error.hpp"
 #include "core/engine.hpp"
 #include "device_test_util.hpp"
+#include "gpt_reference_util.hpp"
 #include "ptxas_skip.hpp"
 #include "train/adamw.hpp"
 #include "train/hdf5_file.hpp"
@@ -18,8 +19,6 @@
 
 namespace kiln {
 namespace {
-
-const std::string kDir = KILN_REFERENCE_DIR;
 
 // Runs the engine on `rt` for the guard's lifetime.
 class OnDevice {
@@ -33,32 +32,9 @@ class OnDevice {
 cuda::Runtime* real_gpu() { return cuda::Runtime::system(); }
 
 void reference_forward_backward(cuda::Runtime& rt) {
-  if (!std::filesystem::exists(kDir + "/gpt_tiny_reference.h5")) {
-    if (std::getenv("KILN_REQUIRE_REFERENCE")) FAIL() << "reference data missing in " << kDir;
-    GTEST_SKIP() << "reference data not found in " << kDir;
-  }
-  models::GPT model(read_weights_config(kDir + "/gpt_tiny_weights.h5"));
-  load_weights(kDir + "/gpt_tiny_weights.h5", model);
-  h5::File ref = h5::File::open_read(kDir + "/gpt_tiny_reference.h5");
-  Tensor x = Tensor::from_host(ref.read("batch/x")), y = Tensor::from_host(ref.read("batch/y"));
+  KILN_REQUIRE_REFERENCE();
   OnDevice on(rt);
-  Tensor logits = model.forward(x);
-  Tensor loss = cross_entropy(logits, y);
-  loss.backward();
-  Engine::current().realize();
-  double e_logits = testing::relative_error(logits.to_host(), ref.read("reference/logits"));
-  double ref_loss = ref.read("reference/loss").get(0);
-  double e_loss = std::abs(loss.item() - ref_loss) / std::abs(ref_loss);
-  std::printf("%s: logits %.2e, loss %.2e\n", rt.device_name().c_str(), e_logits, e_loss);
-  EXPECT_LT(e_logits, 1e-5);
-  EXPECT_LT(e_loss, 1e-5);
-  double worst = 0;
-  for (const auto& [name, p] : model.named_parameters()) {
-    double e = testing::relative_error(p.grad().to_host(), ref.read("reference/grads/" + dataset_path(name)));
-    worst = std::max(worst, e);
-    EXPECT_LT(e, 1e-4) << name;
-  }
-  std::printf("%s: worst gradient %.2e\n", rt.device_name().c_str(), worst);
+  testing::check_reference_forward_backward(DType::f32, 1e-5, 1e-4, rt.device_name());
 }
 
 // Two AdamW steps of a small GPT with dropout on the CPU and on `rt`, from the same init: the

@@ -1,7 +1,7 @@
 // Tests for the SIMT simulator (cuda/simulator.hpp): device memory checks, exact arithmetic,
 // reductions through shared memory and shuffles, atomics, approximate functions within their
-// documented error, seeded schedules, and the planted bugs it must catch (out-of-bounds access,
-// shared-memory races, divergent shuffles and barriers).
+// documented error, seeded schedules, and its speed (printed). The planted bugs it must catch
+// are in test_simulator_faults.cpp.
 #include <gtest/gtest.h>
 #include <xmmintrin.h>
 
@@ -20,71 +20,12 @@
 #include "circuit/error.hpp"
 #include "cuda/kir.hpp"
 #include "cuda/simulator.hpp"
+#include "sim_test_util.hpp"
 
 namespace kiln::sim {
 namespace {
 
-using kir::Cmp;
-using kir::imm_f32;
-using kir::imm_f64;
-using kir::imm_u32;
-using kir::imm_u64;
-using kir::Instr;
-using kir::Kernel;
-using kir::KernelBuilder;
-using kir::Opc;
-using kir::Operand;
-using kir::Reg;
-using kir::ShflMode;
-using kir::Space;
-using kir::SReg;
-using kir::Type;
-
-template <typename T>
-uint64_t upload(DeviceMemory& mem, const std::vector<T>& v) {
-  const uint64_t addr = mem.alloc(v.size() * sizeof(T));
-  mem.write(addr, v.data(), v.size() * sizeof(T));
-  return addr;
-}
-
-template <typename T>
-std::vector<T> download(const DeviceMemory& mem, uint64_t addr, size_t n) {
-  std::vector<T> v(n);
-  mem.read(addr, v.data(), n * sizeof(T));
-  return v;
-}
-
-// dst = op(srcs): the builder returns a fresh register per operation; accumulators are
-// rewritten in place with raw instructions.
-void assign(KernelBuilder& b, Opc op, Reg dst, std::vector<Operand> srcs) {
-  Instr in;
-  in.op = op;
-  in.type = dst.type;
-  in.dsts = {dst};
-  in.srcs = std::move(srcs);
-  b.emit(in);
-}
-
-// Runs f, which must throw kiln::Error whose message contains every one of `parts`.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning '" << parts.front() << "'";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
-
-uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
-
-// Varied floats of both signs, not integers.
-std::vector<float> test_inputs(size_t n) {
-  std::vector<float> x(n);
-  for (size_t i = 0; i < n; ++i)
-    x[i] = std::sin(static_cast<float>(i) * 0.37f) * 4.0f + static_cast<float>(i % 13) * 0.01f;
-  return x;
-}
+using namespace kiln::sim::testing;  // NOLINT: the helpers and kir names of the simulator tests
 
 // ---------------------------------------------------------------------------------------------
 // Device memory
@@ -155,23 +96,6 @@ TEST(SimulatorMemory, VectorAccesses) {
 
 // ---------------------------------------------------------------------------------------------
 // Arithmetic
-
-// y[i] = max(sqrt(|fma(x, 1.5, -0.25) / (x + 3)|), (x - 0.5) * x) for i < n (i <= n with
-// `off_by_one`). No product is followed by a sum, so that the host compiler cannot contract the
-// reference into an fma.
-Kernel pointwise_kernel(bool off_by_one = false) {
-  KernelBuilder b(off_by_one ? "pointwise_oob" : "pointwise");
-  Reg x = b.param("x", Type::u64), y = b.param("y", Type::u64), n = b.param("n", Type::u32);
-  Reg i = b.global_index_x();
-  b.if_(b.setp(off_by_one ? Cmp::le : Cmp::lt, i, n), [&] {
-    Reg v = b.ld(Space::global, Type::f32, b.address(x, i, 4));
-    Reg q = b.div(Type::f32, b.fma(Type::f32, v, imm_f32(1.5f), imm_f32(-0.25f)), b.add(Type::f32, v, imm_f32(3)));
-    Reg s = b.unary(Opc::Sqrt, Type::f32, b.abs(Type::f32, q));
-    Reg w = b.max(Type::f32, s, b.mul(Type::f32, b.sub(Type::f32, v, imm_f32(0.5f)), v));
-    b.st(Space::global, Type::f32, b.address(y, i, 4), w);
-  });
-  return b.finish();
-}
 
 float pointwise_reference(float v) {
   const float q = std::fma(v, 1.5f, -0.25f) / (v + 3.0f);
@@ -363,16 +287,6 @@ TEST(SimulatorArith, SubnormalsSurviveAHostThatFlushesThem) {
 // ---------------------------------------------------------------------------------------------
 // Reductions
 
-// Grid-stride sum of x[0, n) into acc (f32) for this thread.
-Reg thread_sum(KernelBuilder& b, Reg x, Reg n) {
-  Reg acc = b.mov(Type::f32, imm_f32(0));
-  Reg stride = b.mul(Type::u32, b.sreg(SReg::nctaid_x), b.sreg(SReg::ntid_x));
-  b.for_(b.global_index_x(), n, stride, [&](Reg i) {
-    assign(b, Opc::Add, acc, {acc, b.ld(Space::global, Type::f32, b.address(x, i, 4))});
-  });
-  return acc;
-}
-
 // out[block] = sum over the block's threads of their grid-stride sums: shared-memory tree with
 // a barrier per level (any block size: levels from the next power of two).
 Kernel block_reduce_kernel(uint32_t threads) {
@@ -433,16 +347,6 @@ Kernel warp_reduce_kernel() {
   Reg v = thread_sum(b, x, n);
   for (uint32_t d = 16; d > 0; d /= 2) v = b.add(Type::f32, v, b.shfl(ShflMode::down, v, imm_u32(d)));
   b.if_(b.setp(Cmp::eq, b.sreg(SReg::laneid), imm_u32(0)), [&] { b.atom_add(Space::global, Type::f32, out, v); });
-  return b.finish();
-}
-
-// Every lane gets its warp's sum through shfl.bfly and stores it to all[global thread index].
-Kernel butterfly_kernel() {
-  KernelBuilder b("butterfly");
-  Reg x = b.param("x", Type::u64), all = b.param("all", Type::u64), n = b.param("n", Type::u32);
-  Reg v = thread_sum(b, x, n);
-  for (uint32_t d = 16; d > 0; d /= 2) v = b.add(Type::f32, v, b.shfl(ShflMode::bfly, v, imm_u32(d)));
-  b.st(Space::global, Type::f32, b.address(all, b.global_index_x(), 4), v);
   return b.finish();
 }
 
@@ -672,113 +576,39 @@ TEST(SimulatorApprox, SpecialValuesAndFlushToZero) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Planted bugs
-
-TEST(SimulatorBugs, OutOfBoundsGlobalLoad) {
-  for (uint32_t n : {1000u, 1024u}) {  // 1024 floats fill whole 256-byte units: the gap catches it
-    DeviceMemory mem;
-    const uint64_t xa = upload(mem, test_inputs(n)), ya = mem.alloc(n * 4);
-    expect_error(
-        [&] {
-          simulate(pointwise_kernel(true), {(n + 256) / 256}, {256}, {xa, ya, n}, mem);
-        },
-        {"simulator: out-of-bounds global load of 4 bytes", "kernel 'pointwise_oob'", "block (", "thread (",
-         "ld.f32 global", "allocation"});
-  }
-}
-
-TEST(SimulatorBugs, MisalignedAndOutOfBoundsShared) {
-  KernelBuilder b("bad_shared");
-  Reg out = b.param("out", Type::u64), off = b.param("off", Type::u32);
-  const int sh = b.shared_array("buf", 64);
-  b.st(Space::global, Type::f32, out, b.ld(Space::shared, Type::f32, b.add(Type::u32, b.shared_addr(sh), off)));
-  const auto k = prepare(b.finish());
-  DeviceMemory mem;
-  const uint64_t o = mem.alloc(4);
-  expect_error(
-      [&] {
-        simulate(*k, {1}, {1}, {o, 64}, mem);
-      },
-      {"out-of-bounds shared load of 4 bytes", "0x40", "64 bytes"});
-  expect_error([&] { simulate(*k, {1}, {1}, {o, 2}, mem); }, {"misaligned shared load", "bad_shared"});
-  expect_error([&] { simulate(*k, {1}, {1}, {o + 1, 0}, mem); }, {"misaligned global store"});
-  // Shared memory starts poisoned: an unwritten float reads as NaN.
-  simulate(*k, {1}, {1}, {o, 0}, mem);
-  EXPECT_TRUE(std::isnan(download<float>(mem, o, 1)[0]));
-}
-
-// out[t] = neighbour's value written through shared memory, with or without the barrier.
-Kernel neighbour_kernel(bool with_barrier, uint32_t threads) {
-  KernelBuilder b(with_barrier ? "neighbour" : "neighbour_racy");
-  Reg out = b.param("out", Type::u64);
-  const int sh = b.shared_array("buf", threads * 4);
-  Reg tid = b.sreg(SReg::tid_x);
-  Reg base = b.shared_addr(sh);
-  b.st(Space::shared, Type::u32, b.add(Type::u32, base, b.mul(Type::u32, tid, imm_u32(4))),
-       b.mul(Type::u32, tid, imm_u32(10)));
-  if (with_barrier) b.bar();
-  Reg next = b.rem(Type::u32, b.add(Type::u32, tid, imm_u32(1)), imm_u32(threads));
-  Reg v = b.ld(Space::shared, Type::u32, b.add(Type::u32, base, b.mul(Type::u32, next, imm_u32(4))));
-  b.st(Space::global, Type::u32, b.address(out, tid, 4), v);
-  return b.finish();
-}
-
-TEST(SimulatorBugs, SharedMemoryRaceWithoutBarrier) {
-  for (uint32_t threads : {32u, 128u}) {  // 32: the race is within one warp
-    for (uint64_t seed : {1, 2, 3}) {
-      DeviceMemory mem;
-      const uint64_t o = mem.alloc(threads * 4);
-      expect_error(
-          [&] { simulate(neighbour_kernel(false, threads), {1}, {threads}, {o}, mem, {.schedule_seed = seed}); },
-          {"shared-memory race", "kernel 'neighbour_racy'", "block (0,0,0)", "thread (", "with no bar.sync", "shared"});
-      simulate(neighbour_kernel(true, threads), {1}, {threads}, {o}, mem, {.schedule_seed = seed});
-      const auto v = download<uint32_t>(mem, o, threads);
-      for (uint32_t t = 0; t < threads; ++t) ASSERT_EQ(v[t], (t + 1) % threads * 10);
-      // With race checks off, the racy kernel runs (and reads what the schedule gives).
-      simulate(neighbour_kernel(false, threads), {1}, {threads}, {o}, mem,
-               {.schedule_seed = seed, .check_races = false});
-    }
-  }
-}
-
-TEST(SimulatorBugs, DivergentShuffle) {
-  KernelBuilder b("half_warp_shuffle");
-  Reg out = b.param("out", Type::u64);
-  Reg lane = b.sreg(SReg::laneid);
-  b.if_(b.setp(Cmp::lt, lane, imm_u32(16)),
-        [&] { b.st(Space::global, Type::u32, b.address(out, lane, 4), b.shfl(ShflMode::down, lane, imm_u32(1))); });
-  DeviceMemory mem;
-  const uint64_t o = mem.alloc(64 * 4);
-  expect_error([&] { simulate(b.finish(), {1}, {64}, {o}, mem); },
-               {"divergent shuffle", "kernel 'half_warp_shuffle'", "warp 0",
-                "threads (0,0,0)..(15,0,0) wait at shfl.sync", "threads (16,0,0)..(31,0,0) exited"});
-
-  // A partial warp cannot complete a full-mask shuffle.
-  expect_error(
-      [&] {
-        simulate(butterfly_kernel(), {1}, {48}, {o, o, 0}, mem);
-      },
-      {"divergent shuffle", "warp 1", "lanes 16-31 do not exist", "48 threads"});
-}
-
-TEST(SimulatorBugs, DivergentBarrier) {
-  KernelBuilder b("partial_barrier");
-  Reg tid = b.sreg(SReg::tid_x);
-  b.if_(b.setp(Cmp::lt, tid, imm_u32(10)), [&] { b.bar(); });
-  DeviceMemory mem;
-  expect_error([&] { simulate(b.finish(), {1}, {64}, {}, mem); },
-               {"divergent barrier", "kernel 'partial_barrier'", "threads (0,0,0)..(9,0,0) wait at bar.sync",
-                "threads (10,0,0)..(63,0,0) exited"});
-}
-
-TEST(SimulatorBugs, BadLaunches) {
-  DeviceMemory mem;
-  expect_error([&] { simulate(pointwise_kernel(), {1}, {32}, {1, 2}, mem); }, {"takes 3 parameters, 2 given"});
-  expect_error([&] { simulate(pointwise_kernel(), {1}, {2048}, {1, 2, 3}, mem); }, {"at most 1024 threads"});
-}
-
-// ---------------------------------------------------------------------------------------------
 // Speed (reported, never asserted)
+
+// Runs a 64x64x64 product kernel (params a, b, c; 16x16 threads per block, 16x16 tiles) on
+// fixed inputs, prints the simulated instruction rate under `label`, and checks every output
+// bit for bit against fma in the same order. Returns the run's stats.
+SimStats run_matmul64(const kir::Kernel& kernel, const char* label) {
+  const uint32_t n = 64, tile = 16;
+  const auto k = prepare(kernel);
+  std::vector<float> av(n * n), bv(n * n);
+  for (uint32_t i = 0; i < n * n; ++i) {
+    av[i] = static_cast<float>(i % 17) * 0.25f - 1.0f;
+    bv[i] = static_cast<float>(i % 11) * 0.5f - 2.0f;
+  }
+  DeviceMemory mem;
+  const uint64_t aa = upload(mem, av), ba = upload(mem, bv), ca = mem.alloc(n * n * 4);
+  const auto start = std::chrono::steady_clock::now();
+  const SimStats stats = simulate(*k, {n / tile, n / tile}, {tile, tile}, {aa, ba, ca}, mem);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[ %s ] %lld simulated instructions, %lld barriers in %.3f s: %.1f million instructions/s\n", label,
+              static_cast<long long>(stats.instructions), static_cast<long long>(stats.barriers), seconds,
+              static_cast<double>(stats.instructions) / seconds / 1e6);
+  const auto cv = download<float>(mem, ca, n * n);
+  for (uint32_t i = 0; i < n; ++i)
+    for (uint32_t j = 0; j < n; ++j) {
+      float s = 0;
+      for (uint32_t kk = 0; kk < n; ++kk) s = std::fma(av[i * n + kk], bv[kk * n + j], s);
+      if (bits(cv[i * n + j]) != bits(s)) {
+        ADD_FAILURE() << label << ": element " << i << "," << j << " differs";
+        return stats;
+      }
+    }
+  return stats;
+}
 
 TEST(SimulatorSpeed, NaiveMatmul64) {
   const uint32_t n = 64, tile = 16;
@@ -791,32 +621,10 @@ TEST(SimulatorSpeed, NaiveMatmul64) {
   b.for_(imm_u32(0), imm_u32(n), imm_u32(1), [&](Reg k) {
     Reg x = b.ld(Space::global, Type::f32, b.address(a, b.add(Type::u32, arow, k), 4));
     Reg y = b.ld(Space::global, Type::f32, b.address(bm, b.mad(Type::u32, k, imm_u32(n), col), 4));
-    assign(b, Opc::Fma, acc, {x, y, acc});
+    b.assign(Opc::Fma, acc, {x, y, acc});
   });
   b.st(Space::global, Type::f32, b.address(c, b.mad(Type::u32, row, imm_u32(n), col), 4), acc);
-  const auto k = prepare(b.finish());
-
-  std::vector<float> av(n * n), bv(n * n);
-  for (uint32_t i = 0; i < n * n; ++i) {
-    av[i] = static_cast<float>(i % 17) * 0.25f - 1.0f;
-    bv[i] = static_cast<float>(i % 11) * 0.5f - 2.0f;
-  }
-  DeviceMemory mem;
-  const uint64_t aa = upload(mem, av), ba = upload(mem, bv), ca = mem.alloc(n * n * 4);
-  const auto start = std::chrono::steady_clock::now();
-  const SimStats stats = simulate(*k, {n / tile, n / tile}, {tile, tile}, {aa, ba, ca}, mem);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[ matmul 64^3 ] %lld simulated instructions in %.3f s: %.1f million instructions/s\n",
-              static_cast<long long>(stats.instructions), seconds,
-              static_cast<double>(stats.instructions) / seconds / 1e6);
-
-  const auto cv = download<float>(mem, ca, n * n);
-  for (uint32_t i = 0; i < n; ++i)
-    for (uint32_t j = 0; j < n; ++j) {
-      float s = 0;
-      for (uint32_t kk = 0; kk < n; ++kk) s = std::fma(av[i * n + kk], bv[kk * n + j], s);
-      ASSERT_EQ(bits(cv[i * n + j]), bits(s)) << i << "," << j;
-    }
+  run_matmul64(b.finish(), "matmul 64^3");
 }
 
 // The same product through 16x16 tiles in shared memory: two barriers per tile step, every
@@ -843,35 +651,12 @@ TEST(SimulatorSpeed, TiledMatmul64) {
     b.for_(imm_u32(0), imm_u32(tile), imm_u32(1), [&](Reg k) {
       Reg x = b.ld(Space::shared, Type::f32, b.add(Type::u32, a_row, b.mul(Type::u32, k, imm_u32(4))));
       Reg y = b.ld(Space::shared, Type::f32, b.add(Type::u32, b_col, b.mul(Type::u32, k, imm_u32(tile * 4))));
-      assign(b, Opc::Fma, acc, {x, y, acc});
+      b.assign(Opc::Fma, acc, {x, y, acc});
     });
     b.bar();
   });
   b.st(Space::global, Type::f32, b.address(c, b.mad(Type::u32, row, imm_u32(n), col), 4), acc);
-  const auto k = prepare(b.finish());
-
-  std::vector<float> av(n * n), bv(n * n);
-  for (uint32_t i = 0; i < n * n; ++i) {
-    av[i] = static_cast<float>(i % 17) * 0.25f - 1.0f;
-    bv[i] = static_cast<float>(i % 11) * 0.5f - 2.0f;
-  }
-  DeviceMemory mem;
-  const uint64_t aa = upload(mem, av), ba = upload(mem, bv), ca = mem.alloc(n * n * 4);
-  const auto start = std::chrono::steady_clock::now();
-  const SimStats stats = simulate(*k, {n / tile, n / tile}, {tile, tile}, {aa, ba, ca}, mem);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf(
-      "[ tiled matmul 64^3 ] %lld simulated instructions, %lld barriers in %.3f s: %.1f million instructions/s\n",
-      static_cast<long long>(stats.instructions), static_cast<long long>(stats.barriers), seconds,
-      static_cast<double>(stats.instructions) / seconds / 1e6);
-  EXPECT_EQ(stats.barriers, 16 * 2 * (n / tile));
-  const auto cv = download<float>(mem, ca, n * n);
-  for (uint32_t i = 0; i < n; ++i)
-    for (uint32_t j = 0; j < n; ++j) {
-      float s = 0;
-      for (uint32_t kk = 0; kk < n; ++kk) s = std::fma(av[i * n + kk], bv[kk * n + j], s);
-      ASSERT_EQ(bits(cv[i * n + j]), bits(s)) << i << "," << j;
-    }
+  EXPECT_EQ(run_matmul64(b.finish(), "tiled matmul 64^3").barriers, 16 * 2 * (n / tile));
 }
 
 }  // namespace

@@ -19,6 +19,18 @@ namespace kiln {
 // `outputs` are rewritten to their ids in the result.
 Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs);
 
+// Row-epilogue fusion: a reduction along the last axis of a domain (rows..., n) and the
+// pointwise, where, broadcast and stop_gradient ops around it over the same rows (with the
+// domain's shape or its per-row shape (rows..., 1)) become one fused_rows op, together with
+// any other such reductions they connect to: softmax, masked softmax, layernorm forward and
+// backward, cross-entropy with its gradient. Float fills become constants. A member whose
+// value something outside the group reads (or a requested output) is written; the others
+// (probabilities, centred rows, ...) are recomputed per phase, never stored. Groups grow along
+// edges to a fixpoint, in op order; a join is refused when a path would leave the group and
+// come back (through other ops or groups), which keeps the graph of groups acyclic, and
+// buffer reads stay before the assigns that overwrite them. Run after fuse_pointwise.
+Circuit fuse_rows(const Circuit& c, std::vector<ValueId>& outputs);
+
 // The passes KILN_DISABLE_PASSES (comma-separated names, e.g. "fuse_pointwise,cse") switches
 // off, for debugging; read once per call.
 bool pass_enabled(const std::string& name);

@@ -16,7 +16,7 @@ bool Params::operator==(const Params& o) const {
     if (std::bit_cast<uint64_t>(reals[i]) != std::bit_cast<uint64_t>(o.reals[i])) return false;
   if (body.is_null() != o.body.is_null() || (body && body != o.body)) return false;
   if (index.is_null() != o.index.is_null() || (index && index != o.index)) return false;
-  return true;
+  return bodies == o.bodies;
 }
 
 uint64_t Params::hash() const {
@@ -26,6 +26,7 @@ uint64_t Params::hash() const {
   for (double v : reals) h = hash_combine(h, std::bit_cast<uint64_t>(v));
   if (body) h = hash_combine(h, body.hash());
   if (index) h = hash_combine(h, index.hash());
+  for (const ScalarExp& e : bodies) h = hash_combine(h, e.hash());
   return h;
 }
 

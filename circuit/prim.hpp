@@ -29,6 +29,7 @@ struct Params {
   std::vector<double> reals;
   DType dtype = DType::f32;  // result dtype for cast, fill, iota, one_hot, random
   ScalarExp body;            // pointwise body
+  std::vector<ScalarExp> bodies;  // fused_rows: reduction bodies, then output bodies
   IndexExp index;            // iota body
 
   bool operator==(const Params& o) const;

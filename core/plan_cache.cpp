@@ -29,6 +29,7 @@ const Plan* PlanCache::build(uint64_t hash, const Circuit& recorded, const std::
   std::vector<ValueId> outputs = requested;
   Circuit optimized = pass_enabled("cse") ? cse(recorded, outputs) : dce(recorded, outputs);
   if (pass_enabled("fuse_pointwise")) optimized = fuse_pointwise(optimized, outputs);
+  if (pass_enabled("fuse_rows")) optimized = fuse_rows(optimized, outputs);
   Plan plan;
   plan.recorded = recorded;
   plan.requested = requested;

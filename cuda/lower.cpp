@@ -46,6 +46,7 @@ const std::map<std::string, Entry>& table() {
       {"iota", {lower_constant, "elementwise index expression (s64)"}},
       {"random", {lower_random, "Philox4x32-10 in kernel IR, same bits"}},
       {"assign", {lower_alias, "commit copy after the step succeeds"}},
+      {"fused_rows", {lower_fused_rows, "warp per row: reductions in registers, outputs in a last pass"}},
   };
   return t;
 }

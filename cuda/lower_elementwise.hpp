@@ -4,6 +4,7 @@
 
 #include <functional>
 
+#include "circuit/builder.hpp"
 #include "cuda/lower_util.hpp"
 
 namespace kiln::cuda {
@@ -44,9 +45,18 @@ LoweredOp lower_constant(const Circuit& c, const Op& op);  // fill, iota
 LoweredOp lower_one_hot(const Circuit& c, const Op& op);
 LoweredOp lower_random(const Circuit& c, const Op& op);
 
+// Reduction steps (lower_reduce.cpp), f32: combine two partial values (sum or NaN-propagating
+// max), the identity, a butterfly over the warp after which every lane holds the warp's value
+// (full-mask shuffles: every lane must reach it), and mean's division by n.
+Reg reduce_combine(KernelBuilder& b, ReduceKind kind, Reg acc, Reg x);
+Operand reduce_identity(ReduceKind kind);
+Reg warp_reduce(KernelBuilder& b, ReduceKind kind, Reg acc);
+Reg reduce_finalize(KernelBuilder& b, ReduceKind kind, Reg v, int64_t n);
+
 // Defined in their own files.
 LoweredOp lower_reduce(const Circuit& c, const Op& op);  // reduce, reduce_all
 LoweredOp lower_matmul(const Circuit& c, const Op& op);
 LoweredOp lower_gather(const Circuit& c, const Op& op);  // gather_rows, scatter_add_rows
+LoweredOp lower_fused_rows(const Circuit& c, const Op& op);
 
 }  // namespace kiln::cuda

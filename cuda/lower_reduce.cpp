@@ -24,19 +24,23 @@ using kir::ShflMode;
 using kir::Space;
 using kir::SReg;
 
-namespace {
-
-Reg combine(KernelBuilder& b, ReduceKind kind, Reg acc, Reg x) {
+Reg reduce_combine(KernelBuilder& b, ReduceKind kind, Reg acc, Reg x) {
   return kind == ReduceKind::Max ? emit_minmax(b, true, acc, x) : b.add(Type::f32, acc, x);
 }
 
-Operand identity(ReduceKind kind) { return imm_f32(kind == ReduceKind::Max ? -INFINITY : 0.0f); }
+Operand reduce_identity(ReduceKind kind) { return imm_f32(kind == ReduceKind::Max ? -INFINITY : 0.0f); }
 
-// Every lane ends with the warp's combined value (butterfly shuffles, full mask).
 Reg warp_reduce(KernelBuilder& b, ReduceKind kind, Reg acc) {
-  for (uint32_t off = 16; off >= 1; off /= 2) acc = combine(b, kind, acc, b.shfl(ShflMode::bfly, acc, imm_u32(off)));
+  for (uint32_t off = 16; off >= 1; off /= 2)
+    acc = reduce_combine(b, kind, acc, b.shfl(ShflMode::bfly, acc, imm_u32(off)));
   return acc;
 }
+
+Reg reduce_finalize(KernelBuilder& b, ReduceKind kind, Reg v, int64_t n) {
+  return kind == ReduceKind::Mean ? b.div(Type::f32, v, imm_f32(static_cast<float>(n))) : v;
+}
+
+namespace {
 
 // Combines `acc` over the block's `threads` (a multiple of 32); `emit_result(v)` is emitted
 // where thread 0 holds the block's value. Every thread reaches the barrier and every lane of
@@ -56,7 +60,7 @@ void block_reduce(KernelBuilder& b, ReduceKind kind, Reg acc, uint32_t threads,
         [&] { b.st(Space::shared, Type::f32, b.mad(Type::u32, warp, imm_u32(4), smem), acc); });
   b.bar();
   b.if_(b.setp(Cmp::eq, warp, imm_u32(0)), [&] {
-    Reg v = b.mov(Type::f32, identity(kind));
+    Reg v = b.mov(Type::f32, reduce_identity(kind));
     b.if_(b.setp(Cmp::lt, lane, imm_u32(warps)), [&] {
       Reg s = b.ld(Space::shared, Type::f32, b.mad(Type::u32, lane, imm_u32(4), smem));
       b.set(v, s);
@@ -69,10 +73,6 @@ void block_reduce(KernelBuilder& b, ReduceKind kind, Reg acc, uint32_t threads,
 uint32_t block_threads_for(int64_t n) {
   int64_t t = std::clamp<int64_t>((n + 31) / 32 * 32, 32, 256);
   return static_cast<uint32_t>(t);
-}
-
-Reg finalize(KernelBuilder& b, ReduceKind kind, Reg v, int64_t n) {
-  return kind == ReduceKind::Mean ? b.div(Type::f32, v, imm_f32(static_cast<float>(n))) : v;
 }
 
 const char* kind_text(ReduceKind k) { return k == ReduceKind::Sum ? "sum" : k == ReduceKind::Max ? "max" : "mean"; }
@@ -93,9 +93,9 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
     {  // pass 1: partial[block] = combine over a grid-stride share of x
       KernelBuilder b("kiln_reduce_all_partial");
       Reg xp = b.param("x", Type::u64), part = b.param("partials", Type::u64);
-      Reg acc = b.mov(Type::f32, identity(kind));
+      Reg acc = b.mov(Type::f32, reduce_identity(kind));
       grid_stride_loop(b, it, n, [&](Reg i) {
-        b.set(acc, combine(b, kind, acc, b.ld(Space::global, Type::f32, b.address(xp, i, 4))));
+        b.set(acc, reduce_combine(b, kind, acc, b.ld(Space::global, Type::f32, b.address(xp, i, 4))));
       });
       block_reduce(b, kind, acc, threads,
                    [&](Reg v) { b.st(Space::global, Type::f32, b.address(part, b.sreg(SReg::ctaid_x), 4), v); });
@@ -105,10 +105,12 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
     {  // pass 2: one block combines the partials
       KernelBuilder b("kiln_reduce_all_final");
       Reg part = b.param("partials", Type::u64), y = b.param("y", Type::u64);
-      Reg acc = b.mov(Type::f32, identity(kind));
-      b.for_(b.sreg(SReg::tid_x), imm_u32(static_cast<uint32_t>(blocks)), imm_u32(threads),
-             [&](Reg j) { b.set(acc, combine(b, kind, acc, b.ld(Space::global, Type::f32, b.address(part, j, 4)))); });
-      block_reduce(b, kind, acc, threads, [&](Reg v) { b.st(Space::global, Type::f32, y, finalize(b, kind, v, n)); });
+      Reg acc = b.mov(Type::f32, reduce_identity(kind));
+      b.for_(b.sreg(SReg::tid_x), imm_u32(static_cast<uint32_t>(blocks)), imm_u32(threads), [&](Reg j) {
+        b.set(acc, reduce_combine(b, kind, acc, b.ld(Space::global, Type::f32, b.address(part, j, 4))));
+      });
+      block_reduce(b, kind, acc, threads,
+                   [&](Reg v) { b.st(Space::global, Type::f32, y, reduce_finalize(b, kind, v, n)); });
       r.launches.push_back(finish_launch(b, "kiln_reduce_all_final", {1, 1, 1}, {threads, 1, 1}, {scratch, out}));
     }
     r.summary = std::string("reduce_all ") + kind_text(kind) + ": " + std::to_string(blocks) +
@@ -128,14 +130,14 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
     Reg row = b.sreg(SReg::ctaid_x);
     Reg row_i = it == Type::u32 ? row : b.cvt(Type::u64, row);
     Reg start = b.mul(it, row_i, imm_index(it, n));
-    Reg acc = b.mov(Type::f32, identity(kind));
+    Reg acc = b.mov(Type::f32, reduce_identity(kind));
     Reg tid = b.sreg(SReg::tid_x);
     b.for_(it == Type::u32 ? tid : b.cvt(Type::u64, tid), imm_index(it, n), imm_index(it, threads), [&](Reg j) {
       Reg v = b.ld(Space::global, Type::f32, b.address(xp, b.add(it, start, j), 4));
-      b.set(acc, combine(b, kind, acc, v));
+      b.set(acc, reduce_combine(b, kind, acc, v));
     });
     block_reduce(b, kind, acc, threads,
-                 [&](Reg v) { b.st(Space::global, Type::f32, b.address(y, row, 4), finalize(b, kind, v, n)); });
+                 [&](Reg v) { b.st(Space::global, Type::f32, b.address(y, row, 4), reduce_finalize(b, kind, v, n)); });
     if (outer > 0x7fffffff) fail(op.prim->name, op.scope, "more than 2^31 - 1 rows");
     r.launches.push_back(
         finish_launch(b, "kiln_reduce_row", {static_cast<uint32_t>(outer), 1, 1}, {threads, 1, 1}, {in, out}));
@@ -146,12 +148,12 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
     grid_stride_loop(b, it, outer * inner, [&](Reg o) {
       Reg oi = b.div(it, o, imm_index(it, inner)), ii = b.rem(it, o, imm_index(it, inner));
       Reg base = b.mad(it, oi, imm_index(it, n * inner), ii);
-      Reg acc = b.mov(Type::f32, identity(kind));
+      Reg acc = b.mov(Type::f32, reduce_identity(kind));
       b.for_(imm_index(it, 0), imm_index(it, n), imm_index(it, 1), [&](Reg j) {
         Reg v = b.ld(Space::global, Type::f32, b.address(xp, b.mad(it, j, imm_index(it, inner), base), 4));
-        b.set(acc, combine(b, kind, acc, v));
+        b.set(acc, reduce_combine(b, kind, acc, v));
       });
-      b.st(Space::global, Type::f32, b.address(y, o, 4), finalize(b, kind, acc, n));
+      b.st(Space::global, Type::f32, b.address(y, o, 4), reduce_finalize(b, kind, acc, n));
     });
     r.launches.push_back(
         finish_launch(b, "kiln_reduce_axis", elementwise_grid(outer * inner), {kElementwiseThreads, 1, 1}, {in, out}));

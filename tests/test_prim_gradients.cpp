@@ -9,6 +9,7 @@
 #include "ad/gradcheck.hpp"
 #include "circuit/composites.hpp"
 #include "circuit/error.hpp"
+#include "circuit/fused_rows.hpp"
 #include "prim_test_util.hpp"
 
 namespace kiln {
@@ -180,8 +181,9 @@ TEST_P(PrimGradient, MatchesCentralDifferencesInF64) {
 INSTANTIATE_TEST_SUITE_P(AllPrims, PrimGradient, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
 
-// Prims that have no gradient by design, each with a test of its own below.
-const std::set<std::string> kNoGradientByDesign = {"assign"};
+// Prims that have no gradient by design, each with a test of its own below: assign writes a
+// buffer; fused_rows is built by a fusion pass, which runs after the backward pass.
+const std::set<std::string> kNoGradientByDesign = {"assign", "fused_rows"};
 
 TEST(PrimGradientTable, EveryRegisteredPrimHasACase) {
   std::set<std::string> covered;
@@ -204,6 +206,27 @@ TEST(PrimGradientTable, AssignHasNoVjpAndSaysSo) {
     FAIL() << "differentiating through assign must throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no VJP rule for Prim 'assign'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PrimGradientTable, FusedRowsHasNoVjpAndSaysSo) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{2, 3}, f64}, ValueRole::Input, "x");
+  Builder b(c);
+  RowProgram rp;
+  rp.inputs = 1;
+  rp.domain = Shape{2, 3};
+  rp.reduction_kinds = {ReduceKind::Sum};
+  rp.reduction_bodies = {se::in(0)};
+  rp.output_per_row = {true};
+  rp.output_bodies = {se::in(1)};
+  ValueId y = c.add_op("fused_rows", rp.to_params(f64), {x})[0];
+  ValueId loss = b.reduce_all(ReduceKind::Sum, y);
+  try {
+    ad::backward(b, loss, {x});
+    FAIL() << "differentiating through fused_rows must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no VJP rule for Prim 'fused_rows'"), std::string::npos) << e.what();
   }
 }
 

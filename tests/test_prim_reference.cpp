@@ -12,6 +12,7 @@
 #include "circuit/composites.hpp"
 #include "circuit/error.hpp"
 #include "circuit/executor.hpp"
+#include "circuit/fused_rows.hpp"
 #include "prim_test_util.hpp"
 
 namespace kiln {
@@ -545,6 +546,51 @@ TYPED_TEST(PrimReference, AFailedRunWritesNoBuffer) {
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(buf.data<T>()[i], before.data<T>()[i]) << i;
 }
 
+// --- fused_rows ---------------------------------------------------------------------------
+
+// A program with an i32 mask, a column-broadcast and a per-row input; max, sum and mean (each
+// reading the ones before), a row output and a per-row output. Long rows span several of the
+// reference's blocks; short rows put many rows in one.
+TYPED_TEST(PrimReference, FusedRowsMatchesNaiveLoop) {
+  using T = TypeParam;
+  for (const auto& [rows, n] : {std::pair<int64_t, int64_t>{3, 5000}, {600, 7}}) {
+    HostTensor x = rnd(dtype_of<T>(), Shape{rows, n}, 80, -3, 3), w = rnd(dtype_of<T>(), Shape{n}, 81, 0.5, 1.5),
+               s = rnd(dtype_of<T>(), Shape{rows, 1}, 82);
+    HostTensor mask = HostTensor::zeros(DType::i32, Shape{1, n});
+    for (int64_t j = 0; j < n; ++j) mask.set(j, j % 3 != 1);
+    Net net;
+    using se::in;
+    const ScalarExp masked = se::select(in(1), in(0), se::c(-4.0));
+    RowProgram rp;
+    rp.inputs = 4;
+    rp.domain = Shape{rows, n};
+    rp.reduction_kinds = {ReduceKind::Max, ReduceKind::Sum, ReduceKind::Mean};
+    rp.reduction_bodies = {masked, se::exp(masked - in(4)), in(0) * in(2) + in(3)};
+    rp.output_per_row = {false, true};
+    rp.output_bodies = {se::exp(masked - in(4)) / in(5) * in(2), se::log(in(5)) + in(6) * in(3)};
+    std::vector<ValueId> outs =
+        net.c.add_op("fused_rows", rp.to_params(dtype_of<T>()), {net.in(x), net.in(mask), net.in(w), net.in(s)});
+    auto got = execute(net.c, net.binds, outs);
+    ASSERT_EQ(got[0].shape(), (Shape{rows, n}));
+    ASSERT_EQ(got[1].shape(), (Shape{rows, 1}));
+    for (int64_t r = 0; r < rows; ++r) {
+      auto xv = [&](int64_t j) { return static_cast<double>(x.data<T>()[r * n + j]); };
+      auto mv = [&](int64_t j) { return j % 3 != 1 ? xv(j) : -4.0; };
+      double mx = -INFINITY, z = 0, mean = 0;
+      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, mv(j));
+      for (int64_t j = 0; j < n; ++j) z += std::exp(mv(j) - mx);
+      for (int64_t j = 0; j < n; ++j) mean += xv(j) * w.data<T>()[j] + s.data<T>()[r];
+      mean /= static_cast<double>(n);
+      for (int64_t j = 0; j < n; ++j) {
+        const double want = std::exp(mv(j) - mx) / z * w.data<T>()[j];
+        ASSERT_TRUE(close(got[0].data<T>()[r * n + j], want, 50 * eps<T>())) << r << "," << j;
+      }
+      const double want_row = std::log(z) + mean * s.data<T>()[r];
+      ASSERT_TRUE(close(got[1].data<T>()[r], want_row, 500 * eps<T>())) << r;
+    }
+  }
+}
+
 // --- composites ---------------------------------------------------------------------------
 
 TYPED_TEST(PrimReference, SoftmaxRowsSumToOne) {
@@ -609,7 +655,7 @@ TEST(PrimReferenceTable, EveryRegisteredPrimIsCovered) {
       "pointwise", "reduce",  "reduce_all", "matmul",        "gather_rows", "scatter_add_rows",
       "one_hot",   "reshape", "permute",    "broadcast",     "slice",       "concat",
       "split",     "where",   "cast",       "stop_gradient", "fill",        "iota",
-      "random",    "assign"};
+      "random",    "assign",  "fused_rows"};
   for (const PrimDef* p : PrimRegistry::instance().all())
     EXPECT_TRUE(covered.count(p->name)) << "Prim '" << p->name << "' has no reference test";
 }

@@ -17,6 +17,7 @@ void register_cast(PrimRegistry& r);          // cast, stop_gradient
 void register_constants(PrimRegistry& r);     // fill, iota
 void register_random(PrimRegistry& r);        // random
 void register_assign(PrimRegistry& r);        // assign
+void register_fused_rows(PrimRegistry& r);    // fused_rows (built by the row fusion pass)
 
 inline void register_all_prims(PrimRegistry& r) {
   register_pointwise(r);
@@ -30,6 +31,7 @@ inline void register_all_prims(PrimRegistry& r) {
   register_constants(r);
   register_random(r);
   register_assign(r);
+  register_fused_rows(r);
 }
 
 }  // namespace kiln

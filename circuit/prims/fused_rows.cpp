@@ -1,0 +1,229 @@
+// Prim family `fused_rows`: a row kernel built by the row-epilogue fusion pass (see
+// circuit/fused_rows.hpp for its program and shape contract). The pass runs after AD, so the
+// Prim has no VJP rule. Reference: rows are processed in chunks that stay in cache; for each
+// chunk the reduction bodies are evaluated block by block and reduced per row, in order, then
+// the outputs are written. Nothing of a row but its reductions is kept between phases.
+#include "circuit/fused_rows.hpp"
+
+#include <spdlog/fmt/fmt.h>
+
+#include <limits>
+
+#include "circuit/prim.hpp"
+#include "circuit/prims/body_eval.hpp"
+#include "circuit/prims/families.hpp"
+
+namespace kiln {
+
+Shape RowProgram::row_shape() const {
+  Shape s = domain;
+  s[s.rank() - 1] = 1;
+  return s;
+}
+
+Params RowProgram::to_params(DType dtype) const {
+  Params p;
+  p.dtype = dtype;
+  p.ints = {inputs, domain.rank()};
+  for (int64_t d : domain.dims()) p.ints.push_back(d);
+  p.ints.push_back(static_cast<int64_t>(reduction_kinds.size()));
+  for (ReduceKind k : reduction_kinds) p.ints.push_back(static_cast<int64_t>(k));
+  p.ints.push_back(static_cast<int64_t>(output_per_row.size()));
+  for (bool r : output_per_row) p.ints.push_back(r ? 1 : 0);
+  p.bodies = reduction_bodies;
+  p.bodies.insert(p.bodies.end(), output_bodies.begin(), output_bodies.end());
+  return p;
+}
+
+RowProgram RowProgram::from_params(const Params& p) {
+  RowProgram rp;
+  size_t at = 0;
+  auto next = [&]() -> int64_t {
+    if (at >= p.ints.size()) throw Error("fused_rows: malformed params (too few ints)");
+    return p.ints[at++];
+  };
+  rp.inputs = static_cast<int>(next());
+  const int64_t rank = next();
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < rank; ++i) dims.push_back(next());
+  rp.domain = Shape(dims);
+  const int64_t nred = next();
+  for (int64_t i = 0; i < nred; ++i) {
+    const int64_t k = next();
+    if (k < 0 || k > 2) throw Error("fused_rows: malformed params (reduction kind " + std::to_string(k) + ")");
+    rp.reduction_kinds.push_back(static_cast<ReduceKind>(k));
+  }
+  const int64_t nout = next();
+  for (int64_t i = 0; i < nout; ++i) rp.output_per_row.push_back(next() != 0);
+  if (at != p.ints.size() || p.bodies.size() != static_cast<size_t>(nred + nout) || rank < 1)
+    throw Error("fused_rows: malformed params");
+  rp.reduction_bodies.assign(p.bodies.begin(), p.bodies.begin() + nred);
+  rp.output_bodies.assign(p.bodies.begin() + nred, p.bodies.end());
+  return rp;
+}
+
+std::string RowProgram::describe() const {
+  static const char* kinds[] = {"sum", "max", "mean"};
+  std::string s = fmt::format("rows {} x {}, reductions read as in{}..", row_shape().str(), n(), inputs);
+  for (size_t j = 0; j < reduction_bodies.size(); ++j)
+    s += fmt::format(" r{}={}{{{}}}", j, kinds[static_cast<int>(reduction_kinds[j])], reduction_bodies[j].str());
+  for (size_t o = 0; o < output_bodies.size(); ++o)
+    s += fmt::format(" out{}{}={{{}}}", o, output_per_row[o] ? "[per row]" : "", output_bodies[o].str());
+  return s;
+}
+
+bool varies_along_row(const Shape& input, const Shape& domain) {
+  const int64_t n = domain[domain.rank() - 1];
+  return input.rank() >= 1 && n > 1 && input[input.rank() - 1] == n;
+}
+
+namespace {
+
+std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  RowProgram rp;
+  try {
+    rp = RowProgram::from_params(p);
+  } catch (const Error& e) {
+    ctx.fail(e.what());
+  }
+  if (rp.inputs != static_cast<int>(in.size()))
+    ctx.fail(fmt::format("params describe {} inputs, {} were given", rp.inputs, in.size()));
+  if (p.dtype != DType::f32 && p.dtype != DType::f64) ctx.fail("result dtype must be f32 or f64");
+  for (size_t k = 0; k < in.size(); ++k) {
+    if (in[k].dtype != p.dtype && in[k].dtype != DType::i32)
+      ctx.fail(fmt::format("input {} is {}{}; inputs must be {} or i32 masks", k, dtype_name(in[k].dtype),
+                           in[k].shape.str(), dtype_name(p.dtype)));
+    bool ok = true;
+    try {
+      ok = broadcast_shapes(in[k].shape, rp.domain, "fused_rows") == rp.domain;
+    } catch (const Error&) {
+      ok = false;
+    }
+    if (!ok)
+      ctx.fail(fmt::format("input {} {} does not broadcast to the domain {}", k, in[k].shape.str(), rp.domain.str()));
+  }
+  const int nin = rp.inputs;
+  for (size_t j = 0; j < rp.reduction_bodies.size(); ++j)
+    if (rp.reduction_bodies[j].num_inputs() > nin + static_cast<int>(j))
+      ctx.fail(fmt::format("reduction {} body {} reads a reduction not yet computed", j, rp.reduction_bodies[j].str()));
+  const int nred = static_cast<int>(rp.reduction_bodies.size());
+  std::vector<ValueInfo> out;
+  for (size_t o = 0; o < rp.output_bodies.size(); ++o) {
+    const ScalarExp& e = rp.output_bodies[o];
+    if (e.num_inputs() > nin + nred) ctx.fail(fmt::format("output {} body {} reads past the reductions", o, e.str()));
+    if (rp.output_per_row[o])
+      for (int k = 0; k < nin; ++k)
+        if (e.depends_on(k) && varies_along_row(in[static_cast<size_t>(k)].shape, rp.domain))
+          ctx.fail(fmt::format("per-row output {} reads input {} {}, which varies along the row", o, k,
+                               in[static_cast<size_t>(k)].shape.str()));
+    out.push_back({rp.output_per_row[o] ? rp.row_shape() : rp.domain, p.dtype});
+  }
+  if (out.empty()) ctx.fail("has no outputs");
+  return out;
+}
+
+template <class T>
+void reduce_into(ReduceKind kind, const T* v, int64_t len, T& acc) {
+  if (kind == ReduceKind::Max) {
+    for (int64_t i = 0; i < len; ++i)
+      if (v[i] > acc || std::isnan(v[i])) acc = std::isnan(acc) ? acc : v[i];
+  } else {
+    acc += Eigen::Map<const ref::Arr<T>>(v, len).sum();
+  }
+}
+
+template <class T>
+std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTensor*>& in_raw,
+                            const std::vector<ValueInfo>& out_info) {
+  const DType dt = out_info[0].dtype;
+  // i32 masks are read as T, as the GPU kernel reads them as f32.
+  std::vector<HostTensor> converted(in_raw.size());
+  std::vector<const HostTensor*> in(in_raw.begin(), in_raw.end());
+  for (size_t k = 0; k < in.size(); ++k)
+    if (in[k]->dtype() == DType::i32) {
+      converted[k] = HostTensor::zeros(dt, in[k]->shape());
+      for (int64_t i = 0; i < in[k]->numel(); ++i) converted[k].set(i, in[k]->get(i));
+      in[k] = &converted[k];
+    }
+  const int64_t n = rp.n(), rows = rp.rows();
+  const Shape row_shape = rp.row_shape();
+  std::vector<HostTensor> reds;
+  for (size_t j = 0; j < rp.reduction_bodies.size(); ++j) reds.push_back(HostTensor::zeros(dt, row_shape));
+  std::vector<const HostTensor*> all = in;  // inputs, then the reductions
+  for (const HostTensor& r : reds) all.push_back(&r);
+  // Runners read only what their body reads (a per-row body may not read row-shaped inputs).
+  auto runner = [&](const ScalarExp& body, const Shape& domain) {
+    std::vector<const HostTensor*> used(all.size(), nullptr);
+    for (size_t k = 0; k < all.size(); ++k)
+      if (body.depends_on(static_cast<int>(k))) used[k] = all[k];
+    return ref::BodyRunner<T>(body, used, domain);
+  };
+  std::vector<ref::BodyRunner<T>> red_runners, out_runners;
+  for (const ScalarExp& e : rp.reduction_bodies) red_runners.push_back(runner(e, rp.domain));
+  std::vector<HostTensor> outs;
+  for (size_t o = 0; o < rp.output_bodies.size(); ++o) {
+    outs.push_back(HostTensor::zeros(dt, out_info[o].shape));
+    out_runners.push_back(runner(rp.output_bodies[o], rp.output_per_row[o] ? row_shape : rp.domain));
+  }
+  // A chunk is as many whole rows as fit a block, or one row (then visited block by block).
+  const int64_t chunk_rows = std::max<int64_t>(1, ref::kBlock / std::max<int64_t>(n, 1));
+  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+#pragma omp parallel if (rows * n >= 4 * ref::kBlock)
+  {
+    std::vector<std::vector<ref::Blk<T>>> red_regs, out_regs;
+    for (const auto& r : red_runners) red_regs.push_back(r.registers());
+    for (const auto& r : out_runners) out_regs.push_back(r.registers());
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t r0 = c * chunk_rows, r1 = std::min(rows, r0 + chunk_rows);
+      const int64_t e0 = r0 * n, e1 = r1 * n;
+      for (size_t j = 0; j < red_runners.size(); ++j) {
+        const ReduceKind kind = rp.reduction_kinds[j];
+        T* acc = reds[j].data<T>();
+        for (int64_t r = r0; r < r1; ++r) acc[r] = kind == ReduceKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
+        for (int64_t s = e0; s < e1; s += ref::kBlock) {
+          const int64_t len = std::min(ref::kBlock, e1 - s);
+          const ref::Blk<T>& v = red_runners[j].run(s, len, red_regs[j]);
+          // The block holds whole rows or a part of one row.
+          for (int64_t at = 0; at < len;) {
+            const int64_t row = (s + at) / n, run_len = std::min(len - at, (row + 1) * n - (s + at));
+            reduce_into<T>(kind, v.data() + at, run_len, acc[row]);
+            at += run_len;
+          }
+        }
+        if (kind == ReduceKind::Mean)
+          for (int64_t r = r0; r < r1; ++r) acc[r] /= static_cast<T>(n);
+      }
+      for (size_t o = 0; o < out_runners.size(); ++o) {
+        const int64_t b0 = rp.output_per_row[o] ? r0 : e0, b1 = rp.output_per_row[o] ? r1 : e1;
+        T* dst = outs[o].data<T>();
+        for (int64_t s = b0; s < b1; s += ref::kBlock) {
+          const int64_t len = std::min(ref::kBlock, b1 - s);
+          Eigen::Map<ref::Arr<T>>(dst + s, len) = out_runners[o].run(s, len, out_regs[o]);
+        }
+      }
+    }
+  }
+  return outs;
+}
+
+std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
+                             const std::vector<ValueInfo>& out_info) {
+  const RowProgram rp = RowProgram::from_params(op.params);
+  return ref::dispatch_float(out_info[0].dtype, "fused_rows",
+                             [&](auto t) { return run<decltype(t)>(rp, in, out_info); });
+}
+
+}  // namespace
+
+void register_fused_rows(PrimRegistry& r) {
+  PrimDef d;
+  d.name = "fused_rows";
+  d.family = "fused_rows.cpp";
+  d.shape = shape_rule;
+  d.eval = eval;
+  d.describe = [](const Params& p) { return RowProgram::from_params(p).describe(); };
+  r.add(std::move(d));
+}
+
+}  // namespace kiln

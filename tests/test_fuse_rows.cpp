@@ -1,0 +1,253 @@
+// T2 for row-epilogue fusion: the row patterns of a transformer (softmax, masked softmax,
+// layernorm forward and backward, cross-entropy with its gradient) each become row kernels
+// with no reduction along the last axis left, and fused and unfused circuits agree on the
+// Eigen executor (f64 1e-12, f32 1e-5 norm-relative: sums in another order) and in the SIMT
+// simulator (1e-5: ex2/lg2 within 2 ulp, warp-order sums); random graphs of reductions and
+// pointwise ops; legality (no cycles through other ops, buffer order); the disable switch.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "ad/backward.hpp"
+#include "circuit/composites.hpp"
+#include "circuit/executor.hpp"
+#include "circuit/fused_rows.hpp"
+#include "circuit/fusion.hpp"
+#include "circuit/passes.hpp"
+#include "device_test_util.hpp"
+#include "prim_test_util.hpp"
+
+namespace kiln {
+namespace {
+
+size_t count_prim(const Circuit& c, const std::string& prim) {
+  size_t n = 0;
+  for (const Op& op : c.ops()) n += op.prim->name == prim;
+  return n;
+}
+
+size_t row_reductions(const Circuit& c) {
+  size_t n = 0;
+  for (const Op& op : c.ops())
+    n += op.prim->name == "reduce" && op.params.ints[1] == c.info(op.inputs[0]).shape.rank() - 1;
+  return n;
+}
+
+Circuit optimize(const Circuit& c, std::vector<ValueId>& outs) {
+  Circuit f = cse(c, outs);
+  f = fuse_pointwise(f, outs);
+  return fuse_rows(f, outs);
+}
+
+struct Pattern {
+  std::string name;
+  std::vector<testing::InputSpec> inputs;  // dtypes set per run
+  // Returns the values to compare (forward outputs and, for backward patterns, gradients).
+  std::function<std::vector<ValueId>(Builder&, const std::vector<ValueId>&)> build;
+  size_t max_fused;  // fused_rows ops expected at most
+};
+
+// loss = sum(y * r) for a fixed random r, so that the gradient reaching y is not uniform.
+ValueId weighted_sum(Builder& b, ValueId y, ValueId r) { return b.reduce_all(ReduceKind::Sum, b.mul(y, r)); }
+
+std::vector<Pattern> patterns() {
+  using testing::InputSpec;
+  const Shape x{3, 5, 37};
+  std::vector<Pattern> p;
+  p.push_back({"softmax",
+               {{x, DType::f64, -3, 3}},
+               [](Builder& b, const auto& in) { return std::vector<ValueId>{composite::softmax(b, in[0])}; },
+               1});
+  p.push_back({"masked_softmax",
+               {{Shape{2, 3, 19, 19}, DType::f64, -3, 3}},
+               [](Builder& b, const auto& in) {
+                 return std::vector<ValueId>{composite::softmax(b, composite::apply_causal_mask(b, in[0]))};
+               },
+               1});
+  p.push_back(
+      {"layernorm_forward",
+       {{x, DType::f64, -2, 2}, {Shape{37}, DType::f64, 0.5, 1.5}, {Shape{37}, DType::f64}},
+       [](Builder& b, const auto& in) { return std::vector<ValueId>{composite::layernorm(b, in[0], in[1], in[2])}; },
+       1});
+  p.push_back({"masked_softmax_backward",
+               {{Shape{2, 19, 19}, DType::f64, -3, 3}, {Shape{2, 19, 19}, DType::f64}},
+               [](Builder& b, const auto& in) {
+                 ValueId y = composite::softmax(b, composite::apply_causal_mask(b, in[0]));
+                 std::vector<ValueId> g = ad::backward(b, weighted_sum(b, y, in[1]), {in[0]});
+                 return std::vector<ValueId>{y, g[0]};
+               },
+               2});
+  p.push_back({"layernorm_forward_backward",
+               {{x, DType::f64, -2, 2}, {Shape{37}, DType::f64, 0.5, 1.5}, {Shape{37}, DType::f64}, {x, DType::f64}},
+               [](Builder& b, const auto& in) {
+                 ValueId y = composite::layernorm(b, in[0], in[1], in[2]);
+                 std::vector<ValueId> g = ad::backward(b, weighted_sum(b, y, in[3]), {in[0], in[1], in[2]});
+                 return std::vector<ValueId>{y, g[0], g[1], g[2]};
+               },
+               2});
+  p.push_back({"cross_entropy_and_gradient",
+               {{Shape{4, 6, 113}, DType::f64, -4, 4}, {Shape{4, 6}, DType::i32, 0, 113}},
+               [](Builder& b, const auto& in) {
+                 ValueId loss = composite::cross_entropy(b, in[0], in[1]);
+                 std::vector<ValueId> g = ad::backward(b, loss, {in[0]});
+                 return std::vector<ValueId>{loss, g[0]};
+               },
+               1});
+  return p;
+}
+
+// Builds pattern p in dtype dt; returns the circuit, its outputs and random bindings.
+struct Built {
+  Circuit c;
+  std::vector<ValueId> outs;
+  std::vector<HostTensor> binds;
+};
+Built build(const Pattern& p, DType dt) {
+  Built r;
+  std::vector<ValueId> in;
+  for (size_t i = 0; i < p.inputs.size(); ++i) {
+    testing::InputSpec s = p.inputs[i];
+    if (s.dtype != DType::i32) s.dtype = dt;
+    in.push_back(r.c.add_external({s.shape, s.dtype}, ValueRole::Input, "x" + std::to_string(i)));
+    r.binds.push_back(testing::random_tensor(s, 100 + i));
+  }
+  Builder b(r.c, "pattern");
+  r.outs = p.build(b, in);
+  return r;
+}
+
+// gtest prints a failing case by its name, not its bytes.
+void PrintTo(const Pattern& p, std::ostream* os) { *os << p.name; }
+
+class RowPatterns : public ::testing::TestWithParam<Pattern> {};
+
+TEST_P(RowPatterns, BecomeRowKernelsThatGiveTheUnfusedResults) {
+  const Pattern& p = GetParam();
+  for (DType dt : {DType::f64, DType::f32}) {
+    Built u = build(p, dt);
+    std::vector<ValueId> fused_outs = u.outs;
+    Circuit f = optimize(u.c, fused_outs);
+    EXPECT_EQ(row_reductions(f), 0u) << f.dump("fused");
+    EXPECT_GE(count_prim(f, "fused_rows"), 1u);
+    EXPECT_LE(count_prim(f, "fused_rows"), p.max_fused) << f.dump("fused");
+    auto want = execute(u.c, u.binds, u.outs), got = execute(f, u.binds, fused_outs);
+    for (size_t o = 0; o < want.size(); ++o)
+      EXPECT_LT(testing::relative_error(got[o], want[o]), dt == DType::f64 ? 1e-12 : 1e-5)
+          << p.name << " output " << o << "\n"
+          << f.dump("fused");
+    if (dt == DType::f32) {
+      auto sim = cuda::DeviceProgram(f, fused_outs, testing::fake_runtime()).run(u.binds);
+      for (size_t o = 0; o < want.size(); ++o)
+        EXPECT_LT(testing::relative_error(sim[o], want[o]), 1e-5) << p.name << " output " << o << " (simulator)";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformer, RowPatterns, ::testing::ValuesIn(patterns()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(FuseRows, CrossEntropyNeverWritesTheProbabilities) {
+  Pattern p = patterns().back();
+  Built u = build(p, DType::f32);
+  std::vector<ValueId> outs = u.outs;
+  Circuit f = optimize(u.c, outs);
+  const Shape logits = u.c.info(u.outs[1]).shape;
+  size_t row_sized = 0;  // float values of the logits' shape anything writes but the one-hot mask
+  for (const Op& op : f.ops())
+    for (ValueId v : op.outputs) row_sized += f.info(v).shape == logits && op.prim->name != "one_hot";
+  EXPECT_EQ(row_sized, 1u) << "only the gradient of the logits is written\n" << f.dump();
+}
+
+TEST(FuseRows, RandomGraphsGiveTheUnfusedResults) {
+  const std::vector<ScalarExp> unary = {se::exp(se::in(0) * se::c(0.3)), se::tanh(se::in(0)), -se::in(0),
+                                        se::abs(se::in(0)) + se::c(1.0)};
+  const std::vector<ScalarExp> binary = {se::in(0) + se::in(1), se::in(0) * se::in(1), se::in(0) - se::in(1),
+                                         se::max(se::in(0), se::in(1))};
+  size_t fused_ops = 0;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    for (DType dt : {DType::f64, DType::f32}) {
+      Circuit c;
+      std::vector<ValueId> wide = {c.add_external({Shape{6, 37}, dt}, ValueRole::Input, "a"),
+                                   c.add_external({Shape{37}, dt}, ValueRole::Input, "w")};
+      std::vector<ValueId> narrow = {c.add_external({Shape{6, 1}, dt}, ValueRole::Input, "s")};
+      std::vector<HostTensor> binds;
+      for (ValueId v : {wide[0], wide[1], narrow[0]})
+        binds.push_back(testing::random_tensor({c.info(v).shape, dt}, seed * 10 + static_cast<uint64_t>(v)));
+      Builder b(c);
+      auto pick = [&](const std::vector<ValueId>& from, uint64_t k) {
+        return from[philox_bits(seed, 7, k) % from.size()];
+      };
+      for (uint64_t k = 0; k < 16; ++k) {
+        const uint32_t r = philox_bits(seed, 3, k);
+        switch (r % 4) {
+          case 0: wide.push_back(b.pointwise(unary[r / 4 % unary.size()], {pick(wide, 2 * k)})); break;
+          case 1:  // a wide value with a per-row one (broadcast along the row)
+            wide.push_back(b.pointwise(binary[r / 4 % binary.size()], {pick(wide, 2 * k), pick(narrow, 2 * k + 1)}));
+            break;
+          case 2: {
+            const auto kind = static_cast<ReduceKind>(r / 4 % 3);
+            narrow.push_back(b.reduce(kind, pick(wide, 2 * k), -1));
+            break;
+          }
+          default: narrow.push_back(b.pointwise(unary[r / 4 % unary.size()], {pick(narrow, 2 * k)})); break;
+        }
+      }
+      std::vector<ValueId> outs = {wide.back(), narrow.back(), wide[wide.size() / 2]};
+      std::vector<ValueId> fused_outs = outs;
+      Circuit f = fuse_rows(fuse_pointwise(c, fused_outs), fused_outs);
+      fused_ops += count_prim(f, "fused_rows");
+      auto want = execute(c, binds, outs), got = execute(f, binds, fused_outs);
+      for (size_t o = 0; o < outs.size(); ++o)
+        EXPECT_LT(testing::relative_error(got[o], want[o]), dt == DType::f64 ? 1e-12 : 1e-5)
+            << "seed " << seed << "\n"
+            << c.dump("unfused") << f.dump("fused");
+      if (dt == DType::f32) {
+        auto sim = cuda::DeviceProgram(f, fused_outs, testing::fake_runtime()).run(binds);
+        for (size_t o = 0; o < outs.size(); ++o)
+          EXPECT_LT(testing::relative_error(sim[o], want[o]), 1e-5) << "seed " << seed << " (simulator)";
+      }
+    }
+  }
+  EXPECT_GT(fused_ops, 12u);  // the graphs do exercise the pass
+}
+
+// r = reduce(x); y = permute(permute(r)) (not a row op); z = x * y; s = reduce(z). Joining
+// r's group with z's would put the permutes both before and after the fused op: refused.
+TEST(FuseRows, AJoinThatWouldCycleThroughAnotherOpIsRefused) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{4, 9}, DType::f64}, ValueRole::Input, "x");
+  Builder b(c);
+  ValueId r = b.reduce(ReduceKind::Max, b.pointwise(se::exp(se::in(0)), {x}), -1);
+  ValueId y = b.permute(b.permute(b.reshape(r, Shape{4, 1}), {1, 0}), {1, 0});
+  ValueId s = b.reduce(ReduceKind::Sum, b.mul(x, y), -1);
+  std::vector<ValueId> outs{s}, fused_outs{s};
+  Circuit f = fuse_rows(c, fused_outs);
+  f.verify();
+  EXPECT_EQ(count_prim(f, "fused_rows"), 2u) << f.dump();
+  std::vector<HostTensor> binds = {testing::random_tensor({Shape{4, 9}, DType::f64}, 3)};
+  EXPECT_LT(testing::relative_error(execute(f, binds, fused_outs)[0], execute(c, binds, outs)[0]), 1e-14);
+}
+
+// A row group reads a buffer's old contents; an assign overwrites the buffer before the
+// consumer of the group's output: the fused op stays before the assign.
+TEST(FuseRows, ReadsOfABufferStayBeforeItsAssign) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{3, 8}, DType::f64}, ValueRole::Input, "x");
+  ValueId w = c.add_external({Shape{8}, DType::f64}, ValueRole::Persistent, "w");
+  Builder b(c);
+  ValueId s = b.reduce(ReduceKind::Sum, b.mul(x, w), -1);
+  ValueId assigned = b.assign(w, b.scale(w, 0.5));
+  ValueId z = b.add(b.pointwise(se::exp(se::in(0)), {b.sub(x, s)}), assigned);
+  ValueId t = b.reduce(ReduceKind::Mean, z, -1);
+  std::vector<ValueId> outs{t}, fused_outs{t};
+  Circuit f = fuse_rows(fuse_pointwise(c, fused_outs), fused_outs);
+  f.verify();  // throws if a read of w's old contents moved past the assign
+  HostTensor xv = testing::random_tensor({Shape{3, 8}, DType::f64}, 4);
+  HostTensor w1 = testing::random_tensor({Shape{8}, DType::f64}, 5), w2 = w1.clone();
+  HostTensor want = execute(c, {xv, w1}, outs)[0], got = execute(f, {xv, w2}, fused_outs)[0];
+  EXPECT_LT(testing::relative_error(got, want), 1e-14);
+  EXPECT_LT(testing::relative_error(w2, w1), 1e-15);
+}
+
+}  // namespace
+}  // namespace kiln

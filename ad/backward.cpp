@@ -10,12 +10,16 @@ namespace kiln::ad {
 ValueId fit_to_shape(Builder& b, ValueId g, const Shape& shape) {
   Shape gs = b.info(g).shape;
   if (gs == shape) return g;
-  // Sum away leading axes the input does not have, then axes where it has a 1.
-  int extra = gs.rank() - shape.rank();
-  for (int a = 0; a < extra; ++a) g = b.reduce(ReduceKind::Sum, g, a);
+  // Sum away leading axes the input does not have (viewed as one axis: one reduction, one
+  // kernel), then axes where it has a 1.
+  const int extra = gs.rank() - shape.rank();
   if (extra > 0) {
-    std::vector<int64_t> dims(b.info(g).shape.dims().begin() + extra, b.info(g).shape.dims().end());
-    g = b.reshape(g, Shape(dims));
+    int64_t lead = 1;
+    for (int a = 0; a < extra; ++a) lead *= gs[a];
+    std::vector<int64_t> rest(gs.dims().begin() + extra, gs.dims().end()), flat{lead};
+    flat.insert(flat.end(), rest.begin(), rest.end());
+    if (extra > 1) g = b.reshape(g, Shape(flat));
+    g = b.reshape(b.reduce(ReduceKind::Sum, g, 0), Shape(rest));
   }
   for (int a = 0; a < shape.rank() && a < b.info(g).shape.rank(); ++a)
     if (shape[a] == 1 && b.info(g).shape[a] != 1) g = b.reduce(ReduceKind::Sum, g, a);

@@ -80,9 +80,11 @@ Circuit Circuit::subset(const std::vector<int32_t>& keep_ops, std::vector<ValueI
   return out;
 }
 
-void Circuit::replace_uses(const std::vector<ValueId>& rename) {
+void Circuit::replace_uses(const std::vector<ValueId>& rename, bool keep_assign_targets) {
   for (Op& op : ops_)
-    for (ValueId& in : op.inputs) in = rename.at(static_cast<size_t>(in));
+    for (size_t k = 0; k < op.inputs.size(); ++k)
+      if (!(keep_assign_targets && op.prim->side_effect && k == 0))
+        op.inputs[k] = rename.at(static_cast<size_t>(op.inputs[k]));
 }
 
 void Circuit::verify() const {

@@ -30,7 +30,7 @@ struct Op {
   Params params;
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
-  std::string scope;  // module path of the layer that recorded it
+  std::string scope;     // module path of the layer that recorded it
   int32_t absorbed = 0;  // ops a fusion pass merged into this one (dumps only; not structure)
 };
 
@@ -54,8 +54,9 @@ class Circuit {
   // Records that fusion merged `count` ops into op `op` (shown by dump()).
   void set_absorbed(size_t op, int32_t count) { ops_.at(op).absorbed = count; }
 
-  // Rewires every op input v to rename[v] (rename.size() == num_values()); used by CSE.
-  void replace_uses(const std::vector<ValueId>& rename);
+  // Rewires every op input v to rename[v] (rename.size() == num_values()); used by CSE. With
+  // keep_assign_targets, input 0 of an assign (the buffer version it overwrites) is kept.
+  void replace_uses(const std::vector<ValueId>& rename, bool keep_assign_targets = false);
 
   // Checks invariants: ids valid, topological order, and that every read of a persistent
   // buffer's old contents comes before the assign that overwrites it.

@@ -69,29 +69,15 @@ class RowFuser {
   }
 
   void form_groups() {
+    // Row groups first (seeded by reductions), then element groups (seeded by values that
+    // two ops of their shape read); both grow to a fixpoint.
     for (size_t i = 0; i < ops_.size(); ++i)
-      if (role_[i] == Role::Reduce && group_[i] < 0) {
-        group_[i] = static_cast<int32_t>(groups_.size());
-        groups_.push_back({{static_cast<int32_t>(i)}, shape_[i]});
-      }
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (size_t g = 0; g < groups_.size(); ++g) {
-        if (groups_[g].members.empty()) continue;
-        // Neighbours in op order, so that growth is deterministic.
-        std::set<int32_t> near;
-        for (int32_t m : groups_[g].members) {
-          for (ValueId in : ops_[static_cast<size_t>(m)].inputs)
-            if (int32_t p = c_.value(in).producer; p >= 0) near.insert(p);
-          for (ValueId out : ops_[static_cast<size_t>(m)].outputs)
-            for (int32_t q : consumers_[static_cast<size_t>(out)]) near.insert(q);
-        }
-        for (int32_t k : near) {
-          if (group_[static_cast<size_t>(k)] == static_cast<int32_t>(g) || !fits(k, groups_[g].domain)) continue;
-          if (try_join(static_cast<int32_t>(g), k)) changed = true;
-        }
-      }
-    }
+      if (role_[i] == Role::Reduce) seed(static_cast<int32_t>(i), true);
+    grow();
+    for (size_t i = 0; i < ops_.size(); ++i)
+      if (role_[i] == Role::Elementwise && group_[i] < 0 && shared_read(static_cast<int32_t>(i)))
+        seed(static_cast<int32_t>(i), false);
+    grow();
   }
 
   Circuit rebuild(std::vector<ValueId>& outputs);
@@ -100,15 +86,67 @@ class RowFuser {
   struct Group {
     std::vector<int32_t> members;  // op indices, ascending
     Shape domain;
+    bool reduces = false;  // has a reduction: per-row members may join
   };
 
-  bool fits(int32_t op, const Shape& domain) const {
+  void seed(int32_t op, bool reduces) {
+    const Shape& d = shape_[static_cast<size_t>(op)];
+    if (d.rank() < 1 || d.numel() == 0) return;
+    group_[static_cast<size_t>(op)] = static_cast<int32_t>(groups_.size());
+    groups_.push_back({{op}, d, reduces});
+  }
+
+  // Does op's result, or a value of its shape it reads, have another element-op reader of
+  // that shape (a sibling sharing data)?
+  bool shared_read(int32_t op) const {
+    const Op& o = ops_[static_cast<size_t>(op)];
+    const Shape& d = shape_[static_cast<size_t>(op)];
+    std::vector<ValueId> vals = o.inputs;
+    vals.push_back(o.outputs[0]);
+    for (ValueId v : vals) {
+      if (c_.info(v).shape != d) continue;
+      for (int32_t q : consumers_[static_cast<size_t>(v)])
+        if (q != op && role_[static_cast<size_t>(q)] == Role::Elementwise && shape_[static_cast<size_t>(q)] == d)
+          return true;
+    }
+    return false;
+  }
+
+  void grow() {
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        if (groups_[g].members.empty()) continue;
+        // Neighbours in op order, so that growth is deterministic: producers, consumers, and
+        // siblings reading a value of the domain's shape.
+        std::set<int32_t> near;
+        for (int32_t m : groups_[g].members) {
+          for (ValueId in : ops_[static_cast<size_t>(m)].inputs) {
+            if (int32_t p = c_.value(in).producer; p >= 0) near.insert(p);
+            if (c_.info(in).shape == groups_[g].domain)
+              for (int32_t q : consumers_[static_cast<size_t>(in)]) near.insert(q);
+          }
+          for (ValueId out : ops_[static_cast<size_t>(m)].outputs)
+            for (int32_t q : consumers_[static_cast<size_t>(out)]) near.insert(q);
+        }
+        for (int32_t k : near) {
+          if (group_[static_cast<size_t>(k)] == static_cast<int32_t>(g) || !fits(k, groups_[g])) continue;
+          if (try_join(static_cast<int32_t>(g), k)) changed = true;
+        }
+      }
+    }
+  }
+
+  bool fits(int32_t op, const Group& g) const {
     const auto i = static_cast<size_t>(op);
-    if (role_[i] == Role::Reduce) return shape_[i] == domain;
+    if (role_[i] == Role::Reduce) return shape_[i] == g.domain;
     if (role_[i] != Role::Elementwise) return false;
-    Shape row = domain;
+    Shape row = g.domain;
     row[row.rank() - 1] = 1;
-    return shape_[i] == domain || shape_[i] == row;
+    // A per-row member needs a reduction in the group (an element group has none to wait for).
+    const int32_t h = group_[i];
+    const bool reduces = g.reduces || (h >= 0 && groups_[static_cast<size_t>(h)].reduces);
+    return shape_[i] == g.domain || (reduces && shape_[i] == row);
   }
 
   // Joins op k (or the whole group it is in) into group g unless that would make the graph of
@@ -125,7 +163,10 @@ class RowFuser {
     std::sort(uni.begin(), uni.end());
     if (leaves_and_returns(uni, g, h)) return false;
     for (int32_t m : uni) group_[static_cast<size_t>(m)] = g;
-    groups_[static_cast<size_t>(g)].members = uni;
+    Group& into = groups_[static_cast<size_t>(g)];
+    into.members = uni;
+    into.reduces = into.reduces || role_[static_cast<size_t>(k)] == Role::Reduce ||
+                   (h >= 0 && groups_[static_cast<size_t>(h)].reduces);
     if (h >= 0) groups_[static_cast<size_t>(h)].members.clear();
     return true;
   }

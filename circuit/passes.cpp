@@ -64,4 +64,14 @@ Circuit cse(const Circuit& c, std::vector<ValueId>& outputs) {
   return dce(renamed, outputs);
 }
 
+Circuit forward_assigned_values(const Circuit& c) {
+  std::vector<ValueId> rename(c.num_values());
+  for (size_t v = 0; v < rename.size(); ++v) rename[v] = static_cast<ValueId>(v);
+  for (const Op& op : c.ops())
+    if (op.prim->side_effect) rename[static_cast<size_t>(op.outputs[0])] = rename[static_cast<size_t>(op.inputs[1])];
+  Circuit out = c;
+  out.replace_uses(rename, /*keep_assign_targets=*/true);
+  return out;
+}
+
 }  // namespace kiln

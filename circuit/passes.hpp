@@ -15,4 +15,9 @@ Circuit dce(const Circuit& c, std::vector<ValueId>& outputs);
 // once (side effects never merge); then DCE drops the duplicates.
 Circuit cse(const Circuit& c, std::vector<ValueId>& outputs);
 
+// Readers of an assign's result read the value it assigned instead (the same data), so that
+// they need not follow the assign and fusion sees through it. An assign's target (input 0, a
+// buffer version) is never renamed, nor are the requested outputs.
+Circuit forward_assigned_values(const Circuit& c);
+
 }  // namespace kiln

@@ -27,10 +27,10 @@ struct ValueInfo {
 struct Params {
   std::vector<int64_t> ints;
   std::vector<double> reals;
-  DType dtype = DType::f32;  // result dtype for cast, fill, iota, one_hot, random
-  ScalarExp body;            // pointwise body
+  DType dtype = DType::f32;       // result dtype for cast, fill, iota, one_hot, random
+  ScalarExp body;                 // pointwise body
   std::vector<ScalarExp> bodies;  // fused_rows: reduction bodies, then output bodies
-  IndexExp index;            // iota body
+  IndexExp index;                 // iota body
 
   bool operator==(const Params& o) const;
   uint64_t hash() const;

@@ -24,10 +24,18 @@ std::vector<const Plan*> PlanCache::plans() const {
   return out;
 }
 
+const Plan* PlanCache::largest() const {
+  const Plan* best = nullptr;
+  for (const auto& e : entries_)
+    if (!best || e.plan.optimized_ops > best->optimized_ops) best = &e.plan;
+  return best;
+}
+
 const Plan* PlanCache::build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested) {
   recorded.verify();  // ordering of buffer reads and writes, before passes could hide it
   std::vector<ValueId> outputs = requested;
   Circuit optimized = pass_enabled("cse") ? cse(recorded, outputs) : dce(recorded, outputs);
+  if (pass_enabled("forward_assigns")) optimized = forward_assigned_values(optimized);
   if (pass_enabled("fuse_pointwise")) optimized = fuse_pointwise(optimized, outputs);
   if (pass_enabled("fuse_rows")) optimized = fuse_rows(optimized, outputs);
   Plan plan;

@@ -30,6 +30,7 @@ class PlanCache {
   const Plan* build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
   size_t size() const { return entries_.size(); }
   std::vector<const Plan*> plans() const;  // most recently used first
+  const Plan* largest() const;             // the plan with the most ops (a training step), or null
   size_t capacity() const { return capacity_; }
   void clear() { entries_.clear(); }
 

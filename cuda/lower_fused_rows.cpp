@@ -1,4 +1,5 @@
-// Lowering of fused_rows (circuit/fused_rows.hpp): one warp per row, eight rows per block of
+// Lowering of fused_rows (circuit/fused_rows.hpp). Without reductions: one thread per element,
+// all outputs at once. Otherwise one warp per row, eight rows per block of
 // 256 threads. For each reduction in order, the lanes stride over the row evaluating its body
 // (inputs loaded with broadcast addressing, earlier reductions from registers), then a
 // butterfly leaves the row's value in every lane; a last pass over the row writes the row
@@ -27,10 +28,53 @@ struct RowInput {
   int64_t col_stride;  // 0 when the input does not vary along the row
 };
 
+// No reductions and only element outputs: a multi-output elementwise kernel (grid-stride
+// loop, one thread per element, every output stored at the element).
+LoweredOp lower_element_group(const Circuit& c, const Op& op, const RowProgram& rp) {
+  const int64_t n = rp.domain.numel();
+  int64_t largest = n;
+  for (ValueId in : op.inputs) largest = std::max(largest, c.info(in).shape.numel());
+  const Type it = index_type(largest);
+  KernelBuilder b("kiln_fused_elements");
+  std::vector<ArgRef> args;
+  std::vector<Reg> in_params, out_params;
+  for (int k = 0; k < rp.inputs; ++k) {
+    in_params.push_back(b.param("in" + std::to_string(k), Type::u64));
+    args.push_back({ArgRef::Kind::Input, k});
+  }
+  for (size_t o = 0; o < rp.output_bodies.size(); ++o) {
+    out_params.push_back(b.param("out" + std::to_string(o), Type::u64));
+    args.push_back({ArgRef::Kind::Output, static_cast<int>(o)});
+  }
+  grid_stride_loop(b, it, n, [&](Reg i) {
+    const std::vector<Reg> coords = coordinates(b, i, rp.domain.dims());
+    std::vector<Reg> vals(static_cast<size_t>(rp.inputs));
+    for (int k = 0; k < rp.inputs; ++k) {
+      bool read = false;
+      for (const ScalarExp& e : rp.output_bodies) read = read || e.depends_on(k);
+      if (!read) continue;
+      const ValueInfo& info = c.info(op.inputs[static_cast<size_t>(k)]);
+      Reg at = info.shape.numel() == n ? i : linear_offset(b, coords, broadcast_strides(info.shape, rp.domain), 0);
+      vals[static_cast<size_t>(k)] = load_as_f32(b, info.dtype, in_params[static_cast<size_t>(k)], at);
+    }
+    for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+      b.st(Space::global, Type::f32, b.address(out_params[o], i, 4), emit_scalar_exp(b, rp.output_bodies[o], vals));
+  });
+  LoweredOp r;
+  r.launches.push_back(
+      finish_launch(b, "kiln_fused_elements", elementwise_grid(n), {kElementwiseThreads, 1, 1}, std::move(args)));
+  r.summary = "fused elements: " + std::to_string(rp.output_bodies.size()) + " outputs, thread per element, " +
+              launch_text(r.launches.back());
+  return r;
+}
+
 }  // namespace
 
 LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
   const RowProgram rp = RowProgram::from_params(op.params);
+  bool per_row = false;
+  for (bool p : rp.output_per_row) per_row = per_row || p;
+  if (rp.reduction_bodies.empty() && !per_row) return lower_element_group(c, op, rp);
   const int64_t rows = rp.rows(), n = rp.n();
   if (rows > 0x7fffffffLL) fail(op.prim->name, op.scope, "more than 2^31 - 1 rows");
   int64_t largest = rp.domain.numel();

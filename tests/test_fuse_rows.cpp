@@ -249,5 +249,68 @@ TEST(FuseRows, ReadsOfABufferStayBeforeItsAssign) {
   EXPECT_LT(testing::relative_error(w2, w1), 1e-15);
 }
 
+// Element groups: a value two ops of its shape read, and siblings reading one value, run as
+// one multi-output kernel (no reductions: a thread per element on the GPU).
+TEST(FuseRows, SiblingsSharingAValueBecomeOneMultiOutputOp) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    Circuit c;
+    ValueId x = c.add_external({Shape{5, 37}, dt}, ValueRole::Input, "x");
+    ValueId w = c.add_external({Shape{37}, dt}, ValueRole::Input, "w");
+    Builder b(c);
+    ValueId a = b.pointwise(se::exp(se::in(0) * se::c(0.5)), {x});  // read by u and v
+    ValueId u = b.mul(a, w), v = b.add(a, x);
+    ValueId p = b.scale(x, 3.0), q = b.pointwise(se::tanh(se::in(0)), {x});  // siblings reading x
+    std::vector<ValueId> outs{u, v, p, q}, fused_outs = outs;
+    Circuit f = fuse_rows(fuse_pointwise(c, fused_outs), fused_outs);
+    ASSERT_EQ(f.ops().size(), 1u) << f.dump();
+    EXPECT_EQ(f.ops()[0].outputs.size(), 4u);
+    std::vector<HostTensor> binds = {testing::random_tensor({Shape{5, 37}, dt}, 1),
+                                     testing::random_tensor({Shape{37}, dt}, 2)};
+    auto want = execute(c, binds, outs), got = execute(f, binds, fused_outs);
+    for (size_t o = 0; o < outs.size(); ++o) EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << o;
+    if (dt == DType::f32) {
+      auto sim = cuda::DeviceProgram(f, fused_outs, testing::fake_runtime()).run(binds);
+      for (size_t o = 0; o < outs.size(); ++o) EXPECT_LT(testing::relative_error(sim[o], want[o]), 1e-6) << o;
+    }
+  }
+}
+
+// An AdamW-like update: readers of assign results read the assigned values instead, so the
+// moments and the parameter update become one kernel; an assign's target is never renamed.
+TEST(ForwardAssigns, ReadersOfAnAssignReadTheValueAndFusionSeesThrough) {
+  Circuit c;
+  ValueId g = c.add_external({Shape{6, 5}, DType::f64}, ValueRole::Input, "g");
+  ValueId p = c.add_external({Shape{6, 5}, DType::f64}, ValueRole::Persistent, "p");
+  ValueId m = c.add_external({Shape{6, 5}, DType::f64}, ValueRole::Persistent, "m");
+  Builder b(c);
+  ValueId m_new = b.assign(m, b.pointwise(se::in(0) * se::c(0.9) + se::in(1) * se::c(0.1), {m, g}));
+  ValueId p_new = b.assign(p, b.pointwise(se::in(0) - se::in(1) * se::c(0.01), {p, m_new}));
+  ValueId again = b.assign(m_new, b.scale(m_new, 0.5));  // a second version of m
+  std::vector<ValueId> outs{p_new, again};
+  Circuit fw = forward_assigned_values(c);
+  fw.verify();
+  for (size_t i = 0; i < c.ops().size(); ++i)
+    if (c.ops()[i].prim->name == "assign") {
+      EXPECT_EQ(fw.ops()[i].inputs[0], c.ops()[i].inputs[0]) << "op " << i;  // the target stays
+      EXPECT_EQ(fw.ops()[i].inputs[1], c.ops()[i].inputs[1]) << "op " << i;
+    }
+  EXPECT_EQ(fw.ops()[2].inputs[1], c.ops()[0].outputs[0]);  // p's update reads m's new value itself
+  std::vector<ValueId> fused_outs = outs;
+  Circuit f = fuse_rows(fuse_pointwise(fw, fused_outs), fused_outs);
+  EXPECT_EQ(count_prim(f, "fused_rows"), 1u) << f.dump();
+  EXPECT_EQ(count_prim(f, "pointwise"), 0u) << f.dump();
+  auto run = [&](const Circuit& circuit, const std::vector<ValueId>& o, std::vector<HostTensor>& buffers) {
+    std::vector<HostTensor> binds = {testing::random_tensor({Shape{6, 5}, DType::f64}, 1)};
+    binds.insert(binds.end(), buffers.begin(), buffers.end());
+    return execute(circuit, binds, o);
+  };
+  std::vector<HostTensor> b1 = {testing::random_tensor({Shape{6, 5}, DType::f64}, 2),
+                                testing::random_tensor({Shape{6, 5}, DType::f64}, 3)};
+  std::vector<HostTensor> b2 = {b1[0].clone(), b1[1].clone()};
+  auto want = run(c, outs, b1), got = run(f, fused_outs, b2);
+  for (size_t o = 0; o < outs.size(); ++o) EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << o;
+  for (size_t k = 0; k < 2; ++k) EXPECT_EQ(testing::relative_error(b2[k], b1[k]), 0.0) << "buffer " << k;
+}
+
 }  // namespace
 }  // namespace kiln

@@ -53,9 +53,7 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   Tensor loss = model.loss(x, y);
   loss.backward();
   opt.step();
-  const Plan* step = nullptr;
-  for (const Plan* p : Engine::current().plan_cache().plans())
-    if (!step || p->optimized_ops > step->optimized_ops) step = p;
+  const Plan* step = Engine::current().plan_cache().largest();
   if (!step) throw Error("kiln ptx: the training step built no plan");
   const Circuit& circuit = step->program->circuit();
 

@@ -20,6 +20,15 @@ ValueId Circuit::add_external(ValueInfo info, ValueRole role, std::string name) 
   return id;
 }
 
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
+    case Phase::Update: return "update";
+  }
+  return "?";
+}
+
 std::vector<ValueId> Circuit::add_op(const std::string& prim_name, Params params, std::vector<ValueId> inputs,
                                      const std::string& scope) {
   const PrimDef& prim = PrimRegistry::instance().find(prim_name);
@@ -32,6 +41,7 @@ std::vector<ValueId> Circuit::add_op(const std::string& prim_name, Params params
   ShapeCtx ctx{prim, scope};
   std::vector<ValueInfo> out_infos = prim.shape(ctx, in_infos, params);
   Op op{&prim, std::move(params), std::move(inputs), {}, scope};
+  op.phase = recording_phase_;
   auto op_index = static_cast<int32_t>(ops_.size());
   for (auto& info : out_infos) {
     auto id = static_cast<ValueId>(values_.size());

@@ -25,6 +25,11 @@ struct Value {
   std::string name;       // for dumps: parameter name, "lr", ...
 };
 
+// Which part of a training step recorded an op (for statistics; not part of the structure).
+// A fused op takes the latest phase among the ops it absorbed.
+enum class Phase : uint8_t { Forward = 0, Backward = 1, Update = 2 };
+const char* phase_name(Phase p);
+
 struct Op {
   const PrimDef* prim = nullptr;
   Params params;
@@ -32,6 +37,7 @@ struct Op {
   std::vector<ValueId> outputs;
   std::string scope;     // module path of the layer that recorded it
   int32_t absorbed = 0;  // ops a fusion pass merged into this one (dumps only; not structure)
+  Phase phase = Phase::Forward;
 };
 
 class Circuit {
@@ -53,6 +59,9 @@ class Circuit {
 
   // Records that fusion merged `count` ops into op `op` (shown by dump()).
   void set_absorbed(size_t op, int32_t count) { ops_.at(op).absorbed = count; }
+  // The phase add_op gives the ops it appends from now on; and one op's phase (passes).
+  void set_recording_phase(Phase p) { recording_phase_ = p; }
+  void set_phase(size_t op, Phase p) { ops_.at(op).phase = p; }
 
   // Rewires every op input v to rename[v] (rename.size() == num_values()); used by CSE. With
   // keep_assign_targets, input 0 of an assign (the buffer version it overwrites) is kept.
@@ -79,6 +88,7 @@ class Circuit {
   std::deque<Value> values_;
   std::vector<Op> ops_;
   std::vector<ValueId> externals_;
+  Phase recording_phase_ = Phase::Forward;
 };
 
 }  // namespace kiln

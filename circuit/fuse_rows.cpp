@@ -317,6 +317,7 @@ Circuit RowFuser::rebuild(std::vector<ValueId>& outputs) {
       const Op& op = ops_[static_cast<size_t>(members[0])];
       std::vector<ValueId> outs = out.add_op(op.prim->name, op.params, mapped(op.inputs), op.scope);
       out.set_absorbed(out.ops().size() - 1, op.absorbed);
+      out.set_phase(out.ops().size() - 1, op.phase);
       for (size_t j = 0; j < outs.size(); ++j) remap[static_cast<size_t>(op.outputs[j])] = outs[j];
     } else {
       const Group& g = groups_[static_cast<size_t>(group_[static_cast<size_t>(members[0])])];
@@ -325,12 +326,15 @@ Circuit RowFuser::rebuild(std::vector<ValueId>& outputs) {
       if (!written.empty()) {  // else nothing reads the group: dead code, dropped
         int32_t absorbed = static_cast<int32_t>(members.size()) - 1;
         std::string scope;
+        Phase phase = Phase::Forward;
         for (int32_t m : members) {
           absorbed += ops_[static_cast<size_t>(m)].absorbed;
+          phase = std::max(phase, ops_[static_cast<size_t>(m)].phase);
           if (scope.empty()) scope = ops_[static_cast<size_t>(m)].scope;
         }
         std::vector<ValueId> outs = out.add_op("fused_rows", std::move(params), mapped(inputs), scope);
         out.set_absorbed(out.ops().size() - 1, absorbed);
+        out.set_phase(out.ops().size() - 1, phase);
         for (size_t j = 0; j < outs.size(); ++j) remap[static_cast<size_t>(written[j])] = outs[j];
       }
     }

@@ -1,6 +1,7 @@
 // Pointwise fusion and the KILN_DISABLE_PASSES switch.
 #include "circuit/fusion.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 
@@ -19,9 +20,10 @@ namespace {
 
 struct FusedOp {
   Params params;
-  std::vector<ValueId> inputs;  // ids of the original circuit
-  int absorbed = 0;             // ops substituted into this one
-  bool removed = false;         // absorbed into its consumer
+  std::vector<ValueId> inputs;   // ids of the original circuit
+  int absorbed = 0;              // ops substituted into this one
+  bool removed = false;          // absorbed into its consumer
+  Phase phase = Phase::Forward;  // the latest of the ops substituted and this one's
 };
 
 bool is_pointwise(const Op& op) { return op.prim->name == "pointwise"; }
@@ -41,7 +43,7 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs) {
     if (ops[i].prim->side_effect) assigned_at[static_cast<size_t>(ops[i].inputs[0])] = static_cast<int32_t>(i);
 
   std::vector<FusedOp> fused(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) fused[i] = {ops[i].params, ops[i].inputs, 0, false};
+  for (size_t i = 0; i < ops.size(); ++i) fused[i] = {ops[i].params, ops[i].inputs, 0, false, ops[i].phase};
   for (size_t i = 0; i < ops.size(); ++i) {
     if (!is_pointwise(ops[i])) continue;
     FusedOp& cons = fused[i];
@@ -86,6 +88,7 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs) {
         cons.params.body = cons.params.body.substitute(renumber);
         cons.inputs = std::move(kept);
         cons.absorbed += prod.absorbed + 1;
+        cons.phase = std::max(cons.phase, prod.phase);
         prod.removed = true;
         changed = true;
         break;
@@ -105,6 +108,7 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs) {
     for (ValueId in : fused[i].inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
     std::vector<ValueId> outs = out.add_op(ops[i].prim->name, fused[i].params, inputs, ops[i].scope);
     out.set_absorbed(out.ops().size() - 1, fused[i].absorbed);
+    out.set_phase(out.ops().size() - 1, fused[i].phase);
     for (size_t k = 0; k < outs.size(); ++k) remap[static_cast<size_t>(ops[i].outputs[k])] = outs[k];
   }
   for (ValueId& o : outputs) o = remap[static_cast<size_t>(o)];

@@ -169,6 +169,7 @@ void Engine::backward(const Tensor& loss) {
       wrt.push_back(read[s]);
       wrt_slots.push_back(s);
     }
+  rec_.circuit.set_recording_phase(Phase::Backward);
   Builder b = builder();
   std::vector<ValueId> grads = ad::backward(b, out, wrt);
   std::unordered_map<int32_t, ValueId> grad_of;
@@ -269,6 +270,7 @@ void Engine::realize() {
       results = plan->program->run(binds);
     }
     stats_.last_run_ms = ms_since(tr);
+    last_plan_ = plan;
     stats_.last_recorded_ops = plan->recorded_ops;
     stats_.last_executed_ops = plan->optimized_ops;
     ++stats_.realizations;

@@ -49,6 +49,9 @@ class Engine {
 
   // --- recording (used by Tensor) ---------------------------------------------------------
   Builder builder();
+  // Ops recorded from now until the step is realized belong to phase p (statistics only;
+  // backward() sets Backward, an optimizer's step() Update).
+  void mark_phase(Phase p) { rec_.circuit.set_recording_phase(p); }
   const Circuit& pending() const { return rec_.circuit; }
   // The id of t in the pending circuit; a realized tensor becomes an input value, a
   // persistent one a persistent value (its latest assigned version within this step).
@@ -89,6 +92,8 @@ class Engine {
   void pop_scope();
   const std::string& scope() const { return scope_path_; }
   const EngineStats& stats() const { return stats_; }
+  // The plan the last realization ran (valid until the cache evicts it), or null.
+  const Plan* last_plan() const { return last_plan_; }
   PlanCache& plan_cache() { return cache_; }
   ArenaSet& arenas() { return arenas_; }
 
@@ -118,6 +123,7 @@ class Engine {
   ArenaSet arenas_;
   PlanCache cache_;
   EngineStats stats_;
+  const Plan* last_plan_ = nullptr;
   Device device_ = Device::CPU;
   cuda::Runtime* runtime_ = nullptr;
   uint64_t seed_ = 0x5EED;

@@ -1,15 +1,15 @@
-// Kernel-count guards: how many kernels a GPT's forward, backward and AdamW steps launch once
-// lowered for the GPU, with every fusion pass on. Each guard is the count measured when the
-// pass that earned it landed, so a regression in fusion fails here; lower a guard when a new
-// pass lowers the count. The targets (a block's forward <= 9, forward + backward <= 28,
-// AdamW 1, a 4-layer step <= 124) need matmul epilogues and merged multi-tensor launches,
-// which are not built yet; the counts print so that the gap is visible.
+// Kernel-count guards and step statistics. Guards: how many kernels a GPT's forward, backward and AdamW steps launch
+// once lowered for the GPU, with every fusion pass on. Each guard is the count measured when the pass that earned it
+// landed, so a regression in fusion fails here; lower a guard when a new pass lowers the count. The targets (a
+// block's forward <= 9, forward + backward <= 28, AdamW 1, a 4-layer step <= 124) need matmul epilogues and merged
+// multi-tensor launches, which are not built yet; the counts print so that the gap is visible.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <map>
 
 #include "core/engine.hpp"
+#include "core/step_stats.hpp"
 #include "cuda/lower.hpp"
 #include "device_test_util.hpp"
 #include "models/gpt.hpp"
@@ -80,6 +80,35 @@ TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
       "fuse_rows off: %zu, forward_assigns off: %zu)\n",
       all, none, without["fuse_pointwise"], without["fuse_rows"], without["forward_assigns"]);
   EXPECT_LT(all, none);
+}
+
+// measure_step on a hand-made plan: phases, bytes, and the peak of live intermediates (an
+// alias shares its source's storage; a value is freed after its last reader).
+TEST(StepStats, CountsPhasesBytesAndPeakMemory) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{4}, DType::f32}, ValueRole::Input, "x");
+  ValueId w = c.add_external({Shape{4}, DType::f32}, ValueRole::Persistent, "w");
+  Builder b(c);
+  ValueId a = b.pointwise(se::exp(se::in(0)), {x});  // 16 B, live until d
+  ValueId r = b.reshape(a, Shape{2, 2});             // alias of a
+  c.set_recording_phase(Phase::Backward);
+  ValueId d = b.scale(b.reshape(r, Shape{4}), 2.0);  // 16 B: a and d live together (32 B)
+  c.set_recording_phase(Phase::Update);
+  ValueId e = b.add(d, w);  // 16 B: d and e (32 B); a already freed
+  b.assign(w, e);
+  Plan plan;
+  plan.program = std::make_unique<Program>(c, std::vector<ValueId>{e});
+  StepStats s = measure_step(plan);
+  EXPECT_EQ(s.ops[0], 1u);
+  EXPECT_EQ(s.ops[1], 1u);
+  EXPECT_EQ(s.ops[2], 1u);  // the assign is an alias, not work
+  EXPECT_TRUE(s.lowered);
+  EXPECT_EQ(s.launches[0] + s.launches[1] + s.launches[2], 3u);
+  EXPECT_EQ(s.peak_intermediate_bytes, 32u);
+  EXPECT_EQ(s.bytes_read, 16.0 * 4);     // x, a, d, w
+  EXPECT_EQ(s.bytes_written, 16.0 * 3);  // a, d, e
+  EXPECT_EQ(s.persistent_bytes, 16u);
+  EXPECT_EQ(s.input_bytes, 16u);
 }
 
 }  // namespace

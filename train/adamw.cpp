@@ -18,6 +18,7 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opts) : params_(std::move(
 
 void AdamW::step(double max_grad_norm) {
   ++t_;
+  Engine::current().mark_phase(Phase::Update);
   Tensor scale;  // undefined: no clipping
   if (max_grad_norm > 0.0) {
     Tensor total;

@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "core/step_stats.hpp"
 #include "train/checkpoint.hpp"
 #include "train/schedule.hpp"
 
@@ -53,6 +54,7 @@ TrainResult Trainer::run() {
   const double tokens_per_step = static_cast<double>(opts_.batch * block);
   auto t0 = std::chrono::steady_clock::now();
   int64_t first = step_;
+  double run_ms = 0, step_ms = 0;  // summed over the steps run
   auto save = [&] {
     if (opts_.checkpoint.empty()) return;
     save_checkpoint(opts_.checkpoint, model_, opt_, tokenizer_, {step_, data_seed_});
@@ -62,9 +64,14 @@ TrainResult Trainer::run() {
     double lr = warmup_cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
     opt_.set_lr(lr);
     Batch b = data_.train_batch(static_cast<uint64_t>(step_), opts_.batch, block);
+    auto ts = std::chrono::steady_clock::now();
     Tensor loss = model_.loss(b.x, b.y);
     loss.backward();
     opt_.step(opts_.grad_clip);
+    // Time in the executor (Eigen or GPU program) and in the whole step: recording the model's
+    // C++ code, hashing, binding and the executor.
+    run_ms += Engine::current().stats().last_run_ms;
+    step_ms += 1000 * std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     result.losses.push_back(loss.item());
     ++step_;
     bool last = step_ == end;
@@ -74,6 +81,11 @@ TrainResult Trainer::run() {
       spdlog::info("step {:5d}/{}  loss {:.4f}  lr {:.2e}  {:.1f} ms/step  {:.0f} tok/s  ETA {:.0f} s", step_,
                    opts_.steps, result.losses.back(), lr, 1000 * per_step, tokens_per_step / per_step,
                    per_step * static_cast<double>(opts_.steps - step_));
+      if (opts_.stats && Engine::current().last_plan()) {
+        const double steps = static_cast<double>(step_ - first), outside = (step_ms - run_ms) / steps;
+        spdlog::info("stats: {}; host time outside the executor {:.2f} ms/step ({:.1f}% of the step)",
+                     measure_step(*Engine::current().last_plan()).summary(), outside, 100 * outside * steps / step_ms);
+      }
     }
     if ((opts_.eval_interval > 0 && step_ % opts_.eval_interval == 0) || last) {
       result.val_loss = val_loss();

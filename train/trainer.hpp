@@ -23,6 +23,7 @@ struct TrainOptions {
   int64_t eval_batches = 20;
   std::string checkpoint;  // written every checkpoint_interval steps and at the end
   int64_t checkpoint_interval = 500;
+  bool stats = false;   // log the step's kernels, bytes, host time outside them and peak memory
   int64_t stop_at = 0;  // > 0: stop (and checkpoint) after this step, the schedule still spanning `steps`
 };
 

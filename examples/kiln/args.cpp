@@ -7,8 +7,9 @@
 
 namespace kiln::cli {
 
-Args::Args(const std::vector<std::string>& argv, std::map<std::string, std::string> known, std::string usage)
-    : known_(std::move(known)), usage_(std::move(usage)) {
+Args::Args(const std::vector<std::string>& argv, std::map<std::string, std::string> known, std::string usage,
+           std::set<std::string> switches)
+    : known_(std::move(known)), switches_(std::move(switches)), usage_(std::move(usage)) {
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -18,6 +19,10 @@ Args::Args(const std::vector<std::string>& argv, std::map<std::string, std::stri
     if (a.rfind("--", 0) != 0) throw Error("unexpected argument '" + a + "' (options are --name value)");
     std::string name = a.substr(2);
     if (!known_.count(name)) throw Error("unknown option --" + name + " (see --help)");
+    if (switches_.count(name)) {
+      values_[name] = "1";
+      continue;
+    }
     if (i + 1 >= argv.size()) throw Error("option --" + name + " needs a value");
     values_[name] = argv[++i];
   }

@@ -1,8 +1,9 @@
-// A small option parser for the kiln CLI: `--name value` pairs and `--help`. Unknown options,
-// missing values and malformed numbers are errors naming the option.
+// A small option parser for the kiln CLI: `--name value` pairs, switches (`--name` alone) and `--help`. Unknown
+// options, missing values and malformed numbers are errors naming the option.
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,9 @@ namespace kiln::cli {
 class Args {
  public:
   // `known` maps each option name (without --) to its help line; `usage` is printed by --help.
-  Args(const std::vector<std::string>& argv, std::map<std::string, std::string> known, std::string usage);
+  // `switches` are the known options that take no value.
+  Args(const std::vector<std::string>& argv, std::map<std::string, std::string> known, std::string usage,
+       std::set<std::string> switches = {});
   bool help() const { return help_; }
   void print_help() const;
   bool has(const std::string& name) const { return values_.count(name) > 0; }
@@ -22,6 +25,7 @@ class Args {
 
  private:
   std::map<std::string, std::string> known_, values_;
+  std::set<std::string> switches_;
   std::string usage_;
   bool help_ = false;
 };

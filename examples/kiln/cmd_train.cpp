@@ -16,23 +16,26 @@ namespace kiln::cli {
 
 int cmd_train(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_model_flags({{"data", "text file or directory (default: /usr/share/games/fortunes)"},
-                           {"out", "weights file to write (default: model.h5)"},
-                           {"checkpoint", "checkpoint file, written every --ckpt-every steps and at the end"},
-                           {"ckpt-every", "steps between checkpoints (default 500)"},
-                           {"resume", "continue from this checkpoint (its config and tokenizer win)"},
-                           {"batch", "sequences per step (default 16)"},
-                           {"steps", "training steps (default 2000)"},
-                           {"lr", "peak learning rate (default 2e-3)"},
-                           {"warmup", "warmup steps (default 100)"},
-                           {"dropout", "dropout probability (default 0)"},
-                           {"tokenizer", "char (default) or byte"},
-                           {"seed", "seed for initialization, batches and sampling (default 1337)"},
-                           {"eval-every", "steps between validation losses (default 250)"},
-                           {"device", "auto (default), cpu or cuda"}},
-                          false),
+         with_model_flags(
+             {{"data", "text file or directory (default: /usr/share/games/fortunes)"},
+              {"out", "weights file to write (default: model.h5)"},
+              {"checkpoint", "checkpoint file, written every --ckpt-every steps and at the end"},
+              {"ckpt-every", "steps between checkpoints (default 500)"},
+              {"resume", "continue from this checkpoint (its config and tokenizer win)"},
+              {"batch", "sequences per step (default 16)"},
+              {"steps", "training steps (default 2000)"},
+              {"lr", "peak learning rate (default 2e-3)"},
+              {"warmup", "warmup steps (default 100)"},
+              {"dropout", "dropout probability (default 0)"},
+              {"tokenizer", "char (default) or byte"},
+              {"seed", "seed for initialization, batches and sampling (default 1337)"},
+              {"eval-every", "steps between validation losses (default 250)"},
+              {"device", "auto (default), cpu or cuda"},
+              {"stats", "log each step's kernels (forward/backward/update), bytes, host time and peak memory"}},
+             false),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) with AdamW on a character- or byte-level "
-         "corpus.");
+         "corpus.",
+         {"stats"});
   if (a.help()) {
     a.print_help();
     return 0;
@@ -71,6 +74,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.eval_interval = a.integer("eval-every", 250);
   o.checkpoint = a.str("checkpoint", "");
   o.checkpoint_interval = a.integer("ckpt-every", 500);
+  o.stats = a.has("stats");
   Trainer trainer(model, data, tok, seed, o);
   if (a.has("resume")) trainer.resume(a.str("resume", ""));
   TrainResult r = trainer.run();

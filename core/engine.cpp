@@ -317,6 +317,7 @@ void Engine::set_device(Device d, cuda::Runtime* runtime) {
   }
   runtime_ = rt;
   device_ = d;
+  cache_.set_gpu_target(d == Device::CUDA);
 }
 
 void Engine::manual_seed(uint64_t seed) {

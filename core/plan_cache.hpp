@@ -16,6 +16,7 @@ struct Plan {
   std::vector<ValueId> requested;    // the key: the values the caller asked for (recorded ids)
   std::unique_ptr<Program> program;  // optimized circuit; outputs in the order of `requested`
   size_t recorded_ops = 0, optimized_ops = 0;
+  bool for_gpu = false;  // the key too: built with the GPU-only passes
   // The optimized circuit lowered for the GPU, built on the plan's first run there.
   mutable std::unique_ptr<cuda::DeviceProgram> device;
 };
@@ -30,7 +31,12 @@ class PlanCache {
   const Plan* build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
   size_t size() const { return entries_.size(); }
   std::vector<const Plan*> plans() const;  // most recently used first
-  const Plan* largest() const;             // the plan with the most ops (a training step), or null
+  const Plan* largest() const;
+  // Plans built from now on are for the GPU: they also run fuse_rows, which lowers launch counts
+  // but makes the Eigen executor slower (measured: docs/BENCHMARKS.md). The engine sets it with
+  // its device; `kiln ptx` and kernel-count tests set it to plan for the GPU on any machine.
+  void set_gpu_target(bool gpu) { gpu_ = gpu; }
+  bool gpu_target() const { return gpu_; }  // the plan with the most ops (a training step), or null
   size_t capacity() const { return capacity_; }
   void clear() { entries_.clear(); }
 
@@ -40,6 +46,7 @@ class PlanCache {
     Plan plan;
   };
   size_t capacity_;
+  bool gpu_ = false;
   std::list<Entry> entries_;  // most recently used first
 };
 

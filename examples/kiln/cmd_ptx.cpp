@@ -50,6 +50,7 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, c.block_size});
   for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>(i % c.vocab_size));
   Tensor x = Tensor::from_host(ids), y = Tensor::from_host(ids);
+  Engine::current().plan_cache().set_gpu_target(true);  // the passes a GPU run would get
   Tensor loss = model.loss(x, y);
   loss.backward();
   opt.step();

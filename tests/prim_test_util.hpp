@@ -63,4 +63,11 @@ struct Harness {
   }
 };
 
+// How many ops of Prim `prim` the circuit has.
+inline size_t count_prim(const Circuit& c, const std::string& prim) {
+  size_t n = 0;
+  for (const Op& op : c.ops()) n += op.prim->name == prim;
+  return n;
+}
+
 }  // namespace kiln::testing

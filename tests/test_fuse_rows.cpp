@@ -20,12 +20,6 @@
 namespace kiln {
 namespace {
 
-size_t count_prim(const Circuit& c, const std::string& prim) {
-  size_t n = 0;
-  for (const Op& op : c.ops()) n += op.prim->name == prim;
-  return n;
-}
-
 size_t row_reductions(const Circuit& c) {
   size_t n = 0;
   for (const Op& op : c.ops())
@@ -128,8 +122,8 @@ TEST_P(RowPatterns, BecomeRowKernelsThatGiveTheUnfusedResults) {
     std::vector<ValueId> fused_outs = u.outs;
     Circuit f = optimize(u.c, fused_outs);
     EXPECT_EQ(row_reductions(f), 0u) << f.dump("fused");
-    EXPECT_GE(count_prim(f, "fused_rows"), 1u);
-    EXPECT_LE(count_prim(f, "fused_rows"), p.max_fused) << f.dump("fused");
+    EXPECT_GE(testing::count_prim(f, "fused_rows"), 1u);
+    EXPECT_LE(testing::count_prim(f, "fused_rows"), p.max_fused) << f.dump("fused");
     auto want = execute(u.c, u.binds, u.outs), got = execute(f, u.binds, fused_outs);
     for (size_t o = 0; o < want.size(); ++o)
       EXPECT_LT(testing::relative_error(got[o], want[o]), dt == DType::f64 ? 1e-12 : 1e-5)
@@ -195,7 +189,7 @@ TEST(FuseRows, RandomGraphsGiveTheUnfusedResults) {
       std::vector<ValueId> outs = {wide.back(), narrow.back(), wide[wide.size() / 2]};
       std::vector<ValueId> fused_outs = outs;
       Circuit f = fuse_rows(fuse_pointwise(c, fused_outs), fused_outs);
-      fused_ops += count_prim(f, "fused_rows");
+      fused_ops += testing::count_prim(f, "fused_rows");
       auto want = execute(c, binds, outs), got = execute(f, binds, fused_outs);
       for (size_t o = 0; o < outs.size(); ++o)
         EXPECT_LT(testing::relative_error(got[o], want[o]), dt == DType::f64 ? 1e-12 : 1e-5)
@@ -223,7 +217,7 @@ TEST(FuseRows, AJoinThatWouldCycleThroughAnotherOpIsRefused) {
   std::vector<ValueId> outs{s}, fused_outs{s};
   Circuit f = fuse_rows(c, fused_outs);
   f.verify();
-  EXPECT_EQ(count_prim(f, "fused_rows"), 2u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, "fused_rows"), 2u) << f.dump();
   std::vector<HostTensor> binds = {testing::random_tensor({Shape{4, 9}, DType::f64}, 3)};
   EXPECT_LT(testing::relative_error(execute(f, binds, fused_outs)[0], execute(c, binds, outs)[0]), 1e-14);
 }
@@ -297,8 +291,8 @@ TEST(ForwardAssigns, ReadersOfAnAssignReadTheValueAndFusionSeesThrough) {
   EXPECT_EQ(fw.ops()[2].inputs[1], c.ops()[0].outputs[0]);  // p's update reads m's new value itself
   std::vector<ValueId> fused_outs = outs;
   Circuit f = fuse_rows(fuse_pointwise(fw, fused_outs), fused_outs);
-  EXPECT_EQ(count_prim(f, "fused_rows"), 1u) << f.dump();
-  EXPECT_EQ(count_prim(f, "pointwise"), 0u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, "fused_rows"), 1u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, "pointwise"), 0u) << f.dump();
   auto run = [&](const Circuit& circuit, const std::vector<ValueId>& o, std::vector<HostTensor>& buffers) {
     std::vector<HostTensor> binds = {testing::random_tensor({Shape{6, 5}, DType::f64}, 1)};
     binds.insert(binds.end(), buffers.begin(), buffers.end());

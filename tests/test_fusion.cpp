@@ -14,12 +14,6 @@
 namespace kiln {
 namespace {
 
-size_t count_prim(const Circuit& c, const std::string& prim) {
-  size_t n = 0;
-  for (const Op& op : c.ops()) n += op.prim->name == prim;
-  return n;
-}
-
 TEST(FusePointwise, AChainBecomesOneOpThatRecordsWhatItAbsorbed) {
   Circuit c;
   ValueId x = c.add_external({Shape{4, 5}, DType::f64}, ValueRole::Input, "x");
@@ -55,9 +49,9 @@ TEST(FusePointwise, ProtectedSharedBroadcastAndAssignCrossingProducersStay) {
   b.assign(w, x);                   // ...which this assign overwrites...
   ValueId after = b.add(old_w, x);  // ...before the consumer
   std::vector<ValueId> outs{u1, u2, out, out_user, wide, after};
-  const size_t before = count_prim(c, "pointwise");
+  const size_t before = testing::count_prim(c, "pointwise");
   Circuit f = fuse_pointwise(c, outs);
-  EXPECT_EQ(count_prim(f, "pointwise"), before) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, "pointwise"), before) << f.dump();
   f.verify();
 }
 

@@ -20,15 +20,6 @@ ValueId Circuit::add_external(ValueInfo info, ValueRole role, std::string name) 
   return id;
 }
 
-const char* phase_name(Phase p) {
-  switch (p) {
-    case Phase::Forward: return "forward";
-    case Phase::Backward: return "backward";
-    case Phase::Update: return "update";
-  }
-  return "?";
-}
-
 std::vector<ValueId> Circuit::add_op(const std::string& prim_name, Params params, std::vector<ValueId> inputs,
                                      const std::string& scope) {
   const PrimDef& prim = PrimRegistry::instance().find(prim_name);

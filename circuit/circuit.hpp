@@ -28,7 +28,6 @@ struct Value {
 // Which part of a training step recorded an op (for statistics; not part of the structure).
 // A fused op takes the latest phase among the ops it absorbed.
 enum class Phase : uint8_t { Forward = 0, Backward = 1, Update = 2 };
-const char* phase_name(Phase p);
 
 struct Op {
   const PrimDef* prim = nullptr;

@@ -31,12 +31,11 @@ class PlanCache {
   const Plan* build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
   size_t size() const { return entries_.size(); }
   std::vector<const Plan*> plans() const;  // most recently used first
-  const Plan* largest() const;
+  const Plan* largest() const;             // the plan with the most ops (a training step), or null
   // Plans built from now on are for the GPU: they also run fuse_rows, which lowers launch counts
   // but makes the Eigen executor slower (measured: docs/BENCHMARKS.md). The engine sets it with
   // its device; `kiln ptx` and kernel-count tests set it to plan for the GPU on any machine.
   void set_gpu_target(bool gpu) { gpu_ = gpu; }
-  bool gpu_target() const { return gpu_; }  // the plan with the most ops (a training step), or null
   size_t capacity() const { return capacity_; }
   void clear() { entries_.clear(); }
 

@@ -4,6 +4,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "circuit/error.hpp"
+#include "circuit/liveness.hpp"
 #include "cuda/lower.hpp"
 
 namespace kiln {
@@ -19,52 +20,32 @@ StepStats measure_step(const Plan& plan) {
   const Circuit& c = plan.program->circuit();
   for (ValueId x : c.externals())
     (c.value(x).role == ValueRole::Persistent ? s.persistent_bytes : s.input_bytes) += bytes_of(c.info(x));
-  // Working ops and aliases: lowering says which ops alias an input (reshape, stop_gradient,
-  // assign) and how many kernels the others launch.
-  std::vector<int> alias_of(c.ops().size(), -1);
+  // Working ops and their launches (aliases launch nothing and do no work).
+  std::vector<int> alias_input(c.ops().size(), -1);
   s.lowered = true;
   for (size_t i = 0; i < c.ops().size(); ++i) {
     const Op& op = c.ops()[i];
-    try {
-      cuda::LoweredOp l = cuda::lower(c, static_cast<int>(i));
-      alias_of[i] = l.alias_of;
-      s.launches[static_cast<size_t>(op.phase)] += l.launches.size();
-    } catch (const Error&) {
-      s.lowered = false;
-      if (op.prim->name == "reshape" || op.prim->name == "stop_gradient") alias_of[i] = 0;
-      if (op.prim->side_effect) alias_of[i] = 1;
-    }
-    if (alias_of[i] >= 0) continue;
+    alias_input[i] = cuda::alias_input(op.prim->name);
+    if (alias_input[i] >= 0) continue;
     ++s.ops[static_cast<size_t>(op.phase)];
     for (ValueId in : op.inputs) s.bytes_read += static_cast<double>(bytes_of(c.info(in)));
     for (ValueId out : op.outputs) s.bytes_written += static_cast<double>(bytes_of(c.info(out)));
+    if (!s.lowered) continue;
+    try {
+      s.launches[static_cast<size_t>(op.phase)] += cuda::lower(c, static_cast<int>(i)).launches.size();
+    } catch (const Error&) {
+      s.lowered = false;  // a dtype the GPU does not run
+    }
   }
-  // Peak of live intermediates: an op's outputs are allocated when it runs (aliases share their
-  // source's storage) and freed after the last op that reads them (or their aliases); values the
-  // step returns live to the end.
-  std::vector<ValueId> root(c.num_values());
-  for (size_t v = 0; v < root.size(); ++v) root[v] = static_cast<ValueId>(v);
-  std::vector<int64_t> last_use(c.num_values(), -1);
+  // Peak of live intermediates, with buffers allocated when their op runs and freed as the
+  // device program frees them.
+  const Liveness live = buffer_liveness(c, plan.program->outputs(), alias_input);
+  size_t now = 0;
   for (size_t i = 0; i < c.ops().size(); ++i) {
-    const Op& op = c.ops()[i];
-    if (alias_of[i] >= 0)
-      root[static_cast<size_t>(op.outputs[0])] = root[static_cast<size_t>(op.inputs[static_cast<size_t>(alias_of[i])])];
-    for (ValueId in : op.inputs) last_use[static_cast<size_t>(root[static_cast<size_t>(in)])] = static_cast<int64_t>(i);
-  }
-  for (ValueId o : plan.program->outputs()) last_use[static_cast<size_t>(root[static_cast<size_t>(o)])] = INT64_MAX;
-  std::vector<std::vector<ValueId>> free_after(c.ops().size());
-  size_t live = 0;
-  for (size_t i = 0; i < c.ops().size(); ++i) {
-    const Op& op = c.ops()[i];
-    if (alias_of[i] < 0)
-      for (ValueId out : op.outputs) {
-        live += bytes_of(c.info(out));
-        const int64_t last = last_use[static_cast<size_t>(out)];
-        if (last >= 0 && last != INT64_MAX) free_after[static_cast<size_t>(last)].push_back(out);
-        if (last < 0) free_after[i].push_back(out);  // never read: freed at once
-      }
-    s.peak_intermediate_bytes = std::max(s.peak_intermediate_bytes, live);
-    for (ValueId v : free_after[i]) live -= bytes_of(c.info(v));
+    if (alias_input[i] < 0)
+      for (ValueId out : c.ops()[i].outputs) now += bytes_of(c.info(out));
+    s.peak_intermediate_bytes = std::max(s.peak_intermediate_bytes, now);
+    for (ValueId v : live.free_after[i]) now -= bytes_of(c.info(v));
   }
   return s;
 }

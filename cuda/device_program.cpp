@@ -9,6 +9,7 @@
 
 #include "circuit/error.hpp"
 #include "circuit/executor.hpp"
+#include "circuit/liveness.hpp"
 #include "cuda/lower_util.hpp"
 
 namespace kiln::cuda {
@@ -17,14 +18,11 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
     : circuit_(std::move(circuit)), outputs_(std::move(outputs)), rt_(rt) {
   circuit_.verify();
   const auto& ops = circuit_.ops();
-  root_.resize(circuit_.num_values());
-  for (size_t v = 0; v < root_.size(); ++v) root_[v] = static_cast<ValueId>(v);
+  std::vector<int> alias_input;
   for (size_t i = 0; i < ops.size(); ++i) {
     lowered_.push_back(lower(circuit_, static_cast<int>(i)));
     const LoweredOp& l = lowered_.back();
-    if (l.alias_of >= 0)
-      root_[static_cast<size_t>(ops[i].outputs[0])] =
-          root_[static_cast<size_t>(ops[i].inputs[static_cast<size_t>(l.alias_of)])];
+    alias_input.push_back(l.alias_of);
     int slot = -1;
     for (const auto& launch : l.launches)
       for (const auto& a : launch.args)
@@ -34,30 +32,9 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
     for (const auto& launch : l.launches) loaded.push_back(rt_.load(*launch.kernel));
     loaded_.push_back(std::move(loaded));
   }
-  // A buffer dies after the last op that reads any value sharing it; requested outputs and
-  // assigned contents live to the end; externals are never freed early.
-  std::vector<int32_t> last_use(circuit_.num_values(), -1);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    for (ValueId in : ops[i].inputs)
-      last_use[static_cast<size_t>(root_[static_cast<size_t>(in)])] = static_cast<int32_t>(i);
-    for (ValueId out : ops[i].outputs) {
-      auto r = static_cast<size_t>(root_[static_cast<size_t>(out)]);
-      last_use[r] = std::max(last_use[r], static_cast<int32_t>(i));
-    }
-  }
-  for (ValueId o : outputs_)
-    last_use[static_cast<size_t>(root_[static_cast<size_t>(o)])] = static_cast<int32_t>(ops.size());
-  // An assigned buffer's new contents are committed after the last op.
-  for (const Op& op : ops)
-    if (op.prim->side_effect)
-      last_use[static_cast<size_t>(root_[static_cast<size_t>(op.outputs[0])])] = static_cast<int32_t>(ops.size());
-  free_after_.resize(ops.size());
-  for (size_t v = 0; v < circuit_.num_values(); ++v) {
-    if (root_[v] != static_cast<ValueId>(v) || circuit_.value(static_cast<ValueId>(v)).role != ValueRole::Computed)
-      continue;
-    if (last_use[v] >= 0 && last_use[v] < static_cast<int32_t>(ops.size()))
-      free_after_[static_cast<size_t>(last_use[v])].push_back(static_cast<ValueId>(v));
-  }
+  Liveness live = buffer_liveness(circuit_, outputs_, alias_input);
+  root_ = std::move(live.root);
+  free_after_ = std::move(live.free_after);
 }
 
 namespace {

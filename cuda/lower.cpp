@@ -20,7 +20,7 @@ struct Entry {
 
 LoweredOp lower_alias(const Circuit&, const Op& op) {
   LoweredOp r;
-  r.alias_of = op.prim->name == "assign" ? 1 : 0;
+  r.alias_of = alias_input(op.prim->name);
   return r;
 }
 
@@ -61,6 +61,11 @@ LoweredOp lower(const Circuit& c, int op_index) {
   LoweredOp r = it->second.fn(c, op);
   if (r.summary.empty()) r.summary = it->second.summary;
   return r;
+}
+
+int alias_input(const std::string& prim) {
+  if (prim == "assign") return 1;
+  return prim == "reshape" || prim == "stop_gradient" ? 0 : -1;
 }
 
 std::string lowering_summary(const std::string& prim) {

@@ -51,6 +51,10 @@ constexpr int kStatusWords = 2;
 // and f16/bf16 tensors: the GPU back end runs f32 and i32).
 LoweredOp lower(const Circuit& c, int op_index);
 
+// The input whose buffer the result of a Prim that launches nothing uses (reshape and
+// stop_gradient: 0; assign: 1, its new contents), or -1. Independent of dtypes.
+int alias_input(const std::string& prim);
+
 // One line per Prim for `kiln prims`: how it lowers ("" when it has no lowering).
 std::string lowering_summary(const std::string& prim);
 

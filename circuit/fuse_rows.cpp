@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
-#include <queue>
 #include <set>
 
+#include "circuit/contract.hpp"
 #include "circuit/error.hpp"
 #include "circuit/fused_rows.hpp"
 #include "circuit/fusion.hpp"
@@ -46,7 +46,7 @@ class RowFuser {
  public:
   RowFuser(const Circuit& c, const std::vector<ValueId>& outputs) : c_(c), ops_(c.ops()) {
     const size_t n = ops_.size();
-    succ_.resize(n);
+    succ_ = op_successors(c);
     role_.resize(n, Role::None);
     shape_.resize(n);
     group_.assign(n, -1);
@@ -55,17 +55,8 @@ class RowFuser {
     consumers_.resize(c.num_values());
     for (size_t i = 0; i < n; ++i) {
       role_[i] = role_of(c, ops_[i], &shape_[i]);
-      for (ValueId in : ops_[i].inputs) {
-        consumers_[static_cast<size_t>(in)].push_back(static_cast<int32_t>(i));
-        const int32_t p = c.value(in).producer;
-        if (p >= 0) succ_[static_cast<size_t>(p)].push_back(static_cast<int32_t>(i));
-      }
+      for (ValueId in : ops_[i].inputs) consumers_[static_cast<size_t>(in)].push_back(static_cast<int32_t>(i));
     }
-    // A read of a buffer's old contents must stay before the assign that overwrites it.
-    for (size_t i = 0; i < n; ++i)
-      if (ops_[i].prim->side_effect)
-        for (int32_t reader : consumers_[static_cast<size_t>(ops_[i].inputs[0])])
-          if (reader != static_cast<int32_t>(i)) succ_[static_cast<size_t>(reader)].push_back(static_cast<int32_t>(i));
   }
 
   void form_groups() {
@@ -139,6 +130,10 @@ class RowFuser {
 
   bool fits(int32_t op, const Group& g) const {
     const auto i = static_cast<size_t>(op);
+    // The optimizer's work stays apart from the step's, so that the multi-tensor merge can
+    // make the update of every parameter one launch.
+    auto updates = [&](int32_t k) { return ops_[static_cast<size_t>(k)].phase == Phase::Update; };
+    if (updates(op) != updates(g.members.front())) return false;
     if (role_[i] == Role::Reduce) return shape_[i] == g.domain;
     if (role_[i] != Role::Elementwise) return false;
     Shape row = g.domain;
@@ -267,84 +262,20 @@ Params RowFuser::program_of(const Group& g, std::vector<ValueId>& inputs, std::v
 }
 
 Circuit RowFuser::rebuild(std::vector<ValueId>& outputs) {
-  // Nodes: every op outside a fused group, and each group with more than one member (a group
-  // of one keeps its op). Emitted in a topological order of the node graph, earliest first.
-  const size_t n = ops_.size();
-  std::vector<int32_t> node(n);
-  std::vector<std::vector<int32_t>> node_ops;
-  for (size_t i = 0; i < n; ++i) {
-    const int32_t g = group_[i];
-    if (g >= 0 && groups_[static_cast<size_t>(g)].members.size() > 1) {
-      if (groups_[static_cast<size_t>(g)].members.front() == static_cast<int32_t>(i)) {
-        for (int32_t m : groups_[static_cast<size_t>(g)].members)
-          node[static_cast<size_t>(m)] = static_cast<int32_t>(node_ops.size());
-        node_ops.push_back(groups_[static_cast<size_t>(g)].members);
-      }
-    } else {
-      node[i] = static_cast<int32_t>(node_ops.size());
-      node_ops.push_back({static_cast<int32_t>(i)});
+  // A group of one keeps its op.
+  std::vector<const Group*> fused;
+  std::vector<std::vector<int32_t>> members;
+  for (const Group& g : groups_)
+    if (g.members.size() > 1) {
+      fused.push_back(&g);
+      members.push_back(g.members);
     }
-  }
-  std::vector<std::set<int32_t>> node_succ(node_ops.size());
-  std::vector<int32_t> indegree(node_ops.size(), 0);
-  for (size_t i = 0; i < n; ++i)
-    for (int32_t s : succ_[i])
-      if (node[i] != node[static_cast<size_t>(s)] &&
-          node_succ[static_cast<size_t>(node[i])].insert(node[static_cast<size_t>(s)]).second)
-        ++indegree[static_cast<size_t>(node[static_cast<size_t>(s)])];
-  std::priority_queue<int32_t, std::vector<int32_t>, std::greater<>> ready;  // node ids follow op order
-  for (size_t k = 0; k < node_ops.size(); ++k)
-    if (indegree[k] == 0) ready.push(static_cast<int32_t>(k));
-
-  Circuit out;
-  std::vector<ValueId> remap(c_.num_values(), kNoValue);
-  for (ValueId x : c_.externals()) {
-    const Value& v = c_.value(x);
-    remap[static_cast<size_t>(x)] = out.add_external(v.info, v.role, v.name);
-  }
-  auto mapped = [&](const std::vector<ValueId>& ids) {
-    std::vector<ValueId> r;
-    for (ValueId v : ids) r.push_back(remap[static_cast<size_t>(v)]);
-    return r;
+  auto merge = [&](size_t k) {
+    MergedOp m{"fused_rows", {}, {}, {}};
+    m.params = program_of(*fused[k], m.inputs, m.replaces);
+    return m;
   };
-  size_t emitted = 0;
-  while (!ready.empty()) {
-    const int32_t k = ready.top();
-    ready.pop();
-    ++emitted;
-    const std::vector<int32_t>& members = node_ops[static_cast<size_t>(k)];
-    if (members.size() == 1) {
-      const Op& op = ops_[static_cast<size_t>(members[0])];
-      std::vector<ValueId> outs = out.add_op(op.prim->name, op.params, mapped(op.inputs), op.scope);
-      out.set_absorbed(out.ops().size() - 1, op.absorbed);
-      out.set_phase(out.ops().size() - 1, op.phase);
-      for (size_t j = 0; j < outs.size(); ++j) remap[static_cast<size_t>(op.outputs[j])] = outs[j];
-    } else {
-      const Group& g = groups_[static_cast<size_t>(group_[static_cast<size_t>(members[0])])];
-      std::vector<ValueId> inputs, written;
-      Params params = program_of(g, inputs, written);
-      if (!written.empty()) {  // else nothing reads the group: dead code, dropped
-        int32_t absorbed = static_cast<int32_t>(members.size()) - 1;
-        std::string scope;
-        Phase phase = Phase::Forward;
-        for (int32_t m : members) {
-          absorbed += ops_[static_cast<size_t>(m)].absorbed;
-          phase = std::max(phase, ops_[static_cast<size_t>(m)].phase);
-          if (scope.empty()) scope = ops_[static_cast<size_t>(m)].scope;
-        }
-        std::vector<ValueId> outs = out.add_op("fused_rows", std::move(params), mapped(inputs), scope);
-        out.set_absorbed(out.ops().size() - 1, absorbed);
-        out.set_phase(out.ops().size() - 1, phase);
-        for (size_t j = 0; j < outs.size(); ++j) remap[static_cast<size_t>(written[j])] = outs[j];
-      }
-    }
-    for (int32_t s : node_succ[static_cast<size_t>(k)])
-      if (--indegree[static_cast<size_t>(s)] == 0) ready.push(s);
-  }
-  if (emitted != node_ops.size()) throw Error("fuse_rows: internal error, the fused graph has a cycle");
-  for (ValueId& o : outputs) o = remap[static_cast<size_t>(o)];
-  out.verify();
-  return out;
+  return contract_groups(c_, members, merge, outputs, "fuse_rows");
 }
 
 }  // namespace

@@ -31,6 +31,16 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs);
 // buffer reads stay before the assigns that overwrite them. Run after fuse_pointwise.
 Circuit fuse_rows(const Circuit& c, std::vector<ValueId>& outputs);
 
+// Multi-tensor merge: the same elementwise work over many tensors, as an optimizer records it
+// per parameter, becomes one multi_tensor op (one launch over all of them). Candidates are
+// update-phase ops only (never forward or backward work glued together): pointwise ops,
+// element groups of fuse_rows, and reduce_all sums with the pointwise body only they read
+// (gradient-norm clipping), each over a domain whose inputs have its shape or one element.
+// Candidates with the same program (bodies, dtype, which inputs are scalars) that neither
+// reaches the other merge; an input that is the same scalar in all becomes a shared input.
+// One program at a time, to a fixpoint; deterministic. Run after the other fusion passes.
+Circuit merge_multi_tensor(const Circuit& c, std::vector<ValueId>& outputs);
+
 // The passes KILN_DISABLE_PASSES (comma-separated names, e.g. "fuse_pointwise,cse") switches
 // off, for debugging; read once per call.
 bool pass_enabled(const std::string& name);

@@ -32,9 +32,9 @@ class PlanCache {
   size_t size() const { return entries_.size(); }
   std::vector<const Plan*> plans() const;  // most recently used first
   const Plan* largest() const;             // the plan with the most ops (a training step), or null
-  // Plans built from now on are for the GPU: they also run fuse_rows, which lowers launch counts
-  // but makes the Eigen executor slower (measured: docs/BENCHMARKS.md). The engine sets it with
-  // its device; `kiln ptx` and kernel-count tests set it to plan for the GPU on any machine.
+  // Plans built from now on are for the GPU: they also run fuse_rows and merge_multi_tensor,
+  // which lower launch counts but make the Eigen executor slower (measured: docs/BENCHMARKS.md). The engine sets it
+  // with its device; `kiln ptx` and kernel-count tests set it to plan for the GPU on any machine.
   void set_gpu_target(bool gpu) { gpu_ = gpu; }
   size_t capacity() const { return capacity_; }
   void clear() { entries_.clear(); }

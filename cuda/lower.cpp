@@ -47,6 +47,7 @@ const std::map<std::string, Entry>& table() {
       {"random", {lower_random, "Philox4x32-10 in kernel IR, same bits"}},
       {"assign", {lower_alias, "commit copy after the step succeeds"}},
       {"fused_rows", {lower_fused_rows, "warp per row: reductions in registers, outputs in a last pass"}},
+      {"multi_tensor", {lower_multi_tensor, "one launch over every group (block ranges per group); sums: partials"}},
   };
   return t;
 }

@@ -52,11 +52,17 @@ Reg reduce_combine(KernelBuilder& b, ReduceKind kind, Reg acc, Reg x);
 Operand reduce_identity(ReduceKind kind);
 Reg warp_reduce(KernelBuilder& b, ReduceKind kind, Reg acc);
 Reg reduce_finalize(KernelBuilder& b, ReduceKind kind, Reg v, int64_t n);
+// Combines `acc` over the block's `threads` (a multiple of 32); `emit_result(v)` is emitted
+// where thread 0 holds the block's value. Every thread must reach it (a barrier and shuffles
+// inside); only the final use is guarded.
+void block_reduce(KernelBuilder& b, ReduceKind kind, Reg acc, uint32_t threads,
+                  const std::function<void(Reg)>& emit_result);
 
 // Defined in their own files.
 LoweredOp lower_reduce(const Circuit& c, const Op& op);  // reduce, reduce_all
 LoweredOp lower_matmul(const Circuit& c, const Op& op);
 LoweredOp lower_gather(const Circuit& c, const Op& op);  // gather_rows, scatter_add_rows
 LoweredOp lower_fused_rows(const Circuit& c, const Op& op);
+LoweredOp lower_multi_tensor(const Circuit& c, const Op& op);
 
 }  // namespace kiln::cuda

@@ -40,11 +40,6 @@ Reg reduce_finalize(KernelBuilder& b, ReduceKind kind, Reg v, int64_t n) {
   return kind == ReduceKind::Mean ? b.div(Type::f32, v, imm_f32(static_cast<float>(n))) : v;
 }
 
-namespace {
-
-// Combines `acc` over the block's `threads` (a multiple of 32); `emit_result(v)` is emitted
-// where thread 0 holds the block's value. Every thread reaches the barrier and every lane of
-// a warp reaches each shuffle: only the final use is guarded.
 void block_reduce(KernelBuilder& b, ReduceKind kind, Reg acc, uint32_t threads,
                   const std::function<void(Reg)>& emit_result) {
   Reg tid = b.sreg(SReg::tid_x);
@@ -69,6 +64,8 @@ void block_reduce(KernelBuilder& b, ReduceKind kind, Reg acc, uint32_t threads,
     b.if_(b.setp(Cmp::eq, lane, imm_u32(0)), [&] { emit_result(v); });
   });
 }
+
+namespace {
 
 uint32_t block_threads_for(int64_t n) {
   int64_t t = std::clamp<int64_t>((n + 31) / 32 * 32, 32, 256);

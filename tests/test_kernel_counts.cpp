@@ -1,8 +1,9 @@
 // Kernel-count guards and step statistics. Guards: how many kernels a GPT's forward, backward and AdamW steps launch
 // once lowered for the GPU, with every fusion pass on. Each guard is the count measured when the pass that earned it
 // landed, so a regression in fusion fails here; lower a guard when a new pass lowers the count. The targets (a
-// block's forward <= 9, forward + backward <= 28, AdamW 1, a 4-layer step <= 124) need matmul epilogues and merged
-// multi-tensor launches, which are not built yet; the counts print so that the gap is visible.
+// block's forward <= 9, forward + backward <= 28, AdamW 1 (2 with clipping), a 4-layer step <= 124) need matmul
+// epilogues, which are not built yet, and AdamW with clipping takes 5 (norm sums 2, norm and scale 2, update 1); the
+// counts print so that the gap is visible.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -28,8 +29,8 @@ size_t launches_of(const Plan& plan) {
 }
 
 // Launches of one realization of `part` for a GPT of `layers` blocks (tiny widths, no
-// dropout, gradient clipping on): the largest plan it builds.
-size_t launches(int64_t layers, Part part) {
+// dropout, gradient clipping at `clip` unless 0): the largest plan it builds.
+size_t launches(int64_t layers, Part part, double clip = 1.0) {
   models::GPTConfig cfg = testing::tiny_gpt_config(layers);
   cfg.dropout = 0;
   manual_seed(5);
@@ -45,7 +46,7 @@ size_t launches(int64_t layers, Part part) {
     engine.realize();
     engine.plan_cache().clear();
   }
-  if (part == Part::AdamW || part == Part::Step) opt.step(1.0);
+  if (part == Part::AdamW || part == Part::Step) opt.step(clip);
   engine.realize();
   const Plan* plan = engine.plan_cache().largest();
   const size_t n = plan ? launches_of(*plan) : 0;
@@ -56,32 +57,38 @@ size_t launches(int64_t layers, Part part) {
 TEST(KernelCounts, GptBlockForwardBackwardAdamWAndStep) {
   const size_t f1 = launches(1, Part::Forward), f2 = launches(2, Part::Forward);
   const size_t fb1 = launches(1, Part::ForwardBackward), fb2 = launches(2, Part::ForwardBackward);
-  const size_t adamw = launches(4, Part::AdamW), step4 = launches(4, Part::Step);
-  std::printf("kernels: block forward %zu, block forward+backward %zu, AdamW (4 layers) %zu, 4-layer step %zu\n",
-              f2 - f1, fb2 - fb1, adamw, step4);
-  // Measured with pointwise, row and element-group fusion: 19, 51, 210, 437.
+  const size_t adamw = launches(4, Part::AdamW), adamw_unclipped = launches(4, Part::AdamW, 0.0);
+  const size_t step4 = launches(4, Part::Step);
+  std::printf(
+      "kernels: block forward %zu, block forward+backward %zu, AdamW (4 layers) %zu (%zu without clipping), 4-layer "
+      "step %zu\n",
+      f2 - f1, fb2 - fb1, adamw, adamw_unclipped, step4);
+  // Measured with pointwise, row and element-group fusion: 19, 51, 210, 437; with the multi-tensor merge AdamW (with
+  // clipping) 5 and the step 233.
   EXPECT_LE(f2 - f1, 19u);
   EXPECT_LE(fb2 - fb1, 51u);
-  EXPECT_LE(adamw, 210u);
-  EXPECT_LE(step4, 437u);
+  EXPECT_LE(adamw, 5u);
+  EXPECT_EQ(adamw_unclipped, 1u);  // the target: every parameter's update in one launch
+  EXPECT_LE(step4, 233u);
 }
 
 TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
   const size_t all = launches(1, Part::Step);
   std::map<std::string, size_t> without;
-  for (const char* pass : {"fuse_pointwise", "fuse_rows", "forward_assigns"}) {
+  for (const char* pass : {"fuse_pointwise", "fuse_rows", "forward_assigns", "merge_multi_tensor"}) {
     setenv("KILN_DISABLE_PASSES", pass, 1);
     without[pass] = launches(1, Part::Step);
     unsetenv("KILN_DISABLE_PASSES");
     EXPECT_GT(without[pass], all) << "switching off " << pass << " should cost launches";
   }
-  setenv("KILN_DISABLE_PASSES", "fuse_pointwise,fuse_rows,forward_assigns", 1);
+  setenv("KILN_DISABLE_PASSES", "fuse_pointwise,fuse_rows,forward_assigns,merge_multi_tensor", 1);
   const size_t none = launches(1, Part::Step);
   unsetenv("KILN_DISABLE_PASSES");
   std::printf(
       "1-layer step: %zu launches with every pass, %zu without fusion (fuse_pointwise off: %zu, "
-      "fuse_rows off: %zu, forward_assigns off: %zu)\n",
-      all, none, without["fuse_pointwise"], without["fuse_rows"], without["forward_assigns"]);
+      "fuse_rows off: %zu, forward_assigns off: %zu, merge_multi_tensor off: %zu)\n",
+      all, none, without["fuse_pointwise"], without["fuse_rows"], without["forward_assigns"],
+      without["merge_multi_tensor"]);
   EXPECT_LT(all, none);
 }
 

@@ -10,6 +10,7 @@
 #include "circuit/composites.hpp"
 #include "circuit/error.hpp"
 #include "circuit/fused_rows.hpp"
+#include "circuit/multi_tensor.hpp"
 #include "prim_test_util.hpp"
 
 namespace kiln {
@@ -182,8 +183,8 @@ INSTANTIATE_TEST_SUITE_P(AllPrims, PrimGradient, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
 
 // Prims that have no gradient by design, each with a test of its own below: assign writes a
-// buffer; fused_rows is built by a fusion pass, which runs after the backward pass.
-const std::set<std::string> kNoGradientByDesign = {"assign", "fused_rows"};
+// buffer; fused_rows and multi_tensor are built by fusion passes, which run after the backward pass.
+const std::set<std::string> kNoGradientByDesign = {"assign", "fused_rows", "multi_tensor"};
 
 TEST(PrimGradientTable, EveryRegisteredPrimHasACase) {
   std::set<std::string> covered;
@@ -227,6 +228,25 @@ TEST(PrimGradientTable, FusedRowsHasNoVjpAndSaysSo) {
     FAIL() << "differentiating through fused_rows must throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no VJP rule for Prim 'fused_rows'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PrimGradientTable, MultiTensorHasNoVjpAndSaysSo) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{2, 3}, f64}, ValueRole::Input, "x");
+  ValueId y = c.add_external({Shape{4}, f64}, ValueRole::Input, "y");
+  Builder b(c);
+  MultiTensorProgram mp;
+  mp.groups = 2;
+  mp.group_inputs = 1;
+  mp.bodies = {se::in(0) * se::in(0)};
+  std::vector<ValueId> out = c.add_op("multi_tensor", mp.to_params(f64), {x, y});
+  ValueId loss = b.reduce_all(ReduceKind::Sum, out[0]);
+  try {
+    ad::backward(b, loss, {x});
+    FAIL() << "differentiating through multi_tensor must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no VJP rule for Prim 'multi_tensor'"), std::string::npos) << e.what();
   }
 }
 

@@ -13,6 +13,7 @@
 #include "circuit/error.hpp"
 #include "circuit/executor.hpp"
 #include "circuit/fused_rows.hpp"
+#include "circuit/multi_tensor.hpp"
 #include "prim_test_util.hpp"
 
 namespace kiln {
@@ -591,6 +592,67 @@ TYPED_TEST(PrimReference, FusedRowsMatchesNaiveLoop) {
   }
 }
 
+// --- multi_tensor -------------------------------------------------------------------------
+
+// Each group gives exactly what the pointwise op (and reduce_all of it, for sums) it stands for
+// gives: bit for bit, since the reference evaluates the same body the same way. Groups span
+// several of the reference's blocks or part of one; a group input is a scalar in one group.
+TYPED_TEST(PrimReference, MultiTensorMatchesThePerGroupOps) {
+  using T = TypeParam;
+  const std::vector<Shape> shapes = {Shape{3, 2000}, Shape{7}, Shape{1, 5}};
+  for (bool sum : {false, true}) {
+    Net net;
+    std::vector<ValueId> ins;
+    for (size_t g = 0; g < shapes.size(); ++g) {
+      ins.push_back(net.in(rnd(dtype_of<T>(), shapes[g], 90 + static_cast<int>(g))));
+      ins.push_back(net.in(rnd(dtype_of<T>(), g == 1 ? Shape{} : shapes[g], 95 + static_cast<int>(g))));
+    }
+    ValueId k = net.in(rnd(dtype_of<T>(), Shape{1}, 99));
+    MultiTensorProgram mp;
+    mp.groups = static_cast<int>(shapes.size());
+    mp.group_inputs = 2;
+    mp.shared_inputs = 1;
+    mp.sum = sum;
+    const ScalarExp body = se::in(0) * se::in(1) - se::tanh(se::in(2) * se::in(0));
+    mp.bodies = {body};
+    std::vector<ValueId> args = ins;
+    args.push_back(k);
+    std::vector<ValueId> outs = net.c.add_op("multi_tensor", mp.to_params(dtype_of<T>()), args);
+    std::vector<ValueId> want;
+    for (size_t g = 0; g < shapes.size(); ++g) {
+      ValueId v = net.b.pointwise(body, {ins[2 * g], ins[2 * g + 1], k});
+      want.push_back(sum ? net.b.reduce_all(ReduceKind::Sum, v) : v);
+    }
+    std::vector<ValueId> all = outs;
+    all.insert(all.end(), want.begin(), want.end());
+    auto got = execute(net.c, net.binds, all);
+    for (size_t g = 0; g < shapes.size(); ++g) {
+      ASSERT_EQ(got[g].shape(), sum ? Shape{} : shapes[g]);
+      for (int64_t i = 0; i < got[g].numel(); ++i)
+        ASSERT_EQ(got[g].get(i), got[shapes.size() + g].get(i)) << "group " << g << " element " << i;
+    }
+  }
+}
+
+TEST(PrimReference, MultiTensorShapeRuleNamesTheGroupAndInput) {
+  Circuit c;
+  ValueId a = c.add_external({Shape{4, 3}, DType::f32}, ValueRole::Input, "a");
+  ValueId b = c.add_external({Shape{3}, DType::f32}, ValueRole::Input, "b");
+  MultiTensorProgram mp;
+  mp.groups = 1;
+  mp.group_inputs = 2;
+  mp.bodies = {se::in(0) + se::in(1)};
+  try {
+    c.add_op("multi_tensor", mp.to_params(DType::f32), {a, b});
+    FAIL() << "an input that is neither the domain nor a scalar must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("group 0 input 1 is [3]"), std::string::npos) << e.what();
+  }
+  mp.sum = true;
+  mp.bodies = {se::in(0), se::in(1)};
+  EXPECT_THROW(c.add_op("multi_tensor", mp.to_params(DType::f32), {a, a}), Error);  // a sum has one body
+}
+
 // --- composites ---------------------------------------------------------------------------
 
 TYPED_TEST(PrimReference, SoftmaxRowsSumToOne) {
@@ -655,7 +717,7 @@ TEST(PrimReferenceTable, EveryRegisteredPrimIsCovered) {
       "pointwise", "reduce",  "reduce_all", "matmul",        "gather_rows", "scatter_add_rows",
       "one_hot",   "reshape", "permute",    "broadcast",     "slice",       "concat",
       "split",     "where",   "cast",       "stop_gradient", "fill",        "iota",
-      "random",    "assign",  "fused_rows"};
+      "random",    "assign",  "fused_rows", "multi_tensor"};
   for (const PrimDef* p : PrimRegistry::instance().all())
     EXPECT_TRUE(covered.count(p->name)) << "Prim '" << p->name << "' has no reference test";
 }

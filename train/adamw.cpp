@@ -2,6 +2,7 @@
 #include "train/adamw.hpp"
 
 #include <cmath>
+#include <map>
 
 #include "circuit/error.hpp"
 #include "core/engine.hpp"
@@ -31,21 +32,34 @@ void AdamW::step(double max_grad_norm) {
   }
   const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(opts_.beta2, static_cast<double>(t_));
+  // Runtime scalars: they change every step without changing the step's structure. Every
+  // parameter (of a dtype) reads the same ones and records the same ops, so the multi-tensor
+  // merge makes the whole update one launch. Decoupled weight decay multiplies by
+  // 1 - lr * wd (as torch), by 1 where it does not apply.
+  struct Scalars {
+    Tensor step_size, inv_sqrt_bc2, decay, no_decay;
+  };
+  std::map<DType, Scalars> scalars;
+  auto scalars_for = [&](DType dt) -> const Scalars& {
+    auto it = scalars.find(dt);
+    if (it == scalars.end())
+      it = scalars
+               .emplace(dt, Scalars{Tensor::scalar(opts_.lr / bc1, dt), Tensor::scalar(1.0 / std::sqrt(bc2), dt),
+                                    Tensor::scalar(1.0 - opts_.lr * opts_.weight_decay, dt), Tensor::scalar(1.0, dt)})
+               .first;
+    return it->second;
+  };
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
-    DType dt = p.dtype();
-    // Runtime scalars: they change every step without changing the step's structure.
-    Tensor lr = Tensor::scalar(opts_.lr, dt), step_size = Tensor::scalar(opts_.lr / bc1, dt);
-    Tensor inv_sqrt_bc2 = Tensor::scalar(1.0 / std::sqrt(bc2), dt);
+    const Scalars& k = scalars_for(p.dtype());
     Tensor g = scale.defined() ? p.grad() * scale : p.grad();
     m_[i].assign(map(se::in(0) * se::c(opts_.beta1) + se::in(1) * se::c(1.0 - opts_.beta1), {m_[i], g}));
     v_[i].assign(map(se::in(0) * se::c(opts_.beta2) + se::in(1) * se::in(1) * se::c(1.0 - opts_.beta2), {v_[i], g}));
     Tensor decayed = p;
-    if (opts_.weight_decay != 0.0 && p.rank() >= 2)
-      decayed = map(se::in(0) - se::in(0) * se::in(1) * se::c(opts_.weight_decay), {p, lr});
+    if (opts_.weight_decay != 0.0) decayed = p * (p.rank() >= 2 ? k.decay : k.no_decay);
     // p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), as torch.optim.AdamW.
     p.assign(map(se::in(0) - se::in(1) * se::in(2) / (se::sqrt(se::in(3)) * se::in(4) + se::c(opts_.eps)),
-                 {decayed, step_size, m_[i], v_[i], inv_sqrt_bc2}));
+                 {decayed, k.step_size, m_[i], v_[i], k.inv_sqrt_bc2}));
   }
   Engine::current().realize();
 }

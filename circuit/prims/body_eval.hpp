@@ -136,4 +136,20 @@ class BodyRunner {
   std::vector<std::vector<int64_t>> bstrides_;
 };
 
+// Writes the body's value at each of the n elements of its domain to dst, block by block
+// (OpenMP threads share the blocks of a large domain).
+template <class T>
+void run_all(const BodyRunner<T>& body, T* dst, int64_t n) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel if (n >= 4 * kBlock)
+  {
+    auto regs = body.registers();
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t start = blk * kBlock, len = std::min(kBlock, n - start);
+      Eigen::Map<Arr<T>>(dst + start, len) = body.run(start, len, regs);
+    }
+  }
+}
+
 }  // namespace kiln::ref

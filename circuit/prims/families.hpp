@@ -18,6 +18,7 @@ void register_constants(PrimRegistry& r);     // fill, iota
 void register_random(PrimRegistry& r);        // random
 void register_assign(PrimRegistry& r);        // assign
 void register_fused_rows(PrimRegistry& r);    // fused_rows (built by the row fusion pass)
+void register_multi_tensor(PrimRegistry& r);  // multi_tensor (built by the multi-tensor merge)
 
 inline void register_all_prims(PrimRegistry& r) {
   register_pointwise(r);
@@ -32,6 +33,7 @@ inline void register_all_prims(PrimRegistry& r) {
   register_random(r);
   register_assign(r);
   register_fused_rows(r);
+  register_multi_tensor(r);
 }
 
 }  // namespace kiln

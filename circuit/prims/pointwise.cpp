@@ -44,18 +44,7 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
   HostTensor out = HostTensor::zeros(out_info[0].dtype, shape);
   ref::dispatch_float(out.dtype(), "pointwise", [&](auto t) {
     using T = decltype(t);
-    const ref::BodyRunner<T> body(op.params.body, in, shape);
-    const int64_t n = shape.numel(), blocks = (n + ref::kBlock - 1) / ref::kBlock;
-    T* o = out.data<T>();
-#pragma omp parallel if (n >= 4 * ref::kBlock)
-    {
-      auto regs = body.registers();
-#pragma omp for schedule(static)
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        int64_t start = blk * ref::kBlock, len = std::min(ref::kBlock, n - start);
-        Eigen::Map<ref::Arr<T>>(o + start, len) = body.run(start, len, regs);
-      }
-    }
+    ref::run_all(ref::BodyRunner<T>(op.params.body, in, shape), out.data<T>(), shape.numel());
   });
   return {out};
 }

@@ -1,0 +1,158 @@
+// T2 for the multi-tensor merge: an optimizer's per-parameter update (with gradient-norm
+// clipping) becomes multi_tensor ops that give the unmerged results bit for bit on the Eigen
+// executor and within 1e-5 in the SIMT simulator (f32 sums in another order); forward work
+// and work that depends on other work of its kind is never merged; many groups split into
+// launches that fit the kernel parameter space.
+#include <gtest/gtest.h>
+
+#include "circuit/executor.hpp"
+#include "circuit/fusion.hpp"
+#include "circuit/multi_tensor.hpp"
+#include "circuit/passes.hpp"
+#include "cuda/lower.hpp"
+#include "device_test_util.hpp"
+#include "prim_test_util.hpp"
+
+namespace kiln {
+namespace {
+
+const std::vector<Shape> kShapes = {Shape{5, 7}, Shape{7}, Shape{3, 4, 2}, Shape{1}, Shape{300}};
+
+struct Step {
+  Circuit c;
+  std::vector<HostTensor> binds;  // gradients, then parameters and moments (persistent), then lr
+  std::vector<ValueId> outs;
+};
+
+// A momentum step with clipping by the global gradient norm, recorded per parameter as an
+// optimizer does: total = sum_i sum(g_i^2), scale = min(1, 1 / (sqrt(total) + 1e-6)),
+// m_i = 0.9 m_i + g_i * scale, p_i -= lr * m_i. The [1] parameter has a one-element domain,
+// which is no candidate.
+Step momentum_step(DType dt, Phase phase) {
+  Step s;
+  std::vector<ValueId> g, p, m;
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    g.push_back(s.c.add_external({kShapes[i], dt}, ValueRole::Input, "g" + std::to_string(i)));
+    s.binds.push_back(testing::random_tensor({kShapes[i], dt}, 10 + i));
+  }
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    p.push_back(s.c.add_external({kShapes[i], dt}, ValueRole::Persistent, "p" + std::to_string(i)));
+    m.push_back(s.c.add_external({kShapes[i], dt}, ValueRole::Persistent, "m" + std::to_string(i)));
+    s.binds.push_back(testing::random_tensor({kShapes[i], dt}, 20 + i));
+    s.binds.push_back(testing::random_tensor({kShapes[i], dt}, 30 + i));
+  }
+  ValueId lr = s.c.add_external({Shape{}, dt}, ValueRole::Input, "lr");
+  s.binds.push_back(testing::random_tensor({Shape{}, dt, 0.01, 0.1}, 40));
+  s.c.set_recording_phase(phase);
+  Builder b(s.c, "opt");
+  ValueId total = kNoValue;
+  for (ValueId gi : g) {
+    ValueId sq = b.reduce_all(ReduceKind::Sum, b.mul(gi, gi));
+    total = total == kNoValue ? sq : b.add(total, sq);
+  }
+  ValueId scale = b.pointwise(se::min(se::c(1.0), se::c(1.0) / (se::sqrt(se::in(0)) + se::c(1e-6))), {total});
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    ValueId mi = b.assign(m[i], b.pointwise(se::in(0) * se::c(0.9) + se::in(1) * se::in(2), {m[i], g[i], scale}));
+    b.assign(p[i], b.pointwise(se::in(0) - se::in(1) * se::in(2), {p[i], lr, mi}));
+  }
+  s.outs = {total};
+  return s;
+}
+
+// The plan a GPU run gets (fuse_rows included) or the CPU's.
+Circuit optimize(const Circuit& c, std::vector<ValueId>& outs, bool gpu) {
+  Circuit f = forward_assigned_values(cse(c, outs));
+  f = fuse_pointwise(f, outs);
+  if (gpu) f = fuse_rows(f, outs);
+  return merge_multi_tensor(f, outs);
+}
+
+std::vector<HostTensor> clone_all(const std::vector<HostTensor>& v) {
+  std::vector<HostTensor> out;
+  for (const HostTensor& t : v) out.push_back(t.clone());
+  return out;
+}
+
+TEST(MergeMultiTensor, TheClippedUpdateOfEveryParameterMergesAndGivesTheSameResults) {
+  for (bool gpu : {false, true})
+    for (DType dt : {DType::f64, DType::f32}) {
+      Step s = momentum_step(dt, Phase::Update);
+      std::vector<ValueId> outs = s.outs;
+      Circuit f = optimize(s.c, outs, gpu);
+      f.verify();
+      // The norm's squares and sums (one program) and the update (one, or with the CPU's
+      // pointwise ops two: moments, then parameters).
+      EXPECT_EQ(testing::count_prim(f, "multi_tensor"), gpu ? 2u : 3u) << f.dump();
+      EXPECT_EQ(testing::count_prim(f, "reduce_all"), 1u) << f.dump();  // the [1] parameter's
+      for (const Op& op : f.ops()) {
+        if (op.prim->name == "multi_tensor") {
+          EXPECT_EQ(MultiTensorProgram::from_params(op.params).groups, 4) << f.dump();
+        }
+      }
+      std::vector<HostTensor> want_buf = clone_all(s.binds), got_buf = clone_all(s.binds);
+      HostTensor want = execute(s.c, want_buf, s.outs)[0], got = execute(f, got_buf, outs)[0];
+      EXPECT_EQ(testing::relative_error(got, want), 0.0);
+      for (size_t k = 0; k < want_buf.size(); ++k)
+        EXPECT_EQ(testing::relative_error(got_buf[k], want_buf[k]), 0.0) << "binding " << k;
+      if (dt == DType::f32) {
+        std::vector<HostTensor> sim_buf = clone_all(s.binds);
+        HostTensor sim = cuda::DeviceProgram(f, outs, testing::fake_runtime()).run(sim_buf)[0];
+        EXPECT_LT(testing::relative_error(sim, want), 1e-5);
+        for (size_t k = 0; k < want_buf.size(); ++k)
+          EXPECT_LT(testing::relative_error(sim_buf[k], want_buf[k]), 1e-5) << "binding " << k << " (simulator)";
+      }
+    }
+}
+
+TEST(MergeMultiTensor, ForwardAndBackwardWorkIsNeverMerged) {
+  for (Phase phase : {Phase::Forward, Phase::Backward}) {
+    Step s = momentum_step(DType::f32, phase);
+    std::vector<ValueId> outs = s.outs;
+    EXPECT_EQ(testing::count_prim(optimize(s.c, outs, true), "multi_tensor"), 0u);
+  }
+}
+
+// b = f(a) and a = f(x) have one program, but b needs a: they stay apart; c = f(y) joins a.
+TEST(MergeMultiTensor, WorkThatDependsOnItsKindStaysApart) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{6}, DType::f64}, ValueRole::Input, "x");
+  ValueId y = c.add_external({Shape{2, 3}, DType::f64}, ValueRole::Input, "y");
+  c.set_recording_phase(Phase::Update);
+  Builder b(c);
+  const ScalarExp f = se::exp(se::in(0)) * se::c(0.5);
+  ValueId a = b.pointwise(f, {x});
+  ValueId a2 = b.pointwise(f, {a});
+  ValueId y2 = b.pointwise(f, {y});
+  std::vector<ValueId> outs{a2, y2}, merged_outs = outs;
+  Circuit m = merge_multi_tensor(c, merged_outs);
+  m.verify();
+  ASSERT_EQ(testing::count_prim(m, "multi_tensor"), 1u) << m.dump();
+  EXPECT_EQ(testing::count_prim(m, "pointwise"), 1u) << m.dump();
+  std::vector<HostTensor> binds = {testing::random_tensor({Shape{6}, DType::f64}, 1),
+                                   testing::random_tensor({Shape{2, 3}, DType::f64}, 2)};
+  auto want = execute(c, binds, outs), got = execute(m, binds, merged_outs);
+  for (size_t o = 0; o < outs.size(); ++o) EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << o;
+}
+
+// 170 groups of two inputs and one output need 510 addresses: two launches of at most 480.
+TEST(MergeMultiTensor, ManyGroupsSplitIntoLaunchesThatFitTheParameterSpace) {
+  Circuit c;
+  std::vector<ValueId> in;
+  for (int k = 0; k < 340; ++k) in.push_back(c.add_external({Shape{5}, DType::f32}, ValueRole::Input));
+  MultiTensorProgram mp;
+  mp.groups = 170;
+  mp.group_inputs = 2;
+  mp.bodies = {se::in(0) + se::in(1)};
+  c.add_op("multi_tensor", mp.to_params(DType::f32), in);
+  cuda::LoweredOp l = cuda::lower(c, 0);
+  ASSERT_EQ(l.launches.size(), 2u);
+  size_t params = 0;
+  for (const cuda::Launch& launch : l.launches) {
+    EXPECT_LE(launch.args.size(), 480u);
+    params += launch.args.size();
+  }
+  EXPECT_EQ(params, 510u);
+}
+
+}  // namespace
+}  // namespace kiln

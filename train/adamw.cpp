@@ -20,7 +20,12 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opts) : params_(std::move(
 void AdamW::step(double max_grad_norm) {
   ++t_;
   Engine::current().mark_phase(Phase::Update);
-  Tensor scale;  // undefined: no clipping
+  // Clipping scales each gradient by min(1, max_norm / (norm + 1e-6)), written into the
+  // gradient's own expression (a scalar op of its own would be one more launch).
+  auto clipped = [&](const Tensor& g) {
+    if (max_grad_norm <= 0.0) return g;
+    return map(se::in(0) * se::min(se::c(1.0), se::c(max_grad_norm) / (se::in(1) + se::c(1e-6))), {g, last_norm_});
+  };
   if (max_grad_norm > 0.0) {
     Tensor total;
     for (const Tensor& p : params_) {
@@ -28,7 +33,6 @@ void AdamW::step(double max_grad_norm) {
       total = total.defined() ? total + s : s;
     }
     last_norm_ = sqrt(total);
-    scale = map(se::min(se::c(1.0), se::c(max_grad_norm) / (se::in(0) + se::c(1e-6))), {last_norm_});
   }
   const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(opts_.beta2, static_cast<double>(t_));
@@ -52,7 +56,7 @@ void AdamW::step(double max_grad_norm) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     const Scalars& k = scalars_for(p.dtype());
-    Tensor g = scale.defined() ? p.grad() * scale : p.grad();
+    Tensor g = clipped(p.grad());
     m_[i].assign(map(se::in(0) * se::c(opts_.beta1) + se::in(1) * se::c(1.0 - opts_.beta1), {m_[i], g}));
     v_[i].assign(map(se::in(0) * se::c(opts_.beta2) + se::in(1) * se::in(1) * se::c(1.0 - opts_.beta2), {v_[i], g}));
     Tensor decayed = p;

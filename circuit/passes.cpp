@@ -1,4 +1,4 @@
-// DCE and CSE over Circuits.
+// DCE, CSE, assign forwarding and ordered scatter sums over Circuits.
 #include "circuit/passes.hpp"
 
 #include <algorithm>
@@ -71,6 +71,27 @@ Circuit forward_assigned_values(const Circuit& c) {
     if (op.prim->side_effect) rename[static_cast<size_t>(op.outputs[0])] = rename[static_cast<size_t>(op.inputs[1])];
   Circuit out = c;
   out.replace_uses(rename, /*keep_assign_targets=*/true);
+  return out;
+}
+
+Circuit ordered_scatter_sums(const Circuit& c, std::vector<ValueId>& outputs) {
+  Circuit out;
+  std::vector<ValueId> remap(c.num_values(), kNoValue);
+  for (ValueId x : c.externals()) {
+    const Value& v = c.value(x);
+    remap[static_cast<size_t>(x)] = out.add_external(v.info, v.role, v.name);
+  }
+  for (const Op& op : c.ops()) {
+    std::vector<ValueId> inputs;
+    for (ValueId in : op.inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
+    Params params = op.params;
+    if (op.prim->name == "scatter_add_rows") params.ints = {params.ints[0], 1};
+    std::vector<ValueId> outs = out.add_op(op.prim->name, std::move(params), inputs, op.scope);
+    out.set_absorbed(out.ops().size() - 1, op.absorbed);
+    out.set_phase(out.ops().size() - 1, op.phase);
+    for (size_t k = 0; k < outs.size(); ++k) remap[static_cast<size_t>(op.outputs[k])] = outs[k];
+  }
+  for (ValueId& o : outputs) o = remap[static_cast<size_t>(o)];
   return out;
 }
 

@@ -20,4 +20,9 @@ Circuit cse(const Circuit& c, std::vector<ValueId>& outputs);
 // buffer version) is never renamed, nor are the requested outputs.
 Circuit forward_assigned_values(const Circuit& c);
 
+// Deterministic mode: every scatter_add_rows asks for its sums in source order (params
+// {rows, 1}), so the GPU adds without atomics and gives the same bits run after run (and the
+// Eigen reference's bits). The Eigen reference always sums in order.
+Circuit ordered_scatter_sums(const Circuit& c, std::vector<ValueId>& outputs);
+
 }  // namespace kiln

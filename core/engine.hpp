@@ -84,6 +84,9 @@ class Engine {
   // throws kiln::Error when there is none.
   void set_device(Device d, cuda::Runtime* runtime = nullptr);
   Device device() const { return device_; }
+  // Deterministic mode (off by default): GPU steps use no float atomics, so a run, and a run
+  // resumed from a checkpoint, repeats bit for bit. Costs the embedding gradient's parallelism.
+  void set_deterministic(bool on) { cache_.set_deterministic(on); }
   uint64_t seed() const { return seed_; }
   uint64_t random_counter() const { return random_counter_; }
   void set_random_counter(uint64_t c) { random_counter_ = c; }

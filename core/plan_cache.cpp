@@ -10,8 +10,8 @@ namespace kiln {
 
 const Plan* PlanCache::find(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested) {
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->hash != hash || it->plan.for_gpu != gpu_ || it->plan.requested != requested ||
-        !it->plan.recorded.structurally_equal(recorded))
+    if (it->hash != hash || it->plan.for_gpu != gpu_ || it->plan.deterministic != deterministic_ ||
+        it->plan.requested != requested || !it->plan.recorded.structurally_equal(recorded))
       continue;
     entries_.splice(entries_.begin(), entries_, it);
     return &entries_.front().plan;
@@ -40,11 +40,13 @@ const Plan* PlanCache::build(uint64_t hash, const Circuit& recorded, const std::
   if (pass_enabled("fuse_pointwise")) optimized = fuse_pointwise(optimized, outputs);
   if (gpu_ && pass_enabled("fuse_rows")) optimized = fuse_rows(optimized, outputs);
   if (gpu_ && pass_enabled("merge_multi_tensor")) optimized = merge_multi_tensor(optimized, outputs);
+  if (deterministic_) optimized = ordered_scatter_sums(optimized, outputs);
   Plan plan;
   plan.recorded = recorded;
   plan.requested = requested;
   plan.recorded_ops = recorded.ops().size();
   plan.for_gpu = gpu_;
+  plan.deterministic = deterministic_;
   plan.optimized_ops = optimized.ops().size();
   plan.program = std::make_unique<Program>(std::move(optimized), std::move(outputs));
   entries_.push_front(Entry{hash, std::move(plan)});

@@ -16,7 +16,8 @@ struct Plan {
   std::vector<ValueId> requested;    // the key: the values the caller asked for (recorded ids)
   std::unique_ptr<Program> program;  // optimized circuit; outputs in the order of `requested`
   size_t recorded_ops = 0, optimized_ops = 0;
-  bool for_gpu = false;  // the key too: built with the GPU-only passes
+  bool for_gpu = false;        // the key too: built with the GPU-only passes
+  bool deterministic = false;  // the key too: scatter sums in source order (no float atomics)
   // The optimized circuit lowered for the GPU, built on the plan's first run there.
   mutable std::unique_ptr<cuda::DeviceProgram> device;
 };
@@ -36,6 +37,9 @@ class PlanCache {
   // which lower launch counts but make the Eigen executor slower (measured: docs/BENCHMARKS.md). The engine sets it
   // with its device; `kiln ptx` and kernel-count tests set it to plan for the GPU on any machine.
   void set_gpu_target(bool gpu) { gpu_ = gpu; }
+  // Plans built from now on are deterministic on the GPU: no float atomics (scatter sums in
+  // source order; every other reduction is already a fixed tree), so a run repeats bit for bit.
+  void set_deterministic(bool on) { deterministic_ = on; }
   size_t capacity() const { return capacity_; }
   void clear() { entries_.clear(); }
 
@@ -46,6 +50,7 @@ class PlanCache {
   };
   size_t capacity_;
   bool gpu_ = false;
+  bool deterministic_ = false;
   std::list<Entry> entries_;  // most recently used first
 };
 

@@ -2,7 +2,9 @@
 //   gather_rows       table: (V, D), idx: i32 S -> out: S + (D); one thread per output element
 //   scatter_add_rows  idx: i32 S, src: S + (D) -> out: (rows, D); out is zeroed first, then one
 //                     thread per src element adds it with an f32 atomic (order-dependent
-//                     rounding: a deterministic mode without atomics is the fusion issue's)
+//                     rounding). Ordered (the deterministic mode): one thread per column adds
+//                     the source rows in order, as the reference does, so the bits are the
+//                     reference's; only D threads work, each through all S rows.
 // An index outside [0, V) (or [0, rows)) is counted in the status words and its element
 // skipped; the program turns a nonzero count into an error naming the op, as the reference.
 #include "cuda/lower_elementwise.hpp"
@@ -12,8 +14,46 @@ namespace kiln::cuda {
 using kir::Cmp;
 using kir::Space;
 
+namespace {
+
+LoweredOp lower_ordered_scatter(const Circuit& c, const Op& op) {
+  const ValueInfo& src = c.info(op.inputs[1]);
+  const ValueInfo& out = c.info(op.outputs[0]);
+  const int64_t D = out.shape[1], rows = out.shape[0], S = c.info(op.inputs[0]).shape.numel();
+  const Type it = index_type(std::max(src.shape.numel(), out.shape.numel()));
+  KernelBuilder b("kiln_scatter_add_rows_ordered");
+  Reg p_src = b.param("src", Type::u64), p_idx = b.param("idx", Type::u64), p_out = b.param("out", Type::u64);
+  Reg status = b.param("status", Type::u64);
+  grid_stride_loop(b, it, D, [&](Reg d) {
+    b.for_(imm_index(it, 0), imm_index(it, S), imm_index(it, 1), [&](Reg s) {
+      Reg row = b.ld(Space::global, Type::s32, b.address(p_idx, s, 4));
+      Reg bad = b.or_(Type::pred, b.setp(Cmp::lt, row, kir::imm_s32(0)),
+                      b.setp(Cmp::ge, row, kir::imm_s32(static_cast<int32_t>(rows))));
+      b.if_(
+          bad, [&] { b.if_(b.setp(Cmp::eq, d, imm_index(it, 0)), [&] { record_index_error(b, status, row); }); },
+          [&] {
+            Reg row_it = it == Type::u32 ? b.cvt(Type::u32, row) : b.cvt(Type::u64, row);
+            Reg at = b.address(p_out, b.mad(it, row_it, imm_index(it, D), d), 4);
+            Reg v = b.ld(Space::global, Type::f32, b.address(p_src, b.mad(it, s, imm_index(it, D), d), 4));
+            b.st(Space::global, Type::f32, at, b.add(Type::f32, b.ld(Space::global, Type::f32, at), v));
+          });
+    });
+  });
+  LoweredOp r;
+  r.launches.push_back(finish_launch(
+      b, "kiln_scatter_add_rows_ordered", elementwise_grid(D), {kElementwiseThreads, 1, 1},
+      {{ArgRef::Kind::Input, 1}, {ArgRef::Kind::Input, 0}, {ArgRef::Kind::Output, 0}, {ArgRef::Kind::Status, 0}}));
+  r.zero_outputs = true;
+  r.summary = "scatter_add_rows ordered: zero, then a thread per column adds the rows in order, " +
+              launch_text(r.launches.back());
+  return r;
+}
+
+}  // namespace
+
 LoweredOp lower_gather(const Circuit& c, const Op& op) {
   const bool gather = op.prim->name == "gather_rows";
+  if (!gather && op.params.ints.size() == 2 && op.params.ints[1] == 1) return lower_ordered_scatter(c, op);
   const ValueInfo& data = c.info(op.inputs[gather ? 0 : 1]);  // table or src
   const ValueInfo& out = c.info(op.outputs[0]);
   const int64_t D = out.shape[out.shape.rank() - 1];

@@ -92,6 +92,37 @@ TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
   EXPECT_LT(all, none);
 }
 
+size_t float_atomics(const std::vector<kir::Stmt>& body) {
+  size_t n = 0;
+  for (const kir::Stmt& st : body) {
+    if (st.kind == kir::Stmt::Kind::Instr)
+      n += st.instr.op == kir::Opc::AtomAdd && st.instr.type == kir::Type::f32 ? 1 : 0;
+    n += float_atomics(st.body) + float_atomics(st.else_body);
+  }
+  return n;
+}
+
+// Deterministic mode: no kernel of a GPT training step adds floats atomically (the embedding
+// gradient's scatter sums in source order), so the step's bits do not depend on scheduling.
+TEST(DeterministicMode, AGptStepHasNoFloatAtomics) {
+  Engine& engine = Engine::current();
+  size_t atomics[2] = {0, 0};
+  for (bool deterministic : {false, true}) {
+    engine.set_deterministic(deterministic);
+    launches(1, Part::Step);
+    const Plan* plan = engine.plan_cache().largest();
+    ASSERT_NE(plan, nullptr);
+    EXPECT_EQ(plan->deterministic, deterministic);
+    const Circuit& c = plan->program->circuit();
+    for (size_t i = 0; i < c.ops().size(); ++i)
+      for (const cuda::Launch& l : cuda::lower(c, static_cast<int>(i)).launches)
+        atomics[deterministic] += float_atomics(l.kernel->body);
+  }
+  engine.set_deterministic(false);
+  EXPECT_GT(atomics[0], 0u);  // the token and position embeddings' gradients, by default
+  EXPECT_EQ(atomics[1], 0u);
+}
+
 // measure_step on a hand-made plan: phases, bytes, and the peak of live intermediates (an
 // alias shares its source's storage; a value is freed after its last reader).
 TEST(StepStats, CountsPhasesBytesAndPeakMemory) {

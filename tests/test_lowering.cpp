@@ -132,6 +132,16 @@ std::vector<LoweringCase> cases() {
                {i32({3, 7}, 0, 5), f32({3, 7, 37})},
                [](Builder& b, const std::vector<ValueId>& x) { return b.scatter_add_rows(x[0], x[1], 5); },
                1e-6});
+  // The deterministic mode's ordered sums: the reference's order, so the reference's bits. Many
+  // collisions, values of mixed magnitudes (order-dependent rounding), more columns than a block.
+  c.push_back({"scatter_add_rows_ordered",
+               {i32({9, 31}, 0, 4), f32({9, 31, 300}, -1000, 1000)},
+               [](Builder& b, const std::vector<ValueId>& x) {
+                 Params p;
+                 p.ints = {4, 1};
+                 return b.circuit().add_op("scatter_add_rows", p, {x[0], x[1]}, b.scope())[0];
+               },
+               0});
   c.push_back({"one_hot",
                {i32({5, 9}, 0, 13)},
                [](Builder& b, const std::vector<ValueId>& x) { return b.one_hot(x[0], 13, DType::f32); },

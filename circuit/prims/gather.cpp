@@ -1,6 +1,7 @@
 // Prim family `gather`: row gathers and their adjoints over integer indices.
 //   gather_rows      table: (V, D), idx: i32 S -> S + (D)           (embedding lookup)
 //   scatter_add_rows idx: i32 S, src: S + (D) -> (rows, D)          zeros, then src rows added at idx
+//                    (params {rows} or {rows, ordered}: ordered asks the GPU for source order)
 //   one_hot          idx: i32 S -> S + (depth), 1 at idx, 0 elsewhere (params ints {depth}, dtype)
 // An index outside [0, V) is an error naming the op, the index, its position and V.
 // VJPs: gather_rows -> scatter_add_rows of g into the table; scatter_add_rows -> gather_rows of
@@ -57,7 +58,8 @@ std::vector<ValueInfo> scatter_shape(const ShapeCtx& ctx, const std::vector<Valu
   if (in.size() != 2) ctx.fail("takes (idx, src)");
   ctx.require_dtype(in[0], DType::i32, "idx");
   ctx.require_float(in[1], "src");
-  if (p.ints.size() != 1 || p.ints[0] < 1) ctx.fail("params must be {rows >= 1}");
+  if (p.ints.empty() || p.ints.size() > 2 || p.ints[0] < 1 || (p.ints.size() == 2 && (p.ints[1] & ~1)))
+    ctx.fail("params must be {rows >= 1} or {rows >= 1, ordered 0 or 1}");
   const Shape &is = in[0].shape, &ss = in[1].shape;
   if (ss.rank() != is.rank() + 1 || Shape(std::vector<int64_t>(ss.dims().begin(), ss.dims().end() - 1)) != is)
     ctx.fail("src must have shape idx + (D): idx " + is.str() + ", src " + ss.str());
@@ -129,7 +131,9 @@ void register_gather(PrimRegistry& r) {
   s.eval = scatter_eval;
   s.vjp = scatter_vjp;
   s.nondiff_inputs = {0};
-  s.describe = [](const Params& p) { return "rows=" + std::to_string(p.ints[0]); };
+  s.describe = [](const Params& p) {
+    return "rows=" + std::to_string(p.ints[0]) + (p.ints.size() == 2 && p.ints[1] ? " ordered" : "");
+  };
   r.add(s);
 
   PrimDef o;

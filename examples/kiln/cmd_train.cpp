@@ -31,17 +31,19 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"seed", "seed for initialization, batches and sampling (default 1337)"},
               {"eval-every", "steps between validation losses (default 250)"},
               {"device", "auto (default), cpu or cuda"},
-              {"stats", "log each step's kernels (forward/backward/update), bytes, host time and peak memory"}},
+              {"stats", "log each step's kernels (forward/backward/update), bytes, host time and peak memory"},
+              {"deterministic", "GPU steps without float atomics: a run (and a resumed run) repeats bit for bit"}},
              false),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) with AdamW on a character- or byte-level "
          "corpus.",
-         {"stats"});
+         {"stats", "deterministic"});
   if (a.help()) {
     a.print_help();
     return 0;
   }
   Device device = parse_device(a.str("device", "auto"));
   Engine::current().set_device(device);
+  Engine::current().set_deterministic(a.has("deterministic"));
   spdlog::info("device: {}", device_name(device));
   const uint64_t seed = static_cast<uint64_t>(a.integer("seed", 1337));
   if (a.str("tokenizer", "char") != "char" && a.str("tokenizer", "char") != "byte")

@@ -92,7 +92,8 @@ void unite(Bits& a, const Bits& b) {
 MergedOp merged(const Circuit& c, const std::vector<Work>& works) {
   const Work& first = works.front();
   const size_t m = first.inputs.size();
-  std::vector<bool> shared(m, true);
+  std::vector<bool> shared(m);
+  for (size_t j = 0; j < m; ++j) shared[j] = c.info(first.inputs[j]).shape.numel() == 1;
   for (const Work& w : works)
     for (size_t j = 0; j < m; ++j) shared[j] = shared[j] && w.inputs[j] == first.inputs[j];
   MultiTensorProgram mp;

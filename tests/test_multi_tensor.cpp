@@ -112,7 +112,8 @@ TEST(MergeMultiTensor, ForwardAndBackwardWorkIsNeverMerged) {
   }
 }
 
-// b = f(a) and a = f(x) have one program, but b needs a: they stay apart; c = f(y) joins a.
+// a2 = f(a) and a = f(x) have one program, but a2 needs a: they stay apart; f(y) joins a. And
+// two works of another program both read y.
 TEST(MergeMultiTensor, WorkThatDependsOnItsKindStaysApart) {
   Circuit c;
   ValueId x = c.add_external({Shape{6}, DType::f64}, ValueRole::Input, "x");
@@ -123,11 +124,14 @@ TEST(MergeMultiTensor, WorkThatDependsOnItsKindStaysApart) {
   ValueId a = b.pointwise(f, {x});
   ValueId a2 = b.pointwise(f, {a});
   ValueId y2 = b.pointwise(f, {y});
-  std::vector<ValueId> outs{a2, y2}, merged_outs = outs;
+  // Two works reading one tensor (not a scalar): it stays a per-group input of both.
+  const ScalarExp h = se::in(0) * se::in(1);
+  ValueId hy = b.pointwise(h, {y, y2}), hy2 = b.pointwise(h, {y, b.pointwise(se::c(0.0) - se::in(0), {y})});
+  std::vector<ValueId> outs{a2, y2, hy, hy2}, merged_outs = outs;
   Circuit m = merge_multi_tensor(c, merged_outs);
   m.verify();
-  ASSERT_EQ(testing::count_prim(m, "multi_tensor"), 1u) << m.dump();
-  EXPECT_EQ(testing::count_prim(m, "pointwise"), 1u) << m.dump();
+  ASSERT_EQ(testing::count_prim(m, "multi_tensor"), 2u) << m.dump();
+  EXPECT_EQ(testing::count_prim(m, "pointwise"), 2u) << m.dump();  // a2, and the negation
   std::vector<HostTensor> binds = {testing::random_tensor({Shape{6}, DType::f64}, 1),
                                    testing::random_tensor({Shape{2, 3}, DType::f64}, 2)};
   auto want = execute(c, binds, outs), got = execute(m, binds, merged_outs);

@@ -24,7 +24,7 @@ struct MergedOp {
   std::vector<ValueId> replaces;
 };
 
-// Rebuilds c with each group of ops (indices into c.ops(), two or more each, disjoint) replaced
+// Rebuilds c with each group of ops (indices into c.ops(), one or more each, disjoint) replaced
 // by the op merge(group index) describes, every op emitted in a topological order of the
 // contracted graph (earliest op first among the ready ones, so the order is deterministic).
 // A merged op counts its members as absorbed, takes the latest of their phases and the first

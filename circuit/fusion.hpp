@@ -19,6 +19,17 @@ namespace kiln {
 // `outputs` are rewritten to their ids in the result.
 Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs);
 
+// Matmul fusion: each matmul becomes a fused_matmul (circuit/fused_matmul.hpp) where that
+// saves work. Its operands are read in place through the moves in front of it (reshape,
+// permute, slice, split, broadcast) while the view stays affine, and through unary pointwise
+// ops (applied as a prologue on load); a buffer something assigns is never read through. The
+// pointwise ops over its output domain that read its values become epilogues (bias, GELU,
+// residual add, GELU backward, scaling), absorbed one at a time to a fixpoint, in the matmul's
+// phase only and never when a path leaves the group and comes back; each absorbed value that
+// something else reads (or a requested output) is an output of the op. A single result that
+// only a permute reads is stored permuted. Deterministic; run after fuse_pointwise.
+Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs);
+
 // Row-epilogue fusion: a reduction along the last axis of a domain (rows..., n) and the
 // pointwise, where, broadcast and stop_gradient ops around it over the same rows (with the
 // domain's shape or its per-row shape (rows..., 1)) become one fused_rows op, together with

@@ -30,6 +30,8 @@ const std::map<std::string, Entry>& table() {
       {"reduce", {lower_reduce, "rows: block per row (shuffles + shared); other axes: thread per output"}},
       {"reduce_all", {lower_reduce, "tree: block partials, then one block (no atomics)"}},
       {"matmul", {lower_matmul, "64x64x16 shared-memory tiles, 4x4 per thread, FFMA"}},
+      {"fused_matmul",
+       {lower_matmul, "the matmul kernel reading through views, prologues on load, epilogues on store"}},
       {"gather_rows", {lower_gather, "thread per element, indices checked"}},
       {"scatter_add_rows", {lower_gather, "zero + f32 atomic adds, indices checked"}},
       {"one_hot", {lower_one_hot, "elementwise, indices checked"}},

@@ -1,14 +1,18 @@
-// Lowering of batched matmul: a: (..., M, K) [ta: (..., K, M)], b: (..., K, N) [tb: (..., N, K)]
-// -> c: (batch..., M, N), assigned (not accumulated). Tiled in shared memory: a block of 256
-// threads computes a 64x64 tile of c over K in steps of 16; each thread holds a 4x4 block of
-// accumulators in registers and reads its operands from shared memory as 16-byte vectors.
-// Tiles are loaded with the transposes folded into the addressing (each load reads along the
-// operand's contiguous axis) and zero-filled outside the matrix, so no size needs to be a
-// multiple of the tile. Batch dims broadcast: grid z walks the output batch, and an operand's
-// batch offset has stride 0 along its broadcast dims. FFMA in f32 (tensor cores come later).
+// Lowering of matmul and fused_matmul (circuit/fused_matmul.hpp): c(batch..., m, n) = sum over
+// k of prologue(A(batch, m, k)) * prologue(B(batch, n, k)), then each epilogue of (c, extras)
+// stored through the output layout. A plain matmul is the program FusedMatmul::plain describes
+// (its transposes folded into the operands' strides), so both take this one kernel. Tiled in
+// shared memory: a block of 256 threads computes a 64x64 tile of c over K in steps of 16; each
+// thread holds a 4x4 block of accumulators in registers and reads its operands from shared
+// memory as 16-byte vectors. Tiles are loaded through the operand views (consecutive threads
+// walk the operand's unit-stride axis where it has one, so loads coalesce) and zero-filled
+// outside the matrix, so no size needs to be a multiple of the tile; a prologue is applied as
+// each element is loaded. Batch dims: grid z walks the logical batch, each operand and output
+// with its own batch strides (0 where an operand broadcasts). FFMA in f32.
 #include <spdlog/fmt/fmt.h>
 
 #include "circuit/error.hpp"
+#include "circuit/fused_matmul.hpp"
 #include "cuda/lower_elementwise.hpp"
 
 namespace kiln::cuda {
@@ -24,35 +28,27 @@ namespace {
 constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kThreads = 256, kPerThread = 4;
 constexpr int kTileLoads = kTileM * kTileK / kThreads;  // elements of each tile a thread loads
 
-// Element strides of an operand's batch dims as seen from the output's batch coordinates.
-std::vector<int64_t> batch_strides(const Shape& operand, const Shape& out_batch) {
-  std::vector<int64_t> dims(operand.dims().begin(), operand.dims().end() - 2);
-  int64_t matrix = operand[operand.rank() - 1] * operand[operand.rank() - 2];
-  std::vector<int64_t> st = broadcast_strides(Shape(dims), out_batch);
-  for (auto& s : st) s *= matrix;
-  return st;
-}
-
-// One operand tile: element (row r, k) of the operand's [rows x K] view, stored row-major
-// (contiguous along k) unless `transposed` (contiguous along rows). Stored in shared memory
-// as tile[k][r] so that a thread's 4 consecutive rows are one 16-byte vector.
+// One operand tile: element (row r, k) of the operand's [rows x K] view, stored in shared
+// memory as tile[k][r] so that a thread's 4 consecutive rows are one 16-byte vector.
 struct TileLoader {
   Reg base;  // the operand's batch base address
-  bool transposed = false;
+  const MatmulOperand* view = nullptr;
   int64_t rows = 0, depth = 0;      // the operand's M (or N) and K
   std::vector<Reg> tile_r, tile_k;  // per load slot: row and k within the tile (index type)
   std::vector<Reg> row_ok;          // per load slot: row0 + r < rows
   std::vector<Reg> smem_addr;       // per load slot: shared address of tile[k][r]
 };
 
-TileLoader make_loader(KernelBuilder& b, Type it, Reg base, bool transposed, int64_t rows, int64_t depth, Reg row0,
-                       Reg tid, Reg smem) {
-  TileLoader t{base, transposed, rows, depth, {}, {}, {}, {}};
+TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, int64_t rows, int64_t depth,
+                       Reg row0, Reg tid, Reg smem) {
+  TileLoader t{base, &view, rows, depth, {}, {}, {}, {}};
+  // Consecutive threads read consecutive addresses: along k where k has unit stride, else
+  // along rows.
+  const bool along_rows = view.k_stride != 1 && view.row_stride == 1;
   for (int s = 0; s < kTileLoads; ++s) {
     Reg l = b.add(Type::u32, tid, imm_u32(static_cast<uint32_t>(s * kThreads)));
-    // Consecutive threads read consecutive addresses: along rows when transposed, else along k.
-    Reg r = transposed ? b.rem(Type::u32, l, imm_u32(kTileM)) : b.div(Type::u32, l, imm_u32(kTileK));
-    Reg k = transposed ? b.div(Type::u32, l, imm_u32(kTileM)) : b.rem(Type::u32, l, imm_u32(kTileK));
+    Reg r = along_rows ? b.rem(Type::u32, l, imm_u32(kTileM)) : b.div(Type::u32, l, imm_u32(kTileK));
+    Reg k = along_rows ? b.div(Type::u32, l, imm_u32(kTileM)) : b.rem(Type::u32, l, imm_u32(kTileK));
     Reg r_it = it == Type::u32 ? r : b.cvt(Type::u64, r);
     Reg k_it = it == Type::u32 ? k : b.cvt(Type::u64, k);
     t.tile_r.push_back(b.add(it, row0, r_it));
@@ -63,65 +59,91 @@ TileLoader make_loader(KernelBuilder& b, Type it, Reg base, bool transposed, int
   return t;
 }
 
+// r * stride + x, without the multiply where the stride is 1.
+Reg scaled_add(KernelBuilder& b, Type it, Reg r, int64_t stride, Reg x) {
+  return stride == 1 ? b.add(it, r, x) : b.mad(it, r, imm_index(it, stride), x);
+}
+
 void load_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
+  const MatmulOperand& v = *t.view;
   for (int s = 0; s < kTileLoads; ++s) {
     Reg kg = b.add(it, k0, t.tile_k[static_cast<size_t>(s)]);
     Reg ok = b.and_(Type::pred, t.row_ok[static_cast<size_t>(s)], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
-    Reg elem = t.transposed ? b.mad(it, kg, imm_index(it, t.rows), t.tile_r[static_cast<size_t>(s)])
-                            : b.mad(it, t.tile_r[static_cast<size_t>(s)], imm_index(it, t.depth), kg);
+    Reg k_part = v.k_stride == 1 ? kg : b.mul(it, kg, imm_index(it, v.k_stride));
+    Reg elem = scaled_add(b, it, t.tile_r[static_cast<size_t>(s)], v.row_stride, k_part);
     Reg addr = b.address(t.base, elem, 4);
-    Reg v = b.mov(Type::f32, imm_f32(0.0f));
+    Reg x = b.mov(Type::f32, imm_f32(0.0f));
     kir::Instr ld;
     ld.op = kir::Opc::Ld;
     ld.type = Type::f32;
     ld.space = Space::global;
-    ld.dsts = {v};
+    ld.dsts = {x};
     ld.srcs = {addr};
     b.emit(ld, ok);
-    b.st(Space::shared, Type::f32, t.smem_addr[static_cast<size_t>(s)], v);
+    // Outside the matrix the tile holds 0 whatever the prologue makes of 0.
+    if (v.prologue != se::in(0)) x = b.selp(Type::f32, emit_scalar_exp(b, v.prologue, {x}), imm_f32(0.0f), ok);
+    b.st(Space::shared, Type::f32, t.smem_addr[static_cast<size_t>(s)], x);
   }
 }
 
-}  // namespace
-
-LoweredOp lower_matmul(const Circuit& c, const Op& op) {
-  const ValueInfo& A = c.info(op.inputs[0]);
-  const ValueInfo& B = c.info(op.inputs[1]);
-  const ValueInfo& C = c.info(op.outputs[0]);
-  const bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
-  const int rc = C.shape.rank();
-  const int64_t M = C.shape[rc - 2], N = C.shape[rc - 1];
-  const int64_t K = ta ? A.shape[A.shape.rank() - 2] : A.shape[A.shape.rank() - 1];
-  const Shape out_batch(std::vector<int64_t>(C.shape.dims().begin(), C.shape.dims().end() - 2));
-  const int64_t batch = out_batch.numel();
+LoweredOp lower_program(const Circuit& c, const Op& op, const FusedMatmul& f, const char* prefix) {
+  const int64_t M = f.m, N = f.n, K = f.k;
+  const Shape logical = f.logical();
+  const Shape batch_shape(f.batch);
+  const int nb = static_cast<int>(f.batch.size());
+  const int64_t batch = batch_shape.numel();
   const int64_t grid_m = (M + kTileM - 1) / kTileM, grid_n = (N + kTileN - 1) / kTileN;
   if (batch > 65535 || grid_m > 65535)
-    fail("matmul", op.scope,
+    fail(op.prim->name, op.scope,
          "batch " + std::to_string(batch) + " or " + std::to_string(grid_m) +
              " row tiles exceed the grid's y/z limit of 65535");
-  const Type it = index_type(std::max({A.shape.numel(), B.shape.numel(), C.shape.numel()}));
+  int64_t largest = logical.numel();
+  for (ValueId v : op.inputs) largest = std::max(largest, c.info(v).shape.numel());
+  const Type it = index_type(largest);
 
-  KernelBuilder b("kiln_matmul");
-  Reg pa = b.param("a", Type::u64), pb = b.param("b", Type::u64), pc = b.param("c", Type::u64);
+  KernelBuilder b(prefix);
+  Reg pa = b.param("a", Type::u64), pb = b.param("b", Type::u64);
+  // Extra inputs the epilogues read; each one's strides against the logical domain.
+  std::vector<int> read_extras;
+  for (int j = 0; j < f.extras; ++j)
+    for (const ScalarExp& e : f.epilogues)
+      if (e.depends_on(1 + j)) {
+        read_extras.push_back(j);
+        break;
+      }
+  std::vector<Reg> p_extra(static_cast<size_t>(f.extras));
+  for (int j : read_extras) p_extra[static_cast<size_t>(j)] = b.param("x" + std::to_string(j), Type::u64);
+  std::vector<Reg> p_out;
+  for (size_t r = 0; r < f.epilogues.size(); ++r) p_out.push_back(b.param("c" + std::to_string(r), Type::u64));
+
   Reg tid = b.sreg(SReg::tid_x);
   Reg tx = b.and_(Type::u32, tid, imm_u32(15)), ty = b.shr(Type::u32, tid, imm_u32(4));
   auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
   Reg m0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_y), imm_u32(kTileM)));
   Reg n0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_x), imm_u32(kTileN)));
 
-  // Batch offsets of a, b and c for output batch index z.
+  // Batch offsets of a, b, the extras and the outputs for logical batch index z.
   Reg z = widen(b.sreg(SReg::ctaid_z));
-  std::vector<Reg> zc = coordinates(b, z, out_batch.dims());
-  Reg a_base = b.address(pa, linear_offset(b, zc, batch_strides(A.shape, out_batch), 0), 4);
-  Reg b_base = b.address(pb, linear_offset(b, zc, batch_strides(B.shape, out_batch), 0), 4);
-  Reg c_base = b.address(pc, b.mul(it, z, imm_index(it, M * N)), 4);
+  std::vector<Reg> zc = coordinates(b, z, f.batch);
+  auto batch_offset = [&](const std::vector<int64_t>& strides, int64_t base) {
+    return zc.empty() ? b.mov(it, imm_index(it, base)) : linear_offset(b, zc, strides, base);
+  };
+  Reg a_base = b.address(pa, batch_offset(f.a.batch, f.a.offset), 4);
+  Reg b_base = b.address(pb, batch_offset(f.b.batch, f.b.offset), 4);
+  Reg out_off = batch_offset(f.out_batch, 0);
+  std::vector<std::vector<int64_t>> extra_strides(static_cast<size_t>(f.extras));
+  std::vector<Reg> extra_base(static_cast<size_t>(f.extras));
+  for (int j : read_extras) {
+    const auto ju = static_cast<size_t>(j);
+    extra_strides[ju] = broadcast_strides(c.info(op.inputs[2 + ju]).shape, logical);
+    std::vector<int64_t> batch_part(extra_strides[ju].begin(), extra_strides[ju].begin() + nb);
+    extra_base[ju] = b.address(p_extra[ju], batch_offset(batch_part, 0), 4);
+  }
 
   Reg as = b.shared_addr(b.shared_array("a_tile", 4 * kTileK * kTileM));
   Reg bs = b.shared_addr(b.shared_array("b_tile", 4 * kTileK * kTileN));
-  // a's [M x K] view is contiguous along K unless ta; b's [N x K] view is contiguous along K
-  // only when tb.
-  TileLoader la = make_loader(b, it, a_base, ta, M, K, m0, tid, as);
-  TileLoader lb = make_loader(b, it, b_base, !tb, N, K, n0, tid, bs);
+  TileLoader la = make_loader(b, it, a_base, f.a, M, K, m0, tid, as);
+  TileLoader lb = make_loader(b, it, b_base, f.b, N, K, n0, tid, bs);
 
   std::vector<Reg> acc;
   for (int e = 0; e < kPerThread * kPerThread; ++e) acc.push_back(b.mov(Type::f32, imm_f32(0.0f)));
@@ -142,6 +164,7 @@ LoweredOp lower_matmul(const Circuit& c, const Op& op) {
     }
     b.bar();
   });
+  // Epilogue: per element in bounds, the extras at its logical coordinates, then each output.
   Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kPerThread))));
   Reg col0 = b.add(it, n0, widen(b.mul(Type::u32, tx, imm_u32(kPerThread))));
   for (int i = 0; i < kPerThread; ++i) {
@@ -151,18 +174,44 @@ LoweredOp lower_matmul(const Circuit& c, const Op& op) {
       Reg col = b.add(it, col0, imm_index(it, j));
       Reg ok = b.and_(Type::pred, row_ok, b.setp(Cmp::lt, col, imm_index(it, N)));
       b.if_(ok, [&] {
-        b.st(Space::global, Type::f32, b.address(c_base, b.mad(it, row, imm_index(it, N), col), 4),
-             acc[static_cast<size_t>(i * kPerThread + j)]);
+        std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras), acc[static_cast<size_t>(i * kPerThread + j)]);
+        for (int x : read_extras) {
+          const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+          Reg at = b.mul(it, row, imm_index(it, st[static_cast<size_t>(nb)]));
+          at = b.mad(it, col, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
+          inputs[static_cast<size_t>(1 + x)] = load_as_f32(b, DType::f32, extra_base[static_cast<size_t>(x)], at);
+        }
+        Reg at = scaled_add(b, it, row, f.out_row, out_off);
+        at = scaled_add(b, it, col, f.out_col, at);
+        for (size_t r = 0; r < f.epilogues.size(); ++r) {
+          Reg v = f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
+          b.st(Space::global, Type::f32, b.address(p_out[r], at, 4), v);
+        }
       });
     }
   }
-  LoweredOp r;
-  r.launches.push_back(finish_launch(
-      b, "kiln_matmul", {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},
-      {kThreads, 1, 1}, {{ArgRef::Kind::Input, 0}, {ArgRef::Kind::Input, 1}, {ArgRef::Kind::Output, 0}}));
-  r.summary = fmt::format("matmul ta={} tb={}: tile {}x{}x{}, {} threads x {}x{} outputs, {}", ta, tb, kTileM, kTileN,
-                          kTileK, kThreads, kPerThread, kPerThread, launch_text(r.launches.back()));
-  return r;
+  std::vector<ArgRef> args{{ArgRef::Kind::Input, 0}, {ArgRef::Kind::Input, 1}};
+  for (int j : read_extras) args.push_back({ArgRef::Kind::Input, 2 + j});
+  for (size_t r = 0; r < f.epilogues.size(); ++r) args.push_back({ArgRef::Kind::Output, static_cast<int>(r)});
+  LoweredOp lo;
+  lo.launches.push_back(finish_launch(
+      b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},
+      {kThreads, 1, 1}, std::move(args)));
+  lo.summary = fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs, {}", op.prim->name, kTileM, kTileN, kTileK,
+                           kThreads, kPerThread, kPerThread, launch_text(lo.launches.back()));
+  return lo;
+}
+
+}  // namespace
+
+LoweredOp lower_matmul(const Circuit& c, const Op& op) {
+  if (op.prim->name == "fused_matmul")
+    return lower_program(c, op, FusedMatmul::from_params(op.params), "kiln_fused_matmul");
+  const bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
+  LoweredOp lo = lower_program(
+      c, op, FusedMatmul::plain(c.info(op.inputs[0]).shape, c.info(op.inputs[1]).shape, ta, tb), "kiln_matmul");
+  lo.summary = fmt::format("matmul ta={} tb={}{}", ta, tb, lo.summary.substr(lo.summary.find(':')));
+  return lo;
 }
 
 }  // namespace kiln::cuda

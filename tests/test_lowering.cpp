@@ -12,6 +12,7 @@
 
 #include "circuit/error.hpp"
 #include "circuit/executor.hpp"
+#include "circuit/fused_matmul.hpp"
 #include "circuit/fused_rows.hpp"
 #include "circuit/multi_tensor.hpp"
 #include "circuit/prim.hpp"
@@ -123,6 +124,39 @@ std::vector<LoweringCase> cases() {
                  [m](Builder& b, const std::vector<ValueId>& x) { return b.matmul(x[0], x[1], m.ta, m.tb); },
                  1e-5});
   }
+  // fused_matmul: attention-like views (a is (b, t, h, d) read as (b, h) x t x d with a
+  // prologue; b broadcasts over the first batch dim and is read along its rows), two epilogues
+  // with a broadcast bias and a residual, stored permuted; and a split-like offset view over
+  // several tiles. The outputs are flattened and concatenated to compare at once.
+  c.push_back({"fused_matmul_views_epilogues",
+               {f32({2, 9, 3, 70}), f32({3, 70, 11}), f32({11}), f32({2, 3, 9, 11})},
+               [](Builder& b, const std::vector<ValueId>& x) {
+                 FusedMatmul f;
+                 f.batch = {2, 3};
+                 f.m = 9, f.n = 11, f.k = 70;
+                 // Prologues that are not 0 at 0: K = 70 is no multiple of the tile, so the zero
+                 // fill past K matters.
+                 f.a = {0, {9 * 3 * 70, 70}, 3 * 70, 1, se::in(0) * se::c(0.5) + se::c(0.125)};
+                 f.b = {0, {0, 70 * 11}, 1, 11, se::tanh(se::in(0)) + se::c(0.25)};
+                 f.extras = 2;
+                 f.epilogues = {se::gelu(se::in(0) + se::in(1)), (se::in(0) + se::in(1)) * se::in(2)};
+                 f.out_shape = Shape{2, 9, 3, 11};
+                 f.out_batch = {9 * 3 * 11, 11};
+                 f.out_row = 3 * 11, f.out_col = 1;
+                 std::vector<ValueId> outs = b.circuit().add_op("fused_matmul", f.to_params(DType::f32), x, b.scope());
+                 return b.concat({b.reshape(outs[0], Shape{594}), b.reshape(outs[1], Shape{594})}, 0);
+               },
+               1e-5});
+  c.push_back({"fused_matmul_offset_view",
+               {f32({70, 3 * 45}), f32({45, 91})},
+               [](Builder& b, const std::vector<ValueId>& x) {
+                 FusedMatmul f = FusedMatmul::plain(Shape{70, 45}, Shape{45, 91}, false, false);
+                 f.a.offset = 45;
+                 f.a.row_stride = 3 * 45;
+                 f.epilogues = {se::in(0) * se::c(2.0)};
+                 return b.circuit().add_op("fused_matmul", f.to_params(DType::f32), x, b.scope())[0];
+               },
+               1e-5});
   c.push_back({"gather_rows",
                {f32({50, 37}), i32({3, 7}, 0, 50)},
                [](Builder& b, const std::vector<ValueId>& x) { return b.gather_rows(x[0], x[1]); },

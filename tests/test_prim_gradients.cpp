@@ -9,6 +9,7 @@
 #include "ad/gradcheck.hpp"
 #include "circuit/composites.hpp"
 #include "circuit/error.hpp"
+#include "circuit/fused_matmul.hpp"
 #include "circuit/fused_rows.hpp"
 #include "circuit/multi_tensor.hpp"
 #include "prim_test_util.hpp"
@@ -183,8 +184,8 @@ INSTANTIATE_TEST_SUITE_P(AllPrims, PrimGradient, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
 
 // Prims that have no gradient by design, each with a test of its own below: assign writes a
-// buffer; fused_rows and multi_tensor are built by fusion passes, which run after the backward pass.
-const std::set<std::string> kNoGradientByDesign = {"assign", "fused_rows", "multi_tensor"};
+// buffer; fused_rows, multi_tensor and fused_matmul are built by fusion passes, which run after the backward pass.
+const std::set<std::string> kNoGradientByDesign = {"assign", "fused_rows", "multi_tensor", "fused_matmul"};
 
 TEST(PrimGradientTable, EveryRegisteredPrimHasACase) {
   std::set<std::string> covered;
@@ -244,6 +245,16 @@ TEST(PrimGradientTable, MultiTensorHasNoVjpAndSaysSo) {
   std::vector<ValueId> out = c.add_op("multi_tensor", mp.to_params(f64), {x, y});
   ValueId loss = b.reduce_all(ReduceKind::Sum, out[0]);
   expect_backward_refuses(b, loss, x, "multi_tensor");
+}
+
+TEST(PrimGradientTable, FusedMatmulHasNoVjpAndSaysSo) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{2, 3}, f64}, ValueRole::Input, "x");
+  ValueId w = c.add_external({Shape{3, 4}, f64}, ValueRole::Input, "w");
+  Builder b(c);
+  FusedMatmul f = FusedMatmul::plain(Shape{2, 3}, Shape{3, 4}, false, false);
+  ValueId y = c.add_op("fused_matmul", f.to_params(f64), {x, w})[0];
+  expect_backward_refuses(b, b.reduce_all(ReduceKind::Sum, y), x, "fused_matmul");
 }
 
 TEST(PrimGradientTable, StopGradientGivesNoGradient) {

@@ -12,6 +12,7 @@
 #include "circuit/composites.hpp"
 #include "circuit/error.hpp"
 #include "circuit/executor.hpp"
+#include "circuit/fused_matmul.hpp"
 #include "circuit/fused_rows.hpp"
 #include "circuit/multi_tensor.hpp"
 #include "prim_test_util.hpp"
@@ -653,6 +654,68 @@ TEST(PrimReference, MultiTensorShapeRuleNamesTheGroupAndInput) {
   EXPECT_THROW(c.add_op("multi_tensor", mp.to_params(DType::f32), {a, a}), Error);  // a sum has one body
 }
 
+// --- fused_matmul -------------------------------------------------------------------------
+
+// A fused_matmul gives what the ops it stands for give: a split piece of a wider tensor,
+// reshaped and permuted to (b, h, t, d), scaled (the prologue), times b's rows (a transposed
+// weight shared by the batch), plus a bias, then GELU (two epilogues: the pre-activation and
+// the activation), stored permuted to (b, t, h, n). Sums run in another order (gathered
+// operands): f64 1e-12, f32 1e-5 relative.
+TYPED_TEST(PrimReference, FusedMatmulMatchesTheOpsItStandsFor) {
+  using T = TypeParam;
+  Net net;
+  const int64_t B = 2, Tn = 5, H = 3, D = 4, N = 6;
+  ValueId qkv = net.in(rnd(dtype_of<T>(), Shape{B, Tn, 2 * H * D}, 120));
+  ValueId w = net.in(rnd(dtype_of<T>(), Shape{N, D}, 121));
+  ValueId bias = net.in(rnd(dtype_of<T>(), Shape{N}, 122));
+  FusedMatmul f;
+  f.batch = {B, H};
+  f.m = Tn, f.n = N, f.k = D;
+  f.a = {H * D, {Tn * 2 * H * D, D}, 2 * H * D, 1, se::in(0) * se::c(0.5)};  // piece 1 of the split
+  f.b = {0, {0, 0}, D, 1, se::in(0)};
+  f.extras = 1;
+  f.epilogues = {se::in(0) + se::in(1), se::gelu(se::in(0) + se::in(1))};
+  f.out_shape = Shape{B, Tn, H, N};
+  f.out_batch = {Tn * H * N, N};
+  f.out_row = H * N, f.out_col = 1;
+  std::vector<ValueId> outs = net.c.add_op("fused_matmul", f.to_params(dtype_of<T>()), {qkv, w, bias});
+  Builder& b = net.b;
+  ValueId piece = b.split(qkv, 2, {H * D, H * D})[1];
+  ValueId a = b.scale(b.permute(b.reshape(piece, Shape{B, Tn, H, D}), {0, 2, 1, 3}), 0.5);
+  ValueId pre = b.add(b.matmul(a, w, false, true), bias);
+  std::vector<ValueId> want = {b.permute(pre, {0, 2, 1, 3}),
+                               b.permute(b.pointwise(se::gelu(se::in(0)), {pre}), {0, 2, 1, 3})};
+  auto got = execute(net.c, net.binds, {outs[0], outs[1], want[0], want[1]});
+  const double tolerance = std::is_same_v<T, double> ? 1e-12 : 1e-5;
+  for (size_t o = 0; o < 2; ++o) {
+    ASSERT_EQ(got[o].shape(), got[2 + o].shape());
+    EXPECT_LT(testing::relative_error(got[o], got[2 + o]), tolerance) << "output " << o;
+  }
+}
+
+TEST(PrimReference, FusedMatmulShapeRuleRefusesViewsOutsideTheirBase) {
+  Circuit c;
+  ValueId a = c.add_external({Shape{4, 3}, DType::f32}, ValueRole::Input, "a");
+  ValueId w = c.add_external({Shape{3, 5}, DType::f32}, ValueRole::Input, "w");
+  FusedMatmul f = FusedMatmul::plain(Shape{4, 3}, Shape{3, 5}, false, false);
+  EXPECT_NO_THROW(c.add_op("fused_matmul", f.to_params(DType::f32), {a, w}));
+  FusedMatmul far = f;
+  far.a.offset = 1;  // the last row would read element 12 of 12
+  try {
+    c.add_op("fused_matmul", far.to_params(DType::f32), {a, w});
+    FAIL() << "a view past its base must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("operand a's view"), std::string::npos) << e.what();
+  }
+  FusedMatmul overlap = f;
+  overlap.out_row = 1;  // rows and columns would land on the same elements
+  EXPECT_THROW(c.add_op("fused_matmul", overlap.to_params(DType::f32), {a, w}), Error);
+  FusedMatmul extra = f;
+  extra.extras = 1;
+  extra.epilogues = {se::in(0) + se::in(1)};
+  EXPECT_THROW(c.add_op("fused_matmul", extra.to_params(DType::f32), {a, w, a}), Error);  // [4, 3] vs [4, 5]
+}
+
 // --- composites ---------------------------------------------------------------------------
 
 TYPED_TEST(PrimReference, SoftmaxRowsSumToOne) {
@@ -717,7 +780,7 @@ TEST(PrimReferenceTable, EveryRegisteredPrimIsCovered) {
       "pointwise", "reduce",  "reduce_all", "matmul",        "gather_rows", "scatter_add_rows",
       "one_hot",   "reshape", "permute",    "broadcast",     "slice",       "concat",
       "split",     "where",   "cast",       "stop_gradient", "fill",        "iota",
-      "random",    "assign",  "fused_rows", "multi_tensor"};
+      "random",    "assign",  "fused_rows", "multi_tensor",  "fused_matmul"};
   for (const PrimDef* p : PrimRegistry::instance().all())
     EXPECT_TRUE(covered.count(p->name)) << "Prim '" << p->name << "' has no reference test";
 }

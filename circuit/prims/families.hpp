@@ -19,6 +19,7 @@ void register_random(PrimRegistry& r);        // random
 void register_assign(PrimRegistry& r);        // assign
 void register_fused_rows(PrimRegistry& r);    // fused_rows (built by the row fusion pass)
 void register_multi_tensor(PrimRegistry& r);  // multi_tensor (built by the multi-tensor merge)
+void register_fused_matmul(PrimRegistry& r);  // fused_matmul (built by the matmul fusion)
 
 inline void register_all_prims(PrimRegistry& r) {
   register_pointwise(r);
@@ -34,6 +35,7 @@ inline void register_all_prims(PrimRegistry& r) {
   register_assign(r);
   register_fused_rows(r);
   register_multi_tensor(r);
+  register_fused_matmul(r);
 }
 
 }  // namespace kiln

@@ -157,6 +157,17 @@ MatmulOperand operand_view(const Circuit& c, const Op& op, int which, const Fuse
   return m;
 }
 
+// True if a reduction along the last axis reads v: v belongs to a row pattern (a layernorm's
+// input, its backward's products) that the row fusion computes inside its row kernel; as an
+// epilogue it would only be written out and read back.
+bool feeds_row_reduction(const Circuit& c, const std::vector<std::vector<int32_t>>& readers, ValueId v) {
+  for (int32_t r : readers[static_cast<size_t>(v)]) {
+    const Op& op = c.ops()[static_cast<size_t>(r)];
+    if (op.prim->name == "reduce" && op.params.ints[1] == c.info(op.inputs[0]).shape.rank() - 1) return true;
+  }
+  return false;
+}
+
 struct Group {
   std::vector<int32_t> members;  // the matmul first, then the ops it absorbed
   FusedMatmul f;
@@ -231,7 +242,8 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
           const Op& p = ops[static_cast<size_t>(r)];
           if (taken[static_cast<size_t>(r)] || p.prim->name != "pointwise" || p.phase != op.phase ||
               std::find(g.members.begin(), g.members.end(), r) != g.members.end() ||
-              c.info(p.outputs[0]).shape != logical || reaches_around(succ, g.members, r))
+              c.info(p.outputs[0]).shape != logical || feeds_row_reduction(c, readers, p.outputs[0]) ||
+              reaches_around(succ, g.members, r))
             continue;
           std::vector<ScalarExp> subs;
           for (ValueId in : p.inputs) {

@@ -9,6 +9,7 @@
 #include "circuit/error.hpp"
 #include "circuit/fused_rows.hpp"
 #include "circuit/fusion.hpp"
+#include "circuit/passes.hpp"
 
 namespace kiln {
 namespace {
@@ -283,7 +284,9 @@ Circuit RowFuser::rebuild(std::vector<ValueId>& outputs) {
 Circuit fuse_rows(const Circuit& c, std::vector<ValueId>& outputs) {
   RowFuser f(c, outputs);
   f.form_groups();
-  return f.rebuild(outputs);
+  // Float fills the groups read as constants are dead now: dropped, not launched.
+  Circuit fused = f.rebuild(outputs);
+  return dce(fused, outputs);
 }
 
 }  // namespace kiln

@@ -25,7 +25,9 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs);
 // ops (applied as a prologue on load); a buffer something assigns is never read through. The
 // pointwise ops over its output domain that read its values become epilogues (bias, GELU,
 // residual add, GELU backward, scaling), absorbed one at a time to a fixpoint, in the matmul's
-// phase only and never when a path leaves the group and comes back; each absorbed value that
+// phase only, never when a path leaves the group and comes back, and never a value a reduction
+// along the last axis reads (a row pattern's part, which fuse_rows computes inside its row
+// kernel instead of reading it back); each absorbed value that
 // something else reads (or a requested output) is an output of the op. A single result that
 // only a permute reads is stored permuted. Deterministic; run after fuse_pointwise.
 Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs);

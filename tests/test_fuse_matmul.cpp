@@ -184,6 +184,22 @@ TEST(FuseMatmul, RandomOperandChainsAndEpiloguesGiveTheUnfusedResults) {
   EXPECT_GE(fused_views, 8u);  // the seed exercises the views, not only plain inputs
 }
 
+// A residual add a layernorm reads is left to the row fusion, which computes it inside the
+// layernorm's row kernel; as an epilogue it would only be written and read back.
+TEST(FuseMatmul, AValueOfARowPatternIsLeftToTheRowFusion) {
+  Built u;
+  ValueId x = u.input({6, 8}, DType::f32, 1);
+  ValueId w = u.input({8, 16}, DType::f32, 2);
+  ValueId res = u.input({6, 16}, DType::f32, 3);
+  ValueId gamma = u.input({16}, DType::f32, 4), beta = u.input({16}, DType::f32, 5);
+  Builder b(u.c, "t");
+  u.outs = {composite::layernorm(b, b.add(b.matmul(x, w), res), gamma, beta)};
+  Circuit f = expect_fused_matches(u, DType::f32, true, "residual layernorm");
+  EXPECT_EQ(testing::count_prim(f, "matmul") + testing::count_prim(f, "fused_matmul"), 1u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, "fused_rows"), 1u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, "fused_matmul"), 0u) << "no epilogue taken from the layernorm\n" << f.dump();
+}
+
 TEST(FuseMatmul, ABufferAnAssignOverwritesIsNotReadThrough) {
   Built u;
   ValueId x = u.input({4, 6}, DType::f64, 1);

@@ -3,7 +3,7 @@
 // landed, so a regression in fusion fails here; lower a guard when a new pass lowers the count. The targets: a
 // block's forward <= 9 (met with matmul fusion), forward + backward <= 28 (35: the bias and layernorm parameter
 // gradients are column sums of their own, and the gradient of the q/k/v split is a concat), AdamW 1 (met), 2 with
-// clipping (4: per-parameter sums of squares 2, the norm 1, the update 1), a 4-layer step <= 124 (167); the counts
+// clipping (4: per-parameter sums of squares 2, the norm 1, the update 1), a 4-layer step <= 124 (165); the counts
 // print so that the gap is visible.
 #include <gtest/gtest.h>
 
@@ -65,12 +65,12 @@ TEST(KernelCounts, GptBlockForwardBackwardAdamWAndStep) {
       "step %zu\n",
       f2 - f1, fb2 - fb1, adamw, adamw_unclipped, step4);
   // Measured with pointwise, row and element-group fusion: 19, 51, 210, 437; with the multi-tensor merge AdamW (with
-  // clipping) 4 and the step 232; with matmul fusion 9, 35 and the step 167.
+  // clipping) 4 and the step 232; with matmul fusion 9, 35 and the step 167; with dead fills dropped 165.
   EXPECT_LE(f2 - f1, 9u);  // the target: LN, QKV, scores, softmax, mix, projection, LN, fc, projection
   EXPECT_LE(fb2 - fb1, 35u);
   EXPECT_LE(adamw, 4u);
   EXPECT_EQ(adamw_unclipped, 1u);  // the target: every parameter's update in one launch
-  EXPECT_LE(step4, 167u);
+  EXPECT_LE(step4, 165u);
 }
 
 TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {

@@ -16,12 +16,6 @@ namespace kiln {
 
 namespace {
 
-int64_t numel_of(const std::vector<int64_t>& dims) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
-
 std::vector<int64_t> take(const std::vector<int64_t>& v, size_t& at, size_t n) {
   if (at + n > v.size()) throw Error("fused_matmul: malformed params");
   std::vector<int64_t> r(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + n));
@@ -225,7 +219,7 @@ HostTensor gather_operand(const HostTensor& base, const MatmulOperand& v, const 
   HostTensor out = HostTensor::zeros(base.dtype(), shape);
   const T* src = base.data<T>();
   T* dst = out.data<T>();
-  const int64_t entries = numel_of(batch);
+  const int64_t entries = Shape(batch).numel();
   for (int64_t e = 0; e < entries; ++e) {
     int64_t off = v.offset, rest = e;
     for (size_t d = batch.size(); d-- > 0;) {
@@ -251,7 +245,7 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
     const HostTensor a = gather_operand<T>(*in[0], f.a, f.batch, f.m, f.k);
     const HostTensor b = gather_operand<T>(*in[1], f.b, f.batch, f.n, f.k);
     HostTensor acc = HostTensor::zeros(op.params.dtype, logical);
-    const int64_t entries = numel_of(f.batch);
+    const int64_t entries = Shape(f.batch).numel();
     auto gemm = [&](int64_t e) {
       Eigen::Map<const RowMat<T>> A(a.data<T>() + e * f.m * f.k, f.m, f.k), B(b.data<T>() + e * f.n * f.k, f.n, f.k);
       Eigen::Map<RowMat<T>> C(acc.data<T>() + e * f.m * f.n, f.m, f.n);

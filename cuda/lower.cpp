@@ -39,7 +39,7 @@ const std::map<std::string, Entry>& table() {
       {"permute", {lower_move, "copy with permuted strides"}},
       {"broadcast", {lower_move, "copy with zero strides"}},
       {"slice", {lower_move, "copy with offset addressing"}},
-      {"concat", {lower_move, "one copy per input"}},
+      {"concat", {lower_move, "one launch, each element read from its input"}},
       {"split", {lower_move, "one copy per piece"}},
       {"where", {lower_where, "elementwise select"}},
       {"cast", {lower_cast, "elementwise cvt"}},

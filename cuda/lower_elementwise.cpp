@@ -6,6 +6,7 @@
 #include "cuda/lower_elementwise.hpp"
 
 #include <cmath>
+#include <functional>
 
 #include "circuit/builder.hpp"
 #include "circuit/error.hpp"
@@ -138,15 +139,43 @@ LoweredOp lower_move(const Circuit& c, const Op& op) {
   const auto axis = static_cast<size_t>(op.params.ints[0]);
   int64_t along = 0;
   if (prim == "concat") {
+    // One launch over the output: each element's coordinate along the axis picks the input it
+    // comes from (a chain of branches, one per input boundary) and its place there.
     const ValueInfo& out = c.info(op.outputs[0]);
-    std::vector<int64_t> os = out.shape.strides();
+    std::vector<ArgRef> args;
+    std::vector<int64_t> ends;
     for (size_t k = 0; k < op.inputs.size(); ++k) {
-      const ValueInfo& in = c.info(op.inputs[k]);
-      r.launches.push_back(copy_launch("kiln_concat", in.shape, {ArgRef::Kind::Input, static_cast<int>(k)}, kOut0,
-                                       access_of(0, in, in.shape.strides()), access_of(1, out, os, along * os[axis])));
-      along += in.shape[static_cast<int>(axis)];
+      args.push_back({ArgRef::Kind::Input, static_cast<int>(k)});
+      along += c.info(op.inputs[k]).shape[static_cast<int>(axis)];
+      ends.push_back(along);
     }
-    r.summary = "concat: one copy per input into its slice of the output";
+    args.push_back(kOut0);
+    std::vector<Shape> in_shapes;
+    for (ValueId v : op.inputs) in_shapes.push_back(c.info(v).shape);
+    const Type t = kir_type(out.dtype);
+    auto value = [&](KernelBuilder& b, const std::vector<Reg>&, const std::vector<Reg>& coords,
+                     const std::vector<Reg>& base) {
+      Reg v = b.reg(t);
+      const Type it = coords[axis].type;
+      std::function<void(size_t)> pick = [&](size_t k) {
+        auto load = [&] {
+          std::vector<Reg> at = coords;
+          const int64_t start = k == 0 ? 0 : ends[k - 1];
+          if (start != 0) at[axis] = b.sub(it, coords[axis], imm_index(it, start));
+          Reg off = linear_offset(b, at, in_shapes[k].strides(), 0);
+          b.set(v, b.ld(Space::global, t, b.address(base[k], off, 4)));
+        };
+        if (k + 1 == ends.size()) return load();
+        b.if_(b.setp(Cmp::lt, coords[axis], imm_index(it, ends[k])), load, [&] { pick(k + 1); });
+      };
+      pick(0);
+      return v;
+    };
+    r.launches.push_back(elementwise_launch("kiln_concat", out.shape, args, {},
+                                            access_of(static_cast<int>(args.size()) - 1, out, out.shape.strides()),
+                                            value, true));
+    r.summary = "concat: one launch, each element read from the input its coordinate falls in, " +
+                launch_text(r.launches.back());
   } else if (prim == "split") {
     for (size_t k = 0; k < op.outputs.size(); ++k) {
       const ValueInfo& piece = c.info(op.outputs[k]);

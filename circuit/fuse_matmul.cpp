@@ -1,6 +1,7 @@
 // Matmul fusion: each matmul becomes a fused_matmul (circuit/fused_matmul.hpp) that reads its
 // operands in place through the moves and unary pointwise ops in front of it, and computes the
-// pointwise ops after it as epilogues.
+// pointwise ops after it as epilogues; a bias gradient next to its weight gradient comes out of
+// the weight gradient's kernel.
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -202,6 +203,54 @@ bool reaches_around(const std::vector<std::vector<int32_t>>& succ, const std::ve
   return false;
 }
 
+// True if a path of successors leads from op `from` to one of `targets` (ops after `from`).
+bool reaches(const std::vector<std::vector<int32_t>>& succ, int32_t from, const std::vector<int32_t>& targets) {
+  std::vector<int32_t> stack{from};
+  std::vector<bool> seen(succ.size(), false);
+  const int32_t last = *std::max_element(targets.begin(), targets.end());
+  while (!stack.empty()) {
+    const int32_t o = stack.back();
+    stack.pop_back();
+    for (int32_t s : succ[static_cast<size_t>(o)]) {
+      if (std::find(targets.begin(), targets.end(), s) != targets.end()) return true;
+      if (s < last && !seen[static_cast<size_t>(s)]) {
+        seen[static_cast<size_t>(s)] = true;
+        stack.push_back(s);
+      }
+    }
+  }
+  return false;
+}
+
+// A sum along axis 0 of a's base read as [K, M] (a linear layer's bias gradient, the column sum
+// of dY, next to the weight gradient dY^T X whose a operand is that base transposed): the op
+// that computes it, or -1. Its value is then the row sums of a, which the product's kernel adds
+// up from the tiles it loads anyway.
+int32_t row_sums_of_a(const Circuit& c, const std::vector<std::vector<int32_t>>& readers,
+                      const std::vector<std::vector<int32_t>>& succ, const Group& g, Phase phase,
+                      const std::vector<bool>& taken) {
+  const FusedMatmul& f = g.f;
+  const ValueId base = g.inputs[0];
+  if (!f.batch.empty() || f.a.offset != 0 || f.a.row_stride != 1 || f.a.k_stride != f.m || f.a.prologue != se::in(0) ||
+      c.info(base).shape.numel() != f.m * f.k)
+    return -1;
+  std::vector<ValueId> as_matrix{base};  // base and its reshapes
+  for (int32_t r : readers[static_cast<size_t>(base)])
+    if (c.ops()[static_cast<size_t>(r)].prim->name == "reshape")
+      as_matrix.push_back(c.ops()[static_cast<size_t>(r)].outputs[0]);
+  for (ValueId v : as_matrix) {
+    if (c.info(v).shape != Shape{f.k, f.m}) continue;
+    for (int32_t r : readers[static_cast<size_t>(v)]) {
+      const Op& op = c.ops()[static_cast<size_t>(r)];
+      if (op.prim->name == "reduce" && op.params.ints[0] == static_cast<int64_t>(ReduceKind::Sum) &&
+          op.params.ints[1] == 0 && op.phase == phase && !taken[static_cast<size_t>(r)] &&
+          !reaches_around(succ, g.members, r) && !reaches(succ, r, g.members))
+        return r;
+    }
+  }
+  return -1;
+}
+
 }  // namespace
 
 Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
@@ -292,6 +341,12 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
         g.members.push_back(q);
         g.replaces = {perm.outputs[0]};
       }
+    }
+    if (const int32_t q = row_sums_of_a(c, readers, succ, g, op.phase, taken); q >= 0) {
+      g.f.a_row_sums = true;
+      g.f.row_sums_shape = c.info(ops[static_cast<size_t>(q)].outputs[0]).shape;
+      g.members.push_back(q);
+      g.replaces.push_back(ops[static_cast<size_t>(q)].outputs[0]);
     }
     if (g.members.size() == 1 && !reads_through) continue;  // nothing gained: the matmul stays
     for (int32_t m : g.members) taken[static_cast<size_t>(m)] = true;

@@ -13,6 +13,9 @@
 // (batch..., m, n) sits at sum batch_i * out_batch[i] + m * out_row + n * out_col (a
 // permutation of out_shape's elements). Epilogue r computes output r from in0 = the
 // accumulated sum and in(1 + j) = extra input j, broadcast (numpy) to the logical domain.
+// With `a_row_sums`, one more output (last, shape `row_sums_shape`, batch * m elements in
+// (batch..., m) order) holds sum over k of prologue(A(batch, m, k)): a linear layer's bias
+// gradient, which is the row sum of the weight-gradient product's A operand (dY^T).
 #pragma once
 
 #include <string>
@@ -38,6 +41,8 @@ struct FusedMatmul {
   Shape out_shape;
   std::vector<int64_t> out_batch;
   int64_t out_row = 0, out_col = 0;
+  bool a_row_sums = false;
+  Shape row_sums_shape;
 
   Shape logical() const;  // (batch..., m, n)
   // The program of matmul(a, b, ta, tb) on inputs of these shapes (shapes already checked).

@@ -8,7 +8,8 @@
 // walk the operand's unit-stride axis where it has one, so loads coalesce) and zero-filled
 // outside the matrix, so no size needs to be a multiple of the tile; a prologue is applied as
 // each element is loaded. Batch dims: grid z walks the logical batch, each operand and output
-// with its own batch strides (0 where an operand broadcasts). FFMA in f32.
+// with its own batch strides (0 where an operand broadcasts). FFMA in f32. Row sums of A (a
+// bias gradient) come out of the blocks of the first tile column, from the tiles in shared memory.
 #include <spdlog/fmt/fmt.h>
 
 #include "circuit/error.hpp"
@@ -115,6 +116,7 @@ LoweredOp lower_program(const Circuit& c, const Op& op, const FusedMatmul& f, co
   for (int j : read_extras) p_extra[static_cast<size_t>(j)] = b.param("x" + std::to_string(j), Type::u64);
   std::vector<Reg> p_out;
   for (size_t r = 0; r < f.epilogues.size(); ++r) p_out.push_back(b.param("c" + std::to_string(r), Type::u64));
+  Reg p_sums = f.a_row_sums ? b.param("row_sums", Type::u64) : Reg{};
 
   Reg tid = b.sreg(SReg::tid_x);
   Reg tx = b.and_(Type::u32, tid, imm_u32(15)), ty = b.shr(Type::u32, tid, imm_u32(4));
@@ -149,10 +151,24 @@ LoweredOp lower_program(const Circuit& c, const Op& op, const FusedMatmul& f, co
   for (int e = 0; e < kPerThread * kPerThread; ++e) acc.push_back(b.mov(Type::f32, imm_f32(0.0f)));
   Reg a_frag = b.mad(Type::u32, ty, imm_u32(4 * kPerThread), as);
   Reg b_frag = b.mad(Type::u32, tx, imm_u32(4 * kPerThread), bs);
+  // Row sums of a: the blocks of the first column of tiles see every k of their rows; thread r
+  // < 64 adds row r of each a tile (prologue applied, zero past K) in order of k.
+  Reg sums_here, row_sum, row_sum_smem;
+  if (f.a_row_sums) {
+    sums_here =
+        b.and_(Type::pred, b.setp(Cmp::eq, b.sreg(SReg::ctaid_x), imm_u32(0)), b.setp(Cmp::lt, tid, imm_u32(kTileM)));
+    row_sum = b.mov(Type::f32, imm_f32(0.0f));
+    row_sum_smem = b.mad(Type::u32, tid, imm_u32(4), as);
+  }
   b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kTileK), [&](Reg k0) {
     load_tile(b, it, la, k0);
     load_tile(b, it, lb, k0);
     b.bar();
+    if (f.a_row_sums)
+      b.if_(sums_here, [&] {
+        for (int kk = 0; kk < kTileK; ++kk)
+          b.assign(kir::Opc::Add, row_sum, {row_sum, b.ld(Space::shared, Type::f32, row_sum_smem, 4 * kk * kTileM)});
+      });
     for (int kk = 0; kk < kTileK; ++kk) {
       std::vector<Reg> av = b.ld_vec(Space::shared, Type::f32, a_frag, 4, 4 * kk * kTileM);
       std::vector<Reg> bv = b.ld_vec(Space::shared, Type::f32, b_frag, 4, 4 * kk * kTileN);
@@ -190,9 +206,17 @@ LoweredOp lower_program(const Circuit& c, const Op& op, const FusedMatmul& f, co
       });
     }
   }
+  if (f.a_row_sums) {
+    Reg row = b.add(it, m0, widen(tid));
+    b.if_(b.and_(Type::pred, sums_here, b.setp(Cmp::lt, row, imm_index(it, M))), [&] {
+      Reg at = b.mad(it, z, imm_index(it, M), row);
+      b.st(Space::global, Type::f32, b.address(p_sums, at, 4), row_sum);
+    });
+  }
   std::vector<ArgRef> args{{ArgRef::Kind::Input, 0}, {ArgRef::Kind::Input, 1}};
   for (int j : read_extras) args.push_back({ArgRef::Kind::Input, 2 + j});
   for (size_t r = 0; r < f.epilogues.size(); ++r) args.push_back({ArgRef::Kind::Output, static_cast<int>(r)});
+  if (f.a_row_sums) args.push_back({ArgRef::Kind::Output, static_cast<int>(f.epilogues.size())});
   LoweredOp lo;
   lo.launches.push_back(finish_launch(
       b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},

@@ -126,8 +126,9 @@ std::vector<LoweringCase> cases() {
   }
   // fused_matmul: attention-like views (a is (b, t, h, d) read as (b, h) x t x d with a
   // prologue; b broadcasts over the first batch dim and is read along its rows), two epilogues
-  // with a broadcast bias and a residual, stored permuted; and a split-like offset view over
-  // several tiles. The outputs are flattened and concatenated to compare at once.
+  // with a broadcast bias and a residual, stored permuted, and the row sums of a; and a
+  // split-like offset view over several tiles in both directions, with row sums (only the first
+  // tile column writes them). The outputs are flattened and concatenated to compare at once.
   c.push_back({"fused_matmul_views_epilogues",
                {f32({2, 9, 3, 70}), f32({3, 70, 11}), f32({11}), f32({2, 3, 9, 11})},
                [](Builder& b, const std::vector<ValueId>& x) {
@@ -143,8 +144,12 @@ std::vector<LoweringCase> cases() {
                  f.out_shape = Shape{2, 9, 3, 11};
                  f.out_batch = {9 * 3 * 11, 11};
                  f.out_row = 3 * 11, f.out_col = 1;
+                 f.a_row_sums = true;
+                 f.row_sums_shape = Shape{2, 3, 9};
                  std::vector<ValueId> outs = b.circuit().add_op("fused_matmul", f.to_params(DType::f32), x, b.scope());
-                 return b.concat({b.reshape(outs[0], Shape{594}), b.reshape(outs[1], Shape{594})}, 0);
+                 return b.concat(
+                     {b.reshape(outs[0], Shape{594}), b.reshape(outs[1], Shape{594}), b.reshape(outs[2], Shape{54})},
+                     0);
                },
                1e-5});
   c.push_back({"fused_matmul_offset_view",
@@ -154,7 +159,10 @@ std::vector<LoweringCase> cases() {
                  f.a.offset = 45;
                  f.a.row_stride = 3 * 45;
                  f.epilogues = {se::in(0) * se::c(2.0)};
-                 return b.circuit().add_op("fused_matmul", f.to_params(DType::f32), x, b.scope())[0];
+                 f.a_row_sums = true;
+                 f.row_sums_shape = Shape{1, 70};
+                 std::vector<ValueId> outs = b.circuit().add_op("fused_matmul", f.to_params(DType::f32), x, b.scope());
+                 return b.concat({b.reshape(outs[0], Shape{70 * 91}), b.reshape(outs[1], Shape{70})}, 0);
                },
                1e-5});
   c.push_back({"gather_rows",

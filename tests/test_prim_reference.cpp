@@ -659,8 +659,8 @@ TEST(PrimReference, MultiTensorShapeRuleNamesTheGroupAndInput) {
 // A fused_matmul gives what the ops it stands for give: a split piece of a wider tensor,
 // reshaped and permuted to (b, h, t, d), scaled (the prologue), times b's rows (a transposed
 // weight shared by the batch), plus a bias, then GELU (two epilogues: the pre-activation and
-// the activation), stored permuted to (b, t, h, n). Sums run in another order (gathered
-// operands): f64 1e-12, f32 1e-5 relative.
+// the activation), stored permuted to (b, t, h, n), and the row sums of a (over k). Sums run
+// in another order (gathered operands): f64 1e-12, f32 1e-5 relative.
 TYPED_TEST(PrimReference, FusedMatmulMatchesTheOpsItStandsFor) {
   using T = TypeParam;
   Net net;
@@ -678,18 +678,21 @@ TYPED_TEST(PrimReference, FusedMatmulMatchesTheOpsItStandsFor) {
   f.out_shape = Shape{B, Tn, H, N};
   f.out_batch = {Tn * H * N, N};
   f.out_row = H * N, f.out_col = 1;
+  f.a_row_sums = true;
+  f.row_sums_shape = Shape{B, H, Tn, 1};
   std::vector<ValueId> outs = net.c.add_op("fused_matmul", f.to_params(dtype_of<T>()), {qkv, w, bias});
   Builder& b = net.b;
   ValueId piece = b.split(qkv, 2, {H * D, H * D})[1];
   ValueId a = b.scale(b.permute(b.reshape(piece, Shape{B, Tn, H, D}), {0, 2, 1, 3}), 0.5);
   ValueId pre = b.add(b.matmul(a, w, false, true), bias);
   std::vector<ValueId> want = {b.permute(pre, {0, 2, 1, 3}),
-                               b.permute(b.pointwise(se::gelu(se::in(0)), {pre}), {0, 2, 1, 3})};
-  auto got = execute(net.c, net.binds, {outs[0], outs[1], want[0], want[1]});
+                               b.permute(b.pointwise(se::gelu(se::in(0)), {pre}), {0, 2, 1, 3}),
+                               b.reduce(ReduceKind::Sum, a, 3)};
+  auto got = execute(net.c, net.binds, {outs[0], outs[1], outs[2], want[0], want[1], want[2]});
   const double tolerance = std::is_same_v<T, double> ? 1e-12 : 1e-5;
-  for (size_t o = 0; o < 2; ++o) {
-    ASSERT_EQ(got[o].shape(), got[2 + o].shape());
-    EXPECT_LT(testing::relative_error(got[o], got[2 + o]), tolerance) << "output " << o;
+  for (size_t o = 0; o < 3; ++o) {
+    ASSERT_EQ(got[o].shape(), got[3 + o].shape());
+    EXPECT_LT(testing::relative_error(got[o], got[3 + o]), tolerance) << "output " << o;
   }
 }
 

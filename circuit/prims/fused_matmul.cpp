@@ -68,7 +68,8 @@ FusedMatmul FusedMatmul::plain(const Shape& a, const Shape& b, bool ta, bool tb)
 }
 
 // ints: {nb, batch (nb), m, n, k, then per operand {offset, batch strides (nb), row, k},
-//        out rank, out shape, out batch strides (nb), out row, out col, extras};
+//        out rank, out shape, out batch strides (nb), out row, out col, extras,
+//        a_row_sums, then (with it) row sums rank and shape};
 // bodies: {a's prologue, b's prologue, epilogues...}.
 Params FusedMatmul::to_params(DType dtype) const {
   Params p;
@@ -85,7 +86,11 @@ Params FusedMatmul::to_params(DType dtype) const {
   v.push_back(out_shape.rank());
   v.insert(v.end(), out_shape.dims().begin(), out_shape.dims().end());
   v.insert(v.end(), out_batch.begin(), out_batch.end());
-  v.insert(v.end(), {out_row, out_col, extras});
+  v.insert(v.end(), {out_row, out_col, extras, a_row_sums ? 1 : 0});
+  if (a_row_sums) {
+    v.push_back(row_sums_shape.rank());
+    v.insert(v.end(), row_sums_shape.dims().begin(), row_sums_shape.dims().end());
+  }
   p.bodies = {a.prologue, b.prologue};
   p.bodies.insert(p.bodies.end(), epilogues.begin(), epilogues.end());
   return p;
@@ -110,8 +115,13 @@ FusedMatmul FusedMatmul::from_params(const Params& p) {
   if (out_rank < 0) throw Error("fused_matmul: malformed params");
   f.out_shape = Shape(take(v, at, static_cast<size_t>(out_rank)));
   f.out_batch = take(v, at, nb);
-  const std::vector<int64_t> tail = take(v, at, 3);
-  f.out_row = tail[0], f.out_col = tail[1], f.extras = static_cast<int>(tail[2]);
+  const std::vector<int64_t> tail = take(v, at, 4);
+  f.out_row = tail[0], f.out_col = tail[1], f.extras = static_cast<int>(tail[2]), f.a_row_sums = tail[3] != 0;
+  if (f.a_row_sums) {
+    const int64_t rank = take(v, at, 1)[0];
+    if (rank < 0) throw Error("fused_matmul: malformed params");
+    f.row_sums_shape = Shape(take(v, at, static_cast<size_t>(rank)));
+  }
   if (at != v.size() || f.extras < 0) throw Error("fused_matmul: malformed params");
   f.a.prologue = p.bodies[0];
   f.b.prologue = p.bodies[1];
@@ -125,6 +135,7 @@ std::string FusedMatmul::describe() const {
   if (out_shape != logical() || out_row != n || out_col != 1)
     s += fmt::format(" out{} [batch {} row {} col {}]", out_shape.str(), Shape(out_batch).str(), out_row, out_col);
   for (size_t r = 0; r < epilogues.size(); ++r) s += fmt::format(" out{}={{{}}}", r, epilogues[r].str());
+  if (a_row_sums) s += fmt::format(" out{}=row sums of a {}", epilogues.size(), row_sums_shape.str());
   return s;
 }
 
@@ -203,7 +214,14 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   for (const ScalarExp& e : f.epilogues)
     if (e.num_inputs() > 1 + f.extras)
       ctx.fail(fmt::format("epilogue {} reads past in0 and the {} extra inputs", e.str(), f.extras));
-  return std::vector<ValueInfo>(f.epilogues.size(), ValueInfo{f.out_shape, p.dtype});
+  std::vector<ValueInfo> outs(f.epilogues.size(), ValueInfo{f.out_shape, p.dtype});
+  if (f.a_row_sums) {
+    const int64_t want = Shape(f.batch).numel() * f.m;
+    if (f.row_sums_shape.numel() != want)
+      ctx.fail(fmt::format("row sums of a {} must have batch x m = {} elements", f.row_sums_shape.str(), want));
+    outs.push_back(ValueInfo{f.row_sums_shape, p.dtype});
+  }
+  return outs;
 }
 
 template <class T>
@@ -277,6 +295,12 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
         dst[at] = src[i];
       }
       outs.push_back(std::move(out));
+    }
+    if (f.a_row_sums) {  // a is gathered as (batch..., m, k), contiguous
+      HostTensor sums = HostTensor::zeros(op.params.dtype, f.row_sums_shape);
+      Eigen::Map<const RowMat<T>> A(a.data<T>(), Shape(f.batch).numel() * f.m, f.k);
+      Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>(sums.data<T>(), A.rows()) = A.rowwise().sum();
+      outs.push_back(std::move(sums));
     }
   });
   return outs;

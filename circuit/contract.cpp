@@ -25,6 +25,32 @@ std::vector<std::vector<int32_t>> op_successors(const Circuit& c) {
   return succ;
 }
 
+bool leaves_and_returns(const std::vector<std::vector<int32_t>>& succ, const std::vector<int32_t>& group) {
+  if (group.empty()) return false;
+  const int32_t last = *std::max_element(group.begin(), group.end());  // no path back starts past it
+  auto in_group = [&](int32_t o) { return std::find(group.begin(), group.end(), o) != group.end(); };
+  std::vector<bool> seen(succ.size(), false);
+  std::vector<int32_t> stack;
+  for (int32_t m : group)
+    for (int32_t s : succ[static_cast<size_t>(m)])
+      if (!in_group(s) && s < last && !seen[static_cast<size_t>(s)]) {
+        seen[static_cast<size_t>(s)] = true;
+        stack.push_back(s);
+      }
+  while (!stack.empty()) {
+    const int32_t o = stack.back();
+    stack.pop_back();
+    for (int32_t s : succ[static_cast<size_t>(o)]) {
+      if (in_group(s)) return true;
+      if (s < last && !seen[static_cast<size_t>(s)]) {
+        seen[static_cast<size_t>(s)] = true;
+        stack.push_back(s);
+      }
+    }
+  }
+  return false;
+}
+
 Circuit contract_groups(const Circuit& c, const std::vector<std::vector<int32_t>>& groups,
                         const std::function<MergedOp(size_t group)>& merge, std::vector<ValueId>& outputs,
                         const std::string& pass) {

@@ -14,6 +14,10 @@ namespace kiln {
 // assign that overwrites it (that read must stay before the assign).
 std::vector<std::vector<int32_t>> op_successors(const Circuit& c);
 
+// True if a path of successors leaves the ops `group` and comes back into it (contracting the
+// group into one op would make a cycle).
+bool leaves_and_returns(const std::vector<std::vector<int32_t>>& succ, const std::vector<int32_t>& group);
+
 // The op that replaces a group: it takes `inputs` (ids of the original circuit) and its
 // outputs stand, in order, for `replaces` (values of the group's members that something
 // outside the group reads). An empty `replaces` drops the group (nothing reads it).

@@ -203,23 +203,9 @@ bool reaches_around(const std::vector<std::vector<int32_t>>& succ, const std::ve
   return false;
 }
 
-// True if a path of successors leads from op `from` to one of `targets` (ops after `from`).
-bool reaches(const std::vector<std::vector<int32_t>>& succ, int32_t from, const std::vector<int32_t>& targets) {
-  std::vector<int32_t> stack{from};
-  std::vector<bool> seen(succ.size(), false);
-  const int32_t last = *std::max_element(targets.begin(), targets.end());
-  while (!stack.empty()) {
-    const int32_t o = stack.back();
-    stack.pop_back();
-    for (int32_t s : succ[static_cast<size_t>(o)]) {
-      if (std::find(targets.begin(), targets.end(), s) != targets.end()) return true;
-      if (s < last && !seen[static_cast<size_t>(s)]) {
-        seen[static_cast<size_t>(s)] = true;
-        stack.push_back(s);
-      }
-    }
-  }
-  return false;
+std::vector<int32_t> with(std::vector<int32_t> members, int32_t op) {
+  members.push_back(op);
+  return members;
 }
 
 // A sum along axis 0 of a's base read as [K, M] (a linear layer's bias gradient, the column sum
@@ -244,7 +230,7 @@ int32_t row_sums_of_a(const Circuit& c, const std::vector<std::vector<int32_t>>&
       const Op& op = c.ops()[static_cast<size_t>(r)];
       if (op.prim->name == "reduce" && op.params.ints[0] == static_cast<int64_t>(ReduceKind::Sum) &&
           op.params.ints[1] == 0 && op.phase == phase && !taken[static_cast<size_t>(r)] &&
-          !reaches_around(succ, g.members, r) && !reaches(succ, r, g.members))
+          !leaves_and_returns(succ, with(g.members, r)))
         return r;
     }
   }

@@ -32,6 +32,14 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs);
 // only a permute reads is stored permuted. Deterministic; run after fuse_pointwise.
 Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs);
 
+// Column fusion: each sum along axis 0 of an [N, C] value (through a reshape that keeps C: a sum
+// over the token axes, as a layernorm's parameter gradients and biases' gradients are) whose
+// pointwise producer only it reads absorbs that producer into a column_sums op; sums over one
+// domain in one phase that share an input join into one such op (never when a path would leave
+// the group and come back). A lone sum with nothing absorbed stays a reduce. Deterministic; run
+// after fuse_pointwise and before fuse_matmul (which would take the producer as an epilogue).
+Circuit fuse_columns(const Circuit& c, std::vector<ValueId>& outputs);
+
 // Row-epilogue fusion: a reduction along the last axis of a domain (rows..., n) and the
 // pointwise, where, broadcast and stop_gradient ops around it over the same rows (with the
 // domain's shape or its per-row shape (rows..., 1)) become one fused_rows op, together with

@@ -38,6 +38,7 @@ const Plan* PlanCache::build(uint64_t hash, const Circuit& recorded, const std::
   Circuit optimized = pass_enabled("cse") ? cse(recorded, outputs) : dce(recorded, outputs);
   if (pass_enabled("forward_assigns")) optimized = forward_assigned_values(optimized);
   if (pass_enabled("fuse_pointwise")) optimized = fuse_pointwise(optimized, outputs);
+  if (gpu_ && pass_enabled("fuse_columns")) optimized = fuse_columns(optimized, outputs);
   if (gpu_ && pass_enabled("fuse_matmul")) optimized = fuse_matmul(optimized, outputs);
   if (gpu_ && pass_enabled("fuse_rows")) optimized = fuse_rows(optimized, outputs);
   if (gpu_ && pass_enabled("merge_multi_tensor")) optimized = merge_multi_tensor(optimized, outputs);

@@ -64,5 +64,6 @@ LoweredOp lower_matmul(const Circuit& c, const Op& op);
 LoweredOp lower_gather(const Circuit& c, const Op& op);  // gather_rows, scatter_add_rows
 LoweredOp lower_fused_rows(const Circuit& c, const Op& op);
 LoweredOp lower_multi_tensor(const Circuit& c, const Op& op);
+LoweredOp lower_column_sums(const Circuit& c, const Op& op);
 
 }  // namespace kiln::cuda

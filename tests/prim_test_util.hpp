@@ -70,4 +70,21 @@ inline size_t count_prim(const Circuit& c, const std::string& prim) {
   return n;
 }
 
+// A circuit under construction with random bindings for its externals, and its outputs.
+struct Built {
+  Circuit c;
+  std::vector<HostTensor> binds;
+  std::vector<ValueId> outs;
+  ValueId input(Shape s, DType dt, uint64_t seed, ValueRole role = ValueRole::Input) {
+    binds.push_back(random_tensor({s, dt}, seed));
+    return c.add_external({std::move(s), dt}, role, "x" + std::to_string(seed));
+  }
+  // A copy of the bindings per run: an assign overwrites a persistent one.
+  std::vector<HostTensor> fresh_binds() const {
+    std::vector<HostTensor> copy;
+    for (const HostTensor& t : binds) copy.push_back(t.clone());
+    return copy;
+  }
+};
+
 }  // namespace kiln::testing

@@ -22,15 +22,7 @@
 namespace kiln {
 namespace {
 
-struct Built {
-  Circuit c;
-  std::vector<HostTensor> binds;
-  std::vector<ValueId> outs;
-  ValueId input(Shape s, DType dt, uint64_t seed, ValueRole role = ValueRole::Input) {
-    binds.push_back(testing::random_tensor({s, dt}, seed));
-    return c.add_external({std::move(s), dt}, role, "x" + std::to_string(seed));
-  }
-};
+using testing::Built;
 
 size_t moves(const Circuit& c) {
   size_t n = 0;
@@ -45,12 +37,7 @@ Circuit expect_fused_matches(const Built& u, DType dt, bool with_rows, const std
   Circuit plain = fuse_pointwise(cse(u.c, plain_outs), plain_outs);
   Circuit fused = fuse_matmul(fuse_pointwise(cse(u.c, fused_outs), fused_outs), fused_outs);
   if (with_rows) fused = fuse_rows(fused, fused_outs);
-  // Each run gets its own copy of the bindings: an assign overwrites a persistent one.
-  auto fresh = [&] {
-    std::vector<HostTensor> copy;
-    for (const HostTensor& t : u.binds) copy.push_back(t.clone());
-    return copy;
-  };
+  auto fresh = [&] { return u.fresh_binds(); };
   auto want = execute(plain, fresh(), plain_outs), got = execute(fused, fresh(), fused_outs);
   for (size_t o = 0; o < want.size(); ++o)
     EXPECT_LT(testing::relative_error(got[o], want[o]), dt == DType::f64 ? 1e-12 : 1e-5)

@@ -165,6 +165,18 @@ std::vector<LoweringCase> cases() {
                  return b.concat({b.reshape(outs[0], Shape{70 * 91}), b.reshape(outs[1], Shape{70})}, 0);
                },
                1e-5});
+  // column_sums: three bodies over a (3, 37, 70) domain, inputs broadcast per row and per column.
+  c.push_back({"column_sums",
+               {f32({3, 37, 70}), f32({3, 37, 1}), f32({70})},
+               [](Builder& b, const std::vector<ValueId>& x) {
+                 Params p;
+                 p.dtype = DType::f32;
+                 p.ints = {3, 37, 70};
+                 p.bodies = {se::in(0) * se::in(1), se::in(0), se::tanh(se::in(0)) + se::in(2) * se::in(1)};
+                 std::vector<ValueId> outs = b.circuit().add_op("column_sums", p, x, b.scope());
+                 return b.concat(outs, 1);
+               },
+               1e-5});
   c.push_back({"gather_rows",
                {f32({50, 37}), i32({3, 7}, 0, 50)},
                [](Builder& b, const std::vector<ValueId>& x) { return b.gather_rows(x[0], x[1]); },

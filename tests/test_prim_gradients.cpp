@@ -184,8 +184,10 @@ INSTANTIATE_TEST_SUITE_P(AllPrims, PrimGradient, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
 
 // Prims that have no gradient by design, each with a test of its own below: assign writes a
-// buffer; fused_rows, multi_tensor and fused_matmul are built by fusion passes, which run after the backward pass.
-const std::set<std::string> kNoGradientByDesign = {"assign", "fused_rows", "multi_tensor", "fused_matmul"};
+// buffer; fused_rows, multi_tensor, fused_matmul and column_sums are built by fusion passes, which run after the
+// backward pass.
+const std::set<std::string> kNoGradientByDesign = {"assign", "fused_rows", "multi_tensor", "fused_matmul",
+                                                   "column_sums"};
 
 TEST(PrimGradientTable, EveryRegisteredPrimHasACase) {
   std::set<std::string> covered;
@@ -255,6 +257,18 @@ TEST(PrimGradientTable, FusedMatmulHasNoVjpAndSaysSo) {
   FusedMatmul f = FusedMatmul::plain(Shape{2, 3}, Shape{3, 4}, false, false);
   ValueId y = c.add_op("fused_matmul", f.to_params(f64), {x, w})[0];
   expect_backward_refuses(b, b.reduce_all(ReduceKind::Sum, y), x, "fused_matmul");
+}
+
+TEST(PrimGradientTable, ColumnSumsHasNoVjpAndSaysSo) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{2, 3}, f64}, ValueRole::Input, "x");
+  Builder b(c);
+  Params p;
+  p.dtype = f64;
+  p.ints = {2, 3};
+  p.bodies = {se::in(0)};
+  ValueId y = c.add_op("column_sums", p, {x})[0];
+  expect_backward_refuses(b, b.reduce_all(ReduceKind::Sum, y), x, "column_sums");
 }
 
 TEST(PrimGradientTable, StopGradientGivesNoGradient) {

@@ -696,6 +696,33 @@ TYPED_TEST(PrimReference, FusedMatmulMatchesTheOpsItStandsFor) {
   }
 }
 
+// column_sums against the ops it stands for: sums over the leading axes of pointwise bodies
+// whose inputs broadcast per row and per column (f64 1e-12, f32 1e-5 relative).
+TYPED_TEST(PrimReference, ColumnSumsMatchTheOpsTheyStandFor) {
+  using T = TypeParam;
+  Net net;
+  const Shape domain{2, 3, 5};
+  ValueId x = net.in(rnd(dtype_of<T>(), domain, 130));
+  ValueId s = net.in(rnd(dtype_of<T>(), Shape{2, 3, 1}, 131));
+  ValueId g = net.in(rnd(dtype_of<T>(), Shape{5}, 132));
+  Params p;
+  p.dtype = dtype_of<T>();
+  p.ints = domain.dims();
+  p.bodies = {se::in(0) * se::in(1), se::in(0), se::exp(se::in(0)) * se::in(2) - se::in(1)};
+  std::vector<ValueId> outs = net.c.add_op("column_sums", p, {x, s, g});
+  Builder& b = net.b;
+  std::vector<ValueId> want;
+  for (const ScalarExp& body : p.bodies)
+    want.push_back(b.reduce(ReduceKind::Sum, b.reshape(b.pointwise(body, {x, s, g}), Shape{6, 5}), 0));
+  auto got = execute(net.c, net.binds, {outs[0], outs[1], outs[2], want[0], want[1], want[2]});
+  const double tolerance = std::is_same_v<T, double> ? 1e-12 : 1e-5;
+  for (size_t o = 0; o < 3; ++o) {
+    ASSERT_EQ(got[o].shape(), got[3 + o].shape());
+    EXPECT_LT(testing::relative_error(got[o], got[3 + o]), tolerance) << "output " << o;
+  }
+  EXPECT_THROW(net.c.add_op("column_sums", p, {x, net.in(rnd(dtype_of<T>(), Shape{4}, 133)), g}), Error);
+}
+
 TEST(PrimReference, FusedMatmulShapeRuleRefusesViewsOutsideTheirBase) {
   Circuit c;
   ValueId a = c.add_external({Shape{4, 3}, DType::f32}, ValueRole::Input, "a");
@@ -780,10 +807,10 @@ TYPED_TEST(PrimReference, CrossEntropyIsMeanNegativeLogSoftmaxOfTarget) {
 // Every registered Prim has at least one reference test in this file.
 TEST(PrimReferenceTable, EveryRegisteredPrimIsCovered) {
   const std::set<std::string> covered = {
-      "pointwise", "reduce",  "reduce_all", "matmul",        "gather_rows", "scatter_add_rows",
-      "one_hot",   "reshape", "permute",    "broadcast",     "slice",       "concat",
-      "split",     "where",   "cast",       "stop_gradient", "fill",        "iota",
-      "random",    "assign",  "fused_rows", "multi_tensor",  "fused_matmul"};
+      "pointwise", "reduce",  "reduce_all", "matmul",        "gather_rows",  "scatter_add_rows",
+      "one_hot",   "reshape", "permute",    "broadcast",     "slice",        "concat",
+      "split",     "where",   "cast",       "stop_gradient", "fill",         "iota",
+      "random",    "assign",  "fused_rows", "multi_tensor",  "fused_matmul", "column_sums"};
   for (const PrimDef* p : PrimRegistry::instance().all())
     EXPECT_TRUE(covered.count(p->name)) << "Prim '" << p->name << "' has no reference test";
 }

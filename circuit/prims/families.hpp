@@ -20,6 +20,7 @@ void register_assign(PrimRegistry& r);        // assign
 void register_fused_rows(PrimRegistry& r);    // fused_rows (built by the row fusion pass)
 void register_multi_tensor(PrimRegistry& r);  // multi_tensor (built by the multi-tensor merge)
 void register_fused_matmul(PrimRegistry& r);  // fused_matmul (built by the matmul fusion)
+void register_column_sums(PrimRegistry& r);   // column_sums (built by the column fusion)
 
 inline void register_all_prims(PrimRegistry& r) {
   register_pointwise(r);
@@ -36,6 +37,7 @@ inline void register_all_prims(PrimRegistry& r) {
   register_fused_rows(r);
   register_multi_tensor(r);
   register_fused_matmul(r);
+  register_column_sums(r);
 }
 
 }  // namespace kiln

@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
+
+#include "circuit/passes.hpp"
 
 namespace kiln {
 
@@ -27,6 +30,35 @@ struct FusedOp {
 };
 
 bool is_pointwise(const Op& op) { return op.prim->name == "pointwise"; }
+
+// The value of a float fill, or nothing.
+std::optional<double> fill_value(const Circuit& c, ValueId v) {
+  const int32_t p = c.value(v).producer;
+  if (p < 0) return std::nullopt;
+  const Op& op = c.ops()[static_cast<size_t>(p)];
+  if (op.prim->name != "fill" || (op.params.dtype != DType::f32 && op.params.dtype != DType::f64)) return std::nullopt;
+  return op.params.reals[0];
+}
+
+// A pointwise op over float fills only is a fill of its result (constant folding: the seed of
+// a loss's gradient times the mean's 1 / n), evaluated in f64 and rounded once to the dtype.
+std::optional<Params> folded_fill(const Circuit& c, const Op& op, const FusedOp& f) {
+  const ValueInfo& out = c.info(op.outputs[0]);
+  if (!is_pointwise(op) || (out.dtype != DType::f32 && out.dtype != DType::f64)) return std::nullopt;
+  std::vector<double> values;
+  for (ValueId in : f.inputs) {
+    const std::optional<double> v = fill_value(c, in);
+    if (!v) return std::nullopt;
+    values.push_back(*v);
+  }
+  double v = f.params.body.eval(values);
+  if (out.dtype == DType::f32) v = static_cast<float>(v);
+  Params p;
+  p.ints = out.shape.dims();
+  p.reals = {v};
+  p.dtype = out.dtype;
+  return p;
+}
 
 }  // namespace
 
@@ -97,6 +129,7 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs) {
   }
 
   Circuit out;
+  bool folded = false;
   std::vector<ValueId> remap(c.num_values(), kNoValue);
   for (ValueId e : c.externals()) {
     const Value& v = c.value(e);
@@ -106,13 +139,19 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs) {
     if (fused[i].removed) continue;
     std::vector<ValueId> inputs;
     for (ValueId in : fused[i].inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
-    std::vector<ValueId> outs = out.add_op(ops[i].prim->name, fused[i].params, inputs, ops[i].scope);
+    std::vector<ValueId> outs;
+    if (std::optional<Params> fill = folded_fill(c, ops[i], fused[i])) {
+      outs = out.add_op("fill", *fill, {}, ops[i].scope);
+      folded = true;
+    } else {
+      outs = out.add_op(ops[i].prim->name, fused[i].params, inputs, ops[i].scope);
+    }
     out.set_absorbed(out.ops().size() - 1, fused[i].absorbed);
     out.set_phase(out.ops().size() - 1, fused[i].phase);
     for (size_t k = 0; k < outs.size(); ++k) remap[static_cast<size_t>(ops[i].outputs[k])] = outs[k];
   }
   for (ValueId& o : outputs) o = remap[static_cast<size_t>(o)];
-  return out;
+  return folded ? dce(out, outputs) : out;  // the fills folded away may be dead now
 }
 
 }  // namespace kiln

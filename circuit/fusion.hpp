@@ -15,8 +15,9 @@ namespace kiln {
 // Chains and trees of pointwise ops become one pointwise op whose body composes theirs: a
 // pointwise producer whose result only one pointwise consumer reads, with the consumer's
 // output shape, is substituted into the consumer's body (its inputs join the consumer's,
-// broadcast as before). Iterates to a fixpoint in one topological sweep; deterministic.
-// `outputs` are rewritten to their ids in the result.
+// broadcast as before). Iterates to a fixpoint in one topological sweep; deterministic. A
+// pointwise op left reading float fills only is folded into a fill (evaluated in f64, rounded
+// once to its dtype). `outputs` are rewritten to their ids in the result.
 Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs);
 
 // Matmul fusion: each matmul becomes a fused_matmul (circuit/fused_matmul.hpp) where that

@@ -3,6 +3,7 @@
 // the KILN_DISABLE_PASSES switch (kernel counts of GPT steps: test_kernel_counts.cpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 
 #include "circuit/executor.hpp"
@@ -31,6 +32,28 @@ TEST(FusePointwise, AChainBecomesOneOpThatRecordsWhatItAbsorbed) {
                                    testing::random_tensor({Shape{1, 5}, DType::f64}, 2)};
   HostTensor want = execute(c, binds, {t})[0], got = execute(f, binds, outs)[0];
   for (int64_t i = 0; i < want.numel(); ++i) EXPECT_EQ(got.get(i), want.get(i)) << i;
+}
+
+// A loss gradient's seed: fill(1) * -1 * (1 / n) is a scalar no consumer of another shape can
+// absorb; it folds into one fill (no launch of its own), and what reads it is unchanged.
+TEST(FusePointwise, PointwiseOverFillsFoldsIntoAFill) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{4}, DType::f32}, ValueRole::Input, "x");
+  Builder b(c);
+  ValueId k = b.scale(b.scale(b.fill(Shape{}, DType::f32, 1.0), -1.0), 1.0 / 3.0);
+  ValueId y = b.mul(x, k);
+  std::vector<ValueId> outs{y};
+  Circuit f = fuse_pointwise(c, outs);
+  EXPECT_EQ(testing::count_prim(f, "pointwise"), 1u) << f.dump();
+  ASSERT_EQ(testing::count_prim(f, "fill"), 1u) << f.dump();
+  for (const Op& op : f.ops()) {
+    if (op.prim->name == "fill") {
+      EXPECT_EQ(op.params.reals[0], static_cast<double>(static_cast<float>(-1.0 / 3.0)));
+    }
+  }
+  std::vector<HostTensor> binds = {testing::random_tensor({Shape{4}, DType::f32}, 1)};
+  HostTensor want = execute(c, binds, {y})[0], got = execute(f, binds, outs)[0];
+  for (int64_t i = 0; i < want.numel(); ++i) EXPECT_NEAR(got.get(i), want.get(i), 1e-7 * std::fabs(want.get(i)));
 }
 
 TEST(FusePointwise, ProtectedSharedBroadcastAndAssignCrossingProducersStay) {

@@ -259,7 +259,7 @@ TEST(Training, FusedAndUnfusedRunsGiveTheSameLossesFor100Steps) {
   TrainRun gpu = train_tiny(100, "", "", 0, 1e-2);
   EXPECT_GT(fused_ops_in_step(), 10u);
   cache.set_gpu_target(false);
-  setenv("KILN_DISABLE_PASSES", "fuse_pointwise,fuse_matmul,fuse_rows,forward_assigns,merge_multi_tensor", 1);
+  setenv("KILN_DISABLE_PASSES", "fuse_pointwise,fuse_columns,fuse_matmul,fuse_rows,forward_assigns,merge_multi_tensor", 1);
   cache.clear();
   TrainRun plain = train_tiny(100, "", "", 0, 1e-2);
   EXPECT_EQ(fused_ops_in_step(), 0u);

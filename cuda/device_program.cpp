@@ -103,6 +103,7 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
         buf.bytes.push_back(0);
         scratch.push_back(buf.alloc(static_cast<ValueId>(buf.of.size() - 1), l.scratch_bytes[s]));
       }
+      for (size_t s : l.zeroed_scratch) rt_.memset_zero(scratch[s], l.scratch_bytes[s]);
       try {
         for (size_t k = 0; k < l.launches.size(); ++k) {
           const Launch& launch = l.launches[k];

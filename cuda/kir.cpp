@@ -29,10 +29,10 @@ const char* sreg_name(SReg s) {
 
 const char* opc_name(Opc op) {
   static const char* kNames[] = {
-      "mov",  "add",      "sub",  "mul",         "mul.hi", "mul.wide", "mad",      "fma",      "div",       "rem",
-      "min",  "max",      "neg",  "abs",         "and",    "or",       "xor",      "not",      "shl",       "shr",
-      "setp", "selp",     "cvt",  "ex2",         "lg2",    "rcp",      "rsqrt",    "sqrt",     "tanh",      "sin",
-      "cos",  "ld.param", "sreg", "shared.addr", "ld",     "st",       "atom.add", "bar.sync", "shfl.sync", "ret"};
+      "mov",         "add", "sub", "mul",      "mul.hi",   "mul.wide",  "mad",  "fma",      "div", "rem",      "min",
+      "max",         "neg", "abs", "and",      "or",       "xor",       "not",  "shl",      "shr", "setp",     "selp",
+      "cvt",         "ex2", "lg2", "rcp",      "rsqrt",    "sqrt",      "tanh", "sin",      "cos", "ld.param", "sreg",
+      "shared.addr", "ld",  "st",  "atom.add", "bar.sync", "shfl.sync", "ret",  "membar.gl"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -242,6 +242,7 @@ struct Checker {
           fail(in, "a thread may have exited before this full-mask shfl.sync (guard the work with an if instead)");
         break;
       case Opc::Ret: exit_seen = true; break;
+      case Opc::Membar: break;
     }
   }
   void body(const std::vector<Stmt>& stmts) {
@@ -323,7 +324,9 @@ Reg KernelBuilder::param(const std::string& name, Type t) {
 }
 
 int KernelBuilder::shared_array(const std::string& name, int64_t bytes, int32_t align) {
-  k_.shared.push_back({name, bytes, align});
+  bool taken = false;  // a helper called twice (two block reductions) asks for its name twice
+  for (const auto& a : k_.shared) taken = taken || a.name == name;
+  k_.shared.push_back({taken ? name + "_" + std::to_string(k_.shared.size()) : name, bytes, align});
   return static_cast<int>(k_.shared.size()) - 1;
 }
 
@@ -470,6 +473,12 @@ Reg KernelBuilder::shfl(ShflMode m, Operand value, Operand lane_or_delta, Operan
 void KernelBuilder::ret() {
   Instr in;
   in.op = Opc::Ret;
+  emit(std::move(in));
+}
+
+void KernelBuilder::membar() {
+  Instr in;
+  in.op = Opc::Membar;
   emit(std::move(in));
 }
 

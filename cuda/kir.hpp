@@ -112,6 +112,7 @@ enum class Opc : uint8_t {
   Bar,         // bar.sync 0: every thread of the block
   Shfl,        // dst = shfl.sync.mode.b32(a, b = lane/delta, c = clamp), full mask 0xffffffff
   Ret,         // the thread exits
+  Membar,      // membar.gl: this thread's earlier global writes are seen by the whole GPU before its later ones
 };
 const char* opc_name(Opc op);
 
@@ -238,6 +239,7 @@ class KernelBuilder {
   void bar();
   Reg shfl(ShflMode m, Operand value, Operand lane_or_delta, Operand clamp = imm_u32(31));
   void ret();
+  void membar();  // membar.gl
 
   // Appends a raw instruction (tests build malformed kernels this way).
   void emit(Instr in, Reg guard = {}, bool negate = false);

@@ -38,6 +38,7 @@ struct LoweredOp {
   // Outputs set to zero before the launches (scatter_add_rows accumulates into zeros).
   bool zero_outputs = false;
   std::vector<size_t> scratch_bytes;
+  std::vector<size_t> zeroed_scratch;  // scratch buffers set to zero before the launches (counters)
   std::vector<Launch> launches;
   std::string summary;  // "matmul tile 64x64x16, 256 threads"
 };

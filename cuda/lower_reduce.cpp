@@ -3,9 +3,10 @@
 //                                over the row, then warp shuffles and shared memory combine
 //   reduce along another axis    x: (outer, n, inner) -> (outer, 1, inner): one thread per output,
 //                                looping over n (neighbouring threads read neighbouring inner)
-//   reduce_all                   x: any -> []: a tree across blocks, without atomics (so the
-//                                result does not depend on scheduling): each block writes a
-//                                partial to scratch, then one block combines the partials
+//   reduce_all                   x: any -> []: a tree across blocks in one launch, without float
+//                                atomics (the result does not depend on scheduling): each block
+//                                writes a partial to scratch and counts itself in; the last block
+//                                to arrive combines the partials in block order
 // Sums are accumulated in f32 in an order other than the reference's: the error bound is the
 // usual n * 2^-24 * sum |x| (tests state theirs). Max propagates NaN, as the reference.
 #include <algorithm>
@@ -65,6 +66,22 @@ void block_reduce(KernelBuilder& b, ReduceKind kind, Reg acc, uint32_t threads,
   });
 }
 
+void after_last_block(KernelBuilder& b, Reg counter, uint32_t blocks, const std::function<void()>& finish) {
+  Reg tid = b.sreg(SReg::tid_x);
+  Reg flag = b.shared_addr(b.shared_array("last_block", 4, 4));
+  b.if_(b.setp(Cmp::eq, tid, imm_u32(0)), [&] {
+    b.membar();  // this block's partials are visible before it counts itself in
+    Reg ticket = b.atom_add(Space::global, Type::u32, counter, imm_u32(1));
+    b.st(Space::shared, Type::u32, flag,
+         b.selp(Type::u32, imm_u32(1), imm_u32(0), b.setp(Cmp::eq, ticket, imm_u32(blocks - 1))));
+  });
+  b.bar();
+  b.if_(b.setp(Cmp::ne, b.ld(Space::shared, Type::u32, flag), imm_u32(0)), [&] {
+    b.membar();
+    finish();
+  });
+}
+
 namespace {
 
 uint32_t block_threads_for(int64_t n) {
@@ -86,32 +103,29 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
     const int64_t n = x.shape.numel();
     const uint32_t threads = 256;
     const int64_t blocks = std::clamp<int64_t>((n + threads * 4 - 1) / (threads * 4), 1, 1024);
-    r.scratch_bytes = {static_cast<size_t>(blocks) * 4};
-    {  // pass 1: partial[block] = combine over a grid-stride share of x
-      KernelBuilder b("kiln_reduce_all_partial");
-      Reg xp = b.param("x", Type::u64), part = b.param("partials", Type::u64);
-      Reg acc = b.mov(Type::f32, reduce_identity(kind));
-      grid_stride_loop(b, it, n, [&](Reg i) {
-        b.set(acc, reduce_combine(b, kind, acc, b.ld(Space::global, Type::f32, b.address(xp, i, 4))));
-      });
-      block_reduce(b, kind, acc, threads,
-                   [&](Reg v) { b.st(Space::global, Type::f32, b.address(part, b.sreg(SReg::ctaid_x), 4), v); });
-      r.launches.push_back(finish_launch(b, "kiln_reduce_all_partial", {static_cast<uint32_t>(blocks), 1, 1},
-                                         {threads, 1, 1}, {in, scratch}));
-    }
-    {  // pass 2: one block combines the partials
-      KernelBuilder b("kiln_reduce_all_final");
-      Reg part = b.param("partials", Type::u64), y = b.param("y", Type::u64);
-      Reg acc = b.mov(Type::f32, reduce_identity(kind));
+    r.scratch_bytes = {static_cast<size_t>(blocks) * 4, 4};  // partials, arrival counter
+    r.zeroed_scratch = {1};
+    KernelBuilder b("kiln_reduce_all");
+    Reg xp = b.param("x", Type::u64), y = b.param("y", Type::u64);
+    Reg part = b.param("partials", Type::u64), counter = b.param("counter", Type::u64);
+    Reg acc = b.mov(Type::f32, reduce_identity(kind));
+    grid_stride_loop(b, it, n, [&](Reg i) {
+      b.set(acc, reduce_combine(b, kind, acc, b.ld(Space::global, Type::f32, b.address(xp, i, 4))));
+    });
+    block_reduce(b, kind, acc, threads,
+                 [&](Reg v) { b.st(Space::global, Type::f32, b.address(part, b.sreg(SReg::ctaid_x), 4), v); });
+    after_last_block(b, counter, static_cast<uint32_t>(blocks), [&] {
+      Reg total = b.mov(Type::f32, reduce_identity(kind));
       b.for_(b.sreg(SReg::tid_x), imm_u32(static_cast<uint32_t>(blocks)), imm_u32(threads), [&](Reg j) {
-        b.set(acc, reduce_combine(b, kind, acc, b.ld(Space::global, Type::f32, b.address(part, j, 4))));
+        b.set(total, reduce_combine(b, kind, total, b.ld(Space::global, Type::f32, b.address(part, j, 4))));
       });
-      block_reduce(b, kind, acc, threads,
+      block_reduce(b, kind, total, threads,
                    [&](Reg v) { b.st(Space::global, Type::f32, y, reduce_finalize(b, kind, v, n)); });
-      r.launches.push_back(finish_launch(b, "kiln_reduce_all_final", {1, 1, 1}, {threads, 1, 1}, {scratch, out}));
-    }
+    });
+    r.launches.push_back(finish_launch(b, "kiln_reduce_all", {static_cast<uint32_t>(blocks), 1, 1}, {threads, 1, 1},
+                                       {in, out, scratch, {ArgRef::Kind::Scratch, 1}}));
     r.summary = std::string("reduce_all ") + kind_text(kind) + ": " + std::to_string(blocks) +
-                " block partials, then one block";
+                " block partials, the last block to finish combines them";
     return r;
   }
   const auto kind = static_cast<ReduceKind>(op.params.ints[0]);

@@ -246,6 +246,7 @@ class Printer {
       case Opc::Bar: return "bar.sync 0";
       case Opc::Shfl: return ops(std::string("shfl.sync.") + shfl_name(in.shfl) + ".b32") + ", -1";
       case Opc::Ret: return "ret";
+      case Opc::Membar: return "membar.gl";
     }
     throw Error("print_ptx: unknown opcode in kernel " + k_.name);
   }

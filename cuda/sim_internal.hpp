@@ -21,7 +21,7 @@ namespace kiln::sim {
 // clang-format off
 enum class Code : uint16_t {
   // Control: Bra/BrTrue/BrFalse jump to `imm`; BrTrue/BrFalse test slot `a`.
-  Bra, BrTrue, BrFalse, Exit, Bar, Shfl,
+  Bra, BrTrue, BrFalse, Exit, Bar, Shfl, Fence,
   // Moves: Mov copies a slot (also zero-extending cvt and shared addresses); Selp: d = c ? a : b.
   Mov, Selp, LdParam, Sreg,
   // 32-bit integers (u32 and s32 share the wrapping ops).

@@ -414,6 +414,7 @@ void Executor::run_thread(uint32_t t) {
         state_[t] = State::at_shfl;
         if (warp_waiting_[t / kWarp]++ == 0) pending_warps_.push_back(t / kWarp);
         goto stop;
+      case Code::Fence: break;
       case Code::Mov: r[op.d] = r[op.a]; break;
       case Code::Selp: r[op.d] = r[op.c] ? r[op.a] : r[op.b]; break;
       case Code::LdParam: r[op.d] = params_[static_cast<size_t>(op.imm)]; break;

@@ -179,11 +179,51 @@ bool merge_one_key(Circuit& c, std::vector<ValueId>& outputs) {
   return false;
 }
 
+// A summed multi_tensor op whose group sums one scalar pointwise op reads, and nothing else,
+// takes that op's body as its total (clipping's global norm: one launch, not a sums launch and
+// a scalar kernel). One op at a time; false if there is none.
+bool absorb_one_total(Circuit& c, std::vector<ValueId>& outputs) {
+  const auto& ops = c.ops();
+  std::vector<std::vector<int32_t>> readers(c.num_values());
+  for (size_t i = 0; i < ops.size(); ++i)
+    for (ValueId in : ops[i].inputs) readers[static_cast<size_t>(in)].push_back(static_cast<int32_t>(i));
+  for (ValueId o : outputs) readers[static_cast<size_t>(o)].push_back(-1);  // protected
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].prim->name != "multi_tensor") continue;
+    MultiTensorProgram mp = MultiTensorProgram::from_params(ops[i].params);
+    if (!mp.sum || mp.has_total) continue;
+    const std::vector<int32_t>& first_readers = readers[static_cast<size_t>(ops[i].outputs[0])];
+    if (first_readers.empty() || first_readers[0] < 0) continue;
+    const int32_t p = first_readers[0];
+    const Op& reader = ops[static_cast<size_t>(p)];
+    if (reader.prim->name != "pointwise" || c.info(reader.outputs[0]).shape != Shape{}) continue;
+    bool only = true;
+    for (ValueId o : ops[i].outputs)
+      for (int32_t r : readers[static_cast<size_t>(o)]) only = only && r == p;
+    std::vector<ScalarExp> subs;
+    for (ValueId in : reader.inputs) {
+      auto at = std::find(ops[i].outputs.begin(), ops[i].outputs.end(), in);
+      only = only && at != ops[i].outputs.end();
+      subs.push_back(se::in(static_cast<int>(at - ops[i].outputs.begin())));
+    }
+    if (!only) continue;
+    mp.has_total = true;
+    mp.total = reader.params.body.substitute(subs);
+    const MergedOp m{"multi_tensor", mp.to_params(ops[i].params.dtype), ops[i].inputs, {reader.outputs[0]}};
+    c = contract_groups(
+        c, {{static_cast<int32_t>(i), p}}, [&](size_t) { return m; }, outputs, "merge_multi_tensor");
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 Circuit merge_multi_tensor(const Circuit& c, std::vector<ValueId>& outputs) {
   Circuit out = c;
   while (merge_one_key(out, outputs)) {
+  }
+  while (absorb_one_total(out, outputs)) {
   }
   return out;
 }

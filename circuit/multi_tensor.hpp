@@ -10,7 +10,9 @@
 // domain's shape or one element (a scalar, read at every element); shared inputs have one
 // element. Bodies read in_j (group input j) and in_{group_inputs + k} (shared input k).
 // Without `sum`, output g * bodies + r has the group's domain shape and holds body r at every
-// element; with `sum` (one body) it is a scalar [] holding the body's sum over the domain.
+// element; with `sum` (one body) it is a scalar [] holding the body's sum over the domain. With
+// `sum` and a `total` body the op has one output instead, a scalar []: total(in0 = group 0's
+// sum, in1 = group 1's, ...) (a gradient norm: sqrt of the sum of every parameter's squares).
 #pragma once
 
 #include <string>
@@ -24,6 +26,8 @@ struct MultiTensorProgram {
   int groups = 0, group_inputs = 0, shared_inputs = 0;
   bool sum = false;
   std::vector<ScalarExp> bodies;
+  bool has_total = false;
+  ScalarExp total;
 
   // Op input j of group g, shared input k, output r of group g.
   size_t input(int g, int j) const { return static_cast<size_t>(g * group_inputs + j); }

@@ -4,8 +4,11 @@
 //   blocks (log2(groups) compares, uniform across the block), whose leaf loads that group's
 //   buffer addresses and sizes into registers; one copy of the body serves every group.
 //   Sums: each block writes the partial sum of its share to scratch, then a second launch,
-//   one block per group, adds the group's partials (no atomics: the result does not depend on
-//   scheduling). f32 accumulation: error bound n * 2^-24 * sum |x|, as reduce_all.
+//   one block per group, adds the group's partials (no float atomics: the result does not
+//   depend on scheduling). With a total (a gradient norm) there is no second launch: each block
+//   counts itself in, and the last one to arrive adds every group's partials (a warp per group,
+//   in order) and evaluates the total over the group sums. f32 accumulation: error bound
+//   n * 2^-24 * sum |x|, as reduce_all.
 // Kernel parameters are limited to 4 KB (PTX ISA 7.8), so the groups are split into chunks of
 // at most kMaxAddresses buffer addresses, one launch (two for sums) per chunk.
 #include <algorithm>
@@ -90,13 +93,20 @@ class MultiTensorLowering {
         chunks.emplace_back();
       g.first_block = chunks.back().empty() ? 0 : chunks.back().back().first_block + chunks.back().back().blocks;
       g.first_partial = partials;
+      groups_[static_cast<size_t>(g.g)].first_partial = partials;  // finish_total reads them
       partials += g.blocks;
       chunks.back().push_back(g);
     }
     if (mp_.sum) r.scratch_bytes = {static_cast<size_t>(partials) * 4};
+    if (mp_.has_total) {
+      r.scratch_bytes.push_back(4);  // the arrival counter of all chunks' blocks
+      r.zeroed_scratch = {1};
+      total_blocks_ = 0;
+      for (const auto& chunk : chunks) total_blocks_ += chunk.back().first_block + chunk.back().blocks;
+    }
     for (const auto& chunk : chunks) {
       r.launches.push_back(elements_launch(chunk));
-      if (mp_.sum) r.launches.push_back(sums_launch(chunk));
+      if (mp_.sum && !mp_.has_total) r.launches.push_back(sums_launch(chunk));
     }
     r.summary = "multi_tensor: " + std::to_string(mp_.groups) + " groups" + (mp_.sum ? " summed" : "") + " in " +
                 std::to_string(r.launches.size()) + " launch(es), first " + launch_text(r.launches.front());
@@ -190,8 +200,42 @@ class MultiTensorLowering {
         Reg at = b.add(Type::u32, partial_base, b.sub(Type::u32, bid, first));
         b.st(Space::global, Type::f32, b.address(partials, at, 4), v);
       });
+    if (mp_.has_total) {
+      Reg counter = b.param("counter", Type::u64), out = b.param("total", Type::u64);
+      args.push_back({ArgRef::Kind::Scratch, 1});
+      args.push_back({ArgRef::Kind::Output, 0});
+      after_last_block(b, counter, total_blocks_, [&] { finish_total(b, partials, out); });
+    }
     const uint32_t grid = chunk.back().first_block + chunk.back().blocks;
     return finish_launch(b, name, {grid, 1, 1}, {kThreads, 1, 1}, std::move(args));
+  }
+
+  // In the last block: warp w adds the partials of groups w, w + 8, ... (lanes stride them, then
+  // shuffles), into shared memory; thread 0 evaluates the total over the group sums.
+  void finish_total(KernelBuilder& b, Reg partials, Reg out) {
+    Reg tid = b.sreg(SReg::tid_x);
+    Reg lane = b.and_(Type::u32, tid, imm_u32(31)), warp = b.shr(Type::u32, tid, imm_u32(5));
+    Reg sums = b.shared_addr(b.shared_array("group_sums", 4 * static_cast<int64_t>(groups_.size()), 4));
+    for (const GroupRange& g : groups_) {
+      b.if_(b.setp(Cmp::eq, warp, imm_u32(static_cast<uint32_t>(g.g) % (kThreads / 32))), [&] {
+        Reg acc = b.mov(Type::f32, reduce_identity(ReduceKind::Sum));
+        b.for_(lane, imm_u32(g.blocks), imm_u32(32), [&](Reg j) {
+          Reg at = b.add(Type::u32, j, imm_u32(g.first_partial));
+          b.set(acc,
+                reduce_combine(b, ReduceKind::Sum, acc, b.ld(Space::global, Type::f32, b.address(partials, at, 4))));
+        });
+        Reg v = warp_reduce(b, ReduceKind::Sum, acc);
+        b.if_(b.setp(Cmp::eq, lane, imm_u32(0)),
+              [&] { b.st(Space::shared, Type::f32, sums, v, 4 * static_cast<int64_t>(g.g)); });
+      });
+    }
+    b.bar();
+    b.if_(b.setp(Cmp::eq, tid, imm_u32(0)), [&] {
+      std::vector<Reg> s;
+      for (const GroupRange& g : groups_)
+        s.push_back(b.ld(Space::shared, Type::f32, sums, 4 * static_cast<int64_t>(g.g)));
+      b.st(Space::global, Type::f32, out, emit_scalar_exp(b, mp_.total, s));
+    });
   }
 
   // One block per group of the chunk: the sum of the group's partials, in order of blocks.
@@ -229,6 +273,7 @@ class MultiTensorLowering {
   std::vector<GroupRange> groups_;
   std::vector<Addressing> addressing_;
   Type it_ = Type::u32;
+  uint32_t total_blocks_ = 0;  // with a total: the blocks of every chunk's launch
 };
 
 }  // namespace

@@ -344,6 +344,21 @@ std::vector<LoweringCase> cases() {
                  return b.concat(flat, 0);
                },
                1e-5});
+  // A total over the group sums, in 2 chunks of launches sharing one arrival counter.
+  c.push_back({"multi_tensor_total", std::vector<InputSpec>(500, f32({300})),
+               [](Builder& b, const std::vector<ValueId>& x) {
+                 MultiTensorProgram mp;
+                 mp.groups = 500;
+                 mp.group_inputs = 1;
+                 mp.sum = true;
+                 mp.bodies = {se::in(0) * se::in(0)};
+                 mp.has_total = true;
+                 ScalarExp sum = se::in(0);
+                 for (int g = 1; g < 500; ++g) sum = sum + se::in(g)*se::c(g % 3 == 0 ? 2.0 : 1.0);
+                 mp.total = se::sqrt(sum);
+                 return b.circuit().add_op("multi_tensor", mp.to_params(DType::f32), x, b.scope())[0];
+               },
+               1e-5});
   c.push_back({"multi_tensor_chunked", std::vector<InputSpec>(340, f32({5})),
                [](Builder& b, const std::vector<ValueId>& x) {
                  MultiTensorProgram mp;

@@ -28,18 +28,18 @@ struct Step {
 // optimizer does: total = sum_i sum(g_i^2), scale = min(1, 1 / (sqrt(total) + 1e-6)),
 // m_i = 0.9 m_i + g_i * scale, p_i -= lr * m_i. The [1] parameter has a one-element domain,
 // which is no candidate.
-Step momentum_step(DType dt, Phase phase) {
+Step momentum_step(DType dt, Phase phase, const std::vector<Shape>& shapes = kShapes) {
   Step s;
   std::vector<ValueId> g, p, m;
-  for (size_t i = 0; i < kShapes.size(); ++i) {
-    g.push_back(s.c.add_external({kShapes[i], dt}, ValueRole::Input, "g" + std::to_string(i)));
-    s.binds.push_back(testing::random_tensor({kShapes[i], dt}, 10 + i));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    g.push_back(s.c.add_external({shapes[i], dt}, ValueRole::Input, "g" + std::to_string(i)));
+    s.binds.push_back(testing::random_tensor({shapes[i], dt}, 10 + i));
   }
-  for (size_t i = 0; i < kShapes.size(); ++i) {
-    p.push_back(s.c.add_external({kShapes[i], dt}, ValueRole::Persistent, "p" + std::to_string(i)));
-    m.push_back(s.c.add_external({kShapes[i], dt}, ValueRole::Persistent, "m" + std::to_string(i)));
-    s.binds.push_back(testing::random_tensor({kShapes[i], dt}, 20 + i));
-    s.binds.push_back(testing::random_tensor({kShapes[i], dt}, 30 + i));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    p.push_back(s.c.add_external({shapes[i], dt}, ValueRole::Persistent, "p" + std::to_string(i)));
+    m.push_back(s.c.add_external({shapes[i], dt}, ValueRole::Persistent, "m" + std::to_string(i)));
+    s.binds.push_back(testing::random_tensor({shapes[i], dt}, 20 + i));
+    s.binds.push_back(testing::random_tensor({shapes[i], dt}, 30 + i));
   }
   ValueId lr = s.c.add_external({Shape{}, dt}, ValueRole::Input, "lr");
   s.binds.push_back(testing::random_tensor({Shape{}, dt, 0.01, 0.1}, 40));
@@ -51,7 +51,7 @@ Step momentum_step(DType dt, Phase phase) {
     total = total == kNoValue ? sq : b.add(total, sq);
   }
   ValueId scale = b.pointwise(se::min(se::c(1.0), se::c(1.0) / (se::sqrt(se::in(0)) + se::c(1e-6))), {total});
-  for (size_t i = 0; i < kShapes.size(); ++i) {
+  for (size_t i = 0; i < shapes.size(); ++i) {
     ValueId mi = b.assign(m[i], b.pointwise(se::in(0) * se::c(0.9) + se::in(1) * se::in(2), {m[i], g[i], scale}));
     b.assign(p[i], b.pointwise(se::in(0) - se::in(1) * se::in(2), {p[i], lr, mi}));
   }
@@ -102,6 +102,32 @@ TEST(MergeMultiTensor, TheClippedUpdateOfEveryParameterMergesAndGivesTheSameResu
           EXPECT_LT(testing::relative_error(sim_buf[k], want_buf[k]), 1e-5) << "binding " << k << " (simulator)";
       }
     }
+}
+
+// Without the one-element parameter every sum of squares is in the merged sum, and the add-up
+// of the group sums (the requested total) becomes that op's total: the norm is one launch.
+TEST(MergeMultiTensor, TheGlobalNormIsTheTotalOfTheMergedSums) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    Step s = momentum_step(dt, Phase::Update, {Shape{3, 4}, Shape{5}, Shape{2, 3, 7}, Shape{9}});
+    std::vector<ValueId> outs = s.outs;
+    Circuit f = optimize(s.c, outs, true);
+    f.verify();
+    size_t totals = 0;
+    for (const Op& op : f.ops())
+      if (op.prim->name == "multi_tensor") totals += MultiTensorProgram::from_params(op.params).has_total ? 1 : 0;
+    EXPECT_EQ(totals, 1u) << f.dump();
+    EXPECT_EQ(testing::count_prim(f, "reduce_all"), 0u) << f.dump();
+    std::vector<HostTensor> want_buf = clone_all(s.binds), got_buf = clone_all(s.binds);
+    HostTensor want = execute(s.c, want_buf, s.outs)[0], got = execute(f, got_buf, outs)[0];
+    EXPECT_EQ(testing::relative_error(got, want), 0.0);
+    if (dt == DType::f32) {
+      std::vector<HostTensor> sim_buf = clone_all(s.binds);
+      HostTensor sim = cuda::DeviceProgram(f, outs, testing::fake_runtime()).run(sim_buf)[0];
+      EXPECT_LT(testing::relative_error(sim, want), 1e-5);
+      for (size_t k = 0; k < want_buf.size(); ++k)
+        EXPECT_LT(testing::relative_error(sim_buf[k], want_buf[k]), 1e-5) << "binding " << k << " (simulator)";
+    }
+  }
 }
 
 TEST(MergeMultiTensor, ForwardAndBackwardWorkIsNeverMerged) {

@@ -21,13 +21,15 @@ bool MultiTensorProgram::reads(int j) const {
 Params MultiTensorProgram::to_params(DType dtype) const {
   Params p;
   p.dtype = dtype;
-  p.ints = {groups, group_inputs, shared_inputs, sum ? 1 : 0};
+  p.ints = {groups, group_inputs, shared_inputs, sum ? 1 : 0, has_total ? 1 : 0};
   p.bodies = bodies;
+  if (has_total) p.bodies.push_back(total);
   return p;
 }
 
 MultiTensorProgram MultiTensorProgram::from_params(const Params& p) {
-  if (p.ints.size() != 4 || p.ints[0] < 1 || p.ints[1] < 0 || p.ints[2] < 0 || p.bodies.empty())
+  if (p.ints.size() != 5 || p.ints[0] < 1 || p.ints[1] < 0 || p.ints[2] < 0 ||
+      p.bodies.size() < (p.ints[4] != 0 ? 2u : 1u))
     throw Error("multi_tensor: malformed params");
   MultiTensorProgram mp;
   mp.groups = static_cast<int>(p.ints[0]);
@@ -35,6 +37,11 @@ MultiTensorProgram MultiTensorProgram::from_params(const Params& p) {
   mp.shared_inputs = static_cast<int>(p.ints[2]);
   mp.sum = p.ints[3] != 0;
   mp.bodies = p.bodies;
+  mp.has_total = p.ints[4] != 0;
+  if (mp.has_total) {
+    mp.total = mp.bodies.back();
+    mp.bodies.pop_back();
+  }
   return mp;
 }
 
@@ -42,6 +49,7 @@ std::string MultiTensorProgram::describe() const {
   std::string s = fmt::format("{} groups of {} inputs, {} shared (read as in{}..){}", groups, group_inputs,
                               shared_inputs, group_inputs, sum ? ", summed" : "");
   for (size_t r = 0; r < bodies.size(); ++r) s += fmt::format(" out{}={{{}}}", r, bodies[r].str());
+  if (has_total) s += fmt::format(" total={{{}}} over the group sums", total.str());
   return s;
 }
 
@@ -74,6 +82,9 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
       ctx.fail(fmt::format("input {} is {}{}; every input must be {}", k, dtype_name(in[k].dtype), in[k].shape.str(),
                            dtype_name(p.dtype)));
   if (mp.sum && mp.bodies.size() != 1) ctx.fail(fmt::format("a summed program has one body, not {}", mp.bodies.size()));
+  if (mp.has_total && !mp.sum) ctx.fail("a total needs a summed program");
+  if (mp.has_total && mp.total.num_inputs() > mp.groups)
+    ctx.fail(fmt::format("total {} reads past the {} group sums", mp.total.str(), mp.groups));
   for (const ScalarExp& e : mp.bodies)
     if (e.num_inputs() > mp.group_inputs + mp.shared_inputs)
       ctx.fail(fmt::format("body {} reads past the {} group and {} shared inputs", e.str(), mp.group_inputs,
@@ -93,6 +104,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
     }
     for (size_t r = 0; r < mp.bodies.size(); ++r) out.push_back({mp.sum ? Shape{} : domain, p.dtype});
   }
+  if (mp.has_total) return {{Shape{}, p.dtype}};
   return out;
 }
 
@@ -102,7 +114,11 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
   std::vector<ValueInfo> infos;
   for (const HostTensor* x : in) infos.push_back({x->shape(), x->dtype()});
   std::vector<HostTensor> outs;
-  for (const ValueInfo& info : out_info) outs.push_back(HostTensor::zeros(info.dtype, info.shape));
+  if (mp.has_total) {  // the group sums first, then the total over them
+    for (int g = 0; g < mp.groups; ++g) outs.push_back(HostTensor::zeros(op.params.dtype, Shape{}));
+  } else {
+    for (const ValueInfo& info : out_info) outs.push_back(HostTensor::zeros(info.dtype, info.shape));
+  }
   ref::dispatch_float(op.params.dtype, "multi_tensor", [&](auto t) {
     using T = decltype(t);
     for (int g = 0; g < mp.groups; ++g) {
@@ -119,6 +135,13 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
                      mp.sum ? values.template data<T>() : out.template data<T>(), domain.numel());
         if (mp.sum) out.template data<T>()[0] = ref::array_of<T>(values).sum();
       }
+    }
+    if (mp.has_total) {
+      std::vector<const HostTensor*> sums;
+      for (const HostTensor& s : outs) sums.push_back(&s);
+      HostTensor total = HostTensor::zeros(op.params.dtype, Shape{});
+      ref::run_all(ref::BodyRunner<T>(mp.total, sums, Shape{}), total.template data<T>(), 1);
+      outs = {std::move(total)};
     }
   });
   return outs;

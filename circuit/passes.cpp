@@ -2,6 +2,7 @@
 #include "circuit/passes.hpp"
 
 #include <algorithm>
+#include <string>
 #include <unordered_map>
 
 #include "circuit/hash.hpp"
@@ -58,6 +59,57 @@ Circuit cse(const Circuit& c, std::vector<ValueId>& outputs) {
       table.push_back({Key{op.prim, &op.params, inputs}, op.outputs});
     }
   }
+  Circuit renamed = c;
+  renamed.replace_uses(rename);
+  for (ValueId& o : outputs) o = rename[static_cast<size_t>(o)];
+  return dce(renamed, outputs);
+}
+
+namespace {
+
+// True if v is iota(0, 1, ..., n - 1) as i32, of shape [n].
+bool is_arange(const Circuit& c, ValueId v, int64_t n) {
+  const int32_t p = c.value(v).producer;
+  if (p < 0) return false;
+  const Op& op = c.ops()[static_cast<size_t>(p)];
+  return op.prim->name == "iota" && c.info(v).shape == Shape{n} && op.params.index == ix::coord(0) &&
+         op.params.dtype == DType::i32;
+}
+
+}  // namespace
+
+Circuit simplify_row_indexing(const Circuit& c, std::vector<ValueId>& outputs) {
+  const auto& ops = c.ops();
+  std::vector<int32_t> last_reader(c.num_values(), -1), assigned_at(c.num_values(), -1);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    for (ValueId in : ops[i].inputs) last_reader[static_cast<size_t>(in)] = static_cast<int32_t>(i);
+    if (ops[i].prim->side_effect) assigned_at[static_cast<size_t>(ops[i].inputs[0])] = static_cast<int32_t>(i);
+  }
+  std::vector<ValueId> rename(c.num_values());
+  for (size_t v = 0; v < rename.size(); ++v) rename[v] = static_cast<ValueId>(v);
+  std::vector<bool> requested(c.num_values(), false);  // stay values of their own
+  for (ValueId o : outputs) requested[static_cast<size_t>(o)] = true;
+  bool changed = false;
+  for (const Op& op : ops) {
+    if (op.outputs.empty() || requested[static_cast<size_t>(op.outputs[0])]) continue;
+    const ValueId out = op.outputs[0];
+    if (op.prim->name == "gather_rows") {
+      const ValueId table = op.inputs[0];
+      const int32_t a = assigned_at[static_cast<size_t>(table)];
+      if (c.info(table) == c.info(out) && is_arange(c, op.inputs[1], c.info(table).shape[0]) &&
+          (a < 0 || last_reader[static_cast<size_t>(out)] < a)) {
+        rename[static_cast<size_t>(out)] = table;
+        changed = true;
+      }
+    } else if (op.prim->name == "scatter_add_rows") {
+      const ValueId src = op.inputs[1];
+      if (c.info(src) == c.info(out) && is_arange(c, op.inputs[0], op.params.ints[0])) {
+        rename[static_cast<size_t>(out)] = src;
+        changed = true;
+      }
+    }
+  }
+  if (!changed) return c;
   Circuit renamed = c;
   renamed.replace_uses(rename);
   for (ValueId& o : outputs) o = rename[static_cast<size_t>(o)];

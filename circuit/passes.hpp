@@ -15,6 +15,12 @@ Circuit dce(const Circuit& c, std::vector<ValueId>& outputs);
 // once (side effects never merge); then DCE drops the duplicates.
 Circuit cse(const Circuit& c, std::vector<ValueId>& outputs);
 
+// Rows gathered, or scattered and added, by the index 0, 1, ..., R - 1 over a table or result
+// of R rows are the table or the source itself (a position embedding over a full context):
+// readers read it directly, no op runs. A gathered buffer that an assign overwrites is read
+// directly only when every reader of the gather comes before that assign.
+Circuit simplify_row_indexing(const Circuit& c, std::vector<ValueId>& outputs);
+
 // Readers of an assign's result read the value it assigned instead (the same data), so that
 // they need not follow the assign and fusion sees through it. An assign's target (input 0, a
 // buffer version) is never renamed, nor are the requested outputs.

@@ -36,6 +36,7 @@ const Plan* PlanCache::build(uint64_t hash, const Circuit& recorded, const std::
   recorded.verify();  // ordering of buffer reads and writes, before passes could hide it
   std::vector<ValueId> outputs = requested;
   Circuit optimized = pass_enabled("cse") ? cse(recorded, outputs) : dce(recorded, outputs);
+  if (pass_enabled("simplify_row_indexing")) optimized = simplify_row_indexing(optimized, outputs);
   if (pass_enabled("forward_assigns")) optimized = forward_assigned_values(optimized);
   if (pass_enabled("fuse_pointwise")) optimized = fuse_pointwise(optimized, outputs);
   if (gpu_ && pass_enabled("fuse_columns")) optimized = fuse_columns(optimized, outputs);

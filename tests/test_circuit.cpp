@@ -95,6 +95,39 @@ TEST(CircuitCse, MergesIdenticalPointwiseOps) {
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(before[0].get(i), after[0].get(i));
 }
 
+// A position embedding over the full context: gather_rows(w, 0..R-1) is w, and the gradient's
+// scatter_add_rows(0..R-1, g) is g; neither runs. Shorter ranges, other indices, and a gather
+// a reader of which follows the assign that overwrites w stay.
+TEST(SimplifyRowIndexing, GathersAndScattersByTheFullRangeAreIdentities) {
+  Circuit c;
+  ValueId w = c.add_external({Shape{4, 3}, f32}, ValueRole::Persistent, "w");
+  ValueId g = c.add_external({Shape{4, 3}, f32}, ValueRole::Input, "g");
+  Builder b(c);
+  ValueId pos = b.iota(Shape{4}, DType::i32, ix::coord(0));
+  ValueId rows = b.gather_rows(w, pos);
+  ValueId part = b.gather_rows(w, b.iota(Shape{3}, DType::i32, ix::coord(0)));                        // 3 of 4 rows
+  ValueId flipped = b.gather_rows(w, b.iota(Shape{4}, DType::i32, ix::sub(ix::c(3), ix::coord(0))));  // reversed
+  ValueId grad = b.scatter_add_rows(pos, g, 4);
+  ValueId out = b.add(b.mul(rows, grad), b.reduce(ReduceKind::Sum, b.add(part, b.slice(flipped, 0, 0, 3)), 0));
+  std::vector<ValueId> outs{out};
+  Circuit d = simplify_row_indexing(c, outs);
+  EXPECT_EQ(testing::count_prim(d, "gather_rows"), 2u) << d.dump();
+  EXPECT_EQ(testing::count_prim(d, "scatter_add_rows"), 0u) << d.dump();
+  std::vector<HostTensor> binds = {testing::random_tensor({Shape{4, 3}, f32}, 1),
+                                   testing::random_tensor({Shape{4, 3}, f32}, 2)};
+  HostTensor before = execute(c, binds, {out})[0], after = execute(d, binds, outs)[0];
+  for (int64_t i = 0; i < before.numel(); ++i) EXPECT_EQ(before.get(i), after.get(i)) << i;
+
+  // The gather's reader comes after w is overwritten: it must read the old rows, so it stays.
+  Circuit e;
+  ValueId w2 = e.add_external({Shape{4, 3}, f32}, ValueRole::Persistent, "w");
+  Builder eb(e);
+  ValueId old_rows = eb.gather_rows(w2, eb.iota(Shape{4}, DType::i32, ix::coord(0)));
+  eb.assign(w2, eb.scale(w2, 2.0));
+  std::vector<ValueId> eouts{eb.scale(old_rows, 3.0)};
+  EXPECT_EQ(testing::count_prim(simplify_row_indexing(e, eouts), "gather_rows"), 1u);
+}
+
 TEST(CircuitCse, KeepsOpsWithDifferentParamsOrWiring) {
   Circuit c;
   ValueId x = c.add_external({Shape{4}, f64}, ValueRole::Input, "x");

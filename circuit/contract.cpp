@@ -9,12 +9,19 @@
 
 namespace kiln {
 
+std::vector<std::vector<int32_t>> value_readers(const Circuit& c) {
+  std::vector<std::vector<int32_t>> readers(c.num_values());
+  for (size_t i = 0; i < c.ops().size(); ++i)
+    for (ValueId in : c.ops()[i].inputs) readers[static_cast<size_t>(in)].push_back(static_cast<int32_t>(i));
+  return readers;
+}
+
 std::vector<std::vector<int32_t>> op_successors(const Circuit& c) {
   const auto& ops = c.ops();
-  std::vector<std::vector<int32_t>> succ(ops.size()), readers(c.num_values());
+  const std::vector<std::vector<int32_t>> readers = value_readers(c);
+  std::vector<std::vector<int32_t>> succ(ops.size());
   for (size_t i = 0; i < ops.size(); ++i)
     for (ValueId in : ops[i].inputs) {
-      readers[static_cast<size_t>(in)].push_back(static_cast<int32_t>(i));
       const int32_t p = c.value(in).producer;
       if (p >= 0) succ[static_cast<size_t>(p)].push_back(static_cast<int32_t>(i));
     }

@@ -14,6 +14,10 @@ namespace kiln {
 // assign that overwrites it (that read must stay before the assign).
 std::vector<std::vector<int32_t>> op_successors(const Circuit& c);
 
+// The ops that read each value (indices into c.ops(), ascending; an op reading a value twice
+// is listed twice).
+std::vector<std::vector<int32_t>> value_readers(const Circuit& c);
+
 // True if a path of successors leaves the ops `group` and comes back into it (contracting the
 // group into one op would make a cycle).
 bool leaves_and_returns(const std::vector<std::vector<int32_t>>& succ, const std::vector<int32_t>& group);

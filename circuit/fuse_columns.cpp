@@ -86,9 +86,7 @@ bool reads_from(const Circuit& c, const ColumnSum& a, const std::vector<int32_t>
 
 Circuit fuse_columns(const Circuit& c, std::vector<ValueId>& outputs) {
   const auto& ops = c.ops();
-  std::vector<std::vector<int32_t>> readers(c.num_values());
-  for (size_t i = 0; i < ops.size(); ++i)
-    for (ValueId in : ops[i].inputs) readers[static_cast<size_t>(in)].push_back(static_cast<int32_t>(i));
+  const std::vector<std::vector<int32_t>> readers = value_readers(c);
   std::vector<bool> protected_value(c.num_values(), false);
   for (ValueId o : outputs) protected_value[static_cast<size_t>(o)] = true;
   const std::vector<ColumnSum> sums = find_sums(c, readers, protected_value);

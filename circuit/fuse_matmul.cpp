@@ -177,32 +177,7 @@ struct Group {
   std::vector<ValueId> replaces;
 };
 
-// True if a path leaves the group and reaches op `target` (contracting target in would make a cycle).
-bool reaches_around(const std::vector<std::vector<int32_t>>& succ, const std::vector<int32_t>& members,
-                    int32_t target) {
-  std::vector<int32_t> stack;
-  std::vector<bool> seen(succ.size(), false);
-  auto in_group = [&](int32_t o) { return std::find(members.begin(), members.end(), o) != members.end(); };
-  for (int32_t m : members)
-    for (int32_t s : succ[static_cast<size_t>(m)])
-      if (s != target && s < target && !in_group(s) && !seen[static_cast<size_t>(s)]) {
-        seen[static_cast<size_t>(s)] = true;
-        stack.push_back(s);
-      }
-  while (!stack.empty()) {
-    const int32_t o = stack.back();
-    stack.pop_back();
-    for (int32_t s : succ[static_cast<size_t>(o)]) {
-      if (s == target) return true;
-      if (s < target && !in_group(s) && !seen[static_cast<size_t>(s)]) {
-        seen[static_cast<size_t>(s)] = true;
-        stack.push_back(s);
-      }
-    }
-  }
-  return false;
-}
-
+// The group's members with op `op` added (to ask whether adding it would make a cycle).
 std::vector<int32_t> with(std::vector<int32_t> members, int32_t op) {
   members.push_back(op);
   return members;
@@ -242,12 +217,10 @@ int32_t row_sums_of_a(const Circuit& c, const std::vector<std::vector<int32_t>>&
 Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
   const auto& ops = c.ops();
   const std::vector<std::vector<int32_t>> succ = op_successors(c);
-  std::vector<std::vector<int32_t>> readers(c.num_values());
+  const std::vector<std::vector<int32_t>> readers = value_readers(c);
   std::vector<bool> assigned(c.num_values(), false), protected_value(c.num_values(), false);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    for (ValueId in : ops[i].inputs) readers[static_cast<size_t>(in)].push_back(static_cast<int32_t>(i));
-    if (ops[i].prim->side_effect) assigned[static_cast<size_t>(ops[i].inputs[0])] = true;
-  }
+  for (const Op& op : ops)
+    if (op.prim->side_effect) assigned[static_cast<size_t>(op.inputs[0])] = true;
   for (ValueId o : outputs) protected_value[static_cast<size_t>(o)] = true;
   std::vector<bool> taken(ops.size(), false);
 
@@ -278,7 +251,7 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
           if (taken[static_cast<size_t>(r)] || p.prim->name != "pointwise" || p.phase != op.phase ||
               std::find(g.members.begin(), g.members.end(), r) != g.members.end() ||
               c.info(p.outputs[0]).shape != logical || feeds_row_reduction(c, readers, p.outputs[0]) ||
-              reaches_around(succ, g.members, r))
+              leaves_and_returns(succ, with(g.members, r)))
             continue;
           std::vector<ScalarExp> subs;
           for (ValueId in : p.inputs) {
@@ -314,7 +287,7 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
       const int32_t q = readers[static_cast<size_t>(g.replaces[0])][0];
       const Op& perm = ops[static_cast<size_t>(q)];
       if (perm.prim->name == "permute" && perm.phase == op.phase && !taken[static_cast<size_t>(q)] &&
-          !reaches_around(succ, g.members, q)) {
+          !leaves_and_returns(succ, with(g.members, q))) {
         const Shape& out_shape = c.info(perm.outputs[0]).shape;
         const std::vector<int64_t> st = out_shape.strides();
         std::vector<int64_t> logical_strides(static_cast<size_t>(logical.rank()));

@@ -184,9 +184,7 @@ bool merge_one_key(Circuit& c, std::vector<ValueId>& outputs) {
 // a scalar kernel). One op at a time; false if there is none.
 bool absorb_one_total(Circuit& c, std::vector<ValueId>& outputs) {
   const auto& ops = c.ops();
-  std::vector<std::vector<int32_t>> readers(c.num_values());
-  for (size_t i = 0; i < ops.size(); ++i)
-    for (ValueId in : ops[i].inputs) readers[static_cast<size_t>(in)].push_back(static_cast<int32_t>(i));
+  std::vector<std::vector<int32_t>> readers = value_readers(c);
   for (ValueId o : outputs) readers[static_cast<size_t>(o)].push_back(-1);  // protected
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].prim->name != "multi_tensor") continue;

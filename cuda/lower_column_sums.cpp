@@ -3,7 +3,6 @@
 // and keeps one f32 accumulator per body; no atomics, so the sums do not depend on scheduling.
 // Consecutive threads read consecutive columns, so the loads coalesce. f32 accumulation error
 // bound rows * 2^-24 * sum |x| per column, as reduce.
-#include "circuit/error.hpp"
 #include "cuda/lower_elementwise.hpp"
 
 namespace kiln::cuda {

@@ -65,6 +65,8 @@ class MultiTensorLowering {
       const int64_t per_block = mp_.sum ? 4 * kThreads : kThreads;
       r.blocks =
           static_cast<uint32_t>(std::clamp<int64_t>((r.n + per_block - 1) / per_block, 1, mp_.sum ? 1024 : 4096));
+      r.first_partial = blocks_;  // one partial per block, in group order
+      blocks_ += r.blocks;
       groups_.push_back(r);
       largest = std::max(largest, r.n);
     }
@@ -87,22 +89,16 @@ class MultiTensorLowering {
     const size_t per_group = mp_.sum ? std::max<size_t>(read_inputs, 1) : read_inputs + mp_.bodies.size();
     LoweredOp r;
     std::vector<std::vector<GroupRange>> chunks;
-    uint32_t partials = 0;
     for (GroupRange g : groups_) {
       if (chunks.empty() || (chunks.back().size() + 1) * per_group + read_shared + 1 > kMaxAddresses)
         chunks.emplace_back();
       g.first_block = chunks.back().empty() ? 0 : chunks.back().back().first_block + chunks.back().back().blocks;
-      g.first_partial = partials;
-      groups_[static_cast<size_t>(g.g)].first_partial = partials;  // finish_total reads them
-      partials += g.blocks;
       chunks.back().push_back(g);
     }
-    if (mp_.sum) r.scratch_bytes = {static_cast<size_t>(partials) * 4};
+    if (mp_.sum) r.scratch_bytes = {static_cast<size_t>(blocks_) * 4};
     if (mp_.has_total) {
       r.scratch_bytes.push_back(4);  // the arrival counter of all chunks' blocks
       r.zeroed_scratch = {1};
-      total_blocks_ = 0;
-      for (const auto& chunk : chunks) total_blocks_ += chunk.back().first_block + chunk.back().blocks;
     }
     for (const auto& chunk : chunks) {
       r.launches.push_back(elements_launch(chunk));
@@ -204,7 +200,7 @@ class MultiTensorLowering {
       Reg counter = b.param("counter", Type::u64), out = b.param("total", Type::u64);
       args.push_back({ArgRef::Kind::Scratch, 1});
       args.push_back({ArgRef::Kind::Output, 0});
-      after_last_block(b, counter, total_blocks_, [&] { finish_total(b, partials, out); });
+      after_last_block(b, counter, blocks_, [&] { finish_total(b, partials, out); });
     }
     const uint32_t grid = chunk.back().first_block + chunk.back().blocks;
     return finish_launch(b, name, {grid, 1, 1}, {kThreads, 1, 1}, std::move(args));
@@ -273,7 +269,7 @@ class MultiTensorLowering {
   std::vector<GroupRange> groups_;
   std::vector<Addressing> addressing_;
   Type it_ = Type::u32;
-  uint32_t total_blocks_ = 0;  // with a total: the blocks of every chunk's launch
+  uint32_t blocks_ = 0;  // of every group (and chunk) together: the partials of a sum
 };
 
 }  // namespace

@@ -71,13 +71,13 @@ ValueId Engine::value_of(const Tensor& t) {
   return id;
 }
 
-Tensor Engine::wrap(ValueId id) {
+Tensor Engine::wrap(ValueId id, bool deliver) {
   auto impl = std::make_shared<TensorImpl>();
   impl->engine = this;
   impl->info = rec_.circuit.info(id);
   impl->epoch = rec_.epoch;
   impl->pending = id;
-  rec_.handles.push_back(impl);
+  if (deliver) rec_.handles.push_back(impl);
   return Tensor(impl);
 }
 
@@ -89,13 +89,29 @@ void Engine::assign(const Tensor& t, const Tensor& value) {
 }
 
 std::pair<ValueId, ValueId> Engine::next_random_stream() {
-  HostTensor key = HostTensor::zeros(DType::i32, Shape{2});
-  key.data<int32_t>()[0] = static_cast<int32_t>(static_cast<uint32_t>(seed_));
-  key.data<int32_t>()[1] = static_cast<int32_t>(static_cast<uint32_t>(seed_ >> 32));
-  HostTensor offset = HostTensor::zeros(DType::i32, Shape{});
-  offset.data<int32_t>()[0] = static_cast<int32_t>(static_cast<uint32_t>(random_counter_++));
-  return {add_input(key, "rng_key"), add_input(offset, "rng_offset")};
+  // Made per run: a replayed step draws fresh streams from the seed of the moment, in the order
+  // the streams were recorded, as re-recording it would.
+  ValueId key = add_computed_input({Shape{2}, DType::i32}, "rng_key", [this] {
+    HostTensor k = HostTensor::zeros(DType::i32, Shape{2});
+    k.data<int32_t>()[0] = static_cast<int32_t>(static_cast<uint32_t>(seed_));
+    k.data<int32_t>()[1] = static_cast<int32_t>(static_cast<uint32_t>(seed_ >> 32));
+    return k;
+  });
+  ValueId offset = add_computed_input({Shape{}, DType::i32}, "rng_offset", [this] {
+    HostTensor o = HostTensor::zeros(DType::i32, Shape{});
+    o.data<int32_t>()[0] = static_cast<int32_t>(static_cast<uint32_t>(random_counter_++));
+    return o;
+  });
+  return {key, offset};
 }
+
+ValueId Engine::add_computed_input(ValueInfo info, const std::string& name, std::function<HostTensor()> make) {
+  ValueId id = add_input(HostTensor::zeros(info.dtype, info.shape), name);
+  rec_.computed.emplace_back(rec_.bound.size() - 1, std::move(make));
+  return id;
+}
+
+void Engine::on_each_run(std::function<void()> hook) { rec_.run_hooks.push_back(std::move(hook)); }
 
 Tensor Engine::new_persistent(ArenaKind kind, const std::string& name, const HostTensor& init, bool requires_grad) {
   if (requires_grad && !(init.dtype() == DType::f32 || init.dtype() == DType::f64))
@@ -211,7 +227,18 @@ void Engine::convert_persistent(const std::shared_ptr<TensorImpl>& t, DType dtyp
   if (t->grad) move_slot(*t->grad);
 }
 
-std::vector<HostTensor> Engine::bindings(const Recording& rec) const {
+std::vector<HostTensor> Engine::prepare_run(Recording& rec) {
+  for (const auto& hook : rec.run_hooks) hook();
+  for (const auto& [external, make] : rec.computed) {
+    // A fresh buffer each run: a handle given the previous value may still share the old one.
+    HostTensor value = make();
+    const ValueInfo& info = rec.circuit.info(rec.circuit.externals()[external]);
+    if (value.shape() != info.shape || value.dtype() != info.dtype)
+      throw Error("computed input '" + rec.circuit.value(rec.circuit.externals()[external]).name + "': made " +
+                  dtype_name(value.dtype()) + value.shape().str() + ", recorded as " + dtype_name(info.dtype) +
+                  info.shape.str());
+    rec.bound[external] = std::move(value);
+  }
   std::vector<HostTensor> out = rec.bound;
   for (size_t i = 0; i < out.size(); ++i)
     if (rec.external_slot[i] >= 0) out[i] = arenas_.view(rec.external_slot[i]);
@@ -234,7 +261,7 @@ void Engine::realize() {
   Recording rec = take_recording();
   try {
     uint64_t hash = rec.circuit.structural_hash();
-    const Plan* plan = cache_.find(hash, rec.circuit, requested);
+    std::shared_ptr<const Plan> plan = cache_.find(hash, rec.circuit, requested);
     double plan_ms = 0;
     if (plan) {
       ++stats_.cache_hits;
@@ -249,41 +276,93 @@ void Engine::realize() {
         std::fprintf(stderr, "%s%s", rec.circuit.dump("recorded (forward, backward, updates)").c_str(),
                      plan->program->circuit().dump("optimized (CSE, DCE, fusion)").c_str());
     }
-    std::vector<HostTensor> binds = bindings(rec);
+    std::vector<HostTensor> binds = prepare_run(rec);
     stats_.last_hash_bind_ms = ms_since(t0) - plan_ms;
     stats_.last_plan_ms = plan_ms;
-    auto tr = std::chrono::steady_clock::now();
-    std::vector<HostTensor> results;
-    if (device_ == Device::CUDA) {
-      // A plan lowered for another runtime (a test's fake device, then the GPU) is lowered again.
-      if (!plan->device || &plan->device->runtime() != runtime_) {
-        auto tl = std::chrono::steady_clock::now();
-        plan->device =
-            std::make_unique<cuda::DeviceProgram>(plan->program->circuit(), plan->program->outputs(), *runtime_);
-        spdlog::debug("plan lowered for {}: {} kernels in {:.1f} ms", runtime_->device_name(),
-                      plan->device->kernels().size(), ms_since(tl));
-        if (const char* dump = std::getenv("KILN_DUMP"); dump && std::string(dump) != "0")
-          std::fprintf(stderr, "%s", plan->device->dump().c_str());
-      }
-      results = plan->device->run(binds);
-    } else {
-      results = plan->program->run(binds);
-    }
-    stats_.last_run_ms = ms_since(tr);
+    execute(*plan, binds, live);
     last_plan_ = plan;
-    stats_.last_recorded_ops = plan->recorded_ops;
-    stats_.last_executed_ops = plan->optimized_ops;
-    ++stats_.realizations;
-    for (size_t i = 0; i < live.size(); ++i) {
-      // A result that views storage owned elsewhere (an arena slot, or an input's buffer
-      // through a reshape) is snapshotted: the handle keeps the value it had in this step.
-      live[i]->data = results[i].owns_storage() ? results[i] : results[i].clone();
-      live[i]->pending = kNoValue;
+    if (tracing_) {
+      ++traced_realizations_;
+      trace_ = Trace{plan, std::move(rec), {}, device_, runtime_};
+      for (const auto& h : live) trace_.results.push_back(h);
     }
   } catch (...) {
     spdlog::error("step failed; its pending values are discarded");
     throw;
   }
+}
+
+void Engine::execute(const Plan& plan, const std::vector<HostTensor>& binds,
+                     const std::vector<std::shared_ptr<TensorImpl>>& live) {
+  auto tr = std::chrono::steady_clock::now();
+  std::vector<HostTensor> results;
+  if (device_ == Device::CUDA) {
+    // A plan lowered for another runtime (a test's fake device, then the GPU) is lowered again.
+    if (!plan.device || &plan.device->runtime() != runtime_) {
+      auto tl = std::chrono::steady_clock::now();
+      plan.device = std::make_unique<cuda::DeviceProgram>(plan.program->circuit(), plan.program->outputs(), *runtime_);
+      spdlog::debug("plan lowered for {}: {} kernels in {:.1f} ms", runtime_->device_name(),
+                    plan.device->kernels().size(), ms_since(tl));
+      if (const char* dump = std::getenv("KILN_DUMP"); dump && std::string(dump) != "0")
+        std::fprintf(stderr, "%s", plan.device->dump().c_str());
+    }
+    results = plan.device->run(binds);
+  } else {
+    results = plan.program->run(binds);
+  }
+  stats_.last_run_ms = ms_since(tr);
+  stats_.last_recorded_ops = plan.recorded_ops;
+  stats_.last_executed_ops = plan.optimized_ops;
+  ++stats_.realizations;
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (!live[i]) continue;
+    // A result that views storage owned elsewhere (an arena slot, or an input's buffer
+    // through a reshape) is snapshotted: the handle keeps the value it had in this step.
+    live[i]->data = results[i].owns_storage() ? results[i] : results[i].clone();
+    live[i]->pending = kNoValue;
+  }
+}
+
+void Engine::begin_trace() {
+  if (tracing_) throw Error("traced step: a step is already being traced (a trace cannot hold another)");
+  realize();  // work recorded before the trace is not part of it
+  tracing_ = true;
+  traced_realizations_ = 0;
+  trace_ = Trace{};
+}
+
+Engine::Trace Engine::end_trace() {
+  tracing_ = false;
+  Trace t = std::move(trace_);
+  trace_ = Trace{};
+  if (traced_realizations_ != 1)
+    throw Error("traced step: the step realized " + std::to_string(traced_realizations_) +
+                " times (reading a value mid-step realizes it); a trace replays exactly one realized step");
+  if (!rec_.circuit.ops().empty())
+    throw Error("traced step: ops were recorded after the step realized; they would not be replayed");
+  return t;
+}
+
+void Engine::replay(Trace& trace) {
+  realize();
+  if (trace.device != device_ || trace.runtime != runtime_ || trace.plan->deterministic != cache_.deterministic())
+    throw Error(std::string("traced step: traced on ") + device_name(trace.device) +
+                (trace.plan->deterministic ? " (deterministic)" : "") + ", the engine is now on " +
+                device_name(device_) + (cache_.deterministic() ? " (deterministic)" : "") + "; trace it again");
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<TensorImpl>> live;
+  for (const auto& w : trace.results) live.push_back(w.lock());
+  std::vector<HostTensor> binds = prepare_run(trace.rec);
+  stats_.last_hash_bind_ms = ms_since(t0);
+  stats_.last_plan_ms = 0;
+  try {
+    execute(*trace.plan, binds, live);
+  } catch (...) {
+    spdlog::error("replayed step failed; persistent tensors keep their values from before it");
+    throw;
+  }
+  last_plan_ = trace.plan;
+  ++stats_.replays;
 }
 
 HostTensor Engine::read_persistent(const TensorImpl& t) const { return arenas_.view(t.slot).clone(); }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -33,9 +34,10 @@ struct TensorImpl {
 };
 
 struct EngineStats {
-  uint64_t realizations = 0;
+  uint64_t realizations = 0;  // steps run, replays included
   uint64_t plans_built = 0;
   uint64_t cache_hits = 0;
+  uint64_t replays = 0;          // traced steps run again (no recording, no lookup)
   double last_hash_bind_ms = 0;  // structural hash + cache lookup + binding of the last step
   double last_plan_ms = 0;       // passes + planning (0 on a cache hit)
   double last_run_ms = 0;        // execution
@@ -56,12 +58,20 @@ class Engine {
   // The id of t in the pending circuit; a realized tensor becomes an input value, a
   // persistent one a persistent value (its latest assigned version within this step).
   ValueId value_of(const Tensor& t);
-  // Wraps a new pending value in a Tensor handle.
-  Tensor wrap(ValueId id);
+  // Wraps a new pending value in a Tensor handle. With deliver false the handle is not given
+  // its value when the step is realized (an input made per run needs no value back).
+  Tensor wrap(ValueId id, bool deliver = true);
   // Records value into the persistent tensor t.
   void assign(const Tensor& t, const Tensor& value);
   // Key (i32 [2]) and a fresh stream offset (i32 []) as runtime inputs for a random op.
   std::pair<ValueId, ValueId> next_random_stream();
+  // A runtime input whose value `make` returns each time the recorded step runs (each replay of
+  // a traced step included), in recording order, after the step's run hooks: per-step values
+  // computed by host code, such as a learning rate or a random stream's offset.
+  ValueId add_computed_input(ValueInfo info, const std::string& name, std::function<HostTensor()> make);
+  // Host work done each time the recorded step runs, before its computed inputs are made (an
+  // optimizer counting its steps). Hooks run in the order they were recorded.
+  void on_each_run(std::function<void()> hook);
 
   Tensor new_persistent(ArenaKind kind, const std::string& name, const HostTensor& init, bool requires_grad);
   void backward(const Tensor& loss);
@@ -95,8 +105,8 @@ class Engine {
   void pop_scope();
   const std::string& scope() const { return scope_path_; }
   const EngineStats& stats() const { return stats_; }
-  // The plan the last realization ran (valid until the cache evicts it), or null.
-  const Plan* last_plan() const { return last_plan_; }
+  // The plan the last realization or replay ran (held, so eviction cannot free it), or null.
+  const Plan* last_plan() const { return last_plan_.get(); }
   PlanCache& plan_cache() { return cache_; }
   ArenaSet& arenas() { return arenas_; }
 
@@ -111,22 +121,50 @@ class Engine {
     std::unordered_map<int32_t, bool> grad_written;     // grad slots assigned by a backward() of this step
     std::unordered_map<int32_t, ValueId> slot_version;  // arena slot -> latest version id
     std::vector<std::weak_ptr<TensorImpl>> handles;     // pending handles of this recording
+    std::vector<std::function<void()>> run_hooks;       // see on_each_run
+    std::vector<std::pair<size_t, std::function<HostTensor()>>> computed;  // external index, maker
     uint64_t epoch = 0;
   };
   Recording take_recording();
   void restore_recording(Recording rec);
-  // Bindings for the externals of a recording (arena views for persistent values).
-  std::vector<HostTensor> bindings(const Recording& rec) const;
+  // Prepares one run of a recording: runs its hooks, makes its computed inputs, and returns the
+  // bindings of its externals (arena views for persistent values).
+  std::vector<HostTensor> prepare_run(Recording& rec);
+
+  // --- traced steps (core/traced_step.hpp) ------------------------------------------------
+  // What a traced step replays: the plan of its one realization, the recording's bindings,
+  // hooks and computed inputs, and the handles that took its results (requested order).
+  struct Trace {
+    std::shared_ptr<const Plan> plan;
+    Recording rec;
+    std::vector<std::weak_ptr<TensorImpl>> results;
+    Device device = Device::CPU;
+    cuda::Runtime* runtime = nullptr;
+  };
+  // Between begin_trace and end_trace the engine keeps the realization that happens; end_trace
+  // throws unless exactly one (non-empty) step was realized.
+  void begin_trace();
+  Trace end_trace();
+  // Runs a trace's plan again with its recording's bindings (rec.bound may have been changed
+  // by the caller); results go to the handles still alive. Pending work is realized first.
+  void replay(Trace& trace);
 
  private:
   ValueId add_input(HostTensor data, const std::string& name);
+  // Runs `plan` on the engine's device and gives each live handle (null: none) its result.
+  void execute(const Plan& plan, const std::vector<HostTensor>& binds,
+               const std::vector<std::shared_ptr<TensorImpl>>& live);
   Recording rec_;
   uint64_t next_epoch_ = 1;
   std::unordered_map<int32_t, std::weak_ptr<TensorImpl>> owners_;  // arena slot -> tensor
   ArenaSet arenas_;
   PlanCache cache_;
   EngineStats stats_;
-  const Plan* last_plan_ = nullptr;
+  std::shared_ptr<const Plan> last_plan_;
+  // Tracing: realizations seen since begin_trace, and the last one's trace.
+  bool tracing_ = false;
+  int traced_realizations_ = 0;
+  Trace trace_;
   Device device_ = Device::CPU;
   cuda::Runtime* runtime_ = nullptr;
   uint64_t seed_ = 0x5EED;

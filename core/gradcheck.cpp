@@ -28,7 +28,7 @@ ad::GradCheckResult gradcheck(const std::function<Tensor(const std::vector<Tenso
       if (a.dtype() == DType::f64) wrt.push_back(e.value_of(a));
     ValueId out_id = e.value_of(out);
     rec = e.take_recording();
-    std::vector<HostTensor> binds = e.bindings(rec);
+    std::vector<HostTensor> binds = e.prepare_run(rec);
     for (size_t i = 0; i < binds.size(); ++i) {
       if (rec.external_slot[i] < 0) continue;
       binds[i] = binds[i].clone();  // perturb copies, never the parameters themselves

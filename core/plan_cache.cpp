@@ -8,31 +8,34 @@
 
 namespace kiln {
 
-const Plan* PlanCache::find(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested) {
+std::shared_ptr<const Plan> PlanCache::find(uint64_t hash, const Circuit& recorded,
+                                            const std::vector<ValueId>& requested) {
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->hash != hash || it->plan.for_gpu != gpu_ || it->plan.deterministic != deterministic_ ||
-        it->plan.requested != requested || !it->plan.recorded.structurally_equal(recorded))
+    const Plan& p = *it->plan;
+    if (it->hash != hash || p.for_gpu != gpu_ || p.deterministic != deterministic_ || p.requested != requested ||
+        !p.recorded.structurally_equal(recorded))
       continue;
     entries_.splice(entries_.begin(), entries_, it);
-    return &entries_.front().plan;
+    return entries_.front().plan;
   }
   return nullptr;
 }
 
 std::vector<const Plan*> PlanCache::plans() const {
   std::vector<const Plan*> out;
-  for (const auto& e : entries_) out.push_back(&e.plan);
+  for (const auto& e : entries_) out.push_back(e.plan.get());
   return out;
 }
 
 const Plan* PlanCache::largest() const {
   const Plan* best = nullptr;
   for (const auto& e : entries_)
-    if (!best || e.plan.optimized_ops > best->optimized_ops) best = &e.plan;
+    if (!best || e.plan->optimized_ops > best->optimized_ops) best = e.plan.get();
   return best;
 }
 
-const Plan* PlanCache::build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested) {
+std::shared_ptr<const Plan> PlanCache::build(uint64_t hash, const Circuit& recorded,
+                                             const std::vector<ValueId>& requested) {
   recorded.verify();  // ordering of buffer reads and writes, before passes could hide it
   std::vector<ValueId> outputs = requested;
   Circuit optimized = pass_enabled("cse") ? cse(recorded, outputs) : dce(recorded, outputs);
@@ -44,20 +47,20 @@ const Plan* PlanCache::build(uint64_t hash, const Circuit& recorded, const std::
   if (gpu_ && pass_enabled("fuse_rows")) optimized = fuse_rows(optimized, outputs);
   if (gpu_ && pass_enabled("merge_multi_tensor")) optimized = merge_multi_tensor(optimized, outputs);
   if (deterministic_) optimized = ordered_scatter_sums(optimized, outputs);
-  Plan plan;
-  plan.recorded = recorded;
-  plan.requested = requested;
-  plan.recorded_ops = recorded.ops().size();
-  plan.for_gpu = gpu_;
-  plan.deterministic = deterministic_;
-  plan.optimized_ops = optimized.ops().size();
-  plan.program = std::make_unique<Program>(std::move(optimized), std::move(outputs));
+  auto plan = std::make_shared<Plan>();
+  plan->recorded = recorded;
+  plan->requested = requested;
+  plan->recorded_ops = recorded.ops().size();
+  plan->for_gpu = gpu_;
+  plan->deterministic = deterministic_;
+  plan->optimized_ops = optimized.ops().size();
+  plan->program = std::make_unique<Program>(std::move(optimized), std::move(outputs));
   entries_.push_front(Entry{hash, std::move(plan)});
   if (entries_.size() > capacity_) {
     spdlog::debug("plan cache full ({} plans): evicting the least recently used", capacity_);
     entries_.pop_back();
   }
-  return &entries_.front().plan;
+  return entries_.front().plan;
 }
 
 }  // namespace kiln

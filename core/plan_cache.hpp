@@ -25,11 +25,12 @@ struct Plan {
 class PlanCache {
  public:
   explicit PlanCache(size_t capacity = 64) : capacity_(capacity < 1 ? 1 : capacity) {}
-  // The plan for (recorded, requested), or nullptr.
-  const Plan* find(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
+  // The plan for (recorded, requested), or nullptr. Plans are shared: one evicted stays alive
+  // while a holder (a traced step, the engine's last plan) keeps it.
+  std::shared_ptr<const Plan> find(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
   // Builds (CSE + DCE, pointwise fusion, Program; KILN_DISABLE_PASSES switches passes off) and inserts; evicts the
   // least recently used beyond capacity.
-  const Plan* build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
+  std::shared_ptr<const Plan> build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
   size_t size() const { return entries_.size(); }
   std::vector<const Plan*> plans() const;  // most recently used first
   const Plan* largest() const;             // the plan with the most ops (a training step), or null
@@ -40,13 +41,15 @@ class PlanCache {
   // Plans built from now on are deterministic on the GPU: no float atomics (scatter sums in
   // source order; every other reduction is already a fixed tree), so a run repeats bit for bit.
   void set_deterministic(bool on) { deterministic_ = on; }
+  bool gpu_target() const { return gpu_; }
+  bool deterministic() const { return deterministic_; }
   size_t capacity() const { return capacity_; }
   void clear() { entries_.clear(); }
 
  private:
   struct Entry {
     uint64_t hash;
-    Plan plan;
+    std::shared_ptr<Plan> plan;
   };
   size_t capacity_;
   bool gpu_ = false;

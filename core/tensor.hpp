@@ -5,6 +5,7 @@
 // This header stays light: no Eigen, HDF5 or CUDA.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,12 @@ class Tensor {
   // A runtime scalar (learning rate, step count): an input of shape [], never a constant, so a
   // new value each step keeps the step's structure (and its compiled plan) the same.
   static Tensor scalar(double value, DType dtype = DType::f32);
+  // A runtime scalar whose value `value()` gives each time the step it is recorded in runs, a
+  // traced step's replays included (after the step's Engine::on_each_run hooks): per-step values
+  // computed by host code, such as an optimizer's bias-corrected learning rate. It belongs to the
+  // step being recorded; its value is not handed back.
+  static Tensor per_run_scalar(std::function<double()> value, DType dtype = DType::f32,
+                               const std::string& name = "per_run");
   // Recorded constants.
   static Tensor full(Shape shape, double value, DType dtype = DType::f32);
   static Tensor zeros(Shape shape, DType dtype = DType::f32);

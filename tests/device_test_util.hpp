@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 
+#include "core/engine.hpp"
 #include "cuda/device_program.hpp"
 #include "cuda/fake_driver.hpp"
 #include "cuda/ptx_printer.hpp"
@@ -22,6 +23,15 @@ inline cuda::Runtime& fake_runtime() {
   static cuda::Runtime rt(cuda::fake_driver(), cuda::RuntimeOptions{"off", "", true});
   return rt;
 }
+
+// Runs the engine on `rt` for the guard's lifetime.
+class OnDevice {
+ public:
+  explicit OnDevice(cuda::Runtime& rt) { Engine::current().set_device(Device::CUDA, &rt); }
+  ~OnDevice() { Engine::current().set_device(Device::CPU); }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+};
 
 // A small GPT for device tests: vocabulary 13, context 8, 2 heads, 16 wide, dropout 0.1 (so the
 // step draws Philox masks on the device).

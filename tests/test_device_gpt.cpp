@@ -20,20 +20,11 @@
 namespace kiln {
 namespace {
 
-// Runs the engine on `rt` for the guard's lifetime.
-class OnDevice {
- public:
-  explicit OnDevice(cuda::Runtime& rt) { Engine::current().set_device(Device::CUDA, &rt); }
-  ~OnDevice() { Engine::current().set_device(Device::CPU); }
-  OnDevice(const OnDevice&) = delete;
-  OnDevice& operator=(const OnDevice&) = delete;
-};
-
 cuda::Runtime* real_gpu() { return cuda::Runtime::system(); }
 
 void reference_forward_backward(cuda::Runtime& rt) {
   KILN_REQUIRE_REFERENCE();
-  OnDevice on(rt);
+  testing::OnDevice on(rt);
   testing::check_reference_forward_backward(DType::f32, 1e-5, 1e-4, rt.device_name());
 }
 
@@ -53,7 +44,7 @@ void training_steps_match_cpu(cuda::Runtime& rt) {
   auto train = [&](bool device) {
     manual_seed(77);
     models::GPT model(c);
-    std::unique_ptr<OnDevice> on = device ? std::make_unique<OnDevice>(rt) : nullptr;
+    std::unique_ptr<testing::OnDevice> on = device ? std::make_unique<testing::OnDevice>(rt) : nullptr;
     optim::AdamW opt(model.parameters(), {1e-2, 0.9, 0.999, 1e-8, 0.01});
     Tensor x = Tensor::from_host(ids), y = Tensor::from_host(ids);
     Run r;
@@ -100,11 +91,11 @@ TEST(FakeGpuEngine, ACachedPlanRunsOnTheCurrentRuntimeAndAFailedSwitchChangesNot
   Tensor x = Tensor::from_vector({1.0, 2.0, 3.0}, Shape{3});
   auto step = [&] { return sum(x * x + 1.0).item(); };
   {
-    OnDevice on(testing::fake_runtime());
+    testing::OnDevice on(testing::fake_runtime());
     EXPECT_EQ(step(), 17.0);
   }
   const int64_t before = other.stats().launches;
-  OnDevice on(other);
+  testing::OnDevice on(other);
   EXPECT_EQ(step(), 17.0);
   EXPECT_GT(other.stats().launches, before);
   if (!cuda::Runtime::system()) {
@@ -119,7 +110,7 @@ TEST(FakeGpuGpt, EveryKernelOfATrainingStepPassesPtxas) {
   const models::GPTConfig c = testing::tiny_gpt_config(1);
   manual_seed(3);
   models::GPT model(c);
-  OnDevice on(testing::fake_runtime());
+  testing::OnDevice on(testing::fake_runtime());
   optim::AdamW opt(model.parameters(), {});
   HostTensor ids = HostTensor::zeros(DType::i32, Shape{2, 8});
   Tensor x = Tensor::from_host(ids);

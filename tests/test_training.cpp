@@ -191,7 +191,7 @@ struct TrainRun {
 
 // An 8-step schedule stopped after `stop_at` steps (0: all 8), as if interrupted.
 TrainRun train_tiny(int64_t steps, const std::string& checkpoint, const std::string& resume, int64_t stop_at = 0,
-                    double lr = 1e-3) {
+                    double lr = 1e-3, bool traced = true) {
   std::string text = generated_text(400);
   Tokenizer tok = Tokenizer::char_level(text);
   TextDataset data(tok.encode(text), 21);
@@ -209,6 +209,7 @@ TrainRun train_tiny(int64_t steps, const std::string& checkpoint, const std::str
   o.checkpoint = checkpoint;
   o.checkpoint_interval = 0;
   o.stop_at = stop_at;
+  o.traced = traced;
   Trainer t(model, data, tok, 21, o);
   if (!resume.empty()) t.resume(resume);
   TrainRun r;
@@ -228,6 +229,14 @@ TEST(Checkpoint, ResumeIsBitExact) {
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest.losses[i], full.losses[4 + i]) << "step " << 4 + i;
   EXPECT_EQ(rest.weights, full.weights);
   std::filesystem::remove(ckpt);
+}
+
+// The trainer replays a traced step by default (tests/test_traced_step.cpp has the engine-level
+// checks); recording every step anew gives the same run.
+TEST(Training, TracedAndReRecordedStepsGiveTheSameRun) {
+  TrainRun traced = train_tiny(8, "", "", 0, 1e-3, true), recorded = train_tiny(8, "", "", 0, 1e-3, false);
+  EXPECT_EQ(traced.losses, recorded.losses);
+  EXPECT_EQ(traced.weights, recorded.weights);
 }
 
 TEST(Training, LossFallsOnGeneratedText) {
@@ -259,7 +268,8 @@ TEST(Training, FusedAndUnfusedRunsGiveTheSameLossesFor100Steps) {
   TrainRun gpu = train_tiny(100, "", "", 0, 1e-2);
   EXPECT_GT(fused_ops_in_step(), 10u);
   cache.set_gpu_target(false);
-  setenv("KILN_DISABLE_PASSES", "fuse_pointwise,fuse_columns,fuse_matmul,fuse_rows,forward_assigns,merge_multi_tensor", 1);
+  setenv("KILN_DISABLE_PASSES", "fuse_pointwise,fuse_columns,fuse_matmul,fuse_rows,forward_assigns,merge_multi_tensor",
+         1);
   cache.clear();
   TrainRun plain = train_tiny(100, "", "", 0, 1e-2);
   EXPECT_EQ(fused_ops_in_step(), 0u);

@@ -18,8 +18,12 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opts) : params_(std::move(
 }
 
 void AdamW::step(double max_grad_norm) {
-  ++t_;
-  Engine::current().mark_phase(Phase::Update);
+  Engine& engine = Engine::current();
+  engine.mark_phase(Phase::Update);
+  // The step count and the scalars made from it move each time the step runs, replays of a
+  // traced step included, so they are made when it runs (host double arithmetic, as torch's
+  // non-capturable AdamW), not when it is recorded.
+  engine.on_each_run([this] { ++t_; });
   // Clipping scales each gradient by min(1, max_norm / (norm + 1e-6)), written into the
   // gradient's own expression (a scalar op of its own would be one more launch).
   auto clipped = [&](const Tensor& g) {
@@ -34,8 +38,6 @@ void AdamW::step(double max_grad_norm) {
     }
     last_norm_ = sqrt(total);
   }
-  const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(t_));
-  const double bc2 = 1.0 - std::pow(opts_.beta2, static_cast<double>(t_));
   // Runtime scalars: they change every step without changing the step's structure. Every
   // parameter (of a dtype) reads the same ones and records the same ops, so the multi-tensor
   // merge makes the whole update one launch. Decoupled weight decay multiplies by
@@ -46,11 +48,17 @@ void AdamW::step(double max_grad_norm) {
   std::map<DType, Scalars> scalars;
   auto scalars_for = [&](DType dt) -> const Scalars& {
     auto it = scalars.find(dt);
-    if (it == scalars.end())
-      it = scalars
-               .emplace(dt, Scalars{Tensor::scalar(opts_.lr / bc1, dt), Tensor::scalar(1.0 / std::sqrt(bc2), dt),
-                                    Tensor::scalar(1.0 - opts_.lr * opts_.weight_decay, dt), Tensor::scalar(1.0, dt)})
-               .first;
+    if (it == scalars.end()) {
+      Scalars k{
+          Tensor::per_run_scalar([this] { return opts_.lr / (1.0 - std::pow(opts_.beta1, static_cast<double>(t_))); },
+                                 dt, "adamw.step_size"),
+          Tensor::per_run_scalar(
+              [this] { return 1.0 / std::sqrt(1.0 - std::pow(opts_.beta2, static_cast<double>(t_))); }, dt,
+              "adamw.inv_sqrt_bc2"),
+          Tensor::per_run_scalar([this] { return 1.0 - opts_.lr * opts_.weight_decay; }, dt, "adamw.decay"),
+          Tensor::scalar(1.0, dt)};
+      it = scalars.emplace(dt, std::move(k)).first;
+    }
     return it->second;
   };
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -65,7 +73,7 @@ void AdamW::step(double max_grad_norm) {
     p.assign(map(se::in(0) - se::in(1) * se::in(2) / (se::sqrt(se::in(3)) * se::in(4) + se::c(opts_.eps)),
                  {decayed, k.step_size, m_[i], v_[i], k.inv_sqrt_bc2}));
   }
-  Engine::current().realize();
+  engine.realize();
 }
 
 }  // namespace kiln::optim

@@ -1,7 +1,8 @@
 // AdamW (Loshchilov & Hutter) as PyTorch computes it: bias-corrected moments, decoupled weight
 // decay p -= lr * wd * p applied to 2-D parameters only (matrices and embeddings; none on
-// biases and LayerNorm, as nanoGPT). Moments live in the state arena; the learning rate and
-// the bias corrections are runtime inputs, so every step replays one plan.
+// biases and LayerNorm, as nanoGPT). Moments live in the state arena; the step count advances,
+// and the learning rate and bias corrections are made, each time the step runs (run hooks and
+// per-run scalars), so every step replays one plan and a traced step needs no re-recording.
 #pragma once
 
 #include <vector>

@@ -17,7 +17,8 @@ SGD::SGD(std::vector<Tensor> params, double lr, double momentum)
 void SGD::step() {
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
-    Tensor lr = Tensor::scalar(lr_, p.dtype());  // a runtime input: changing lr keeps the plan
+    // Made each time the step runs: changing lr keeps the plan, and a traced step sees it.
+    Tensor lr = Tensor::per_run_scalar([this] { return lr_; }, p.dtype(), "sgd.lr");
     Tensor g = p.grad();
     if (momentum_ != 0.0) {
       velocity_[i].assign(velocity_[i] * momentum_ + g);

@@ -4,8 +4,10 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <memory>
 
 #include "core/step_stats.hpp"
+#include "core/traced_step.hpp"
 #include "train/checkpoint.hpp"
 #include "train/schedule.hpp"
 
@@ -54,24 +56,47 @@ TrainResult Trainer::run() {
   const double tokens_per_step = static_cast<double>(opts_.batch * block);
   auto t0 = std::chrono::steady_clock::now();
   int64_t first = step_;
-  double run_ms = 0, step_ms = 0;  // summed over the steps run
+  // Executor time and whole-step time, summed over the steps run after the first (which records
+  // the step and builds its plan, and is reported alone).
+  double run_ms = 0, step_ms = 0;
+  int64_t timed = 0;
   auto save = [&] {
     if (opts_.checkpoint.empty()) return;
     save_checkpoint(opts_.checkpoint, model_, opt_, tokenizer_, {step_, data_seed_});
   };
+  std::unique_ptr<TracedStep> traced;  // made by the first step when opts_.traced
   const int64_t end = opts_.stop_at > 0 ? std::min(opts_.stop_at, opts_.steps) : opts_.steps;
   while (step_ < end) {
     double lr = warmup_cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
     opt_.set_lr(lr);
     Batch b = data_.train_batch(static_cast<uint64_t>(step_), opts_.batch, block);
     auto ts = std::chrono::steady_clock::now();
-    Tensor loss = model_.loss(b.x, b.y);
-    loss.backward();
-    opt_.step(opts_.grad_clip);
+    Tensor loss;
+    if (traced) {
+      loss = traced->run({b.x.to_host(), b.y.to_host()})[0];
+    } else {
+      auto record = [&] {
+        Tensor l = model_.loss(b.x, b.y);
+        l.backward();
+        opt_.step(opts_.grad_clip);
+        return std::vector<Tensor>{l};
+      };
+      if (opts_.traced) {
+        traced = std::make_unique<TracedStep>(std::vector<Tensor>{b.x, b.y}, record);  // runs this step
+        loss = traced->outputs()[0];
+      } else {
+        loss = record()[0];
+      }
+    }
     // Time in the executor (Eigen or GPU program) and in the whole step: recording the model's
-    // C++ code, hashing, binding and the executor.
-    run_ms += Engine::current().stats().last_run_ms;
-    step_ms += 1000 * std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    // C++ code and hashing (untraced, or the first traced step), binding and the executor.
+    const double this_run_ms = Engine::current().stats().last_run_ms,
+                 this_step_ms = 1000 * std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    if (step_ > first) {
+      run_ms += this_run_ms;
+      step_ms += this_step_ms;
+      ++timed;
+    }
     result.losses.push_back(loss.item());
     ++step_;
     bool last = step_ == end;
@@ -82,9 +107,14 @@ TrainResult Trainer::run() {
                    opts_.steps, result.losses.back(), lr, 1000 * per_step, tokens_per_step / per_step,
                    per_step * static_cast<double>(opts_.steps - step_));
       if (opts_.stats && Engine::current().last_plan()) {
-        const double steps = static_cast<double>(step_ - first), outside = (step_ms - run_ms) / steps;
-        spdlog::info("stats: {}; host time outside the executor {:.2f} ms/step ({:.1f}% of the step)",
-                     measure_step(*Engine::current().last_plan()).summary(), outside, 100 * outside * steps / step_ms);
+        const bool first_step = timed == 0;
+        const double outside =
+                         first_step ? this_step_ms - this_run_ms : (step_ms - run_ms) / static_cast<double>(timed),
+                     share = first_step ? outside / this_step_ms : (step_ms - run_ms) / step_ms;
+        spdlog::info("stats: {}; host time outside the executor {:.3f} ms/step ({:.1f}% of the step; {})",
+                     measure_step(*Engine::current().last_plan()).summary(), outside, 100 * share,
+                     first_step ? "first step: records and plans"
+                                : fmt::format("{} {} steps", timed, opts_.traced ? "replayed" : "re-recorded"));
       }
     }
     if ((opts_.eval_interval > 0 && step_ % opts_.eval_interval == 0) || last) {

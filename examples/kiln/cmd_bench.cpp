@@ -1,14 +1,18 @@
 // `kiln bench`: the speed of a full training step (forward, backward, AdamW) for a GPT config,
 // its FLOPs (2 m n k over every matmul of forward and backward, attention included), and the
-// fraction of this machine's measured Eigen f32 GEMM rate (1024^3, same thread count) it reaches.
+// fraction of this machine's measured Eigen f32 GEMM rate (1024^3, same thread count) it reaches
+// (for the traced step, as training runs it), next to the host time spent outside the executor
+// when the step is recorded every time and when a traced step is replayed.
 #include <chrono>
 #include <cstdio>
+#include <functional>
 
 #include "args.hpp"
 #include "circuit/builder.hpp"
 #include "circuit/executor.hpp"
 #include "commands.hpp"
 #include "core/engine.hpp"
+#include "core/traced_step.hpp"
 #include "models/gpt.hpp"
 #include "train/adamw.hpp"
 
@@ -68,23 +72,43 @@ int cmd_bench(const std::vector<std::string>& argv) {
   for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 7919) % c.vocab_size));
   Tensor x = Tensor::from_host(ids), y = Tensor::from_host(ids);
   double flops = 0;
-  auto step = [&] {
+  auto record = [&] {
     Tensor loss = model.loss(x, y);
     loss.backward();
     flops = matmul_flops(Engine::current().pending());
     opt.step();
-    loss.item();
+    return std::vector<Tensor>{loss};
   };
-  for (int i = 0; i < 3; ++i) step();  // warm up: plan built, caches hot
-  auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < steps; ++i) step();
-  double per_step = seconds_since(t0) / static_cast<double>(steps);
+  // Mean step time and host time outside the executor (recording, hashing, lookup, binding).
+  struct Timing {
+    double step_ms = 0, outside_ms = 0;
+  };
+  auto time_steps = [&](const std::function<void()>& one_step) {
+    for (int i = 0; i < 3; ++i) one_step();  // warm up: plan built, caches hot
+    double run_ms = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < steps; ++i) {
+      one_step();
+      run_ms += Engine::current().stats().last_run_ms;
+    }
+    Timing t;
+    t.step_ms = 1000 * seconds_since(t0) / static_cast<double>(steps);
+    t.outside_ms = t.step_ms - run_ms / static_cast<double>(steps);
+    return t;
+  };
+  Timing recorded = time_steps([&] { record()[0].item(); });
+  TracedStep traced({x, y}, record);
+  Timing replayed = time_steps([&] { traced.run({ids, ids})[0].item(); });
+  const double per_step = replayed.step_ms / 1000;
   double rate = gemm_gflops();
   double achieved = flops / per_step / 1e9;
   std::printf("config L%lld H%lld C%lld T%lld B%lld V%lld, AdamW\n", static_cast<long long>(c.n_layer),
               static_cast<long long>(c.n_head), static_cast<long long>(c.n_embd), static_cast<long long>(c.block_size),
               static_cast<long long>(batch), static_cast<long long>(c.vocab_size));
-  std::printf("step: %.1f ms, %.0f tokens/s\n", 1000 * per_step, static_cast<double>(batch * c.block_size) / per_step);
+  for (const auto& [how, t] : {std::pair{"recorded every step", recorded}, std::pair{"traced, replayed", replayed}})
+    std::printf("step (%s): %.1f ms, %.0f tokens/s; host time outside the executor %.3f ms (%.2f%%)\n", how, t.step_ms,
+                static_cast<double>(batch * c.block_size) / (t.step_ms / 1000), t.outside_ms,
+                100 * t.outside_ms / t.step_ms);
   std::printf("matmul FLOPs per step (forward + backward): %.3f GFLOP -> %.1f GFLOP/s\n", flops / 1e9, achieved);
   std::printf("Eigen f32 GEMM 1024^3 on this machine: %.1f GFLOP/s\n", rate);
   std::printf("step reaches %.1f%% of the GEMM rate\n", 100 * achieved / rate);

@@ -32,11 +32,12 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"eval-every", "steps between validation losses (default 250)"},
               {"device", "auto (default), cpu or cuda"},
               {"stats", "log each step's kernels (forward/backward/update), bytes, host time and peak memory"},
-              {"deterministic", "GPU steps without float atomics: a run (and a resumed run) repeats bit for bit"}},
+              {"deterministic", "GPU steps without float atomics: a run (and a resumed run) repeats bit for bit"},
+              {"no-trace", "record every step anew instead of recording it once and replaying it"}},
              false),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) with AdamW on a character- or byte-level "
          "corpus.",
-         {"stats", "deterministic"});
+         {"stats", "deterministic", "no-trace"});
   if (a.help()) {
     a.print_help();
     return 0;
@@ -77,6 +78,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.checkpoint = a.str("checkpoint", "");
   o.checkpoint_interval = a.integer("ckpt-every", 500);
   o.stats = a.has("stats");
+  o.traced = !a.has("no-trace");
   Trainer trainer(model, data, tok, seed, o);
   if (a.has("resume")) trainer.resume(a.str("resume", ""));
   TrainResult r = trainer.run();

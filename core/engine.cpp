@@ -212,12 +212,13 @@ void Engine::convert_persistent(const std::shared_ptr<TensorImpl>& t, DType dtyp
                 dtype_name(dtype));
   realize();  // pending updates of the old buffer land first
   auto move_slot = [&](TensorImpl& x) {
-    HostTensor old = arenas_.view(x.slot);
+    HostTensor old = host_view(x.slot);
     ArenaKind kind = arenas_.slot(x.slot).kind;
     int32_t slot = arenas_.allocate(kind, dtype, old.shape(), x.name);
     HostTensor converted = arenas_.view(slot);
     old = arenas_.view(x.slot);  // the allocation may have moved the arena
     for (int64_t i = 0; i < old.numel(); ++i) converted.set(i, old.get(i));
+    if (resident_) resident_->forget(x.slot);
     x.slot = slot;
     x.info.dtype = dtype;
   };
@@ -227,7 +228,13 @@ void Engine::convert_persistent(const std::shared_ptr<TensorImpl>& t, DType dtyp
   if (t->grad) move_slot(*t->grad);
 }
 
-std::vector<HostTensor> Engine::prepare_run(Recording& rec) {
+HostTensor Engine::host_view(int32_t slot) const {
+  HostTensor view = arenas_.view(slot);
+  if (resident_) resident_->sync_host(slot, view);
+  return view;
+}
+
+std::vector<HostTensor> Engine::prepare_run(Recording& rec, bool on_device) {
   for (const auto& hook : rec.run_hooks) hook();
   for (const auto& [external, make] : rec.computed) {
     // A fresh buffer each run: a handle given the previous value may still share the old one.
@@ -241,7 +248,8 @@ std::vector<HostTensor> Engine::prepare_run(Recording& rec) {
   }
   std::vector<HostTensor> out = rec.bound;
   for (size_t i = 0; i < out.size(); ++i)
-    if (rec.external_slot[i] >= 0) out[i] = arenas_.view(rec.external_slot[i]);
+    if (rec.external_slot[i] >= 0)
+      out[i] = on_device ? arenas_.view(rec.external_slot[i]) : host_view(rec.external_slot[i]);
   return out;
 }
 
@@ -276,10 +284,10 @@ void Engine::realize() {
         std::fprintf(stderr, "%s%s", rec.circuit.dump("recorded (forward, backward, updates)").c_str(),
                      plan->program->circuit().dump("optimized (CSE, DCE, fusion)").c_str());
     }
-    std::vector<HostTensor> binds = prepare_run(rec);
+    std::vector<HostTensor> binds = prepare_run(rec, device_ == Device::CUDA);
     stats_.last_hash_bind_ms = ms_since(t0) - plan_ms;
     stats_.last_plan_ms = plan_ms;
-    execute(*plan, binds, live);
+    execute(*plan, binds, rec.external_slot, live);
     last_plan_ = plan;
     if (tracing_) {
       ++traced_realizations_;
@@ -292,7 +300,7 @@ void Engine::realize() {
   }
 }
 
-void Engine::execute(const Plan& plan, const std::vector<HostTensor>& binds,
+void Engine::execute(const Plan& plan, const std::vector<HostTensor>& binds, const std::vector<int32_t>& external_slot,
                      const std::vector<std::shared_ptr<TensorImpl>>& live) {
   auto tr = std::chrono::steady_clock::now();
   std::vector<HostTensor> results;
@@ -306,7 +314,7 @@ void Engine::execute(const Plan& plan, const std::vector<HostTensor>& binds,
       if (const char* dump = std::getenv("KILN_DUMP"); dump && std::string(dump) != "0")
         std::fprintf(stderr, "%s", plan.device->dump().c_str());
     }
-    results = plan.device->run(binds);
+    results = plan.device->run(binds, cuda::Residency{resident_.get(), external_slot});
   } else {
     results = plan.program->run(binds);
   }
@@ -352,11 +360,11 @@ void Engine::replay(Trace& trace) {
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::shared_ptr<TensorImpl>> live;
   for (const auto& w : trace.results) live.push_back(w.lock());
-  std::vector<HostTensor> binds = prepare_run(trace.rec);
+  std::vector<HostTensor> binds = prepare_run(trace.rec, device_ == Device::CUDA);
   stats_.last_hash_bind_ms = ms_since(t0);
   stats_.last_plan_ms = 0;
   try {
-    execute(*trace.plan, binds, live);
+    execute(*trace.plan, binds, trace.rec.external_slot, live);
   } catch (...) {
     spdlog::error("replayed step failed; persistent tensors keep their values from before it");
     throw;
@@ -365,14 +373,15 @@ void Engine::replay(Trace& trace) {
   ++stats_.replays;
 }
 
-HostTensor Engine::read_persistent(const TensorImpl& t) const { return arenas_.view(t.slot).clone(); }
+HostTensor Engine::read_persistent(const TensorImpl& t) const { return host_view(t.slot).clone(); }
 
 void Engine::write_persistent(const TensorImpl& t, const HostTensor& values) {
   if (t.slot < 0) throw Error("write_persistent: '" + t.name + "' is not a persistent tensor");
   if (values.shape() != t.info.shape)
     throw Error("write_persistent: '" + t.name + "' has shape " + t.info.shape.str() + ", values have " +
                 values.shape().str());
-  realize();  // pending reads and updates of the buffer come first
+  realize();                                 // pending reads and updates of the buffer come first
+  if (resident_) resident_->forget(t.slot);  // the host copy is the newer one now
   HostTensor dst = arenas_.view(t.slot);
   for (int64_t i = 0; i < dst.numel(); ++i) dst.set(i, values.get(i));
 }
@@ -394,6 +403,12 @@ void Engine::set_device(Device d, cuda::Runtime* runtime) {
     rt = runtime ? runtime : cuda_runtime(&why);
     if (!rt) throw Error("device cuda: no usable GPU (" + why + ")");
   }
+  if (resident_ && &resident_->runtime() != rt) {
+    // Leaving this runtime: every tensor the device updated comes home first.
+    for (int32_t slot : resident_->stale_keys()) resident_->sync_host(slot, arenas_.view(slot));
+    resident_.reset();
+  }
+  if (rt && !resident_) resident_ = std::make_unique<cuda::ResidentBuffers>(*rt);
   runtime_ = rt;
   device_ = d;
   cache_.set_gpu_target(d == Device::CUDA);

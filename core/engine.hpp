@@ -128,8 +128,9 @@ class Engine {
   Recording take_recording();
   void restore_recording(Recording rec);
   // Prepares one run of a recording: runs its hooks, makes its computed inputs, and returns the
-  // bindings of its externals (arena views for persistent values).
-  std::vector<HostTensor> prepare_run(Recording& rec);
+  // bindings of its externals: arena views for persistent values, made current unless the run is
+  // on the device (which uses the device copies where they are newer).
+  std::vector<HostTensor> prepare_run(Recording& rec, bool on_device = false);
 
   // --- traced steps (core/traced_step.hpp) ------------------------------------------------
   // What a traced step replays: the plan of its one realization, the recording's bindings,
@@ -152,8 +153,11 @@ class Engine {
  private:
   ValueId add_input(HostTensor data, const std::string& name);
   // Runs `plan` on the engine's device and gives each live handle (null: none) its result.
-  void execute(const Plan& plan, const std::vector<HostTensor>& binds,
+  // external_slot: per external, its arena slot or -1 (the device keeps those slots resident).
+  void execute(const Plan& plan, const std::vector<HostTensor>& binds, const std::vector<int32_t>& external_slot,
                const std::vector<std::shared_ptr<TensorImpl>>& live);
+  // The host copy of an arena slot, downloaded first when the device copy is newer.
+  HostTensor host_view(int32_t slot) const;
   Recording rec_;
   uint64_t next_epoch_ = 1;
   std::unordered_map<int32_t, std::weak_ptr<TensorImpl>> owners_;  // arena slot -> tensor
@@ -167,6 +171,8 @@ class Engine {
   Trace trace_;
   Device device_ = Device::CPU;
   cuda::Runtime* runtime_ = nullptr;
+  // On the GPU: device copies of persistent tensors, kept between steps.
+  std::unique_ptr<cuda::ResidentBuffers> resident_;
   uint64_t seed_ = 0x5EED;
   uint64_t random_counter_ = 0;
   std::vector<std::string> scopes_;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 #include "circuit/error.hpp"
 #include "circuit/executor.hpp"
@@ -39,12 +40,22 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
 
 namespace {
 
-// Frees every buffer still held when a run ends, normally or by an exception.
+// Frees every buffer still held when a run ends, normally or by an exception. A borrowed
+// buffer (a resident persistent tensor's) is only referred to, never freed; one taken out (an
+// assigned value that becomes a resident copy) is no longer this run's to free.
 struct Buffers {
   Runtime& rt;
   std::vector<CUdeviceptr> of;  // per value root
-  size_t held = 0, peak = 0;
   std::vector<size_t> bytes;
+  std::vector<char> borrowed;
+  size_t held = 0, peak = 0;
+  Buffers(Runtime& r, size_t values) : rt(r), of(values, 0), bytes(values, 0), borrowed(values, 0) {}
+  ValueId add_slot() {
+    of.push_back(0);
+    bytes.push_back(0);
+    borrowed.push_back(0);
+    return static_cast<ValueId>(of.size() - 1);
+  }
   CUdeviceptr alloc(ValueId v, size_t n) {
     n = std::max<size_t>(n, 4);
     of[static_cast<size_t>(v)] = rt.alloc(n);
@@ -53,16 +64,31 @@ struct Buffers {
     peak = std::max(peak, held);
     return of[static_cast<size_t>(v)];
   }
+  void borrow(ValueId v, CUdeviceptr p) {
+    of[static_cast<size_t>(v)] = p;
+    borrowed[static_cast<size_t>(v)] = 1;
+  }
+  // The buffer of root v, now the caller's to free (0 when v's buffer is borrowed or gone).
+  CUdeviceptr take(ValueId v) {
+    auto i = static_cast<size_t>(v);
+    if (borrowed[i] || !of[i]) return 0;
+    CUdeviceptr p = of[i];
+    of[i] = 0;
+    held -= bytes[i];
+    return p;
+  }
   void release(ValueId v) {
-    auto& p = of[static_cast<size_t>(v)];
-    if (!p) return;
-    rt.free(p);
-    p = 0;
-    held -= bytes[static_cast<size_t>(v)];
+    auto i = static_cast<size_t>(v);
+    if (!of[i]) return;
+    if (!borrowed[i]) {
+      rt.free(of[i]);
+      held -= bytes[i];
+    }
+    of[i] = 0;
   }
   ~Buffers() {
-    for (auto& p : of)
-      if (p) rt.free(p);
+    for (size_t i = 0; i < of.size(); ++i)
+      if (of[i] && !borrowed[i]) rt.free(of[i]);
   }
 };
 
@@ -70,21 +96,31 @@ size_t nbytes(const ValueInfo& info) { return static_cast<size_t>(info.shape.num
 
 }  // namespace
 
-std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindings) {
+std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindings, const Residency& residency) {
   check_bindings(circuit_, bindings, "device program");
   const auto& ops = circuit_.ops();
   const auto& ext = circuit_.externals();
-  Buffers buf{rt_, std::vector<CUdeviceptr>(circuit_.num_values(), 0), 0, 0,
-              std::vector<size_t>(circuit_.num_values())};
+  const bool resident = residency.buffers != nullptr;
+  if (resident) {
+    if (&residency.buffers->runtime() != &rt_) throw Error("device program: resident buffers of another runtime");
+    if (residency.keys.size() != ext.size())
+      throw Error("device program: " + std::to_string(residency.keys.size()) + " resident keys for " +
+                  std::to_string(ext.size()) + " externals");
+  }
+  auto key_of = [&](size_t external) { return resident ? residency.keys[external] : -1; };
+  const size_t uploaded_before = rt_.stats().bytes_uploaded, downloaded_before = rt_.stats().bytes_downloaded;
+  Buffers buf(rt_, circuit_.num_values());
   auto ptr = [&](ValueId v) { return buf.of[static_cast<size_t>(root_[static_cast<size_t>(v)])]; };
   for (size_t i = 0; i < ext.size(); ++i) {
+    if (key_of(i) >= 0) {
+      buf.borrow(ext[i], residency.buffers->on_device(key_of(i), bindings[i]));
+      continue;
+    }
     CUdeviceptr d = buf.alloc(ext[i], bindings[i].nbytes());
     if (bindings[i].nbytes()) rt_.upload(d, bindings[i].raw(), bindings[i].nbytes());
   }
   // Status words: two u32 per op that checks indices, zeroed.
-  const auto status_value = static_cast<ValueId>(circuit_.num_values());
-  buf.of.push_back(0);
-  buf.bytes.push_back(0);
+  const ValueId status_value = buf.add_slot();
   CUdeviceptr status = buf.alloc(status_value, static_cast<size_t>(std::max(status_slots_, 1)) * kStatusWords * 4);
   rt_.memset_zero(status, static_cast<size_t>(std::max(status_slots_, 1)) * kStatusWords * 4);
   int64_t launches = 0;
@@ -98,11 +134,8 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
       }
       // Scratch buffers live in `buf` past the values, so an exception frees them too.
       std::vector<CUdeviceptr> scratch;
-      for (size_t s = 0; s < l.scratch_bytes.size(); ++s) {
-        buf.of.push_back(0);
-        buf.bytes.push_back(0);
-        scratch.push_back(buf.alloc(static_cast<ValueId>(buf.of.size() - 1), l.scratch_bytes[s]));
-      }
+      for (size_t s = 0; s < l.scratch_bytes.size(); ++s)
+        scratch.push_back(buf.alloc(buf.add_slot(), l.scratch_bytes[s]));
       for (size_t s : l.zeroed_scratch) rt_.memset_zero(scratch[s], l.scratch_bytes[s]);
       try {
         for (size_t k = 0; k < l.launches.size(); ++k) {
@@ -149,21 +182,53 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
     if (h.nbytes()) rt_.download(h.raw(), ptr(o), h.nbytes());
     results.push_back(std::move(h));
   }
-  // The step succeeded: commit assigned persistent buffers into their host bindings. Every
-  // download comes first, so a failing one leaves every host buffer as it was.
+  // The step succeeded. Assigned persistent tensors: a resident one's device copy becomes the
+  // assigned value's buffer (taken from this run; copied when that buffer is not the run's own,
+  // or was taken already), the rest are committed into their host bindings. Every download comes
+  // first, so a failing one leaves every host buffer as it was.
   std::vector<std::pair<const HostTensor*, HostTensor>> commits;
+  std::vector<const Op*> resident_assigns;
   for (const Op& op : ops) {
     if (!op.prim->side_effect) continue;
     ValueId target = circuit_.assign_root(op.inputs[0]);
-    auto at = std::find(ext.begin(), ext.end(), target);
-    const HostTensor& host = bindings[static_cast<size_t>(at - ext.begin())];
+    auto at = static_cast<size_t>(std::find(ext.begin(), ext.end(), target) - ext.begin());
+    if (key_of(at) >= 0) {
+      resident_assigns.push_back(&op);
+      continue;
+    }
+    const HostTensor& host = bindings[at];
     HostTensor contents = HostTensor::zeros(host.dtype(), host.shape());
     if (host.nbytes()) rt_.download(contents.raw(), ptr(op.outputs[0]), host.nbytes());
     commits.emplace_back(&host, std::move(contents));
   }
+  Buffers next(rt_, 0);                                   // the new device copies; freed if making them fails
+  std::vector<std::pair<int32_t, ValueId>> replacements;  // key, its buffer in `next`
+  std::unordered_map<ValueId, CUdeviceptr> taken;         // root -> its buffer, taken into `next`
+  for (const Op* op : resident_assigns) {
+    ValueId target = circuit_.assign_root(op->inputs[0]);
+    auto at = static_cast<size_t>(std::find(ext.begin(), ext.end(), target) - ext.begin());
+    const size_t n = bindings[at].nbytes();
+    const ValueId root = root_[static_cast<size_t>(op->outputs[0])];
+    const CUdeviceptr src = taken.count(root) ? taken[root] : ptr(op->outputs[0]);
+    const ValueId slot = next.add_slot();
+    if (CUdeviceptr own = buf.take(root)) {  // this run's own buffer: no copy
+      next.of[static_cast<size_t>(slot)] = own;
+      next.bytes[static_cast<size_t>(slot)] = std::max<size_t>(n, 4);
+      taken[root] = own;
+    } else {
+      rt_.copy(next.alloc(slot, n), src, n);
+    }
+    replacements.emplace_back(residency.keys[at], slot);
+  }
+  for (const auto& [key, slot] : replacements) {
+    const auto i = static_cast<size_t>(slot);
+    residency.buffers->replace(key, next.of[i], next.bytes[i]);
+    next.of[i] = 0;  // the resident copy's own now
+  }
   for (const auto& [host, contents] : commits)
     if (host->nbytes()) std::memcpy(host->raw(), contents.raw(), host->nbytes());
-  last_run_ = {launches, buf.peak};
+  last_run_ = {launches, buf.peak, rt_.stats().bytes_uploaded - uploaded_before,
+               rt_.stats().bytes_downloaded - downloaded_before};
   return results;
 }
 

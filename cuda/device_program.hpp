@@ -1,8 +1,8 @@
 // DeviceProgram: a Circuit lowered to kernel launches and run through a Runtime (a GPU, or the
 // fake driver's simulator). Same contract as the Eigen executor's Program::run: bindings per
 // external, results per requested output, and persistent buffers written by assign ops only
-// after the whole step succeeded on the device (the commit downloads them into the bound host
-// buffers). Every binding is uploaded per run: parameters are not yet resident on the device.
+// after the whole step succeeded on the device: into the bound host buffers, or, for persistent
+// tensors resident on the device (Residency), by making the step's buffer their device copy.
 #pragma once
 
 #include <memory>
@@ -11,13 +11,24 @@
 
 #include "circuit/circuit.hpp"
 #include "cuda/lower.hpp"
+#include "cuda/resident.hpp"
 #include "cuda/runtime.hpp"
 
 namespace kiln::cuda {
 
 struct DeviceRunStats {
   int64_t launches = 0;
-  size_t peak_bytes = 0;  // device bytes held by this run's buffers at their peak
+  size_t peak_bytes = 0;                            // device bytes held by this run's buffers at their peak
+  size_t uploaded_bytes = 0, downloaded_bytes = 0;  // host <-> device copies made by the run
+};
+
+// Persistent externals kept on the device between runs (cuda/resident.hpp): keys[i] >= 0 names
+// external i's device copy in `buffers` (its host binding is uploaded only when there is none,
+// and an assign replaces the device copy instead of writing the host binding); -1 is an input,
+// uploaded each run. No buffers: every binding is uploaded and assigns are committed to the host.
+struct Residency {
+  ResidentBuffers* buffers = nullptr;
+  std::vector<int32_t> keys;
 };
 
 class DeviceProgram {
@@ -25,7 +36,7 @@ class DeviceProgram {
   // Lowers every op (errors name the op and layer) and loads every kernel through `rt`.
   DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runtime& rt);
 
-  std::vector<HostTensor> run(const std::vector<HostTensor>& bindings);
+  std::vector<HostTensor> run(const std::vector<HostTensor>& bindings, const Residency& residency = {});
 
   const Circuit& circuit() const { return circuit_; }
   Runtime& runtime() const { return rt_; }

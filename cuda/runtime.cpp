@@ -249,11 +249,13 @@ void Runtime::release_free_blocks() {
 void Runtime::upload(CUdeviceptr dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   check(driver_.api.cuMemcpyHtoD(dst, src, bytes), fmt::format("upload of {} bytes to {:#x}", bytes, dst));
+  stats_.bytes_uploaded += bytes;
 }
 
 void Runtime::download(void* dst, CUdeviceptr src, size_t bytes) {
   if (bytes == 0) return;
   check(driver_.api.cuMemcpyDtoH(dst, src, bytes), fmt::format("download of {} bytes from {:#x}", bytes, src));
+  stats_.bytes_downloaded += bytes;
 }
 
 void Runtime::copy(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {

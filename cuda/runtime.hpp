@@ -38,6 +38,7 @@ struct RuntimeStats {
   int64_t corrupt_cache_entries = 0;
   int64_t device_allocations = 0;  // cuMemAlloc calls made by the arena
   size_t bytes_in_use = 0, peak_bytes_in_use = 0;
+  size_t bytes_uploaded = 0, bytes_downloaded = 0;  // host <-> device copies
 };
 
 // A loaded kernel: the driver function and the IR it was printed from (its parameter types

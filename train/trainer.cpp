@@ -107,14 +107,21 @@ TrainResult Trainer::run() {
                    opts_.steps, result.losses.back(), lr, 1000 * per_step, tokens_per_step / per_step,
                    per_step * static_cast<double>(opts_.steps - step_));
       if (opts_.stats && Engine::current().last_plan()) {
+        const Plan& plan = *Engine::current().last_plan();
         const bool first_step = timed == 0;
         const double outside =
                          first_step ? this_step_ms - this_run_ms : (step_ms - run_ms) / static_cast<double>(timed),
                      share = first_step ? outside / this_step_ms : (step_ms - run_ms) / step_ms;
-        spdlog::info("stats: {}; host time outside the executor {:.3f} ms/step ({:.1f}% of the step; {})",
-                     measure_step(*Engine::current().last_plan()).summary(), outside, 100 * share,
+        std::string copies;  // on the GPU: what the last step copied between host and device
+        if (Engine::current().device() == Device::CUDA && plan.device)
+          copies = fmt::format("; host -> device {:.1f} KiB, device -> host {:.1f} KiB",
+                               static_cast<double>(plan.device->last_run().uploaded_bytes) / 1024,
+                               static_cast<double>(plan.device->last_run().downloaded_bytes) / 1024);
+        spdlog::info("stats: {}; host time outside the executor {:.3f} ms/step ({:.1f}% of the step; {}){}",
+                     measure_step(plan).summary(), outside, 100 * share,
                      first_step ? "first step: records and plans"
-                                : fmt::format("{} {} steps", timed, opts_.traced ? "replayed" : "re-recorded"));
+                                : fmt::format("{} {} steps", timed, opts_.traced ? "replayed" : "re-recorded"),
+                     copies);
       }
     }
     if ((opts_.eval_interval > 0 && step_ % opts_.eval_interval == 0) || last) {

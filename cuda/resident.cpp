@@ -1,0 +1,72 @@
+// ResidentBuffers: the device side of persistent tensors and which copy is newer.
+#include "cuda/resident.hpp"
+
+#include <algorithm>
+
+namespace kiln::cuda {
+
+ResidentBuffers::~ResidentBuffers() {
+  for (auto& [key, e] : entries_) {
+    try {
+      rt_.free(e.ptr);
+    } catch (...) {  // a destructor frees what it can
+    }
+  }
+}
+
+CUdeviceptr ResidentBuffers::on_device(int32_t key, const HostTensor& host) {
+  auto it = entries_.find(key);
+  if (it != entries_.end()) return it->second.ptr;
+  Entry e;
+  e.bytes = std::max<size_t>(host.nbytes(), 4);
+  e.ptr = rt_.alloc(e.bytes);
+  try {
+    rt_.upload(e.ptr, host.raw(), host.nbytes());
+  } catch (...) {
+    rt_.free(e.ptr);
+    throw;
+  }
+  entries_[key] = e;
+  return e.ptr;
+}
+
+void ResidentBuffers::replace(int32_t key, CUdeviceptr ptr, size_t bytes) {
+  auto it = entries_.find(key);
+  if (it != entries_.end() && it->second.ptr != ptr) rt_.free(it->second.ptr);
+  entries_[key] = Entry{ptr, bytes, true};
+}
+
+bool ResidentBuffers::host_stale(int32_t key) const {
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second.host_stale;
+}
+
+void ResidentBuffers::sync_host(int32_t key, const HostTensor& host) {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !it->second.host_stale) return;
+  rt_.download(host.raw(), it->second.ptr, host.nbytes());
+  it->second.host_stale = false;
+}
+
+void ResidentBuffers::forget(int32_t key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  rt_.free(it->second.ptr);
+  entries_.erase(it);
+}
+
+std::vector<int32_t> ResidentBuffers::stale_keys() const {
+  std::vector<int32_t> keys;
+  for (const auto& [key, e] : entries_)
+    if (e.host_stale) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+size_t ResidentBuffers::device_bytes() const {
+  size_t n = 0;
+  for (const auto& [key, e] : entries_) n += e.bytes;
+  return n;
+}
+
+}  // namespace kiln::cuda

@@ -4,6 +4,7 @@
 // each gradient 1e-4, norm-relative), and training steps with dropout must match the CPU's
 // losses and gradients (the dropout masks are the same Philox bits on both).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "ptxas_skip.hpp"
 #include "train/adamw.hpp"
 #include "train/hdf5_file.hpp"
+#include "train/trainer.hpp"
 #include "train/weights.hpp"
 
 namespace kiln {
@@ -65,6 +67,64 @@ void training_steps_match_cpu(cuda::Runtime& rt) {
   for (size_t i = 0; i < cpu.first_grads.size(); ++i)
     EXPECT_LT(testing::relative_error(dev.first_grads[i].second, cpu.first_grads[i].second), 1e-4)
         << cpu.first_grads[i].first;
+}
+
+// Deterministic mode: a run stopped after 3 of 6 steps (checkpoint written: parameters and
+// Adam moments come home from the device) and resumed in a fresh model gives the uninterrupted
+// run's losses and weights to the bit. The trainer replays a traced step with dropout, so the
+// random streams, AdamW's step count and the resident tensors all have to resume exactly.
+void resumed_run_is_bit_exact(cuda::Runtime& rt) {
+  testing::OnDevice on(rt);
+  Engine::current().set_deterministic(true);
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "abcab cabba "[(i * 7) % 12];
+  Tokenizer tok = Tokenizer::char_level(text);
+  TextDataset data(tok.encode(text), 4);
+  const std::string ckpt =
+      (std::filesystem::temp_directory_path() / ("kiln_device_resume_" + std::to_string(::getpid()) + ".h5")).string();
+  struct Run {
+    std::vector<double> losses, weights;
+  };
+  auto run = [&](int64_t stop_at, const std::string& checkpoint, bool resume) {
+    manual_seed(resume ? 999 : 8);  // the checkpoint restores the random counter, not the seed call
+    models::GPTConfig c = testing::tiny_gpt_config(1);
+    c.vocab_size = tok.vocab_size();
+    models::GPT model(c);
+    TrainOptions o;
+    o.batch = 2;
+    o.steps = 6;
+    o.lr = 1e-2;
+    o.warmup = 2;
+    o.eval_interval = 0;
+    o.eval_batches = 1;
+    o.log_interval = 1000;
+    o.checkpoint = checkpoint;
+    o.checkpoint_interval = 0;
+    o.stop_at = stop_at;
+    Trainer t(model, data, tok, 4, o);
+    if (resume) t.resume(ckpt);
+    Run r;
+    r.losses = t.run().losses;
+    for (const auto& [name, p] : model.named_parameters())
+      for (double v : p.to_vector()) r.weights.push_back(v);
+    return r;
+  };
+  Run full = run(0, "", false);
+  run(3, ckpt, false);
+  Run rest = run(0, "", true);
+  Engine::current().set_deterministic(false);
+  std::filesystem::remove(ckpt);
+  ASSERT_EQ(rest.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.losses[i], full.losses[3 + i]) << "step " << 3 + i;
+  EXPECT_EQ(rest.weights, full.weights);
+}
+
+TEST(FakeGpuGpt, DeterministicResumedRunIsBitExact) { resumed_run_is_bit_exact(testing::fake_runtime()); }
+
+TEST(GpuGpt, DeterministicResumedRunIsBitExact) {
+  cuda::Runtime* rt = real_gpu();
+  if (!rt) GTEST_SKIP() << "no CUDA device";
+  resumed_run_is_bit_exact(*rt);
 }
 
 TEST(FakeGpuGpt, ReferenceForwardBackwardInTheSimulator) { reference_forward_backward(testing::fake_runtime()); }

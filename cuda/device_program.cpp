@@ -11,6 +11,7 @@
 #include "circuit/error.hpp"
 #include "circuit/executor.hpp"
 #include "circuit/liveness.hpp"
+#include "circuit/memory_plan.hpp"
 #include "cuda/lower_util.hpp"
 
 namespace kiln::cuda {
@@ -36,6 +37,60 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
   Liveness live = buffer_liveness(circuit_, outputs_, alias_input);
   root_ = std::move(live.root);
   free_after_ = std::move(live.free_after);
+  static_memory_ = !rt_.exact_block_sizes();
+  plan_workspace();
+}
+
+DeviceProgram::~DeviceProgram() {
+  try {
+    rt_.free(workspace_);
+  } catch (...) {  // a destructor frees what it can
+  }
+}
+
+namespace {
+size_t nbytes(const ValueInfo& info) { return static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype); }
+size_t status_bytes(int slots) { return static_cast<size_t>(std::max(slots, 1)) * kStatusWords * 4; }
+}  // namespace
+
+void DeviceProgram::plan_workspace() {
+  const auto& ops = circuit_.ops();
+  const int end = static_cast<int>(ops.size());
+  planned_offset_.assign(circuit_.num_values(), kUnplanned);
+  scratch_offset_.assign(ops.size(), {});
+  if (!static_memory_) return;
+  // A value assigned to a persistent tensor leaves the run as the tensor's new device copy.
+  std::vector<char> escapes(circuit_.num_values(), 0);
+  for (const Op& op : ops)
+    if (op.prim->side_effect && circuit_.value(circuit_.assign_root(op.inputs[0])).role == ValueRole::Persistent)
+      escapes[static_cast<size_t>(root_[static_cast<size_t>(op.outputs[0])])] = 1;
+  std::vector<int> last(circuit_.num_values(), end);  // never freed: to the end of the run
+  for (size_t j = 0; j < free_after_.size(); ++j)
+    for (ValueId v : free_after_[j]) last[static_cast<size_t>(v)] = static_cast<int>(j);
+  std::vector<PlannedBlock> blocks;
+  std::vector<size_t*> offset_of;  // per block: where its offset goes
+  auto add = [&](int first, int last_step, size_t bytes, size_t* offset) {
+    blocks.push_back({first, last_step, std::max<size_t>(bytes, 4)});
+    offset_of.push_back(offset);
+  };
+  for (ValueId e : circuit_.externals())
+    if (circuit_.value(e).role != ValueRole::Persistent && !escapes[static_cast<size_t>(e)])
+      add(0, end, nbytes(circuit_.info(e)), &planned_offset_[static_cast<size_t>(e)]);
+  add(0, end, status_bytes(status_slots_), &status_offset_);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (lowered_[i].alias_of >= 0) continue;
+    const int step = static_cast<int>(i);
+    for (ValueId o : ops[i].outputs)
+      if (!escapes[static_cast<size_t>(o)])
+        add(step, last[static_cast<size_t>(o)], nbytes(circuit_.info(o)), &planned_offset_[static_cast<size_t>(o)]);
+    scratch_offset_[i].resize(lowered_[i].scratch_bytes.size());
+    for (size_t k = 0; k < scratch_offset_[i].size(); ++k)
+      add(step, step, lowered_[i].scratch_bytes[k], &scratch_offset_[i][k]);
+  }
+  MemoryPlan plan = plan_memory(blocks);
+  for (size_t b = 0; b < blocks.size(); ++b) *offset_of[b] = plan.offset[b];
+  workspace_bytes_ = plan.size;
+  peak_live_bytes_ = kiln::peak_live_bytes(blocks);
 }
 
 namespace {
@@ -92,8 +147,6 @@ struct Buffers {
   }
 };
 
-size_t nbytes(const ValueInfo& info) { return static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype); }
-
 }  // namespace
 
 std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindings, const Residency& residency) {
@@ -109,33 +162,48 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
   }
   auto key_of = [&](size_t external) { return resident ? residency.keys[external] : -1; };
   const size_t uploaded_before = rt_.stats().bytes_uploaded, downloaded_before = rt_.stats().bytes_downloaded;
+  if (static_memory_ && !workspace_) workspace_ = rt_.alloc(workspace_bytes_);
   Buffers buf(rt_, circuit_.num_values());
   auto ptr = [&](ValueId v) { return buf.of[static_cast<size_t>(root_[static_cast<size_t>(v)])]; };
+  // A value's buffer: its place in the workspace, else one of its own.
+  auto place = [&](ValueId v, size_t bytes) {
+    const size_t at = planned_offset_[static_cast<size_t>(v)];
+    if (at == kUnplanned) return buf.alloc(v, bytes);
+    buf.borrow(v, workspace_ + at);
+    return workspace_ + at;
+  };
   for (size_t i = 0; i < ext.size(); ++i) {
     if (key_of(i) >= 0) {
       buf.borrow(ext[i], residency.buffers->on_device(key_of(i), bindings[i]));
       continue;
     }
-    CUdeviceptr d = buf.alloc(ext[i], bindings[i].nbytes());
+    CUdeviceptr d = place(ext[i], bindings[i].nbytes());
     if (bindings[i].nbytes()) rt_.upload(d, bindings[i].raw(), bindings[i].nbytes());
   }
   // Status words: two u32 per op that checks indices, zeroed.
-  const ValueId status_value = buf.add_slot();
-  CUdeviceptr status = buf.alloc(status_value, static_cast<size_t>(std::max(status_slots_, 1)) * kStatusWords * 4);
-  rt_.memset_zero(status, static_cast<size_t>(std::max(status_slots_, 1)) * kStatusWords * 4);
+  const CUdeviceptr status =
+      static_memory_ ? workspace_ + status_offset_ : buf.alloc(buf.add_slot(), status_bytes(status_slots_));
+  rt_.memset_zero(status, status_bytes(status_slots_));
   int64_t launches = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const LoweredOp& l = lowered_[i];
     if (l.alias_of < 0) {
       for (ValueId o : op.outputs) {
-        CUdeviceptr d = buf.alloc(o, nbytes(circuit_.info(o)));
+        CUdeviceptr d = place(o, nbytes(circuit_.info(o)));
         if (l.zero_outputs) rt_.memset_zero(d, nbytes(circuit_.info(o)));
       }
-      // Scratch buffers live in `buf` past the values, so an exception frees them too.
+      // Scratch buffers: in the workspace, or in `buf` past the values (an exception frees them too).
       std::vector<CUdeviceptr> scratch;
-      for (size_t s = 0; s < l.scratch_bytes.size(); ++s)
-        scratch.push_back(buf.alloc(buf.add_slot(), l.scratch_bytes[s]));
+      std::vector<ValueId> scratch_slots;
+      for (size_t s = 0; s < l.scratch_bytes.size(); ++s) {
+        if (static_memory_) {
+          scratch.push_back(workspace_ + scratch_offset_[i][s]);
+          continue;
+        }
+        scratch_slots.push_back(buf.add_slot());
+        scratch.push_back(buf.alloc(scratch_slots.back(), l.scratch_bytes[s]));
+      }
       for (size_t s : l.zeroed_scratch) rt_.memset_zero(scratch[s], l.scratch_bytes[s]);
       try {
         for (size_t k = 0; k < l.launches.size(); ++k) {
@@ -158,7 +226,7 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
       } catch (const Error& e) {
         fail(op.prim->name, op.scope, e.what());
       }
-      for (size_t s = 0; s < scratch.size(); ++s) buf.release(static_cast<ValueId>(buf.of.size() - 1 - s));
+      for (ValueId slot : scratch_slots) buf.release(slot);
     }
     for (ValueId dead : free_after_[i]) buf.release(dead);
   }
@@ -227,7 +295,7 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
   }
   for (const auto& [host, contents] : commits)
     if (host->nbytes()) std::memcpy(host->raw(), contents.raw(), host->nbytes());
-  last_run_ = {launches, buf.peak, rt_.stats().bytes_uploaded - uploaded_before,
+  last_run_ = {launches, workspace_bytes_ + buf.peak, rt_.stats().bytes_uploaded - uploaded_before,
                rt_.stats().bytes_downloaded - downloaded_before};
   return results;
 }
@@ -243,6 +311,8 @@ std::vector<DeviceProgram::KernelInfo> DeviceProgram::kernels() const {
 
 std::string DeviceProgram::dump() const {
   std::string s = fmt::format("lowered for {} ({} ops):\n", rt_.device_name(), lowered_.size());
+  if (static_memory_)
+    s += fmt::format("  workspace {} bytes (at most {} live at once)\n", workspace_bytes_, peak_live_bytes_);
   for (size_t i = 0; i < lowered_.size(); ++i) {
     const Op& op = circuit_.ops()[i];
     const LoweredOp& l = lowered_[i];

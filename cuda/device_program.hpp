@@ -18,7 +18,7 @@ namespace kiln::cuda {
 
 struct DeviceRunStats {
   int64_t launches = 0;
-  size_t peak_bytes = 0;                            // device bytes held by this run's buffers at their peak
+  size_t peak_bytes = 0;  // device bytes held by this run: its workspace and its own buffers at their peak
   size_t uploaded_bytes = 0, downloaded_bytes = 0;  // host <-> device copies made by the run
 };
 
@@ -33,8 +33,15 @@ struct Residency {
 
 class DeviceProgram {
  public:
-  // Lowers every op (errors name the op and layer) and loads every kernel through `rt`.
+  // Lowers every op (errors name the op and layer), loads every kernel through `rt` and plans
+  // the run's memory: one workspace, kept between runs, holds every intermediate, input, scratch
+  // and status buffer at a fixed offset (circuit/memory_plan.hpp); values assigned to persistent
+  // tensors get buffers of their own (they become the tensors' device copies). On a runtime with
+  // exact block sizes (the fake driver's bounds checks) every buffer is allocated on its own.
   DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runtime& rt);
+  ~DeviceProgram();
+  DeviceProgram(const DeviceProgram&) = delete;
+  DeviceProgram& operator=(const DeviceProgram&) = delete;
 
   std::vector<HostTensor> run(const std::vector<HostTensor>& bindings, const Residency& residency = {});
 
@@ -51,6 +58,9 @@ class DeviceProgram {
   // The back end's own dump: each op with its lowering, kernels, grids and blocks.
   std::string dump() const;
   const DeviceRunStats& last_run() const { return last_run_; }
+  // The planned workspace (0 without a static plan), and the most bytes of it live at once.
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  size_t peak_live_bytes() const { return peak_live_bytes_; }
 
  private:
   Circuit circuit_;
@@ -63,6 +73,15 @@ class DeviceProgram {
   std::vector<int> status_slot_;                   // per op: its status words, or -1
   int status_slots_ = 0;
   DeviceRunStats last_run_;
+  // The static memory plan: offsets in the workspace per value root (kUnplanned: a buffer of its
+  // own), per op per scratch buffer, and of the status words.
+  static constexpr size_t kUnplanned = ~size_t{0};
+  void plan_workspace();
+  bool static_memory_ = false;
+  std::vector<size_t> planned_offset_;
+  std::vector<std::vector<size_t>> scratch_offset_;
+  size_t status_offset_ = 0, workspace_bytes_ = 0, peak_live_bytes_ = 0;
+  CUdeviceptr workspace_ = 0;  // allocated by the first run, freed with the program
 };
 
 }  // namespace kiln::cuda

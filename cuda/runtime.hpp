@@ -67,6 +67,7 @@ class Runtime {
   const std::string& device_name() const { return device_name_; }
   int driver_version() const { return driver_version_; }
   bool fake() const { return driver_.fake; }
+  bool exact_block_sizes() const { return options_.exact_block_sizes; }
   const DriverApi& api() const { return driver_.api; }
 
   // Memory: a caching arena over cuMemAlloc (freed blocks are kept for reuse by size class).

@@ -306,7 +306,7 @@ void Engine::execute(const Plan& plan, const std::vector<HostTensor>& binds, con
   std::vector<HostTensor> results;
   if (device_ == Device::CUDA) {
     // A plan lowered for another runtime (a test's fake device, then the GPU) is lowered again.
-    if (!plan.device || &plan.device->runtime() != runtime_) {
+    if (!plan.device || &plan.device->runtime() != runtime_ || !plan.device->runtime_alive()) {
       auto tl = std::chrono::steady_clock::now();
       plan.device = std::make_unique<cuda::DeviceProgram>(plan.program->circuit(), plan.program->outputs(), *runtime_);
       spdlog::debug("plan lowered for {}: {} kernels in {:.1f} ms", runtime_->device_name(),

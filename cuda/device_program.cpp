@@ -37,11 +37,13 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
   Liveness live = buffer_liveness(circuit_, outputs_, alias_input);
   root_ = std::move(live.root);
   free_after_ = std::move(live.free_after);
+  runtime_alive_ = rt_.lifetime();
   static_memory_ = !rt_.exact_block_sizes();
   plan_workspace();
 }
 
 DeviceProgram::~DeviceProgram() {
+  if (runtime_alive_.expired()) return;  // its memory went with the runtime
   try {
     rt_.free(workspace_);
   } catch (...) {  // a destructor frees what it can

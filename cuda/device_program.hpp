@@ -47,6 +47,8 @@ class DeviceProgram {
 
   const Circuit& circuit() const { return circuit_; }
   Runtime& runtime() const { return rt_; }
+  // False once the runtime it was lowered for is destroyed (another may then take its address).
+  bool runtime_alive() const { return !runtime_alive_.expired(); }
   // One entry per launch, in launch order.
   struct KernelInfo {
     int op = 0;
@@ -81,7 +83,8 @@ class DeviceProgram {
   std::vector<size_t> planned_offset_;
   std::vector<std::vector<size_t>> scratch_offset_;
   size_t status_offset_ = 0, workspace_bytes_ = 0, peak_live_bytes_ = 0;
-  CUdeviceptr workspace_ = 0;  // allocated by the first run, freed with the program
+  CUdeviceptr workspace_ = 0;                // allocated by the first run, freed with the program
+  std::weak_ptr<const void> runtime_alive_;  // a program may outlive its runtime (a test's)
 };
 
 }  // namespace kiln::cuda

@@ -96,6 +96,9 @@ class Runtime {
   void synchronize();
 
   const RuntimeStats& stats() const { return stats_; }
+  // Expires when the runtime is destroyed: an object holding device memory of this runtime
+  // (a compiled program's workspace) that may outlive it frees that memory only while it lives.
+  std::weak_ptr<const void> lifetime() const { return lifetime_; }
 
  private:
   void check(CUresult r, const std::string& what) const;
@@ -124,6 +127,7 @@ class Runtime {
     LoadedKernel kernel;
   };
   std::unordered_map<std::string, Module> modules_;  // by PTX text
+  std::shared_ptr<const void> lifetime_ = std::make_shared<int>(0);
 };
 
 }  // namespace kiln::cuda

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_map>
 
 #include "circuit/error.hpp"
 #include "circuit/executor.hpp"
@@ -98,8 +97,7 @@ void DeviceProgram::plan_workspace() {
 namespace {
 
 // Frees every buffer still held when a run ends, normally or by an exception. A borrowed
-// buffer (a resident persistent tensor's) is only referred to, never freed; one taken out (an
-// assigned value that becomes a resident copy) is no longer this run's to free.
+// buffer (the workspace's, or a resident tensor's copy or spare) is only referred to.
 struct Buffers {
   Runtime& rt;
   std::vector<CUdeviceptr> of;  // per value root
@@ -124,15 +122,6 @@ struct Buffers {
   void borrow(ValueId v, CUdeviceptr p) {
     of[static_cast<size_t>(v)] = p;
     borrowed[static_cast<size_t>(v)] = 1;
-  }
-  // The buffer of root v, now the caller's to free (0 when v's buffer is borrowed or gone).
-  CUdeviceptr take(ValueId v) {
-    auto i = static_cast<size_t>(v);
-    if (borrowed[i] || !of[i]) return 0;
-    CUdeviceptr p = of[i];
-    of[i] = 0;
-    held -= bytes[i];
-    return p;
   }
   void release(ValueId v) {
     auto i = static_cast<size_t>(v);
@@ -163,39 +152,75 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
                   std::to_string(ext.size()) + " externals");
   }
   auto key_of = [&](size_t external) { return resident ? residency.keys[external] : -1; };
+  auto external_index = [&](ValueId v) {
+    return static_cast<size_t>(std::find(ext.begin(), ext.end(), v) - ext.begin());
+  };
   const size_t uploaded_before = rt_.stats().bytes_uploaded, downloaded_before = rt_.stats().bytes_downloaded;
   if (static_memory_ && !workspace_) workspace_ = rt_.alloc(workspace_bytes_);
   Buffers buf(rt_, circuit_.num_values());
   auto ptr = [&](ValueId v) { return buf.of[static_cast<size_t>(root_[static_cast<size_t>(v)])]; };
-  // A value's buffer: its place in the workspace, else one of its own.
+  for (size_t i = 0; i < ext.size(); ++i)
+    if (key_of(i) >= 0) buf.borrow(ext[i], residency.buffers->on_device(key_of(i), bindings[i]));
+
+  // Assigned resident tensors: the step writes each one's spare buffer (flipped in once it has
+  // succeeded). The last assign of a tensor counts; a computed value not yet placed there is
+  // computed into it, any other (an external, or a value two tensors take) is copied at the end.
+  std::vector<CUdeviceptr> into_spare(circuit_.num_values(), 0);  // root -> the spare it is computed into
+  std::vector<std::pair<int32_t, ValueId>> copies;                // key, the root copied into its spare
+  std::vector<int32_t> assigned;                                  // keys flipped after the step
+  for (size_t i = ops.size(); i-- > 0;) {
+    const Op& op = ops[i];
+    if (!op.prim->side_effect) continue;
+    const int32_t key = key_of(external_index(circuit_.assign_root(op.inputs[0])));
+    if (key < 0 || std::find(assigned.begin(), assigned.end(), key) != assigned.end()) continue;
+    assigned.push_back(key);
+    const auto root = static_cast<size_t>(root_[static_cast<size_t>(op.outputs[0])]);
+    if (circuit_.value(static_cast<ValueId>(root)).role == ValueRole::Computed && !into_spare[root])
+      into_spare[root] = residency.buffers->spare(key);
+    else
+      copies.emplace_back(key, static_cast<ValueId>(root));
+  }
+  // A value's buffer: the spare it is computed into, its place in the workspace, or its own.
   auto place = [&](ValueId v, size_t bytes) {
+    if (CUdeviceptr spare = into_spare[static_cast<size_t>(v)]) {
+      buf.borrow(v, spare);
+      return spare;
+    }
     const size_t at = planned_offset_[static_cast<size_t>(v)];
     if (at == kUnplanned) return buf.alloc(v, bytes);
     buf.borrow(v, workspace_ + at);
     return workspace_ + at;
   };
   for (size_t i = 0; i < ext.size(); ++i) {
-    if (key_of(i) >= 0) {
-      buf.borrow(ext[i], residency.buffers->on_device(key_of(i), bindings[i]));
-      continue;
-    }
+    if (key_of(i) >= 0) continue;
     CUdeviceptr d = place(ext[i], bindings[i].nbytes());
     if (bindings[i].nbytes()) rt_.upload(d, bindings[i].raw(), bindings[i].nbytes());
   }
+
+  // Every buffer gets its address first; the work is then one list of commands, run in order.
   // Status words: two u32 per op that checks indices, zeroed.
   const CUdeviceptr status =
       static_memory_ ? workspace_ + status_offset_ : buf.alloc(buf.add_slot(), status_bytes(status_slots_));
-  rt_.memset_zero(status, status_bytes(status_slots_));
-  int64_t launches = 0;
+  std::vector<DeviceCommand> commands;
+  auto zero = [&](int op, CUdeviceptr dst, size_t bytes) {
+    DeviceCommand c;
+    c.tag = op;
+    c.dst = dst;
+    c.bytes = bytes;
+    commands.push_back(std::move(c));
+  };
+  zero(-1, status, status_bytes(status_slots_));
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const LoweredOp& l = lowered_[i];
+    const int tag = static_cast<int>(i);
     if (l.alias_of < 0) {
       for (ValueId o : op.outputs) {
         CUdeviceptr d = place(o, nbytes(circuit_.info(o)));
-        if (l.zero_outputs) rt_.memset_zero(d, nbytes(circuit_.info(o)));
+        if (l.zero_outputs) zero(tag, d, nbytes(circuit_.info(o)));
       }
-      // Scratch buffers: in the workspace, or in `buf` past the values (an exception frees them too).
+      // Scratch buffers: in the workspace, or in `buf` past the values (an exception frees them
+      // too; one released here is reused only by a later command).
       std::vector<CUdeviceptr> scratch;
       std::vector<ValueId> scratch_slots;
       for (size_t s = 0; s < l.scratch_bytes.size(); ++s) {
@@ -206,32 +231,32 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
         scratch_slots.push_back(buf.add_slot());
         scratch.push_back(buf.alloc(scratch_slots.back(), l.scratch_bytes[s]));
       }
-      for (size_t s : l.zeroed_scratch) rt_.memset_zero(scratch[s], l.scratch_bytes[s]);
-      try {
-        for (size_t k = 0; k < l.launches.size(); ++k) {
-          const Launch& launch = l.launches[k];
-          if (launch.grid.count() == 0) continue;  // an empty output
-          std::vector<uint64_t> args;
-          for (const ArgRef& a : launch.args) {
-            switch (a.kind) {
-              case ArgRef::Kind::Input: args.push_back(ptr(op.inputs[static_cast<size_t>(a.index)])); break;
-              case ArgRef::Kind::Output: args.push_back(ptr(op.outputs[static_cast<size_t>(a.index)])); break;
-              case ArgRef::Kind::Scratch: args.push_back(scratch[static_cast<size_t>(a.index)]); break;
-              case ArgRef::Kind::Status:
-                args.push_back(status + static_cast<CUdeviceptr>(status_slot_[i]) * kStatusWords * 4);
-                break;
-            }
+      for (size_t s : l.zeroed_scratch) zero(tag, scratch[s], l.scratch_bytes[s]);
+      for (size_t k = 0; k < l.launches.size(); ++k) {
+        const Launch& launch = l.launches[k];
+        if (launch.grid.count() == 0) continue;  // an empty output
+        DeviceCommand c;
+        c.tag = tag;
+        c.kernel = &loaded_[i][k];
+        c.grid = launch.grid;
+        c.block = launch.block;
+        for (const ArgRef& a : launch.args) {
+          switch (a.kind) {
+            case ArgRef::Kind::Input: c.args.push_back(ptr(op.inputs[static_cast<size_t>(a.index)])); break;
+            case ArgRef::Kind::Output: c.args.push_back(ptr(op.outputs[static_cast<size_t>(a.index)])); break;
+            case ArgRef::Kind::Scratch: c.args.push_back(scratch[static_cast<size_t>(a.index)]); break;
+            case ArgRef::Kind::Status:
+              c.args.push_back(status + static_cast<CUdeviceptr>(status_slot_[i]) * kStatusWords * 4);
+              break;
           }
-          rt_.launch(loaded_[i][k], launch.grid, launch.block, args);
-          ++launches;
         }
-      } catch (const Error& e) {
-        fail(op.prim->name, op.scope, e.what());
+        commands.push_back(std::move(c));
       }
       for (ValueId slot : scratch_slots) buf.release(slot);
     }
     for (ValueId dead : free_after_[i]) buf.release(dead);
   }
+  const int64_t launches = execute(commands);
   rt_.synchronize();
   if (status_slots_ > 0) {
     std::vector<int32_t> words(static_cast<size_t>(status_slots_) * kStatusWords);
@@ -252,54 +277,47 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
     if (h.nbytes()) rt_.download(h.raw(), ptr(o), h.nbytes());
     results.push_back(std::move(h));
   }
-  // The step succeeded. Assigned persistent tensors: a resident one's device copy becomes the
-  // assigned value's buffer (taken from this run; copied when that buffer is not the run's own,
-  // or was taken already), the rest are committed into their host bindings. Every download comes
-  // first, so a failing one leaves every host buffer as it was.
+  // The step succeeded: commit. Assigned tensors without a device copy are written into their
+  // host bindings (every download first, so a failing one leaves every host buffer as it was);
+  // resident ones get their copies, then their spares flip in.
   std::vector<std::pair<const HostTensor*, HostTensor>> commits;
-  std::vector<const Op*> resident_assigns;
   for (const Op& op : ops) {
     if (!op.prim->side_effect) continue;
-    ValueId target = circuit_.assign_root(op.inputs[0]);
-    auto at = static_cast<size_t>(std::find(ext.begin(), ext.end(), target) - ext.begin());
-    if (key_of(at) >= 0) {
-      resident_assigns.push_back(&op);
-      continue;
-    }
+    const size_t at = external_index(circuit_.assign_root(op.inputs[0]));
+    if (key_of(at) >= 0) continue;
     const HostTensor& host = bindings[at];
     HostTensor contents = HostTensor::zeros(host.dtype(), host.shape());
     if (host.nbytes()) rt_.download(contents.raw(), ptr(op.outputs[0]), host.nbytes());
     commits.emplace_back(&host, std::move(contents));
   }
-  Buffers next(rt_, 0);                                   // the new device copies; freed if making them fails
-  std::vector<std::pair<int32_t, ValueId>> replacements;  // key, its buffer in `next`
-  std::unordered_map<ValueId, CUdeviceptr> taken;         // root -> its buffer, taken into `next`
-  for (const Op* op : resident_assigns) {
-    ValueId target = circuit_.assign_root(op->inputs[0]);
-    auto at = static_cast<size_t>(std::find(ext.begin(), ext.end(), target) - ext.begin());
-    const size_t n = bindings[at].nbytes();
-    const ValueId root = root_[static_cast<size_t>(op->outputs[0])];
-    const CUdeviceptr src = taken.count(root) ? taken[root] : ptr(op->outputs[0]);
-    const ValueId slot = next.add_slot();
-    if (CUdeviceptr own = buf.take(root)) {  // this run's own buffer: no copy
-      next.of[static_cast<size_t>(slot)] = own;
-      next.bytes[static_cast<size_t>(slot)] = std::max<size_t>(n, 4);
-      taken[root] = own;
-    } else {
-      rt_.copy(next.alloc(slot, n), src, n);
-    }
-    replacements.emplace_back(residency.keys[at], slot);
-  }
-  for (const auto& [key, slot] : replacements) {
-    const auto i = static_cast<size_t>(slot);
-    residency.buffers->replace(key, next.of[i], next.bytes[i]);
-    next.of[i] = 0;  // the resident copy's own now
-  }
+  for (const auto& [key, root] : copies)
+    rt_.copy(residency.buffers->spare(key), ptr(root), nbytes(circuit_.info(root)));
+  if (!copies.empty()) rt_.synchronize();
+  for (int32_t key : assigned) residency.buffers->flip(key);
   for (const auto& [host, contents] : commits)
     if (host->nbytes()) std::memcpy(host->raw(), contents.raw(), host->nbytes());
   last_run_ = {launches, workspace_bytes_ + buf.peak, rt_.stats().bytes_uploaded - uploaded_before,
                rt_.stats().bytes_downloaded - downloaded_before};
   return results;
+}
+
+int64_t DeviceProgram::execute(const std::vector<DeviceCommand>& commands) {
+  int64_t launches = 0;
+  for (const DeviceCommand& c : commands) {
+    try {
+      if (!c.kernel) {
+        rt_.memset_zero(c.dst, c.bytes);
+        continue;
+      }
+      rt_.launch(*c.kernel, c.grid, c.block, c.args);
+      ++launches;
+    } catch (const Error& e) {
+      if (c.tag < 0) throw;
+      const Op& op = circuit_.ops()[static_cast<size_t>(c.tag)];
+      fail(op.prim->name, op.scope, e.what());
+    }
+  }
+  return launches;
 }
 
 std::vector<DeviceProgram::KernelInfo> DeviceProgram::kernels() const {

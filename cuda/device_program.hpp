@@ -75,6 +75,8 @@ class DeviceProgram {
   std::vector<int> status_slot_;                   // per op: its status words, or -1
   int status_slots_ = 0;
   DeviceRunStats last_run_;
+  // Runs the commands in order; returns the kernel launches made.
+  int64_t execute(const std::vector<DeviceCommand>& commands);
   // The static memory plan: offsets in the workspace per value root (kUnplanned: a buffer of its
   // own), per op per scratch buffer, and of the status words.
   static constexpr size_t kUnplanned = ~size_t{0};

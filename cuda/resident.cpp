@@ -2,6 +2,10 @@
 #include "cuda/resident.hpp"
 
 #include <algorithm>
+#include <string>
+#include <utility>
+
+#include "circuit/error.hpp"
 
 namespace kiln::cuda {
 
@@ -9,6 +13,7 @@ ResidentBuffers::~ResidentBuffers() {
   for (auto& [key, e] : entries_) {
     try {
       rt_.free(e.ptr);
+      rt_.free(e.spare);
     } catch (...) {  // a destructor frees what it can
     }
   }
@@ -30,10 +35,17 @@ CUdeviceptr ResidentBuffers::on_device(int32_t key, const HostTensor& host) {
   return e.ptr;
 }
 
-void ResidentBuffers::replace(int32_t key, CUdeviceptr ptr, size_t bytes) {
+CUdeviceptr ResidentBuffers::spare(int32_t key) {
   auto it = entries_.find(key);
-  if (it != entries_.end() && it->second.ptr != ptr) rt_.free(it->second.ptr);
-  entries_[key] = Entry{ptr, bytes, true};
+  if (it == entries_.end()) throw Error("resident buffers: no device copy of slot " + std::to_string(key));
+  if (!it->second.spare) it->second.spare = rt_.alloc(it->second.bytes);
+  return it->second.spare;
+}
+
+void ResidentBuffers::flip(int32_t key) {
+  Entry& e = entries_.at(key);
+  std::swap(e.ptr, e.spare);
+  e.host_stale = true;
 }
 
 bool ResidentBuffers::host_stale(int32_t key) const {
@@ -52,6 +64,7 @@ void ResidentBuffers::forget(int32_t key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   rt_.free(it->second.ptr);
+  rt_.free(it->second.spare);
   entries_.erase(it);
 }
 
@@ -65,7 +78,7 @@ std::vector<int32_t> ResidentBuffers::stale_keys() const {
 
 size_t ResidentBuffers::device_bytes() const {
   size_t n = 0;
-  for (const auto& [key, e] : entries_) n += e.bytes;
+  for (const auto& [key, e] : entries_) n += e.bytes * (e.spare ? 2 : 1);
   return n;
 }
 

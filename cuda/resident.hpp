@@ -1,8 +1,10 @@
 // ResidentBuffers: device copies of persistent tensors (parameters, gradients, optimizer state)
 // kept between steps, so a step on the GPU uploads only its inputs and downloads only the values
 // asked for. Each copy is keyed by the engine's arena slot and knows which side is newer: a step
-// that assigns a tensor replaces its device copy (the host copy is then stale until something on
-// the host reads it), and a host write drops the device copy (uploaded again when next needed).
+// that assigns a tensor writes its spare buffer and flips it in (the host copy is then stale
+// until something on the host reads it), and a host write drops the device copies (uploaded
+// again when next needed). Two fixed buffers per assigned tensor: the addresses a step uses
+// alternate between two sets, and no step allocates once both exist.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +26,12 @@ class ResidentBuffers {
   Runtime& runtime() const { return rt_; }
   // The device copy of `key`, uploaded from `host` when there is none.
   CUdeviceptr on_device(int32_t key, const HostTensor& host);
-  // `ptr` (allocated from the runtime; owned from now on) holds key's new contents, `bytes` long;
-  // the previous device copy is freed and the host copy is stale.
-  void replace(int32_t key, CUdeviceptr ptr, size_t bytes);
+  // The second buffer of `key` (allocated on first use, as long as the device copy): a step
+  // writes the tensor's next contents there while the current copy may still be read.
+  CUdeviceptr spare(int32_t key);
+  // After a step succeeded: key's spare becomes its device copy and the old copy the spare (so
+  // a failed step, which never flips, leaves the copy as it was); the host copy is stale.
+  void flip(int32_t key);
   bool host_stale(int32_t key) const;
   // Makes `host` current: downloads key's device copy into it when that copy is newer.
   void sync_host(int32_t key, const HostTensor& host);
@@ -38,7 +43,7 @@ class ResidentBuffers {
 
  private:
   struct Entry {
-    CUdeviceptr ptr = 0;
+    CUdeviceptr ptr = 0, spare = 0;
     size_t bytes = 0;
     bool host_stale = false;
   };

@@ -49,6 +49,17 @@ struct LoadedKernel {
   int registers = -1;  // from the driver, -1 when unknown
 };
 
+// One piece of a device program's work, in order: zero `bytes` at `dst` (no kernel), or launch
+// `kernel` over grid x block with `args` (one raw value per parameter, as Runtime::launch takes).
+struct DeviceCommand {
+  const LoadedKernel* kernel = nullptr;
+  CUdeviceptr dst = 0;
+  size_t bytes = 0;
+  Dim3 grid, block;
+  std::vector<uint64_t> args;
+  int tag = -1;  // the caller's, for its errors (a device program: the op index, -1 none)
+};
+
 class Runtime {
  public:
   // Initializes the driver, takes device 0's primary context and logs device, driver and arch.

@@ -5,6 +5,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "circuit/error.hpp"
@@ -39,11 +40,14 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
   runtime_alive_ = rt_.lifetime();
   static_memory_ = !rt_.exact_block_sizes();
   plan_workspace();
+  const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
+  use_graphs_ = static_memory_ && rt_.graphs_supported() && !(graphs && std::string(graphs) == "0");
 }
 
 DeviceProgram::~DeviceProgram() {
-  if (runtime_alive_.expired()) return;  // its memory went with the runtime
+  if (runtime_alive_.expired()) return;  // its memory and graphs went with the runtime
   try {
+    for (CachedGraph& g : graphs_) rt_.destroy(g.graph);
     rt_.free(workspace_);
   } catch (...) {  // a destructor frees what it can
   }
@@ -296,12 +300,42 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
   for (int32_t key : assigned) residency.buffers->flip(key);
   for (const auto& [host, contents] : commits)
     if (host->nbytes()) std::memcpy(host->raw(), contents.raw(), host->nbytes());
-  last_run_ = {launches, workspace_bytes_ + buf.peak, rt_.stats().bytes_uploaded - uploaded_before,
-               rt_.stats().bytes_downloaded - downloaded_before};
+  last_run_.launches = launches;
+  last_run_.peak_bytes = workspace_bytes_ + buf.peak;
+  last_run_.uploaded_bytes = rt_.stats().bytes_uploaded - uploaded_before;
+  last_run_.downloaded_bytes = rt_.stats().bytes_downloaded - downloaded_before;
   return results;
 }
 
+namespace {
+bool same_work(const DeviceCommand& a, const DeviceCommand& b) {
+  return a.kernel == b.kernel && a.dst == b.dst && a.bytes == b.bytes && a.grid.x == b.grid.x && a.grid.y == b.grid.y &&
+         a.grid.z == b.grid.z && a.block.x == b.block.x && a.block.y == b.block.y && a.block.z == b.block.z &&
+         a.args == b.args;
+}
+}  // namespace
+
 int64_t DeviceProgram::execute(const std::vector<DeviceCommand>& commands) {
+  last_run_.graph = last_run_.graph_built = false;
+  if (use_graphs_) {
+    auto same = [&](const CachedGraph& g) {
+      return g.commands.size() == commands.size() &&
+             std::equal(commands.begin(), commands.end(), g.commands.begin(), same_work);
+    };
+    auto it = std::find_if(graphs_.begin(), graphs_.end(), same);
+    if (it == graphs_.end()) {
+      if (graphs_.size() == 2) {
+        rt_.destroy(graphs_.front().graph);
+        graphs_.erase(graphs_.begin());
+      }
+      graphs_.push_back({commands, rt_.make_graph(commands)});
+      it = graphs_.end() - 1;
+      last_run_.graph_built = true;
+    }
+    rt_.launch(it->graph);
+    last_run_.graph = true;
+    return it->graph.kernels;
+  }
   int64_t launches = 0;
   for (const DeviceCommand& c : commands) {
     try {

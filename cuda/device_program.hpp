@@ -20,6 +20,8 @@ struct DeviceRunStats {
   int64_t launches = 0;
   size_t peak_bytes = 0;  // device bytes held by this run: its workspace and its own buffers at their peak
   size_t uploaded_bytes = 0, downloaded_bytes = 0;  // host <-> device copies made by the run
+  bool graph = false;                               // the kernels ran as one CUDA graph
+  bool graph_built = false;                         // ... built for this run (a command list not seen before)
 };
 
 // Persistent externals kept on the device between runs (cuda/resident.hpp): keys[i] >= 0 names
@@ -60,6 +62,7 @@ class DeviceProgram {
   // The back end's own dump: each op with its lowering, kernels, grids and blocks.
   std::string dump() const;
   const DeviceRunStats& last_run() const { return last_run_; }
+  bool uses_graphs() const { return use_graphs_; }
   // The planned workspace (0 without a static plan), and the most bytes of it live at once.
   size_t workspace_bytes() const { return workspace_bytes_; }
   size_t peak_live_bytes() const { return peak_live_bytes_; }
@@ -75,7 +78,7 @@ class DeviceProgram {
   std::vector<int> status_slot_;                   // per op: its status words, or -1
   int status_slots_ = 0;
   DeviceRunStats last_run_;
-  // Runs the commands in order; returns the kernel launches made.
+  // Runs the commands in order (as a CUDA graph when graphs are on); returns the kernels run.
   int64_t execute(const std::vector<DeviceCommand>& commands);
   // The static memory plan: offsets in the workspace per value root (kUnplanned: a buffer of its
   // own), per op per scratch buffer, and of the status words.
@@ -87,6 +90,15 @@ class DeviceProgram {
   size_t status_offset_ = 0, workspace_bytes_ = 0, peak_live_bytes_ = 0;
   CUdeviceptr workspace_ = 0;                // allocated by the first run, freed with the program
   std::weak_ptr<const void> runtime_alive_;  // a program may outlive its runtime (a test's)
+  // Replay as CUDA graphs (static memory plan, a driver with graphs, KILN_CUDA_GRAPHS not 0):
+  // the graphs of the latest command lists, at most two (a step's resident tensors alternate
+  // between two address sets), the oldest destroyed first.
+  bool use_graphs_ = false;
+  struct CachedGraph {
+    std::vector<DeviceCommand> commands;
+    Runtime::Graph graph;
+  };
+  std::vector<CachedGraph> graphs_;
 };
 
 }  // namespace kiln::cuda

@@ -84,6 +84,25 @@ std::optional<Driver> load_cuda_driver(std::string* why) {
     dlclose(lib);
     return std::nullopt;
   }
+  // Graphs are optional: without any one of their entry points, none is used.
+  std::string no_graphs;
+  Resolver graphs{lib, &no_graphs};
+  graphs("cuGraphCreate", a.cuGraphCreate);
+  graphs("cuGraphAddKernelNode_v2", a.cuGraphAddKernelNode);
+  graphs("cuGraphAddMemsetNode", a.cuGraphAddMemsetNode);
+  graphs("cuGraphInstantiateWithFlags", a.cuGraphInstantiateWithFlags);
+  graphs("cuGraphLaunch", a.cuGraphLaunch);
+  graphs("cuGraphExecDestroy", a.cuGraphExecDestroy);
+  graphs("cuGraphDestroy", a.cuGraphDestroy);
+  if (!graphs.ok) {
+    a.cuGraphCreate = nullptr;
+    a.cuGraphAddKernelNode = nullptr;
+    a.cuGraphAddMemsetNode = nullptr;
+    a.cuGraphInstantiateWithFlags = nullptr;
+    a.cuGraphLaunch = nullptr;
+    a.cuGraphExecDestroy = nullptr;
+    a.cuGraphDestroy = nullptr;
+  }
   d.description = "CUDA driver (libcuda.so.1)";
   return d;
 }

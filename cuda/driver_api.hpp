@@ -27,6 +27,9 @@ using CUfunction = struct CUfunc_st*;
 using CUstream = struct CUstream_st*;
 using CUlinkState = struct CUlinkState_st*;
 using CUjit_option = int;
+using CUgraph = struct CUgraph_st*;
+using CUgraphNode = struct CUgraphNode_st*;
+using CUgraphExec = struct CUgraphExec_st*;
 
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
@@ -56,6 +59,28 @@ constexpr int CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3;
 inline void* const CU_LAUNCH_PARAM_END = reinterpret_cast<void*>(0x00);
 inline void* const CU_LAUNCH_PARAM_BUFFER_POINTER = reinterpret_cast<void*>(0x01);
 inline void* const CU_LAUNCH_PARAM_BUFFER_SIZE = reinterpret_cast<void*>(0x02);
+
+// CUDA_KERNEL_NODE_PARAMS (its v2 layout, which cuGraphAddKernelNode_v2 takes).
+struct CudaKernelNodeParams {
+  CUfunction func = nullptr;
+  unsigned gridDimX = 1, gridDimY = 1, gridDimZ = 1;
+  unsigned blockDimX = 1, blockDimY = 1, blockDimZ = 1;
+  unsigned sharedMemBytes = 0;
+  void** kernelParams = nullptr;
+  void** extra = nullptr;
+  void* kern = nullptr;  // CUkernel: unused when func is set
+  CUcontext ctx = nullptr;
+};
+
+// CUDA_MEMSET_NODE_PARAMS.
+struct CudaMemsetNodeParams {
+  CUdeviceptr dst = 0;
+  size_t pitch = 0;
+  unsigned value = 0;
+  unsigned elementSize = 1;  // 1, 2 or 4
+  size_t width = 0;          // elements per row
+  size_t height = 1;
+};
 
 // One pointer per entry point kiln uses; the comment names the versioned symbol loaded.
 struct DriverApi {
@@ -88,6 +113,16 @@ struct DriverApi {
                              unsigned bz, unsigned shared_bytes, CUstream stream, void** params, void** extra);
   CUresult (*cuFuncGetAttribute)(int* value, int attribute, CUfunction fn);
   CUresult (*cuGetErrorString)(CUresult error, const char** text);
+  // CUDA graphs: all present or all null (a driver without them runs launch by launch).
+  CUresult (*cuGraphCreate)(CUgraph* graph, unsigned flags);
+  CUresult (*cuGraphAddKernelNode)(CUgraphNode* node, CUgraph graph, const CUgraphNode* dependencies,
+                                   size_t num_dependencies, const CudaKernelNodeParams* params);  // _v2
+  CUresult (*cuGraphAddMemsetNode)(CUgraphNode* node, CUgraph graph, const CUgraphNode* dependencies,
+                                   size_t num_dependencies, const CudaMemsetNodeParams* params, CUcontext ctx);
+  CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec* exec, CUgraph graph, unsigned long long flags);
+  CUresult (*cuGraphLaunch)(CUgraphExec exec, CUstream stream);
+  CUresult (*cuGraphExecDestroy)(CUgraphExec exec);
+  CUresult (*cuGraphDestroy)(CUgraph graph);
 };
 
 // A driver: the table, what it is (for logs), and, for the fake driver only, a hook through

@@ -95,6 +95,20 @@ struct Link {
   std::string image;                       // the fake cubin, alive until cuLinkDestroy
 };
 
+// A node of a fake graph: a kernel launch (fn set; its packed parameters copied) or a memset
+// of zeros.
+struct GraphNode {
+  uintptr_t handle = 0;
+  CUfunction fn = nullptr;
+  sim::Dim3 grid, block;
+  unsigned shared_bytes = 0;
+  bool has_params = false;
+  size_t param_size = 0;
+  std::vector<uint64_t> params;  // 8-aligned, as the driver requires of a parameter buffer
+  CUdeviceptr memset_dst = 0;
+  size_t memset_bytes = 0;
+};
+
 struct FakeDevice {
   std::mutex mu;
   bool initialized = false;
@@ -105,6 +119,8 @@ struct FakeDevice {
   std::map<uintptr_t, Module> modules;
   std::map<uintptr_t, Function> functions;
   std::map<uintptr_t, Link> links;
+  std::map<uintptr_t, std::vector<GraphNode>> graphs, graph_execs;
+  int64_t graph_launches = 0;
   std::optional<std::string> fail_next_jit;
   std::string last_error;
   uintptr_t last_handle = 0x1000;
@@ -468,36 +484,171 @@ CUresult unpack_params(const kir::Kernel& k, void** extra, const std::string& wh
   return CUDA_SUCCESS;
 }
 
+// Checks and runs one kernel launch; the caller holds the device's lock.
+CUresult launch_locked(FakeDevice& d, CUfunction fn, sim::Dim3 grid, sim::Dim3 block, unsigned shared_bytes,
+                       void** params, void** extra, const std::string& api) {
+  auto it = d.functions.find(from_handle(fn));
+  if (it == d.functions.end()) return fail(CUDA_ERROR_INVALID_HANDLE, api + ": unknown function");
+  const Observed& kernel = *it->second.kernel;
+  const kir::Kernel& k = kernel.kernel;
+  const std::string who = api + " of '" + k.name + "'";
+  if (params != nullptr)
+    return fail(CUDA_ERROR_INVALID_VALUE, who + ": kernelParams given; kiln packs parameters into `extra`");
+  const std::string dims =
+      fmt::format("grid {}x{}x{}, block {}x{}x{}", grid.x, grid.y, grid.z, block.x, block.y, block.z);
+  if (grid.count() == 0 || block.count() == 0)
+    return fail(CUDA_ERROR_INVALID_VALUE, who + ": a zero dimension: " + dims);
+  if (block.count() > kMaxBlockThreads || block.z > 64 || grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu)
+    return fail(CUDA_ERROR_INVALID_VALUE, who + ": dimensions over the device's limits: " + dims);
+  const int64_t shared = k.shared_bytes() + shared_bytes;
+  if (shared > kMaxSharedBytes)
+    return fail(CUDA_ERROR_INVALID_VALUE, fmt::format("{}: {} bytes of shared memory, over the {} a block may use", who,
+                                                      shared, kMaxSharedBytes));
+  std::vector<uint64_t> values;
+  if (CUresult r = unpack_params(k, extra, who, &values)) return r;
+  try {
+    sim::simulate(*kernel.prepared, grid, block, values, d.memory);
+  } catch (const Error& e) {
+    return fail(CUDA_ERROR_LAUNCH_FAILED, api + ": " + std::string(e.what()));
+  }
+  ++d.launches;
+  return CUDA_SUCCESS;
+}
+
 CUresult fake_cuLaunchKernel(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned shared_bytes, CUstream stream, void** params, void** extra) {
   return entry("cuLaunchKernel", [&](FakeDevice& d) {
-    auto it = d.functions.find(from_handle(fn));
-    if (it == d.functions.end()) return fail(CUDA_ERROR_INVALID_HANDLE, "cuLaunchKernel: unknown function");
-    const Observed& kernel = *it->second.kernel;
-    const kir::Kernel& k = kernel.kernel;
-    const std::string who = "cuLaunchKernel of '" + k.name + "'";
     if (stream != nullptr)
-      return fail(CUDA_ERROR_INVALID_HANDLE, who + ": unknown stream (the fake has the default one)");
-    if (params != nullptr)
-      return fail(CUDA_ERROR_INVALID_VALUE, who + ": kernelParams given; kiln packs parameters into `extra`");
-    const sim::Dim3 grid{gx, gy, gz}, block{bx, by, bz};
-    const std::string dims = fmt::format("grid {}x{}x{}, block {}x{}x{}", gx, gy, gz, bx, by, bz);
-    if (grid.count() == 0 || block.count() == 0)
-      return fail(CUDA_ERROR_INVALID_VALUE, who + ": a zero dimension: " + dims);
-    if (block.count() > kMaxBlockThreads || bz > 64 || gy > 65535 || gz > 65535 || gx > 0x7fffffffu)
-      return fail(CUDA_ERROR_INVALID_VALUE, who + ": dimensions over the device's limits: " + dims);
-    const int64_t shared = k.shared_bytes() + shared_bytes;
-    if (shared > kMaxSharedBytes)
-      return fail(CUDA_ERROR_INVALID_VALUE, fmt::format("{}: {} bytes of shared memory, over the {} a block may use",
-                                                        who, shared, kMaxSharedBytes));
-    std::vector<uint64_t> values;
-    if (CUresult r = unpack_params(k, extra, who, &values)) return r;
-    try {
-      sim::simulate(*kernel.prepared, grid, block, values, d.memory);
-    } catch (const Error& e) {
-      return fail(CUDA_ERROR_LAUNCH_FAILED, "cuLaunchKernel: " + std::string(e.what()));
+      return fail(CUDA_ERROR_INVALID_HANDLE, "cuLaunchKernel: unknown stream (the fake has the default one)");
+    return launch_locked(d, fn, {gx, gy, gz}, {bx, by, bz}, shared_bytes, params, extra, "cuLaunchKernel");
+  });
+}
+
+// Graphs. The fake runs a graph's nodes one after another in the order they were added, so it
+// accepts only chains: each node depends on exactly the node added before it (the order a real
+// driver must keep too; without the dependencies it may run nodes at once).
+CUresult fake_cuGraphCreate(CUgraph* graph, unsigned flags) {
+  return entry("cuGraphCreate", [&](FakeDevice& d) {
+    if (graph == nullptr || flags != 0) return fail(CUDA_ERROR_INVALID_VALUE, "cuGraphCreate: null output or flags");
+    uintptr_t h = d.new_handle();
+    d.graphs[h] = {};
+    *graph = to_handle<CUgraph>(h);
+    return CUDA_SUCCESS;
+  });
+}
+
+// Appends `node` to `graph` after checking that it depends on the graph's last node alone.
+CUresult add_node(FakeDevice& d, CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t num_deps,
+                  GraphNode node, const char* api) {
+  auto it = d.graphs.find(from_handle(graph));
+  if (it == d.graphs.end()) return fail(CUDA_ERROR_INVALID_HANDLE, std::string(api) + ": unknown graph");
+  std::vector<GraphNode>& nodes = it->second;
+  const bool chained =
+      nodes.empty() ? num_deps == 0 : num_deps == 1 && deps != nullptr && from_handle(deps[0]) == nodes.back().handle;
+  if (!chained)
+    return fail(CUDA_ERROR_INVALID_VALUE,
+                fmt::format("{}: node {} must depend on exactly the node added before it (the fake runs chains)", api,
+                            nodes.size()));
+  if (out == nullptr) return fail(CUDA_ERROR_INVALID_VALUE, std::string(api) + ": null output");
+  node.handle = d.new_handle();
+  *out = to_handle<CUgraphNode>(node.handle);
+  nodes.push_back(std::move(node));
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuGraphAddKernelNode(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t num_deps,
+                                   const CudaKernelNodeParams* p) {
+  return entry("cuGraphAddKernelNode", [&](FakeDevice& d) {
+    if (p == nullptr) return fail(CUDA_ERROR_INVALID_VALUE, "cuGraphAddKernelNode: null parameters");
+    if (p->func == nullptr || !d.functions.count(from_handle(p->func)))
+      return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphAddKernelNode: unknown function");
+    if (p->kernelParams != nullptr)
+      return fail(CUDA_ERROR_INVALID_VALUE, "cuGraphAddKernelNode: kernelParams given; kiln packs them into `extra`");
+    GraphNode node;
+    node.fn = p->func;
+    node.grid = {p->gridDimX, p->gridDimY, p->gridDimZ};
+    node.block = {p->blockDimX, p->blockDimY, p->blockDimZ};
+    node.shared_bytes = p->sharedMemBytes;
+    // The parameters are copied when the node is made, as the driver does (checked at launch).
+    const void* buffer = nullptr;
+    for (size_t i = 0; p->extra != nullptr && p->extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+      if (p->extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = p->extra[i + 1];
+      if (p->extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) node.param_size = *static_cast<const size_t*>(p->extra[i + 1]);
     }
-    ++d.launches;
+    node.has_params = buffer != nullptr;
+    if (buffer) {
+      node.params.resize((node.param_size + 7) / 8);
+      std::memcpy(node.params.data(), buffer, node.param_size);
+    }
+    return add_node(d, out, graph, deps, num_deps, std::move(node), "cuGraphAddKernelNode");
+  });
+}
+
+CUresult fake_cuGraphAddMemsetNode(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, size_t num_deps,
+                                   const CudaMemsetNodeParams* p, CUcontext ctx) {
+  return entry("cuGraphAddMemsetNode", [&](FakeDevice& d) {
+    if (p == nullptr) return fail(CUDA_ERROR_INVALID_VALUE, "cuGraphAddMemsetNode: null parameters");
+    if (ctx != kPrimaryContext) return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphAddMemsetNode: unknown context");
+    if (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4)
+      return fail(CUDA_ERROR_INVALID_VALUE, fmt::format("cuGraphAddMemsetNode: element size {}", p->elementSize));
+    if (p->height != 1) return fail(CUDA_ERROR_INVALID_VALUE, "cuGraphAddMemsetNode: the fake sets one row");
+    if (p->value != 0) return fail(CUDA_ERROR_INVALID_VALUE, "cuGraphAddMemsetNode: the fake sets zeros only");
+    GraphNode node;
+    node.memset_dst = p->dst;
+    node.memset_bytes = p->width * p->elementSize;
+    d.memory.at(node.memset_dst, node.memset_bytes);  // checked now: inside one allocation
+    return add_node(d, out, graph, deps, num_deps, std::move(node), "cuGraphAddMemsetNode");
+  });
+}
+
+CUresult fake_cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
+  return entry("cuGraphInstantiateWithFlags", [&](FakeDevice& d) {
+    auto it = d.graphs.find(from_handle(graph));
+    if (it == d.graphs.end()) return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphInstantiateWithFlags: unknown graph");
+    if (exec == nullptr || flags != 0)
+      return fail(CUDA_ERROR_INVALID_VALUE, "cuGraphInstantiateWithFlags: null output or flags");
+    uintptr_t h = d.new_handle();
+    d.graph_execs[h] = it->second;  // a snapshot: later changes to the graph do not reach it
+    *exec = to_handle<CUgraphExec>(h);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult fake_cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+  return entry("cuGraphLaunch", [&](FakeDevice& d) {
+    auto it = d.graph_execs.find(from_handle(exec));
+    if (it == d.graph_execs.end()) return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphLaunch: unknown executable graph");
+    if (stream != nullptr) return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphLaunch: unknown stream");
+    const std::vector<GraphNode>& nodes = it->second;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const GraphNode& n = nodes[i];
+      if (!n.fn) {
+        std::memset(d.memory.at(n.memset_dst, n.memset_bytes), 0, n.memset_bytes);
+        continue;
+      }
+      size_t size = n.param_size;
+      void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint64_t*>(n.params.data()),
+                       CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+      if (CUresult r = launch_locked(d, n.fn, n.grid, n.block, n.shared_bytes, nullptr, n.has_params ? extra : nullptr,
+                                     fmt::format("cuGraphLaunch (node {})", i)))
+        return r;
+    }
+    ++d.graph_launches;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult fake_cuGraphExecDestroy(CUgraphExec exec) {
+  return entry("cuGraphExecDestroy", [&](FakeDevice& d) {
+    if (!d.graph_execs.erase(from_handle(exec)))
+      return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphExecDestroy: unknown executable graph");
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult fake_cuGraphDestroy(CUgraph graph) {
+  return entry("cuGraphDestroy", [&](FakeDevice& d) {
+    if (!d.graphs.erase(from_handle(graph))) return fail(CUDA_ERROR_INVALID_HANDLE, "cuGraphDestroy: unknown graph");
     return CUDA_SUCCESS;
   });
 }
@@ -565,7 +716,14 @@ Driver fake_driver() {
                     fake_cuLinkDestroy,
                     fake_cuLaunchKernel,
                     fake_cuFuncGetAttribute,
-                    fake_cuGetErrorString};
+                    fake_cuGetErrorString,
+                    fake_cuGraphCreate,
+                    fake_cuGraphAddKernelNode,
+                    fake_cuGraphAddMemsetNode,
+                    fake_cuGraphInstantiateWithFlags,
+                    fake_cuGraphLaunch,
+                    fake_cuGraphExecDestroy,
+                    fake_cuGraphDestroy};
   d.description = "kiln fake driver (SIMT simulator)";
   d.observe_kernel = observe_kernel;
   d.fake = true;
@@ -575,7 +733,7 @@ Driver fake_driver() {
 FakeDeviceState fake_device_state() {
   FakeDevice& d = device();
   std::lock_guard<std::mutex> lock(d.mu);
-  return FakeDeviceState{&d.memory, d.launches, d.modules_loaded, d.jit_compiles};
+  return FakeDeviceState{&d.memory, d.launches, d.modules_loaded, d.jit_compiles, d.graph_launches};
 }
 
 void fake_driver_fail_next_jit(std::string log) {

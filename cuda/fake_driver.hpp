@@ -1,7 +1,8 @@
 // The fake driver: the DriverApi table implemented on the CPU. Every call is checked (handles,
 // allocation bounds, double frees, parameter buffer size and alignment against the kernel's
 // parameters, launch dimensions and shared memory) and a launched kernel runs in the SIMT
-// simulator on the fake device's memory. It reports itself as an sm_90 device. It does not
+// simulator on the fake device's memory; graphs (chains of kernel and memset nodes) run their
+// nodes in order. It reports itself as an sm_90 device. It does not
 // parse PTX: a PTX text compiles when Driver::observe_kernel was given its IR, and cuLinkComplete
 // returns a "fake cubin" ("KILNFAKECUBIN\n", the PTX text, a NUL) that loads the same way.
 #pragma once
@@ -22,6 +23,7 @@ struct FakeDeviceState {
   int64_t launches;
   int64_t modules_loaded;  // cuModuleLoadDataEx calls that succeeded
   int64_t jit_compiles;    // PTX compilations: cuLinkAddData of PTX, cuModuleLoadDataEx of PTX text
+  int64_t graph_launches;  // cuGraphLaunch calls that succeeded (their kernels count as launches too)
 };
 FakeDeviceState fake_device_state();
 

@@ -377,10 +377,21 @@ void Runtime::launch(const LoadedKernel& k, Dim3 grid, Dim3 block, const std::ve
   const kir::Kernel& kernel = *k.kernel;
   const std::string what =
       fmt::format("launch of kernel '{}' (grid {}, block {})", kernel.name, dims(grid), dims(block));
+  std::vector<uint64_t> words;
+  size_t size = pack_params(kernel, args, words, what);
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, words.data(), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                   CU_LAUNCH_PARAM_END};
+  check(driver_.api.cuLaunchKernel(k.fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, 0, nullptr, nullptr, extra),
+        what);
+  ++stats_.launches;
+}
+
+size_t Runtime::pack_params(const kir::Kernel& kernel, const std::vector<uint64_t>& args, std::vector<uint64_t>& words,
+                            const std::string& what) const {
   if (args.size() != kernel.params.size())
     throw Error(fmt::format("{}: {} arguments for {} parameters", what, args.size(), kernel.params.size()));
   // Each parameter takes at most 8 bytes: one word per parameter holds the packed buffer, 8-aligned.
-  std::vector<uint64_t> words(std::max<size_t>(args.size(), 1), 0);
+  words.assign(std::max<size_t>(args.size(), 1), 0);
   auto* bytes = reinterpret_cast<std::byte*>(words.data());
   size_t size = 0;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -389,13 +400,71 @@ void Runtime::launch(const LoadedKernel& k, Dim3 grid, Dim3 block, const std::ve
     std::memcpy(bytes + offset, &args[i], n);  // little-endian: the low n bytes
     size = offset + n;
   }
-  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, words.data(), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
-                   CU_LAUNCH_PARAM_END};
-  check(driver_.api.cuLaunchKernel(k.fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, 0, nullptr, nullptr, extra),
-        what);
-  ++stats_.launches;
+  return size;
 }
 
 void Runtime::synchronize() { check(driver_.api.cuCtxSynchronize(), "cuCtxSynchronize"); }
+
+Runtime::Graph Runtime::make_graph(const std::vector<DeviceCommand>& commands) {
+  if (!graphs_supported()) throw Error("CUDA graphs: the driver has no graph entry points");
+  const DriverApi& api = driver_.api;
+  Graph g;
+  check(api.cuGraphCreate(&g.graph, 0), "cuGraphCreate");
+  try {
+    CUgraphNode last = nullptr;
+    for (size_t i = 0; i < commands.size(); ++i) {
+      const DeviceCommand& c = commands[i];
+      CUgraphNode node = nullptr;
+      const size_t deps = last ? 1 : 0;
+      if (!c.kernel) {
+        CudaMemsetNodeParams p;
+        p.dst = c.dst;
+        p.elementSize = c.bytes % 4 == 0 && c.dst % 4 == 0 ? 4 : 1;
+        p.width = c.bytes / p.elementSize;
+        p.pitch = c.bytes;
+        check(api.cuGraphAddMemsetNode(&node, g.graph, &last, deps, &p, context_),
+              fmt::format("graph node {}: zero {} bytes at {:#x}", i, c.bytes, c.dst));
+      } else {
+        const std::string what = fmt::format("graph node {}: kernel '{}' (grid {}, block {})", i,
+                                             c.kernel->kernel->name, dims(c.grid), dims(c.block));
+        std::vector<uint64_t> words;  // copied into the node by the driver
+        size_t size = pack_params(*c.kernel->kernel, c.args, words, what);
+        void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, words.data(), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                         CU_LAUNCH_PARAM_END};
+        CudaKernelNodeParams p;
+        p.func = c.kernel->fn;
+        p.gridDimX = c.grid.x;
+        p.gridDimY = c.grid.y;
+        p.gridDimZ = c.grid.z;
+        p.blockDimX = c.block.x;
+        p.blockDimY = c.block.y;
+        p.blockDimZ = c.block.z;
+        p.extra = extra;
+        check(api.cuGraphAddKernelNode(&node, g.graph, &last, deps, &p), what);
+        ++g.kernels;
+      }
+      last = node;
+    }
+    check(api.cuGraphInstantiateWithFlags(&g.exec, g.graph, 0), "cuGraphInstantiateWithFlags");
+  } catch (...) {
+    destroy(g);
+    throw;
+  }
+  ++stats_.graphs_built;
+  return g;
+}
+
+void Runtime::launch(const Graph& graph) {
+  check(driver_.api.cuGraphLaunch(graph.exec, nullptr), fmt::format("launch of a graph of {} kernels", graph.kernels));
+  stats_.launches += graph.kernels;
+  ++stats_.graph_launches;
+}
+
+void Runtime::destroy(Graph& graph) {
+  // Results are ignored: this runs on error paths and in destructors.
+  if (graph.exec) driver_.api.cuGraphExecDestroy(graph.exec);
+  if (graph.graph) driver_.api.cuGraphDestroy(graph.graph);
+  graph = Graph{};
+}
 
 }  // namespace kiln::cuda

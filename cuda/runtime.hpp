@@ -37,6 +37,7 @@ struct RuntimeStats {
   int64_t memory_cache_hits = 0;  // function() calls served from memory
   int64_t corrupt_cache_entries = 0;
   int64_t device_allocations = 0;  // cuMemAlloc calls made by the arena
+  int64_t graphs_built = 0, graph_launches = 0;
   size_t bytes_in_use = 0, peak_bytes_in_use = 0;
   size_t bytes_uploaded = 0, bytes_downloaded = 0;  // host <-> device copies
 };
@@ -106,6 +107,18 @@ class Runtime {
   void launch(const LoadedKernel& k, Dim3 grid, Dim3 block, const std::vector<uint64_t>& args);
   void synchronize();
 
+  // CUDA graphs, when the driver has them: `commands` recorded as one graph (a chain: each node
+  // after the one before) and launched with one call. Every address is baked in.
+  bool graphs_supported() const { return driver_.api.cuGraphCreate != nullptr; }
+  struct Graph {
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    int64_t kernels = 0;
+  };
+  Graph make_graph(const std::vector<DeviceCommand>& commands);
+  void launch(const Graph& graph);
+  void destroy(Graph& graph);  // a destroyed (or empty) graph may be destroyed again
+
   const RuntimeStats& stats() const { return stats_; }
   // Expires when the runtime is destroyed: an object holding device memory of this runtime
   // (a compiled program's workspace) that may outlive it frees that memory only while it lives.
@@ -113,6 +126,10 @@ class Runtime {
 
  private:
   void check(CUresult r, const std::string& what) const;
+  // The launch parameters packed as the driver wants them in `extra`: each at its natural
+  // alignment in 8-byte words; returns the byte size. `what` names the launch in errors.
+  size_t pack_params(const kir::Kernel& kernel, const std::vector<uint64_t>& args, std::vector<uint64_t>& words,
+                     const std::string& what) const;
   std::string error_text(CUresult r) const;  // name, the driver's description, the fake's message
   std::string cache_path(uint64_t key) const;
   CUmodule load_module(const kir::Kernel& k, const std::string& ptx, uint64_t key);

@@ -342,6 +342,71 @@ TEST_F(RuntimeTest, OutOfBoundsAccessFailsTheLaunchNamingTheKernel) {
   EXPECT_EQ(rt.stats().launches, 0);
 }
 
+// A graph of a memset and two launches (y = 2x, then z = 3y) runs them in order, every time it
+// is launched, with the parameters it was made with; a node that does not follow the one before
+// it is refused (the fake runs chains, and without the dependency a driver may run both at once).
+TEST_F(FakeDriverTest, GraphsRunTheirCommandsInOrderAndOnlyChains) {
+  Runtime rt(fake_driver(), options());
+  ASSERT_TRUE(rt.graphs_supported());
+  LoadedKernel lk = rt.load(scale_kernel());
+  const std::vector<float> x = ramp(300);
+  const size_t bytes = x.size() * sizeof(float);
+  CUdeviceptr dx = rt.alloc(bytes), dy = rt.alloc(bytes), dz = rt.alloc(bytes);
+  rt.upload(dx, x.data(), bytes);
+  const auto n = static_cast<uint64_t>(x.size());
+  auto launch = [&](CUdeviceptr from, CUdeviceptr to, float a) {
+    DeviceCommand c;
+    c.kernel = &lk;
+    c.grid = {3, 1, 1};
+    c.block = {128, 1, 1};
+    c.args = {from, to, n, f32_bits(a)};
+    return c;
+  };
+  DeviceCommand zero;
+  zero.dst = dz;
+  zero.bytes = bytes;
+  Runtime::Graph g = rt.make_graph({zero, launch(dx, dy, 2.0f), launch(dy, dz, 3.0f)});
+  EXPECT_EQ(g.kernels, 2);
+  const int64_t graph_launches = fake_device_state().graph_launches;
+  for (int rep = 0; rep < 2; ++rep) {
+    std::vector<float> wrong(x.size(), -1.0f);
+    rt.upload(dz, wrong.data(), bytes);  // the memset node clears it
+    rt.launch(g);
+    rt.synchronize();
+    std::vector<float> z(x.size());
+    rt.download(z.data(), dz, bytes);
+    expect_scaled(z, x, 6.0f);
+  }
+  EXPECT_EQ(fake_device_state().graph_launches, graph_launches + 2);
+  EXPECT_EQ(rt.stats().graph_launches, 2);
+  EXPECT_EQ(rt.stats().launches, 4);
+  rt.destroy(g);
+  rt.destroy(g);  // again: nothing left to destroy
+
+  // Unchained: the second node lists no dependency.
+  const DriverApi& api = rt.api();
+  CUgraph graph = nullptr;
+  ASSERT_EQ(api.cuGraphCreate(&graph, 0), CUDA_SUCCESS);
+  CudaKernelNodeParams p;
+  p.func = lk.fn;
+  CUgraphNode first = nullptr, second = nullptr;
+  EXPECT_EQ(api.cuGraphAddKernelNode(&first, graph, nullptr, 0, &p), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuGraphAddKernelNode(&second, graph, nullptr, 0, &p), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_NE(fake_driver_last_error().find("must depend on exactly the node added before it"), std::string::npos);
+  EXPECT_EQ(api.cuGraphAddKernelNode(&second, graph, &first, 1, &p), CUDA_SUCCESS);
+  CudaMemsetNodeParams m;
+  m.dst = dz;
+  m.elementSize = 4;
+  m.width = x.size();
+  CUgraphNode third = nullptr;
+  EXPECT_EQ(api.cuGraphAddMemsetNode(&third, graph, &second, 1, &m, nullptr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(api.cuGraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuGraphDestroy(graph), CUDA_ERROR_INVALID_HANDLE);
+  rt.free(dx);
+  rt.free(dy);
+  rt.free(dz);
+}
+
 TEST_F(FakeDriverTest, ChecksTheParameterBufferAndLaunchDimensions) {
   Runtime rt(fake_driver(), options());
   LoadedKernel lk = rt.load(scale_kernel());
@@ -553,6 +618,29 @@ static_assert(sizeof(kiln::cuda::CUdeviceptr) == sizeof(::CUdeviceptr));
 static_assert(sizeof(kiln::cuda::CUdevice) == sizeof(::CUdevice));
 static_assert(sizeof(kiln::cuda::CUresult) == sizeof(::CUresult));
 static_assert(sizeof(kiln::cuda::CUjit_option) == sizeof(::CUjit_option));
+// The graph node parameters kiln fills: the layouts cuGraphAddKernelNode_v2 and
+// cuGraphAddMemsetNode read.
+#define KILN_SAME_FIELD(kiln_type, cuda_type, field)                                      \
+  static_assert(offsetof(kiln::cuda::kiln_type, field) == offsetof(::cuda_type, field) && \
+                    sizeof(kiln::cuda::kiln_type::field) == sizeof(::cuda_type::field),   \
+                #cuda_type "." #field)
+static_assert(sizeof(kiln::cuda::CudaKernelNodeParams) == sizeof(::CUDA_KERNEL_NODE_PARAMS_v2));
+KILN_SAME_FIELD(CudaKernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, func);
+KILN_SAME_FIELD(CudaKernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, gridDimX);
+KILN_SAME_FIELD(CudaKernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, blockDimZ);
+KILN_SAME_FIELD(CudaKernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, sharedMemBytes);
+KILN_SAME_FIELD(CudaKernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, kernelParams);
+KILN_SAME_FIELD(CudaKernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, extra);
+KILN_SAME_FIELD(CudaKernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, kern);
+KILN_SAME_FIELD(CudaKernelNodeParams, CUDA_KERNEL_NODE_PARAMS_v2, ctx);
+static_assert(sizeof(kiln::cuda::CudaMemsetNodeParams) == sizeof(::CUDA_MEMSET_NODE_PARAMS));
+KILN_SAME_FIELD(CudaMemsetNodeParams, CUDA_MEMSET_NODE_PARAMS, dst);
+KILN_SAME_FIELD(CudaMemsetNodeParams, CUDA_MEMSET_NODE_PARAMS, pitch);
+KILN_SAME_FIELD(CudaMemsetNodeParams, CUDA_MEMSET_NODE_PARAMS, value);
+KILN_SAME_FIELD(CudaMemsetNodeParams, CUDA_MEMSET_NODE_PARAMS, elementSize);
+KILN_SAME_FIELD(CudaMemsetNodeParams, CUDA_MEMSET_NODE_PARAMS, width);
+KILN_SAME_FIELD(CudaMemsetNodeParams, CUDA_MEMSET_NODE_PARAMS, height);
+#undef KILN_SAME_FIELD
 
 TEST(FakeDriverAbi, LaunchParameterMarkersMatchCudaH) {
   EXPECT_EQ(kKilnLaunchParamEnd, CU_LAUNCH_PARAM_END);

@@ -114,9 +114,10 @@ TrainResult Trainer::run() {
                      share = first_step ? outside / this_step_ms : (step_ms - run_ms) / step_ms;
         std::string copies;  // on the GPU: what the last step copied between host and device
         if (Engine::current().device() == Device::CUDA && plan.device)
-          copies = fmt::format("; host -> device {:.1f} KiB, device -> host {:.1f} KiB",
+          copies = fmt::format("; host -> device {:.1f} KiB, device -> host {:.1f} KiB{}",
                                static_cast<double>(plan.device->last_run().uploaded_bytes) / 1024,
-                               static_cast<double>(plan.device->last_run().downloaded_bytes) / 1024);
+                               static_cast<double>(plan.device->last_run().downloaded_bytes) / 1024,
+                               plan.device->last_run().graph ? "; kernels launched as one CUDA graph" : "");
         spdlog::info("stats: {}; host time outside the executor {:.3f} ms/step ({:.1f}% of the step; {}){}",
                      measure_step(plan).summary(), outside, 100 * share,
                      first_step ? "first step: records and plans"

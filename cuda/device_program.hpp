@@ -20,6 +20,7 @@ struct DeviceRunStats {
   int64_t launches = 0;
   size_t peak_bytes = 0;  // device bytes held by this run: its workspace and its own buffers at their peak
   size_t uploaded_bytes = 0, downloaded_bytes = 0;  // host <-> device copies made by the run
+  int64_t uploads = 0, downloads = 0;               // ... and how many
   bool graph = false;                               // the kernels ran as one CUDA graph
   bool graph_built = false;                         // ... built for this run (a command list not seen before)
 };
@@ -88,6 +89,10 @@ class DeviceProgram {
   std::vector<size_t> planned_offset_;
   std::vector<std::vector<size_t>> scratch_offset_;
   size_t status_offset_ = 0, workspace_bytes_ = 0, peak_live_bytes_ = 0;
+  // The inputs (externals that are not persistent) lie together in the workspace, so a run
+  // uploads them in one copy: their first byte, and a host buffer to pack them in.
+  size_t inputs_offset_ = 0;
+  std::vector<uint64_t> staging_;
   CUdeviceptr workspace_ = 0;                // allocated by the first run, freed with the program
   std::weak_ptr<const void> runtime_alive_;  // a program may outlive its runtime (a test's)
   // Replay as CUDA graphs (static memory plan, a driver with graphs, KILN_CUDA_GRAPHS not 0):

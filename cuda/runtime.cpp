@@ -250,12 +250,14 @@ void Runtime::upload(CUdeviceptr dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   check(driver_.api.cuMemcpyHtoD(dst, src, bytes), fmt::format("upload of {} bytes to {:#x}", bytes, dst));
   stats_.bytes_uploaded += bytes;
+  ++stats_.uploads;
 }
 
 void Runtime::download(void* dst, CUdeviceptr src, size_t bytes) {
   if (bytes == 0) return;
   check(driver_.api.cuMemcpyDtoH(dst, src, bytes), fmt::format("download of {} bytes from {:#x}", bytes, src));
   stats_.bytes_downloaded += bytes;
+  ++stats_.downloads;
 }
 
 void Runtime::copy(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {

@@ -40,6 +40,7 @@ struct RuntimeStats {
   int64_t graphs_built = 0, graph_launches = 0;
   size_t bytes_in_use = 0, peak_bytes_in_use = 0;
   size_t bytes_uploaded = 0, bytes_downloaded = 0;  // host <-> device copies
+  int64_t uploads = 0, downloads = 0;               // ... and how many (each a driver call)
 };
 
 // A loaded kernel: the driver function and the IR it was printed from (its parameter types

@@ -1,8 +1,8 @@
 // The static memory plan (circuit/memory_plan.hpp): on random lifetimes no two blocks that meet
 // in time share a byte, offsets are aligned, the workspace is never below the live peak and the
 // plan is the same every time; and DeviceProgram's planned workspace runs a GPT training step
-// (traced, resident tensors) to the bit of a run where every buffer is allocated on its own,
-// without allocating device memory once its first steps are done.
+// (resident tensors) to the bit of a run where every buffer is allocated on its own, without
+// allocating device memory once its first steps are done and uploading its inputs in one copy.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -68,7 +68,7 @@ TEST(MemoryPlan, APlannedWorkspaceRunsTrainingStepsToTheBitOfSeparateBuffers) {
   struct Run {
     std::vector<double> losses;
     size_t workspace = 0, peak_live = 0, buffers = 0;
-    int64_t allocations_after_warmup = 0;
+    int64_t allocations_after_warmup = 0, uploads = 0;
   };
   auto train = [&](cuda::Runtime& rt) {
     testing::OnDevice on(rt);
@@ -87,6 +87,7 @@ TEST(MemoryPlan, APlannedWorkspaceRunsTrainingStepsToTheBitOfSeparateBuffers) {
     }
     r.allocations_after_warmup = rt.stats().device_allocations - allocations;
     const cuda::DeviceProgram& dp = *Engine::current().last_plan()->device;
+    r.uploads = dp.last_run().uploads;
     r.workspace = dp.workspace_bytes();
     r.peak_live = dp.peak_live_bytes();
     for (ValueId v = 0; v < static_cast<ValueId>(dp.circuit().num_values()); ++v)
@@ -101,6 +102,8 @@ TEST(MemoryPlan, APlannedWorkspaceRunsTrainingStepsToTheBitOfSeparateBuffers) {
   EXPECT_GE(planned.workspace, planned.peak_live);
   EXPECT_LT(planned.workspace, planned.buffers / 2);  // reuse: well under one buffer per value
   EXPECT_EQ(planned.allocations_after_warmup, 0);
+  EXPECT_EQ(planned.uploads, 1);  // every input (tokens, scalars, random offsets) in one copy
+  EXPECT_GT(separate.uploads, 5);
   std::printf("planned workspace %zu bytes, live peak %zu, one buffer per value would be %zu\n", planned.workspace,
               planned.peak_live, planned.buffers);
 }

@@ -113,11 +113,13 @@ TrainResult Trainer::run() {
                          first_step ? this_step_ms - this_run_ms : (step_ms - run_ms) / static_cast<double>(timed),
                      share = first_step ? outside / this_step_ms : (step_ms - run_ms) / step_ms;
         std::string copies;  // on the GPU: what the last step copied between host and device
-        if (Engine::current().device() == Device::CUDA && plan.device)
-          copies = fmt::format("; host -> device {:.1f} KiB, device -> host {:.1f} KiB{}",
-                               static_cast<double>(plan.device->last_run().uploaded_bytes) / 1024,
-                               static_cast<double>(plan.device->last_run().downloaded_bytes) / 1024,
-                               plan.device->last_run().graph ? "; kernels launched as one CUDA graph" : "");
+        if (Engine::current().device() == Device::CUDA && plan.device) {
+          const cuda::DeviceRunStats& r = plan.device->last_run();
+          copies = fmt::format("; host -> device {:.1f} KiB (copies: {}), device -> host {:.1f} KiB (copies: {}){}",
+                               static_cast<double>(r.uploaded_bytes) / 1024, r.uploads,
+                               static_cast<double>(r.downloaded_bytes) / 1024, r.downloads,
+                               r.graph ? "; kernels launched as one CUDA graph" : "");
+        }
         spdlog::info("stats: {}; host time outside the executor {:.3f} ms/step ({:.1f}% of the step; {}){}",
                      measure_step(plan).summary(), outside, 100 * share,
                      first_step ? "first step: records and plans"

@@ -5,6 +5,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -278,8 +279,10 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
     }
     for (ValueId dead : free_after_[i]) buf.release(dead);
   }
+  const auto started = std::chrono::steady_clock::now();
   const int64_t launches = execute(commands);
   rt_.synchronize();
+  last_run_.device_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   if (status_slots_ > 0) {
     std::vector<int32_t> words(static_cast<size_t>(status_slots_) * kStatusWords);
     rt_.download(words.data(), status, words.size() * 4);

@@ -21,8 +21,9 @@ struct DeviceRunStats {
   size_t peak_bytes = 0;  // device bytes held by this run: its workspace and its own buffers at their peak
   size_t uploaded_bytes = 0, downloaded_bytes = 0;  // host <-> device copies made by the run
   int64_t uploads = 0, downloads = 0;               // ... and how many
-  bool graph = false;                               // the kernels ran as one CUDA graph
-  bool graph_built = false;                         // ... built for this run (a command list not seen before)
+  double device_ms = 0;      // from the first command's launch to the end of the synchronize after the last
+  bool graph = false;        // the kernels ran as one CUDA graph
+  bool graph_built = false;  // ... built for this run (a command list not seen before)
 };
 
 // Persistent externals kept on the device between runs (cuda/resident.hpp): keys[i] >= 0 names

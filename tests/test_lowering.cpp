@@ -177,6 +177,19 @@ std::vector<LoweringCase> cases() {
                  return b.concat(outs, 1);
                },
                1e-5});
+  // Enough rows to split into chunks across blocks (303 rows: 5 chunks of 61, the last short),
+  // and two column tiles, the second partial.
+  c.push_back({"column_sums_row_split",
+               {f32({3, 101, 300}), f32({3, 101, 1}), f32({300})},
+               [](Builder& b, const std::vector<ValueId>& x) {
+                 Params p;
+                 p.dtype = DType::f32;
+                 p.ints = {3, 101, 300};
+                 p.bodies = {se::in(0) * se::in(1), se::in(0) + se::in(2)};
+                 std::vector<ValueId> outs = b.circuit().add_op("column_sums", p, x, b.scope());
+                 return b.concat(outs, 1);
+               },
+               1e-5});
   c.push_back({"gather_rows",
                {f32({50, 37}), i32({3, 7}, 0, 50)},
                [](Builder& b, const std::vector<ValueId>& x) { return b.gather_rows(x[0], x[1]); },

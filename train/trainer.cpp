@@ -65,6 +65,7 @@ TrainResult Trainer::run() {
     save_checkpoint(opts_.checkpoint, model_, opt_, tokenizer_, {step_, data_seed_});
   };
   std::unique_ptr<TracedStep> traced;  // made by the first step when opts_.traced
+  const bool on_gpu = Engine::current().device() == Device::CUDA;
   const int64_t end = opts_.stop_at > 0 ? std::min(opts_.stop_at, opts_.steps) : opts_.steps;
   while (step_ < end) {
     double lr = warmup_cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
@@ -88,9 +89,12 @@ TrainResult Trainer::run() {
         loss = record()[0];
       }
     }
-    // Time in the executor (Eigen or GPU program) and in the whole step: recording the model's
-    // C++ code and hashing (untraced, or the first traced step), binding and the executor.
-    const double this_run_ms = Engine::current().stats().last_run_ms,
+    // Time doing the step's work (the Eigen executor; on the GPU, from the first launch to the
+    // synchronize after the last) and in the whole step, which adds recording the model's C++
+    // code and hashing (untraced, or the first traced step), binding, and on the GPU the copies.
+    const Plan* ran = Engine::current().last_plan();
+    const double this_run_ms = on_gpu && ran && ran->device ? ran->device->last_run().device_ms
+                                                            : Engine::current().stats().last_run_ms,
                  this_step_ms = 1000 * std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (step_ > first) {
       run_ms += this_run_ms;
@@ -113,15 +117,15 @@ TrainResult Trainer::run() {
                          first_step ? this_step_ms - this_run_ms : (step_ms - run_ms) / static_cast<double>(timed),
                      share = first_step ? outside / this_step_ms : (step_ms - run_ms) / step_ms;
         std::string copies;  // on the GPU: what the last step copied between host and device
-        if (Engine::current().device() == Device::CUDA && plan.device) {
+        if (on_gpu && plan.device) {
           const cuda::DeviceRunStats& r = plan.device->last_run();
           copies = fmt::format("; host -> device {:.1f} KiB (copies: {}), device -> host {:.1f} KiB (copies: {}){}",
                                static_cast<double>(r.uploaded_bytes) / 1024, r.uploads,
                                static_cast<double>(r.downloaded_bytes) / 1024, r.downloads,
                                r.graph ? "; kernels launched as one CUDA graph" : "");
         }
-        spdlog::info("stats: {}; host time outside the executor {:.3f} ms/step ({:.1f}% of the step; {}){}",
-                     measure_step(plan).summary(), outside, 100 * share,
+        spdlog::info("stats: {}; host time outside {} {:.3f} ms/step ({:.1f}% of the step; {}){}",
+                     measure_step(plan).summary(), on_gpu ? "the device's work" : "the executor", outside, 100 * share,
                      first_step ? "first step: records and plans"
                                 : fmt::format("{} {} steps", timed, opts_.traced ? "replayed" : "re-recorded"),
                      copies);

@@ -23,7 +23,7 @@ struct TrainOptions {
   int64_t eval_batches = 20;
   std::string checkpoint;  // written every checkpoint_interval steps and at the end
   int64_t checkpoint_interval = 500;
-  bool stats = false;   // log the step's kernels, bytes, host time outside them and peak memory
+  bool stats = false;   // log the step's kernels, bytes, host time outside its work and peak memory
   int64_t stop_at = 0;  // > 0: stop (and checkpoint) after this step, the schedule still spanning `steps`
   // Record the step once and replay it (core/traced_step.hpp); false records every step anew
   // (the model's C++ code runs each step). The two give the same values to the bit.

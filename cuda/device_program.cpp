@@ -17,99 +17,10 @@
 
 namespace kiln::cuda {
 
-DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runtime& rt)
-    : circuit_(std::move(circuit)), outputs_(std::move(outputs)), rt_(rt) {
-  circuit_.verify();
-  const auto& ops = circuit_.ops();
-  std::vector<int> alias_input;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    lowered_.push_back(lower(circuit_, static_cast<int>(i)));
-    const LoweredOp& l = lowered_.back();
-    alias_input.push_back(l.alias_of);
-    int slot = -1;
-    for (const auto& launch : l.launches)
-      for (const auto& a : launch.args)
-        if (a.kind == ArgRef::Kind::Status && slot < 0) slot = status_slots_++;
-    status_slot_.push_back(slot);
-    std::vector<LoadedKernel> loaded;
-    for (const auto& launch : l.launches) loaded.push_back(rt_.load(*launch.kernel));
-    loaded_.push_back(std::move(loaded));
-  }
-  Liveness live = buffer_liveness(circuit_, outputs_, alias_input);
-  root_ = std::move(live.root);
-  free_after_ = std::move(live.free_after);
-  runtime_alive_ = rt_.lifetime();
-  static_memory_ = !rt_.exact_block_sizes();
-  plan_workspace();
-  const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
-  use_graphs_ = static_memory_ && rt_.graphs_supported() && !(graphs && std::string(graphs) == "0");
-}
-
-DeviceProgram::~DeviceProgram() {
-  if (runtime_alive_.expired()) return;  // its memory and graphs went with the runtime
-  try {
-    for (CachedGraph& g : graphs_) rt_.destroy(g.graph);
-    rt_.free(workspace_);
-  } catch (...) {  // a destructor frees what it can
-  }
-}
-
 namespace {
+
 size_t nbytes(const ValueInfo& info) { return static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype); }
 size_t status_bytes(int slots) { return static_cast<size_t>(std::max(slots, 1)) * kStatusWords * 4; }
-}  // namespace
-
-void DeviceProgram::plan_workspace() {
-  const auto& ops = circuit_.ops();
-  const int end = static_cast<int>(ops.size());
-  planned_offset_.assign(circuit_.num_values(), kUnplanned);
-  scratch_offset_.assign(ops.size(), {});
-  if (!static_memory_) return;
-  // A value assigned to a persistent tensor leaves the run as the tensor's new device copy.
-  std::vector<char> escapes(circuit_.num_values(), 0);
-  for (const Op& op : ops)
-    if (op.prim->side_effect && circuit_.value(circuit_.assign_root(op.inputs[0])).role == ValueRole::Persistent)
-      escapes[static_cast<size_t>(root_[static_cast<size_t>(op.outputs[0])])] = 1;
-  std::vector<int> last(circuit_.num_values(), end);  // never freed: to the end of the run
-  for (size_t j = 0; j < free_after_.size(); ++j)
-    for (ValueId v : free_after_[j]) last[static_cast<size_t>(v)] = static_cast<int>(j);
-  std::vector<PlannedBlock> blocks;
-  std::vector<size_t*> offset_of;  // per block: where its offset goes
-  auto add = [&](int first, int last_step, size_t bytes, size_t* offset) {
-    blocks.push_back({first, last_step, std::max<size_t>(bytes, 4)});
-    offset_of.push_back(offset);
-  };
-  // The inputs: one block, each at a 16-byte aligned place in it (offsets relative to the block
-  // until the block is placed).
-  std::vector<ValueId> inputs;
-  size_t inputs_bytes = 0;
-  for (ValueId e : circuit_.externals()) {
-    if (circuit_.value(e).role == ValueRole::Persistent || escapes[static_cast<size_t>(e)]) continue;
-    inputs.push_back(e);
-    planned_offset_[static_cast<size_t>(e)] = inputs_bytes;
-    inputs_bytes += (nbytes(circuit_.info(e)) + 15) / 16 * 16;
-  }
-  if (!inputs.empty()) add(0, end, inputs_bytes, &inputs_offset_);
-  staging_.assign((inputs_bytes + 7) / 8, 0);
-  add(0, end, status_bytes(status_slots_), &status_offset_);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (lowered_[i].alias_of >= 0) continue;
-    const int step = static_cast<int>(i);
-    for (ValueId o : ops[i].outputs)
-      if (!escapes[static_cast<size_t>(o)])
-        add(step, last[static_cast<size_t>(o)], nbytes(circuit_.info(o)), &planned_offset_[static_cast<size_t>(o)]);
-    scratch_offset_[i].resize(lowered_[i].scratch_bytes.size());
-    for (size_t k = 0; k < scratch_offset_[i].size(); ++k)
-      add(step, step, lowered_[i].scratch_bytes[k], &scratch_offset_[i][k]);
-  }
-  MemoryPlan plan = plan_memory(blocks);
-  for (size_t b = 0; b < blocks.size(); ++b) *offset_of[b] = plan.offset[b];
-  for (ValueId e : inputs) planned_offset_[static_cast<size_t>(e)] += inputs_offset_;
-  workspace_bytes_ = plan.size;
-  peak_live_bytes_ = kiln::peak_live_bytes(blocks);
-}
-
-namespace {
 
 // Frees every buffer still held when a run ends, normally or by an exception. A borrowed
 // buffer (the workspace's, or a resident tensor's copy or spare) is only referred to.
@@ -153,7 +64,107 @@ struct Buffers {
   }
 };
 
+bool same_work(const DeviceCommand& a, const DeviceCommand& b) {
+  return a.kernel == b.kernel && a.dst == b.dst && a.bytes == b.bytes && a.grid.x == b.grid.x && a.grid.y == b.grid.y &&
+         a.grid.z == b.grid.z && a.block.x == b.block.x && a.block.y == b.block.y && a.block.z == b.block.z &&
+         a.args == b.args;
+}
+
 }  // namespace
+
+DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runtime& rt)
+    : circuit_(std::move(circuit)), outputs_(std::move(outputs)), rt_(rt) {
+  circuit_.verify();
+  const auto& ops = circuit_.ops();
+  std::vector<int> alias_input;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    lowered_.push_back(lower(circuit_, static_cast<int>(i)));
+    const LoweredOp& l = lowered_.back();
+    alias_input.push_back(l.alias_of);
+    int slot = -1;
+    for (const auto& launch : l.launches)
+      for (const auto& a : launch.args)
+        if (a.kind == ArgRef::Kind::Status && slot < 0) slot = status_slots_++;
+    status_slot_.push_back(slot);
+    std::vector<LoadedKernel> loaded;
+    for (const auto& launch : l.launches) loaded.push_back(rt_.load(*launch.kernel));
+    loaded_.push_back(std::move(loaded));
+  }
+  Liveness live = buffer_liveness(circuit_, outputs_, alias_input);
+  root_ = std::move(live.root);
+  free_after_ = std::move(live.free_after);
+  const auto& ext = circuit_.externals();
+  assign_target_.assign(ops.size(), -1);
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].prim->side_effect)
+      assign_target_[i] =
+          static_cast<int>(std::find(ext.begin(), ext.end(), circuit_.assign_root(ops[i].inputs[0])) - ext.begin());
+  runtime_alive_ = rt_.lifetime();
+  static_memory_ = !rt_.exact_block_sizes();
+  plan_workspace();
+  const char* graphs = std::getenv("KILN_CUDA_GRAPHS");
+  use_graphs_ = static_memory_ && rt_.graphs_supported() && !(graphs && std::string(graphs) == "0");
+}
+
+DeviceProgram::~DeviceProgram() {
+  if (runtime_alive_.expired()) return;  // its memory and graphs went with the runtime
+  try {
+    for (CachedGraph& g : graphs_) rt_.destroy(g.graph);
+    rt_.free(workspace_);
+  } catch (...) {  // a destructor frees what it can
+  }
+}
+
+void DeviceProgram::plan_workspace() {
+  const auto& ops = circuit_.ops();
+  const int end = static_cast<int>(ops.size());
+  planned_offset_.assign(circuit_.num_values(), kUnplanned);
+  scratch_offset_.assign(ops.size(), {});
+  if (!static_memory_) return;
+  // A value assigned to a persistent tensor leaves the run as the tensor's new device copy.
+  std::vector<char> escapes(circuit_.num_values(), 0);
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (assign_target_[i] >= 0 &&
+        circuit_.value(circuit_.externals()[static_cast<size_t>(assign_target_[i])]).role == ValueRole::Persistent)
+      escapes[static_cast<size_t>(root_[static_cast<size_t>(ops[i].outputs[0])])] = 1;
+  std::vector<int> last(circuit_.num_values(), end);  // never freed: to the end of the run
+  for (size_t j = 0; j < free_after_.size(); ++j)
+    for (ValueId v : free_after_[j]) last[static_cast<size_t>(v)] = static_cast<int>(j);
+  std::vector<PlannedBlock> blocks;
+  std::vector<size_t*> offset_of;  // per block: where its offset goes
+  auto add = [&](int first, int last_step, size_t bytes, size_t* offset) {
+    blocks.push_back({first, last_step, std::max<size_t>(bytes, 4)});
+    offset_of.push_back(offset);
+  };
+  // The inputs: one block, each at a 16-byte aligned place in it (offsets relative to the block
+  // until the block is placed).
+  std::vector<ValueId> inputs;
+  size_t inputs_bytes = 0;
+  for (ValueId e : circuit_.externals()) {
+    if (circuit_.value(e).role == ValueRole::Persistent || escapes[static_cast<size_t>(e)]) continue;
+    inputs.push_back(e);
+    planned_offset_[static_cast<size_t>(e)] = inputs_bytes;
+    inputs_bytes += (nbytes(circuit_.info(e)) + 15) / 16 * 16;
+  }
+  if (!inputs.empty()) add(0, end, inputs_bytes, &inputs_offset_);
+  staging_.assign((inputs_bytes + 7) / 8, 0);
+  add(0, end, status_bytes(status_slots_), &status_offset_);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (lowered_[i].alias_of >= 0) continue;
+    const int step = static_cast<int>(i);
+    for (ValueId o : ops[i].outputs)
+      if (!escapes[static_cast<size_t>(o)])
+        add(step, last[static_cast<size_t>(o)], nbytes(circuit_.info(o)), &planned_offset_[static_cast<size_t>(o)]);
+    scratch_offset_[i].resize(lowered_[i].scratch_bytes.size());
+    for (size_t k = 0; k < scratch_offset_[i].size(); ++k)
+      add(step, step, lowered_[i].scratch_bytes[k], &scratch_offset_[i][k]);
+  }
+  MemoryPlan plan = plan_memory(blocks);
+  for (size_t b = 0; b < blocks.size(); ++b) *offset_of[b] = plan.offset[b];
+  for (ValueId e : inputs) planned_offset_[static_cast<size_t>(e)] += inputs_offset_;
+  workspace_bytes_ = plan.size;
+  peak_live_bytes_ = kiln::peak_live_bytes(blocks);
+}
 
 std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindings, const Residency& residency) {
   check_bindings(circuit_, bindings, "device program");
@@ -167,9 +178,6 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
                   std::to_string(ext.size()) + " externals");
   }
   auto key_of = [&](size_t external) { return resident ? residency.keys[external] : -1; };
-  auto external_index = [&](ValueId v) {
-    return static_cast<size_t>(std::find(ext.begin(), ext.end(), v) - ext.begin());
-  };
   const RuntimeStats before = rt_.stats();
   if (static_memory_ && !workspace_) workspace_ = rt_.alloc(workspace_bytes_);
   Buffers buf(rt_, circuit_.num_values());
@@ -184,12 +192,11 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
   std::vector<std::pair<int32_t, ValueId>> copies;                // key, the root copied into its spare
   std::vector<int32_t> assigned;                                  // keys flipped after the step
   for (size_t i = ops.size(); i-- > 0;) {
-    const Op& op = ops[i];
-    if (!op.prim->side_effect) continue;
-    const int32_t key = key_of(external_index(circuit_.assign_root(op.inputs[0])));
+    if (assign_target_[i] < 0) continue;
+    const int32_t key = key_of(static_cast<size_t>(assign_target_[i]));
     if (key < 0 || std::find(assigned.begin(), assigned.end(), key) != assigned.end()) continue;
     assigned.push_back(key);
-    const auto root = static_cast<size_t>(root_[static_cast<size_t>(op.outputs[0])]);
+    const auto root = static_cast<size_t>(root_[static_cast<size_t>(ops[i].outputs[0])]);
     if (circuit_.value(static_cast<ValueId>(root)).role == ValueRole::Computed && !into_spare[root])
       into_spare[root] = residency.buffers->spare(key);
     else
@@ -306,13 +313,11 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
   // host bindings (every download first, so a failing one leaves every host buffer as it was);
   // resident ones get their copies, then their spares flip in.
   std::vector<std::pair<const HostTensor*, HostTensor>> commits;
-  for (const Op& op : ops) {
-    if (!op.prim->side_effect) continue;
-    const size_t at = external_index(circuit_.assign_root(op.inputs[0]));
-    if (key_of(at) >= 0) continue;
-    const HostTensor& host = bindings[at];
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (assign_target_[i] < 0 || key_of(static_cast<size_t>(assign_target_[i])) >= 0) continue;
+    const HostTensor& host = bindings[static_cast<size_t>(assign_target_[i])];
     HostTensor contents = HostTensor::zeros(host.dtype(), host.shape());
-    if (host.nbytes()) rt_.download(contents.raw(), ptr(op.outputs[0]), host.nbytes());
+    if (host.nbytes()) rt_.download(contents.raw(), ptr(ops[i].outputs[0]), host.nbytes());
     commits.emplace_back(&host, std::move(contents));
   }
   for (const auto& [key, root] : copies)
@@ -329,14 +334,6 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
   last_run_.downloads = rt_.stats().downloads - before.downloads;
   return results;
 }
-
-namespace {
-bool same_work(const DeviceCommand& a, const DeviceCommand& b) {
-  return a.kernel == b.kernel && a.dst == b.dst && a.bytes == b.bytes && a.grid.x == b.grid.x && a.grid.y == b.grid.y &&
-         a.grid.z == b.grid.z && a.block.x == b.block.x && a.block.y == b.block.y && a.block.z == b.block.z &&
-         a.args == b.args;
-}
-}  // namespace
 
 int64_t DeviceProgram::execute(const std::vector<DeviceCommand>& commands) {
   last_run_.graph = last_run_.graph_built = false;

@@ -64,7 +64,6 @@ class DeviceProgram {
   // The back end's own dump: each op with its lowering, kernels, grids and blocks.
   std::string dump() const;
   const DeviceRunStats& last_run() const { return last_run_; }
-  bool uses_graphs() const { return use_graphs_; }
   // The planned workspace (0 without a static plan), and the most bytes of it live at once.
   size_t workspace_bytes() const { return workspace_bytes_; }
   size_t peak_live_bytes() const { return peak_live_bytes_; }
@@ -76,6 +75,7 @@ class DeviceProgram {
   std::vector<LoweredOp> lowered_;
   std::vector<std::vector<LoadedKernel>> loaded_;  // per op, per launch
   std::vector<ValueId> root_;                      // value -> the value whose buffer it uses
+  std::vector<int> assign_target_;                 // per op: the external an assign writes, or -1
   std::vector<std::vector<ValueId>> free_after_;   // per op: buffers (roots) dead after it
   std::vector<int> status_slot_;                   // per op: its status words, or -1
   int status_slots_ = 0;

@@ -48,11 +48,6 @@ void ResidentBuffers::flip(int32_t key) {
   e.host_stale = true;
 }
 
-bool ResidentBuffers::host_stale(int32_t key) const {
-  auto it = entries_.find(key);
-  return it != entries_.end() && it->second.host_stale;
-}
-
 void ResidentBuffers::sync_host(int32_t key, const HostTensor& host) {
   auto it = entries_.find(key);
   if (it == entries_.end() || !it->second.host_stale) return;
@@ -74,12 +69,6 @@ std::vector<int32_t> ResidentBuffers::stale_keys() const {
     if (e.host_stale) keys.push_back(key);
   std::sort(keys.begin(), keys.end());
   return keys;
-}
-
-size_t ResidentBuffers::device_bytes() const {
-  size_t n = 0;
-  for (const auto& [key, e] : entries_) n += e.bytes * (e.spare ? 2 : 1);
-  return n;
 }
 
 }  // namespace kiln::cuda

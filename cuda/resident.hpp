@@ -32,14 +32,12 @@ class ResidentBuffers {
   // After a step succeeded: key's spare becomes its device copy and the old copy the spare (so
   // a failed step, which never flips, leaves the copy as it was); the host copy is stale.
   void flip(int32_t key);
-  bool host_stale(int32_t key) const;
   // Makes `host` current: downloads key's device copy into it when that copy is newer.
   void sync_host(int32_t key, const HostTensor& host);
   // The host copy was written (or the key is no longer used): the device copy is dropped.
   void forget(int32_t key);
   // Keys whose host copies are stale, in increasing order.
   std::vector<int32_t> stale_keys() const;
-  size_t device_bytes() const;
 
  private:
   struct Entry {

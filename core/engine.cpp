@@ -319,6 +319,7 @@ void Engine::execute(const Plan& plan, const std::vector<HostTensor>& binds, con
     results = plan.program->run(binds);
   }
   stats_.last_run_ms = ms_since(tr);
+  stats_.last_work_ms = device_ == Device::CUDA ? plan.device->last_run().device_ms : stats_.last_run_ms;
   stats_.last_recorded_ops = plan.recorded_ops;
   stats_.last_executed_ops = plan.optimized_ops;
   ++stats_.realizations;

@@ -41,6 +41,9 @@ struct EngineStats {
   double last_hash_bind_ms = 0;  // structural hash + cache lookup + binding of the last step
   double last_plan_ms = 0;       // passes + planning (0 on a cache hit)
   double last_run_ms = 0;        // execution
+  // The step's own work within that: the Eigen executor's run, or on the GPU from the first
+  // launch to the synchronize after the last (host binding and copies excluded).
+  double last_work_ms = 0;
   size_t last_recorded_ops = 0, last_executed_ops = 0;
 };
 

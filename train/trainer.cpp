@@ -92,9 +92,7 @@ TrainResult Trainer::run() {
     // Time doing the step's work (the Eigen executor; on the GPU, from the first launch to the
     // synchronize after the last) and in the whole step, which adds recording the model's C++
     // code and hashing (untraced, or the first traced step), binding, and on the GPU the copies.
-    const Plan* ran = Engine::current().last_plan();
-    const double this_run_ms = on_gpu && ran && ran->device ? ran->device->last_run().device_ms
-                                                            : Engine::current().stats().last_run_ms,
+    const double this_run_ms = Engine::current().stats().last_work_ms,
                  this_step_ms = 1000 * std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     if (step_ > first) {
       run_ms += this_run_ms;

@@ -1,8 +1,9 @@
-// Program: verification, liveness and the run loop of the Eigen executor.
+// Program: verification, the static memory plan, constants and the run loop of the Eigen executor.
 #include "circuit/executor.hpp"
 
 #include <xmmintrin.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,8 @@
 #include <string>
 
 #include "circuit/error.hpp"
+#include "circuit/liveness.hpp"
+#include "circuit/memory_plan.hpp"
 
 namespace kiln {
 
@@ -56,50 +59,149 @@ void flush_subnormals_once() {
   }();
   (void)workers;
 }
+
+// A reference writes into the storage it was given, or returns the input its Prim aliases:
+// anything else would escape the memory plan (a planned value in storage of its own).
+void check_storage(const Op& op, const std::vector<const HostTensor*>& in, const std::vector<HostTensor>& planned,
+                   const std::vector<HostTensor>& out) {
+  auto fail = [&](const std::string& what) {
+    throw Error("executor: op '" + op.prim->name + "' " + what + " (a bug in its Eigen reference)");
+  };
+  if (out.size() != op.outputs.size())
+    fail("returned " + std::to_string(out.size()) + " results for " + std::to_string(op.outputs.size()) + " outputs");
+  const int alias = op.prim->output_aliases;
+  if (alias >= 0 && out[0].raw() != in[static_cast<size_t>(alias)]->raw() && out[0].numel() > 0)
+    fail("must return the storage of input " + std::to_string(alias) + " and returned other storage");
+  for (size_t k = alias >= 0 ? 1 : 0; k < out.size(); ++k)
+    if (planned[k].defined() && out[k].raw() != planned[k].raw() && out[k].numel() > 0)
+      fail("wrote output " + std::to_string(k) + " outside the buffer planned for it");
+}
+
+bool& poison_flag() {
+  static bool on = [] {
+    const char* v = std::getenv("KILN_POISON_BUFFERS");
+    return v && std::string(v) != "0";
+  }();
+  return on;
+}
 }  // namespace
+
+void set_poison_buffers(bool on) { poison_flag() = on; }
+bool poison_buffers() { return poison_flag(); }
 
 Program::Program(Circuit circuit, std::vector<ValueId> outputs)
     : circuit_(std::move(circuit)), outputs_(std::move(outputs)) {
   circuit_.verify();
   const auto& ops = circuit_.ops();
+  const size_t n = circuit_.num_values();
   for (ValueId o : outputs_)
-    if (o < 0 || static_cast<size_t>(o) >= circuit_.num_values())
+    if (o < 0 || static_cast<size_t>(o) >= n)
       throw Error("executor: requested output %" + std::to_string(o) + " does not exist (the circuit has " +
-                  std::to_string(circuit_.num_values()) + " values)");
-  std::vector<int32_t> last_use(circuit_.num_values(), -1);
-  for (size_t i = 0; i < ops.size(); ++i)
-    for (ValueId in : ops[i].inputs) last_use[static_cast<size_t>(in)] = static_cast<int32_t>(i);
-  for (ValueId o : outputs_) last_use[static_cast<size_t>(o)] = static_cast<int32_t>(ops.size());
-  free_after_.resize(ops.size());
-  for (size_t v = 0; v < circuit_.num_values(); ++v) {
-    const Value& val = circuit_.value(static_cast<ValueId>(v));
-    if (val.role != ValueRole::Computed) continue;
-    int32_t at = last_use[v] < 0 ? val.producer : last_use[v];
-    if (at < static_cast<int32_t>(ops.size())) free_after_[static_cast<size_t>(at)].push_back(static_cast<ValueId>(v));
+                  std::to_string(n) + " values)");
+  // Values that depend on no binding: ops (but assigns) whose inputs are all such values.
+  std::vector<char> constant_value(n, 0);
+  constant_op_.assign(ops.size(), 0);
+  std::vector<int> alias_input(ops.size(), -1);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    alias_input[i] = op.prim->output_aliases;
+    bool constant = !op.prim->side_effect;
+    for (ValueId in : op.inputs) constant = constant && constant_value[static_cast<size_t>(in)];
+    constant_op_[i] = constant;
+    for (ValueId out : op.outputs) constant_value[static_cast<size_t>(out)] = constant;
   }
+  Liveness live = buffer_liveness(circuit_, outputs_, alias_input);
+  root_ = std::move(live.root);
+  storage_.assign(n, Storage::Planned);
+  for (size_t v = 0; v < n; ++v)
+    if (circuit_.value(static_cast<ValueId>(v)).role != ValueRole::Computed)
+      storage_[v] = Storage::External;
+    else if (constant_value[v])
+      storage_[v] = Storage::Constant;
+  // What the caller keeps gets storage of its own, which the next run does not overwrite.
+  for (ValueId o : outputs_) {
+    Storage& s = storage_[static_cast<size_t>(root_[static_cast<size_t>(o)])];
+    if (s == Storage::Planned) s = Storage::Fresh;
+  }
+  const int end = static_cast<int>(ops.size());
+  std::vector<int> last(n, end);  // never freed: to the end of the run (assigned contents)
+  for (size_t i = 0; i < live.free_after.size(); ++i)
+    for (ValueId v : live.free_after[i]) last[static_cast<size_t>(v)] = static_cast<int>(i);
+  std::vector<PlannedBlock> blocks;
+  std::vector<ValueId> block_value;
+  for (size_t i = 0; i < ops.size(); ++i)
+    for (ValueId out : ops[i].outputs) {
+      const auto v = static_cast<size_t>(out);
+      if (root_[v] != out || storage_[v] != Storage::Planned) continue;
+      const ValueInfo& info = circuit_.info(out);
+      blocks.push_back({static_cast<int>(i), last[v], static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype)});
+      block_value.push_back(out);
+    }
+  // 64-byte offsets: every planned tensor starts on a cache line (and an AVX-512 vector).
+  const MemoryPlan plan = plan_memory(blocks, 64);
+  offset_.assign(n, 0);
+  for (size_t b = 0; b < blocks.size(); ++b) offset_[static_cast<size_t>(block_value[b])] = plan.offset[b];
+  workspace_bytes_ = plan.size;
+  peak_live_bytes_ = kiln::peak_live_bytes(blocks);
+  scratch_.resize(ops.size());
+}
+
+size_t Program::constant_ops() const {
+  return static_cast<size_t>(std::count(constant_op_.begin(), constant_op_.end(), 1));
+}
+
+void Program::prepare_storage() const {
+  workspace_ = HostTensor::zeros(DType::f64, Shape{static_cast<int64_t>((workspace_bytes_ + 7) / 8)});
+  auto* base = static_cast<std::byte*>(workspace_.raw());
+  planned_.assign(circuit_.num_values(), HostTensor());
+  for (size_t v = 0; v < planned_.size(); ++v)
+    if (storage_[v] == Storage::Planned && root_[v] == static_cast<ValueId>(v)) {
+      const ValueInfo& info = circuit_.info(static_cast<ValueId>(v));
+      planned_[v] = HostTensor::view(info.dtype, info.shape, base + offset_[v]);
+    }
+  constants_.assign(circuit_.num_values(), HostTensor());
 }
 
 std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) const {
+  if (running_.exchange(true))
+    throw Error("executor: a Program runs one call at a time (it keeps its workspace between runs)");
+  struct Release {
+    std::atomic<bool>& flag;
+    ~Release() { flag = false; }
+  } release{running_};
   flush_subnormals_once();
   check_bindings(circuit_, bindings, "executor");
+  if (planned_.empty()) prepare_storage();
   const auto& ext = circuit_.externals();
+  const auto& ops = circuit_.ops();
   std::vector<HostTensor> values(circuit_.num_values());
   for (size_t i = 0; i < ext.size(); ++i) values[static_cast<size_t>(ext[i])] = bindings[i];
-  const auto& ops = circuit_.ops();
+  if (constants_ready_)
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (constant_op_[i])
+        for (ValueId out : ops[i].outputs) values[static_cast<size_t>(out)] = constants_[static_cast<size_t>(out)];
+  const bool poison = poison_buffers();
   std::vector<std::pair<ValueId, HostTensor>> commits;  // (persistent external, new contents)
   std::vector<const HostTensor*> in;
   std::vector<ValueInfo> out_info;
+  std::vector<HostTensor> planned;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
+    if (constant_op_[i] && constants_ready_) continue;
     in.clear();
     out_info.clear();
+    planned.clear();
     for (ValueId v : op.inputs) in.push_back(&values[static_cast<size_t>(v)]);
-    for (ValueId v : op.outputs) out_info.push_back(circuit_.info(v));
+    for (ValueId v : op.outputs) {
+      out_info.push_back(circuit_.info(v));
+      planned.push_back(planned_[static_cast<size_t>(v)]);
+    }
+    EvalBuffers bufs(out_info, planned, &scratch_[i], poison);
     std::vector<HostTensor> out;
     const bool timed = profile().on;
     auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     try {
-      out = op.prim->eval(op, in, out_info);
+      out = op.prim->eval(op, in, bufs);
       if (timed) {
         std::string key = op.prim->name + " " + (op.prim->describe ? op.prim->describe(op.params) : "") + " -> " +
                           circuit_.info(op.outputs[0]).shape.str();
@@ -112,11 +214,16 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
       if (!op.scope.empty() && msg.find(" in layer ") == std::string::npos) msg += " (in layer '" + op.scope + "')";
       throw Error(msg);
     }
-    for (size_t k = 0; k < op.outputs.size(); ++k) values[static_cast<size_t>(op.outputs[k])] = std::move(out[k]);
+    check_storage(op, in, planned, out);
+    for (size_t k = 0; k < op.outputs.size(); ++k) {
+      const auto v = static_cast<size_t>(op.outputs[k]);
+      values[v] = std::move(out[k]);
+      if (constant_op_[i]) constants_[v] = values[v];
+    }
     if (op.prim->side_effect)
       commits.emplace_back(circuit_.assign_root(op.inputs[0]), values[static_cast<size_t>(op.outputs[0])]);
-    for (ValueId dead : free_after_[i]) values[static_cast<size_t>(dead)] = HostTensor();
   }
+  constants_ready_ = true;
   for (const auto& [buffer, contents] : commits) {
     const HostTensor& dst = values[static_cast<size_t>(buffer)];
     if (dst.raw() != contents.raw()) std::memcpy(dst.raw(), contents.raw(), dst.nbytes());

@@ -1,15 +1,27 @@
 // HostTensor storage and element access.
 #include "circuit/host_tensor.hpp"
 
+#include <atomic>
+
 #include "circuit/error.hpp"
 
 namespace kiln {
+
+namespace {
+std::atomic<uint64_t> allocated_count{0}, allocated_bytes{0};
+}  // namespace
+
+StorageAllocations host_storage_allocations() {
+  return {allocated_count.load(std::memory_order_relaxed), allocated_bytes.load(std::memory_order_relaxed)};
+}
 
 HostTensor HostTensor::zeros(DType dtype, Shape shape) {
   HostTensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   size_t n = t.nbytes();
+  allocated_count.fetch_add(1, std::memory_order_relaxed);
+  allocated_bytes.fetch_add(n, std::memory_order_relaxed);
   // Over-allocate so that the data pointer can be 64-byte aligned (vector loads, cache lines).
   t.owner_ = std::shared_ptr<std::byte[]>(new std::byte[n + 64]());
   auto addr = reinterpret_cast<uintptr_t>(t.owner_.get());

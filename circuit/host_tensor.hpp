@@ -11,6 +11,13 @@
 
 namespace kiln {
 
+// Tensor storage allocated so far in this process (every HostTensor::zeros): how often and how
+// many bytes. The executor's memory plan keeps a planned step at zero; tests and --stats read it.
+struct StorageAllocations {
+  uint64_t count = 0, bytes = 0;
+};
+StorageAllocations host_storage_allocations();
+
 class HostTensor {
  public:
   HostTensor() = default;

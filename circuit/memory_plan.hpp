@@ -1,6 +1,7 @@
 // A static memory plan: buffers with known lifetimes placed at fixed offsets of one workspace,
 // so that two buffers share bytes only when their lifetimes do not meet. A step planned this way
-// allocates nothing while it runs and every buffer has the same address in every run.
+// allocates nothing while it runs and every buffer has the same address in every run. The GPU's
+// DeviceProgram and the CPU's Program both place their intermediates with it.
 #pragma once
 
 #include <cstddef>

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "circuit/eval_buffers.hpp"
 #include "circuit/host_tensor.hpp"
 #include "circuit/scalar_exp.hpp"
 #include "circuit/types.hpp"
@@ -55,9 +56,10 @@ struct ShapeCtx {
 // Given input infos and params, returns output infos or throws via ctx.fail.
 using ShapeRule = std::function<std::vector<ValueInfo>(const ShapeCtx& ctx, const std::vector<ValueInfo>& inputs,
                                                        const Params& params)>;
-// Reference semantics: computes the outputs (allocating them, or aliasing for assign).
+// Reference semantics: computes the outputs into bufs.output(k) (or returns an input's storage,
+// for the Prims that declare output_aliases) and returns them in order.
 using EvalFn = std::function<std::vector<HostTensor>(const Op& op, const std::vector<const HostTensor*>& inputs,
-                                                     const std::vector<ValueInfo>& outputs)>;
+                                                     EvalBuffers& bufs)>;
 // Given the op and the gradient of each output (kNoValue where none reaches it), appends
 // backward ops through the circuit's builder and returns one gradient per input (kNoValue
 // for none). A returned gradient may have the op's broadcast shape: the reverse sweep, not
@@ -76,6 +78,9 @@ struct PrimDef {
   DescribeFn describe;
   bool ref_f32 = true, ref_f64 = true;  // Eigen reference implemented for these dtypes
   bool side_effect = false;             // writes a persistent buffer (assign): never removed
+  // The input whose storage output 0 is (reshape, stop_gradient: 0; assign: 1), or -1: the
+  // reference then writes every output into the buffer the executor planned for it.
+  int output_aliases = -1;
   // False for Prims with no input a gradient could flow to (fill, iota, random, one_hot): they
   // need no VJP rule, since the sweep never reaches them.
   bool differentiable = true;

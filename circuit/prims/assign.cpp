@@ -19,7 +19,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   return {in[0]};
 }
 
-std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in, const std::vector<ValueInfo>&) {
+std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in, EvalBuffers&) {
   return {*in[1]};
 }
 
@@ -32,6 +32,7 @@ void register_assign(PrimRegistry& r) {
   d.shape = shape_rule;
   d.eval = eval;
   d.side_effect = true;
+  d.output_aliases = 1;  // the new version is the value itself until the run commits it
   r.add(std::move(d));
 }
 

@@ -16,9 +16,9 @@ std::vector<ValueInfo> cast_shape(const ShapeCtx& ctx, const std::vector<ValueIn
   return {{in[0].shape, p.dtype}};
 }
 
-std::vector<HostTensor> cast_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                  const std::vector<ValueInfo>& out_info) {
-  HostTensor out = HostTensor::zeros(op.params.dtype, out_info[0].shape);
+std::vector<HostTensor> cast_eval(const Op&, const std::vector<const HostTensor*>& in,
+                                  EvalBuffers& bufs) {
+  HostTensor out = bufs.output(0);
   ref::dispatch_any(in[0]->dtype(), "cast", [&](auto s) {
     using S = decltype(s);
     ref::dispatch_any(out.dtype(), "cast", [&](auto d) {
@@ -56,9 +56,10 @@ void register_cast(PrimRegistry& r) {
   s.name = "stop_gradient";
   s.family = "cast.cpp";
   s.shape = identity_shape;
-  s.eval = [](const Op&, const std::vector<const HostTensor*>& in, const std::vector<ValueInfo>&) {
+  s.eval = [](const Op&, const std::vector<const HostTensor*>& in, EvalBuffers&) {
     return std::vector<HostTensor>{*in[0]};  // values are immutable: share the storage
   };
+  s.output_aliases = 0;
   s.nondiff_inputs = {0};  // the barrier itself: no gradient reaches x
   s.differentiable = false;
   r.add(s);

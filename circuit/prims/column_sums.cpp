@@ -40,17 +40,17 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
 }
 
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             const std::vector<ValueInfo>& out_info) {
+                             EvalBuffers& bufs) {
   const Shape domain(op.params.ints);
   const int64_t cols = domain[domain.rank() - 1], rows = domain.numel() / std::max<int64_t>(cols, 1);
   std::vector<HostTensor> outs;
   ref::dispatch_float(op.params.dtype, "column_sums", [&](auto t) {
     using T = decltype(t);
     using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    HostTensor value = HostTensor::zeros(op.params.dtype, domain);
+    HostTensor value = bufs.scratch(op.params.dtype, domain);
     for (size_t r = 0; r < op.params.bodies.size(); ++r) {
       ref::run_all(ref::BodyRunner<T>(op.params.bodies[r], in, domain), value.data<T>(), domain.numel());
-      HostTensor out = HostTensor::zeros(out_info[r].dtype, out_info[r].shape);
+      HostTensor out = bufs.output(r);
       Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(out.data<T>(), cols) =
           Eigen::Map<const RowMat>(value.data<T>(), rows, cols).colwise().sum();
       outs.push_back(std::move(out));

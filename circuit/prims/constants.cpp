@@ -20,8 +20,8 @@ std::vector<ValueInfo> fill_shape(const ShapeCtx& ctx, const std::vector<ValueIn
 }
 
 std::vector<HostTensor> fill_eval(const Op& op, const std::vector<const HostTensor*>&,
-                                  const std::vector<ValueInfo>& out_info) {
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+                                  EvalBuffers& bufs) {
+  HostTensor out = bufs.output(0);
   ref::dispatch_any(out.dtype(), "fill", [&](auto t) {
     using T = decltype(t);
     ref::array_of<T>(out).setConstant(static_cast<T>(op.params.reals[0]));
@@ -40,9 +40,9 @@ std::vector<ValueInfo> iota_shape(const ShapeCtx& ctx, const std::vector<ValueIn
 }
 
 std::vector<HostTensor> iota_eval(const Op& op, const std::vector<const HostTensor*>&,
-                                  const std::vector<ValueInfo>& out_info) {
-  const Shape& s = out_info[0].shape;
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, s);
+                                  EvalBuffers& bufs) {
+  const Shape& s = bufs.info(0).shape;
+  HostTensor out = bufs.output(0);
   ref::dispatch_any(out.dtype(), "iota", [&](auto t) {
     using T = decltype(t);
     std::vector<int64_t> idx(static_cast<size_t>(s.rank()), 0);

@@ -13,13 +13,11 @@ std::vector<int64_t> broadcast_strides(const Shape& src, const Shape& dst) {
   return out;
 }
 
-HostTensor broadcast_to(const HostTensor& x, const Shape& dst) {
-  HostTensor out = HostTensor::zeros(x.dtype(), dst);
+void broadcast_into(const HostTensor& x, const HostTensor& out) {
   dispatch_any(x.dtype(), "broadcast", [&](auto t) {
     using T = decltype(t);
-    broadcast_copy<T>(x.data<T>(), x.shape(), out.data<T>(), dst);
+    broadcast_copy<T>(x.data<T>(), x.shape(), out.data<T>(), out.shape());
   });
-  return out;
 }
 
 }  // namespace kiln::ref

@@ -107,7 +107,7 @@ void broadcast_range(const T* src, const std::vector<int64_t>& bstrides, const S
   }
 }
 
-// An owning tensor of `dst` shape holding x broadcast to it.
-HostTensor broadcast_to(const HostTensor& x, const Shape& dst);
+// Writes x broadcast to out's shape into out (same dtype).
+void broadcast_into(const HostTensor& x, const HostTensor& out);
 
 }  // namespace kiln::ref

@@ -230,11 +230,11 @@ using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>
 // Operand `v` of logical batch `batch`, gathered into (batch..., rows, k), prologue applied.
 template <class T>
 HostTensor gather_operand(const HostTensor& base, const MatmulOperand& v, const std::vector<int64_t>& batch,
-                          int64_t rows, int64_t k) {
+                          int64_t rows, int64_t k, EvalBuffers& bufs) {
   std::vector<int64_t> dims = batch;
   dims.insert(dims.end(), {rows, k});
   const Shape shape(dims);
-  HostTensor out = HostTensor::zeros(base.dtype(), shape);
+  HostTensor out = bufs.scratch(base.dtype(), shape);
   const T* src = base.data<T>();
   T* dst = out.data<T>();
   const int64_t entries = Shape(batch).numel();
@@ -248,21 +248,21 @@ HostTensor gather_operand(const HostTensor& base, const MatmulOperand& v, const 
       for (int64_t c = 0; c < k; ++c) *dst++ = src[off + r * v.row_stride + c * v.k_stride];
   }
   if (v.prologue == se::in(0)) return out;
-  HostTensor applied = HostTensor::zeros(base.dtype(), shape);
+  HostTensor applied = bufs.scratch(base.dtype(), shape);
   ref::run_all(ref::BodyRunner<T>(v.prologue, {&out}, shape), applied.data<T>(), shape.numel());
   return applied;
 }
 
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             const std::vector<ValueInfo>& out_info) {
+                             EvalBuffers& bufs) {
   const FusedMatmul f = FusedMatmul::from_params(op.params);
   const Shape logical = f.logical();
   std::vector<HostTensor> outs;
   ref::dispatch_float(op.params.dtype, "fused_matmul", [&](auto t) {
     using T = decltype(t);
-    const HostTensor a = gather_operand<T>(*in[0], f.a, f.batch, f.m, f.k);
-    const HostTensor b = gather_operand<T>(*in[1], f.b, f.batch, f.n, f.k);
-    HostTensor acc = HostTensor::zeros(op.params.dtype, logical);
+    const HostTensor a = gather_operand<T>(*in[0], f.a, f.batch, f.m, f.k, bufs);
+    const HostTensor b = gather_operand<T>(*in[1], f.b, f.batch, f.n, f.k, bufs);
+    HostTensor acc = bufs.scratch(op.params.dtype, logical);
     const int64_t entries = Shape(f.batch).numel();
     auto gemm = [&](int64_t e) {
       Eigen::Map<const RowMat<T>> A(a.data<T>() + e * f.m * f.k, f.m, f.k), B(b.data<T>() + e * f.n * f.k, f.n, f.k);
@@ -280,9 +280,9 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
     std::vector<int64_t> out_strides = f.out_batch;
     out_strides.insert(out_strides.end(), {f.out_row, f.out_col});
     for (size_t r = 0; r < f.epilogues.size(); ++r) {
-      HostTensor value = HostTensor::zeros(op.params.dtype, logical);
+      HostTensor value = bufs.scratch(op.params.dtype, logical);
       ref::run_all(ref::BodyRunner<T>(f.epilogues[r], body_inputs, logical), value.data<T>(), logical.numel());
-      HostTensor out = HostTensor::zeros(out_info[r].dtype, out_info[r].shape);
+      HostTensor out = bufs.output(r);
       const T* src = value.data<T>();
       T* dst = out.data<T>();
       const std::vector<int64_t>& dims = logical.dims();
@@ -297,7 +297,7 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
       outs.push_back(std::move(out));
     }
     if (f.a_row_sums) {  // a is gathered as (batch..., m, k), contiguous
-      HostTensor sums = HostTensor::zeros(op.params.dtype, f.row_sums_shape);
+      HostTensor sums = bufs.output(f.epilogues.size());
       Eigen::Map<const RowMat<T>> A(a.data<T>(), Shape(f.batch).numel() * f.m, f.k);
       Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>(sums.data<T>(), A.rows()) = A.rowwise().sum();
       outs.push_back(std::move(sums));

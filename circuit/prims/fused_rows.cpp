@@ -134,21 +134,21 @@ void reduce_into(ReduceKind kind, const T* v, int64_t len, T& acc) {
 
 template <class T>
 std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTensor*>& in_raw,
-                            const std::vector<ValueInfo>& out_info) {
-  const DType dt = out_info[0].dtype;
+                            EvalBuffers& bufs) {
+  const DType dt = bufs.info(0).dtype;
   // i32 masks are read as T, as the GPU kernel reads them as f32.
   std::vector<HostTensor> converted(in_raw.size());
   std::vector<const HostTensor*> in(in_raw.begin(), in_raw.end());
   for (size_t k = 0; k < in.size(); ++k)
     if (in[k]->dtype() == DType::i32) {
-      converted[k] = HostTensor::zeros(dt, in[k]->shape());
+      converted[k] = bufs.scratch(dt, in[k]->shape());
       for (int64_t i = 0; i < in[k]->numel(); ++i) converted[k].set(i, in[k]->get(i));
       in[k] = &converted[k];
     }
   const int64_t n = rp.n(), rows = rp.rows();
   const Shape row_shape = rp.row_shape();
   std::vector<HostTensor> reds;
-  for (size_t j = 0; j < rp.reduction_bodies.size(); ++j) reds.push_back(HostTensor::zeros(dt, row_shape));
+  for (size_t j = 0; j < rp.reduction_bodies.size(); ++j) reds.push_back(bufs.scratch(dt, row_shape));
   std::vector<const HostTensor*> all = in;  // inputs, then the reductions
   for (const HostTensor& r : reds) all.push_back(&r);
   // Runners read only what their body reads (a per-row body may not read row-shaped inputs).
@@ -162,7 +162,7 @@ std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTe
   for (const ScalarExp& e : rp.reduction_bodies) red_runners.push_back(runner(e, rp.domain));
   std::vector<HostTensor> outs;
   for (size_t o = 0; o < rp.output_bodies.size(); ++o) {
-    outs.push_back(HostTensor::zeros(dt, out_info[o].shape));
+    outs.push_back(bufs.output(o));
     out_runners.push_back(runner(rp.output_bodies[o], rp.output_per_row[o] ? row_shape : rp.domain));
   }
   // A chunk is as many whole rows as fit a block, or one row (then visited block by block).
@@ -208,10 +208,10 @@ std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTe
 }
 
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             const std::vector<ValueInfo>& out_info) {
+                             EvalBuffers& bufs) {
   const RowProgram rp = RowProgram::from_params(op.params);
-  return ref::dispatch_float(out_info[0].dtype, "fused_rows",
-                             [&](auto t) { return run<decltype(t)>(rp, in, out_info); });
+  return ref::dispatch_float(bufs.info(0).dtype, "fused_rows",
+                             [&](auto t) { return run<decltype(t)>(rp, in, bufs); });
 }
 
 }  // namespace

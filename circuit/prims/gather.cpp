@@ -35,10 +35,10 @@ std::vector<ValueInfo> gather_shape(const ShapeCtx& ctx, const std::vector<Value
 }
 
 std::vector<HostTensor> gather_eval(const Op&, const std::vector<const HostTensor*>& in,
-                                    const std::vector<ValueInfo>& out_info) {
+                                    EvalBuffers& bufs) {
   const HostTensor &table = *in[0], &idx = *in[1];
   int64_t v = table.shape()[0], d = table.shape()[1];
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  HostTensor out = bufs.output(0);
   ref::dispatch_float(table.dtype(), "gather_rows", [&](auto t) {
     using T = decltype(t);
     for (int64_t p = 0; p < idx.numel(); ++p) {
@@ -67,10 +67,10 @@ std::vector<ValueInfo> scatter_shape(const ShapeCtx& ctx, const std::vector<Valu
 }
 
 std::vector<HostTensor> scatter_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                     const std::vector<ValueInfo>& out_info) {
+                                     EvalBuffers& bufs) {
   const HostTensor &idx = *in[0], &src = *in[1];
-  int64_t rows = op.params.ints[0], d = out_info[0].shape[1];
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  int64_t rows = op.params.ints[0], d = bufs.info(0).shape[1];
+  HostTensor out = bufs.zeroed_output(0);
   ref::dispatch_float(src.dtype(), "scatter_add_rows", [&](auto t) {
     using T = decltype(t);
     for (int64_t p = 0; p < idx.numel(); ++p) {
@@ -97,10 +97,10 @@ std::vector<ValueInfo> one_hot_shape(const ShapeCtx& ctx, const std::vector<Valu
 }
 
 std::vector<HostTensor> one_hot_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                     const std::vector<ValueInfo>& out_info) {
+                                     EvalBuffers& bufs) {
   const HostTensor& idx = *in[0];
   int64_t depth = op.params.ints[0];
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  HostTensor out = bufs.zeroed_output(0);
   ref::dispatch_float(out.dtype(), "one_hot", [&](auto t) {
     using T = decltype(t);
     for (int64_t p = 0; p < idx.numel(); ++p) {

@@ -64,10 +64,10 @@ void gemm(const T* a, int64_t ra, int64_t ca, bool ta, const T* b, int64_t rb, i
 }
 
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             const std::vector<ValueInfo>& out_info) {
+                             EvalBuffers& bufs) {
   const HostTensor &a = *in[0], &b = *in[1];
   bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  HostTensor out = bufs.output(0);
   const Shape &as = a.shape(), &bs = b.shape(), &os = out.shape();
   int64_t ra = as[as.rank() - 2], ca = as[as.rank() - 1], rb = bs[bs.rank() - 2], cb = bs[bs.rank() - 1];
   int64_t m = os[os.rank() - 2], n = os[os.rank() - 1];

@@ -109,15 +109,15 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
 }
 
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             const std::vector<ValueInfo>& out_info) {
+                             EvalBuffers& bufs) {
   const MultiTensorProgram mp = MultiTensorProgram::from_params(op.params);
   std::vector<ValueInfo> infos;
   for (const HostTensor* x : in) infos.push_back({x->shape(), x->dtype()});
   std::vector<HostTensor> outs;
   if (mp.has_total) {  // the group sums first, then the total over them
-    for (int g = 0; g < mp.groups; ++g) outs.push_back(HostTensor::zeros(op.params.dtype, Shape{}));
+    for (int g = 0; g < mp.groups; ++g) outs.push_back(bufs.scratch(op.params.dtype, Shape{}));
   } else {
-    for (const ValueInfo& info : out_info) outs.push_back(HostTensor::zeros(info.dtype, info.shape));
+    for (size_t k = 0; k < bufs.size(); ++k) outs.push_back(bufs.output(k));
   }
   ref::dispatch_float(op.params.dtype, "multi_tensor", [&](auto t) {
     using T = decltype(t);
@@ -129,7 +129,7 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
       for (size_t r = 0; r < mp.bodies.size(); ++r) {
         // A sum is taken over the whole evaluated body, as reduce_all would take it (so that
         // merging changes no bit of the result on the CPU).
-        HostTensor values = mp.sum ? HostTensor::zeros(op.params.dtype, domain) : HostTensor();
+        HostTensor values = mp.sum ? bufs.scratch(op.params.dtype, domain) : HostTensor();
         HostTensor& out = outs[mp.output(g, static_cast<int>(r))];
         ref::run_all(ref::BodyRunner<T>(mp.bodies[r], operands, domain),
                      mp.sum ? values.template data<T>() : out.template data<T>(), domain.numel());
@@ -139,7 +139,7 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
     if (mp.has_total) {
       std::vector<const HostTensor*> sums;
       for (const HostTensor& s : outs) sums.push_back(&s);
-      HostTensor total = HostTensor::zeros(op.params.dtype, Shape{});
+      HostTensor total = bufs.output(0);
       ref::run_all(ref::BodyRunner<T>(mp.total, sums, Shape{}), total.template data<T>(), 1);
       outs = {std::move(total)};
     }

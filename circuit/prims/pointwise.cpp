@@ -39,9 +39,9 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
 }
 
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             const std::vector<ValueInfo>& out_info) {
-  const Shape& shape = out_info[0].shape;
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, shape);
+                             EvalBuffers& bufs) {
+  const Shape& shape = bufs.info(0).shape;
+  HostTensor out = bufs.output(0);
   ref::dispatch_float(out.dtype(), "pointwise", [&](auto t) {
     using T = decltype(t);
     ref::run_all(ref::BodyRunner<T>(op.params.body, in, shape), out.data<T>(), shape.numel());

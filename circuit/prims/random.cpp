@@ -34,13 +34,13 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
 }
 
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             const std::vector<ValueInfo>& out_info) {
+                             EvalBuffers& bufs) {
   const int32_t* key = in[0]->data<int32_t>();
   uint64_t seed = static_cast<uint32_t>(key[0]) | (static_cast<uint64_t>(static_cast<uint32_t>(key[1])) << 32);
   auto offset = static_cast<uint32_t>(in[1]->data<int32_t>()[0]);
   auto kind = static_cast<RandomKind>(op.params.ints[0]);
   double p = op.params.reals[0];
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  HostTensor out = bufs.output(0);
   auto u = [&](uint64_t i) { return bits_to_uniform(philox_bits(seed, offset, i)); };
   ref::dispatch_float(out.dtype(), "random", [&](auto t) {
     using T = decltype(t);

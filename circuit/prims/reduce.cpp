@@ -62,14 +62,14 @@ void reduce_axis(const T* x, T* out, int64_t outer, int64_t n, int64_t inner, Re
 }
 
 std::vector<HostTensor> reduce_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                    const std::vector<ValueInfo>& out_info) {
+                                    EvalBuffers& bufs) {
   const HostTensor& x = *in[0];
   auto kind = static_cast<ReduceKind>(op.params.ints[0]);
   int axis = static_cast<int>(op.params.ints[1]);
   int64_t outer = 1, inner = 1, n = x.shape()[axis];
   for (int a = 0; a < axis; ++a) outer *= x.shape()[a];
   for (int a = axis + 1; a < x.shape().rank(); ++a) inner *= x.shape()[a];
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  HostTensor out = bufs.output(0);
   ref::dispatch_float(x.dtype(), "reduce", [&](auto t) {
     using T = decltype(t);
     if (inner == 1 && n > 0) {
@@ -114,8 +114,8 @@ std::vector<ValueInfo> reduce_all_shape(const ShapeCtx& ctx, const std::vector<V
 }
 
 std::vector<HostTensor> reduce_all_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                        const std::vector<ValueInfo>& out_info) {
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, Shape{});
+                                        EvalBuffers& bufs) {
+  HostTensor out = bufs.output(0);
   ref::dispatch_float(in[0]->dtype(), "reduce_all", [&](auto t) {
     using T = decltype(t);
     T s = ref::array_of<T>(*in[0]).sum();

@@ -43,8 +43,8 @@ std::vector<ValueInfo> reshape_shape(const ShapeCtx& ctx, const std::vector<Valu
 }
 
 std::vector<HostTensor> reshape_eval(const Op&, const std::vector<const HostTensor*>& in,
-                                     const std::vector<ValueInfo>& out_info) {
-  return {in[0]->reshaped(out_info[0].shape)};  // values are immutable: share the storage
+                                     EvalBuffers& bufs) {
+  return {in[0]->reshaped(bufs.info(0).shape)};  // values are immutable: share the storage
 }
 
 std::vector<ValueInfo> permute_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
@@ -66,9 +66,9 @@ std::vector<ValueInfo> permute_shape(const ShapeCtx& ctx, const std::vector<Valu
 }
 
 std::vector<HostTensor> permute_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                     const std::vector<ValueInfo>& out_info) {
+                                     EvalBuffers& bufs) {
   const HostTensor& x = *in[0];
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  HostTensor out = bufs.output(0);
   const Shape& os = out.shape();
   std::vector<int64_t> xs = x.shape().strides(), st(op.params.ints.size());
   for (size_t i = 0; i < st.size(); ++i) st[i] = xs[static_cast<size_t>(op.params.ints[i])];
@@ -118,8 +118,10 @@ std::vector<ValueInfo> broadcast_shape(const ShapeCtx& ctx, const std::vector<Va
 }
 
 std::vector<HostTensor> broadcast_eval(const Op&, const std::vector<const HostTensor*>& in,
-                                       const std::vector<ValueInfo>& out_info) {
-  return {ref::broadcast_to(*in[0], out_info[0].shape)};
+                                       EvalBuffers& bufs) {
+  HostTensor out = bufs.output(0);
+  ref::broadcast_into(*in[0], out);
+  return {out};
 }
 
 }  // namespace
@@ -131,6 +133,7 @@ void register_shape_ops(PrimRegistry& r) {
   rs.family = "shape_ops.cpp";
   rs.shape = reshape_shape;
   rs.eval = reshape_eval;
+  rs.output_aliases = 0;
   rs.vjp = [](Builder& b, const Op& op, const std::vector<ValueId>& g) {
     return std::vector<ValueId>{b.reshape(g[0], b.info(op.inputs[0]).shape)};
   };

@@ -38,12 +38,12 @@ std::vector<ValueInfo> slice_shape(const ShapeCtx& ctx, const std::vector<ValueI
 }
 
 std::vector<HostTensor> slice_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                   const std::vector<ValueInfo>& out_info) {
+                                   EvalBuffers& bufs) {
   const HostTensor& x = *in[0];
   int axis = static_cast<int>(op.params.ints[0]);
-  int64_t start = op.params.ints[1], n = x.shape()[axis], m = out_info[0].shape[axis];
+  int64_t start = op.params.ints[1], n = x.shape()[axis], m = bufs.info(0).shape[axis];
   AxisView v(x.shape(), axis);
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  HostTensor out = bufs.output(0);
   ref::dispatch_any(x.dtype(), "slice", [&](auto t) {
     using T = decltype(t);
     for (int64_t o = 0; o < v.outer; ++o)
@@ -89,9 +89,9 @@ std::vector<ValueInfo> concat_shape(const ShapeCtx& ctx, const std::vector<Value
 }
 
 std::vector<HostTensor> concat_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                    const std::vector<ValueInfo>& out_info) {
+                                    EvalBuffers& bufs) {
   int axis = static_cast<int>(op.params.ints[0]);
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, out_info[0].shape);
+  HostTensor out = bufs.output(0);
   AxisView v(out.shape(), axis);
   int64_t total = out.shape()[axis];
   ref::dispatch_any(out.dtype(), "concat", [&](auto t) {
@@ -140,14 +140,15 @@ std::vector<ValueInfo> split_shape(const ShapeCtx& ctx, const std::vector<ValueI
 }
 
 std::vector<HostTensor> split_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                   const std::vector<ValueInfo>& out_info) {
+                                   EvalBuffers& bufs) {
   const HostTensor& x = *in[0];
   int axis = static_cast<int>(op.params.ints[0]);
   int64_t n = x.shape()[axis], at = 0;
   AxisView v(x.shape(), axis);
   std::vector<HostTensor> outs;
-  for (const ValueInfo& info : out_info) {
-    HostTensor o = HostTensor::zeros(info.dtype, info.shape);
+  for (size_t k = 0; k < bufs.size(); ++k) {
+    const ValueInfo& info = bufs.info(k);
+    HostTensor o = bufs.output(k);
     int64_t m = info.shape[axis];
     ref::dispatch_any(x.dtype(), "split", [&](auto t) {
       using T = decltype(t);

@@ -39,9 +39,9 @@ const T* block_of(const HostTensor& x, const Shape& s, int64_t start, int64_t le
 }
 
 std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in,
-                             const std::vector<ValueInfo>& out_info) {
-  const Shape& s = out_info[0].shape;
-  HostTensor out = HostTensor::zeros(out_info[0].dtype, s);
+                             EvalBuffers& bufs) {
+  const Shape& s = bufs.info(0).shape;
+  HostTensor out = bufs.output(0);
   constexpr int64_t kBlock = 4096;
   const int64_t n = s.numel();
   ref::dispatch_float(out.dtype(), "where", [&](auto t) {

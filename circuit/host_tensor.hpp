@@ -33,6 +33,8 @@ class HostTensor {
   bool defined() const { return data_ != nullptr || numel() == 0; }
   // False for views of storage owned elsewhere (arena slots, caller buffers).
   bool owns_storage() const { return owner_ != nullptr; }
+  // True when another HostTensor shares this one's owned storage.
+  bool storage_shared() const { return owner_.use_count() > 1; }
 
   void* raw() const { return data_; }
   template <class T>

@@ -91,23 +91,19 @@ void Engine::assign(const Tensor& t, const Tensor& value) {
 std::pair<ValueId, ValueId> Engine::next_random_stream() {
   // Made per run: a replayed step draws fresh streams from the seed of the moment, in the order
   // the streams were recorded, as re-recording it would.
-  ValueId key = add_computed_input({Shape{2}, DType::i32}, "rng_key", [this] {
-    HostTensor k = HostTensor::zeros(DType::i32, Shape{2});
+  ValueId key = add_computed_input({Shape{2}, DType::i32}, "rng_key", [this](HostTensor& k) {
     k.data<int32_t>()[0] = static_cast<int32_t>(static_cast<uint32_t>(seed_));
     k.data<int32_t>()[1] = static_cast<int32_t>(static_cast<uint32_t>(seed_ >> 32));
-    return k;
   });
-  ValueId offset = add_computed_input({Shape{}, DType::i32}, "rng_offset", [this] {
-    HostTensor o = HostTensor::zeros(DType::i32, Shape{});
+  ValueId offset = add_computed_input({Shape{}, DType::i32}, "rng_offset", [this](HostTensor& o) {
     o.data<int32_t>()[0] = static_cast<int32_t>(static_cast<uint32_t>(random_counter_++));
-    return o;
   });
   return {key, offset};
 }
 
-ValueId Engine::add_computed_input(ValueInfo info, const std::string& name, std::function<HostTensor()> make) {
+ValueId Engine::add_computed_input(ValueInfo info, const std::string& name, InputWriter write) {
   ValueId id = add_input(HostTensor::zeros(info.dtype, info.shape), name);
-  rec_.computed.emplace_back(rec_.bound.size() - 1, std::move(make));
+  rec_.computed.emplace_back(rec_.bound.size() - 1, std::move(write));
   return id;
 }
 
@@ -236,15 +232,11 @@ HostTensor Engine::host_view(int32_t slot) const {
 
 std::vector<HostTensor> Engine::prepare_run(Recording& rec, bool on_device) {
   for (const auto& hook : rec.run_hooks) hook();
-  for (const auto& [external, make] : rec.computed) {
-    // A fresh buffer each run: a handle given the previous value may still share the old one.
-    HostTensor value = make();
-    const ValueInfo& info = rec.circuit.info(rec.circuit.externals()[external]);
-    if (value.shape() != info.shape || value.dtype() != info.dtype)
-      throw Error("computed input '" + rec.circuit.value(rec.circuit.externals()[external]).name + "': made " +
-                  dtype_name(value.dtype()) + value.shape().str() + ", recorded as " + dtype_name(info.dtype) +
-                  info.shape.str());
-    rec.bound[external] = std::move(value);
+  for (const auto& [external, write] : rec.computed) {
+    HostTensor& value = rec.bound[external];
+    // The same buffer each run, unless something still shares the previous value.
+    if (value.storage_shared()) value = HostTensor::zeros(value.dtype(), value.shape());
+    write(value);
   }
   std::vector<HostTensor> out = rec.bound;
   for (size_t i = 0; i < out.size(); ++i)
@@ -284,10 +276,12 @@ void Engine::realize() {
         std::fprintf(stderr, "%s%s", rec.circuit.dump("recorded (forward, backward, updates)").c_str(),
                      plan->program->circuit().dump("optimized (CSE, DCE, fusion)").c_str());
     }
+    const ProcessCounters before = ProcessCounters::now();
     std::vector<HostTensor> binds = prepare_run(rec, device_ == Device::CUDA);
     stats_.last_hash_bind_ms = ms_since(t0) - plan_ms;
     stats_.last_plan_ms = plan_ms;
     execute(*plan, binds, rec.external_slot, live);
+    stats_.last_counters = ProcessCounters::now() - before;
     last_plan_ = plan;
     if (tracing_) {
       ++traced_realizations_;
@@ -361,11 +355,13 @@ void Engine::replay(Trace& trace) {
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::shared_ptr<TensorImpl>> live;
   for (const auto& w : trace.results) live.push_back(w.lock());
+  const ProcessCounters before = ProcessCounters::now();
   std::vector<HostTensor> binds = prepare_run(trace.rec, device_ == Device::CUDA);
   stats_.last_hash_bind_ms = ms_since(t0);
   stats_.last_plan_ms = 0;
   try {
     execute(*trace.plan, binds, trace.rec.external_slot, live);
+    stats_.last_counters = ProcessCounters::now() - before;
   } catch (...) {
     spdlog::error("replayed step failed; persistent tensors keep their values from before it");
     throw;

@@ -14,6 +14,7 @@
 #include "core/arena.hpp"
 #include "core/device.hpp"
 #include "core/plan_cache.hpp"
+#include "core/process_counters.hpp"
 #include "core/tensor.hpp"
 
 namespace kiln {
@@ -45,6 +46,9 @@ struct EngineStats {
   // launch to the synchronize after the last (host binding and copies excluded).
   double last_work_ms = 0;
   size_t last_recorded_ops = 0, last_executed_ops = 0;
+  // Page faults and tensor storage allocated from binding the last step to handing out its
+  // results (a planned CPU step after the first: none but its outputs and per-run inputs).
+  ProcessCounters last_counters;
 };
 
 class Engine {
@@ -68,10 +72,13 @@ class Engine {
   void assign(const Tensor& t, const Tensor& value);
   // Key (i32 [2]) and a fresh stream offset (i32 []) as runtime inputs for a random op.
   std::pair<ValueId, ValueId> next_random_stream();
-  // A runtime input whose value `make` returns each time the recorded step runs (each replay of
-  // a traced step included), in recording order, after the step's run hooks: per-step values
-  // computed by host code, such as a learning rate or a random stream's offset.
-  ValueId add_computed_input(ValueInfo info, const std::string& name, std::function<HostTensor()> make);
+  // A runtime input whose value `write` stores into the tensor it is given (of `info`'s dtype
+  // and shape; the same buffer every run unless a handle still shares it) each time the recorded
+  // step runs (each replay of a traced step included), in recording order, after the step's run
+  // hooks: per-step values computed by host code, such as a learning rate or a random stream's
+  // offset.
+  using InputWriter = std::function<void(HostTensor& value)>;
+  ValueId add_computed_input(ValueInfo info, const std::string& name, InputWriter write);
   // Host work done each time the recorded step runs, before its computed inputs are made (an
   // optimizer counting its steps). Hooks run in the order they were recorded.
   void on_each_run(std::function<void()> hook);
@@ -125,7 +132,7 @@ class Engine {
     std::unordered_map<int32_t, ValueId> slot_version;  // arena slot -> latest version id
     std::vector<std::weak_ptr<TensorImpl>> handles;     // pending handles of this recording
     std::vector<std::function<void()>> run_hooks;       // see on_each_run
-    std::vector<std::pair<size_t, std::function<HostTensor()>>> computed;  // external index, maker
+    std::vector<std::pair<size_t, InputWriter>> computed;  // external index, writer
     uint64_t epoch = 0;
   };
   Recording take_recording();

@@ -57,11 +57,8 @@ Tensor Tensor::from_ints(const std::vector<int32_t>& values, Shape shape) {
 Tensor Tensor::scalar(double value, DType dtype) { return from_vector({value}, Shape{}, dtype); }
 
 Tensor Tensor::per_run_scalar(std::function<double()> value, DType dtype, const std::string& name) {
-  ValueId id = eng().add_computed_input({Shape{}, dtype}, name, [value = std::move(value), dtype] {
-    HostTensor t = HostTensor::zeros(dtype, Shape{});
-    t.set(0, value());
-    return t;
-  });
+  ValueId id = eng().add_computed_input({Shape{}, dtype}, name,
+                                        [value = std::move(value)](HostTensor& t) { t.set(0, value()); });
   return eng().wrap(id, /*deliver=*/false);
 }
 

@@ -122,11 +122,14 @@ TrainResult Trainer::run() {
                                static_cast<double>(r.downloaded_bytes) / 1024, r.downloads,
                                r.graph ? "; kernels launched as one CUDA graph" : "");
         }
-        spdlog::info("stats: {}; host time outside {} {:.3f} ms/step ({:.1f}% of the step; {}){}",
-                     measure_step(plan).summary(), on_gpu ? "the device's work" : "the executor", outside, 100 * share,
-                     first_step ? "first step: records and plans"
-                                : fmt::format("{} {} steps", timed, opts_.traced ? "replayed" : "re-recorded"),
-                     copies);
+        const ProcessCounters& fresh = Engine::current().stats().last_counters;
+        spdlog::info(
+            "stats: {}; host time outside {} {:.3f} ms/step ({:.1f}% of the step; {}){}; this step: {} minor page "
+            "faults, {} tensor allocations ({:.1f} KiB)",
+            measure_step(plan).summary(), on_gpu ? "the device's work" : "the executor", outside, 100 * share,
+            first_step ? "first step: records and plans"
+                       : fmt::format("{} {} steps", timed, opts_.traced ? "replayed" : "re-recorded"),
+            copies, fresh.minor_faults, fresh.storage_allocations, static_cast<double>(fresh.storage_bytes) / 1024);
       }
     }
     if ((opts_.eval_interval > 0 && step_ % opts_.eval_interval == 0) || last) {

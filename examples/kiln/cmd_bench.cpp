@@ -91,16 +91,21 @@ int cmd_bench(const std::vector<std::string>& argv) {
   // the synchronize after the last), so binding, uploads and downloads count as overhead too.
   struct Timing {
     double step_ms = 0, outside_ms = 0;
+    ProcessCounters counters;  // summed over the timed steps
   };
   auto time_steps = [&](const std::function<void()>& one_step) {
     for (int i = 0; i < 3; ++i) one_step();  // warm up: plan built, caches hot
     double work_ms = 0;
+    Timing t;
     auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < steps; ++i) {
       one_step();
       work_ms += Engine::current().stats().last_work_ms;
+      const ProcessCounters& c = Engine::current().stats().last_counters;
+      t.counters.minor_faults += c.minor_faults;
+      t.counters.storage_allocations += c.storage_allocations;
+      t.counters.storage_bytes += c.storage_bytes;
     }
-    Timing t;
     t.step_ms = 1000 * seconds_since(t0) / static_cast<double>(steps);
     t.outside_ms = t.step_ms - work_ms / static_cast<double>(steps);
     return t;
@@ -116,10 +121,15 @@ int cmd_bench(const std::vector<std::string>& argv) {
       static_cast<long long>(batch), static_cast<long long>(c.vocab_size),
       device == Device::CUDA ? Engine::current().last_plan()->device->runtime().device_name().c_str() : "the CPU");
   const char* outside = device == Device::CUDA ? "outside the device's work" : "outside the executor";
+  const auto n = static_cast<double>(steps);
   for (const auto& [how, t] : {std::pair{"recorded every step", recorded}, std::pair{"traced, replayed", replayed}})
-    std::printf("step (%s): %.2f ms, %.0f tokens/s; host time %s %.3f ms (%.2f%%)\n", how, t.step_ms,
-                static_cast<double>(batch * c.block_size) / (t.step_ms / 1000), outside, t.outside_ms,
-                100 * t.outside_ms / t.step_ms);
+    std::printf(
+        "step (%s): %.2f ms, %.0f tokens/s; host time %s %.3f ms (%.2f%%); per step %.1f minor page faults, "
+        "%.1f tensor allocations (%.1f KiB)\n",
+        how, t.step_ms, static_cast<double>(batch * c.block_size) / (t.step_ms / 1000), outside, t.outside_ms,
+        100 * t.outside_ms / t.step_ms, static_cast<double>(t.counters.minor_faults) / n,
+        static_cast<double>(t.counters.storage_allocations) / n,
+        static_cast<double>(t.counters.storage_bytes) / n / 1024);
   std::printf("matmul FLOPs per step (forward + backward): %.3f GFLOP -> %.1f GFLOP/s\n", flops / 1e9, achieved);
   if (device == Device::CUDA) return 0;
   double rate = gemm_gflops();

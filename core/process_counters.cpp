@@ -1,0 +1,25 @@
+// ProcessCounters (see process_counters.hpp).
+#include "core/process_counters.hpp"
+
+#include <sys/resource.h>
+
+#include "circuit/host_tensor.hpp"
+
+namespace kiln {
+
+ProcessCounters ProcessCounters::now() {
+  ProcessCounters c;
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) == 0) c.minor_faults = static_cast<uint64_t>(u.ru_minflt);
+  const StorageAllocations a = host_storage_allocations();
+  c.storage_allocations = a.count;
+  c.storage_bytes = a.bytes;
+  return c;
+}
+
+ProcessCounters ProcessCounters::operator-(const ProcessCounters& before) const {
+  return {minor_faults - before.minor_faults, storage_allocations - before.storage_allocations,
+          storage_bytes - before.storage_bytes};
+}
+
+}  // namespace kiln

@@ -1,0 +1,195 @@
+// The CPU executor's static memory plan (circuit/executor.hpp): after its first run a Program
+// allocates no tensor storage but its outputs and touches no fresh page; values that depend on
+// no binding are computed once; a reference that leaves an element unwritten shows under
+// poisoned buffers, and one that writes outside its planned buffer is an error; intermediates
+// share the workspace as their lifetimes allow; a replayed GPT step allocates only the outputs
+// its caller keeps.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "circuit/builder.hpp"
+#include "circuit/error.hpp"
+#include "circuit/executor.hpp"
+#include "core/process_counters.hpp"
+#include "core/traced_step.hpp"
+#include "device_test_util.hpp"
+#include "models/gpt.hpp"
+#include "train/adamw.hpp"
+
+namespace kiln {
+namespace {
+
+using Inputs = std::vector<const HostTensor*>;
+
+// Replaces a Prim's reference by wrap(original reference) for the guard's lifetime.
+class ScopedEval {
+ public:
+  ScopedEval(const std::string& prim, const std::function<EvalFn(EvalFn)>& wrap)
+      : def_(PrimRegistry::instance().mutable_find(prim)), saved_(def_.eval) {
+    def_.eval = wrap(saved_);
+  }
+  ~ScopedEval() { def_.eval = saved_; }
+  ScopedEval(const ScopedEval&) = delete;
+  ScopedEval& operator=(const ScopedEval&) = delete;
+
+ private:
+  PrimDef& def_;
+  EvalFn saved_;
+};
+
+// x: f32 [rows, 1024] -> the row sums of a chain of pointwise ops, each 4 MiB at rows 1024.
+struct Chain {
+  Circuit c;
+  ValueId x = kNoValue, out = kNoValue;
+  explicit Chain(int64_t rows) {
+    x = c.add_external({Shape{rows, 1024}, DType::f32}, ValueRole::Input);
+    Builder b(c);
+    ValueId v = x;
+    for (int i = 0; i < 6; ++i) v = b.pointwise(se::in(0) * se::in(0) + se::c(0.5), {v});
+    out = b.reduce(ReduceKind::Sum, v, 1);
+  }
+};
+
+HostTensor ramp(const Shape& s) {
+  HostTensor t = HostTensor::zeros(DType::f32, s);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<double>(i % 7) / 7.0 - 0.4);
+  return t;
+}
+
+TEST(ExecutorMemory, ARunAfterTheFirstAllocatesOnlyItsOutputAndTouchesNoFreshPage) {
+  Chain chain(1024);
+  Program p(chain.c, {chain.out});
+  const std::vector<HostTensor> binds{ramp(Shape{1024, 1024})};
+  const HostTensor first = p.run(binds)[0];
+  p.run(binds);  // the target: no fresh page after the second run
+  for (int run = 0; run < 3; ++run) {
+    const ProcessCounters before = ProcessCounters::now();
+    const HostTensor again = p.run(binds)[0];
+    const ProcessCounters used = ProcessCounters::now() - before;
+    EXPECT_EQ(used.storage_allocations, 1u);  // the output, which the caller keeps
+    EXPECT_EQ(used.storage_bytes, 1024u * sizeof(float));
+    // Six 4 MiB intermediates freshly allocated would fault in about 6000 pages.
+    EXPECT_EQ(used.minor_faults, 0u) << "run " << run + 3;
+    ASSERT_EQ(again.numel(), first.numel());
+    for (int64_t i = 0; i < first.numel(); ++i) ASSERT_EQ(again.get(i), first.get(i));
+  }
+  // A chain needs two intermediates live at once: the workspace holds two, not six.
+  EXPECT_EQ(p.peak_live_bytes(), 2u * 1024 * 1024 * sizeof(float));
+  EXPECT_EQ(p.workspace_bytes(), p.peak_live_bytes());
+}
+
+TEST(ExecutorMemory, ResultsSurviveLaterRunsAndTheProgram) {
+  Chain chain(4);
+  HostTensor kept;
+  {
+    Program p(chain.c, {chain.out});
+    kept = p.run({ramp(Shape{4, 1024})})[0];
+    const double value = kept.get(0);
+    HostTensor other = HostTensor::zeros(DType::f32, Shape{4, 1024});
+    p.run({other});
+    EXPECT_EQ(kept.get(0), value);  // a later run writes storage of its own
+  }
+  EXPECT_TRUE(kept.owns_storage());
+  EXPECT_TRUE(std::isfinite(kept.get(3)));
+}
+
+TEST(ExecutorMemory, ValuesThatDependOnNoBindingAreComputedOnce) {
+  int iota_runs = 0;
+  ScopedEval counting("iota", [&](EvalFn original) -> EvalFn {
+    return [&iota_runs, original](const Op& op, const Inputs& in, EvalBuffers& bufs) {
+      ++iota_runs;
+      return original(op, in, bufs);
+    };
+  });
+  Circuit c;
+  ValueId x = c.add_external({Shape{8, 8}, DType::f32}, ValueRole::Input);
+  Builder b(c);
+  // A causal mask built from an iota, then applied to the input: the mask is a constant.
+  ValueId mask = b.iota(Shape{8, 8}, DType::i32, ix::ge(ix::coord(0), ix::coord(1)));
+  ValueId fill = b.fill(Shape{8, 8}, DType::f32, -1e9);
+  ValueId y = b.where(mask, x, fill);
+  Program p(c, {y});
+  EXPECT_EQ(p.constant_ops(), 2u);  // iota and fill; where reads the binding
+  for (int run = 0; run < 3; ++run) {
+    HostTensor in = ramp(Shape{8, 8});
+    in.set(1, 100.0 + run);  // above the diagonal: masked
+    in.set(8, 200.0 + run);  // below: kept
+    HostTensor out = p.run({in})[0];
+    EXPECT_EQ(out.get(1), static_cast<double>(-1e9f));
+    EXPECT_EQ(out.get(8), 200.0 + run);
+  }
+  EXPECT_EQ(iota_runs, 1);
+}
+
+TEST(ExecutorMemory, PoisonedBuffersShowAnElementAReferenceLeftUnwritten) {
+  // A broken permute: writes every element but the last.
+  ScopedEval lazy("permute", [](EvalFn original) -> EvalFn {
+    return [original](const Op& op, const Inputs& in, EvalBuffers& bufs) {
+      EvalBuffers elsewhere(bufs.infos());
+      HostTensor right = original(op, in, elsewhere)[0];
+      HostTensor out = bufs.output(0);
+      for (int64_t i = 0; i + 1 < out.numel(); ++i) out.set(i, right.get(i));
+      return std::vector<HostTensor>{out};
+    };
+  });
+  Circuit c;
+  ValueId x = c.add_external({Shape{4, 6}, DType::f32}, ValueRole::Input);
+  Builder b(c);
+  ValueId y = b.reduce(ReduceKind::Sum, b.permute(x, {1, 0}), 1);
+  const bool was = poison_buffers();
+  set_poison_buffers(true);
+  HostTensor out = Program(c, {y}).run({ramp(Shape{4, 6})})[0];
+  set_poison_buffers(was);
+  EXPECT_TRUE(std::isnan(out.get(5)));  // the row holding the unwritten element
+  EXPECT_FALSE(std::isnan(out.get(0)));
+}
+
+TEST(ExecutorMemory, AReferenceWritingOutsideItsPlannedBufferIsAnError) {
+  ScopedEval stray("pointwise", [](EvalFn original) -> EvalFn {
+    return [original](const Op& op, const Inputs& in, EvalBuffers& bufs) {
+      EvalBuffers own(bufs.infos());  // storage of its own, not the plan's
+      return original(op, in, own);
+    };
+  });
+  Chain chain(2);
+  try {
+    Program(chain.c, {chain.out}).run({ramp(Shape{2, 1024})});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("op 'pointwise' wrote output 0 outside the buffer planned for it"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ExecutorMemory, AReplayedGptStepAllocatesOnlyTheOutputsItsCallerKeeps) {
+  manual_seed(3);
+  models::GPT model(testing::tiny_gpt_config(1));
+  optim::AdamW opt(model.parameters(), {});
+  HostTensor ids = HostTensor::zeros(DType::i32, Shape{2, 8});
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>(i % 11));
+  Tensor x = Tensor::from_host(ids), y = Tensor::from_host(ids);
+  TracedStep step({x, y}, [&] {
+    Tensor loss = model.loss(x, y);
+    loss.backward();
+    opt.step(1.0);
+    return std::vector<Tensor>{loss};
+  });
+  step.run({ids, ids});
+  const Plan& plan = *Engine::current().last_plan();
+  const Program& program = *plan.program;
+  EXPECT_GT(program.workspace_bytes(), 0u);
+  EXPECT_LE(program.workspace_bytes(), program.peak_live_bytes() * 11 / 10);
+  for (int s = 0; s < 3; ++s) {
+    step.run({ids, ids});
+    const ProcessCounters& used = Engine::current().stats().last_counters;
+    // The step's outputs (the loss and the gradient norm, which the caller keeps) alone: the
+    // inputs made per run (AdamW's scalars, the random streams) reuse their buffers.
+    EXPECT_EQ(used.storage_allocations, program.outputs().size());
+    EXPECT_EQ(used.storage_bytes, program.outputs().size() * sizeof(float));
+  }
+}
+
+}  // namespace
+}  // namespace kiln

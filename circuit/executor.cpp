@@ -1,6 +1,7 @@
 // Program: verification, the static memory plan, constants and the run loop of the Eigen executor.
 #include "circuit/executor.hpp"
 
+#include <omp.h>
 #include <xmmintrin.h>
 
 #include <algorithm>
@@ -90,7 +91,7 @@ void set_poison_buffers(bool on) { poison_flag() = on; }
 bool poison_buffers() { return poison_flag(); }
 
 Program::Program(Circuit circuit, std::vector<ValueId> outputs)
-    : circuit_(std::move(circuit)), outputs_(std::move(outputs)) {
+    : circuit_(std::move(circuit)), outputs_(std::move(outputs)), governor_(omp_get_max_threads()) {
   circuit_.verify();
   const auto& ops = circuit_.ops();
   const size_t n = circuit_.num_values();
@@ -146,6 +147,11 @@ Program::Program(Circuit circuit, std::vector<ValueId> outputs)
   scratch_.resize(ops.size());
 }
 
+int Program::threads() const {
+  const int fixed = fixed_num_threads();
+  return fixed > 0 ? fixed : adaptive_threads_ ? governor_.threads() : governor_.max_threads();
+}
+
 size_t Program::constant_ops() const {
   return static_cast<size_t>(std::count(constant_op_.begin(), constant_op_.end(), 1));
 }
@@ -165,10 +171,17 @@ void Program::prepare_storage() const {
 std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) const {
   if (running_.exchange(true))
     throw Error("executor: a Program runs one call at a time (it keeps its workspace between runs)");
+  // The run's team size holds for this thread until the run returns.
   struct Release {
     std::atomic<bool>& flag;
-    ~Release() { flag = false; }
+    int saved_threads = omp_get_max_threads();
+    ~Release() {
+      omp_set_num_threads(saved_threads);
+      flag = false;
+    }
   } release{running_};
+  omp_set_num_threads(threads());
+  const auto started = std::chrono::steady_clock::now();
   flush_subnormals_once();
   check_bindings(circuit_, bindings, "executor");
   if (planned_.empty()) prepare_storage();
@@ -224,6 +237,8 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
       commits.emplace_back(circuit_.assign_root(op.inputs[0]), values[static_cast<size_t>(op.outputs[0])]);
   }
   constants_ready_ = true;
+  if (fixed_num_threads() == 0 && adaptive_threads_)
+    governor_.record(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
   for (const auto& [buffer, contents] : commits) {
     const HostTensor& dst = values[static_cast<size_t>(buffer)];
     if (dst.raw() != contents.raw()) std::memcpy(dst.raw(), contents.raw(), dst.nbytes());

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "circuit/circuit.hpp"
+#include "circuit/thread_governor.hpp"
 
 namespace kiln {
 
@@ -33,6 +34,13 @@ class Program {
   size_t peak_live_bytes() const { return peak_live_bytes_; }
   // Ops computed once per Program (their values depend on no binding).
   size_t constant_ops() const;
+  // The OpenMP team size of the next run: fixed_num_threads() when set, else the governor's
+  // choice (see thread_governor.hpp), or with adaptive threads off, omp_get_max_threads() when
+  // the Program was made. Eigen's GEMM blocks by team size, so the size changes the last bits
+  // of a result: a run that must repeat bit for bit keeps it fixed.
+  int threads() const;
+  void set_adaptive_threads(bool on) { adaptive_threads_ = on; }
+  bool adaptive_threads() const { return adaptive_threads_; }
 
  private:
   enum class Storage : uint8_t { External, Planned, Fresh, Constant };
@@ -46,6 +54,7 @@ class Program {
   std::vector<char> constant_op_;                 // per op: computed once, on the first run
   std::vector<std::vector<ValueId>> free_after_;  // per op: storage roots dead after it
   size_t workspace_bytes_ = 0, peak_live_bytes_ = 0;
+  bool adaptive_threads_ = true;
 
   // Kept between runs (a run is logically const: the same bindings give the same results).
   mutable HostTensor workspace_;
@@ -54,6 +63,7 @@ class Program {
   mutable bool constants_ready_ = false;
   mutable std::vector<std::vector<HostTensor>> scratch_;  // per op: EvalBuffers' scratch blocks
   mutable std::atomic<bool> running_{false};
+  mutable ThreadGovernor governor_;
 };
 
 // Throws kiln::Error (prefixed with `who`) unless `bindings` holds one tensor per external of c,

@@ -55,6 +55,7 @@ std::shared_ptr<const Plan> PlanCache::build(uint64_t hash, const Circuit& recor
   plan->deterministic = deterministic_;
   plan->optimized_ops = optimized.ops().size();
   plan->program = std::make_unique<Program>(std::move(optimized), std::move(outputs));
+  plan->program->set_adaptive_threads(!deterministic_);  // a deterministic run keeps its team size
   entries_.push_front(Entry{hash, std::move(plan)});
   if (entries_.size() > capacity_) {
     spdlog::debug("plan cache full ({} plans): evicting the least recently used", capacity_);

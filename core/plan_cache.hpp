@@ -38,7 +38,8 @@ class PlanCache {
   // which lower launch counts but make the Eigen executor slower (measured: docs/BENCHMARKS.md). The engine sets it
   // with its device; `kiln ptx` and kernel-count tests set it to plan for the GPU on any machine.
   void set_gpu_target(bool gpu) { gpu_ = gpu; }
-  // Plans built from now on are deterministic on the GPU: no float atomics (scatter sums in
+  // Plans built from now on are deterministic: on the GPU no float atomics, on the CPU a fixed
+  // thread count (no team size chosen by the machine's load). On the GPU: scatter sums in
   // source order; every other reduction is already a fixed tree), so a run repeats bit for bit.
   void set_deterministic(bool on) { deterministic_ = on; }
   bool gpu_target() const { return gpu_; }

@@ -58,16 +58,17 @@ double gemm_gflops() {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_model_flags({{"batch", "sequences per step (default 16)"},
-                           {"steps", "timed steps (default 20)"},
-                           {"device", "cpu (default), cuda or auto"}},
-                          true),
+         with_thread_flag(with_model_flags({{"batch", "sequences per step (default 16)"},
+                                            {"steps", "timed steps (default 20)"},
+                                            {"device", "cpu (default), cuda or auto"}},
+                                           true)),
          "usage: kiln bench [options]\n\nTimes full GPT training steps (AdamW, dropout 0) on the CPU or the GPU.\n"
          "GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8");
   if (a.help()) {
     a.print_help();
     return 0;
   }
+  apply_thread_flag(a);
   models::GPTConfig c = config_from_flags(a);
   const int64_t batch = a.integer("batch", 16), steps = a.integer("steps", 20);
   const Device device = parse_device(a.str("device", "cpu"));

@@ -3,6 +3,7 @@
 
 #include "args.hpp"
 #include "circuit/error.hpp"
+#include "circuit/thread_governor.hpp"
 #include "commands.hpp"
 #include "train/dataset.hpp"
 #include "train/sample.hpp"
@@ -35,6 +36,19 @@ std::map<std::string, std::string> with_model_flags(std::map<std::string, std::s
   options["block"] = "context length (default 64)";
   if (vocab_size) options["vocab-size"] = "vocabulary size (default 65)";
   return options;
+}
+
+std::map<std::string, std::string> with_thread_flag(std::map<std::string, std::string> options) {
+  options["threads"] = "CPU threads, fixed (default: kiln chooses, fewer while other work holds cores; KILN_NUM_THREADS)";
+  return options;
+}
+
+void apply_thread_flag(const Args& a) {
+  if (a.has("threads")) {
+    const int64_t n = a.integer("threads", 0);
+    if (n < 1 || n > 4096) throw Error("--threads: expected a thread count from 1 to 4096, received " + std::to_string(n));
+    set_num_threads(static_cast<int>(n));
+  }
 }
 
 models::GPTConfig config_from_flags(const Args& a) {

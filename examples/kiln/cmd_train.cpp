@@ -16,7 +16,7 @@ namespace kiln::cli {
 
 int cmd_train(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_model_flags(
+         with_thread_flag(with_model_flags(
              {{"data", "text file or directory (default: /usr/share/games/fortunes)"},
               {"out", "weights file to write (default: model.h5)"},
               {"checkpoint", "checkpoint file, written every --ckpt-every steps and at the end"},
@@ -32,9 +32,10 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"eval-every", "steps between validation losses (default 250)"},
               {"device", "auto (default), cpu or cuda"},
               {"stats", "log each step's kernels (forward/backward/update), bytes, host time and peak memory"},
-              {"deterministic", "GPU steps without float atomics: a run (and a resumed run) repeats bit for bit"},
+              {"deterministic", "GPU steps without float atomics, CPU steps at a fixed thread count: a run (and a "
+                                "resumed run) repeats bit for bit"},
               {"no-trace", "record every step anew instead of recording it once and replaying it"}},
-             false),
+             false)),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) with AdamW on a character- or byte-level "
          "corpus.",
          {"stats", "deterministic", "no-trace"});
@@ -42,6 +43,7 @@ int cmd_train(const std::vector<std::string>& argv) {
     a.print_help();
     return 0;
   }
+  apply_thread_flag(a);
   Device device = parse_device(a.str("device", "auto"));
   Engine::current().set_device(device);
   Engine::current().set_deterministic(a.has("deterministic"));

@@ -15,6 +15,10 @@ class Args;
 // to a command's own, and the config they give (defaults: kiln train's config, vocabulary 65).
 std::map<std::string, std::string> with_model_flags(std::map<std::string, std::string> options, bool vocab_size);
 models::GPTConfig config_from_flags(const Args& a);
+// --threads N (CPU threads, fixed; without it kiln chooses, up to OMP_NUM_THREADS or the cores,
+// and uses fewer while other work holds cores) added to a command's options, and applied.
+std::map<std::string, std::string> with_thread_flag(std::map<std::string, std::string> options);
+void apply_thread_flag(const Args& a);
 
 int cmd_prims(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);

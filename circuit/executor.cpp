@@ -29,6 +29,9 @@ struct Profile {
     double total = 0;
     for (const auto& [k, v] : ms_calls) total += v.first;
     std::fprintf(stderr, "KILN_PROFILE: %.1f ms in Prim references\n", total);
+    std::map<std::string, double> by_prim;  // the key's first word is the Prim's name
+    for (const auto& [k, v] : ms_calls) by_prim[k.substr(0, k.find(' '))] += v.first;
+    for (const auto& [prim, ms] : by_prim) std::fprintf(stderr, "  %9.1f ms %5.1f%% in %s\n", ms, 100 * ms / total, prim.c_str());
     std::multimap<double, std::string, std::greater<>> by_time;
     for (const auto& [k, v] : ms_calls) by_time.emplace(v.first, k);
     int shown = 0;

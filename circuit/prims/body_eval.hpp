@@ -42,26 +42,54 @@ constexpr int64_t kBlock = 2048;
 template <class T>
 using Blk = Eigen::Array<T, Eigen::Dynamic, 1, Eigen::ColMajor, kBlock, 1>;  // storage inline, no heap
 
-// One block of `len` elements; regs holds one block per instruction.
+// A thread's working storage for running a body block by block: a block per instruction, and
+// where each instruction's value for the current block lies (its block; for an input read in
+// place, the input itself; for a constant, its block, filled once per body).
 template <class T>
-inline void run_block(const std::vector<Instr>& code, const std::vector<const T*>& direct,
-                      const std::vector<std::vector<int64_t>>& bstrides, const std::vector<const HostTensor*>& in,
-                      const Shape& shape, int64_t start, int64_t len, std::vector<Blk<T>>& regs) {
+struct Registers {
+  std::vector<Blk<T>> blocks;
+  std::vector<const T*> value;
+  bool constants_filled = false;
+  // Ready for a body of n instructions (reusing the storage of an earlier body).
+  void reset(size_t n) {
+    if (blocks.size() < n) blocks.resize(n, Blk<T>(kBlock));
+    value.assign(n, nullptr);
+    constants_filled = false;
+  }
+};
+
+// One block of `len` elements; returns where the body's value lies: `out` when given (the last
+// instruction writes there), else a register. Constants and inputs read in place cost nothing
+// per block, so a body of one operation makes one pass over its operands.
+template <class T>
+inline const T* run_block(const std::vector<Instr>& code, const std::vector<const T*>& direct,
+                          const std::vector<std::vector<int64_t>>& bstrides, const std::vector<const HostTensor*>& in,
+                          const Shape& shape, int64_t start, int64_t len, Registers<T>& regs, T* out) {
   auto b2 = [](bool v) { return v ? T(1) : T(0); };
+  if (!regs.constants_filled) {
+    for (size_t i = 0; i < code.size(); ++i)
+      if (code[i].op == ExpOp::Const) {
+        regs.blocks[i].setConstant(static_cast<T>(code[i].value));
+        regs.value[i] = regs.blocks[i].data();
+      }
+    regs.constants_filled = true;
+  }
   for (size_t i = 0; i < code.size(); ++i) {
     const Instr& I = code[i];
-    Blk<T>& r = regs[i];
-    r.resize(len);
-    auto A = [&]() -> const Blk<T>& { return regs[static_cast<size_t>(I.a)]; };
-    auto B = [&]() -> const Blk<T>& { return regs[static_cast<size_t>(I.b)]; };
+    if (I.op == ExpOp::Const) continue;
+    if (I.op == ExpOp::Input && direct[static_cast<size_t>(I.input)]) {
+      regs.value[i] = direct[static_cast<size_t>(I.input)] + start;
+      continue;
+    }
+    T* dst = out && i + 1 == code.size() ? out : regs.blocks[i].data();
+    Eigen::Map<Arr<T>> r(dst, len);
+    auto A = [&] { return Eigen::Map<const Arr<T>>(regs.value[static_cast<size_t>(I.a)], len); };
+    auto B = [&] { return Eigen::Map<const Arr<T>>(regs.value[static_cast<size_t>(I.b)], len); };
     switch (I.op) {
-      case ExpOp::Const: r.setConstant(static_cast<T>(I.value)); break;
+      case ExpOp::Const: break;
       case ExpOp::Input: {
         auto k = static_cast<size_t>(I.input);
-        if (direct[k])
-          r = Eigen::Map<const Arr<T>>(direct[k] + start, len);
-        else
-          broadcast_range<T>(in[k]->data<T>(), bstrides[k], shape, start, len, r.data());
+        broadcast_range<T>(in[k]->data<T>(), bstrides[k], shape, start, len, dst);
         break;
       }
       case ExpOp::Neg: r = -A(); break;
@@ -73,7 +101,7 @@ inline void run_block(const std::vector<Instr>& code, const std::vector<const T*
       case ExpOp::Sigmoid: r = (T(1) + (-A()).exp()).inverse(); break;
       case ExpOp::Gelu: {
         const T k = static_cast<T>(0.7978845608028654);  // sqrt(2 / pi)
-        const auto& x = A();
+        const auto x = A();
         r = T(0.5) * x * (T(1) + (k * (x + T(0.044715) * x * x * x)).tanh());
         break;
       }
@@ -99,9 +127,17 @@ inline void run_block(const std::vector<Instr>& code, const std::vector<const T*
       case ExpOp::Ge: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a >= b); }); break;
       case ExpOp::Eq: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a == b); }); break;
       case ExpOp::Ne: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a != b); }); break;
-      case ExpOp::Select: r = (A() != T(0)).select(B(), regs[static_cast<size_t>(I.c)]); break;
+      case ExpOp::Select: {
+        Eigen::Map<const Arr<T>> c(regs.value[static_cast<size_t>(I.c)], len);
+        r = (A() != T(0)).select(B(), c);
+        break;
+      }
     }
+    regs.value[i] = dst;
   }
+  const T* result = regs.value.back();
+  if (out && result != out) std::copy_n(result, len, out);  // the body is a constant or an input
+  return out ? out : result;
 }
 
 // A body compiled once and bound to its inputs over an index domain: run() evaluates a range of
@@ -120,12 +156,17 @@ class BodyRunner {
       bstrides_.push_back(x && !same ? broadcast_strides(x->shape(), domain_) : std::vector<int64_t>{});
     }
   }
-  // Registers for run(), one block per instruction; one set per thread.
-  std::vector<Blk<T>> registers() const { return std::vector<Blk<T>>(code_.size()); }
-  // Elements [start, start + len) of the domain, len <= kBlock; the result lives in regs.
-  const Blk<T>& run(int64_t start, int64_t len, std::vector<Blk<T>>& regs) const {
-    run_block<T>(code_, direct_, bstrides_, inputs_, domain_, start, len, regs);
-    return regs.back();
+  // Registers for run(); one set per thread.
+  Registers<T> registers() const {
+    Registers<T> regs;
+    prepare(regs);
+    return regs;
+  }
+  void prepare(Registers<T>& regs) const { regs.reset(code_.size()); }
+  // Elements [start, start + len) of the domain, len <= kBlock: written to out when given, and
+  // returned (valid until the next run with these registers).
+  const T* run(int64_t start, int64_t len, Registers<T>& regs, T* out = nullptr) const {
+    return run_block<T>(code_, direct_, bstrides_, inputs_, domain_, start, len, regs, out);
   }
 
  private:
@@ -137,17 +178,19 @@ class BodyRunner {
 };
 
 // Writes the body's value at each of the n elements of its domain to dst, block by block
-// (OpenMP threads share the blocks of a large domain).
+// (OpenMP threads share the blocks of a large domain). Each thread keeps its registers from
+// one call to the next: no allocation once they have grown to the longest body.
 template <class T>
 void run_all(const BodyRunner<T>& body, T* dst, int64_t n) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel if (n >= 4 * kBlock)
   {
-    auto regs = body.registers();
+    thread_local Registers<T> regs;
+    body.prepare(regs);
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t start = blk * kBlock, len = std::min(kBlock, n - start);
-      Eigen::Map<Arr<T>>(dst + start, len) = body.run(start, len, regs);
+      body.run(start, len, regs, dst + start);
     }
   }
 }

@@ -170,7 +170,7 @@ std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTe
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
 #pragma omp parallel if (rows * n >= 4 * ref::kBlock)
   {
-    std::vector<std::vector<ref::Blk<T>>> red_regs, out_regs;
+    std::vector<ref::Registers<T>> red_regs, out_regs;
     for (const auto& r : red_runners) red_regs.push_back(r.registers());
     for (const auto& r : out_runners) out_regs.push_back(r.registers());
 #pragma omp for schedule(static)
@@ -183,11 +183,11 @@ std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTe
         for (int64_t r = r0; r < r1; ++r) acc[r] = kind == ReduceKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
         for (int64_t s = e0; s < e1; s += ref::kBlock) {
           const int64_t len = std::min(ref::kBlock, e1 - s);
-          const ref::Blk<T>& v = red_runners[j].run(s, len, red_regs[j]);
+          const T* v = red_runners[j].run(s, len, red_regs[j]);
           // The block holds whole rows or a part of one row.
           for (int64_t at = 0; at < len;) {
             const int64_t row = (s + at) / n, run_len = std::min(len - at, (row + 1) * n - (s + at));
-            reduce_into<T>(kind, v.data() + at, run_len, acc[row]);
+            reduce_into<T>(kind, v + at, run_len, acc[row]);
             at += run_len;
           }
         }
@@ -199,7 +199,7 @@ std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTe
         T* dst = outs[o].data<T>();
         for (int64_t s = b0; s < b1; s += ref::kBlock) {
           const int64_t len = std::min(ref::kBlock, b1 - s);
-          Eigen::Map<ref::Arr<T>>(dst + s, len) = out_runners[o].run(s, len, out_regs[o]);
+          out_runners[o].run(s, len, out_regs[o], dst + s);
         }
       }
     }

@@ -1,6 +1,7 @@
 // Program: verification, the static memory plan, constants and the run loop of the Eigen executor.
 #include "circuit/executor.hpp"
 
+#include <malloc.h>
 #include <omp.h>
 #include <xmmintrin.h>
 
@@ -45,6 +46,20 @@ struct Profile {
 Profile& profile() {
   static Profile p;
   return p;
+}
+
+// The GEMM libraries allocate their packing buffers on each call (oneDNN's sgemm: several
+// hundred KiB). glibc serves blocks that large by mmap, or trims them off the heap once freed,
+// so every step would fault fresh zeroed pages in again (9 per step with oneDNN, 38 recorded).
+// Fixed thresholds keep freed blocks on the heap for reuse, as a training process wants; a
+// threshold set in the environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) is left alone.
+void keep_freed_memory_once() {
+  static const bool done = [] {
+    if (!std::getenv("MALLOC_MMAP_THRESHOLD_")) mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    if (!std::getenv("MALLOC_TRIM_THRESHOLD_")) mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    return true;
+  }();
+  (void)done;
 }
 
 // Subnormal floats (tiny attention probabilities and their gradients) make x86 arithmetic
@@ -186,6 +201,7 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
   omp_set_num_threads(threads());
   const auto started = std::chrono::steady_clock::now();
   flush_subnormals_once();
+  keep_freed_memory_once();
   check_bindings(circuit_, bindings, "executor");
   if (planned_.empty()) prepare_storage();
   const auto& ext = circuit_.externals();

@@ -1,10 +1,18 @@
 // Prim family `matmul`: batched matrix product with transpose flags.
 // Shape contract: a: (..., M, K) or with ta (..., K, M); b: (..., K, N) or with tb (..., N, K);
 // batch dims broadcast (numpy) -> out: (batch..., M, N). Params ints = {ta, tb}.
-// Reference: one Eigen GEMM per batch entry; a batched `a` against a 2-D `b` is one GEMM over
-// the flattened rows. VJP: dA = g op(B)^T, dB = op(A)^T g (with the flags folded in); a
+// Reference: one GEMM per batch entry (oneDNN's for f32 where kiln was built with it, Eigen's
+// otherwise); a batched `a` against a 2-D `b` is one GEMM over the flattened rows. VJP: dA = g op(B)^T, dB = op(A)^T g (with the flags folded in); a
 // gradient for a broadcast batch dim is summed by the reverse sweep.
+#if KILN_HAVE_DNNL
+#include <dnnl.h>
+#endif
+
+#include <algorithm>
+#include <type_traits>
+
 #include "circuit/builder.hpp"
+#include "circuit/cpu_gemm.hpp"
 #include "circuit/prim.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
@@ -50,6 +58,22 @@ using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>
 // C = op(A) op(B) with A stored as [ra, ca] and B as [rb, cb], all row-major.
 template <class T>
 void gemm(const T* a, int64_t ra, int64_t ca, bool ta, const T* b, int64_t rb, int64_t cb, bool tb, T* c) {
+#if KILN_HAVE_DNNL
+  if constexpr (std::is_same_v<T, float>) {
+    // oneDNN's row-major sgemm, threaded on the OpenMP pool (one thread inside a parallel region).
+    const int64_t m = ta ? ca : ra, n = tb ? rb : cb, k = ta ? ra : ca;
+    if (m == 0 || n == 0) return;
+    if (k == 0) {  // an empty sum (and leading dimensions oneDNN would refuse)
+      std::fill(c, c + m * n, 0.0f);
+      return;
+    }
+    const dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, ca, b, cb, 0.0f, c, n);
+    if (status != dnnl_success)
+      throw Error("op 'matmul': oneDNN sgemm failed (status " + std::to_string(static_cast<int>(status)) + ") for " +
+                  std::to_string(m) + "x" + std::to_string(k) + " . " + std::to_string(k) + "x" + std::to_string(n));
+    return;
+  }
+#endif
   Eigen::Map<const RowMat<T>> A(a, ra, ca), B(b, rb, cb);
   int64_t m = ta ? ca : ra, n = tb ? rb : cb;
   Eigen::Map<RowMat<T>> C(c, m, n);
@@ -126,6 +150,14 @@ std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g
 }
 
 }  // namespace
+
+const char* cpu_gemm_library() {
+#if KILN_HAVE_DNNL
+  return "oneDNN";
+#else
+  return "Eigen";
+#endif
+}
 
 void register_matmul(PrimRegistry& r) {
   PrimDef d;

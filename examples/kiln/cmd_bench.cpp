@@ -1,14 +1,16 @@
 // `kiln bench`: the speed of a full training step (forward, backward, AdamW) for a GPT config,
 // its FLOPs (2 m n k over every matmul of forward and backward, attention included), and the
-// fraction of this machine's measured Eigen f32 GEMM rate (1024^3, same thread count) it reaches
-// (for the traced step, as training runs it), next to the host time spent outside the executor
-// when the step is recorded every time and when a traced step is replayed.
+// fraction of this machine's measured f32 GEMM rate (1024^3 through kiln's matmul, same thread
+// count) it reaches (for the traced step, as training runs it), next to the host time spent
+// outside the executor when the step is recorded every time and when a traced step is replayed,
+// and the page faults and tensor allocations per step.
 #include <chrono>
 #include <cstdio>
 #include <functional>
 
 #include "args.hpp"
 #include "circuit/builder.hpp"
+#include "circuit/cpu_gemm.hpp"
 #include "circuit/executor.hpp"
 #include "commands.hpp"
 #include "core/device.hpp"
@@ -37,7 +39,7 @@ double matmul_flops(const Circuit& c) {
   return flops;
 }
 
-// Eigen f32 GEMM rate at 1024^3 through kiln's own matmul Prim.
+// The f32 GEMM rate at 1024^3 through kiln's own matmul Prim (oneDNN's or Eigen's GEMM).
 double gemm_gflops() {
   Circuit c;
   ValueId a = c.add_external({Shape{1024, 1024}, DType::f32}, ValueRole::Input);
@@ -134,7 +136,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   std::printf("matmul FLOPs per step (forward + backward): %.3f GFLOP -> %.1f GFLOP/s\n", flops / 1e9, achieved);
   if (device == Device::CUDA) return 0;
   double rate = gemm_gflops();
-  std::printf("Eigen f32 GEMM 1024^3 on this machine: %.1f GFLOP/s\n", rate);
+  std::printf("f32 GEMM 1024^3 on this machine (kiln's matmul, %s): %.1f GFLOP/s\n", cpu_gemm_library(), rate);
   std::printf("step reaches %.1f%% of the GEMM rate\n", 100 * achieved / rate);
   return 0;
 }

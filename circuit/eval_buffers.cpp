@@ -8,8 +8,8 @@
 
 namespace kiln {
 
-EvalBuffers::EvalBuffers(const std::vector<ValueInfo>& infos, std::vector<HostTensor> planned,
-                         ScratchBlocks* scratch, bool poison)
+EvalBuffers::EvalBuffers(const std::vector<ValueInfo>& infos, std::vector<HostTensor> planned, ScratchBlocks* scratch,
+                         bool poison)
     : infos_(infos), planned_(std::move(planned)), blocks_(scratch), poison_(poison) {
   planned_.resize(infos_.size());
 }

@@ -32,7 +32,8 @@ struct Profile {
     std::fprintf(stderr, "KILN_PROFILE: %.1f ms in Prim references\n", total);
     std::map<std::string, double> by_prim;  // the key's first word is the Prim's name
     for (const auto& [k, v] : ms_calls) by_prim[k.substr(0, k.find(' '))] += v.first;
-    for (const auto& [prim, ms] : by_prim) std::fprintf(stderr, "  %9.1f ms %5.1f%% in %s\n", ms, 100 * ms / total, prim.c_str());
+    for (const auto& [prim, ms] : by_prim)
+      std::fprintf(stderr, "  %9.1f ms %5.1f%% in %s\n", ms, 100 * ms / total, prim.c_str());
     std::multimap<double, std::string, std::greater<>> by_time;
     for (const auto& [k, v] : ms_calls) by_time.emplace(v.first, k);
     int shown = 0;
@@ -153,7 +154,8 @@ Program::Program(Circuit circuit, std::vector<ValueId> outputs)
       const auto v = static_cast<size_t>(out);
       if (root_[v] != out || storage_[v] != Storage::Planned) continue;
       const ValueInfo& info = circuit_.info(out);
-      blocks.push_back({static_cast<int>(i), last[v], static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype)});
+      blocks.push_back(
+          {static_cast<int>(i), last[v], static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype)});
       block_value.push_back(out);
     }
   // 64-byte offsets: every planned tensor starts on a cache line (and an AVX-512 vector).

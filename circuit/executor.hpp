@@ -48,11 +48,10 @@ class Program {
 
   Circuit circuit_;
   std::vector<ValueId> outputs_;
-  std::vector<ValueId> root_;                     // value -> the value whose storage it shares
-  std::vector<Storage> storage_;                  // per root
-  std::vector<size_t> offset_;                    // per planned root: its workspace offset
-  std::vector<char> constant_op_;                 // per op: computed once, on the first run
-  std::vector<std::vector<ValueId>> free_after_;  // per op: storage roots dead after it
+  std::vector<ValueId> root_;      // value -> the value whose storage it shares
+  std::vector<Storage> storage_;   // per root
+  std::vector<size_t> offset_;     // per planned root: its workspace offset
+  std::vector<char> constant_op_;  // per op: computed once, on the first run
   size_t workspace_bytes_ = 0, peak_live_bytes_ = 0;
   bool adaptive_threads_ = true;
 

@@ -128,10 +128,10 @@ class Engine {
     std::vector<int32_t> external_slot;  // per external: arena slot or -1
     // Realized tensors bound as inputs; held so that no other tensor can take their address.
     std::unordered_map<const TensorImpl*, std::pair<std::shared_ptr<TensorImpl>, ValueId>> realized_inputs;
-    std::unordered_map<int32_t, bool> grad_written;     // grad slots assigned by a backward() of this step
-    std::unordered_map<int32_t, ValueId> slot_version;  // arena slot -> latest version id
-    std::vector<std::weak_ptr<TensorImpl>> handles;     // pending handles of this recording
-    std::vector<std::function<void()>> run_hooks;       // see on_each_run
+    std::unordered_map<int32_t, bool> grad_written;        // grad slots assigned by a backward() of this step
+    std::unordered_map<int32_t, ValueId> slot_version;     // arena slot -> latest version id
+    std::vector<std::weak_ptr<TensorImpl>> handles;        // pending handles of this recording
+    std::vector<std::function<void()>> run_hooks;          // see on_each_run
     std::vector<std::pair<size_t, InputWriter>> computed;  // external index, writer
     uint64_t epoch = 0;
   };

@@ -8,8 +8,8 @@
 
 #include "circuit/error.hpp"
 #include "circuit/executor.hpp"
-#include "core/engine.hpp"
 #include "circuit/thread_governor.hpp"
+#include "core/engine.hpp"
 #include "device_test_util.hpp"
 
 namespace kiln {

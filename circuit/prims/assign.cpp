@@ -19,9 +19,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   return {in[0]};
 }
 
-std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in, EvalBuffers&) {
-  return {*in[1]};
-}
+std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in, EvalBuffers&) { return {*in[1]}; }
 
 }  // namespace
 

@@ -16,8 +16,7 @@ std::vector<ValueInfo> cast_shape(const ShapeCtx& ctx, const std::vector<ValueIn
   return {{in[0].shape, p.dtype}};
 }
 
-std::vector<HostTensor> cast_eval(const Op&, const std::vector<const HostTensor*>& in,
-                                  EvalBuffers& bufs) {
+std::vector<HostTensor> cast_eval(const Op&, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   HostTensor out = bufs.output(0);
   ref::dispatch_any(in[0]->dtype(), "cast", [&](auto s) {
     using S = decltype(s);

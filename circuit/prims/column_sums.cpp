@@ -39,8 +39,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   return std::vector<ValueInfo>(p.bodies.size(), ValueInfo{Shape{1, domain[domain.rank() - 1]}, p.dtype});
 }
 
-std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             EvalBuffers& bufs) {
+std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const Shape domain(op.params.ints);
   const int64_t cols = domain[domain.rank() - 1], rows = domain.numel() / std::max<int64_t>(cols, 1);
   std::vector<HostTensor> outs;

@@ -19,8 +19,7 @@ std::vector<ValueInfo> fill_shape(const ShapeCtx& ctx, const std::vector<ValueIn
   return {{Shape(p.ints), p.dtype}};
 }
 
-std::vector<HostTensor> fill_eval(const Op& op, const std::vector<const HostTensor*>&,
-                                  EvalBuffers& bufs) {
+std::vector<HostTensor> fill_eval(const Op& op, const std::vector<const HostTensor*>&, EvalBuffers& bufs) {
   HostTensor out = bufs.output(0);
   ref::dispatch_any(out.dtype(), "fill", [&](auto t) {
     using T = decltype(t);
@@ -39,8 +38,7 @@ std::vector<ValueInfo> iota_shape(const ShapeCtx& ctx, const std::vector<ValueIn
   return {{s, p.dtype}};
 }
 
-std::vector<HostTensor> iota_eval(const Op& op, const std::vector<const HostTensor*>&,
-                                  EvalBuffers& bufs) {
+std::vector<HostTensor> iota_eval(const Op& op, const std::vector<const HostTensor*>&, EvalBuffers& bufs) {
   const Shape& s = bufs.info(0).shape;
   HostTensor out = bufs.output(0);
   ref::dispatch_any(out.dtype(), "iota", [&](auto t) {

@@ -253,8 +253,7 @@ HostTensor gather_operand(const HostTensor& base, const MatmulOperand& v, const 
   return applied;
 }
 
-std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             EvalBuffers& bufs) {
+std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const FusedMatmul f = FusedMatmul::from_params(op.params);
   const Shape logical = f.logical();
   std::vector<HostTensor> outs;

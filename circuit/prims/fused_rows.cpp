@@ -133,8 +133,7 @@ void reduce_into(ReduceKind kind, const T* v, int64_t len, T& acc) {
 }
 
 template <class T>
-std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTensor*>& in_raw,
-                            EvalBuffers& bufs) {
+std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTensor*>& in_raw, EvalBuffers& bufs) {
   const DType dt = bufs.info(0).dtype;
   // i32 masks are read as T, as the GPU kernel reads them as f32.
   std::vector<HostTensor> converted(in_raw.size());
@@ -207,11 +206,9 @@ std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTe
   return outs;
 }
 
-std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             EvalBuffers& bufs) {
+std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const RowProgram rp = RowProgram::from_params(op.params);
-  return ref::dispatch_float(bufs.info(0).dtype, "fused_rows",
-                             [&](auto t) { return run<decltype(t)>(rp, in, bufs); });
+  return ref::dispatch_float(bufs.info(0).dtype, "fused_rows", [&](auto t) { return run<decltype(t)>(rp, in, bufs); });
 }
 
 }  // namespace

@@ -34,8 +34,7 @@ std::vector<ValueInfo> gather_shape(const ShapeCtx& ctx, const std::vector<Value
   return {{with_last(in[1].shape, in[0].shape[1]), in[0].dtype}};
 }
 
-std::vector<HostTensor> gather_eval(const Op&, const std::vector<const HostTensor*>& in,
-                                    EvalBuffers& bufs) {
+std::vector<HostTensor> gather_eval(const Op&, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const HostTensor &table = *in[0], &idx = *in[1];
   int64_t v = table.shape()[0], d = table.shape()[1];
   HostTensor out = bufs.output(0);
@@ -66,8 +65,7 @@ std::vector<ValueInfo> scatter_shape(const ShapeCtx& ctx, const std::vector<Valu
   return {{Shape{p.ints[0], ss[ss.rank() - 1]}, in[1].dtype}};
 }
 
-std::vector<HostTensor> scatter_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                     EvalBuffers& bufs) {
+std::vector<HostTensor> scatter_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const HostTensor &idx = *in[0], &src = *in[1];
   int64_t rows = op.params.ints[0], d = bufs.info(0).shape[1];
   HostTensor out = bufs.zeroed_output(0);
@@ -96,8 +94,7 @@ std::vector<ValueInfo> one_hot_shape(const ShapeCtx& ctx, const std::vector<Valu
   return {{with_last(in[0].shape, p.ints[0]), p.dtype}};
 }
 
-std::vector<HostTensor> one_hot_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                     EvalBuffers& bufs) {
+std::vector<HostTensor> one_hot_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const HostTensor& idx = *in[0];
   int64_t depth = op.params.ints[0];
   HostTensor out = bufs.zeroed_output(0);

@@ -2,8 +2,8 @@
 // Shape contract: a: (..., M, K) or with ta (..., K, M); b: (..., K, N) or with tb (..., N, K);
 // batch dims broadcast (numpy) -> out: (batch..., M, N). Params ints = {ta, tb}.
 // Reference: one GEMM per batch entry (oneDNN's for f32 where kiln was built with it, Eigen's
-// otherwise); a batched `a` against a 2-D `b` is one GEMM over the flattened rows. VJP: dA = g op(B)^T, dB = op(A)^T g (with the flags folded in); a
-// gradient for a broadcast batch dim is summed by the reverse sweep.
+// otherwise); a batched `a` against a 2-D `b` is one GEMM over the flattened rows. VJP: dA = g op(B)^T, dB = op(A)^T g
+// (with the flags folded in); a gradient for a broadcast batch dim is summed by the reverse sweep.
 #if KILN_HAVE_DNNL
 #include <dnnl.h>
 #endif
@@ -87,8 +87,7 @@ void gemm(const T* a, int64_t ra, int64_t ca, bool ta, const T* b, int64_t rb, i
     C.noalias() = A.transpose() * B.transpose();
 }
 
-std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             EvalBuffers& bufs) {
+std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const HostTensor &a = *in[0], &b = *in[1];
   bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
   HostTensor out = bufs.output(0);

@@ -108,8 +108,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   return out;
 }
 
-std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             EvalBuffers& bufs) {
+std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const MultiTensorProgram mp = MultiTensorProgram::from_params(op.params);
   std::vector<ValueInfo> infos;
   for (const HostTensor* x : in) infos.push_back({x->shape(), x->dtype()});

@@ -38,8 +38,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   return {{out, in[0].dtype}};
 }
 
-std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             EvalBuffers& bufs) {
+std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const Shape& shape = bufs.info(0).shape;
   HostTensor out = bufs.output(0);
   ref::dispatch_float(out.dtype(), "pointwise", [&](auto t) {

@@ -33,8 +33,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   return {{Shape(std::vector<int64_t>(p.ints.begin() + 1, p.ints.end())), p.dtype}};
 }
 
-std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in,
-                             EvalBuffers& bufs) {
+std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const int32_t* key = in[0]->data<int32_t>();
   uint64_t seed = static_cast<uint32_t>(key[0]) | (static_cast<uint64_t>(static_cast<uint32_t>(key[1])) << 32);
   auto offset = static_cast<uint32_t>(in[1]->data<int32_t>()[0]);

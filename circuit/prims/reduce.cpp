@@ -61,8 +61,7 @@ void reduce_axis(const T* x, T* out, int64_t outer, int64_t n, int64_t inner, Re
   }
 }
 
-std::vector<HostTensor> reduce_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                    EvalBuffers& bufs) {
+std::vector<HostTensor> reduce_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const HostTensor& x = *in[0];
   auto kind = static_cast<ReduceKind>(op.params.ints[0]);
   int axis = static_cast<int>(op.params.ints[1]);
@@ -113,8 +112,7 @@ std::vector<ValueInfo> reduce_all_shape(const ShapeCtx& ctx, const std::vector<V
   return {{Shape{}, in[0].dtype}};
 }
 
-std::vector<HostTensor> reduce_all_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                        EvalBuffers& bufs) {
+std::vector<HostTensor> reduce_all_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   HostTensor out = bufs.output(0);
   ref::dispatch_float(in[0]->dtype(), "reduce_all", [&](auto t) {
     using T = decltype(t);

@@ -42,8 +42,7 @@ std::vector<ValueInfo> reshape_shape(const ShapeCtx& ctx, const std::vector<Valu
   return {{Shape(dims), in[0].dtype}};
 }
 
-std::vector<HostTensor> reshape_eval(const Op&, const std::vector<const HostTensor*>& in,
-                                     EvalBuffers& bufs) {
+std::vector<HostTensor> reshape_eval(const Op&, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   return {in[0]->reshaped(bufs.info(0).shape)};  // values are immutable: share the storage
 }
 
@@ -65,8 +64,7 @@ std::vector<ValueInfo> permute_shape(const ShapeCtx& ctx, const std::vector<Valu
   return {{Shape(dims), in[0].dtype}};
 }
 
-std::vector<HostTensor> permute_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                     EvalBuffers& bufs) {
+std::vector<HostTensor> permute_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const HostTensor& x = *in[0];
   HostTensor out = bufs.output(0);
   const Shape& os = out.shape();
@@ -117,8 +115,7 @@ std::vector<ValueInfo> broadcast_shape(const ShapeCtx& ctx, const std::vector<Va
   return {{target, in[0].dtype}};
 }
 
-std::vector<HostTensor> broadcast_eval(const Op&, const std::vector<const HostTensor*>& in,
-                                       EvalBuffers& bufs) {
+std::vector<HostTensor> broadcast_eval(const Op&, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   HostTensor out = bufs.output(0);
   ref::broadcast_into(*in[0], out);
   return {out};

@@ -37,8 +37,7 @@ std::vector<ValueInfo> slice_shape(const ShapeCtx& ctx, const std::vector<ValueI
   return {{out, in[0].dtype}};
 }
 
-std::vector<HostTensor> slice_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                   EvalBuffers& bufs) {
+std::vector<HostTensor> slice_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const HostTensor& x = *in[0];
   int axis = static_cast<int>(op.params.ints[0]);
   int64_t start = op.params.ints[1], n = x.shape()[axis], m = bufs.info(0).shape[axis];
@@ -88,8 +87,7 @@ std::vector<ValueInfo> concat_shape(const ShapeCtx& ctx, const std::vector<Value
   return {{out, in[0].dtype}};
 }
 
-std::vector<HostTensor> concat_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                    EvalBuffers& bufs) {
+std::vector<HostTensor> concat_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   int axis = static_cast<int>(op.params.ints[0]);
   HostTensor out = bufs.output(0);
   AxisView v(out.shape(), axis);
@@ -139,8 +137,7 @@ std::vector<ValueInfo> split_shape(const ShapeCtx& ctx, const std::vector<ValueI
   return out;
 }
 
-std::vector<HostTensor> split_eval(const Op& op, const std::vector<const HostTensor*>& in,
-                                   EvalBuffers& bufs) {
+std::vector<HostTensor> split_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const HostTensor& x = *in[0];
   int axis = static_cast<int>(op.params.ints[0]);
   int64_t n = x.shape()[axis], at = 0;

@@ -38,8 +38,7 @@ const T* block_of(const HostTensor& x, const Shape& s, int64_t start, int64_t le
   return scratch.data();
 }
 
-std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in,
-                             EvalBuffers& bufs) {
+std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const Shape& s = bufs.info(0).shape;
   HostTensor out = bufs.output(0);
   constexpr int64_t kBlock = 4096;

@@ -39,14 +39,16 @@ std::map<std::string, std::string> with_model_flags(std::map<std::string, std::s
 }
 
 std::map<std::string, std::string> with_thread_flag(std::map<std::string, std::string> options) {
-  options["threads"] = "CPU threads, fixed (default: kiln chooses, fewer while other work holds cores; KILN_NUM_THREADS)";
+  options["threads"] =
+      "CPU threads, fixed (default: kiln chooses, fewer while other work holds cores; KILN_NUM_THREADS)";
   return options;
 }
 
 void apply_thread_flag(const Args& a) {
   if (a.has("threads")) {
     const int64_t n = a.integer("threads", 0);
-    if (n < 1 || n > 4096) throw Error("--threads: expected a thread count from 1 to 4096, received " + std::to_string(n));
+    if (n < 1 || n > 4096)
+      throw Error("--threads: expected a thread count from 1 to 4096, received " + std::to_string(n));
     set_num_threads(static_cast<int>(n));
   }
 }

@@ -32,8 +32,9 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"eval-every", "steps between validation losses (default 250)"},
               {"device", "auto (default), cpu or cuda"},
               {"stats", "log each step's kernels (forward/backward/update), bytes, host time and peak memory"},
-              {"deterministic", "GPU steps without float atomics, CPU steps at a fixed thread count: a run (and a "
-                                "resumed run) repeats bit for bit"},
+              {"deterministic",
+               "GPU steps without float atomics, CPU steps at a fixed thread count: a run (and a "
+               "resumed run) repeats bit for bit"},
               {"no-trace", "record every step anew instead of recording it once and replaying it"}},
              false)),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) with AdamW on a character- or byte-level "

@@ -32,8 +32,8 @@ constexpr const char* kLibrary = "OpenBLAS";
 extern "C" {  // BLIS's CBLAS interface (Debian ships no cblas.h for it)
 enum CBLAS_ORDER { CblasRowMajor = 101 };
 enum CBLAS_TRANSPOSE { CblasNoTrans = 111, CblasTrans = 112 };
-void cblas_sgemm(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, int, int, int, float, const float*, int,
-                 const float*, int, float, float*, int);
+void cblas_sgemm(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, int, int, int, float, const float*, int, const float*,
+                 int, float, float*, int);
 }
 constexpr const char* kLibrary = "BLIS";
 #elif defined(KILN_GEMM_DNNL)
@@ -157,7 +157,8 @@ int main() {
   }
   std::vector<float> a(1 << 20), b(1 << 20), c(1 << 20);
   for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = static_cast<float>(i % 17) / 17.0f - 0.5f;
-  const double big = best_seconds([&] { library_gemm(a.data(), b.data(), c.data(), 1024, 1024, 1024, false, false); }, 5);
+  const double big =
+      best_seconds([&] { library_gemm(a.data(), b.data(), c.data(), 1024, 1024, 1024, false, false); }, 5);
   std::printf("  %-36s %7.1f GFLOP/s\n", "1024^3", 2.0 * (1 << 30) / big / 1e9);
   std::printf("step GEMMs: %.2f ms, %.1f GFLOP/s; largest relative error %.1e\n", 1e3 * step_seconds,
               step_flops / step_seconds / 1e9, worst_error);

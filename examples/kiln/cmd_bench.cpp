@@ -135,6 +135,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
         static_cast<double>(t.counters.storage_bytes) / n / 1024);
   std::printf("matmul FLOPs per step (forward + backward): %.3f GFLOP -> %.1f GFLOP/s\n", flops / 1e9, achieved);
   if (device == Device::CUDA) return 0;
+  const Program& program = *Engine::current().last_plan()->program;
+  std::printf("CPU workspace: %.2f MiB for a live peak of %.2f MiB of intermediates; %zu ops computed once per plan\n",
+              static_cast<double>(program.workspace_bytes()) / (1 << 20),
+              static_cast<double>(program.peak_live_bytes()) / (1 << 20), program.constant_ops());
   double rate = gemm_gflops();
   std::printf("f32 GEMM 1024^3 on this machine (kiln's matmul, %s): %.1f GFLOP/s\n", cpu_gemm_library(), rate);
   std::printf("step reaches %.1f%% of the GEMM rate\n", 100 * achieved / rate);

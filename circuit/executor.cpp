@@ -20,10 +20,12 @@
 namespace kiln {
 
 namespace {
-// KILN_PROFILE=1: time spent in each Prim's reference (op-name + params description), printed
-// to stderr at exit. For finding the hot ops of the CPU path; off by default (no clock reads).
+// KILN_PROFILE=N: time spent in each Prim's reference (op-name + params description), printed
+// to stderr at exit with the N costliest (25 when N is not a number above 0). For finding the
+// hot ops of the CPU path; off by default (no clock reads).
 struct Profile {
   bool on = std::getenv("KILN_PROFILE") != nullptr;
+  int shown_max = on && std::atoi(std::getenv("KILN_PROFILE")) > 1 ? std::atoi(std::getenv("KILN_PROFILE")) : 25;
   std::map<std::string, std::pair<double, int64_t>> ms_calls;
   ~Profile() {
     if (!on || ms_calls.empty()) return;
@@ -38,7 +40,7 @@ struct Profile {
     for (const auto& [k, v] : ms_calls) by_time.emplace(v.first, k);
     int shown = 0;
     for (const auto& [ms, k] : by_time) {
-      if (shown++ == 25) break;
+      if (shown++ == shown_max) break;
       std::fprintf(stderr, "  %9.1f ms %5.1f%% %8lld calls  %s\n", ms, 100 * ms / total,
                    static_cast<long long>(ms_calls[k].second), k.c_str());
     }

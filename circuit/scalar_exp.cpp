@@ -42,7 +42,7 @@ void ix_check(bool ok, const std::string& msg) {
 
 const char* exp_op_name(ExpOp op) {
   static constexpr const char* names[] = {"const", "input",   "neg",  "exp",  "log", "sqrt", "rsqrt",
-                                          "tanh",  "sigmoid", "gelu", "silu", "sin", "cos",  "abs",
+                                          "tanh",  "sigmoid", "gelu", "gelu_grad", "silu", "sin", "cos",  "abs",
                                           "add",   "sub",     "mul",  "div",  "pow", "max",  "min",
                                           "lt",    "le",      "gt",   "ge",   "eq",  "ne",   "select"};
   static_assert(std::size(names) == static_cast<size_t>(ExpOp::Select) + 1);
@@ -210,6 +210,12 @@ T eval_rec(const ScalarExp& e, std::span<const T> in) {
       const T k1 = static_cast<T>(0.044715);
       return T(0.5) * x * (T(1) + std::tanh(k0 * (x + k1 * x * x * x)));
     }
+    case ExpOp::GeluGrad: {
+      const T k0 = static_cast<T>(std::sqrt(2.0 / std::numbers::pi));
+      const T k1 = static_cast<T>(0.044715);
+      const T t = std::tanh(k0 * (x + k1 * x * x * x));
+      return T(0.5) * (T(1) + t) + T(0.5) * k0 * x * (T(1) - t * t) * (T(1) + T(3) * k1 * x * x);
+    }
     case ExpOp::Silu: return x * (T(1) / (T(1) + std::exp(-x)));
     case ExpOp::Sin: return std::sin(x);
     case ExpOp::Cos: return std::cos(x);
@@ -264,9 +270,9 @@ ScalarExp select_z(const ScalarExp& c, const ScalarExp& da, const ScalarExp& db)
   return se::select(c, or_zero(da), or_zero(db));
 }
 
-// d/dx of the tanh approximation of gelu:
+// d/dx of the tanh approximation of gelu, spelled out in ops (for gelu's second derivative):
 // 0.5 (1 + t) + 0.5 k0 x (1 - t^2) (1 + 3 k1 x^2), t = tanh(k0 (x + k1 x^3)).
-ScalarExp gelu_grad(const ScalarExp& x) {
+ScalarExp gelu_grad_expanded(const ScalarExp& x) {
   const double k0 = std::sqrt(2.0 / std::numbers::pi);
   const double k1 = 0.044715;
   const ScalarExp one = se::c(1.0);
@@ -291,7 +297,12 @@ ScalarExp diff_rec(const ScalarExp& e, int k, Memo& memo) {
     case ExpOp::Rsqrt: r = mul_z(se::c(-0.5) * e / n.args[0], d(0)); break;
     case ExpOp::Tanh: r = mul_z(one - e * e, d(0)); break;
     case ExpOp::Sigmoid: r = mul_z(e * (one - e), d(0)); break;
-    case ExpOp::Gelu: r = mul_z(gelu_grad(n.args[0]), d(0)); break;
+    case ExpOp::Gelu: r = mul_z(se::gelu_grad(n.args[0]), d(0)); break;
+    case ExpOp::GeluGrad: {  // a memo of its own: the expanded tree is temporary (its nodes key no entry of `memo`)
+      Memo expanded_memo;
+      r = diff_rec(gelu_grad_expanded(n.args[0]), k, expanded_memo);
+      break;
+    }
     case ExpOp::Silu: {
       const ScalarExp s = se::sigmoid(n.args[0]);
       r = mul_z(s + n.args[0] * s * (one - s), d(0));
@@ -438,6 +449,7 @@ ScalarExp rsqrt(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Rsqrt, a); 
 ScalarExp tanh(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Tanh, a); }
 ScalarExp sigmoid(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Sigmoid, a); }
 ScalarExp gelu(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Gelu, a); }
+ScalarExp gelu_grad(const ScalarExp& a) { return ScalarExp::unary(ExpOp::GeluGrad, a); }
 ScalarExp silu(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Silu, a); }
 ScalarExp sin(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Sin, a); }
 ScalarExp cos(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Cos, a); }

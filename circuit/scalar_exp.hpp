@@ -25,6 +25,7 @@ enum class ExpOp : uint8_t {
   Tanh,
   Sigmoid,
   Gelu,
+  GeluGrad,  // d gelu(x) / dx, one op so that backward evaluates its tanh once per element
   Silu,
   Sin,
   Cos,
@@ -120,6 +121,7 @@ ScalarExp rsqrt(const ScalarExp& a);
 ScalarExp tanh(const ScalarExp& a);
 ScalarExp sigmoid(const ScalarExp& a);
 ScalarExp gelu(const ScalarExp& a);
+ScalarExp gelu_grad(const ScalarExp& a);
 ScalarExp silu(const ScalarExp& a);
 ScalarExp sin(const ScalarExp& a);
 ScalarExp cos(const ScalarExp& a);

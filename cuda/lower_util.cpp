@@ -298,6 +298,17 @@ Reg emit_op_of(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>& a) 
       Reg t = f_add(b, emit_tanh(b, inner), imm_f32(1.0f));
       return f_mul(b, f_mul(b, a[0], imm_f32(0.5f)), t);
     }
+    case ExpOp::GeluGrad: {
+      // 0.5 (1 + t) + 0.5 k x (1 - t^2) (1 + 3 0.044715 x^2), t = tanh(k (x + 0.044715 x^3)).
+      const float k = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
+      Reg x2 = f_mul(b, a[0], a[0]);
+      Reg inner = f_mul(b, b.fma(Type::f32, f_mul(b, x2, a[0]), imm_f32(0.044715f), a[0]), imm_f32(k));
+      Reg t = emit_tanh(b, inner);
+      Reg one_minus_t2 = b.fma(Type::f32, b.neg(Type::f32, t), t, imm_f32(1.0f));
+      Reg slope = b.fma(Type::f32, x2, imm_f32(3.0f * 0.044715f), imm_f32(1.0f));
+      Reg right = f_mul(b, f_mul(b, f_mul(b, a[0], imm_f32(0.5f * k)), one_minus_t2), slope);
+      return b.fma(Type::f32, t, imm_f32(0.5f), f_add(b, right, imm_f32(0.5f)));
+    }
     case ExpOp::Silu: return f_mul(b, a[0], emit_sigmoid(b, a[0]));
     case ExpOp::Sin: return emit_trig(b, Opc::Sin, a[0]);
     case ExpOp::Cos: return emit_trig(b, Opc::Cos, a[0]);

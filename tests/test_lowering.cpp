@@ -60,6 +60,7 @@ std::vector<LoweringCase> cases() {
   pw1("tanh_small", se::tanh(in(0)), -0.2, 0.2);  // mostly the polynomial branch
   pw1("sigmoid", se::sigmoid(in(0)), -20, 20);
   pw1("gelu", se::gelu(in(0)));
+  pw1("gelu_grad", se::gelu_grad(in(0)));
   pw1("silu", se::silu(in(0)));
   pw1("sin", se::sin(in(0)), -20, 20);
   pw1("cos", se::cos(in(0)), -20, 20);

@@ -58,6 +58,7 @@ std::vector<GradCase> cases() {
   pw("tanh", {F({37}, -2, 2)}, unary(se::tanh));
   pw("sigmoid", {F({37}, -3, 3)}, unary(se::sigmoid));
   pw("gelu", {F({37}, -3, 3)}, unary(se::gelu));
+  pw("gelu_grad", {F({37}, -3, 3)}, unary(se::gelu_grad));  // gelu's second derivative
   pw("silu", {F({37}, -3, 3)}, unary(se::silu));
   pw("sin", {F({37}, -3, 3)}, unary(se::sin));
   pw("cos", {F({37}, -3, 3)}, unary(se::cos));

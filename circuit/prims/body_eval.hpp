@@ -105,6 +105,13 @@ inline const T* run_block(const std::vector<Instr>& code, const std::vector<cons
         r = T(0.5) * x * (T(1) + (k * (x + T(0.044715) * x * x * x)).tanh());
         break;
       }
+      case ExpOp::GeluGrad: {  // t = tanh(.) first, into the destination, then the rest over t
+        const T k = static_cast<T>(0.7978845608028654);
+        const auto x = A();
+        r = (k * (x + T(0.044715) * x * x * x)).tanh();
+        r = T(0.5) * (T(1) + r) + (T(0.5) * k) * x * (T(1) - r * r) * (T(1) + T(3 * 0.044715) * x * x);
+        break;
+      }
       case ExpOp::Silu: r = A() * (T(1) + (-A()).exp()).inverse(); break;
       case ExpOp::Sin: r = A().sin(); break;
       case ExpOp::Cos: r = A().cos(); break;

@@ -1,7 +1,13 @@
 // Benchmarks of the engine's per-step host work: realizing an identical recorded step (cache
-// hit: hash, lookup, bind), and building its plan from scratch (passes + planning).
+// hit: hash, lookup, bind), and building its plan from scratch (passes + planning); and of the
+// CPU executor's pointwise bodies (GELU's backward, spelled out in ops or as one op).
 #include <benchmark/benchmark.h>
 
+#include <cmath>
+#include <numbers>
+
+#include "circuit/builder.hpp"
+#include "circuit/executor.hpp"
 #include "core/engine.hpp"
 #include "train/sgd.hpp"
 
@@ -58,6 +64,33 @@ void BM_TrainStepUncached(benchmark::State& state) {
   state.counters["plan_us"] = 1000.0 * plan / static_cast<double>(state.iterations());
 }
 BENCHMARK(BM_TrainStepUncached);
+
+// g * gelu'(x) over the GPT default config's MLP activations ([16, 64, 512] f32): arg 0 spells
+// gelu'(x) out in ops (as the reverse sweep built it before gelu_grad existed), arg 1 is one
+// gelu_grad op.
+void BM_GeluBackwardBody(benchmark::State& state) {
+  const ScalarExp x = se::in(1);
+  ScalarExp d = se::gelu_grad(x);
+  if (state.range(0) == 0) {
+    const double k0 = std::sqrt(2.0 / std::numbers::pi), k1 = 0.044715;
+    const ScalarExp one = se::c(1.0), t = se::tanh(se::c(k0) * (x + se::c(k1) * (x * x * x)));
+    d = se::c(0.5) * (one + t) + se::c(0.5 * k0) * x * (one - t * t) * (one + se::c(3.0 * k1) * (x * x));
+  }
+  const Shape shape{16, 64, 512};
+  Circuit c;
+  ValueId g = c.add_external({shape, DType::f32}, ValueRole::Input);
+  ValueId a = c.add_external({shape, DType::f32}, ValueRole::Input);
+  Builder b(c);
+  Program p(c, {b.pointwise(se::in(0) * d, {g, a})});
+  std::vector<HostTensor> binds{HostTensor::zeros(DType::f32, shape), HostTensor::zeros(DType::f32, shape)};
+  for (int64_t i = 0; i < shape.numel(); ++i) {
+    binds[0].set(i, 1.0);
+    binds[1].set(i, static_cast<double>(i % 97) / 16.0 - 3.0);
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(p.run(binds));
+  state.SetItemsProcessed(state.iterations() * shape.numel());
+}
+BENCHMARK(BM_GeluBackwardBody)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

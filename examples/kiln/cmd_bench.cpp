@@ -1,12 +1,16 @@
 // `kiln bench`: the speed of a full training step (forward, backward, AdamW) for a GPT config,
 // its FLOPs (2 m n k over every matmul of forward and backward, attention included), and the
 // fraction of this machine's measured f32 GEMM rate (1024^3 through kiln's matmul, same thread
-// count) it reaches (for the traced step, as training runs it), next to the host time spent
+// count) it reaches (for the traced step, as training runs it; medians of step and GEMM timings
+// taken in turns, so that both see the same load on a shared machine), next to the host time spent
 // outside the executor when the step is recorded every time and when a traced step is replayed,
 // and the page faults and tensor allocations per step.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <memory>
+#include <vector>
 
 #include "args.hpp"
 #include "circuit/builder.hpp"
@@ -39,23 +43,38 @@ double matmul_flops(const Circuit& c) {
   return flops;
 }
 
-// The f32 GEMM rate at 1024^3 through kiln's own matmul Prim (oneDNN's or Eigen's GEMM).
-double gemm_gflops() {
-  Circuit c;
-  ValueId a = c.add_external({Shape{1024, 1024}, DType::f32}, ValueRole::Input);
-  ValueId b = c.add_external({Shape{1024, 1024}, DType::f32}, ValueRole::Input);
-  Builder bl(c);
-  Program p(c, {bl.matmul(a, b)});
-  std::vector<HostTensor> binds{HostTensor::zeros(DType::f32, {1024, 1024}),
-                                HostTensor::zeros(DType::f32, {1024, 1024})};
-  for (auto& t : binds)
-    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<double>(i % 17) / 17.0 - 0.5);
-  p.run(binds);
-  const int reps = 10;
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) p.run(binds);
-  return 2.0 * 1024 * 1024 * 1024 * reps / seconds_since(t0) / 1e9;
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
+
+// A 1024^3 f32 GEMM through kiln's own matmul Prim (oneDNN's or Eigen's GEMM); gflops() runs it
+// once and returns its rate.
+class GemmProbe {
+ public:
+  GemmProbe() {
+    ValueId a = c_.add_external({Shape{1024, 1024}, DType::f32}, ValueRole::Input);
+    ValueId b = c_.add_external({Shape{1024, 1024}, DType::f32}, ValueRole::Input);
+    Builder bl(c_);
+    ValueId out = bl.matmul(a, b);
+    program_ = std::make_unique<Program>(c_, std::vector<ValueId>{out});
+    binds_ = {HostTensor::zeros(DType::f32, {1024, 1024}), HostTensor::zeros(DType::f32, {1024, 1024})};
+    for (auto& t : binds_)
+      for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<double>(i % 17) / 17.0 - 0.5);
+    program_->run(binds_);  // warm up
+  }
+  double gflops() const {
+    auto t0 = std::chrono::steady_clock::now();
+    program_->run(binds_);
+    return 2.0 * 1024 * 1024 * 1024 / seconds_since(t0) / 1e9;
+  }
+
+ private:
+  Circuit c_;
+  std::unique_ptr<Program> program_;
+  std::vector<HostTensor> binds_;
+};
 }  // namespace
 
 int cmd_bench(const std::vector<std::string>& argv) {
@@ -139,9 +158,21 @@ int cmd_bench(const std::vector<std::string>& argv) {
   std::printf("CPU workspace: %.2f MiB for a live peak of %.2f MiB of intermediates; %zu ops computed once per plan\n",
               static_cast<double>(program.workspace_bytes()) / (1 << 20),
               static_cast<double>(program.peak_live_bytes()) / (1 << 20), program.constant_ops());
-  double rate = gemm_gflops();
-  std::printf("f32 GEMM 1024^3 on this machine (kiln's matmul, %s): %.1f GFLOP/s\n", cpu_gemm_library(), rate);
-  std::printf("step reaches %.1f%% of the GEMM rate\n", 100 * achieved / rate);
+  // Steps and GEMMs in turns: a shared machine's load changes within seconds, and a ratio of
+  // timings taken under different loads would measure the load.
+  const GemmProbe gemm;
+  std::vector<double> step_s, rates;
+  for (int64_t i = 0; i < steps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    traced.run({ids, ids})[0].item();
+    step_s.push_back(seconds_since(t0));
+    rates.push_back(gemm.gflops());
+  }
+  const double step_rate = flops / median(step_s) / 1e9, rate = median(rates);
+  std::printf("f32 GEMM 1024^3 on this machine (kiln's matmul, %s): %.1f GFLOP/s (median of %lld, between steps)\n",
+              cpu_gemm_library(), rate, static_cast<long long>(steps));
+  std::printf("step reaches %.1f%% of the GEMM rate (median step %.2f ms in the same turns: %.1f GFLOP/s)\n",
+              100 * step_rate / rate, 1000 * median(step_s), step_rate);
   return 0;
 }
 

@@ -2,8 +2,9 @@
 # kiln against PyTorch 2 on the CPU, one sitting: the same GPT training step (model, loss,
 # AdamW, f32; see scripts/bench_torch_gpt.py) timed by `kiln bench` and by PyTorch eager and
 # torch.compile, for the default config and the wider one of docs/BENCHMARKS.md, kiln and
-# PyTorch taking turns (twice each) so that a change in the machine's load hits both. Prints
-# each figure and kiln's time as a fraction of PyTorch's (below 1: kiln is faster).
+# PyTorch taking turns (twice each) so that a change in the machine's load hits both. Each
+# figure is a median over the timed steps. Prints each figure and kiln's time as a fraction of
+# PyTorch's (below 1: kiln is faster).
 #
 # PyTorch comes from PyPI into a virtual environment this script creates (.venv-bench, or
 # $KILN_BENCH_VENV); without PyPI, kiln's figures alone are printed.
@@ -25,7 +26,7 @@ declare -A flags=(
   [default]="--layers 4 --heads 4 --embd 128 --block 64 --batch 16 --vocab-size 65"
   [wide]="--layers 6 --heads 6 --embd 384 --block 256 --batch 8 --vocab-size 65"
 )
-declare -A steps=([default]=40 [wide]=8)
+declare -A steps=([default]=40 [wide]=12)
 
 kiln_ms() {  # the traced (replayed) step, as training runs it
   ./build/examples/kiln bench $1 --steps "$2" | sed -n 's/^step (traced, replayed): \([0-9.]*\) ms.*/\1/p'

@@ -11,6 +11,7 @@ GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 -
 """
 import argparse
 import math
+import statistics
 import time
 
 import torch
@@ -69,15 +70,17 @@ class GPT(nn.Module):
 
 
 def time_steps(step, steps, sync):
+    """Median seconds per step (as kiln bench reports), each step timed to its synchronize."""
     for _ in range(3):  # warm up (compilation included)
         step()
     sync()
-    t0 = time.perf_counter()
+    times = []
     for _ in range(steps):
-        loss = step()
-    loss.item()
-    sync()
-    return (time.perf_counter() - t0) / steps
+        t0 = time.perf_counter()
+        step().item()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def main():
@@ -117,7 +120,7 @@ def main():
             return loss
 
         per_step = time_steps(step, a.steps, sync)
-        print(f"step ({mode}): {1000 * per_step:.2f} ms, {a.batch * a.block / per_step:.0f} tokens/s")
+        print(f"step ({mode}): {1000 * per_step:.2f} ms median, {a.batch * a.block / per_step:.0f} tokens/s")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ class GemmProbe {
     Builder bl(c_);
     ValueId out = bl.matmul(a, b);
     program_ = std::make_unique<Program>(c_, std::vector<ValueId>{out});
+    program_->set_adaptive_threads(false);  // the whole team, always: the machine's rate, not a governor's choice
     binds_ = {HostTensor::zeros(DType::f32, {1024, 1024}), HostTensor::zeros(DType::f32, {1024, 1024})};
     for (auto& t : binds_)
       for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<double>(i % 17) / 17.0 - 0.5);
@@ -111,25 +112,28 @@ int cmd_bench(const std::vector<std::string>& argv) {
   // Mean step time and host overhead: the step's time outside its executor (recording, hashing,
   // lookup, binding) on the CPU; on the GPU, outside the device's work (from the first launch to
   // the synchronize after the last), so binding, uploads and downloads count as overhead too.
+  // Medians: the thread governor's probes (a few runs at another team size, ThreadGovernor)
+  // fall inside a short timing window, and a mean over 8 steps would count them as the step.
   struct Timing {
     double step_ms = 0, outside_ms = 0;
     ProcessCounters counters;  // summed over the timed steps
   };
   auto time_steps = [&](const std::function<void()>& one_step) {
     for (int i = 0; i < 3; ++i) one_step();  // warm up: plan built, caches hot
-    double work_ms = 0;
+    std::vector<double> step_ms, outside_ms;
     Timing t;
-    auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < steps; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
       one_step();
-      work_ms += Engine::current().stats().last_work_ms;
+      step_ms.push_back(1000 * seconds_since(t0));
+      outside_ms.push_back(step_ms.back() - Engine::current().stats().last_work_ms);
       const ProcessCounters& c = Engine::current().stats().last_counters;
       t.counters.minor_faults += c.minor_faults;
       t.counters.storage_allocations += c.storage_allocations;
       t.counters.storage_bytes += c.storage_bytes;
     }
-    t.step_ms = 1000 * seconds_since(t0) / static_cast<double>(steps);
-    t.outside_ms = t.step_ms - work_ms / static_cast<double>(steps);
+    t.step_ms = median(step_ms);
+    t.outside_ms = median(outside_ms);
     return t;
   };
   Timing recorded = time_steps([&] { record()[0].item(); });
@@ -146,7 +150,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const auto n = static_cast<double>(steps);
   for (const auto& [how, t] : {std::pair{"recorded every step", recorded}, std::pair{"traced, replayed", replayed}})
     std::printf(
-        "step (%s): %.2f ms, %.0f tokens/s; host time %s %.3f ms (%.2f%%); per step %.1f minor page faults, "
+        "step (%s): %.2f ms median, %.0f tokens/s; host time %s %.3f ms (%.2f%%); per step %.1f minor page faults, "
         "%.1f tensor allocations (%.1f KiB)\n",
         how, t.step_ms, static_cast<double>(batch * c.block_size) / (t.step_ms / 1000), outside, t.outside_ms,
         100 * t.outside_ms / t.step_ms, static_cast<double>(t.counters.minor_faults) / n,
@@ -162,7 +166,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   // timings taken under different loads would measure the load.
   const GemmProbe gemm;
   std::vector<double> step_s, rates;
-  for (int64_t i = 0; i < steps; ++i) {
+  for (int64_t i = 0; i < std::max<int64_t>(steps, 9); ++i) {  // 9 turns at least: a median of few is noise
     auto t0 = std::chrono::steady_clock::now();
     traced.run({ids, ids})[0].item();
     step_s.push_back(seconds_since(t0));
@@ -170,7 +174,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   }
   const double step_rate = flops / median(step_s) / 1e9, rate = median(rates);
   std::printf("f32 GEMM 1024^3 on this machine (kiln's matmul, %s): %.1f GFLOP/s (median of %lld, between steps)\n",
-              cpu_gemm_library(), rate, static_cast<long long>(steps));
+              cpu_gemm_library(), rate, static_cast<long long>(rates.size()));
   std::printf("step reaches %.1f%% of the GEMM rate (median step %.2f ms in the same turns: %.1f GFLOP/s)\n",
               100 * step_rate / rate, 1000 * median(step_s), step_rate);
   return 0;

@@ -57,9 +57,10 @@ Reg reduce_finalize(KernelBuilder& b, ReduceKind kind, Reg v, int64_t n);
 // inside); only the final use is guarded.
 void block_reduce(KernelBuilder& b, ReduceKind kind, Reg acc, uint32_t threads,
                   const std::function<void(Reg)>& emit_result);
-// For a grid of `blocks` blocks that each wrote partial results: thread 0 counts its block in
-// (u32 atomic add on `counter`, a zeroed u32, after a membar.gl that publishes the partials), and
-// the block that arrives last runs `finish` with every thread (after a membar.gl), so partials are
+// For a grid of `blocks` blocks whose threads each wrote partial results: after a bar.sync,
+// thread 0 counts its block in (u32 atomic add on `counter`, a zeroed u32, between two
+// membar.gl: release of the block's partials, acquire of the earlier blocks'), and the block
+// that arrives last runs `finish` with every thread (after a second bar.sync), so partials are
 // combined in one launch, in an order fixed by the code, not by scheduling. Every thread calls it.
 void after_last_block(KernelBuilder& b, Reg counter, uint32_t blocks, const std::function<void()>& finish);
 

@@ -66,20 +66,23 @@ void block_reduce(KernelBuilder& b, ReduceKind kind, Reg acc, uint32_t threads,
   });
 }
 
+// The release/acquire chain (PTX memory model): every thread's partials are stored before the
+// first bar.sync; thread 0's membar.gl then releases them all and its atomic publishes the
+// release; the last block's thread 0 reads every earlier release in its atomic and acquires
+// them with the membar.gl after it; the second bar.sync hands them to its block's threads.
 void after_last_block(KernelBuilder& b, Reg counter, uint32_t blocks, const std::function<void()>& finish) {
   Reg tid = b.sreg(SReg::tid_x);
   Reg flag = b.shared_addr(b.shared_array("last_block", 4, 4));
+  b.bar();  // every thread of the block has stored its partials
   b.if_(b.setp(Cmp::eq, tid, imm_u32(0)), [&] {
-    b.membar();  // this block's partials are visible before it counts itself in
+    b.membar();  // release: the block's partials are visible before it counts itself in
     Reg ticket = b.atom_add(Space::global, Type::u32, counter, imm_u32(1));
+    b.membar();  // acquire: the partials of the blocks counted in before this one
     b.st(Space::shared, Type::u32, flag,
          b.selp(Type::u32, imm_u32(1), imm_u32(0), b.setp(Cmp::eq, ticket, imm_u32(blocks - 1))));
   });
   b.bar();
-  b.if_(b.setp(Cmp::ne, b.ld(Space::shared, Type::u32, flag), imm_u32(0)), [&] {
-    b.membar();
-    finish();
-  });
+  b.if_(b.setp(Cmp::ne, b.ld(Space::shared, Type::u32, flag), imm_u32(0)), finish);
 }
 
 namespace {

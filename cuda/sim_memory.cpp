@@ -28,7 +28,7 @@ std::string hex_address(uint64_t v) {
 uint64_t DeviceMemory::alloc(size_t bytes) {
   if (bytes == 0) bytes = 1;
   const uint64_t base = next_;
-  blocks_.emplace(base, std::vector<std::byte>(bytes, kPoison));
+  blocks_.emplace(base, Allocation{std::vector<std::byte>(bytes, kPoison), {}});
   next_ += (bytes + kAlign - 1) / kAlign * kAlign + kGap;
   return base;
 }
@@ -50,20 +50,20 @@ void DeviceMemory::read(uint64_t addr, void* dst, size_t bytes) const {
 std::byte* DeviceMemory::at(uint64_t addr, size_t bytes) {
   auto above = blocks_.upper_bound(addr);
   if (above != blocks_.begin()) {
-    auto& [base, data] = *std::prev(above);
+    auto& [base, a] = *std::prev(above);
     const uint64_t off = addr - base;
-    if (off <= data.size() && bytes <= data.size() - off) return data.data() + off;
+    if (off <= a.bytes.size() && bytes <= a.bytes.size() - off) return a.bytes.data() + off;
   }
   // Name the allocation the access belongs to most likely: the one it starts in or runs past,
   // else the nearest one.
   std::string where = "there are no live allocations";
   const auto below = above == blocks_.begin() ? blocks_.end() : std::prev(above);
-  const uint64_t below_end = below == blocks_.end() ? 0 : below->first + below->second.size();
+  const uint64_t below_end = below == blocks_.end() ? 0 : below->first + below->second.bytes.size();
   const bool use_below =
       below != blocks_.end() && (above == blocks_.end() || addr < below_end || addr - below_end <= above->first - addr);
   const auto near = use_below ? below : above;
   if (near != blocks_.end()) {
-    const uint64_t base = near->first, size = near->second.size();
+    const uint64_t base = near->first, size = near->second.bytes.size();
     where = "allocation " + hex_address(base) + " of " + std::to_string(size) + " bytes";
     if (addr >= base && addr < base + size)
       where = "runs past the end of " + where;
@@ -76,9 +76,20 @@ std::byte* DeviceMemory::at(uint64_t addr, size_t bytes) {
               " outside every live allocation (" + where + ")");
 }
 
+WordWrite* DeviceMemory::write_records(uint64_t addr) {
+  auto& [base, a] = *std::prev(blocks_.upper_bound(addr));
+  if (a.writes.empty()) a.writes.resize((a.bytes.size() + 3) / 4);
+  return a.writes.data() + (addr - base) / 4;
+}
+
+const WordWrite* DeviceMemory::find_write_records(uint64_t addr) const {
+  const auto& [base, a] = *std::prev(blocks_.upper_bound(addr));
+  return a.writes.empty() ? nullptr : a.writes.data() + (addr - base) / 4;
+}
+
 size_t DeviceMemory::live_bytes() const {
   size_t total = 0;
-  for (const auto& [base, data] : blocks_) total += data.size();
+  for (const auto& [base, a] : blocks_) total += a.bytes.size();
   return total;
 }
 

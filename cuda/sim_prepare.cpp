@@ -284,7 +284,7 @@ class Flattener {
         op.aux = static_cast<uint8_t>(in.shfl);
         break;
       case Opc::Ret: op.code = Code::Exit; break;
-      case Opc::Membar: op.code = Code::Fence; break;  // blocks run one after another here
+      case Opc::Membar: op.code = Code::Fence; break;  // orders global memory (simulator.hpp)
     }
     if (op.code == Code::Half) {
       op.aux = static_cast<uint8_t>(in.op);

@@ -1,13 +1,20 @@
-// The SIMT simulator's executor: runs a prepared kernel block by block; within a block each thread
-// runs, in a seeded random order, until it reaches a bar.sync, a shfl.sync or its exit, and then
-// the synchronizations complete. Checks global and shared accesses, divergence and races.
+// The SIMT simulator's executor: keeps several blocks of the grid resident and runs their threads
+// in short segments of seeded random order and length (or, with one resident block, each block's
+// threads in a random order to their next bar.sync, shfl.sync or exit); a block's
+// synchronizations complete once none of its threads can run. Checks global and shared accesses,
+// divergence, and shared- and global-memory races (the ordering model is in simulator.hpp).
 #include "cuda/simulator.hpp"
 
 #include <xmmintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <limits>
+#include <map>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "circuit/error.hpp"
 #include "cuda/sim_internal.hpp"
@@ -27,18 +34,6 @@ constexpr uint32_t kWarp = 32;
 constexpr int64_t kMaxRun = int64_t{1} << 32;
 constexpr std::byte kSharedPoison{0xff};  // unwritten shared memory reads as NaN / all ones
 
-// splitmix64: draws the schedule.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed) {}
-  uint32_t below(uint32_t n) {
-    s_ += 0x9e3779b97f4a7c15ULL;
-    return static_cast<uint32_t>((mix(s_) >> 32) * n >> 32);
-  }
-
- private:
-  uint64_t s_;
-};
 
 // The race detector's record of one shared-memory byte in the current barrier epoch. Two
 // distinct readers suffice: a writer differs from at least one of them.
@@ -90,11 +85,69 @@ void store_elem(std::byte* p, uint64_t v, int size) {  // the low `size` bytes (
   }
 }
 
+// What a thread has seen of other blocks' global writes through release/acquire chains (the
+// simulator's happens-before, see simulator.hpp): per writing block, every write made before
+// that block's `barriers`-th bar.sync, and each listed thread's writes up to its store count.
+struct Frontier {
+  uint32_t barriers = 0;
+  std::vector<std::pair<uint16_t, uint32_t>> threads;  // (thread, stores so far)
+  void join(const Frontier& o) {
+    barriers = std::max(barriers, o.barriers);
+    for (const auto& [t, seq] : o.threads) add_thread(t, seq);
+  }
+  void add_thread(uint16_t t, uint32_t seq) {
+    for (auto& [u, s] : threads)
+      if (u == t) {
+        s = std::max(s, seq);
+        return;
+      }
+    threads.emplace_back(t, seq);
+  }
+  bool covers(const WordWrite& w) const {
+    if (w.barriers < barriers) return true;
+    for (const auto& [u, s] : threads)
+      if (u == w.thread) return w.seq <= s;
+    return false;
+  }
+};
+using Knowledge = std::map<uint64_t, Frontier>;  // writing block -> what of it is visible
+
+void join(Knowledge& into, const Knowledge& from) {
+  for (const auto& [block, f] : from) into[block].join(f);
+}
+
+// One resident block: its threads' registers and states, its shared memory and the race
+// detectors' records.
+struct BlockRun {
+  uint32_t ctaid[3] = {};
+  uint64_t index = 0;  // linear index in the grid
+  std::vector<uint64_t> regs;
+  std::vector<uint32_t> pc;
+  std::vector<State> state;
+  std::vector<int64_t> since_sync;       // instructions since the thread's last synchronization
+  std::vector<uint32_t> ready;           // threads that can run
+  std::vector<uint32_t> warp_waiting;    // per warp: lanes waiting at a shfl.sync
+  std::vector<uint32_t> pending_warps;   // warps with lanes waiting at a shfl.sync
+  uint32_t at_bar = 0;                   // threads waiting at a bar.sync
+  uint32_t barriers = 0;                 // bar.syncs completed
+  uint32_t epoch = 0;                    // shared-race epoch: unique per barrier interval of any block in this slot
+  std::vector<std::byte> shared;
+  std::vector<Shadow> shadow;
+  // Global-memory ordering, per thread: seen (through barriers and acquires), observed by an
+  // atomic but not yet acquired by a fence, released by the last fence, stores so far.
+  std::vector<Knowledge> seen, observed, released;
+  std::vector<uint32_t> stores;
+  bool any_seen = false;  // some thread's `seen` is not empty (barriers merge them)
+  uint64_t rng = 0;
+};
+
+std::atomic<uint64_t> launches{0};
+
 class Executor {
  public:
   Executor(const SimKernel& k, Dim3 grid, Dim3 block, const std::vector<uint64_t>& params, DeviceMemory& mem,
            const SimOptions& options)
-      : k_(k), grid_(grid), block_(block), mem_(mem), options_(options) {
+      : k_(k), grid_(grid), block_(block), mem_(mem), options_(options), launch_(++launches) {
     auto bad = [&](const std::string& why) { throw Error("simulator: cannot launch kernel '" + k.name + "': " + why); };
     if (params.size() != k.param_types.size())
       bad("it takes " + std::to_string(k.param_types.size()) + " parameters, " + std::to_string(params.size()) +
@@ -107,107 +160,191 @@ class Executor {
     }
     nthreads_ = static_cast<uint32_t>(block.count());
     nslots_ = static_cast<uint32_t>(k.init.size());
-    regs_.resize(size_t{nthreads_} * nslots_);
-    pc_.resize(nthreads_);
-    state_.resize(nthreads_);
-    warp_waiting_.resize((nthreads_ + kWarp - 1) / kWarp);
-    shared_.resize(static_cast<size_t>(k.shared_bytes));
-    if (options.check_races) shadow_.resize(shared_.size());
+    const uint64_t resident = std::clamp<uint64_t>(options.resident_blocks, 1, grid.count());
+    slots_.resize(static_cast<size_t>(resident));
+    for (BlockRun& b : slots_) {
+      b.regs.resize(size_t{nthreads_} * nslots_);
+      b.pc.resize(nthreads_);
+      b.state.resize(nthreads_);
+      b.since_sync.resize(nthreads_);
+      b.warp_waiting.resize((nthreads_ + kWarp - 1) / kWarp);
+      b.shared.resize(static_cast<size_t>(k.shared_bytes));
+      if (options.check_races) {
+        b.shadow.resize(b.shared.size());
+        b.seen.resize(nthreads_);
+        b.observed.resize(nthreads_);
+        b.released.resize(nthreads_);
+      }
+      b.stores.resize(nthreads_);
+    }
   }
 
+  // Admits blocks in grid order as slots free up (as a GPU's block scheduler roughly does) and
+  // runs the resident ones: one after another when there is one slot, else a seeded random
+  // block's random ready thread for a segment of 1 to kSegment instructions at a time.
   SimStats run() {
-    for (uint32_t z = 0; z < grid_.z; ++z)
-      for (uint32_t y = 0; y < grid_.y; ++y)
-        for (uint32_t x = 0; x < grid_.x; ++x) {
-          ctaid_[0] = x, ctaid_[1] = y, ctaid_[2] = z;
-          run_block();
-        }
+    const uint64_t total = grid_.count();
+    uint64_t next = 0;
+    std::vector<size_t> active;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      admit(slots_[i], next++);
+      active.push_back(i);
+    }
+    const bool interleave = slots_.size() > 1;
+    uint64_t pick = mix(options_.schedule_seed) ^ 0x5bd1e995;
+    while (!active.empty()) {
+      size_t which = 0;
+      if (interleave) {
+        pick += 0x9e3779b97f4a7c15ULL;
+        which = static_cast<size_t>((mix(pick) >> 32) * active.size() >> 32);
+      }
+      BlockRun& b = slots_[active[which]];
+      cur_ = &b;
+      if (step(b, interleave)) continue;
+      if (next < total) {
+        admit(b, next++);
+      } else {
+        active[which] = active.back();
+        active.pop_back();
+      }
+    }
     return stats_;
   }
 
  private:
-  void run_block() {
-    std::fill(shared_.begin(), shared_.end(), kSharedPoison);
-    ++epoch_;
+  static constexpr uint32_t kSegment = 32;
+
+  uint32_t below(BlockRun& b, uint32_t n) {
+    b.rng += 0x9e3779b97f4a7c15ULL;
+    return static_cast<uint32_t>((mix(b.rng) >> 32) * n >> 32);
+  }
+
+  void admit(BlockRun& b, uint64_t index) {
+    b.index = index;
+    b.ctaid[0] = static_cast<uint32_t>(index % grid_.x);
+    b.ctaid[1] = static_cast<uint32_t>(index / grid_.x % grid_.y);
+    b.ctaid[2] = static_cast<uint32_t>(index / (uint64_t{grid_.x} * grid_.y));
+    std::fill(b.shared.begin(), b.shared.end(), kSharedPoison);
+    b.epoch = ++epochs_;
+    b.barriers = 0;
+    b.at_bar = 0;
+    b.ready.clear();
+    b.pending_warps.clear();
+    std::fill(b.warp_waiting.begin(), b.warp_waiting.end(), 0);
     for (uint32_t t = 0; t < nthreads_; ++t) {
-      std::copy(k_.init.begin(), k_.init.end(), regs_.begin() + size_t{t} * nslots_);
-      pc_[t] = 0;
-      state_[t] = State::ready;
-      ready_.push_back(t);
+      std::copy(k_.init.begin(), k_.init.end(), b.regs.begin() + size_t{t} * nslots_);
+      b.pc[t] = 0;
+      b.state[t] = State::ready;
+      b.since_sync[t] = 0;
+      b.stores[t] = 0;
+      b.ready.push_back(t);
     }
-    const uint64_t block_index = (uint64_t{ctaid_[2]} * grid_.y + ctaid_[1]) * grid_.x + ctaid_[0];
-    Rng rng(mix(options_.schedule_seed) ^ mix(block_index + 0x51ed2701));
-    for (;;) {
-      for (size_t i = ready_.size(); i > 1; --i) std::swap(ready_[i - 1], ready_[rng.below(static_cast<uint32_t>(i))]);
-      for (uint32_t t : ready_) run_thread(t);
-      ready_.clear();
-      // Every thread now waits or has exited: complete the shuffles, then the barrier.
-      std::sort(pending_warps_.begin(), pending_warps_.end());  // errors name the first warp, whatever the schedule
-      for (uint32_t w : pending_warps_) complete_shuffle(w);
-      pending_warps_.clear();
-      if (!ready_.empty()) continue;
-      if (at_bar_ == 0) return;  // all exited
+    if (options_.check_races)
+      for (uint32_t t = 0; t < nthreads_; ++t) {
+        b.seen[t].clear();
+        b.observed[t].clear();
+        b.released[t].clear();
+      }
+    b.any_seen = false;
+    b.rng = mix(options_.schedule_seed) ^ mix(index + 0x51ed2701);
+  }
+
+  // Runs some of block b; false once every thread of it has exited.
+  bool step(BlockRun& b, bool interleave) {
+    if (b.ready.empty()) {
+      // Every thread waits or has exited: complete the shuffles, then the barrier.
+      std::sort(b.pending_warps.begin(), b.pending_warps.end());  // errors name the first warp, whatever the schedule
+      for (uint32_t w : b.pending_warps) complete_shuffle(w);
+      b.pending_warps.clear();
+      if (!b.ready.empty()) return true;
+      if (b.at_bar == 0) return false;  // all exited
       complete_barrier();
+      return true;
     }
+    if (!interleave) {  // each ready thread, in a random order, to its next synchronization
+      for (size_t i = b.ready.size(); i > 1; --i) std::swap(b.ready[i - 1], b.ready[below(b, static_cast<uint32_t>(i))]);
+      const std::vector<uint32_t> run = std::move(b.ready);
+      b.ready.clear();
+      for (uint32_t t : run) run_thread(t, std::numeric_limits<int64_t>::max());
+      return true;
+    }
+    const uint32_t i = below(b, static_cast<uint32_t>(b.ready.size()));
+    const uint32_t t = b.ready[i];
+    if (!run_thread(t, 1 + below(b, kSegment))) {
+      b.ready[i] = b.ready.back();
+      b.ready.pop_back();
+    }
+    return true;
   }
 
   void complete_shuffle(uint32_t w) {
+    BlockRun& b = *cur_;
     const uint32_t first = w * kWarp;
-    if (nthreads_ - first < kWarp || warp_waiting_[w] != kWarp) fail_divergent_shuffle(w);
+    if (nthreads_ - first < kWarp || b.warp_waiting[w] != kWarp) fail_divergent_shuffle(w);
     for (uint32_t l = 1; l < kWarp; ++l)
-      if (pc_[first + l] != pc_[first]) fail_divergent_shuffle(w);
-    warp_waiting_[w] = 0;
-    const Op& op = k_.code[pc_[first]];
+      if (b.pc[first + l] != b.pc[first]) fail_divergent_shuffle(w);
+    b.warp_waiting[w] = 0;
+    const Op& op = k_.code[b.pc[first]];
     uint32_t value[kWarp];
     for (uint32_t l = 0; l < kWarp; ++l) value[l] = static_cast<uint32_t>(reg(first + l)[op.a]);
     // PTX's shfl.sync: c packs the clamp value (bits 0-4) and the segment mask (bits 8-12).
     for (uint32_t l = 0; l < kWarp; ++l) {
       uint64_t* r = reg(first + l);
-      const auto b = static_cast<int32_t>(r[op.b] & 31), c = static_cast<int32_t>(r[op.c]);
+      const auto bl = static_cast<int32_t>(r[op.b] & 31), c = static_cast<int32_t>(r[op.c]);
       const int32_t seg = (c >> 8) & 31, max_lane = (static_cast<int32_t>(l) & seg) | (c & 31 & ~seg);
       const int32_t min_lane = static_cast<int32_t>(l) & seg, lane = static_cast<int32_t>(l);
       int32_t j = lane;
       bool ok = false;
       switch (static_cast<kir::ShflMode>(op.aux)) {
         case kir::ShflMode::up:
-          j = lane - b;
+          j = lane - bl;
           ok = j >= max_lane;
           break;
         case kir::ShflMode::down:
-          j = lane + b;
+          j = lane + bl;
           ok = j <= max_lane;
           break;
         case kir::ShflMode::bfly:
-          j = lane ^ b;
+          j = lane ^ bl;
           ok = j <= max_lane;
           break;
         case kir::ShflMode::idx:
-          j = min_lane | (b & ~seg);
+          j = min_lane | (bl & ~seg);
           ok = j <= max_lane;
           break;
       }
       r[op.d] = value[ok ? j : lane];
-      ++pc_[first + l];
-      state_[first + l] = State::ready;
-      ready_.push_back(first + l);
+      ++b.pc[first + l];
+      b.state[first + l] = State::ready;
+      b.since_sync[first + l] = 0;
+      b.ready.push_back(first + l);
     }
   }
 
   void complete_barrier() {
-    if (at_bar_ != nthreads_) fail_divergent_barrier();
+    BlockRun& b = *cur_;
+    if (b.at_bar != nthreads_) fail_divergent_barrier();
     for (uint32_t t = 1; t < nthreads_; ++t)
-      if (pc_[t] != pc_[0]) fail_divergent_barrier();
+      if (b.pc[t] != b.pc[0]) fail_divergent_barrier();
     for (uint32_t t = 0; t < nthreads_; ++t) {
-      ++pc_[t];
-      state_[t] = State::ready;
-      ready_.push_back(t);
+      ++b.pc[t];
+      b.state[t] = State::ready;
+      b.since_sync[t] = 0;
+      b.ready.push_back(t);
     }
-    at_bar_ = 0;
-    ++epoch_;
+    // What any thread of the block has seen of other blocks, every thread has seen now.
+    if (options_.check_races && b.any_seen) {
+      Knowledge all;
+      for (uint32_t t = 0; t < nthreads_; ++t) join(all, b.seen[t]);
+      for (uint32_t t = 0; t < nthreads_; ++t) b.seen[t] = all;
+    }
+    b.at_bar = 0;
+    ++b.barriers;
+    b.epoch = ++epochs_;
     ++stats_.barriers;
   }
 
-  uint64_t* reg(uint32_t t) { return regs_.data() + size_t{t} * nslots_; }
+  uint64_t* reg(uint32_t t) { return cur_->regs.data() + size_t{t} * nslots_; }
 
   uint32_t sreg(uint32_t t, kir::SReg s) const {
     switch (s) {
@@ -217,9 +354,9 @@ class Executor {
       case kir::SReg::ntid_x: return block_.x;
       case kir::SReg::ntid_y: return block_.y;
       case kir::SReg::ntid_z: return block_.z;
-      case kir::SReg::ctaid_x: return ctaid_[0];
-      case kir::SReg::ctaid_y: return ctaid_[1];
-      case kir::SReg::ctaid_z: return ctaid_[2];
+      case kir::SReg::ctaid_x: return cur_->ctaid[0];
+      case kir::SReg::ctaid_y: return cur_->ctaid[1];
+      case kir::SReg::ctaid_z: return cur_->ctaid[2];
       case kir::SReg::nctaid_x: return grid_.x;
       case kir::SReg::nctaid_y: return grid_.y;
       case kir::SReg::nctaid_z: return grid_.z;
@@ -228,8 +365,9 @@ class Executor {
     return 0;
   }
 
-  // Runs thread t until it waits at a bar.sync or shfl.sync, or exits.
-  void run_thread(uint32_t t);
+  // Runs thread t for at most `budget` instructions, until it waits at a bar.sync or shfl.sync,
+  // or exits; true when it can run on.
+  bool run_thread(uint32_t t, int64_t budget);
 
   std::byte* global(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes, const char* what) {
     if (addr % bytes)
@@ -245,18 +383,74 @@ class Executor {
     }
   }
 
+  // A global load by thread t of bytes another thread wrote in this launch must be ordered
+  // after that write (simulator.hpp): else a global-memory race.
+  void check_global_read(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes) {
+    const BlockRun& b = *cur_;
+    const uint64_t first = addr & ~uint64_t{3};
+    const WordWrite* records = mem_.find_write_records(first);
+    if (!records) return;
+    for (uint64_t a = first; a < addr + bytes; a += 4) {
+      const WordWrite& w = records[(a - first) / 4];
+      if (w.launch != launch_) continue;
+      if (w.block == b.index) {
+        if (w.thread != t && w.barriers == b.barriers) fail_global_race(t, pc, a, w, "with no bar.sync in between");
+        continue;
+      }
+      const auto it = b.seen[t].find(w.block);
+      if (it == b.seen[t].end() || !it->second.covers(w))
+        fail_global_race(t, pc, a, w,
+                         "with nothing ordering the write before the read (the writer's bar.sync, membar.gl and an "
+                         "atomic, then this block's atomic on that word and membar.gl)");
+    }
+  }
+
+  void record_global_write(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes) {
+    BlockRun& b = *cur_;
+    const uint32_t seq = ++b.stores[t];
+    const uint64_t first = addr & ~uint64_t{3};
+    WordWrite* records = mem_.write_records(first);
+    for (uint64_t a = first; a < addr + bytes; a += 4)
+      records[(a - first) / 4] = WordWrite{launch_, b.index, b.barriers, seq, pc, static_cast<uint16_t>(t)};
+  }
+
+  // membar.gl (fence.sc.gpu): acquires what the thread's atomics observed, and releases what it
+  // has seen, its block's writes before its last bar.sync and its own writes.
+  void fence(uint32_t t) {
+    BlockRun& b = *cur_;
+    if (!b.observed[t].empty()) {
+      join(b.seen[t], b.observed[t]);
+      b.observed[t].clear();
+      b.any_seen = true;
+    }
+    b.released[t] = b.seen[t];
+    Frontier& own = b.released[t][b.index];
+    own.barriers = b.barriers;
+    own.add_thread(static_cast<uint16_t>(t), b.stores[t]);
+  }
+
+  // An atomic on the word at addr: it observes the releases made there so far (the read of a
+  // read-modify-write) and adds the thread's own (when a fence preceded it).
+  void atomic_sync(uint32_t t, uint64_t addr) {
+    BlockRun& b = *cur_;
+    Knowledge& word = sync_[addr & ~uint64_t{3}];
+    join(b.observed[t], word);
+    join(word, b.released[t]);
+  }
+
   std::byte* shared(uint32_t t, uint32_t pc, uint64_t raw, uint32_t bytes, const char* what, Access kind) {
     const auto addr = static_cast<uint32_t>(raw);  // shared addresses are 32-bit
-    if (uint64_t{addr} + bytes > shared_.size())
+    const auto size = cur_->shared.size();
+    if (uint64_t{addr} + bytes > size)
       fail(t, pc,
            std::string("out-of-bounds shared ") + what + " of " + std::to_string(bytes) + " bytes at offset " +
-               hex_address(addr) + " (the block's shared memory is " + std::to_string(shared_.size()) + " bytes)");
+               hex_address(addr) + " (the block's shared memory is " + std::to_string(size) + " bytes)");
     if (addr % bytes)
       fail(t, pc,
            std::string("misaligned shared ") + what + " of " + std::to_string(bytes) + " bytes at offset " +
                hex_address(addr));
     if (options_.check_races) check_race(t, pc, addr, bytes, kind);
-    return shared_.data() + addr;
+    return cur_->shared.data() + addr;
   }
 
   void check_race(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes, Access kind) {
@@ -274,9 +468,10 @@ class Executor {
         }
       }
     };
+    const uint32_t epoch = cur_->epoch;
     for (uint32_t a = addr; a < addr + bytes; ++a) {
-      Shadow& s = shadow_[a];
-      if (s.epoch != epoch_) s = Shadow{.epoch = epoch_};
+      Shadow& s = cur_->shadow[a];
+      if (s.epoch != epoch) s = Shadow{.epoch = epoch};
       if (s.writer >= 0 && s.writer != me) fail_race(t, pc, kind, a, s.writer, s.writer_pc, Access::write);
       if (kind != Access::atomic)
         if (int i = other(s.atomic); i >= 0) fail_race(t, pc, kind, a, s.atomic[i], s.atomic_pc[i], Access::atomic);
@@ -299,7 +494,11 @@ class Executor {
   std::string thread_name(uint32_t t) const {
     return coords(sreg(t, kir::SReg::tid_x), sreg(t, kir::SReg::tid_y), sreg(t, kir::SReg::tid_z));
   }
-  std::string where() const { return "in kernel '" + k_.name + "', block " + coords(ctaid_[0], ctaid_[1], ctaid_[2]); }
+  std::string block_name(uint64_t index) const {
+    return coords(static_cast<uint32_t>(index % grid_.x), static_cast<uint32_t>(index / grid_.x % grid_.y),
+                  static_cast<uint32_t>(index / (uint64_t{grid_.x} * grid_.y)));
+  }
+  std::string where() const { return "in kernel '" + k_.name + "', block " + block_name(cur_->index); }
 
   [[noreturn]] void fail(uint32_t t, uint32_t pc, const std::string& what) const {
     throw Error("simulator: " + what + " " + where() + ", thread " + thread_name(t) + ": " + k_.text[pc]);
@@ -316,8 +515,19 @@ class Executor {
                 ": " + k_.text[pc] + "; thread " + thread_name(o) + ": " + k_.text[other_pc]);
   }
 
+  [[noreturn]] void fail_global_race(uint32_t t, uint32_t pc, uint64_t addr, const WordWrite& w,
+                                     const std::string& why) const {
+    const bool same_block = w.block == cur_->index;
+    throw Error(std::string("simulator: ") + (same_block ? "global-memory race" : "cross-block race") + " " + where() +
+                ": thread " + thread_name(t) + " reads global word " + hex_address(addr) + " that block " +
+                block_name(w.block) + " thread " + thread_name(w.thread) + " wrote in this launch " + why +
+                "; reader: " + k_.text[pc] + "; writer: " + k_.text[w.pc]);
+  }
+
   // What a thread does when no thread can run: it exited or waits at a synchronization.
-  std::string status(uint32_t t) const { return state_[t] == State::exited ? "exited" : "wait at " + k_.text[pc_[t]]; }
+  std::string status(uint32_t t) const {
+    return cur_->state[t] == State::exited ? "exited" : "wait at " + k_.text[cur_->pc[t]];
+  }
 
   // "threads (0,0,0)..(9,0,0) wait at ...; thread (10,0,0) exited": consecutive threads of
   // [begin, end) grouped by what they do, at most a few groups.
@@ -356,19 +566,13 @@ class Executor {
   const Dim3 grid_, block_;
   DeviceMemory& mem_;
   const SimOptions options_;
+  const uint64_t launch_;         // this launch's id (write records of others are stale)
   std::vector<uint64_t> params_;  // masked to their types' widths
   uint32_t nthreads_ = 0, nslots_ = 0;
-  uint32_t ctaid_[3] = {};
-  std::vector<uint64_t> regs_;  // nthreads_ register files of nslots_ slots
-  std::vector<uint32_t> pc_;
-  std::vector<State> state_;
-  std::vector<uint32_t> ready_;          // threads to run this round
-  std::vector<uint32_t> warp_waiting_;   // per warp: lanes waiting at a shfl.sync
-  std::vector<uint32_t> pending_warps_;  // warps with lanes waiting at a shfl.sync
-  uint32_t at_bar_ = 0;                  // threads waiting at a bar.sync
-  std::vector<std::byte> shared_;
-  std::vector<Shadow> shadow_;
-  uint32_t epoch_ = 0;  // barrier epochs (and blocks) so far
+  std::vector<BlockRun> slots_;  // resident blocks
+  BlockRun* cur_ = nullptr;      // the block being run
+  uint32_t epochs_ = 0;          // shared-race epochs handed out
+  std::unordered_map<uint64_t, Knowledge> sync_;  // per atomically updated word: the releases made there
   SimStats stats_;
 };
 
@@ -388,33 +592,43 @@ class Executor {
   case static_cast<Code>(static_cast<int>(first) + 4): r[op.d] = get(a) > get(b); break;  \
   case static_cast<Code>(static_cast<int>(first) + 5): r[op.d] = get(a) >= get(b); break;
 
-void Executor::run_thread(uint32_t t) {
+bool Executor::run_thread(uint32_t t, int64_t budget) {
+  BlockRun& blk = *cur_;
   const Op* const code = k_.code.data();
   const uint32_t* const vslots = k_.vslots.data();
   uint64_t* const r = reg(t);
-  uint32_t pc = pc_[t];
+  const bool races = options_.check_races;
+  uint32_t pc = blk.pc[t];
   int64_t n = 0;
+  bool runs_on = false;
   for (;;) {
+    if (n == budget) {
+      runs_on = true;
+      break;
+    }
     const Op& op = code[pc];
     ++n;
     switch (op.code) {
       case Code::Bra:
-        if (n > kMaxRun)
-          fail(t, pc, "runaway thread (" + std::to_string(n) + " instructions without a synchronization)");
+        if (blk.since_sync[t] + n > kMaxRun)
+          fail(t, pc,
+               "runaway thread (" + std::to_string(blk.since_sync[t] + n) + " instructions without a synchronization)");
         pc = static_cast<uint32_t>(op.imm);
         continue;
       case Code::BrTrue: pc = r[op.a] ? static_cast<uint32_t>(op.imm) : pc + 1; continue;
       case Code::BrFalse: pc = r[op.a] ? pc + 1 : static_cast<uint32_t>(op.imm); continue;
-      case Code::Exit: state_[t] = State::exited; goto stop;
+      case Code::Exit: blk.state[t] = State::exited; goto stop;
       case Code::Bar:
-        state_[t] = State::at_bar;
-        ++at_bar_;
+        blk.state[t] = State::at_bar;
+        ++blk.at_bar;
         goto stop;
       case Code::Shfl:
-        state_[t] = State::at_shfl;
-        if (warp_waiting_[t / kWarp]++ == 0) pending_warps_.push_back(t / kWarp);
+        blk.state[t] = State::at_shfl;
+        if (blk.warp_waiting[t / kWarp]++ == 0) blk.pending_warps.push_back(t / kWarp);
         goto stop;
-      case Code::Fence: break;
+      case Code::Fence:
+        if (races) fence(t);
+        break;
       case Code::Mov: r[op.d] = r[op.a]; break;
       case Code::Selp: r[op.d] = r[op.c] ? r[op.a] : r[op.b]; break;
       case Code::LdParam: r[op.d] = params_[static_cast<size_t>(op.imm)]; break;
@@ -517,12 +731,16 @@ void Executor::run_thread(uint32_t t) {
       case Code::CvtF32S32: W32(float_to_int<int32_t>(F32(a))); break;
       case Code::Cvt: r[op.d] = convert(U64(a), static_cast<Type>(op.aux), static_cast<Type>(op.size)); break;
       case Code::LdG: {
-        const std::byte* p = global(t, pc, U64(a) + static_cast<uint64_t>(op.imm), uint32_t{op.size} * op.aux, "load");
+        const uint64_t addr = U64(a) + static_cast<uint64_t>(op.imm);
+        const std::byte* p = global(t, pc, addr, uint32_t{op.size} * op.aux, "load");
+        if (races) check_global_read(t, pc, addr, uint32_t{op.size} * op.aux);
         for (int i = 0; i < op.aux; ++i) r[vslots[op.b + i]] = load_elem(p + i * op.size, op.size);
         break;
       }
       case Code::StG: {
-        std::byte* p = global(t, pc, U64(a) + static_cast<uint64_t>(op.imm), uint32_t{op.size} * op.aux, "store");
+        const uint64_t addr = U64(a) + static_cast<uint64_t>(op.imm);
+        std::byte* p = global(t, pc, addr, uint32_t{op.size} * op.aux, "store");
+        if (races) record_global_write(t, pc, addr, uint32_t{op.size} * op.aux);
         for (int i = 0; i < op.aux; ++i) store_elem(p + i * op.size, r[vslots[op.b + i]], op.size);
         break;
       }
@@ -543,6 +761,7 @@ void Executor::run_thread(uint32_t t) {
         const uint64_t addr = U64(a) + static_cast<uint64_t>(op.imm);
         std::byte* p = op.code == Code::AtomG ? global(t, pc, addr, 4, "atomic add")
                                               : shared(t, pc, addr, 4, "atomic add", Access::atomic);
+        if (races && op.code == Code::AtomG) atomic_sync(t, addr);
         const auto old = static_cast<uint32_t>(load_elem(p, 4));
         const uint32_t sum = op.aux ? std::bit_cast<uint32_t>(std::bit_cast<float>(old) + F32(b)) : old + U32(b);
         store_elem(p, sum, 4);
@@ -552,9 +771,11 @@ void Executor::run_thread(uint32_t t) {
     }
     ++pc;
   }
-stop:  // at a synchronization (pc stays on it until it completes) or exited
-  pc_[t] = pc;
+stop:  // at a synchronization (pc stays on it until it completes) or exited, or out of budget
+  blk.pc[t] = pc;
+  blk.since_sync[t] = runs_on ? blk.since_sync[t] + n : 0;
   stats_.instructions += n;
+  return runs_on;
 }
 
 #undef U32

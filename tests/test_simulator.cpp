@@ -456,6 +456,29 @@ TEST(SimulatorSchedule, SeedsVaryTheThreadOrder) {
   EXPECT_FALSE(std::is_sorted(a.begin(), a.begin() + 32));
 }
 
+// Tickets over a grid: with several blocks resident their threads interleave (a block's tickets
+// are not one run), with one they do not.
+TEST(SimulatorSchedule, ResidentBlocksInterleave) {
+  KernelBuilder b("grid_tickets");
+  Reg counter = b.param("counter", Type::u64), out = b.param("out", Type::u64);
+  Reg t = b.atom_add(Space::global, Type::u32, counter, imm_u32(1));
+  Reg id = b.mad(Type::u32, b.sreg(SReg::ctaid_x), imm_u32(64), b.sreg(SReg::tid_x));
+  b.st(Space::global, Type::u32, b.address(out, id, 4), t);
+  const Kernel k = b.finish();
+  for (uint32_t resident : {1u, 4u}) {
+    DeviceMemory mem;
+    const uint64_t c = upload(mem, std::vector<uint32_t>{0}), o = mem.alloc(4 * 64 * 4);
+    simulate(k, {4}, {64}, {c, o}, mem, SimOptions{.resident_blocks = resident});
+    const auto tickets = download<uint32_t>(mem, o, 4 * 64);
+    // Block 0's tickets are 0..63 exactly when it ran alone.
+    const uint32_t block0_max = *std::max_element(tickets.begin(), tickets.begin() + 64);
+    if (resident == 1)
+      EXPECT_EQ(block0_max, 63u);
+    else
+      EXPECT_GT(block0_max, 63u) << "block 0 ran to its end before any other block started";
+  }
+}
+
 TEST(SimulatorSchedule, CorrectKernelsAgreeAcrossSeeds) {
   const auto prepared = prepare(block_reduce_kernel(256));
   const auto x = test_inputs(5000);  // not integers: the result depends on the order of the tree only

@@ -1,6 +1,8 @@
 // The planted bugs the SIMT simulator must catch, each reported with the kernel, the
 // instruction and the threads: out-of-bounds and misaligned accesses, shared-memory races
-// (across and within a warp), divergent shuffles and barriers, and bad launches.
+// (across and within a warp), global-memory races (within a block, and across blocks: the
+// "last block combines the partials" pattern with its barrier or its acquire missing),
+// divergent shuffles and barriers, and bad launches.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -78,6 +80,96 @@ TEST(SimulatorBugs, SharedMemoryRaceWithoutBarrier) {
       simulate(neighbour_kernel(false, threads), {1}, {threads}, {o}, mem,
                {.schedule_seed = seed, .check_races = false});
     }
+  }
+}
+
+// "The last block to arrive combines every block's partials" (cuda/lower_reduce.cpp's
+// after_last_block) in three variants: every thread stores a partial; thread 0 counts the block
+// in with membar.gl + atom.add; the last block's threads read every partial of their column.
+enum class LastBlock {
+  Correct,              // bar.sync, membar.gl, atom.add, membar.gl, bar.sync
+  NoBarrierBeforeRelease,  // kiln's first version: thread 0 releases before the others stored
+  NoAcquire,            // the atomic is not followed by thread 0's membar.gl before the bar.sync
+};
+
+Kernel last_block_kernel(LastBlock variant, uint32_t threads, uint32_t blocks) {
+  KernelBuilder b("last_block");
+  Reg part = b.param("partials", Type::u64), counter = b.param("counter", Type::u64), out = b.param("out", Type::u64);
+  Reg tid = b.sreg(SReg::tid_x), blk = b.sreg(SReg::ctaid_x);
+  Reg mine = b.mad(Type::u32, blk, imm_u32(threads), tid);
+  b.st(Space::global, Type::f32, b.address(part, mine, 4), b.cvt(Type::f32, mine));
+  Reg flag = b.shared_addr(b.shared_array("last", 4, 4));
+  if (variant != LastBlock::NoBarrierBeforeRelease) b.bar();
+  b.if_(b.setp(Cmp::eq, tid, imm_u32(0)), [&] {
+    b.membar();
+    Reg ticket = b.atom_add(Space::global, Type::u32, counter, imm_u32(1));
+    if (variant != LastBlock::NoAcquire) b.membar();
+    b.st(Space::shared, Type::u32, flag,
+         b.selp(Type::u32, imm_u32(1), imm_u32(0), b.setp(Cmp::eq, ticket, imm_u32(blocks - 1))));
+  });
+  b.bar();
+  b.if_(b.setp(Cmp::ne, b.ld(Space::shared, Type::u32, flag), imm_u32(0)), [&] {
+    if (variant == LastBlock::NoAcquire) b.membar();  // each thread's own fence acquires nothing
+    Reg sum = b.mov(Type::f32, imm_f32(0.0f));
+    b.for_(imm_u32(0), imm_u32(blocks), imm_u32(1), [&](Reg j) {
+      Reg v = b.ld(Space::global, Type::f32, b.address(part, b.mad(Type::u32, j, imm_u32(threads), tid), 4));
+      b.set(sum, b.add(Type::f32, sum, v));
+    });
+    b.st(Space::global, Type::f32, b.address(out, tid, 4), sum);
+  });
+  return b.finish();
+}
+
+TEST(SimulatorBugs, LastBlockWithoutABarrierBeforeTheReleaseIsACrossBlockRace) {
+  const uint32_t threads = 64, blocks = 5;
+  for (uint32_t resident : {1u, 8u}) {  // the ordering model does not depend on the schedule
+    for (uint64_t seed : {1, 2}) {
+      for (LastBlock variant : {LastBlock::NoBarrierBeforeRelease, LastBlock::NoAcquire, LastBlock::Correct}) {
+        DeviceMemory mem;
+        const uint64_t part = mem.alloc(threads * blocks * 4), counter = upload(mem, std::vector<uint32_t>{0}),
+                       out = mem.alloc(threads * 4);
+        auto run = [&] {
+          simulate(last_block_kernel(variant, threads, blocks), {blocks}, {threads}, {part, counter, out}, mem,
+                   {.schedule_seed = seed, .resident_blocks = resident});
+        };
+        if (variant != LastBlock::Correct) {
+          expect_error(run, {"cross-block race", "kernel 'last_block'", "reads global word", "that block (",
+                             "nothing ordering the write before the read", "reader: ld.f32", "writer: st.f32"});
+          continue;
+        }
+        run();
+        const auto v = download<float>(mem, out, threads);
+        for (uint32_t t = 0; t < threads; ++t) {
+          float want = 0;
+          for (uint32_t j = 0; j < blocks; ++j) want += static_cast<float>(j * threads + t);
+          ASSERT_EQ(v[t], want) << "thread " << t;
+        }
+      }
+    }
+  }
+}
+
+// Within a block, a thread that reads another's global store needs a bar.sync in between.
+TEST(SimulatorBugs, GlobalMemoryRaceWithinABlock) {
+  for (bool barrier : {false, true}) {
+    KernelBuilder b(barrier ? "neighbour_global" : "neighbour_global_racy");
+    Reg buf_p = b.param("buf", Type::u64), out = b.param("out", Type::u64);
+    Reg tid = b.sreg(SReg::tid_x);
+    b.st(Space::global, Type::u32, b.address(buf_p, tid, 4), tid);
+    if (barrier) b.bar();
+    Reg next = b.rem(Type::u32, b.add(Type::u32, tid, imm_u32(1)), imm_u32(64));
+    b.st(Space::global, Type::u32, b.address(out, tid, 4), b.ld(Space::global, Type::u32, b.address(buf_p, next, 4)));
+    const Kernel k = b.finish();
+    DeviceMemory mem;
+    const uint64_t buf = mem.alloc(64 * 4), o = mem.alloc(64 * 4);
+    if (!barrier) {
+      expect_error([&] { simulate(k, {1}, {64}, {buf, o}, mem); },
+                   {"global-memory race", "block (0,0,0)", "with no bar.sync in between"});
+      continue;
+    }
+    simulate(k, {1}, {64}, {buf, o}, mem);
+    const auto v = download<uint32_t>(mem, o, 64);
+    for (uint32_t t = 0; t < 64; ++t) ASSERT_EQ(v[t], (t + 1) % 64);
   }
 }
 

@@ -37,9 +37,23 @@ constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
 constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
 constexpr CUresult CUDA_ERROR_INVALID_IMAGE = 200;
+constexpr CUresult CUDA_ERROR_INVALID_CONTEXT = 201;
 constexpr CUresult CUDA_ERROR_INVALID_HANDLE = 400;
+// Kernel faults: the context is lost, and every later call in the process fails (sticky).
+constexpr CUresult CUDA_ERROR_ILLEGAL_ADDRESS = 700;
+constexpr CUresult CUDA_ERROR_LAUNCH_TIMEOUT = 702;
+constexpr CUresult CUDA_ERROR_HARDWARE_STACK_ERROR = 714;
+constexpr CUresult CUDA_ERROR_ILLEGAL_INSTRUCTION = 715;
+constexpr CUresult CUDA_ERROR_MISALIGNED_ADDRESS = 716;
+constexpr CUresult CUDA_ERROR_INVALID_PC = 718;
 constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
 constexpr CUresult CUDA_ERROR_LAUNCH_FAILED = 719;
+// Whether r leaves the context unusable (the CUDA driver's sticky errors).
+constexpr bool cu_error_is_sticky(CUresult r) {
+  return r == CUDA_ERROR_ILLEGAL_ADDRESS || r == CUDA_ERROR_LAUNCH_TIMEOUT || r == CUDA_ERROR_HARDWARE_STACK_ERROR ||
+         r == CUDA_ERROR_ILLEGAL_INSTRUCTION || r == CUDA_ERROR_MISALIGNED_ADDRESS || r == CUDA_ERROR_INVALID_PC ||
+         r == CUDA_ERROR_LAUNCH_FAILED;
+}
 constexpr CUresult CUDA_ERROR_INVALID_PTX = 218;
 
 constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;

@@ -123,6 +123,10 @@ struct FakeDevice {
   int64_t graph_launches = 0;
   std::optional<std::string> fail_next_jit;
   std::string last_error;
+  // After a kernel fault the context is lost, as on a GPU: every later call (but the device
+  // queries) fails with this code until fake_driver_recover() (a new process, for tests).
+  CUresult sticky = CUDA_SUCCESS;
+  std::string sticky_message;
   uintptr_t last_handle = 0x1000;
 
   uintptr_t new_handle() { return last_handle += 0x10; }  // distinct across handle kinds
@@ -151,13 +155,29 @@ uintptr_t from_handle(Handle h) {
 
 const CUcontext kPrimaryContext = to_handle<CUcontext>(0xC0);
 
-// Runs one entry point: locks the device, requires cuInit, and turns exceptions (the device
-// memory's bounds and double-free checks throw kiln::Error) into failed results.
+// The calling thread's current context, as the driver keeps one per thread: a thread that
+// never made the context current gets CUDA_ERROR_INVALID_CONTEXT.
+thread_local CUcontext current_context = nullptr;
+
+// Device queries and context management work without a current context, and after a fault.
+bool context_free(const char* fn) {
+  return std::strncmp(fn, "cuDevice", 8) == 0 || std::strcmp(fn, "cuCtxSetCurrent") == 0;
+}
+
+// Runs one entry point: locks the device, requires cuInit, a current context and a context
+// not lost to a fault, and turns exceptions (the device memory's bounds and double-free checks
+// throw kiln::Error) into failed results.
 template <typename Body>
 CUresult entry(const char* fn, Body&& body) {
   FakeDevice& d = device();
   std::lock_guard<std::mutex> lock(d.mu);
   if (!d.initialized) return fail(CUDA_ERROR_NOT_INITIALIZED, std::string(fn) + ": cuInit has not been called");
+  if (!context_free(fn)) {
+    if (d.sticky != CUDA_SUCCESS) return fail(d.sticky, std::string(fn) + ": " + d.sticky_message);
+    if (current_context == nullptr)
+      return fail(CUDA_ERROR_INVALID_CONTEXT,
+                  std::string(fn) + ": no current context on this thread (cuCtxSetCurrent was not called here)");
+  }
   try {
     return body(d);
   } catch (const std::bad_alloc&) {
@@ -273,6 +293,7 @@ CUresult fake_cuCtxSetCurrent(CUcontext ctx) {
   return entry("cuCtxSetCurrent", [&](FakeDevice&) {
     if (ctx != nullptr && ctx != kPrimaryContext)
       return fail(CUDA_ERROR_INVALID_HANDLE, "cuCtxSetCurrent: unknown context");
+    current_context = ctx;
     return CUDA_SUCCESS;
   });
 }
@@ -509,6 +530,8 @@ CUresult launch_locked(FakeDevice& d, CUfunction fn, sim::Dim3 grid, sim::Dim3 b
   try {
     sim::simulate(*kernel.prepared, grid, block, values, d.memory);
   } catch (const Error& e) {
+    d.sticky = CUDA_ERROR_LAUNCH_FAILED;
+    d.sticky_message = "the context was lost when kernel '" + k.name + "' faulted: " + e.what();
     return fail(CUDA_ERROR_LAUNCH_FAILED, api + ": " + std::string(e.what()));
   }
   ++d.launches;
@@ -740,6 +763,13 @@ void fake_driver_fail_next_jit(std::string log) {
   FakeDevice& d = device();
   std::lock_guard<std::mutex> lock(d.mu);
   d.fail_next_jit = std::move(log);
+}
+
+void fake_driver_recover() {
+  FakeDevice& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.sticky = CUDA_SUCCESS;
+  d.sticky_message.clear();
 }
 
 std::string fake_driver_last_error() {

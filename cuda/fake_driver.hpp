@@ -2,7 +2,9 @@
 // allocation bounds, double frees, parameter buffer size and alignment against the kernel's
 // parameters, launch dimensions and shared memory) and a launched kernel runs in the SIMT
 // simulator on the fake device's memory; graphs (chains of kernel and memset nodes) run their
-// nodes in order. It reports itself as an sm_90 device. It does not
+// nodes in order. As the real driver: a thread must make the context current before using it,
+// and a kernel fault loses the context (every later call fails). It reports itself as an sm_90
+// device. It does not
 // parse PTX: a PTX text compiles when Driver::observe_kernel was given its IR, and cuLinkComplete
 // returns a "fake cubin" ("KILNFAKECUBIN\n", the PTX text, a NUL) that loads the same way.
 #pragma once
@@ -30,6 +32,10 @@ FakeDeviceState fake_device_state();
 // Test hook: the next PTX compilation (cuLinkAddData of PTX, or cuModuleLoadDataEx of PTX text)
 // fails with CUDA_ERROR_INVALID_PTX and `log` as the driver's error log.
 void fake_driver_fail_next_jit(std::string log);
+
+// Test hook: the fake device after a kernel fault as a new process would find it (the fault
+// is sticky: every later call fails until then).
+void fake_driver_recover();
 
 // The message of the last failed fake-driver call (the simulator's report for a failed launch),
 // empty when none failed; the runtime puts it in its exceptions.

@@ -162,7 +162,10 @@ Runtime::Runtime(Driver driver, RuntimeOptions options) : driver_(std::move(driv
 }
 
 Runtime::~Runtime() {
-  // Results are ignored: a destructor cannot report them, and the fake driver logs its own.
+  // Results are ignored: a destructor cannot report them, and the fake driver logs its own. A
+  // lost context has nothing left to free.
+  if (lost()) return;
+  driver_.api.cuCtxSetCurrent(context_);
   for (const auto& [ptx, m] : modules_) driver_.api.cuModuleUnload(m.module);
   for (const auto& [cls, ptr] : free_blocks_) driver_.api.cuMemFree(ptr);
   for (const auto& [ptr, cls] : live_blocks_) driver_.api.cuMemFree(ptr);
@@ -206,10 +209,27 @@ std::string Runtime::error_text(CUresult r) const {
 }
 
 void Runtime::check(CUresult r, const std::string& what) const {
-  if (r != CUDA_SUCCESS) throw Error(what + " failed: " + error_text(r));
+  if (r == CUDA_SUCCESS) return;
+  std::string message = what + " failed: " + error_text(r);
+  if (cu_error_is_sticky(r) && lost_.empty()) {
+    lost_ = "the CUDA context is lost: a kernel faulted (" + message +
+            "); no later GPU call can succeed in this process, which must restart (resume from the last checkpoint)";
+    message = lost_;
+  }
+  throw Error(message);
+}
+
+void Runtime::enter() const {
+  if (!lost_.empty()) throw Error(lost_);
+  thread_local CUcontext current = nullptr;  // what this thread last made current through a runtime
+  if (current != context_) {
+    check(driver_.api.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+    current = context_;
+  }
 }
 
 CUdeviceptr Runtime::alloc(size_t bytes) {
+  enter();
   const size_t cls = options_.exact_block_sizes ? std::max<size_t>(bytes, 4) : size_class(bytes);
   CUdeviceptr ptr = 0;
   if (auto it = free_blocks_.find(cls); it != free_blocks_.end()) {
@@ -242,11 +262,13 @@ void Runtime::free(CUdeviceptr ptr) {
 }
 
 void Runtime::release_free_blocks() {
+  enter();
   for (const auto& [cls, ptr] : free_blocks_) check(driver_.api.cuMemFree(ptr), fmt::format("cuMemFree of {:#x}", ptr));
   free_blocks_.clear();
 }
 
 void Runtime::upload(CUdeviceptr dst, const void* src, size_t bytes) {
+  enter();
   if (bytes == 0) return;
   check(driver_.api.cuMemcpyHtoD(dst, src, bytes), fmt::format("upload of {} bytes to {:#x}", bytes, dst));
   stats_.bytes_uploaded += bytes;
@@ -254,6 +276,7 @@ void Runtime::upload(CUdeviceptr dst, const void* src, size_t bytes) {
 }
 
 void Runtime::download(void* dst, CUdeviceptr src, size_t bytes) {
+  enter();
   if (bytes == 0) return;
   check(driver_.api.cuMemcpyDtoH(dst, src, bytes), fmt::format("download of {} bytes from {:#x}", bytes, src));
   stats_.bytes_downloaded += bytes;
@@ -261,12 +284,14 @@ void Runtime::download(void* dst, CUdeviceptr src, size_t bytes) {
 }
 
 void Runtime::copy(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  enter();
   if (bytes == 0) return;
   check(driver_.api.cuMemcpyDtoD(dst, src, bytes),
         fmt::format("copy of {} bytes from {:#x} to {:#x}", bytes, src, dst));
 }
 
 void Runtime::memset_zero(CUdeviceptr dst, size_t bytes) {
+  enter();
   if (bytes == 0) return;
   check(driver_.api.cuMemsetD8(dst, 0, bytes), fmt::format("zeroing {} bytes at {:#x}", bytes, dst));
 }
@@ -274,6 +299,7 @@ void Runtime::memset_zero(CUdeviceptr dst, size_t bytes) {
 std::string Runtime::cache_path(uint64_t key) const { return fmt::format("{}/{:016x}.cubin", options_.cache_dir, key); }
 
 LoadedKernel Runtime::load(const kir::Kernel& k) {
+  enter();
   std::string ptx = kir::print_ptx(k, ptx_target());
   if (auto it = modules_.find(ptx); it != modules_.end()) {
     ++stats_.memory_cache_hits;
@@ -376,6 +402,7 @@ void Runtime::write_cache(const std::string& path, uint64_t key, const std::stri
 }
 
 void Runtime::launch(const LoadedKernel& k, Dim3 grid, Dim3 block, const std::vector<uint64_t>& args) {
+  enter();
   const kir::Kernel& kernel = *k.kernel;
   const std::string what =
       fmt::format("launch of kernel '{}' (grid {}, block {})", kernel.name, dims(grid), dims(block));
@@ -405,9 +432,13 @@ size_t Runtime::pack_params(const kir::Kernel& kernel, const std::vector<uint64_
   return size;
 }
 
-void Runtime::synchronize() { check(driver_.api.cuCtxSynchronize(), "cuCtxSynchronize"); }
+void Runtime::synchronize() {
+  enter();
+  check(driver_.api.cuCtxSynchronize(), "cuCtxSynchronize");
+}
 
 Runtime::Graph Runtime::make_graph(const std::vector<DeviceCommand>& commands) {
+  enter();
   if (!graphs_supported()) throw Error("CUDA graphs: the driver has no graph entry points");
   const DriverApi& api = driver_.api;
   Graph g;
@@ -457,6 +488,7 @@ Runtime::Graph Runtime::make_graph(const std::vector<DeviceCommand>& commands) {
 }
 
 void Runtime::launch(const Graph& graph) {
+  enter();
   check(driver_.api.cuGraphLaunch(graph.exec, nullptr), fmt::format("launch of a graph of {} kernels", graph.kernels));
   stats_.launches += graph.kernels;
   ++stats_.graph_launches;
@@ -464,6 +496,10 @@ void Runtime::launch(const Graph& graph) {
 
 void Runtime::destroy(Graph& graph) {
   // Results are ignored: this runs on error paths and in destructors.
+  if (lost()) {
+    graph = Graph{};
+    return;
+  }
   if (graph.exec) driver_.api.cuGraphExecDestroy(graph.exec);
   if (graph.graph) driver_.api.cuGraphDestroy(graph.graph);
   graph = Graph{};

@@ -121,12 +121,19 @@ class Runtime {
   void destroy(Graph& graph);  // a destroyed (or empty) graph may be destroyed again
 
   const RuntimeStats& stats() const { return stats_; }
+  // True after a kernel fault lost the context: every call fails; only a new process recovers.
+  bool lost() const { return !lost_.empty(); }
   // Expires when the runtime is destroyed: an object holding device memory of this runtime
   // (a compiled program's workspace) that may outlive it frees that memory only while it lives.
   std::weak_ptr<const void> lifetime() const { return lifetime_; }
 
  private:
+  // Throws on failure. A sticky error (a kernel fault) loses the context: the runtime then
+  // refuses every later call with the same message, without calling the driver again.
   void check(CUresult r, const std::string& what) const;
+  // Before each driver call: refuses a lost context, and makes the context current on the
+  // calling thread (the driver keeps a current context per thread; the engine is per thread).
+  void enter() const;
   // The launch parameters packed as the driver wants them in `extra`: each at its natural
   // alignment in 8-byte words; returns the byte size. `what` names the launch in errors.
   size_t pack_params(const kir::Kernel& kernel, const std::vector<uint64_t>& args, std::vector<uint64_t>& words,
@@ -147,6 +154,7 @@ class Runtime {
   std::string device_name_;
   RuntimeStats stats_;
   bool cache_write_warned_ = false;  // an unwritable cache directory is reported once
+  mutable std::string lost_;         // why the context is lost; empty while it is usable
 
   std::multimap<size_t, CUdeviceptr> free_blocks_;       // size class -> free block
   std::unordered_map<CUdeviceptr, size_t> live_blocks_;  // block -> size class

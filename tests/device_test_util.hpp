@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <set>
 #include <string>
 
@@ -18,6 +19,21 @@
 #include "prim_test_util.hpp"
 
 namespace kiln::testing {
+
+// The GPU tier's runtime: the machine's GPU. Without one the test is skipped, unless
+// KILN_REQUIRE_GPU=1 says the machine has one: then it fails, so that a GPU machine's run
+// cannot pass by skipping. Declares `cuda::Runtime* var` in the calling test.
+inline bool gpu_required() {
+  const char* v = std::getenv("KILN_REQUIRE_GPU");
+  return v && std::string(v) == "1";
+}
+#define KILN_GPU_OR_SKIP(var)                                                                 \
+  std::string var##_why;                                                                      \
+  ::kiln::cuda::Runtime* var = ::kiln::cuda::Runtime::system(&var##_why);                     \
+  if (!var) {                                                                                 \
+    if (::kiln::testing::gpu_required()) FAIL() << "KILN_REQUIRE_GPU=1 but " << var##_why;    \
+    GTEST_SKIP() << "no usable GPU: " << var##_why;                                           \
+  }
 
 inline cuda::Runtime& fake_runtime() {
   static cuda::Runtime rt(cuda::fake_driver(), cuda::RuntimeOptions{"off", "", true});

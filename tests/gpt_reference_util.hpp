@@ -19,7 +19,12 @@
 
 namespace kiln::testing {
 
-inline const std::string kReferenceDir = KILN_REFERENCE_DIR;
+// $KILN_REFERENCE_DIR (tests run from a bundle on another machine), else the folder beside the
+// source tree that this binary was built from.
+inline const std::string kReferenceDir = [] {
+  const char* dir = std::getenv("KILN_REFERENCE_DIR");
+  return std::string(dir && *dir ? dir : KILN_REFERENCE_DIR);
+}();
 
 inline bool reference_present() { return std::filesystem::exists(kReferenceDir + "/gpt_tiny_reference.h5"); }
 

@@ -4,6 +4,8 @@
 // each gradient 1e-4, norm-relative), and training steps with dropout must match the CPU's
 // losses and gradients (the dropout masks are the same Philox bits on both).
 #include <gtest/gtest.h>
+
+#include <thread>
 #include <unistd.h>
 
 #include <cmath>
@@ -21,8 +23,6 @@
 
 namespace kiln {
 namespace {
-
-cuda::Runtime* real_gpu() { return cuda::Runtime::system(); }
 
 void reference_forward_backward(cuda::Runtime& rt) {
   KILN_REQUIRE_REFERENCE();
@@ -122,9 +122,45 @@ void resumed_run_is_bit_exact(cuda::Runtime& rt) {
 TEST(FakeGpuGpt, DeterministicResumedRunIsBitExact) { resumed_run_is_bit_exact(testing::fake_runtime()); }
 
 TEST(GpuGpt, DeterministicResumedRunIsBitExact) {
-  cuda::Runtime* rt = real_gpu();
-  if (!rt) GTEST_SKIP() << "no CUDA device";
+  KILN_GPU_OR_SKIP(rt);
   resumed_run_is_bit_exact(*rt);
+}
+
+// The engine is per thread and the driver's current context too: steps realized on a thread
+// that did not create the runtime run (the runtime makes its context current there) and give
+// the bits of the same steps on the creating thread.
+TEST(FakeGpuGpt, StepsOnAnotherThreadGiveTheSameBits) {
+  cuda::Runtime& rt = testing::fake_runtime();  // created on this thread
+  const models::GPTConfig c = testing::tiny_gpt_config(1);
+  HostTensor ids = HostTensor::zeros(DType::i32, Shape{2, 8});
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 5 + 3) % 13));
+  auto train = [&] {
+    manual_seed(5);
+    testing::OnDevice on(rt);
+    models::GPT model(c);
+    optim::AdamW opt(model.parameters(), {});
+    Tensor x = Tensor::from_host(ids), y = Tensor::from_host(ids);
+    std::vector<double> losses;
+    for (int s = 0; s < 2; ++s) {
+      Tensor loss = model.loss(x, y);
+      loss.backward();
+      opt.step(1.0);
+      losses.push_back(loss.item());
+    }
+    return losses;
+  };
+  std::vector<double> other;
+  std::string error;
+  std::thread worker([&] {
+    try {
+      other = train();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  worker.join();
+  ASSERT_EQ(error, "");
+  EXPECT_EQ(other, train());
 }
 
 TEST(FakeGpuGpt, ReferenceForwardBackwardInTheSimulator) { reference_forward_backward(testing::fake_runtime()); }
@@ -132,14 +168,12 @@ TEST(FakeGpuGpt, ReferenceForwardBackwardInTheSimulator) { reference_forward_bac
 TEST(FakeGpuGpt, TrainingStepsWithDropoutMatchTheCpu) { training_steps_match_cpu(testing::fake_runtime()); }
 
 TEST(GpuGpt, ReferenceForwardBackward) {
-  cuda::Runtime* rt = real_gpu();
-  if (!rt) GTEST_SKIP() << "no CUDA device";
+  KILN_GPU_OR_SKIP(rt);
   reference_forward_backward(*rt);
 }
 
 TEST(GpuGpt, TrainingStepsWithDropoutMatchTheCpu) {
-  cuda::Runtime* rt = real_gpu();
-  if (!rt) GTEST_SKIP() << "no CUDA device";
+  KILN_GPU_OR_SKIP(rt);
   training_steps_match_cpu(*rt);
 }
 

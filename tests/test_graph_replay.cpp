@@ -118,8 +118,7 @@ TEST(GraphReplay, AHostWriteReachesTheGraphAndAFailedStepChangesNothing) {
 
 // The same on a real GPU (the GPU tier): the driver's graphs against its own launches.
 TEST(GpuGraphReplay, TrainingStepsAsGraphsGiveTheBitsOfLaunchByLaunch) {
-  cuda::Runtime* rt = cuda::Runtime::system();
-  if (!rt) GTEST_SKIP() << "no CUDA device";
+  KILN_GPU_OR_SKIP(rt);
   ASSERT_TRUE(rt->graphs_supported());
   const int steps = 4;
   setenv("KILN_CUDA_GRAPHS", "0", 1);

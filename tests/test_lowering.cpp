@@ -407,8 +407,7 @@ TEST_P(LoweringTest, SimulatorMatchesEigen) { check_case(GetParam(), testing::fa
 
 // T5: the same kernels on a real GPU.
 TEST_P(LoweringTest, GpuMatchesEigen) {
-  cuda::Runtime* rt = cuda::Runtime::system();
-  if (!rt) GTEST_SKIP() << "no CUDA device";
+  KILN_GPU_OR_SKIP(rt);
   check_case(GetParam(), *rt);
 }
 

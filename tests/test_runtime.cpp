@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "circuit/error.hpp"
@@ -21,6 +22,7 @@
 #include "cuda/kir.hpp"
 #include "cuda/ptx_printer.hpp"
 #include "cuda/runtime.hpp"
+#include "device_test_util.hpp"
 
 namespace kiln::cuda {
 namespace {
@@ -340,6 +342,60 @@ TEST_F(RuntimeTest, OutOfBoundsAccessFailsTheLaunchNamingTheKernel) {
     EXPECT_NE(message.find(simulator), std::string::npos) << message;
   }
   EXPECT_EQ(rt.stats().launches, 0);
+  fake_driver_recover();  // the fault lost the fake device's context, as a GPU's
+}
+
+// A kernel fault is sticky, as on a GPU: the runtime refuses every later call with one message
+// that says the process must restart (without calling the driver again), and the device fails
+// every call of any runtime until the process (here: the test hook) starts anew.
+TEST_F(RuntimeTest, AKernelFaultLosesTheContextForGood) {
+  Runtime rt(fake_driver(), options());
+  LoadedKernel lk = rt.load(scale_kernel("kiln_test_fault"));
+  const std::vector<float> x = ramp(64);
+  EXPECT_THROW(run_scale(rt, lk, x, 2.0f, 1024, Dim3{1024, 1, 1}), Error);
+  EXPECT_TRUE(rt.lost());
+  const std::string driver_error = fake_driver_last_error();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      run_scale(rt, lk, x, 2.0f);
+      ADD_FAILURE() << "a call after the fault succeeded";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("the CUDA context is lost"), std::string::npos) << message;
+      EXPECT_NE(message.find("must restart"), std::string::npos) << message;
+      EXPECT_NE(message.find("kiln_test_fault"), std::string::npos) << message;
+    }
+  }
+  EXPECT_EQ(fake_driver_last_error(), driver_error) << "the runtime called the driver again";
+  Runtime other(fake_driver(), options());  // device queries still answer
+  try {
+    other.alloc(256);
+    ADD_FAILURE() << "an allocation on the lost device succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA_ERROR_LAUNCH_FAILED"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("must restart"), std::string::npos) << e.what();
+  }
+  fake_driver_recover();
+  Runtime fresh(fake_driver(), options());
+  expect_scaled(run_scale(fresh, fresh.load(scale_kernel("kiln_test_fault")), x, 2.0f), x, 2.0f);
+}
+
+// The driver's current context is per thread: the fake refuses a thread that never made it
+// current, and a runtime makes it current on each thread that calls it.
+TEST_F(RuntimeTest, EachThreadGetsTheContextMadeCurrent) {
+  Runtime rt(fake_driver(), options());
+  const Driver raw = fake_driver();
+  CUresult without = CUDA_SUCCESS;
+  std::vector<float> out;
+  std::thread worker([&] {
+    CUdeviceptr p = 0;
+    without = raw.api.cuMemAlloc(&p, 256);  // no runtime call yet on this thread: no context
+    LoadedKernel lk = rt.load(scale_kernel("kiln_test_thread"));
+    out = run_scale(rt, lk, ramp(100), 3.0f);
+  });
+  worker.join();
+  EXPECT_EQ(without, CUDA_ERROR_INVALID_CONTEXT);
+  expect_scaled(out, ramp(100), 3.0f);
 }
 
 // A graph of a memset and two launches (y = 2x, then z = 3y) runs them in order, every time it
@@ -526,8 +582,7 @@ TEST(RuntimeCurand, LoadsOrSaysWhy) {
 class GpuRuntime : public RuntimeTest {
  protected:
   void SetUp() override {
-    std::string why;
-    if (Runtime::system(&why) == nullptr) GTEST_SKIP() << "no usable GPU: " << why;
+    KILN_GPU_OR_SKIP(rt);
     RuntimeTest::SetUp();
   }
 };
@@ -599,7 +654,14 @@ KILN_SAME_AS_CUDA_H(CUDA_ERROR_OUT_OF_MEMORY);
 KILN_SAME_AS_CUDA_H(CUDA_ERROR_NOT_INITIALIZED);
 KILN_SAME_AS_CUDA_H(CUDA_ERROR_NO_DEVICE);
 KILN_SAME_AS_CUDA_H(CUDA_ERROR_INVALID_IMAGE);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_INVALID_CONTEXT);
 KILN_SAME_AS_CUDA_H(CUDA_ERROR_INVALID_HANDLE);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_ILLEGAL_ADDRESS);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_LAUNCH_TIMEOUT);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_HARDWARE_STACK_ERROR);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_ILLEGAL_INSTRUCTION);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_MISALIGNED_ADDRESS);
+KILN_SAME_AS_CUDA_H(CUDA_ERROR_INVALID_PC);
 KILN_SAME_AS_CUDA_H(CUDA_ERROR_NOT_FOUND);
 KILN_SAME_AS_CUDA_H(CUDA_ERROR_LAUNCH_FAILED);
 KILN_SAME_AS_CUDA_H(CUDA_ERROR_INVALID_PTX);

@@ -370,8 +370,33 @@ Reg KernelBuilder::mul_wide(Type src, Operand a, Operand b) {
 }
 Reg KernelBuilder::mad(Type t, Operand a, Operand b, Operand c) { return emit_op(Opc::Mad, t, {a, b, c}, t); }
 Reg KernelBuilder::fma(Type t, Operand a, Operand b, Operand c) { return emit_op(Opc::Fma, t, {a, b, c}, t); }
-Reg KernelBuilder::div(Type t, Operand a, Operand b) { return emit_op(Opc::Div, t, {a, b}, t); }
-Reg KernelBuilder::rem(Type t, Operand a, Operand b) { return emit_op(Opc::Rem, t, {a, b}, t); }
+namespace {
+// An unsigned 64-bit divisor known at lowering time (an immediate above 0).
+bool u64_constant_divisor(Type t, const Operand& b) { return t == Type::u64 && b.is_imm && b.bits != 0; }
+}  // namespace
+
+// ptxas turns div/rem.u64 into a call of about 60 instructions, even by a constant (32-bit
+// ones it strength-reduces itself). A constant divisor becomes a shift, or a multiply-high and
+// shifts (Granlund and Montgomery, "Division by invariant integers using multiplication",
+// fig. 4.1, N = 64): l = ceil(log2 d), m = floor(2^64 (2^l - d) / d) + 1,
+// t = mulhi(m, n), q = (t + ((n - t) >> 1)) >> (l - 1); exact for every n < 2^64.
+Reg KernelBuilder::div(Type t, Operand a, Operand b) {
+  if (!u64_constant_divisor(t, b)) return emit_op(Opc::Div, t, {a, b}, t);
+  const uint64_t d = b.bits;
+  if (d == 1) return mov(t, a);
+  if (std::has_single_bit(d)) return shr(t, a, imm_u32(static_cast<uint32_t>(std::countr_zero(d))));
+  const int l = 64 - std::countl_zero(d - 1);  // ceil(log2 d), 2..64
+  const auto m = static_cast<uint64_t>(
+      ((static_cast<unsigned __int128>(1) << 64) * ((static_cast<unsigned __int128>(1) << l) - d)) / d + 1);
+  Reg hi = mul_hi(t, a, imm_u64(m));
+  Reg half = shr(t, sub(t, a, hi), imm_u32(1));
+  return shr(t, add(t, hi, half), imm_u32(static_cast<uint32_t>(l - 1)));
+}
+Reg KernelBuilder::rem(Type t, Operand a, Operand b) {
+  if (!u64_constant_divisor(t, b)) return emit_op(Opc::Rem, t, {a, b}, t);
+  if (std::has_single_bit(b.bits)) return and_(t, a, imm_u64(b.bits - 1));
+  return sub(t, a, mul(t, div(t, a, b), b));
+}
 Reg KernelBuilder::min(Type t, Operand a, Operand b) { return emit_op(Opc::Min, t, {a, b}, t); }
 Reg KernelBuilder::max(Type t, Operand a, Operand b) { return emit_op(Opc::Max, t, {a, b}, t); }
 Reg KernelBuilder::neg(Type t, Operand a) { return emit_op(Opc::Neg, t, {a}, t); }

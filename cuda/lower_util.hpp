@@ -20,6 +20,19 @@ using kir::Type;
 // Element indices are u32 when every buffer a kernel touches has fewer than 2^31 elements,
 // else u64 (the design's rule: 64-bit index arithmetic where buffers can exceed 2^31 bytes).
 Type index_type(int64_t max_elements);
+// Tests: every lowering takes its 64-bit index path (index_type is u64) for the guard's
+// lifetime, so that the s64/u64 addressing of small tensors runs in the simulator and ptxas.
+class ForceWideIndices {
+ public:
+  ForceWideIndices();
+  ~ForceWideIndices();
+  ForceWideIndices(const ForceWideIndices&) = delete;
+  ForceWideIndices& operator=(const ForceWideIndices&) = delete;
+  static bool on();
+
+ private:
+  bool saved_;
+};
 Operand imm_index(Type it, int64_t v);
 
 // A kernel name unique to its specialization: "<prefix>_<16 hex digits of hash>".

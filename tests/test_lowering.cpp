@@ -16,6 +16,7 @@
 #include "circuit/fused_rows.hpp"
 #include "circuit/multi_tensor.hpp"
 #include "circuit/prim.hpp"
+#include "cuda/lower_util.hpp"
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 #include "ptxas_skip.hpp"
@@ -405,6 +406,13 @@ void check_case(const LoweringCase& lc, cuda::Runtime& rt) {
 
 TEST_P(LoweringTest, SimulatorMatchesEigen) { check_case(GetParam(), testing::fake_runtime()); }
 
+// The same with every lowering on its 64-bit index path (taken on a GPU by tensors of 2^31
+// elements and more, which no test can afford).
+TEST_P(LoweringTest, SimulatorMatchesEigenWithWideIndices) {
+  cuda::ForceWideIndices wide;
+  check_case(GetParam(), testing::fake_runtime());
+}
+
 // T5: the same kernels on a real GPU.
 TEST_P(LoweringTest, GpuMatchesEigen) {
   KILN_GPU_OR_SKIP(rt);
@@ -427,8 +435,8 @@ TEST(Lowering, EveryRegisteredPrimHasALoweringAndACase) {
   }
 }
 
-TEST(Lowering, EveryCaseKernelPassesPtxas) {
-  KILN_REQUIRE_PTXAS_OR_SKIP();
+// Every kernel of every case passes ptxas (sm_80 and sm_90).
+void expect_every_case_passes_ptxas() {
   std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
   std::vector<const kir::Kernel*> kernels;
   for (const LoweringCase& lc : cases()) {
@@ -438,6 +446,17 @@ TEST(Lowering, EveryCaseKernelPassesPtxas) {
     for (const auto& k : programs.back()->kernels()) kernels.push_back(k.launch->kernel.get());
   }
   testing::expect_ptxas_accepts(kernels);
+}
+
+TEST(Lowering, EveryCaseKernelPassesPtxas) {
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  expect_every_case_passes_ptxas();
+}
+
+TEST(Lowering, EveryCaseKernelPassesPtxasWithWideIndices) {
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  cuda::ForceWideIndices wide;
+  expect_every_case_passes_ptxas();
 }
 
 TEST(Lowering, BadIndexOnTheDeviceIsAnErrorNamingTheOp) {

@@ -19,6 +19,7 @@
 
 #include "circuit/error.hpp"
 #include "cuda/kir.hpp"
+#include "cuda/ptx_printer.hpp"
 #include "cuda/simulator.hpp"
 #include "sim_test_util.hpp"
 
@@ -270,6 +271,44 @@ TEST(SimulatorArith, IntegerOperations) {
 
 // PTX's add.f32 keeps subnormals even where the host thread flushes them (the CPU executor sets
 // FTZ and DAZ on its threads); the host's setting survives the simulation.
+// div/rem.u64 by a constant are lowered to shifts or a multiply-high (kir.cpp): exact for
+// dividends across the whole range, and no div.u64/rem.u64 (a slow call in ptxas's output) is left.
+TEST(SimulatorArith, U64DivisionByConstantsIsExact) {
+  const std::vector<uint64_t> divisors = {1, 2, 3, 6, 7, 10, 12, 64, 100, 384, 50257, 1000003,
+                                          (uint64_t{1} << 32) + 1, (uint64_t{1} << 63) + 5, ~uint64_t{0}};
+  std::vector<uint64_t> n = {0, 1, 2, 5, 99, 100, 101, uint64_t{1} << 31, (uint64_t{1} << 32) - 1, uint64_t{1} << 32,
+                             (uint64_t{1} << 63) - 1, uint64_t{1} << 63, ~uint64_t{0} - 1, ~uint64_t{0}};
+  uint64_t x = 88172645463325252ULL;  // xorshift64: dividends spread over the whole range
+  for (int i = 0; i < 18; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    n.push_back(x);
+  }
+  for (uint64_t d : divisors) {
+    KernelBuilder b("div_u64");
+    Reg in = b.param("in", Type::u64), out = b.param("out", Type::u64);
+    Reg tid = b.sreg(SReg::tid_x);
+    Reg v = b.ld(Space::global, Type::u64, b.address(in, tid, 8));
+    b.st(Space::global, Type::u64, b.address(out, b.mul(Type::u32, tid, imm_u32(2)), 8),
+         b.div(Type::u64, v, imm_u64(d)));
+    b.st(Space::global, Type::u64, b.address(out, b.mad(Type::u32, tid, imm_u32(2), imm_u32(1)), 8),
+         b.rem(Type::u64, v, imm_u64(d)));
+    const Kernel k = b.finish();
+    const std::string ptx = print_ptx(k, 90);
+    EXPECT_EQ(ptx.find("div.u64"), std::string::npos) << d;
+    EXPECT_EQ(ptx.find("rem.u64"), std::string::npos) << d;
+    DeviceMemory mem;
+    const uint64_t ia = upload(mem, n), oa = mem.alloc(n.size() * 16);
+    simulate(k, {1}, {static_cast<uint32_t>(n.size())}, {ia, oa}, mem);
+    const auto r = download<uint64_t>(mem, oa, 2 * n.size());
+    for (size_t i = 0; i < n.size(); ++i) {
+      ASSERT_EQ(r[2 * i], n[i] / d) << n[i] << " / " << d;
+      ASSERT_EQ(r[2 * i + 1], n[i] % d) << n[i] << " % " << d;
+    }
+  }
+}
+
 TEST(SimulatorArith, SubnormalsSurviveAHostThatFlushesThem) {
   const unsigned saved = _mm_getcsr();
   _mm_setcsr(saved | 0x8040);

@@ -1,11 +1,7 @@
 // HostTensor storage and element access.
 #include "circuit/host_tensor.hpp"
 
-#include <sys/mman.h>
-
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "circuit/error.hpp"
 
@@ -26,20 +22,6 @@ HostTensor HostTensor::zeros(DType dtype, Shape shape) {
   size_t n = t.nbytes();
   allocated_count.fetch_add(1, std::memory_order_relaxed);
   allocated_bytes.fetch_add(n, std::memory_order_relaxed);
-  // Large buffers (the executor's workspace) lie on 2 MiB boundaries in memory the kernel may
-  // back with huge pages: the step's strided reads (permutes, splits, attention heads) miss the
-  // TLB on 4 KiB pages.
-  constexpr size_t kHuge = size_t{2} << 20;
-  if (n >= kHuge) {
-    const size_t rounded = (n + kHuge - 1) / kHuge * kHuge;
-    auto* p = static_cast<std::byte*>(std::aligned_alloc(kHuge, rounded));
-    if (!p) throw Error("HostTensor: out of memory allocating " + std::to_string(n) + " bytes for " + t.shape_.str());
-    madvise(p, rounded, MADV_HUGEPAGE);  // advice only: where it is refused, 4 KiB pages serve
-    std::memset(p, 0, n);
-    t.owner_ = std::shared_ptr<std::byte[]>(p, [](std::byte* q) { std::free(q); });
-    t.data_ = p;
-    return t;
-  }
   // Over-allocate so that the data pointer can be 64-byte aligned (vector loads, cache lines).
   t.owner_ = std::shared_ptr<std::byte[]>(new std::byte[n + 64]());
   auto addr = reinterpret_cast<uintptr_t>(t.owner_.get());

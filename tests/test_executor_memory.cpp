@@ -3,10 +3,9 @@
 // no binding are computed once; a reference that leaves an element unwritten shows under
 // poisoned buffers, and one that writes outside its planned buffer is an error; intermediates
 // share the workspace as their lifetimes allow; a replayed GPT step allocates only the outputs
-// its caller keeps; large storage (the workspace) starts on a 2 MiB boundary, zeroed.
+// its caller keeps.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "circuit/builder.hpp"
@@ -56,17 +55,6 @@ HostTensor ramp(const Shape& s) {
   HostTensor t = HostTensor::zeros(DType::f32, s);
   for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<double>(i % 7) / 7.0 - 0.4);
   return t;
-}
-
-TEST(ExecutorMemory, LargeStorageStartsOnAHugePageBoundaryZeroed) {
-  for (int64_t n : {int64_t{1} << 19, (int64_t{1} << 19) + 3, int64_t{3} << 20}) {  // 2 MiB of f32 and more
-    HostTensor t = HostTensor::zeros(DType::f32, Shape{n});
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % (uintptr_t{2} << 20), 0u) << n;
-    const auto* f = t.data<float>();
-    EXPECT_EQ(std::count(f, f + n, 0.0f), n) << n;
-  }
-  HostTensor small = HostTensor::zeros(DType::f32, Shape{1000});
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.raw()) % 64, 0u);
 }
 
 TEST(ExecutorMemory, ARunAfterTheFirstAllocatesOnlyItsOutputAndTouchesNoFreshPage) {

@@ -5,6 +5,8 @@
 // taken in turns, so that both see the same load on a shared machine), next to the host time spent
 // outside the executor when the step is recorded every time and when a traced step is replayed,
 // and the page faults and tensor allocations per step.
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include "circuit/builder.hpp"
 #include "circuit/cpu_gemm.hpp"
 #include "circuit/executor.hpp"
+#include "circuit/thread_governor.hpp"
 #include "commands.hpp"
 #include "core/device.hpp"
 #include "core/engine.hpp"
@@ -163,7 +166,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
               static_cast<double>(program.workspace_bytes()) / (1 << 20),
               static_cast<double>(program.peak_live_bytes()) / (1 << 20), program.constant_ops());
   // Steps and GEMMs in turns: a shared machine's load changes within seconds, and a ratio of
-  // timings taken under different loads would measure the load.
+  // timings taken under different loads would measure the load. Both at one team size (the
+  // thread governor's probes would time some steps at another).
+  const int saved_threads = fixed_num_threads();
+  const int team = saved_threads > 0 ? saved_threads : omp_get_max_threads();
+  set_num_threads(team);
   const GemmProbe gemm;
   std::vector<double> step_s, rates;
   for (int64_t i = 0; i < std::max<int64_t>(steps, 9); ++i) {  // 9 turns at least: a median of few is noise
@@ -172,9 +179,12 @@ int cmd_bench(const std::vector<std::string>& argv) {
     step_s.push_back(seconds_since(t0));
     rates.push_back(gemm.gflops());
   }
+  set_num_threads(saved_threads);
   const double step_rate = flops / median(step_s) / 1e9, rate = median(rates);
-  std::printf("f32 GEMM 1024^3 on this machine (kiln's matmul, %s): %.1f GFLOP/s (median of %lld, between steps)\n",
-              cpu_gemm_library(), rate, static_cast<long long>(rates.size()));
+  std::printf(
+      "f32 GEMM 1024^3 on this machine (kiln's matmul, %s, %d threads): %.1f GFLOP/s (median of %lld, between "
+      "steps)\n",
+      cpu_gemm_library(), team, rate, static_cast<long long>(rates.size()));
   std::printf("step reaches %.1f%% of the GEMM rate (median step %.2f ms in the same turns: %.1f GFLOP/s)\n",
               100 * step_rate / rate, 1000 * median(step_s), step_rate);
   return 0;

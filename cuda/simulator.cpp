@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -133,9 +134,11 @@ struct BlockRun {
   uint32_t epoch = 0;                    // shared-race epoch: unique per barrier interval of any block in this slot
   std::vector<std::byte> shared;
   std::vector<Shadow> shadow;
-  // Global-memory ordering, per thread: seen (through barriers and acquires), observed by an
-  // atomic but not yet acquired by a fence, released by the last fence, stores so far.
-  std::vector<Knowledge> seen, observed, released;
+  // Global-memory ordering, per thread: seen (through barriers and acquires; shared by the
+  // threads of a block after a bar.sync, null when empty), observed by an atomic but not yet
+  // acquired by a fence, released by the last fence, stores so far.
+  std::vector<std::shared_ptr<const Knowledge>> seen;
+  std::vector<Knowledge> observed, released;
   std::vector<uint32_t> stores;
   bool any_seen = false;  // some thread's `seen` is not empty (barriers merge them)
   uint64_t rng = 0;
@@ -241,7 +244,7 @@ class Executor {
     }
     if (options_.check_races)
       for (uint32_t t = 0; t < nthreads_; ++t) {
-        b.seen[t].clear();
+        b.seen[t].reset();
         b.observed[t].clear();
         b.released[t].clear();
       }
@@ -334,8 +337,10 @@ class Executor {
     }
     // What any thread of the block has seen of other blocks, every thread has seen now.
     if (options_.check_races && b.any_seen) {
-      Knowledge all;
-      for (uint32_t t = 0; t < nthreads_; ++t) join(all, b.seen[t]);
+      auto all = std::make_shared<Knowledge>();
+      const Knowledge* last = nullptr;  // threads share one map since the last barrier: join it once
+      for (uint32_t t = 0; t < nthreads_; ++t)
+        if (b.seen[t] && b.seen[t].get() != last) join(*all, *(last = b.seen[t].get()));
       for (uint32_t t = 0; t < nthreads_; ++t) b.seen[t] = all;
     }
     b.at_bar = 0;
@@ -397,8 +402,9 @@ class Executor {
         if (w.thread != t && w.barriers == b.barriers) fail_global_race(t, pc, a, w, "with no bar.sync in between");
         continue;
       }
-      const auto it = b.seen[t].find(w.block);
-      if (it == b.seen[t].end() || !it->second.covers(w))
+      const Knowledge* seen = b.seen[t].get();
+      const auto it = seen ? seen->find(w.block) : Knowledge::const_iterator{};
+      if (!seen || it == seen->end() || !it->second.covers(w))
         fail_global_race(t, pc, a, w,
                          "with nothing ordering the write before the read (the writer's bar.sync, membar.gl and an "
                          "atomic, then this block's atomic on that word and membar.gl)");
@@ -419,11 +425,13 @@ class Executor {
   void fence(uint32_t t) {
     BlockRun& b = *cur_;
     if (!b.observed[t].empty()) {
-      join(b.seen[t], b.observed[t]);
+      auto more = std::make_shared<Knowledge>(b.seen[t] ? *b.seen[t] : Knowledge{});
+      join(*more, b.observed[t]);
+      b.seen[t] = std::move(more);
       b.observed[t].clear();
       b.any_seen = true;
     }
-    b.released[t] = b.seen[t];
+    b.released[t] = b.seen[t] ? *b.seen[t] : Knowledge{};
     Frontier& own = b.released[t][b.index];
     own.barriers = b.barriers;
     own.add_thread(static_cast<uint16_t>(t), b.stores[t]);

@@ -41,10 +41,10 @@ void ix_check(bool ok, const std::string& msg) {
 // ScalarExp
 
 const char* exp_op_name(ExpOp op) {
-  static constexpr const char* names[] = {"const", "input",   "neg",  "exp",  "log", "sqrt", "rsqrt",
-                                          "tanh",  "sigmoid", "gelu", "gelu_grad", "silu", "sin", "cos",  "abs",
-                                          "add",   "sub",     "mul",  "div",  "pow", "max",  "min",
-                                          "lt",    "le",      "gt",   "ge",   "eq",  "ne",   "select"};
+  static constexpr const char* names[] = {"const",   "input", "neg",       "exp",  "log",   "sqrt", "rsqrt", "tanh",
+                                          "sigmoid", "gelu",  "gelu_grad", "silu", "sin",   "cos",  "abs",   "add",
+                                          "sub",     "mul",   "div",       "pow",  "max",   "min",  "lt",    "le",
+                                          "gt",      "ge",    "eq",        "ne",   "select"};
   static_assert(std::size(names) == static_cast<size_t>(ExpOp::Select) + 1);
   const auto i = static_cast<size_t>(op);
   return i < std::size(names) ? names[i] : "?";

@@ -127,6 +127,8 @@ struct FakeDevice {
   // queries) fails with this code until fake_driver_recover() (a new process, for tests).
   CUresult sticky = CUDA_SUCCESS;
   std::string sticky_message;
+  bool count_bank_conflicts = false;
+  std::map<std::string, FakeKernelStats> kernel_stats;  // while counting
   uintptr_t last_handle = 0x1000;
 
   uintptr_t new_handle() { return last_handle += 0x10; }  // distinct across handle kinds
@@ -528,7 +530,16 @@ CUresult launch_locked(FakeDevice& d, CUfunction fn, sim::Dim3 grid, sim::Dim3 b
   std::vector<uint64_t> values;
   if (CUresult r = unpack_params(k, extra, who, &values)) return r;
   try {
-    sim::simulate(*kernel.prepared, grid, block, values, d.memory);
+    sim::SimOptions options;
+    options.count_bank_conflicts = d.count_bank_conflicts;
+    const sim::SimStats stats = sim::simulate(*kernel.prepared, grid, block, values, d.memory, options);
+    if (d.count_bank_conflicts) {
+      FakeKernelStats& s = d.kernel_stats[k.name];
+      ++s.launches;
+      s.shared_requests += stats.shared_requests;
+      s.shared_wavefronts += stats.shared_wavefronts;
+      s.bank_conflicts += stats.bank_conflicts;
+    }
   } catch (const Error& e) {
     d.sticky = CUDA_ERROR_LAUNCH_FAILED;
     d.sticky_message = "the context was lost when kernel '" + k.name + "' faulted: " + e.what();
@@ -763,6 +774,19 @@ void fake_driver_fail_next_jit(std::string log) {
   FakeDevice& d = device();
   std::lock_guard<std::mutex> lock(d.mu);
   d.fail_next_jit = std::move(log);
+}
+
+void fake_driver_count_bank_conflicts(bool on) {
+  FakeDevice& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.count_bank_conflicts = on;
+  if (on) d.kernel_stats.clear();
+}
+
+std::map<std::string, FakeKernelStats> fake_driver_kernel_stats() {
+  FakeDevice& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return d.kernel_stats;
 }
 
 void fake_driver_recover() {

@@ -9,6 +9,7 @@
 // returns a "fake cubin" ("KILNFAKECUBIN\n", the PTX text, a NUL) that loads the same way.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "cuda/driver_api.hpp"
@@ -36,6 +37,17 @@ void fake_driver_fail_next_jit(std::string log);
 // Test hook: the fake device after a kernel fault as a new process would find it (the fault
 // is sticky: every later call fails until then).
 void fake_driver_recover();
+
+// Tools and tests: from now on (until switched off) every launch counts its shared-memory bank
+// conflicts in the simulator (slower), summed per kernel name.
+struct FakeKernelStats {
+  int64_t launches = 0;
+  int64_t shared_requests = 0;    // warp-level shared-memory requests
+  int64_t shared_wavefronts = 0;  // the wavefronts they took
+  int64_t bank_conflicts = 0;     // wavefronts beyond one per request phase
+};
+void fake_driver_count_bank_conflicts(bool on);
+std::map<std::string, FakeKernelStats> fake_driver_kernel_stats();
 
 // The message of the last failed fake-driver call (the simulator's report for a failed launch),
 // empty when none failed; the runtime puts it in its exceptions.

@@ -4,8 +4,8 @@
 // (its transposes folded into the operands' strides), so both take this one kernel. Tiled in
 // shared memory: a block of 256 threads computes a 64x64 tile of c over K in steps of 16; each
 // thread holds a 4x4 block of accumulators in registers and reads its operands from shared
-// memory as 16-byte vectors. Tiles are loaded through the operand views (consecutive threads
-// walk the operand's unit-stride axis where it has one, so loads coalesce) and zero-filled
+// memory as 16-byte vectors. Tiles are loaded through the operand views (the lanes of a warp on
+// 32 rows of one k, so that tile stores meet no bank conflict; see TileLoader) and zero-filled
 // outside the matrix, so no size needs to be a multiple of the tile; a prologue is applied as
 // each element is loaded. Batch dims: grid z walks the logical batch, each operand and output
 // with its own batch strides (0 where an operand broadcasts). FFMA in f32. Row sums of A (a
@@ -30,32 +30,48 @@ constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kThreads = 256, kPerThread 
 constexpr int kTileLoads = kTileM * kTileK / kThreads;  // elements of each tile a thread loads
 
 // One operand tile: element (row r, k) of the operand's [rows x K] view, stored in shared
-// memory as tile[k][r] so that a thread's 4 consecutive rows are one 16-byte vector.
+// memory as tile[k][r] so that a thread's 4 consecutive rows are one 16-byte vector. Stores
+// to a tile must spread a warp's 32 lanes over 32 banks, i.e. over 32 rows of one k:
+//  - an operand with unit stride along its rows: lane l takes row l % 64 of k l / 64 (as many
+//    slots as it takes), and the lanes' loads coalesce;
+//  - otherwise (k_groups): thread t takes row t % 64 and the 4 consecutive k 4 (t / 64) .. + 3,
+//    with one 16-byte load where those 4 are contiguous and 16-byte aligned (vector_k), else 4
+//    scalar loads of one row. (Lanes that walked along k one float each put 16 lanes of a warp
+//    on one bank: a 16-way conflict on every tile store.)
 struct TileLoader {
   Reg base;  // the operand's batch base address
   const MatmulOperand* view = nullptr;
+  bool k_groups = false, vector_k = false;
   int64_t rows = 0, depth = 0;      // the operand's M (or N) and K
   std::vector<Reg> tile_r, tile_k;  // per load slot: row and k within the tile (index type)
   std::vector<Reg> row_ok;          // per load slot: row0 + r < rows
   std::vector<Reg> smem_addr;       // per load slot: shared address of tile[k][r]
 };
 
+bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
+  bool ok = v.k_stride == 1 && depth % 4 == 0 && v.row_stride % 4 == 0 && v.offset % 4 == 0;
+  for (int64_t s : v.batch) ok = ok && s % 4 == 0;
+  return ok;
+}
+
 TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, int64_t rows, int64_t depth,
                        Reg row0, Reg tid, Reg smem) {
-  TileLoader t{base, &view, rows, depth, {}, {}, {}, {}};
-  // Consecutive threads read consecutive addresses: along k where k has unit stride, else
-  // along rows.
+  static_assert(kTileM * kTileK == 4 * kThreads && kTileM == 64 && kTileK == 16);
   const bool along_rows = view.k_stride != 1 && view.row_stride == 1;
-  for (int s = 0; s < kTileLoads; ++s) {
-    Reg l = b.add(Type::u32, tid, imm_u32(static_cast<uint32_t>(s * kThreads)));
-    Reg r = along_rows ? b.rem(Type::u32, l, imm_u32(kTileM)) : b.div(Type::u32, l, imm_u32(kTileK));
-    Reg k = along_rows ? b.div(Type::u32, l, imm_u32(kTileM)) : b.rem(Type::u32, l, imm_u32(kTileK));
-    Reg r_it = it == Type::u32 ? r : b.cvt(Type::u64, r);
-    Reg k_it = it == Type::u32 ? k : b.cvt(Type::u64, k);
-    t.tile_r.push_back(b.add(it, row0, r_it));
-    t.tile_k.push_back(k_it);
+  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth), rows, depth, {}, {}, {}, {}};
+  auto add_slot = [&](Reg r, Reg k) {
+    t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
+    t.tile_k.push_back(it == Type::u32 ? k : b.cvt(Type::u64, k));
     t.row_ok.push_back(b.setp(Cmp::lt, t.tile_r.back(), imm_index(it, rows)));
     t.smem_addr.push_back(b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(kTileM), r), imm_u32(4), smem));
+  };
+  if (t.k_groups) {
+    add_slot(b.and_(Type::u32, tid, imm_u32(kTileM - 1)), b.mul(Type::u32, b.shr(Type::u32, tid, imm_u32(6)), imm_u32(4)));
+    return t;
+  }
+  for (int s = 0; s < kTileLoads; ++s) {
+    Reg l = b.add(Type::u32, tid, imm_u32(static_cast<uint32_t>(s * kThreads)));
+    add_slot(b.rem(Type::u32, l, imm_u32(kTileM)), b.div(Type::u32, l, imm_u32(kTileM)));
   }
   return t;
 }
@@ -65,25 +81,47 @@ Reg scaled_add(KernelBuilder& b, Type it, Reg r, int64_t stride, Reg x) {
   return stride == 1 ? b.add(it, r, x) : b.mad(it, r, imm_index(it, stride), x);
 }
 
+// A global load of `vec` floats into registers preset to 0, where `ok` holds.
+std::vector<Reg> guarded_load(KernelBuilder& b, Reg addr, int vec, Reg ok) {
+  kir::Instr ld;
+  ld.op = kir::Opc::Ld;
+  ld.type = Type::f32;
+  ld.space = Space::global;
+  ld.vec = vec;
+  for (int j = 0; j < vec; ++j) ld.dsts.push_back(b.mov(Type::f32, imm_f32(0.0f)));
+  ld.srcs = {addr};
+  b.emit(ld, ok);
+  return ld.dsts;
+}
+
+// Stores x (loaded where `ok`) at tile address `at` + offset, the prologue applied; outside the
+// matrix the tile holds 0 whatever the prologue makes of 0.
+void store_element(KernelBuilder& b, const MatmulOperand& v, Reg x, Reg ok, Reg at, int64_t offset) {
+  if (v.prologue != se::in(0)) x = b.selp(Type::f32, emit_scalar_exp(b, v.prologue, {x}), imm_f32(0.0f), ok);
+  b.st(Space::shared, Type::f32, at, x, offset);
+}
+
 void load_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
   const MatmulOperand& v = *t.view;
-  for (int s = 0; s < kTileLoads; ++s) {
-    Reg kg = b.add(it, k0, t.tile_k[static_cast<size_t>(s)]);
-    Reg ok = b.and_(Type::pred, t.row_ok[static_cast<size_t>(s)], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
+  auto element = [&](Reg r, Reg kg) {  // address of element (r, kg)
     Reg k_part = v.k_stride == 1 ? kg : b.mul(it, kg, imm_index(it, v.k_stride));
-    Reg elem = scaled_add(b, it, t.tile_r[static_cast<size_t>(s)], v.row_stride, k_part);
-    Reg addr = b.address(t.base, elem, 4);
-    Reg x = b.mov(Type::f32, imm_f32(0.0f));
-    kir::Instr ld;
-    ld.op = kir::Opc::Ld;
-    ld.type = Type::f32;
-    ld.space = Space::global;
-    ld.dsts = {x};
-    ld.srcs = {addr};
-    b.emit(ld, ok);
-    // Outside the matrix the tile holds 0 whatever the prologue makes of 0.
-    if (v.prologue != se::in(0)) x = b.selp(Type::f32, emit_scalar_exp(b, v.prologue, {x}), imm_f32(0.0f), ok);
-    b.st(Space::shared, Type::f32, t.smem_addr[static_cast<size_t>(s)], x);
+    return b.address(t.base, scaled_add(b, it, r, v.row_stride, k_part), 4);
+  };
+  if (t.vector_k) {  // K is a multiple of 4: a group of 4 k lies wholly inside the matrix or outside
+    Reg kg = b.add(it, k0, t.tile_k[0]);
+    Reg ok = b.and_(Type::pred, t.row_ok[0], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
+    const std::vector<Reg> x = guarded_load(b, element(t.tile_r[0], kg), 4, ok);
+    for (int j = 0; j < 4; ++j) store_element(b, v, x[static_cast<size_t>(j)], ok, t.smem_addr[0], 4 * j * kTileM);
+    return;
+  }
+  const int slots = t.k_groups ? 4 : kTileLoads;  // k_groups: one slot, 4 consecutive k
+  for (int s = 0; s < slots; ++s) {
+    const size_t slot = t.k_groups ? 0 : static_cast<size_t>(s);
+    Reg kg = b.add(it, k0, t.tile_k[slot]);
+    if (t.k_groups && s > 0) kg = b.add(it, kg, imm_index(it, s));
+    Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
+    Reg x = guarded_load(b, element(t.tile_r[slot], kg), 1, ok)[0];
+    store_element(b, v, x, ok, t.smem_addr[slot], t.k_groups ? 4 * s * kTileM : 0);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <xmmintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -34,7 +35,6 @@ constexpr uint32_t kWarp = 32;
 // loop forever (a for-loop whose step is zero, say): an error instead of a hung test.
 constexpr int64_t kMaxRun = int64_t{1} << 32;
 constexpr std::byte kSharedPoison{0xff};  // unwritten shared memory reads as NaN / all ones
-
 
 // The race detector's record of one shared-memory byte in the current barrier epoch. Two
 // distinct readers suffice: a writer differs from at least one of them.
@@ -117,6 +117,14 @@ void join(Knowledge& into, const Knowledge& from) {
   for (const auto& [block, f] : from) into[block].join(f);
 }
 
+// A warp's shared-memory request being gathered: each lane's address, for one instruction.
+struct WarpRequest {
+  uint32_t bytes = 0;  // per lane
+  uint32_t lanes = 0;  // arrived so far
+  std::array<int64_t, 32> addr;
+  WarpRequest() { addr.fill(-1); }
+};
+
 // One resident block: its threads' registers and states, its shared memory and the race
 // detectors' records.
 struct BlockRun {
@@ -125,13 +133,13 @@ struct BlockRun {
   std::vector<uint64_t> regs;
   std::vector<uint32_t> pc;
   std::vector<State> state;
-  std::vector<int64_t> since_sync;       // instructions since the thread's last synchronization
-  std::vector<uint32_t> ready;           // threads that can run
-  std::vector<uint32_t> warp_waiting;    // per warp: lanes waiting at a shfl.sync
-  std::vector<uint32_t> pending_warps;   // warps with lanes waiting at a shfl.sync
-  uint32_t at_bar = 0;                   // threads waiting at a bar.sync
-  uint32_t barriers = 0;                 // bar.syncs completed
-  uint32_t epoch = 0;                    // shared-race epoch: unique per barrier interval of any block in this slot
+  std::vector<int64_t> since_sync;      // instructions since the thread's last synchronization
+  std::vector<uint32_t> ready;          // threads that can run
+  std::vector<uint32_t> warp_waiting;   // per warp: lanes waiting at a shfl.sync
+  std::vector<uint32_t> pending_warps;  // warps with lanes waiting at a shfl.sync
+  uint32_t at_bar = 0;                  // threads waiting at a bar.sync
+  uint32_t barriers = 0;                // bar.syncs completed
+  uint32_t epoch = 0;                   // shared-race epoch: unique per barrier interval of any block in this slot
   std::vector<std::byte> shared;
   std::vector<Shadow> shadow;
   // Global-memory ordering, per thread: seen (through barriers and acquires; shared by the
@@ -142,6 +150,10 @@ struct BlockRun {
   std::vector<uint32_t> stores;
   bool any_seen = false;  // some thread's `seen` is not empty (barriers merge them)
   uint64_t rng = 0;
+  // Bank-conflict counting: per thread and shared-access instruction, how often it ran (the
+  // lanes' n-th runs of one instruction form one warp request), and the requests being gathered.
+  std::vector<uint32_t> shared_runs;
+  std::unordered_map<uint64_t, WarpRequest> requests;
 };
 
 std::atomic<uint64_t> launches{0};
@@ -163,6 +175,13 @@ class Executor {
     }
     nthreads_ = static_cast<uint32_t>(block.count());
     nslots_ = static_cast<uint32_t>(k.init.size());
+    if (options.count_bank_conflicts) {
+      shared_slot_.assign(k.code.size(), -1);
+      for (size_t pc = 0; pc < k.code.size(); ++pc) {
+        const Code c = k.code[pc].code;
+        if (c == Code::LdS || c == Code::StS || c == Code::AtomS) shared_slot_[pc] = shared_ops_++;
+      }
+    }
     const uint64_t resident = std::clamp<uint64_t>(options.resident_blocks, 1, grid.count());
     slots_.resize(static_cast<size_t>(resident));
     for (BlockRun& b : slots_) {
@@ -179,6 +198,7 @@ class Executor {
         b.released.resize(nthreads_);
       }
       b.stores.resize(nthreads_);
+      b.shared_runs.resize(size_t{nthreads_} * static_cast<size_t>(shared_ops_));
     }
   }
 
@@ -250,6 +270,7 @@ class Executor {
       }
     b.any_seen = false;
     b.rng = mix(options_.schedule_seed) ^ mix(index + 0x51ed2701);
+    std::fill(b.shared_runs.begin(), b.shared_runs.end(), 0);
   }
 
   // Runs some of block b; false once every thread of it has exited.
@@ -260,12 +281,14 @@ class Executor {
       for (uint32_t w : b.pending_warps) complete_shuffle(w);
       b.pending_warps.clear();
       if (!b.ready.empty()) return true;
+      flush_requests(b);
       if (b.at_bar == 0) return false;  // all exited
       complete_barrier();
       return true;
     }
     if (!interleave) {  // each ready thread, in a random order, to its next synchronization
-      for (size_t i = b.ready.size(); i > 1; --i) std::swap(b.ready[i - 1], b.ready[below(b, static_cast<uint32_t>(i))]);
+      for (size_t i = b.ready.size(); i > 1; --i)
+        std::swap(b.ready[i - 1], b.ready[below(b, static_cast<uint32_t>(i))]);
       const std::vector<uint32_t> run = std::move(b.ready);
       b.ready.clear();
       for (uint32_t t : run) run_thread(t, std::numeric_limits<int64_t>::max());
@@ -458,7 +481,55 @@ class Executor {
            std::string("misaligned shared ") + what + " of " + std::to_string(bytes) + " bytes at offset " +
                hex_address(addr));
     if (options_.check_races) check_race(t, pc, addr, bytes, kind);
+    if (options_.count_bank_conflicts) gather_request(t, pc, addr, bytes);
     return cur_->shared.data() + addr;
+  }
+
+  // Lane t's part of its warp's request at instruction pc; a request is counted once all 32
+  // lanes have joined, or at the block's next barrier or end (fewer active lanes).
+  void gather_request(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes) {
+    BlockRun& b = *cur_;
+    const auto slot = static_cast<uint32_t>(shared_slot_[pc]);
+    const uint32_t run = b.shared_runs[size_t{t} * static_cast<size_t>(shared_ops_) + slot]++;
+    const uint64_t key = (uint64_t{t / kWarp} * static_cast<uint64_t>(shared_ops_) + slot) << 32 | run;
+    WarpRequest& r = b.requests[key];
+    r.bytes = bytes;
+    r.addr[t % kWarp] = addr;
+    if (++r.lanes == kWarp) {
+      count_request(r);
+      b.requests.erase(key);
+    }
+  }
+
+  void flush_requests(BlockRun& b) {
+    for (const auto& [key, r] : b.requests) count_request(r);
+    b.requests.clear();
+  }
+
+  // Phases of 32, 16 or 8 lanes (4-, 8- or 16-byte accesses); in each, the wavefronts are the
+  // most distinct words any one bank holds.
+  void count_request(const WarpRequest& r) {
+    const uint32_t per_phase = r.bytes >= 16 ? 8 : r.bytes == 8 ? 16 : 32;
+    const uint32_t words = std::max<uint32_t>(1, r.bytes / 4);
+    ++stats_.shared_requests;
+    for (uint32_t first = 0; first < kWarp; first += per_phase) {
+      std::array<std::vector<int64_t>, 32> bank;
+      bool any = false;
+      for (uint32_t l = first; l < first + per_phase; ++l) {
+        if (r.addr[l] < 0) continue;
+        any = true;
+        for (uint32_t w = 0; w < words; ++w) {
+          const int64_t word = r.addr[l] / 4 + w;
+          auto& held = bank[static_cast<size_t>(word % 32)];
+          if (std::find(held.begin(), held.end(), word) == held.end()) held.push_back(word);
+        }
+      }
+      if (!any) continue;
+      size_t most = 1;
+      for (const auto& held : bank) most = std::max(most, held.size());
+      stats_.shared_wavefronts += static_cast<int64_t>(most);
+      stats_.bank_conflicts += static_cast<int64_t>(most) - 1;
+    }
   }
 
   void check_race(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes, Access kind) {
@@ -577,9 +648,11 @@ class Executor {
   const uint64_t launch_;         // this launch's id (write records of others are stale)
   std::vector<uint64_t> params_;  // masked to their types' widths
   uint32_t nthreads_ = 0, nslots_ = 0;
-  std::vector<BlockRun> slots_;  // resident blocks
-  BlockRun* cur_ = nullptr;      // the block being run
-  uint32_t epochs_ = 0;          // shared-race epochs handed out
+  std::vector<BlockRun> slots_;                   // resident blocks
+  BlockRun* cur_ = nullptr;                       // the block being run
+  uint32_t epochs_ = 0;                           // shared-race epochs handed out
+  std::vector<int32_t> shared_slot_;              // per pc: its index among the shared accesses, or -1
+  int32_t shared_ops_ = 0;
   std::unordered_map<uint64_t, Knowledge> sync_;  // per atomically updated word: the releases made there
   SimStats stats_;
 };

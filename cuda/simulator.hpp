@@ -38,7 +38,7 @@ struct Dim3 {
 // (launch ids are unique per process, so a record from an earlier launch is simply stale).
 struct WordWrite {
   uint64_t launch = 0;
-  uint64_t block = 0;    // linear block index in the grid
+  uint64_t block = 0;     // linear block index in the grid
   uint32_t barriers = 0;  // bar.syncs the writing block had completed
   uint32_t seq = 0;       // the writing thread's global stores so far, this one included
   uint32_t pc = 0;
@@ -78,11 +78,21 @@ struct SimOptions {
   // Blocks resident at once, their threads interleaved in segments of 1 to 32 instructions.
   // 1: blocks run one after another, each thread of a block to its next synchronization.
   uint32_t resident_blocks = 8;
+  // Count shared-memory bank conflicts (SimStats): lanes of a warp that run the same shared
+  // access the same time round are one request, served in wavefronts of one word per bank.
+  bool count_bank_conflicts = false;
 };
 
 struct SimStats {
   int64_t instructions = 0;  // executed by all threads
   int64_t barriers = 0;      // block-wide barrier completions
+  // With SimOptions::count_bank_conflicts: warp-level shared-memory requests, the wavefronts
+  // they took (32 banks of 4 bytes; 8- and 16-byte accesses are served a half or a quarter
+  // warp at a time, as on NVIDIA GPUs; lanes reading one word share it), and the wavefronts
+  // beyond one per request phase (bank conflicts).
+  int64_t shared_requests = 0;
+  int64_t shared_wavefronts = 0;
+  int64_t bank_conflicts = 0;
 };
 
 // A kernel prepared for simulation (flattened to straight-line code with branches).

@@ -27,12 +27,12 @@ inline bool gpu_required() {
   const char* v = std::getenv("KILN_REQUIRE_GPU");
   return v && std::string(v) == "1";
 }
-#define KILN_GPU_OR_SKIP(var)                                                                 \
-  std::string var##_why;                                                                      \
-  ::kiln::cuda::Runtime* var = ::kiln::cuda::Runtime::system(&var##_why);                     \
-  if (!var) {                                                                                 \
-    if (::kiln::testing::gpu_required()) FAIL() << "KILN_REQUIRE_GPU=1 but " << var##_why;    \
-    GTEST_SKIP() << "no usable GPU: " << var##_why;                                           \
+#define KILN_GPU_OR_SKIP(var)                                                              \
+  std::string var##_why;                                                                   \
+  ::kiln::cuda::Runtime* var = ::kiln::cuda::Runtime::system(&var##_why);                  \
+  if (!var) {                                                                              \
+    if (::kiln::testing::gpu_required()) FAIL() << "KILN_REQUIRE_GPU=1 but " << var##_why; \
+    GTEST_SKIP() << "no usable GPU: " << var##_why;                                        \
   }
 
 inline cuda::Runtime& fake_runtime() {

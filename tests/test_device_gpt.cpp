@@ -4,12 +4,11 @@
 // each gradient 1e-4, norm-relative), and training steps with dropout must match the CPU's
 // losses and gradients (the dropout masks are the same Philox bits on both).
 #include <gtest/gtest.h>
-
-#include <thread>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <thread>
 
 #include "circuit/error.hpp"
 #include "core/engine.hpp"

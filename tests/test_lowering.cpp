@@ -498,3 +498,31 @@ TEST(Lowering, KernelsAreNamedByTheirStructureAndPrintIdentically) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The matmul kernel's shared memory, counted in the simulator: tile stores and the 16-byte
+// fragment loads take no more wavefronts than their request phases, whichever operand is
+// contiguous along k (A row-major, B transposed: both are; ta/tb flip them).
+TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
+  for (auto [ta, tb] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
+    const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
+    testing::Harness h({f32(a), f32(b)}, [&](Builder& bl, const std::vector<ValueId>& x) {
+      return bl.matmul(x[0], x[1], ta, tb);
+    });
+    cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+    cuda::fake_driver_count_bank_conflicts(true);
+    dp.run(h.bindings);
+    const auto stats = cuda::fake_driver_kernel_stats();
+    cuda::fake_driver_count_bank_conflicts(false);
+    ASSERT_EQ(stats.size(), 1u);
+    const auto& [name, s] = *stats.begin();
+    EXPECT_GT(s.shared_requests, 0) << name;
+    EXPECT_EQ(s.bank_conflicts, 0) << name << " ta " << ta << " tb " << tb << ": " << s.shared_wavefronts
+                                   << " wavefronts for " << s.shared_requests << " requests";
+  }
+}
+
+}  // namespace
+}  // namespace kiln

@@ -106,7 +106,7 @@ std::vector<BodyCase> bodies() {
       {"log", se::log(a) * c, 0.1, 3},
       {"sqrt_rsqrt", se::sqrt(a) + se::rsqrt(b), 0.1, 3},
       {"tanh_sigmoid", se::tanh(a) * se::sigmoid(c), -3, 3},
-      {"gelu", se::gelu(a) * c, -1, 3},  // x << 0 cancels in 1 + tanh(.)
+      {"gelu", se::gelu(a) * c, -1, 3},           // x << 0 cancels in 1 + tanh(.)
       {"gelu_grad", se::gelu_grad(a) * c, 0, 3},  // its zero near x = -0.75 has no relative accuracy
       {"silu", se::silu(b) * a, -3, 3},
       {"sin_cos", se::sin(a) * se::cos(c), -3, 3},

@@ -115,9 +115,8 @@ TEST(ScalarExp, EvalMissingInputThrows) {
 TEST(ScalarExp, DerivativeUnaryMatchesFiniteDifferences) {
   const ScalarExp x = in(0);
   for (double p : {0.7, -1.3}) {
-    for (const ScalarExp& f :
-         {-x, se::exp(x), se::tanh(x), se::sigmoid(x), se::gelu(x), se::gelu_grad(x), se::silu(x), se::sin(x), se::cos(x),
-          se::abs(x)})
+    for (const ScalarExp& f : {-x, se::exp(x), se::tanh(x), se::sigmoid(x), se::gelu(x), se::gelu_grad(x), se::silu(x),
+                               se::sin(x), se::cos(x), se::abs(x)})
       expect_grad_matches_fd(f, {p});
   }
   for (double p : {0.7, 2.3}) {

@@ -274,10 +274,23 @@ TEST(SimulatorArith, IntegerOperations) {
 // div/rem.u64 by a constant are lowered to shifts or a multiply-high (kir.cpp): exact for
 // dividends across the whole range, and no div.u64/rem.u64 (a slow call in ptxas's output) is left.
 TEST(SimulatorArith, U64DivisionByConstantsIsExact) {
-  const std::vector<uint64_t> divisors = {1, 2, 3, 6, 7, 10, 12, 64, 100, 384, 50257, 1000003,
-                                          (uint64_t{1} << 32) + 1, (uint64_t{1} << 63) + 5, ~uint64_t{0}};
-  std::vector<uint64_t> n = {0, 1, 2, 5, 99, 100, 101, uint64_t{1} << 31, (uint64_t{1} << 32) - 1, uint64_t{1} << 32,
-                             (uint64_t{1} << 63) - 1, uint64_t{1} << 63, ~uint64_t{0} - 1, ~uint64_t{0}};
+  const std::vector<uint64_t> divisors = {
+      1,           2, 3, 6, 7, 10, 12, 64, 100, 384, 50257, 1000003, (uint64_t{1} << 32) + 1, (uint64_t{1} << 63) + 5,
+      ~uint64_t{0}};
+  std::vector<uint64_t> n = {0,
+                             1,
+                             2,
+                             5,
+                             99,
+                             100,
+                             101,
+                             uint64_t{1} << 31,
+                             (uint64_t{1} << 32) - 1,
+                             uint64_t{1} << 32,
+                             (uint64_t{1} << 63) - 1,
+                             uint64_t{1} << 63,
+                             ~uint64_t{0} - 1,
+                             ~uint64_t{0}};
   uint64_t x = 88172645463325252ULL;  // xorshift64: dividends spread over the whole range
   for (int i = 0; i < 18; ++i) {
     x ^= x << 13;
@@ -515,6 +528,38 @@ TEST(SimulatorSchedule, ResidentBlocksInterleave) {
       EXPECT_EQ(block0_max, 63u);
     else
       EXPECT_GT(block0_max, 63u) << "block 0 ran to its end before any other block started";
+  }
+}
+
+// Shared-memory bank conflicts as a GPU serves a warp's request: 32 banks of 4 bytes, a word
+// read by several lanes broadcast, 16-byte accesses a quarter warp at a time.
+TEST(SimulatorBanks, ConflictsAreCountedPerWarpRequest) {
+  struct Pattern {
+    const char* name;
+    uint32_t stride_bytes, vec;  // lane l accesses l * stride, vec floats
+    int64_t wavefronts, conflicts;
+  };
+  for (const Pattern& p : {Pattern{"consecutive", 4, 1, 1, 0}, Pattern{"stride 2 words", 8, 1, 2, 1},
+                           Pattern{"stride 32 words", 128, 1, 32, 31}, Pattern{"one word", 0, 1, 1, 0},
+                           Pattern{"v4 consecutive", 16, 4, 4, 0}, Pattern{"v4 stride 8 words", 32, 4, 8, 4}}) {
+    KernelBuilder b("banks");
+    Reg out = b.param("out", Type::u64);
+    const int sh = b.shared_array("tile", 32 * 128 + 16, 16);
+    Reg lane = b.sreg(SReg::tid_x);
+    Reg at = b.mad(Type::u32, lane, imm_u32(p.stride_bytes), b.shared_addr(sh));
+    if (p.vec == 4) {
+      const std::vector<Reg> v = b.ld_vec(Space::shared, Type::f32, at, 4);
+      b.st(Space::global, Type::f32, b.address(out, lane, 4), v[0]);
+    } else {
+      b.st(Space::global, Type::f32, b.address(out, lane, 4), b.ld(Space::shared, Type::f32, at));
+    }
+    DeviceMemory mem;
+    const uint64_t o = mem.alloc(32 * 4);
+    const SimStats st =
+        simulate(b.finish(), {1}, {32}, {o}, mem, SimOptions{.check_races = false, .count_bank_conflicts = true});
+    EXPECT_EQ(st.shared_requests, 1) << p.name;
+    EXPECT_EQ(st.shared_wavefronts, p.wavefronts) << p.name;
+    EXPECT_EQ(st.bank_conflicts, p.conflicts) << p.name;
   }
 }
 

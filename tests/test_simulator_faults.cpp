@@ -87,9 +87,9 @@ TEST(SimulatorBugs, SharedMemoryRaceWithoutBarrier) {
 // after_last_block) in three variants: every thread stores a partial; thread 0 counts the block
 // in with membar.gl + atom.add; the last block's threads read every partial of their column.
 enum class LastBlock {
-  Correct,              // bar.sync, membar.gl, atom.add, membar.gl, bar.sync
+  Correct,                 // bar.sync, membar.gl, atom.add, membar.gl, bar.sync
   NoBarrierBeforeRelease,  // kiln's first version: thread 0 releases before the others stored
-  NoAcquire,            // the atomic is not followed by thread 0's membar.gl before the bar.sync
+  NoAcquire,               // the atomic is not followed by thread 0's membar.gl before the bar.sync
 };
 
 Kernel last_block_kernel(LastBlock variant, uint32_t threads, uint32_t blocks) {
@@ -163,8 +163,11 @@ TEST(SimulatorBugs, GlobalMemoryRaceWithinABlock) {
     DeviceMemory mem;
     const uint64_t buf = mem.alloc(64 * 4), o = mem.alloc(64 * 4);
     if (!barrier) {
-      expect_error([&] { simulate(k, {1}, {64}, {buf, o}, mem); },
-                   {"global-memory race", "block (0,0,0)", "with no bar.sync in between"});
+      expect_error(
+          [&] {
+            simulate(k, {1}, {64}, {buf, o}, mem);
+          },
+          {"global-memory race", "block (0,0,0)", "with no bar.sync in between"});
       continue;
     }
     simulate(k, {1}, {64}, {buf, o}, mem);

@@ -1,7 +1,9 @@
 // `kiln ptx --out DIR`: writes every kernel one GPT training step (forward, backward, AdamW)
 // lowers to, one .ptx file each, plus index.tsv: kernel, Prim(s), grid, block, and registers
 // and spills from ptxas when it is on PATH. The step runs once on the CPU to build its plan;
-// the plan's optimized circuit is then lowered (no GPU needed).
+// the plan's optimized circuit is then lowered (no GPU needed). With --bank-conflicts the step
+// also runs once on the fake GPU (every kernel in the SIMT simulator), which counts each
+// kernel's shared-memory requests and bank conflicts.
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -13,9 +15,11 @@
 #include "circuit/error.hpp"
 #include "commands.hpp"
 #include "core/engine.hpp"
+#include "cuda/fake_driver.hpp"
 #include "cuda/lower.hpp"
 #include "cuda/ptx_printer.hpp"
 #include "cuda/ptxas.hpp"
+#include "cuda/runtime.hpp"
 #include "train/adamw.hpp"
 
 namespace kiln::cli {
@@ -33,10 +37,14 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   Args a(argv,
          with_model_flags({{"out", "directory to write the kernels to (required)"},
                            {"batch", "sequences per step (default 16)"},
-                           {"sm", "target architecture: 80 or 90 (default 90)"}},
+                           {"sm", "target architecture: 80 or 90 (default 90)"},
+                           {"bank-conflicts",
+                            "also run the step in the SIMT simulator and report each kernel's shared-memory bank "
+                            "conflicts per launch (slow: use a small config)"}},
                           true),
          "usage: kiln ptx --out DIR [options]\n\nWrites the PTX of every kernel of one GPT training step (AdamW) "
-         "and an index.");
+         "and an index.",
+         {"bank-conflicts"});
   if (a.help()) {
     a.print_help();
     return 0;
@@ -57,6 +65,21 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   const Plan* step = Engine::current().plan_cache().largest();
   if (!step) throw Error("kiln ptx: the training step built no plan");
   const Circuit& circuit = step->program->circuit();
+  // The same step once more on the fake GPU, counting bank conflicts per kernel name.
+  std::map<std::string, cuda::FakeKernelStats> banks;
+  const bool count_banks = a.has("bank-conflicts");
+  if (count_banks) {
+    cuda::Runtime fake(cuda::fake_driver(), cuda::RuntimeOptions{"off", "", true});
+    Engine::current().set_device(Device::CUDA, &fake);
+    cuda::fake_driver_count_bank_conflicts(true);
+    Tensor device_loss = model.loss(x, y);
+    device_loss.backward();
+    opt.step();
+    device_loss.item();
+    banks = cuda::fake_driver_kernel_stats();
+    cuda::fake_driver_count_bank_conflicts(false);
+    Engine::current().set_device(Device::CPU);
+  }
 
   std::vector<cuda::LoweredOp> lowered;
   for (size_t i = 0; i < circuit.ops().size(); ++i) lowered.push_back(cuda::lower(circuit, static_cast<int>(i)));
@@ -73,7 +96,8 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   const bool have_ptxas = !cuda::find_ptxas().empty();
   if (!have_ptxas) spdlog::warn("ptxas not found on PATH: the index has no register counts");
   std::ofstream index(out / "index.tsv");
-  index << "kernel\tprims\tgrid\tblock\tshared_bytes\tregisters\tspill_stores\tspill_loads\n";
+  index << "kernel\tprims\tgrid\tblock\tshared_bytes\tregisters\tspill_stores\tspill_loads\tshared_requests\tbank_"
+           "conflicts\n";
   for (const auto& [name, row] : kernels) {
     const std::string ptx = kir::print_ptx(*row.launch->kernel, sm);
     std::ofstream(out / (name + ".ptx")) << ptx;
@@ -88,6 +112,13 @@ int cmd_ptx(const std::vector<std::string>& argv) {
     } else {
       index << "\t-\t-\t-";
     }
+    // Per launch; "-" where not measured (no --bank-conflicts, or the fake GPU's plan did not
+    // launch this kernel).
+    if (auto it = banks.find(name); it != banks.end() && it->second.launches > 0)
+      index << '\t' << it->second.shared_requests / it->second.launches << '\t'
+            << it->second.bank_conflicts / it->second.launches;
+    else
+      index << "\t-\t-";
     index << '\n';
   }
   if (!index) throw Error("kiln ptx: cannot write " + (out / "index.tsv").string());

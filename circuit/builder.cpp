@@ -46,6 +46,8 @@ ValueId Builder::matmul(ValueId a, ValueId b, bool ta, bool tb) {
 
 ValueId Builder::gather_rows(ValueId table, ValueId idx) { return op("gather_rows", {}, {table, idx}); }
 
+ValueId Builder::gather_last(ValueId x, ValueId idx) { return op("gather_last", {}, {x, idx}); }
+
 ValueId Builder::scatter_add_rows(ValueId idx, ValueId src, int64_t rows) {
   Params p;
   p.ints = {rows};

@@ -36,6 +36,8 @@ class Builder {
   ValueId matmul(ValueId a, ValueId b, bool ta = false, bool tb = false);
   // table: [V, D], idx: i32 S -> S + [D].
   ValueId gather_rows(ValueId table, ValueId idx);
+  // x: (..., V) float, idx: i32 (...) -> (..., 1): x[..., idx[...]] (one element of each row).
+  ValueId gather_last(ValueId x, ValueId idx);
   // idx: i32 S, src: S + [D] -> [rows, D], zeros plus src rows added at idx.
   ValueId scatter_add_rows(ValueId idx, ValueId src, int64_t rows);
   // idx: i32 S -> S + [depth] of dtype, 1 at idx and 0 elsewhere.

@@ -37,12 +37,12 @@ ValueId cross_entropy(Builder& b, ValueId logits, ValueId targets) {
     fail(
         "cross_entropy", b.scope(),
         "logits must be (..., V) and targets (...): received logits " + li.shape.str() + ", targets " + ti.shape.str());
-  ValueId lsm = log_softmax(b, logits);
-  ValueId onehot = b.one_hot(targets, li.shape[li.shape.rank() - 1], li.dtype);
-  // where, not a product: a -inf log-probability off the target must not give 0 * -inf = NaN.
-  ValueId zero = b.fill(Shape{}, li.dtype, 0.0);
-  ValueId picked = b.reduce(ReduceKind::Sum, b.where(onehot, lsm, zero), -1);
-  return b.scale(b.reduce_all(ReduceKind::Mean, picked), -1.0);
+  // -log softmax(x)[t] = logsumexp(x) - x[t]: the target's logit is gathered (one element per
+  // row; no one-hot of (..., V) is built), and the row's log-sum-exp needs only row sums.
+  ValueId m = b.stop_gradient(b.reduce(ReduceKind::Max, logits, -1));
+  ValueId s = b.reduce(ReduceKind::Sum, b.pointwise(se::exp(se::in(0) - se::in(1)), {logits, m}), -1);
+  ValueId lse = b.pointwise(se::in(0) + se::log(se::in(1)), {m, s});
+  return b.reduce_all(ReduceKind::Mean, b.sub(lse, b.gather_last(logits, targets)));
 }
 
 ValueId causal_mask(Builder& b, int64_t t) {

@@ -22,6 +22,9 @@ namespace {
 size_t nbytes(const ValueInfo& info) { return static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype); }
 size_t status_bytes(int slots) { return static_cast<size_t>(std::max(slots, 1)) * kStatusWords * 4; }
 
+// The input holding the indices of an op that checks them (for its error message).
+size_t index_input(const Op& op) { return op.prim->name == "gather_rows" || op.prim->name == "gather_last" ? 1 : 0; }
+
 // Frees every buffer still held when a run ends, normally or by an exception. A borrowed
 // buffer (the workspace's, or a resident tensor's copy or spare) is only referred to.
 struct Buffers {
@@ -299,7 +302,7 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
       if (w[0] != 0)
         fail(ops[i].prim->name, ops[i].scope,
              fmt::format("{} index(es) out of range on the device, e.g. {} (input {})", w[0], w[1],
-                         circuit_.info(ops[i].inputs[ops[i].prim->name == "gather_rows" ? 1 : 0]).shape.str()));
+                         circuit_.info(ops[i].inputs[index_input(ops[i])]).shape.str()));
     }
   }
   std::vector<HostTensor> results;

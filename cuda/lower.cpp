@@ -34,6 +34,7 @@ const std::map<std::string, Entry>& table() {
        {lower_matmul, "the matmul kernel reading through views, prologues on load, epilogues on store"}},
       {"column_sums", {lower_column_sums, "thread per column, rows in order, one accumulator per body"}},
       {"gather_rows", {lower_gather, "thread per element, indices checked"}},
+      {"gather_last", {lower_gather, "thread per output element, indices checked"}},
       {"scatter_add_rows", {lower_gather, "zero + f32 atomic adds, indices checked"}},
       {"one_hot", {lower_one_hot, "elementwise, indices checked"}},
       {"reshape", {lower_alias, "alias (no kernel)"}},

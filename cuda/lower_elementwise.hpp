@@ -67,7 +67,7 @@ void after_last_block(KernelBuilder& b, Reg counter, uint32_t blocks, const std:
 // Defined in their own files.
 LoweredOp lower_reduce(const Circuit& c, const Op& op);  // reduce, reduce_all
 LoweredOp lower_matmul(const Circuit& c, const Op& op);
-LoweredOp lower_gather(const Circuit& c, const Op& op);  // gather_rows, scatter_add_rows
+LoweredOp lower_gather(const Circuit& c, const Op& op);  // gather_rows, gather_last, scatter_add_rows
 LoweredOp lower_fused_rows(const Circuit& c, const Op& op);
 LoweredOp lower_multi_tensor(const Circuit& c, const Op& op);
 LoweredOp lower_column_sums(const Circuit& c, const Op& op);

@@ -1,5 +1,6 @@
 // Lowering of the row gathers.
 //   gather_rows       table: (V, D), idx: i32 S -> out: S + (D); one thread per output element
+//   gather_last       x: S + (V), idx: i32 S -> out: S; one thread per output element
 //   scatter_add_rows  idx: i32 S, src: S + (D) -> out: (rows, D); out is zeroed first, then one
 //                     thread per src element adds it with an f32 atomic (order-dependent
 //                     rounding). Ordered (the deterministic mode): one thread per column adds
@@ -49,9 +50,37 @@ LoweredOp lower_ordered_scatter(const Circuit& c, const Op& op) {
   return r;
 }
 
+LoweredOp lower_gather_last(const Circuit& c, const Op& op) {
+  const ValueInfo& x = c.info(op.inputs[0]);
+  const int64_t V = x.shape[x.shape.rank() - 1], n = c.info(op.outputs[0]).shape.numel();
+  const Type it = index_type(x.shape.numel());
+  KernelBuilder b("kiln_gather_last");
+  Reg p_x = b.param("x", Type::u64), p_idx = b.param("idx", Type::u64), p_out = b.param("out", Type::u64);
+  Reg status = b.param("status", Type::u64);
+  grid_stride_loop(b, it, n, [&](Reg s) {
+    Reg col = b.ld(Space::global, Type::s32, b.address(p_idx, s, 4));
+    Reg bad = b.or_(Type::pred, b.setp(Cmp::lt, col, kir::imm_s32(0)),
+                    b.setp(Cmp::ge, col, kir::imm_s32(static_cast<int32_t>(V))));
+    b.if_(
+        bad, [&] { record_index_error(b, status, col); },
+        [&] {
+          Reg col_it = it == Type::u32 ? b.cvt(Type::u32, col) : b.cvt(Type::u64, col);
+          Reg at = b.mad(it, s, imm_index(it, V), col_it);
+          b.st(Space::global, Type::f32, b.address(p_out, s, 4), b.ld(Space::global, Type::f32, b.address(p_x, at, 4)));
+        });
+  });
+  LoweredOp r;
+  r.launches.push_back(
+      finish_launch(b, "kiln_gather_last", elementwise_grid(n), {kElementwiseThreads, 1, 1},
+                    {{ArgRef::Kind::Input, 0}, {ArgRef::Kind::Input, 1}, {ArgRef::Kind::Output, 0}, {ArgRef::Kind::Status, 0}}));
+  r.summary = "gather_last: one thread per output element, " + launch_text(r.launches.back());
+  return r;
+}
+
 }  // namespace
 
 LoweredOp lower_gather(const Circuit& c, const Op& op) {
+  if (op.prim->name == "gather_last") return lower_gather_last(c, op);
   const bool gather = op.prim->name == "gather_rows";
   if (!gather && op.params.ints.size() == 2 && op.params.ints[1] == 1) return lower_ordered_scatter(c, op);
   const ValueInfo& data = c.info(op.inputs[gather ? 0 : 1]);  // table or src

@@ -211,6 +211,10 @@ std::vector<LoweringCase> cases() {
                  return b.circuit().add_op("scatter_add_rows", p, {x[0], x[1]}, b.scope())[0];
                },
                0});
+  c.push_back({"gather_last",
+               {f32({5, 9, 13}), i32({5, 9}, 0, 13)},
+               [](Builder& b, const std::vector<ValueId>& x) { return b.gather_last(x[0], x[1]); },
+               0});
   c.push_back({"one_hot",
                {i32({5, 9}, 0, 13)},
                [](Builder& b, const std::vector<ValueId>& x) { return b.one_hot(x[0], 13, DType::f32); },

@@ -109,6 +109,8 @@ std::vector<GradCase> cases() {
       [](Builder& b, const auto& x) { return b.gather_rows(x[0], x[1]); });
   add("scatter_add_rows", {"scatter_add_rows"}, {I({7}, 5), F({7, 3})},
       [](Builder& b, const auto& x) { return b.scatter_add_rows(x[0], x[1], 5); });
+  add("gather_last", {"gather_last", "iota", "cast"}, {F({3, 4, 6}), I({3, 4}, 6)},
+      [](Builder& b, const auto& x) { return b.gather_last(x[0], x[1]); });
   add("one_hot_weighting", {"one_hot", "pointwise"}, {F({4, 6}), I({4}, 6)},
       [](Builder& b, const auto& x) { return b.mul(x[0], b.one_hot(x[1], 6, DType::f64)); });
   // layout
@@ -153,7 +155,7 @@ std::vector<GradCase> cases() {
       [](Builder& b, const auto& x) { return composite::log_softmax(b, x[0]); });
   add("layernorm", {"reduce", "pointwise"}, {F({2, 3, 6}), F({6}), F({6})},
       [](Builder& b, const auto& x) { return composite::layernorm(b, x[0], x[1], x[2]); });
-  add("cross_entropy", {"one_hot", "reduce_all"}, {F({4, 9}, -2, 2), I({4}, 9)},
+  add("cross_entropy", {"gather_last", "reduce_all"}, {F({4, 9}, -2, 2), I({4}, 9)},
       [](Builder& b, const auto& x) { return composite::cross_entropy(b, x[0], x[1]); });
   add("causal_softmax", {"iota", "where"}, {F({2, 5, 5})},
       [](Builder& b, const auto& x) { return composite::softmax(b, composite::apply_causal_mask(b, x[0])); });

@@ -286,6 +286,25 @@ TYPED_TEST(PrimReference, ScatterAddRowsAccumulatesRepeats) {
   EXPECT_EQ(out.get(4 * 2 + 1), 0.0);
 }
 
+TYPED_TEST(PrimReference, GatherLastPicksOneElementPerRow) {
+  using T = TypeParam;
+  HostTensor x = rnd(dtype_of<T>(), Shape{2, 3, 5}, 32);
+  const std::vector<int32_t> idx{4, 0, 2, 2, 1, 3};
+  Net n;
+  HostTensor out = n.run(n.b.gather_last(n.in(x), n.in(ints(Shape{2, 3}, idx))));
+  ASSERT_EQ(out.shape(), (Shape{2, 3, 1}));
+  for (size_t p = 0; p < idx.size(); ++p) EXPECT_EQ(out.data<T>()[p], x.data<T>()[p * 5 + idx[p]]);
+  Net bad;
+  const std::vector<int32_t> out_of_range{0, 5, 0, 0, 0, 0};
+  try {
+    bad.run(bad.b.gather_last(bad.in(x), bad.in(ints(Shape{2, 3}, out_of_range))));
+    ADD_FAILURE() << "index 5 of 5 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gather_last"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("index 5 at position 1"), std::string::npos) << e.what();
+  }
+}
+
 TYPED_TEST(PrimReference, OneHot) {
   using T = TypeParam;
   const std::vector<int32_t> idx{3, 0, 2, 2, 1, 0};
@@ -808,7 +827,7 @@ TYPED_TEST(PrimReference, CrossEntropyIsMeanNegativeLogSoftmaxOfTarget) {
 // Every registered Prim has at least one reference test in this file.
 TEST(PrimReferenceTable, EveryRegisteredPrimIsCovered) {
   const std::set<std::string> covered = {
-      "pointwise", "reduce",  "reduce_all", "matmul",        "gather_rows",  "scatter_add_rows",
+      "pointwise", "reduce",  "reduce_all", "matmul",        "gather_rows",  "scatter_add_rows", "gather_last",
       "one_hot",   "reshape", "permute",    "broadcast",     "slice",        "concat",
       "split",     "where",   "cast",       "stop_gradient", "fill",         "iota",
       "random",    "assign",  "fused_rows", "multi_tensor",  "fused_matmul", "column_sums"};

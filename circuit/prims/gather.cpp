@@ -3,9 +3,14 @@
 //   scatter_add_rows idx: i32 S, src: S + (D) -> (rows, D)          zeros, then src rows added at idx
 //                    (params {rows} or {rows, ordered}: ordered asks the GPU for source order)
 //   one_hot          idx: i32 S -> S + (depth), 1 at idx, 0 elsewhere (params ints {depth}, dtype)
+//   gather_last      x: S + (V) float, idx: i32 S -> S + (1): x[s, idx[s]] (a target's logit;
+//                    the kept axis lets per-row values combine with it and its gradient
+//                    broadcast along the row with no reshape in between)
 // An index outside [0, V) is an error naming the op, the index, its position and V.
 // VJPs: gather_rows -> scatter_add_rows of g into the table; scatter_add_rows -> gather_rows of
-// g for src; indices and one_hot have no gradient.
+// g for src; gather_last -> select(v == idx, g, 0) over S + (V) as one pointwise op (v an
+// iota, idx cast to x's float type: exact below 2^24), so fusion folds it into its consumer
+// and no one-hot is written; indices and one_hot have no gradient.
 #include "circuit/builder.hpp"
 #include "circuit/prim.hpp"
 #include "circuit/prims/eigen_util.hpp"
@@ -109,6 +114,45 @@ std::vector<HostTensor> one_hot_eval(const Op& op, const std::vector<const HostT
   return {out};
 }
 
+std::vector<ValueInfo> gather_last_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params&) {
+  if (in.size() != 2) ctx.fail("takes (x, idx)");
+  ctx.require_float(in[0], "x");
+  ctx.require_dtype(in[1], DType::i32, "idx");
+  const Shape& xs = in[0].shape;
+  if (xs.rank() < 1 || with_last(in[1].shape, xs[xs.rank() - 1]) != xs)
+    ctx.fail("x must have shape idx + (V): x " + xs.str() + ", idx " + in[1].shape.str());
+  if (xs[xs.rank() - 1] >= (int64_t{1} << 24))
+    ctx.fail("the last axis has " + std::to_string(xs[xs.rank() - 1]) + " entries; at most 2^24 (indices compared as floats)");
+  return {{with_last(in[1].shape, 1), in[0].dtype}};
+}
+
+std::vector<HostTensor> gather_last_eval(const Op&, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
+  const HostTensor &x = *in[0], &idx = *in[1];
+  const int64_t v = x.shape()[x.shape().rank() - 1];
+  HostTensor out = bufs.output(0);
+  ref::dispatch_float(x.dtype(), "gather_last", [&](auto t) {
+    using T = decltype(t);
+    for (int64_t p = 0; p < idx.numel(); ++p) {
+      int32_t i = idx.data<int32_t>()[p];
+      check_index("gather_last", i, p, v);
+      out.data<T>()[p] = x.data<T>()[p * v + i];
+    }
+  });
+  return {out};
+}
+
+std::vector<ValueId> gather_last_vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
+  const ValueInfo& x = b.info(op.inputs[0]);
+  const int64_t v = x.shape[x.shape.rank() - 1];
+  Shape row = b.info(op.inputs[1]).shape;
+  std::vector<int64_t> column = row.dims();
+  column.push_back(1);
+  ValueId position = b.iota(Shape{v}, x.dtype, ix::coord(0));
+  ValueId target = b.reshape(b.cast(op.inputs[1], x.dtype), Shape(column));
+  return {b.pointwise(se::select(se::eq(se::in(0), se::in(1)), se::in(2), se::c(0.0)), {position, target, g[0]}),
+          kNoValue};
+}
+
 }  // namespace
 
 void register_gather(PrimRegistry& r) {
@@ -132,6 +176,15 @@ void register_gather(PrimRegistry& r) {
     return "rows=" + std::to_string(p.ints[0]) + (p.ints.size() == 2 && p.ints[1] ? " ordered" : "");
   };
   r.add(s);
+
+  PrimDef gl;
+  gl.name = "gather_last";
+  gl.family = "gather.cpp";
+  gl.shape = gather_last_shape;
+  gl.eval = gather_last_eval;
+  gl.vjp = gather_last_vjp;
+  gl.nondiff_inputs = {1};
+  r.add(gl);
 
   PrimDef o;
   o.name = "one_hot";

@@ -34,9 +34,9 @@ void reference_forward_backward(cuda::Runtime& rt) {
 // f32 gradient tolerance, norm-relative). Parameters after the updates are not compared: Adam
 // divides each gradient by its own magnitude, so for a gradient that is zero in exact
 // arithmetic (the attention key bias) it turns f32 rounding noise into full-size steps.
-void training_steps_match_cpu(cuda::Runtime& rt) {
-  const models::GPTConfig c = testing::tiny_gpt_config(2);
-  HostTensor ids = HostTensor::zeros(DType::i32, Shape{2, 8});
+void training_steps_match_cpu(cuda::Runtime& rt, const models::GPTConfig& c = testing::tiny_gpt_config(2),
+                              int64_t batch = 2) {
+  HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, c.block_size});
   for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 5 + 3) % 13));
   struct Run {
     std::vector<double> losses;
@@ -165,6 +165,15 @@ TEST(FakeGpuGpt, StepsOnAnotherThreadGiveTheSameBits) {
 TEST(FakeGpuGpt, ReferenceForwardBackwardInTheSimulator) { reference_forward_backward(testing::fake_runtime()); }
 
 TEST(FakeGpuGpt, TrainingStepsWithDropoutMatchTheCpu) { training_steps_match_cpu(testing::fake_runtime()); }
+
+// 5 x 32 = 160 rows: the layer norms' parameter gradients split their rows across blocks, and
+// the clipped AdamW sums its groups across blocks; the simulator interleaves the blocks and
+// checks every global read's ordering.
+TEST(FakeGpuGpt, StepsAtSizesThatSplitRowsAcrossBlocksMatchTheCpu) {
+  models::GPTConfig c = testing::tiny_gpt_config(1);
+  c.block_size = 32;
+  training_steps_match_cpu(testing::fake_runtime(), c, 5);
+}
 
 TEST(GpuGpt, ReferenceForwardBackward) {
   KILN_GPU_OR_SKIP(rt);

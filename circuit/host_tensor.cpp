@@ -1,7 +1,10 @@
 // HostTensor storage and element access.
 #include "circuit/host_tensor.hpp"
 
+#include <unistd.h>
+
 #include <atomic>
+#include <limits>
 
 #include "circuit/error.hpp"
 
@@ -19,7 +22,19 @@ HostTensor HostTensor::zeros(DType dtype, Shape shape) {
   HostTensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
-  size_t n = t.nbytes();
+  // numel() refuses an overflowing shape; so must the byte count (a wrapped size would
+  // allocate a small buffer that the caller then overruns).
+  size_t n = 0;
+  if (t.numel() < 0 || __builtin_mul_overflow(static_cast<size_t>(t.numel()), dtype_size(dtype), &n) ||
+      n > std::numeric_limits<size_t>::max() - 64)
+    throw Error("HostTensor: " + t.shape_.str() + " " + dtype_name(dtype) + " is too large to allocate");
+  // More than the machine's memory cannot succeed: say what it would need instead of bad_alloc.
+  static const double physical =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (physical > 0 && static_cast<double>(n) > physical)
+    throw Error("HostTensor: " + t.shape_.str() + " " + dtype_name(dtype) + " would need " +
+                std::to_string(static_cast<double>(n) / (1 << 30)) + " GiB, more than this machine's " +
+                std::to_string(physical / (1 << 30)) + " GiB of memory");
   allocated_count.fetch_add(1, std::memory_order_relaxed);
   allocated_bytes.fetch_add(n, std::memory_order_relaxed);
   // Over-allocate so that the data pointer can be 64-byte aligned (vector loads, cache lines).

@@ -33,7 +33,9 @@ bool is_float(DType dt) { return dt != DType::i32; }
 
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int64_t d : dims_) n *= d;
+  for (int64_t d : dims_)
+    if (__builtin_mul_overflow(n, d, &n))
+      throw Error("shape " + str() + " has more elements than a 64-bit count holds");
   return n;
 }
 

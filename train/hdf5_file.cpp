@@ -2,7 +2,9 @@
 #include "train/hdf5_file.hpp"
 
 #include <hdf5.h>
+#include <unistd.h>
 
+#include <limits>
 #include <vector>
 
 #include "circuit/error.hpp"
@@ -28,6 +30,12 @@ struct Handle {
     if (id >= 0) close(id);
   }
 };
+
+// Elements in an attribute's dataspace (1 for a scalar); -1 when it cannot be read.
+hssize_t attribute_points(hid_t attribute) {
+  Handle space{H5Aget_space(attribute), H5Sclose};
+  return space.id < 0 ? -1 : H5Sget_simple_extent_npoints(space.id);
+}
 
 hid_t native_type(DType dt) {
   switch (dt) {
@@ -104,14 +112,35 @@ Shape File::dataset_shape(const std::string& path) const {
   Handle space{H5Dget_space(ds.id), H5Sclose};
   int rank = H5Sget_simple_extent_ndims(space.id);
   if (rank < 0) fail("dataset '" + path + "' has no simple dataspace");
+  if (rank > 32) fail("dataset '" + path + "' has rank " + std::to_string(rank) + "; kiln reads at most 32 dimensions");
   std::vector<hsize_t> dims(static_cast<size_t>(rank));
-  H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
-  return Shape(std::vector<int64_t>(dims.begin(), dims.end()));
+  if (H5Sget_simple_extent_dims(space.id, dims.data(), nullptr) < 0)
+    fail("dataset '" + path + "': unreadable dimensions");
+  std::vector<int64_t> out;
+  for (hsize_t d : dims) {
+    if (d > static_cast<hsize_t>(std::numeric_limits<int64_t>::max()))
+      fail("dataset '" + path + "' has a dimension of " + std::to_string(d));
+    out.push_back(static_cast<int64_t>(d));
+  }
+  Shape shape(out);
+  try {
+    (void)shape.numel();
+  } catch (const Error&) {
+    fail("dataset '" + path + "' has shape " + shape.str() + ": more elements than a 64-bit count holds");
+  }
+  return shape;
 }
 
 HostTensor File::read(const std::string& path) const {
   DType dt = dataset_dtype(path);
-  HostTensor t = HostTensor::zeros(dt, dataset_shape(path));
+  const Shape shape = dataset_shape(path);
+  // A size no machine could hold is a corrupt or hostile file, not an allocation to try.
+  const double bytes = static_cast<double>(shape.numel()) * static_cast<double>(dtype_size(dt));
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (physical > 0 && bytes > physical)
+    fail("dataset '" + path + "' " + shape.str() + " would need " + std::to_string(bytes / (1 << 30)) +
+         " GiB, more than this machine's " + std::to_string(physical / (1 << 30)) + " GiB of memory");
+  HostTensor t = HostTensor::zeros(dt, shape);
   Handle ds{H5Dopen2(static_cast<hid_t>(id_), path.c_str(), H5P_DEFAULT), H5Dclose};
   if (t.numel() > 0 && H5Dread(ds.id, native_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) < 0)
     fail("reading dataset '" + path + "' failed");
@@ -147,6 +176,7 @@ int64_t File::read_int_attribute(const std::string& name) const {
   Handle a{H5Aopen(static_cast<hid_t>(id_), name.c_str(), H5P_DEFAULT), H5Aclose};
   Handle type{H5Aget_type(a.id), H5Tclose};
   if (H5Tget_class(type.id) != H5T_INTEGER) fail("attribute '" + name + "' is not an integer");
+  if (attribute_points(a.id) != 1) fail("attribute '" + name + "' is not a single integer (an array?)");
   int64_t v = 0;
   if (H5Aread(a.id, H5T_NATIVE_INT64, &v) < 0) fail("reading attribute '" + name + "' failed");
   return v;
@@ -155,6 +185,10 @@ int64_t File::read_int_attribute(const std::string& name) const {
 double File::read_real_attribute(const std::string& name) const {
   if (!has_attribute(name)) fail("attribute '" + name + "' is missing");
   Handle a{H5Aopen(static_cast<hid_t>(id_), name.c_str(), H5P_DEFAULT), H5Aclose};
+  Handle type{H5Aget_type(a.id), H5Tclose};
+  const H5T_class_t cls = H5Tget_class(type.id);
+  if (cls != H5T_FLOAT && cls != H5T_INTEGER) fail("attribute '" + name + "' is not a number");
+  if (attribute_points(a.id) != 1) fail("attribute '" + name + "' is not a single number (an array?)");
   double v = 0;
   if (H5Aread(a.id, H5T_NATIVE_DOUBLE, &v) < 0) fail("reading attribute '" + name + "' failed");
   return v;
@@ -165,6 +199,7 @@ std::string File::read_string_attribute(const std::string& name) const {
   Handle a{H5Aopen(static_cast<hid_t>(id_), name.c_str(), H5P_DEFAULT), H5Aclose};
   Handle type{H5Aget_type(a.id), H5Tclose};
   if (H5Tget_class(type.id) != H5T_STRING) fail("attribute '" + name + "' is not a string");
+  if (attribute_points(a.id) != 1) fail("attribute '" + name + "' is not a single string (an array?)");
   if (H5Tis_variable_str(type.id) > 0) {
     Handle mem{H5Tcopy(H5T_C_S1), H5Tclose};
     H5Tset_size(mem.id, H5T_VARIABLE);
@@ -176,6 +211,7 @@ std::string File::read_string_attribute(const std::string& name) const {
     return out;
   }
   size_t size = H5Tget_size(type.id);
+  if (size > (size_t{1} << 20)) fail("attribute '" + name + "' is a string of " + std::to_string(size) + " bytes");
   std::string out(size, '\0');
   if (H5Aread(a.id, type.id, out.data()) < 0) fail("reading attribute '" + name + "' failed");
   return out.substr(0, out.find('\0'));

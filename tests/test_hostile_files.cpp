@@ -1,0 +1,109 @@
+// Files made to break kiln's HDF5 reader (issue 16's findings): attributes stored as arrays
+// where a single value is read, datasets whose sizes overflow or exceed any machine, and shapes
+// whose element counts overflow. Each must be a clear error naming the file and the entry,
+// never an overflowed buffer or a huge allocation. The files are crafted here with HDF5's C API.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "circuit/error.hpp"
+#include "circuit/host_tensor.hpp"
+#include "train/hdf5_file.hpp"
+
+namespace kiln {
+namespace {
+
+std::string tmp_file(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("kiln_hostile_" + std::to_string(getpid()) + "_" + name)).string();
+}
+
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning '" << parts.front() << "'";
+  } catch (const Error& e) {
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << p << " in " << e.what();
+  }
+}
+
+// Writes an attribute of `count` elements of `type` (count 0: a scalar) on the root group.
+void array_attribute(hid_t file, const char* name, hid_t type, hsize_t count, const void* data) {
+  hid_t space = count ? H5Screate_simple(1, &count, nullptr) : H5Screate(H5S_SCALAR);
+  hid_t a = H5Acreate2(file, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(H5Awrite(a, type, data), 0);
+  H5Aclose(a);
+  H5Sclose(space);
+}
+
+TEST(HostileFiles, AttributesStoredAsArraysAreRefused) {
+  const std::string path = tmp_file("arrays.h5");
+  {
+    hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    const int64_t ints[4] = {1, 2, 3, 4};
+    const double reals[4] = {1, 2, 3, 4};
+    array_attribute(f, "ints", H5T_NATIVE_INT64, 4, ints);
+    array_attribute(f, "reals", H5T_NATIVE_DOUBLE, 4, reals);
+    array_attribute(f, "one", H5T_NATIVE_INT64, 0, ints);
+    hid_t str = H5Tcopy(H5T_C_S1);
+    H5Tset_size(str, 8);
+    const char strings[3][8] = {"abcdefg", "hijklmn", "opqrstu"};
+    array_attribute(f, "strings", str, 3, strings);
+    H5Tclose(str);
+    H5Fclose(f);
+  }
+  h5::File f = h5::File::open_read(path);
+  EXPECT_EQ(f.read_int_attribute("one"), 1);
+  expect_error([&] { f.read_int_attribute("ints"); }, {path, "'ints'", "not a single integer"});
+  expect_error([&] { f.read_real_attribute("reals"); }, {path, "'reals'", "not a single number"});
+  expect_error([&] { f.read_string_attribute("strings"); }, {path, "'strings'", "not a single string"});
+  expect_error([&] { f.read_real_attribute("strings"); }, {"'strings'", "not a number"});
+  std::filesystem::remove(path);
+}
+
+// A chunked dataset may declare any size without storing it.
+void huge_dataset(hid_t file, const char* name, std::vector<hsize_t> dims) {
+  hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  std::vector<hsize_t> chunk(dims.size(), 1);
+  H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
+  hid_t d = H5Dcreate2(file, name, H5T_NATIVE_FLOAT, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  ASSERT_GE(d, 0) << name;
+  H5Dclose(d);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+}
+
+TEST(HostileFiles, DatasetsTooLargeForAnyMachineAreRefusedBeforeAllocating) {
+  const std::string path = tmp_file("huge.h5");
+  {
+    hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    huge_dataset(f, "wraps", {hsize_t{1} << 62});                        // 2^64 bytes: the byte count wraps to 0
+    huge_dataset(f, "overflows", {hsize_t{1} << 40, hsize_t{1} << 40});  // 2^80 elements
+    huge_dataset(f, "too_big", {hsize_t{1} << 40});                      // 4 TiB
+    H5Fclose(f);
+  }
+  h5::File f = h5::File::open_read(path);
+  expect_error([&] { f.read("wraps"); }, {path, "'wraps'", "GiB"});
+  expect_error([&] { f.read("overflows"); }, {path, "'overflows'", "more elements than a 64-bit count holds"});
+  expect_error([&] { f.read("too_big"); }, {"'too_big'", "would need 4096", "GiB of memory"});
+  std::filesystem::remove(path);
+}
+
+TEST(HostileFiles, ShapesWhoseSizeOverflowsAreErrors) {
+  expect_error([] { (void)Shape({int64_t{1} << 62, 4}).numel(); }, {"more elements than a 64-bit count holds"});
+  expect_error([] { HostTensor::zeros(DType::f32, Shape{int64_t{1} << 62}); }, {"too large to allocate"});
+  EXPECT_EQ(Shape({int64_t{1} << 31, int64_t{1} << 31}).numel(), int64_t{1} << 62);
+  expect_error([] { HostTensor::zeros(DType::f32, Shape{int64_t{1} << 45}); }, {"would need 131072", "GiB of memory"});
+}
+
+}  // namespace
+}  // namespace kiln

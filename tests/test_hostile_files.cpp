@@ -2,8 +2,12 @@
 // where a single value is read, datasets whose sizes overflow or exceed any machine, and shapes
 // whose element counts overflow. Each must be a clear error naming the file and the entry,
 // never an overflowed buffer or a huge allocation. The files are crafted here with HDF5's C API.
+// And writes that fail or are killed: the previous file survives, complete.
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -103,6 +107,99 @@ TEST(HostileFiles, ShapesWhoseSizeOverflowsAreErrors) {
   expect_error([] { HostTensor::zeros(DType::f32, Shape{int64_t{1} << 62}); }, {"too large to allocate"});
   EXPECT_EQ(Shape({int64_t{1} << 31, int64_t{1} << 31}).numel(), int64_t{1} << 62);
   expect_error([] { HostTensor::zeros(DType::f32, Shape{int64_t{1} << 45}); }, {"would need 131072", "GiB of memory"});
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A file written by write_atomically with one dataset of `n` floats of value v.
+void write_file(const std::string& path, int64_t n, float v) {
+  HostTensor t = HostTensor::zeros(DType::f32, Shape{n});
+  for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = v;
+  h5::write_atomically(path, [&](h5::File& f) { f.write("x", t); });
+}
+
+float value_in(const std::string& path) {
+  HostTensor t = h5::File::open_read(path).read("x");
+  for (int64_t i = 1; i < t.numel(); ++i)
+    if (t.data<float>()[i] != t.data<float>()[0]) return -1;  // torn
+  return t.data<float>()[0];
+}
+
+// Files of the directory whose name starts with `stem` (temporaries left behind).
+size_t files_like(const std::string& stem) {
+  const std::filesystem::path p(stem);
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(p.parent_path()))
+    n += e.path().filename().string().rfind(p.filename().string(), 0) == 0;
+  return n;
+}
+
+TEST(FileWrites, AFailedWriteLeavesThePreviousFileAndNoTemporary) {
+  const std::string path = tmp_file("atomic.h5");
+  write_file(path, 1000, 1.0f);
+  expect_error(
+      [&] {
+        h5::write_atomically(path, [](h5::File& f) {
+          f.write("x", HostTensor::zeros(DType::f32, Shape{10}));
+          throw Error("planned failure halfway");
+        });
+      },
+      {"planned failure halfway"});
+  EXPECT_EQ(value_in(path), 1.0f);
+  EXPECT_EQ(files_like(path), 1u) << "a temporary file was left";
+  std::filesystem::remove(path);
+}
+
+// A full disk, as a file-size limit in a child process: the write fails with an error, the
+// previous file is intact and nothing crashes at exit.
+TEST(FileWrites, AFullDiskIsAnErrorAndKeepsThePreviousFile) {
+  const std::string path = tmp_file("full.h5");
+  write_file(path, 1000, 2.0f);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);  // writes past the limit fail with EFBIG instead of killing
+    rlimit limit{64 << 10, 64 << 10};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      write_file(path, 1 << 20, 3.0f);  // 4 MiB
+    } catch (const Error&) {
+      _exit(0);  // the expected outcome
+    }
+    _exit(1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child crashed (signal " << WTERMSIG(status) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the write over the limit reported success";
+  EXPECT_EQ(value_in(path), 2.0f);
+  EXPECT_EQ(files_like(path), 1u) << "a temporary file was left";
+  std::filesystem::remove(path);
+}
+
+// kill -9 at a random moment of a stream of saves: the file is always one complete version.
+TEST(FileWrites, KillDuringASaveNeverLeavesATornFile) {
+  const std::string path = tmp_file("killed.h5");
+  write_file(path, 1 << 18, 0.0f);
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      for (int v = 1;; ++v) write_file(path, 1 << 18, static_cast<float>(v));
+    }
+    usleep(20000 + 13000 * attempt);
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    EXPECT_GE(value_in(path), 0.0f) << "attempt " << attempt << ": a torn or unreadable file";
+  }
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
+    if (e.path().filename().string().rfind(std::filesystem::path(path).filename().string() + ".tmp-", 0) == 0)
+      std::filesystem::remove(e.path());  // what the killed writers left (a new process's to clean)
+  std::filesystem::remove(path);
 }
 
 }  // namespace

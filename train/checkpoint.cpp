@@ -1,12 +1,6 @@
 // Checkpoint save (atomic) and load (all-or-nothing).
 #include "train/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <filesystem>
-
 #include "circuit/error.hpp"
 #include "core/engine.hpp"
 #include "train/hdf5_file.hpp"
@@ -15,14 +9,6 @@
 namespace kiln {
 
 namespace {
-
-void fsync_path(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw Error("checkpoint: cannot open '" + path + "' to sync it");
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw Error("checkpoint: fsync of '" + path + "' failed");
-}
 
 h5::File open_checkpoint(const std::string& path) {
   h5::File f = h5::File::open_read(path);
@@ -35,9 +21,7 @@ h5::File open_checkpoint(const std::string& path) {
 
 void save_checkpoint(const std::string& path, const models::GPT& model, const optim::AdamW& opt,
                      const Tokenizer& tokenizer, const CheckpointState& state) {
-  const std::string tmp = path + ".tmp";
-  {
-    h5::File f = h5::File::create(tmp);
+  h5::write_atomically(path, [&](h5::File& f) {
     f.write_attribute("format", std::string("kiln-checkpoint"));
     f.write_attribute("format_version", int64_t{1});
     write_model_config(f, model.config());
@@ -54,12 +38,7 @@ void save_checkpoint(const std::string& path, const models::GPT& model, const op
       f.write("exp_avg/" + ds, opt.exp_avg()[i].to_host());
       f.write("exp_avg_sq/" + ds, opt.exp_avg_sq()[i].to_host());
     }
-  }  // closed (flushed) here
-  fsync_path(tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw Error("checkpoint: cannot rename '" + tmp + "' to '" + path + "'");
-  std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
-  fsync_path(dir.string());
+  });
 }
 
 models::GPTConfig read_checkpoint_config(const std::string& path) {

@@ -1,9 +1,15 @@
 // HDF5 C API wrapper (see hdf5_file.hpp).
 #include "train/hdf5_file.hpp"
 
+#include <fcntl.h>
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 #include <vector>
 
@@ -73,6 +79,42 @@ File::File(File&& o) noexcept : id_(o.id_), path_(std::move(o.path_)) { o.id_ = 
 
 File::~File() {
   if (id_ >= 0) H5Fclose(static_cast<hid_t>(id_));
+}
+
+void File::close() {
+  if (id_ < 0) return;
+  const hid_t id = static_cast<hid_t>(id_);
+  id_ = -1;
+  const bool flushed = H5Fflush(id, H5F_SCOPE_GLOBAL) >= 0;
+  if (H5Fclose(id) < 0 || !flushed) fail("writing it out failed (is the disk full?)");
+}
+
+namespace {
+void fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error("cannot open '" + path + "' to sync it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw Error("fsync of '" + path + "' failed: " + std::strerror(err));
+}
+}  // namespace
+
+void write_atomically(const std::string& path, const std::function<void(File&)>& fill) {
+  static std::atomic<uint64_t> calls{0};
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(calls++);
+  try {
+    File f = File::create(tmp);
+    fill(f);
+    f.close();
+    fsync_path(tmp);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  fsync_path(std::filesystem::absolute(path).parent_path().string());
 }
 
 void File::fail(const std::string& what) const { throw Error("HDF5 file '" + path_ + "': " + what); }

@@ -3,6 +3,7 @@
 // string attributes, hard links. Every error names the file and the dataset or attribute.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "circuit/host_tensor.hpp"
@@ -20,6 +21,9 @@ class File {
   ~File();
 
   const std::string& path() const { return path_; }
+  // Flushes and closes, throwing if HDF5 reports a failure (a full disk shows here); the
+  // destructor closes too, but cannot report.
+  void close();
   // True when every component of the path ("a/b/c") exists.
   bool exists(const std::string& path) const;
   // Shape and dtype of a dataset; throws naming it if missing or of another element type.
@@ -46,5 +50,13 @@ class File {
   long long id_;  // hid_t, kept out of this header
   std::string path_;
 };
+
+// Writes the file at `path` so that it is either complete or not there at all, and never
+// destroys the file it replaces until the new one is complete: `fill` writes into a temporary
+// file of a name unique to this process and call, in the same directory, which is closed
+// (every HDF5 result checked), fsynced and renamed over `path`, and the directory fsynced. Any
+// failure (of `fill` or of the file system) removes the temporary file, leaves `path` as it
+// was and throws.
+void write_atomically(const std::string& path, const std::function<void(File&)>& fill);
 
 }  // namespace kiln::h5

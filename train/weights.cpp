@@ -98,18 +98,19 @@ std::optional<Tokenizer> load_tokenizer(const std::string& path) {
 }
 
 void save_weights(const std::string& path, const models::GPT& model, const Tokenizer* tokenizer) {
-  h5::File f = h5::File::create(path);
-  f.write_attribute("format", std::string("kiln-weights"));
-  f.write_attribute("format_version", kWeightsFormatVersion);
-  write_model_config(f, model.config());
-  for (const auto& [name, p] : model.named_parameters()) {
-    HostTensor h = p.to_host();
-    HostTensor f32 = HostTensor::zeros(DType::f32, h.shape());
-    for (int64_t i = 0; i < h.numel(); ++i) f32.set(i, h.get(i));
-    f.write(dataset_path(name), f32);
-  }
-  f.hard_link("transformer/wte/weight", "lm_head/weight");
-  if (tokenizer) write_tokenizer(f, *tokenizer);
+  h5::write_atomically(path, [&](h5::File& f) {
+    f.write_attribute("format", std::string("kiln-weights"));
+    f.write_attribute("format_version", kWeightsFormatVersion);
+    write_model_config(f, model.config());
+    for (const auto& [name, p] : model.named_parameters()) {
+      HostTensor h = p.to_host();
+      HostTensor f32 = HostTensor::zeros(DType::f32, h.shape());
+      for (int64_t i = 0; i < h.numel(); ++i) f32.set(i, h.get(i));
+      f.write(dataset_path(name), f32);
+    }
+    f.hard_link("transformer/wte/weight", "lm_head/weight");
+    if (tokenizer) write_tokenizer(f, *tokenizer);
+  });
 }
 
 }  // namespace kiln

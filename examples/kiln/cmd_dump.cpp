@@ -45,10 +45,11 @@ int cmd_dump(const std::vector<std::string>& argv) {
   Tensor loss = cross_entropy(logits, Tensor::from_host(y));
   loss.backward();
   Engine::current().realize();
-  h5::File out = h5::File::create(a.required("out"));
-  out.write("logits", logits.to_host());
-  out.write("loss", loss.to_host());
-  for (const auto& [name, p] : model.named_parameters()) out.write("grads/" + dataset_path(name), p.grad().to_host());
+  h5::write_atomically(a.required("out"), [&](h5::File& out) {
+    out.write("logits", logits.to_host());
+    out.write("loss", loss.to_host());
+    for (const auto& [name, p] : model.named_parameters()) out.write("grads/" + dataset_path(name), p.grad().to_host());
+  });
   std::printf("loss %.8f; wrote logits, loss and %zu gradients to %s\n", loss.item(), model.named_parameters().size(),
               a.required("out").c_str());
   return 0;

@@ -222,12 +222,51 @@ TEST(Checkpoint, ResumeIsBitExact) {
   TrainRun full = train_tiny(8, "", "");
   std::string ckpt = tmp_path("ckpt.h5");
   train_tiny(8, ckpt, "", 4);  // interrupted after 4 of 8 steps, checkpoint written there
-  EXPECT_FALSE(std::filesystem::exists(ckpt + ".tmp"));
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(ckpt).parent_path()))
+    EXPECT_EQ(e.path().filename().string().find("ckpt.h5.tmp"), std::string::npos) << "temporary left: " << e.path();
   // Same schedule: the resumed run trains steps 4..8 of an 8-step run.
   TrainRun rest = train_tiny(8, "", ckpt);
   ASSERT_EQ(rest.losses.size(), 4u);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest.losses[i], full.losses[4 + i]) << "step " << 4 + i;
   EXPECT_EQ(rest.weights, full.weights);
+  std::filesystem::remove(ckpt);
+}
+
+// A learning rate that blows the weights up: training stops with an error naming the step and
+// the loss, and the checkpoint keeps the last finite state (written every step until then).
+TEST(Training, ANonFiniteLossStopsTrainingAndNeverReachesACheckpoint) {
+  std::string ckpt = tmp_path("nan_ckpt.h5");
+  std::string text = generated_text(400);
+  Tokenizer tok = Tokenizer::char_level(text);
+  TextDataset data(tok.encode(text), 21);
+  manual_seed(21);
+  models::GPT model(tiny_config(tok.vocab_size()));
+  TrainOptions o;
+  o.batch = 4;
+  o.steps = 8;
+  o.lr = 1e30;
+  o.min_lr = 1e30;
+  o.warmup = 0;
+  o.grad_clip = 0;
+  o.eval_interval = 0;
+  o.log_interval = 1000;
+  o.checkpoint = ckpt;
+  o.checkpoint_interval = 1;
+  Trainer t(model, data, tok, 21, o);
+  try {
+    t.run();
+    FAIL() << "training with a learning rate of 1e30 finished";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("training stopped at step"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the last checkpoint in '" + ckpt + "' is kept"), std::string::npos) << msg;
+  }
+  // Whatever the checkpoint holds was saved from a finite step.
+  h5::File f = h5::File::open_read(ckpt);
+  for (const auto& [name, p] : model.named_parameters()) {
+    HostTensor saved = f.read("model/" + dataset_path(name));
+    for (int64_t i = 0; i < saved.numel(); ++i) ASSERT_TRUE(std::isfinite(saved.get(i))) << name;
+  }
   std::filesystem::remove(ckpt);
 }
 

@@ -4,8 +4,10 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 
+#include "circuit/error.hpp"
 #include "core/step_stats.hpp"
 #include "core/traced_step.hpp"
 #include "train/checkpoint.hpp"
@@ -100,6 +102,14 @@ TrainResult Trainer::run() {
       ++timed;
     }
     result.losses.push_back(loss.item());
+    // A non-finite loss means the update just applied came from non-finite gradients: stop
+    // before anything saves this state (the last checkpoint, written before, stays).
+    if (!std::isfinite(result.losses.back()))
+      throw Error(fmt::format(
+          "training stopped at step {}: the loss is {} (learning rate {:.3g}); the parameters are no longer finite, so "
+          "nothing was saved from this step{}",
+          step_ + 1, result.losses.back(), lr,
+          opts_.checkpoint.empty() ? "" : "; the last checkpoint in '" + opts_.checkpoint + "' is kept"));
     ++step_;
     bool last = step_ == end;
     if (step_ % opts_.log_interval == 0 || last || step_ == first + 1) {

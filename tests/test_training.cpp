@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -267,6 +268,45 @@ TEST(Training, ANonFiniteLossStopsTrainingAndNeverReachesACheckpoint) {
     HostTensor saved = f.read("model/" + dataset_path(name));
     for (int64_t i = 0; i < saved.numel(); ++i) ASSERT_TRUE(std::isfinite(saved.get(i))) << name;
   }
+  std::filesystem::remove(ckpt);
+}
+
+// Ctrl-C during training: the step under way finishes, a checkpoint of it is written, and the
+// error says where; resuming from it continues the run to the bit.
+TEST(Training, SigintStopsAfterTheStepWithACheckpoint) {
+  std::string ckpt = tmp_path("sigint_ckpt.h5");
+  TrainRun full = train_tiny(8, "", "");
+  std::string text = generated_text(400);
+  Tokenizer tok = Tokenizer::char_level(text);
+  TextDataset data(tok.encode(text), 21);
+  manual_seed(21);
+  models::GPT model(tiny_config(tok.vocab_size()));
+  TrainOptions o;
+  o.batch = 4;
+  o.steps = 8;
+  o.lr = 1e-3;
+  o.warmup = 2;
+  o.eval_interval = 0;
+  o.eval_batches = 2;
+  o.log_interval = 1000;
+  o.checkpoint_interval = 0;
+  o.interrupt_checkpoint = ckpt;
+  o.after_step = [](int64_t step) {
+    if (step == 3) raise(SIGINT);
+  };
+  Trainer t(model, data, tok, 21, o);
+  try {
+    t.run();
+    FAIL() << "the run went on after SIGINT";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("SIGINT (Ctrl-C) received: training stopped after step 3 of 8"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("checkpoint written to '" + ckpt + "'"), std::string::npos) << msg;
+  }
+  TrainRun rest = train_tiny(8, "", ckpt);
+  ASSERT_EQ(rest.losses.size(), 5u);
+  EXPECT_EQ(rest.losses.back(), full.losses.back());
+  EXPECT_EQ(rest.weights, full.weights);
   std::filesystem::remove(ckpt);
 }
 

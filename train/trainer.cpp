@@ -1,6 +1,7 @@
 // Trainer: the loop, progress lines, validation and checkpoints.
 #include "train/trainer.hpp"
 
+#include <signal.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include "core/step_stats.hpp"
 #include "core/traced_step.hpp"
 #include "train/checkpoint.hpp"
+#include "train/interrupt.hpp"
 #include "train/schedule.hpp"
 
 namespace kiln {
@@ -66,6 +68,7 @@ TrainResult Trainer::run() {
     if (opts_.checkpoint.empty()) return;
     save_checkpoint(opts_.checkpoint, model_, opt_, tokenizer_, {step_, data_seed_});
   };
+  const InterruptGuard interrupts;
   std::unique_ptr<TracedStep> traced;  // made by the first step when opts_.traced
   const bool on_gpu = Engine::current().device() == Device::CUDA;
   const int64_t end = opts_.stop_at > 0 ? std::min(opts_.stop_at, opts_.steps) : opts_.steps;
@@ -147,6 +150,15 @@ TrainResult Trainer::run() {
       spdlog::info("step {:5d}/{}  validation loss {:.4f} nats/token", step_, opts_.steps, result.val_loss);
     }
     if ((opts_.checkpoint_interval > 0 && step_ % opts_.checkpoint_interval == 0) || last) save();
+    if (opts_.after_step) opts_.after_step(step_);
+    if (const int sig = interrupt_signal(); sig != 0 && !last) {
+      const std::string path = opts_.checkpoint.empty() ? opts_.interrupt_checkpoint : opts_.checkpoint;
+      save_checkpoint(path, model_, opt_, tokenizer_, {step_, data_seed_});
+      throw Error(
+          fmt::format("{} received: training stopped after step {} of {}; checkpoint written to '{}' (continue "
+                      "with --resume {}; a second signal stops at once)",
+                      sig == SIGINT ? "SIGINT (Ctrl-C)" : "SIGTERM", step_, opts_.steps, path, path));
+    }
   }
   return result;
 }

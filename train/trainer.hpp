@@ -1,8 +1,10 @@
 // The training loop: AdamW with warmup + cosine LR and global-norm clipping, one progress line
 // per logging interval (step/total, loss, lr, ms/step, tok/s, ETA) through spdlog, periodic
-// validation loss over a fixed set of batches, and checkpoints.
+// validation loss over a fixed set of batches, and checkpoints. Ctrl-C or SIGTERM stops after the
+// current step with a checkpoint and an error saying where it is (train/interrupt.hpp).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,10 @@ struct TrainOptions {
   // Record the step once and replay it (core/traced_step.hpp); false records every step anew
   // (the model's C++ code runs each step). The two give the same values to the bit.
   bool traced = true;
+  // Called with the step count after each step (and its checkpoint); tests deliver signals here.
+  std::function<void(int64_t)> after_step;
+  // Where an interrupted run (SIGINT, SIGTERM) writes its checkpoint when `checkpoint` is empty.
+  std::string interrupt_checkpoint = "kiln-interrupted.ckpt.h5";
 };
 
 struct TrainResult {

@@ -1,7 +1,9 @@
 // Option parsing for the kiln CLI.
 #include "args.hpp"
 
+#include <cmath>
 #include <cstdio>
+#include <sstream>
 
 #include "circuit/error.hpp"
 
@@ -64,6 +66,24 @@ T parse_number(const std::map<std::string, std::string>& values, const std::stri
 int64_t Args::integer(const std::string& name, int64_t fallback) const {
   return parse_number<int64_t>(
       values_, name, fallback, [](const std::string& s, size_t* used) { return std::stoll(s, used); }, "an integer");
+}
+
+int64_t Args::integer(const std::string& name, int64_t fallback, int64_t min) const {
+  const int64_t v = integer(name, fallback);
+  if (v < min)
+    throw Error("option --" + name + ": expected an integer of at least " + std::to_string(min) + ", received " +
+                std::to_string(v));
+  return v;
+}
+
+double Args::real(const std::string& name, double fallback, double lo, double hi, bool lo_inclusive) const {
+  const double v = real(name, fallback);
+  if (!std::isfinite(v) || v < lo || (!lo_inclusive && v == lo) || v >= hi) {
+    std::ostringstream range;
+    range << (lo_inclusive ? "[" : "(") << lo << ", " << hi << ")";
+    throw Error("option --" + name + ": expected a finite number in " + range.str() + ", received " + values_.at(name));
+  }
+  return v;
 }
 
 double Args::real(const std::string& name, double fallback) const {

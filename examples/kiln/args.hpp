@@ -22,6 +22,11 @@ class Args {
   std::string required(const std::string& name) const;
   int64_t integer(const std::string& name, int64_t fallback) const;
   double real(const std::string& name, double fallback) const;
+  // The same, refusing values below `min` (integers) or outside [lo, hi) and non-finite ones
+  // (reals; above lo only, when !lo_inclusive), with an error naming the option, the range and
+  // the value received.
+  int64_t integer(const std::string& name, int64_t fallback, int64_t min) const;
+  double real(const std::string& name, double fallback, double lo, double hi, bool lo_inclusive = true) const;
 
  private:
   std::map<std::string, std::string> known_, values_;

@@ -95,7 +95,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   }
   apply_thread_flag(a);
   models::GPTConfig c = config_from_flags(a);
-  const int64_t batch = a.integer("batch", 16), steps = a.integer("steps", 20);
+  const int64_t batch = a.integer("batch", 16, 1), steps = a.integer("steps", 20, 1);
   const Device device = parse_device(a.str("device", "cpu"));
   Engine::current().set_device(device);
   manual_seed(1);

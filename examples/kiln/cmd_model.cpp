@@ -55,11 +55,11 @@ void apply_thread_flag(const Args& a) {
 
 models::GPTConfig config_from_flags(const Args& a) {
   models::GPTConfig c;
-  c.n_layer = a.integer("layers", 4);
-  c.n_head = a.integer("heads", 4);
-  c.n_embd = a.integer("embd", 128);
-  c.block_size = a.integer("block", 64);
-  c.vocab_size = a.integer("vocab-size", 65);
+  c.n_layer = a.integer("layers", 4, 1);
+  c.n_head = a.integer("heads", 4, 1);
+  c.n_embd = a.integer("embd", 128, 1);
+  c.block_size = a.integer("block", 64, 1);
+  c.vocab_size = a.integer("vocab-size", 65, 1);
   return c;
 }
 
@@ -75,13 +75,13 @@ int cmd_sample(const std::vector<std::string>& argv) {
     a.print_help();
     return 0;
   }
+  SampleOptions o;  // options first: a bad value is reported before any file is read
+  o.tokens = a.integer("tokens", 200, 0);
+  o.temperature = a.real("temperature", 0.8, 0.0, 1e6, false);
+  o.seed = static_cast<uint64_t>(a.integer("seed", 1));
   std::string path = a.required("weights");
   Tokenizer tok = require_tokenizer(path);
   auto model = load_model(path);
-  SampleOptions o;
-  o.tokens = a.integer("tokens", 200);
-  o.temperature = a.real("temperature", 0.8);
-  o.seed = static_cast<uint64_t>(a.integer("seed", 1));
   std::string prompt = a.str("prompt", "\n");
   std::printf("%s%s\n", prompt.c_str(), sample_text(*model, tok, prompt, o).c_str());
   return 0;

@@ -3,8 +3,8 @@
 #include <cstdio>
 
 #include "circuit/prim.hpp"
-#include "cuda/lower.hpp"
 #include "commands.hpp"
+#include "cuda/lower.hpp"
 
 namespace kiln::cli {
 

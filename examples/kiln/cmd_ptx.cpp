@@ -52,7 +52,7 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   const std::filesystem::path out = a.required("out");
   const int sm = static_cast<int>(a.integer("sm", 90));
   models::GPTConfig c = config_from_flags(a);
-  const int64_t batch = a.integer("batch", 16);
+  const int64_t batch = a.integer("batch", 16, 1);
   models::GPT model(c);
   optim::AdamW opt(model.parameters(), {});
   HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, c.block_size});

@@ -2,6 +2,8 @@
 // with the tokenizer, and prints a sample.
 #include <spdlog/spdlog.h>
 
+#include <limits>
+
 #include "args.hpp"
 #include "circuit/error.hpp"
 #include "commands.hpp"
@@ -62,7 +64,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   } else {
     c = config_from_flags(a);
     c.vocab_size = tok.vocab_size();
-    c.dropout = a.real("dropout", 0.0);
+    c.dropout = a.real("dropout", 0.0, 0.0, 1.0);
   }
   TextDataset data(tok.encode(text), seed);
   spdlog::info("corpus: {} tokens ({} train, {} validation), vocabulary {}", data.train_tokens() + data.val_tokens(),
@@ -72,14 +74,14 @@ int cmd_train(const std::vector<std::string>& argv) {
   spdlog::info("model: {} layers, {} heads, {} wide, block {}: {} parameters", c.n_layer, c.n_head, c.n_embd,
                c.block_size, model.num_parameters());
   TrainOptions o;
-  o.batch = a.integer("batch", 16);
-  o.steps = a.integer("steps", 2000);
-  o.lr = a.real("lr", 2e-3);
+  o.batch = a.integer("batch", 16, 1);
+  o.steps = a.integer("steps", 2000, 1);
+  o.lr = a.real("lr", 2e-3, 0.0, std::numeric_limits<double>::infinity(), false);
   o.min_lr = o.lr / 10;
-  o.warmup = a.integer("warmup", 100);
-  o.eval_interval = a.integer("eval-every", 250);
+  o.warmup = a.integer("warmup", 100, 0);
+  o.eval_interval = a.integer("eval-every", 250, 0);
   o.checkpoint = a.str("checkpoint", "");
-  o.checkpoint_interval = a.integer("ckpt-every", 500);
+  o.checkpoint_interval = a.integer("ckpt-every", 500, 0);
   o.stats = a.has("stats");
   o.traced = !a.has("no-trace");
   Trainer trainer(model, data, tok, seed, o);

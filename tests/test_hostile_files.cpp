@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -18,7 +19,12 @@
 
 #include "circuit/error.hpp"
 #include "circuit/host_tensor.hpp"
+#include "models/gpt.hpp"
+#include "train/adamw.hpp"
+#include "train/checkpoint.hpp"
 #include "train/hdf5_file.hpp"
+#include "train/tokenizer.hpp"
+#include "train/weights.hpp"
 
 namespace kiln {
 namespace {
@@ -199,6 +205,105 @@ TEST(FileWrites, KillDuringASaveNeverLeavesATornFile) {
   for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
     if (e.path().filename().string().rfind(std::filesystem::path(path).filename().string() + ".tmp-", 0) == 0)
       std::filesystem::remove(e.path());  // what the killed writers left (a new process's to clean)
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+models::GPTConfig small_config() {
+  models::GPTConfig c;
+  c.vocab_size = 256;
+  c.block_size = 8;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 16;
+  return c;
+}
+
+// Edits a saved file in place with HDF5's C API: an int64 attribute's value (or its removal),
+// or element 0 of a float32 dataset.
+void set_int_attribute(const std::string& path, const char* name, int64_t value) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_INT64, &value);
+  H5Aclose(a);
+  H5Fclose(f);
+}
+void delete_attribute(const std::string& path, const char* name) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  H5Adelete(f, name);
+  H5Fclose(f);
+}
+void set_first_element(const std::string& path, const std::string& dataset, float value) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t d = H5Dopen2(f, dataset.c_str(), H5P_DEFAULT);
+  hid_t space = H5Dget_space(d);
+  hsize_t start[2] = {0, 0}, count[2] = {1, 1};
+  H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, count, nullptr);
+  hsize_t one = 1;
+  hid_t mem = H5Screate_simple(1, &one, nullptr);
+  H5Dwrite(d, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, &value);
+  H5Sclose(mem);
+  H5Sclose(space);
+  H5Dclose(d);
+  H5Fclose(f);
+}
+
+std::vector<double> weights_of(models::GPT& m) {
+  std::vector<double> v;
+  for (const auto& [name, p] : m.named_parameters()) {
+    HostTensor h = p.to_host();
+    for (int64_t i = 0; i < h.numel(); ++i) v.push_back(h.get(i));
+  }
+  return v;
+}
+
+TEST(HostileFiles, NonFiniteWeightsAndImplausibleConfigsAreRefused) {
+  const std::string path = tmp_file("weights.h5");
+  models::GPT saved(small_config());
+  save_weights(path, saved, nullptr);
+  models::GPT target(small_config());
+  const std::vector<double> before = weights_of(target);
+  set_first_element(path, "transformer/wte/weight", std::nanf(""));
+  expect_error([&] { load_weights(path, target); }, {path, "'transformer/wte/weight'", "non-finite", "element 0"});
+  EXPECT_EQ(weights_of(target), before) << "a refused file changed the model";
+  set_first_element(path, "transformer/wte/weight", INFINITY);
+  expect_error([&] { load_weights(path, target); }, {"non-finite"});
+  set_int_attribute(path, "n_layer", int64_t{1} << 40);
+  expect_error([&] { read_weights_config(path); }, {"'n_layer'", "must lie in [1, 2^31)"});
+  set_int_attribute(path, "n_layer", -3);
+  expect_error([&] { read_weights_config(path); }, {"'n_layer'", "-3"});
+  std::filesystem::remove(path);
+}
+
+TEST(HostileFiles, CheckpointFieldsOutOfRangeAreRefused) {
+  const std::string path = tmp_file("ckpt.h5");
+  models::GPT model(small_config());
+  optim::AdamW opt(model.parameters(), {});
+  auto fresh = [&] { save_checkpoint(path, model, opt, Tokenizer::byte_level(), {3, 7}); };
+  auto load = [&] { load_checkpoint(path, model, opt); };
+  fresh();
+  load();  // the untouched file loads
+  set_int_attribute(path, "format_version", 99);
+  expect_error(load, {path, "format_version 99"});
+  fresh();
+  delete_attribute(path, "format_version");
+  expect_error(load, {"format_version (missing)"});
+  for (int64_t step : {int64_t{-5}, int64_t{1} << 62}) {
+    fresh();
+    set_int_attribute(path, "step", step);
+    expect_error(load, {"step " + std::to_string(step) + " is not a step count"});
+  }
+  fresh();
+  set_first_element(path, "exp_avg_sq/transformer/wte/weight", -1.0f);
+  expect_error(load, {"'exp_avg_sq/transformer/wte/weight'", "negative second moment"});
+  fresh();
+  set_first_element(path, "exp_avg/transformer/wte/weight", std::nanf(""));
+  expect_error(load, {"'exp_avg/transformer/wte/weight'", "non-finite"});
   std::filesystem::remove(path);
 }
 

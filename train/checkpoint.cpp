@@ -14,6 +14,10 @@ h5::File open_checkpoint(const std::string& path) {
   h5::File f = h5::File::open_read(path);
   if (!f.has_attribute("format") || f.read_string_attribute("format") != "kiln-checkpoint")
     throw Error("'" + path + "' is not a kiln checkpoint (root attribute format = \"kiln-checkpoint\" missing)");
+  const int64_t version = f.has_attribute("format_version") ? f.read_int_attribute("format_version") : -1;
+  if (version != 1)
+    throw Error("checkpoint '" + path + "' has format_version " +
+                (version < 0 ? std::string("(missing)") : std::to_string(version)) + "; this kiln reads version 1");
   return f;
 }
 
@@ -69,11 +73,19 @@ CheckpointState load_checkpoint(const std::string& path, models::GPT& model, opt
       if (h.shape() != target.shape() || h.dtype() != target.dtype())
         throw Error("checkpoint '" + path + "': dataset '" + group + ds + "' is " + dtype_name(h.dtype()) +
                     h.shape().str() + ", expected " + dtype_name(target.dtype()) + target.shape().str());
+      require_finite(h, path, group + ds);
+      if (group == "exp_avg_sq/")
+        for (int64_t e = 0; e < h.numel(); ++e)
+          if (h.get(e) < 0)
+            throw Error("checkpoint '" + path + "': dataset '" + group + ds + "' holds a negative second moment (" +
+                        std::to_string(h.get(e)) + ") at element " + std::to_string(e));
       loaded.emplace_back(target, h);
     }
   }
   CheckpointState state;
   state.step = f.read_int_attribute("step");
+  if (state.step < 0 || state.step >= (int64_t{1} << 40))
+    throw Error("checkpoint '" + path + "': step " + std::to_string(state.step) + " is not a step count");
   state.data_seed = static_cast<uint64_t>(f.read_int_attribute("data_seed"));
   const auto rng_seed = static_cast<uint64_t>(f.read_int_attribute("rng_seed"));
   const auto rng_counter = static_cast<uint64_t>(f.read_int_attribute("rng_counter"));

@@ -2,6 +2,7 @@
 #include "train/weights.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "circuit/error.hpp"
 #include "train/hdf5_file.hpp"
@@ -35,12 +36,28 @@ void write_model_config(h5::File& f, const models::GPTConfig& c) {
 
 models::GPTConfig read_model_config(const h5::File& f) {
   models::GPTConfig c;
-  c.vocab_size = f.read_int_attribute("vocab_size");
-  c.block_size = f.read_int_attribute("block_size");
-  c.n_layer = f.read_int_attribute("n_layer");
-  c.n_head = f.read_int_attribute("n_head");
-  c.n_embd = f.read_int_attribute("n_embd");
+  // Each size in [1, 2^31): a corrupt or hostile value is refused before any allocation.
+  auto size = [&](const char* name) {
+    const int64_t v = f.read_int_attribute(name);
+    if (v < 1 || v >= (int64_t{1} << 31))
+      throw Error("'" + f.path() + "': attribute '" + name + "' is " + std::to_string(v) +
+                  "; a model size must lie in [1, 2^31)");
+    return v;
+  };
+  c.vocab_size = size("vocab_size");
+  c.block_size = size("block_size");
+  c.n_layer = size("n_layer");
+  c.n_head = size("n_head");
+  c.n_embd = size("n_embd");
   return c;
+}
+
+void require_finite(const HostTensor& t, const std::string& file, const std::string& dataset) {
+  if (t.dtype() != DType::f32 && t.dtype() != DType::f64) return;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(t.get(i)))
+      throw Error("'" + file + "': dataset '" + dataset + "' holds a non-finite value (" + std::to_string(t.get(i)) +
+                  ") at element " + std::to_string(i));
 }
 
 void write_tokenizer(h5::File& f, const Tokenizer& tokenizer) {
@@ -87,6 +104,7 @@ void load_weights(const std::string& path, nn::Module& model) {
       throw Error("weights file '" + path + "': dataset '" + ds + "' has shape " + shape.str() + ", parameter '" +
                   name + "' needs " + p.shape().str());
     loaded.emplace_back(p, f.read(ds));
+    require_finite(loaded.back().second, path, ds);
   }
   for (const auto& [p, values] : loaded) Engine::current().write_persistent(*p.impl(), values);
 }

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -266,6 +267,14 @@ TEST(HostileFiles, NonFiniteWeightsAndImplausibleConfigsAreRefused) {
   const std::string path = tmp_file("weights.h5");
   models::GPT saved(small_config());
   save_weights(path, saved, nullptr);
+  {
+    models::GPT old_reader(small_config());
+    set_int_attribute(path, "format_version", 1);
+    load_weights(path, old_reader);  // a version-1 file (before checksums) still loads
+    set_int_attribute(path, "format_version", 3);
+    expect_error([&] { load_weights(path, old_reader); }, {"format_version 3", "versions 1 to 2"});
+    set_int_attribute(path, "format_version", 2);
+  }
   models::GPT target(small_config());
   const std::vector<double> before = weights_of(target);
   set_first_element(path, "transformer/wte/weight", std::nanf(""));
@@ -288,6 +297,8 @@ TEST(HostileFiles, CheckpointFieldsOutOfRangeAreRefused) {
   auto load = [&] { load_checkpoint(path, model, opt); };
   fresh();
   load();  // the untouched file loads
+  set_int_attribute(path, "format_version", 1);
+  load();  // a version-1 checkpoint (before checksums) still loads
   set_int_attribute(path, "format_version", 99);
   expect_error(load, {path, "format_version 99"});
   fresh();
@@ -304,6 +315,51 @@ TEST(HostileFiles, CheckpointFieldsOutOfRangeAreRefused) {
   fresh();
   set_first_element(path, "exp_avg/transformer/wte/weight", std::nanf(""));
   expect_error(load, {"'exp_avg/transformer/wte/weight'", "non-finite"});
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+void flip_byte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+// Files carry checksums: a flipped bit in a dataset's data or in the superblock is an error,
+// never other bytes read as weights.
+TEST(HostileFiles, AFlippedBitIsACorruptFileError) {
+  const std::string path = tmp_file("flipped.h5");
+  models::GPT model(small_config());
+  save_weights(path, model, nullptr);
+  models::GPT target(small_config());
+  load_weights(path, target);  // intact
+  // The byte in the middle of the token embedding's (one) chunk.
+  haddr_t chunk_at = 0;
+  hsize_t chunk_bytes = 0;
+  {
+    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "transformer/wte/weight", H5P_DEFAULT);
+    hsize_t origin[2] = {0, 0};
+    unsigned mask = 0;
+    ASSERT_GE(H5Dget_chunk_info_by_coord(d, origin, &mask, &chunk_at, &chunk_bytes), 0);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  ASSERT_GT(chunk_bytes, 100u);
+  flip_byte(path, chunk_at + chunk_bytes / 2);
+  expect_error([&] { load_weights(path, target); }, {path, "'transformer/wte/weight'", "corrupt"});
+  save_weights(path, model, nullptr);
+  flip_byte(path, 13);  // inside the superblock, which is checksummed
+  expect_error([&] { load_weights(path, target); }, {path, "cannot open"});
   std::filesystem::remove(path);
 }
 

@@ -15,9 +15,10 @@ h5::File open_checkpoint(const std::string& path) {
   if (!f.has_attribute("format") || f.read_string_attribute("format") != "kiln-checkpoint")
     throw Error("'" + path + "' is not a kiln checkpoint (root attribute format = \"kiln-checkpoint\" missing)");
   const int64_t version = f.has_attribute("format_version") ? f.read_int_attribute("format_version") : -1;
-  if (version != 1)
+  if (version < 1 || version > kCheckpointFormatVersion)
     throw Error("checkpoint '" + path + "' has format_version " +
-                (version < 0 ? std::string("(missing)") : std::to_string(version)) + "; this kiln reads version 1");
+                (version < 0 ? std::string("(missing)") : std::to_string(version)) +
+                "; this kiln reads versions 1 to " + std::to_string(kCheckpointFormatVersion));
   return f;
 }
 
@@ -27,7 +28,7 @@ void save_checkpoint(const std::string& path, const models::GPT& model, const op
                      const Tokenizer& tokenizer, const CheckpointState& state) {
   h5::write_atomically(path, [&](h5::File& f) {
     f.write_attribute("format", std::string("kiln-checkpoint"));
-    f.write_attribute("format_version", int64_t{1});
+    f.write_attribute("format_version", kCheckpointFormatVersion);
     write_model_config(f, model.config());
     f.write_attribute("dropout", model.config().dropout);
     f.write_attribute("step", state.step);

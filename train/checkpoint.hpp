@@ -13,6 +13,9 @@
 
 namespace kiln {
 
+// 2: checksummed datasets and metadata, as weights version 2 (1: neither; still read).
+constexpr int64_t kCheckpointFormatVersion = 2;
+
 struct CheckpointState {
   int64_t step = 0;        // steps completed
   uint64_t data_seed = 0;  // the dataset's seed

@@ -5,6 +5,7 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -70,7 +71,11 @@ File File::open_write(const std::string& path) {
 
 File File::create(const std::string& path) {
   quiet();
-  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  // The newer file format (HDF5 1.10 and later) checksums its metadata, so a flipped bit in a
+  // header is an error on open instead of other bytes read as weights.
+  Handle fapl{H5Pcreate(H5P_FILE_ACCESS), H5Pclose};
+  H5Pset_libver_bounds(fapl.id, H5F_LIBVER_V110, H5F_LIBVER_LATEST);
+  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id);
   if (id < 0) throw Error("cannot create HDF5 file '" + path + "'");
   return File(id, path);
 }
@@ -185,7 +190,7 @@ HostTensor File::read(const std::string& path) const {
   HostTensor t = HostTensor::zeros(dt, shape);
   Handle ds{H5Dopen2(static_cast<hid_t>(id_), path.c_str(), H5P_DEFAULT), H5Dclose};
   if (t.numel() > 0 && H5Dread(ds.id, native_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) < 0)
-    fail("reading dataset '" + path + "' failed");
+    fail("reading dataset '" + path + "' failed: the file is corrupt (a checksum does not match) or truncated");
   return t;
 }
 
@@ -196,8 +201,17 @@ void File::write(const std::string& path, const HostTensor& t) {
   Handle space{t.shape().rank() == 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(t.shape().rank(), dims.data(), nullptr),
                H5Sclose};
   hid_t type = native_type(t.dtype());
-  Handle ds{H5Dcreate2(static_cast<hid_t>(id_), path.c_str(), type, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT),
-            H5Dclose};
+  // Each dataset carries a Fletcher-32 checksum of its data (the filter needs chunks: one chunk
+  // of the whole array, cut to HDF5's 4 GiB chunk limit along the first axis).
+  Handle dcpl{H5Pcreate(H5P_DATASET_CREATE), H5Pclose};
+  if (t.numel() > 0 && t.shape().rank() > 0) {
+    std::vector<hsize_t> chunk = dims;
+    const hsize_t row_bytes = static_cast<hsize_t>(t.nbytes()) / chunk[0];
+    chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(chunk[0], (hsize_t{1} << 31) / std::max<hsize_t>(row_bytes, 1)));
+    H5Pset_chunk(dcpl.id, static_cast<int>(chunk.size()), chunk.data());
+    H5Pset_fletcher32(dcpl.id);
+  }
+  Handle ds{H5Dcreate2(static_cast<hid_t>(id_), path.c_str(), type, space.id, lcpl.id, dcpl.id, H5P_DEFAULT), H5Dclose};
   if (ds.id < 0) fail("cannot create dataset '" + path + "' (does it exist already?)");
   if (t.numel() > 0 && H5Dwrite(ds.id, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) < 0)
     fail("writing dataset '" + path + "' failed");

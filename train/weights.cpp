@@ -20,8 +20,8 @@ void check_format(const h5::File& f) {
   if (!f.has_attribute("format") || f.read_string_attribute("format") != "kiln-weights")
     throw Error("'" + f.path() + "' is not a kiln weights file (root attribute format = \"kiln-weights\" missing)");
   int64_t v = f.read_int_attribute("format_version");
-  if (v != kWeightsFormatVersion)
-    throw Error("'" + f.path() + "' has format_version " + std::to_string(v) + "; this kiln reads version " +
+  if (v < 1 || v > kWeightsFormatVersion)
+    throw Error("'" + f.path() + "' has format_version " + std::to_string(v) + "; this kiln reads versions 1 to " +
                 std::to_string(kWeightsFormatVersion));
 }
 }  // namespace

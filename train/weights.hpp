@@ -13,7 +13,8 @@
 
 namespace kiln {
 
-constexpr int64_t kWeightsFormatVersion = 1;
+// 2: datasets with Fletcher-32 checksums in files with metadata checksums (1: neither; still read).
+constexpr int64_t kWeightsFormatVersion = 2;
 
 // Reads and checks the format attributes and the model config.
 models::GPTConfig read_weights_config(const std::string& path);

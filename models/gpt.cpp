@@ -1,6 +1,8 @@
 // GPT model (GPT-2 architecture).
 #include "models/gpt.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
 
 #include "circuit/error.hpp"
@@ -24,6 +26,17 @@ Tensor Block::forward(const Tensor& x) const {
 GPT::GPT(const GPTConfig& c) : config_(c) {
   if (c.vocab_size < 1 || c.block_size < 1 || c.n_layer < 1 || c.n_embd < 1)
     throw Error("GPT: vocab_size, block_size, n_layer and n_embd must be positive");
+  // Training keeps each parameter 4 times (value, gradient, two AdamW moments) in f32: a model
+  // whose parameters alone exceed the machine's memory is refused before building anything.
+  const double C = static_cast<double>(c.n_embd);
+  const double params = static_cast<double>(c.vocab_size + c.block_size) * C +
+                        static_cast<double>(c.n_layer) * (12 * C * C + 13 * C) + 2 * C;
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (physical > 0 && 16 * params > physical)
+    throw Error("GPT: " + std::to_string(c.n_layer) + " layers of width " + std::to_string(c.n_embd) + " have " +
+                std::to_string(params / 1e9) + " billion parameters; training them needs " +
+                std::to_string(16 * params / (1 << 30)) + " GiB, more than this machine's " +
+                std::to_string(physical / (1 << 30)) + " GiB");
   transformer_ = register_module("transformer", std::make_shared<Transformer>());
   Transformer& t = *transformer_;
   t.wte = t.register_module("wte", std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd));

@@ -365,3 +365,34 @@ TEST(HostileFiles, AFlippedBitIsACorruptFileError) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Text is UTF-8 strictly: overlong encodings, surrogates and code points past U+10FFFF are
+// errors with their byte offset, as are truncated and stray bytes.
+TEST(HostileInputs, TextIsStrictUtf8) {
+  EXPECT_EQ(utf8_decode("a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"), (std::vector<int32_t>{'a', 0xE9, 0x20AC, 0x1F600}));
+  for (const auto& [bad, offset] : std::vector<std::pair<std::string, std::string>>{{"ab\xc0\x80", "offset 2"},
+                                                                                    {"\xe0\x80\xaf", "offset 0"},
+                                                                                    {"x\xed\xa0\x80", "offset 1"},
+                                                                                    {"\xf4\x90\x80\x80", "offset 0"},
+                                                                                    {"abc\xe2\x82", "offset 3"},
+                                                                                    {"\x80", "offset 0"}})
+    expect_error([&] { utf8_decode(bad); }, {"invalid UTF-8", offset});
+}
+
+// A model too large for the machine is refused at once with what it would need (n_layer 10^9
+// used to spend minutes allocating).
+TEST(HostileInputs, AModelLargerThanTheMachineIsRefused) {
+  models::GPTConfig c = small_config();
+  c.n_layer = 1000000000;
+  expect_error([&] { models::GPT m(c); }, {"GPT: 1000000000 layers", "GiB, more than this machine's"});
+  c = small_config();
+  c.n_embd = int64_t{1} << 20;
+  c.n_head = 1;
+  expect_error([&] { models::GPT m(c); }, {"billion parameters"});
+}
+
+}  // namespace
+}  // namespace kiln

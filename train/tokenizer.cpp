@@ -22,6 +22,11 @@ std::vector<int32_t> utf8_decode(const std::string& text) {
       if ((cc >> 6) != 0x2) throw Error("invalid UTF-8 at byte offset " + std::to_string(i));
       cp = (cp << 6) | (cc & 0x3F);
     }
+    // Strict: the shortest encoding only, no UTF-16 surrogates, nothing past U+10FFFF.
+    static constexpr int32_t kLeast[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kLeast[len] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
+      throw Error("invalid UTF-8 at byte offset " + std::to_string(i) +
+                  (cp < kLeast[len] ? " (an overlong encoding)" : " (not a Unicode scalar value)"));
     out.push_back(cp);
     i += static_cast<size_t>(len);
   }

@@ -55,9 +55,17 @@ int cmd_train(const std::vector<std::string>& argv) {
   if (a.str("tokenizer", "char") != "char" && a.str("tokenizer", "char") != "byte")
     throw Error("--tokenizer must be char or byte");
   std::string text = read_corpus(a.str("data", kDefaultCorpus));
+  if (text.empty()) throw Error("the corpus '" + a.str("data", kDefaultCorpus) + "' is empty: nothing to train on");
+  auto char_level = [&] {  // a corpus that is not UTF-8 is an error naming it
+    try {
+      return Tokenizer::char_level(text);
+    } catch (const Error& e) {
+      throw Error("the corpus '" + a.str("data", kDefaultCorpus) + "': " + e.what());
+    }
+  };
   Tokenizer tok = a.has("resume")                        ? read_checkpoint_tokenizer(a.str("resume", ""))
                   : a.str("tokenizer", "char") == "byte" ? Tokenizer::byte_level()
-                                                         : Tokenizer::char_level(text);
+                                                         : char_level();
   models::GPTConfig c;
   if (a.has("resume")) {
     c = read_checkpoint_config(a.str("resume", ""));

@@ -22,6 +22,12 @@ namespace {
 
 using Inputs = std::vector<const HostTensor*>;
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitizedBuild = true;
+#else
+constexpr bool kSanitizedBuild = false;
+#endif
+
 // Replaces a Prim's reference by wrap(original reference) for the guard's lifetime.
 class ScopedEval {
  public:
@@ -69,8 +75,10 @@ TEST(ExecutorMemory, ARunAfterTheFirstAllocatesOnlyItsOutputAndTouchesNoFreshPag
     const ProcessCounters used = ProcessCounters::now() - before;
     EXPECT_EQ(used.storage_allocations, 1u);  // the output, which the caller keeps
     EXPECT_EQ(used.storage_bytes, 1024u * sizeof(float));
-    // Six 4 MiB intermediates freshly allocated would fault in about 6000 pages.
-    EXPECT_EQ(used.minor_faults, 0u) << "run " << run + 3;
+    // Six 4 MiB intermediates freshly allocated would fault in about 6000 pages. (Under
+    // AddressSanitizer its allocator's quarantine hands out fresh pages: page counts there say
+    // nothing about kiln.)
+    if (!kSanitizedBuild) EXPECT_EQ(used.minor_faults, 0u) << "run " << run + 3;
     ASSERT_EQ(again.numel(), first.numel());
     for (int64_t i = 0; i < first.numel(); ++i) ASSERT_EQ(again.get(i), first.get(i));
   }

@@ -78,7 +78,9 @@ TEST(ExecutorMemory, ARunAfterTheFirstAllocatesOnlyItsOutputAndTouchesNoFreshPag
     // Six 4 MiB intermediates freshly allocated would fault in about 6000 pages. (Under
     // AddressSanitizer its allocator's quarantine hands out fresh pages: page counts there say
     // nothing about kiln.)
-    if (!kSanitizedBuild) EXPECT_EQ(used.minor_faults, 0u) << "run " << run + 3;
+    if (!kSanitizedBuild) {
+      EXPECT_EQ(used.minor_faults, 0u) << "run " << run + 3;
+    }
     ASSERT_EQ(again.numel(), first.numel());
     for (int64_t i = 0; i < first.numel(); ++i) ASSERT_EQ(again.get(i), first.get(i));
   }

@@ -190,28 +190,40 @@ struct TrainRun {
   std::vector<double> losses, weights;
 };
 
-// An 8-step schedule stopped after `stop_at` steps (0: all 8), as if interrupted.
-TrainRun train_tiny(int64_t steps, const std::string& checkpoint, const std::string& resume, int64_t stop_at = 0,
-                    double lr = 1e-3, bool traced = true) {
+// The tiny runs' corpus, tokenizer and data (seed 21).
+struct TinyData {
   std::string text = generated_text(400);
   Tokenizer tok = Tokenizer::char_level(text);
-  TextDataset data(tok.encode(text), 21);
-  // A resumed run starts from a deliberately different seed: the checkpoint restores the RNG.
-  manual_seed(resume.empty() ? 21 : 999);
-  models::GPT model(resume.empty() ? tiny_config(tok.vocab_size()) : read_checkpoint_config(resume));
+  TextDataset data{tok.encode(text), 21};
+};
+
+// Their options: batch 4, lr 1e-3 after 2 warmup steps, no validation, no periodic checkpoint.
+TrainOptions tiny_options(int64_t steps) {
   TrainOptions o;
   o.batch = 4;
   o.steps = steps;
-  o.lr = lr;
+  o.lr = 1e-3;
   o.warmup = 2;
   o.eval_interval = 0;
   o.eval_batches = 2;
   o.log_interval = 1000;
-  o.checkpoint = checkpoint;
   o.checkpoint_interval = 0;
+  return o;
+}
+
+// An 8-step schedule stopped after `stop_at` steps (0: all 8), as if interrupted.
+TrainRun train_tiny(int64_t steps, const std::string& checkpoint, const std::string& resume, int64_t stop_at = 0,
+                    double lr = 1e-3, bool traced = true) {
+  TinyData d;
+  // A resumed run starts from a deliberately different seed: the checkpoint restores the RNG.
+  manual_seed(resume.empty() ? 21 : 999);
+  models::GPT model(resume.empty() ? tiny_config(d.tok.vocab_size()) : read_checkpoint_config(resume));
+  TrainOptions o = tiny_options(steps);
+  o.lr = lr;
+  o.checkpoint = checkpoint;
   o.stop_at = stop_at;
   o.traced = traced;
-  Trainer t(model, data, tok, 21, o);
+  Trainer t(model, d.data, d.tok, 21, o);
   if (!resume.empty()) t.resume(resume);
   TrainRun r;
   r.losses = t.run().losses;
@@ -237,23 +249,16 @@ TEST(Checkpoint, ResumeIsBitExact) {
 // the loss, and the checkpoint keeps the last finite state (written every step until then).
 TEST(Training, ANonFiniteLossStopsTrainingAndNeverReachesACheckpoint) {
   std::string ckpt = tmp_path("nan_ckpt.h5");
-  std::string text = generated_text(400);
-  Tokenizer tok = Tokenizer::char_level(text);
-  TextDataset data(tok.encode(text), 21);
+  TinyData d;
   manual_seed(21);
-  models::GPT model(tiny_config(tok.vocab_size()));
-  TrainOptions o;
-  o.batch = 4;
-  o.steps = 8;
-  o.lr = 1e30;
-  o.min_lr = 1e30;
+  models::GPT model(tiny_config(d.tok.vocab_size()));
+  TrainOptions o = tiny_options(8);
+  o.lr = o.min_lr = 1e30;
   o.warmup = 0;
   o.grad_clip = 0;
-  o.eval_interval = 0;
-  o.log_interval = 1000;
   o.checkpoint = ckpt;
   o.checkpoint_interval = 1;
-  Trainer t(model, data, tok, 21, o);
+  Trainer t(model, d.data, d.tok, 21, o);
   try {
     t.run();
     FAIL() << "training with a learning rate of 1e30 finished";
@@ -276,25 +281,15 @@ TEST(Training, ANonFiniteLossStopsTrainingAndNeverReachesACheckpoint) {
 TEST(Training, SigintStopsAfterTheStepWithACheckpoint) {
   std::string ckpt = tmp_path("sigint_ckpt.h5");
   TrainRun full = train_tiny(8, "", "");
-  std::string text = generated_text(400);
-  Tokenizer tok = Tokenizer::char_level(text);
-  TextDataset data(tok.encode(text), 21);
+  TinyData d;
   manual_seed(21);
-  models::GPT model(tiny_config(tok.vocab_size()));
-  TrainOptions o;
-  o.batch = 4;
-  o.steps = 8;
-  o.lr = 1e-3;
-  o.warmup = 2;
-  o.eval_interval = 0;
-  o.eval_batches = 2;
-  o.log_interval = 1000;
-  o.checkpoint_interval = 0;
+  models::GPT model(tiny_config(d.tok.vocab_size()));
+  TrainOptions o = tiny_options(8);
   o.interrupt_checkpoint = ckpt;
   o.after_step = [](int64_t step) {
     if (step == 3) raise(SIGINT);
   };
-  Trainer t(model, data, tok, 21, o);
+  Trainer t(model, d.data, d.tok, 21, o);
   try {
     t.run();
     FAIL() << "the run went on after SIGINT";

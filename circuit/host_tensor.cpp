@@ -18,6 +18,14 @@ StorageAllocations host_storage_allocations() {
   return {allocated_count.load(std::memory_order_relaxed), allocated_bytes.load(std::memory_order_relaxed)};
 }
 
+double physical_memory_bytes() {
+  static const double bytes = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+  }();
+  return bytes;
+}
+
 HostTensor HostTensor::zeros(DType dtype, Shape shape) {
   HostTensor t;
   t.dtype_ = dtype;
@@ -29,8 +37,7 @@ HostTensor HostTensor::zeros(DType dtype, Shape shape) {
       n > std::numeric_limits<size_t>::max() - 64)
     throw Error("HostTensor: " + t.shape_.str() + " " + dtype_name(dtype) + " is too large to allocate");
   // More than the machine's memory cannot succeed: say what it would need instead of bad_alloc.
-  static const double physical =
-      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double physical = physical_memory_bytes();
   if (physical > 0 && static_cast<double>(n) > physical)
     throw Error("HostTensor: " + t.shape_.str() + " " + dtype_name(dtype) + " would need " +
                 std::to_string(static_cast<double>(n) / (1 << 30)) + " GiB, more than this machine's " +

@@ -18,6 +18,10 @@ struct StorageAllocations {
 };
 StorageAllocations host_storage_allocations();
 
+// This machine's physical memory in bytes (0 where unknown). HostTensor::zeros refuses to
+// allocate more; file readers and model builders refuse early with it, naming what they need.
+double physical_memory_bytes();
+
 class HostTensor {
  public:
   HostTensor() = default;

@@ -1,8 +1,6 @@
 // GPT model (GPT-2 architecture).
 #include "models/gpt.hpp"
 
-#include <unistd.h>
-
 #include <cmath>
 
 #include "circuit/error.hpp"
@@ -31,7 +29,7 @@ GPT::GPT(const GPTConfig& c) : config_(c) {
   const double C = static_cast<double>(c.n_embd);
   const double params = static_cast<double>(c.vocab_size + c.block_size) * C +
                         static_cast<double>(c.n_layer) * (12 * C * C + 13 * C) + 2 * C;
-  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double physical = physical_memory_bytes();
   if (physical > 0 && 16 * params > physical)
     throw Error("GPT: " + std::to_string(c.n_layer) + " layers of width " + std::to_string(c.n_embd) + " have " +
                 std::to_string(params / 1e9) + " billion parameters; training them needs " +

@@ -183,7 +183,7 @@ HostTensor File::read(const std::string& path) const {
   const Shape shape = dataset_shape(path);
   // A size no machine could hold is a corrupt or hostile file, not an allocation to try.
   const double bytes = static_cast<double>(shape.numel()) * static_cast<double>(dtype_size(dt));
-  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double physical = physical_memory_bytes();
   if (physical > 0 && bytes > physical)
     fail("dataset '" + path + "' " + shape.str() + " would need " + std::to_string(bytes / (1 << 30)) +
          " GiB, more than this machine's " + std::to_string(physical / (1 << 30)) + " GiB of memory");

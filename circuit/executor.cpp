@@ -24,8 +24,9 @@ namespace {
 // to stderr at exit with the N costliest (25 when N is not a number above 0). For finding the
 // hot ops of the CPU path; off by default (no clock reads).
 struct Profile {
-  bool on = std::getenv("KILN_PROFILE") != nullptr;
-  int shown_max = on && std::atoi(std::getenv("KILN_PROFILE")) > 1 ? std::atoi(std::getenv("KILN_PROFILE")) : 25;
+  const char* setting = std::getenv("KILN_PROFILE");
+  bool on = setting != nullptr;
+  int shown_max = on && std::atoi(setting) > 1 ? std::atoi(setting) : 25;
   std::map<std::string, std::pair<double, int64_t>> ms_calls;
   ~Profile() {
     if (!on || ms_calls.empty()) return;

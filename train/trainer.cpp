@@ -64,10 +64,7 @@ TrainResult Trainer::run() {
   // the step and builds its plan, and is reported alone).
   double run_ms = 0, step_ms = 0;
   int64_t timed = 0;
-  auto save = [&] {
-    if (opts_.checkpoint.empty()) return;
-    save_checkpoint(opts_.checkpoint, model_, opt_, tokenizer_, {step_, data_seed_});
-  };
+  auto save = [&](const std::string& path) { save_checkpoint(path, model_, opt_, tokenizer_, {step_, data_seed_}); };
   const InterruptGuard interrupts;
   std::unique_ptr<TracedStep> traced;  // made by the first step when opts_.traced
   const bool on_gpu = Engine::current().device() == Device::CUDA;
@@ -149,11 +146,13 @@ TrainResult Trainer::run() {
       result.val_loss = val_loss();
       spdlog::info("step {:5d}/{}  validation loss {:.4f} nats/token", step_, opts_.steps, result.val_loss);
     }
-    if ((opts_.checkpoint_interval > 0 && step_ % opts_.checkpoint_interval == 0) || last) save();
+    const bool saved = !opts_.checkpoint.empty() &&
+                       ((opts_.checkpoint_interval > 0 && step_ % opts_.checkpoint_interval == 0) || last);
+    if (saved) save(opts_.checkpoint);
     if (opts_.after_step) opts_.after_step(step_);
     if (const int sig = interrupt_signal(); sig != 0 && !last) {
       const std::string path = opts_.checkpoint.empty() ? opts_.interrupt_checkpoint : opts_.checkpoint;
-      save_checkpoint(path, model_, opt_, tokenizer_, {step_, data_seed_});
+      if (!saved) save(path);  // this step's checkpoint may have been written just above
       throw Error(
           fmt::format("{} received: training stopped after step {} of {}; checkpoint written to '{}' (continue "
                       "with --resume {}; a second signal stops at once)",

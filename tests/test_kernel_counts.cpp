@@ -28,13 +28,16 @@ size_t launches_of(const Plan& plan) {
 }
 
 // Launches of one realization of `part` for a GPT of `layers` blocks (tiny widths, no
-// dropout, gradient clipping at `clip` unless 0): the largest plan it builds.
-size_t launches(int64_t layers, Part part, double clip = 1.0) {
+// dropout, gradient clipping at `clip` unless 0; with `guarded`, AdamW skips non-finite steps
+// as the Trainer's does): the largest plan it builds.
+size_t launches(int64_t layers, Part part, double clip = 1.0, bool guarded = false) {
   models::GPTConfig cfg = testing::tiny_gpt_config(layers);
   cfg.dropout = 0;
   manual_seed(5);
   models::GPT model(cfg);
-  optim::AdamW opt(model.parameters(), {});
+  optim::AdamWOptions adamw;
+  adamw.skip_non_finite = guarded;
+  optim::AdamW opt(model.parameters(), adamw);
   Tensor x = Tensor::from_host(HostTensor::zeros(DType::i32, Shape{2, 8}));
   Engine& engine = Engine::current();
   engine.plan_cache().clear();
@@ -45,7 +48,7 @@ size_t launches(int64_t layers, Part part, double clip = 1.0) {
     engine.realize();
     engine.plan_cache().clear();
   }
-  if (part == Part::AdamW || part == Part::Step) opt.step(clip);
+  if (part == Part::AdamW || part == Part::Step) opt.step(clip, part == Part::Step ? loss : Tensor());
   engine.realize();
   const Plan* plan = engine.plan_cache().largest();
   const size_t n = plan ? launches_of(*plan) : 0;
@@ -57,11 +60,12 @@ TEST(KernelCounts, GptBlockForwardBackwardAdamWAndStep) {
   const size_t f1 = launches(1, Part::Forward), f2 = launches(2, Part::Forward);
   const size_t fb1 = launches(1, Part::ForwardBackward), fb2 = launches(2, Part::ForwardBackward);
   const size_t adamw = launches(4, Part::AdamW), adamw_unclipped = launches(4, Part::AdamW, 0.0);
-  const size_t step4 = launches(4, Part::Step);
+  const size_t adamw_guarded = launches(4, Part::AdamW, 0.0, true);
+  const size_t step4 = launches(4, Part::Step), step4_guarded = launches(4, Part::Step, 1.0, true);
   std::printf(
-      "kernels: block forward %zu, block forward+backward %zu, AdamW (4 layers) %zu (%zu without clipping), 4-layer "
-      "step %zu\n",
-      f2 - f1, fb2 - fb1, adamw, adamw_unclipped, step4);
+      "kernels: block forward %zu, block forward+backward %zu, AdamW (4 layers) %zu (%zu without clipping, %zu "
+      "unclipped skipping non-finite steps), 4-layer step %zu (%zu skipping non-finite steps, as the Trainer)\n",
+      f2 - f1, fb2 - fb1, adamw, adamw_unclipped, adamw_guarded, step4, step4_guarded);
   // Measured with pointwise, row and element-group fusion: 19, 51, 210, 437; with the multi-tensor merge AdamW (with
   // clipping) 4 and the step 232; with matmul fusion 9, 35 and the step 167; with dead fills dropped 165; with concat
   // in one launch 33 and 157; with bias gradients in the weight-gradient kernels 29 and 141; with a layernorm's
@@ -74,6 +78,9 @@ TEST(KernelCounts, GptBlockForwardBackwardAdamWAndStep) {
   EXPECT_LE(adamw, 2u);            // the target
   EXPECT_EQ(adamw_unclipped, 1u);  // the target: every parameter's update in one launch
   EXPECT_LE(step4, 125u);          // the target was 124, before the one-hot's (rows, V) write was traded for a launch
+  // Skipping non-finite steps tests the norm and the loss inside the update's launches.
+  EXPECT_LE(adamw_guarded, adamw);
+  EXPECT_LE(step4_guarded, step4);
 }
 
 TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {

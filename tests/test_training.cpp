@@ -246,8 +246,9 @@ TEST(Checkpoint, ResumeIsBitExact) {
 }
 
 // A learning rate that blows the weights up: training stops with an error naming the step and
-// the loss, and the checkpoint keeps the last finite state (written every step until then).
-TEST(Training, ANonFiniteLossStopsTrainingAndNeverReachesACheckpoint) {
+// the loss, and the checkpoint keeps the last finite state (written every step until then). With
+// skip_non_finite the non-finite steps are skipped, and a run that does not recover still stops.
+void expect_non_finite_run_stops(bool skip, const std::string& expected) {
   std::string ckpt = tmp_path("nan_ckpt.h5");
   TinyData d;
   manual_seed(21);
@@ -258,15 +259,20 @@ TEST(Training, ANonFiniteLossStopsTrainingAndNeverReachesACheckpoint) {
   o.grad_clip = 0;
   o.checkpoint = ckpt;
   o.checkpoint_interval = 1;
+  o.skip_non_finite = skip;
+  o.max_skipped_in_a_row = 3;
   Trainer t(model, d.data, d.tok, 21, o);
   try {
     t.run();
     FAIL() << "training with a learning rate of 1e30 finished";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("training stopped at step"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(expected), std::string::npos) << msg;
     EXPECT_NE(msg.find("the last checkpoint in '" + ckpt + "' is kept"), std::string::npos) << msg;
   }
+  // The skipped steps were taken off the optimizer's count; the model in memory is finite.
+  EXPECT_EQ(t.optimizer().steps(), 1);
+  for (double v : values(model)) ASSERT_TRUE(std::isfinite(v));
   // Whatever the checkpoint holds was saved from a finite step.
   h5::File f = h5::File::open_read(ckpt);
   for (const auto& [name, p] : model.named_parameters()) {
@@ -274,6 +280,14 @@ TEST(Training, ANonFiniteLossStopsTrainingAndNeverReachesACheckpoint) {
     for (int64_t i = 0; i < saved.numel(); ++i) ASSERT_TRUE(std::isfinite(saved.get(i))) << name;
   }
   std::filesystem::remove(ckpt);
+}
+
+TEST(Training, ANonFiniteLossStopsTrainingAndNeverReachesACheckpoint) {
+  expect_non_finite_run_stops(false, "training stopped at step 2: the loss is ");
+}
+
+TEST(Training, SkippedNonFiniteStepsStopARunThatDoesNotRecover) {
+  expect_non_finite_run_stops(true, "training stopped at step 4: 3 steps in a row were skipped");
 }
 
 // Ctrl-C during training: the step under way finishes, a checkpoint of it is written, and the

@@ -13,6 +13,11 @@ namespace kiln::optim {
 
 struct AdamWOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  // A step whose gradients' global norm (or the loss given to step()) is not finite changes
+  // neither the parameters nor the moments and is not counted: it is skipped, as PyTorch's
+  // GradScaler skips optimizer.step(). The test runs inside the step (no host round trip);
+  // last_step_applied() tells the host afterwards. Off: every update is applied as computed.
+  bool skip_non_finite = false;
 };
 
 class AdamW {
@@ -20,10 +25,15 @@ class AdamW {
   AdamW(std::vector<Tensor> params, AdamWOptions opts);
   // Records the update of every parameter from its gradient, then realizes the step. With
   // max_grad_norm > 0 the gradients are first scaled by min(1, max_norm / (global norm + 1e-6)),
-  // computed inside the same step (as torch.nn.utils.clip_grad_norm_).
-  void step(double max_grad_norm = 0.0);
-  // The global gradient norm of the last step that clipped (before clipping).
+  // computed inside the same step (as torch.nn.utils.clip_grad_norm_). `loss` (a scalar, may be
+  // undefined) joins the finiteness test of skip_non_finite.
+  void step(double max_grad_norm = 0.0, const Tensor& loss = Tensor());
+  // The global gradient norm of the last step that clipped or tested finiteness (before clipping).
   double last_grad_norm() const { return last_norm_.defined() ? last_norm_.item() : 0.0; }
+  // Whether the last step's update was applied: always, unless skip_non_finite found a
+  // non-finite norm or loss. A skipped step is taken off the step count here (it waits for the
+  // step to finish), so call this after each step before anything reads steps().
+  bool last_step_applied();
   // Adam moments, for checkpoints.
   const std::vector<Tensor>& exp_avg() const { return m_; }
   const std::vector<Tensor>& exp_avg_sq() const { return v_; }
@@ -34,8 +44,10 @@ class AdamW {
  private:
   std::vector<Tensor> params_, m_, v_;
   Tensor last_norm_;
+  std::vector<Tensor> guard_;  // skip_non_finite: the scalars that must be finite (norm, loss)
   AdamWOptions opts_;
   int64_t t_ = 0;
+  bool unsettled_ = false;  // a step ran whose guard_ the host has not read yet
 };
 
 }  // namespace kiln::optim

@@ -23,6 +23,7 @@ optim::AdamWOptions adamw_options(const TrainOptions& o) {
   a.lr = o.lr;
   a.beta2 = o.beta2;
   a.weight_decay = o.weight_decay;
+  a.skip_non_finite = true;  // the update is always guarded; run() decides whether to go on
   return a;
 }
 }  // namespace
@@ -64,6 +65,7 @@ TrainResult Trainer::run() {
   // the step and builds its plan, and is reported alone).
   double run_ms = 0, step_ms = 0;
   int64_t timed = 0;
+  int64_t skipped_in_a_row = 0;
   auto save = [&](const std::string& path) { save_checkpoint(path, model_, opt_, tokenizer_, {step_, data_seed_}); };
   const InterruptGuard interrupts;
   std::unique_ptr<TracedStep> traced;  // made by the first step when opts_.traced
@@ -81,7 +83,7 @@ TrainResult Trainer::run() {
       auto record = [&] {
         Tensor l = model_.loss(b.x, b.y);
         l.backward();
-        opt_.step(opts_.grad_clip);
+        opt_.step(opts_.grad_clip, l);
         return std::vector<Tensor>{l};
       };
       if (opts_.traced) {
@@ -102,14 +104,29 @@ TrainResult Trainer::run() {
       ++timed;
     }
     result.losses.push_back(loss.item());
-    // A non-finite loss means the update just applied came from non-finite gradients: stop
-    // before anything saves this state (the last checkpoint, written before, stays).
-    if (!std::isfinite(result.losses.back()))
-      throw Error(fmt::format(
-          "training stopped at step {}: the loss is {} (learning rate {:.3g}); the parameters are no longer finite, so "
-          "nothing was saved from this step{}",
-          step_ + 1, result.losses.back(), lr,
-          opts_.checkpoint.empty() ? "" : "; the last checkpoint in '" + opts_.checkpoint + "' is kept"));
+    if (!opt_.last_step_applied()) {
+      // The step's update was not applied (parameters and moments are as after the previous
+      // step), so nothing non-finite can reach a checkpoint.
+      const std::string kept =
+          opts_.checkpoint.empty() ? "" : "; the last checkpoint in '" + opts_.checkpoint + "' is kept";
+      const std::string what = fmt::format("the loss is {} and the gradient norm {} (learning rate {:.3g})",
+                                           result.losses.back(), opt_.last_grad_norm(), lr);
+      if (!opts_.skip_non_finite)
+        throw Error(
+            fmt::format("training stopped at step {}: {}; its update was not applied and nothing was saved from it{} "
+                        "(--skip-non-finite "
+                        "skips such steps instead)",
+                        step_ + 1, what, kept));
+      ++result.skipped_steps;
+      if (++skipped_in_a_row >= opts_.max_skipped_in_a_row)
+        throw Error(
+            fmt::format("training stopped at step {}: {} steps in a row were skipped, the last because {}; "
+                        "the run is not recovering{}",
+                        step_ + 1, skipped_in_a_row, what, kept));
+      spdlog::warn("step {} skipped: {} ({} skipped so far)", step_ + 1, what, result.skipped_steps);
+    } else {
+      skipped_in_a_row = 0;
+    }
     ++step_;
     bool last = step_ == end;
     if (step_ % opts_.log_interval == 0 || last || step_ == first + 1) {

@@ -32,6 +32,11 @@ struct TrainOptions {
   bool traced = true;
   // Called with the step count after each step (and its checkpoint); tests deliver signals here.
   std::function<void(int64_t)> after_step;
+  // A step whose loss or gradient norm is not finite is never applied (train/adamw.hpp). By
+  // default it stops training with an error naming the step; with skip_non_finite the run goes
+  // on and counts it (PyTorch's GradScaler), stopping only after max_skipped_in_a_row in a row.
+  bool skip_non_finite = false;
+  int64_t max_skipped_in_a_row = 10;
   // Where an interrupted run (SIGINT, SIGTERM) writes its checkpoint when `checkpoint` is empty.
   std::string interrupt_checkpoint = "kiln-interrupted.ckpt.h5";
 };
@@ -39,6 +44,7 @@ struct TrainOptions {
 struct TrainResult {
   std::vector<double> losses;  // training loss of each step run
   double val_loss = 0;         // at the end
+  int64_t skipped_steps = 0;   // steps not applied: a non-finite loss or gradient norm (skip_non_finite)
 };
 
 class Trainer {

@@ -37,11 +37,14 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"deterministic",
                "GPU steps without float atomics, CPU steps at a fixed thread count: a run (and a "
                "resumed run) repeats bit for bit"},
-              {"no-trace", "record every step anew instead of recording it once and replaying it"}},
+              {"no-trace", "record every step anew instead of recording it once and replaying it"},
+              {"skip-non-finite",
+               "skip (and count) a step whose loss or gradient norm is not finite instead of stopping, as "
+               "PyTorch's GradScaler; 10 in a row still stop"}},
              false)),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) with AdamW on a character- or byte-level "
          "corpus.",
-         {"stats", "deterministic", "no-trace"});
+         {"stats", "deterministic", "no-trace", "skip-non-finite"});
   if (a.help()) {
     a.print_help();
     return 0;
@@ -92,12 +95,14 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.checkpoint_interval = a.integer("ckpt-every", 500, 0);
   o.stats = a.has("stats");
   o.traced = !a.has("no-trace");
+  o.skip_non_finite = a.has("skip-non-finite");
   Trainer trainer(model, data, tok, seed, o);
   if (a.has("resume")) trainer.resume(a.str("resume", ""));
   TrainResult r = trainer.run();
   std::string out = a.str("out", "model.h5");
   save_weights(out, model, &tok);
-  spdlog::info("final validation loss {:.4f} nats/token; weights written to {}", r.val_loss, out);
+  spdlog::info("final validation loss {:.4f} nats/token; weights written to {}{}", r.val_loss, out,
+               r.skipped_steps > 0 ? fmt::format("; {} steps skipped (non-finite)", r.skipped_steps) : "");
   model.eval();
   SampleOptions so;
   so.seed = seed;

@@ -21,14 +21,18 @@ Tensor Block::forward(const Tensor& x) const {
   return y + mlp->forward(ln_2->forward(y));
 }
 
+double GPTConfig::parameter_count() const {
+  const double C = static_cast<double>(n_embd);
+  return (static_cast<double>(vocab_size) + static_cast<double>(block_size)) * C +
+         static_cast<double>(n_layer) * (12 * C * C + 13 * C) + 2 * C;
+}
+
 GPT::GPT(const GPTConfig& c) : config_(c) {
   if (c.vocab_size < 1 || c.block_size < 1 || c.n_layer < 1 || c.n_embd < 1)
     throw Error("GPT: vocab_size, block_size, n_layer and n_embd must be positive");
   // Training keeps each parameter 4 times (value, gradient, two AdamW moments) in f32: a model
   // whose parameters alone exceed the machine's memory is refused before building anything.
-  const double C = static_cast<double>(c.n_embd);
-  const double params = static_cast<double>(c.vocab_size + c.block_size) * C +
-                        static_cast<double>(c.n_layer) * (12 * C * C + 13 * C) + 2 * C;
+  const double params = c.parameter_count();
   const double physical = physical_memory_bytes();
   if (physical > 0 && 16 * params > physical)
     throw Error("GPT: " + std::to_string(c.n_layer) + " layers of width " + std::to_string(c.n_embd) + " have " +

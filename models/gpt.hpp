@@ -16,6 +16,8 @@ struct GPTConfig {
   int64_t n_head = 4;
   int64_t n_embd = 128;
   double dropout = 0.0;
+  // The parameter count these sizes give (as a double: it may be astronomically large).
+  double parameter_count() const;
 };
 
 class Block : public nn::Module {

@@ -22,6 +22,7 @@
 #include "circuit/host_tensor.hpp"
 #include "models/gpt.hpp"
 #include "train/adamw.hpp"
+#include "train/batch_file.hpp"
 #include "train/checkpoint.hpp"
 #include "train/hdf5_file.hpp"
 #include "train/tokenizer.hpp"
@@ -371,6 +372,42 @@ namespace {
 
 // Text is UTF-8 strictly: overlong encodings, surrogates and code points past U+10FFFF are
 // errors with their byte offset, as are truncated and stray bytes.
+// A batch for `kiln dump`: token ids outside the vocabulary, the wrong type or rank, T beyond
+// the block, or x and y of different shapes are errors naming the file and dataset.
+TEST(HostileFiles, BatchFilesAreCheckedAgainstTheModel) {
+  models::GPTConfig c;
+  c.vocab_size = 10;
+  c.block_size = 4;
+  const std::string path = tmp_file("batch.h5");
+  auto write = [&](const HostTensor& x, const HostTensor& y) {
+    h5::File f = h5::File::create(path);
+    f.write("x", x);
+    f.write("y", y);
+    f.close();
+  };
+  auto ids = [](std::vector<int32_t> v, Shape s) {
+    HostTensor t = HostTensor::zeros(DType::i32, s);
+    std::copy(v.begin(), v.end(), t.data<int32_t>());
+    return t;
+  };
+  const HostTensor good = ids({1, 2, 3, 4, 5, 6}, Shape{2, 3});
+  write(good, good);
+  EXPECT_EQ(read_batch_file(path, c).y.shape(), (Shape{2, 3}));
+  write(good, ids({1, 2, 3, 4, 10, 6}, Shape{2, 3}));
+  expect_error([&] { read_batch_file(path, c); }, {path, "'y'", "token id 10 at [1, 1]", "[0, 10)"});
+  write(ids({1, -7, 3, 4, 5, 6}, Shape{2, 3}), good);
+  expect_error([&] { read_batch_file(path, c); }, {"'x'", "token id -7 at [0, 1]"});
+  write(ids({1, 2, 3, 4, 5, 6, 7, 8, 9, 1}, Shape{2, 5}), good);
+  expect_error([&] { read_batch_file(path, c); }, {"'x'", "T = 5", "block_size 4"});
+  write(ids({1, 2, 3, 4, 5, 6}, Shape{6}), good);
+  expect_error([&] { read_batch_file(path, c); }, {"'x'", "int32 [B, T]", "[6]"});
+  write(HostTensor::zeros(DType::f32, Shape{2, 3}), good);
+  expect_error([&] { read_batch_file(path, c); }, {"'x'", "f32[2, 3]"});
+  write(good, ids({1, 2, 3, 4}, Shape{2, 2}));
+  expect_error([&] { read_batch_file(path, c); }, {"differ"});
+  std::filesystem::remove(path);
+}
+
 TEST(HostileInputs, TextIsStrictUtf8) {
   EXPECT_EQ(utf8_decode("a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"), (std::vector<int32_t>{'a', 0xE9, 0x20AC, 0x1F600}));
   for (const auto& [bad, offset] : std::vector<std::pair<std::string, std::string>>{{"ab\xc0\x80", "offset 2"},

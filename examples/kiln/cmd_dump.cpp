@@ -5,6 +5,7 @@
 #include "args.hpp"
 #include "circuit/error.hpp"
 #include "commands.hpp"
+#include "train/batch_file.hpp"
 #include "train/hdf5_file.hpp"
 #include "train/weights.hpp"
 
@@ -30,19 +31,9 @@ int cmd_dump(const std::vector<std::string>& argv) {
   load_weights(path, model);
   model.eval();
   model.to(dt == "f64" ? DType::f64 : DType::f32);
-  h5::File batch = h5::File::open_read(a.required("batch"));
-  HostTensor x = batch.read("x"), y = batch.read("y");
-  for (const auto& [name, t] : {std::pair<const char*, const HostTensor&>{"x", x}, {"y", y}}) {
-    if (t.dtype() != DType::i32 || t.shape().rank() != 2)
-      throw Error("batch '" + batch.path() + "': dataset '" + name + "' must be int32 [B, T], received " +
-                  dtype_name(t.dtype()) + t.shape().str());
-  }
-  if (x.shape() != y.shape()) throw Error("batch: x " + x.shape().str() + " and y " + y.shape().str() + " differ");
-  if (x.shape()[1] > model.config().block_size)
-    throw Error("batch: T = " + std::to_string(x.shape()[1]) + " exceeds the model's block_size " +
-                std::to_string(model.config().block_size));
-  Tensor logits = model.forward(Tensor::from_host(x));
-  Tensor loss = cross_entropy(logits, Tensor::from_host(y));
+  const TokenBatch batch = read_batch_file(a.required("batch"), model.config());
+  Tensor logits = model.forward(Tensor::from_host(batch.x));
+  Tensor loss = cross_entropy(logits, Tensor::from_host(batch.y));
   loss.backward();
   Engine::current().realize();
   h5::write_atomically(a.required("out"), [&](h5::File& out) {

@@ -8,6 +8,9 @@
 
 namespace kiln {
 
+size_t EvalBuffers::size() const { return infos_.size(); }
+const ValueInfo& EvalBuffers::info(size_t k) const { return infos_[k]; }
+
 EvalBuffers::EvalBuffers(const std::vector<ValueInfo>& infos, std::vector<HostTensor> planned, ScratchBlocks* scratch,
                          bool poison)
     : infos_(infos), planned_(std::move(planned)), blocks_(scratch), poison_(poison) {

@@ -24,8 +24,8 @@ class EvalBuffers {
   EvalBuffers(const std::vector<ValueInfo>& infos, std::vector<HostTensor> planned = {},
               ScratchBlocks* scratch = nullptr, bool poison = false);
 
-  size_t size() const { return infos_.size(); }
-  const ValueInfo& info(size_t k) const { return infos_[k]; }
+  size_t size() const;
+  const ValueInfo& info(size_t k) const;
   const std::vector<ValueInfo>& infos() const { return infos_; }
 
   // Output k's storage, with output k's dtype and shape; contents undefined.

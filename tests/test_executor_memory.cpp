@@ -22,8 +22,11 @@ namespace {
 
 using Inputs = std::vector<const HostTensor*>;
 
+// GCC defines __SANITIZE_ADDRESS__; clang answers __has_feature.
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kSanitizedBuild = true;
+#elif defined(__has_feature)
+constexpr bool kSanitizedBuild = __has_feature(address_sanitizer);
 #else
 constexpr bool kSanitizedBuild = false;
 #endif

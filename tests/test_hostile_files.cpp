@@ -335,6 +335,41 @@ void flip_byte(const std::string& path, uint64_t offset) {
   f.write(&c, 1);
 }
 
+// String attributes are written fixed-length (no global heap: every piece of metadata is then
+// checksummed), and the variable-length strings of files written before still read.
+TEST(HostileFiles, StringAttributesAreFixedLengthAndVariableLengthOnesStillRead) {
+  const std::string path = tmp_file("strings.h5");
+  models::GPT model(small_config());
+  const Tokenizer tok = Tokenizer::byte_level();
+  save_weights(path, model, &tok);
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  for (const char* name : {"format", "tokenizer"}) {
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT), type = H5Aget_type(a);
+    EXPECT_EQ(H5Tis_variable_str(type), 0) << name;
+    H5Tclose(type);
+    H5Aclose(a);
+    // Rewritten as an older kiln wrote it: a variable-length UTF-8 string.
+    char value[32] = {};
+    hid_t fixed = H5Aopen(f, name, H5P_DEFAULT), ftype = H5Aget_type(fixed);
+    ASSERT_GE(H5Aread(fixed, ftype, value), 0);
+    H5Tclose(ftype);
+    H5Aclose(fixed);
+    ASSERT_GE(H5Adelete(f, name), 0);
+    hid_t vlen = H5Tcopy(H5T_C_S1);
+    H5Tset_size(vlen, H5T_VARIABLE);
+    H5Tset_cset(vlen, H5T_CSET_UTF8);
+    const char* ptr = value;
+    array_attribute(f, name, vlen, 0, &ptr);
+    H5Tclose(vlen);
+  }
+  H5Fclose(f);
+  EXPECT_EQ(read_weights_config(path).n_embd, small_config().n_embd);
+  ASSERT_TRUE(load_tokenizer(path).has_value());
+  EXPECT_EQ(load_tokenizer(path)->kind(), Tokenizer::Kind::Byte);
+  std::filesystem::remove(path);
+}
+
 // Files carry checksums: a flipped bit in a dataset's data or in the superblock is an error,
 // never other bytes read as weights.
 TEST(HostileFiles, AFlippedBitIsACorruptFileError) {
@@ -408,6 +443,24 @@ TEST(HostileFiles, BatchFilesAreCheckedAgainstTheModel) {
   std::filesystem::remove(path);
 }
 
+// Found by tests/fuzz/fuzz_tokenizer: a stored vocabulary of code points that are not Unicode
+// scalar values (negative, surrogates, past U+10FFFF) was accepted and decoded to bytes that do
+// not encode back; a byte tokenizer wrapped ids outside [0, 256).
+TEST(HostileInputs, TokenizersRefuseWhatTheyCannotRoundTrip) {
+  expect_error(
+      [] {
+        Tokenizer::from_vocab({-1006632960, 0, 16777216});
+      },
+      {"vocabulary entry 0", "-1006632960", "not a Unicode scalar value"});
+  expect_error([] { Tokenizer::from_vocab({97, 0xD800}); }, {"vocabulary entry 1", "U+D800"});
+  expect_error([] { Tokenizer::from_vocab({97, 0x110000}); }, {"U+110000"});
+  expect_error([] { utf8_encode({0xDFFF}); }, {"U+DFFF"});
+  expect_error([] { Tokenizer::byte_level().decode({65, 256}); }, {"id 256", "[0, 256)"});
+  EXPECT_EQ(Tokenizer::from_vocab({0, 97, 0x10FFFF}).decode({2, 1}),
+            "\xf4\x8f\xbf\xbf"
+            "a");
+}
+
 TEST(HostileInputs, TextIsStrictUtf8) {
   EXPECT_EQ(utf8_decode("a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"), (std::vector<int32_t>{'a', 0xE9, 0x20AC, 0x1F600}));
   for (const auto& [bad, offset] : std::vector<std::pair<std::string, std::string>>{{"ab\xc0\x80", "offset 2"},
@@ -416,7 +469,7 @@ TEST(HostileInputs, TextIsStrictUtf8) {
                                                                                     {"\xf4\x90\x80\x80", "offset 0"},
                                                                                     {"abc\xe2\x82", "offset 3"},
                                                                                     {"\x80", "offset 0"}})
-    expect_error([&] { utf8_decode(bad); }, {"invalid UTF-8", offset});
+    expect_error([&text = bad] { utf8_decode(text); }, {"invalid UTF-8", offset});
 }
 
 // A model too large for the machine is refused at once with what it would need (n_layer 10^9

@@ -510,11 +510,11 @@ namespace {
 // fragment loads take no more wavefronts than their request phases, whichever operand is
 // contiguous along k (A row-major, B transposed: both are; ta/tb flip them).
 TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
-  for (auto [ta, tb] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
+  for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
+    const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
     const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
-    testing::Harness h({f32(a), f32(b)}, [&](Builder& bl, const std::vector<ValueId>& x) {
-      return bl.matmul(x[0], x[1], ta, tb);
-    });
+    testing::Harness h({f32(a), f32(b)},
+                       [&](Builder& bl, const std::vector<ValueId>& x) { return bl.matmul(x[0], x[1], ta, tb); });
     cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
     cuda::fake_driver_count_bank_conflicts(true);
     dp.run(h.bindings);

@@ -575,7 +575,8 @@ TYPED_TEST(PrimReference, AFailedRunWritesNoBuffer) {
 // reference's blocks; short rows put many rows in one.
 TYPED_TEST(PrimReference, FusedRowsMatchesNaiveLoop) {
   using T = TypeParam;
-  for (const auto& [rows, n] : {std::pair<int64_t, int64_t>{3, 5000}, {600, 7}}) {
+  for (const auto& [rows_n, n_] : {std::pair<int64_t, int64_t>{3, 5000}, {600, 7}}) {
+    const int64_t rows = rows_n, n = n_;  // plain variables: lambdas below capture them (clang 14)
     HostTensor x = rnd(dtype_of<T>(), Shape{rows, n}, 80, -3, 3), w = rnd(dtype_of<T>(), Shape{n}, 81, 0.5, 1.5),
                s = rnd(dtype_of<T>(), Shape{rows, 1}, 82);
     HostTensor mask = HostTensor::zeros(DType::i32, Shape{1, n});
@@ -827,10 +828,10 @@ TYPED_TEST(PrimReference, CrossEntropyIsMeanNegativeLogSoftmaxOfTarget) {
 // Every registered Prim has at least one reference test in this file.
 TEST(PrimReferenceTable, EveryRegisteredPrimIsCovered) {
   const std::set<std::string> covered = {
-      "pointwise", "reduce",  "reduce_all", "matmul",        "gather_rows",  "scatter_add_rows", "gather_last",
-      "one_hot",   "reshape", "permute",    "broadcast",     "slice",        "concat",
-      "split",     "where",   "cast",       "stop_gradient", "fill",         "iota",
-      "random",    "assign",  "fused_rows", "multi_tensor",  "fused_matmul", "column_sums"};
+      "pointwise",  "reduce",       "reduce_all",    "matmul",     "gather_rows", "scatter_add_rows", "gather_last",
+      "one_hot",    "reshape",      "permute",       "broadcast",  "slice",       "concat",           "split",
+      "where",      "cast",         "stop_gradient", "fill",       "iota",        "random",           "assign",
+      "fused_rows", "multi_tensor", "fused_matmul",  "column_sums"};
   for (const PrimDef* p : PrimRegistry::instance().all())
     EXPECT_TRUE(covered.count(p->name)) << "Prim '" << p->name << "' has no reference test";
 }

@@ -287,14 +287,21 @@ void File::write_attribute(const std::string& name, double value) {
   if (a.id < 0 || H5Awrite(a.id, H5T_NATIVE_DOUBLE, &value) < 0) fail("cannot write attribute '" + name + "'");
 }
 
+// Fixed-length strings (null-padded UTF-8), not variable-length ones: a variable-length string
+// lives in the file's global heap, which no HDF5 format version checksums, and a corrupted
+// global heap can hang libhdf5 1.10 inside H5Aread (found by tests/fuzz/fuzz_weights). Files
+// without variable-length data have every piece of metadata checksummed. Reading still takes
+// both kinds: kiln files written before this change hold variable-length strings.
 void File::write_attribute(const std::string& name, const std::string& value) {
   Handle type{H5Tcopy(H5T_C_S1), H5Tclose};
-  H5Tset_size(type.id, H5T_VARIABLE);
+  H5Tset_size(type.id, std::max<size_t>(value.size(), 1));
+  H5Tset_strpad(type.id, H5T_STR_NULLPAD);
   H5Tset_cset(type.id, H5T_CSET_UTF8);
   Handle space{H5Screate(H5S_SCALAR), H5Sclose};
   Handle a{H5Acreate2(static_cast<hid_t>(id_), name.c_str(), type.id, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
-  const char* s = value.c_str();
-  if (a.id < 0 || H5Awrite(a.id, type.id, &s) < 0) fail("cannot write attribute '" + name + "'");
+  std::string padded = value;
+  padded.resize(std::max<size_t>(value.size(), 1), '\0');
+  if (a.id < 0 || H5Awrite(a.id, type.id, padded.data()) < 0) fail("cannot write attribute '" + name + "'");
 }
 
 }  // namespace kiln::h5

@@ -2,6 +2,7 @@
 #include "train/tokenizer.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "circuit/error.hpp"
@@ -33,9 +34,20 @@ std::vector<int32_t> utf8_decode(const std::string& text) {
   return out;
 }
 
+namespace {
+bool is_scalar_value(int32_t cp) { return cp >= 0 && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF); }
+
+std::string hex_code_point(int32_t cp) {
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(cp));
+  return cp < 0 ? std::to_string(cp) : hex;
+}
+}  // namespace
+
 std::string utf8_encode(const std::vector<int32_t>& cps) {
   std::string s;
   for (int32_t cp : cps) {
+    if (!is_scalar_value(cp)) throw Error("utf8_encode: " + hex_code_point(cp) + " is not a Unicode scalar value");
     auto u = static_cast<uint32_t>(cp);
     if (u < 0x80) {
       s += static_cast<char>(u);
@@ -68,6 +80,10 @@ Tokenizer Tokenizer::from_vocab(std::vector<int32_t> code_points) {
   if (!std::is_sorted(code_points.begin(), code_points.end()) ||
       std::adjacent_find(code_points.begin(), code_points.end()) != code_points.end())
     throw Error("char tokenizer: the vocabulary must be strictly ascending code points");
+  for (size_t i = 0; i < code_points.size(); ++i)
+    if (!is_scalar_value(code_points[i]))
+      throw Error("char tokenizer: vocabulary entry " + std::to_string(i) + " (" + hex_code_point(code_points[i]) +
+                  ") is not a Unicode scalar value");
   Tokenizer t;
   t.kind_ = Kind::Char;
   t.vocab_ = std::move(code_points);
@@ -94,9 +110,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
     std::string names;
     for (int32_t cp : unknown) {
       if (!names.empty()) names += ", ";
-      char hex[16];
-      std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(cp));
-      names += "'" + utf8_encode({cp}) + "' (" + hex + ")";
+      names += "'" + utf8_encode({cp}) + "' (" + hex_code_point(cp) + ")";
       if (names.size() > 400) {
         names += ", ...";
         break;
@@ -110,7 +124,11 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   if (kind_ == Kind::Byte) {
     std::string s;
-    for (int32_t id : ids) s += static_cast<char>(id);
+    for (int32_t id : ids) {
+      if (id < 0 || id > 255)
+        throw Error("decode: id " + std::to_string(id) + " is outside the byte vocabulary [0, 256)");
+      s += static_cast<char>(id);
+    }
     return s;
   }
   std::vector<int32_t> cps;

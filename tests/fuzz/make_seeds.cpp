@@ -1,0 +1,71 @@
+// Writes the fuzz targets' seed corpus (committed under tests/fuzz/corpus/<target>/): small
+// valid inputs of each kind, so that mutations start from files kiln itself writes.
+//   kiln_fuzz_seeds <corpus directory>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "core/engine.hpp"
+#include "models/gpt.hpp"
+#include "train/adamw.hpp"
+#include "train/checkpoint.hpp"
+#include "train/hdf5_file.hpp"
+#include "train/weights.hpp"
+
+namespace fs = std::filesystem;
+using namespace kiln;
+
+namespace {
+
+models::GPTConfig tiny(int64_t vocab, int64_t layers) {
+  models::GPTConfig c;
+  c.vocab_size = vocab;
+  c.block_size = 4;
+  c.n_layer = layers;
+  c.n_head = 2;
+  c.n_embd = 4;
+  return c;
+}
+
+void write_text(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: kiln_fuzz_seeds <corpus directory>\n");
+    return 2;
+  }
+  const fs::path root = argv[1];
+  for (const char* t : {"weights", "checkpoint", "batch", "tokenizer", "text"}) fs::create_directories(root / t);
+  manual_seed(3);
+  const std::string corpus = "ab cab\nbca ✓\n";
+  const Tokenizer chars = Tokenizer::char_level(corpus), bytes = Tokenizer::byte_level();
+
+  models::GPT small(tiny(chars.vocab_size(), 1)), two_layers(tiny(chars.vocab_size(), 2)), byte_model(tiny(256, 1));
+  save_weights((root / "weights/char_tokenizer.h5").string(), small, &chars);
+  save_weights((root / "weights/no_tokenizer_2_layers.h5").string(), two_layers);
+  save_weights((root / "weights/byte_tokenizer.h5").string(), byte_model, &bytes);
+
+  optim::AdamW opt(small.parameters(), {});
+  Tensor x = Tensor::from_ints({1, 2, 3, 0}, Shape{1, 4}), y = Tensor::from_ints({2, 3, 0, 1}, Shape{1, 4});
+  small.loss(x, y).backward();
+  opt.step(1.0);
+  save_checkpoint((root / "checkpoint/after_one_step.h5").string(), small, opt, chars, {1, 7});
+
+  h5::write_atomically((root / "batch/b2_t3.h5").string(), [](h5::File& f) {
+    f.write("x", Tensor::from_ints({1, 2, 3, 4, 5, 6}, Shape{2, 3}).to_host());
+    f.write("y", Tensor::from_ints({2, 3, 4, 5, 6, 64}, Shape{2, 3}).to_host());
+  });
+
+  write_text(root / "tokenizer/corpus", std::string("\x00", 1) + corpus);
+  const int32_t vocab_and_ids[] = {10, 97, 98, 10003, 0, 1, 3, 2, 1};
+  write_text(root / "tokenizer/vocab_and_ids",
+             std::string("\x01", 1) + std::string(reinterpret_cast<const char*>(vocab_and_ids), sizeof vocab_and_ids));
+  write_text(root / "tokenizer/bytes", std::string("\x02\xff\x00\x80", 4));
+
+  write_text(root / "text/fortune", "Q: What's a cat's favourite color?\nA: Purrple.\n%\nÀ bientôt ✓\n");
+  write_text(root / "text/short", "abcabcabcabcabcabcabcabc");
+  std::printf("seeds written under %s\n", root.c_str());
+  return 0;
+}

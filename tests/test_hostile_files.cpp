@@ -370,6 +370,23 @@ TEST(HostileFiles, StringAttributesAreFixedLengthAndVariableLengthOnesStillRead)
   std::filesystem::remove(path);
 }
 
+// A tokenizer that does not cover exactly the model's vocabulary is refused when saved and when
+// read (ids the model emits must decode).
+TEST(HostileFiles, ATokenizerMustMatchTheModelsVocabulary) {
+  const std::string path = tmp_file("tok_vocab.h5");
+  models::GPTConfig c = small_config();
+  c.vocab_size = 5;
+  models::GPT model(c);
+  const Tokenizer five = Tokenizer::char_level("abcde"), bytes = Tokenizer::byte_level();
+  expect_error([&] { save_weights(path, model, &bytes); }, {"tokenizer has 256 ids", "vocab_size is 5"});
+  EXPECT_FALSE(std::filesystem::exists(path));
+  save_weights(path, model, &five);
+  ASSERT_EQ(load_tokenizer(path)->vocab_size(), 5);
+  set_int_attribute(path, "vocab_size", 7);
+  expect_error([&] { load_tokenizer(path); }, {path, "'tokenizer/vocab' must be int32 [7]", "i32[5]"});
+  std::filesystem::remove(path);
+}
+
 // Files carry checksums: a flipped bit in a dataset's data or in the superblock is an error,
 // never other bytes read as weights.
 TEST(HostileFiles, AFlippedBitIsACorruptFileError) {

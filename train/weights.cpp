@@ -61,6 +61,11 @@ void require_finite(const HostTensor& t, const std::string& file, const std::str
 }
 
 void write_tokenizer(h5::File& f, const Tokenizer& tokenizer) {
+  const int64_t vocab_size = f.read_int_attribute("vocab_size");  // written by write_model_config
+  if (tokenizer.vocab_size() != vocab_size)
+    throw Error("'" + f.path() + "': the " + tokenizer.kind_name() + " tokenizer has " +
+                std::to_string(tokenizer.vocab_size()) + " ids, the model's vocab_size is " +
+                std::to_string(vocab_size));
   f.write_attribute("tokenizer", std::string(tokenizer.kind_name()));
   if (tokenizer.kind() != Tokenizer::Kind::Char) return;
   const auto& v = tokenizer.vocab();
@@ -71,14 +76,28 @@ void write_tokenizer(h5::File& f, const Tokenizer& tokenizer) {
 
 std::optional<Tokenizer> read_tokenizer(const h5::File& f) {
   if (!f.has_attribute("tokenizer")) return std::nullopt;
+  // The tokenizer must cover exactly the model's vocabulary: ids the model emits must decode.
+  const int64_t vocab_size = read_model_config(f).vocab_size;
   std::string kind = f.read_string_attribute("tokenizer");
-  if (kind == "byte") return Tokenizer::byte_level();
-  if (kind != "char") throw Error("'" + f.path() + "': unknown tokenizer '" + kind + "'");
+  if (kind != "byte" && kind != "char") throw Error("'" + f.path() + "': unknown tokenizer '" + kind + "'");
+  if (kind == "byte") {
+    if (vocab_size != 256)
+      throw Error("'" + f.path() + "': a byte tokenizer has 256 ids, the model's vocab_size is " +
+                  std::to_string(vocab_size));
+    return Tokenizer::byte_level();
+  }
   if (!f.exists("tokenizer/vocab")) throw Error("'" + f.path() + "': dataset 'tokenizer/vocab' is missing");
+  const DType dtype = f.dataset_dtype("tokenizer/vocab");
+  const Shape shape = f.dataset_shape("tokenizer/vocab");
+  if (dtype != DType::i32 || shape != Shape{vocab_size})
+    throw Error("'" + f.path() + "': dataset 'tokenizer/vocab' must be int32 [" + std::to_string(vocab_size) +
+                "] (the model's vocab_size), received " + dtype_name(dtype) + shape.str());
   HostTensor v = f.read("tokenizer/vocab");
-  if (v.dtype() != DType::i32 || v.shape().rank() != 1)
-    throw Error("'" + f.path() + "': dataset 'tokenizer/vocab' must be int32 (V)");
-  return Tokenizer::from_vocab(std::vector<int32_t>(v.data<int32_t>(), v.data<int32_t>() + v.numel()));
+  try {
+    return Tokenizer::from_vocab(std::vector<int32_t>(v.data<int32_t>(), v.data<int32_t>() + v.numel()));
+  } catch (const Error& e) {
+    throw Error("'" + f.path() + "': dataset 'tokenizer/vocab': " + e.what());
+  }
 }
 
 models::GPTConfig read_weights_config(const std::string& path) {

@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const fs::path root = argv[1];
-  for (const char* t : {"weights", "checkpoint", "batch", "tokenizer", "text"}) fs::create_directories(root / t);
+  for (const char* t : {"weights", "weights_fields", "checkpoint", "batch", "tokenizer", "text"})
+    fs::create_directories(root / t);
   manual_seed(3);
   const std::string corpus = "ab cab\nbca ✓\n";
   const Tokenizer chars = Tokenizer::char_level(corpus), bytes = Tokenizer::byte_level();
@@ -63,6 +64,13 @@ int main(int argc, char** argv) {
   write_text(root / "tokenizer/vocab_and_ids",
              std::string("\x01", 1) + std::string(reinterpret_cast<const char*>(vocab_and_ids), sizeof vocab_and_ids));
   write_text(root / "tokenizer/bytes", std::string("\x02\xff\x00\x80", 4));
+
+  // Edit lists for fuzz_weights_fields (its header gives the encoding): none; vocab_size set
+  // to 5 (op 0, attribute 2, a small value); transformer/wte/weight replaced by f32 [5, 4] ones.
+  write_text(root / "weights_fields/unchanged", "");
+  write_text(root / "weights_fields/vocab_size_5", std::string("\x00\x02\x01\x05", 4));
+  write_text(root / "weights_fields/wte_ones",
+             std::string("\x05\x00\x00\x02\x05\x04\x00\x00\x80\x3f\x00\x00\x80\x3f", 14));
 
   write_text(root / "text/fortune", "Q: What's a cat's favourite color?\nA: Purrple.\n%\nÀ bientôt ✓\n");
   write_text(root / "text/short", "abcabcabcabcabcabcabcabc");

@@ -9,14 +9,14 @@ namespace {
 int normalize(int axis, int rank) { return axis < 0 && axis >= -rank ? axis + rank : axis; }
 }  // namespace
 
-ValueId Builder::op(const std::string& prim, Params params, std::vector<ValueId> inputs) {
+ValueId Builder::op(PrimId prim, Params params, std::vector<ValueId> inputs) {
   return c_.add_op(prim, std::move(params), std::move(inputs), scope_).at(0);
 }
 
 ValueId Builder::pointwise(const ScalarExp& body, std::vector<ValueId> inputs) {
   Params p;
   p.body = body;
-  return op("pointwise", std::move(p), std::move(inputs));
+  return op(PrimId::pointwise, std::move(p), std::move(inputs));
 }
 
 ValueId Builder::add(ValueId a, ValueId b) { return pointwise(se::in(0) + se::in(1), {a, b}); }
@@ -29,48 +29,48 @@ ValueId Builder::reduce(ReduceKind kind, ValueId x, int axis) {
   axis = normalize(axis, info(x).shape.rank());
   Params p;
   p.ints = {static_cast<int64_t>(kind), axis};
-  return op("reduce", std::move(p), {x});
+  return op(PrimId::reduce, std::move(p), {x});
 }
 
 ValueId Builder::reduce_all(ReduceKind kind, ValueId x) {
   Params p;
   p.ints = {static_cast<int64_t>(kind)};
-  return op("reduce_all", std::move(p), {x});
+  return op(PrimId::reduce_all, std::move(p), {x});
 }
 
 ValueId Builder::matmul(ValueId a, ValueId b, bool ta, bool tb) {
   Params p;
   p.ints = {ta ? 1 : 0, tb ? 1 : 0};
-  return op("matmul", std::move(p), {a, b});
+  return op(PrimId::matmul, std::move(p), {a, b});
 }
 
-ValueId Builder::gather_rows(ValueId table, ValueId idx) { return op("gather_rows", {}, {table, idx}); }
+ValueId Builder::gather_rows(ValueId table, ValueId idx) { return op(PrimId::gather_rows, {}, {table, idx}); }
 
-ValueId Builder::gather_last(ValueId x, ValueId idx) { return op("gather_last", {}, {x, idx}); }
+ValueId Builder::gather_last(ValueId x, ValueId idx) { return op(PrimId::gather_last, {}, {x, idx}); }
 
 ValueId Builder::scatter_add_rows(ValueId idx, ValueId src, int64_t rows) {
   Params p;
   p.ints = {rows};
-  return op("scatter_add_rows", std::move(p), {idx, src});
+  return op(PrimId::scatter_add_rows, std::move(p), {idx, src});
 }
 
 ValueId Builder::one_hot(ValueId idx, int64_t depth, DType dtype) {
   Params p;
   p.ints = {depth};
   p.dtype = dtype;
-  return op("one_hot", std::move(p), {idx});
+  return op(PrimId::one_hot, std::move(p), {idx});
 }
 
 ValueId Builder::reshape(ValueId x, const Shape& shape) {
   Params p;
   p.ints = shape.dims();
-  return op("reshape", std::move(p), {x});
+  return op(PrimId::reshape, std::move(p), {x});
 }
 
 ValueId Builder::permute(ValueId x, const std::vector<int64_t>& perm) {
   Params p;
   p.ints = perm;
-  return op("permute", std::move(p), {x});
+  return op(PrimId::permute, std::move(p), {x});
 }
 
 ValueId Builder::transpose(ValueId x, int a, int b) {
@@ -86,21 +86,21 @@ ValueId Builder::transpose(ValueId x, int a, int b) {
 ValueId Builder::broadcast(ValueId x, const Shape& shape) {
   Params p;
   p.ints = shape.dims();
-  return op("broadcast", std::move(p), {x});
+  return op(PrimId::broadcast, std::move(p), {x});
 }
 
 ValueId Builder::slice(ValueId x, int axis, int64_t start, int64_t end) {
   axis = normalize(axis, info(x).shape.rank());
   Params p;
   p.ints = {axis, start, end};
-  return op("slice", std::move(p), {x});
+  return op(PrimId::slice, std::move(p), {x});
 }
 
 ValueId Builder::concat(const std::vector<ValueId>& xs, int axis) {
   if (!xs.empty()) axis = normalize(axis, info(xs[0]).shape.rank());
   Params p;
   p.ints = {axis};
-  return op("concat", std::move(p), xs);
+  return op(PrimId::concat, std::move(p), xs);
 }
 
 std::vector<ValueId> Builder::split(ValueId x, int axis, const std::vector<int64_t>& sizes) {
@@ -108,25 +108,25 @@ std::vector<ValueId> Builder::split(ValueId x, int axis, const std::vector<int64
   Params p;
   p.ints = {axis};
   p.ints.insert(p.ints.end(), sizes.begin(), sizes.end());
-  return c_.add_op("split", std::move(p), {x}, scope_);
+  return c_.add_op(PrimId::split, std::move(p), {x}, scope_);
 }
 
-ValueId Builder::where(ValueId cond, ValueId a, ValueId b) { return op("where", {}, {cond, a, b}); }
+ValueId Builder::where(ValueId cond, ValueId a, ValueId b) { return op(PrimId::where, {}, {cond, a, b}); }
 
 ValueId Builder::cast(ValueId x, DType dtype) {
   Params p;
   p.dtype = dtype;
-  return op("cast", std::move(p), {x});
+  return op(PrimId::cast, std::move(p), {x});
 }
 
-ValueId Builder::stop_gradient(ValueId x) { return op("stop_gradient", {}, {x}); }
+ValueId Builder::stop_gradient(ValueId x) { return op(PrimId::stop_gradient, {}, {x}); }
 
 ValueId Builder::fill(const Shape& shape, DType dtype, double value) {
   Params p;
   p.ints = shape.dims();
   p.reals = {value};
   p.dtype = dtype;
-  return op("fill", std::move(p), {});
+  return op(PrimId::fill, std::move(p), {});
 }
 
 ValueId Builder::iota(const Shape& shape, DType dtype, const IndexExp& index) {
@@ -134,7 +134,7 @@ ValueId Builder::iota(const Shape& shape, DType dtype, const IndexExp& index) {
   p.ints = shape.dims();
   p.dtype = dtype;
   p.index = index;
-  return op("iota", std::move(p), {});
+  return op(PrimId::iota, std::move(p), {});
 }
 
 ValueId Builder::random(RandomKind kind, const Shape& shape, DType dtype, ValueId key, ValueId offset, double prob) {
@@ -143,9 +143,9 @@ ValueId Builder::random(RandomKind kind, const Shape& shape, DType dtype, ValueI
   p.ints.insert(p.ints.end(), shape.dims().begin(), shape.dims().end());
   p.reals = {prob};
   p.dtype = dtype;
-  return op("random", std::move(p), {key, offset});
+  return op(PrimId::random, std::move(p), {key, offset});
 }
 
-ValueId Builder::assign(ValueId target, ValueId value) { return op("assign", {}, {target, value}); }
+ValueId Builder::assign(ValueId target, ValueId value) { return op(PrimId::assign, {}, {target, value}); }
 
 }  // namespace kiln

@@ -18,7 +18,7 @@ class Builder {
   Circuit& circuit() { return c_; }
   const std::string& scope() const { return scope_; }
   const ValueInfo& info(ValueId v) const { return c_.info(v); }
-  ValueId op(const std::string& prim, Params params, std::vector<ValueId> inputs);
+  ValueId op(PrimId prim, Params params, std::vector<ValueId> inputs);
 
   // out = body(in0, in1, ...) with numpy broadcasting; all inputs of one float dtype.
   ValueId pointwise(const ScalarExp& body, std::vector<ValueId> inputs);

@@ -20,13 +20,19 @@ ValueId Circuit::add_external(ValueInfo info, ValueRole role, std::string name) 
   return id;
 }
 
+bool Op::is(PrimId id) const { return prim->id == id; }
+
 std::vector<ValueId> Circuit::add_op(const std::string& prim_name, Params params, std::vector<ValueId> inputs,
                                      const std::string& scope) {
-  const PrimDef& prim = PrimRegistry::instance().find(prim_name);
+  return add_op(PrimRegistry::instance().find(prim_name).id, std::move(params), std::move(inputs), scope);
+}
+
+std::vector<ValueId> Circuit::add_op(PrimId id, Params params, std::vector<ValueId> inputs, const std::string& scope) {
+  const PrimDef& prim = PrimRegistry::instance().get(id);
   std::vector<ValueInfo> in_infos;
   for (ValueId v : inputs) {
     if (v < 0 || static_cast<size_t>(v) >= values_.size())
-      fail(prim_name, scope, "input value %" + std::to_string(v) + " does not exist in this circuit");
+      fail(prim.name, scope, "input value %" + std::to_string(v) + " does not exist in this circuit");
     in_infos.push_back(values_[static_cast<size_t>(v)].info);
   }
   ShapeCtx ctx{prim, scope};
@@ -49,7 +55,7 @@ ValueId Circuit::assign_root(ValueId id) const {
     if (v.role == ValueRole::Persistent) return id;
     if (v.producer < 0) return kNoValue;
     const Op& op = ops_[static_cast<size_t>(v.producer)];
-    if (op.prim->name != "assign") return kNoValue;
+    if (!op.is(PrimId::assign)) return kNoValue;
     id = op.inputs[0];
   }
 }
@@ -104,7 +110,7 @@ void Circuit::verify() const {
              "reads %" + std::to_string(in) + " after op #" + std::to_string(it->second) +
                  " assigned that buffer; reads of a buffer's old value must come before the assign");
     }
-    if (op.prim->name == "assign") {
+    if (op.is(PrimId::assign)) {
       ValueId target = op.inputs[0];
       if (assign_root(target) == kNoValue)
         fail("assign", op.scope, "target %" + std::to_string(target) + " is not a persistent buffer");

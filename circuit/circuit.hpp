@@ -37,12 +37,16 @@ struct Op {
   std::string scope;     // module path of the layer that recorded it
   int32_t absorbed = 0;  // ops a fusion pass merged into this one (dumps only; not structure)
   Phase phase = Phase::Forward;
+
+  bool is(PrimId id) const;
 };
 
 class Circuit {
  public:
   ValueId add_external(ValueInfo info, ValueRole role, std::string name = {});
   // Runs the Prim's shape rule (errors name the op and `scope`) and appends the op.
+  std::vector<ValueId> add_op(PrimId prim, Params params, std::vector<ValueId> inputs, const std::string& scope = {});
+  // The same by the Prim's name (tests, tools); unknown names are an error.
   std::vector<ValueId> add_op(const std::string& prim, Params params, std::vector<ValueId> inputs,
                               const std::string& scope = {});
 

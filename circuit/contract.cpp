@@ -113,7 +113,7 @@ Circuit contract_groups(const Circuit& c, const std::vector<std::vector<int32_t>
     const int32_t g = node_group[static_cast<size_t>(k)];
     if (g < 0) {
       const Op& op = ops[static_cast<size_t>(node_op[static_cast<size_t>(k)])];
-      std::vector<ValueId> outs = out.add_op(op.prim->name, op.params, mapped(op.inputs), op.scope);
+      std::vector<ValueId> outs = out.add_op(op.prim->id, op.params, mapped(op.inputs), op.scope);
       out.set_absorbed(out.ops().size() - 1, op.absorbed);
       out.set_phase(out.ops().size() - 1, op.phase);
       for (size_t j = 0; j < outs.size(); ++j) remap[static_cast<size_t>(op.outputs[j])] = outs[j];

@@ -26,7 +26,7 @@ bool leaves_and_returns(const std::vector<std::vector<int32_t>>& succ, const std
 // outputs stand, in order, for `replaces` (values of the group's members that something
 // outside the group reads). An empty `replaces` drops the group (nothing reads it).
 struct MergedOp {
-  std::string prim;
+  PrimId prim{};
   Params params;
   std::vector<ValueId> inputs;
   std::vector<ValueId> replaces;

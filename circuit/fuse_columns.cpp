@@ -32,7 +32,7 @@ std::vector<ColumnSum> find_sums(const Circuit& c, const std::vector<std::vector
   std::vector<ColumnSum> sums;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    if (op.prim->name != "reduce" || op.params.ints[0] != static_cast<int64_t>(ReduceKind::Sum) ||
+    if (!op.is(PrimId::reduce) || op.params.ints[0] != static_cast<int64_t>(ReduceKind::Sum) ||
         op.params.ints[1] != 0 || c.info(op.inputs[0]).shape.rank() != 2)
       continue;
     ColumnSum s;
@@ -43,7 +43,7 @@ std::vector<ColumnSum> find_sums(const Circuit& c, const std::vector<std::vector
     // Through a reshape that keeps the columns: the domain is the value before it.
     const int32_t p = c.value(v).producer;
     int32_t reshape = -1;
-    if (p >= 0 && ops[static_cast<size_t>(p)].prim->name == "reshape") {
+    if (p >= 0 && ops[static_cast<size_t>(p)].is(PrimId::reshape)) {
       const Shape& before = c.info(ops[static_cast<size_t>(p)].inputs[0]).shape;
       if (before.rank() >= 2 && before[before.rank() - 1] == cols) {
         reshape = p;
@@ -56,7 +56,7 @@ std::vector<ColumnSum> find_sums(const Circuit& c, const std::vector<std::vector
     const int32_t q = c.value(v).producer;
     const bool sole = reshape < 0 ? only_reader(v, static_cast<int32_t>(i))
                                   : only_reader(v, reshape) && only_reader(op.inputs[0], static_cast<int32_t>(i));
-    if (q >= 0 && sole && ops[static_cast<size_t>(q)].prim->name == "pointwise" &&
+    if (q >= 0 && sole && ops[static_cast<size_t>(q)].is(PrimId::pointwise) &&
         ops[static_cast<size_t>(q)].phase == op.phase) {
       if (reshape >= 0) s.members.push_back(reshape);
       s.members.push_back(q);
@@ -136,7 +136,7 @@ Circuit fuse_columns(const Circuit& c, std::vector<ValueId>& outputs) {
       c, kept_members,
       [&](size_t k) {
         MergedOp m;
-        m.prim = "column_sums";
+        m.prim = PrimId::column_sums;
         const ColumnSum& first = sums[kept[k][0]];
         m.params.dtype = c.info(ops[static_cast<size_t>(first.members[0])].outputs[0]).dtype;
         m.params.ints = first.domain.dims();

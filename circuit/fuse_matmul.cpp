@@ -63,11 +63,12 @@ std::optional<Affine> decompose(const View& v, const Shape& shape) {
 // The view `v` of output `out` of a move op, as a view of the op's input; nullopt for other
 // ops and for views that are not affine in the input.
 std::optional<View> through_move(const Circuit& c, const Op& op, size_t out, const View& v) {
-  const std::string& name = op.prim->name;
+  const PrimId name = op.prim->id;
   View r = v;
   r.base = op.inputs[0];
-  if (name == "reshape" || name == "stop_gradient") return r;  // the same contiguous elements
-  if (name != "permute" && name != "slice" && name != "split" && name != "broadcast") return std::nullopt;
+  if (name == PrimId::reshape || name == PrimId::stop_gradient) return r;  // the same contiguous elements
+  if (name != PrimId::permute && name != PrimId::slice && name != PrimId::split && name != PrimId::broadcast)
+    return std::nullopt;
   const Shape& out_shape = c.info(op.outputs[out]).shape;
   const Shape& in_shape = c.info(op.inputs[0]).shape;
   const std::optional<Affine> a = decompose(v, out_shape);
@@ -78,11 +79,11 @@ std::optional<View> through_move(const Circuit& c, const Op& op, size_t out, con
   std::vector<int64_t> shift(static_cast<size_t>(ro), 0);
   for (int e = 0; e < ro; ++e) in_dim[static_cast<size_t>(e)] = e;
   const auto& p = op.params.ints;
-  if (name == "permute") {
+  if (name == PrimId::permute) {
     for (int e = 0; e < ro; ++e) in_dim[static_cast<size_t>(e)] = static_cast<int>(p[static_cast<size_t>(e)]);
-  } else if (name == "slice") {
+  } else if (name == PrimId::slice) {
     shift[static_cast<size_t>(p[0])] = p[1];
-  } else if (name == "split") {
+  } else if (name == PrimId::split) {
     for (size_t q = 0; q < out; ++q) shift[static_cast<size_t>(p[0])] += p[1 + q];
   } else {  // broadcast: trailing dims align; a dim of 1 is read at 0
     const int lead = ro - in_shape.rank();
@@ -112,10 +113,10 @@ View read_through(const Circuit& c, View v, const std::vector<bool>& assigned,
     if (p < 0 || stop(p)) return v;
     const Op& op = c.ops()[static_cast<size_t>(p)];
     std::optional<View> next;
-    if (op.prim->name == "pointwise") {
+    if (op.is(PrimId::pointwise)) {
       bool only_matmuls = true;
       for (int32_t r : readers[static_cast<size_t>(v.base)])
-        only_matmuls = only_matmuls && c.ops()[static_cast<size_t>(r)].prim->name == "matmul";
+        only_matmuls = only_matmuls && c.ops()[static_cast<size_t>(r)].is(PrimId::matmul);
       if (only_matmuls && op.inputs.size() == 1 && c.info(op.inputs[0]) == c.info(v.base)) {
         next = v;
         next->base = op.inputs[0];
@@ -164,7 +165,7 @@ MatmulOperand operand_view(const Circuit& c, const Op& op, int which, const Fuse
 bool feeds_row_reduction(const Circuit& c, const std::vector<std::vector<int32_t>>& readers, ValueId v) {
   for (int32_t r : readers[static_cast<size_t>(v)]) {
     const Op& op = c.ops()[static_cast<size_t>(r)];
-    if (op.prim->name == "reduce" && op.params.ints[1] == c.info(op.inputs[0]).shape.rank() - 1) return true;
+    if (op.is(PrimId::reduce) && op.params.ints[1] == c.info(op.inputs[0]).shape.rank() - 1) return true;
   }
   return false;
 }
@@ -197,13 +198,13 @@ int32_t row_sums_of_a(const Circuit& c, const std::vector<std::vector<int32_t>>&
     return -1;
   std::vector<ValueId> as_matrix{base};  // base and its reshapes
   for (int32_t r : readers[static_cast<size_t>(base)])
-    if (c.ops()[static_cast<size_t>(r)].prim->name == "reshape")
+    if (c.ops()[static_cast<size_t>(r)].is(PrimId::reshape))
       as_matrix.push_back(c.ops()[static_cast<size_t>(r)].outputs[0]);
   for (ValueId v : as_matrix) {
     if (c.info(v).shape != Shape{f.k, f.m}) continue;
     for (int32_t r : readers[static_cast<size_t>(v)]) {
       const Op& op = c.ops()[static_cast<size_t>(r)];
-      if (op.prim->name == "reduce" && op.params.ints[0] == static_cast<int64_t>(ReduceKind::Sum) &&
+      if (op.is(PrimId::reduce) && op.params.ints[0] == static_cast<int64_t>(ReduceKind::Sum) &&
           op.params.ints[1] == 0 && op.phase == phase && !taken[static_cast<size_t>(r)] &&
           !leaves_and_returns(succ, with(g.members, r)))
         return r;
@@ -227,7 +228,7 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
   std::vector<Group> groups;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    if (op.prim->name != "matmul" || taken[i]) continue;
+    if (!op.is(PrimId::matmul) || taken[i]) continue;
     Group g;
     g.members = {static_cast<int32_t>(i)};
     const bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
@@ -248,7 +249,7 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
       for (size_t e = 0; e < g.exprs.size() && !grew; ++e) {
         for (int32_t r : readers[static_cast<size_t>(g.exprs[e].first)]) {
           const Op& p = ops[static_cast<size_t>(r)];
-          if (taken[static_cast<size_t>(r)] || p.prim->name != "pointwise" || p.phase != op.phase ||
+          if (taken[static_cast<size_t>(r)] || !p.is(PrimId::pointwise) || p.phase != op.phase ||
               std::find(g.members.begin(), g.members.end(), r) != g.members.end() ||
               c.info(p.outputs[0]).shape != logical || feeds_row_reduction(c, readers, p.outputs[0]) ||
               leaves_and_returns(succ, with(g.members, r)))
@@ -286,7 +287,7 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
         readers[static_cast<size_t>(g.replaces[0])].size() == 1) {
       const int32_t q = readers[static_cast<size_t>(g.replaces[0])][0];
       const Op& perm = ops[static_cast<size_t>(q)];
-      if (perm.prim->name == "permute" && perm.phase == op.phase && !taken[static_cast<size_t>(q)] &&
+      if (perm.is(PrimId::permute) && perm.phase == op.phase && !taken[static_cast<size_t>(q)] &&
           !leaves_and_returns(succ, with(g.members, q))) {
         const Shape& out_shape = c.info(perm.outputs[0]).shape;
         const std::vector<int64_t> st = out_shape.strides();
@@ -320,7 +321,7 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
       [&](size_t k) {
         const Group& g = groups[k];
         const DType dt = c.info(ops[static_cast<size_t>(g.members[0])].outputs[0]).dtype;
-        return MergedOp{"fused_matmul", g.f.to_params(dt), g.inputs, g.replaces};
+        return MergedOp{PrimId::fused_matmul, g.f.to_params(dt), g.inputs, g.replaces};
       },
       outputs, "fuse_matmul");
   return dce(out, outputs);

@@ -19,17 +19,17 @@ enum class Role { None, Reduce, Elementwise };
 // Is op a row-fusion candidate, and over what: for a reduction, the domain it reduces; for an
 // elementwise op, its output shape (the domain or the domain's per-row shape).
 Role role_of(const Circuit& c, const Op& op, Shape* shape) {
-  const std::string& p = op.prim->name;
+  const PrimId p = op.prim->id;
   if (op.outputs.size() != 1) return Role::None;
   const ValueInfo& out = c.info(op.outputs[0]);
   if (out.dtype != DType::f32 && out.dtype != DType::f64) return Role::None;
-  if (p == "reduce") {
+  if (p == PrimId::reduce) {
     const Shape& x = c.info(op.inputs[0]).shape;
     if (op.params.ints[1] != x.rank() - 1 || x[x.rank() - 1] < 2) return Role::None;
     *shape = x;
     return Role::Reduce;
   }
-  if (p == "pointwise" || p == "where" || p == "broadcast" || p == "stop_gradient") {
+  if (p == PrimId::pointwise || p == PrimId::where || p == PrimId::broadcast || p == PrimId::stop_gradient) {
     *shape = out.shape;
     return Role::Elementwise;
   }
@@ -40,7 +40,7 @@ bool is_float_fill(const Circuit& c, ValueId v) {
   const int32_t p = c.value(v).producer;
   if (p < 0) return false;
   const Op& op = c.ops()[static_cast<size_t>(p)];
-  return op.prim->name == "fill" && (op.params.dtype == DType::f32 || op.params.dtype == DType::f64);
+  return op.is(PrimId::fill) && (op.params.dtype == DType::f32 || op.params.dtype == DType::f64);
 }
 
 class RowFuser {
@@ -236,13 +236,13 @@ Params RowFuser::program_of(const Group& g, std::vector<ValueId>& inputs, std::v
     const Op& op = ops_[static_cast<size_t>(m)];
     std::vector<ScalarExp> args;
     for (ValueId in : op.inputs) args.push_back(expr(in));
-    const std::string& p = op.prim->name;
+    const PrimId p = op.prim->id;
     ScalarExp out;
-    if (p == "pointwise") {
+    if (p == PrimId::pointwise) {
       out = op.params.body.substitute(args);
-    } else if (p == "where") {
+    } else if (p == PrimId::where) {
       out = se::select(args[0], args[1], args[2]);
-    } else if (p == "reduce") {
+    } else if (p == PrimId::reduce) {
       rp.reduction_kinds.push_back(static_cast<ReduceKind>(op.params.ints[0]));
       rp.reduction_bodies.push_back(args[0]);
       out = se::in(rp.inputs + static_cast<int>(rp.reduction_bodies.size()) - 1);
@@ -272,7 +272,7 @@ Circuit RowFuser::rebuild(std::vector<ValueId>& outputs) {
       members.push_back(g.members);
     }
   auto merge = [&](size_t k) {
-    MergedOp m{"fused_rows", {}, {}, {}};
+    MergedOp m{PrimId::fused_rows, {}, {}, {}};
     m.params = program_of(*fused[k], m.inputs, m.replaces);
     return m;
   };

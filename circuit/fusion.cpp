@@ -29,14 +29,14 @@ struct FusedOp {
   Phase phase = Phase::Forward;  // the latest of the ops substituted and this one's
 };
 
-bool is_pointwise(const Op& op) { return op.prim->name == "pointwise"; }
+bool is_pointwise(const Op& op) { return op.is(PrimId::pointwise); }
 
 // The value of a float fill, or nothing.
 std::optional<double> fill_value(const Circuit& c, ValueId v) {
   const int32_t p = c.value(v).producer;
   if (p < 0) return std::nullopt;
   const Op& op = c.ops()[static_cast<size_t>(p)];
-  if (op.prim->name != "fill" || (op.params.dtype != DType::f32 && op.params.dtype != DType::f64)) return std::nullopt;
+  if (!op.is(PrimId::fill) || (op.params.dtype != DType::f32 && op.params.dtype != DType::f64)) return std::nullopt;
   return op.params.reals[0];
 }
 
@@ -141,10 +141,10 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs) {
     for (ValueId in : fused[i].inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
     std::vector<ValueId> outs;
     if (std::optional<Params> fill = folded_fill(c, ops[i], fused[i])) {
-      outs = out.add_op("fill", *fill, {}, ops[i].scope);
+      outs = out.add_op(PrimId::fill, *fill, {}, ops[i].scope);
       folded = true;
     } else {
-      outs = out.add_op(ops[i].prim->name, fused[i].params, inputs, ops[i].scope);
+      outs = out.add_op(ops[i].prim->id, fused[i].params, inputs, ops[i].scope);
     }
     out.set_absorbed(out.ops().size() - 1, fused[i].absorbed);
     out.set_phase(out.ops().size() - 1, fused[i].phase);

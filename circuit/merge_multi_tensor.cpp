@@ -29,24 +29,24 @@ bool is_scalar_of(const Shape& s, const Shape& domain) { return s.numel() == 1 &
 bool work_of(const Circuit& c, int32_t i, const std::vector<int>& readers, const std::vector<bool>& protect, Work* w) {
   const Op& op = c.ops()[static_cast<size_t>(i)];
   if (op.phase != Phase::Update) return false;
-  const std::string& p = op.prim->name;
+  const PrimId p = op.prim->id;
   Shape domain;
-  if (p == "pointwise") {
+  if (p == PrimId::pointwise) {
     domain = c.info(op.outputs[0]).shape;
     *w = {{i}, false, {op.params.body}, op.inputs, op.outputs, ""};
-  } else if (p == "fused_rows") {
+  } else if (p == PrimId::fused_rows) {
     const RowProgram rp = RowProgram::from_params(op.params);
     if (!rp.reduction_bodies.empty()) return false;
     for (bool per_row : rp.output_per_row)
       if (per_row) return false;
     domain = rp.domain;
     *w = {{i}, false, rp.output_bodies, op.inputs, op.outputs, ""};
-  } else if (p == "reduce_all" && static_cast<ReduceKind>(op.params.ints[0]) == ReduceKind::Sum) {
+  } else if (p == PrimId::reduce_all && static_cast<ReduceKind>(op.params.ints[0]) == ReduceKind::Sum) {
     const ValueId x = op.inputs[0];
     domain = c.info(x).shape;
     *w = {{i}, true, {se::in(0)}, {x}, op.outputs, ""};
     const int32_t q = c.value(x).producer;
-    if (q >= 0 && c.ops()[static_cast<size_t>(q)].prim->name == "pointwise" && readers[static_cast<size_t>(x)] == 1 &&
+    if (q >= 0 && c.ops()[static_cast<size_t>(q)].is(PrimId::pointwise) && readers[static_cast<size_t>(x)] == 1 &&
         !protect[static_cast<size_t>(x)] && c.ops()[static_cast<size_t>(q)].phase == Phase::Update) {
       const Op& body_op = c.ops()[static_cast<size_t>(q)];
       *w = {{q, i}, true, {body_op.params.body}, body_op.inputs, op.outputs, ""};
@@ -105,7 +105,7 @@ MergedOp merged(const Circuit& c, const std::vector<Work>& works) {
   for (size_t j = 0; j < m; ++j)
     if (shared[j]) renumber[j] = se::in(mp.group_inputs + mp.shared_inputs++);
   for (const ScalarExp& e : first.bodies) mp.bodies.push_back(e.substitute(renumber));
-  MergedOp op{"multi_tensor", mp.to_params(c.info(first.replaces[0]).dtype), {}, {}};
+  MergedOp op{PrimId::multi_tensor, mp.to_params(c.info(first.replaces[0]).dtype), {}, {}};
   for (const Work& w : works) {
     for (size_t j = 0; j < m; ++j)
       if (!shared[j]) op.inputs.push_back(w.inputs[j]);
@@ -187,14 +187,14 @@ bool absorb_one_total(Circuit& c, std::vector<ValueId>& outputs) {
   std::vector<std::vector<int32_t>> readers = value_readers(c);
   for (ValueId o : outputs) readers[static_cast<size_t>(o)].push_back(-1);  // protected
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].prim->name != "multi_tensor") continue;
+    if (!ops[i].is(PrimId::multi_tensor)) continue;
     MultiTensorProgram mp = MultiTensorProgram::from_params(ops[i].params);
     if (!mp.sum || mp.has_total) continue;
     const std::vector<int32_t>& first_readers = readers[static_cast<size_t>(ops[i].outputs[0])];
     if (first_readers.empty() || first_readers[0] < 0) continue;
     const int32_t p = first_readers[0];
     const Op& reader = ops[static_cast<size_t>(p)];
-    if (reader.prim->name != "pointwise" || c.info(reader.outputs[0]).shape != Shape{}) continue;
+    if (!reader.is(PrimId::pointwise) || c.info(reader.outputs[0]).shape != Shape{}) continue;
     bool only = true;
     for (ValueId o : ops[i].outputs)
       for (int32_t r : readers[static_cast<size_t>(o)]) only = only && r == p;
@@ -207,7 +207,7 @@ bool absorb_one_total(Circuit& c, std::vector<ValueId>& outputs) {
     if (!only) continue;
     mp.has_total = true;
     mp.total = reader.params.body.substitute(subs);
-    const MergedOp m{"multi_tensor", mp.to_params(ops[i].params.dtype), ops[i].inputs, {reader.outputs[0]}};
+    const MergedOp m{PrimId::multi_tensor, mp.to_params(ops[i].params.dtype), ops[i].inputs, {reader.outputs[0]}};
     c = contract_groups(
         c, {{static_cast<int32_t>(i), p}}, [&](size_t) { return m; }, outputs, "merge_multi_tensor");
     return true;

@@ -72,7 +72,7 @@ bool is_arange(const Circuit& c, ValueId v, int64_t n) {
   const int32_t p = c.value(v).producer;
   if (p < 0) return false;
   const Op& op = c.ops()[static_cast<size_t>(p)];
-  return op.prim->name == "iota" && c.info(v).shape == Shape{n} && op.params.index == ix::coord(0) &&
+  return op.is(PrimId::iota) && c.info(v).shape == Shape{n} && op.params.index == ix::coord(0) &&
          op.params.dtype == DType::i32;
 }
 
@@ -93,7 +93,7 @@ Circuit simplify_row_indexing(const Circuit& c, std::vector<ValueId>& outputs) {
   for (const Op& op : ops) {
     if (op.outputs.empty() || requested[static_cast<size_t>(op.outputs[0])]) continue;
     const ValueId out = op.outputs[0];
-    if (op.prim->name == "gather_rows") {
+    if (op.is(PrimId::gather_rows)) {
       const ValueId table = op.inputs[0];
       const int32_t a = assigned_at[static_cast<size_t>(table)];
       if (c.info(table) == c.info(out) && is_arange(c, op.inputs[1], c.info(table).shape[0]) &&
@@ -101,7 +101,7 @@ Circuit simplify_row_indexing(const Circuit& c, std::vector<ValueId>& outputs) {
         rename[static_cast<size_t>(out)] = table;
         changed = true;
       }
-    } else if (op.prim->name == "scatter_add_rows") {
+    } else if (op.is(PrimId::scatter_add_rows)) {
       const ValueId src = op.inputs[1];
       if (c.info(src) == c.info(out) && is_arange(c, op.inputs[0], op.params.ints[0])) {
         rename[static_cast<size_t>(out)] = src;
@@ -137,8 +137,8 @@ Circuit ordered_scatter_sums(const Circuit& c, std::vector<ValueId>& outputs) {
     std::vector<ValueId> inputs;
     for (ValueId in : op.inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
     Params params = op.params;
-    if (op.prim->name == "scatter_add_rows") params.ints = {params.ints[0], 1};
-    std::vector<ValueId> outs = out.add_op(op.prim->name, std::move(params), inputs, op.scope);
+    if (op.is(PrimId::scatter_add_rows)) params.ints = {params.ints[0], 1};
+    std::vector<ValueId> outs = out.add_op(op.prim->id, std::move(params), inputs, op.scope);
     out.set_absorbed(out.ops().size() - 1, op.absorbed);
     out.set_phase(out.ops().size() - 1, op.phase);
     for (size_t k = 0; k < outs.size(); ++k) remap[static_cast<size_t>(op.outputs[k])] = outs[k];

@@ -3,6 +3,7 @@
 
 #include <bit>
 #include <cstring>
+#include <filesystem>
 
 #include "circuit/error.hpp"
 #include "circuit/hash.hpp"
@@ -54,12 +55,34 @@ PrimRegistry& PrimRegistry::instance() {
   return registry;
 }
 
-PrimRegistry::PrimRegistry() { register_all_prims(*this); }
+const char* prim_name(PrimId id) {
+  static constexpr const char* kNames[] = {
+#define KILN_PRIM_NAME(name) #name,
+      KILN_PRIMS(KILN_PRIM_NAME)
+#undef KILN_PRIM_NAME
+  };
+  return kNames[static_cast<size_t>(id)];
+}
+
+std::optional<PrimId> prim_id(std::string_view name) {
+  for (int i = 0; i < kPrimCount; ++i)
+    if (name == prim_name(static_cast<PrimId>(i))) return static_cast<PrimId>(i);
+  return std::nullopt;
+}
+
+PrimRegistry::PrimRegistry() {
+  register_all_prims(*this);
+  for (int i = 0; i < kPrimCount; ++i)
+    if (!prims_[static_cast<size_t>(i)])
+      throw Error(std::string("Prim '") + prim_name(static_cast<PrimId>(i)) + "' has no registration");
+}
+
+const PrimDef& PrimRegistry::get(PrimId id) const { return *prims_.at(static_cast<size_t>(id)); }
 
 const PrimDef& PrimRegistry::find(const std::string& name) const {
-  for (const auto& p : prims_)
-    if (p->name == name) return *p;
-  throw Error("unknown Prim '" + name + "'");
+  const std::optional<PrimId> id = prim_id(name);
+  if (!id) throw Error("unknown Prim '" + name + "'");
+  return get(*id);
 }
 
 PrimDef& PrimRegistry::mutable_find(const std::string& name) { return const_cast<PrimDef&>(find(name)); }
@@ -70,10 +93,12 @@ std::vector<const PrimDef*> PrimRegistry::all() const {
   return out;
 }
 
-void PrimRegistry::add(PrimDef def) {
-  for (const auto& p : prims_)
-    if (p->name == def.name) throw Error("Prim '" + def.name + "' registered twice");
-  prims_.push_back(std::make_unique<PrimDef>(std::move(def)));
+void PrimRegistry::add(PrimDef def, const char* source_file) {
+  std::unique_ptr<PrimDef>& slot = prims_.at(static_cast<size_t>(def.id));
+  def.name = prim_name(def.id);
+  if (slot) throw Error("Prim '" + def.name + "' registered twice");
+  def.family = std::filesystem::path(source_file).filename().string();
+  slot = std::make_unique<PrimDef>(std::move(def));
 }
 
 ScopedVjpOverride::ScopedVjpOverride(const std::string& prim, VjpRule rule)

@@ -3,12 +3,15 @@
 // file under circuit/prims/ and registers them here. Lowerings live in cuda/.
 #pragma once
 
+#include <array>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "circuit/eval_buffers.hpp"
 #include "circuit/host_tensor.hpp"
+#include "circuit/prim_id.hpp"
 #include "circuit/scalar_exp.hpp"
 #include "circuit/types.hpp"
 
@@ -70,8 +73,9 @@ using VjpRule = std::function<std::vector<ValueId>(Builder& b, const Op& op, con
 using DescribeFn = std::function<std::string(const Params& params)>;
 
 struct PrimDef {
-  std::string name;
-  std::string family;  // the source file under circuit/prims/ that defines it
+  PrimId id{};
+  std::string name;    // prim_name(id), set by the registry
+  std::string family;  // the source file under circuit/prims/ that registered it (set from __FILE__)
   ShapeRule shape;
   EvalFn eval;
   VjpRule vjp;  // empty: differentiating through this Prim fails loudly
@@ -91,14 +95,16 @@ struct PrimDef {
 class PrimRegistry {
  public:
   static PrimRegistry& instance();
+  const PrimDef& get(PrimId id) const;
   const PrimDef& find(const std::string& name) const;  // throws kiln::Error for unknown names
   PrimDef& mutable_find(const std::string& name);      // tests swap rules through this
-  std::vector<const PrimDef*> all() const;             // in registration order
-  void add(PrimDef def);
+  std::vector<const PrimDef*> all() const;             // in PrimId order
+  // A family registers each of its Prims: `source_file` is the family's __FILE__.
+  void add(PrimDef def, const char* source_file);
 
  private:
   PrimRegistry();
-  std::vector<std::unique_ptr<PrimDef>> prims_;
+  std::array<std::unique_ptr<PrimDef>, kPrimCount> prims_;
 };
 
 // Replaces a Prim's VJP rule for the guard's lifetime (tests of the gradient checker).

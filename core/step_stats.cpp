@@ -25,7 +25,7 @@ StepStats measure_step(const Plan& plan) {
   s.lowered = true;
   for (size_t i = 0; i < c.ops().size(); ++i) {
     const Op& op = c.ops()[i];
-    alias_input[i] = cuda::alias_input(op.prim->name);
+    alias_input[i] = cuda::alias_input(op.prim->id);
     if (alias_input[i] >= 0) continue;
     ++s.ops[static_cast<size_t>(op.phase)];
     for (ValueId in : op.inputs) s.bytes_read += static_cast<double>(bytes_of(c.info(in)));

@@ -23,7 +23,7 @@ size_t nbytes(const ValueInfo& info) { return static_cast<size_t>(info.shape.num
 size_t status_bytes(int slots) { return static_cast<size_t>(std::max(slots, 1)) * kStatusWords * 4; }
 
 // The input holding the indices of an op that checks them (for its error message).
-size_t index_input(const Op& op) { return op.prim->name == "gather_rows" || op.prim->name == "gather_last" ? 1 : 0; }
+size_t index_input(const Op& op) { return op.is(PrimId::gather_rows) || op.is(PrimId::gather_last) ? 1 : 0; }
 
 // Frees every buffer still held when a run ends, normally or by an exception. A borrowed
 // buffer (the workspace's, or a resident tensor's copy or spare) is only referred to.

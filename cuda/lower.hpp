@@ -54,9 +54,9 @@ LoweredOp lower(const Circuit& c, int op_index);
 
 // The input whose buffer the result of a Prim that launches nothing uses (reshape and
 // stop_gradient: 0; assign: 1, its new contents), or -1. Independent of dtypes.
-int alias_input(const std::string& prim);
+int alias_input(PrimId prim);
 
 // One line per Prim for `kiln prims`: how it lowers ("" when it has no lowering).
-std::string lowering_summary(const std::string& prim);
+std::string lowering_summary(PrimId prim);
 
 }  // namespace kiln::cuda

@@ -223,7 +223,7 @@ LoweredOp lower_constant(const Circuit& c, const Op& op) {
   const ValueInfo& out = c.info(op.outputs[0]);
   const DType dt = out.dtype;
   Access store = access_of(0, out, out.shape.strides());
-  if (op.prim->name == "fill") {
+  if (op.is(PrimId::fill)) {
     const double v = op.params.reals[0];
     auto value = [dt, v](KernelBuilder& b, const std::vector<Reg>&, const std::vector<Reg>&, const std::vector<Reg>&) {
       return dt == DType::f32 ? b.mov(Type::f32, imm_f32(static_cast<float>(v)))

@@ -70,9 +70,9 @@ LoweredOp lower_gather_last(const Circuit& c, const Op& op) {
         });
   });
   LoweredOp r;
-  r.launches.push_back(
-      finish_launch(b, "kiln_gather_last", elementwise_grid(n), {kElementwiseThreads, 1, 1},
-                    {{ArgRef::Kind::Input, 0}, {ArgRef::Kind::Input, 1}, {ArgRef::Kind::Output, 0}, {ArgRef::Kind::Status, 0}}));
+  r.launches.push_back(finish_launch(
+      b, "kiln_gather_last", elementwise_grid(n), {kElementwiseThreads, 1, 1},
+      {{ArgRef::Kind::Input, 0}, {ArgRef::Kind::Input, 1}, {ArgRef::Kind::Output, 0}, {ArgRef::Kind::Status, 0}}));
   r.summary = "gather_last: one thread per output element, " + launch_text(r.launches.back());
   return r;
 }
@@ -80,8 +80,8 @@ LoweredOp lower_gather_last(const Circuit& c, const Op& op) {
 }  // namespace
 
 LoweredOp lower_gather(const Circuit& c, const Op& op) {
-  if (op.prim->name == "gather_last") return lower_gather_last(c, op);
-  const bool gather = op.prim->name == "gather_rows";
+  if (op.is(PrimId::gather_last)) return lower_gather_last(c, op);
+  const bool gather = op.is(PrimId::gather_rows);
   if (!gather && op.params.ints.size() == 2 && op.params.ints[1] == 1) return lower_ordered_scatter(c, op);
   const ValueInfo& data = c.info(op.inputs[gather ? 0 : 1]);  // table or src
   const ValueInfo& out = c.info(op.outputs[0]);

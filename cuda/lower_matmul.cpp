@@ -66,7 +66,8 @@ TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand&
     t.smem_addr.push_back(b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(kTileM), r), imm_u32(4), smem));
   };
   if (t.k_groups) {
-    add_slot(b.and_(Type::u32, tid, imm_u32(kTileM - 1)), b.mul(Type::u32, b.shr(Type::u32, tid, imm_u32(6)), imm_u32(4)));
+    add_slot(b.and_(Type::u32, tid, imm_u32(kTileM - 1)),
+             b.mul(Type::u32, b.shr(Type::u32, tid, imm_u32(6)), imm_u32(4)));
     return t;
   }
   for (int s = 0; s < kTileLoads; ++s) {
@@ -267,7 +268,7 @@ LoweredOp lower_program(const Circuit& c, const Op& op, const FusedMatmul& f, co
 }  // namespace
 
 LoweredOp lower_matmul(const Circuit& c, const Op& op) {
-  if (op.prim->name == "fused_matmul")
+  if (op.is(PrimId::fused_matmul))
     return lower_program(c, op, FusedMatmul::from_params(op.params), "kiln_fused_matmul");
   const bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
   LoweredOp lo = lower_program(

@@ -101,7 +101,7 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
   const Type it = index_type(x.shape.numel());
   LoweredOp r;
   const ArgRef in{ArgRef::Kind::Input, 0}, out{ArgRef::Kind::Output, 0}, scratch{ArgRef::Kind::Scratch, 0};
-  if (op.prim->name == "reduce_all") {
+  if (op.is(PrimId::reduce_all)) {
     const auto kind = static_cast<ReduceKind>(op.params.ints[0]);
     const int64_t n = x.shape.numel();
     const uint32_t threads = 256;

@@ -64,9 +64,9 @@ struct Harness {
 };
 
 // How many ops of Prim `prim` the circuit has.
-inline size_t count_prim(const Circuit& c, const std::string& prim) {
+inline size_t count_prim(const Circuit& c, PrimId prim) {
   size_t n = 0;
-  for (const Op& op : c.ops()) n += op.prim->name == prim;
+  for (const Op& op : c.ops()) n += op.is(prim) ? 1 : 0;
   return n;
 }
 

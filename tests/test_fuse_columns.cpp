@@ -20,7 +20,7 @@ using testing::Built;
 
 size_t column_reduces(const Circuit& c) {
   size_t n = 0;
-  for (const Op& op : c.ops()) n += op.prim->name == "reduce" && op.params.ints[1] == 0 ? 1 : 0;
+  for (const Op& op : c.ops()) n += op.is(PrimId::reduce) && op.params.ints[1] == 0 ? 1 : 0;
   return n;
 }
 
@@ -52,7 +52,7 @@ TEST(FuseColumns, LayernormParameterGradientsTakeOnePass) {
     u.outs = ad::backward(b, b.reduce_all(ReduceKind::Sum, b.mul(y, r)), {x, w, bias});
     u.outs.insert(u.outs.begin(), y);
     Circuit f = expect_fused_matches(u, dt);
-    EXPECT_EQ(testing::count_prim(f, "column_sums"), 1u) << f.dump("fused");
+    EXPECT_EQ(testing::count_prim(f, PrimId::column_sums), 1u) << f.dump("fused");
     EXPECT_EQ(column_reduces(f), 0u) << f.dump("fused");
   }
 }
@@ -63,7 +63,7 @@ TEST(FuseColumns, ALoneSumStaysAReduce) {
   Builder b(u.c);
   u.outs = {b.reduce(ReduceKind::Sum, x, 0)};
   Circuit f = expect_fused_matches(u, DType::f32);
-  EXPECT_EQ(testing::count_prim(f, "column_sums"), 0u);
+  EXPECT_EQ(testing::count_prim(f, PrimId::column_sums), 0u);
 }
 
 // s2 sums x * s1 where s1 sums x: they share x, but one op cannot compute s2 from its own s1;
@@ -78,7 +78,7 @@ TEST(FuseColumns, ASumThatReadsAnotherIsNotJoinedWithIt) {
     ValueId s2 = b.reduce(ReduceKind::Sum, b.mul(x, k), 0);
     u.outs = {s1, s2};
     Circuit f = expect_fused_matches(u, DType::f32);
-    EXPECT_EQ(testing::count_prim(f, "column_sums"), 2u) << f.dump("fused");
+    EXPECT_EQ(testing::count_prim(f, PrimId::column_sums), 2u) << f.dump("fused");
   }
 }
 

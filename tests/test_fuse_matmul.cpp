@@ -26,7 +26,7 @@ using testing::Built;
 
 size_t moves(const Circuit& c) {
   size_t n = 0;
-  for (const char* p : {"permute", "split", "slice", "broadcast"}) n += testing::count_prim(c, p);
+  for (PrimId p : {PrimId::permute, PrimId::split, PrimId::slice, PrimId::broadcast}) n += testing::count_prim(c, p);
   return n;
 }
 
@@ -86,14 +86,14 @@ TEST(FuseMatmul, ABlockForwardAndBackwardGiveTheUnfusedResults) {
     // 6 forward, 12 backward; the one left plain (the gradient reaching the attention's output
     // projection input: its operands are read as they are, its readers read it through views)
     // gains nothing from fusion.
-    EXPECT_EQ(testing::count_prim(f, "fused_matmul"), 17u) << f.dump("fused");
-    EXPECT_EQ(testing::count_prim(f, "matmul"), 1u) << f.dump("fused");
+    EXPECT_EQ(testing::count_prim(f, PrimId::fused_matmul), 17u) << f.dump("fused");
+    EXPECT_EQ(testing::count_prim(f, PrimId::matmul), 1u) << f.dump("fused");
     // The heads' split and permutes, the output permute and the gradients' permutes are all
     // addressing now; the gradient of the split (a concat) is what remains of the moves.
     EXPECT_EQ(moves(f), 0u) << f.dump("fused");
-    EXPECT_EQ(testing::count_prim(f, "concat"), 1u);
+    EXPECT_EQ(testing::count_prim(f, PrimId::concat), 1u);
     // The four bias gradients are row sums in their weight gradients' kernels.
-    EXPECT_EQ(testing::count_prim(f, "reduce"), 0u) << f.dump("fused");
+    EXPECT_EQ(testing::count_prim(f, PrimId::reduce), 0u) << f.dump("fused");
   }
 }
 
@@ -165,8 +165,8 @@ TEST(FuseMatmul, RandomOperandChainsAndEpiloguesGiveTheUnfusedResults) {
     }
     const std::string what = "a " + ca.name + ", b " + cb.name + ", epilogue " + std::to_string(static_cast<int>(epi));
     Circuit f = expect_fused_matches(u, dt, false, what);
-    EXPECT_EQ(testing::count_prim(f, "matmul") + testing::count_prim(f, "fused_matmul"), 1u) << what;
-    EXPECT_EQ(testing::count_prim(f, "pointwise"), 0u) << what << "\n" << f.dump();  // all prologues, epilogues
+    EXPECT_EQ(testing::count_prim(f, PrimId::matmul) + testing::count_prim(f, PrimId::fused_matmul), 1u) << what;
+    EXPECT_EQ(testing::count_prim(f, PrimId::pointwise), 0u) << what << "\n" << f.dump();  // all prologues, epilogues
     EXPECT_EQ(moves(f), static_cast<size_t>(!ca.affine) + static_cast<size_t>(!cb.affine)) << what << "\n" << f.dump();
     fused_views += ca.affine && ca.name != "input";
   }
@@ -184,9 +184,9 @@ TEST(FuseMatmul, AValueOfARowPatternIsLeftToTheRowFusion) {
   Builder b(u.c, "t");
   u.outs = {composite::layernorm(b, b.add(b.matmul(x, w), res), gamma, beta)};
   Circuit f = expect_fused_matches(u, DType::f32, true, "residual layernorm");
-  EXPECT_EQ(testing::count_prim(f, "matmul") + testing::count_prim(f, "fused_matmul"), 1u) << f.dump();
-  EXPECT_EQ(testing::count_prim(f, "fused_rows"), 1u) << f.dump();
-  EXPECT_EQ(testing::count_prim(f, "fused_matmul"), 0u) << "no epilogue taken from the layernorm\n" << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::matmul) + testing::count_prim(f, PrimId::fused_matmul), 1u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::fused_rows), 1u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::fused_matmul), 0u) << "no epilogue taken from the layernorm\n" << f.dump();
 }
 
 TEST(FuseMatmul, ABufferAnAssignOverwritesIsNotReadThrough) {
@@ -199,7 +199,7 @@ TEST(FuseMatmul, ABufferAnAssignOverwritesIsNotReadThrough) {
   b.assign(w, b.scale(w, 0.5));
   u.outs = {y};
   Circuit f = expect_fused_matches(u, DType::f64, false, "assigned");
-  EXPECT_EQ(testing::count_prim(f, "permute"), 1u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::permute), 1u) << f.dump();
 }
 
 TEST(FuseMatmul, AnEpilogueAPathAroundTheGroupReachesStaysOut) {
@@ -211,7 +211,7 @@ TEST(FuseMatmul, AnEpilogueAPathAroundTheGroupReachesStaysOut) {
   ValueId s = b.reduce(ReduceKind::Max, y, 1);  // (4, 1): depends on y
   u.outs = {b.pointwise(se::exp(se::in(0) - se::in(1)), {y, s})};
   Circuit f = expect_fused_matches(u, DType::f64, false, "cycle");
-  EXPECT_EQ(testing::count_prim(f, "pointwise"), 1u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::pointwise), 1u) << f.dump();
 }
 
 TEST(FuseMatmul, ABackwardReaderOfAForwardProductIsNoEpilogue) {
@@ -224,8 +224,8 @@ TEST(FuseMatmul, ABackwardReaderOfAForwardProductIsNoEpilogue) {
   u.c.set_recording_phase(Phase::Backward);
   u.outs = {y, b.mul(y, g)};
   Circuit f = expect_fused_matches(u, DType::f64, false, "phases");
-  EXPECT_EQ(testing::count_prim(f, "pointwise"), 1u) << f.dump();
-  EXPECT_EQ(testing::count_prim(f, "matmul"), 1u) << "nothing to gain: the matmul stays\n" << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::pointwise), 1u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::matmul), 1u) << "nothing to gain: the matmul stays\n" << f.dump();
 }
 
 }  // namespace

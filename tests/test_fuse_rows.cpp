@@ -22,8 +22,7 @@ namespace {
 
 size_t row_reductions(const Circuit& c) {
   size_t n = 0;
-  for (const Op& op : c.ops())
-    n += op.prim->name == "reduce" && op.params.ints[1] == c.info(op.inputs[0]).shape.rank() - 1;
+  for (const Op& op : c.ops()) n += op.is(PrimId::reduce) && op.params.ints[1] == c.info(op.inputs[0]).shape.rank() - 1;
   return n;
 }
 
@@ -122,8 +121,8 @@ TEST_P(RowPatterns, BecomeRowKernelsThatGiveTheUnfusedResults) {
     std::vector<ValueId> fused_outs = u.outs;
     Circuit f = optimize(u.c, fused_outs);
     EXPECT_EQ(row_reductions(f), 0u) << f.dump("fused");
-    EXPECT_GE(testing::count_prim(f, "fused_rows"), 1u);
-    EXPECT_LE(testing::count_prim(f, "fused_rows"), p.max_fused) << f.dump("fused");
+    EXPECT_GE(testing::count_prim(f, PrimId::fused_rows), 1u);
+    EXPECT_LE(testing::count_prim(f, PrimId::fused_rows), p.max_fused) << f.dump("fused");
     auto want = execute(u.c, u.binds, u.outs), got = execute(f, u.binds, fused_outs);
     for (size_t o = 0; o < want.size(); ++o)
       EXPECT_LT(testing::relative_error(got[o], want[o]), dt == DType::f64 ? 1e-12 : 1e-5)
@@ -148,7 +147,7 @@ TEST(FuseRows, CrossEntropyNeverWritesTheProbabilities) {
   const Shape logits = u.c.info(u.outs[1]).shape;
   size_t row_sized = 0;  // float values of the logits' shape anything writes but the one-hot mask
   for (const Op& op : f.ops())
-    for (ValueId v : op.outputs) row_sized += f.info(v).shape == logits && op.prim->name != "one_hot";
+    for (ValueId v : op.outputs) row_sized += f.info(v).shape == logits && !op.is(PrimId::one_hot);
   EXPECT_EQ(row_sized, 1u) << "only the gradient of the logits is written\n" << f.dump();
 }
 
@@ -189,7 +188,7 @@ TEST(FuseRows, RandomGraphsGiveTheUnfusedResults) {
       std::vector<ValueId> outs = {wide.back(), narrow.back(), wide[wide.size() / 2]};
       std::vector<ValueId> fused_outs = outs;
       Circuit f = fuse_rows(fuse_pointwise(c, fused_outs), fused_outs);
-      fused_ops += testing::count_prim(f, "fused_rows");
+      fused_ops += testing::count_prim(f, PrimId::fused_rows);
       auto want = execute(c, binds, outs), got = execute(f, binds, fused_outs);
       for (size_t o = 0; o < outs.size(); ++o)
         EXPECT_LT(testing::relative_error(got[o], want[o]), dt == DType::f64 ? 1e-12 : 1e-5)
@@ -217,7 +216,7 @@ TEST(FuseRows, AJoinThatWouldCycleThroughAnotherOpIsRefused) {
   std::vector<ValueId> outs{s}, fused_outs{s};
   Circuit f = fuse_rows(c, fused_outs);
   f.verify();
-  EXPECT_EQ(testing::count_prim(f, "fused_rows"), 2u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::fused_rows), 2u) << f.dump();
   std::vector<HostTensor> binds = {testing::random_tensor({Shape{4, 9}, DType::f64}, 3)};
   EXPECT_LT(testing::relative_error(execute(f, binds, fused_outs)[0], execute(c, binds, outs)[0]), 1e-14);
 }
@@ -284,15 +283,15 @@ TEST(ForwardAssigns, ReadersOfAnAssignReadTheValueAndFusionSeesThrough) {
   Circuit fw = forward_assigned_values(c);
   fw.verify();
   for (size_t i = 0; i < c.ops().size(); ++i)
-    if (c.ops()[i].prim->name == "assign") {
+    if (c.ops()[i].is(PrimId::assign)) {
       EXPECT_EQ(fw.ops()[i].inputs[0], c.ops()[i].inputs[0]) << "op " << i;  // the target stays
       EXPECT_EQ(fw.ops()[i].inputs[1], c.ops()[i].inputs[1]) << "op " << i;
     }
   EXPECT_EQ(fw.ops()[2].inputs[1], c.ops()[0].outputs[0]);  // p's update reads m's new value itself
   std::vector<ValueId> fused_outs = outs;
   Circuit f = fuse_rows(fuse_pointwise(fw, fused_outs), fused_outs);
-  EXPECT_EQ(testing::count_prim(f, "fused_rows"), 1u) << f.dump();
-  EXPECT_EQ(testing::count_prim(f, "pointwise"), 0u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::fused_rows), 1u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::pointwise), 0u) << f.dump();
   auto run = [&](const Circuit& circuit, const std::vector<ValueId>& o, std::vector<HostTensor>& buffers) {
     std::vector<HostTensor> binds = {testing::random_tensor({Shape{6, 5}, DType::f64}, 1)};
     binds.insert(binds.end(), buffers.begin(), buffers.end());

@@ -44,10 +44,10 @@ TEST(FusePointwise, PointwiseOverFillsFoldsIntoAFill) {
   ValueId y = b.mul(x, k);
   std::vector<ValueId> outs{y};
   Circuit f = fuse_pointwise(c, outs);
-  EXPECT_EQ(testing::count_prim(f, "pointwise"), 1u) << f.dump();
-  ASSERT_EQ(testing::count_prim(f, "fill"), 1u) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::pointwise), 1u) << f.dump();
+  ASSERT_EQ(testing::count_prim(f, PrimId::fill), 1u) << f.dump();
   for (const Op& op : f.ops()) {
-    if (op.prim->name == "fill") {
+    if (op.is(PrimId::fill)) {
       EXPECT_EQ(op.params.reals[0], static_cast<double>(static_cast<float>(-1.0 / 3.0)));
     }
   }
@@ -72,9 +72,9 @@ TEST(FusePointwise, ProtectedSharedBroadcastAndAssignCrossingProducersStay) {
   b.assign(w, x);                   // ...which this assign overwrites...
   ValueId after = b.add(old_w, x);  // ...before the consumer
   std::vector<ValueId> outs{u1, u2, out, out_user, wide, after};
-  const size_t before = testing::count_prim(c, "pointwise");
+  const size_t before = testing::count_prim(c, PrimId::pointwise);
   Circuit f = fuse_pointwise(c, outs);
-  EXPECT_EQ(testing::count_prim(f, "pointwise"), before) << f.dump();
+  EXPECT_EQ(testing::count_prim(f, PrimId::pointwise), before) << f.dump();
   f.verify();
 }
 

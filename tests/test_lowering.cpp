@@ -434,7 +434,7 @@ TEST(Lowering, EveryRegisteredPrimHasALoweringAndACase) {
   }
   covered.insert("assign");  // exercised by the engine and GPT step tests (persistent buffers)
   for (const PrimDef* p : PrimRegistry::instance().all()) {
-    EXPECT_FALSE(cuda::lowering_summary(p->name).empty()) << p->name << " has no lowering";
+    EXPECT_FALSE(cuda::lowering_summary(p->id).empty()) << p->name << " has no lowering";
     EXPECT_TRUE(covered.count(p->name)) << p->name << " has no lowering case";
   }
 }

@@ -98,10 +98,10 @@ TEST(MergeMultiTensor, TheClippedUpdateOfEveryParameterMergesAndGivesTheSameResu
       f.verify();
       // The norm's squares and sums (one program) and the update (one, or with the CPU's
       // pointwise ops two: moments, then parameters).
-      EXPECT_EQ(testing::count_prim(f, "multi_tensor"), gpu ? 2u : 3u) << f.dump();
-      EXPECT_EQ(testing::count_prim(f, "reduce_all"), 1u) << f.dump();  // the [1] parameter's
+      EXPECT_EQ(testing::count_prim(f, PrimId::multi_tensor), gpu ? 2u : 3u) << f.dump();
+      EXPECT_EQ(testing::count_prim(f, PrimId::reduce_all), 1u) << f.dump();  // the [1] parameter's
       for (const Op& op : f.ops()) {
-        if (op.prim->name == "multi_tensor") {
+        if (op.is(PrimId::multi_tensor)) {
           EXPECT_EQ(MultiTensorProgram::from_params(op.params).groups, 4) << f.dump();
         }
       }
@@ -119,9 +119,9 @@ TEST(MergeMultiTensor, TheGlobalNormIsTheTotalOfTheMergedSums) {
     f.verify();
     size_t totals = 0;
     for (const Op& op : f.ops())
-      if (op.prim->name == "multi_tensor") totals += MultiTensorProgram::from_params(op.params).has_total ? 1 : 0;
+      if (op.is(PrimId::multi_tensor)) totals += MultiTensorProgram::from_params(op.params).has_total ? 1 : 0;
     EXPECT_EQ(totals, 1u) << f.dump();
-    EXPECT_EQ(testing::count_prim(f, "reduce_all"), 0u) << f.dump();
+    EXPECT_EQ(testing::count_prim(f, PrimId::reduce_all), 0u) << f.dump();
     expect_same_results(s, f, outs, dt);
   }
 }
@@ -130,7 +130,7 @@ TEST(MergeMultiTensor, ForwardAndBackwardWorkIsNeverMerged) {
   for (Phase phase : {Phase::Forward, Phase::Backward}) {
     Step s = momentum_step(DType::f32, phase);
     std::vector<ValueId> outs = s.outs;
-    EXPECT_EQ(testing::count_prim(optimize(s.c, outs, true), "multi_tensor"), 0u);
+    EXPECT_EQ(testing::count_prim(optimize(s.c, outs, true), PrimId::multi_tensor), 0u);
   }
 }
 
@@ -152,8 +152,8 @@ TEST(MergeMultiTensor, WorkThatDependsOnItsKindStaysApart) {
   std::vector<ValueId> outs{a2, y2, hy, hy2}, merged_outs = outs;
   Circuit m = merge_multi_tensor(c, merged_outs);
   m.verify();
-  ASSERT_EQ(testing::count_prim(m, "multi_tensor"), 2u) << m.dump();
-  EXPECT_EQ(testing::count_prim(m, "pointwise"), 2u) << m.dump();  // a2, and the negation
+  ASSERT_EQ(testing::count_prim(m, PrimId::multi_tensor), 2u) << m.dump();
+  EXPECT_EQ(testing::count_prim(m, PrimId::pointwise), 2u) << m.dump();  // a2, and the negation
   std::vector<HostTensor> binds = {testing::random_tensor({Shape{6}, DType::f64}, 1),
                                    testing::random_tensor({Shape{2, 3}, DType::f64}, 2)};
   auto want = execute(c, binds, outs), got = execute(m, binds, merged_outs);

@@ -337,7 +337,7 @@ TEST(Training, LossFallsOnGeneratedText) {
 size_t fused_ops_in_step() {
   size_t n = 0;
   for (const Op& op : Engine::current().plan_cache().largest()->program->circuit().ops())
-    n += op.prim->name == "fused_rows" || op.absorbed > 0;
+    n += op.is(PrimId::fused_rows) || op.absorbed > 0;
   return n;
 }
 

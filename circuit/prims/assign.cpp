@@ -25,13 +25,12 @@ std::vector<HostTensor> eval(const Op&, const std::vector<const HostTensor*>& in
 
 void register_assign(PrimRegistry& r) {
   PrimDef d;
-  d.name = "assign";
-  d.family = "assign.cpp";
+  d.id = PrimId::assign;
   d.shape = shape_rule;
   d.eval = eval;
   d.side_effect = true;
   d.output_aliases = 1;  // the new version is the value itself until the run commits it
-  r.add(std::move(d));
+  r.add(std::move(d), __FILE__);
 }
 
 }  // namespace kiln

@@ -43,17 +43,15 @@ std::vector<ValueInfo> identity_shape(const ShapeCtx& ctx, const std::vector<Val
 
 void register_cast(PrimRegistry& r) {
   PrimDef c;
-  c.name = "cast";
-  c.family = "cast.cpp";
+  c.id = PrimId::cast;
   c.shape = cast_shape;
   c.eval = cast_eval;
   c.vjp = cast_vjp;
   c.describe = [](const Params& p) { return std::string("to ") + dtype_name(p.dtype); };
-  r.add(c);
+  r.add(c, __FILE__);
 
   PrimDef s;
-  s.name = "stop_gradient";
-  s.family = "cast.cpp";
+  s.id = PrimId::stop_gradient;
   s.shape = identity_shape;
   s.eval = [](const Op&, const std::vector<const HostTensor*>& in, EvalBuffers&) {
     return std::vector<HostTensor>{*in[0]};  // values are immutable: share the storage
@@ -61,7 +59,7 @@ void register_cast(PrimRegistry& r) {
   s.output_aliases = 0;
   s.nondiff_inputs = {0};  // the barrier itself: no gradient reaches x
   s.differentiable = false;
-  r.add(s);
+  r.add(s, __FILE__);
 }
 
 }  // namespace kiln

@@ -68,12 +68,11 @@ std::string describe(const Params& p) {
 
 void register_column_sums(PrimRegistry& r) {
   PrimDef d;
-  d.name = "column_sums";
-  d.family = "column_sums.cpp";
+  d.id = PrimId::column_sums;
   d.shape = shape_rule;
   d.eval = eval;
   d.describe = describe;
-  r.add(std::move(d));
+  r.add(std::move(d), __FILE__);
 }
 
 }  // namespace kiln

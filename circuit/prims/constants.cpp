@@ -59,22 +59,20 @@ std::vector<HostTensor> iota_eval(const Op& op, const std::vector<const HostTens
 
 void register_constants(PrimRegistry& r) {
   PrimDef f;
-  f.name = "fill";
-  f.family = "constants.cpp";
+  f.id = PrimId::fill;
   f.shape = fill_shape;
   f.eval = fill_eval;
   f.differentiable = false;
   f.describe = [](const Params& p) { return fmt::format("value={}", p.reals[0]); };
-  r.add(f);
+  r.add(f, __FILE__);
 
   PrimDef i;
-  i.name = "iota";
-  i.family = "constants.cpp";
+  i.id = PrimId::iota;
   i.shape = iota_shape;
   i.eval = iota_eval;
   i.differentiable = false;
   i.describe = [](const Params& p) { return fmt::format("{{{}}}", p.index.str()); };
-  r.add(i);
+  r.add(i, __FILE__);
 }
 
 }  // namespace kiln

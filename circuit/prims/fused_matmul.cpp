@@ -309,12 +309,11 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
 
 void register_fused_matmul(PrimRegistry& r) {
   PrimDef d;
-  d.name = "fused_matmul";
-  d.family = "fused_matmul.cpp";
+  d.id = PrimId::fused_matmul;
   d.shape = shape_rule;
   d.eval = eval;
   d.describe = [](const Params& p) { return FusedMatmul::from_params(p).describe(); };
-  r.add(std::move(d));
+  r.add(std::move(d), __FILE__);
 }
 
 }  // namespace kiln

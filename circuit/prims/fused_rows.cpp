@@ -215,12 +215,11 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
 
 void register_fused_rows(PrimRegistry& r) {
   PrimDef d;
-  d.name = "fused_rows";
-  d.family = "fused_rows.cpp";
+  d.id = PrimId::fused_rows;
   d.shape = shape_rule;
   d.eval = eval;
   d.describe = [](const Params& p) { return RowProgram::from_params(p).describe(); };
-  r.add(std::move(d));
+  r.add(std::move(d), __FILE__);
 }
 
 }  // namespace kiln

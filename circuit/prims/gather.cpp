@@ -122,7 +122,8 @@ std::vector<ValueInfo> gather_last_shape(const ShapeCtx& ctx, const std::vector<
   if (xs.rank() < 1 || with_last(in[1].shape, xs[xs.rank() - 1]) != xs)
     ctx.fail("x must have shape idx + (V): x " + xs.str() + ", idx " + in[1].shape.str());
   if (xs[xs.rank() - 1] >= (int64_t{1} << 24))
-    ctx.fail("the last axis has " + std::to_string(xs[xs.rank() - 1]) + " entries; at most 2^24 (indices compared as floats)");
+    ctx.fail("the last axis has " + std::to_string(xs[xs.rank() - 1]) +
+             " entries; at most 2^24 (indices compared as floats)");
   return {{with_last(in[1].shape, 1), in[0].dtype}};
 }
 
@@ -157,17 +158,15 @@ std::vector<ValueId> gather_last_vjp(Builder& b, const Op& op, const std::vector
 
 void register_gather(PrimRegistry& r) {
   PrimDef g;
-  g.name = "gather_rows";
-  g.family = "gather.cpp";
+  g.id = PrimId::gather_rows;
   g.shape = gather_shape;
   g.eval = gather_eval;
   g.vjp = gather_vjp;
   g.nondiff_inputs = {1};
-  r.add(g);
+  r.add(g, __FILE__);
 
   PrimDef s;
-  s.name = "scatter_add_rows";
-  s.family = "gather.cpp";
+  s.id = PrimId::scatter_add_rows;
   s.shape = scatter_shape;
   s.eval = scatter_eval;
   s.vjp = scatter_vjp;
@@ -175,26 +174,24 @@ void register_gather(PrimRegistry& r) {
   s.describe = [](const Params& p) {
     return "rows=" + std::to_string(p.ints[0]) + (p.ints.size() == 2 && p.ints[1] ? " ordered" : "");
   };
-  r.add(s);
+  r.add(s, __FILE__);
 
   PrimDef gl;
-  gl.name = "gather_last";
-  gl.family = "gather.cpp";
+  gl.id = PrimId::gather_last;
   gl.shape = gather_last_shape;
   gl.eval = gather_last_eval;
   gl.vjp = gather_last_vjp;
   gl.nondiff_inputs = {1};
-  r.add(gl);
+  r.add(gl, __FILE__);
 
   PrimDef o;
-  o.name = "one_hot";
-  o.family = "gather.cpp";
+  o.id = PrimId::one_hot;
   o.shape = one_hot_shape;
   o.eval = one_hot_eval;
   o.differentiable = false;
   o.nondiff_inputs = {0};
   o.describe = [](const Params& p) { return "depth=" + std::to_string(p.ints[0]) + " " + dtype_name(p.dtype); };
-  r.add(o);
+  r.add(o, __FILE__);
 }
 
 }  // namespace kiln

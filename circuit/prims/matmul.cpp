@@ -160,13 +160,12 @@ const char* cpu_gemm_library() {
 
 void register_matmul(PrimRegistry& r) {
   PrimDef d;
-  d.name = "matmul";
-  d.family = "matmul.cpp";
+  d.id = PrimId::matmul;
   d.shape = shape_rule;
   d.eval = eval;
   d.vjp = vjp;
   d.describe = [](const Params& p) { return "ta=" + std::to_string(p.ints[0]) + " tb=" + std::to_string(p.ints[1]); };
-  r.add(std::move(d));
+  r.add(std::move(d), __FILE__);
 }
 
 }  // namespace kiln

@@ -150,12 +150,11 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
 
 void register_multi_tensor(PrimRegistry& r) {
   PrimDef d;
-  d.name = "multi_tensor";
-  d.family = "multi_tensor.cpp";
+  d.id = PrimId::multi_tensor;
   d.shape = shape_rule;
   d.eval = eval;
   d.describe = [](const Params& p) { return MultiTensorProgram::from_params(p).describe(); };
-  r.add(std::move(d));
+  r.add(std::move(d), __FILE__);
 }
 
 }  // namespace kiln

@@ -75,13 +75,12 @@ std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g
 
 void register_pointwise(PrimRegistry& r) {
   PrimDef d;
-  d.name = "pointwise";
-  d.family = "pointwise.cpp";
+  d.id = PrimId::pointwise;
   d.shape = shape_rule;
   d.eval = eval;
   d.vjp = vjp;
   d.describe = [](const Params& p) { return fmt::format("{{{}}}", p.body.str()); };
-  r.add(std::move(d));
+  r.add(std::move(d), __FILE__);
 }
 
 }  // namespace kiln

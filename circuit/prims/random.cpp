@@ -62,8 +62,7 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
 
 void register_random(PrimRegistry& r) {
   PrimDef d;
-  d.name = "random";
-  d.family = "random.cpp";
+  d.id = PrimId::random;
   d.shape = shape_rule;
   d.eval = eval;
   d.differentiable = false;
@@ -72,7 +71,7 @@ void register_random(PrimRegistry& r) {
     static const char* kKinds[] = {"uniform", "normal", "bernoulli"};
     return p.ints[0] == 2 ? fmt::format("{} p={}", kKinds[p.ints[0]], p.reals[0]) : std::string(kKinds[p.ints[0]]);
   };
-  r.add(std::move(d));
+  r.add(std::move(d), __FILE__);
 }
 
 }  // namespace kiln

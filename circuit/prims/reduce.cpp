@@ -132,22 +132,20 @@ std::vector<ValueId> reduce_all_vjp(Builder& b, const Op& op, const std::vector<
 
 void register_reduce(PrimRegistry& r) {
   PrimDef d;
-  d.name = "reduce";
-  d.family = "reduce.cpp";
+  d.id = PrimId::reduce;
   d.shape = reduce_shape;
   d.eval = reduce_eval;
   d.vjp = reduce_vjp;
   d.describe = [](const Params& p) { return std::string(kind_name(p.ints[0])) + " axis=" + std::to_string(p.ints[1]); };
-  r.add(d);
+  r.add(d, __FILE__);
 
   PrimDef all;
-  all.name = "reduce_all";
-  all.family = "reduce.cpp";
+  all.id = PrimId::reduce_all;
   all.shape = reduce_all_shape;
   all.eval = reduce_all_eval;
   all.vjp = reduce_all_vjp;
   all.describe = [](const Params& p) { return std::string(kind_name(p.ints[0])); };
-  r.add(all);
+  r.add(all, __FILE__);
 }
 
 }  // namespace kiln

@@ -126,8 +126,7 @@ std::vector<HostTensor> broadcast_eval(const Op&, const std::vector<const HostTe
 void register_shape_ops(PrimRegistry& r) {
   auto dims = [](const Params& p) { return Shape(p.ints).str(); };
   PrimDef rs;
-  rs.name = "reshape";
-  rs.family = "shape_ops.cpp";
+  rs.id = PrimId::reshape;
   rs.shape = reshape_shape;
   rs.eval = reshape_eval;
   rs.output_aliases = 0;
@@ -135,25 +134,23 @@ void register_shape_ops(PrimRegistry& r) {
     return std::vector<ValueId>{b.reshape(g[0], b.info(op.inputs[0]).shape)};
   };
   rs.describe = dims;
-  r.add(rs);
+  r.add(rs, __FILE__);
 
   PrimDef pm;
-  pm.name = "permute";
-  pm.family = "shape_ops.cpp";
+  pm.id = PrimId::permute;
   pm.shape = permute_shape;
   pm.eval = permute_eval;
   pm.vjp = permute_vjp;
   pm.describe = dims;
-  r.add(pm);
+  r.add(pm, __FILE__);
 
   PrimDef bc;
-  bc.name = "broadcast";
-  bc.family = "shape_ops.cpp";
+  bc.id = PrimId::broadcast;
   bc.shape = broadcast_shape;
   bc.eval = broadcast_eval;
   bc.vjp = [](Builder&, const Op&, const std::vector<ValueId>& g) { return std::vector<ValueId>{g[0]}; };
   bc.describe = dims;
-  r.add(bc);
+  r.add(bc, __FILE__);
 }
 
 }  // namespace kiln

@@ -171,8 +171,7 @@ std::vector<ValueId> split_vjp(Builder& b, const Op& op, const std::vector<Value
 
 void register_slice_concat(PrimRegistry& r) {
   PrimDef s;
-  s.name = "slice";
-  s.family = "slice_concat.cpp";
+  s.id = PrimId::slice;
   s.shape = slice_shape;
   s.eval = slice_eval;
   s.vjp = slice_vjp;
@@ -180,20 +179,18 @@ void register_slice_concat(PrimRegistry& r) {
     return "axis=" + std::to_string(p.ints[0]) + " [" + std::to_string(p.ints[1]) + ":" + std::to_string(p.ints[2]) +
            "]";
   };
-  r.add(s);
+  r.add(s, __FILE__);
 
   PrimDef c;
-  c.name = "concat";
-  c.family = "slice_concat.cpp";
+  c.id = PrimId::concat;
   c.shape = concat_shape;
   c.eval = concat_eval;
   c.vjp = concat_vjp;
   c.describe = [](const Params& p) { return "axis=" + std::to_string(p.ints[0]); };
-  r.add(c);
+  r.add(c, __FILE__);
 
   PrimDef sp;
-  sp.name = "split";
-  sp.family = "slice_concat.cpp";
+  sp.id = PrimId::split;
   sp.shape = split_shape;
   sp.eval = split_eval;
   sp.vjp = split_vjp;
@@ -201,7 +198,7 @@ void register_slice_concat(PrimRegistry& r) {
     return "axis=" + std::to_string(p.ints[0]) + " " +
            Shape(std::vector<int64_t>(p.ints.begin() + 1, p.ints.end())).str();
   };
-  r.add(sp);
+  r.add(sp, __FILE__);
 }
 
 }  // namespace kiln

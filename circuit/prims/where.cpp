@@ -76,13 +76,12 @@ std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g
 
 void register_where(PrimRegistry& r) {
   PrimDef d;
-  d.name = "where";
-  d.family = "where.cpp";
+  d.id = PrimId::where;
   d.shape = shape_rule;
   d.eval = eval;
   d.vjp = vjp;
   d.nondiff_inputs = {0};
-  r.add(std::move(d));
+  r.add(std::move(d), __FILE__);
 }
 
 }  // namespace kiln

@@ -37,7 +37,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 double matmul_flops(const Circuit& c) {
   double flops = 0;
   for (const Op& op : c.ops()) {
-    if (op.prim->name != "matmul") continue;
+    if (!op.is(PrimId::matmul)) continue;
     const Shape& out = c.info(op.outputs[0]).shape;
     const Shape& a = c.info(op.inputs[0]).shape;
     int64_t k = op.params.ints[0] ? a[a.rank() - 2] : a[a.rank() - 1];

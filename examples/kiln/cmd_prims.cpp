@@ -21,7 +21,7 @@ int cmd_prims(const std::vector<std::string>& args) {
   int n = 0;
   for (const PrimDef* p : PrimRegistry::instance().all()) {
     const char* vjp = !p->differentiable ? "n/a" : p->vjp ? "yes" : "no";
-    std::string lowering = cuda::lowering_summary(p->name);
+    std::string lowering = cuda::lowering_summary(p->id);
     std::printf("%-18s %-18s %-6s %-8s %-8s %-6s %s\n", p->name.c_str(), p->family.c_str(), p->shape ? "yes" : "no",
                 p->eval && p->ref_f32 ? "yes" : "no", p->eval && p->ref_f64 ? "yes" : "no", vjp,
                 lowering.empty() ? "no" : lowering.c_str());

@@ -1,0 +1,37 @@
+// PrimId: one enumerator per Prim kiln has. Code asks `op.is(PrimId::reduce)` and records
+// `add_op(PrimId::reduce, ...)`, so a misspelt Prim does not compile; a Prim's name (dumps,
+// errors, `kiln prims`) is its enumerator's. Each family's file under circuit/prims/ registers
+// the PrimDef of its ids; the registry refuses to start with one missing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace kiln {
+
+// X(name) for every Prim, grouped by family (circuit/prims/<family>.cpp).
+#define KILN_PRIMS(X)                                                                                                \
+  X(pointwise)                                                                                                       \
+  X(reduce)                                                                                                          \
+  X(reduce_all) X(matmul) X(gather_rows) X(scatter_add_rows) X(gather_last) X(one_hot) X(reshape) X(permute)         \
+      X(broadcast) X(slice) X(concat) X(split) X(where) X(cast) X(stop_gradient) X(fill) X(iota) X(random) X(assign) \
+          X(fused_rows) X(multi_tensor) X(fused_matmul) X(column_sums)
+
+enum class PrimId : uint8_t {
+#define KILN_PRIM_ENUMERATOR(name) name,
+  KILN_PRIMS(KILN_PRIM_ENUMERATOR)
+#undef KILN_PRIM_ENUMERATOR
+};
+
+inline constexpr int kPrimCount = 0
+#define KILN_PRIM_COUNT(name) +1
+    KILN_PRIMS(KILN_PRIM_COUNT)
+#undef KILN_PRIM_COUNT
+    ;
+
+const char* prim_name(PrimId id);
+// The Prim of a name (the CLI, tests), or nullopt.
+std::optional<PrimId> prim_id(std::string_view name);
+
+}  // namespace kiln

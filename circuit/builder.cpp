@@ -27,21 +27,15 @@ ValueId Builder::scale(ValueId a, double s) { return pointwise(se::in(0) * se::c
 
 ValueId Builder::reduce(ReduceKind kind, ValueId x, int axis) {
   axis = normalize(axis, info(x).shape.rank());
-  Params p;
-  p.ints = {static_cast<int64_t>(kind), axis};
-  return op(PrimId::reduce, std::move(p), {x});
+  return op(PrimId::reduce, ReduceParams{kind, axis}.to_params(), {x});
 }
 
 ValueId Builder::reduce_all(ReduceKind kind, ValueId x) {
-  Params p;
-  p.ints = {static_cast<int64_t>(kind)};
-  return op(PrimId::reduce_all, std::move(p), {x});
+  return op(PrimId::reduce_all, ReduceParams{kind, -1}.to_params(), {x});
 }
 
 ValueId Builder::matmul(ValueId a, ValueId b, bool ta, bool tb) {
-  Params p;
-  p.ints = {ta ? 1 : 0, tb ? 1 : 0};
-  return op(PrimId::matmul, std::move(p), {a, b});
+  return op(PrimId::matmul, MatmulParams{ta, tb}.to_params(), {a, b});
 }
 
 ValueId Builder::gather_rows(ValueId table, ValueId idx) { return op(PrimId::gather_rows, {}, {table, idx}); }
@@ -49,16 +43,11 @@ ValueId Builder::gather_rows(ValueId table, ValueId idx) { return op(PrimId::gat
 ValueId Builder::gather_last(ValueId x, ValueId idx) { return op(PrimId::gather_last, {}, {x, idx}); }
 
 ValueId Builder::scatter_add_rows(ValueId idx, ValueId src, int64_t rows) {
-  Params p;
-  p.ints = {rows};
-  return op(PrimId::scatter_add_rows, std::move(p), {idx, src});
+  return op(PrimId::scatter_add_rows, ScatterAddRowsParams{rows, false}.to_params(), {idx, src});
 }
 
 ValueId Builder::one_hot(ValueId idx, int64_t depth, DType dtype) {
-  Params p;
-  p.ints = {depth};
-  p.dtype = dtype;
-  return op(PrimId::one_hot, std::move(p), {idx});
+  return op(PrimId::one_hot, OneHotParams{depth, dtype}.to_params(), {idx});
 }
 
 ValueId Builder::reshape(ValueId x, const Shape& shape) {
@@ -68,9 +57,7 @@ ValueId Builder::reshape(ValueId x, const Shape& shape) {
 }
 
 ValueId Builder::permute(ValueId x, const std::vector<int64_t>& perm) {
-  Params p;
-  p.ints = perm;
-  return op(PrimId::permute, std::move(p), {x});
+  return op(PrimId::permute, PermuteParams{perm}.to_params(), {x});
 }
 
 ValueId Builder::transpose(ValueId x, int a, int b) {
@@ -91,24 +78,17 @@ ValueId Builder::broadcast(ValueId x, const Shape& shape) {
 
 ValueId Builder::slice(ValueId x, int axis, int64_t start, int64_t end) {
   axis = normalize(axis, info(x).shape.rank());
-  Params p;
-  p.ints = {axis, start, end};
-  return op(PrimId::slice, std::move(p), {x});
+  return op(PrimId::slice, SliceParams{axis, start, end}.to_params(), {x});
 }
 
 ValueId Builder::concat(const std::vector<ValueId>& xs, int axis) {
   if (!xs.empty()) axis = normalize(axis, info(xs[0]).shape.rank());
-  Params p;
-  p.ints = {axis};
-  return op(PrimId::concat, std::move(p), xs);
+  return op(PrimId::concat, ConcatParams{axis}.to_params(), xs);
 }
 
 std::vector<ValueId> Builder::split(ValueId x, int axis, const std::vector<int64_t>& sizes) {
   axis = normalize(axis, info(x).shape.rank());
-  Params p;
-  p.ints = {axis};
-  p.ints.insert(p.ints.end(), sizes.begin(), sizes.end());
-  return c_.add_op(PrimId::split, std::move(p), {x}, scope_);
+  return c_.add_op(PrimId::split, SplitParams{axis, sizes}.to_params(), {x}, scope_);
 }
 
 ValueId Builder::where(ValueId cond, ValueId a, ValueId b) { return op(PrimId::where, {}, {cond, a, b}); }
@@ -122,11 +102,7 @@ ValueId Builder::cast(ValueId x, DType dtype) {
 ValueId Builder::stop_gradient(ValueId x) { return op(PrimId::stop_gradient, {}, {x}); }
 
 ValueId Builder::fill(const Shape& shape, DType dtype, double value) {
-  Params p;
-  p.ints = shape.dims();
-  p.reals = {value};
-  p.dtype = dtype;
-  return op(PrimId::fill, std::move(p), {});
+  return op(PrimId::fill, FillParams{shape, value, dtype}.to_params(), {});
 }
 
 ValueId Builder::iota(const Shape& shape, DType dtype, const IndexExp& index) {
@@ -138,12 +114,7 @@ ValueId Builder::iota(const Shape& shape, DType dtype, const IndexExp& index) {
 }
 
 ValueId Builder::random(RandomKind kind, const Shape& shape, DType dtype, ValueId key, ValueId offset, double prob) {
-  Params p;
-  p.ints = {static_cast<int64_t>(kind)};
-  p.ints.insert(p.ints.end(), shape.dims().begin(), shape.dims().end());
-  p.reals = {prob};
-  p.dtype = dtype;
-  return op(PrimId::random, std::move(p), {key, offset});
+  return op(PrimId::random, RandomParams{kind, shape, prob, dtype}.to_params(), {key, offset});
 }
 
 ValueId Builder::assign(ValueId target, ValueId value) { return op(PrimId::assign, {}, {target, value}); }

@@ -6,11 +6,9 @@
 #include <vector>
 
 #include "circuit/circuit.hpp"
+#include "circuit/prim_params.hpp"
 
 namespace kiln {
-
-enum class ReduceKind : int64_t { Sum = 0, Max = 1, Mean = 2 };
-enum class RandomKind : int64_t { Uniform = 0, Normal = 1, Bernoulli = 2 };
 
 class Builder {
  public:

@@ -5,6 +5,7 @@
 
 #include "circuit/error.hpp"
 #include "circuit/hash.hpp"
+#include "circuit/prim_params.hpp"
 
 namespace kiln {
 
@@ -21,6 +22,12 @@ ValueId Circuit::add_external(ValueInfo info, ValueRole role, std::string name) 
 }
 
 bool Op::is(PrimId id) const { return prim->id == id; }
+
+void require_view_of(const Op& op, std::initializer_list<PrimId> prims, const char* view) {
+  for (PrimId id : prims)
+    if (op.is(id)) return;
+  throw Error(std::string(view) + " read from a '" + op.prim->name + "' op");
+}
 
 std::vector<ValueId> Circuit::add_op(const std::string& prim_name, Params params, std::vector<ValueId> inputs,
                                      const std::string& scope) {

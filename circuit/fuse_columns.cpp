@@ -9,6 +9,7 @@
 #include "circuit/contract.hpp"
 #include "circuit/fusion.hpp"
 #include "circuit/passes.hpp"
+#include "circuit/prim_params.hpp"
 
 namespace kiln {
 namespace {
@@ -32,8 +33,8 @@ std::vector<ColumnSum> find_sums(const Circuit& c, const std::vector<std::vector
   std::vector<ColumnSum> sums;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    if (!op.is(PrimId::reduce) || op.params.ints[0] != static_cast<int64_t>(ReduceKind::Sum) ||
-        op.params.ints[1] != 0 || c.info(op.inputs[0]).shape.rank() != 2)
+    if (!op.is(PrimId::reduce) || ReduceParams::of(op).kind != ReduceKind::Sum || ReduceParams::of(op).axis != 0 ||
+        c.info(op.inputs[0]).shape.rank() != 2)
       continue;
     ColumnSum s;
     s.members = {static_cast<int32_t>(i)};
@@ -138,8 +139,9 @@ Circuit fuse_columns(const Circuit& c, std::vector<ValueId>& outputs) {
         MergedOp m;
         m.prim = PrimId::column_sums;
         const ColumnSum& first = sums[kept[k][0]];
-        m.params.dtype = c.info(ops[static_cast<size_t>(first.members[0])].outputs[0]).dtype;
-        m.params.ints = first.domain.dims();
+        ColumnSumsParams cp;
+        cp.dtype = c.info(ops[static_cast<size_t>(first.members[0])].outputs[0]).dtype;
+        cp.domain = first.domain;
         for (size_t s : kept[k]) {
           std::vector<ScalarExp> subs;
           for (ValueId v : sums[s].inputs) {
@@ -147,9 +149,10 @@ Circuit fuse_columns(const Circuit& c, std::vector<ValueId>& outputs) {
             if (at == m.inputs.end()) at = m.inputs.insert(m.inputs.end(), v);
             subs.push_back(se::in(static_cast<int>(at - m.inputs.begin())));
           }
-          m.params.bodies.push_back(sums[s].body.substitute(subs));
+          cp.bodies.push_back(sums[s].body.substitute(subs));
           m.replaces.push_back(ops[static_cast<size_t>(sums[s].members[0])].outputs[0]);
         }
+        m.params = cp.to_params();
         return m;
       },
       outputs, "fuse_columns");

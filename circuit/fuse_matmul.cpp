@@ -11,6 +11,7 @@
 #include "circuit/fused_matmul.hpp"
 #include "circuit/fusion.hpp"
 #include "circuit/passes.hpp"
+#include "circuit/prim_params.hpp"
 
 namespace kiln {
 namespace {
@@ -78,13 +79,15 @@ std::optional<View> through_move(const Circuit& c, const Op& op, size_t out, con
   std::vector<int> in_dim(static_cast<size_t>(ro));
   std::vector<int64_t> shift(static_cast<size_t>(ro), 0);
   for (int e = 0; e < ro; ++e) in_dim[static_cast<size_t>(e)] = e;
-  const auto& p = op.params.ints;
   if (name == PrimId::permute) {
-    for (int e = 0; e < ro; ++e) in_dim[static_cast<size_t>(e)] = static_cast<int>(p[static_cast<size_t>(e)]);
+    const std::vector<int64_t> perm = PermuteParams::of(op).perm;
+    for (int e = 0; e < ro; ++e) in_dim[static_cast<size_t>(e)] = static_cast<int>(perm[static_cast<size_t>(e)]);
   } else if (name == PrimId::slice) {
-    shift[static_cast<size_t>(p[0])] = p[1];
+    const SliceParams sp = SliceParams::of(op);
+    shift[static_cast<size_t>(sp.axis)] = sp.start;
   } else if (name == PrimId::split) {
-    for (size_t q = 0; q < out; ++q) shift[static_cast<size_t>(p[0])] += p[1 + q];
+    const SplitParams sp = SplitParams::of(op);
+    for (size_t q = 0; q < out; ++q) shift[static_cast<size_t>(sp.axis)] += sp.sizes[q];
   } else {  // broadcast: trailing dims align; a dim of 1 is read at 0
     const int lead = ro - in_shape.rank();
     for (int e = 0; e < ro; ++e) in_dim[static_cast<size_t>(e)] = e < lead || in_shape[e - lead] == 1 ? -1 : e - lead;
@@ -142,7 +145,8 @@ MatmulOperand operand_view(const Circuit& c, const Op& op, int which, const Fuse
   View v{x, 0, s.dims(), s.strides(), se::in(0)};
   v = read_through(c, v, assigned, readers, stop);
   base = v.base;
-  const bool transposed = op.params.ints[static_cast<size_t>(which)] != 0;
+  const MatmulParams mp = MatmulParams::of(op);
+  const bool transposed = which == 0 ? mp.transpose_a : mp.transpose_b;
   // a is (.., m, k), or (.., k, m) transposed; b is (.., k, n), or (.., n, k) transposed.
   const bool rows_last = which == 0 ? transposed : !transposed;
   const int r = s.rank();
@@ -165,7 +169,7 @@ MatmulOperand operand_view(const Circuit& c, const Op& op, int which, const Fuse
 bool feeds_row_reduction(const Circuit& c, const std::vector<std::vector<int32_t>>& readers, ValueId v) {
   for (int32_t r : readers[static_cast<size_t>(v)]) {
     const Op& op = c.ops()[static_cast<size_t>(r)];
-    if (op.is(PrimId::reduce) && op.params.ints[1] == c.info(op.inputs[0]).shape.rank() - 1) return true;
+    if (op.is(PrimId::reduce) && ReduceParams::of(op).axis == c.info(op.inputs[0]).shape.rank() - 1) return true;
   }
   return false;
 }
@@ -204,9 +208,8 @@ int32_t row_sums_of_a(const Circuit& c, const std::vector<std::vector<int32_t>>&
     if (c.info(v).shape != Shape{f.k, f.m}) continue;
     for (int32_t r : readers[static_cast<size_t>(v)]) {
       const Op& op = c.ops()[static_cast<size_t>(r)];
-      if (op.is(PrimId::reduce) && op.params.ints[0] == static_cast<int64_t>(ReduceKind::Sum) &&
-          op.params.ints[1] == 0 && op.phase == phase && !taken[static_cast<size_t>(r)] &&
-          !leaves_and_returns(succ, with(g.members, r)))
+      if (op.is(PrimId::reduce) && ReduceParams::of(op).kind == ReduceKind::Sum && ReduceParams::of(op).axis == 0 &&
+          op.phase == phase && !taken[static_cast<size_t>(r)] && !leaves_and_returns(succ, with(g.members, r)))
         return r;
     }
   }
@@ -231,8 +234,8 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
     if (!op.is(PrimId::matmul) || taken[i]) continue;
     Group g;
     g.members = {static_cast<int32_t>(i)};
-    const bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
-    g.f = FusedMatmul::plain(c.info(op.inputs[0]).shape, c.info(op.inputs[1]).shape, ta, tb);
+    const MatmulParams mp = MatmulParams::of(op);
+    g.f = FusedMatmul::plain(c.info(op.inputs[0]).shape, c.info(op.inputs[1]).shape, mp.transpose_a, mp.transpose_b);
     ValueId a_base, b_base;
     auto taken_op = [&](int32_t o) { return taken[static_cast<size_t>(o)]; };
     g.f.a = operand_view(c, op, 0, g.f, assigned, readers, taken_op, a_base);
@@ -292,7 +295,8 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
         const Shape& out_shape = c.info(perm.outputs[0]).shape;
         const std::vector<int64_t> st = out_shape.strides();
         std::vector<int64_t> logical_strides(static_cast<size_t>(logical.rank()));
-        for (size_t e = 0; e < st.size(); ++e) logical_strides[static_cast<size_t>(perm.params.ints[e])] = st[e];
+        const std::vector<int64_t> axes = PermuteParams::of(perm).perm;
+        for (size_t e = 0; e < st.size(); ++e) logical_strides[static_cast<size_t>(axes[e])] = st[e];
         const size_t nb = g.f.batch.size();
         g.f.out_shape = out_shape;
         g.f.out_batch.assign(logical_strides.begin(), logical_strides.begin() + static_cast<std::ptrdiff_t>(nb));

@@ -10,6 +10,7 @@
 #include "circuit/fused_rows.hpp"
 #include "circuit/fusion.hpp"
 #include "circuit/passes.hpp"
+#include "circuit/prim_params.hpp"
 
 namespace kiln {
 namespace {
@@ -25,7 +26,7 @@ Role role_of(const Circuit& c, const Op& op, Shape* shape) {
   if (out.dtype != DType::f32 && out.dtype != DType::f64) return Role::None;
   if (p == PrimId::reduce) {
     const Shape& x = c.info(op.inputs[0]).shape;
-    if (op.params.ints[1] != x.rank() - 1 || x[x.rank() - 1] < 2) return Role::None;
+    if (ReduceParams::of(op).axis != x.rank() - 1 || x[x.rank() - 1] < 2) return Role::None;
     *shape = x;
     return Role::Reduce;
   }
@@ -228,7 +229,7 @@ Params RowFuser::program_of(const Group& g, std::vector<ValueId>& inputs, std::v
   std::map<ValueId, ScalarExp> e;
   auto expr = [&](ValueId v) -> ScalarExp {
     if (auto it = e.find(v); it != e.end()) return it->second;
-    if (is_float_fill(c_, v)) return se::c(ops_[static_cast<size_t>(c_.value(v).producer)].params.reals[0]);
+    if (is_float_fill(c_, v)) return se::c(FillParams::of(ops_[static_cast<size_t>(c_.value(v).producer)]).value);
     auto at = std::find(inputs.begin(), inputs.end(), v);
     return se::in(static_cast<int>(at - inputs.begin()));
   };
@@ -243,7 +244,7 @@ Params RowFuser::program_of(const Group& g, std::vector<ValueId>& inputs, std::v
     } else if (p == PrimId::where) {
       out = se::select(args[0], args[1], args[2]);
     } else if (p == PrimId::reduce) {
-      rp.reduction_kinds.push_back(static_cast<ReduceKind>(op.params.ints[0]));
+      rp.reduction_kinds.push_back(ReduceParams::of(op).kind);
       rp.reduction_bodies.push_back(args[0]);
       out = se::in(rp.inputs + static_cast<int>(rp.reduction_bodies.size()) - 1);
     } else {  // broadcast, stop_gradient: the value itself, read with broadcasting

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "circuit/passes.hpp"
+#include "circuit/prim_params.hpp"
 
 namespace kiln {
 
@@ -37,7 +38,7 @@ std::optional<double> fill_value(const Circuit& c, ValueId v) {
   if (p < 0) return std::nullopt;
   const Op& op = c.ops()[static_cast<size_t>(p)];
   if (!op.is(PrimId::fill) || (op.params.dtype != DType::f32 && op.params.dtype != DType::f64)) return std::nullopt;
-  return op.params.reals[0];
+  return FillParams::of(op).value;
 }
 
 // A pointwise op over float fills only is a fill of its result (constant folding: the seed of
@@ -53,11 +54,7 @@ std::optional<Params> folded_fill(const Circuit& c, const Op& op, const FusedOp&
   }
   double v = f.params.body.eval(values);
   if (out.dtype == DType::f32) v = static_cast<float>(v);
-  Params p;
-  p.ints = out.shape.dims();
-  p.reals = {v};
-  p.dtype = out.dtype;
-  return p;
+  return FillParams{out.shape, v, out.dtype}.to_params();
 }
 
 }  // namespace

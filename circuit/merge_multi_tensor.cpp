@@ -8,6 +8,7 @@
 #include "circuit/fused_rows.hpp"
 #include "circuit/fusion.hpp"
 #include "circuit/multi_tensor.hpp"
+#include "circuit/prim_params.hpp"
 
 namespace kiln {
 namespace {
@@ -41,7 +42,7 @@ bool work_of(const Circuit& c, int32_t i, const std::vector<int>& readers, const
       if (per_row) return false;
     domain = rp.domain;
     *w = {{i}, false, rp.output_bodies, op.inputs, op.outputs, ""};
-  } else if (p == PrimId::reduce_all && static_cast<ReduceKind>(op.params.ints[0]) == ReduceKind::Sum) {
+  } else if (p == PrimId::reduce_all && ReduceParams::of(op).kind == ReduceKind::Sum) {
     const ValueId x = op.inputs[0];
     domain = c.info(x).shape;
     *w = {{i}, true, {se::in(0)}, {x}, op.outputs, ""};

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "circuit/hash.hpp"
+#include "circuit/prim_params.hpp"
 
 namespace kiln {
 
@@ -103,7 +104,7 @@ Circuit simplify_row_indexing(const Circuit& c, std::vector<ValueId>& outputs) {
       }
     } else if (op.is(PrimId::scatter_add_rows)) {
       const ValueId src = op.inputs[1];
-      if (c.info(src) == c.info(out) && is_arange(c, op.inputs[0], op.params.ints[0])) {
+      if (c.info(src) == c.info(out) && is_arange(c, op.inputs[0], ScatterAddRowsParams::of(op).rows)) {
         rename[static_cast<size_t>(out)] = src;
         changed = true;
       }
@@ -137,7 +138,8 @@ Circuit ordered_scatter_sums(const Circuit& c, std::vector<ValueId>& outputs) {
     std::vector<ValueId> inputs;
     for (ValueId in : op.inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
     Params params = op.params;
-    if (op.is(PrimId::scatter_add_rows)) params.ints = {params.ints[0], 1};
+    if (op.is(PrimId::scatter_add_rows))
+      params = ScatterAddRowsParams{ScatterAddRowsParams::of(op).rows, true}.to_params();
     std::vector<ValueId> outs = out.add_op(op.prim->id, std::move(params), inputs, op.scope);
     out.set_absorbed(out.ops().size() - 1, op.absorbed);
     out.set_phase(out.ops().size() - 1, op.phase);

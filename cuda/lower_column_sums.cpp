@@ -7,6 +7,7 @@
 // accumulation error bound rows * 2^-24 * sum |x| per column, as reduce.
 #include <algorithm>
 
+#include "circuit/prim_params.hpp"
 #include "cuda/lower_elementwise.hpp"
 
 namespace kiln::cuda {
@@ -28,10 +29,11 @@ int64_t row_chunks(int64_t rows, int64_t col_tiles) {
 }  // namespace
 
 LoweredOp lower_column_sums(const Circuit& c, const Op& op) {
-  const Shape domain(op.params.ints);
+  const ColumnSumsParams cp = ColumnSumsParams::of(op);
+  const Shape& domain = cp.domain;
   const std::vector<int64_t> lead(domain.dims().begin(), domain.dims().end() - 1);
   const int64_t cols = domain[domain.rank() - 1], rows = Shape(lead).numel();
-  const size_t sums = op.params.bodies.size();
+  const size_t sums = cp.bodies.size();
   int64_t largest = domain.numel();
   for (ValueId v : op.inputs) largest = std::max(largest, c.info(v).shape.numel());
   const int64_t col_tiles = (cols + kElementwiseThreads - 1) / kElementwiseThreads;
@@ -64,7 +66,7 @@ LoweredOp lower_column_sums(const Circuit& c, const Op& op) {
       for (size_t k = 0; k < op.inputs.size(); ++k)
         vals.push_back(load_as_f32(b, c.info(op.inputs[k]).dtype, in_ptr[k], linear_offset(b, coords, strides[k], 0)));
       for (size_t r = 0; r < sums; ++r)
-        b.assign(kir::Opc::Add, acc[r], {acc[r], emit_scalar_exp(b, op.params.bodies[r], vals)});
+        b.assign(kir::Opc::Add, acc[r], {acc[r], emit_scalar_exp(b, cp.bodies[r], vals)});
     });
     return acc;
   };

@@ -10,6 +10,7 @@
 
 #include "circuit/builder.hpp"
 #include "circuit/error.hpp"
+#include "circuit/prim_params.hpp"
 
 namespace kiln::cuda {
 
@@ -116,29 +117,30 @@ Launch copy_launch(const std::string& prefix, const Shape& domain, ArgRef from, 
 }  // namespace
 
 LoweredOp lower_move(const Circuit& c, const Op& op) {
-  const std::string& prim = op.prim->name;
+  const std::string& prim = op.prim->name;  // kernel names
   const ValueInfo& x = c.info(op.inputs[0]);
   const std::vector<int64_t> xs = x.shape.strides();
-  if (prim == "permute" || prim == "broadcast" || prim == "slice") {
+  if (op.is(PrimId::permute) || op.is(PrimId::broadcast) || op.is(PrimId::slice)) {
     const ValueInfo& out = c.info(op.outputs[0]);
     std::vector<int64_t> st;
     int64_t base = 0;
-    if (prim == "permute") {
-      for (int64_t a : op.params.ints) st.push_back(xs[static_cast<size_t>(a)]);
-    } else if (prim == "broadcast") {
+    if (op.is(PrimId::permute)) {
+      for (int64_t a : PermuteParams::of(op).perm) st.push_back(xs[static_cast<size_t>(a)]);
+    } else if (op.is(PrimId::broadcast)) {
       st = broadcast_strides(x.shape, out.shape);
     } else {
       st = xs;
-      base = op.params.ints[1] * xs[static_cast<size_t>(op.params.ints[0])];
+      const SliceParams sp = SliceParams::of(op);
+      base = sp.start * xs[static_cast<size_t>(sp.axis)];
     }
     return one(copy_launch("kiln_" + prim, out.shape, kIn0, kOut0, access_of(0, x, st, base),
                            access_of(1, out, out.shape.strides())),
                prim + " as addressing");
   }
   LoweredOp r;
-  const auto axis = static_cast<size_t>(op.params.ints[0]);
+  const auto axis = static_cast<size_t>(op.is(PrimId::concat) ? ConcatParams::of(op).axis : SplitParams::of(op).axis);
   int64_t along = 0;
-  if (prim == "concat") {
+  if (op.is(PrimId::concat)) {
     // One launch over the output: each element's coordinate along the axis picks the input it
     // comes from (a chain of branches, one per input boundary) and its place there.
     const ValueInfo& out = c.info(op.outputs[0]);
@@ -176,7 +178,7 @@ LoweredOp lower_move(const Circuit& c, const Op& op) {
                                             value, true));
     r.summary = "concat: one launch, each element read from the input its coordinate falls in, " +
                 launch_text(r.launches.back());
-  } else if (prim == "split") {
+  } else if (op.is(PrimId::split)) {
     for (size_t k = 0; k < op.outputs.size(); ++k) {
       const ValueInfo& piece = c.info(op.outputs[k]);
       r.launches.push_back(copy_launch("kiln_split", piece.shape, kIn0, {ArgRef::Kind::Output, static_cast<int>(k)},
@@ -224,7 +226,7 @@ LoweredOp lower_constant(const Circuit& c, const Op& op) {
   const DType dt = out.dtype;
   Access store = access_of(0, out, out.shape.strides());
   if (op.is(PrimId::fill)) {
-    const double v = op.params.reals[0];
+    const double v = FillParams::of(op).value;
     auto value = [dt, v](KernelBuilder& b, const std::vector<Reg>&, const std::vector<Reg>&, const std::vector<Reg>&) {
       return dt == DType::f32 ? b.mov(Type::f32, imm_f32(static_cast<float>(v)))
                               : b.mov(Type::s32, kir::imm_s32(static_cast<int32_t>(v)));
@@ -240,7 +242,7 @@ LoweredOp lower_constant(const Circuit& c, const Op& op) {
 LoweredOp lower_one_hot(const Circuit& c, const Op& op) {
   const ValueInfo& idx = c.info(op.inputs[0]);
   const ValueInfo& out = c.info(op.outputs[0]);
-  const int64_t depth = op.params.ints[0];
+  const int64_t depth = OneHotParams::of(op).depth;
   std::vector<int64_t> st = idx.shape.strides();
   st.push_back(0);
   const DType dt = out.dtype;
@@ -268,10 +270,11 @@ void record_index_error(KernelBuilder& b, Reg status, Reg index) {
 
 LoweredOp lower_random(const Circuit& c, const Op& op) {
   const ValueInfo& out = c.info(op.outputs[0]);
-  const auto kind = static_cast<RandomKind>(op.params.ints[0]);
+  const RandomParams rp = RandomParams::of(op);
+  const RandomKind kind = rp.kind;
   // u < p <=> (bits >> 8) < p * 2^24 <=> (bits >> 8) < ceil(p * 2^24): an exact integer test,
   // so Bernoulli masks are bit-identical to the reference's.
-  const double threshold = std::ceil(op.params.reals[0] * 16777216.0);
+  const double threshold = std::ceil(rp.probability * 16777216.0);
   const DType dt = out.dtype;
   auto value = [kind, threshold, dt](KernelBuilder& b, const std::vector<Reg>&, const std::vector<Reg>& coords,
                                      const std::vector<Reg>& base) {
@@ -321,7 +324,7 @@ LoweredOp lower_random(const Circuit& c, const Op& op) {
   ValueInfo flat_out{flat, out.dtype};
   static const char* kKinds[] = {"uniform", "normal", "bernoulli"};
   return one(elementwise_launch("kiln_random", flat, {kIn0, kIn1, kOut0}, {}, access_of(2, flat_out, {1}), value, true),
-             std::string("random ") + kKinds[op.params.ints[0]] + " (Philox4x32-10, the reference's bits)");
+             std::string("random ") + kKinds[static_cast<size_t>(kind)] + " (Philox4x32-10, the reference's bits)");
 }
 
 }  // namespace kiln::cuda

@@ -8,6 +8,7 @@
 //                     reference's; only D threads work, each through all S rows.
 // An index outside [0, V) (or [0, rows)) is counted in the status words and its element
 // skipped; the program turns a nonzero count into an error naming the op, as the reference.
+#include "circuit/prim_params.hpp"
 #include "cuda/lower_elementwise.hpp"
 
 namespace kiln::cuda {
@@ -82,7 +83,7 @@ LoweredOp lower_gather_last(const Circuit& c, const Op& op) {
 LoweredOp lower_gather(const Circuit& c, const Op& op) {
   if (op.is(PrimId::gather_last)) return lower_gather_last(c, op);
   const bool gather = op.is(PrimId::gather_rows);
-  if (!gather && op.params.ints.size() == 2 && op.params.ints[1] == 1) return lower_ordered_scatter(c, op);
+  if (!gather && ScatterAddRowsParams::of(op).ordered) return lower_ordered_scatter(c, op);
   const ValueInfo& data = c.info(op.inputs[gather ? 0 : 1]);  // table or src
   const ValueInfo& out = c.info(op.outputs[0]);
   const int64_t D = out.shape[out.shape.rank() - 1];

@@ -14,6 +14,7 @@
 
 #include "circuit/error.hpp"
 #include "circuit/fused_matmul.hpp"
+#include "circuit/prim_params.hpp"
 #include "cuda/lower_elementwise.hpp"
 
 namespace kiln::cuda {
@@ -270,10 +271,12 @@ LoweredOp lower_program(const Circuit& c, const Op& op, const FusedMatmul& f, co
 LoweredOp lower_matmul(const Circuit& c, const Op& op) {
   if (op.is(PrimId::fused_matmul))
     return lower_program(c, op, FusedMatmul::from_params(op.params), "kiln_fused_matmul");
-  const bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
+  const MatmulParams mp = MatmulParams::of(op);
   LoweredOp lo = lower_program(
-      c, op, FusedMatmul::plain(c.info(op.inputs[0]).shape, c.info(op.inputs[1]).shape, ta, tb), "kiln_matmul");
-  lo.summary = fmt::format("matmul ta={} tb={}{}", ta, tb, lo.summary.substr(lo.summary.find(':')));
+      c, op, FusedMatmul::plain(c.info(op.inputs[0]).shape, c.info(op.inputs[1]).shape, mp.transpose_a, mp.transpose_b),
+      "kiln_matmul");
+  lo.summary =
+      fmt::format("matmul ta={} tb={}{}", mp.transpose_a, mp.transpose_b, lo.summary.substr(lo.summary.find(':')));
   return lo;
 }
 

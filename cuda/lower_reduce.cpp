@@ -14,6 +14,7 @@
 
 #include "circuit/builder.hpp"
 #include "circuit/error.hpp"
+#include "circuit/prim_params.hpp"
 #include "cuda/lower_elementwise.hpp"
 
 namespace kiln::cuda {
@@ -102,7 +103,7 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
   LoweredOp r;
   const ArgRef in{ArgRef::Kind::Input, 0}, out{ArgRef::Kind::Output, 0}, scratch{ArgRef::Kind::Scratch, 0};
   if (op.is(PrimId::reduce_all)) {
-    const auto kind = static_cast<ReduceKind>(op.params.ints[0]);
+    const ReduceKind kind = ReduceParams::of(op).kind;
     const int64_t n = x.shape.numel();
     const uint32_t threads = 256;
     const int64_t blocks = std::clamp<int64_t>((n + threads * 4 - 1) / (threads * 4), 1, 1024);
@@ -131,8 +132,9 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op) {
                 " block partials, the last block to finish combines them";
     return r;
   }
-  const auto kind = static_cast<ReduceKind>(op.params.ints[0]);
-  const int axis = static_cast<int>(op.params.ints[1]);
+  const ReduceParams rp = ReduceParams::of(op);
+  const ReduceKind kind = rp.kind;
+  const int axis = rp.axis;
   int64_t outer = 1, inner = 1;
   const int64_t n = x.shape[axis];
   for (int a = 0; a < axis; ++a) outer *= x.shape[a];

@@ -8,6 +8,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "circuit/circuit.hpp"
+#include "circuit/prim_params.hpp"
 #include "circuit/prims/body_eval.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
@@ -65,6 +66,19 @@ std::string describe(const Params& p) {
 }
 
 }  // namespace
+
+ColumnSumsParams ColumnSumsParams::of(const Op& op) {
+  require_view_of(op, {PrimId::column_sums}, "ColumnSumsParams");
+  return {Shape(op.params.ints), op.params.bodies, op.params.dtype};
+}
+
+Params ColumnSumsParams::to_params() const {
+  Params p;
+  p.ints = domain.dims();
+  p.bodies = bodies;
+  p.dtype = dtype;
+  return p;
+}
 
 void register_column_sums(PrimRegistry& r) {
   PrimDef d;

@@ -6,6 +6,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "circuit/circuit.hpp"
+#include "circuit/prim_params.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
 
@@ -56,6 +57,19 @@ std::vector<HostTensor> iota_eval(const Op& op, const std::vector<const HostTens
 }
 
 }  // namespace
+
+FillParams FillParams::of(const Op& op) {
+  require_view_of(op, {PrimId::fill}, "FillParams");
+  return {Shape(op.params.ints), op.params.reals.at(0), op.params.dtype};
+}
+
+Params FillParams::to_params() const {
+  Params p;
+  p.ints = shape.dims();
+  p.reals = {value};
+  p.dtype = dtype;
+  return p;
+}
 
 void register_constants(PrimRegistry& r) {
   PrimDef f;

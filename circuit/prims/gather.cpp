@@ -13,6 +13,7 @@
 // and no one-hot is written; indices and one_hot have no gradient.
 #include "circuit/builder.hpp"
 #include "circuit/prim.hpp"
+#include "circuit/prim_params.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
 
@@ -155,6 +156,30 @@ std::vector<ValueId> gather_last_vjp(Builder& b, const Op& op, const std::vector
 }
 
 }  // namespace
+
+ScatterAddRowsParams ScatterAddRowsParams::of(const Op& op) {
+  require_view_of(op, {PrimId::scatter_add_rows}, "ScatterAddRowsParams");
+  return {op.params.ints.at(0), op.params.ints.size() == 2 && op.params.ints[1] == 1};
+}
+
+Params ScatterAddRowsParams::to_params() const {
+  Params p;
+  p.ints = {rows};
+  if (ordered) p.ints.push_back(1);
+  return p;
+}
+
+OneHotParams OneHotParams::of(const Op& op) {
+  require_view_of(op, {PrimId::one_hot}, "OneHotParams");
+  return {op.params.ints.at(0), op.params.dtype};
+}
+
+Params OneHotParams::to_params() const {
+  Params p;
+  p.ints = {depth};
+  p.dtype = dtype;
+  return p;
+}
 
 void register_gather(PrimRegistry& r) {
   PrimDef g;

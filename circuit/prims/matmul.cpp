@@ -14,6 +14,7 @@
 #include "circuit/builder.hpp"
 #include "circuit/cpu_gemm.hpp"
 #include "circuit/prim.hpp"
+#include "circuit/prim_params.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
 
@@ -156,6 +157,17 @@ const char* cpu_gemm_library() {
 #else
   return "Eigen";
 #endif
+}
+
+MatmulParams MatmulParams::of(const Op& op) {
+  require_view_of(op, {PrimId::matmul}, "MatmulParams");
+  return {op.params.ints.at(0) != 0, op.params.ints.at(1) != 0};
+}
+
+Params MatmulParams::to_params() const {
+  Params p;
+  p.ints = {transpose_a ? 1 : 0, transpose_b ? 1 : 0};
+  return p;
 }
 
 void register_matmul(PrimRegistry& r) {

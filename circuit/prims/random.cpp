@@ -13,6 +13,7 @@
 #include "circuit/builder.hpp"
 #include "circuit/philox.hpp"
 #include "circuit/prim.hpp"
+#include "circuit/prim_params.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
 
@@ -59,6 +60,22 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
 }
 
 }  // namespace
+
+RandomParams RandomParams::of(const Op& op) {
+  require_view_of(op, {PrimId::random}, "RandomParams");
+  return {static_cast<RandomKind>(op.params.ints.at(0)),
+          Shape(std::vector<int64_t>(op.params.ints.begin() + 1, op.params.ints.end())), op.params.reals.at(0),
+          op.params.dtype};
+}
+
+Params RandomParams::to_params() const {
+  Params p;
+  p.ints = {static_cast<int64_t>(kind)};
+  p.ints.insert(p.ints.end(), shape.dims().begin(), shape.dims().end());
+  p.reals = {probability};
+  p.dtype = dtype;
+  return p;
+}
 
 void register_random(PrimRegistry& r) {
   PrimDef d;

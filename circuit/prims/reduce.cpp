@@ -9,6 +9,7 @@
 
 #include "circuit/builder.hpp"
 #include "circuit/prim.hpp"
+#include "circuit/prim_params.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
 
@@ -129,6 +130,19 @@ std::vector<ValueId> reduce_all_vjp(Builder& b, const Op& op, const std::vector<
 }
 
 }  // namespace
+
+ReduceParams ReduceParams::of(const Op& op) {
+  require_view_of(op, {PrimId::reduce, PrimId::reduce_all}, "ReduceParams");
+  return {static_cast<ReduceKind>(op.params.ints.at(0)),
+          op.is(PrimId::reduce) ? static_cast<int>(op.params.ints.at(1)) : -1};
+}
+
+Params ReduceParams::to_params() const {
+  Params p;
+  p.ints = {static_cast<int64_t>(kind)};
+  if (axis >= 0) p.ints.push_back(axis);
+  return p;
+}
 
 void register_reduce(PrimRegistry& r) {
   PrimDef d;

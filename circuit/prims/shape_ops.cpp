@@ -8,6 +8,7 @@
 
 #include "circuit/builder.hpp"
 #include "circuit/prim.hpp"
+#include "circuit/prim_params.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
 
@@ -122,6 +123,17 @@ std::vector<HostTensor> broadcast_eval(const Op&, const std::vector<const HostTe
 }
 
 }  // namespace
+
+PermuteParams PermuteParams::of(const Op& op) {
+  require_view_of(op, {PrimId::permute}, "PermuteParams");
+  return {op.params.ints};
+}
+
+Params PermuteParams::to_params() const {
+  Params p;
+  p.ints = perm;
+  return p;
+}
 
 void register_shape_ops(PrimRegistry& r) {
   auto dims = [](const Params& p) { return Shape(p.ints).str(); };

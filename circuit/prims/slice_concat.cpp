@@ -7,6 +7,7 @@
 // separate slices would each pad with zeros and the sweep would add the padded copies.
 #include "circuit/builder.hpp"
 #include "circuit/prim.hpp"
+#include "circuit/prim_params.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
 
@@ -168,6 +169,41 @@ std::vector<ValueId> split_vjp(Builder& b, const Op& op, const std::vector<Value
 }
 
 }  // namespace
+
+SliceParams SliceParams::of(const Op& op) {
+  require_view_of(op, {PrimId::slice}, "SliceParams");
+  return {static_cast<int>(op.params.ints.at(0)), op.params.ints.at(1), op.params.ints.at(2)};
+}
+
+Params SliceParams::to_params() const {
+  Params p;
+  p.ints = {axis, start, end};
+  return p;
+}
+
+ConcatParams ConcatParams::of(const Op& op) {
+  require_view_of(op, {PrimId::concat}, "ConcatParams");
+  return {static_cast<int>(op.params.ints.at(0))};
+}
+
+Params ConcatParams::to_params() const {
+  Params p;
+  p.ints = {axis};
+  return p;
+}
+
+SplitParams SplitParams::of(const Op& op) {
+  require_view_of(op, {PrimId::split}, "SplitParams");
+  return {static_cast<int>(op.params.ints.at(0)),
+          std::vector<int64_t>(op.params.ints.begin() + 1, op.params.ints.end())};
+}
+
+Params SplitParams::to_params() const {
+  Params p;
+  p.ints = {axis};
+  p.ints.insert(p.ints.end(), sizes.begin(), sizes.end());
+  return p;
+}
 
 void register_slice_concat(PrimRegistry& r) {
   PrimDef s;

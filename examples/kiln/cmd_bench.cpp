@@ -85,10 +85,14 @@ int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv,
          with_thread_flag(with_model_flags({{"batch", "sequences per step (default 16)"},
                                             {"steps", "timed steps (default 20)"},
-                                            {"device", "cpu (default), cuda or auto"}},
+                                            {"device", "cpu (default), cuda or auto"},
+                                            {"skip-non-finite",
+                                             "guard AdamW's update with the loss's and gradient norm's finiteness, as "
+                                             "kiln train does"}},
                                            true)),
          "usage: kiln bench [options]\n\nTimes full GPT training steps (AdamW, dropout 0) on the CPU or the GPU.\n"
-         "GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8");
+         "GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8",
+         {"skip-non-finite"});
   if (a.help()) {
     a.print_help();
     return 0;
@@ -100,7 +104,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   Engine::current().set_device(device);
   manual_seed(1);
   models::GPT model(c);
-  optim::AdamW opt(model.parameters(), {});
+  optim::AdamWOptions adamw;
+  adamw.skip_non_finite = a.has("skip-non-finite");
+  optim::AdamW opt(model.parameters(), adamw);
   HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, c.block_size});
   for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 7919) % c.vocab_size));
   Tensor x = Tensor::from_host(ids), y = Tensor::from_host(ids);
@@ -109,7 +115,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     Tensor loss = model.loss(x, y);
     loss.backward();
     flops = matmul_flops(Engine::current().pending());
-    opt.step();
+    opt.step(0.0, loss);
     return std::vector<Tensor>{loss};
   };
   // Mean step time and host overhead: the step's time outside its executor (recording, hashing,
@@ -145,9 +151,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const double per_step = replayed.step_ms / 1000;
   double achieved = flops / per_step / 1e9;
   std::printf(
-      "config L%lld H%lld C%lld T%lld B%lld V%lld, AdamW, on %s\n", static_cast<long long>(c.n_layer),
+      "config L%lld H%lld C%lld T%lld B%lld V%lld, AdamW%s, on %s\n", static_cast<long long>(c.n_layer),
       static_cast<long long>(c.n_head), static_cast<long long>(c.n_embd), static_cast<long long>(c.block_size),
       static_cast<long long>(batch), static_cast<long long>(c.vocab_size),
+      adamw.skip_non_finite ? " skipping non-finite steps" : "",
       device == Device::CUDA ? Engine::current().last_plan()->device->runtime().device_name().c_str() : "the CPU");
   const char* outside = device == Device::CUDA ? "outside the device's work" : "outside the executor";
   const auto n = static_cast<double>(steps);

@@ -10,13 +10,25 @@
 
 namespace kiln {
 
-// X(name) for every Prim, grouped by family (circuit/prims/<family>.cpp).
-#define KILN_PRIMS(X)                                                                                                \
-  X(pointwise)                                                                                                       \
-  X(reduce)                                                                                                          \
-  X(reduce_all) X(matmul) X(gather_rows) X(scatter_add_rows) X(gather_last) X(one_hot) X(reshape) X(permute)         \
-      X(broadcast) X(slice) X(concat) X(split) X(where) X(cast) X(stop_gradient) X(fill) X(iota) X(random) X(assign) \
-          X(fused_rows) X(multi_tensor) X(fused_matmul) X(column_sums)
+// X(name) for every Prim, one family (circuit/prims/<family>.cpp) a line.
+// clang-format off
+#define KILN_PRIMS(X)                                          \
+  X(pointwise)                                                 \
+  X(reduce) X(reduce_all)                                      \
+  X(matmul)                                                    \
+  X(gather_rows) X(scatter_add_rows) X(gather_last) X(one_hot) \
+  X(reshape) X(permute) X(broadcast)                           \
+  X(slice) X(concat) X(split)                                  \
+  X(where)                                                     \
+  X(cast) X(stop_gradient)                                     \
+  X(fill) X(iota)                                              \
+  X(random)                                                    \
+  X(assign)                                                    \
+  X(fused_rows)                                                \
+  X(multi_tensor)                                              \
+  X(fused_matmul)                                              \
+  X(column_sums)
+// clang-format on
 
 enum class PrimId : uint8_t {
 #define KILN_PRIM_ENUMERATOR(name) name,

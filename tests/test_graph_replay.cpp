@@ -11,6 +11,7 @@
 #include "core/traced_step.hpp"
 #include "device_test_util.hpp"
 #include "models/gpt.hpp"
+#include "scoped_env.hpp"
 #include "train/adamw.hpp"
 #include "train/sgd.hpp"
 
@@ -69,9 +70,11 @@ Steps train(cuda::Runtime& rt, int steps) {
 TEST(GraphReplay, TrainingStepsAsGraphsGiveTheBitsOfLaunchByLaunch) {
   PlanningGpu gpu;
   const int steps = 6;
-  setenv("KILN_CUDA_GRAPHS", "0", 1);
-  Steps launches = train(gpu.rt, steps);
-  unsetenv("KILN_CUDA_GRAPHS");
+  Steps launches;
+  {
+    testing::ScopedEnv no_graphs("KILN_CUDA_GRAPHS", "0");
+    launches = train(gpu.rt, steps);
+  }
   Steps graphs = train(gpu.rt, steps);
   EXPECT_EQ(graphs.losses, launches.losses);
   EXPECT_EQ(graphs.weights, launches.weights);
@@ -121,9 +124,11 @@ TEST(GpuGraphReplay, TrainingStepsAsGraphsGiveTheBitsOfLaunchByLaunch) {
   KILN_GPU_OR_SKIP(rt);
   ASSERT_TRUE(rt->graphs_supported());
   const int steps = 4;
-  setenv("KILN_CUDA_GRAPHS", "0", 1);
-  Steps launches = train(*rt, steps);
-  unsetenv("KILN_CUDA_GRAPHS");
+  Steps launches;
+  {
+    testing::ScopedEnv no_graphs("KILN_CUDA_GRAPHS", "0");
+    launches = train(*rt, steps);
+  }
   Steps graphs = train(*rt, steps);
   Engine::current().plan_cache().clear();
   EXPECT_EQ(graphs.losses, launches.losses);

@@ -13,6 +13,7 @@
 #include "cuda/lower.hpp"
 #include "device_test_util.hpp"
 #include "models/gpt.hpp"
+#include "scoped_env.hpp"
 #include "train/adamw.hpp"
 
 namespace kiln {
@@ -88,16 +89,19 @@ TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
   std::map<std::string, size_t> without;
   for (const char* pass : {"simplify_row_indexing", "fuse_pointwise", "fuse_columns", "fuse_matmul", "fuse_rows",
                            "forward_assigns", "merge_multi_tensor"}) {
-    setenv("KILN_DISABLE_PASSES", pass, 1);
-    without[pass] = launches(1, Part::Step);
-    unsetenv("KILN_DISABLE_PASSES");
+    {
+      testing::ScopedEnv off("KILN_DISABLE_PASSES", pass);
+      without[pass] = launches(1, Part::Step);
+    }
     EXPECT_GT(without[pass], all) << "switching off " << pass << " should cost launches";
   }
-  setenv("KILN_DISABLE_PASSES",
-         "simplify_row_indexing,fuse_pointwise,fuse_columns,fuse_matmul,fuse_rows,forward_assigns,merge_multi_tensor",
-         1);
-  const size_t none = launches(1, Part::Step);
-  unsetenv("KILN_DISABLE_PASSES");
+  size_t none = 0;
+  {
+    testing::ScopedEnv off(
+        "KILN_DISABLE_PASSES",
+        "simplify_row_indexing,fuse_pointwise,fuse_columns,fuse_matmul,fuse_rows,forward_assigns,merge_multi_tensor");
+    none = launches(1, Part::Step);
+  }
   std::printf(
       "1-layer step: %zu launches with every pass, %zu without fusion (simplify_row_indexing off: %zu, fuse_pointwise "
       "off: %zu, fuse_columns off: %zu, fuse_matmul off: %zu, fuse_rows off: %zu, forward_assigns off: %zu, "

@@ -42,7 +42,6 @@ class PlanCache {
   // thread count (no team size chosen by the machine's load). On the GPU: scatter sums in
   // source order; every other reduction is already a fixed tree), so a run repeats bit for bit.
   void set_deterministic(bool on) { deterministic_ = on; }
-  bool gpu_target() const { return gpu_; }
   bool deterministic() const { return deterministic_; }
   size_t capacity() const { return capacity_; }
   void clear() { entries_.clear(); }

@@ -405,8 +405,8 @@ gtest_counts() {  # the totals of a gtest run's output
 
 stage_tests() {
   prepare_reference
-  # The tests that need a real device: every lowering case, the runtime with real cubins and
-  # cuRAND, GPT steps against PyTorch and the CPU, graph replay against launch by launch.
+  # The tests that need a real device: every lowering case, the runtime with real cubins, GPT
+  # steps against PyTorch and the CPU, graph replay against launch by launch.
   # KILN_REQUIRE_GPU=1: a GPU-tier test that finds no GPU fails instead of skipping.
   run gpu-tier 360 env KILN_REQUIRE_GPU=1 ${reference_env[@]+"${reference_env[@]}"} "${tests[@]}" \
     --gtest_filter='*GpuMatchesEigen/*:GpuRuntime.*:GpuGpt.*:GpuGraphReplay.*' \

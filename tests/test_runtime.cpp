@@ -1,7 +1,7 @@
 // Tests for the CUDA runtime over the fake driver (arena, transfers, memory and disk module caches,
 // corrupt cache entries, JIT failures, PTX dumps, launches and their checks), the fake driver's own
 // checks, the driver ABI constants against cuda.h where the toolkit is installed, and (GpuRuntime*)
-// the same on a real device plus cuRAND, skipped where no GPU is found.
+// the same on a real device, skipped where no GPU is found.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "circuit/error.hpp"
-#include "cuda/curand.hpp"
 #include "cuda/driver_api.hpp"
 #include "cuda/fake_driver.hpp"
 #include "cuda/kir.hpp"
@@ -568,16 +567,6 @@ TEST(RuntimeDriver, LoadCudaDriverSaysWhyWhenAbsent) {
   }
 }
 
-TEST(RuntimeCurand, LoadsOrSaysWhy) {
-  std::string why;
-  std::optional<Curand> curand = Curand::load(&why);
-  if (!curand) {
-    EXPECT_FALSE(why.empty());
-    return;
-  }
-  EXPECT_THROW(curand->normal(0, 3, 0.0f, 1.0f, 1), Error);  // checked before cuRAND is called
-}
-
 // The GPU tier: the real driver, with a module cache of its own.
 class GpuRuntime : public RuntimeTest {
  protected:
@@ -601,35 +590,6 @@ TEST_F(GpuRuntime, ScaleKernelRunsAndCachesItsCubin) {
   LoadedKernel lk = rt.load(k);
   EXPECT_EQ(rt.stats().disk_cache_hits, 1);
   expect_scaled(run_scale(rt, lk, x, -0.75f), x, -0.75f);
-}
-
-TEST_F(GpuRuntime, CurandUniformAndNormalStatistics) {
-  std::string why;
-  std::optional<Curand> curand = Curand::load(&why);
-  if (!curand) GTEST_SKIP() << "no cuRAND: " << why;
-  Runtime& rt = *Runtime::system();
-  const size_t n = size_t{1} << 20;
-  CUdeviceptr d = rt.alloc(n * sizeof(float));
-  std::vector<float> v(n);
-  auto moments = [&](double* mean, double* var) {
-    rt.synchronize();
-    rt.download(v.data(), d, n * sizeof(float));
-    double s = 0, s2 = 0;
-    for (float f : v) s += f;
-    *mean = s / static_cast<double>(n);
-    for (float f : v) s2 += (f - *mean) * (f - *mean);
-    *var = s2 / static_cast<double>(n - 1);
-  };
-  double mean = 0, var = 0;
-  curand->uniform(d, n, 1234);
-  moments(&mean, &var);
-  for (float f : v) ASSERT_TRUE(f > 0.0f && f <= 1.0f) << f;
-  EXPECT_NEAR(mean, 0.5, 5 * std::sqrt(1.0 / 12.0 / static_cast<double>(n)));
-  curand->normal(d, n, 2.0f, 3.0f, 99);
-  moments(&mean, &var);
-  EXPECT_NEAR(mean, 2.0, 5 * 3.0 / std::sqrt(static_cast<double>(n)));
-  EXPECT_NEAR(var, 9.0, 5 * 9.0 * std::sqrt(2.0 / static_cast<double>(n)));  // sd of a normal sample variance
-  rt.free(d);
 }
 
 }  // namespace

@@ -33,9 +33,7 @@ std::vector<ColumnSum> find_sums(const Circuit& c, const std::vector<std::vector
   std::vector<ColumnSum> sums;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    if (!op.is(PrimId::reduce) || ReduceParams::of(op).kind != ReduceKind::Sum || ReduceParams::of(op).axis != 0 ||
-        c.info(op.inputs[0]).shape.rank() != 2)
-      continue;
+    if (!ReduceParams::is_sum_along(op, 0) || c.info(op.inputs[0]).shape.rank() != 2) continue;
     ColumnSum s;
     s.members = {static_cast<int32_t>(i)};
     s.phase = op.phase;

@@ -208,8 +208,8 @@ int32_t row_sums_of_a(const Circuit& c, const std::vector<std::vector<int32_t>>&
     if (c.info(v).shape != Shape{f.k, f.m}) continue;
     for (int32_t r : readers[static_cast<size_t>(v)]) {
       const Op& op = c.ops()[static_cast<size_t>(r)];
-      if (op.is(PrimId::reduce) && ReduceParams::of(op).kind == ReduceKind::Sum && ReduceParams::of(op).axis == 0 &&
-          op.phase == phase && !taken[static_cast<size_t>(r)] && !leaves_and_returns(succ, with(g.members, r)))
+      if (ReduceParams::is_sum_along(op, 0) && op.phase == phase && !taken[static_cast<size_t>(r)] &&
+          !leaves_and_returns(succ, with(g.members, r)))
         return r;
     }
   }

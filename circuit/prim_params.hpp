@@ -27,6 +27,8 @@ struct ReduceParams {
   int axis = -1;
   static ReduceParams of(const Op& op);
   Params to_params() const;
+  // Is op a reduce summing along `axis`? (false for any other op)
+  static bool is_sum_along(const Op& op, int axis);
 };
 
 // matmul {transpose_a, transpose_b}.

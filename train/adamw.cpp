@@ -54,14 +54,14 @@ void AdamW::step(double max_grad_norm, const Tensor& loss) {
       guard_.push_back(reshape(loss, Shape{}));
     }
   }
+  const int n = static_cast<int>(guard_.size());
+  ScalarExp all_finite;  // over in0 .. in(n-1), the guard's scalars
+  for (int k = 0; k < n; ++k) {
+    ScalarExp f = se::lt(se::abs(se::in(k)), se::c(std::numeric_limits<double>::infinity()));
+    all_finite = all_finite ? all_finite * f : f;
+  }
   auto guarded = [&](const Tensor& updated, const Tensor& old) {
     if (guard_.empty()) return updated;
-    const int n = static_cast<int>(guard_.size());
-    ScalarExp all_finite;
-    for (int k = 0; k < n; ++k) {
-      ScalarExp f = se::lt(se::abs(se::in(k)), se::c(std::numeric_limits<double>::infinity()));
-      all_finite = all_finite ? all_finite * f : f;
-    }
     std::vector<Tensor> inputs = guard_;
     inputs.push_back(updated);
     inputs.push_back(old);

@@ -35,7 +35,7 @@ void save_checkpoint(const std::string& path, const models::GPT& model, const op
     f.write_attribute("data_seed", static_cast<int64_t>(state.data_seed));
     f.write_attribute("rng_seed", static_cast<int64_t>(Engine::current().seed()));
     f.write_attribute("rng_counter", static_cast<int64_t>(Engine::current().random_counter()));
-    write_tokenizer(f, tokenizer);
+    write_tokenizer(f, tokenizer, model.config().vocab_size);
     auto params = model.named_parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string ds = dataset_path(params[i].first);

@@ -60,8 +60,7 @@ void require_finite(const HostTensor& t, const std::string& file, const std::str
                   ") at element " + std::to_string(i));
 }
 
-void write_tokenizer(h5::File& f, const Tokenizer& tokenizer) {
-  const int64_t vocab_size = f.read_int_attribute("vocab_size");  // written by write_model_config
+void write_tokenizer(h5::File& f, const Tokenizer& tokenizer, int64_t vocab_size) {
   if (tokenizer.vocab_size() != vocab_size)
     throw Error("'" + f.path() + "': the " + tokenizer.kind_name() + " tokenizer has " +
                 std::to_string(tokenizer.vocab_size()) + " ids, the model's vocab_size is " +
@@ -146,7 +145,7 @@ void save_weights(const std::string& path, const models::GPT& model, const Token
       f.write(dataset_path(name), f32);
     }
     f.hard_link("transformer/wte/weight", "lm_head/weight");
-    if (tokenizer) write_tokenizer(f, *tokenizer);
+    if (tokenizer) write_tokenizer(f, *tokenizer, model.config().vocab_size);
   });
 }
 

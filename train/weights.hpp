@@ -36,9 +36,9 @@ void write_model_config(h5::File& f, const models::GPTConfig& c);
 models::GPTConfig read_model_config(const h5::File& f);  // sizes checked to lie in [1, 2^31)
 // Throws naming the file, the dataset and the element when a float value is NaN or infinite.
 void require_finite(const HostTensor& t, const std::string& file, const std::string& dataset);
-// Both check that the tokenizer has exactly the config's vocab_size ids (write_model_config
-// first).
-void write_tokenizer(h5::File& f, const Tokenizer& tokenizer);
+// Both check that the tokenizer has exactly the model's vocab_size ids (read_tokenizer takes it
+// from the file's config attributes).
+void write_tokenizer(h5::File& f, const Tokenizer& tokenizer, int64_t vocab_size);
 std::optional<Tokenizer> read_tokenizer(const h5::File& f);
 
 // "transformer.h.0.ln_1.weight" -> "transformer/h/0/ln_1/weight".

@@ -137,6 +137,12 @@ ReduceParams ReduceParams::of(const Op& op) {
           op.is(PrimId::reduce) ? static_cast<int>(op.params.ints.at(1)) : -1};
 }
 
+bool ReduceParams::is_sum_along(const Op& op, int axis) {
+  if (!op.is(PrimId::reduce)) return false;
+  const ReduceParams rp = of(op);
+  return rp.kind == ReduceKind::Sum && rp.axis == axis;
+}
+
 Params ReduceParams::to_params() const {
   Params p;
   p.ints = {static_cast<int64_t>(kind)};

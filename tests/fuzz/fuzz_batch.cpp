@@ -6,15 +6,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kiln;
-  static const models::GPTConfig config = [] {
-    models::GPTConfig c;
-    c.vocab_size = 65;
-    c.block_size = 16;
-    c.n_layer = 1;
-    c.n_head = 2;
-    c.n_embd = 8;
-    return c;
-  }();
+  static const models::GPTConfig config{.vocab_size = 65, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 8};
   static models::GPT model(config);
   const std::string& path = fuzz::input_file(data, size);
   return fuzz::refuse_or_accept([&] {

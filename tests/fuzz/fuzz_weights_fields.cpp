@@ -46,13 +46,7 @@ struct Template {
 
 const Template& the_template() {
   static const Template t = [] {
-    models::GPTConfig c;
-    c.vocab_size = 5;
-    c.block_size = 4;
-    c.n_layer = 1;
-    c.n_head = 2;
-    c.n_embd = 4;
-    models::GPT model(c);
+    models::GPT model({.vocab_size = 5, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 4});
     const Tokenizer tok = Tokenizer::char_level("abcde");
     const std::string path = std::filesystem::temp_directory_path() / "kiln_fuzz_fields_template.h5";
     save_weights(path, model, &tok);

@@ -18,13 +18,7 @@ using namespace kiln;
 namespace {
 
 models::GPTConfig tiny(int64_t vocab, int64_t layers) {
-  models::GPTConfig c;
-  c.vocab_size = vocab;
-  c.block_size = 4;
-  c.n_layer = layers;
-  c.n_head = 2;
-  c.n_embd = 4;
-  return c;
+  return {.vocab_size = vocab, .block_size = 4, .n_layer = layers, .n_head = 2, .n_embd = 4};
 }
 
 void write_text(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "circuit/builder.hpp"
+#include "circuit/prims/builder.hpp"
 
 namespace kiln::ad {
 

@@ -5,9 +5,9 @@
 #include <cstdio>
 
 #include "ad/backward.hpp"
-#include "circuit/error.hpp"
-#include "circuit/executor.hpp"
-#include "circuit/philox.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/prims/philox.hpp"
 
 namespace kiln::ad {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "circuit/circuit.hpp"
+#include "circuit/ir/circuit.hpp"
 
 namespace kiln::ad {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "circuit/host_tensor.hpp"
+#include "circuit/ir/host_tensor.hpp"
 
 namespace kiln {
 

@@ -4,16 +4,17 @@
 #include <cstdlib>
 #include <memory>
 
-#include "circuit/error.hpp"
-#include "cuda/fake_driver.hpp"
-#include "cuda/runtime.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/ir/options.hpp"
+#include "cuda/driver/fake_driver.hpp"
+#include "cuda/runtime/runtime.hpp"
 
 namespace kiln {
 
 const char* device_name(Device d) { return d == Device::CUDA ? "cuda" : "cpu"; }
 
 cuda::Runtime* cuda_runtime(std::string* why) {
-  if (const char* fake = std::getenv("KILN_FAKE_CUDA"); fake && std::string(fake) == "1") {
+  if (options::fake_cuda()) {
     // As a GPU runs: memory planned in one workspace and steps replayed as graphs (the tests'
     // fake runtimes allocate every buffer alone for the simulator's bounds checks instead).
     static cuda::Runtime rt(cuda::fake_driver(), cuda::RuntimeOptions{"off", "", false});

@@ -12,7 +12,8 @@
 #include <cstring>
 
 #include "ad/backward.hpp"
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/ir/options.hpp"
 
 namespace kiln {
 
@@ -272,7 +273,7 @@ void Engine::realize() {
       ++stats_.plans_built;
       spdlog::debug("plan built: {} recorded ops -> {} ops in {:.2f} ms ({} plans cached)", plan->recorded_ops,
                     plan->optimized_ops, plan_ms, cache_.size());
-      if (const char* dump = std::getenv("KILN_DUMP"); dump && std::string(dump) != "0")
+      if (options::dump_circuits())
         std::fprintf(stderr, "%s%s", rec.circuit.dump("recorded (forward, backward, updates)").c_str(),
                      plan->program->circuit().dump("optimized (CSE, DCE, fusion)").c_str());
     }
@@ -305,8 +306,7 @@ void Engine::execute(const Plan& plan, const std::vector<HostTensor>& binds, con
       plan.device = std::make_unique<cuda::DeviceProgram>(plan.program->circuit(), plan.program->outputs(), *runtime_);
       spdlog::debug("plan lowered for {}: {} kernels in {:.1f} ms", runtime_->device_name(),
                     plan.device->kernels().size(), ms_since(tl));
-      if (const char* dump = std::getenv("KILN_DUMP"); dump && std::string(dump) != "0")
-        std::fprintf(stderr, "%s", plan.device->dump().c_str());
+      if (options::dump_circuits()) std::fprintf(stderr, "%s", plan.device->dump().c_str());
     }
     results = plan.device->run(binds, cuda::Residency{resident_.get(), external_slot});
   } else {

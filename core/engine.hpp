@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "circuit/builder.hpp"
+#include "circuit/prims/builder.hpp"
 #include "core/arena.hpp"
 #include "core/device.hpp"
 #include "core/plan_cache.hpp"

@@ -1,7 +1,7 @@
 // gradcheck: record f in a recording of its own, then check the Circuit.
 #include "core/gradcheck.hpp"
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "core/engine.hpp"
 
 namespace kiln {

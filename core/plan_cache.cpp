@@ -3,8 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "circuit/fusion.hpp"
-#include "circuit/passes.hpp"
+#include "circuit/passes/pipeline.hpp"
 
 namespace kiln {
 
@@ -38,15 +37,7 @@ std::shared_ptr<const Plan> PlanCache::build(uint64_t hash, const Circuit& recor
                                              const std::vector<ValueId>& requested) {
   recorded.verify();  // ordering of buffer reads and writes, before passes could hide it
   std::vector<ValueId> outputs = requested;
-  Circuit optimized = pass_enabled("cse") ? cse(recorded, outputs) : dce(recorded, outputs);
-  if (pass_enabled("simplify_row_indexing")) optimized = simplify_row_indexing(optimized, outputs);
-  if (pass_enabled("forward_assigns")) optimized = forward_assigned_values(optimized);
-  if (pass_enabled("fuse_pointwise")) optimized = fuse_pointwise(optimized, outputs);
-  if (gpu_ && pass_enabled("fuse_columns")) optimized = fuse_columns(optimized, outputs);
-  if (gpu_ && pass_enabled("fuse_matmul")) optimized = fuse_matmul(optimized, outputs);
-  if (gpu_ && pass_enabled("fuse_rows")) optimized = fuse_rows(optimized, outputs);
-  if (gpu_ && pass_enabled("merge_multi_tensor")) optimized = merge_multi_tensor(optimized, outputs);
-  if (deterministic_) optimized = ordered_scatter_sums(optimized, outputs);
+  Circuit optimized = optimize(recorded, outputs, PipelineOptions{.gpu = gpu_, .deterministic = deterministic_});
   auto plan = std::make_shared<Plan>();
   plan->recorded = recorded;
   plan->requested = requested;

@@ -6,8 +6,8 @@
 #include <list>
 #include <memory>
 
-#include "circuit/executor.hpp"
-#include "cuda/device_program.hpp"
+#include "circuit/exec/executor.hpp"
+#include "cuda/runtime/device_program.hpp"
 
 namespace kiln {
 
@@ -28,15 +28,16 @@ class PlanCache {
   // The plan for (recorded, requested), or nullptr. Plans are shared: one evicted stays alive
   // while a holder (a traced step, the engine's last plan) keeps it.
   std::shared_ptr<const Plan> find(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
-  // Builds (CSE + DCE, pointwise fusion, Program; KILN_DISABLE_PASSES switches passes off) and inserts; evicts the
-  // least recently used beyond capacity.
+  // Builds (the pass pipeline of circuit/passes/pipeline.hpp, then a Program) and inserts;
+  // evicts the least recently used beyond capacity.
   std::shared_ptr<const Plan> build(uint64_t hash, const Circuit& recorded, const std::vector<ValueId>& requested);
   size_t size() const { return entries_.size(); }
   std::vector<const Plan*> plans() const;  // most recently used first
   const Plan* largest() const;             // the plan with the most ops (a training step), or null
-  // Plans built from now on are for the GPU: they also run fuse_rows and merge_multi_tensor,
-  // which lower launch counts but make the Eigen executor slower (measured: docs/BENCHMARKS.md). The engine sets it
-  // with its device; `kiln ptx` and kernel-count tests set it to plan for the GPU on any machine.
+  // Plans built from now on are for the GPU: they also run the GPU-only passes (fuse_columns,
+  // fuse_matmul, fuse_rows, merge_multi_tensor), which lower launch counts but make the Eigen
+  // executor slower (measured: docs/BENCHMARKS.md). The engine sets it with its device; `kiln ptx` and kernel-count
+  // tests set it to plan for the GPU on any machine.
   void set_gpu_target(bool gpu) { gpu_ = gpu; }
   // Plans built from now on are deterministic: on the GPU no float atomics, on the CPU a fixed
   // thread count (no team size chosen by the machine's load). On the GPU: scatter sums in

@@ -3,7 +3,7 @@
 
 #include <sys/resource.h>
 
-#include "circuit/host_tensor.hpp"
+#include "circuit/ir/host_tensor.hpp"
 
 namespace kiln {
 

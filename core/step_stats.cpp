@@ -3,9 +3,9 @@
 
 #include <spdlog/fmt/fmt.h>
 
-#include "circuit/error.hpp"
-#include "circuit/liveness.hpp"
-#include "cuda/lower.hpp"
+#include "circuit/exec/liveness.hpp"
+#include "circuit/ir/error.hpp"
+#include "cuda/lower/lower.hpp"
 
 namespace kiln {
 

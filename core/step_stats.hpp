@@ -1,7 +1,7 @@
 // Statistics of a compiled step for `kiln train --stats`: the work its plan does per phase
 // (forward, backward, optimizer update), the bytes its ops read and write, and the memory it
 // needs: the peak of intermediates live at once when each is freed after its last use as the
-// device program frees them (circuit/liveness.hpp), next to the persistent buffers and inputs.
+// device program frees them (circuit/exec/liveness.hpp), next to the persistent buffers and inputs.
 #pragma once
 
 #include <array>

@@ -1,8 +1,8 @@
 // Tensor operations: each records one or a few ops through the current engine's Builder.
 #include "core/tensor.hpp"
 
-#include "circuit/composites.hpp"
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/prims/composites.hpp"
 #include "core/engine.hpp"
 
 namespace kiln {

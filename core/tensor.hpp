@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "circuit/host_tensor.hpp"
-#include "circuit/scalar_exp.hpp"
-#include "circuit/types.hpp"
+#include "circuit/ir/host_tensor.hpp"
+#include "circuit/ir/scalar_exp.hpp"
+#include "circuit/ir/types.hpp"
 
 namespace kiln {
 
@@ -145,7 +145,7 @@ Tensor one_hot(const Tensor& idx, int64_t depth, DType dtype = DType::f32);
 // Positions 0..n-1 as i32 (n).
 Tensor arange(int64_t n);
 
-// Composites (circuit/composites.hpp).
+// Composites (circuit/prims/composites.hpp).
 Tensor softmax(const Tensor& x);      // over the last axis
 Tensor log_softmax(const Tensor& x);  // over the last axis
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);

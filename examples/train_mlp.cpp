@@ -7,7 +7,7 @@
 #include <cmath>
 #include <string>
 
-#include "circuit/philox.hpp"
+#include "circuit/prims/philox.hpp"
 #include "core/engine.hpp"
 #include "core/tensor.hpp"
 #include "train/sgd.hpp"

@@ -1,7 +1,7 @@
 // Linear layer.
 #include "layers/linear.hpp"
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 
 namespace kiln::nn {
 

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 
 namespace kiln::models {
 

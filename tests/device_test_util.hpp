@@ -10,11 +10,11 @@
 #include <string>
 
 #include "core/engine.hpp"
-#include "cuda/device_program.hpp"
-#include "cuda/fake_driver.hpp"
-#include "cuda/ptx_printer.hpp"
-#include "cuda/ptxas.hpp"
-#include "cuda/runtime.hpp"
+#include "cuda/driver/fake_driver.hpp"
+#include "cuda/kir/ptx_printer.hpp"
+#include "cuda/kir/ptxas.hpp"
+#include "cuda/runtime/device_program.hpp"
+#include "cuda/runtime/runtime.hpp"
 #include "models/gpt.hpp"
 #include "prim_test_util.hpp"
 

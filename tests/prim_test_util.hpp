@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "circuit/builder.hpp"
-#include "circuit/philox.hpp"
+#include "circuit/prims/builder.hpp"
+#include "circuit/prims/philox.hpp"
 
 namespace kiln::testing {
 

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "circuit/error.hpp"
-#include "cuda/kir.hpp"
-#include "cuda/simulator.hpp"
+#include "circuit/ir/error.hpp"
+#include "cuda/kir/kir.hpp"
+#include "cuda/sim/simulator.hpp"
 
 namespace kiln::sim::testing {
 

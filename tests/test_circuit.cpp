@@ -7,9 +7,9 @@
 #include <functional>
 
 #include "ad/gradcheck.hpp"
-#include "circuit/error.hpp"
-#include "circuit/executor.hpp"
-#include "circuit/passes.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/passes/cleanup.hpp"
 #include "prim_test_util.hpp"
 
 namespace kiln {

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "core/engine.hpp"
 #include "device_test_util.hpp"
 #include "gpt_reference_util.hpp"

@@ -8,7 +8,7 @@
 #include <limits>
 #include <thread>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "core/device.hpp"
 #include "core/engine.hpp"
 #include "core/gradcheck.hpp"

@@ -1,4 +1,4 @@
-// The CPU executor's static memory plan (circuit/executor.hpp): after its first run a Program
+// The CPU executor's static memory plan (circuit/exec/executor.hpp): after its first run a Program
 // allocates no tensor storage but its outputs and touches no fresh page; values that depend on
 // no binding are computed once; a reference that leaves an element unwritten shows under
 // poisoned buffers, and one that writes outside its planned buffer is an error; intermediates
@@ -8,9 +8,9 @@
 
 #include <cmath>
 
-#include "circuit/builder.hpp"
-#include "circuit/error.hpp"
-#include "circuit/executor.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/prims/builder.hpp"
 #include "core/process_counters.hpp"
 #include "core/traced_step.hpp"
 #include "device_test_util.hpp"

@@ -11,11 +11,11 @@
 #include <cmath>
 
 #include "ad/backward.hpp"
-#include "circuit/composites.hpp"
-#include "circuit/executor.hpp"
-#include "circuit/fusion.hpp"
-#include "circuit/passes.hpp"
-#include "circuit/philox.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/passes/cleanup.hpp"
+#include "circuit/passes/fusion.hpp"
+#include "circuit/prims/composites.hpp"
+#include "circuit/prims/philox.hpp"
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 

@@ -9,11 +9,11 @@
 #include <cstdlib>
 
 #include "ad/backward.hpp"
-#include "circuit/composites.hpp"
-#include "circuit/executor.hpp"
-#include "circuit/fused_rows.hpp"
-#include "circuit/fusion.hpp"
-#include "circuit/passes.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/passes/cleanup.hpp"
+#include "circuit/passes/fusion.hpp"
+#include "circuit/prims/composites.hpp"
+#include "circuit/prims/fused_rows.hpp"
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "circuit/executor.hpp"
-#include "circuit/fusion.hpp"
-#include "circuit/passes.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/passes/cleanup.hpp"
+#include "circuit/passes/fusion.hpp"
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "circuit/error.hpp"
-#include "circuit/host_tensor.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/ir/host_tensor.hpp"
 #include "models/gpt.hpp"
 #include "train/adamw.hpp"
 #include "train/batch_file.hpp"

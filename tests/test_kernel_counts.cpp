@@ -10,7 +10,7 @@
 
 #include "core/engine.hpp"
 #include "core/step_stats.hpp"
-#include "cuda/lower.hpp"
+#include "cuda/lower/lower.hpp"
 #include "device_test_util.hpp"
 #include "models/gpt.hpp"
 #include "scoped_env.hpp"

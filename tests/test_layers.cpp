@@ -3,7 +3,7 @@
 // paths in recorded ops and errors.
 #include <gtest/gtest.h>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "core/gradcheck.hpp"
 #include "layers/attention.hpp"
 #include "layers/embedding.hpp"

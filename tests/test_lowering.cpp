@@ -10,13 +10,13 @@
 
 #include <map>
 
-#include "circuit/error.hpp"
-#include "circuit/executor.hpp"
-#include "circuit/fused_matmul.hpp"
-#include "circuit/fused_rows.hpp"
-#include "circuit/multi_tensor.hpp"
-#include "circuit/prim.hpp"
-#include "cuda/lower_util.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/ir/prim.hpp"
+#include "circuit/prims/fused_matmul.hpp"
+#include "circuit/prims/fused_rows.hpp"
+#include "circuit/prims/multi_tensor.hpp"
+#include "cuda/lower/util.hpp"
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 #include "ptxas_skip.hpp"

@@ -1,4 +1,4 @@
-// The static memory plan (circuit/memory_plan.hpp): on random lifetimes no two blocks that meet
+// The static memory plan (circuit/exec/memory_plan.hpp): on random lifetimes no two blocks that meet
 // in time share a byte, offsets are aligned, the workspace is never below the live peak and the
 // plan is the same every time; and DeviceProgram's planned workspace runs a GPT training step
 // (resident tensors) to the bit of a run where every buffer is allocated on its own, without
@@ -7,7 +7,7 @@
 
 #include <random>
 
-#include "circuit/memory_plan.hpp"
+#include "circuit/exec/memory_plan.hpp"
 #include "device_test_util.hpp"
 #include "models/gpt.hpp"
 #include "train/adamw.hpp"

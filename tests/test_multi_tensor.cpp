@@ -5,11 +5,11 @@
 // launches that fit the kernel parameter space.
 #include <gtest/gtest.h>
 
-#include "circuit/executor.hpp"
-#include "circuit/fusion.hpp"
-#include "circuit/multi_tensor.hpp"
-#include "circuit/passes.hpp"
-#include "cuda/lower.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/passes/cleanup.hpp"
+#include "circuit/passes/fusion.hpp"
+#include "circuit/prims/multi_tensor.hpp"
+#include "cuda/lower/lower.hpp"
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 

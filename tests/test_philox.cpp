@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "circuit/philox.hpp"
+#include "circuit/prims/philox.hpp"
 
 namespace kiln {
 namespace {

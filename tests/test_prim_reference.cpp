@@ -9,12 +9,12 @@
 #include <set>
 #include <span>
 
-#include "circuit/composites.hpp"
-#include "circuit/error.hpp"
-#include "circuit/executor.hpp"
-#include "circuit/fused_matmul.hpp"
-#include "circuit/fused_rows.hpp"
-#include "circuit/multi_tensor.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/prims/composites.hpp"
+#include "circuit/prims/fused_matmul.hpp"
+#include "circuit/prims/fused_rows.hpp"
+#include "circuit/prims/multi_tensor.hpp"
 #include "prim_test_util.hpp"
 
 namespace kiln {

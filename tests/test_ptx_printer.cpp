@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "circuit/error.hpp"
-#include "cuda/kir.hpp"
-#include "cuda/ptx_printer.hpp"
-#include "cuda/ptxas.hpp"
+#include "circuit/ir/error.hpp"
+#include "cuda/kir/kir.hpp"
+#include "cuda/kir/ptx_printer.hpp"
+#include "cuda/kir/ptxas.hpp"
 #include "ptxas_skip.hpp"
 
 namespace kiln::kir {

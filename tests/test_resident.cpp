@@ -1,10 +1,10 @@
-// Persistent tensors resident on the device (cuda/resident.hpp) through the engine, on the fake
+// Persistent tensors resident on the device (cuda/runtime/resident.hpp) through the engine, on the fake
 // GPU: after the first step a step copies only its inputs in and the values asked for out; host
 // reads and writes between steps meet the device copies; a failed step leaves them as they were;
 // leaving the device brings every updated tensor home.
 #include <gtest/gtest.h>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "device_test_util.hpp"
 #include "models/gpt.hpp"
 #include "train/adamw.hpp"

@@ -15,12 +15,12 @@
 #include <thread>
 #include <vector>
 
-#include "circuit/error.hpp"
-#include "cuda/driver_api.hpp"
-#include "cuda/fake_driver.hpp"
-#include "cuda/kir.hpp"
-#include "cuda/ptx_printer.hpp"
-#include "cuda/runtime.hpp"
+#include "circuit/ir/error.hpp"
+#include "cuda/driver/driver_api.hpp"
+#include "cuda/driver/fake_driver.hpp"
+#include "cuda/kir/kir.hpp"
+#include "cuda/kir/ptx_printer.hpp"
+#include "cuda/runtime/runtime.hpp"
 #include "device_test_util.hpp"
 
 namespace kiln::cuda {

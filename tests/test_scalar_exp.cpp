@@ -8,8 +8,8 @@
 #include <numbers>
 #include <vector>
 
-#include "circuit/error.hpp"
-#include "circuit/scalar_exp.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/ir/scalar_exp.hpp"
 
 namespace kiln {
 namespace {

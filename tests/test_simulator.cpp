@@ -1,4 +1,4 @@
-// Tests for the SIMT simulator (cuda/simulator.hpp): device memory checks, exact arithmetic,
+// Tests for the SIMT simulator (cuda/sim/simulator.hpp): device memory checks, exact arithmetic,
 // reductions through shared memory and shuffles, atomics, approximate functions within their
 // documented error, seeded schedules, and its speed (printed). The planted bugs it must catch
 // are in test_simulator_faults.cpp.
@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "circuit/error.hpp"
-#include "cuda/kir.hpp"
-#include "cuda/ptx_printer.hpp"
-#include "cuda/simulator.hpp"
+#include "circuit/ir/error.hpp"
+#include "cuda/kir/kir.hpp"
+#include "cuda/kir/ptx_printer.hpp"
+#include "cuda/sim/simulator.hpp"
 #include "sim_test_util.hpp"
 
 namespace kiln::sim {

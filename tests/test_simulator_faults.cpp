@@ -83,7 +83,7 @@ TEST(SimulatorBugs, SharedMemoryRaceWithoutBarrier) {
   }
 }
 
-// "The last block to arrive combines every block's partials" (cuda/lower_reduce.cpp's
+// "The last block to arrive combines every block's partials" (cuda/lower/reduce.cpp's
 // after_last_block) in three variants: every thread stores a partial; thread 0 counts the block
 // in with membar.gl + atom.add; the last block's threads read every partial of their column.
 enum class LastBlock {

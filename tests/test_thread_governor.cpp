@@ -1,4 +1,4 @@
-// The thread governor (circuit/thread_governor.hpp) on synthetic run times: it keeps every
+// The thread governor (circuit/exec/thread_governor.hpp) on synthetic run times: it keeps every
 // thread while they pay, moves to fewer when other work makes a smaller team faster, comes back
 // once the machine is free, probes rarely on a steady machine. A Program's results depend on its
 // team size (Eigen's GEMM blocks by it), so deterministic plans keep the size fixed.
@@ -6,9 +6,9 @@
 
 #include <functional>
 
-#include "circuit/error.hpp"
-#include "circuit/executor.hpp"
-#include "circuit/thread_governor.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/exec/thread_governor.hpp"
+#include "circuit/ir/error.hpp"
 #include "core/engine.hpp"
 #include "device_test_util.hpp"
 

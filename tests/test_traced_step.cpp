@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "core/traced_step.hpp"
 #include "device_test_util.hpp"
 #include "models/gpt.hpp"

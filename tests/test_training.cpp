@@ -11,7 +11,7 @@
 #include <fstream>
 #include <functional>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "core/engine.hpp"
 #include "core/gradcheck.hpp"
 #include "scoped_env.hpp"

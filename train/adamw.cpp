@@ -5,7 +5,7 @@
 #include <limits>
 #include <map>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "core/engine.hpp"
 
 namespace kiln::optim {

@@ -1,7 +1,7 @@
 // Batch files: read, then checked against the model they are for.
 #include "train/batch_file.hpp"
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "train/hdf5_file.hpp"
 
 namespace kiln {

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "circuit/host_tensor.hpp"
+#include "circuit/ir/host_tensor.hpp"
 #include "models/gpt.hpp"
 
 namespace kiln {

@@ -1,7 +1,7 @@
 // Checkpoint save (atomic) and load (all-or-nothing).
 #include "train/checkpoint.hpp"
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "core/engine.hpp"
 #include "train/hdf5_file.hpp"
 #include "train/weights.hpp"

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "circuit/error.hpp"
-#include "circuit/philox.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/prims/philox.hpp"
 
 namespace kiln {
 

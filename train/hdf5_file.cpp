@@ -14,7 +14,7 @@
 #include <limits>
 #include <vector>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 
 namespace kiln::h5 {
 

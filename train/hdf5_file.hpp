@@ -6,7 +6,7 @@
 #include <functional>
 #include <string>
 
-#include "circuit/host_tensor.hpp"
+#include "circuit/ir/host_tensor.hpp"
 
 namespace kiln::h5 {
 

@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "circuit/error.hpp"
-#include "circuit/philox.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/prims/philox.hpp"
 
 namespace kiln {
 

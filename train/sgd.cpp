@@ -1,7 +1,7 @@
 // SGD with momentum over the engine's persistent tensors.
 #include "train/sgd.hpp"
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "core/engine.hpp"
 
 namespace kiln::optim {

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <set>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 
 namespace kiln {
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <memory>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "core/step_stats.hpp"
 #include "core/traced_step.hpp"
 #include "train/checkpoint.hpp"

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "train/hdf5_file.hpp"
 
 namespace kiln {

@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "circuit/ir/scalar_exp.hpp"
 #include "circuit/prims/eigen_util.hpp"
-#include "circuit/scalar_exp.hpp"
 
 namespace kiln::ref {
 

@@ -3,8 +3,8 @@
 //   stop_gradient x -> x, with no gradient flowing back
 // VJPs: a float cast casts g back to x's dtype; an integer input has no gradient;
 // stop_gradient needs no rule, since its input is marked non-differentiable.
-#include "circuit/builder.hpp"
-#include "circuit/prim.hpp"
+#include "circuit/ir/prim.hpp"
+#include "circuit/prims/builder.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
 

@@ -1,5 +1,5 @@
 // Prim family `column_sums`: several sums along every axis but the last, of pointwise bodies
-// over one domain, in one op. The column fusion (circuit/fuse_columns.cpp) builds it from the
+// over one domain, in one op. The column fusion (circuit/passes/fuse_columns.cpp) builds it from the
 // sums over the token axes that a layernorm's parameter gradients are (gamma: sum of dy * xhat,
 // beta: sum of dy), so that both come out of one pass over dy; it has no VJP rule.
 // Params: ints = the domain's dims (rank >= 2), bodies = one per output, over in0.. (each input
@@ -7,11 +7,11 @@
 // axes of body r. Reference: each body evaluated over the domain, then Eigen column sums.
 #include <spdlog/fmt/fmt.h>
 
-#include "circuit/circuit.hpp"
-#include "circuit/prim_params.hpp"
+#include "circuit/ir/circuit.hpp"
 #include "circuit/prims/body_eval.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
+#include "circuit/prims/prim_params.hpp"
 
 namespace kiln {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "circuit/error.hpp"
-#include "circuit/host_tensor.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/ir/host_tensor.hpp"
 
 namespace kiln::ref {
 

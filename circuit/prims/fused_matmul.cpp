@@ -1,14 +1,14 @@
 // Prim family `fused_matmul`: a batched matmul with strided operand views, operand prologues
-// and epilogues (see circuit/fused_matmul.hpp for the program and shape contract). The matmul
+// and epilogues (see circuit/prims/fused_matmul.hpp for the program and shape contract). The matmul
 // fusion pass builds it after AD, so the Prim has no VJP rule. Reference: each operand is
 // gathered through its view and prologue into a contiguous (batch..., rows, K) tensor, one
 // Eigen GEMM per batch entry accumulates, then each epilogue runs as a pointwise body over
 // (accumulator, extras) and is stored through the output layout.
-#include "circuit/fused_matmul.hpp"
+#include "circuit/prims/fused_matmul.hpp"
 
 #include <spdlog/fmt/fmt.h>
 
-#include "circuit/prim.hpp"
+#include "circuit/ir/prim.hpp"
 #include "circuit/prims/body_eval.hpp"
 #include "circuit/prims/families.hpp"
 

@@ -1,15 +1,15 @@
 // Prim family `fused_rows`: a row kernel built by the row-epilogue fusion pass (see
-// circuit/fused_rows.hpp for its program and shape contract). The pass runs after AD, so the
+// circuit/prims/fused_rows.hpp for its program and shape contract). The pass runs after AD, so the
 // Prim has no VJP rule. Reference: rows are processed in chunks that stay in cache; for each
 // chunk the reduction bodies are evaluated block by block and reduced per row, in order, then
 // the outputs are written. Nothing of a row but its reductions is kept between phases.
-#include "circuit/fused_rows.hpp"
+#include "circuit/prims/fused_rows.hpp"
 
 #include <spdlog/fmt/fmt.h>
 
 #include <limits>
 
-#include "circuit/prim.hpp"
+#include "circuit/ir/prim.hpp"
 #include "circuit/prims/body_eval.hpp"
 #include "circuit/prims/families.hpp"
 

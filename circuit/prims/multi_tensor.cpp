@@ -1,12 +1,12 @@
 // Prim family `multi_tensor`: one elementwise program over several tensors of different shapes
-// (see circuit/multi_tensor.hpp for the program and shape contract). The merge pass that
+// (see circuit/prims/multi_tensor.hpp for the program and shape contract). The merge pass that
 // builds it runs after AD, so the Prim has no VJP rule. Reference: each group is evaluated as
 // the pointwise (or pointwise + reduce_all) ops it replaces would be.
-#include "circuit/multi_tensor.hpp"
+#include "circuit/prims/multi_tensor.hpp"
 
 #include <spdlog/fmt/fmt.h>
 
-#include "circuit/prim.hpp"
+#include "circuit/ir/prim.hpp"
 #include "circuit/prims/body_eval.hpp"
 #include "circuit/prims/families.hpp"
 

@@ -7,9 +7,9 @@
 
 #include <cmath>
 
-#include "circuit/builder.hpp"
-#include "circuit/prim.hpp"
+#include "circuit/ir/prim.hpp"
 #include "circuit/prims/body_eval.hpp"
+#include "circuit/prims/builder.hpp"
 #include "circuit/prims/families.hpp"
 
 namespace kiln {

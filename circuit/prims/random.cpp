@@ -1,7 +1,7 @@
 // Prim family `random`: Philox4x32-10 random tensors, the same bits on every backend.
 // Shape contract: key: i32 (2) = (seed lo, seed hi), offset: i32 () -> params shape, params
 // dtype. Both are runtime inputs so a new seed or offset is not a new plan.
-// Params ints {kind, shape...}, reals {p}. Element i uses the stream of circuit/philox.hpp:
+// Params ints {kind, shape...}, reals {p}. Element i uses the stream of circuit/prims/philox.hpp:
 //   uniform   u(i) = bits_to_uniform(philox_bits(seed, offset, i))       in [0, 1)
 //   normal    sqrt(-2 log(1 - u(2i))) * cos(2 pi u(2i + 1))             (Box-Muller, one of the pair)
 //   bernoulli 1 if u(i) < p else 0                                       (dropout keep masks)
@@ -10,12 +10,12 @@
 
 #include <cmath>
 
-#include "circuit/builder.hpp"
-#include "circuit/philox.hpp"
-#include "circuit/prim.hpp"
-#include "circuit/prim_params.hpp"
+#include "circuit/ir/prim.hpp"
+#include "circuit/prims/builder.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
+#include "circuit/prims/philox.hpp"
+#include "circuit/prims/prim_params.hpp"
 
 namespace kiln {
 namespace {

@@ -7,11 +7,11 @@
 #include <cmath>
 #include <limits>
 
-#include "circuit/builder.hpp"
-#include "circuit/prim.hpp"
-#include "circuit/prim_params.hpp"
+#include "circuit/ir/prim.hpp"
+#include "circuit/prims/builder.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
+#include "circuit/prims/prim_params.hpp"
 
 namespace kiln {
 namespace {

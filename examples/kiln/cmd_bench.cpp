@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "args.hpp"
-#include "circuit/builder.hpp"
-#include "circuit/cpu_gemm.hpp"
-#include "circuit/executor.hpp"
-#include "circuit/thread_governor.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/exec/thread_governor.hpp"
+#include "circuit/prims/builder.hpp"
+#include "circuit/prims/cpu_gemm.hpp"
 #include "commands.hpp"
 #include "core/device.hpp"
 #include "core/engine.hpp"

@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "args.hpp"
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "commands.hpp"
 #include "train/batch_file.hpp"
 #include "train/hdf5_file.hpp"

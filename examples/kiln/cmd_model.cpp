@@ -2,8 +2,8 @@
 #include <cstdio>
 
 #include "args.hpp"
-#include "circuit/error.hpp"
-#include "circuit/thread_governor.hpp"
+#include "circuit/exec/thread_governor.hpp"
+#include "circuit/ir/error.hpp"
 #include "commands.hpp"
 #include "train/dataset.hpp"
 #include "train/sample.hpp"

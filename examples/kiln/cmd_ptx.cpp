@@ -12,14 +12,14 @@
 #include <map>
 
 #include "args.hpp"
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "commands.hpp"
 #include "core/engine.hpp"
-#include "cuda/fake_driver.hpp"
-#include "cuda/lower.hpp"
-#include "cuda/ptx_printer.hpp"
-#include "cuda/ptxas.hpp"
-#include "cuda/runtime.hpp"
+#include "cuda/driver/fake_driver.hpp"
+#include "cuda/kir/ptx_printer.hpp"
+#include "cuda/kir/ptxas.hpp"
+#include "cuda/lower/lower.hpp"
+#include "cuda/runtime/runtime.hpp"
 #include "train/adamw.hpp"
 
 namespace kiln::cli {

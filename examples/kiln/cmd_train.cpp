@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "args.hpp"
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 #include "commands.hpp"
 #include "core/device.hpp"
 #include "core/engine.hpp"

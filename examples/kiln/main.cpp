@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "circuit/ir/options.hpp"
 #include "commands.hpp"
 
 namespace {
@@ -32,7 +33,8 @@ const std::map<std::string, Command>& commands() {
 void usage() {
   std::printf("usage: kiln <command> [options]\n\ncommands:\n");
   for (const auto& [name, c] : commands()) std::printf("  %-8s %s\n", name.c_str(), c.summary);
-  std::printf("\n`kiln <command> --help` describes a command's options.\n");
+  std::printf("\n`kiln <command> --help` describes a command's options.\n\nenvironment:\n");
+  for (const kiln::options::Variable& v : kiln::options::variables()) std::printf("  %-22s %s\n", v.name, v.meaning);
 }
 
 }  // namespace
@@ -48,6 +50,10 @@ int main(int argc, char** argv) {
     usage();
     return 2;
   }
+  // A misspelt variable would otherwise change nothing without a word.
+  for (const std::string& name : kiln::options::unknown_variables())
+    std::fprintf(stderr, "kiln: warning: %s is set but kiln reads no such variable (`kiln --help` lists them)\n",
+                 name.c_str());
   try {
     return it->second.run(std::vector<std::string>(argv + 2, argv + argc));
   } catch (const std::exception& e) {

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <numbers>
 
-#include "circuit/builder.hpp"
-#include "circuit/executor.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/prims/builder.hpp"
 #include "core/engine.hpp"
 #include "train/sgd.hpp"
 

@@ -14,7 +14,7 @@
 #include <fstream>
 #include <string>
 
-#include "circuit/error.hpp"
+#include "circuit/ir/error.hpp"
 
 namespace kiln::fuzz {
 

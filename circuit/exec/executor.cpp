@@ -1,0 +1,292 @@
+// Program: verification, the static memory plan, constants and the run loop of the Eigen executor.
+#include "circuit/exec/executor.hpp"
+
+#include <malloc.h>
+#include <omp.h>
+#include <xmmintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "circuit/exec/liveness.hpp"
+#include "circuit/exec/memory_plan.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/ir/options.hpp"
+
+namespace kiln {
+
+namespace {
+// KILN_PROFILE=N: time spent in each Prim's reference (op-name + params description), printed
+// to stderr at exit with the N costliest (25 when N is not a number above 0). For finding the
+// hot ops of the CPU path; off by default (no clock reads).
+struct Profile {
+  int shown_max = options::profile_top();
+  bool on = shown_max > 0;
+  std::map<std::string, std::pair<double, int64_t>> ms_calls;
+  ~Profile() {
+    if (!on || ms_calls.empty()) return;
+    double total = 0;
+    for (const auto& [k, v] : ms_calls) total += v.first;
+    std::fprintf(stderr, "KILN_PROFILE: %.1f ms in Prim references\n", total);
+    std::map<std::string, double> by_prim;  // the key's first word is the Prim's name
+    for (const auto& [k, v] : ms_calls) by_prim[k.substr(0, k.find(' '))] += v.first;
+    for (const auto& [prim, ms] : by_prim)
+      std::fprintf(stderr, "  %9.1f ms %5.1f%% in %s\n", ms, 100 * ms / total, prim.c_str());
+    std::multimap<double, std::string, std::greater<>> by_time;
+    for (const auto& [k, v] : ms_calls) by_time.emplace(v.first, k);
+    int shown = 0;
+    for (const auto& [ms, k] : by_time) {
+      if (shown++ == shown_max) break;
+      std::fprintf(stderr, "  %9.1f ms %5.1f%% %8lld calls  %s\n", ms, 100 * ms / total,
+                   static_cast<long long>(ms_calls[k].second), k.c_str());
+    }
+  }
+};
+Profile& profile() {
+  static Profile p;
+  return p;
+}
+
+// The GEMM libraries allocate their packing buffers on each call (oneDNN's sgemm: several
+// hundred KiB). glibc serves blocks that large by mmap, or trims them off the heap once freed,
+// so every step would fault fresh zeroed pages in again (9 per step with oneDNN, 38 recorded).
+// Fixed thresholds keep freed blocks on the heap for reuse, as a training process wants; a
+// threshold set in the environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) is left alone.
+void keep_freed_memory_once() {
+  static const bool done = [] {
+    if (!std::getenv("MALLOC_MMAP_THRESHOLD_")) mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    if (!std::getenv("MALLOC_TRIM_THRESHOLD_")) mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    return true;
+  }();
+  (void)done;
+}
+
+// Subnormal floats (tiny attention probabilities and their gradients) make x86 arithmetic
+// up to 100x slower: a 64-GEMM attention batch took 16 ms instead of 0.14 ms. Like most
+// training frameworks, the CPU path flushes them to zero (FTZ + DAZ), on the calling thread
+// and on every OpenMP worker.
+void flush_subnormals_once() {
+  thread_local bool done = false;
+  if (done) return;
+  done = true;
+  _mm_setcsr(_mm_getcsr() | 0x8040);
+  static const bool workers = [] {
+#pragma omp parallel
+    _mm_setcsr(_mm_getcsr() | 0x8040);
+    return true;
+  }();
+  (void)workers;
+}
+
+// A reference writes into the storage it was given, or returns the input its Prim aliases:
+// anything else would escape the memory plan (a planned value in storage of its own).
+void check_storage(const Op& op, const std::vector<const HostTensor*>& in, const std::vector<HostTensor>& planned,
+                   const std::vector<HostTensor>& out) {
+  auto fail = [&](const std::string& what) {
+    throw Error("executor: op '" + op.prim->name + "' " + what + " (a bug in its Eigen reference)");
+  };
+  if (out.size() != op.outputs.size())
+    fail("returned " + std::to_string(out.size()) + " results for " + std::to_string(op.outputs.size()) + " outputs");
+  const int alias = op.prim->output_aliases;
+  if (alias >= 0 && out[0].raw() != in[static_cast<size_t>(alias)]->raw() && out[0].numel() > 0)
+    fail("must return the storage of input " + std::to_string(alias) + " and returned other storage");
+  for (size_t k = alias >= 0 ? 1 : 0; k < out.size(); ++k)
+    if (planned[k].defined() && out[k].raw() != planned[k].raw() && out[k].numel() > 0)
+      fail("wrote output " + std::to_string(k) + " outside the buffer planned for it");
+}
+
+bool& poison_flag() {
+  static bool on = options::poison_buffers();
+  return on;
+}
+}  // namespace
+
+void set_poison_buffers(bool on) { poison_flag() = on; }
+bool poison_buffers() { return poison_flag(); }
+
+Program::Program(Circuit circuit, std::vector<ValueId> outputs)
+    : circuit_(std::move(circuit)), outputs_(std::move(outputs)), governor_(omp_get_max_threads()) {
+  circuit_.verify();
+  const auto& ops = circuit_.ops();
+  const size_t n = circuit_.num_values();
+  for (ValueId o : outputs_)
+    if (o < 0 || static_cast<size_t>(o) >= n)
+      throw Error("executor: requested output %" + std::to_string(o) + " does not exist (the circuit has " +
+                  std::to_string(n) + " values)");
+  // Values that depend on no binding: ops (but assigns) whose inputs are all such values.
+  std::vector<char> constant_value(n, 0);
+  constant_op_.assign(ops.size(), 0);
+  std::vector<int> alias_input(ops.size(), -1);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    alias_input[i] = op.prim->output_aliases;
+    bool constant = !op.prim->side_effect;
+    for (ValueId in : op.inputs) constant = constant && constant_value[static_cast<size_t>(in)];
+    constant_op_[i] = constant;
+    for (ValueId out : op.outputs) constant_value[static_cast<size_t>(out)] = constant;
+  }
+  Liveness live = buffer_liveness(circuit_, outputs_, alias_input);
+  root_ = std::move(live.root);
+  storage_.assign(n, Storage::Planned);
+  for (size_t v = 0; v < n; ++v)
+    if (circuit_.value(static_cast<ValueId>(v)).role != ValueRole::Computed)
+      storage_[v] = Storage::External;
+    else if (constant_value[v])
+      storage_[v] = Storage::Constant;
+  // What the caller keeps gets storage of its own, which the next run does not overwrite.
+  for (ValueId o : outputs_) {
+    Storage& s = storage_[static_cast<size_t>(root_[static_cast<size_t>(o)])];
+    if (s == Storage::Planned) s = Storage::Fresh;
+  }
+  const int end = static_cast<int>(ops.size());
+  std::vector<int> last(n, end);  // never freed: to the end of the run (assigned contents)
+  for (size_t i = 0; i < live.free_after.size(); ++i)
+    for (ValueId v : live.free_after[i]) last[static_cast<size_t>(v)] = static_cast<int>(i);
+  std::vector<PlannedBlock> blocks;
+  std::vector<ValueId> block_value;
+  for (size_t i = 0; i < ops.size(); ++i)
+    for (ValueId out : ops[i].outputs) {
+      const auto v = static_cast<size_t>(out);
+      if (root_[v] != out || storage_[v] != Storage::Planned) continue;
+      const ValueInfo& info = circuit_.info(out);
+      blocks.push_back(
+          {static_cast<int>(i), last[v], static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype)});
+      block_value.push_back(out);
+    }
+  // 64-byte offsets: every planned tensor starts on a cache line (and an AVX-512 vector).
+  const MemoryPlan plan = plan_memory(blocks, 64);
+  offset_.assign(n, 0);
+  for (size_t b = 0; b < blocks.size(); ++b) offset_[static_cast<size_t>(block_value[b])] = plan.offset[b];
+  workspace_bytes_ = plan.size;
+  peak_live_bytes_ = kiln::peak_live_bytes(blocks);
+  scratch_.resize(ops.size());
+}
+
+int Program::threads() const {
+  const int fixed = fixed_num_threads();
+  return fixed > 0 ? fixed : adaptive_threads_ ? governor_.threads() : governor_.max_threads();
+}
+
+size_t Program::constant_ops() const {
+  return static_cast<size_t>(std::count(constant_op_.begin(), constant_op_.end(), 1));
+}
+
+void Program::prepare_storage() const {
+  workspace_ = HostTensor::zeros(DType::f64, Shape{static_cast<int64_t>((workspace_bytes_ + 7) / 8)});
+  auto* base = static_cast<std::byte*>(workspace_.raw());
+  planned_.assign(circuit_.num_values(), HostTensor());
+  for (size_t v = 0; v < planned_.size(); ++v)
+    if (storage_[v] == Storage::Planned && root_[v] == static_cast<ValueId>(v)) {
+      const ValueInfo& info = circuit_.info(static_cast<ValueId>(v));
+      planned_[v] = HostTensor::view(info.dtype, info.shape, base + offset_[v]);
+    }
+  constants_.assign(circuit_.num_values(), HostTensor());
+}
+
+std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) const {
+  if (running_.exchange(true))
+    throw Error("executor: a Program runs one call at a time (it keeps its workspace between runs)");
+  // The run's team size holds for this thread until the run returns.
+  struct Release {
+    std::atomic<bool>& flag;
+    int saved_threads = omp_get_max_threads();
+    ~Release() {
+      omp_set_num_threads(saved_threads);
+      flag = false;
+    }
+  } release{running_};
+  omp_set_num_threads(threads());
+  const auto started = std::chrono::steady_clock::now();
+  flush_subnormals_once();
+  keep_freed_memory_once();
+  check_bindings(circuit_, bindings, "executor");
+  if (planned_.empty()) prepare_storage();
+  const auto& ext = circuit_.externals();
+  const auto& ops = circuit_.ops();
+  std::vector<HostTensor> values(circuit_.num_values());
+  for (size_t i = 0; i < ext.size(); ++i) values[static_cast<size_t>(ext[i])] = bindings[i];
+  if (constants_ready_)
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (constant_op_[i])
+        for (ValueId out : ops[i].outputs) values[static_cast<size_t>(out)] = constants_[static_cast<size_t>(out)];
+  const bool poison = poison_buffers();
+  std::vector<std::pair<ValueId, HostTensor>> commits;  // (persistent external, new contents)
+  std::vector<const HostTensor*> in;
+  std::vector<ValueInfo> out_info;
+  std::vector<HostTensor> planned;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    if (constant_op_[i] && constants_ready_) continue;
+    in.clear();
+    out_info.clear();
+    planned.clear();
+    for (ValueId v : op.inputs) in.push_back(&values[static_cast<size_t>(v)]);
+    for (ValueId v : op.outputs) {
+      out_info.push_back(circuit_.info(v));
+      planned.push_back(planned_[static_cast<size_t>(v)]);
+    }
+    EvalBuffers bufs(out_info, planned, &scratch_[i], poison);
+    std::vector<HostTensor> out;
+    const bool timed = profile().on;
+    auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    try {
+      out = op.prim->eval(op, in, bufs);
+      if (timed) {
+        std::string key = op.prim->name + " " + (op.prim->describe ? op.prim->describe(op.params) : "") + " -> " +
+                          circuit_.info(op.outputs[0]).shape.str();
+        auto& e = profile().ms_calls[key];
+        e.first += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        ++e.second;
+      }
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      if (!op.scope.empty() && msg.find(" in layer ") == std::string::npos) msg += " (in layer '" + op.scope + "')";
+      throw Error(msg);
+    }
+    check_storage(op, in, planned, out);
+    for (size_t k = 0; k < op.outputs.size(); ++k) {
+      const auto v = static_cast<size_t>(op.outputs[k]);
+      values[v] = std::move(out[k]);
+      if (constant_op_[i]) constants_[v] = values[v];
+    }
+    if (op.prim->side_effect)
+      commits.emplace_back(circuit_.assign_root(op.inputs[0]), values[static_cast<size_t>(op.outputs[0])]);
+  }
+  constants_ready_ = true;
+  if (fixed_num_threads() == 0 && adaptive_threads_)
+    governor_.record(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
+  for (const auto& [buffer, contents] : commits) {
+    const HostTensor& dst = values[static_cast<size_t>(buffer)];
+    if (dst.raw() != contents.raw()) std::memcpy(dst.raw(), contents.raw(), dst.nbytes());
+  }
+  std::vector<HostTensor> result;
+  for (ValueId o : outputs_) result.push_back(values[static_cast<size_t>(o)]);
+  return result;
+}
+
+void check_bindings(const Circuit& c, const std::vector<HostTensor>& bindings, const std::string& who) {
+  const auto& ext = c.externals();
+  if (bindings.size() != ext.size())
+    throw Error(who + ": the circuit has " + std::to_string(ext.size()) + " external values, " +
+                std::to_string(bindings.size()) + " were bound");
+  for (size_t i = 0; i < ext.size(); ++i) {
+    const Value& v = c.value(ext[i]);
+    const HostTensor& b = bindings[i];
+    if (!b.defined() || b.dtype() != v.info.dtype || b.shape() != v.info.shape)
+      throw Error(who + ": binding for %" + std::to_string(ext[i]) + (v.name.empty() ? "" : " '" + v.name + "'") +
+                  ": expected " + dtype_name(v.info.dtype) + v.info.shape.str() + ", received " +
+                  (b.defined() ? std::string(dtype_name(b.dtype())) + b.shape().str() : std::string("nothing")));
+  }
+}
+
+std::vector<HostTensor> execute(const Circuit& c, const std::vector<HostTensor>& bindings,
+                                const std::vector<ValueId>& outputs) {
+  return Program(c, outputs).run(bindings);
+}
+
+}  // namespace kiln

@@ -1,0 +1,82 @@
+// The Eigen reference executor: runs any Circuit on the host in f32 or f64 through each
+// Prim's reference. A Program is a Circuit prepared once and run many times with new bindings:
+// verified, with a static memory plan (every intermediate at a fixed offset of one workspace
+// kept between runs, as on the GPU), scratch for the references' temporaries kept between runs,
+// and the values that depend on no binding (fills, iotas, masks built from them) computed once.
+// After its first run a Program allocates no tensor storage but the outputs it returns.
+#pragma once
+
+#include <atomic>
+#include <vector>
+
+#include "circuit/exec/thread_governor.hpp"
+#include "circuit/ir/circuit.hpp"
+
+namespace kiln {
+
+class Program {
+ public:
+  // `outputs` are the values run() returns, in order.
+  Program(Circuit circuit, std::vector<ValueId> outputs);
+
+  // `bindings` holds one tensor per circuit().externals(), in order; each must match the
+  // external's dtype and shape exactly (an error names the value otherwise). Persistent
+  // externals are written in place by assign ops, all at the end of a run that succeeded.
+  // The results own their storage (or view a binding, through a reshape): later runs leave
+  // them alone. One run at a time: a Program keeps its workspace between runs.
+  std::vector<HostTensor> run(const std::vector<HostTensor>& bindings) const;
+
+  const Circuit& circuit() const { return circuit_; }
+  const std::vector<ValueId>& outputs() const { return outputs_; }
+  // Bytes of the workspace holding every planned intermediate, and the most of them live at
+  // once (the least any placement could use).
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  size_t peak_live_bytes() const { return peak_live_bytes_; }
+  // Ops computed once per Program (their values depend on no binding).
+  size_t constant_ops() const;
+  // The OpenMP team size of the next run: fixed_num_threads() when set, else the governor's
+  // choice (see thread_governor.hpp), or with adaptive threads off, omp_get_max_threads() when
+  // the Program was made. Eigen's GEMM blocks by team size, so the size changes the last bits
+  // of a result: a run that must repeat bit for bit keeps it fixed.
+  int threads() const;
+  void set_adaptive_threads(bool on) { adaptive_threads_ = on; }
+  bool adaptive_threads() const { return adaptive_threads_; }
+
+ private:
+  enum class Storage : uint8_t { External, Planned, Fresh, Constant };
+  void prepare_storage() const;
+
+  Circuit circuit_;
+  std::vector<ValueId> outputs_;
+  std::vector<ValueId> root_;      // value -> the value whose storage it shares
+  std::vector<Storage> storage_;   // per root
+  std::vector<size_t> offset_;     // per planned root: its workspace offset
+  std::vector<char> constant_op_;  // per op: computed once, on the first run
+  size_t workspace_bytes_ = 0, peak_live_bytes_ = 0;
+  bool adaptive_threads_ = true;
+
+  // Kept between runs (a run is logically const: the same bindings give the same results).
+  mutable HostTensor workspace_;
+  mutable std::vector<HostTensor> planned_;  // per value: its view of the workspace
+  mutable std::vector<HostTensor> constants_;
+  mutable bool constants_ready_ = false;
+  mutable std::vector<std::vector<HostTensor>> scratch_;  // per op: EvalBuffers' scratch blocks
+  mutable std::atomic<bool> running_{false};
+  mutable ThreadGovernor governor_;
+};
+
+// Throws kiln::Error (prefixed with `who`) unless `bindings` holds one tensor per external of c,
+// each with the external's dtype and shape; the message names the value.
+void check_bindings(const Circuit& c, const std::vector<HostTensor>& bindings, const std::string& who);
+
+// One-shot convenience: Program(c, outputs).run(bindings).
+std::vector<HostTensor> execute(const Circuit& c, const std::vector<HostTensor>& bindings,
+                                const std::vector<ValueId>& outputs);
+
+// Tests: fill every planned output and scratch buffer with 0xff bytes before a reference
+// writes it (NaN, or -1 for i32), so that a reference that leaves elements unwritten shows.
+// Off by default; KILN_POISON_BUFFERS=1 turns it on.
+void set_poison_buffers(bool on);
+bool poison_buffers();
+
+}  // namespace kiln

@@ -1,0 +1,50 @@
+// EvalBuffers: planned outputs and the scratch pool of an op's reference.
+#include "circuit/ir/eval_buffers.hpp"
+
+#include <cstring>
+
+#include "circuit/ir/error.hpp"
+#include "circuit/ir/prim.hpp"
+
+namespace kiln {
+
+size_t EvalBuffers::size() const { return infos_.size(); }
+const ValueInfo& EvalBuffers::info(size_t k) const { return infos_[k]; }
+
+EvalBuffers::EvalBuffers(const std::vector<ValueInfo>& infos, std::vector<HostTensor> planned, ScratchBlocks* scratch,
+                         bool poison)
+    : infos_(infos), planned_(std::move(planned)), blocks_(scratch), poison_(poison) {
+  planned_.resize(infos_.size());
+}
+
+HostTensor EvalBuffers::output(size_t k) {
+  if (k >= infos_.size())
+    throw Error("EvalBuffers: output " + std::to_string(k) + " asked of an op with " + std::to_string(infos_.size()));
+  HostTensor t = planned_[k].defined() ? planned_[k] : HostTensor::zeros(infos_[k].dtype, infos_[k].shape);
+  if (poison_) poison_bytes(t);
+  return t;
+}
+
+HostTensor EvalBuffers::zeroed_output(size_t k) {
+  HostTensor t = output(k);
+  if (t.nbytes()) std::memset(t.raw(), 0, t.nbytes());
+  return t;
+}
+
+HostTensor EvalBuffers::scratch(DType dtype, const Shape& shape) {
+  if (!blocks_) return HostTensor::zeros(dtype, shape);
+  if (next_scratch_ == blocks_->size()) blocks_->emplace_back();
+  HostTensor& block = (*blocks_)[next_scratch_++];
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  if (!block.defined() || block.nbytes() < bytes)
+    block = HostTensor::zeros(DType::f64, Shape{static_cast<int64_t>((bytes + 7) / 8)});
+  HostTensor t = HostTensor::view(dtype, shape, block.raw());
+  if (poison_) poison_bytes(t);
+  return t;
+}
+
+void poison_bytes(const HostTensor& t) {
+  if (t.nbytes()) std::memset(t.raw(), 0xff, t.nbytes());
+}
+
+}  // namespace kiln

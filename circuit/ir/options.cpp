@@ -1,0 +1,105 @@
+// Parsing of the KILN_* environment variables.
+#include "circuit/ir/options.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <sstream>
+
+#include "circuit/ir/error.hpp"
+
+extern char** environ;
+
+namespace kiln::options {
+
+namespace {
+
+// nullptr when unset.
+const char* raw(const char* name) { return std::getenv(name); }
+
+bool set_and_not_zero(const char* name) {
+  const char* v = raw(name);
+  return v && std::string(v) != "0";
+}
+
+std::string text(const char* name) {
+  const char* v = raw(name);
+  return v ? v : "";
+}
+
+constexpr std::array<Variable, 17> kVariables = {{
+    {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
+    {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
+    {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
+    {"KILN_POISON_BUFFERS", "fill executor buffers with NaN / -1 before each op (tests)"},
+    {"KILN_CUDA_GRAPHS", "0: launch kernels one by one instead of replaying CUDA graphs"},
+    {"KILN_FAKE_CUDA", "1: the CUDA device is the SIMT simulator (no GPU needed)"},
+    {"KILN_DUMP", "print each plan's recorded and optimized Circuit"},
+    {"KILN_CACHE_DIR", "compiled-module disk cache; off: none (default ~/.cache/kiln)"},
+    {"KILN_PTX_DUMP", "directory to write every generated kernel's PTX to"},
+    {"KILN_REQUIRE_GPU", "tests: fail instead of skipping when no GPU is usable"},
+    {"KILN_REQUIRE_PTXAS", "tests: fail instead of skipping when ptxas is missing"},
+    {"KILN_REQUIRE_REFERENCE", "tests: fail instead of skipping without the PyTorch reference"},
+    {"KILN_BENCH_VENV", "scripts: the PyTorch virtual environment for benchmarks"},
+    {"KILN_EXTRA_PACKAGES", "scripts: extra Debian packages for setup.sh"},
+    {"KILN_FUZZ_VERBOSE", "scripts: libFuzzer's full output"},
+    {"KILN_BUNDLE", "scripts: the build bundle gpu-check runs"},
+    {"KILN_CHECK_*", "scripts: gpu-check's corpus, reference and stage time limits"},
+}};
+
+// A name ending in '*' stands for every name with that prefix.
+bool matches(const Variable& v, const std::string& name) {
+  const std::string pattern = v.name;
+  if (pattern.back() == '*') return name.rfind(pattern.substr(0, pattern.size() - 1), 0) == 0;
+  return name == pattern;
+}
+
+}  // namespace
+
+int num_threads() {
+  const char* v = raw("KILN_NUM_THREADS");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long parsed = std::strtol(v, &end, 10);
+  if (*end != '\0' || parsed < 1 || parsed > 4096)
+    throw Error(std::string("KILN_NUM_THREADS: expected a thread count from 1 to 4096, received '") + v + "'");
+  return static_cast<int>(parsed);
+}
+
+std::vector<std::string> disabled_passes() {
+  std::vector<std::string> names;
+  std::stringstream ss(text("KILN_DISABLE_PASSES"));
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) names.push_back(item);
+  return names;
+}
+
+int profile_top() {
+  const char* v = raw("KILN_PROFILE");
+  if (!v) return 0;
+  const int n = std::atoi(v);
+  return n > 1 ? n : 25;
+}
+
+bool poison_buffers() { return set_and_not_zero("KILN_POISON_BUFFERS"); }
+bool cuda_graphs() { return text("KILN_CUDA_GRAPHS") != "0"; }
+bool fake_cuda() { return text("KILN_FAKE_CUDA") == "1"; }
+bool dump_circuits() { return set_and_not_zero("KILN_DUMP"); }
+std::string cache_dir() { return text("KILN_CACHE_DIR"); }
+std::string ptx_dump_dir() { return text("KILN_PTX_DUMP"); }
+
+std::span<const Variable> variables() { return kVariables; }
+
+std::vector<std::string> unknown_variables() {
+  std::vector<std::string> unknown;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string entry(*e);
+    if (entry.rfind("KILN_", 0) != 0) continue;
+    const std::string name = entry.substr(0, entry.find('='));
+    if (std::none_of(kVariables.begin(), kVariables.end(), [&](const Variable& v) { return matches(v, name); }))
+      unknown.push_back(name);
+  }
+  return unknown;
+}
+
+}  // namespace kiln::options

@@ -1,0 +1,34 @@
+// Every KILN_* environment variable the library reads, parsed and checked here and nowhere
+// else. An accessor reads the environment when it is called; its callers call it when they set
+// up (a Program, a plan, the CUDA runtime), so a variable set around one part of a program (a
+// test's scope) applies to what that part builds. A malformed value is an error naming the
+// variable and what it expects.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kiln::options {
+
+int num_threads();                           // KILN_NUM_THREADS: 1..4096; 0 when unset (adaptive)
+std::vector<std::string> disabled_passes();  // KILN_DISABLE_PASSES: comma-separated pass names
+int profile_top();                           // KILN_PROFILE: 0 when unset, else ops listed (25 unless N > 1)
+bool poison_buffers();                       // KILN_POISON_BUFFERS: set and not "0"
+bool cuda_graphs();                          // KILN_CUDA_GRAPHS: on unless "0"
+bool fake_cuda();                            // KILN_FAKE_CUDA: "1" runs CUDA on the simulator
+bool dump_circuits();                        // KILN_DUMP: set and not "0"
+std::string cache_dir();                     // KILN_CACHE_DIR: "" when unset; "off" disables the cache
+std::string ptx_dump_dir();                  // KILN_PTX_DUMP: "" when unset
+
+struct Variable {
+  const char* name;
+  const char* meaning;
+};
+// The variables above, and those kiln's tests and scripts read (so that they are not unknown).
+std::span<const Variable> variables();
+// KILN_* names in the environment that no part of kiln reads: most likely typos, which would
+// otherwise change nothing without a word.
+std::vector<std::string> unknown_variables();
+
+}  // namespace kiln::options

@@ -1,0 +1,45 @@
+// Contraction of op groups: what a fusion pass does once it has chosen which ops become one.
+// Shared by the row fusion (fuse_rows.cpp) and the multi-tensor merge (merge_multi_tensor.cpp).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "circuit/ir/circuit.hpp"
+
+namespace kiln {
+
+// The successors of each op: its readers, and for a read of a buffer's old contents the
+// assign that overwrites it (that read must stay before the assign).
+std::vector<std::vector<int32_t>> op_successors(const Circuit& c);
+
+// The ops that read each value (indices into c.ops(), ascending; an op reading a value twice
+// is listed twice).
+std::vector<std::vector<int32_t>> value_readers(const Circuit& c);
+
+// True if a path of successors leaves the ops `group` and comes back into it (contracting the
+// group into one op would make a cycle).
+bool leaves_and_returns(const std::vector<std::vector<int32_t>>& succ, const std::vector<int32_t>& group);
+
+// The op that replaces a group: it takes `inputs` (ids of the original circuit) and its
+// outputs stand, in order, for `replaces` (values of the group's members that something
+// outside the group reads). An empty `replaces` drops the group (nothing reads it).
+struct MergedOp {
+  PrimId prim{};
+  Params params;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> replaces;
+};
+
+// Rebuilds c with each group of ops (indices into c.ops(), one or more each, disjoint) replaced
+// by the op merge(group index) describes, every op emitted in a topological order of the
+// contracted graph (earliest op first among the ready ones, so the order is deterministic).
+// A merged op counts its members as absorbed, takes the latest of their phases and the first
+// non-empty scope among them. Throws kiln::Error naming `pass` if the contraction has a cycle (a pass that
+// checks its groups never sees this). `outputs` are rewritten to their ids in the result.
+Circuit contract_groups(const Circuit& c, const std::vector<std::vector<int32_t>>& groups,
+                        const std::function<MergedOp(size_t group)>& merge, std::vector<ValueId>& outputs,
+                        const std::string& pass);
+
+}  // namespace kiln

@@ -1,0 +1,40 @@
+// The program of a `fused_rows` op: what the row-epilogue fusion pass (circuit/fuse_rows.hpp)
+// builds, the Eigen reference runs and cuda/lower/fused_rows.cpp lowers to one kernel.
+//
+// The op computes over a domain (rows..., n). Its inputs broadcast to the domain (numpy rules).
+// Reductions r_0, r_1, ... run in order along the last axis: r_j = kind_j over the row of
+// body_j, where a body reads in_k (op input k at the element) for k < inputs and
+// in_{inputs + i} (reduction i < j of the element's row). Then each output is written: a row
+// output has the domain's shape, a per-row output the shape (rows..., 1) and a body that
+// reads only per-row values (reductions and inputs that do not vary along the row).
+// Intermediates of the rows are never written to memory: each phase recomputes them.
+#pragma once
+
+#include <vector>
+
+#include "circuit/prims/builder.hpp"
+
+namespace kiln {
+
+struct RowProgram {
+  int inputs = 0;  // of the op; reductions are read as in_{inputs + i}
+  Shape domain;    // (rows..., n), rank >= 1
+  std::vector<ReduceKind> reduction_kinds;
+  std::vector<ScalarExp> reduction_bodies;
+  std::vector<bool> output_per_row;  // false: domain shape; true: (rows..., 1)
+  std::vector<ScalarExp> output_bodies;
+
+  int64_t n() const { return domain[domain.rank() - 1]; }
+  int64_t rows() const { return domain.numel() / (n() == 0 ? 1 : n()); }
+  Shape row_shape() const;  // (rows..., 1)
+
+  Params to_params(DType dtype) const;
+  static RowProgram from_params(const Params& p);  // throws kiln::Error on malformed params
+  std::string describe() const;                    // for dumps: r0 = max{in0}, ... ; out0[row] = {...}
+};
+
+// True when input `info` takes different values along a row of `domain` (it has the row's
+// length on its last axis).
+bool varies_along_row(const Shape& input, const Shape& domain);
+
+}  // namespace kiln

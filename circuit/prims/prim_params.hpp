@@ -1,0 +1,115 @@
+// Typed views of the Params of the Prims whose parameters are read outside their own family
+// (by passes, the GPU lowering, the Builder). Each view is the one place that knows its Prim's
+// Params layout: `of` reads an op's params (the op must be of that Prim), `to_params` builds
+// them. Defined beside the family, in circuit/prims/<family>.cpp. No other code indexes
+// Params::ints by position.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "circuit/ir/prim.hpp"
+
+namespace kiln {
+
+struct Op;
+
+// Throws kiln::Error unless op is one of `prims` (a view read from the wrong op is a bug).
+void require_view_of(const Op& op, std::initializer_list<PrimId> prims, const char* view);
+
+enum class ReduceKind : int64_t { Sum = 0, Max = 1, Mean = 2 };
+enum class RandomKind : int64_t { Uniform = 0, Normal = 1, Bernoulli = 2 };
+
+// reduce {kind, axis}; reduce_all {kind} (axis -1).
+struct ReduceParams {
+  ReduceKind kind = ReduceKind::Sum;
+  int axis = -1;
+  static ReduceParams of(const Op& op);
+  Params to_params() const;
+  // Is op a reduce summing along `axis`? (false for any other op)
+  static bool is_sum_along(const Op& op, int axis);
+};
+
+// matmul {transpose_a, transpose_b}.
+struct MatmulParams {
+  bool transpose_a = false, transpose_b = false;
+  static MatmulParams of(const Op& op);
+  Params to_params() const;
+};
+
+// scatter_add_rows {rows} or {rows, 1}: `ordered` asks the GPU to add in source order.
+struct ScatterAddRowsParams {
+  int64_t rows = 0;
+  bool ordered = false;
+  static ScatterAddRowsParams of(const Op& op);
+  Params to_params() const;
+};
+
+// one_hot {depth}, dtype.
+struct OneHotParams {
+  int64_t depth = 0;
+  DType dtype = DType::f32;
+  static OneHotParams of(const Op& op);
+  Params to_params() const;
+};
+
+// permute {perm...}: output dim e is input dim perm[e].
+struct PermuteParams {
+  std::vector<int64_t> perm;
+  static PermuteParams of(const Op& op);
+  Params to_params() const;
+};
+
+// slice {axis, start, end}.
+struct SliceParams {
+  int axis = 0;
+  int64_t start = 0, end = 0;
+  static SliceParams of(const Op& op);
+  Params to_params() const;
+};
+
+// concat {axis}.
+struct ConcatParams {
+  int axis = 0;
+  static ConcatParams of(const Op& op);
+  Params to_params() const;
+};
+
+// split {axis, size_0, size_1, ...}.
+struct SplitParams {
+  int axis = 0;
+  std::vector<int64_t> sizes;
+  static SplitParams of(const Op& op);
+  Params to_params() const;
+};
+
+// random {kind, shape...}, reals {probability}, dtype.
+struct RandomParams {
+  RandomKind kind = RandomKind::Uniform;
+  Shape shape;
+  double probability = 0.0;  // Bernoulli's p
+  DType dtype = DType::f32;
+  static RandomParams of(const Op& op);
+  Params to_params() const;
+};
+
+// fill {shape...}, reals {value}, dtype.
+struct FillParams {
+  Shape shape;
+  double value = 0.0;
+  DType dtype = DType::f32;
+  static FillParams of(const Op& op);
+  Params to_params() const;
+};
+
+// column_sums {domain dims...}, bodies (one per output), dtype.
+struct ColumnSumsParams {
+  Shape domain;
+  std::vector<ScalarExp> bodies;
+  DType dtype = DType::f32;
+  static ColumnSumsParams of(const Op& op);
+  Params to_params() const;
+};
+
+}  // namespace kiln

@@ -1,0 +1,56 @@
+// The fake driver: the DriverApi table implemented on the CPU. Every call is checked (handles,
+// allocation bounds, double frees, parameter buffer size and alignment against the kernel's
+// parameters, launch dimensions and shared memory) and a launched kernel runs in the SIMT
+// simulator on the fake device's memory; graphs (chains of kernel and memset nodes) run their
+// nodes in order. As the real driver: a thread must make the context current before using it,
+// and a kernel fault loses the context (every later call fails). It reports itself as an sm_90
+// device. It does not
+// parse PTX: a PTX text compiles when Driver::observe_kernel was given its IR, and cuLinkComplete
+// returns a "fake cubin" ("KILNFAKECUBIN\n", the PTX text, a NUL) that loads the same way.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "cuda/driver/driver_api.hpp"
+#include "cuda/sim/simulator.hpp"
+
+namespace kiln::cuda {
+
+// The fake driver's table. All tables share one process-wide fake device.
+Driver fake_driver();
+
+// The fake device's state, for tests: its memory and counters.
+struct FakeDeviceState {
+  sim::DeviceMemory* memory;
+  int64_t launches;
+  int64_t modules_loaded;  // cuModuleLoadDataEx calls that succeeded
+  int64_t jit_compiles;    // PTX compilations: cuLinkAddData of PTX, cuModuleLoadDataEx of PTX text
+  int64_t graph_launches;  // cuGraphLaunch calls that succeeded (their kernels count as launches too)
+};
+FakeDeviceState fake_device_state();
+
+// Test hook: the next PTX compilation (cuLinkAddData of PTX, or cuModuleLoadDataEx of PTX text)
+// fails with CUDA_ERROR_INVALID_PTX and `log` as the driver's error log.
+void fake_driver_fail_next_jit(std::string log);
+
+// Test hook: the fake device after a kernel fault as a new process would find it (the fault
+// is sticky: every later call fails until then).
+void fake_driver_recover();
+
+// Tools and tests: from now on (until switched off) every launch counts its shared-memory bank
+// conflicts in the simulator (slower), summed per kernel name.
+struct FakeKernelStats {
+  int64_t launches = 0;
+  int64_t shared_requests = 0;    // warp-level shared-memory requests
+  int64_t shared_wavefronts = 0;  // the wavefronts they took
+  int64_t bank_conflicts = 0;     // wavefronts beyond one per request phase
+};
+void fake_driver_count_bank_conflicts(bool on);
+std::map<std::string, FakeKernelStats> fake_driver_kernel_stats();
+
+// The message of the last failed fake-driver call (the simulator's report for a failed launch),
+// empty when none failed; the runtime puts it in its exceptions.
+std::string fake_driver_last_error();
+
+}  // namespace kiln::cuda

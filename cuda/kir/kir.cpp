@@ -1,0 +1,567 @@
+// Kernel IR: type helpers, the builder and the structural checker.
+#include "cuda/kir/kir.hpp"
+
+#include <bit>
+#include <cstring>
+
+#include "circuit/ir/error.hpp"
+
+namespace kiln::kir {
+
+const char* type_name(Type t) {
+  static const char* kNames[] = {"pred", "u32", "s32", "u64", "s64", "f32", "f64", "f16", "bf16"};
+  return kNames[static_cast<int>(t)];
+}
+
+int type_bytes(Type t) {
+  static const int kBytes[] = {1, 4, 4, 8, 8, 4, 8, 2, 2};
+  return kBytes[static_cast<int>(t)];
+}
+
+bool is_float_type(Type t) { return t == Type::f32 || t == Type::f64 || t == Type::f16 || t == Type::bf16; }
+bool is_signed_type(Type t) { return t == Type::s32 || t == Type::s64; }
+
+const char* sreg_name(SReg s) {
+  static const char* kNames[] = {"%tid.x",   "%tid.y",   "%tid.z",    "%ntid.x",   "%ntid.y",   "%ntid.z", "%ctaid.x",
+                                 "%ctaid.y", "%ctaid.z", "%nctaid.x", "%nctaid.y", "%nctaid.z", "%laneid"};
+  return kNames[static_cast<int>(s)];
+}
+
+const char* opc_name(Opc op) {
+  static const char* kNames[] = {
+      "mov",         "add", "sub", "mul",      "mul.hi",   "mul.wide",  "mad",  "fma",      "div", "rem",      "min",
+      "max",         "neg", "abs", "and",      "or",       "xor",       "not",  "shl",      "shr", "setp",     "selp",
+      "cvt",         "ex2", "lg2", "rcp",      "rsqrt",    "sqrt",      "tanh", "sin",      "cos", "ld.param", "sreg",
+      "shared.addr", "ld",  "st",  "atom.add", "bar.sync", "shfl.sync", "ret",  "membar.gl"};
+  return kNames[static_cast<int>(op)];
+}
+
+Operand Operand::imm(Type t, uint64_t bits) {
+  Operand o;
+  o.is_imm = true;
+  o.type = t;
+  o.bits = bits;
+  return o;
+}
+Operand imm_u32(uint32_t v) { return Operand::imm(Type::u32, v); }
+Operand imm_s32(int32_t v) { return Operand::imm(Type::s32, static_cast<uint32_t>(v)); }
+Operand imm_u64(uint64_t v) { return Operand::imm(Type::u64, v); }
+Operand imm_s64(int64_t v) { return Operand::imm(Type::s64, static_cast<uint64_t>(v)); }
+Operand imm_f32(float v) { return Operand::imm(Type::f32, std::bit_cast<uint32_t>(v)); }
+Operand imm_f64(double v) { return Operand::imm(Type::f64, std::bit_cast<uint64_t>(v)); }
+
+int64_t Kernel::shared_offset(int array) const {
+  int64_t off = 0;
+  for (int i = 0; i <= array; ++i) {
+    const auto& a = shared[static_cast<size_t>(i)];
+    off = (off + a.align - 1) / a.align * a.align;
+    if (i == array) return off;
+    off += a.bytes;
+  }
+  return off;
+}
+
+int64_t Kernel::shared_bytes() const {
+  if (shared.empty()) return 0;
+  int last = static_cast<int>(shared.size()) - 1;
+  return shared_offset(last) + shared.back().bytes;
+}
+
+std::string describe(const Kernel& k, const Instr& in) {
+  auto reg = [](Reg r) { return std::string(type_name(r.type)) + "#" + std::to_string(r.index); };
+  auto opnd = [&](const Operand& o) {
+    return o.is_imm ? std::string(type_name(o.type)) + " imm " + std::to_string(o.bits) : reg(o.reg);
+  };
+  std::string s = std::string(opc_name(in.op)) + "." + type_name(in.type);
+  if (in.op == Opc::Ld || in.op == Opc::St || in.op == Opc::AtomAdd)
+    s += in.space == Space::shared ? " shared" : " global";
+  for (size_t i = 0; i < in.dsts.size(); ++i) s += (i ? ", " : " ") + reg(in.dsts[i]);
+  for (size_t i = 0; i < in.srcs.size(); ++i) s += (i || !in.dsts.empty() ? ", " : " ") + opnd(in.srcs[i]);
+  if (in.offset) s += " +" + std::to_string(in.offset);
+  return s + " (kernel " + k.name + ")";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checker
+
+namespace {
+
+struct Checker {
+  const Kernel& k;
+  bool exit_seen = false;  // a Ret that some thread may have executed earlier in program order
+
+  [[noreturn]] void fail(const Instr& in, const std::string& why) const {
+    throw Error("kernel IR check: " + why + ": " + describe(k, in));
+  }
+  void reg_ok(const Instr& in, Reg r) const {
+    if (r.index < 0 || r.index >= k.num_regs[static_cast<int>(r.type)]) fail(in, "unallocated register");
+  }
+  void type_is(const Instr& in, const Operand& o, Type t, const char* what) const {
+    if (o.type != t) fail(in, std::string(what) + " has type " + type_name(o.type) + ", expected " + type_name(t));
+  }
+  void instr(const Instr& in) {
+    for (Reg r : in.dsts) reg_ok(in, r);
+    for (const auto& o : in.srcs)
+      if (!o.is_imm) reg_ok(in, o.reg);
+    auto nsrc = [&](size_t n) {
+      if (in.srcs.size() != n) fail(in, "expected " + std::to_string(n) + " operands");
+    };
+    auto dst_is = [&](Type t) {
+      if (in.dsts.size() != 1 || in.dsts[0].type != t) fail(in, std::string("destination must be ") + type_name(t));
+    };
+    switch (in.op) {
+      case Opc::Add:
+      case Opc::Sub:
+      case Opc::Mul:
+      case Opc::MulHi:
+      case Opc::Div:
+      case Opc::Rem:
+      case Opc::Min:
+      case Opc::Max:
+      case Opc::And:
+      case Opc::Or:
+      case Opc::Xor:
+        nsrc(2);
+        type_is(in, in.srcs[0], in.type, "a");
+        type_is(in, in.srcs[1], in.type, "b");
+        dst_is(in.type);
+        if ((in.op == Opc::Rem || in.op == Opc::MulHi || in.op == Opc::And || in.op == Opc::Or || in.op == Opc::Xor) &&
+            is_float_type(in.type))
+          fail(in, "integer operation on a float type");
+        break;
+      case Opc::Shl:
+      case Opc::Shr:
+        nsrc(2);
+        type_is(in, in.srcs[0], in.type, "a");
+        type_is(in, in.srcs[1], Type::u32, "shift");
+        dst_is(in.type);
+        break;
+      case Opc::MulWide: {
+        nsrc(2);
+        type_is(in, in.srcs[0], in.type, "a");
+        type_is(in, in.srcs[1], in.type, "b");
+        if (in.type != Type::u32 && in.type != Type::s32) fail(in, "mul.wide takes u32 or s32");
+        dst_is(in.type == Type::u32 ? Type::u64 : Type::s64);
+        break;
+      }
+      case Opc::Mad:
+      case Opc::Fma:
+        nsrc(3);
+        for (const auto& o : in.srcs) type_is(in, o, in.type, "operand");
+        dst_is(in.type);
+        if (in.op == Opc::Fma && !is_float_type(in.type)) fail(in, "fma needs a float type");
+        break;
+      case Opc::Mov:
+      case Opc::Neg:
+      case Opc::Abs:
+      case Opc::Not:
+        nsrc(1);
+        type_is(in, in.srcs[0], in.type, "a");
+        dst_is(in.type);
+        break;
+      case Opc::Ex2:
+      case Opc::Lg2:
+      case Opc::Rcp:
+      case Opc::Rsqrt:
+      case Opc::Sqrt:
+      case Opc::Tanh:
+      case Opc::Sin:
+      case Opc::Cos:
+        nsrc(1);
+        if (in.type != Type::f32) fail(in, "approximate functions are f32 only");
+        type_is(in, in.srcs[0], Type::f32, "a");
+        dst_is(Type::f32);
+        break;
+      case Opc::Setp:
+        nsrc(2);
+        type_is(in, in.srcs[0], in.type, "a");
+        type_is(in, in.srcs[1], in.type, "b");
+        dst_is(Type::pred);
+        break;
+      case Opc::Selp:
+        nsrc(3);
+        type_is(in, in.srcs[0], in.type, "a");
+        type_is(in, in.srcs[1], in.type, "b");
+        type_is(in, in.srcs[2], Type::pred, "condition");
+        dst_is(in.type);
+        break;
+      case Opc::Cvt:
+        nsrc(1);
+        type_is(in, in.srcs[0], in.src_type, "a");
+        dst_is(in.type);
+        break;
+      case Opc::LdParam:
+        nsrc(0);
+        if (in.param < 0 || in.param >= static_cast<int>(k.params.size())) fail(in, "no such parameter");
+        dst_is(k.params[static_cast<size_t>(in.param)].type);
+        break;
+      case Opc::Sreg:
+        nsrc(0);
+        dst_is(Type::u32);
+        break;
+      case Opc::SharedAddr:
+        nsrc(0);
+        if (in.shared < 0 || in.shared >= static_cast<int>(k.shared.size())) fail(in, "no such shared array");
+        dst_is(Type::u32);
+        break;
+      case Opc::Ld:
+      case Opc::St:
+      case Opc::AtomAdd: {
+        Type at = in.space == Space::global ? Type::u64 : Type::u32;
+        if (in.srcs.empty()) fail(in, "missing address");
+        type_is(in, in.srcs[0], at, "address");
+        if (in.vec != 1 && in.vec != 2 && in.vec != 4) fail(in, "vector width must be 1, 2 or 4");
+        if (in.vec * type_bytes(in.type) > 16) fail(in, "vector access wider than 16 bytes");
+        if (in.op == Opc::Ld) {
+          nsrc(1);
+          if (static_cast<int>(in.dsts.size()) != in.vec) fail(in, "one destination per vector element");
+          for (Reg r : in.dsts)
+            if (r.type != in.type) fail(in, "destination type");
+        } else if (in.op == Opc::St) {
+          nsrc(1 + static_cast<size_t>(in.vec));
+          for (size_t i = 1; i < in.srcs.size(); ++i) type_is(in, in.srcs[i], in.type, "stored value");
+        } else {
+          nsrc(2);
+          if (in.type != Type::f32 && in.type != Type::u32) fail(in, "atomic add takes f32 or u32");
+          type_is(in, in.srcs[1], in.type, "added value");
+          dst_is(in.type);
+        }
+        break;
+      }
+      case Opc::Bar:
+        if (exit_seen) fail(in, "a thread may have exited before this bar.sync (guard the work with an if instead)");
+        break;
+      case Opc::Shfl:
+        nsrc(3);
+        if (in.type != Type::u32 && in.type != Type::f32 && in.type != Type::s32) fail(in, "shfl moves 32-bit values");
+        type_is(in, in.srcs[0], in.type, "value");
+        type_is(in, in.srcs[1], Type::u32, "lane");
+        type_is(in, in.srcs[2], Type::u32, "clamp");
+        dst_is(in.type);
+        if (exit_seen)
+          fail(in, "a thread may have exited before this full-mask shfl.sync (guard the work with an if instead)");
+        break;
+      case Opc::Ret: exit_seen = true; break;
+      case Opc::Membar: break;
+    }
+  }
+  void body(const std::vector<Stmt>& stmts) {
+    for (const auto& s : stmts) {
+      switch (s.kind) {
+        case Stmt::Kind::Instr:
+          if (s.guard.valid() && s.guard.type != Type::pred) fail(s.instr, "guard must be a predicate");
+          instr(s.instr);
+          break;
+        case Stmt::Kind::If:
+          if (s.cond.type != Type::pred || !s.cond.valid())
+            throw Error("kernel IR check: if without a predicate in " + k.name);
+          body(s.body);
+          body(s.else_body);
+          break;
+        case Stmt::Kind::For:
+          if (s.var.type != s.begin.type || s.var.type != s.end.type || s.var.type != s.step.type)
+            throw Error("kernel IR check: for-loop bounds and variable differ in type in " + k.name);
+          // A loop body runs again after its own later instructions: an exit anywhere in it
+          // precedes every barrier in it.
+          {
+            bool before = exit_seen;
+            body(s.body);
+            if (exit_seen && !before) body(s.body);
+          }
+          break;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void check(const Kernel& k) {
+  Checker c{k};
+  c.body(k.body);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Builder
+
+KernelBuilder::KernelBuilder(std::string name) {
+  k_.name = std::move(name);
+  stack_.push_back(&k_.body);
+}
+
+Reg KernelBuilder::reg(Type t) { return Reg{t, k_.num_regs[static_cast<int>(t)]++}; }
+
+void KernelBuilder::emit(Instr in, Reg guard, bool negate) {
+  Stmt s;
+  s.kind = Stmt::Kind::Instr;
+  s.instr = std::move(in);
+  s.guard = guard;
+  s.negate = negate;
+  stack_.back()->push_back(std::move(s));
+}
+
+Reg KernelBuilder::emit_op(Opc op, Type t, std::vector<Operand> srcs, Type dst_type) {
+  Instr in;
+  in.op = op;
+  in.type = t;
+  in.srcs = std::move(srcs);
+  Reg d = reg(dst_type);
+  in.dsts = {d};
+  emit(std::move(in));
+  return d;
+}
+
+Reg KernelBuilder::param(const std::string& name, Type t) {
+  k_.params.push_back({name, t});
+  Instr in;
+  in.op = Opc::LdParam;
+  in.type = t;
+  in.param = static_cast<int32_t>(k_.params.size()) - 1;
+  Reg d = reg(t);
+  in.dsts = {d};
+  emit(std::move(in));
+  return d;
+}
+
+int KernelBuilder::shared_array(const std::string& name, int64_t bytes, int32_t align) {
+  bool taken = false;  // a helper called twice (two block reductions) asks for its name twice
+  for (const auto& a : k_.shared) taken = taken || a.name == name;
+  k_.shared.push_back({taken ? name + "_" + std::to_string(k_.shared.size()) : name, bytes, align});
+  return static_cast<int>(k_.shared.size()) - 1;
+}
+
+Reg KernelBuilder::shared_addr(int array) {
+  Instr in;
+  in.op = Opc::SharedAddr;
+  in.type = Type::u32;
+  in.shared = array;
+  Reg d = reg(Type::u32);
+  in.dsts = {d};
+  emit(std::move(in));
+  return d;
+}
+
+Reg KernelBuilder::sreg(SReg s) {
+  Instr in;
+  in.op = Opc::Sreg;
+  in.type = Type::u32;
+  in.sreg = s;
+  Reg d = reg(Type::u32);
+  in.dsts = {d};
+  emit(std::move(in));
+  return d;
+}
+
+Reg KernelBuilder::mov(Type t, Operand a) { return emit_op(Opc::Mov, t, {a}, t); }
+void KernelBuilder::assign(Opc op, Reg dst, std::vector<Operand> srcs) {
+  Instr in;
+  in.op = op;
+  in.type = dst.type;
+  in.dsts = {dst};
+  in.srcs = std::move(srcs);
+  emit(std::move(in));
+}
+Reg KernelBuilder::add(Type t, Operand a, Operand b) { return emit_op(Opc::Add, t, {a, b}, t); }
+Reg KernelBuilder::sub(Type t, Operand a, Operand b) { return emit_op(Opc::Sub, t, {a, b}, t); }
+Reg KernelBuilder::mul(Type t, Operand a, Operand b) { return emit_op(Opc::Mul, t, {a, b}, t); }
+Reg KernelBuilder::mul_hi(Type t, Operand a, Operand b) { return emit_op(Opc::MulHi, t, {a, b}, t); }
+Reg KernelBuilder::mul_wide(Type src, Operand a, Operand b) {
+  return emit_op(Opc::MulWide, src, {a, b}, src == Type::u32 ? Type::u64 : Type::s64);
+}
+Reg KernelBuilder::mad(Type t, Operand a, Operand b, Operand c) { return emit_op(Opc::Mad, t, {a, b, c}, t); }
+Reg KernelBuilder::fma(Type t, Operand a, Operand b, Operand c) { return emit_op(Opc::Fma, t, {a, b, c}, t); }
+namespace {
+// An unsigned 64-bit divisor known at lowering time (an immediate above 0).
+bool u64_constant_divisor(Type t, const Operand& b) { return t == Type::u64 && b.is_imm && b.bits != 0; }
+}  // namespace
+
+// ptxas turns div/rem.u64 into a call of about 60 instructions, even by a constant (32-bit
+// ones it strength-reduces itself). A constant divisor becomes a shift, or a multiply-high and
+// shifts (Granlund and Montgomery, "Division by invariant integers using multiplication",
+// fig. 4.1, N = 64): l = ceil(log2 d), m = floor(2^64 (2^l - d) / d) + 1,
+// t = mulhi(m, n), q = (t + ((n - t) >> 1)) >> (l - 1); exact for every n < 2^64.
+Reg KernelBuilder::div(Type t, Operand a, Operand b) {
+  if (!u64_constant_divisor(t, b)) return emit_op(Opc::Div, t, {a, b}, t);
+  const uint64_t d = b.bits;
+  if (d == 1) return mov(t, a);
+  if (std::has_single_bit(d)) return shr(t, a, imm_u32(static_cast<uint32_t>(std::countr_zero(d))));
+  const int l = 64 - std::countl_zero(d - 1);  // ceil(log2 d), 2..64
+  const auto m = static_cast<uint64_t>(
+      ((static_cast<unsigned __int128>(1) << 64) * ((static_cast<unsigned __int128>(1) << l) - d)) / d + 1);
+  Reg hi = mul_hi(t, a, imm_u64(m));
+  Reg half = shr(t, sub(t, a, hi), imm_u32(1));
+  return shr(t, add(t, hi, half), imm_u32(static_cast<uint32_t>(l - 1)));
+}
+Reg KernelBuilder::rem(Type t, Operand a, Operand b) {
+  if (!u64_constant_divisor(t, b)) return emit_op(Opc::Rem, t, {a, b}, t);
+  if (std::has_single_bit(b.bits)) return and_(t, a, imm_u64(b.bits - 1));
+  return sub(t, a, mul(t, div(t, a, b), b));
+}
+Reg KernelBuilder::min(Type t, Operand a, Operand b) { return emit_op(Opc::Min, t, {a, b}, t); }
+Reg KernelBuilder::max(Type t, Operand a, Operand b) { return emit_op(Opc::Max, t, {a, b}, t); }
+Reg KernelBuilder::neg(Type t, Operand a) { return emit_op(Opc::Neg, t, {a}, t); }
+Reg KernelBuilder::abs(Type t, Operand a) { return emit_op(Opc::Abs, t, {a}, t); }
+Reg KernelBuilder::and_(Type t, Operand a, Operand b) { return emit_op(Opc::And, t, {a, b}, t); }
+Reg KernelBuilder::or_(Type t, Operand a, Operand b) { return emit_op(Opc::Or, t, {a, b}, t); }
+Reg KernelBuilder::xor_(Type t, Operand a, Operand b) { return emit_op(Opc::Xor, t, {a, b}, t); }
+Reg KernelBuilder::not_(Type t, Operand a) { return emit_op(Opc::Not, t, {a}, t); }
+Reg KernelBuilder::shl(Type t, Operand a, Operand b) { return emit_op(Opc::Shl, t, {a, b}, t); }
+Reg KernelBuilder::shr(Type t, Operand a, Operand b) { return emit_op(Opc::Shr, t, {a, b}, t); }
+Reg KernelBuilder::setp(Cmp c, Operand a, Operand b) {
+  Instr in;
+  in.op = Opc::Setp;
+  in.type = a.type;
+  in.cmp = c;
+  in.srcs = {a, b};
+  Reg d = reg(Type::pred);
+  in.dsts = {d};
+  emit(std::move(in));
+  return d;
+}
+Reg KernelBuilder::selp(Type t, Operand a, Operand b, Operand c) { return emit_op(Opc::Selp, t, {a, b, c}, t); }
+Reg KernelBuilder::cvt(Type to, Operand a) {
+  Instr in;
+  in.op = Opc::Cvt;
+  in.type = to;
+  in.src_type = a.type;
+  in.srcs = {a};
+  Reg d = reg(to);
+  in.dsts = {d};
+  emit(std::move(in));
+  return d;
+}
+Reg KernelBuilder::unary(Opc op, Type t, Operand a) { return emit_op(op, t, {a}, t); }
+
+Reg KernelBuilder::ld(Space s, Type t, Operand addr, int64_t offset) { return ld_vec(s, t, addr, 1, offset)[0]; }
+
+std::vector<Reg> KernelBuilder::ld_vec(Space s, Type t, Operand addr, int vec, int64_t offset) {
+  Instr in;
+  in.op = Opc::Ld;
+  in.type = t;
+  in.space = s;
+  in.vec = vec;
+  in.offset = offset;
+  in.srcs = {addr};
+  for (int i = 0; i < vec; ++i) in.dsts.push_back(reg(t));
+  std::vector<Reg> out = in.dsts;
+  emit(std::move(in));
+  return out;
+}
+
+void KernelBuilder::st(Space s, Type t, Operand addr, Operand value, int64_t offset) {
+  st_vec(s, t, addr, {value}, offset);
+}
+
+void KernelBuilder::st_vec(Space s, Type t, Operand addr, const std::vector<Operand>& values, int64_t offset) {
+  Instr in;
+  in.op = Opc::St;
+  in.type = t;
+  in.space = s;
+  in.vec = static_cast<int32_t>(values.size());
+  in.offset = offset;
+  in.srcs = {addr};
+  in.srcs.insert(in.srcs.end(), values.begin(), values.end());
+  emit(std::move(in));
+}
+
+Reg KernelBuilder::atom_add(Space s, Type t, Operand addr, Operand value, int64_t offset) {
+  Instr in;
+  in.op = Opc::AtomAdd;
+  in.type = t;
+  in.space = s;
+  in.offset = offset;
+  in.srcs = {addr, value};
+  Reg d = reg(t);
+  in.dsts = {d};
+  emit(std::move(in));
+  return d;
+}
+
+void KernelBuilder::bar() {
+  Instr in;
+  in.op = Opc::Bar;
+  emit(std::move(in));
+}
+
+Reg KernelBuilder::shfl(ShflMode m, Operand value, Operand lane_or_delta, Operand clamp) {
+  Instr in;
+  in.op = Opc::Shfl;
+  in.type = value.type;
+  in.shfl = m;
+  in.srcs = {value, lane_or_delta, clamp};
+  Reg d = reg(value.type);
+  in.dsts = {d};
+  emit(std::move(in));
+  return d;
+}
+
+void KernelBuilder::ret() {
+  Instr in;
+  in.op = Opc::Ret;
+  emit(std::move(in));
+}
+
+void KernelBuilder::membar() {
+  Instr in;
+  in.op = Opc::Membar;
+  emit(std::move(in));
+}
+
+void KernelBuilder::if_(Reg cond, const std::function<void()>& then_body, const std::function<void()>& else_body) {
+  Stmt s;
+  s.kind = Stmt::Kind::If;
+  s.cond = cond;
+  s.label = k_.num_labels++;
+  stack_.back()->push_back(std::move(s));
+  Stmt& added = stack_.back()->back();
+  stack_.push_back(&added.body);
+  then_body();
+  stack_.pop_back();
+  if (else_body) {
+    stack_.push_back(&added.else_body);
+    else_body();
+    stack_.pop_back();
+  }
+}
+
+void KernelBuilder::if_not(Reg cond, const std::function<void()>& then_body) {
+  if_(cond, then_body);
+  stack_.back()->back().negate = true;
+}
+
+void KernelBuilder::for_(Operand begin, Operand end, Operand step, const std::function<void(Reg)>& body) {
+  Stmt s;
+  s.kind = Stmt::Kind::For;
+  s.var = reg(begin.type);
+  s.cond = reg(Type::pred);
+  s.begin = begin;
+  s.end = end;
+  s.step = step;
+  s.label = k_.num_labels++;
+  Reg var = s.var;
+  stack_.back()->push_back(std::move(s));
+  stack_.push_back(&stack_.back()->back().body);
+  body(var);
+  stack_.pop_back();
+}
+
+Reg KernelBuilder::global_index_x() {
+  Reg c = sreg(SReg::ctaid_x), n = sreg(SReg::ntid_x), t = sreg(SReg::tid_x);
+  return mad(Type::u32, c, n, t);
+}
+
+Reg KernelBuilder::address(Reg base, Operand index, int bytes) {
+  if (index.type != Type::u32 && index.type != Type::u64)
+    throw Error("kernel builder: an address index must be u32 or u64, received " + std::string(type_name(index.type)) +
+                " in kernel " + k_.name);
+  Reg off = index.type == Type::u32 ? mul_wide(Type::u32, index, imm_u32(static_cast<uint32_t>(bytes)))
+                                    : mul(Type::u64, index, imm_u64(static_cast<uint64_t>(bytes)));
+  return add(Type::u64, base, off);
+}
+
+Kernel KernelBuilder::finish() {
+  check(k_);
+  return std::move(k_);
+}
+
+}  // namespace kiln::kir

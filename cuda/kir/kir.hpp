@@ -1,0 +1,264 @@
+// Kernel IR: the typed, imperative IR that every Prim lowers to. It prints one-to-one as PTX
+// (cuda/kir/ptx_printer.hpp) and runs in the SIMT simulator (cuda/sim/simulator.hpp). Registers are
+// typed virtual registers numbered per type; control flow is structured (if/else, counted
+// for-loops); memory is global (64-bit addresses) or shared (32-bit offsets into the block's
+// shared window). The KernelBuilder below is how lowerings write kernels.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kiln::kir {
+
+enum class Type : uint8_t { pred, u32, s32, u64, s64, f32, f64, f16, bf16 };
+constexpr int kNumTypes = 9;
+
+const char* type_name(Type t);  // PTX spelling: "pred", "u32", "f32", ...
+int type_bytes(Type t);         // pred: 1 (never stored)
+bool is_float_type(Type t);     // f32, f64, f16, bf16
+bool is_signed_type(Type t);    // s32, s64
+
+// A virtual register: its type and its number among the kernel's registers of that type.
+struct Reg {
+  Type type = Type::u32;
+  int32_t index = -1;
+  bool valid() const { return index >= 0; }
+  bool operator==(const Reg& o) const { return type == o.type && index == o.index; }
+};
+
+// A register or an immediate. Immediates keep the exact bit pattern of their value in `type`
+// (floats print as 0f/0d hex, so the text is exact and deterministic).
+struct Operand {
+  bool is_imm = false;
+  Reg reg;
+  Type type = Type::u32;
+  uint64_t bits = 0;
+  Operand() = default;
+  Operand(Reg r) : reg(r), type(r.type) {}  // NOLINT: registers are operands
+  static Operand imm(Type t, uint64_t bits);
+};
+Operand imm_u32(uint32_t v);
+Operand imm_s32(int32_t v);
+Operand imm_u64(uint64_t v);
+Operand imm_s64(int64_t v);
+Operand imm_f32(float v);
+Operand imm_f64(double v);
+
+enum class SReg : uint8_t {
+  tid_x,
+  tid_y,
+  tid_z,
+  ntid_x,
+  ntid_y,
+  ntid_z,
+  ctaid_x,
+  ctaid_y,
+  ctaid_z,
+  nctaid_x,
+  nctaid_y,
+  nctaid_z,
+  laneid
+};
+const char* sreg_name(SReg s);  // "%tid.x", ...
+
+enum class Cmp : uint8_t { eq, ne, lt, le, gt, ge };
+enum class ShflMode : uint8_t { down, up, bfly, idx };  // bfly is PTX's name for xor
+enum class Space : uint8_t { global, shared };
+
+// Opcodes. Types: `type` is the operation type (PTX's instruction type suffix).
+enum class Opc : uint8_t {
+  Mov,      // dst = a                        (also: Reg = shared array address, see SharedAddr)
+  Add,      // dst = a + b
+  Sub,      // dst = a - b
+  Mul,      // dst = a * b (integers: low half, mul.lo)
+  MulHi,    // dst = high half of a * b (integers)
+  MulWide,  // dst (2x wide) = a * b, type is the source type (u32 -> u64, s32 -> s64)
+  Mad,      // dst = a * b + c (integers: mad.lo)
+  Fma,      // dst = fma(a, b, c), round to nearest (floats)
+  Div,      // dst = a / b (floats: div.rn; integers truncate)
+  Rem,      // dst = a % b (integers, C semantics)
+  Min,
+  Max,
+  Neg,
+  Abs,
+  And,
+  Or,
+  Xor,
+  Not,
+  Shl,   // dst = a << b (b: u32)
+  Shr,   // dst = a >> b (b: u32; arithmetic for signed types)
+  Setp,  // dst (pred) = a cmp b; floats compare ordered (false when either is NaN), except ne: unordered
+  Selp,  // dst = c ? a : b (c: pred)
+  Cvt,   // dst (type) = a (src_type); float -> int rounds toward zero (rzi), int -> float and
+         // narrowing float conversions round to nearest (rn)
+  // Fast approximations (f32 only), with the accuracy the PTX ISA documents; the simulator
+  // evaluates them within that error:
+  Ex2,         // 2^a          ex2.approx.ftz.f32: max relative error 2^-22.5 (2 ulp)
+  Lg2,         // log2(a)      lg2.approx.ftz.f32: max absolute error 2^-22.6 (relative 2^-22 away from 1)
+  Rcp,         // 1/a          rcp.approx.ftz.f32: max relative error 1 ulp
+  Rsqrt,       // 1/sqrt(a)    rsqrt.approx.ftz.f32: max relative error 2^-22.9
+  Sqrt,        // sqrt(a)      sqrt.rn.f32: IEEE rounded (exact)
+  Tanh,        // tanh(a)      tanh.approx.f32 (sm_75+): max relative error 2^-10.987
+  Sin,         // sin(a)       sin.approx.ftz.f32: max absolute error 2^-20.5 on [-pi, pi]
+  Cos,         // cos(a)       cos.approx.ftz.f32: max absolute error 2^-20.5 on [-pi, pi]
+  LdParam,     // dst = kernel parameter number `param`
+  Sreg,        // dst (u32) = special register `sreg`
+  SharedAddr,  // dst (u32) = offset of shared array number `shared` in the block's shared window
+  Ld,          // dsts[0..vec) = space[a + offset]   (vec 1, 2 or 4; address u64 global, u32 shared)
+  St,          // space[a + offset] = srcs[1..1+vec)
+  AtomAdd,     // dst = old; space[a + offset] += b  (f32 or u32)
+  Bar,         // bar.sync 0: every thread of the block
+  Shfl,        // dst = shfl.sync.mode.b32(a, b = lane/delta, c = clamp), full mask 0xffffffff
+  Ret,         // the thread exits
+  Membar,      // membar.gl: this thread's earlier global writes are seen by the whole GPU before its later ones
+};
+const char* opc_name(Opc op);
+
+struct Instr {
+  Opc op = Opc::Mov;
+  Type type = Type::u32;      // operation type
+  Type src_type = Type::u32;  // Cvt: the source type
+  std::vector<Reg> dsts;      // one destination (or vec of them for vector loads), none for St/Bar/Ret
+  std::vector<Operand> srcs;  // a, b, c; for St: address, then values
+  Cmp cmp = Cmp::eq;
+  ShflMode shfl = ShflMode::down;
+  SReg sreg = SReg::tid_x;
+  Space space = Space::global;
+  int32_t param = 0;   // LdParam
+  int32_t shared = 0;  // SharedAddr
+  int32_t vec = 1;     // Ld/St vector width
+  int64_t offset = 0;  // Ld/St/AtomAdd byte offset added to the address
+};
+
+// Structured statements: an instruction (optionally guarded by a predicate), if/else, or a
+// counted loop `for (var = begin; var < end; var += step)` (signed or unsigned compare by the
+// var's type). The loop's condition register `cond` is allocated by the builder so that the
+// printer makes no decisions.
+struct Stmt {
+  enum class Kind : uint8_t { Instr, If, For } kind = Kind::Instr;
+  Instr instr;
+  Reg guard;                 // Instr: run only where guard (pred) is true (!guard with negate)
+  bool negate = false;       // Instr guard / If condition negated
+  Reg cond;                  // If: the predicate; For: the loop-condition predicate
+  Reg var;                   // For
+  Operand begin, end, step;  // For
+  std::vector<Stmt> body;    // If: then; For: body
+  std::vector<Stmt> else_body;
+  int32_t label = 0;  // If/For: unique number for the printed labels
+};
+
+struct Param {
+  std::string name;
+  Type type;  // u64 for pointers
+};
+
+struct SharedArray {
+  std::string name;
+  int64_t bytes = 0;
+  int32_t align = 16;
+};
+
+struct Kernel {
+  std::string name;
+  std::vector<Param> params;
+  std::vector<SharedArray> shared;
+  std::vector<Stmt> body;
+  int32_t num_regs[kNumTypes] = {};  // registers allocated per type
+  int32_t num_labels = 0;
+  int64_t shared_bytes() const;  // total, each array at its alignment, in declaration order
+  int64_t shared_offset(int array) const;
+};
+
+// Structural checks: operand types match the operation, registers are allocated, and no
+// thread can leave (Ret) before a bar.sync or a full-mask shfl.sync that follows it in program
+// order (such an exit would hang the block or leave the shuffle with missing lanes: guard the
+// work with an If instead). Throws kiln::Error naming the kernel and the instruction.
+void check(const Kernel& k);
+
+// Text of one instruction for error messages and dumps (not PTX).
+std::string describe(const Kernel& k, const Instr& in);
+
+// Builds a kernel statement by statement. Each arithmetic call appends one instruction and
+// returns its destination register:
+//   KernelBuilder b("scale");
+//   Reg x = b.param("x", Type::u64), n = b.param("n", Type::u32);
+//   Reg i = b.global_index_x();
+//   b.if_(b.setp(Cmp::lt, i, n), [&] {
+//     Reg a = b.address(x, i, 4);
+//     b.st(Space::global, Type::f32, a, b.mul(Type::f32, b.ld(Space::global, Type::f32, a), imm_f32(2)));
+//   });
+//   Kernel k = b.finish();
+class KernelBuilder {
+ public:
+  explicit KernelBuilder(std::string name);
+
+  Reg reg(Type t);
+  // Declares a kernel parameter and loads it into a register (ld.param at the current point).
+  Reg param(const std::string& name, Type t);
+  // Declares a shared array; returns its index (use shared_addr to get its offset).
+  int shared_array(const std::string& name, int64_t bytes, int32_t align = 16);
+  Reg shared_addr(int array);
+  Reg sreg(SReg s);
+
+  Reg mov(Type t, Operand a);
+  // dst = op(srcs) into an existing register (accumulators and loop-carried values), where
+  // the calls above would return a fresh one; set(dst, a) is assign(Mov, dst, {a}).
+  void assign(Opc op, Reg dst, std::vector<Operand> srcs);
+  void set(Reg dst, Operand a) { assign(Opc::Mov, dst, {a}); }
+  Reg add(Type t, Operand a, Operand b);
+  Reg sub(Type t, Operand a, Operand b);
+  Reg mul(Type t, Operand a, Operand b);
+  Reg mul_hi(Type t, Operand a, Operand b);
+  Reg mul_wide(Type src, Operand a, Operand b);
+  Reg mad(Type t, Operand a, Operand b, Operand c);
+  Reg fma(Type t, Operand a, Operand b, Operand c);
+  Reg div(Type t, Operand a, Operand b);
+  Reg rem(Type t, Operand a, Operand b);
+  Reg min(Type t, Operand a, Operand b);
+  Reg max(Type t, Operand a, Operand b);
+  Reg neg(Type t, Operand a);
+  Reg abs(Type t, Operand a);
+  Reg and_(Type t, Operand a, Operand b);
+  Reg or_(Type t, Operand a, Operand b);
+  Reg xor_(Type t, Operand a, Operand b);
+  Reg not_(Type t, Operand a);
+  Reg shl(Type t, Operand a, Operand b);
+  Reg shr(Type t, Operand a, Operand b);
+  Reg setp(Cmp c, Operand a, Operand b);  // compares in a's type
+  Reg selp(Type t, Operand a, Operand b, Operand c);
+  Reg cvt(Type to, Operand a);           // from a's type
+  Reg unary(Opc op, Type t, Operand a);  // Ex2, Lg2, Rcp, Rsqrt, Sqrt, Tanh, Sin, Cos, Neg, Abs, Not
+
+  Reg ld(Space s, Type t, Operand addr, int64_t offset = 0);
+  std::vector<Reg> ld_vec(Space s, Type t, Operand addr, int vec, int64_t offset = 0);
+  void st(Space s, Type t, Operand addr, Operand value, int64_t offset = 0);
+  void st_vec(Space s, Type t, Operand addr, const std::vector<Operand>& values, int64_t offset = 0);
+  Reg atom_add(Space s, Type t, Operand addr, Operand value, int64_t offset = 0);
+  void bar();
+  Reg shfl(ShflMode m, Operand value, Operand lane_or_delta, Operand clamp = imm_u32(31));
+  void ret();
+  void membar();  // membar.gl
+
+  // Appends a raw instruction (tests build malformed kernels this way).
+  void emit(Instr in, Reg guard = {}, bool negate = false);
+
+  void if_(Reg cond, const std::function<void()>& then_body, const std::function<void()>& else_body = {});
+  void if_not(Reg cond, const std::function<void()>& then_body);
+  // for (var = begin; var < end; var += step) body(var); var has begin's type (u32/s32/u64/s64).
+  void for_(Operand begin, Operand end, Operand step, const std::function<void(Reg)>& body);
+
+  // Conveniences built from the above.
+  Reg global_index_x();                             // ctaid.x * ntid.x + tid.x (u32)
+  Reg address(Reg base, Operand index, int bytes);  // base (u64) + index * bytes, index u32 or u64
+
+  Kernel finish();  // runs check()
+
+ private:
+  Reg emit_op(Opc op, Type t, std::vector<Operand> srcs, Type dst_type);
+  Kernel k_;
+  std::vector<std::vector<Stmt>*> stack_;  // innermost open body last
+};
+
+}  // namespace kiln::kir

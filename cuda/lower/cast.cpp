@@ -1,0 +1,31 @@
+// Lowering of cast and stop_gradient (circuit/prims/cast.cpp): an elementwise cvt; stop_gradient
+// shares its input's buffer (no kernel).
+#include <string>
+
+#include "cuda/lower/elementwise.hpp"
+#include "cuda/lower/families.hpp"
+
+namespace kiln::cuda {
+
+namespace {
+
+LoweredOp lower_cast(const Circuit& c, const Op& op) {
+  const ValueInfo& x = c.info(op.inputs[0]);
+  const ValueInfo& out = c.info(op.outputs[0]);
+  const DType to = out.dtype;
+  auto value = [to](KernelBuilder& b, const std::vector<Reg>& in, const std::vector<Reg>&, const std::vector<Reg>&) {
+    return in[0].type == kir_type(to) ? in[0] : b.cvt(kir_type(to), in[0]);
+  };
+  return single_launch(elementwise_launch("kiln_cast", out.shape, {kIn0, kOut0}, {access_of(0, x, x.shape.strides())},
+                                          access_of(1, out, out.shape.strides()), value),
+                       std::string("cast ") + dtype_name(x.dtype) + " -> " + dtype_name(to));
+}
+
+}  // namespace
+
+void register_cast_lowering(LoweringTable& t) {
+  t.add(PrimId::cast, lower_cast, "elementwise cvt");
+  t.add_alias(PrimId::stop_gradient, 0, "alias (no kernel)");
+}
+
+}  // namespace kiln::cuda

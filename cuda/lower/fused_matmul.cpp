@@ -1,0 +1,287 @@
+// Lowering of fused_matmul (circuit/prims/fused_matmul.hpp), and the kernel a plain matmul
+// (matmul.cpp) takes too: c(batch..., m, n) = sum over
+// k of prologue(A(batch, m, k)) * prologue(B(batch, n, k)), then each epilogue of (c, extras)
+// stored through the output layout. A plain matmul is the program FusedMatmul::plain describes
+// (its transposes folded into the operands' strides), so both take this one kernel. Tiled in
+// shared memory: a block of 256 threads computes a 64x64 tile of c over K in steps of 16; each
+// thread holds a 4x4 block of accumulators in registers and reads its operands from shared
+// memory as 16-byte vectors. Tiles are loaded through the operand views (the lanes of a warp on
+// 32 rows of one k, so that tile stores meet no bank conflict; see TileLoader) and zero-filled
+// outside the matrix, so no size needs to be a multiple of the tile; a prologue is applied as
+// each element is loaded. Batch dims: grid z walks the logical batch, each operand and output
+// with its own batch strides (0 where an operand broadcasts). FFMA in f32. Row sums of A (a
+// bias gradient) come out of the blocks of the first tile column, from the tiles in shared memory.
+#include "circuit/prims/fused_matmul.hpp"
+
+#include <spdlog/fmt/fmt.h>
+
+#include "circuit/ir/error.hpp"
+#include "cuda/lower/elementwise.hpp"
+#include "cuda/lower/families.hpp"
+#include "cuda/lower/fused_matmul.hpp"
+
+namespace kiln::cuda {
+
+using kir::Cmp;
+using kir::imm_f32;
+using kir::imm_u32;
+using kir::Space;
+using kir::SReg;
+
+namespace {
+
+constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kThreads = 256, kPerThread = 4;
+constexpr int kTileLoads = kTileM * kTileK / kThreads;  // elements of each tile a thread loads
+
+// One operand tile: element (row r, k) of the operand's [rows x K] view, stored in shared
+// memory as tile[k][r] so that a thread's 4 consecutive rows are one 16-byte vector. Stores
+// to a tile must spread a warp's 32 lanes over 32 banks, i.e. over 32 rows of one k:
+//  - an operand with unit stride along its rows: lane l takes row l % 64 of k l / 64 (as many
+//    slots as it takes), and the lanes' loads coalesce;
+//  - otherwise (k_groups): thread t takes row t % 64 and the 4 consecutive k 4 (t / 64) .. + 3,
+//    with one 16-byte load where those 4 are contiguous and 16-byte aligned (vector_k), else 4
+//    scalar loads of one row. (Lanes that walked along k one float each put 16 lanes of a warp
+//    on one bank: a 16-way conflict on every tile store.)
+struct TileLoader {
+  Reg base;  // the operand's batch base address
+  const MatmulOperand* view = nullptr;
+  bool k_groups = false, vector_k = false;
+  int64_t rows = 0, depth = 0;      // the operand's M (or N) and K
+  std::vector<Reg> tile_r, tile_k;  // per load slot: row and k within the tile (index type)
+  std::vector<Reg> row_ok;          // per load slot: row0 + r < rows
+  std::vector<Reg> smem_addr;       // per load slot: shared address of tile[k][r]
+};
+
+bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
+  bool ok = v.k_stride == 1 && depth % 4 == 0 && v.row_stride % 4 == 0 && v.offset % 4 == 0;
+  for (int64_t s : v.batch) ok = ok && s % 4 == 0;
+  return ok;
+}
+
+TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, int64_t rows, int64_t depth,
+                       Reg row0, Reg tid, Reg smem) {
+  static_assert(kTileM * kTileK == 4 * kThreads && kTileM == 64 && kTileK == 16);
+  const bool along_rows = view.k_stride != 1 && view.row_stride == 1;
+  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth), rows, depth, {}, {}, {}, {}};
+  auto add_slot = [&](Reg r, Reg k) {
+    t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
+    t.tile_k.push_back(it == Type::u32 ? k : b.cvt(Type::u64, k));
+    t.row_ok.push_back(b.setp(Cmp::lt, t.tile_r.back(), imm_index(it, rows)));
+    t.smem_addr.push_back(b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(kTileM), r), imm_u32(4), smem));
+  };
+  if (t.k_groups) {
+    add_slot(b.and_(Type::u32, tid, imm_u32(kTileM - 1)),
+             b.mul(Type::u32, b.shr(Type::u32, tid, imm_u32(6)), imm_u32(4)));
+    return t;
+  }
+  for (int s = 0; s < kTileLoads; ++s) {
+    Reg l = b.add(Type::u32, tid, imm_u32(static_cast<uint32_t>(s * kThreads)));
+    add_slot(b.rem(Type::u32, l, imm_u32(kTileM)), b.div(Type::u32, l, imm_u32(kTileM)));
+  }
+  return t;
+}
+
+// r * stride + x, without the multiply where the stride is 1.
+Reg scaled_add(KernelBuilder& b, Type it, Reg r, int64_t stride, Reg x) {
+  return stride == 1 ? b.add(it, r, x) : b.mad(it, r, imm_index(it, stride), x);
+}
+
+// A global load of `vec` floats into registers preset to 0, where `ok` holds.
+std::vector<Reg> guarded_load(KernelBuilder& b, Reg addr, int vec, Reg ok) {
+  kir::Instr ld;
+  ld.op = kir::Opc::Ld;
+  ld.type = Type::f32;
+  ld.space = Space::global;
+  ld.vec = vec;
+  for (int j = 0; j < vec; ++j) ld.dsts.push_back(b.mov(Type::f32, imm_f32(0.0f)));
+  ld.srcs = {addr};
+  b.emit(ld, ok);
+  return ld.dsts;
+}
+
+// Stores x (loaded where `ok`) at tile address `at` + offset, the prologue applied; outside the
+// matrix the tile holds 0 whatever the prologue makes of 0.
+void store_element(KernelBuilder& b, const MatmulOperand& v, Reg x, Reg ok, Reg at, int64_t offset) {
+  if (v.prologue != se::in(0)) x = b.selp(Type::f32, emit_scalar_exp(b, v.prologue, {x}), imm_f32(0.0f), ok);
+  b.st(Space::shared, Type::f32, at, x, offset);
+}
+
+void load_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
+  const MatmulOperand& v = *t.view;
+  auto element = [&](Reg r, Reg kg) {  // address of element (r, kg)
+    Reg k_part = v.k_stride == 1 ? kg : b.mul(it, kg, imm_index(it, v.k_stride));
+    return b.address(t.base, scaled_add(b, it, r, v.row_stride, k_part), 4);
+  };
+  if (t.vector_k) {  // K is a multiple of 4: a group of 4 k lies wholly inside the matrix or outside
+    Reg kg = b.add(it, k0, t.tile_k[0]);
+    Reg ok = b.and_(Type::pred, t.row_ok[0], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
+    const std::vector<Reg> x = guarded_load(b, element(t.tile_r[0], kg), 4, ok);
+    for (int j = 0; j < 4; ++j) store_element(b, v, x[static_cast<size_t>(j)], ok, t.smem_addr[0], 4 * j * kTileM);
+    return;
+  }
+  const int slots = t.k_groups ? 4 : kTileLoads;  // k_groups: one slot, 4 consecutive k
+  for (int s = 0; s < slots; ++s) {
+    const size_t slot = t.k_groups ? 0 : static_cast<size_t>(s);
+    Reg kg = b.add(it, k0, t.tile_k[slot]);
+    if (t.k_groups && s > 0) kg = b.add(it, kg, imm_index(it, s));
+    Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
+    Reg x = guarded_load(b, element(t.tile_r[slot], kg), 1, ok)[0];
+    store_element(b, v, x, ok, t.smem_addr[slot], t.k_groups ? 4 * s * kTileM : 0);
+  }
+}
+
+}  // namespace
+
+LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul& f, const char* prefix) {
+  const int64_t M = f.m, N = f.n, K = f.k;
+  const Shape logical = f.logical();
+  const Shape batch_shape(f.batch);
+  const int nb = static_cast<int>(f.batch.size());
+  const int64_t batch = batch_shape.numel();
+  const int64_t grid_m = (M + kTileM - 1) / kTileM, grid_n = (N + kTileN - 1) / kTileN;
+  if (batch > 65535 || grid_m > 65535)
+    fail(op.prim->name, op.scope,
+         "batch " + std::to_string(batch) + " or " + std::to_string(grid_m) +
+             " row tiles exceed the grid's y/z limit of 65535");
+  int64_t largest = logical.numel();
+  for (ValueId v : op.inputs) largest = std::max(largest, c.info(v).shape.numel());
+  const Type it = index_type(largest);
+
+  KernelBuilder b(prefix);
+  Reg pa = b.param("a", Type::u64), pb = b.param("b", Type::u64);
+  // Extra inputs the epilogues read; each one's strides against the logical domain.
+  std::vector<int> read_extras;
+  for (int j = 0; j < f.extras; ++j)
+    for (const ScalarExp& e : f.epilogues)
+      if (e.depends_on(1 + j)) {
+        read_extras.push_back(j);
+        break;
+      }
+  std::vector<Reg> p_extra(static_cast<size_t>(f.extras));
+  for (int j : read_extras) p_extra[static_cast<size_t>(j)] = b.param("x" + std::to_string(j), Type::u64);
+  std::vector<Reg> p_out;
+  for (size_t r = 0; r < f.epilogues.size(); ++r) p_out.push_back(b.param("c" + std::to_string(r), Type::u64));
+  Reg p_sums = f.a_row_sums ? b.param("row_sums", Type::u64) : Reg{};
+
+  Reg tid = b.sreg(SReg::tid_x);
+  Reg tx = b.and_(Type::u32, tid, imm_u32(15)), ty = b.shr(Type::u32, tid, imm_u32(4));
+  auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
+  Reg m0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_y), imm_u32(kTileM)));
+  Reg n0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_x), imm_u32(kTileN)));
+
+  // Batch offsets of a, b, the extras and the outputs for logical batch index z.
+  Reg z = widen(b.sreg(SReg::ctaid_z));
+  std::vector<Reg> zc = coordinates(b, z, f.batch);
+  auto batch_offset = [&](const std::vector<int64_t>& strides, int64_t base) {
+    return zc.empty() ? b.mov(it, imm_index(it, base)) : linear_offset(b, zc, strides, base);
+  };
+  Reg a_base = b.address(pa, batch_offset(f.a.batch, f.a.offset), 4);
+  Reg b_base = b.address(pb, batch_offset(f.b.batch, f.b.offset), 4);
+  Reg out_off = batch_offset(f.out_batch, 0);
+  std::vector<std::vector<int64_t>> extra_strides(static_cast<size_t>(f.extras));
+  std::vector<Reg> extra_base(static_cast<size_t>(f.extras));
+  for (int j : read_extras) {
+    const auto ju = static_cast<size_t>(j);
+    extra_strides[ju] = broadcast_strides(c.info(op.inputs[2 + ju]).shape, logical);
+    std::vector<int64_t> batch_part(extra_strides[ju].begin(), extra_strides[ju].begin() + nb);
+    extra_base[ju] = b.address(p_extra[ju], batch_offset(batch_part, 0), 4);
+  }
+
+  Reg as = b.shared_addr(b.shared_array("a_tile", 4 * kTileK * kTileM));
+  Reg bs = b.shared_addr(b.shared_array("b_tile", 4 * kTileK * kTileN));
+  TileLoader la = make_loader(b, it, a_base, f.a, M, K, m0, tid, as);
+  TileLoader lb = make_loader(b, it, b_base, f.b, N, K, n0, tid, bs);
+
+  std::vector<Reg> acc;
+  for (int e = 0; e < kPerThread * kPerThread; ++e) acc.push_back(b.mov(Type::f32, imm_f32(0.0f)));
+  Reg a_frag = b.mad(Type::u32, ty, imm_u32(4 * kPerThread), as);
+  Reg b_frag = b.mad(Type::u32, tx, imm_u32(4 * kPerThread), bs);
+  // Row sums of a: the blocks of the first column of tiles see every k of their rows; thread r
+  // < 64 adds row r of each a tile (prologue applied, zero past K) in order of k.
+  Reg sums_here, row_sum, row_sum_smem;
+  if (f.a_row_sums) {
+    sums_here =
+        b.and_(Type::pred, b.setp(Cmp::eq, b.sreg(SReg::ctaid_x), imm_u32(0)), b.setp(Cmp::lt, tid, imm_u32(kTileM)));
+    row_sum = b.mov(Type::f32, imm_f32(0.0f));
+    row_sum_smem = b.mad(Type::u32, tid, imm_u32(4), as);
+  }
+  b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kTileK), [&](Reg k0) {
+    load_tile(b, it, la, k0);
+    load_tile(b, it, lb, k0);
+    b.bar();
+    if (f.a_row_sums)
+      b.if_(sums_here, [&] {
+        for (int kk = 0; kk < kTileK; ++kk)
+          b.assign(kir::Opc::Add, row_sum, {row_sum, b.ld(Space::shared, Type::f32, row_sum_smem, 4 * kk * kTileM)});
+      });
+    for (int kk = 0; kk < kTileK; ++kk) {
+      std::vector<Reg> av = b.ld_vec(Space::shared, Type::f32, a_frag, 4, 4 * kk * kTileM);
+      std::vector<Reg> bv = b.ld_vec(Space::shared, Type::f32, b_frag, 4, 4 * kk * kTileN);
+      for (int i = 0; i < kPerThread; ++i)
+        for (int j = 0; j < kPerThread; ++j)
+          b.assign(
+              kir::Opc::Fma, acc[static_cast<size_t>(i * kPerThread + j)],
+              {av[static_cast<size_t>(i)], bv[static_cast<size_t>(j)], acc[static_cast<size_t>(i * kPerThread + j)]});
+    }
+    b.bar();
+  });
+  // Epilogue: per element in bounds, the extras at its logical coordinates, then each output.
+  Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kPerThread))));
+  Reg col0 = b.add(it, n0, widen(b.mul(Type::u32, tx, imm_u32(kPerThread))));
+  for (int i = 0; i < kPerThread; ++i) {
+    Reg row = b.add(it, row0, imm_index(it, i));
+    Reg row_ok = b.setp(Cmp::lt, row, imm_index(it, M));
+    for (int j = 0; j < kPerThread; ++j) {
+      Reg col = b.add(it, col0, imm_index(it, j));
+      Reg ok = b.and_(Type::pred, row_ok, b.setp(Cmp::lt, col, imm_index(it, N)));
+      b.if_(ok, [&] {
+        std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras), acc[static_cast<size_t>(i * kPerThread + j)]);
+        for (int x : read_extras) {
+          const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+          Reg at = b.mul(it, row, imm_index(it, st[static_cast<size_t>(nb)]));
+          at = b.mad(it, col, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
+          inputs[static_cast<size_t>(1 + x)] = load_as_f32(b, DType::f32, extra_base[static_cast<size_t>(x)], at);
+        }
+        Reg at = scaled_add(b, it, row, f.out_row, out_off);
+        at = scaled_add(b, it, col, f.out_col, at);
+        for (size_t r = 0; r < f.epilogues.size(); ++r) {
+          Reg v = f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
+          b.st(Space::global, Type::f32, b.address(p_out[r], at, 4), v);
+        }
+      });
+    }
+  }
+  if (f.a_row_sums) {
+    Reg row = b.add(it, m0, widen(tid));
+    b.if_(b.and_(Type::pred, sums_here, b.setp(Cmp::lt, row, imm_index(it, M))), [&] {
+      Reg at = b.mad(it, z, imm_index(it, M), row);
+      b.st(Space::global, Type::f32, b.address(p_sums, at, 4), row_sum);
+    });
+  }
+  std::vector<ArgRef> args{{ArgRef::Kind::Input, 0}, {ArgRef::Kind::Input, 1}};
+  for (int j : read_extras) args.push_back({ArgRef::Kind::Input, 2 + j});
+  for (size_t r = 0; r < f.epilogues.size(); ++r) args.push_back({ArgRef::Kind::Output, static_cast<int>(r)});
+  if (f.a_row_sums) args.push_back({ArgRef::Kind::Output, static_cast<int>(f.epilogues.size())});
+  LoweredOp lo;
+  lo.launches.push_back(finish_launch(
+      b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},
+      {kThreads, 1, 1}, std::move(args)));
+  lo.summary = fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs, {}", op.prim->name, kTileM, kTileN, kTileK,
+                           kThreads, kPerThread, kPerThread, launch_text(lo.launches.back()));
+  return lo;
+}
+
+namespace {
+
+LoweredOp lower_fused_matmul(const Circuit& c, const Op& op) {
+  return lower_matmul_program(c, op, FusedMatmul::from_params(op.params), "kiln_fused_matmul");
+}
+
+}  // namespace
+
+void register_fused_matmul_lowering(LoweringTable& t) {
+  t.add(PrimId::fused_matmul, lower_fused_matmul,
+        "the matmul kernel reading through views, prologues on load, epilogues on store");
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,12 @@
+// The matmul kernel (fused_matmul.cpp), shared by matmul and fused_matmul. Internal to cuda/lower/.
+#pragma once
+
+#include "circuit/prims/fused_matmul.hpp"
+#include "cuda/lower/lower.hpp"
+
+namespace kiln::cuda {
+
+// Lowers op (of c) as the program `f` describes; kernels are named `prefix` and a hash.
+LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul& f, const char* prefix);
+
+}  // namespace kiln::cuda

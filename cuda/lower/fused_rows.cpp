@@ -1,0 +1,182 @@
+// Lowering of fused_rows (circuit/prims/fused_rows.hpp). Without reductions: one thread per element,
+// all outputs at once. Otherwise one warp per row, eight rows per block of
+// 256 threads. For each reduction in order, the lanes stride over the row evaluating its body
+// (inputs loaded with broadcast addressing, earlier reductions from registers), then a
+// butterfly leaves the row's value in every lane; a last pass over the row writes the row
+// outputs, and lane 0 writes the per-row outputs. Inputs that do not vary along the row are
+// loaded once per row. Nothing but the outputs is written to memory. The row index is
+// uniform across a warp, so the guard on it never splits a warp before a shuffle.
+#include "circuit/prims/fused_rows.hpp"
+
+#include "circuit/ir/error.hpp"
+#include "cuda/lower/elementwise.hpp"
+#include "cuda/lower/families.hpp"
+
+namespace kiln::cuda {
+
+using kir::Cmp;
+using kir::imm_u32;
+using kir::Space;
+using kir::SReg;
+
+namespace {
+
+constexpr uint32_t kRowsPerBlock = 8;
+
+struct RowInput {
+  Reg param;
+  DType dtype;
+  Reg row_base;        // element offset of the row's first element (broadcast addressing)
+  int64_t col_stride;  // 0 when the input does not vary along the row
+};
+
+// No reductions and only element outputs: a multi-output elementwise kernel (grid-stride
+// loop, one thread per element, every output stored at the element).
+LoweredOp lower_element_group(const Circuit& c, const Op& op, const RowProgram& rp) {
+  const int64_t n = rp.domain.numel();
+  int64_t largest = n;
+  for (ValueId in : op.inputs) largest = std::max(largest, c.info(in).shape.numel());
+  const Type it = index_type(largest);
+  KernelBuilder b("kiln_fused_elements");
+  std::vector<ArgRef> args;
+  std::vector<Reg> in_params, out_params;
+  for (int k = 0; k < rp.inputs; ++k) {
+    in_params.push_back(b.param("in" + std::to_string(k), Type::u64));
+    args.push_back({ArgRef::Kind::Input, k});
+  }
+  for (size_t o = 0; o < rp.output_bodies.size(); ++o) {
+    out_params.push_back(b.param("out" + std::to_string(o), Type::u64));
+    args.push_back({ArgRef::Kind::Output, static_cast<int>(o)});
+  }
+  grid_stride_loop(b, it, n, [&](Reg i) {
+    const std::vector<Reg> coords = coordinates(b, i, rp.domain.dims());
+    std::vector<Reg> vals(static_cast<size_t>(rp.inputs));
+    for (int k = 0; k < rp.inputs; ++k) {
+      bool read = false;
+      for (const ScalarExp& e : rp.output_bodies) read = read || e.depends_on(k);
+      if (!read) continue;
+      const ValueInfo& info = c.info(op.inputs[static_cast<size_t>(k)]);
+      Reg at = info.shape.numel() == n ? i : linear_offset(b, coords, broadcast_strides(info.shape, rp.domain), 0);
+      vals[static_cast<size_t>(k)] = load_as_f32(b, info.dtype, in_params[static_cast<size_t>(k)], at);
+    }
+    for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+      b.st(Space::global, Type::f32, b.address(out_params[o], i, 4), emit_scalar_exp(b, rp.output_bodies[o], vals));
+  });
+  LoweredOp r;
+  r.launches.push_back(
+      finish_launch(b, "kiln_fused_elements", elementwise_grid(n), {kElementwiseThreads, 1, 1}, std::move(args)));
+  r.summary = "fused elements: " + std::to_string(rp.output_bodies.size()) + " outputs, thread per element, " +
+              launch_text(r.launches.back());
+  return r;
+}
+
+LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
+  const RowProgram rp = RowProgram::from_params(op.params);
+  bool per_row = false;
+  for (bool p : rp.output_per_row) per_row = per_row || p;
+  if (rp.reduction_bodies.empty() && !per_row) return lower_element_group(c, op, rp);
+  const int64_t rows = rp.rows(), n = rp.n();
+  if (rows > 0x7fffffffLL) fail(op.prim->name, op.scope, "more than 2^31 - 1 rows");
+  int64_t largest = rp.domain.numel();
+  for (ValueId in : op.inputs) largest = std::max(largest, c.info(in).shape.numel());
+  const Type it = index_type(largest);
+  const int nin = rp.inputs, nred = static_cast<int>(rp.reduction_bodies.size());
+  const std::vector<int64_t> row_dims(rp.domain.dims().begin(), rp.domain.dims().end() - 1);
+
+  KernelBuilder b("kiln_fused_rows");
+  std::vector<ArgRef> args;
+  std::vector<RowInput> inputs;
+  for (int k = 0; k < nin; ++k) {
+    inputs.push_back(
+        {b.param("in" + std::to_string(k), Type::u64), c.info(op.inputs[static_cast<size_t>(k)]).dtype, {}, 0});
+    args.push_back({ArgRef::Kind::Input, k});
+  }
+  std::vector<Reg> outputs;
+  for (size_t o = 0; o < rp.output_bodies.size(); ++o) {
+    outputs.push_back(b.param("out" + std::to_string(o), Type::u64));
+    args.push_back({ArgRef::Kind::Output, static_cast<int>(o)});
+  }
+  Reg tid = b.sreg(SReg::tid_x);
+  Reg lane = b.and_(Type::u32, tid, imm_u32(31));
+  Reg row = b.mad(Type::u32, b.sreg(SReg::ctaid_x), imm_u32(kRowsPerBlock), b.shr(Type::u32, tid, imm_u32(5)));
+  b.if_(b.setp(Cmp::lt, row, imm_u32(static_cast<uint32_t>(rows))), [&] {
+    Reg row_i = it == Type::u32 ? row : b.cvt(Type::u64, row);
+    Reg lane_i = it == Type::u32 ? lane : b.cvt(Type::u64, lane);
+    const std::vector<Reg> coords = coordinates(b, row_i, row_dims);
+    // vals: in_k for inputs that do not vary along the row (loaded once), then reductions.
+    std::vector<Reg> vals(static_cast<size_t>(nin + nred));
+    auto used = [&](int k) {
+      for (const ScalarExp& e : rp.reduction_bodies)
+        if (e.depends_on(k)) return true;
+      for (const ScalarExp& e : rp.output_bodies)
+        if (e.depends_on(k)) return true;
+      return false;
+    };
+    for (int k = 0; k < nin; ++k) {
+      RowInput& in = inputs[static_cast<size_t>(k)];
+      if (!used(k)) continue;
+      std::vector<int64_t> strides = broadcast_strides(c.info(op.inputs[static_cast<size_t>(k)]).shape, rp.domain);
+      in.col_stride = strides.back();
+      strides.pop_back();
+      in.row_base = linear_offset(b, coords, strides, 0);
+      if (in.col_stride == 0) vals[static_cast<size_t>(k)] = load_as_f32(b, in.dtype, in.param, in.row_base);
+    }
+    // The operands of `bodies` at column `col`: row-varying inputs loaded there.
+    auto operands_at = [&](Reg col, const std::vector<const ScalarExp*>& bodies) {
+      std::vector<Reg> ops = vals;
+      for (int k = 0; k < nin; ++k) {
+        const RowInput& in = inputs[static_cast<size_t>(k)];
+        bool read = false;
+        for (const ScalarExp* e : bodies) read = read || e->depends_on(k);
+        if (!read || in.col_stride == 0) continue;
+        Reg idx = b.mad(it, col, imm_index(it, in.col_stride), in.row_base);
+        ops[static_cast<size_t>(k)] = load_as_f32(b, in.dtype, in.param, idx);
+      }
+      return ops;
+    };
+    for (int j = 0; j < nred; ++j) {
+      const ReduceKind kind = rp.reduction_kinds[static_cast<size_t>(j)];
+      const ScalarExp& body = rp.reduction_bodies[static_cast<size_t>(j)];
+      Reg acc = b.mov(Type::f32, reduce_identity(kind));
+      b.for_(lane_i, imm_index(it, n), imm_index(it, 32), [&](Reg col) {
+        b.set(acc, reduce_combine(b, kind, acc, emit_scalar_exp(b, body, operands_at(col, {&body}))));
+      });
+      vals[static_cast<size_t>(nin + j)] = reduce_finalize(b, kind, warp_reduce(b, kind, acc), n);
+    }
+    std::vector<const ScalarExp*> row_bodies, per_row_bodies;
+    for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+      (rp.output_per_row[o] ? per_row_bodies : row_bodies).push_back(&rp.output_bodies[o]);
+    if (!row_bodies.empty()) {
+      Reg row_start = b.mul(it, row_i, imm_index(it, n));
+      b.for_(lane_i, imm_index(it, n), imm_index(it, 32), [&](Reg col) {
+        const std::vector<Reg> ops = operands_at(col, row_bodies);
+        Reg at = b.add(it, row_start, col);
+        for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+          if (!rp.output_per_row[o])
+            b.st(Space::global, Type::f32, b.address(outputs[o], at, 4), emit_scalar_exp(b, rp.output_bodies[o], ops));
+      });
+    }
+    if (!per_row_bodies.empty())
+      b.if_(b.setp(Cmp::eq, lane, imm_u32(0)), [&] {
+        for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+          if (rp.output_per_row[o])
+            b.st(Space::global, Type::f32, b.address(outputs[o], row_i, 4),
+                 emit_scalar_exp(b, rp.output_bodies[o], vals));
+      });
+  });
+  LoweredOp r;
+  const auto blocks = static_cast<uint32_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  r.launches.push_back(
+      finish_launch(b, "kiln_fused_rows", {std::max(blocks, 1u), 1, 1}, {32 * kRowsPerBlock, 1, 1}, std::move(args)));
+  r.summary = "fused rows: " + std::to_string(nred) + " reductions, " + std::to_string(rp.output_bodies.size()) +
+              " outputs, a warp per row of " + std::to_string(n) + ", " + launch_text(r.launches.back());
+  return r;
+}
+
+}  // namespace
+
+void register_fused_rows_lowering(LoweringTable& t) {
+  t.add(PrimId::fused_rows, lower_fused_rows, "warp per row: reductions in registers, outputs in a last pass");
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,62 @@
+// Lowering: each Circuit op becomes zero or more kernel launches of kernel IR. Shapes are known
+// when a plan is built, so kernels are specialized to them (sizes, strides and constants are
+// immediates; the only kernel parameters are buffer addresses). Grid and block are chosen here,
+// per op, and shown in the dump of lowered kernels; the Circuit knows nothing of the GPU.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "circuit/ir/circuit.hpp"
+#include "cuda/kir/kir.hpp"
+#include "cuda/sim/simulator.hpp"
+
+namespace kiln::cuda {
+
+// Where a kernel parameter's address comes from.
+struct ArgRef {
+  enum class Kind : uint8_t {
+    Input,    // the op's input `index`
+    Output,   // the op's output `index`
+    Scratch,  // the op's temporary buffer `index` (LoweredOp::scratch_bytes)
+    Status,   // the program's status words (u32[2]): index errors found on the device
+  } kind = Kind::Input;
+  int index = 0;
+};
+
+struct Launch {
+  std::shared_ptr<const kir::Kernel> kernel;
+  sim::Dim3 grid, block;
+  std::vector<ArgRef> args;  // one per kernel parameter, in order
+};
+
+struct LoweredOp {
+  // >= 0: output 0 shares this input's buffer and there is no launch (reshape, stop_gradient:
+  // input 0; assign: input 1, the new contents, which the program commits at the end).
+  int alias_of = -1;
+  // Outputs set to zero before the launches (scatter_add_rows accumulates into zeros).
+  bool zero_outputs = false;
+  std::vector<size_t> scratch_bytes;
+  std::vector<size_t> zeroed_scratch;  // scratch buffers set to zero before the launches (counters)
+  std::vector<Launch> launches;
+  std::string summary;  // "matmul tile 64x64x16, 256 threads"
+};
+
+// Status word 0 counts index errors; word 1 holds one offending index. A kernel that checks
+// indices (gather_rows, scatter_add_rows, one_hot) writes them; the program reads them after
+// the run and raises an error naming the op.
+constexpr int kStatusWords = 2;
+
+// Lowers op `op_index` of `c`. Throws kiln::Error naming the op for what has no lowering (f64
+// and f16/bf16 tensors: the GPU back end runs f32 and i32).
+LoweredOp lower(const Circuit& c, int op_index);
+
+// The input whose buffer the result of a Prim that launches nothing uses (reshape and
+// stop_gradient: 0; assign: 1, its new contents), or -1. Independent of dtypes.
+int alias_input(PrimId prim);
+
+// One line per Prim for `kiln prims`: how it lowers ("" when it has no lowering).
+std::string lowering_summary(PrimId prim);
+
+}  // namespace kiln::cuda

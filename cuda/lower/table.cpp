@@ -1,0 +1,60 @@
+// Lowering dispatch: the table every family registers into, and the lookups on it.
+#include <string>
+
+#include "circuit/ir/error.hpp"
+#include "cuda/lower/families.hpp"
+#include "cuda/lower/lower.hpp"
+#include "cuda/lower/util.hpp"
+
+namespace kiln::cuda {
+
+void LoweringTable::set(PrimId prim, Entry e) {
+  Entry& slot = entries_[static_cast<size_t>(prim)];
+  if (slot.summary) throw Error(std::string("Prim '") + prim_name(prim) + "' has two GPU lowerings");
+  slot = e;
+}
+
+void LoweringTable::add(PrimId prim, LowerFn fn, const char* summary) { set(prim, Entry{fn, -1, summary}); }
+
+void LoweringTable::add_alias(PrimId prim, int input, const char* summary) {
+  set(prim, Entry{nullptr, input, summary});
+}
+
+namespace {
+
+// Every Prim has a lowering: a Prim without one would fail only when a plan containing it first
+// runs on a GPU, so the table refuses to start instead (a test builds it).
+const LoweringTable& table() {
+  static const LoweringTable t = [] {
+    LoweringTable built;
+    register_all_lowerings(built);
+    for (int i = 0; i < kPrimCount; ++i)
+      if (!built.at(static_cast<PrimId>(i)).summary)
+        throw Error(std::string("Prim '") + prim_name(static_cast<PrimId>(i)) + "' has no GPU lowering");
+    return built;
+  }();
+  return t;
+}
+
+}  // namespace
+
+LoweredOp lower(const Circuit& c, int op_index) {
+  const Op& op = c.ops().at(static_cast<size_t>(op_index));
+  const LoweringTable::Entry& e = table().at(op.prim->id);
+  require_gpu_dtypes(c, op);
+  if (!e.fn) {
+    LoweredOp r;
+    r.alias_of = e.alias_of;
+    r.summary = e.summary;
+    return r;
+  }
+  LoweredOp r = e.fn(c, op);
+  if (r.summary.empty()) r.summary = e.summary;
+  return r;
+}
+
+int alias_input(PrimId prim) { return table().at(prim).alias_of; }
+
+std::string lowering_summary(PrimId prim) { return table().at(prim).summary; }
+
+}  // namespace kiln::cuda

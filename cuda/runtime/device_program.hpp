@@ -1,0 +1,110 @@
+// DeviceProgram: a Circuit lowered to kernel launches and run through a Runtime (a GPU, or the
+// fake driver's simulator). Same contract as the Eigen executor's Program::run: bindings per
+// external, results per requested output, and persistent buffers written by assign ops only
+// after the whole step succeeded on the device: into the bound host buffers, or, for persistent
+// tensors resident on the device (Residency), by making the step's buffer their device copy.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "circuit/ir/circuit.hpp"
+#include "cuda/lower/lower.hpp"
+#include "cuda/runtime/resident.hpp"
+#include "cuda/runtime/runtime.hpp"
+
+namespace kiln::cuda {
+
+struct DeviceRunStats {
+  int64_t launches = 0;
+  size_t peak_bytes = 0;  // device bytes held by this run: its workspace and its own buffers at their peak
+  size_t uploaded_bytes = 0, downloaded_bytes = 0;  // host <-> device copies made by the run
+  int64_t uploads = 0, downloads = 0;               // ... and how many
+  double device_ms = 0;      // from the first command's launch to the end of the synchronize after the last
+  bool graph = false;        // the kernels ran as one CUDA graph
+  bool graph_built = false;  // ... built for this run (a command list not seen before)
+};
+
+// Persistent externals kept on the device between runs (cuda/runtime/resident.hpp): keys[i] >= 0 names
+// external i's device copy in `buffers` (its host binding is uploaded only when there is none,
+// and an assign replaces the device copy instead of writing the host binding); -1 is an input,
+// uploaded each run. No buffers: every binding is uploaded and assigns are committed to the host.
+struct Residency {
+  ResidentBuffers* buffers = nullptr;
+  std::vector<int32_t> keys;
+};
+
+class DeviceProgram {
+ public:
+  // Lowers every op (errors name the op and layer), loads every kernel through `rt` and plans
+  // the run's memory: one workspace, kept between runs, holds every intermediate, input, scratch
+  // and status buffer at a fixed offset (circuit/exec/memory_plan.hpp); values assigned to persistent
+  // tensors get buffers of their own (they become the tensors' device copies). On a runtime with
+  // exact block sizes (the fake driver's bounds checks) every buffer is allocated on its own.
+  DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runtime& rt);
+  ~DeviceProgram();
+  DeviceProgram(const DeviceProgram&) = delete;
+  DeviceProgram& operator=(const DeviceProgram&) = delete;
+
+  std::vector<HostTensor> run(const std::vector<HostTensor>& bindings, const Residency& residency = {});
+
+  const Circuit& circuit() const { return circuit_; }
+  Runtime& runtime() const { return rt_; }
+  // False once the runtime it was lowered for is destroyed (another may then take its address).
+  bool runtime_alive() const { return !runtime_alive_.expired(); }
+  // One entry per launch, in launch order.
+  struct KernelInfo {
+    int op = 0;
+    std::string prim;
+    const Launch* launch = nullptr;
+    int registers = -1;
+  };
+  std::vector<KernelInfo> kernels() const;
+  // The back end's own dump: each op with its lowering, kernels, grids and blocks.
+  std::string dump() const;
+  const DeviceRunStats& last_run() const { return last_run_; }
+  // The planned workspace (0 without a static plan), and the most bytes of it live at once.
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  size_t peak_live_bytes() const { return peak_live_bytes_; }
+
+ private:
+  Circuit circuit_;
+  std::vector<ValueId> outputs_;
+  Runtime& rt_;
+  std::vector<LoweredOp> lowered_;
+  std::vector<std::vector<LoadedKernel>> loaded_;  // per op, per launch
+  std::vector<ValueId> root_;                      // value -> the value whose buffer it uses
+  std::vector<int> assign_target_;                 // per op: the external an assign writes, or -1
+  std::vector<std::vector<ValueId>> free_after_;   // per op: buffers (roots) dead after it
+  std::vector<int> status_slot_;                   // per op: its status words, or -1
+  int status_slots_ = 0;
+  DeviceRunStats last_run_;
+  // Runs the commands in order (as a CUDA graph when graphs are on); returns the kernels run.
+  int64_t execute(const std::vector<DeviceCommand>& commands);
+  // The static memory plan: offsets in the workspace per value root (kUnplanned: a buffer of its
+  // own), per op per scratch buffer, and of the status words.
+  static constexpr size_t kUnplanned = ~size_t{0};
+  void plan_workspace();
+  bool static_memory_ = false;
+  std::vector<size_t> planned_offset_;
+  std::vector<std::vector<size_t>> scratch_offset_;
+  size_t status_offset_ = 0, workspace_bytes_ = 0, peak_live_bytes_ = 0;
+  // The inputs (externals that are not persistent) lie together in the workspace, so a run
+  // uploads them in one copy: their first byte, and a host buffer to pack them in.
+  size_t inputs_offset_ = 0;
+  std::vector<uint64_t> staging_;
+  CUdeviceptr workspace_ = 0;                // allocated by the first run, freed with the program
+  std::weak_ptr<const void> runtime_alive_;  // a program may outlive its runtime (a test's)
+  // Replay as CUDA graphs (static memory plan, a driver with graphs, KILN_CUDA_GRAPHS not 0):
+  // the graphs of the latest command lists, at most two (a step's resident tensors alternate
+  // between two address sets), the oldest destroyed first.
+  bool use_graphs_ = false;
+  struct CachedGraph {
+    std::vector<DeviceCommand> commands;
+    Runtime::Graph graph;
+  };
+  std::vector<CachedGraph> graphs_;
+};
+
+}  // namespace kiln::cuda

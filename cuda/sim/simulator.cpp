@@ -1,0 +1,899 @@
+// The SIMT simulator's executor: keeps several blocks of the grid resident and runs their threads
+// in short segments of seeded random order and length (or, with one resident block, each block's
+// threads in a random order to their next bar.sync, shfl.sync or exit); a block's
+// synchronizations complete once none of its threads can run. Checks global and shared accesses,
+// divergence, and shared- and global-memory races (the ordering model is in simulator.hpp).
+#include "cuda/sim/simulator.hpp"
+
+#include <xmmintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "circuit/ir/error.hpp"
+#include "cuda/sim/internal.hpp"
+
+namespace kiln::sim {
+
+using kir::Type;
+
+namespace {
+
+enum class State : uint8_t { ready, at_bar, at_shfl, exited };
+enum class Access : uint8_t { read, write, atomic };
+
+constexpr uint32_t kWarp = 32;
+// A thread that runs this many instructions without reaching a synchronization point is taken to
+// loop forever (a for-loop whose step is zero, say): an error instead of a hung test.
+constexpr int64_t kMaxRun = int64_t{1} << 32;
+constexpr std::byte kSharedPoison{0xff};  // unwritten shared memory reads as NaN / all ones
+
+// The race detector's record of one shared-memory byte in the current barrier epoch. Two
+// distinct readers suffice: a writer differs from at least one of them.
+struct Shadow {
+  uint32_t epoch = 0;
+  int16_t writer = -1;
+  int16_t reader[2] = {-1, -1};
+  int16_t atomic[2] = {-1, -1};
+  uint32_t writer_pc = 0;
+  uint32_t reader_pc[2] = {};
+  uint32_t atomic_pc[2] = {};
+};
+
+uint64_t load_elem(const std::byte* p, int size) {
+  switch (size) {
+    case 1: return static_cast<uint8_t>(*p);
+    case 2: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case 4: {
+      uint32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    default: {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+  }
+}
+
+void store_elem(std::byte* p, uint64_t v, int size) {  // the low `size` bytes (little-endian host)
+  switch (size) {
+    case 1: *p = static_cast<std::byte>(v); break;
+    case 2: {
+      auto x = static_cast<uint16_t>(v);
+      std::memcpy(p, &x, 2);
+      break;
+    }
+    case 4: {
+      auto x = static_cast<uint32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    default: std::memcpy(p, &v, 8); break;
+  }
+}
+
+// What a thread has seen of other blocks' global writes through release/acquire chains (the
+// simulator's happens-before, see simulator.hpp): per writing block, every write made before
+// that block's `barriers`-th bar.sync, and each listed thread's writes up to its store count.
+struct Frontier {
+  uint32_t barriers = 0;
+  std::vector<std::pair<uint16_t, uint32_t>> threads;  // (thread, stores so far)
+  void join(const Frontier& o) {
+    barriers = std::max(barriers, o.barriers);
+    for (const auto& [t, seq] : o.threads) add_thread(t, seq);
+  }
+  void add_thread(uint16_t t, uint32_t seq) {
+    for (auto& [u, s] : threads)
+      if (u == t) {
+        s = std::max(s, seq);
+        return;
+      }
+    threads.emplace_back(t, seq);
+  }
+  bool covers(const WordWrite& w) const {
+    if (w.barriers < barriers) return true;
+    for (const auto& [u, s] : threads)
+      if (u == w.thread) return w.seq <= s;
+    return false;
+  }
+};
+using Knowledge = std::map<uint64_t, Frontier>;  // writing block -> what of it is visible
+
+void join(Knowledge& into, const Knowledge& from) {
+  for (const auto& [block, f] : from) into[block].join(f);
+}
+
+// A warp's shared-memory request being gathered: each lane's address, for one instruction.
+struct WarpRequest {
+  uint32_t bytes = 0;  // per lane
+  uint32_t lanes = 0;  // arrived so far
+  std::array<int64_t, 32> addr;
+  WarpRequest() { addr.fill(-1); }
+};
+
+// One resident block: its threads' registers and states, its shared memory and the race
+// detectors' records.
+struct BlockRun {
+  uint32_t ctaid[3] = {};
+  uint64_t index = 0;  // linear index in the grid
+  std::vector<uint64_t> regs;
+  std::vector<uint32_t> pc;
+  std::vector<State> state;
+  std::vector<int64_t> since_sync;      // instructions since the thread's last synchronization
+  std::vector<uint32_t> ready;          // threads that can run
+  std::vector<uint32_t> warp_waiting;   // per warp: lanes waiting at a shfl.sync
+  std::vector<uint32_t> pending_warps;  // warps with lanes waiting at a shfl.sync
+  uint32_t at_bar = 0;                  // threads waiting at a bar.sync
+  uint32_t barriers = 0;                // bar.syncs completed
+  uint32_t epoch = 0;                   // shared-race epoch: unique per barrier interval of any block in this slot
+  std::vector<std::byte> shared;
+  std::vector<Shadow> shadow;
+  // Global-memory ordering, per thread: seen (through barriers and acquires; shared by the
+  // threads of a block after a bar.sync, null when empty), observed by an atomic but not yet
+  // acquired by a fence, released by the last fence, stores so far.
+  std::vector<std::shared_ptr<const Knowledge>> seen;
+  std::vector<Knowledge> observed, released;
+  std::vector<uint32_t> stores;
+  bool any_seen = false;  // some thread's `seen` is not empty (barriers merge them)
+  uint64_t rng = 0;
+  // Bank-conflict counting: per thread and shared-access instruction, how often it ran (the
+  // lanes' n-th runs of one instruction form one warp request), and the requests being gathered.
+  std::vector<uint32_t> shared_runs;
+  std::unordered_map<uint64_t, WarpRequest> requests;
+};
+
+std::atomic<uint64_t> launches{0};
+
+class Executor {
+ public:
+  Executor(const SimKernel& k, Dim3 grid, Dim3 block, const std::vector<uint64_t>& params, DeviceMemory& mem,
+           const SimOptions& options)
+      : k_(k), grid_(grid), block_(block), mem_(mem), options_(options), launch_(++launches) {
+    auto bad = [&](const std::string& why) { throw Error("simulator: cannot launch kernel '" + k.name + "': " + why); };
+    if (params.size() != k.param_types.size())
+      bad("it takes " + std::to_string(k.param_types.size()) + " parameters, " + std::to_string(params.size()) +
+          " given");
+    if (grid.count() == 0 || block.count() == 0) bad("empty grid or block");
+    if (block.count() > 1024 || block.z > 64) bad("a block has at most 1024 threads and z <= 64");
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int bytes = kir::type_bytes(k.param_types[i]);
+      params_.push_back(bytes == 8 ? params[i] : params[i] & ((uint64_t{1} << (8 * bytes)) - 1));
+    }
+    nthreads_ = static_cast<uint32_t>(block.count());
+    nslots_ = static_cast<uint32_t>(k.init.size());
+    if (options.count_bank_conflicts) {
+      shared_slot_.assign(k.code.size(), -1);
+      for (size_t pc = 0; pc < k.code.size(); ++pc) {
+        const Code c = k.code[pc].code;
+        if (c == Code::LdS || c == Code::StS || c == Code::AtomS) shared_slot_[pc] = shared_ops_++;
+      }
+    }
+    const uint64_t resident = std::clamp<uint64_t>(options.resident_blocks, 1, grid.count());
+    slots_.resize(static_cast<size_t>(resident));
+    for (BlockRun& b : slots_) {
+      b.regs.resize(size_t{nthreads_} * nslots_);
+      b.pc.resize(nthreads_);
+      b.state.resize(nthreads_);
+      b.since_sync.resize(nthreads_);
+      b.warp_waiting.resize((nthreads_ + kWarp - 1) / kWarp);
+      b.shared.resize(static_cast<size_t>(k.shared_bytes));
+      if (options.check_races) {
+        b.shadow.resize(b.shared.size());
+        b.seen.resize(nthreads_);
+        b.observed.resize(nthreads_);
+        b.released.resize(nthreads_);
+      }
+      b.stores.resize(nthreads_);
+      b.shared_runs.resize(size_t{nthreads_} * static_cast<size_t>(shared_ops_));
+    }
+  }
+
+  // Admits blocks in grid order as slots free up (as a GPU's block scheduler roughly does) and
+  // runs the resident ones: one after another when there is one slot, else a seeded random
+  // block's random ready thread for a segment of 1 to kSegment instructions at a time.
+  SimStats run() {
+    const uint64_t total = grid_.count();
+    uint64_t next = 0;
+    std::vector<size_t> active;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      admit(slots_[i], next++);
+      active.push_back(i);
+    }
+    const bool interleave = slots_.size() > 1;
+    uint64_t pick = mix(options_.schedule_seed) ^ 0x5bd1e995;
+    while (!active.empty()) {
+      size_t which = 0;
+      if (interleave) {
+        pick += 0x9e3779b97f4a7c15ULL;
+        which = static_cast<size_t>((mix(pick) >> 32) * active.size() >> 32);
+      }
+      BlockRun& b = slots_[active[which]];
+      cur_ = &b;
+      if (step(b, interleave)) continue;
+      if (next < total) {
+        admit(b, next++);
+      } else {
+        active[which] = active.back();
+        active.pop_back();
+      }
+    }
+    return stats_;
+  }
+
+ private:
+  static constexpr uint32_t kSegment = 32;
+
+  uint32_t below(BlockRun& b, uint32_t n) {
+    b.rng += 0x9e3779b97f4a7c15ULL;
+    return static_cast<uint32_t>((mix(b.rng) >> 32) * n >> 32);
+  }
+
+  void admit(BlockRun& b, uint64_t index) {
+    b.index = index;
+    b.ctaid[0] = static_cast<uint32_t>(index % grid_.x);
+    b.ctaid[1] = static_cast<uint32_t>(index / grid_.x % grid_.y);
+    b.ctaid[2] = static_cast<uint32_t>(index / (uint64_t{grid_.x} * grid_.y));
+    std::fill(b.shared.begin(), b.shared.end(), kSharedPoison);
+    b.epoch = ++epochs_;
+    b.barriers = 0;
+    b.at_bar = 0;
+    b.ready.clear();
+    b.pending_warps.clear();
+    std::fill(b.warp_waiting.begin(), b.warp_waiting.end(), 0);
+    for (uint32_t t = 0; t < nthreads_; ++t) {
+      std::copy(k_.init.begin(), k_.init.end(), b.regs.begin() + size_t{t} * nslots_);
+      b.pc[t] = 0;
+      b.state[t] = State::ready;
+      b.since_sync[t] = 0;
+      b.stores[t] = 0;
+      b.ready.push_back(t);
+    }
+    if (options_.check_races)
+      for (uint32_t t = 0; t < nthreads_; ++t) {
+        b.seen[t].reset();
+        b.observed[t].clear();
+        b.released[t].clear();
+      }
+    b.any_seen = false;
+    b.rng = mix(options_.schedule_seed) ^ mix(index + 0x51ed2701);
+    std::fill(b.shared_runs.begin(), b.shared_runs.end(), 0);
+  }
+
+  // Runs some of block b; false once every thread of it has exited.
+  bool step(BlockRun& b, bool interleave) {
+    if (b.ready.empty()) {
+      // Every thread waits or has exited: complete the shuffles, then the barrier.
+      std::sort(b.pending_warps.begin(), b.pending_warps.end());  // errors name the first warp, whatever the schedule
+      for (uint32_t w : b.pending_warps) complete_shuffle(w);
+      b.pending_warps.clear();
+      if (!b.ready.empty()) return true;
+      flush_requests(b);
+      if (b.at_bar == 0) return false;  // all exited
+      complete_barrier();
+      return true;
+    }
+    if (!interleave) {  // each ready thread, in a random order, to its next synchronization
+      for (size_t i = b.ready.size(); i > 1; --i)
+        std::swap(b.ready[i - 1], b.ready[below(b, static_cast<uint32_t>(i))]);
+      const std::vector<uint32_t> run = std::move(b.ready);
+      b.ready.clear();
+      for (uint32_t t : run) run_thread(t, std::numeric_limits<int64_t>::max());
+      return true;
+    }
+    const uint32_t i = below(b, static_cast<uint32_t>(b.ready.size()));
+    const uint32_t t = b.ready[i];
+    if (!run_thread(t, 1 + below(b, kSegment))) {
+      b.ready[i] = b.ready.back();
+      b.ready.pop_back();
+    }
+    return true;
+  }
+
+  void complete_shuffle(uint32_t w) {
+    BlockRun& b = *cur_;
+    const uint32_t first = w * kWarp;
+    if (nthreads_ - first < kWarp || b.warp_waiting[w] != kWarp) fail_divergent_shuffle(w);
+    for (uint32_t l = 1; l < kWarp; ++l)
+      if (b.pc[first + l] != b.pc[first]) fail_divergent_shuffle(w);
+    b.warp_waiting[w] = 0;
+    const Op& op = k_.code[b.pc[first]];
+    uint32_t value[kWarp];
+    for (uint32_t l = 0; l < kWarp; ++l) value[l] = static_cast<uint32_t>(reg(first + l)[op.a]);
+    // PTX's shfl.sync: c packs the clamp value (bits 0-4) and the segment mask (bits 8-12).
+    for (uint32_t l = 0; l < kWarp; ++l) {
+      uint64_t* r = reg(first + l);
+      const auto bl = static_cast<int32_t>(r[op.b] & 31), c = static_cast<int32_t>(r[op.c]);
+      const int32_t seg = (c >> 8) & 31, max_lane = (static_cast<int32_t>(l) & seg) | (c & 31 & ~seg);
+      const int32_t min_lane = static_cast<int32_t>(l) & seg, lane = static_cast<int32_t>(l);
+      int32_t j = lane;
+      bool ok = false;
+      switch (static_cast<kir::ShflMode>(op.aux)) {
+        case kir::ShflMode::up:
+          j = lane - bl;
+          ok = j >= max_lane;
+          break;
+        case kir::ShflMode::down:
+          j = lane + bl;
+          ok = j <= max_lane;
+          break;
+        case kir::ShflMode::bfly:
+          j = lane ^ bl;
+          ok = j <= max_lane;
+          break;
+        case kir::ShflMode::idx:
+          j = min_lane | (bl & ~seg);
+          ok = j <= max_lane;
+          break;
+      }
+      r[op.d] = value[ok ? j : lane];
+      ++b.pc[first + l];
+      b.state[first + l] = State::ready;
+      b.since_sync[first + l] = 0;
+      b.ready.push_back(first + l);
+    }
+  }
+
+  void complete_barrier() {
+    BlockRun& b = *cur_;
+    if (b.at_bar != nthreads_) fail_divergent_barrier();
+    for (uint32_t t = 1; t < nthreads_; ++t)
+      if (b.pc[t] != b.pc[0]) fail_divergent_barrier();
+    for (uint32_t t = 0; t < nthreads_; ++t) {
+      ++b.pc[t];
+      b.state[t] = State::ready;
+      b.since_sync[t] = 0;
+      b.ready.push_back(t);
+    }
+    // What any thread of the block has seen of other blocks, every thread has seen now.
+    if (options_.check_races && b.any_seen) {
+      auto all = std::make_shared<Knowledge>();
+      const Knowledge* last = nullptr;  // threads share one map since the last barrier: join it once
+      for (uint32_t t = 0; t < nthreads_; ++t)
+        if (b.seen[t] && b.seen[t].get() != last) join(*all, *(last = b.seen[t].get()));
+      for (uint32_t t = 0; t < nthreads_; ++t) b.seen[t] = all;
+    }
+    b.at_bar = 0;
+    ++b.barriers;
+    b.epoch = ++epochs_;
+    ++stats_.barriers;
+  }
+
+  uint64_t* reg(uint32_t t) { return cur_->regs.data() + size_t{t} * nslots_; }
+
+  uint32_t sreg(uint32_t t, kir::SReg s) const {
+    switch (s) {
+      case kir::SReg::tid_x: return t % block_.x;
+      case kir::SReg::tid_y: return t / block_.x % block_.y;
+      case kir::SReg::tid_z: return t / (block_.x * block_.y);
+      case kir::SReg::ntid_x: return block_.x;
+      case kir::SReg::ntid_y: return block_.y;
+      case kir::SReg::ntid_z: return block_.z;
+      case kir::SReg::ctaid_x: return cur_->ctaid[0];
+      case kir::SReg::ctaid_y: return cur_->ctaid[1];
+      case kir::SReg::ctaid_z: return cur_->ctaid[2];
+      case kir::SReg::nctaid_x: return grid_.x;
+      case kir::SReg::nctaid_y: return grid_.y;
+      case kir::SReg::nctaid_z: return grid_.z;
+      case kir::SReg::laneid: return t % kWarp;
+    }
+    return 0;
+  }
+
+  // Runs thread t for at most `budget` instructions, until it waits at a bar.sync or shfl.sync,
+  // or exits; true when it can run on.
+  bool run_thread(uint32_t t, int64_t budget);
+
+  std::byte* global(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes, const char* what) {
+    if (addr % bytes)
+      fail(
+          t, pc,
+          std::string("misaligned global ") + what + " of " + std::to_string(bytes) + " bytes at " + hex_address(addr));
+    try {
+      return mem_.at(addr, bytes);
+    } catch (const Error& e) {
+      fail(t, pc,
+           std::string("out-of-bounds global ") + what + " of " + std::to_string(bytes) + " bytes at " +
+               hex_address(addr) + " [" + e.what() + "]");
+    }
+  }
+
+  // A global load by thread t of bytes another thread wrote in this launch must be ordered
+  // after that write (simulator.hpp): else a global-memory race.
+  void check_global_read(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes) {
+    const BlockRun& b = *cur_;
+    const uint64_t first = addr & ~uint64_t{3};
+    const WordWrite* records = mem_.find_write_records(first);
+    if (!records) return;
+    for (uint64_t a = first; a < addr + bytes; a += 4) {
+      const WordWrite& w = records[(a - first) / 4];
+      if (w.launch != launch_) continue;
+      if (w.block == b.index) {
+        if (w.thread != t && w.barriers == b.barriers) fail_global_race(t, pc, a, w, "with no bar.sync in between");
+        continue;
+      }
+      const Knowledge* seen = b.seen[t].get();
+      const auto it = seen ? seen->find(w.block) : Knowledge::const_iterator{};
+      if (!seen || it == seen->end() || !it->second.covers(w))
+        fail_global_race(t, pc, a, w,
+                         "with nothing ordering the write before the read (the writer's bar.sync, membar.gl and an "
+                         "atomic, then this block's atomic on that word and membar.gl)");
+    }
+  }
+
+  void record_global_write(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes) {
+    BlockRun& b = *cur_;
+    const uint32_t seq = ++b.stores[t];
+    const uint64_t first = addr & ~uint64_t{3};
+    WordWrite* records = mem_.write_records(first);
+    for (uint64_t a = first; a < addr + bytes; a += 4)
+      records[(a - first) / 4] = WordWrite{launch_, b.index, b.barriers, seq, pc, static_cast<uint16_t>(t)};
+  }
+
+  // membar.gl (fence.sc.gpu): acquires what the thread's atomics observed, and releases what it
+  // has seen, its block's writes before its last bar.sync and its own writes.
+  void fence(uint32_t t) {
+    BlockRun& b = *cur_;
+    if (!b.observed[t].empty()) {
+      auto more = std::make_shared<Knowledge>(b.seen[t] ? *b.seen[t] : Knowledge{});
+      join(*more, b.observed[t]);
+      b.seen[t] = std::move(more);
+      b.observed[t].clear();
+      b.any_seen = true;
+    }
+    b.released[t] = b.seen[t] ? *b.seen[t] : Knowledge{};
+    Frontier& own = b.released[t][b.index];
+    own.barriers = b.barriers;
+    own.add_thread(static_cast<uint16_t>(t), b.stores[t]);
+  }
+
+  // An atomic on the word at addr: it observes the releases made there so far (the read of a
+  // read-modify-write) and adds the thread's own (when a fence preceded it).
+  void atomic_sync(uint32_t t, uint64_t addr) {
+    BlockRun& b = *cur_;
+    Knowledge& word = sync_[addr & ~uint64_t{3}];
+    join(b.observed[t], word);
+    join(word, b.released[t]);
+  }
+
+  std::byte* shared(uint32_t t, uint32_t pc, uint64_t raw, uint32_t bytes, const char* what, Access kind) {
+    const auto addr = static_cast<uint32_t>(raw);  // shared addresses are 32-bit
+    const auto size = cur_->shared.size();
+    if (uint64_t{addr} + bytes > size)
+      fail(t, pc,
+           std::string("out-of-bounds shared ") + what + " of " + std::to_string(bytes) + " bytes at offset " +
+               hex_address(addr) + " (the block's shared memory is " + std::to_string(size) + " bytes)");
+    if (addr % bytes)
+      fail(t, pc,
+           std::string("misaligned shared ") + what + " of " + std::to_string(bytes) + " bytes at offset " +
+               hex_address(addr));
+    if (options_.check_races) check_race(t, pc, addr, bytes, kind);
+    if (options_.count_bank_conflicts) gather_request(t, pc, addr, bytes);
+    return cur_->shared.data() + addr;
+  }
+
+  // Lane t's part of its warp's request at instruction pc; a request is counted once all 32
+  // lanes have joined, or at the block's next barrier or end (fewer active lanes).
+  void gather_request(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes) {
+    BlockRun& b = *cur_;
+    const auto slot = static_cast<uint32_t>(shared_slot_[pc]);
+    const uint32_t run = b.shared_runs[size_t{t} * static_cast<size_t>(shared_ops_) + slot]++;
+    const uint64_t key = (uint64_t{t / kWarp} * static_cast<uint64_t>(shared_ops_) + slot) << 32 | run;
+    WarpRequest& r = b.requests[key];
+    r.bytes = bytes;
+    r.addr[t % kWarp] = addr;
+    if (++r.lanes == kWarp) {
+      count_request(r);
+      b.requests.erase(key);
+    }
+  }
+
+  void flush_requests(BlockRun& b) {
+    for (const auto& [key, r] : b.requests) count_request(r);
+    b.requests.clear();
+  }
+
+  // Phases of 32, 16 or 8 lanes (4-, 8- or 16-byte accesses); in each, the wavefronts are the
+  // most distinct words any one bank holds.
+  void count_request(const WarpRequest& r) {
+    const uint32_t per_phase = r.bytes >= 16 ? 8 : r.bytes == 8 ? 16 : 32;
+    const uint32_t words = std::max<uint32_t>(1, r.bytes / 4);
+    ++stats_.shared_requests;
+    for (uint32_t first = 0; first < kWarp; first += per_phase) {
+      std::array<std::vector<int64_t>, 32> bank;
+      bool any = false;
+      for (uint32_t l = first; l < first + per_phase; ++l) {
+        if (r.addr[l] < 0) continue;
+        any = true;
+        for (uint32_t w = 0; w < words; ++w) {
+          const int64_t word = r.addr[l] / 4 + w;
+          auto& held = bank[static_cast<size_t>(word % 32)];
+          if (std::find(held.begin(), held.end(), word) == held.end()) held.push_back(word);
+        }
+      }
+      if (!any) continue;
+      size_t most = 1;
+      for (const auto& held : bank) most = std::max(most, held.size());
+      stats_.shared_wavefronts += static_cast<int64_t>(most);
+      stats_.bank_conflicts += static_cast<int64_t>(most) - 1;
+    }
+  }
+
+  void check_race(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes, Access kind) {
+    const auto me = static_cast<int16_t>(t);
+    auto other = [me](const int16_t(&ids)[2]) {
+      return ids[0] >= 0 && ids[0] != me ? 0 : ids[1] >= 0 && ids[1] != me ? 1 : -1;
+    };
+    auto add = [me, pc](int16_t(&ids)[2], uint32_t(&pcs)[2]) {
+      for (int i = 0; i < 2; ++i) {
+        if (ids[i] == me) return;
+        if (ids[i] < 0) {
+          ids[i] = me;
+          pcs[i] = pc;
+          return;
+        }
+      }
+    };
+    const uint32_t epoch = cur_->epoch;
+    for (uint32_t a = addr; a < addr + bytes; ++a) {
+      Shadow& s = cur_->shadow[a];
+      if (s.epoch != epoch) s = Shadow{.epoch = epoch};
+      if (s.writer >= 0 && s.writer != me) fail_race(t, pc, kind, a, s.writer, s.writer_pc, Access::write);
+      if (kind != Access::atomic)
+        if (int i = other(s.atomic); i >= 0) fail_race(t, pc, kind, a, s.atomic[i], s.atomic_pc[i], Access::atomic);
+      if (kind != Access::read)
+        if (int i = other(s.reader); i >= 0) fail_race(t, pc, kind, a, s.reader[i], s.reader_pc[i], Access::read);
+      switch (kind) {
+        case Access::read: add(s.reader, s.reader_pc); break;
+        case Access::atomic: add(s.atomic, s.atomic_pc); break;
+        case Access::write:
+          s.writer = me;
+          s.writer_pc = pc;
+          break;
+      }
+    }
+  }
+
+  std::string coords(uint32_t x, uint32_t y, uint32_t z) const {
+    return "(" + std::to_string(x) + "," + std::to_string(y) + "," + std::to_string(z) + ")";
+  }
+  std::string thread_name(uint32_t t) const {
+    return coords(sreg(t, kir::SReg::tid_x), sreg(t, kir::SReg::tid_y), sreg(t, kir::SReg::tid_z));
+  }
+  std::string block_name(uint64_t index) const {
+    return coords(static_cast<uint32_t>(index % grid_.x), static_cast<uint32_t>(index / grid_.x % grid_.y),
+                  static_cast<uint32_t>(index / (uint64_t{grid_.x} * grid_.y)));
+  }
+  std::string where() const { return "in kernel '" + k_.name + "', block " + block_name(cur_->index); }
+
+  [[noreturn]] void fail(uint32_t t, uint32_t pc, const std::string& what) const {
+    throw Error("simulator: " + what + " " + where() + ", thread " + thread_name(t) + ": " + k_.text[pc]);
+  }
+
+  [[noreturn]] void fail_race(uint32_t t, uint32_t pc, Access kind, uint32_t addr, int16_t other, uint32_t other_pc,
+                              Access other_kind) const {
+    static const char* kVerb[] = {"reads", "writes", "atomically updates"};
+    static const char* kPast[] = {"read", "wrote", "atomically updated"};
+    const auto o = static_cast<uint32_t>(other);
+    throw Error("simulator: shared-memory race " + where() + ": thread " + thread_name(t) + " " +
+                kVerb[static_cast<int>(kind)] + " shared byte " + hex_address(addr) + " that thread " + thread_name(o) +
+                " " + kPast[static_cast<int>(other_kind)] + " with no bar.sync in between; thread " + thread_name(t) +
+                ": " + k_.text[pc] + "; thread " + thread_name(o) + ": " + k_.text[other_pc]);
+  }
+
+  [[noreturn]] void fail_global_race(uint32_t t, uint32_t pc, uint64_t addr, const WordWrite& w,
+                                     const std::string& why) const {
+    const bool same_block = w.block == cur_->index;
+    throw Error(std::string("simulator: ") + (same_block ? "global-memory race" : "cross-block race") + " " + where() +
+                ": thread " + thread_name(t) + " reads global word " + hex_address(addr) + " that block " +
+                block_name(w.block) + " thread " + thread_name(w.thread) + " wrote in this launch " + why +
+                "; reader: " + k_.text[pc] + "; writer: " + k_.text[w.pc]);
+  }
+
+  // What a thread does when no thread can run: it exited or waits at a synchronization.
+  std::string status(uint32_t t) const {
+    return cur_->state[t] == State::exited ? "exited" : "wait at " + k_.text[cur_->pc[t]];
+  }
+
+  // "threads (0,0,0)..(9,0,0) wait at ...; thread (10,0,0) exited": consecutive threads of
+  // [begin, end) grouped by what they do, at most a few groups.
+  std::string groups(uint32_t begin, uint32_t end) const {
+    std::string out;
+    int shown = 0;
+    for (uint32_t i = begin; i < end;) {
+      uint32_t j = i + 1;
+      const std::string s = status(i);
+      while (j < end && status(j) == s) ++j;
+      if (shown++ == 6) return out + "; ...";
+      const std::string who =
+          j - i == 1 ? "thread " + thread_name(i) : "threads " + thread_name(i) + ".." + thread_name(j - 1);
+      out += (out.empty() ? "" : "; ") + who + " " + s;
+      i = j;
+    }
+    return out;
+  }
+
+  [[noreturn]] void fail_divergent_shuffle(uint32_t w) const {
+    const uint32_t first = w * kWarp, end = std::min(first + kWarp, nthreads_);
+    std::string msg = "simulator: divergent shuffle " + where() + ", warp " + std::to_string(w) +
+                      ": not all 32 lanes reach the same shfl.sync (full mask): " + groups(first, end);
+    if (end - first < kWarp)
+      msg += "; lanes " + std::to_string(end - first) + "-31 do not exist (the block has " + std::to_string(nthreads_) +
+             " threads)";
+    throw Error(msg);
+  }
+
+  [[noreturn]] void fail_divergent_barrier() const {
+    throw Error("simulator: divergent barrier " + where() + ": not all " + std::to_string(nthreads_) +
+                " threads of the block reach the same bar.sync: " + groups(0, nthreads_));
+  }
+
+  const SimKernel& k_;
+  const Dim3 grid_, block_;
+  DeviceMemory& mem_;
+  const SimOptions options_;
+  const uint64_t launch_;         // this launch's id (write records of others are stale)
+  std::vector<uint64_t> params_;  // masked to their types' widths
+  uint32_t nthreads_ = 0, nslots_ = 0;
+  std::vector<BlockRun> slots_;       // resident blocks
+  BlockRun* cur_ = nullptr;           // the block being run
+  uint32_t epochs_ = 0;               // shared-race epochs handed out
+  std::vector<int32_t> shared_slot_;  // per pc: its index among the shared accesses, or -1
+  int32_t shared_ops_ = 0;
+  std::unordered_map<uint64_t, Knowledge> sync_;  // per atomically updated word: the releases made there
+  SimStats stats_;
+};
+
+// The interpreter. Slots hold zero-extended values: 32-bit results are stored through W32.
+#define U32(x) static_cast<uint32_t>(r[op.x])
+#define S32(x) static_cast<int32_t>(static_cast<uint32_t>(r[op.x]))
+#define U64(x) r[op.x]
+#define S64(x) static_cast<int64_t>(r[op.x])
+#define F32(x) f32_of(r[op.x])
+#define F64(x) f64_of(r[op.x])
+#define W32(v) r[op.d] = static_cast<uint32_t>(v)
+#define SETP_CASES(first, get)                                                            \
+  case first: r[op.d] = get(a) == get(b); break;                                          \
+  case static_cast<Code>(static_cast<int>(first) + 1): r[op.d] = get(a) != get(b); break; \
+  case static_cast<Code>(static_cast<int>(first) + 2): r[op.d] = get(a) < get(b); break;  \
+  case static_cast<Code>(static_cast<int>(first) + 3): r[op.d] = get(a) <= get(b); break; \
+  case static_cast<Code>(static_cast<int>(first) + 4): r[op.d] = get(a) > get(b); break;  \
+  case static_cast<Code>(static_cast<int>(first) + 5): r[op.d] = get(a) >= get(b); break;
+
+bool Executor::run_thread(uint32_t t, int64_t budget) {
+  BlockRun& blk = *cur_;
+  const Op* const code = k_.code.data();
+  const uint32_t* const vslots = k_.vslots.data();
+  uint64_t* const r = reg(t);
+  const bool races = options_.check_races;
+  uint32_t pc = blk.pc[t];
+  int64_t n = 0;
+  bool runs_on = false;
+  for (;;) {
+    if (n == budget) {
+      runs_on = true;
+      break;
+    }
+    const Op& op = code[pc];
+    ++n;
+    switch (op.code) {
+      case Code::Bra:
+        if (blk.since_sync[t] + n > kMaxRun)
+          fail(t, pc,
+               "runaway thread (" + std::to_string(blk.since_sync[t] + n) + " instructions without a synchronization)");
+        pc = static_cast<uint32_t>(op.imm);
+        continue;
+      case Code::BrTrue: pc = r[op.a] ? static_cast<uint32_t>(op.imm) : pc + 1; continue;
+      case Code::BrFalse: pc = r[op.a] ? pc + 1 : static_cast<uint32_t>(op.imm); continue;
+      case Code::Exit: blk.state[t] = State::exited; goto stop;
+      case Code::Bar:
+        blk.state[t] = State::at_bar;
+        ++blk.at_bar;
+        goto stop;
+      case Code::Shfl:
+        blk.state[t] = State::at_shfl;
+        if (blk.warp_waiting[t / kWarp]++ == 0) blk.pending_warps.push_back(t / kWarp);
+        goto stop;
+      case Code::Fence:
+        if (races) fence(t);
+        break;
+      case Code::Mov: r[op.d] = r[op.a]; break;
+      case Code::Selp: r[op.d] = r[op.c] ? r[op.a] : r[op.b]; break;
+      case Code::LdParam: r[op.d] = params_[static_cast<size_t>(op.imm)]; break;
+      case Code::Sreg: r[op.d] = sreg(t, static_cast<kir::SReg>(op.aux)); break;
+      case Code::Add32: W32(U32(a) + U32(b)); break;
+      case Code::Sub32: W32(U32(a) - U32(b)); break;
+      case Code::Mul32: W32(U32(a) * U32(b)); break;
+      case Code::Mad32: W32(U32(a) * U32(b) + U32(c)); break;
+      case Code::Neg32: W32(0u - U32(a)); break;
+      case Code::Not32: W32(~U32(a)); break;
+      case Code::Shl32: W32(U32(b) >= 32 ? 0u : U32(a) << U32(b)); break;
+      case Code::ShrU32: W32(U32(b) >= 32 ? 0u : U32(a) >> U32(b)); break;
+      case Code::ShrS32: W32(S32(a) >> std::min(U32(b), 31u)); break;
+      case Code::MulHiU32: W32(uint64_t{U32(a)} * U32(b) >> 32); break;
+      case Code::MulHiS32: W32(int64_t{S32(a)} * S32(b) >> 32); break;
+      case Code::MulWideU32: r[op.d] = uint64_t{U32(a)} * U32(b); break;
+      case Code::MulWideS32: r[op.d] = static_cast<uint64_t>(int64_t{S32(a)} * S32(b)); break;
+      // Division by zero gives all ones (quotient) or the dividend (remainder): PTX leaves it
+      // unspecified, the simulator must not crash. INT_MIN / -1 wraps.
+      case Code::DivU32: W32(U32(b) ? U32(a) / U32(b) : ~0u); break;
+      case Code::DivS32:
+        W32(S32(b) == 0 ? ~0u : S32(b) == -1 ? 0u - U32(a) : static_cast<uint32_t>(S32(a) / S32(b)));
+        break;
+      case Code::RemU32: W32(U32(b) ? U32(a) % U32(b) : U32(a)); break;
+      case Code::RemS32: W32(S32(b) == 0 ? U32(a) : S32(b) == -1 ? 0u : static_cast<uint32_t>(S32(a) % S32(b))); break;
+      case Code::MinU32: W32(std::min(U32(a), U32(b))); break;
+      case Code::MinS32: W32(std::min(S32(a), S32(b))); break;
+      case Code::MaxU32: W32(std::max(U32(a), U32(b))); break;
+      case Code::MaxS32: W32(std::max(S32(a), S32(b))); break;
+      case Code::AbsS32: W32(S32(a) < 0 ? 0u - U32(a) : U32(a)); break;
+      case Code::Add64: r[op.d] = U64(a) + U64(b); break;
+      case Code::Sub64: r[op.d] = U64(a) - U64(b); break;
+      case Code::Mul64: r[op.d] = U64(a) * U64(b); break;
+      case Code::Mad64: r[op.d] = U64(a) * U64(b) + U64(c); break;
+      case Code::Neg64: r[op.d] = 0 - U64(a); break;
+      case Code::Not64: r[op.d] = ~U64(a); break;
+      case Code::Shl64: r[op.d] = U32(b) >= 64 ? 0 : U64(a) << U32(b); break;
+      case Code::ShrU64: r[op.d] = U32(b) >= 64 ? 0 : U64(a) >> U32(b); break;
+      case Code::ShrS64: r[op.d] = static_cast<uint64_t>(S64(a) >> std::min(U32(b), 63u)); break;
+      case Code::MulHiU64:
+        r[op.d] = static_cast<uint64_t>((static_cast<unsigned __int128>(U64(a)) * U64(b)) >> 64);
+        break;
+      case Code::MulHiS64: r[op.d] = static_cast<uint64_t>((static_cast<__int128>(S64(a)) * S64(b)) >> 64); break;
+      case Code::DivU64: r[op.d] = U64(b) ? U64(a) / U64(b) : ~uint64_t{0}; break;
+      case Code::DivS64:
+        r[op.d] = S64(b) == 0 ? ~uint64_t{0} : S64(b) == -1 ? 0 - U64(a) : static_cast<uint64_t>(S64(a) / S64(b));
+        break;
+      case Code::RemU64: r[op.d] = U64(b) ? U64(a) % U64(b) : U64(a); break;
+      case Code::RemS64:
+        r[op.d] = S64(b) == 0 ? U64(a) : S64(b) == -1 ? 0 : static_cast<uint64_t>(S64(a) % S64(b));
+        break;
+      case Code::MinU64: r[op.d] = std::min(U64(a), U64(b)); break;
+      case Code::MinS64: r[op.d] = static_cast<uint64_t>(std::min(S64(a), S64(b))); break;
+      case Code::MaxU64: r[op.d] = std::max(U64(a), U64(b)); break;
+      case Code::MaxS64: r[op.d] = static_cast<uint64_t>(std::max(S64(a), S64(b))); break;
+      case Code::AbsS64: r[op.d] = S64(a) < 0 ? 0 - U64(a) : U64(a); break;
+      case Code::And: r[op.d] = U64(a) & U64(b); break;
+      case Code::Or: r[op.d] = U64(a) | U64(b); break;
+      case Code::Xor: r[op.d] = U64(a) ^ U64(b); break;
+      case Code::NotPred: r[op.d] = U64(a) ^ 1; break;
+      case Code::AddF32: r[op.d] = slot_of(F32(a) + F32(b)); break;
+      case Code::SubF32: r[op.d] = slot_of(F32(a) - F32(b)); break;
+      case Code::MulF32: r[op.d] = slot_of(F32(a) * F32(b)); break;
+      case Code::DivF32: r[op.d] = slot_of(F32(a) / F32(b)); break;
+      case Code::FmaF32: r[op.d] = slot_of(std::fma(F32(a), F32(b), F32(c))); break;
+      case Code::MinF32: r[op.d] = slot_of(ptx_min(F32(a), F32(b))); break;
+      case Code::MaxF32: r[op.d] = slot_of(ptx_max(F32(a), F32(b))); break;
+      case Code::NegF32: r[op.d] = U64(a) ^ 0x80000000u; break;
+      case Code::AbsF32: r[op.d] = U64(a) & 0x7fffffffu; break;
+      case Code::SqrtF32: r[op.d] = slot_of(std::sqrt(F32(a))); break;
+      case Code::Approx: r[op.d] = slot_of(approx(static_cast<kir::Opc>(op.aux), F32(a))); break;
+      case Code::AddF64: r[op.d] = slot_of(F64(a) + F64(b)); break;
+      case Code::SubF64: r[op.d] = slot_of(F64(a) - F64(b)); break;
+      case Code::MulF64: r[op.d] = slot_of(F64(a) * F64(b)); break;
+      case Code::DivF64: r[op.d] = slot_of(F64(a) / F64(b)); break;
+      case Code::FmaF64: r[op.d] = slot_of(std::fma(F64(a), F64(b), F64(c))); break;
+      case Code::MinF64: r[op.d] = slot_of(ptx_min(F64(a), F64(b))); break;
+      case Code::MaxF64: r[op.d] = slot_of(ptx_max(F64(a), F64(b))); break;
+      case Code::NegF64: r[op.d] = U64(a) ^ (uint64_t{1} << 63); break;
+      case Code::AbsF64: r[op.d] = U64(a) & ~(uint64_t{1} << 63); break;
+      case Code::Half:
+        r[op.d] = half_arith(static_cast<kir::Opc>(op.aux), static_cast<Type>(op.size), U64(a), U64(b), U64(c));
+        break;
+        SETP_CASES(Code::SetpU32, U32)
+        SETP_CASES(Code::SetpS32, S32)
+        SETP_CASES(Code::SetpU64, U64)
+        SETP_CASES(Code::SetpS64, S64)
+        SETP_CASES(Code::SetpF32, F32)  // C++ comparisons are PTX's: ordered, except != (unordered)
+        SETP_CASES(Code::SetpF64, F64)
+      case Code::SetpGeneric:
+        r[op.d] = compare_generic(static_cast<kir::Cmp>(op.aux), static_cast<Type>(op.size), U64(a), U64(b));
+        break;
+      case Code::SextS32: r[op.d] = static_cast<uint64_t>(int64_t{S32(a)}); break;
+      case Code::Trunc32: W32(U64(a)); break;
+      case Code::CvtF32F64: r[op.d] = slot_of(static_cast<double>(F32(a))); break;
+      case Code::CvtF64F32: r[op.d] = slot_of(static_cast<float>(F64(a))); break;
+      case Code::CvtU32F32: r[op.d] = slot_of(static_cast<float>(U32(a))); break;
+      case Code::CvtS32F32: r[op.d] = slot_of(static_cast<float>(S32(a))); break;
+      case Code::CvtF32U32: W32(float_to_int<uint32_t>(F32(a))); break;
+      case Code::CvtF32S32: W32(float_to_int<int32_t>(F32(a))); break;
+      case Code::Cvt: r[op.d] = convert(U64(a), static_cast<Type>(op.aux), static_cast<Type>(op.size)); break;
+      case Code::LdG: {
+        const uint64_t addr = U64(a) + static_cast<uint64_t>(op.imm);
+        const std::byte* p = global(t, pc, addr, uint32_t{op.size} * op.aux, "load");
+        if (races) check_global_read(t, pc, addr, uint32_t{op.size} * op.aux);
+        for (int i = 0; i < op.aux; ++i) r[vslots[op.b + i]] = load_elem(p + i * op.size, op.size);
+        break;
+      }
+      case Code::StG: {
+        const uint64_t addr = U64(a) + static_cast<uint64_t>(op.imm);
+        std::byte* p = global(t, pc, addr, uint32_t{op.size} * op.aux, "store");
+        if (races) record_global_write(t, pc, addr, uint32_t{op.size} * op.aux);
+        for (int i = 0; i < op.aux; ++i) store_elem(p + i * op.size, r[vslots[op.b + i]], op.size);
+        break;
+      }
+      case Code::LdS: {
+        const std::byte* p =
+            shared(t, pc, U64(a) + static_cast<uint64_t>(op.imm), uint32_t{op.size} * op.aux, "load", Access::read);
+        for (int i = 0; i < op.aux; ++i) r[vslots[op.b + i]] = load_elem(p + i * op.size, op.size);
+        break;
+      }
+      case Code::StS: {
+        std::byte* p =
+            shared(t, pc, U64(a) + static_cast<uint64_t>(op.imm), uint32_t{op.size} * op.aux, "store", Access::write);
+        for (int i = 0; i < op.aux; ++i) store_elem(p + i * op.size, r[vslots[op.b + i]], op.size);
+        break;
+      }
+      case Code::AtomG:
+      case Code::AtomS: {
+        const uint64_t addr = U64(a) + static_cast<uint64_t>(op.imm);
+        std::byte* p = op.code == Code::AtomG ? global(t, pc, addr, 4, "atomic add")
+                                              : shared(t, pc, addr, 4, "atomic add", Access::atomic);
+        if (races && op.code == Code::AtomG) atomic_sync(t, addr);
+        const auto old = static_cast<uint32_t>(load_elem(p, 4));
+        const uint32_t sum = op.aux ? std::bit_cast<uint32_t>(std::bit_cast<float>(old) + F32(b)) : old + U32(b);
+        store_elem(p, sum, 4);
+        r[op.d] = old;
+        break;
+      }
+    }
+    ++pc;
+  }
+stop:  // at a synchronization (pc stays on it until it completes) or exited, or out of budget
+  blk.pc[t] = pc;
+  blk.since_sync[t] = runs_on ? blk.since_sync[t] + n : 0;
+  stats_.instructions += n;
+  return runs_on;
+}
+
+#undef U32
+#undef S32
+#undef U64
+#undef S64
+#undef F32
+#undef F64
+#undef W32
+#undef SETP_CASES
+
+// The host floating-point environment IEEE arithmetic needs, for the duration of a simulation:
+// round to nearest and subnormals kept. The CPU executor sets flush-to-zero (FTZ and DAZ) on its
+// threads, which only PTX's .ftz instructions do (and the simulator does those explicitly).
+class IeeeEnvironment {
+ public:
+  IeeeEnvironment() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~(kFlushToZero | kDenormalsAreZero | kRounding)); }
+  ~IeeeEnvironment() { _mm_setcsr(saved_); }
+  IeeeEnvironment(const IeeeEnvironment&) = delete;
+  IeeeEnvironment& operator=(const IeeeEnvironment&) = delete;
+
+ private:
+  static constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040, kRounding = 0x6000;
+  unsigned saved_;
+};
+
+}  // namespace
+
+SimStats simulate(const SimKernel& k, Dim3 grid, Dim3 block, const std::vector<uint64_t>& params, DeviceMemory& mem,
+                  const SimOptions& options) {
+  const IeeeEnvironment ieee;
+  return Executor(k, grid, block, params, mem, options).run();
+}
+
+SimStats simulate(const kir::Kernel& k, Dim3 grid, Dim3 block, const std::vector<uint64_t>& params, DeviceMemory& mem,
+                  const SimOptions& options) {
+  return simulate(*prepare(k), grid, block, params, mem, options);
+}
+
+}  // namespace kiln::sim

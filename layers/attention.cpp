@@ -1,4 +1,4 @@
-// Causal self-attention and the transformer MLP.
+// Causal self-attention.
 #include "layers/attention.hpp"
 
 #include <cmath>
@@ -33,17 +33,6 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   Tensor y = matmul(att, v);                              // (B, H, T, hs)
   y = reshape(permute(y, {0, 2, 1, 3}), {b, t, n_embd});  // (B, T, C)
   return resid_dropout->forward(c_proj->forward(y));
-}
-
-MLP::MLP(int64_t n_embd, double dropout, double proj_init_std) {
-  c_fc = register_module("c_fc", std::make_shared<Linear>(n_embd, 4 * n_embd));
-  c_proj = register_module("c_proj", std::make_shared<Linear>(4 * n_embd, n_embd, true, proj_init_std));
-  drop = register_module("dropout", std::make_shared<Dropout>(dropout));
-}
-
-Tensor MLP::forward(const Tensor& x) const {
-  auto s = scope();
-  return drop->forward(c_proj->forward(gelu(c_fc->forward(x))));
 }
 
 }  // namespace kiln::nn

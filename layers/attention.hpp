@@ -4,7 +4,7 @@
 // future positions masked before the softmax; c_proj: Linear(C, C).
 #pragma once
 
-#include "layers/layer_norm.hpp"
+#include "layers/dropout.hpp"
 #include "layers/linear.hpp"
 
 namespace kiln::nn {
@@ -16,16 +16,6 @@ class CausalSelfAttention : public Module {
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> attn_dropout, resid_dropout;
   int64_t n_embd, n_head;
-};
-
-// The transformer MLP: Linear(C, 4C), GELU (tanh approximation), Linear(4C, C), dropout.
-// Shape contract: x: (..., C) -> (..., C).
-class MLP : public Module {
- public:
-  MLP(int64_t n_embd, double dropout = 0.0, double proj_init_std = 0.02);
-  Tensor forward(const Tensor& x) const;
-  std::shared_ptr<Linear> c_fc, c_proj;
-  std::shared_ptr<Dropout> drop;
 };
 
 }  // namespace kiln::nn

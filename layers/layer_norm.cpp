@@ -1,4 +1,4 @@
-// LayerNorm and Dropout.
+// LayerNorm.
 #include "layers/layer_norm.hpp"
 
 namespace kiln::nn {
@@ -11,12 +11,6 @@ LayerNorm::LayerNorm(int64_t dim, double eps) : eps(eps) {
 Tensor LayerNorm::forward(const Tensor& x) const {
   auto s = scope();
   return layer_norm(x, weight, bias, eps);
-}
-
-Tensor Dropout::forward(const Tensor& x) const {
-  if (!is_training() || p == 0.0) return x;
-  auto s = scope();
-  return dropout(x, p);
 }
 
 }  // namespace kiln::nn

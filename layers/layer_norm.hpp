@@ -14,13 +14,4 @@ class LayerNorm : public Module {
   double eps;
 };
 
-// Dropout: in training, zeroes each element with probability p (a Philox mask, reproducible
-// from the seed) and scales the rest by 1 / (1 - p); the identity in eval mode or for p = 0.
-class Dropout : public Module {
- public:
-  explicit Dropout(double p) : p(p) {}
-  Tensor forward(const Tensor& x) const;
-  double p;
-};
-
 }  // namespace kiln::nn

@@ -6,6 +6,8 @@
 
 #include "layers/attention.hpp"
 #include "layers/embedding.hpp"
+#include "layers/layer_norm.hpp"
+#include "layers/mlp.hpp"
 
 namespace kiln::models {
 

@@ -3,10 +3,15 @@
 // paths in recorded ops and errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "circuit/ir/error.hpp"
 #include "core/gradcheck.hpp"
 #include "layers/attention.hpp"
+#include "layers/dropout.hpp"
 #include "layers/embedding.hpp"
+#include "layers/layer_norm.hpp"
+#include "layers/mlp.hpp"
 
 namespace kiln::nn {
 namespace {
@@ -46,6 +51,18 @@ TEST(LayerGradients, Embedding) {
 TEST(LayerGradients, LayerNorm) {
   LayerNorm ln(6);
   expect_layer_gradients(ln, random_input({2, 3, 6}, 3));
+}
+
+TEST(LayerErrors, DropoutRefusesAProbabilityOutsideZeroToOne) {
+  for (double p : {-0.1, 1.0, 1.5, std::nan("")}) {
+    try {
+      Dropout d(p);
+      ADD_FAILURE() << "accepted p = " << p;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("Dropout: expected a probability p in [0, 1)"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(LayerGradients, DropoutInTraining) {

@@ -1,5 +1,6 @@
 // Composites: common functions built only from Prims, so they differentiate through the
-// Prims' VJP rules and (in a later pass) fuse. Shape contracts in each comment.
+// Prims' VJP rules, and the fusion passes fuse them (fuse_rows makes a softmax, a layernorm or a
+// cross-entropy one row kernel on the GPU). Shape contracts in each comment.
 #pragma once
 
 #include "circuit/prims/builder.hpp"

@@ -36,6 +36,7 @@ namespace {
 // and *why says which.
 struct Resolver {
   void* lib;
+  const char* library;
   std::string* why;
   bool ok = true;
 
@@ -44,23 +45,23 @@ struct Resolver {
     if (!ok) return;
     fn = reinterpret_cast<Fn*>(dlsym(lib, symbol));
     ok = fn != nullptr;
-    if (!ok && why) *why = std::string("libcuda.so.1 lacks ") + symbol;
+    if (!ok && why) *why = std::string(library) + " lacks " + symbol;
   }
 };
 
 }  // namespace
 
-std::optional<Driver> load_cuda_driver(std::string* why) {
+std::optional<Driver> load_cuda_driver(std::string* why, const char* library) {
   // Never closed on success: the driver's code must outlive every module and context.
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void* lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     const char* err = dlerror();
-    if (why) *why = std::string("libcuda.so.1 not found: ") + (err ? err : "dlopen failed");
+    if (why) *why = std::string(library) + " not found: " + (err ? err : "dlopen failed");
     return std::nullopt;
   }
   Driver d;
   DriverApi& a = d.api;
-  Resolver resolve{lib, why};
+  Resolver resolve{lib, library, why};
   resolve("cuInit", a.cuInit);
   resolve("cuDriverGetVersion", a.cuDriverGetVersion);
   resolve("cuDeviceGetCount", a.cuDeviceGetCount);
@@ -93,7 +94,7 @@ std::optional<Driver> load_cuda_driver(std::string* why) {
   }
   // Graphs are optional: without any one of their entry points, none is used.
   std::string no_graphs;
-  Resolver graphs{lib, &no_graphs};
+  Resolver graphs{lib, library, &no_graphs};
   graphs("cuGraphCreate", a.cuGraphCreate);
   graphs("cuGraphAddKernelNode_v2", a.cuGraphAddKernelNode);
   graphs("cuGraphAddMemsetNode", a.cuGraphAddMemsetNode);

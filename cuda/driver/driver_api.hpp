@@ -152,8 +152,8 @@ struct Driver {
 // "CUDA_ERROR_INVALID_PTX" for the codes declared above, nullptr for others.
 const char* cu_error_name(CUresult r);
 
-// dlopen("libcuda.so.1") and resolve every entry point. Returns nullopt with the reason in
-// *why when the library or a symbol is missing (a machine without a driver is not an error here).
-std::optional<Driver> load_cuda_driver(std::string* why);
+// dlopen(library) and resolve every entry point. Returns nullopt with the reason in *why when
+// the library or a symbol is missing (a machine without a driver is not an error here).
+std::optional<Driver> load_cuda_driver(std::string* why, const char* library = "libcuda.so.1");
 
 }  // namespace kiln::cuda

@@ -76,7 +76,7 @@ class SimKernel {
   int64_t shared_bytes = 0;
 };
 
-// "0x7f0000000100": addresses in error messages (sim_memory.cpp).
+// "0x7f0000000100": addresses in error messages (memory.cpp).
 std::string hex_address(uint64_t v);
 
 // splitmix64's finalizer: hashes inputs (approximate functions) and seeds (schedules).
@@ -87,7 +87,7 @@ inline uint64_t mix(uint64_t z) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Numerics (sim_math.cpp; the small ones inline because the interpreter's hot loop uses them)
+// Numerics (math.cpp; the small ones inline because the interpreter's hot loop uses them)
 
 inline float f32_of(uint64_t slot) { return std::bit_cast<float>(static_cast<uint32_t>(slot)); }
 inline double f64_of(uint64_t slot) { return std::bit_cast<double>(slot); }

@@ -1,0 +1,17 @@
+// The transformer MLP.
+#include "layers/mlp.hpp"
+
+namespace kiln::nn {
+
+MLP::MLP(int64_t n_embd, double dropout, double proj_init_std) {
+  c_fc = register_module("c_fc", std::make_shared<Linear>(n_embd, 4 * n_embd));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(4 * n_embd, n_embd, true, proj_init_std));
+  drop = register_module("dropout", std::make_shared<Dropout>(dropout));
+}
+
+Tensor MLP::forward(const Tensor& x) const {
+  auto s = scope();
+  return drop->forward(c_proj->forward(gelu(c_fc->forward(x))));
+}
+
+}  // namespace kiln::nn

@@ -1,6 +1,8 @@
 // Engine: owns the Circuit being recorded, the persistent arenas, the plan cache, the RNG seed
 // and the scope stack. One engine per thread (Engine::current()). realize() runs the pending
-// Circuit as one unit: forward, backward and updates together.
+// Circuit as one unit: forward, backward and updates together. Defined by responsibility:
+// recording in engine_record.cpp, running steps and traces in engine_run.cpp, persistent
+// storage in engine_storage.cpp, the rest (device, seed, scopes) in engine.cpp.
 #pragma once
 
 #include <cstdint>

@@ -20,7 +20,7 @@ using testing::Built;
 
 size_t column_reduces(const Circuit& c) {
   size_t n = 0;
-  for (const Op& op : c.ops()) n += op.is(PrimId::reduce) && op.params.ints[1] == 0 ? 1 : 0;
+  for (const Op& op : c.ops()) n += ReduceParams::is_sum_along(op, 0) ? 1 : 0;
   return n;
 }
 

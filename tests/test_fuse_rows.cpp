@@ -22,7 +22,8 @@ namespace {
 
 size_t row_reductions(const Circuit& c) {
   size_t n = 0;
-  for (const Op& op : c.ops()) n += op.is(PrimId::reduce) && op.params.ints[1] == c.info(op.inputs[0]).shape.rank() - 1;
+  for (const Op& op : c.ops())
+    n += op.is(PrimId::reduce) && ReduceParams::of(op).axis == c.info(op.inputs[0]).shape.rank() - 1;
   return n;
 }
 

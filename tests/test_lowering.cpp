@@ -171,27 +171,25 @@ std::vector<LoweringCase> cases() {
   c.push_back({"column_sums",
                {f32({3, 37, 70}), f32({3, 37, 1}), f32({70})},
                [](Builder& b, const std::vector<ValueId>& x) {
-                 Params p;
-                 p.dtype = DType::f32;
-                 p.ints = {3, 37, 70};
-                 p.bodies = {se::in(0) * se::in(1), se::in(0), se::tanh(se::in(0)) + se::in(2) * se::in(1)};
-                 std::vector<ValueId> outs = b.circuit().add_op("column_sums", p, x, b.scope());
+                 const ColumnSumsParams p{
+                     Shape{3, 37, 70},
+                     {se::in(0) * se::in(1), se::in(0), se::tanh(se::in(0)) + se::in(2) * se::in(1)},
+                     DType::f32};
+                 std::vector<ValueId> outs = b.circuit().add_op(PrimId::column_sums, p.to_params(), x, b.scope());
                  return b.concat(outs, 1);
                },
                1e-5});
   // Enough rows to split into chunks across blocks (303 rows: 5 chunks of 61, the last short),
   // and two column tiles, the second partial.
-  c.push_back({"column_sums_row_split",
-               {f32({3, 101, 300}), f32({3, 101, 1}), f32({300})},
-               [](Builder& b, const std::vector<ValueId>& x) {
-                 Params p;
-                 p.dtype = DType::f32;
-                 p.ints = {3, 101, 300};
-                 p.bodies = {se::in(0) * se::in(1), se::in(0) + se::in(2)};
-                 std::vector<ValueId> outs = b.circuit().add_op("column_sums", p, x, b.scope());
-                 return b.concat(outs, 1);
-               },
-               1e-5});
+  c.push_back(
+      {"column_sums_row_split",
+       {f32({3, 101, 300}), f32({3, 101, 1}), f32({300})},
+       [](Builder& b, const std::vector<ValueId>& x) {
+         const ColumnSumsParams p{Shape{3, 101, 300}, {se::in(0) * se::in(1), se::in(0) + se::in(2)}, DType::f32};
+         std::vector<ValueId> outs = b.circuit().add_op(PrimId::column_sums, p.to_params(), x, b.scope());
+         return b.concat(outs, 1);
+       },
+       1e-5});
   c.push_back({"gather_rows",
                {f32({50, 37}), i32({3, 7}, 0, 50)},
                [](Builder& b, const std::vector<ValueId>& x) { return b.gather_rows(x[0], x[1]); },
@@ -206,9 +204,8 @@ std::vector<LoweringCase> cases() {
   c.push_back({"scatter_add_rows_ordered",
                {i32({9, 31}, 0, 4), f32({9, 31, 300}, -1000, 1000)},
                [](Builder& b, const std::vector<ValueId>& x) {
-                 Params p;
-                 p.ints = {4, 1};
-                 return b.circuit().add_op("scatter_add_rows", p, {x[0], x[1]}, b.scope())[0];
+                 const ScatterAddRowsParams p{4, true};
+                 return b.circuit().add_op(PrimId::scatter_add_rows, p.to_params(), {x[0], x[1]}, b.scope())[0];
                },
                0});
   c.push_back({"gather_last",

@@ -271,11 +271,8 @@ TEST(PrimGradientTable, ColumnSumsHasNoVjpAndSaysSo) {
   Circuit c;
   ValueId x = c.add_external({Shape{2, 3}, f64}, ValueRole::Input, "x");
   Builder b(c);
-  Params p;
-  p.dtype = f64;
-  p.ints = {2, 3};
-  p.bodies = {se::in(0)};
-  ValueId y = c.add_op("column_sums", p, {x})[0];
+  const ColumnSumsParams p{Shape{2, 3}, {se::in(0)}, f64};
+  ValueId y = c.add_op(PrimId::column_sums, p.to_params(), {x})[0];
   expect_backward_refuses(b, b.reduce_all(ReduceKind::Sum, y), x, "column_sums");
 }
 

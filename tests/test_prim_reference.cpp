@@ -726,11 +726,9 @@ TYPED_TEST(PrimReference, ColumnSumsMatchTheOpsTheyStandFor) {
   ValueId x = net.in(rnd(dtype_of<T>(), domain, 130));
   ValueId s = net.in(rnd(dtype_of<T>(), Shape{2, 3, 1}, 131));
   ValueId g = net.in(rnd(dtype_of<T>(), Shape{5}, 132));
-  Params p;
-  p.dtype = dtype_of<T>();
-  p.ints = domain.dims();
-  p.bodies = {se::in(0) * se::in(1), se::in(0), se::exp(se::in(0)) * se::in(2) - se::in(1)};
-  std::vector<ValueId> outs = net.c.add_op("column_sums", p, {x, s, g});
+  const ColumnSumsParams p{
+      domain, {se::in(0) * se::in(1), se::in(0), se::exp(se::in(0)) * se::in(2) - se::in(1)}, dtype_of<T>()};
+  std::vector<ValueId> outs = net.c.add_op(PrimId::column_sums, p.to_params(), {x, s, g});
   Builder& b = net.b;
   std::vector<ValueId> want;
   for (const ScalarExp& body : p.bodies)
@@ -741,7 +739,8 @@ TYPED_TEST(PrimReference, ColumnSumsMatchTheOpsTheyStandFor) {
     ASSERT_EQ(got[o].shape(), got[3 + o].shape());
     EXPECT_LT(testing::relative_error(got[o], got[3 + o]), tolerance) << "output " << o;
   }
-  EXPECT_THROW(net.c.add_op("column_sums", p, {x, net.in(rnd(dtype_of<T>(), Shape{4}, 133)), g}), Error);
+  EXPECT_THROW(net.c.add_op(PrimId::column_sums, p.to_params(), {x, net.in(rnd(dtype_of<T>(), Shape{4}, 133)), g}),
+               Error);
 }
 
 TEST(PrimReference, FusedMatmulShapeRuleRefusesViewsOutsideTheirBase) {

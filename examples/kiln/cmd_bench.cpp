@@ -40,7 +40,7 @@ double matmul_flops(const Circuit& c) {
     if (!op.is(PrimId::matmul)) continue;
     const Shape& out = c.info(op.outputs[0]).shape;
     const Shape& a = c.info(op.inputs[0]).shape;
-    int64_t k = op.params.ints[0] ? a[a.rank() - 2] : a[a.rank() - 1];
+    int64_t k = MatmulParams::of(op).transpose_a ? a[a.rank() - 2] : a[a.rank() - 1];
     flops += 2.0 * static_cast<double>(out.numel()) * static_cast<double>(k);
   }
   return flops;

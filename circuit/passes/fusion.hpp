@@ -1,6 +1,6 @@
 // Fusion passes: Circuit -> Circuit rewrites that merge ops into fewer, larger ones, so that the
 // Eigen executor makes fewer passes over memory and the GPU back end launches fewer kernels.
-// Legality (DESIGN.md): a producer is absorbed only into its single consumer, only when its
+// Legality: a producer is absorbed only into its single consumer, only when its
 // result is not protected (a requested output, an external, or a value something else reads,
 // such as a saved activation), and only when both compute over the same index domain.
 #pragma once

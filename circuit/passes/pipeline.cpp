@@ -14,24 +14,19 @@ namespace kiln {
 
 namespace {
 
-constexpr std::array<PassInfo, 8> kPasses = {{
-    {"cse", false, "common-subexpression elimination (off: dead-code elimination only)"},
-    {"simplify_row_indexing", false, "gathers by 0..R-1 read the table itself"},
-    {"forward_assigns", false, "readers of an assign read the assigned value"},
-    {"fuse_pointwise", false, "chains of pointwise ops become one"},
-    {"fuse_columns", true, "sums over the token axes absorb their producers (column_sums)"},
-    {"fuse_matmul", true, "matmuls read through views, with prologues and epilogues (fused_matmul)"},
-    {"fuse_rows", true, "row reductions with the ops around them (fused_rows)"},
-    {"merge_multi_tensor", true, "per-parameter update work in one op (multi_tensor)"},
-}};
-
-using PassFn = Circuit (*)(const Circuit&, std::vector<ValueId>&);
-
 Circuit forward_assigns(const Circuit& c, std::vector<ValueId>&) { return forward_assigned_values(c); }
 
-// In kPasses' order; cse is special (dce runs in its place when it is off).
-constexpr std::array<PassFn, 8> kPassFns = {cse,          simplify_row_indexing, forward_assigns, fuse_pointwise,
-                                            fuse_columns, fuse_matmul,           fuse_rows,       merge_multi_tensor};
+// In pipeline order. Switching cse off leaves dead-code elimination in its place.
+constexpr std::array<PassInfo, 8> kPasses = {{
+    {"cse", false, "common-subexpression elimination (off: dead-code elimination only)", cse},
+    {"simplify_row_indexing", false, "gathers by 0..R-1 read the table itself", simplify_row_indexing},
+    {"forward_assigns", false, "readers of an assign read the assigned value", forward_assigns},
+    {"fuse_pointwise", false, "chains of pointwise ops become one", fuse_pointwise},
+    {"fuse_columns", true, "sums over the token axes absorb their producers (column_sums)", fuse_columns},
+    {"fuse_matmul", true, "matmuls read through views, with prologues and epilogues (fused_matmul)", fuse_matmul},
+    {"fuse_rows", true, "row reductions with the ops around them (fused_rows)", fuse_rows},
+    {"merge_multi_tensor", true, "per-parameter update work in one op (multi_tensor)", merge_multi_tensor},
+}};
 
 }  // namespace
 
@@ -49,8 +44,8 @@ Circuit optimize(const Circuit& recorded, std::vector<ValueId>& outputs, const P
     return std::find(disabled.begin(), disabled.end(), p.name) == disabled.end();
   };
   Circuit c = enabled(kPasses[0]) ? cse(recorded, outputs) : dce(recorded, outputs);
-  for (size_t i = 1; i < kPasses.size(); ++i)
-    if (enabled(kPasses[i]) && (options.gpu || !kPasses[i].gpu_only)) c = kPassFns[i](c, outputs);
+  for (const PassInfo& pass : std::span(kPasses).subspan(1))
+    if (enabled(pass) && (options.gpu || !pass.gpu_only)) c = pass.run(c, outputs);
   if (options.deterministic) c = ordered_scatter_sums(c, outputs);
   return c;
 }

@@ -14,6 +14,8 @@ struct PassInfo {
   const char* name;
   bool gpu_only;  // run only for plans the GPU back end lowers
   const char* does;
+  // Rewrites c; `outputs` (values of c) are rewritten to their ids in the result.
+  Circuit (*run)(const Circuit& c, std::vector<ValueId>& outputs);
 };
 
 // Every switchable pass, in the order the pipeline runs them.

@@ -57,33 +57,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   const uint64_t seed = static_cast<uint64_t>(a.integer("seed", 1337));
   if (a.str("tokenizer", "char") != "char" && a.str("tokenizer", "char") != "byte")
     throw Error("--tokenizer must be char or byte");
-  std::string text = read_corpus(a.str("data", kDefaultCorpus));
-  if (text.empty()) throw Error("the corpus '" + a.str("data", kDefaultCorpus) + "' is empty: nothing to train on");
-  auto char_level = [&] {  // a corpus that is not UTF-8 is an error naming it
-    try {
-      return Tokenizer::char_level(text);
-    } catch (const Error& e) {
-      throw Error("the corpus '" + a.str("data", kDefaultCorpus) + "': " + e.what());
-    }
-  };
-  Tokenizer tok = a.has("resume")                        ? read_checkpoint_tokenizer(a.str("resume", ""))
-                  : a.str("tokenizer", "char") == "byte" ? Tokenizer::byte_level()
-                                                         : char_level();
-  models::GPTConfig c;
-  if (a.has("resume")) {
-    c = read_checkpoint_config(a.str("resume", ""));
-  } else {
-    c = config_from_flags(a);
-    c.vocab_size = tok.vocab_size();
-    c.dropout = a.real("dropout", 0.0, 0.0, 1.0);
-  }
-  TextDataset data(tok.encode(text), seed);
-  spdlog::info("corpus: {} tokens ({} train, {} validation), vocabulary {}", data.train_tokens() + data.val_tokens(),
-               data.train_tokens(), data.val_tokens(), tok.vocab_size());
-  manual_seed(seed);
-  models::GPT model(c);
-  spdlog::info("model: {} layers, {} heads, {} wide, block {}: {} parameters", c.n_layer, c.n_head, c.n_embd,
-               c.block_size, model.num_parameters());
+  // Every option is checked before the corpus is read: a bad flag is reported as such, even
+  // when the corpus is missing or large.
   TrainOptions o;
   o.batch = a.integer("batch", 16, 1);
   o.steps = a.integer("steps", 2000, 1);
@@ -96,6 +71,33 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.stats = a.has("stats");
   o.traced = !a.has("no-trace");
   o.skip_non_finite = a.has("skip-non-finite");
+  models::GPTConfig c;
+  if (a.has("resume")) {
+    c = read_checkpoint_config(a.str("resume", ""));
+  } else {
+    c = config_from_flags(a);
+    c.dropout = a.real("dropout", 0.0, 0.0, 1.0);
+  }
+  std::string text = read_corpus(a.str("data", kDefaultCorpus));
+  if (text.empty()) throw Error("the corpus '" + a.str("data", kDefaultCorpus) + "' is empty: nothing to train on");
+  auto char_level = [&] {  // a corpus that is not UTF-8 is an error naming it
+    try {
+      return Tokenizer::char_level(text);
+    } catch (const Error& e) {
+      throw Error("the corpus '" + a.str("data", kDefaultCorpus) + "': " + e.what());
+    }
+  };
+  Tokenizer tok = a.has("resume")                        ? read_checkpoint_tokenizer(a.str("resume", ""))
+                  : a.str("tokenizer", "char") == "byte" ? Tokenizer::byte_level()
+                                                         : char_level();
+  if (!a.has("resume")) c.vocab_size = tok.vocab_size();
+  TextDataset data(tok.encode(text), seed);
+  spdlog::info("corpus: {} tokens ({} train, {} validation), vocabulary {}", data.train_tokens() + data.val_tokens(),
+               data.train_tokens(), data.val_tokens(), tok.vocab_size());
+  manual_seed(seed);
+  models::GPT model(c);
+  spdlog::info("model: {} layers, {} heads, {} wide, block {}: {} parameters", c.n_layer, c.n_head, c.n_embd,
+               c.block_size, model.num_parameters());
   Trainer trainer(model, data, tok, seed, o);
   if (a.has("resume")) trainer.resume(a.str("resume", ""));
   TrainResult r = trainer.run();

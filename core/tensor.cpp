@@ -159,6 +159,15 @@ Tensor silu(const Tensor& x) { return unary(x, se::silu(se::in(0))); }
 Tensor relu(const Tensor& x) { return unary(x, se::select(se::gt(se::in(0), se::c(0.0)), se::in(0), se::c(0.0))); }
 Tensor abs(const Tensor& x) { return unary(x, se::abs(se::in(0))); }
 Tensor pow(const Tensor& x, double p) { return unary(x, se::pow(se::in(0), se::c(p))); }
+Tensor pow(const Tensor& x, const Tensor& p) { return record_pointwise(se::pow(se::in(0), se::in(1)), {x, p}); }
+Tensor square(const Tensor& x) { return unary(x, se::in(0) * se::in(0)); }
+Tensor sin(const Tensor& x) { return unary(x, se::sin(se::in(0))); }
+Tensor cos(const Tensor& x) { return unary(x, se::cos(se::in(0))); }
+Tensor clamp(const Tensor& x, double lo, double hi) {
+  if (!(lo <= hi)) throw Error("clamp: expected lo <= hi, received lo " + std::to_string(lo) + ", hi " + std::to_string(hi));
+  const ScalarExp v = se::in(0);
+  return unary(x, se::select(se::lt(v, se::c(lo)), se::c(lo), se::select(se::gt(v, se::c(hi)), se::c(hi), v)));
+}
 Tensor maximum(const Tensor& a, const Tensor& b) { return record_pointwise(se::max(se::in(0), se::in(1)), {a, b}); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return record_pointwise(se::min(se::in(0), se::in(1)), {a, b}); }
 

@@ -116,6 +116,12 @@ Tensor silu(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor abs(const Tensor& x);
 Tensor pow(const Tensor& x, double p);
+Tensor pow(const Tensor& x, const Tensor& p);  // x^p elementwise (broadcasting); x > 0 where p varies
+Tensor square(const Tensor& x);
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+// x limited to [lo, hi]; the gradient is 1 inside the closed interval and 0 outside (as torch.clamp).
+Tensor clamp(const Tensor& x, double lo, double hi);
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 

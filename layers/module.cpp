@@ -7,7 +7,19 @@
 
 namespace kiln::nn {
 
+void Module::check_new_name(const std::string& kind, const std::string& name) const {
+  const std::string where = name_.empty() ? "" : " in module '" + name_ + "'";
+  auto fail = [&](const std::string& why) { throw Error(kind + " name '" + name + "'" + where + ": " + why); };
+  if (name.empty()) fail("names must not be empty");
+  if (name.find('.') != std::string::npos) fail("names must not contain '.' (it separates the parts of a path)");
+  for (const auto& [n, p] : params_)
+    if (n == name) fail("a parameter of this name is already registered");
+  for (const auto& [n, c] : children_)
+    if (n == name) fail("a module of this name is already registered");
+}
+
 Tensor Module::register_parameter(const std::string& name, const HostTensor& init, bool requires_grad) {
+  check_new_name("parameter", name);
   Tensor p = Tensor::parameter(name, init, requires_grad);
   params_.emplace_back(name, p);
   return p;
@@ -15,6 +27,7 @@ Tensor Module::register_parameter(const std::string& name, const HostTensor& ini
 
 Tensor Module::register_parameter(const std::string& name, const Tensor& existing) {
   if (!existing.is_persistent()) throw Error("register_parameter('" + name + "'): not a parameter");
+  check_new_name("parameter", name);
   params_.emplace_back(name, existing);
   return existing;
 }

@@ -24,8 +24,11 @@ class Module {
   Tensor register_parameter(const std::string& name, const HostTensor& init, bool requires_grad = true);
   // Registers an existing parameter under another name too (weight tying).
   Tensor register_parameter(const std::string& name, const Tensor& existing);
+  // Names are one path component: not empty, no '.', unique among a module's parameters and
+  // children (kiln::Error otherwise, naming the module).
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    check_new_name("module", name);
     module->name_ = name;
     children_.emplace_back(name, module);
     return module;
@@ -50,6 +53,7 @@ class Module {
   std::optional<Scope> scope() const;
 
  private:
+  void check_new_name(const std::string& kind, const std::string& name) const;
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out,
                std::vector<const TensorImpl*>& seen) const;
   std::string name_;
@@ -59,6 +63,24 @@ class Module {
 };
 
 // A host tensor of N(0, std^2) values from kiln's Philox stream (the engine's seed), realized.
+// A list of modules of one type, named 0, 1, ... in order (PyTorch's nn.ModuleList): a model
+// that registers one as "layers" names its parameters "layers.0.weight", "layers.1.weight", ...
+template <class M>
+class ModuleList : public Module {
+ public:
+  std::shared_ptr<M> push_back(std::shared_ptr<M> module) {
+    items_.push_back(register_module(std::to_string(items_.size()), std::move(module)));
+    return items_.back();
+  }
+  size_t size() const { return items_.size(); }
+  const std::shared_ptr<M>& operator[](size_t i) const { return items_.at(i); }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+
+ private:
+  std::vector<std::shared_ptr<M>> items_;
+};
+
 HostTensor normal_init(const Shape& shape, double std, DType dtype = DType::f32);
 HostTensor constant_init(const Shape& shape, double value, DType dtype = DType::f32);
 

@@ -11,7 +11,11 @@
 #include "layers/dropout.hpp"
 #include "layers/embedding.hpp"
 #include "layers/layer_norm.hpp"
+#include "layers/gated_mlp.hpp"
 #include "layers/mlp.hpp"
+#include "layers/multi_head_attention.hpp"
+#include "layers/rms_norm.hpp"
+#include "layers/rotary.hpp"
 
 namespace kiln::nn {
 namespace {
@@ -80,6 +84,116 @@ TEST(LayerGradients, MLP) {
   expect_layer_gradients(m, random_input({2, 3, 6}, 6));
 }
 
+TEST(LayerGradients, RMSNorm) {
+  RMSNorm n(6);
+  n.weight.assign(Tensor::randn({6}) + 1.0);  // a weight other than 1, so its gradient counts
+  expect_layer_gradients(n, random_input({2, 3, 6}, 7));
+}
+
+TEST(LayerGradients, GatedMLP) {
+  GatedMLP m(6, 10);
+  expect_layer_gradients(m, random_input({2, 3, 6}, 8));
+}
+
+TEST(LayerGradients, GroupedQueryAttentionWithRotaryEmbeddings) {
+  AttentionOptions o;
+  o.dim = 8, o.n_heads = 4, o.n_kv_heads = 2, o.rope_theta = 10000;
+  MultiHeadAttention a(o);
+  expect_layer_gradients(a, random_input({2, 5, 8}, 9));
+}
+
+TEST(LayerGradients, FusedBiasedNonCausalAttention) {
+  AttentionOptions o;
+  o.dim = 8, o.n_heads = 2, o.fused_qkv = true, o.bias = true, o.causal = false;
+  MultiHeadAttention a(o);
+  expect_layer_gradients(a, random_input({2, 4, 8}, 10));
+}
+
+// Plain causal multi-head attention in the new layer computes what the GPT's layer computes,
+// given the same weights (the fused c_attn split into q, k, v).
+TEST(LayerValues, MultiHeadAttentionMatchesCausalSelfAttention) {
+  CausalSelfAttention gpt(8, 2);
+  AttentionOptions o;
+  o.dim = 8, o.n_heads = 2, o.bias = true;
+  MultiHeadAttention mha(o);
+  Tensor w = gpt.c_attn->weight, bias = gpt.c_attn->bias;
+  mha.q_proj->weight.assign(slice(w, 0, 0, 8));
+  mha.k_proj->weight.assign(slice(w, 0, 8, 16));
+  mha.v_proj->weight.assign(slice(w, 0, 16, 24));
+  for (auto* p : {&mha.q_proj->bias, &mha.k_proj->bias, &mha.v_proj->bias}) p->assign(Tensor::randn({8}));
+  gpt.c_attn->bias.assign(concat({mha.q_proj->bias, mha.k_proj->bias, mha.v_proj->bias}, 0));
+  mha.o_proj->weight.assign(gpt.c_proj->weight * 1.0);
+  mha.o_proj->bias.assign(gpt.c_proj->bias + 0.5);
+  gpt.c_proj->bias.assign(gpt.c_proj->bias + 0.5);
+  Tensor x = Tensor::randn({2, 5, 8});
+  std::vector<double> a = gpt.forward(x).to_vector(), b = mha.forward(x).to_vector();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << i;
+}
+
+// Grouped-query attention equals multi-head attention whose key/value projections repeat each
+// key/value head's rows for the query heads it serves.
+TEST(LayerValues, GroupedQueryAttentionRepeatsKeyValueHeads) {
+  AttentionOptions o;
+  o.dim = 8, o.n_heads = 4, o.n_kv_heads = 2, o.rope_theta = 500;
+  MultiHeadAttention gqa(o);
+  o.n_kv_heads = 4;
+  MultiHeadAttention mha(o);
+  const int64_t hs = 2;
+  mha.q_proj->weight.assign(gqa.q_proj->weight * 1.0);
+  mha.o_proj->weight.assign(gqa.o_proj->weight * 1.0);
+  for (auto [from, to] : {std::pair{gqa.k_proj, mha.k_proj}, std::pair{gqa.v_proj, mha.v_proj}}) {
+    std::vector<Tensor> rows;
+    for (int64_t h = 0; h < 4; ++h) rows.push_back(slice(from->weight, 0, (h / 2) * hs, (h / 2 + 1) * hs));
+    to->weight.assign(concat(rows, 0));
+  }
+  Tensor x = Tensor::randn({2, 6, 8});
+  std::vector<double> a = gqa.forward(x).to_vector(), b = mha.forward(x).to_vector();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << i;
+}
+
+// Rotary embeddings rotate pairs (i, i + d/2) by position * theta^(-2i/d): checked against the
+// formula at a few positions, and a rotation keeps each pair's length.
+TEST(LayerValues, RotaryEmbeddingRotatesHalvesByPosition) {
+  RotaryEmbedding rope(4, 100.0);
+  HostTensor x = random_input({1, 3, 4}, 11);
+  std::vector<double> in = Tensor::from_host(x).to_vector();
+  std::vector<double> out = rope.forward(Tensor::from_host(x), /*start=*/2).to_vector();
+  for (int64_t t = 0; t < 3; ++t)
+    for (int64_t i = 0; i < 2; ++i) {
+      const double angle = static_cast<double>(t + 2) * std::pow(100.0, -2.0 * static_cast<double>(i) / 4);
+      const double x1 = in[t * 4 + i], x2 = in[t * 4 + i + 2];
+      EXPECT_NEAR(out[t * 4 + i], x1 * std::cos(angle) - x2 * std::sin(angle), 1e-12);
+      EXPECT_NEAR(out[t * 4 + i + 2], x2 * std::cos(angle) + x1 * std::sin(angle), 1e-12);
+    }
+}
+
+TEST(TensorFunctions, GradientsOfSinCosSquareClampAndPow) {
+  using F = std::function<Tensor(const std::vector<Tensor>&)>;
+  const HostTensor x = random_input({3, 4}, 12);
+  HostTensor positive = (exp(Tensor::from_host(random_input({3, 4}, 13)))).to_host();
+  const std::vector<std::pair<const char*, F>> cases = {
+      {"sin", [](const std::vector<Tensor>& in) { return sin(in[0]); }},
+      {"cos", [](const std::vector<Tensor>& in) { return cos(in[0]); }},
+      {"square", [](const std::vector<Tensor>& in) { return square(in[0]); }},
+      {"clamp", [](const std::vector<Tensor>& in) { return clamp(in[0], -0.5, 0.7); }},
+  };
+  for (const auto& [name, f] : cases) {
+    ad::GradCheckResult r = gradcheck(f, {x});
+    EXPECT_TRUE(r.ok) << name << ": " << r.report;
+  }
+  ad::GradCheckResult r = gradcheck([](const std::vector<Tensor>& in) { return pow(in[0], in[1]); }, {positive, x});
+  EXPECT_TRUE(r.ok) << "pow: " << r.report;
+  EXPECT_EQ(r.rel_error.size(), 2u);
+}
+
+TEST(TensorFunctions, ValuesOfClampAndSquare) {
+  Tensor x = Tensor::from_vector({-2, -0.5, 0, 0.7, 3}, {5}, DType::f64);
+  EXPECT_EQ(clamp(x, -0.5, 0.7).to_vector(), (std::vector<double>{-0.5, -0.5, 0, 0.7, 0.7}));
+  EXPECT_EQ(square(x).to_vector(), (std::vector<double>{4, 0.25, 0, 0.7 * 0.7, 9}));
+  EXPECT_THROW(clamp(x, 1, 0), Error);
+}
+
 struct Block : Module {
   std::shared_ptr<Embedding> wte;
   std::shared_ptr<MLP> mlp;
@@ -107,6 +221,42 @@ TEST(ModuleApi, DottedNamesTyingAndModes) {
   b.to(DType::f64);
   EXPECT_EQ(b.head.dtype(), DType::f64);  // the tied handle sees the conversion
   EXPECT_EQ(b.wte->weight.grad().dtype(), DType::f64);
+}
+
+TEST(ModuleApi, ModuleListNamesItsItemsByIndex) {
+  struct Net : Module {
+    std::shared_ptr<ModuleList<RMSNorm>> layers;
+    Net() {
+      layers = register_module("layers", std::make_shared<ModuleList<RMSNorm>>());
+      for (int i = 0; i < 3; ++i) layers->push_back(std::make_shared<RMSNorm>(2));
+    }
+  } net;
+  std::vector<std::string> names;
+  for (auto& [n, p] : net.named_parameters()) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{"layers.0.weight", "layers.1.weight", "layers.2.weight"}));
+  EXPECT_EQ(net.layers->size(), 3u);
+  EXPECT_EQ((*net.layers)[1]->weight.impl(), net.parameter("layers.1.weight").impl());
+}
+
+TEST(ModuleApi, DuplicateAndDottedNamesAreErrors) {
+  auto expect_error = [](const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one containing: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  Module m;
+  m.register_module("norm", std::make_shared<RMSNorm>(2));
+  expect_error([&] { m.register_module("norm", std::make_shared<RMSNorm>(2)); },
+               "module name 'norm': a module of this name is already registered");
+  expect_error([&] { m.register_parameter("norm", constant_init({2}, 0)); },
+               "parameter name 'norm': a module of this name is already registered");
+  expect_error([&] { m.register_module("a.b", std::make_shared<RMSNorm>(2)); }, "must not contain '.'");
+  expect_error([&] { m.register_parameter("", constant_init({2}, 0)); }, "must not be empty");
+  RMSNorm n(2);
+  expect_error([&] { n.register_parameter("weight", n.weight); }, "a parameter of this name is already registered");
 }
 
 TEST(ModuleApi, ZeroGradAndEvalDropoutIsIdentity) {

@@ -1,0 +1,65 @@
+// Multi-head attention with grouped-query heads and rotary embeddings.
+#include "layers/multi_head_attention.hpp"
+
+#include <cmath>
+
+#include "circuit/ir/error.hpp"
+
+namespace kiln::nn {
+
+MultiHeadAttention::MultiHeadAttention(const AttentionOptions& options) : o_(options) {
+  if (o_.n_kv_heads == 0) o_.n_kv_heads = o_.n_heads;
+  auto fail = [&](const std::string& why) {
+    throw Error("MultiHeadAttention(dim " + std::to_string(o_.dim) + ", " + std::to_string(o_.n_heads) + " heads, " +
+                std::to_string(o_.n_kv_heads) + " key/value heads): " + why);
+  };
+  if (o_.dim < 1 || o_.n_heads < 1 || o_.n_kv_heads < 1) fail("sizes must be positive");
+  if (o_.dim % o_.n_heads != 0) fail("dim is not divisible by the number of heads");
+  if (o_.n_heads % o_.n_kv_heads != 0) fail("the number of heads is not divisible by the key/value heads");
+  const int64_t kv_dim = o_.n_kv_heads * head_dim();
+  if (o_.fused_qkv) {
+    qkv_proj = register_module("qkv_proj", std::make_shared<Linear>(o_.dim, o_.dim + 2 * kv_dim, o_.bias, o_.init_std));
+  } else {
+    q_proj = register_module("q_proj", std::make_shared<Linear>(o_.dim, o_.dim, o_.bias, o_.init_std));
+    k_proj = register_module("k_proj", std::make_shared<Linear>(o_.dim, kv_dim, o_.bias, o_.init_std));
+    v_proj = register_module("v_proj", std::make_shared<Linear>(o_.dim, kv_dim, o_.bias, o_.init_std));
+  }
+  o_proj = register_module("o_proj", std::make_shared<Linear>(o_.dim, o_.dim, o_.bias, o_.out_init_std));
+  if (o_.rope_theta > 0) rope_.emplace(head_dim(), o_.rope_theta);
+}
+
+Tensor MultiHeadAttention::forward(const Tensor& x) const {
+  auto s = scope();
+  if (x.rank() != 3 || x.shape()[2] != o_.dim)
+    throw Error("MultiHeadAttention in layer '" + Engine::current().scope() + "': expected x (B, T, " +
+                std::to_string(o_.dim) + "), received " + x.shape().str());
+  const int64_t b = x.shape()[0], t = x.shape()[1], hs = head_dim(), h = o_.n_heads, hkv = o_.n_kv_heads;
+  Tensor q, k, v;  // (B, T, heads * hs)
+  if (qkv_proj) {
+    std::vector<Tensor> qkv = split(qkv_proj->forward(x), 2, {h * hs, hkv * hs, hkv * hs});
+    q = qkv[0], k = qkv[1], v = qkv[2];
+  } else {
+    q = q_proj->forward(x), k = k_proj->forward(x), v = v_proj->forward(x);
+  }
+  auto heads = [&](const Tensor& y, int64_t n) {  // (B, T, n * hs) -> (B, n, T, hs)
+    return permute(reshape(y, {b, t, n, hs}), {0, 2, 1, 3});
+  };
+  q = heads(q, h), k = heads(k, hkv), v = heads(v, hkv);
+  if (rope_) {
+    auto [cos, sin] = rope_->tables(0, t, x.dtype());
+    q = rope_->apply(q, cos, sin), k = rope_->apply(k, cos, sin);
+  }
+  if (hkv != h) {  // each key/value head serves h / hkv consecutive query heads
+    auto repeat = [&](const Tensor& y) {
+      Tensor r = broadcast_to(reshape(y, {b, hkv, 1, t, hs}), {b, hkv, h / hkv, t, hs});
+      return reshape(r, {b, h, t, hs});
+    };
+    k = repeat(k), v = repeat(v);
+  }
+  Tensor att = matmul(q * (1.0 / std::sqrt(static_cast<double>(hs))), k, false, true);  // (B, H, T, T)
+  if (o_.causal) att = causal_mask_fill(att);
+  Tensor y = matmul(softmax(att), v);                                      // (B, H, T, hs)
+  return o_proj->forward(reshape(permute(y, {0, 2, 1, 3}), {b, t, h * hs}));  // (B, T, dim)
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,42 @@
+// Multi-head attention in the layout of Hugging Face's Llama and its kin: separate q/k/v/o
+// projections (or one fused qkv_proj), optional biases, grouped-query attention (n_kv_heads
+// dividing n_heads: query head h reads key/value head h / (n_heads / n_kv_heads), as
+// transformers' repeat_kv), optional rotary embeddings on q and k, optional causal mask.
+// Shape contract: x (B, T, dim) -> (B, T, dim); head size dim / n_heads; q: n_heads heads,
+// k and v: n_kv_heads heads; scores scaled by 1 / sqrt(head size).
+#pragma once
+
+#include <optional>
+
+#include "layers/linear.hpp"
+#include "layers/rotary.hpp"
+
+namespace kiln::nn {
+
+struct AttentionOptions {
+  int64_t dim = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;   // 0: n_heads (plain multi-head attention)
+  bool bias = false;        // biases on the q/k/v and output projections
+  bool fused_qkv = false;   // one projection "qkv_proj" giving q, k, v in that order
+  bool causal = true;       // position t attends to positions <= t only
+  double rope_theta = 0;    // > 0: rotary embeddings on q and k with this base
+  double init_std = 0.02;   // of the input projections
+  double out_init_std = 0.02;
+};
+
+class MultiHeadAttention : public Module {
+ public:
+  explicit MultiHeadAttention(const AttentionOptions& options);
+  Tensor forward(const Tensor& x) const;
+  const AttentionOptions& options() const { return o_; }
+  int64_t head_dim() const { return o_.dim / o_.n_heads; }
+  // Separate projections, or qkv_proj when fused (the others are then null).
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, qkv_proj, o_proj;
+
+ private:
+  AttentionOptions o_;
+  std::optional<RotaryEmbedding> rope_;
+};
+
+}  // namespace kiln::nn

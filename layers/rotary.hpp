@@ -1,0 +1,27 @@
+// Rotary position embeddings in the rotate-half form of GPT-NeoX and Hugging Face's Llama:
+// for a head vector x of even size d at position p, with x1 = x[:d/2], x2 = x[d/2:],
+//   rope(x) = x * cos(p f) + concat(-x2, x1) * sin(p f),  f_i = theta^(-2 (i mod d/2) / d).
+// The cos/sin tables are computed inside the step from iota (values that depend on no input,
+// so the executor computes them once per plan, not per step: no host work, no upload).
+// Shape contract: x (..., T, d) -> (..., T, d); positions start, start + 1, ..., start + T - 1.
+#pragma once
+
+#include <utility>
+
+#include "core/tensor.hpp"
+
+namespace kiln::nn {
+
+class RotaryEmbedding {
+ public:
+  explicit RotaryEmbedding(int64_t head_dim, double theta = 10000.0);
+  // (cos, sin), each (T, head_dim), for positions start .. start + T - 1.
+  std::pair<Tensor, Tensor> tables(int64_t start, int64_t t, DType dtype) const;
+  // Rotates x (..., T, head_dim) by the tables of its positions.
+  Tensor apply(const Tensor& x, const Tensor& cos, const Tensor& sin) const;
+  Tensor forward(const Tensor& x, int64_t start = 0) const;
+  int64_t head_dim;
+  double theta;
+};
+
+}  // namespace kiln::nn

@@ -27,6 +27,28 @@ double GPTConfig::parameter_count() const {
          static_cast<double>(n_layer) * (12 * C * C + 13 * C) + 2 * C;
 }
 
+ModelAttributes GPTConfig::to_attributes() const {
+  ModelAttributes a;
+  a.set("vocab_size", static_cast<double>(vocab_size));
+  a.set("block_size", static_cast<double>(block_size));
+  a.set("n_layer", static_cast<double>(n_layer));
+  a.set("n_head", static_cast<double>(n_head));
+  a.set("n_embd", static_cast<double>(n_embd));
+  a.set("dropout", dropout);
+  return a;
+}
+
+GPTConfig GPTConfig::from_attributes(const ModelAttributes& a) {
+  GPTConfig c;
+  c.vocab_size = a.get_int("vocab_size");
+  c.block_size = a.get_int("block_size");
+  c.n_layer = a.get_int("n_layer");
+  c.n_head = a.get_int("n_head");
+  c.n_embd = a.get_int("n_embd");
+  c.dropout = a.has("dropout") ? a.get("dropout") : 0.0;
+  return c;
+}
+
 GPT::GPT(const GPTConfig& c) : config_(c) {
   if (c.vocab_size < 1 || c.block_size < 1 || c.n_layer < 1 || c.n_embd < 1)
     throw Error("GPT: vocab_size, block_size, n_layer and n_embd must be positive");
@@ -68,6 +90,5 @@ Tensor GPT::forward(const Tensor& idx) const {
   return matmul(x, lm_head_->weight, false, true);  // (B, T, V)
 }
 
-Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const { return cross_entropy(forward(idx), targets); }
 
 }  // namespace kiln::models

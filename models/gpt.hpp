@@ -8,6 +8,7 @@
 #include "layers/embedding.hpp"
 #include "layers/layer_norm.hpp"
 #include "layers/mlp.hpp"
+#include "models/causal_lm.hpp"
 
 namespace kiln::models {
 
@@ -20,6 +21,8 @@ struct GPTConfig {
   double dropout = 0.0;
   // The parameter count these sizes give (as a double: it may be astronomically large).
   double parameter_count() const;
+  ModelAttributes to_attributes() const;
+  static GPTConfig from_attributes(const ModelAttributes& a);
 };
 
 class Block : public nn::Module {
@@ -31,14 +34,19 @@ class Block : public nn::Module {
   std::shared_ptr<nn::MLP> mlp;
 };
 
-class GPT : public nn::Module {
+class GPT : public CausalLM {
  public:
   // Initialized as GPT-2: N(0, 0.02) weights, residual projections N(0, 0.02 / sqrt(2 n_layer)),
   // zero biases, LayerNorm weight 1 and bias 0; from the engine's seed.
   explicit GPT(const GPTConfig& config);
-  Tensor forward(const Tensor& idx) const;
-  // Mean cross-entropy of the next-token predictions against targets: i32 (B, T).
-  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+  Tensor forward(const Tensor& idx) const override;
+  std::string architecture() const override { return "gpt"; }
+  ModelAttributes attributes() const override { return config_.to_attributes(); }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t block_size() const override { return config_.block_size; }
+  std::vector<std::pair<std::string, std::string>> tied_names() const override {
+    return {{"lm_head.weight", "transformer.wte.weight"}};
+  }
   const GPTConfig& config() const { return config_; }
 
  private:

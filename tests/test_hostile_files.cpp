@@ -444,19 +444,19 @@ TEST(HostileFiles, BatchFilesAreCheckedAgainstTheModel) {
   };
   const HostTensor good = ids({1, 2, 3, 4, 5, 6}, Shape{2, 3});
   write(good, good);
-  EXPECT_EQ(read_batch_file(path, c).y.shape(), (Shape{2, 3}));
+  EXPECT_EQ(read_batch_file(path, c.block_size, c.vocab_size).y.shape(), (Shape{2, 3}));
   write(good, ids({1, 2, 3, 4, 10, 6}, Shape{2, 3}));
-  expect_error([&] { read_batch_file(path, c); }, {path, "'y'", "token id 10 at [1, 1]", "[0, 10)"});
+  expect_error([&] { read_batch_file(path, c.block_size, c.vocab_size); }, {path, "'y'", "token id 10 at [1, 1]", "[0, 10)"});
   write(ids({1, -7, 3, 4, 5, 6}, Shape{2, 3}), good);
-  expect_error([&] { read_batch_file(path, c); }, {"'x'", "token id -7 at [0, 1]"});
+  expect_error([&] { read_batch_file(path, c.block_size, c.vocab_size); }, {"'x'", "token id -7 at [0, 1]"});
   write(ids({1, 2, 3, 4, 5, 6, 7, 8, 9, 1}, Shape{2, 5}), good);
-  expect_error([&] { read_batch_file(path, c); }, {"'x'", "T = 5", "block_size 4"});
+  expect_error([&] { read_batch_file(path, c.block_size, c.vocab_size); }, {"'x'", "T = 5", "block_size 4"});
   write(ids({1, 2, 3, 4, 5, 6}, Shape{6}), good);
-  expect_error([&] { read_batch_file(path, c); }, {"'x'", "int32 [B, T]", "[6]"});
+  expect_error([&] { read_batch_file(path, c.block_size, c.vocab_size); }, {"'x'", "int32 [B, T]", "[6]"});
   write(HostTensor::zeros(DType::f32, Shape{2, 3}), good);
-  expect_error([&] { read_batch_file(path, c); }, {"'x'", "f32[2, 3]"});
+  expect_error([&] { read_batch_file(path, c.block_size, c.vocab_size); }, {"'x'", "f32[2, 3]"});
   write(good, ids({1, 2, 3, 4}, Shape{2, 2}));
-  expect_error([&] { read_batch_file(path, c); }, {"differ"});
+  expect_error([&] { read_batch_file(path, c.block_size, c.vocab_size); }, {"differ"});
   std::filesystem::remove(path);
 }
 

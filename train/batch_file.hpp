@@ -5,7 +5,6 @@
 #include <string>
 
 #include "circuit/ir/host_tensor.hpp"
-#include "models/gpt.hpp"
 
 namespace kiln {
 
@@ -13,9 +12,9 @@ struct TokenBatch {
   HostTensor x, y;  // i32 [B, T]
 };
 
-// Reads a batch for `config`'s model and checks it before anything runs on it: both datasets
-// int32 of rank 2 and one shape, B >= 1, 1 <= T <= block_size, every id in [0, vocab_size).
-// Errors name the file, the dataset and (for an id) its position.
-TokenBatch read_batch_file(const std::string& path, const models::GPTConfig& config);
+// Reads a batch for a model of the given block size and vocabulary and checks it before anything
+// runs on it: both datasets int32 of rank 2 and one shape, B >= 1, 1 <= T <= block_size, every
+// id in [0, vocab_size). Errors name the file, the dataset and (for an id) its position.
+TokenBatch read_batch_file(const std::string& path, int64_t block_size, int64_t vocab_size);
 
 }  // namespace kiln

@@ -24,18 +24,17 @@ h5::File open_checkpoint(const std::string& path) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const models::GPT& model, const optim::AdamW& opt,
+void save_checkpoint(const std::string& path, const models::CausalLM& model, const optim::AdamW& opt,
                      const Tokenizer& tokenizer, const CheckpointState& state) {
   h5::write_atomically(path, [&](h5::File& f) {
     f.write_attribute("format", std::string("kiln-checkpoint"));
     f.write_attribute("format_version", kCheckpointFormatVersion);
-    write_model_config(f, model.config());
-    f.write_attribute("dropout", model.config().dropout);
+    write_model_spec(f, model);
     f.write_attribute("step", state.step);
     f.write_attribute("data_seed", static_cast<int64_t>(state.data_seed));
     f.write_attribute("rng_seed", static_cast<int64_t>(Engine::current().seed()));
     f.write_attribute("rng_counter", static_cast<int64_t>(Engine::current().random_counter()));
-    write_tokenizer(f, tokenizer, model.config().vocab_size);
+    write_tokenizer(f, tokenizer, model.vocab_size());
     auto params = model.named_parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string ds = dataset_path(params[i].first);
@@ -46,11 +45,16 @@ void save_checkpoint(const std::string& path, const models::GPT& model, const op
   });
 }
 
+std::unique_ptr<models::CausalLM> read_checkpoint_model(const std::string& path) {
+  const ModelSpec spec = read_model_spec(open_checkpoint(path));
+  return models::make_model(spec.architecture, spec.attributes, "checkpoint '" + path + "'");
+}
+
 models::GPTConfig read_checkpoint_config(const std::string& path) {
-  h5::File f = open_checkpoint(path);
-  models::GPTConfig c = read_model_config(f);
-  c.dropout = f.read_real_attribute("dropout");
-  return c;
+  const ModelSpec spec = read_model_spec(open_checkpoint(path));
+  if (spec.architecture != "gpt")
+    throw Error("checkpoint '" + path + "' holds a " + spec.architecture + " model, not a gpt");
+  return models::GPTConfig::from_attributes(spec.attributes);
 }
 
 Tokenizer read_checkpoint_tokenizer(const std::string& path) {
@@ -60,8 +64,12 @@ Tokenizer read_checkpoint_tokenizer(const std::string& path) {
   return *t;
 }
 
-CheckpointState load_checkpoint(const std::string& path, models::GPT& model, optim::AdamW& opt) {
+CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model, optim::AdamW& opt) {
   h5::File f = open_checkpoint(path);
+  const ModelSpec spec = read_model_spec(f);
+  if (spec.architecture != model.architecture())
+    throw Error("checkpoint '" + path + "' holds a " + spec.architecture + " model; this model is a " +
+                model.architecture());
   auto params = model.named_parameters();
   std::vector<std::pair<Tensor, HostTensor>> loaded;
   for (size_t i = 0; i < params.size(); ++i) {

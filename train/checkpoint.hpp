@@ -5,6 +5,7 @@
 // the previous checkpoint intact.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "models/gpt.hpp"
@@ -21,12 +22,14 @@ struct CheckpointState {
   uint64_t data_seed = 0;  // the dataset's seed
 };
 
-void save_checkpoint(const std::string& path, const models::GPT& model, const optim::AdamW& opt,
+void save_checkpoint(const std::string& path, const models::CausalLM& model, const optim::AdamW& opt,
                      const Tokenizer& tokenizer, const CheckpointState& state);
 // Restores weights, moments, the optimizer's step and the engine's RNG state into an existing
 // model and optimizer of the same config; checks everything before changing anything.
-CheckpointState load_checkpoint(const std::string& path, models::GPT& model, optim::AdamW& opt);
-// The config and tokenizer stored in a checkpoint (to build the model before loading it).
+CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model, optim::AdamW& opt);
+// The model a checkpoint holds, built (initialized, not loaded: load_checkpoint loads it), and a
+// GPT checkpoint's config.
+std::unique_ptr<models::CausalLM> read_checkpoint_model(const std::string& path);
 models::GPTConfig read_checkpoint_config(const std::string& path);
 Tokenizer read_checkpoint_tokenizer(const std::string& path);
 

@@ -8,10 +8,10 @@
 
 namespace kiln {
 
-std::string sample_text(const models::GPT& model, const Tokenizer& tokenizer, const std::string& prompt,
+std::string sample_text(const models::CausalLM& model, const Tokenizer& tokenizer, const std::string& prompt,
                         const SampleOptions& opts) {
   if (!(opts.temperature > 0.0)) throw Error("sample: temperature must be > 0");
-  const int64_t block = model.config().block_size, vocab = model.config().vocab_size;
+  const int64_t block = model.block_size(), vocab = model.vocab_size();
   if (tokenizer.vocab_size() > vocab)
     throw Error("sample: the tokenizer has " + std::to_string(tokenizer.vocab_size()) + " tokens, the model " +
                 std::to_string(vocab));

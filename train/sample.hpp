@@ -18,7 +18,7 @@ struct SampleOptions {
 };
 
 // Continues `prompt` (may be empty: starts from token 0) and returns only the new text.
-std::string sample_text(const models::GPT& model, const Tokenizer& tokenizer, const std::string& prompt,
+std::string sample_text(const models::CausalLM& model, const Tokenizer& tokenizer, const std::string& prompt,
                         const SampleOptions& opts);
 
 }  // namespace kiln

@@ -28,7 +28,7 @@ optim::AdamWOptions adamw_options(const TrainOptions& o) {
 }
 }  // namespace
 
-Trainer::Trainer(models::GPT& model, const TextDataset& data, const Tokenizer& tokenizer, uint64_t data_seed,
+Trainer::Trainer(models::CausalLM& model, const TextDataset& data, const Tokenizer& tokenizer, uint64_t data_seed,
                  TrainOptions opts)
     : model_(model),
       data_(data),
@@ -45,7 +45,7 @@ void Trainer::resume(const std::string& path) {
 
 double Trainer::val_loss() {
   model_.eval();
-  const int64_t block = model_.config().block_size;
+  const int64_t block = model_.block_size();
   double total = 0;
   for (int64_t i = 0; i < opts_.eval_batches; ++i) {
     Batch b = data_.val_batch(static_cast<uint64_t>(i), opts_.batch, block);
@@ -57,7 +57,7 @@ double Trainer::val_loss() {
 
 TrainResult Trainer::run() {
   TrainResult result;
-  const int64_t block = model_.config().block_size;
+  const int64_t block = model_.block_size();
   const double tokens_per_step = static_cast<double>(opts_.batch * block);
   auto t0 = std::chrono::steady_clock::now();
   int64_t first = step_;

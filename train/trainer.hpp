@@ -49,7 +49,7 @@ struct TrainResult {
 
 class Trainer {
  public:
-  Trainer(models::GPT& model, const TextDataset& data, const Tokenizer& tokenizer, uint64_t data_seed,
+  Trainer(models::CausalLM& model, const TextDataset& data, const Tokenizer& tokenizer, uint64_t data_seed,
           TrainOptions opts);
   // Runs steps [start_step, opts.steps); resume by loading a checkpoint first (resume()).
   TrainResult run();
@@ -61,7 +61,7 @@ class Trainer {
   int64_t step() const { return step_; }
 
  private:
-  models::GPT& model_;
+  models::CausalLM& model_;
   const TextDataset& data_;
   const Tokenizer& tokenizer_;
   uint64_t data_seed_;

@@ -26,30 +26,35 @@ void check_format(const h5::File& f) {
 }
 }  // namespace
 
-void write_model_config(h5::File& f, const models::GPTConfig& c) {
-  f.write_attribute("vocab_size", c.vocab_size);
-  f.write_attribute("block_size", c.block_size);
-  f.write_attribute("n_layer", c.n_layer);
-  f.write_attribute("n_head", c.n_head);
-  f.write_attribute("n_embd", c.n_embd);
+void write_model_spec(h5::File& f, const models::CausalLM& model) {
+  const models::Architecture& arch = models::architecture(model.architecture());
+  const models::ModelAttributes a = model.attributes();
+  f.write_attribute("architecture", arch.name);
+  for (const models::AttributeSpec& s : arch.attributes) {
+    if (s.integer)
+      f.write_attribute(s.name, a.get_int(s.name));
+    else
+      f.write_attribute(s.name, a.get(s.name));
+  }
 }
 
-models::GPTConfig read_model_config(const h5::File& f) {
-  models::GPTConfig c;
-  // Each size in [1, 2^31): a corrupt or hostile value is refused before any allocation.
-  auto size = [&](const char* name) {
-    const int64_t v = f.read_int_attribute(name);
-    if (v < 1 || v >= (int64_t{1} << 31))
-      throw Error("'" + f.path() + "': attribute '" + name + "' is " + std::to_string(v) +
-                  "; a model size must lie in [1, 2^31)");
-    return v;
-  };
-  c.vocab_size = size("vocab_size");
-  c.block_size = size("block_size");
-  c.n_layer = size("n_layer");
-  c.n_head = size("n_head");
-  c.n_embd = size("n_embd");
-  return c;
+ModelSpec read_model_spec(const h5::File& f) {
+  ModelSpec spec;
+  spec.architecture = f.has_attribute("architecture") ? f.read_string_attribute("architecture") : "gpt";
+  const models::Architecture* arch = nullptr;
+  try {
+    arch = &models::architecture(spec.architecture);
+  } catch (const Error& e) {
+    throw Error("'" + f.path() + "': " + e.what());
+  }
+  // Each value is checked against its range before anything is allocated: a corrupt or hostile
+  // size is refused here.
+  models::ModelAttributes read;
+  for (const models::AttributeSpec& s : arch->attributes)
+    if (f.has_attribute(s.name))
+      read.set(s.name, s.integer ? static_cast<double>(f.read_int_attribute(s.name)) : f.read_real_attribute(s.name));
+  spec.attributes = models::check_attributes(*arch, read, "'" + f.path() + "'");
+  return spec;
 }
 
 void require_finite(const HostTensor& t, const std::string& file, const std::string& dataset) {
@@ -76,7 +81,7 @@ void write_tokenizer(h5::File& f, const Tokenizer& tokenizer, int64_t vocab_size
 std::optional<Tokenizer> read_tokenizer(const h5::File& f) {
   if (!f.has_attribute("tokenizer")) return std::nullopt;
   // The tokenizer must cover exactly the model's vocabulary: ids the model emits must decode.
-  const int64_t vocab_size = read_model_config(f).vocab_size;
+  const int64_t vocab_size = read_model_spec(f).attributes.get_int("vocab_size");
   std::string kind = f.read_string_attribute("tokenizer");
   if (kind != "byte" && kind != "char") throw Error("'" + f.path() + "': unknown tokenizer '" + kind + "'");
   if (kind == "byte") {
@@ -99,10 +104,27 @@ std::optional<Tokenizer> read_tokenizer(const h5::File& f) {
   }
 }
 
-models::GPTConfig read_weights_config(const std::string& path) {
+ModelSpec read_model_spec(const std::string& path) {
   h5::File f = h5::File::open_read(path);
   check_format(f);
-  return read_model_config(f);
+  if (!f.has_attribute("architecture") && !f.has_attribute("vocab_size"))
+    throw Error("'" + path + "' holds the weights of a module, not of a model (no architecture or config): load them "
+                "with load_weights into a module of the same structure");
+  return read_model_spec(f);
+}
+
+std::unique_ptr<models::CausalLM> load_model(const std::string& path) {
+  const ModelSpec spec = read_model_spec(path);
+  std::unique_ptr<models::CausalLM> model = models::make_model(spec.architecture, spec.attributes, "'" + path + "'");
+  load_weights(path, *model);
+  return model;
+}
+
+models::GPTConfig read_weights_config(const std::string& path) {
+  const ModelSpec spec = read_model_spec(path);
+  if (spec.architecture != "gpt")
+    throw Error("'" + path + "' holds a " + spec.architecture + " model, not a gpt");
+  return models::GPTConfig::from_attributes(spec.attributes);
 }
 
 void load_weights(const std::string& path, nn::Module& model) {
@@ -133,20 +155,30 @@ std::optional<Tokenizer> load_tokenizer(const std::string& path) {
   return read_tokenizer(f);
 }
 
-void save_weights(const std::string& path, const models::GPT& model, const Tokenizer* tokenizer) {
+namespace {
+void write_parameters(h5::File& f, const nn::Module& module) {
+  f.write_attribute("format", std::string("kiln-weights"));
+  f.write_attribute("format_version", kWeightsFormatVersion);
+  for (const auto& [name, p] : module.named_parameters()) {
+    HostTensor h = p.to_host();
+    HostTensor f32 = HostTensor::zeros(DType::f32, h.shape());
+    for (int64_t i = 0; i < h.numel(); ++i) f32.set(i, h.get(i));
+    f.write(dataset_path(name), f32);
+  }
+}
+}  // namespace
+
+void save_weights(const std::string& path, const models::CausalLM& model, const Tokenizer* tokenizer) {
   h5::write_atomically(path, [&](h5::File& f) {
-    f.write_attribute("format", std::string("kiln-weights"));
-    f.write_attribute("format_version", kWeightsFormatVersion);
-    write_model_config(f, model.config());
-    for (const auto& [name, p] : model.named_parameters()) {
-      HostTensor h = p.to_host();
-      HostTensor f32 = HostTensor::zeros(DType::f32, h.shape());
-      for (int64_t i = 0; i < h.numel(); ++i) f32.set(i, h.get(i));
-      f.write(dataset_path(name), f32);
-    }
-    f.hard_link("transformer/wte/weight", "lm_head/weight");
-    if (tokenizer) write_tokenizer(f, *tokenizer, model.config().vocab_size);
+    write_parameters(f, model);
+    write_model_spec(f, model);
+    for (const auto& [alias, listed] : model.tied_names()) f.hard_link(dataset_path(listed), dataset_path(alias));
+    if (tokenizer) write_tokenizer(f, *tokenizer, model.vocab_size());
   });
+}
+
+void save_module_weights(const std::string& path, const nn::Module& module) {
+  h5::write_atomically(path, [&](h5::File& f) { write_parameters(f, module); });
 }
 
 }  // namespace kiln

@@ -1,12 +1,15 @@
 // The kiln weights file (HDF5; docs/FORMAT.md): one float32 dataset per parameter at its dotted
-// name with '.' -> '/', PyTorch layouts, the tied lm_head/weight as a hard link to
-// transformer/wte/weight, root attributes format = "kiln-weights", format_version and the model
-// config. Loading checks everything before it changes the model: a missing dataset, a wrong
+// name with '.' -> '/', PyTorch layouts, tied parameters' other names as hard links (a GPT's
+// lm_head/weight to transformer/wte/weight), root attributes format = "kiln-weights",
+// format_version, architecture ("gpt", "llama"; a file without one is a GPT) and the model's
+// config attributes. Loading checks everything before it changes the model: a missing dataset, a wrong
 // shape or dtype, or another format is an error naming it, never a partly loaded model.
 #pragma once
 
 #include <optional>
 #include <string>
+
+#include <memory>
 
 #include "models/gpt.hpp"
 #include "train/tokenizer.hpp"
@@ -16,14 +19,27 @@ namespace kiln {
 // 2: datasets with Fletcher-32 checksums in files with metadata checksums (1: neither; still read).
 constexpr int64_t kWeightsFormatVersion = 2;
 
-// Reads and checks the format attributes and the model config.
+// A model as a file describes it: its architecture and checked config attributes.
+struct ModelSpec {
+  std::string architecture;
+  models::ModelAttributes attributes;
+};
+// Reads and checks the format attributes, the architecture and its config.
+ModelSpec read_model_spec(const std::string& path);
+// Builds the model a weights file describes and loads its weights into it.
+std::unique_ptr<models::CausalLM> load_model(const std::string& path);
+// A GPT file's config (an error naming the architecture for any other model).
 models::GPTConfig read_weights_config(const std::string& path);
-// Loads every parameter of `model` from the file (converted to the model's dtype).
+// Loads every parameter of `model` from the file by name (converted to the model's dtype); any
+// Module, registered model or not.
 void load_weights(const std::string& path, nn::Module& model);
-// Writes the model's parameters, config and (when given) tokenizer: attribute tokenizer =
-// "char" | "byte", and for "char" an int32 dataset tokenizer/vocab of code points in id order.
-// lm_head/weight is a hard link to transformer/wte/weight.
-void save_weights(const std::string& path, const models::GPT& model, const Tokenizer* tokenizer = nullptr);
+// Writes the model's parameters, architecture, config and (when given) tokenizer: attribute
+// tokenizer = "char" | "byte", and for "char" an int32 dataset tokenizer/vocab of code points in
+// id order. Tied parameters' other names are hard links.
+void save_weights(const std::string& path, const models::CausalLM& model, const Tokenizer* tokenizer = nullptr);
+// Writes any Module's parameters by name, without a config: load_weights reads them back into a
+// module of the same structure.
+void save_module_weights(const std::string& path, const nn::Module& module);
 // The tokenizer stored with the weights, or nullopt for a file without one.
 std::optional<Tokenizer> load_tokenizer(const std::string& path);
 
@@ -32,8 +48,8 @@ std::optional<Tokenizer> load_tokenizer(const std::string& path);
 namespace h5 {
 class File;
 }
-void write_model_config(h5::File& f, const models::GPTConfig& c);
-models::GPTConfig read_model_config(const h5::File& f);  // sizes checked to lie in [1, 2^31)
+void write_model_spec(h5::File& f, const models::CausalLM& model);
+ModelSpec read_model_spec(const h5::File& f);  // every attribute checked against its architecture's range
 // Throws naming the file, the dataset and the element when a float value is NaN or infinite.
 void require_finite(const HostTensor& t, const std::string& file, const std::string& dataset);
 // Both check that the tokenizer has exactly the model's vocab_size ids (read_tokenizer takes it

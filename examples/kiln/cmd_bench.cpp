@@ -23,7 +23,6 @@
 #include "core/device.hpp"
 #include "core/engine.hpp"
 #include "core/traced_step.hpp"
-#include "models/gpt.hpp"
 #include "train/adamw.hpp"
 
 namespace kiln::cli {
@@ -90,25 +89,27 @@ int cmd_bench(const std::vector<std::string>& argv) {
                                              "guard AdamW's update with the loss's and gradient norm's finiteness, as "
                                              "kiln train does"}},
                                            true)),
-         "usage: kiln bench [options]\n\nTimes full GPT training steps (AdamW, dropout 0) on the CPU or the GPU.\n"
+         "usage: kiln bench [options]\n\nTimes full training steps of a GPT or a Llama (--model llama) (AdamW, dropout 0) on the CPU or the GPU.\n"
          "GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8",
-         {"skip-non-finite"});
+         with_model_switches({"skip-non-finite"}));
   if (a.help()) {
     a.print_help();
     return 0;
   }
   apply_thread_flag(a);
-  models::GPTConfig c = config_from_flags(a);
   const int64_t batch = a.integer("batch", 16, 1), steps = a.integer("steps", 20, 1);
   const Device device = parse_device(a.str("device", "cpu"));
   Engine::current().set_device(device);
   manual_seed(1);
-  models::GPT model(c);
+  std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a);
+  models::CausalLM& model = *model_ptr;
+  const models::ModelAttributes attrs = model.attributes();
+  const int64_t block_size = model.block_size(), vocab_size = model.vocab_size();
   optim::AdamWOptions adamw;
   adamw.skip_non_finite = a.has("skip-non-finite");
   optim::AdamW opt(model.parameters(), adamw);
-  HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, c.block_size});
-  for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 7919) % c.vocab_size));
+  HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, block_size});
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 7919) % vocab_size));
   Tensor x = Tensor::from_host(ids), y = Tensor::from_host(ids);
   double flops = 0;
   auto record = [&] {
@@ -151,9 +152,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const double per_step = replayed.step_ms / 1000;
   double achieved = flops / per_step / 1e9;
   std::printf(
-      "config L%lld H%lld C%lld T%lld B%lld V%lld, AdamW%s, on %s\n", static_cast<long long>(c.n_layer),
-      static_cast<long long>(c.n_head), static_cast<long long>(c.n_embd), static_cast<long long>(c.block_size),
-      static_cast<long long>(batch), static_cast<long long>(c.vocab_size),
+      "config %s L%lld H%lld C%lld T%lld B%lld V%lld, AdamW%s, on %s\n", model.architecture().c_str(),
+      static_cast<long long>(attrs.get_int("n_layer")), static_cast<long long>(attrs.get_int("n_head")),
+      static_cast<long long>(attrs.get_int("n_embd")), static_cast<long long>(block_size),
+      static_cast<long long>(batch), static_cast<long long>(vocab_size),
       adamw.skip_non_finite ? " skipping non-finite steps" : "",
       device == Device::CUDA ? Engine::current().last_plan()->device->runtime().device_name().c_str() : "the CPU");
   const char* outside = device == Device::CUDA ? "outside the device's work" : "outside the executor";
@@ -162,7 +164,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     std::printf(
         "step (%s): %.2f ms median, %.0f tokens/s; host time %s %.3f ms (%.2f%%); per step %.1f minor page faults, "
         "%.1f tensor allocations (%.1f KiB)\n",
-        how, t.step_ms, static_cast<double>(batch * c.block_size) / (t.step_ms / 1000), outside, t.outside_ms,
+        how, t.step_ms, static_cast<double>(batch * block_size) / (t.step_ms / 1000), outside, t.outside_ms,
         100 * t.outside_ms / t.step_ms, static_cast<double>(t.counters.minor_faults) / n,
         static_cast<double>(t.counters.storage_allocations) / n,
         static_cast<double>(t.counters.storage_bytes) / n / 1024);

@@ -27,11 +27,11 @@ int cmd_dump(const std::vector<std::string>& argv) {
   std::string dt = a.str("dtype", "f32");
   if (dt != "f32" && dt != "f64") throw Error("--dtype must be f32 or f64, received '" + dt + "'");
   std::string path = a.required("weights");
-  models::GPT model(read_weights_config(path));
-  load_weights(path, model);
+  std::unique_ptr<models::CausalLM> model_ptr = load_model(path);
+  models::CausalLM& model = *model_ptr;
   model.eval();
   model.to(dt == "f64" ? DType::f64 : DType::f32);
-  const TokenBatch batch = read_batch_file(a.required("batch"), model.config());
+  const TokenBatch batch = read_batch_file(a.required("batch"), model.block_size(), model.vocab_size());
   Tensor logits = model.forward(Tensor::from_host(batch.x));
   Tensor loss = cross_entropy(logits, Tensor::from_host(batch.y));
   loss.backward();

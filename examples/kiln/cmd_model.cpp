@@ -5,6 +5,7 @@
 #include "circuit/exec/thread_governor.hpp"
 #include "circuit/ir/error.hpp"
 #include "commands.hpp"
+#include "models/llama.hpp"
 #include "train/dataset.hpp"
 #include "train/sample.hpp"
 #include "train/weights.hpp"
@@ -12,9 +13,8 @@
 namespace kiln::cli {
 
 namespace {
-std::unique_ptr<models::GPT> load_model(const std::string& path) {
-  auto model = std::make_unique<models::GPT>(read_weights_config(path));
-  load_weights(path, *model);
+std::unique_ptr<models::CausalLM> load_model_for_inference(const std::string& path) {
+  std::unique_ptr<models::CausalLM> model = kiln::load_model(path);
   model->eval();
   return model;
 }
@@ -30,12 +30,22 @@ Tokenizer require_tokenizer(const std::string& path) {
 }  // namespace
 
 std::map<std::string, std::string> with_model_flags(std::map<std::string, std::string> options, bool vocab_size) {
+  options["model"] = "architecture: gpt (default) or llama";
+  options["kv-heads"] = "llama: key/value heads, dividing --heads (default 2)";
+  options["ffn-hidden"] = "llama: MLP hidden width (default 8/3 --embd rounded up to 32)";
+  options["rope-theta"] = "llama: rotary embedding base (default 10000)";
+  options["tie-embeddings"] = "llama: lm_head shares the token embedding";
   options["layers"] = "transformer blocks (default 4)";
   options["heads"] = "attention heads (default 4)";
   options["embd"] = "embedding width (default 128)";
   options["block"] = "context length (default 64)";
   if (vocab_size) options["vocab-size"] = "vocabulary size (default 65)";
   return options;
+}
+
+std::set<std::string> with_model_switches(std::set<std::string> switches) {
+  switches.insert("tie-embeddings");
+  return switches;
 }
 
 std::map<std::string, std::string> with_thread_flag(std::map<std::string, std::string> options) {
@@ -53,14 +63,43 @@ void apply_thread_flag(const Args& a) {
   }
 }
 
-models::GPTConfig config_from_flags(const Args& a) {
-  models::GPTConfig c;
-  c.n_layer = a.integer("layers", 4, 1);
-  c.n_head = a.integer("heads", 4, 1);
-  c.n_embd = a.integer("embd", 128, 1);
-  c.block_size = a.integer("block", 64, 1);
-  c.vocab_size = a.integer("vocab-size", 65, 1);
-  return c;
+namespace {
+models::ModelAttributes attributes_from_flags(const Args& a, const std::string& arch, int64_t vocab_size,
+                                              double dropout) {
+  models::ModelAttributes m;
+  m.set("vocab_size", static_cast<double>(vocab_size > 0 ? vocab_size : a.integer("vocab-size", 65, 1)));
+  m.set("block_size", static_cast<double>(a.integer("block", 64, 1)));
+  m.set("n_layer", static_cast<double>(a.integer("layers", 4, 1)));
+  m.set("n_head", static_cast<double>(a.integer("heads", 4, 1)));
+  m.set("n_embd", static_cast<double>(a.integer("embd", 128, 1)));
+  for (const char* llama_only : {"kv-heads", "ffn-hidden", "rope-theta", "tie-embeddings"})
+    if (arch != "llama" && a.has(llama_only))
+      throw Error(std::string("option --") + llama_only + " applies to --model llama only");
+  if (arch == "gpt") {
+    m.set("dropout", dropout);
+  } else if (arch == "llama") {
+    models::LlamaConfig c;
+    c.n_embd = m.get_int("n_embd");
+    m.set("n_kv_head", static_cast<double>(a.integer("kv-heads", 2, 1)));
+    m.set("ffn_hidden", static_cast<double>(a.integer("ffn-hidden", c.hidden(), 1)));
+    m.set("rope_theta", a.real("rope-theta", 10000.0, 1.0, 1e12, false));
+    m.set("norm_eps", c.norm_eps);
+    m.set("tie_embeddings", a.has("tie-embeddings") ? 1 : 0);
+    if (dropout != 0) throw Error("--dropout applies to --model gpt only (Llama has no dropout)");
+  }
+  return m;
+}
+}  // namespace
+
+std::unique_ptr<models::CausalLM> model_from_flags(const Args& a, int64_t vocab_size, double dropout) {
+  const std::string arch = a.str("model", "gpt");
+  return models::make_model(arch, attributes_from_flags(a, models::architecture(arch).name, vocab_size, dropout),
+                            "the model options");
+}
+
+void check_model_flags(const Args& a) {
+  const models::Architecture& arch = models::architecture(a.str("model", "gpt"));
+  models::check_attributes(arch, attributes_from_flags(a, arch.name, 0, 0), "the model options");
 }
 
 int cmd_sample(const std::vector<std::string>& argv) {
@@ -81,7 +120,7 @@ int cmd_sample(const std::vector<std::string>& argv) {
   o.seed = static_cast<uint64_t>(a.integer("seed", 1));
   std::string path = a.required("weights");
   Tokenizer tok = require_tokenizer(path);
-  auto model = load_model(path);
+  auto model = load_model_for_inference(path);
   std::string prompt = a.str("prompt", "\n");
   std::printf("%s%s\n", prompt.c_str(), sample_text(*model, tok, prompt, o).c_str());
   return 0;
@@ -98,9 +137,9 @@ int cmd_eval(const std::vector<std::string>& argv) {
   }
   std::string path = a.required("weights");
   Tokenizer tok = require_tokenizer(path);
-  auto model = load_model(path);
+  auto model = load_model_for_inference(path);
   std::vector<int32_t> ids = tok.encode(read_corpus(a.required("data")));
-  const int64_t block = model->config().block_size;
+  const int64_t block = model->block_size();
   const int64_t windows = ids.size() > 0 ? static_cast<int64_t>((ids.size() - 1) / static_cast<size_t>(block)) : 0;
   if (windows == 0) throw Error("the data has fewer than block_size + 1 = " + std::to_string(block + 1) + " tokens");
   const int64_t per_batch = 16;
@@ -125,16 +164,18 @@ int cmd_init(const std::vector<std::string>& argv) {
   Args a(argv,
          with_model_flags({{"out", "weights file to write (required)"}, {"seed", "initialization seed (default 1337)"}},
                           true),
-         "usage: kiln init --out model.h5 [options]\n\nWrites freshly initialized GPT weights (GPT-2 initialization).");
+         "usage: kiln init --out model.h5 [options]\n\nWrites freshly initialized weights of a GPT (GPT-2 initialization) or "
+         "a Llama.",
+         with_model_switches());
   if (a.help()) {
     a.print_help();
     return 0;
   }
-  models::GPTConfig c = config_from_flags(a);
   manual_seed(static_cast<uint64_t>(a.integer("seed", 1337)));
-  models::GPT model(c);
-  save_weights(a.required("out"), model);
-  std::printf("wrote %s (%zu parameters)\n", a.required("out").c_str(), model.num_parameters());
+  std::unique_ptr<models::CausalLM> model = model_from_flags(a);
+  save_weights(a.required("out"), *model);
+  std::printf("wrote %s (%s, %zu parameters)\n", a.required("out").c_str(), model->architecture().c_str(),
+              model->num_parameters());
   return 0;
 }
 

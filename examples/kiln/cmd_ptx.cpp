@@ -1,4 +1,4 @@
-// `kiln ptx --out DIR`: writes every kernel one GPT training step (forward, backward, AdamW)
+// `kiln ptx --out DIR`: writes every kernel one training step (GPT or Llama) (forward, backward, AdamW)
 // lowers to, one .ptx file each, plus index.tsv: kernel, Prim(s), grid, block, and registers
 // and spills from ptxas when it is on PATH. The step runs once on the CPU to build its plan;
 // the plan's optimized circuit is then lowered (no GPU needed). With --bank-conflicts the step
@@ -42,21 +42,21 @@ int cmd_ptx(const std::vector<std::string>& argv) {
                             "also run the step in the SIMT simulator and report each kernel's shared-memory bank "
                             "conflicts per launch (slow: use a small config)"}},
                           true),
-         "usage: kiln ptx --out DIR [options]\n\nWrites the PTX of every kernel of one GPT training step (AdamW) "
+         "usage: kiln ptx --out DIR [options]\n\nWrites the PTX of every kernel of one training step (AdamW) "
          "and an index.",
-         {"bank-conflicts"});
+         with_model_switches({"bank-conflicts"}));
   if (a.help()) {
     a.print_help();
     return 0;
   }
   const std::filesystem::path out = a.required("out");
   const int sm = static_cast<int>(a.integer("sm", 90));
-  models::GPTConfig c = config_from_flags(a);
   const int64_t batch = a.integer("batch", 16, 1);
-  models::GPT model(c);
+  std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a);
+  models::CausalLM& model = *model_ptr;
   optim::AdamW opt(model.parameters(), {});
-  HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, c.block_size});
-  for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>(i % c.vocab_size));
+  HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, model.block_size()});
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>(i % model.vocab_size()));
   Tensor x = Tensor::from_host(ids), y = Tensor::from_host(ids);
   Engine::current().plan_cache().set_gpu_target(true);  // the passes a GPU run would get
   Tensor loss = model.loss(x, y);

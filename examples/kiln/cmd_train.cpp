@@ -42,9 +42,9 @@ int cmd_train(const std::vector<std::string>& argv) {
                "skip (and count) a step whose loss or gradient norm is not finite instead of stopping, as "
                "PyTorch's GradScaler; 10 in a row still stop"}},
              false)),
-         "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) with AdamW on a character- or byte-level "
-         "corpus.",
-         {"stats", "deterministic", "no-trace", "skip-non-finite"});
+         "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) or a Llama (--model llama) with AdamW on a "
+         "character- or byte-level corpus.",
+         with_model_switches({"stats", "deterministic", "no-trace", "skip-non-finite"}));
   if (a.help()) {
     a.print_help();
     return 0;
@@ -71,13 +71,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.stats = a.has("stats");
   o.traced = !a.has("no-trace");
   o.skip_non_finite = a.has("skip-non-finite");
-  models::GPTConfig c;
-  if (a.has("resume")) {
-    c = read_checkpoint_config(a.str("resume", ""));
-  } else {
-    c = config_from_flags(a);
-    c.dropout = a.real("dropout", 0.0, 0.0, 1.0);
-  }
+  const double dropout = a.real("dropout", 0.0, 0.0, 1.0);
+  if (!a.has("resume")) check_model_flags(a);
   std::string text = read_corpus(a.str("data", kDefaultCorpus));
   if (text.empty()) throw Error("the corpus '" + a.str("data", kDefaultCorpus) + "' is empty: nothing to train on");
   auto char_level = [&] {  // a corpus that is not UTF-8 is an error naming it
@@ -90,14 +85,17 @@ int cmd_train(const std::vector<std::string>& argv) {
   Tokenizer tok = a.has("resume")                        ? read_checkpoint_tokenizer(a.str("resume", ""))
                   : a.str("tokenizer", "char") == "byte" ? Tokenizer::byte_level()
                                                          : char_level();
-  if (!a.has("resume")) c.vocab_size = tok.vocab_size();
   TextDataset data(tok.encode(text), seed);
   spdlog::info("corpus: {} tokens ({} train, {} validation), vocabulary {}", data.train_tokens() + data.val_tokens(),
                data.train_tokens(), data.val_tokens(), tok.vocab_size());
   manual_seed(seed);
-  models::GPT model(c);
-  spdlog::info("model: {} layers, {} heads, {} wide, block {}: {} parameters", c.n_layer, c.n_head, c.n_embd,
-               c.block_size, model.num_parameters());
+  std::unique_ptr<models::CausalLM> model_ptr =
+      a.has("resume") ? read_checkpoint_model(a.str("resume", "")) : model_from_flags(a, tok.vocab_size(), dropout);
+  models::CausalLM& model = *model_ptr;
+  const models::ModelAttributes attrs = model.attributes();
+  spdlog::info("model: {}, {} layers, {} heads, {} wide, block {}: {} parameters", model.architecture(),
+               attrs.get_int("n_layer"), attrs.get_int("n_head"), attrs.get_int("n_embd"), model.block_size(),
+               model.num_parameters());
   Trainer trainer(model, data, tok, seed, o);
   if (a.has("resume")) trainer.resume(a.str("resume", ""));
   TrainResult r = trainer.run();

@@ -3,18 +3,27 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "models/gpt.hpp"
+#include <memory>
+
+#include "models/causal_lm.hpp"
 
 namespace kiln::cli {
 
 class Args;
-// The model-shape options (--layers --heads --embd --block, and --vocab-size when asked) added
-// to a command's own, and the config they give (defaults: kiln train's config, vocabulary 65).
+// The model options (--model gpt|llama, --layers --heads --embd --block, Llama's --kv-heads
+// --ffn-hidden --rope-theta --tie-embeddings, and --vocab-size when asked) added to a command's
+// own, and the model they describe (defaults: kiln train's sizes, vocabulary 65), initialized from
+// the engine's seed. vocab_size, when given, replaces --vocab-size (a tokenizer's size).
 std::map<std::string, std::string> with_model_flags(std::map<std::string, std::string> options, bool vocab_size);
-models::GPTConfig config_from_flags(const Args& a);
+// The model options that take no value (--tie-embeddings), added to a command's own switches.
+std::set<std::string> with_model_switches(std::set<std::string> switches = {});
+std::unique_ptr<models::CausalLM> model_from_flags(const Args& a, int64_t vocab_size = 0, double dropout = 0);
+// Checks the model flags (architecture and sizes) without building anything.
+void check_model_flags(const Args& a);
 // --threads N (CPU threads, fixed; without it kiln chooses, up to OMP_NUM_THREADS or the cores,
 // and uses fewer while other work holds cores) added to a command's options, and applied.
 std::map<std::string, std::string> with_thread_flag(std::map<std::string, std::string> options);

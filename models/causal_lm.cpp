@@ -1,0 +1,78 @@
+// CausalLM, model attributes and their checks.
+#include "models/causal_lm.hpp"
+
+#include <spdlog/fmt/fmt.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "circuit/ir/error.hpp"
+
+namespace kiln::models {
+
+void ModelAttributes::set(const std::string& name, double value) {
+  for (auto& [n, v] : items_)
+    if (n == name) {
+      v = value;
+      return;
+    }
+  items_.emplace_back(name, value);
+}
+
+bool ModelAttributes::has(const std::string& name) const {
+  return std::any_of(items_.begin(), items_.end(), [&](const auto& item) { return item.first == name; });
+}
+
+double ModelAttributes::get(const std::string& name) const {
+  for (const auto& [n, v] : items_)
+    if (n == name) return v;
+  throw Error("model config: attribute '" + name + "' is missing");
+}
+
+Tensor CausalLM::loss(const Tensor& idx, const Tensor& targets) const { return cross_entropy(forward(idx), targets); }
+
+const Architecture& architecture(const std::string& name) {
+  std::string known;
+  for (const Architecture& a : architectures()) {
+    if (a.name == name) return a;
+    known += (known.empty() ? "" : ", ") + a.name;
+  }
+  throw Error("unknown model architecture '" + name + "' (known: " + known + ")");
+}
+
+namespace {
+std::string bound(double b) { return b == 2147483648.0 ? "2^31" : fmt::format("{}", b); }
+}  // namespace
+
+ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes& attributes,
+                                 const std::string& source) {
+  ModelAttributes out;
+  for (const AttributeSpec& s : arch.attributes) {
+    if (!attributes.has(s.name)) {
+      if (!s.has_default)
+        throw Error(fmt::format("{}: attribute '{}' of the {} config is missing", source, s.name, arch.name));
+      out.set(s.name, s.default_value);
+      continue;
+    }
+    const double v = attributes.get(s.name);
+    if (s.integer && !(v >= s.min && v < s.max && v == std::floor(v)))
+      throw Error(fmt::format("{}: attribute '{}' is {}; it must lie in [{}, {}) and be a whole number", source,
+                              s.name, v, bound(s.min), bound(s.max)));
+    if (!s.integer && !(v >= s.min && v < s.max))
+      throw Error(fmt::format("{}: attribute '{}' is {}; it must lie in [{}, {})", source, s.name, v, bound(s.min),
+                              bound(s.max)));
+    out.set(s.name, v);
+  }
+  for (const auto& [name, v] : attributes.items())
+    if (!out.has(name))
+      throw Error(fmt::format("{}: the {} config has no attribute '{}'", source, arch.name, name));
+  return out;
+}
+
+std::unique_ptr<CausalLM> make_model(const std::string& name, const ModelAttributes& attributes,
+                                     const std::string& source) {
+  const Architecture& arch = architecture(name);
+  return arch.make(check_attributes(arch, attributes, source));
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,74 @@
+// The interface every causal language model implements, and the registry of architectures that
+// weights files and checkpoints can name. Training (train/trainer), weights and checkpoint files,
+// sampling and the CLI take a CausalLM, so a new architecture needs only its file here and a
+// registry entry.
+// Shape contract: forward: token ids i32 (B, T), T <= block_size() -> logits (B, T, vocab_size()).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layers/module.hpp"
+
+namespace kiln::models {
+
+// A model's config as named numbers (the weights file's root attributes): sizes are integers,
+// rates and bases reals. Kept in the order the architecture declares them.
+class ModelAttributes {
+ public:
+  void set(const std::string& name, double value);
+  bool has(const std::string& name) const;
+  double get(const std::string& name) const;  // kiln::Error naming the attribute when absent
+  int64_t get_int(const std::string& name) const { return static_cast<int64_t>(get(name)); }
+  const std::vector<std::pair<std::string, double>>& items() const { return items_; }
+
+ private:
+  std::vector<std::pair<std::string, double>> items_;
+};
+
+class CausalLM : public nn::Module {
+ public:
+  virtual Tensor forward(const Tensor& idx) const = 0;
+  // Mean cross-entropy of the next-token predictions against targets: i32 (B, T).
+  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+  virtual std::string architecture() const = 0;  // a registry name: "gpt", "llama"
+  virtual ModelAttributes attributes() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t block_size() const = 0;
+  // Tied parameters listed once by named_parameters() but also known by another name, as
+  // {other name, listed name}; weights files store the other name as a hard link.
+  virtual std::vector<std::pair<std::string, std::string>> tied_names() const { return {}; }
+};
+
+// One attribute of an architecture's config: integers must be whole; every value lies in
+// [min, max) (reals may allow max itself); an attribute with a default may be absent from a file.
+struct AttributeSpec {
+  std::string name;
+  bool integer = true;
+  double min = 1, max = 2147483648.0;  // integers: a size in [1, 2^31)
+  bool has_default = false;
+  double default_value = 0;
+};
+
+struct Architecture {
+  std::string name;
+  std::string description;
+  std::vector<AttributeSpec> attributes;
+  std::function<std::unique_ptr<CausalLM>(const ModelAttributes&)> make;
+};
+
+// The registered architectures ("gpt", "llama").
+const std::vector<Architecture>& architectures();
+// kiln::Error listing the known names when `name` is not one of them.
+const Architecture& architecture(const std::string& name);
+// Checks every attribute against the architecture's specs (fills defaults) and builds the model,
+// initialized from the engine's seed. `source` names where the attributes came from, for errors.
+std::unique_ptr<CausalLM> make_model(const std::string& architecture, const ModelAttributes& attributes,
+                                     const std::string& source = "model config");
+// The attributes checked and completed with defaults; errors name `source` and the attribute.
+ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes& attributes,
+                                 const std::string& source);
+
+}  // namespace kiln::models

@@ -1,0 +1,238 @@
+// The Llama model and model-generic training: Hugging Face parameter names, an f64 gradient
+// check of every parameter, weights files (architecture and config attributes, tied names as
+// hard links, any Module by its names), checkpoints and resume, training and sampling through
+// the same Trainer and sample_text as the GPT, and the errors a mismatched file gives.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "circuit/ir/error.hpp"
+#include "core/gradcheck.hpp"
+#include "layers/rms_norm.hpp"
+#include "models/llama.hpp"
+#include "train/checkpoint.hpp"
+#include "train/hdf5_file.hpp"
+#include "train/sample.hpp"
+#include "train/trainer.hpp"
+#include "train/weights.hpp"
+
+namespace kiln {
+namespace {
+
+std::string tmp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("kiln_llama_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+models::LlamaConfig tiny_llama(int64_t vocab, bool tied = false) {
+  models::LlamaConfig c;
+  c.vocab_size = vocab;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.n_embd = 16;
+  c.ffn_hidden = 24;
+  c.rope_theta = 500;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+std::vector<double> values(const nn::Module& m) {
+  std::vector<double> v;
+  for (const auto& [n, p] : m.named_parameters())
+    for (double x : p.to_vector()) v.push_back(x);
+  return v;
+}
+
+std::string generated_text(size_t words) {
+  const char* lexicon[] = {"the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "fast ", "home.\n"};
+  std::string s;
+  for (size_t i = 0; i < words; ++i) s += lexicon[(i * 7 + i / 3) % 10];
+  return s;
+}
+
+TEST(Llama, ParametersHaveHuggingFaceNames) {
+  manual_seed(1);
+  models::Llama m(tiny_llama(11));
+  std::vector<std::string> names;
+  for (const auto& [n, p] : m.named_parameters()) names.push_back(n);
+  std::vector<std::string> expected = {"model.embed_tokens.weight"};
+  for (int l = 0; l < 2; ++l)
+    for (const char* p : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                          "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                          "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight"})
+      expected.push_back("model.layers." + std::to_string(l) + "." + p);
+  expected.push_back("model.norm.weight");
+  expected.push_back("lm_head.weight");
+  EXPECT_EQ(names, expected);
+  EXPECT_EQ(m.parameter("model.layers.1.self_attn.k_proj.weight").shape(), (Shape{8, 16}));  // 2 kv heads of 4
+  EXPECT_EQ(m.parameter("model.layers.0.mlp.up_proj.weight").shape(), (Shape{24, 16}));
+  EXPECT_EQ(static_cast<double>(m.num_parameters()), tiny_llama(11).parameter_count());
+  models::Llama tied(tiny_llama(11, true));
+  EXPECT_EQ(tied.named_parameters().back().first, "model.norm.weight");  // lm_head listed once, as the embedding
+  EXPECT_EQ(static_cast<double>(tied.num_parameters()), tiny_llama(11, true).parameter_count());
+}
+
+TEST(Llama, EveryParameterPassesTheF64GradientCheck) {
+  manual_seed(3);
+  models::LlamaConfig c = tiny_llama(7);
+  c.block_size = 4, c.n_embd = 8, c.ffn_hidden = 12, c.n_head = 2, c.n_kv_head = 1;
+  models::Llama model(c);
+  model.to(DType::f64);
+  // Weights of a trained model's size, not of the N(0, 0.02) initialization: there the attention
+  // is nearly uniform and the q/k gradients so small that central differences' rounding at the
+  // default step exceeds the relative tolerance (measured 2.7-6.4e-6 against 1e-6 for q, k and
+  // the attention norm; at step 1e-4 they fall to 2-6e-8 while the embedding's truncation error
+  // rises to 1.8e-6: the default step's trade-off, not a wrong rule). Norms move away from 1 so
+  // that their gradients count.
+  for (auto& [n, p] : model.named_parameters())
+    p.assign(n.find("norm") != std::string::npos ? p + Tensor::randn(p.shape(), DType::f64) * 0.3
+                                                 : Tensor::randn(p.shape(), DType::f64) * 0.4);
+  Engine::current().realize();
+  HostTensor x = Tensor::from_ints({1, 5, 2, 0, 6, 6, 3, 1}, {2, 4}).to_host();
+  HostTensor y = Tensor::from_ints({5, 2, 0, 4, 6, 3, 1, 2}, {2, 4}).to_host();
+  auto f = [&](const std::vector<Tensor>& in) { return model.loss(in[0], in[1]); };
+  ad::GradCheckResult r = gradcheck(f, {x, y}, {}, /*check_parameters=*/true);
+  EXPECT_TRUE(r.ok) << r.report;
+  EXPECT_EQ(r.rel_error.size(), model.named_parameters().size());
+}
+
+TEST(Llama, WeightsRoundTripWithArchitectureConfigAndTiedLink) {
+  Tokenizer tok = Tokenizer::char_level(generated_text(50));
+  for (bool tied : {false, true}) {
+    manual_seed(11);
+    models::Llama a(tiny_llama(tok.vocab_size(), tied));
+    const std::string path = tmp_path("rt.h5");
+    save_weights(path, a, &tok);
+    const ModelSpec spec = read_model_spec(path);
+    EXPECT_EQ(spec.architecture, "llama");
+    EXPECT_EQ(spec.attributes.get_int("n_kv_head"), 2);
+    EXPECT_EQ(spec.attributes.get("rope_theta"), 500.0);
+    EXPECT_EQ(spec.attributes.get_int("tie_embeddings"), tied ? 1 : 0);
+    manual_seed(12);
+    std::unique_ptr<models::CausalLM> b = load_model(path);
+    EXPECT_EQ(b->architecture(), "llama");
+    EXPECT_EQ(values(a), values(*b));  // bit for bit
+    Tensor idx = Tensor::from_ints({1, 2, 3, 4}, {1, 4});
+    EXPECT_EQ(a.forward(idx).to_vector(), b->forward(idx).to_vector());
+    h5::File f = h5::File::open_read(path);
+    EXPECT_TRUE(f.exists("lm_head/weight"));  // a dataset, or a hard link to the embedding when tied
+    EXPECT_EQ(f.read("lm_head/weight").shape(), (Shape{tok.vocab_size(), 16}));
+    EXPECT_TRUE(load_tokenizer(path).has_value());
+    EXPECT_THROW(read_weights_config(path), Error);  // not a GPT
+    std::filesystem::remove(path);
+  }
+}
+
+TEST(Llama, AModuleThatIsNoModelIsSavedAndLoadedByItsNames) {
+  struct Net : nn::Module {
+    std::shared_ptr<nn::ModuleList<nn::RMSNorm>> norms;
+    Net() {
+      norms = register_module("norms", std::make_shared<nn::ModuleList<nn::RMSNorm>>());
+      for (int i = 0; i < 2; ++i) norms->push_back(std::make_shared<nn::RMSNorm>(3));
+    }
+  } a, b;
+  (*a.norms)[1]->weight.assign(Tensor::from_vector({1, 2, 3}, {3}));
+  const std::string path = tmp_path("module.h5");
+  save_module_weights(path, a);
+  load_weights(path, b);
+  EXPECT_EQ(values(a), values(b));
+  try {
+    load_model(path);
+    ADD_FAILURE() << "a module's weights loaded as a model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weights of a module, not of a model"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(Llama, BadConfigAttributesAreClearErrors) {
+  manual_seed(1);
+  models::Llama m(tiny_llama(11));
+  const std::string path = tmp_path("bad.h5");
+  // Rewrites one root attribute of a freshly saved file, then expects load_model to refuse it.
+  auto expect_refused = [&](const char* name, auto value, const std::string& text) {
+    save_weights(path, m);
+    hid_t raw = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Adelete(raw, name);
+    H5Fclose(raw);
+    h5::File::open_write(path).write_attribute(name, value);
+    try {
+      load_model(path);
+      ADD_FAILURE() << "accepted; expected: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_refused("architecture", std::string("mamba"), "unknown model architecture 'mamba' (known: gpt, llama)");
+  expect_refused("n_kv_head", int64_t{0}, "'n_kv_head' is 0");
+  expect_refused("n_kv_head", int64_t{3}, "not divisible by the key/value heads");
+  expect_refused("rope_theta", 0.5, "'rope_theta' is 0.5");
+  expect_refused("tie_embeddings", int64_t{2}, "'tie_embeddings' is 2");
+  std::filesystem::remove(path);
+}
+
+struct TinyRun {
+  std::vector<double> losses, weights;
+};
+
+TinyRun train_llama(int64_t steps, const std::string& checkpoint, const std::string& resume, int64_t stop_at,
+                    double lr) {
+  const std::string text = generated_text(400);
+  Tokenizer tok = Tokenizer::char_level(text);
+  TextDataset data(tok.encode(text), 21);
+  manual_seed(resume.empty() ? 21 : 999);
+  std::unique_ptr<models::CausalLM> model = resume.empty()
+                                                ? std::make_unique<models::Llama>(tiny_llama(tok.vocab_size()))
+                                                : read_checkpoint_model(resume);
+  TrainOptions o;
+  o.batch = 4, o.steps = steps, o.lr = lr, o.warmup = 2, o.eval_interval = 0, o.eval_batches = 2;
+  o.log_interval = 1000, o.checkpoint_interval = 0, o.checkpoint = checkpoint, o.stop_at = stop_at;
+  Trainer t(*model, data, tok, 21, o);
+  if (!resume.empty()) t.resume(resume);
+  TinyRun r;
+  r.losses = t.run().losses;
+  r.weights = values(*model);
+  return r;
+}
+
+TEST(Llama, TrainsAndResumesBitExactlyThroughTheTrainer) {
+  TinyRun full = train_llama(60, "", "", 0, 1e-2);
+  const double head = (full.losses[0] + full.losses[1]) / 2, tail = (full.losses[58] + full.losses[59]) / 2;
+  EXPECT_LT(tail, 0.6 * head) << head << " -> " << tail;
+  const std::string ckpt = tmp_path("ckpt.h5");
+  train_llama(60, ckpt, "", 30, 1e-2);
+  TinyRun rest = train_llama(60, "", ckpt, 0, 1e-2);
+  ASSERT_EQ(rest.losses.size(), 30u);
+  for (size_t i = 0; i < 30; ++i) EXPECT_EQ(rest.losses[i], full.losses[30 + i]) << "step " << 30 + i;
+  EXPECT_EQ(rest.weights, full.weights);
+  // A Llama checkpoint does not load into a GPT.
+  models::GPTConfig g;
+  g.vocab_size = 11;
+  models::GPT gpt(g);
+  optim::AdamW opt(gpt.parameters(), {});
+  try {
+    load_checkpoint(ckpt, gpt, opt);
+    ADD_FAILURE() << "a llama checkpoint loaded into a gpt";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds a llama model; this model is a gpt"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(ckpt);
+}
+
+TEST(Llama, SamplesReproducibly) {
+  Tokenizer tok = Tokenizer::char_level(generated_text(100));
+  manual_seed(2);
+  models::Llama model(tiny_llama(tok.vocab_size()));
+  model.eval();
+  SampleOptions o;
+  o.tokens = 12;
+  const std::string a = sample_text(model, tok, "the ", o);
+  EXPECT_EQ(a, sample_text(model, tok, "the ", o));
+  EXPECT_EQ(utf8_decode(a).size(), 12u);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "layers/dropout.hpp"
+#include "layers/kv_cache.hpp"
 #include "layers/linear.hpp"
 
 namespace kiln::nn {
@@ -13,6 +14,9 @@ class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(int64_t n_embd, int64_t n_head, double dropout = 0.0, double proj_init_std = 0.02);
   Tensor forward(const Tensor& x) const;
+  // One token x (B, 1, C) at `position` (a runtime scalar of x's dtype) with the layer's cache;
+  // its keys and values join the cache (dropout off). Returns (B, 1, C).
+  Tensor decode(const Tensor& x, const Tensor& position, KVCache::Layer& cache) const;
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> attn_dropout, resid_dropout;
   int64_t n_embd, n_head;

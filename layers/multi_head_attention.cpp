@@ -28,8 +28,7 @@ MultiHeadAttention::MultiHeadAttention(const AttentionOptions& options) : o_(opt
   if (o_.rope_theta > 0) rope_.emplace(head_dim(), o_.rope_theta);
 }
 
-Tensor MultiHeadAttention::forward(const Tensor& x) const {
-  auto s = scope();
+std::array<Tensor, 3> MultiHeadAttention::project(const Tensor& x) const {
   if (x.rank() != 3 || x.shape()[2] != o_.dim)
     throw Error("MultiHeadAttention in layer '" + Engine::current().scope() + "': expected x (B, T, " +
                 std::to_string(o_.dim) + "), received " + x.shape().str());
@@ -44,7 +43,32 @@ Tensor MultiHeadAttention::forward(const Tensor& x) const {
   auto heads = [&](const Tensor& y, int64_t n) {  // (B, T, n * hs) -> (B, n, T, hs)
     return permute(reshape(y, {b, t, n, hs}), {0, 2, 1, 3});
   };
-  q = heads(q, h), k = heads(k, hkv), v = heads(v, hkv);
+  return {heads(q, h), heads(k, hkv), heads(v, hkv)};
+}
+
+Tensor MultiHeadAttention::merge_heads(const Tensor& y) const {  // (B, H, T, hs) -> (B, T, dim)
+  const int64_t b = y.shape()[0], t = y.shape()[2];
+  return o_proj->forward(reshape(permute(y, {0, 2, 1, 3}), {b, t, o_.dim}));
+}
+
+Tensor MultiHeadAttention::decode(const Tensor& x, const Tensor& position, KVCache::Layer& cache) const {
+  auto s = scope();
+  if (!o_.causal) throw Error("MultiHeadAttention.decode: a key/value cache serves causal attention only");
+  if (x.rank() != 3 || x.shape()[1] != 1)
+    throw Error("MultiHeadAttention.decode: expected one token x (B, 1, " + std::to_string(o_.dim) + "), received " +
+                x.shape().str());
+  auto [q, k, v] = project(x);
+  if (rope_) {
+    auto [cos, sin] = rope_->tables_at(position);
+    q = rope_->apply(q, cos, sin), k = rope_->apply(k, cos, sin);
+  }
+  return merge_heads(cached_attention(q, k, v, position, cache));
+}
+
+Tensor MultiHeadAttention::forward(const Tensor& x) const {
+  auto s = scope();
+  auto [q, k, v] = project(x);
+  const int64_t b = x.shape()[0], t = x.shape()[1], hs = head_dim(), h = o_.n_heads, hkv = o_.n_kv_heads;
   if (rope_) {
     auto [cos, sin] = rope_->tables(0, t, x.dtype());
     q = rope_->apply(q, cos, sin), k = rope_->apply(k, cos, sin);
@@ -58,8 +82,7 @@ Tensor MultiHeadAttention::forward(const Tensor& x) const {
   }
   Tensor att = matmul(q * (1.0 / std::sqrt(static_cast<double>(hs))), k, false, true);  // (B, H, T, T)
   if (o_.causal) att = causal_mask_fill(att);
-  Tensor y = matmul(softmax(att), v);                                      // (B, H, T, hs)
-  return o_proj->forward(reshape(permute(y, {0, 2, 1, 3}), {b, t, h * hs}));  // (B, T, dim)
+  return merge_heads(matmul(softmax(att), v));  // (B, H, T, hs) -> (B, T, dim)
 }
 
 }  // namespace kiln::nn

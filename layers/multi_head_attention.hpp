@@ -6,8 +6,10 @@
 // k and v: n_kv_heads heads; scores scaled by 1 / sqrt(head size).
 #pragma once
 
+#include <array>
 #include <optional>
 
+#include "layers/kv_cache.hpp"
 #include "layers/linear.hpp"
 #include "layers/rotary.hpp"
 
@@ -29,12 +31,17 @@ class MultiHeadAttention : public Module {
  public:
   explicit MultiHeadAttention(const AttentionOptions& options);
   Tensor forward(const Tensor& x) const;
+  // One token x (B, 1, dim) at `position` (a runtime scalar of x's dtype) with the layer's cache
+  // (causal attention only): its keys and values join the cache. Returns (B, 1, dim).
+  Tensor decode(const Tensor& x, const Tensor& position, KVCache::Layer& cache) const;
   const AttentionOptions& options() const { return o_; }
   int64_t head_dim() const { return o_.dim / o_.n_heads; }
   // Separate projections, or qkv_proj when fused (the others are then null).
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, qkv_proj, o_proj;
 
  private:
+  std::array<Tensor, 3> project(const Tensor& x) const;  // q (B, H, T, hs), k and v (B, Hkv, T, hs)
+  Tensor merge_heads(const Tensor& y) const;             // (B, H, T, hs) -> o_proj -> (B, T, dim)
   AttentionOptions o_;
   std::optional<RotaryEmbedding> rope_;
 };

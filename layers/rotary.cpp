@@ -22,6 +22,13 @@ std::pair<Tensor, Tensor> RotaryEmbedding::tables(int64_t start, int64_t t, DTyp
   return {cos(angle), sin(angle)};
 }
 
+std::pair<Tensor, Tensor> RotaryEmbedding::tables_at(const Tensor& position) const {
+  const int64_t half = head_dim / 2;
+  Tensor f = exp(cast(arange(half), position.dtype()) * (-2.0 * std::log(theta) / static_cast<double>(head_dim)));
+  Tensor angle = reshape(concat({f, f}, 0), {1, head_dim}) * position;  // (1, d)
+  return {cos(angle), sin(angle)};
+}
+
 Tensor RotaryEmbedding::apply(const Tensor& x, const Tensor& cos, const Tensor& sin) const {
   if (x.rank() < 2 || x.shape()[x.rank() - 1] != head_dim)
     throw Error("RotaryEmbedding(" + std::to_string(head_dim) + ") in layer '" + Engine::current().scope() +

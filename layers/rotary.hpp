@@ -17,6 +17,8 @@ class RotaryEmbedding {
   explicit RotaryEmbedding(int64_t head_dim, double theta = 10000.0);
   // (cos, sin), each (T, head_dim), for positions start .. start + T - 1.
   std::pair<Tensor, Tensor> tables(int64_t start, int64_t t, DType dtype) const;
+  // (cos, sin), each (1, head_dim), for the one position a runtime scalar gives (decoding).
+  std::pair<Tensor, Tensor> tables_at(const Tensor& position) const;
   // Rotates x (..., T, head_dim) by the tables of its positions.
   Tensor apply(const Tensor& x, const Tensor& cos, const Tensor& sin) const;
   Tensor forward(const Tensor& x, int64_t start = 0) const;

@@ -31,6 +31,21 @@ double ModelAttributes::get(const std::string& name) const {
 
 Tensor CausalLM::loss(const Tensor& idx, const Tensor& targets) const { return cross_entropy(forward(idx), targets); }
 
+std::unique_ptr<nn::KVCache> CausalLM::new_kv_cache(int64_t) const { return nullptr; }
+
+Tensor CausalLM::decode_step(const Tensor&, int64_t, nn::KVCache&) const {
+  throw Error("the " + architecture() + " model has no key/value cache (decode_step)");
+}
+
+void check_decode_step(const CausalLM& model, const Tensor& token, int64_t position, const nn::KVCache& cache) {
+  if (token.dtype() != DType::i32 || token.rank() != 2 || token.shape()[1] != 1)
+    throw Error(model.architecture() + ".decode_step: expected one token id per sequence, i32 (B, 1), received " +
+                std::string(dtype_name(token.dtype())) + token.shape().str());
+  if (position < 0 || position >= cache.max_len())
+    throw Error(model.architecture() + ".decode_step: position " + std::to_string(position) +
+                " is outside the cache's [0, " + std::to_string(cache.max_len()) + ")");
+}
+
 const Architecture& architecture(const std::string& name) {
   std::string known;
   for (const Architecture& a : architectures()) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "layers/kv_cache.hpp"
 #include "layers/module.hpp"
 
 namespace kiln::models {
@@ -40,7 +41,16 @@ class CausalLM : public nn::Module {
   // Tied parameters listed once by named_parameters() but also known by another name, as
   // {other name, listed name}; weights files store the other name as a hard link.
   virtual std::vector<std::pair<std::string, std::string>> tied_names() const { return {}; }
+  // Incremental decoding (sampling with a key/value cache): a cache for `batch` sequences of up to
+  // block_size() tokens (null where the model has none), and the logits (B, 1, V) of one token
+  // (B, 1) at `position` (the tokens before it already decoded into the cache), whose keys and
+  // values join the cache. Every step runs one compiled plan: the position is a runtime input.
+  virtual std::unique_ptr<nn::KVCache> new_kv_cache(int64_t batch) const;
+  virtual Tensor decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const;
 };
+
+// The checks every decode_step makes: token i32 (B, 1), position inside the cache.
+void check_decode_step(const CausalLM& model, const Tensor& token, int64_t position, const nn::KVCache& cache);
 
 // One attribute of an architecture's config: integers must be whole; every value lies in
 // [min, max) (reals may allow max itself); an attribute with a default may be absent from a file.

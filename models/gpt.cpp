@@ -21,6 +21,12 @@ Tensor Block::forward(const Tensor& x) const {
   return y + mlp->forward(ln_2->forward(y));
 }
 
+Tensor Block::decode(const Tensor& x, const Tensor& position, nn::KVCache::Layer& cache) const {
+  auto s = scope();
+  Tensor y = x + attn->decode(ln_1->forward(x), position, cache);
+  return y + mlp->forward(ln_2->forward(y));
+}
+
 double GPTConfig::parameter_count() const {
   const double C = static_cast<double>(n_embd);
   return (static_cast<double>(vocab_size) + static_cast<double>(block_size)) * C +
@@ -72,6 +78,25 @@ GPT::GPT(const GPTConfig& c) : config_(c) {
   t.ln_f = t.register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd));
   lm_head_ = register_module("lm_head", std::make_shared<TiedHead>());
   lm_head_->weight = lm_head_->register_parameter("weight", t.wte->weight);
+}
+
+std::unique_ptr<nn::KVCache> GPT::new_kv_cache(int64_t batch) const {
+  const GPTConfig& c = config_;
+  return std::make_unique<nn::KVCache>(c.n_layer, batch, c.n_head, c.block_size, c.n_embd / c.n_head,
+                                       transformer_->wte->weight.dtype());
+}
+
+Tensor GPT::decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const {
+  check_decode_step(*this, token, position, cache);
+  const Transformer& tr = *transformer_;
+  // The position is an input (its row of wpe, its value as a scalar), not a constant: one plan
+  // serves every step.
+  Tensor x = tr.wte->forward(token) + tr.wpe->forward(Tensor::from_ints({static_cast<int32_t>(position)}, {1}));
+  const Tensor pos = Tensor::scalar(static_cast<double>(position), x.dtype());
+  for (size_t i = 0; i < tr.h.size(); ++i) x = tr.h[i]->decode(x, pos, cache.layer(i));
+  x = tr.ln_f->forward(x);
+  Scope s("lm_head");
+  return matmul(x, lm_head_->weight, false, true);  // (B, 1, V)
 }
 
 Tensor GPT::forward(const Tensor& idx) const {

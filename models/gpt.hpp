@@ -29,6 +29,7 @@ class Block : public nn::Module {
  public:
   explicit Block(const GPTConfig& c);
   Tensor forward(const Tensor& x) const;
+  Tensor decode(const Tensor& x, const Tensor& position, nn::KVCache::Layer& cache) const;
   std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<nn::CausalSelfAttention> attn;
   std::shared_ptr<nn::MLP> mlp;
@@ -47,6 +48,8 @@ class GPT : public CausalLM {
   std::vector<std::pair<std::string, std::string>> tied_names() const override {
     return {{"lm_head.weight", "transformer.wte.weight"}};
   }
+  std::unique_ptr<nn::KVCache> new_kv_cache(int64_t batch) const override;
+  Tensor decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const override;
   const GPTConfig& config() const { return config_; }
 
  private:

@@ -59,6 +59,12 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x) const {
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 
+Tensor LlamaDecoderLayer::decode(const Tensor& x, const Tensor& position, nn::KVCache::Layer& cache) const {
+  auto s = scope();
+  Tensor h = x + self_attn->decode(input_layernorm->forward(x), position, cache);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
 Llama::Llama(const LlamaConfig& c) : config_(c) {
   if (c.vocab_size < 1 || c.block_size < 1 || c.n_layer < 1 || c.n_embd < 1 || c.n_head < 1 || c.n_kv_head < 1)
     throw Error("Llama: vocab_size, block_size, n_layer, n_embd, n_head and n_kv_head must be positive");
@@ -81,6 +87,22 @@ Llama::Llama(const LlamaConfig& c) : config_(c) {
 std::vector<std::pair<std::string, std::string>> Llama::tied_names() const {
   if (!config_.tie_embeddings) return {};
   return {{"lm_head.weight", "model.embed_tokens.weight"}};
+}
+
+std::unique_ptr<nn::KVCache> Llama::new_kv_cache(int64_t batch) const {
+  const LlamaConfig& c = config_;
+  return std::make_unique<nn::KVCache>(c.n_layer, batch, c.n_kv_head, c.block_size, c.n_embd / c.n_head,
+                                       model_->embed_tokens->weight.dtype());
+}
+
+Tensor Llama::decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const {
+  check_decode_step(*this, token, position, cache);
+  Tensor x = model_->embed_tokens->forward(token);  // (B, 1, C)
+  const Tensor pos = Tensor::scalar(static_cast<double>(position), x.dtype());
+  for (size_t i = 0; i < model_->layers->size(); ++i) x = (*model_->layers)[i]->decode(x, pos, cache.layer(i));
+  x = model_->norm->forward(x);
+  Scope s("lm_head");
+  return matmul(x, lm_head_->weight, false, true);  // (B, 1, V)
 }
 
 Tensor Llama::forward(const Tensor& idx) const {

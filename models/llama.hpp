@@ -35,6 +35,7 @@ class LlamaDecoderLayer : public nn::Module {
  public:
   explicit LlamaDecoderLayer(const LlamaConfig& c);
   Tensor forward(const Tensor& x) const;
+  Tensor decode(const Tensor& x, const Tensor& position, nn::KVCache::Layer& cache) const;
   std::shared_ptr<nn::MultiHeadAttention> self_attn;
   std::shared_ptr<nn::GatedMLP> mlp;
   std::shared_ptr<nn::RMSNorm> input_layernorm, post_attention_layernorm;
@@ -50,6 +51,8 @@ class Llama : public CausalLM {
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t block_size() const override { return config_.block_size; }
   std::vector<std::pair<std::string, std::string>> tied_names() const override;
+  std::unique_ptr<nn::KVCache> new_kv_cache(int64_t batch) const override;
+  Tensor decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const override;
   const LlamaConfig& config() const { return config_; }
 
   struct Body : nn::Module {

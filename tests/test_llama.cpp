@@ -12,6 +12,7 @@
 #include "core/gradcheck.hpp"
 #include "layers/rms_norm.hpp"
 #include "models/llama.hpp"
+#include "core/engine.hpp"
 #include "train/checkpoint.hpp"
 #include "train/hdf5_file.hpp"
 #include "train/sample.hpp"
@@ -232,6 +233,54 @@ TEST(Llama, SamplesReproducibly) {
   const std::string a = sample_text(model, tok, "the ", o);
   EXPECT_EQ(a, sample_text(model, tok, "the ", o));
   EXPECT_EQ(utf8_decode(a).size(), 12u);
+}
+
+// Decoding token by token with the cache gives the logits of the full forward at every position,
+// for both architectures, and every step after the first runs the same compiled plan.
+void expect_decode_steps_match_forward(const models::CausalLM& model) {
+  const int64_t t = model.block_size(), v = model.vocab_size();
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < t; ++i) ids.push_back(static_cast<int32_t>((i * 5 + 3) % v));
+  const std::vector<double> full = model.forward(Tensor::from_ints(ids, {1, t})).to_vector();  // (1, T, V)
+  std::unique_ptr<nn::KVCache> cache = model.new_kv_cache(1);
+  ASSERT_TRUE(cache);
+  size_t plans_after_first = 0;
+  for (int64_t p = 0; p < t; ++p) {
+    const std::vector<double> step = model.decode_step(Tensor::from_ints({ids[p]}, {1, 1}), p, *cache).to_vector();
+    ASSERT_EQ(step.size(), static_cast<size_t>(v));
+    for (int64_t j = 0; j < v; ++j) EXPECT_NEAR(step[j], full[p * v + j], 1e-5) << "position " << p << ", logit " << j;
+    if (p == 0) plans_after_first = Engine::current().plan_cache().size();
+  }
+  EXPECT_EQ(Engine::current().plan_cache().size(), plans_after_first) << "a decode step built a plan of its own";
+  EXPECT_THROW(model.decode_step(Tensor::from_ints({1}, {1, 1}), t, *cache), Error);  // past the cache
+}
+
+TEST(KVCache, DecodeStepsGiveTheForwardLogits) {
+  manual_seed(4);
+  models::Llama llama(tiny_llama(13));
+  expect_decode_steps_match_forward(llama);
+  models::GPTConfig g;
+  g.vocab_size = 13, g.block_size = 8, g.n_layer = 2, g.n_head = 2, g.n_embd = 16;
+  models::GPT gpt(g);
+  expect_decode_steps_match_forward(gpt);
+}
+
+// Cached and windowed sampling give the same text while it fits the block; past the block the
+// cache restarts from the last half block and sampling goes on to the requested length.
+TEST(KVCache, CachedSamplingMatchesWindowedSampling) {
+  Tokenizer tok = Tokenizer::char_level(generated_text(100));
+  manual_seed(6);
+  models::Llama model(tiny_llama(tok.vocab_size()));  // block 8
+  model.eval();
+  SampleOptions o;
+  o.tokens = 6;  // "th" + 6 = 8 tokens: within the block
+  o.temperature = 0.7;
+  const std::string cached = sample_text(model, tok, "th", o);
+  o.kv_cache = false;
+  EXPECT_EQ(cached, sample_text(model, tok, "th", o));
+  o.kv_cache = true;
+  o.tokens = 30;
+  EXPECT_EQ(utf8_decode(sample_text(model, tok, "the cat", o)).size(), 30u);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// Sampling text from a GPT: autoregressive, temperature-scaled, with Philox draws (a seed
-// reproduces the text). Every forward runs on a (1, block_size) window padded on the right,
-// so one compiled plan serves every length (causal attention: padding after the last real
-// token does not change its logits).
+// Sampling text from a causal language model: autoregressive, temperature-scaled, with Philox
+// draws (a seed reproduces the text). With a key/value cache (the default, where the model has
+// one) each new token costs one decode step of one token; without, each token runs the model on a
+// (1, block_size) window. Both give the same text while the sequence fits the block; past it, the
+// window slides by one token, the cache restarts from the last block_size / 2 tokens.
 #pragma once
 
 #include <string>
@@ -15,6 +16,7 @@ struct SampleOptions {
   int64_t tokens = 200;
   double temperature = 1.0;  // > 0; lower is greedier
   uint64_t seed = 1;
+  bool kv_cache = true;  // use the model's key/value cache where it has one
 };
 
 // Continues `prompt` (may be empty: starts from token 0) and returns only the new text.

@@ -1,4 +1,5 @@
 // `kiln sample`, `kiln eval`, `kiln init`: commands over a weights file.
+#include <chrono>
 #include <cstdio>
 
 #include "args.hpp"
@@ -108,8 +109,11 @@ int cmd_sample(const std::vector<std::string>& argv) {
           {"prompt", "text to continue (default: a newline)"},
           {"tokens", "tokens to generate (default 200)"},
           {"temperature", "sampling temperature > 0 (default 0.8)"},
-          {"seed", "sampling seed (default 1)"}},
-         "usage: kiln sample --weights model.h5 [options]\n\nGenerates text from a trained model.");
+          {"seed", "sampling seed (default 1)"},
+          {"no-kv-cache", "run the model on the whole window for every token instead of one cached step"}},
+         "usage: kiln sample --weights model.h5 [options]\n\nGenerates text from a trained model (GPT or Llama), one "
+         "decode step per token with a key/value cache,\nand reports tokens per second on standard error.",
+         {"no-kv-cache"});
   if (a.help()) {
     a.print_help();
     return 0;
@@ -118,11 +122,17 @@ int cmd_sample(const std::vector<std::string>& argv) {
   o.tokens = a.integer("tokens", 200, 0);
   o.temperature = a.real("temperature", 0.8, 0.0, 1e6, false);
   o.seed = static_cast<uint64_t>(a.integer("seed", 1));
+  o.kv_cache = !a.has("no-kv-cache");
   std::string path = a.required("weights");
   Tokenizer tok = require_tokenizer(path);
   auto model = load_model_for_inference(path);
   std::string prompt = a.str("prompt", "\n");
-  std::printf("%s%s\n", prompt.c_str(), sample_text(*model, tok, prompt, o).c_str());
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string text = sample_text(*model, tok, prompt, o);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s%s\n", prompt.c_str(), text.c_str());
+  std::fprintf(stderr, "%lld tokens in %.2f s: %.1f tokens/s (%s)\n", static_cast<long long>(o.tokens), seconds,
+               static_cast<double>(o.tokens) / seconds, o.kv_cache ? "key/value cache" : "no cache, whole window");
   return 0;
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# CI tier: kiln's models against Hugging Face transformers (scripts/check_llama_transformers.py
-# through the CTest LlamaMatchesTransformers). Installs torch, transformers and h5py from PyPI into
+# CI tier: kiln's models against Hugging Face transformers (scripts/check_against_transformers.py
+# through the CTest KilnMatchesTransformers). Installs torch, transformers and h5py from PyPI into
 # the benchmark venv (.venv-bench, or $KILN_BENCH_VENV) once; here a missing package is a failure,
 # not a skip.
 set -euo pipefail
@@ -13,4 +13,4 @@ if ! "$venv/bin/python" -c "import torch, transformers, h5py" 2>/dev/null; then
   "$venv/bin/pip" install -q torch transformers tokenizers h5py numpy
 fi
 KILN_PYTHON="$PWD/$venv/bin/python" KILN_REQUIRE_TRANSFORMERS=1 \
-  ctest --test-dir build -R '^LlamaMatchesTransformers$' --output-on-failure
+  ctest --test-dir build -R '^KilnMatchesTransformers$' --output-on-failure

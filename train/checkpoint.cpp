@@ -26,6 +26,11 @@ h5::File open_checkpoint(const std::string& path) {
 
 void save_checkpoint(const std::string& path, const models::CausalLM& model, const optim::AdamW& opt,
                      const Tokenizer& tokenizer, const CheckpointState& state) {
+  save_checkpoint(path, model, opt, &tokenizer, state);
+}
+
+void save_checkpoint(const std::string& path, const models::CausalLM& model, const optim::AdamW& opt,
+                     const Tokenizer* tokenizer, const CheckpointState& state) {
   h5::write_atomically(path, [&](h5::File& f) {
     f.write_attribute("format", std::string("kiln-checkpoint"));
     f.write_attribute("format_version", kCheckpointFormatVersion);
@@ -34,7 +39,7 @@ void save_checkpoint(const std::string& path, const models::CausalLM& model, con
     f.write_attribute("data_seed", static_cast<int64_t>(state.data_seed));
     f.write_attribute("rng_seed", static_cast<int64_t>(Engine::current().seed()));
     f.write_attribute("rng_counter", static_cast<int64_t>(Engine::current().random_counter()));
-    write_tokenizer(f, tokenizer, model.vocab_size());
+    if (tokenizer) write_tokenizer(f, *tokenizer, model.vocab_size());
     auto params = model.named_parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string ds = dataset_path(params[i].first);
@@ -57,9 +62,12 @@ models::GPTConfig read_checkpoint_config(const std::string& path) {
   return models::GPTConfig::from_attributes(spec.attributes);
 }
 
+std::optional<Tokenizer> read_checkpoint_tokenizer_if_any(const std::string& path) {
+  return read_tokenizer(open_checkpoint(path));
+}
+
 Tokenizer read_checkpoint_tokenizer(const std::string& path) {
-  h5::File f = open_checkpoint(path);
-  std::optional<Tokenizer> t = read_tokenizer(f);
+  std::optional<Tokenizer> t = read_checkpoint_tokenizer_if_any(path);
   if (!t) throw Error("checkpoint '" + path + "' has no tokenizer");
   return *t;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "models/gpt.hpp"
@@ -24,6 +25,9 @@ struct CheckpointState {
 
 void save_checkpoint(const std::string& path, const models::CausalLM& model, const optim::AdamW& opt,
                      const Tokenizer& tokenizer, const CheckpointState& state);
+// The same without a tokenizer (training on pre-tokenized data) when `tokenizer` is null.
+void save_checkpoint(const std::string& path, const models::CausalLM& model, const optim::AdamW& opt,
+                     const Tokenizer* tokenizer, const CheckpointState& state);
 // Restores weights, moments, the optimizer's step and the engine's RNG state into an existing
 // model and optimizer of the same config; checks everything before changing anything.
 CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model, optim::AdamW& opt);
@@ -31,6 +35,7 @@ CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model
 // GPT checkpoint's config.
 std::unique_ptr<models::CausalLM> read_checkpoint_model(const std::string& path);
 models::GPTConfig read_checkpoint_config(const std::string& path);
-Tokenizer read_checkpoint_tokenizer(const std::string& path);
+Tokenizer read_checkpoint_tokenizer(const std::string& path);  // an error when it holds none
+std::optional<Tokenizer> read_checkpoint_tokenizer_if_any(const std::string& path);
 
 }  // namespace kiln

@@ -39,20 +39,28 @@ TextDataset::TextDataset(std::vector<int32_t> tokens, uint64_t seed) : tokens_(s
   split_ = tokens_.size() - tokens_.size() / 10;
 }
 
+TextDataset::TextDataset(std::shared_ptr<const TokenFile> file, int64_t vocab_size, uint64_t seed)
+    : file_(std::move(file)), vocab_size_(vocab_size), seed_(seed) {
+  split_ = file_->size() - file_->size() / 10;
+}
+
 Batch TextDataset::batch(size_t begin, size_t end, uint32_t stream, uint64_t index, int64_t b, int64_t t) const {
   if (end - begin < static_cast<size_t>(t) + 1)
     throw Error("dataset split of " + std::to_string(end - begin) + " tokens is too short for block " +
                 std::to_string(t) + " (needs at least block + 1)");
   HostTensor x = HostTensor::zeros(DType::i32, Shape{b, t}), y = HostTensor::zeros(DType::i32, Shape{b, t});
   const uint64_t range = end - begin - static_cast<uint64_t>(t);
+  std::vector<int32_t> run(static_cast<size_t>(t) + 1);
   for (int64_t r = 0; r < b; ++r) {
     uint64_t bits = (static_cast<uint64_t>(philox_bits(seed_ ^ index, stream, 2 * static_cast<uint64_t>(r))) << 32) |
                     philox_bits(seed_ ^ index, stream, 2 * static_cast<uint64_t>(r) + 1);
     size_t start = begin + bits % range;
-    for (int64_t j = 0; j < t; ++j) {
-      x.data<int32_t>()[r * t + j] = tokens_[start + static_cast<size_t>(j)];
-      y.data<int32_t>()[r * t + j] = tokens_[start + static_cast<size_t>(j) + 1];
-    }
+    if (file_)
+      file_->copy(start, run.size(), run.data(), vocab_size_);
+    else
+      std::copy_n(tokens_.begin() + static_cast<std::ptrdiff_t>(start), run.size(), run.begin());
+    std::copy_n(run.begin(), t, x.data<int32_t>() + r * t);
+    std::copy_n(run.begin() + 1, t, y.data<int32_t>() + r * t);
   }
   return {Tensor::from_host(x), Tensor::from_host(y)};
 }
@@ -60,7 +68,7 @@ Batch TextDataset::batch(size_t begin, size_t end, uint32_t stream, uint64_t ind
 Batch TextDataset::train_batch(uint64_t index, int64_t b, int64_t t) const { return batch(0, split_, 1, index, b, t); }
 
 Batch TextDataset::val_batch(uint64_t index, int64_t b, int64_t t) const {
-  return batch(split_, tokens_.size(), 2, index, b, t);
+  return batch(split_, size(), 2, index, b, t);
 }
 
 }  // namespace kiln

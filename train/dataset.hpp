@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/tensor.hpp"
+#include "train/token_file.hpp"
 #include "train/tokenizer.hpp"
 
 namespace kiln {
@@ -24,16 +25,22 @@ struct Batch {
 class TextDataset {
  public:
   TextDataset(std::vector<int32_t> tokens, uint64_t seed);
+  // Over a memory-mapped token file (only the batches' tokens are read, each checked against
+  // vocab_size).
+  TextDataset(std::shared_ptr<const TokenFile> file, int64_t vocab_size, uint64_t seed);
   // Batch number `index` of the training split (positions from Philox(seed, index)).
   Batch train_batch(uint64_t index, int64_t b, int64_t t) const;
   // Validation batch number `index` (a fixed set for a given seed).
   Batch val_batch(uint64_t index, int64_t b, int64_t t) const;
   size_t train_tokens() const { return split_; }
-  size_t val_tokens() const { return tokens_.size() - split_; }
+  size_t val_tokens() const { return size() - split_; }
 
  private:
   Batch batch(size_t begin, size_t end, uint32_t stream, uint64_t index, int64_t b, int64_t t) const;
+  size_t size() const { return file_ ? file_->size() : tokens_.size(); }
   std::vector<int32_t> tokens_;
+  std::shared_ptr<const TokenFile> file_;  // instead of tokens_
+  int64_t vocab_size_ = 0;
   size_t split_;
   uint64_t seed_;
 };

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "circuit/ir/error.hpp"
+#include "train/atomic_file.hpp"
 
 namespace kiln::h5 {
 
@@ -94,32 +95,12 @@ void File::close() {
   if (H5Fclose(id) < 0 || !flushed) fail("writing it out failed (is the disk full?)");
 }
 
-namespace {
-void fsync_path(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw Error("cannot open '" + path + "' to sync it: " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw Error("fsync of '" + path + "' failed: " + std::strerror(err));
-}
-}  // namespace
-
 void write_atomically(const std::string& path, const std::function<void(File&)>& fill) {
-  static std::atomic<uint64_t> calls{0};
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(calls++);
-  try {
+  replace_file_atomically(path, [&](const std::string& tmp) {
     File f = File::create(tmp);
     fill(f);
     f.close();
-    fsync_path(tmp);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      throw Error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  fsync_path(std::filesystem::absolute(path).parent_path().string());
+  });
 }
 
 void File::fail(const std::string& what) const { throw Error("HDF5 file '" + path_ + "': " + what); }

@@ -70,6 +70,27 @@ std::string utf8_encode(const std::vector<int32_t>& cps) {
 
 Tokenizer Tokenizer::byte_level() { return Tokenizer(); }
 
+Tokenizer Tokenizer::bpe(BpeModel model) {
+  Tokenizer t;
+  t.kind_ = Kind::Bpe;
+  t.bpe_ = std::make_shared<const BpeModel>(std::move(model));
+  return t;
+}
+
+int64_t Tokenizer::vocab_size() const {
+  switch (kind_) {
+    case Kind::Byte: return 256;
+    case Kind::Bpe: return bpe_->vocab_size();
+    case Kind::Char: break;
+  }
+  return static_cast<int64_t>(vocab_.size());
+}
+
+const BpeModel& Tokenizer::bpe_model() const {
+  if (kind_ != Kind::Bpe) throw Error(std::string("bpe_model: a ") + kind_name() + " tokenizer has no BPE model");
+  return *bpe_;
+}
+
 Tokenizer Tokenizer::char_level(const std::string& corpus) {
   std::vector<int32_t> cps = utf8_decode(corpus);
   std::set<int32_t> unique(cps.begin(), cps.end());
@@ -91,6 +112,7 @@ Tokenizer Tokenizer::from_vocab(std::vector<int32_t> code_points) {
 }
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+  if (kind_ == Kind::Bpe) return bpe_->encode(text);
   if (kind_ == Kind::Byte) {
     std::vector<int32_t> ids;
     for (unsigned char c : text) ids.push_back(c);
@@ -122,6 +144,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  if (kind_ == Kind::Bpe) return bpe_->decode(ids);
   if (kind_ == Kind::Byte) {
     std::string s;
     for (int32_t id : ids) {

@@ -32,7 +32,15 @@ Trainer::Trainer(models::CausalLM& model, const TextDataset& data, const Tokeniz
                  TrainOptions opts)
     : model_(model),
       data_(data),
-      tokenizer_(tokenizer),
+      tokenizer_(&tokenizer),
+      data_seed_(data_seed),
+      opts_(std::move(opts)),
+      opt_(model.parameters(), adamw_options(opts_)) {}
+
+Trainer::Trainer(models::CausalLM& model, const TextDataset& data, uint64_t data_seed, TrainOptions opts)
+    : model_(model),
+      data_(data),
+      tokenizer_(nullptr),
       data_seed_(data_seed),
       opts_(std::move(opts)),
       opt_(model.parameters(), adamw_options(opts_)) {}

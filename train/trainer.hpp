@@ -51,6 +51,8 @@ class Trainer {
  public:
   Trainer(models::CausalLM& model, const TextDataset& data, const Tokenizer& tokenizer, uint64_t data_seed,
           TrainOptions opts);
+  // For pre-tokenized data: checkpoints then hold no tokenizer.
+  Trainer(models::CausalLM& model, const TextDataset& data, uint64_t data_seed, TrainOptions opts);
   // Runs steps [start_step, opts.steps); resume by loading a checkpoint first (resume()).
   TrainResult run();
   // Loads a checkpoint into the model and optimizer; run() continues from its step.
@@ -63,7 +65,7 @@ class Trainer {
  private:
   models::CausalLM& model_;
   const TextDataset& data_;
-  const Tokenizer& tokenizer_;
+  const Tokenizer* tokenizer_;  // null for pre-tokenized data
   uint64_t data_seed_;
   TrainOptions opts_;
   optim::AdamW opt_;

@@ -71,6 +71,17 @@ void write_tokenizer(h5::File& f, const Tokenizer& tokenizer, int64_t vocab_size
                 std::to_string(tokenizer.vocab_size()) + " ids, the model's vocab_size is " +
                 std::to_string(vocab_size));
   f.write_attribute("tokenizer", std::string(tokenizer.kind_name()));
+  if (tokenizer.kind() == Tokenizer::Kind::Bpe) {
+    const auto& merges = tokenizer.bpe_model().merges();
+    if (merges.empty()) return;  // 256 tokens, the bytes: nothing to store (HDF5 chunks no empty dataset)
+    HostTensor m = HostTensor::zeros(DType::i32, Shape{static_cast<int64_t>(merges.size()), 2});
+    for (size_t i = 0; i < merges.size(); ++i) {
+      m.data<int32_t>()[2 * i] = merges[i].first;
+      m.data<int32_t>()[2 * i + 1] = merges[i].second;
+    }
+    f.write("tokenizer/merges", m);
+    return;
+  }
   if (tokenizer.kind() != Tokenizer::Kind::Char) return;
   const auto& v = tokenizer.vocab();
   HostTensor vocab = HostTensor::zeros(DType::i32, Shape{static_cast<int64_t>(v.size())});
@@ -83,7 +94,26 @@ std::optional<Tokenizer> read_tokenizer(const h5::File& f) {
   // The tokenizer must cover exactly the model's vocabulary: ids the model emits must decode.
   const int64_t vocab_size = read_model_spec(f).attributes.get_int("vocab_size");
   std::string kind = f.read_string_attribute("tokenizer");
-  if (kind != "byte" && kind != "char") throw Error("'" + f.path() + "': unknown tokenizer '" + kind + "'");
+  if (kind != "byte" && kind != "char" && kind != "bpe")
+    throw Error("'" + f.path() + "': unknown tokenizer '" + kind + "'");
+  if (kind == "bpe") {
+    // vocab_size - 256 merges, each a pair of earlier ids (checked by BpeModel::from_merges).
+    if (vocab_size == 256 && !f.exists("tokenizer/merges")) return Tokenizer::bpe(BpeModel::from_merges({}));
+    if (!f.exists("tokenizer/merges")) throw Error("'" + f.path() + "': dataset 'tokenizer/merges' is missing");
+    const DType dtype = f.dataset_dtype("tokenizer/merges");
+    const Shape shape = f.dataset_shape("tokenizer/merges");
+    if (vocab_size < 256 || dtype != DType::i32 || shape != Shape{vocab_size - 256, 2})
+      throw Error("'" + f.path() + "': dataset 'tokenizer/merges' must be int32 [vocab_size - 256, 2] = [" +
+                  std::to_string(vocab_size - 256) + ", 2], received " + dtype_name(dtype) + shape.str());
+    HostTensor m = f.read("tokenizer/merges");
+    std::vector<BpeModel::Merge> merges;
+    for (int64_t i = 0; i < shape[0]; ++i) merges.emplace_back(m.data<int32_t>()[2 * i], m.data<int32_t>()[2 * i + 1]);
+    try {
+      return Tokenizer::bpe(BpeModel::from_merges(std::move(merges)));
+    } catch (const Error& e) {
+      throw Error("'" + f.path() + "': dataset 'tokenizer/merges': " + e.what());
+    }
+  }
   if (kind == "byte") {
     if (vocab_size != 256)
       throw Error("'" + f.path() + "': a byte tokenizer has 256 ids, the model's vocab_size is " +

@@ -7,6 +7,7 @@
 #include "circuit/ir/error.hpp"
 #include "commands.hpp"
 #include "models/llama.hpp"
+#include "train/atomic_file.hpp"
 #include "train/dataset.hpp"
 #include "train/sample.hpp"
 #include "train/weights.hpp"
@@ -167,6 +168,47 @@ int cmd_eval(const std::vector<std::string>& argv) {
   }
   std::printf("%.6f nats/token over %lld windows of %lld tokens\n", total / static_cast<double>(windows),
               static_cast<long long>(windows), static_cast<long long>(block));
+  return 0;
+}
+
+int cmd_tokenize(const std::vector<std::string>& argv) {
+  Args a(argv,
+         {{"weights", "weights file whose tokenizer to use (required)"},
+          {"data", "text file or directory to encode"},
+          {"out", "token file to write: flat little-endian ids, as nanoGPT's train.bin (with --data)"},
+          {"dtype", "uint16 (default; ids below 65536) or uint32"},
+          {"json", "write a bpe tokenizer as Hugging Face tokenizers' tokenizer.json here"}},
+         "usage: kiln tokenize --weights model.h5 [--data FILE --out tokens.bin] [--json tokenizer.json]\n\n"
+         "Encodes text with the tokenizer stored in a weights file into a token file (kiln train --tokens reads it),\n"
+         "and exports a bpe tokenizer for Hugging Face tools.");
+  if (a.help()) {
+    a.print_help();
+    return 0;
+  }
+  const std::string dtype = a.str("dtype", "uint16");
+  if (dtype != "uint16" && dtype != "uint32") throw Error("--dtype must be uint16 or uint32, received '" + dtype + "'");
+  if (a.has("data") != a.has("out")) throw Error("--data and --out go together");
+  if (!a.has("data") && !a.has("json")) throw Error("nothing to do: give --data and --out, or --json");
+  const std::string path = a.required("weights");
+  const Tokenizer tok = require_tokenizer(path);
+  if (a.has("json")) {
+    if (tok.kind() != Tokenizer::Kind::Bpe)
+      throw Error("--json: the weights file's tokenizer is " + std::string(tok.kind_name()) + ", not bpe");
+    write_file_atomically(a.str("json", ""), tok.bpe_model().hf_tokenizer_json());
+    std::printf("wrote %s (%lld tokens)\n", a.str("json", "").c_str(), static_cast<long long>(tok.vocab_size()));
+  }
+  if (!a.has("data")) return 0;
+  if (dtype == "uint16" && tok.vocab_size() > 65536)
+    throw Error("--dtype uint16 holds ids below 65536; this tokenizer has " + std::to_string(tok.vocab_size()) +
+                ": use --dtype uint32");
+  const std::vector<int32_t> ids = tok.encode(read_corpus(a.str("data", "")));
+  std::string bytes;
+  const size_t width = dtype == "uint16" ? 2 : 4;
+  bytes.reserve(ids.size() * width);
+  for (int32_t id : ids)
+    for (size_t k = 0; k < width; ++k) bytes += static_cast<char>((static_cast<uint32_t>(id) >> (8 * k)) & 0xFF);
+  write_file_atomically(a.str("out", ""), bytes);
+  std::printf("wrote %s: %zu tokens (%s)\n", a.str("out", "").c_str(), ids.size(), dtype.c_str());
   return 0;
 }
 

@@ -2,7 +2,10 @@
 // with the tokenizer, and prints a sample.
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <filesystem>
 #include <limits>
+#include <optional>
 
 #include "args.hpp"
 #include "circuit/ir/error.hpp"
@@ -10,7 +13,9 @@
 #include "core/device.hpp"
 #include "core/engine.hpp"
 #include "train/checkpoint.hpp"
+#include "train/atomic_file.hpp"
 #include "train/sample.hpp"
+#include "train/token_file.hpp"
 #include "train/trainer.hpp"
 #include "train/weights.hpp"
 
@@ -29,7 +34,12 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"lr", "peak learning rate (default 2e-3)"},
               {"warmup", "warmup steps (default 100)"},
               {"dropout", "dropout probability (default 0)"},
-              {"tokenizer", "char (default) or byte"},
+              {"tokenizer", "char (default), byte or bpe (byte-level BPE learned on the corpus)"},
+              {"bpe-vocab", "bpe: vocabulary size, 256 bytes + merges (default 512)"},
+              {"tokens",
+               "train on a pre-tokenized file instead of text: flat little-endian token ids (nanoGPT's train.bin) or "
+               "llm.c's format; needs --vocab-size"},
+              {"token-dtype", "--tokens: uint16 (default) or uint32 (an llm.c header says which itself)"},
               {"seed", "seed for initialization, batches and sampling (default 1337)"},
               {"eval-every", "steps between validation losses (default 250)"},
               {"device", "auto (default), cpu or cuda"},
@@ -41,7 +51,7 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"skip-non-finite",
                "skip (and count) a step whose loss or gradient norm is not finite instead of stopping, as "
                "PyTorch's GradScaler; 10 in a row still stop"}},
-             false)),
+             true)),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) or a Llama (--model llama) with AdamW on a "
          "character- or byte-level corpus.",
          with_model_switches({"stats", "deterministic", "no-trace", "skip-non-finite"}));
@@ -55,8 +65,18 @@ int cmd_train(const std::vector<std::string>& argv) {
   Engine::current().set_deterministic(a.has("deterministic"));
   spdlog::info("device: {}", device_name(device));
   const uint64_t seed = static_cast<uint64_t>(a.integer("seed", 1337));
-  if (a.str("tokenizer", "char") != "char" && a.str("tokenizer", "char") != "byte")
-    throw Error("--tokenizer must be char or byte");
+  const std::string tokenizer_kind = a.str("tokenizer", "char");
+  if (tokenizer_kind != "char" && tokenizer_kind != "byte" && tokenizer_kind != "bpe")
+    throw Error("--tokenizer must be char, byte or bpe, received '" + tokenizer_kind + "'");
+  const int64_t bpe_vocab = a.integer("bpe-vocab", 512, 256);
+  const bool pretokenized = a.has("tokens");
+  if (pretokenized && (a.has("data") || a.has("tokenizer")))
+    throw Error("--tokens is pre-tokenized data: it takes no --data or --tokenizer");
+  if (!pretokenized && !a.has("resume") && a.has("vocab-size"))
+    throw Error("--vocab-size applies to --tokens only (a text corpus's tokenizer gives the vocabulary)");
+  const std::string token_dtype = a.str("token-dtype", "uint16");
+  if (token_dtype != "uint16" && token_dtype != "uint32")
+    throw Error("--token-dtype must be uint16 or uint32, received '" + token_dtype + "'");
   // Every option is checked before the corpus is read: a bad flag is reported as such, even
   // when the corpus is missing or large.
   TrainOptions o;
@@ -73,42 +93,69 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.skip_non_finite = a.has("skip-non-finite");
   const double dropout = a.real("dropout", 0.0, 0.0, 1.0);
   if (!a.has("resume")) check_model_flags(a);
-  std::string text = read_corpus(a.str("data", kDefaultCorpus));
-  if (text.empty()) throw Error("the corpus '" + a.str("data", kDefaultCorpus) + "' is empty: nothing to train on");
-  auto char_level = [&] {  // a corpus that is not UTF-8 is an error naming it
-    try {
-      return Tokenizer::char_level(text);
+  // The tokenizer (none for pre-tokenized data), the model, then the data over its vocabulary.
+  std::optional<Tokenizer> tok;
+  std::string text;
+  if (a.has("resume")) {
+    tok = read_checkpoint_tokenizer_if_any(a.str("resume", ""));
+  } else if (!pretokenized) {
+    text = read_corpus(a.str("data", kDefaultCorpus));
+    if (text.empty()) throw Error("the corpus '" + a.str("data", kDefaultCorpus) + "' is empty: nothing to train on");
+    try {  // a corpus that is not UTF-8 is an error naming it
+      if (tokenizer_kind == "bpe") {
+        const auto t0 = std::chrono::steady_clock::now();
+        tok = Tokenizer::bpe(BpeModel::train(text, bpe_vocab));
+        spdlog::info("bpe: {} tokens learned on the corpus in {:.1f} s", tok->vocab_size(),
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      } else {
+        tok = tokenizer_kind == "byte" ? Tokenizer::byte_level() : Tokenizer::char_level(text);
+      }
     } catch (const Error& e) {
       throw Error("the corpus '" + a.str("data", kDefaultCorpus) + "': " + e.what());
     }
-  };
-  Tokenizer tok = a.has("resume")                        ? read_checkpoint_tokenizer(a.str("resume", ""))
-                  : a.str("tokenizer", "char") == "byte" ? Tokenizer::byte_level()
-                                                         : char_level();
-  TextDataset data(tok.encode(text), seed);
-  spdlog::info("corpus: {} tokens ({} train, {} validation), vocabulary {}", data.train_tokens() + data.val_tokens(),
-               data.train_tokens(), data.val_tokens(), tok.vocab_size());
+  }
+  if (pretokenized == tok.has_value() && !a.has("resume"))
+    throw Error("internal: a tokenizer exactly when the data is text");
   manual_seed(seed);
-  std::unique_ptr<models::CausalLM> model_ptr =
-      a.has("resume") ? read_checkpoint_model(a.str("resume", "")) : model_from_flags(a, tok.vocab_size(), dropout);
+  std::unique_ptr<models::CausalLM> model_ptr = a.has("resume") ? read_checkpoint_model(a.str("resume", ""))
+                                                                : model_from_flags(a, tok ? tok->vocab_size() : 0, dropout);
   models::CausalLM& model = *model_ptr;
+  std::unique_ptr<TextDataset> data_ptr;
+  if (tok) {
+    if (text.empty()) text = read_corpus(a.str("data", kDefaultCorpus));  // resuming a run on text
+    data_ptr = std::make_unique<TextDataset>(tok->encode(text), seed);
+  } else {
+    if (!pretokenized) throw Error("checkpoint '" + a.str("resume", "") + "' holds no tokenizer: resume it with --tokens");
+    data_ptr = std::make_unique<TextDataset>(
+        TokenFile::open(a.str("tokens", ""), token_dtype == "uint32" ? TokenDType::U32 : TokenDType::U16),
+        model.vocab_size(), seed);
+  }
+  const TextDataset& data = *data_ptr;
+  spdlog::info("data: {} tokens ({} train, {} validation), vocabulary {}", data.train_tokens() + data.val_tokens(),
+               data.train_tokens(), data.val_tokens(), model.vocab_size());
   const models::ModelAttributes attrs = model.attributes();
   spdlog::info("model: {}, {} layers, {} heads, {} wide, block {}: {} parameters", model.architecture(),
                attrs.get_int("n_layer"), attrs.get_int("n_head"), attrs.get_int("n_embd"), model.block_size(),
                model.num_parameters());
-  Trainer trainer(model, data, tok, seed, o);
+  Trainer trainer = tok ? Trainer(model, data, *tok, seed, o) : Trainer(model, data, seed, o);
   if (a.has("resume")) trainer.resume(a.str("resume", ""));
   TrainResult r = trainer.run();
   std::string out = a.str("out", "model.h5");
-  save_weights(out, model, &tok);
+  save_weights(out, model, tok ? &*tok : nullptr);
   spdlog::info("final validation loss {:.4f} nats/token; weights written to {}{}", r.val_loss, out,
                r.skipped_steps > 0 ? fmt::format("; {} steps skipped (non-finite)", r.skipped_steps) : "");
+  if (tok && tok->kind() == Tokenizer::Kind::Bpe) {  // the tokenizer for Hugging Face tools too
+    const std::string json = std::filesystem::path(out).replace_extension(".tokenizer.json").string();
+    write_file_atomically(json, tok->bpe_model().hf_tokenizer_json());
+    spdlog::info("tokenizer written to {} (Hugging Face tokenizers' format)", json);
+  }
+  if (!tok) return 0;  // no tokenizer: nothing to sample text with
   model.eval();
   SampleOptions so;
   so.seed = seed;
   so.tokens = 300;
   so.temperature = 0.8;
-  std::printf("---- sample ----\n%s\n----------------\n", sample_text(model, tok, "\n", so).c_str());
+  std::printf("---- sample ----\n%s\n----------------\n", sample_text(model, *tok, "\n", so).c_str());
   return 0;
 }
 

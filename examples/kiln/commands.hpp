@@ -34,6 +34,7 @@ int cmd_train(const std::vector<std::string>& args);
 int cmd_sample(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_init(const std::vector<std::string>& args);
+int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_dump(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_ptx(const std::vector<std::string>& args);

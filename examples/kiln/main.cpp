@@ -19,10 +19,11 @@ struct Command {
 const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"prims", {kiln::cli::cmd_prims, "print the Prim catalogue and what each Prim implements"}},
-      {"train", {kiln::cli::cmd_train, "train a GPT on a text corpus; save weights; print a sample"}},
+      {"train", {kiln::cli::cmd_train, "train a GPT or a Llama on text or token data; save weights; print a sample"}},
       {"sample", {kiln::cli::cmd_sample, "generate text from a weights file"}},
       {"eval", {kiln::cli::cmd_eval, "mean loss (nats/token) of a weights file on a text file"}},
-      {"init", {kiln::cli::cmd_init, "write freshly initialized GPT weights"}},
+      {"init", {kiln::cli::cmd_init, "write freshly initialized GPT or Llama weights"}},
+      {"tokenize", {kiln::cli::cmd_tokenize, "encode text into a token file with a weights file's tokenizer; export it as tokenizer.json"}},
       {"dump", {kiln::cli::cmd_dump, "logits, loss and gradients of one batch, for checks against other frameworks"}},
       {"ptx", {kiln::cli::cmd_ptx, "write the PTX of every kernel of one training step, with an index"}},
       {"bench", {kiln::cli::cmd_bench, "time full training steps; compare with the machine's GEMM rate"}},

@@ -1,14 +1,22 @@
 #!/usr/bin/env python3
-"""kiln's Llama against Hugging Face transformers' LlamaForCausalLM, on the same weights.
+"""kiln against Hugging Face: its Llama against transformers' LlamaForCausalLM on the same
+weights, and its byte-level BPE against the tokenizers library on the same tokenizer.json.
 
-Makes a small Llama with `kiln init --model llama` (grouped-query heads, untied and tied
+Llama: makes a small Llama with `kiln init --model llama` (grouped-query heads, untied and tied
 heads), loads the weights file strictly into transformers.LlamaForCausalLM (the few lines of
 docs/FORMAT.md), runs one batch through both (`kiln dump`, f32 and f64), and compares logits,
 loss and every parameter's gradient as ||kiln - transformers|| / ||transformers||: f64 to 1e-9,
 f32 to 1e-5 for logits and loss and 1e-4 for each gradient (the GPT reference's tolerances,
-shared/reference/README.md). Exits 77 (skipped) when torch, transformers or h5py is missing.
+shared/reference/README.md).
 
-    python3 scripts/check_llama_transformers.py build/examples/kiln WORKDIR
+BPE: learns a tokenizer with `kiln train --tokenizer bpe` on a generated corpus of mixed
+scripts, whitespace runs, digits and punctuation, exports it (`kiln tokenize --json`), and
+checks that tokenizers.Tokenizer.from_file encodes the corpus, and other text, to exactly
+kiln's ids (`kiln tokenize --out`) and decodes them back to the text.
+
+Exits 77 (skipped) when torch, transformers, tokenizers or h5py is missing.
+
+    python3 scripts/check_against_transformers.py build/examples/kiln WORKDIR
 """
 import os
 import subprocess
@@ -18,9 +26,10 @@ try:
     import h5py
     import numpy as np
     import torch
+    import tokenizers
     import transformers
 except ImportError as e:
-    print(f"skipped: {e.name} is not installed (pip install torch transformers h5py)")
+    print(f"skipped: {e.name} is not installed (pip install torch transformers tokenizers h5py)")
     sys.exit(77)
 
 
@@ -143,13 +152,55 @@ def check(kiln, work, tied):
     return failures
 
 
+def generated_text(seed, words):
+    rng = np.random.default_rng(seed)
+    pieces = ["the", "quick", "Brown", "fox", "naïve", "café", "日本語", "Ünïcödé", "it's", "don't", "x2", "1234",
+              "3.14", "!!", "--", "...", "(a)", "emoji 🙂", "tab\tsep", "\u00a0nbsp", "\u3000ideo", "CR\r\nLF"]
+    seps = [" ", " ", " ", "  ", "\n", "\n\n", "\t", " \n ", ""]
+    return "".join(pieces[rng.integers(len(pieces))] + seps[rng.integers(len(seps))] for _ in range(words))
+
+
+def check_bpe(kiln, work):
+    corpus, other = os.path.join(work, "bpe_corpus.txt"), os.path.join(work, "bpe_other.txt")
+    with open(corpus, "w", encoding="utf-8", newline="") as f:
+        f.write(generated_text(1, 20000))
+    with open(other, "w", encoding="utf-8", newline="") as f:
+        f.write(generated_text(2, 5000) + "  trailing spaces   \n\n\n   ")
+    weights, json = os.path.join(work, "bpe.h5"), os.path.join(work, "tokenizer.json")
+    subprocess.run([kiln, "train", "--tokenizer", "bpe", "--bpe-vocab", "600", "--data", corpus, "--layers", "1",
+                    "--embd", "16", "--heads", "2", "--block", "8", "--batch", "2", "--steps", "1",
+                    "--eval-every", "1", "--out", weights], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    subprocess.run([kiln, "tokenize", "--weights", weights, "--json", json], check=True, stdout=subprocess.DEVNULL)
+    hf = tokenizers.Tokenizer.from_file(json)
+    failures = []
+    for name, path in (("training corpus", corpus), ("other text", other)):
+        ids_file = path + ".ids"
+        subprocess.run([kiln, "tokenize", "--weights", weights, "--data", path, "--out", ids_file],
+                       check=True, stdout=subprocess.DEVNULL)
+        kiln_ids = np.fromfile(ids_file, dtype="<u2").tolist()
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
+        hf_ids = hf.encode(text).ids
+        same = hf_ids == kiln_ids
+        print(f"bpe {name}: {len(text)} characters, kiln {len(kiln_ids)} tokens, tokenizers {len(hf_ids)}, "
+              f"{'identical' if same else 'DIFFERENT'}; decode round trip {hf.decode(hf_ids) == text}")
+        if not same:
+            at = next((i for i, (a, b) in enumerate(zip(hf_ids, kiln_ids)) if a != b), min(len(hf_ids), len(kiln_ids)))
+            failures.append(f"bpe {name}: first difference at token {at}: tokenizers {hf_ids[at:at + 5]}, "
+                            f"kiln {kiln_ids[at:at + 5]}")
+        if hf.decode(hf_ids) != text:
+            failures.append(f"bpe {name}: tokenizers does not decode kiln's tokens back to the text")
+    return failures
+
+
 def main():
     kiln, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
     torch.manual_seed(0)
     keep_f64_in_rms_norm_and_softmax()
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-    failures = check(kiln, work, tied=False) + check(kiln, work, tied=True)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, tokenizers {tokenizers.__version__}")
+    failures = check(kiln, work, tied=False) + check(kiln, work, tied=True) + check_bpe(kiln, work)
     for f in failures:
         print("FAILED:", f)
     sys.exit(1 if failures else 0)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# CI tier: kiln's models against Hugging Face transformers (scripts/check_against_transformers.py
-# through the CTest KilnMatchesTransformers). Installs torch, transformers and h5py from PyPI into
+# CI tier: kiln against Hugging Face (scripts/check_against_transformers.py through the CTest
+# KilnMatchesTransformers): the Llama against transformers, the BPE against tokenizers. Installs
+# torch, transformers, tokenizers and h5py from PyPI into
 # the benchmark venv (.venv-bench, or $KILN_BENCH_VENV) once; here a missing package is a failure,
 # not a skip.
 set -euo pipefail

@@ -15,13 +15,12 @@
 #include "train/token_file.hpp"
 #include "train/trainer.hpp"
 #include "train/weights.hpp"
+#include "training_test_util.hpp"
 
 namespace kiln {
 namespace {
 
-std::string tmp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("kiln_bpe_" + std::to_string(::getpid()) + "_" + name)).string();
-}
+std::string tmp_path(const std::string& name) { return testing::temp_file_path("bpe", name); }
 
 void expect_error(const std::function<void()>& f, const std::string& text) {
   try {

@@ -18,13 +18,14 @@
 #include "train/sample.hpp"
 #include "train/trainer.hpp"
 #include "train/weights.hpp"
+#include "training_test_util.hpp"
 
 namespace kiln {
 namespace {
 
-std::string tmp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("kiln_llama_" + std::to_string(::getpid()) + "_" + name)).string();
-}
+std::string tmp_path(const std::string& name) { return testing::temp_file_path("llama", name); }
+std::string generated_text(size_t words) { return testing::lexicon_text(words); }
+std::vector<double> values(const nn::Module& m) { return testing::parameter_values(m); }
 
 models::LlamaConfig tiny_llama(int64_t vocab, bool tied = false) {
   models::LlamaConfig c;
@@ -38,20 +39,6 @@ models::LlamaConfig tiny_llama(int64_t vocab, bool tied = false) {
   c.rope_theta = 500;
   c.tie_embeddings = tied;
   return c;
-}
-
-std::vector<double> values(const nn::Module& m) {
-  std::vector<double> v;
-  for (const auto& [n, p] : m.named_parameters())
-    for (double x : p.to_vector()) v.push_back(x);
-  return v;
-}
-
-std::string generated_text(size_t words) {
-  const char* lexicon[] = {"the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "fast ", "home.\n"};
-  std::string s;
-  for (size_t i = 0; i < words; ++i) s += lexicon[(i * 7 + i / 3) % 10];
-  return s;
 }
 
 TEST(Llama, ParametersHaveHuggingFaceNames) {

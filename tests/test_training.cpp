@@ -21,21 +21,14 @@
 #include "train/schedule.hpp"
 #include "train/trainer.hpp"
 #include "train/weights.hpp"
+#include "training_test_util.hpp"
 
 namespace kiln {
 namespace {
 
-std::string tmp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("kiln_test_" + std::to_string(::getpid()) + "_" + name)).string();
-}
-
-// Text with structure a tiny model can learn: words from a small lexicon, seeded.
-std::string generated_text(size_t words) {
-  const char* lexicon[] = {"the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "fast ", "home.\n"};
-  std::string s;
-  for (size_t i = 0; i < words; ++i) s += lexicon[(i * 7 + i / 3) % 10];
-  return s;
-}
+std::string tmp_path(const std::string& name) { return testing::temp_file_path("test", name); }
+std::string generated_text(size_t words) { return testing::lexicon_text(words); }
+std::vector<double> values(const nn::Module& m) { return testing::parameter_values(m); }
 
 models::GPTConfig tiny_config(int64_t vocab) {
   models::GPTConfig c;
@@ -45,13 +38,6 @@ models::GPTConfig tiny_config(int64_t vocab) {
   c.n_head = 2;
   c.n_embd = 16;
   return c;
-}
-
-std::vector<double> values(const nn::Module& m) {
-  std::vector<double> v;
-  for (const auto& [n, p] : m.named_parameters())
-    for (double x : p.to_vector()) v.push_back(x);
-  return v;
 }
 
 TEST(Tokenizer, CharRoundTripAndUnknownCharacters) {

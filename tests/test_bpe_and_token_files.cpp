@@ -2,7 +2,6 @@
 // when loaded, the weights file's copy) and pre-tokenized token files (nanoGPT's flat uint16,
 // uint32, llm.c's header; memory-mapped; every bad file a clear error), with training on them.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>

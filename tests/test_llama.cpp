@@ -4,7 +4,6 @@
 // the same Trainer and sample_text as the GPT, and the errors a mismatched file gives.
 #include <gtest/gtest.h>
 #include <hdf5.h>
-#include <unistd.h>
 
 #include <filesystem>
 

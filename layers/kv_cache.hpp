@@ -20,6 +20,7 @@ class KVCache {
           DType dtype = DType::f32);
   Layer& layer(size_t i) { return layers_.at(i); }
   int64_t max_len() const { return max_len_; }
+  DType dtype() const { return layers_.front().k.dtype(); }
 
  private:
   std::vector<Layer> layers_;

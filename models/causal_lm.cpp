@@ -33,6 +33,14 @@ Tensor CausalLM::loss(const Tensor& idx, const Tensor& targets) const { return c
 
 std::unique_ptr<nn::KVCache> CausalLM::new_kv_cache(int64_t) const { return nullptr; }
 
+nn::KVCache* CausalLM::reusable_kv_cache(int64_t batch) const {
+  if (!kv_cache_ || kv_cache_batch_ != batch || kv_cache_->dtype() != parameters().front().dtype()) {
+    kv_cache_ = new_kv_cache(batch);
+    kv_cache_batch_ = batch;
+  }
+  return kv_cache_.get();
+}
+
 Tensor CausalLM::decode_step(const Tensor&, int64_t, nn::KVCache&) const {
   throw Error("the " + architecture() + " model has no key/value cache (decode_step)");
 }

@@ -47,6 +47,15 @@ class CausalLM : public nn::Module {
   // values join the cache. Every step runs one compiled plan: the position is a runtime input.
   virtual std::unique_ptr<nn::KVCache> new_kv_cache(int64_t batch) const;
   virtual Tensor decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const;
+  // The model's own cache for `batch` sequences, made on first use and reused by later calls
+  // (the engine's persistent storage is never given back, so a cache per call would grow it);
+  // null where the model has none. Reuse is safe: a step writes its slot before attending, and
+  // slots past the position are masked.
+  nn::KVCache* reusable_kv_cache(int64_t batch) const;
+
+ private:
+  mutable std::unique_ptr<nn::KVCache> kv_cache_;
+  mutable int64_t kv_cache_batch_ = 0;
 };
 
 // The checks every decode_step makes: token i32 (B, 1), position inside the cache.

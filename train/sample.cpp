@@ -79,7 +79,7 @@ std::string sample_text(const models::CausalLM& model, const Tokenizer& tokenize
   std::vector<int32_t> ids = tokenizer.encode(prompt);
   if (ids.empty()) ids.push_back(0);
   const size_t prompt_len = ids.size();
-  std::unique_ptr<nn::KVCache> cache = opts.kv_cache ? model.new_kv_cache(1) : nullptr;
+  nn::KVCache* cache = opts.kv_cache ? model.reusable_kv_cache(1) : nullptr;
   if (cache)
     sample_cached(model, *cache, ids, tokenizer.vocab_size(), opts);
   else

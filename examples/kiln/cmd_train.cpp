@@ -114,21 +114,19 @@ int cmd_train(const std::vector<std::string>& argv) {
       throw Error("the corpus '" + a.str("data", kDefaultCorpus) + "': " + e.what());
     }
   }
-  if (pretokenized == tok.has_value() && !a.has("resume"))
-    throw Error("internal: a tokenizer exactly when the data is text");
   manual_seed(seed);
   std::unique_ptr<models::CausalLM> model_ptr = a.has("resume") ? read_checkpoint_model(a.str("resume", ""))
                                                                 : model_from_flags(a, tok ? tok->vocab_size() : 0, dropout);
   models::CausalLM& model = *model_ptr;
   std::unique_ptr<TextDataset> data_ptr;
-  if (tok) {
-    if (text.empty()) text = read_corpus(a.str("data", kDefaultCorpus));  // resuming a run on text
-    data_ptr = std::make_unique<TextDataset>(tok->encode(text), seed);
-  } else {
-    if (!pretokenized) throw Error("checkpoint '" + a.str("resume", "") + "' holds no tokenizer: resume it with --tokens");
+  if (pretokenized) {
     data_ptr = std::make_unique<TextDataset>(
         TokenFile::open(a.str("tokens", ""), token_dtype == "uint32" ? TokenDType::U32 : TokenDType::U16),
         model.vocab_size(), seed);
+  } else {
+    if (!tok) throw Error("checkpoint '" + a.str("resume", "") + "' holds no tokenizer: resume it with --tokens");
+    if (text.empty()) text = read_corpus(a.str("data", kDefaultCorpus));  // resuming a run on text
+    data_ptr = std::make_unique<TextDataset>(tok->encode(text), seed);
   }
   const TextDataset& data = *data_ptr;
   spdlog::info("data: {} tokens ({} train, {} validation), vocabulary {}", data.train_tokens() + data.val_tokens(),

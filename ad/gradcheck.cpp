@@ -1,6 +1,7 @@
 // Central-difference gradient checks of Circuits in f64.
 #include "ad/gradcheck.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -12,20 +13,41 @@
 namespace kiln::ad {
 
 namespace {
-void require_finite(const HostTensor& t, const std::string& what, size_t input) {
+void require_finite(const HostTensor& t, const std::string& what, const std::string& name) {
   for (int64_t i = 0; i < t.numel(); ++i)
     if (!std::isfinite(t.get(i)))
-      throw Error("gradient check: " + what + " gradient of input " + std::to_string(input) + " is " +
-                  std::to_string(t.get(i)) + " at element " + std::to_string(i));
+      throw Error("gradient check: the " + what + " gradient of " + name + " is " + std::to_string(t.get(i)) +
+                  " at element " + std::to_string(i));
+}
+
+// The elements to check: all, or a seeded random subset of k (distinct, ascending).
+std::vector<int64_t> elements_to_check(int64_t n, int64_t k, uint64_t seed, size_t tensor) {
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) all[static_cast<size_t>(i)] = i;
+  if (k <= 0 || k >= n) return all;
+  for (int64_t i = 0; i < k; ++i) {  // partial Fisher-Yates
+    const uint64_t r = philox_bits(seed, 11 + static_cast<uint32_t>(tensor), static_cast<uint64_t>(i));
+    std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(i + static_cast<int64_t>(r % static_cast<uint64_t>(n - i)))]);
+  }
+  all.resize(static_cast<size_t>(k));
+  std::sort(all.begin(), all.end());
+  return all;
 }
 }  // namespace
 
 GradCheckResult check_gradients(const Circuit& c, ValueId output, const std::vector<ValueId>& wrt,
-                                const std::vector<HostTensor>& bindings, const GradCheckOptions& opts) {
-  for (ValueId w : wrt)
-    if (c.info(w).dtype != DType::f64)
-      throw Error("gradient check: inputs must be f64, input %" + std::to_string(w) + " is " +
-                  dtype_name(c.info(w).dtype) + " (convert with cast or Module::to)");
+                                const std::vector<HostTensor>& bindings, const GradCheckOptions& opts,
+                                const std::vector<std::string>& names) {
+  if (wrt.empty()) throw Error("gradient check: nothing to check (no input or parameter to differentiate)");
+  if (!names.empty() && names.size() != wrt.size())
+    throw Error("gradient check: " + std::to_string(names.size()) + " names for " + std::to_string(wrt.size()) +
+                " tensors");
+  if (!(opts.step > 0)) throw Error("gradient check: the step must be > 0");
+  auto name_of = [&](size_t w) { return names.empty() ? "input " + std::to_string(w) : names[w]; };
+  for (size_t w = 0; w < wrt.size(); ++w)
+    if (c.info(wrt[w]).dtype != DType::f64)
+      throw Error("gradient check: tensors must be f64, " + name_of(w) + " is " + dtype_name(c.info(wrt[w]).dtype) +
+                  " (convert with cast or Module::to)");
   if (c.info(output).dtype != DType::f64) throw Error("gradient check: the output must be f64");
 
   // loss = sum(output * R), R fixed and random, bound as one more external.
@@ -57,42 +79,60 @@ GradCheckResult check_gradients(const Circuit& c, ValueId output, const std::vec
   Program forward(fwd, {loss});
   GradCheckResult res;
   size_t next = 0;
+  int64_t total_checked = 0;
   for (size_t w = 0; w < wrt.size(); ++w) {
     size_t slot = 0;
     while (slot < fwd.externals().size() && fwd.externals()[slot] != wrt[w]) ++slot;
     if (slot == fwd.externals().size())
-      throw Error("gradient check: %" + std::to_string(wrt[w]) + " is not an external input of the circuit");
+      throw Error("gradient check: " + name_of(w) + " (%" + std::to_string(wrt[w]) +
+                  ") is not an external input of the circuit");
     HostTensor saved = binds[slot];
     HostTensor x = saved.clone();
     binds[slot] = x;
-    HostTensor numeric = HostTensor::zeros(DType::f64, x.shape());
-    for (int64_t i = 0; i < x.numel(); ++i) {
-      double x0 = x.get(i);
-      x.set(i, x0 + opts.step);
-      double fp = forward.run(binds)[0].get(0);
-      x.set(i, x0 - opts.step);
-      double fm = forward.run(binds)[0].get(0);
-      x.set(i, x0);
-      numeric.set(i, (fp - fm) / (2.0 * opts.step));
+    const HostTensor a = grads[w] == kNoValue ? HostTensor::zeros(DType::f64, x.shape()) : analytic[next++];
+    require_finite(a, "analytic", name_of(w));
+    GradCheckEntry e;
+    e.name = name_of(w);
+    e.shape = x.shape();
+    double diff = 0, norm = 0, worst = -1;
+    for (int64_t i : elements_to_check(x.numel(), opts.elements_per_tensor, opts.seed, w)) {
+      const double x0 = x.get(i), h = opts.step * std::max(1.0, std::fabs(x0));
+      auto central = [&](double step) {
+        x.set(i, x0 + step);
+        const double fp = forward.run(binds)[0].get(0);
+        x.set(i, x0 - step);
+        const double fm = forward.run(binds)[0].get(0);
+        x.set(i, x0);
+        return (fp - fm) / (2.0 * step);
+      };
+      const double d1 = central(h);
+      const double numeric = opts.richardson ? (4.0 * central(h / 2) - d1) / 3.0 : d1;
+      if (!std::isfinite(numeric))
+        throw Error("gradient check: the numeric gradient of " + e.name + " is " + std::to_string(numeric) +
+                    " at element " + std::to_string(i));
+      const double d = numeric - a.get(i);
+      diff += d * d;
+      norm += a.get(i) * a.get(i);
+      if (std::fabs(d) > worst) worst = std::fabs(d), e.worst_index = i, e.worst_analytic = a.get(i), e.worst_numeric = numeric;
+      ++e.checked;
     }
     binds[slot] = saved;
-    HostTensor a = grads[w] == kNoValue ? HostTensor::zeros(DType::f64, x.shape()) : analytic[next++];
-    require_finite(numeric, "numeric", w);
-    require_finite(a, "analytic", w);
-    double diff = 0, norm = 0;
-    for (int64_t i = 0; i < x.numel(); ++i) {
-      diff += (numeric.get(i) - a.get(i)) * (numeric.get(i) - a.get(i));
-      norm += a.get(i) * a.get(i);
-    }
-    double rel = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12);
-    res.rel_error.push_back(rel);
-    bool ok = rel < opts.tolerance;
-    res.ok = res.ok && ok;
-    char line[200];
-    std::snprintf(line, sizeof line, "input %zu %s: |numeric - analytic| / |analytic| = %.3e (tolerance %.1e) %s\n", w,
-                  x.shape().str().c_str(), rel, opts.tolerance, ok ? "ok" : "FAILED");
+    total_checked += e.checked;
+    e.rel_error = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12);
+    e.ok = e.rel_error < opts.tolerance;
+    res.ok = res.ok && e.ok;
+    res.rel_error.push_back(e.rel_error);
+    char line[400];
+    std::snprintf(line, sizeof line,
+                  "%-44s %-14s %8lld elements  rel. error %.2e (tolerance %.0e) %-6s worst [%lld]: analytic %.6e "
+                  "numeric %.6e\n",
+                  e.name.c_str(), e.shape.str().c_str(), static_cast<long long>(e.checked), e.rel_error,
+                  opts.tolerance, e.ok ? "ok" : "FAILED", static_cast<long long>(e.worst_index), e.worst_analytic,
+                  e.worst_numeric);
     res.report += line;
+    res.entries.push_back(std::move(e));
   }
+  if (total_checked == 0) throw Error("gradient check: nothing to check (every tensor has zero elements)");
   return res;
 }
 

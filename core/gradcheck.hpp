@@ -4,6 +4,8 @@
 #pragma once
 
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ad/gradcheck.hpp"
@@ -17,5 +19,11 @@ namespace kiln {
 ad::GradCheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                               const std::vector<HostTensor>& inputs, const ad::GradCheckOptions& opts = {},
                               bool check_parameters = false);
+// Checks d f / d inputs and d f / d each of `parameters` (a model's named_parameters(), all
+// f64), reported under their names: "model.layers.0.self_attn.q_proj.weight".
+ad::GradCheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                              const std::vector<HostTensor>& inputs,
+                              const std::vector<std::pair<std::string, Tensor>>& parameters,
+                              const ad::GradCheckOptions& opts = {});
 
 }  // namespace kiln

@@ -19,7 +19,7 @@ struct GradCase {
   std::vector<std::string> prims;  // Prims this case differentiates through
   std::vector<InputSpec> inputs;
   BuildFn build;
-  double step = 1e-6, tolerance = 1e-6;
+  double step = 0, tolerance = 1e-6;  // step 0: GradCheckOptions' default (relative, Richardson)
 };
 
 struct LoweringCase {
@@ -57,7 +57,7 @@ inline BuildFn body(ScalarExp e) {
 inline BuildFn unary(ScalarExp (*f)(const ScalarExp&)) { return body(f(se::in(0))); }
 
 inline void add_gradient(FamilyCases& c, std::string name, std::vector<std::string> prims, std::vector<InputSpec> in,
-                         BuildFn f, double step = 1e-6, double tol = 1e-6) {
+                         BuildFn f, double step = 0, double tol = 1e-6) {
   c.gradient.push_back({std::move(name), std::move(prims), std::move(in), std::move(f), step, tol});
 }
 // pointwise_<name>: body over one (37, 45) input uniform in [lo, hi).

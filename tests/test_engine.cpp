@@ -235,6 +235,38 @@ TEST(UserGradcheck, PassesForACorrectFunctionAndChecksParameters) {
   EXPECT_EQ(w.to_vector()[0], 0.3);   // parameters are perturbed on copies only
 }
 
+// Parameters reported under the names given, each with its worst element; a seeded subset of
+// elements per tensor; a check of nothing is an error, not a pass.
+TEST(UserGradcheck, NamesParametersChecksSubsetsAndRefusesToCheckNothing) {
+  Tensor w = Tensor::parameter("w", host({0.3, -0.1, 0.2, 0.5, -0.4, 0.1}, Shape{3, 2}, DType::f64));
+  Tensor unused = Tensor::parameter("unused", host({1.0}, Shape{1}, DType::f64));
+  auto f = [&](const std::vector<Tensor>& in) { return sum(tanh(matmul(in[0], w))); };
+  const HostTensor x = host({0.1, 0.2, -0.3, 0.4, 0.5, -0.6}, Shape{2, 3});
+  ad::GradCheckResult r = gradcheck(f, {x}, {{"layer.w", w}, {"layer.unused", unused}});
+  EXPECT_TRUE(r.ok) << r.report;
+  ASSERT_EQ(r.entries.size(), 2u) << r.report;  // the input and w; `unused` is not read by f
+  EXPECT_EQ(r.entries[0].name, "input 0");
+  EXPECT_EQ(r.entries[1].name, "layer.w");
+  EXPECT_EQ(r.entries[1].checked, 6);
+  EXPECT_GE(r.entries[1].worst_index, 0);
+  EXPECT_NE(r.report.find("layer.w"), std::string::npos) << r.report;
+  ad::GradCheckOptions some;
+  some.elements_per_tensor = 2;
+  r = gradcheck(f, {x}, {{"layer.w", w}}, some);
+  EXPECT_TRUE(r.ok) << r.report;
+  EXPECT_EQ(r.entries[1].checked, 2);
+  // Only an integer input and no parameters: nothing to differentiate.
+  try {
+    gradcheck([](const std::vector<Tensor>& in) { return sum(cast(in[0], DType::f64)); },
+              {Tensor::from_ints({1, 2}, Shape{2}).to_host()});
+    ADD_FAILURE() << "a check of nothing passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing to check"), std::string::npos) << e.what();
+  }
+  Tensor f32 = Tensor::parameter("f32", host({1.0}, Shape{1}));
+  EXPECT_THROW(gradcheck(f, {x}, {{"f32", f32}}), Error);  // not converted to f64
+}
+
 TEST(UserGradcheck, LeavesThePendingStepAlone) {
   Tensor x = Tensor::from_vector({1, 2}, Shape{2});
   Tensor y = x * 2.0;  // pending

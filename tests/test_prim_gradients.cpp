@@ -37,7 +37,7 @@ ad::GradCheckResult run_case(const GradCase& gc) {
   for (size_t i = 0; i < gc.inputs.size(); ++i)
     if (gc.inputs[i].check) wrt.push_back(h.inputs[i]);
   ad::GradCheckOptions opts;
-  opts.step = gc.step;
+  if (gc.step > 0) opts.step = gc.step;
   opts.tolerance = gc.tolerance;
   return ad::check_gradients(h.circuit, h.output, wrt, h.bindings, opts);
 }

@@ -35,6 +35,7 @@ int cmd_sample(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_init(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
+int cmd_gradcheck(const std::vector<std::string>& args);
 int cmd_dump(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_ptx(const std::vector<std::string>& args);

@@ -25,6 +25,7 @@ const std::map<std::string, Command>& commands() {
       {"init", {kiln::cli::cmd_init, "write freshly initialized GPT or Llama weights"}},
       {"tokenize", {kiln::cli::cmd_tokenize, "encode text into a token file with a weights file's tokenizer; export it as tokenizer.json"}},
       {"dump", {kiln::cli::cmd_dump, "logits, loss and gradients of one batch, for checks against other frameworks"}},
+      {"gradcheck", {kiln::cli::cmd_gradcheck, "check every parameter's gradient of a small GPT or Llama against finite differences"}},
       {"ptx", {kiln::cli::cmd_ptx, "write the PTX of every kernel of one training step, with an index"}},
       {"bench", {kiln::cli::cmd_bench, "time full training steps; compare with the machine's GEMM rate"}},
   };

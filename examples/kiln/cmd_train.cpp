@@ -53,7 +53,7 @@ int cmd_train(const std::vector<std::string>& argv) {
                "PyTorch's GradScaler; 10 in a row still stop"}},
              true)),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) or a Llama (--model llama) with AdamW on a "
-         "character- or byte-level corpus.",
+         "text corpus (char, byte or BPE tokens)\nor on a pre-tokenized token file.",
          with_model_switches({"stats", "deterministic", "no-trace", "skip-non-finite"}));
   if (a.help()) {
     a.print_help();
@@ -74,6 +74,8 @@ int cmd_train(const std::vector<std::string>& argv) {
     throw Error("--tokens is pre-tokenized data: it takes no --data or --tokenizer");
   if (!pretokenized && !a.has("resume") && a.has("vocab-size"))
     throw Error("--vocab-size applies to --tokens only (a text corpus's tokenizer gives the vocabulary)");
+  if (pretokenized && !a.has("resume") && !a.has("vocab-size"))
+    throw Error("--tokens needs --vocab-size: a token file does not say how many ids its tokenizer has");
   const std::string token_dtype = a.str("token-dtype", "uint16");
   if (token_dtype != "uint16" && token_dtype != "uint32")
     throw Error("--token-dtype must be uint16 or uint32, received '" + token_dtype + "'");

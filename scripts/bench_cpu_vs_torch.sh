@@ -14,13 +14,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x build/examples/kiln ] || bash scripts/setup.sh
-venv=${KILN_BENCH_VENV:-.venv-bench}
-if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
-  echo "bench: installing PyTorch from PyPI into $venv (once)"
-  python3 -m venv "$venv" && "$venv/bin/pip" install -q torch numpy || echo "bench: no PyTorch (PyPI unreachable?)"
-fi
+source scripts/python_venv.sh
 have_torch=0
-"$venv/bin/python" -c "import torch" 2>/dev/null && have_torch=1
+if python_venv torch torch numpy; then have_torch=1; else echo "bench: no PyTorch (PyPI unreachable?)"; fi
 
 declare -A flags=(
   [default]="--layers 4 --heads 4 --embd 128 --block 64 --batch 16 --vocab-size 65"

@@ -7,11 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x build/examples/kiln ] || bash scripts/setup.sh
-venv=${KILN_BENCH_VENV:-.venv-bench}
-if ! "$venv/bin/python" -c "import torch, transformers, h5py" 2>/dev/null; then
-  echo "check_transformers: installing torch, transformers and h5py from PyPI into $venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch transformers tokenizers h5py numpy
-fi
+source scripts/python_venv.sh
+python_venv "torch, transformers, tokenizers, h5py" torch transformers tokenizers h5py numpy
 KILN_PYTHON="$PWD/$venv/bin/python" KILN_REQUIRE_TRANSFORMERS=1 \
   ctest --test-dir build -R '^KilnMatchesTransformers$' --output-on-failure

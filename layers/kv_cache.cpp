@@ -16,6 +16,13 @@ KVCache::KVCache(int64_t layers, int64_t batch, int64_t kv_heads, int64_t max_le
                        Tensor::state("kv_cache.v", {batch, kv_heads, max_len, head_dim}, dtype)});
 }
 
+Tensor repeat_kv_heads(const Tensor& y, int64_t heads) {
+  const Shape& s = y.shape();
+  const int64_t b = s[0], hkv = s[1], len = s[2], hs = s[3];
+  if (hkv == heads) return y;
+  return reshape(broadcast_to(reshape(y, {b, hkv, 1, len, hs}), {b, hkv, heads / hkv, len, hs}), {b, heads, len, hs});
+}
+
 Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& position,
                         KVCache::Layer& cache) {
   const Shape& cs = cache.k.shape();  // (B, Hkv, L, hs)
@@ -30,16 +37,13 @@ Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
   const Tensor keys = map(write, {slots, position, k, cache.k}), values = map(write, {slots, position, v, cache.v});
   cache.k.assign(keys);
   cache.v.assign(values);
-  auto repeat = [&](const Tensor& y) {  // (B, Hkv, L, hs) -> (B, H, L, hs)
-    if (hkv == h) return y;
-    return reshape(broadcast_to(reshape(y, {b, hkv, 1, len, hs}), {b, hkv, h / hkv, len, hs}), {b, h, len, hs});
-  };
-  Tensor scores = matmul(q * (1.0 / std::sqrt(static_cast<double>(hs))), repeat(keys), false, true);  // (B, H, 1, L)
+  Tensor scores =
+      matmul(q * (1.0 / std::sqrt(static_cast<double>(hs))), repeat_kv_heads(keys, h), false, true);  // (B, H, 1, L)
   // Positions after this one hold nothing yet.
   const ScalarExp mask_later =
       se::select(se::gt(se::in(0), se::in(1)), se::c(-std::numeric_limits<double>::infinity()), se::in(2));
   scores = map(mask_later, {reshape(slots, {1, 1, 1, len}), position, scores});
-  return matmul(softmax(scores), repeat(values));  // (B, H, 1, hs)
+  return matmul(softmax(scores), repeat_kv_heads(values, h));  // (B, H, 1, hs)
 }
 
 }  // namespace kiln::nn

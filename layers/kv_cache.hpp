@@ -27,6 +27,11 @@ class KVCache {
   int64_t max_len_;
 };
 
+// Grouped-query attention's key/value heads for the query heads: y (B, kv_heads, L, hs) ->
+// (B, heads, L, hs), each key/value head serving heads / kv_heads consecutive query heads (as
+// transformers' repeat_kv); y itself when heads == kv_heads.
+Tensor repeat_kv_heads(const Tensor& y, int64_t heads);
+
 // One decoding step of attention: writes k and v (B, kv_heads, 1, hs) of the token at `position`
 // (a runtime scalar of the queries' dtype, so every step runs one compiled plan) into the cache,
 // then attends q (B, heads, 1, hs), scaled by 1 / sqrt(hs), over positions 0..position. Each

@@ -68,19 +68,12 @@ Tensor MultiHeadAttention::decode(const Tensor& x, const Tensor& position, KVCac
 Tensor MultiHeadAttention::forward(const Tensor& x) const {
   auto s = scope();
   auto [q, k, v] = project(x);
-  const int64_t b = x.shape()[0], t = x.shape()[1], hs = head_dim(), h = o_.n_heads, hkv = o_.n_kv_heads;
   if (rope_) {
-    auto [cos, sin] = rope_->tables(0, t, x.dtype());
+    auto [cos, sin] = rope_->tables(0, x.shape()[1], x.dtype());
     q = rope_->apply(q, cos, sin), k = rope_->apply(k, cos, sin);
   }
-  if (hkv != h) {  // each key/value head serves h / hkv consecutive query heads
-    auto repeat = [&](const Tensor& y) {
-      Tensor r = broadcast_to(reshape(y, {b, hkv, 1, t, hs}), {b, hkv, h / hkv, t, hs});
-      return reshape(r, {b, h, t, hs});
-    };
-    k = repeat(k), v = repeat(v);
-  }
-  Tensor att = matmul(q * (1.0 / std::sqrt(static_cast<double>(hs))), k, false, true);  // (B, H, T, T)
+  k = repeat_kv_heads(k, o_.n_heads), v = repeat_kv_heads(v, o_.n_heads);
+  Tensor att = matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim()))), k, false, true);  // (B, H, T, T)
   if (o_.causal) att = causal_mask_fill(att);
   return merge_heads(matmul(softmax(att), v));  // (B, H, T, hs) -> (B, T, dim)
 }

@@ -14,18 +14,19 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double theta) : head_dim(head
   if (!(theta > 1)) throw Error("RotaryEmbedding: theta must be > 1, received " + std::to_string(theta));
 }
 
+Tensor RotaryEmbedding::frequencies(DType dtype) const {
+  Tensor f = exp(cast(arange(head_dim / 2), dtype) * (-2.0 * std::log(theta) / static_cast<double>(head_dim)));
+  return reshape(concat({f, f}, 0), {1, head_dim});
+}
+
 std::pair<Tensor, Tensor> RotaryEmbedding::tables(int64_t start, int64_t t, DType dtype) const {
-  const int64_t half = head_dim / 2;
-  Tensor pos = reshape(cast(arange(t), dtype) + static_cast<double>(start), {t, 1});             // (T, 1)
-  Tensor f = exp(cast(arange(half), dtype) * (-2.0 * std::log(theta) / static_cast<double>(head_dim)));  // (d/2)
-  Tensor angle = pos * reshape(concat({f, f}, 0), {1, head_dim});                                 // (T, d)
+  Tensor pos = reshape(cast(arange(t), dtype) + static_cast<double>(start), {t, 1});  // (T, 1)
+  Tensor angle = pos * frequencies(dtype);                                            // (T, d)
   return {cos(angle), sin(angle)};
 }
 
 std::pair<Tensor, Tensor> RotaryEmbedding::tables_at(const Tensor& position) const {
-  const int64_t half = head_dim / 2;
-  Tensor f = exp(cast(arange(half), position.dtype()) * (-2.0 * std::log(theta) / static_cast<double>(head_dim)));
-  Tensor angle = reshape(concat({f, f}, 0), {1, head_dim}) * position;  // (1, d)
+  Tensor angle = frequencies(position.dtype()) * position;  // (1, d)
   return {cos(angle), sin(angle)};
 }
 

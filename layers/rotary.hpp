@@ -24,6 +24,9 @@ class RotaryEmbedding {
   Tensor forward(const Tensor& x, int64_t start = 0) const;
   int64_t head_dim;
   double theta;
+
+ private:
+  Tensor frequencies(DType dtype) const;  // (1, head_dim): f_i for i < d/2, repeated
 };
 
 }  // namespace kiln::nn

@@ -1,16 +1,10 @@
 // HDF5 C API wrapper (see hdf5_file.hpp).
 #include "train/hdf5_file.hpp"
 
-#include <fcntl.h>
 #include <hdf5.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
 #include <limits>
 #include <vector>
 

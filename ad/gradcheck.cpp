@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "ad/backward.hpp"
 #include "circuit/exec/executor.hpp"
@@ -77,6 +78,16 @@ GradCheckResult check_gradients(const Circuit& c, ValueId output, const std::vec
   std::vector<HostTensor> analytic = execute(both, binds, want);
 
   Program forward(fwd, {loss});
+  // The finite differences' rounding: each evaluation of f is off by a few ulps of |f|, so an
+  // estimate at step h is off by about eps |f| / h (Richardson's combination triples it). A
+  // gradient smaller than what that rounding allows to resolve is compared in absolute terms
+  // (as PyTorch's gradcheck does with its atol): a zero gradient, say of a bias on symmetric
+  // data, passes when the numeric one is rounding noise. kRoundingMargin is far above the
+  // observed noise (1-3 eps |f| / h) and far below what a wrong rule changes.
+  constexpr double kRoundingMargin = 100.0;
+  const double f_scale = std::max(1.0, std::fabs(forward.run(binds)[0].get(0)));
+  const double noise_per_unit_step = kRoundingMargin * std::numeric_limits<double>::epsilon() * f_scale *
+                                     (opts.richardson ? 3.0 : 1.0);
   GradCheckResult res;
   size_t next = 0;
   int64_t total_checked = 0;
@@ -94,7 +105,7 @@ GradCheckResult check_gradients(const Circuit& c, ValueId output, const std::vec
     GradCheckEntry e;
     e.name = name_of(w);
     e.shape = x.shape();
-    double diff = 0, norm = 0, worst = -1;
+    double diff = 0, norm = 0, worst = -1, floor_sq = 0;
     for (int64_t i : elements_to_check(x.numel(), opts.elements_per_tensor, opts.seed, w)) {
       const double x0 = x.get(i), h = opts.step * std::max(1.0, std::fabs(x0));
       auto central = [&](double step) {
@@ -105,6 +116,7 @@ GradCheckResult check_gradients(const Circuit& c, ValueId output, const std::vec
         x.set(i, x0);
         return (fp - fm) / (2.0 * step);
       };
+      floor_sq += (noise_per_unit_step / h) * (noise_per_unit_step / h);
       const double d1 = central(h);
       const double numeric = opts.richardson ? (4.0 * central(h / 2) - d1) / 3.0 : d1;
       if (!std::isfinite(numeric))
@@ -118,17 +130,19 @@ GradCheckResult check_gradients(const Circuit& c, ValueId output, const std::vec
     }
     binds[slot] = saved;
     total_checked += e.checked;
-    e.rel_error = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12);
+    e.rounding_floor = std::sqrt(floor_sq);
+    e.near_zero = std::sqrt(norm) < e.rounding_floor / opts.tolerance;
+    e.rel_error = std::sqrt(diff) / std::max({std::sqrt(norm), e.rounding_floor / opts.tolerance, 1e-300});
     e.ok = e.rel_error < opts.tolerance;
     res.ok = res.ok && e.ok;
     res.rel_error.push_back(e.rel_error);
     char line[400];
     std::snprintf(line, sizeof line,
                   "%-44s %-14s %8lld elements  rel. error %.2e (tolerance %.0e) %-6s worst [%lld]: analytic %.6e "
-                  "numeric %.6e\n",
+                  "numeric %.6e%s\n",
                   e.name.c_str(), e.shape.str().c_str(), static_cast<long long>(e.checked), e.rel_error,
                   opts.tolerance, e.ok ? "ok" : "FAILED", static_cast<long long>(e.worst_index), e.worst_analytic,
-                  e.worst_numeric);
+                  e.worst_numeric, e.near_zero ? "  (gradient at rounding level: compared absolutely)" : "");
     res.report += line;
     res.entries.push_back(std::move(e));
   }

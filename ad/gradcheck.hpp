@@ -33,6 +33,11 @@ struct GradCheckEntry {
   int64_t checked = 0;  // elements compared
   int64_t worst_index = -1;
   double worst_analytic = 0, worst_numeric = 0;
+  // The norm of difference that the finite differences' rounding alone can give; a gradient
+  // whose norm is under rounding_floor / tolerance is near_zero and passes when the difference
+  // stays under the floor.
+  double rounding_floor = 0;
+  bool near_zero = false;
   bool ok = true;
 };
 
@@ -46,7 +51,8 @@ struct GradCheckResult {
 // `c` is an f64 circuit whose externals are bound to `bindings` (in order); checks the
 // gradient of `output` with respect to each external in `wrt`, named by `names` (default
 // "input k"). A non-scalar output is reduced to sum(output * R) with fixed random R, which checks
-// the full VJP. Relative error per tensor: ||n - a|| / max(||a||, 1e-12). A NaN or inf in either
+// the full VJP. Relative error per tensor: ||n - a|| / max(||a||, rounding_floor / tolerance),
+// the floor being what the differences' rounding can resolve (GradCheckEntry). A NaN or inf in either
 // gradient is an error (kiln::Error naming the tensor and element), never a pass; so is a check
 // of nothing (no tensor, or no element).
 GradCheckResult check_gradients(const Circuit& c, ValueId output, const std::vector<ValueId>& wrt,

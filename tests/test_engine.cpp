@@ -267,6 +267,32 @@ TEST(UserGradcheck, NamesParametersChecksSubsetsAndRefusesToCheckNothing) {
   EXPECT_THROW(gradcheck(f, {x}, {{"f32", f32}}), Error);  // not converted to f64
 }
 
+// A gradient that is zero (f reads w only as exp(x + w) * exp(-w)) while the differences give
+// rounding noise passes, compared absolutely, and is marked so; a gradient of ordinary size
+// (d/db) is compared relatively.
+TEST(UserGradcheck, AZeroGradientPassesAtRoundingLevel) {
+  Tensor w = Tensor::parameter("w", host({0.7}, Shape{1}, DType::f64));
+  Tensor b = Tensor::parameter("b", host({0.2}, Shape{1}, DType::f64));
+  auto f = [&](const std::vector<Tensor>& in) {
+    return sum(exp(in[0] + w) * exp(-w)) + sum(tanh(in[0] + b));
+  };
+  const HostTensor x = host({-0.9, 0.3, 0.7, -0.1, 0.9, -0.3}, Shape{6});
+  ad::GradCheckResult r = gradcheck(f, {x}, {{"w", w}, {"b", b}});
+  EXPECT_TRUE(r.ok) << r.report;
+  ASSERT_EQ(r.entries.size(), 3u) << r.report;
+  auto entry = [&](const std::string& name) {
+    for (const ad::GradCheckEntry& e : r.entries)
+      if (e.name == name) return e;
+    ADD_FAILURE() << "no entry " << name << " in\n" << r.report;
+    return ad::GradCheckEntry{};
+  };
+  EXPECT_TRUE(entry("w").near_zero) << r.report;
+  // The two differ by rounding noise, which a plain relative error (noise / noise) fails.
+  EXPECT_NE(entry("w").worst_numeric, entry("w").worst_analytic) << r.report;
+  EXPECT_FALSE(entry("b").near_zero) << r.report;
+  EXPECT_NE(r.report.find("rounding level"), std::string::npos) << r.report;
+}
+
 TEST(UserGradcheck, LeavesThePendingStepAlone) {
   Tensor x = Tensor::from_vector({1, 2}, Shape{2});
   Tensor y = x * 2.0;  // pending

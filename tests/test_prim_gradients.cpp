@@ -191,6 +191,19 @@ TEST(WrongVjpRule, TransposedIsCaught) {
   EXPECT_FALSE(run_case(square_matmul()).ok);
 }
 
+// The rounding floor (a gradient at rounding level is compared absolutely) must not let small
+// errors through: a rule off by one part in 10^4 still fails.
+TEST(WrongVjpRule, SlightlyScaledIsCaught) {
+  ScopedVjpOverride* self = nullptr;
+  ScopedVjpOverride guard("matmul", [&self](Builder& b, const Op& op, const std::vector<ValueId>& g) {
+    std::vector<ValueId> r = self->original()(b, op, g);
+    for (ValueId& v : r) v = b.scale(v, 1.0 + 1e-4);
+    return r;
+  });
+  self = &guard;
+  EXPECT_FALSE(run_case(square_matmul()).ok);
+}
+
 TEST(WrongVjpRule, WrongPointwiseRuleIsCaught) {
   // A rule that passes g through unchanged, ignoring the body's derivative.
   ScopedVjpOverride guard("pointwise", [](Builder&, const Op& op, const std::vector<ValueId>& g) {

@@ -17,6 +17,7 @@
 #include "scoped_env.hpp"
 #include "train/checkpoint.hpp"
 #include "train/hdf5_file.hpp"
+#include "train/metrics_log.hpp"
 #include "train/sample.hpp"
 #include "train/schedule.hpp"
 #include "train/trainer.hpp"
@@ -230,6 +231,75 @@ TEST(Checkpoint, ResumeIsBitExact) {
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest.losses[i], full.losses[4 + i]) << "step " << 4 + i;
   EXPECT_EQ(rest.weights, full.weights);
   std::filesystem::remove(ckpt);
+}
+
+// The metrics log: a line per step (loss, lr, gradient norm, ms/step, tokens/s) and per
+// validation; a run resumed from a checkpoint appends to it, a new run replaces it.
+TEST(Training, WritesAMetricsLogThatAResumedRunAppendsTo) {
+  const std::string log = tmp_path("metrics.jsonl"), ckpt = tmp_path("metrics_ckpt.h5");
+  auto run = [&](int64_t stop_at, const std::string& resume) {
+    TinyData d;
+    manual_seed(21);
+    models::GPT model(resume.empty() ? tiny_config(d.tok.vocab_size()) : read_checkpoint_config(resume));
+    TrainOptions o = tiny_options(8);
+    o.eval_interval = 2;
+    o.checkpoint = ckpt;
+    o.stop_at = stop_at;
+    o.metrics_log = log;
+    Trainer t(model, d.data, d.tok, 21, o);
+    if (!resume.empty()) t.resume(resume);
+    return t.run();
+  };
+  std::ofstream(log) << "left from an earlier run\n";
+  TrainResult first = run(4, "");
+  std::vector<MetricsRecord> r = read_metrics(log);  // replaced: the earlier line is gone
+  ASSERT_EQ(r.size(), 1u + 4 + 2);                   // start, 4 steps, validation after 2 and 4
+  EXPECT_TRUE(r[0].start);
+  EXPECT_EQ(r[0].step, 0);
+  EXPECT_EQ(r[1].step, 1);
+  EXPECT_EQ(*r[1].loss, first.losses[0]);  // the loss to the bit
+  EXPECT_GT(*r[1].grad_norm, 0);
+  EXPECT_GT(*r[1].ms_per_step, 0);
+  EXPECT_GT(*r[1].tokens_per_s, 0);
+  EXPECT_GT(*r[2].lr, *r[1].lr);  // warmup
+  EXPECT_TRUE(r[3].val_loss.has_value() && !r[3].loss.has_value());
+  EXPECT_EQ(r[3].step, 2);
+  run(0, ckpt);  // steps 5..8, appended
+  r = read_metrics(log);
+  ASSERT_EQ(r.size(), 2u * 7);
+  EXPECT_TRUE(r[7].start);
+  EXPECT_EQ(r[7].step, 4);
+  EXPECT_EQ(r[8].step, 5);
+  EXPECT_EQ(r.back().step, 8);
+  EXPECT_TRUE(r.back().val_loss.has_value());
+  std::filesystem::remove(log);
+  std::filesystem::remove(ckpt);
+}
+
+// Non-finite values are written as null and read back as NaN; a malformed line is an error
+// naming the file and the line.
+TEST(MetricsLogFile, NullForNonFiniteAndErrorsNameTheLine) {
+  const std::string log = tmp_path("metrics_nan.jsonl");
+  {
+    MetricsLog m(log, false);
+    m.start(0, 3, 8);
+    m.train_step(1, std::nan(""), 1e-3, std::numeric_limits<double>::infinity(), 2.5, 3200);
+  }
+  std::vector<MetricsRecord> r = read_metrics(log);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_TRUE(std::isnan(*r[1].loss));
+  EXPECT_TRUE(std::isnan(*r[1].grad_norm));
+  EXPECT_EQ(*r[1].lr, 1e-3);
+  std::ofstream(log, std::ios::app) << "{\"step\": 2, \"loss\": 1.5, \"accuracy\": 0.5}\n";
+  try {
+    read_metrics(log);
+    ADD_FAILURE() << "an unknown field was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + log + "', line 3: unknown field \"accuracy\""), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(read_metrics(tmp_path("no_such_metrics.jsonl")), Error);
+  std::filesystem::remove(log);
 }
 
 // A learning rate that blows the weights up: training stops with an error naming the step and

@@ -13,6 +13,8 @@
 #include "core/traced_step.hpp"
 #include "train/checkpoint.hpp"
 #include "train/interrupt.hpp"
+#include "train/metrics_log.hpp"
+#include "train/progress_line.hpp"
 #include "train/schedule.hpp"
 
 namespace kiln {
@@ -79,6 +81,12 @@ TrainResult Trainer::run() {
   std::unique_ptr<TracedStep> traced;  // made by the first step when opts_.traced
   const bool on_gpu = Engine::current().device() == Device::CUDA;
   const int64_t end = opts_.stop_at > 0 ? std::min(opts_.stop_at, opts_.steps) : opts_.steps;
+  std::unique_ptr<MetricsLog> metrics;
+  if (!opts_.metrics_log.empty()) {
+    metrics = std::make_unique<MetricsLog>(opts_.metrics_log, /*append=*/step_ > 0);
+    metrics->start(step_, opts_.steps, static_cast<int64_t>(tokens_per_step));
+  }
+  ProgressLine live(opts_.live_progress && ProgressLine::stdout_is_terminal());
   while (step_ < end) {
     double lr = warmup_cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
     opt_.set_lr(lr);
@@ -131,15 +139,23 @@ TrainResult Trainer::run() {
             fmt::format("training stopped at step {}: {} steps in a row were skipped, the last because {}; "
                         "the run is not recovering{}",
                         step_ + 1, skipped_in_a_row, what, kept));
+      live.clear();
       spdlog::warn("step {} skipped: {} ({} skipped so far)", step_ + 1, what, result.skipped_steps);
     } else {
       skipped_in_a_row = 0;
     }
     ++step_;
     bool last = step_ == end;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double per_step = secs / static_cast<double>(step_ - first);
+    if (metrics)
+      metrics->train_step(step_, result.losses.back(), lr, opt_.last_grad_norm(), this_step_ms,
+                          tokens_per_step / (this_step_ms / 1000));
+    live.update(fmt::format("step {}/{}  loss {:.4f}  {:.0f} tok/s  ETA {:.0f} s", step_, opts_.steps,
+                            result.losses.back(), tokens_per_step / per_step,
+                            per_step * static_cast<double>(opts_.steps - step_)));
     if (step_ % opts_.log_interval == 0 || last || step_ == first + 1) {
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      double per_step = secs / static_cast<double>(step_ - first);
+      live.clear();
       spdlog::info("step {:5d}/{}  loss {:.4f}  lr {:.2e}  {:.1f} ms/step  {:.0f} tok/s  ETA {:.0f} s", step_,
                    opts_.steps, result.losses.back(), lr, 1000 * per_step, tokens_per_step / per_step,
                    per_step * static_cast<double>(opts_.steps - step_));
@@ -168,7 +184,9 @@ TrainResult Trainer::run() {
       }
     }
     if ((opts_.eval_interval > 0 && step_ % opts_.eval_interval == 0) || last) {
+      live.clear();
       result.val_loss = val_loss();
+      if (metrics) metrics->validation(step_, result.val_loss);
       spdlog::info("step {:5d}/{}  validation loss {:.4f} nats/token", step_, opts_.steps, result.val_loss);
     }
     const bool saved = !opts_.checkpoint.empty() &&

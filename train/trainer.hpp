@@ -1,6 +1,7 @@
 // The training loop: AdamW with warmup + cosine LR and global-norm clipping, one progress line
-// per logging interval (step/total, loss, lr, ms/step, tok/s, ETA) through spdlog, periodic
-// validation loss over a fixed set of batches, and checkpoints. Ctrl-C or SIGTERM stops after the
+// per logging interval (step/total, loss, lr, ms/step, tok/s, ETA) through spdlog, a live line
+// on a terminal, a metrics log of every step (train/metrics_log.hpp), periodic validation loss
+// over a fixed set of batches, and checkpoints. Ctrl-C or SIGTERM stops after the
 // current step with a checkpoint and an error saying where it is (train/interrupt.hpp).
 #pragma once
 
@@ -37,6 +38,11 @@ struct TrainOptions {
   // on and counts it (PyTorch's GradScaler), stopping only after max_skipped_in_a_row in a row.
   bool skip_non_finite = false;
   int64_t max_skipped_in_a_row = 10;
+  // The metrics log (JSON lines: every step's loss, lr, gradient norm, ms/step, tokens/s, and
+  // each validation loss); empty: none. A resumed run appends to it, a new run replaces it.
+  std::string metrics_log;
+  // A progress line rewritten in place after every step, when standard output is a terminal.
+  bool live_progress = true;
   // Where an interrupted run (SIGINT, SIGTERM) writes its checkpoint when `checkpoint` is empty.
   std::string interrupt_checkpoint = "kiln-interrupted.ckpt.h5";
 };

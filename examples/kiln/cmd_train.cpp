@@ -26,6 +26,9 @@ int cmd_train(const std::vector<std::string>& argv) {
          with_thread_flag(with_model_flags(
              {{"data", "text file or directory (default: /usr/share/games/fortunes)"},
               {"out", "weights file to write (default: model.h5)"},
+              {"metrics",
+               "metrics log, JSON lines of every step and validation (default: beside --out, model.metrics.jsonl; "
+               "`kiln plot` draws it)"},
               {"checkpoint", "checkpoint file, written every --ckpt-every steps and at the end"},
               {"ckpt-every", "steps between checkpoints (default 500)"},
               {"resume", "continue from this checkpoint (its config and tokenizer win)"},
@@ -93,6 +96,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.stats = a.has("stats");
   o.traced = !a.has("no-trace");
   o.skip_non_finite = a.has("skip-non-finite");
+  const std::string out = a.str("out", "model.h5");
+  o.metrics_log = a.str("metrics", std::filesystem::path(out).replace_extension(".metrics.jsonl").string());
   const double dropout = a.real("dropout", 0.0, 0.0, 1.0);
   if (!a.has("resume")) check_model_flags(a);
   // The tokenizer (none for pre-tokenized data), the model, then the data over its vocabulary.
@@ -140,9 +145,9 @@ int cmd_train(const std::vector<std::string>& argv) {
   Trainer trainer = tok ? Trainer(model, data, *tok, seed, o) : Trainer(model, data, seed, o);
   if (a.has("resume")) trainer.resume(a.str("resume", ""));
   TrainResult r = trainer.run();
-  std::string out = a.str("out", "model.h5");
   save_weights(out, model, tok ? &*tok : nullptr);
-  spdlog::info("final validation loss {:.4f} nats/token; weights written to {}{}", r.val_loss, out,
+  spdlog::info("final validation loss {:.4f} nats/token; weights written to {}; metrics in {} (`kiln plot {}`){}",
+               r.val_loss, out, o.metrics_log, o.metrics_log,
                r.skipped_steps > 0 ? fmt::format("; {} steps skipped (non-finite)", r.skipped_steps) : "");
   if (tok && tok->kind() == Tokenizer::Kind::Bpe) {  // the tokenizer for Hugging Face tools too
     const std::string json = std::filesystem::path(out).replace_extension(".tokenizer.json").string();

@@ -39,5 +39,6 @@ int cmd_gradcheck(const std::vector<std::string>& args);
 int cmd_dump(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_ptx(const std::vector<std::string>& args);
+int cmd_plot(const std::vector<std::string>& args);
 
 }  // namespace kiln::cli

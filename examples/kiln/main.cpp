@@ -8,6 +8,7 @@
 
 #include "circuit/ir/options.hpp"
 #include "commands.hpp"
+#include "kiln/version.hpp"
 
 namespace {
 
@@ -27,13 +28,14 @@ const std::map<std::string, Command>& commands() {
       {"dump", {kiln::cli::cmd_dump, "logits, loss and gradients of one batch, for checks against other frameworks"}},
       {"gradcheck", {kiln::cli::cmd_gradcheck, "check every parameter's gradient of a small GPT or Llama against finite differences"}},
       {"ptx", {kiln::cli::cmd_ptx, "write the PTX of every kernel of one training step, with an index"}},
+      {"plot", {kiln::cli::cmd_plot, "draw training and validation loss curves of metrics logs as an SVG picture"}},
       {"bench", {kiln::cli::cmd_bench, "time full training steps; compare with the machine's GEMM rate"}},
   };
   return table;
 }
 
 void usage() {
-  std::printf("usage: kiln <command> [options]\n\ncommands:\n");
+  std::printf("usage: kiln <command> [options]\n       kiln --version\n\ncommands:\n");
   for (const auto& [name, c] : commands()) std::printf("  %-8s %s\n", name.c_str(), c.summary);
   std::printf("\n`kiln <command> --help` describes a command's options.\n\nenvironment:\n");
   for (const kiln::options::Variable& v : kiln::options::variables()) std::printf("  %-22s %s\n", v.name, v.meaning);
@@ -45,6 +47,10 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     usage();
     return argc < 2 ? 2 : 0;
+  }
+  if (std::string(argv[1]) == "--version") {
+    std::printf("kiln %s\n", kiln::version_string);
+    return 0;
   }
   auto it = commands().find(argv[1]);
   if (it == commands().end()) {

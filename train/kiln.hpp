@@ -1,0 +1,31 @@
+// The umbrella header of kiln's common API, installed as <kiln/kiln.hpp>: tensors and the engine,
+// the gradient check, the layers and models, optimizers, the trainer, tokenizers, weights files
+// and checkpoints. Narrower headers (<kiln/core/tensor.hpp>, ...) compile faster.
+#pragma once
+
+#include "core/device.hpp"
+#include "core/engine.hpp"
+#include "core/gradcheck.hpp"
+#include "core/tensor.hpp"
+#include "layers/attention.hpp"
+#include "layers/dropout.hpp"
+#include "layers/embedding.hpp"
+#include "layers/gated_mlp.hpp"
+#include "layers/layer_norm.hpp"
+#include "layers/linear.hpp"
+#include "layers/mlp.hpp"
+#include "layers/module.hpp"
+#include "layers/multi_head_attention.hpp"
+#include "layers/rms_norm.hpp"
+#include "models/causal_lm.hpp"
+#include "models/gpt.hpp"
+#include "models/llama.hpp"
+#include "train/adamw.hpp"
+#include "train/checkpoint.hpp"
+#include "train/dataset.hpp"
+#include "train/sample.hpp"
+#include "train/schedule.hpp"
+#include "train/sgd.hpp"
+#include "train/tokenizer.hpp"
+#include "train/trainer.hpp"
+#include "train/weights.hpp"

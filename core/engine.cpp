@@ -48,15 +48,14 @@ void Engine::manual_seed(uint64_t seed) {
   random_counter_ = 0;
 }
 
-void Engine::push_scope(const std::string& name) {
-  scopes_.push_back(name);
-  scope_path_ = scope_path_.empty() ? name : scope_path_ + "." + name;
+void Engine::push_scope(const std::string& name, bool absolute) {
+  scopes_.push_back(scope_path_);
+  scope_path_ = absolute || scope_path_.empty() ? name : scope_path_ + "." + name;
 }
 
 void Engine::pop_scope() {
+  scope_path_ = scopes_.back();
   scopes_.pop_back();
-  scope_path_.clear();
-  for (const auto& s : scopes_) scope_path_ = scope_path_.empty() ? s : scope_path_ + "." + s;
 }
 
 void manual_seed(uint64_t seed) { Engine::current().manual_seed(seed); }

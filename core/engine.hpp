@@ -113,7 +113,7 @@ class Engine {
   uint64_t random_counter() const { return random_counter_; }
   void set_random_counter(uint64_t c) { random_counter_ = c; }
   bool accumulate_gradients = false;
-  void push_scope(const std::string& name);
+  void push_scope(const std::string& name, bool absolute = false);
   void pop_scope();
   const std::string& scope() const { return scope_path_; }
   const EngineStats& stats() const { return stats_; }
@@ -187,7 +187,7 @@ class Engine {
   std::unique_ptr<cuda::ResidentBuffers> resident_;
   uint64_t seed_ = 0x5EED;
   uint64_t random_counter_ = 0;
-  std::vector<std::string> scopes_;
+  std::vector<std::string> scopes_;  // the path before each push
   std::string scope_path_;
 };
 
@@ -195,10 +195,11 @@ class Engine {
 void manual_seed(uint64_t seed);
 
 // Pushes a module path component for the ops recorded in its lifetime ("h.0" then "attn"
-// gives "h.0.attn"), so errors and dumps name the layer.
+// gives "h.0.attn"), so errors and dumps name the layer. An absolute scope replaces the path
+// (a module knows its whole path, "model.layers.1.self_attn", whichever code calls it).
 class Scope {
  public:
-  explicit Scope(const std::string& name) { Engine::current().push_scope(name); }
+  explicit Scope(const std::string& name, bool absolute = false) { Engine::current().push_scope(name, absolute); }
   ~Scope() { Engine::current().pop_scope(); }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;

@@ -75,9 +75,9 @@ void Engine::realize() {
       trace_ = Trace{plan, std::move(rec), {}, device_, runtime_};
       for (const auto& h : live) trace_.results.push_back(h);
     }
-  } catch (...) {
-    spdlog::error("step failed; its pending values are discarded");
-    throw;
+  } catch (const Error& e) {
+    // One error, saying what became of the step, rather than a log line beside it.
+    throw Error(std::string(e.what()) + " (the step's pending values are discarded)");
   }
 }
 
@@ -148,9 +148,9 @@ void Engine::replay(Trace& trace) {
   try {
     execute(*trace.plan, binds, trace.rec.external_slot, live);
     stats_.last_counters = ProcessCounters::now() - before;
-  } catch (...) {
-    spdlog::error("replayed step failed; persistent tensors keep their values from before it");
-    throw;
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (the replayed step is discarded: persistent tensors keep their values from "
+                "before it)");
   }
   last_plan_ = trace.plan;
   ++stats_.replays;

@@ -8,7 +8,7 @@
 namespace kiln::nn {
 
 void Module::check_new_name(const std::string& kind, const std::string& name) const {
-  const std::string where = name_.empty() ? "" : " in module '" + name_ + "'";
+  const std::string where = path_.empty() ? "" : " in module '" + path_ + "'";
   auto fail = [&](const std::string& why) { throw Error(kind + " name '" + name + "'" + where + ": " + why); };
   if (name.empty()) fail("names must not be empty");
   if (name.find('.') != std::string::npos) fail("names must not contain '.' (it separates the parts of a path)");
@@ -82,9 +82,14 @@ void Module::zero_grad() {
   Engine::current().realize();
 }
 
+void Module::set_path(const std::string& path) {
+  path_ = path;
+  for (auto& [name, child] : children_) child->set_path(join(path_, name));
+}
+
 std::optional<Scope> Module::scope() const {
-  if (name_.empty()) return std::nullopt;
-  return std::optional<Scope>(std::in_place, name_);
+  if (path_.empty()) return std::nullopt;
+  return std::optional<Scope>(std::in_place, path_, /*absolute=*/true);
 }
 
 HostTensor normal_init(const Shape& shape, double std, DType dtype) {

@@ -1,8 +1,9 @@
 // Module: the base of every layer, in the libtorch manner. A module owns named parameters
 // (persistent tensors) and named child modules; named_parameters() lists every parameter once
 // under its dotted path ("transformer.h.0.attn.c_attn.weight"), a module's own parameters
-// before its children's (as PyTorch), so a tied parameter appears once, under its first name. forward code runs inside
-// scope(), so the ops it records (and their errors) carry the module's path.
+// before its children's (as PyTorch), so a tied parameter appears once, under its first name.
+// forward code runs inside scope(), so the ops it records (and their errors) carry the module's
+// whole path from the root it is registered under ("model.layers.1.input_layernorm").
 #pragma once
 
 #include <memory>
@@ -29,8 +30,8 @@ class Module {
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     check_new_name("module", name);
-    module->name_ = name;
     children_.emplace_back(name, module);
+    static_cast<Module&>(*module).set_path(join(path_, name));
     return module;
   }
 
@@ -39,6 +40,10 @@ class Module {
   // The parameter at a dotted path; throws kiln::Error naming the path if there is none.
   Tensor parameter(const std::string& path) const;
   size_t num_parameters() const;  // elements, each parameter counted once
+
+  // The dotted path from the root module it is registered under ("model.layers.1"; "" for a
+  // root), the prefix of its parameters' names.
+  const std::string& path() const { return path_; }
 
   void train(bool on = true);
   void eval() { train(false); }
@@ -49,14 +54,19 @@ class Module {
   void zero_grad();
 
  protected:
-  // RAII scope carrying this module's local name while its forward records ops.
+  // RAII scope carrying this module's path while its forward records ops (none for a module
+  // registered nowhere, such as a model's root).
   std::optional<Scope> scope() const;
 
  private:
   void check_new_name(const std::string& kind, const std::string& name) const;
+  // Sets this module's path and its descendants': registration happens bottom-up (a module's
+  // children are registered in its constructor, before it is registered itself).
+  void set_path(const std::string& path);
+  static std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out,
                std::vector<const TensorImpl*>& seen) const;
-  std::string name_;
+  std::string path_;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;

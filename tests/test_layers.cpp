@@ -290,5 +290,48 @@ TEST(ModuleApi, RecordedOpsAndErrorsNameTheLayer) {
   Engine::current().realize();
 }
 
+// A layer called directly, past the containers that hold it (as a model's forward calls
+// model.layers[i]), still names its whole path: the error names every container.
+TEST(ModuleApi, ErrorsNameEveryContainerOfTheLayer) {
+  struct Body : Module {
+    std::shared_ptr<ModuleList<MLP>> layers;
+  };
+  struct Net : Module {
+    std::shared_ptr<Body> model;
+    Net() {
+      model = register_module("model", std::make_shared<Body>());
+      model->layers = model->register_module("layers", std::make_shared<ModuleList<MLP>>());
+      for (int i = 0; i < 2; ++i) model->layers->push_back(std::make_shared<MLP>(4));
+    }
+  } net;
+  EXPECT_EQ((*net.model->layers)[1]->path(), "model.layers.1");
+  try {
+    (*net.model->layers)[1]->forward(Tensor::randn({2, 5}));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in layer 'model.layers.1.c_fc'"), std::string::npos) << e.what();
+  }
+  // A module built first and registered later (bottom-up, as constructors run) gets the path too.
+  auto late = std::make_shared<ModuleList<MLP>>();
+  late->push_back(std::make_shared<MLP>(4));
+  Net outer;
+  outer.model->register_module("extra", late);
+  EXPECT_EQ((*late)[0]->path(), "model.extra.0");
+  Engine::current().realize();
+}
+
+// Messages speak of the user's tensors, not of kiln's internals.
+TEST(ModuleApi, AnAxisOutOfRangeSaysWhichAxesExist) {
+  try {
+    (void)sum(Tensor::randn({2, 3}), 2);
+    FAIL();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("axis 2 is out of range for an input of shape [2, 3] (axes run from -2 to 1)"), std::string::npos) << m;
+    EXPECT_EQ(m.find("builder"), std::string::npos) << m;
+  }
+  Engine::current().realize();
+}
+
 }  // namespace
 }  // namespace kiln::nn

@@ -32,8 +32,9 @@ std::vector<ValueInfo> reduce_shape(const ShapeCtx& ctx, const std::vector<Value
   if (p.ints.size() != 2 || p.ints[0] < 0 || p.ints[0] > 2) ctx.fail("params must be {kind, axis}");
   int axis = static_cast<int>(p.ints[1]);
   if (axis < 0 || axis >= in[0].shape.rank())
-    ctx.fail("axis " + std::to_string(axis) + " out of range for input " + in[0].shape.str() +
-             " (the builder normalizes negative axes)");
+    ctx.fail("axis " + std::to_string(axis) + " is out of range for an input of shape " + in[0].shape.str() +
+             " (axes run from " + std::to_string(-in[0].shape.rank()) + " to " +
+             std::to_string(in[0].shape.rank() - 1) + ")");
   Shape out = in[0].shape;
   out[axis] = 1;
   return {{out, in[0].dtype}};

@@ -17,6 +17,7 @@
 #include "circuit/prims/fused_matmul.hpp"
 #include "circuit/prims/fused_rows.hpp"
 #include "circuit/prims/multi_tensor.hpp"
+#include "cuda/lower/fused_matmul.hpp"
 #include "cuda/lower/util.hpp"
 #include "device_test_util.hpp"
 #include "prim_cases.hpp"
@@ -106,6 +107,57 @@ TEST(Lowering, EveryCaseKernelPassesPtxasWithWideIndices) {
   expect_every_case_passes_ptxas();
 }
 
+// The 128x128 tiles (8x8 outputs a thread), which the GPU takes for large products, forced onto
+// every matmul case (the 64x64 tiles run in the cases above): the simulator against Eigen
+// (sizes that are not multiples of the tile, batches, views, prologues, epilogues, row sums),
+// and ptxas for sm_80 and sm_90 without spills.
+std::vector<LoweringCase> matmul_cases() {
+  std::vector<LoweringCase> out;
+  for (const LoweringCase& lc : cases())
+    if (lc.name.find("matmul") != std::string::npos) out.push_back(lc);
+  return out;
+}
+
+void check_matmul_cases_with_large_tiles(cuda::Runtime& rt) {
+  cuda::ForceMatmulTile large(128);
+  const std::vector<LoweringCase> mm = matmul_cases();
+  EXPECT_GE(mm.size(), 9u);
+  for (const LoweringCase& lc : mm) {
+    SCOPED_TRACE(lc.name);
+    check_case(lc, rt);
+    testing::Harness h(lc.inputs, lc.build, 7);
+    cuda::DeviceProgram dp(h.circuit, {h.output}, rt);
+    EXPECT_NE(dp.dump().find("tile 128x128x16, 256 threads x 8x8"), std::string::npos) << dp.dump();
+  }
+}
+
+TEST(Lowering, MatmulCasesWithLargeTilesMatchEigen) { check_matmul_cases_with_large_tiles(testing::fake_runtime()); }
+
+// T5: the same on a real GPU.
+TEST(Lowering, GpuMatmulCasesWithLargeTilesMatchEigen) {
+  KILN_GPU_OR_SKIP(rt);
+  check_matmul_cases_with_large_tiles(*rt);
+}
+
+TEST(Lowering, MatmulKernelsWithLargeTilesPassPtxasWithoutSpills) {
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  cuda::ForceMatmulTile large(128);
+  std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
+  std::vector<const kir::Kernel*> kernels;
+  for (const LoweringCase& lc : matmul_cases()) {
+    testing::Harness h(lc.inputs, lc.build, 7);
+    programs.push_back(
+        std::make_unique<cuda::DeviceProgram>(h.circuit, std::vector<ValueId>{h.output}, testing::fake_runtime()));
+    for (const auto& k : programs.back()->kernels()) kernels.push_back(k.launch->kernel.get());
+  }
+  testing::expect_ptxas_accepts(kernels);
+  for (const kir::Kernel* k : kernels) {
+    const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
+    EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
+    EXPECT_LE(r.registers, 255) << k->name;
+  }
+}
+
 TEST(Lowering, BadIndexOnTheDeviceIsAnErrorNamingTheOp) {
   std::vector<InputSpec> specs = {f32({5, 3}), i32({4}, 0, 5)};
   testing::Harness h(specs, [](Builder& b, const std::vector<ValueId>& x) { return b.gather_rows(x[0], x[1]); });
@@ -153,7 +205,9 @@ namespace {
 // fragment loads take no more wavefronts than their request phases, whichever operand is
 // contiguous along k (A row-major, B transposed: both are; ta/tb flip them).
 TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
+  for (int tile : {64, 128})
   for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
+    cuda::ForceMatmulTile forced(tile);
     const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
     const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
     testing::Harness h({f32(a), f32(b)},
@@ -166,7 +220,7 @@ TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
     ASSERT_EQ(stats.size(), 1u);
     const auto& [name, s] = *stats.begin();
     EXPECT_GT(s.shared_requests, 0) << name;
-    EXPECT_EQ(s.bank_conflicts, 0) << name << " ta " << ta << " tb " << tb << ": " << s.shared_wavefronts
+    EXPECT_EQ(s.bank_conflicts, 0) << name << " tile " << tile << " ta " << ta << " tb " << tb << ": " << s.shared_wavefronts
                                    << " wavefronts for " << s.shared_requests << " requests";
   }
 }

@@ -27,7 +27,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 17> kVariables = {{
+constexpr std::array<Variable, 18> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -37,6 +37,7 @@ constexpr std::array<Variable, 17> kVariables = {{
     {"KILN_DUMP", "print each plan's recorded and optimized Circuit"},
     {"KILN_CACHE_DIR", "compiled-module disk cache; off: none (default ~/.cache/kiln)"},
     {"KILN_PTX_DUMP", "directory to write every generated kernel's PTX to"},
+    {"KILN_MATMUL_TILE", "GPU matmul tiles, 64 or 128 (default: chosen per shape)"},
     {"KILN_REQUIRE_GPU", "tests: fail instead of skipping when no GPU is usable"},
     {"KILN_REQUIRE_PTXAS", "tests: fail instead of skipping when ptxas is missing"},
     {"KILN_REQUIRE_REFERENCE", "tests: fail instead of skipping without the PyTorch reference"},
@@ -64,6 +65,14 @@ int num_threads() {
   if (*end != '\0' || parsed < 1 || parsed > 4096)
     throw Error(std::string("KILN_NUM_THREADS: expected a thread count from 1 to 4096, received '") + v + "'");
   return static_cast<int>(parsed);
+}
+
+int matmul_tile() {
+  const std::string v = text("KILN_MATMUL_TILE");
+  if (v.empty()) return 0;
+  if (v != "64" && v != "128")
+    throw Error("KILN_MATMUL_TILE: expected 64 or 128 (a matmul tile's rows and columns), received '" + v + "'");
+  return std::stoi(v);
 }
 
 std::vector<std::string> disabled_passes() {

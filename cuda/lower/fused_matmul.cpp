@@ -2,20 +2,28 @@
 // (matmul.cpp) takes too: c(batch..., m, n) = sum over
 // k of prologue(A(batch, m, k)) * prologue(B(batch, n, k)), then each epilogue of (c, extras)
 // stored through the output layout. A plain matmul is the program FusedMatmul::plain describes
-// (its transposes folded into the operands' strides), so both take this one kernel. Tiled in
-// shared memory: a block of 256 threads computes a 64x64 tile of c over K in steps of 16; each
-// thread holds a 4x4 block of accumulators in registers and reads its operands from shared
-// memory as 16-byte vectors. Tiles are loaded through the operand views (the lanes of a warp on
-// 32 rows of one k, so that tile stores meet no bank conflict; see TileLoader) and zero-filled
-// outside the matrix, so no size needs to be a multiple of the tile; a prologue is applied as
-// each element is loaded. Batch dims: grid z walks the logical batch, each operand and output
-// with its own batch strides (0 where an operand broadcasts). FFMA in f32. Row sums of A (a
-// bias gradient) come out of the blocks of the first tile column, from the tiles in shared memory.
+// (its transposes folded into the operands' strides), so both take this one kernel.
+//
+// Tiled in shared memory: a block of 256 threads (16 x 16) computes a tile of c over K in steps
+// of 16, each thread a block of accumulators in registers: 64x64 tiles with 4x4 per thread, or,
+// where the grid has blocks enough to fill the GPU in whole waves (choose_tiling), 128x128 tiles
+// with 8x8 per thread (twice the FFMAs per shared-memory load). A thread's rows are 4x4 quadrants 64 apart
+// (ty*4 + 64q + i), so that its operands are 16-byte vectors and a quarter-warp's fragment loads
+// read 128 contiguous bytes: no bank conflict. Tiles are loaded through the operand views (the
+// lanes of a warp on 32 rows of one k, so that tile stores meet no bank conflict; see
+// TileLoader) and zero-filled outside the matrix, so no size needs to be a multiple of the tile;
+// a prologue is applied as each element is loaded. The next tile's global loads are issued
+// before the current tile's FFMAs (held in registers, stored to shared memory after the
+// barrier), so their latency hides behind the arithmetic. Batch dims: grid z walks the logical
+// batch, each operand and output with its own batch strides (0 where an operand broadcasts). FFMA
+// in f32. Row sums of A (a bias gradient) come out of the blocks of the first tile column, from
+// the tiles in shared memory.
 #include "circuit/prims/fused_matmul.hpp"
 
 #include <spdlog/fmt/fmt.h>
 
 #include "circuit/ir/error.hpp"
+#include "circuit/ir/options.hpp"
 #include "cuda/lower/elementwise.hpp"
 #include "cuda/lower/families.hpp"
 #include "cuda/lower/fused_matmul.hpp"
@@ -30,26 +38,55 @@ using kir::SReg;
 
 namespace {
 
-constexpr int kTileM = 64, kTileN = 64, kTileK = 16, kThreads = 256, kPerThread = 4;
-constexpr int kTileLoads = kTileM * kTileK / kThreads;  // elements of each tile a thread loads
+constexpr int kTileK = 16, kThreads = 256, kQuadrant = 4, kQuadrantSpacing = 64;
+// A block's tile of c (tm x tn) and each thread's share (pm x pn, in 4x4 quadrants).
+struct Tiling {
+  int tm, tn, pm, pn;
+};
+constexpr Tiling kSmallTile{64, 64, 4, 4}, kLargeTile{128, 128, 8, 8};
+// 128x128 tiles take 120-170 registers a thread (ptxas, sm_90; capping them at 128 for two
+// blocks an SM spills), so one block runs on an SM at a time and the grid runs in waves of one
+// block per SM. They are taken where their grid fills at least kLargeTileMinWaveFill of the
+// waves it needs: measured on an H100 (docs/BENCHMARKS.md), 128x128 tiles are about 10% faster
+// than 64x64 on full waves, but a grid of 144 blocks (1.09 waves) ran at 0.74x the 64x64 rate.
+// The lowering does not know the device; kAssumedSms is an H100's count.
+constexpr int64_t kLargeTileMinBlocks = 128, kAssumedSms = 132;
+constexpr double kLargeTileMinWaveFill = 0.8;
+
+int forced_tile = 0;
+
+Tiling choose_tiling(int64_t m, int64_t n, int64_t batch) {
+  const int forced = forced_tile != 0 ? forced_tile : options::matmul_tile();
+  if (forced != 0) return forced == 128 ? kLargeTile : kSmallTile;
+  const int64_t large_blocks = (m + 127) / 128 * ((n + 127) / 128) * batch;
+  const int64_t waves = (large_blocks + kAssumedSms - 1) / kAssumedSms;
+  const bool fills_waves = static_cast<double>(large_blocks) >= kLargeTileMinWaveFill * static_cast<double>(waves * kAssumedSms);
+  return large_blocks >= kLargeTileMinBlocks && fills_waves ? kLargeTile : kSmallTile;
+}
 
 // One operand tile: element (row r, k) of the operand's [rows x K] view, stored in shared
-// memory as tile[k][r] so that a thread's 4 consecutive rows are one 16-byte vector. Stores
-// to a tile must spread a warp's 32 lanes over 32 banks, i.e. over 32 rows of one k:
-//  - an operand with unit stride along its rows: lane l takes row l % 64 of k l / 64 (as many
+// memory as tile[k][r] (tm floats a k) so that a thread's 4 consecutive rows are one 16-byte
+// vector. Stores to a tile must spread a warp's 32 lanes over 32 banks, i.e. over 32 rows of
+// one k:
+//  - an operand with unit stride along its rows: lane l takes row l % tm of k l / tm (as many
 //    slots as it takes), and the lanes' loads coalesce;
-//  - otherwise (k_groups): thread t takes row t % 64 and the 4 consecutive k 4 (t / 64) .. + 3,
-//    with one 16-byte load where those 4 are contiguous and 16-byte aligned (vector_k), else 4
-//    scalar loads of one row. (Lanes that walked along k one float each put 16 lanes of a warp
-//    on one bank: a 16-way conflict on every tile store.)
+//  - otherwise (k_groups): thread t takes row t % tm and groups of 4 consecutive k from
+//    4 (t / tm), one group every 4 * 256 / tm k, with one 16-byte load where those 4 are
+//    contiguous and 16-byte aligned (vector_k), else 4 scalar loads of one row. (Lanes that
+//    walked along k one float each put 16 lanes of a warp on one bank: a 16-way conflict on
+//    every tile store.)
+// `values` are the registers that carry a fetched tile to its store in shared memory.
 struct TileLoader {
   Reg base;  // the operand's batch base address
   const MatmulOperand* view = nullptr;
   bool k_groups = false, vector_k = false;
   int64_t rows = 0, depth = 0;      // the operand's M (or N) and K
+  int tm = 0;                       // rows of the tile
   std::vector<Reg> tile_r, tile_k;  // per load slot: row and k within the tile (index type)
   std::vector<Reg> row_ok;          // per load slot: row0 + r < rows
   std::vector<Reg> smem_addr;       // per load slot: shared address of tile[k][r]
+  std::vector<Reg> values;          // per load slot: 1 value (along rows) or 4 (k groups)
+  int per_slot() const { return k_groups ? 4 : 1; }
 };
 
 bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
@@ -59,24 +96,28 @@ bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
 }
 
 TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, int64_t rows, int64_t depth,
-                       Reg row0, Reg tid, Reg smem) {
-  static_assert(kTileM * kTileK == 4 * kThreads && kTileM == 64 && kTileK == 16);
+                       int tm, Reg row0, Reg tid, Reg smem) {
   const bool along_rows = view.k_stride != 1 && view.row_stride == 1;
-  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth), rows, depth, {}, {}, {}, {}};
+  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth), rows, depth, tm, {}, {}, {}, {},
+               {}};
   auto add_slot = [&](Reg r, Reg k) {
     t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
     t.tile_k.push_back(it == Type::u32 ? k : b.cvt(Type::u64, k));
     t.row_ok.push_back(b.setp(Cmp::lt, t.tile_r.back(), imm_index(it, rows)));
-    t.smem_addr.push_back(b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(kTileM), r), imm_u32(4), smem));
+    t.smem_addr.push_back(b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(static_cast<uint32_t>(tm)), r), imm_u32(4), smem));
+    for (int j = 0; j < t.per_slot(); ++j) t.values.push_back(b.mov(Type::f32, imm_f32(0.0f)));
   };
+  const auto tm32 = static_cast<uint32_t>(tm);
   if (t.k_groups) {
-    add_slot(b.and_(Type::u32, tid, imm_u32(kTileM - 1)),
-             b.mul(Type::u32, b.shr(Type::u32, tid, imm_u32(6)), imm_u32(4)));
+    Reg r = b.rem(Type::u32, tid, imm_u32(tm32));
+    Reg k = b.mul(Type::u32, b.div(Type::u32, tid, imm_u32(tm32)), imm_u32(4));
+    const int groups = tm * kTileK / (4 * kThreads), group_stride = 4 * kThreads / tm;
+    for (int g = 0; g < groups; ++g) add_slot(r, g == 0 ? k : b.add(Type::u32, k, imm_u32(static_cast<uint32_t>(g * group_stride))));
     return t;
   }
-  for (int s = 0; s < kTileLoads; ++s) {
+  for (int s = 0; s < tm * kTileK / kThreads; ++s) {
     Reg l = b.add(Type::u32, tid, imm_u32(static_cast<uint32_t>(s * kThreads)));
-    add_slot(b.rem(Type::u32, l, imm_u32(kTileM)), b.div(Type::u32, l, imm_u32(kTileM)));
+    add_slot(b.rem(Type::u32, l, imm_u32(tm32)), b.div(Type::u32, l, imm_u32(tm32)));
   }
   return t;
 }
@@ -99,38 +140,52 @@ std::vector<Reg> guarded_load(KernelBuilder& b, Reg addr, int vec, Reg ok) {
   return ld.dsts;
 }
 
-// Stores x (loaded where `ok`) at tile address `at` + offset, the prologue applied; outside the
-// matrix the tile holds 0 whatever the prologue makes of 0.
-void store_element(KernelBuilder& b, const MatmulOperand& v, Reg x, Reg ok, Reg at, int64_t offset) {
+// x (loaded where `ok`) with the prologue applied into `value`; outside the matrix the tile
+// holds 0 whatever the prologue makes of 0.
+void keep_element(KernelBuilder& b, const MatmulOperand& v, Reg x, Reg ok, Reg value) {
   if (v.prologue != se::in(0)) x = b.selp(Type::f32, emit_scalar_exp(b, v.prologue, {x}), imm_f32(0.0f), ok);
-  b.st(Space::shared, Type::f32, at, x, offset);
+  b.set(value, x);
 }
 
-void load_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
+// Loads the tile at k0 from global memory into t.values.
+void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
   const MatmulOperand& v = *t.view;
   auto element = [&](Reg r, Reg kg) {  // address of element (r, kg)
     Reg k_part = v.k_stride == 1 ? kg : b.mul(it, kg, imm_index(it, v.k_stride));
     return b.address(t.base, scaled_add(b, it, r, v.row_stride, k_part), 4);
   };
-  if (t.vector_k) {  // K is a multiple of 4: a group of 4 k lies wholly inside the matrix or outside
-    Reg kg = b.add(it, k0, t.tile_k[0]);
-    Reg ok = b.and_(Type::pred, t.row_ok[0], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
-    const std::vector<Reg> x = guarded_load(b, element(t.tile_r[0], kg), 4, ok);
-    for (int j = 0; j < 4; ++j) store_element(b, v, x[static_cast<size_t>(j)], ok, t.smem_addr[0], 4 * j * kTileM);
-    return;
-  }
-  const int slots = t.k_groups ? 4 : kTileLoads;  // k_groups: one slot, 4 consecutive k
-  for (int s = 0; s < slots; ++s) {
-    const size_t slot = t.k_groups ? 0 : static_cast<size_t>(s);
-    Reg kg = b.add(it, k0, t.tile_k[slot]);
-    if (t.k_groups && s > 0) kg = b.add(it, kg, imm_index(it, s));
-    Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
-    Reg x = guarded_load(b, element(t.tile_r[slot], kg), 1, ok)[0];
-    store_element(b, v, x, ok, t.smem_addr[slot], t.k_groups ? 4 * s * kTileM : 0);
+  for (size_t slot = 0; slot < t.tile_r.size(); ++slot) {
+    Reg k_slot = b.add(it, k0, t.tile_k[slot]);
+    if (t.vector_k) {  // K is a multiple of 4: a group of 4 k lies wholly inside the matrix or outside
+      Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, k_slot, imm_index(it, t.depth)));
+      const std::vector<Reg> x = guarded_load(b, element(t.tile_r[slot], k_slot), 4, ok);
+      for (int j = 0; j < 4; ++j) keep_element(b, v, x[static_cast<size_t>(j)], ok, t.values[4 * slot + static_cast<size_t>(j)]);
+      continue;
+    }
+    for (int j = 0; j < t.per_slot(); ++j) {
+      Reg kg = j == 0 ? k_slot : b.add(it, k_slot, imm_index(it, j));
+      Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
+      Reg x = guarded_load(b, element(t.tile_r[slot], kg), 1, ok)[0];
+      keep_element(b, v, x, ok, t.values[static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j)]);
+    }
   }
 }
 
+// Stores the fetched tile into shared memory (k groups: k j of a slot is tm floats further).
+void store_tile(KernelBuilder& b, const TileLoader& t) {
+  for (size_t slot = 0; slot < t.smem_addr.size(); ++slot)
+    for (int j = 0; j < t.per_slot(); ++j)
+      b.st(Space::shared, Type::f32, t.smem_addr[slot],
+           t.values[static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j)], 4 * j * t.tm);
+}
+
 }  // namespace
+
+ForceMatmulTile::ForceMatmulTile(int size) : saved_(forced_tile) {
+  if (size != 64 && size != 128) throw Error("ForceMatmulTile: the tile size is 64 or 128, not " + std::to_string(size));
+  forced_tile = size;
+}
+ForceMatmulTile::~ForceMatmulTile() { forced_tile = saved_; }
 
 LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul& f, const char* prefix) {
   const int64_t M = f.m, N = f.n, K = f.k;
@@ -138,7 +193,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   const Shape batch_shape(f.batch);
   const int nb = static_cast<int>(f.batch.size());
   const int64_t batch = batch_shape.numel();
-  const int64_t grid_m = (M + kTileM - 1) / kTileM, grid_n = (N + kTileN - 1) / kTileN;
+  const Tiling tile = choose_tiling(M, N, batch);
+  const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
   if (batch > 65535 || grid_m > 65535)
     fail(op.prim->name, op.scope,
          "batch " + std::to_string(batch) + " or " + std::to_string(grid_m) +
@@ -166,8 +222,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   Reg tid = b.sreg(SReg::tid_x);
   Reg tx = b.and_(Type::u32, tid, imm_u32(15)), ty = b.shr(Type::u32, tid, imm_u32(4));
   auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
-  Reg m0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_y), imm_u32(kTileM)));
-  Reg n0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_x), imm_u32(kTileN)));
+  Reg m0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_y), imm_u32(static_cast<uint32_t>(tile.tm))));
+  Reg n0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_x), imm_u32(static_cast<uint32_t>(tile.tn))));
 
   // Batch offsets of a, b, the extras and the outputs for logical batch index z.
   Reg z = widen(b.sreg(SReg::ctaid_z));
@@ -187,55 +243,65 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     extra_base[ju] = b.address(p_extra[ju], batch_offset(batch_part, 0), 4);
   }
 
-  Reg as = b.shared_addr(b.shared_array("a_tile", 4 * kTileK * kTileM));
-  Reg bs = b.shared_addr(b.shared_array("b_tile", 4 * kTileK * kTileN));
-  TileLoader la = make_loader(b, it, a_base, f.a, M, K, m0, tid, as);
-  TileLoader lb = make_loader(b, it, b_base, f.b, N, K, n0, tid, bs);
+  Reg as = b.shared_addr(b.shared_array("a_tile", 4 * kTileK * tile.tm));
+  Reg bs = b.shared_addr(b.shared_array("b_tile", 4 * kTileK * tile.tn));
+  TileLoader la = make_loader(b, it, a_base, f.a, M, K, tile.tm, m0, tid, as);
+  TileLoader lb = make_loader(b, it, b_base, f.b, N, K, tile.tn, n0, tid, bs);
 
+  // acc[i * pn + j]: row ty*4 + i (quadrants of 4 rows 64 apart), column tx*4 + j (likewise).
   std::vector<Reg> acc;
-  for (int e = 0; e < kPerThread * kPerThread; ++e) acc.push_back(b.mov(Type::f32, imm_f32(0.0f)));
-  Reg a_frag = b.mad(Type::u32, ty, imm_u32(4 * kPerThread), as);
-  Reg b_frag = b.mad(Type::u32, tx, imm_u32(4 * kPerThread), bs);
+  for (int e = 0; e < tile.pm * tile.pn; ++e) acc.push_back(b.mov(Type::f32, imm_f32(0.0f)));
+  auto thread_offset = [&](int i) { return (i % kQuadrant) + kQuadrantSpacing * (i / kQuadrant); };
+  Reg a_frag = b.mad(Type::u32, ty, imm_u32(4 * kQuadrant), as);
+  Reg b_frag = b.mad(Type::u32, tx, imm_u32(4 * kQuadrant), bs);
   // Row sums of a: the blocks of the first column of tiles see every k of their rows; thread r
-  // < 64 adds row r of each a tile (prologue applied, zero past K) in order of k.
+  // < tm adds row r of each a tile (prologue applied, zero past K) in order of k.
   Reg sums_here, row_sum, row_sum_smem;
   if (f.a_row_sums) {
-    sums_here =
-        b.and_(Type::pred, b.setp(Cmp::eq, b.sreg(SReg::ctaid_x), imm_u32(0)), b.setp(Cmp::lt, tid, imm_u32(kTileM)));
+    sums_here = b.and_(Type::pred, b.setp(Cmp::eq, b.sreg(SReg::ctaid_x), imm_u32(0)),
+                       b.setp(Cmp::lt, tid, imm_u32(static_cast<uint32_t>(tile.tm))));
     row_sum = b.mov(Type::f32, imm_f32(0.0f));
     row_sum_smem = b.mad(Type::u32, tid, imm_u32(4), as);
   }
+  fetch_tile(b, it, la, b.mov(it, imm_index(it, 0)));
+  fetch_tile(b, it, lb, b.mov(it, imm_index(it, 0)));
   b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kTileK), [&](Reg k0) {
-    load_tile(b, it, la, k0);
-    load_tile(b, it, lb, k0);
+    store_tile(b, la);
+    store_tile(b, lb);
     b.bar();
     if (f.a_row_sums)
       b.if_(sums_here, [&] {
         for (int kk = 0; kk < kTileK; ++kk)
-          b.assign(kir::Opc::Add, row_sum, {row_sum, b.ld(Space::shared, Type::f32, row_sum_smem, 4 * kk * kTileM)});
+          b.assign(kir::Opc::Add, row_sum, {row_sum, b.ld(Space::shared, Type::f32, row_sum_smem, 4 * kk * tile.tm)});
       });
+    // The next tile's loads are in flight during this tile's FFMAs (zero past K: no load).
+    Reg next = b.add(it, k0, imm_index(it, kTileK));
+    fetch_tile(b, it, la, next);
+    fetch_tile(b, it, lb, next);
     for (int kk = 0; kk < kTileK; ++kk) {
-      std::vector<Reg> av = b.ld_vec(Space::shared, Type::f32, a_frag, 4, 4 * kk * kTileM);
-      std::vector<Reg> bv = b.ld_vec(Space::shared, Type::f32, b_frag, 4, 4 * kk * kTileN);
-      for (int i = 0; i < kPerThread; ++i)
-        for (int j = 0; j < kPerThread; ++j)
-          b.assign(
-              kir::Opc::Fma, acc[static_cast<size_t>(i * kPerThread + j)],
-              {av[static_cast<size_t>(i)], bv[static_cast<size_t>(j)], acc[static_cast<size_t>(i * kPerThread + j)]});
+      std::vector<Reg> av, bv;
+      for (int q = 0; q < tile.pm / kQuadrant; ++q)
+        for (Reg r : b.ld_vec(Space::shared, Type::f32, a_frag, 4, 4 * (kk * tile.tm + q * kQuadrantSpacing))) av.push_back(r);
+      for (int q = 0; q < tile.pn / kQuadrant; ++q)
+        for (Reg r : b.ld_vec(Space::shared, Type::f32, b_frag, 4, 4 * (kk * tile.tn + q * kQuadrantSpacing))) bv.push_back(r);
+      for (int i = 0; i < tile.pm; ++i)
+        for (int j = 0; j < tile.pn; ++j)
+          b.assign(kir::Opc::Fma, acc[static_cast<size_t>(i * tile.pn + j)],
+                   {av[static_cast<size_t>(i)], bv[static_cast<size_t>(j)], acc[static_cast<size_t>(i * tile.pn + j)]});
     }
     b.bar();
   });
   // Epilogue: per element in bounds, the extras at its logical coordinates, then each output.
-  Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kPerThread))));
-  Reg col0 = b.add(it, n0, widen(b.mul(Type::u32, tx, imm_u32(kPerThread))));
-  for (int i = 0; i < kPerThread; ++i) {
-    Reg row = b.add(it, row0, imm_index(it, i));
+  Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kQuadrant))));
+  Reg col0 = b.add(it, n0, widen(b.mul(Type::u32, tx, imm_u32(kQuadrant))));
+  for (int i = 0; i < tile.pm; ++i) {
+    Reg row = b.add(it, row0, imm_index(it, thread_offset(i)));
     Reg row_ok = b.setp(Cmp::lt, row, imm_index(it, M));
-    for (int j = 0; j < kPerThread; ++j) {
-      Reg col = b.add(it, col0, imm_index(it, j));
+    for (int j = 0; j < tile.pn; ++j) {
+      Reg col = b.add(it, col0, imm_index(it, thread_offset(j)));
       Reg ok = b.and_(Type::pred, row_ok, b.setp(Cmp::lt, col, imm_index(it, N)));
       b.if_(ok, [&] {
-        std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras), acc[static_cast<size_t>(i * kPerThread + j)]);
+        std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras), acc[static_cast<size_t>(i * tile.pn + j)]);
         for (int x : read_extras) {
           const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
           Reg at = b.mul(it, row, imm_index(it, st[static_cast<size_t>(nb)]));
@@ -266,8 +332,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   lo.launches.push_back(finish_launch(
       b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},
       {kThreads, 1, 1}, std::move(args)));
-  lo.summary = fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs, {}", op.prim->name, kTileM, kTileN, kTileK,
-                           kThreads, kPerThread, kPerThread, launch_text(lo.launches.back()));
+  lo.summary = fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs, {}", op.prim->name, tile.tm, tile.tn, kTileK,
+                           kThreads, tile.pm, tile.pn, launch_text(lo.launches.back()));
   return lo;
 }
 

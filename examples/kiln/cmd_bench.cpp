@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "bench_gemm.hpp"
 #include "circuit/exec/executor.hpp"
 #include "circuit/exec/thread_governor.hpp"
 #include "circuit/prims/builder.hpp"
@@ -85,6 +86,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
          with_thread_flag(with_model_flags({{"batch", "sequences per step (default 16)"},
                                             {"steps", "timed steps (default 20)"},
                                             {"device", "cpu (default), cuda or auto"},
+                                            {"gemm",
+                                             "time kiln's matmul alone instead: comma-separated N (N^3) or MxNxK "
+                                             "shapes, e.g. 1024,4096,8192x2304x768"},
                                             {"skip-non-finite",
                                              "guard AdamW's update with the loss's and gradient norm's finiteness, as "
                                              "kiln train does"}},
@@ -100,6 +104,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int64_t batch = a.integer("batch", 16, 1), steps = a.integer("steps", 20, 1);
   const Device device = parse_device(a.str("device", "cpu"));
   Engine::current().set_device(device);
+  if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps);
   manual_seed(1);
   std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a);
   models::CausalLM& model = *model_ptr;

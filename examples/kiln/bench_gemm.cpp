@@ -1,0 +1,83 @@
+// bench_gemm: c = a b of random f32 operands resident where the step runs (parameters), traced
+// once and replayed; each run's time is the engine's device-work time (first launch to the
+// synchronize after the last), which covers the product and a sum of it (the value read back),
+// a pass over m n floats that the rate below counts as part of the product's time.
+#include "bench_gemm.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "circuit/ir/error.hpp"
+#include "core/engine.hpp"
+#include "core/traced_step.hpp"
+
+namespace kiln::cli {
+
+namespace {
+struct GemmShape {
+  int64_t m, n, k;
+};
+
+std::vector<GemmShape> parse_shapes(const std::string& spec) {
+  std::vector<GemmShape> out;
+  size_t start = 0;
+  while (start <= spec.size()) {
+    const size_t end = std::min(spec.find(',', start), spec.size());
+    const std::string item = spec.substr(start, end - start);
+    std::vector<int64_t> dims;
+    size_t p = 0;
+    while (p < item.size()) {
+      size_t used = 0;
+      long long v = 0;
+      try {
+        v = std::stoll(item.substr(p), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || v < 1) throw Error("--gemm: expected N or MxNxK with positive sizes, received '" + item + "'");
+      dims.push_back(v);
+      p += used;
+      if (p < item.size() && item[p] == 'x') ++p;
+    }
+    if (dims.size() == 1) out.push_back({dims[0], dims[0], dims[0]});
+    else if (dims.size() == 3) out.push_back({dims[0], dims[1], dims[2]});
+    else throw Error("--gemm: expected N or MxNxK, received '" + item + "'");
+    start = end + 1;
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+}  // namespace
+
+int bench_gemm(const std::string& spec, int64_t runs) {
+  const std::vector<GemmShape> shapes = parse_shapes(spec);
+  manual_seed(1);
+  for (const GemmShape& s : shapes) {
+    const std::string tag = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
+    Tensor a = Tensor::parameter("gemm_a_" + tag, Tensor::randn({s.m, s.k}).to_host(), false);
+    Tensor b = Tensor::parameter("gemm_b_" + tag, Tensor::randn({s.k, s.n}).to_host(), false);
+    TracedStep step({}, [&] {
+      Tensor total = sum(matmul(a, b));
+      Engine::current().realize();
+      return std::vector<Tensor>{total};
+    });
+    for (int i = 0; i < 3; ++i) step.run({})[0].item();  // warm up
+    std::vector<double> ms;
+    for (int64_t i = 0; i < runs; ++i) {
+      step.run({})[0].item();
+      ms.push_back(Engine::current().stats().last_work_ms);
+    }
+    const double t = median(ms), flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
+    std::printf("gemm %lld x %lld x %lld (m n k), f32: %.3f ms median of %lld -> %.1f TFLOP/s\n",
+                static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), t,
+                static_cast<long long>(runs), flops / (t / 1000) / 1e12);
+  }
+  return 0;
+}
+
+}  // namespace kiln::cli

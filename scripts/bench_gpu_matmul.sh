@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On a GPU machine, from the repository root, with a bundle made as gpu-check.sh's header says
+# (gpu-bundle/ with bin/kiln, bin/kiln_tests and reference/): checks kiln's matmul kernels on the
+# device (both tilings against Eigen, the GPT steps against PyTorch), then times them beside
+# cuBLAS through PyTorch on the same shapes, and a GPT-2-small step beside PyTorch eager, in one
+# sitting. Prints a table of lines to copy into docs/BENCHMARKS.md.
+set -uo pipefail
+bundle=${1:-gpu-bundle}
+run="$bundle/run"
+shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,8192x50257x768}
+gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
+echo "== tests"
+KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE=1 "$run" "$bundle/bin/kiln_tests" \
+  --gtest_filter='*GpuMatchesEigen/*matmul*:Lowering.Gpu*:GpuGpt.*:GpuGraphReplay.*' 2>&1 | grep -E '^\[  (PASSED|FAILED|SKIPPED) \]|Failure' | head -20
+for tile in auto 64 128; do
+  echo "== kiln gemm, tiles: $tile"
+  env KILN_MATMUL_TILE=${tile/auto/} "$run" "$bundle/bin/kiln" bench --device cuda \
+    --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
+done
+echo "== torch gemm"
+python3 scripts/bench_torch_gemm.py "$shapes" --dtypes f32,bf16 2>&1 | grep -E 'gemm|rror'
+echo "== GPT-2 small step"
+for tile in auto 64; do
+  echo "-- kiln, tiles: $tile"
+  env KILN_MATMUL_TILE=${tile/auto/} "$run" "$bundle/bin/kiln" bench --device cuda "${gpt2[@]}" --steps 10 2>&1 \
+    | grep -E 'step \(traced|FLOPs|rror'
+done
+python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile 2>&1 | grep -E 'step|rror'
+echo "== default config step"
+"$run" "$bundle/bin/kiln" bench --device cuda --steps 20 2>&1 | grep -E 'step \(traced|rror'

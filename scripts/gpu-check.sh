@@ -409,7 +409,7 @@ stage_tests() {
   # steps against PyTorch and the CPU, graph replay against launch by launch.
   # KILN_REQUIRE_GPU=1: a GPU-tier test that finds no GPU fails instead of skipping.
   run gpu-tier 360 env KILN_REQUIRE_GPU=1 ${reference_env[@]+"${reference_env[@]}"} "${tests[@]}" \
-    --gtest_filter='*GpuMatchesEigen/*:Lowering.Gpu*:GpuRuntime.*:GpuGpt.*:GpuGraphReplay.*' \
+    --gtest_filter='*GpuMatchesEigen/*:Lowering.Gpu*:Mma.Gpu*:GpuRuntime.*:GpuGpt.*:GpuGraphReplay.*' \
     --gtest_output="xml:$work/logs/gpu-tier.xml"
   grep -q -E '^\[  PASSED  \] [1-9]' "$out" || failures+=("gpu-tier: no test passed (no usable GPU?)")
   {

@@ -27,12 +27,22 @@ const char* sreg_name(SReg s) {
   return kNames[static_cast<int>(s)];
 }
 
+const char* mma_shape_name(MmaShape s) {
+  switch (s) {
+    case MmaShape::m16n8k8_tf32: return "m16n8k8.row.col.f32.tf32.tf32.f32";
+    case MmaShape::m16n8k16_bf16: return "m16n8k16.row.col.f32.bf16.bf16.f32";
+    case MmaShape::m16n8k16_f16: return "m16n8k16.row.col.f32.f16.f16.f32";
+  }
+  return "?";
+}
+
 const char* opc_name(Opc op) {
   static const char* kNames[] = {
       "mov",         "add", "sub", "mul",      "mul.hi",   "mul.wide",  "mad",  "fma",      "div", "rem",      "min",
       "max",         "neg", "abs", "and",      "or",       "xor",       "not",  "shl",      "shr", "setp",     "selp",
       "cvt",         "ex2", "lg2", "rcp",      "rsqrt",    "sqrt",      "tanh", "sin",      "cos", "ld.param", "sreg",
-      "shared.addr", "ld",  "st",  "atom.add", "bar.sync", "shfl.sync", "ret",  "membar.gl"};
+      "shared.addr", "ld",  "st",  "atom.add", "bar.sync", "shfl.sync", "ret",  "membar.gl",
+      "mma.sync"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -243,6 +253,17 @@ struct Checker {
         break;
       case Opc::Ret: exit_seen = true; break;
       case Opc::Membar: break;
+      case Opc::Mma: {
+        nsrc(10);
+        if (in.dsts.size() != 4) fail(in, "mma writes 4 f32 accumulators");
+        for (Reg r : in.dsts)
+          if (r.type != Type::f32) fail(in, "mma's accumulators are f32");
+        const Type ab = in.mma == MmaShape::m16n8k8_tf32 ? Type::f32 : Type::u32;
+        for (size_t i = 0; i < 6; ++i) type_is(in, in.srcs[i], ab, i < 4 ? "A fragment" : "B fragment");
+        for (size_t i = 6; i < 10; ++i) type_is(in, in.srcs[i], Type::f32, "C fragment");
+        if (exit_seen) fail(in, "a thread may have exited before this mma.sync (guard the work with an if instead)");
+        break;
+      }
     }
   }
   void body(const std::vector<Stmt>& stmts) {
@@ -250,6 +271,7 @@ struct Checker {
       switch (s.kind) {
         case Stmt::Kind::Instr:
           if (s.guard.valid() && s.guard.type != Type::pred) fail(s.instr, "guard must be a predicate");
+          if (s.guard.valid() && s.instr.op == Opc::Mma) fail(s.instr, "mma.sync takes the whole warp: no guard");
           instr(s.instr);
           break;
         case Stmt::Kind::If:
@@ -491,6 +513,21 @@ Reg KernelBuilder::shfl(ShflMode m, Operand value, Operand lane_or_delta, Operan
   in.srcs = {value, lane_or_delta, clamp};
   Reg d = reg(value.type);
   in.dsts = {d};
+  emit(std::move(in));
+  return d;
+}
+
+std::vector<Reg> KernelBuilder::mma(MmaShape shape, const std::vector<Operand>& a, const std::vector<Operand>& b,
+                                    const std::vector<Operand>& c) {
+  Instr in;
+  in.op = Opc::Mma;
+  in.type = Type::f32;
+  in.mma = shape;
+  in.srcs = a;
+  in.srcs.insert(in.srcs.end(), b.begin(), b.end());
+  in.srcs.insert(in.srcs.end(), c.begin(), c.end());
+  for (int i = 0; i < 4; ++i) in.dsts.push_back(reg(Type::f32));
+  std::vector<Reg> d = in.dsts;
   emit(std::move(in));
   return d;
 }

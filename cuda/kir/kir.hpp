@@ -65,6 +65,13 @@ const char* sreg_name(SReg s);  // "%tid.x", ...
 
 enum class Cmp : uint8_t { eq, ne, lt, le, gt, ge };
 enum class ShflMode : uint8_t { down, up, bfly, idx };  // bfly is PTX's name for xor
+// The warp-level matrix products of Opc::Mma, with f32 accumulators (C and D: 4 f32 a lane):
+//  m16n8k8_tf32:  A 16x8, B 8x8 of tf32 (f32 registers, 4 and 2 a lane; the low 13 mantissa
+//                 bits are not read: round with cvt.rna.tf32 first where that matters);
+//  m16n8k16_bf16, m16n8k16_f16: A 16x16, B 16x8, two 16-bit values packed in each u32 register
+//                 (4 and 2 a lane; the lower-numbered element in the low half).
+enum class MmaShape : uint8_t { m16n8k8_tf32, m16n8k16_bf16, m16n8k16_f16 };
+const char* mma_shape_name(MmaShape s);  // "m16n8k8.row.col.f32.tf32.tf32.f32", ...
 enum class Space : uint8_t { global, shared };
 
 // Opcodes. Types: `type` is the operation type (PTX's instruction type suffix).
@@ -113,6 +120,9 @@ enum class Opc : uint8_t {
   Shfl,        // dst = shfl.sync.mode.b32(a, b = lane/delta, c = clamp), full mask 0xffffffff
   Ret,         // the thread exits
   Membar,      // membar.gl: this thread's earlier global writes are seen by the whole GPU before its later ones
+  // mma.sync.aligned (full warp, row-major A, column-major B): D = A B + C on one warp's tile,
+  // each lane holding the fragments the PTX ISA's layout tables assign it (KernelBuilder::mma).
+  Mma,
 };
 const char* opc_name(Opc op);
 
@@ -124,6 +134,7 @@ struct Instr {
   std::vector<Operand> srcs;  // a, b, c; for St: address, then values
   Cmp cmp = Cmp::eq;
   ShflMode shfl = ShflMode::down;
+  MmaShape mma = MmaShape::m16n8k8_tf32;  // Mma: dsts D[4]; srcs A[4], B[2], C[4]
   SReg sreg = SReg::tid_x;
   Space space = Space::global;
   int32_t param = 0;   // LdParam
@@ -238,6 +249,10 @@ class KernelBuilder {
   Reg atom_add(Space s, Type t, Operand addr, Operand value, int64_t offset = 0);
   void bar();
   Reg shfl(ShflMode m, Operand value, Operand lane_or_delta, Operand clamp = imm_u32(31));
+  // D = A B + C for the warp (every lane must take part): a[4], b[2] (f32 for tf32, u32 packed
+  // pairs for bf16/f16), c[4] f32; returns D's 4 f32 registers of this lane.
+  std::vector<Reg> mma(MmaShape shape, const std::vector<Operand>& a, const std::vector<Operand>& b,
+                       const std::vector<Operand>& c);
   void ret();
   void membar();  // membar.gl
 

@@ -140,7 +140,10 @@ class Printer {
       switch (s.kind) {
         case Stmt::Kind::Instr: {
           std::string guard = s.guard.valid() ? (s.negate ? "@!" : "@") + reg(s.guard) + " " : "";
-          line(guard + instr(s.instr));
+          if (s.instr.op == Opc::Mma)
+            out_ += "\t" + instr(s.instr) + "\n";  // a braced block of its own (no guard: check() refuses one)
+          else
+            line(guard + instr(s.instr));
           break;
         }
         case Stmt::Kind::If: {
@@ -247,6 +250,16 @@ class Printer {
       case Opc::Shfl: return ops(std::string("shfl.sync.") + shfl_name(in.shfl) + ".b32") + ", -1";
       case Opc::Ret: return "ret";
       case Opc::Membar: return "membar.gl";
+      case Opc::Mma: {
+        // ptxas takes A and B only in .b32 registers (not .u32 or .f32 ones): they are moved into
+        // .b32 registers of a scope of their own.
+        if (in.srcs.size() != 10) throw Error("print_ptx: mma takes 10 sources: " + describe(k_, in));
+        std::string s = "{\n\t.reg .b32 %mma<6>;\n";
+        for (int i = 0; i < 6; ++i) s += "\tmov.b32 %mma" + std::to_string(i) + ", " + opnd(in.srcs[static_cast<size_t>(i)]) + ";\n";
+        return s + "\tmma.sync.aligned." + mma_shape_name(in.mma) + " " + elements(in.dsts, 0) +
+               ", {%mma0, %mma1, %mma2, %mma3}, {%mma4, %mma5}, " +
+               elements(std::vector<Operand>(in.srcs.begin() + 6, in.srcs.end()), 0) + ";\n\t}";
+      }
     }
     throw Error("print_ptx: unknown opcode in kernel " + k_.name);
   }

@@ -22,6 +22,8 @@ namespace kiln::sim {
 enum class Code : uint16_t {
   // Control: Bra/BrTrue/BrFalse jump to `imm`; BrTrue/BrFalse test slot `a`.
   Bra, BrTrue, BrFalse, Exit, Bar, Shfl, Fence,
+  // A warp's matrix product (mma.sync): aux = kir::MmaShape; vslots from b: D[4], A[4], B[2], C[4].
+  Mma,
   // Moves: Mov copies a slot (also zero-extending cvt and shared addresses); Selp: d = c ? a : b.
   Mov, Selp, LdParam, Sreg,
   // 32-bit integers (u32 and s32 share the wrapping ops).

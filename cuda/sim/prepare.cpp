@@ -285,6 +285,13 @@ class Flattener {
         break;
       case Opc::Ret: op.code = Code::Exit; break;
       case Opc::Membar: op.code = Code::Fence; break;  // orders global memory (simulator.hpp)
+      case Opc::Mma:
+        op.code = Code::Mma;
+        op.aux = static_cast<uint8_t>(in.mma);
+        op.b = static_cast<uint32_t>(out_.vslots.size());
+        for (Reg r : in.dsts) out_.vslots.push_back(reg_slot(r));
+        for (const auto& s : in.srcs) out_.vslots.push_back(slot(s));
+        break;
     }
     if (op.code == Code::Half) {
       op.aux = static_cast<uint8_t>(in.op);

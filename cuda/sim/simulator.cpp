@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -311,6 +312,11 @@ class Executor {
       if (b.pc[first + l] != b.pc[first]) fail_divergent_shuffle(w);
     b.warp_waiting[w] = 0;
     const Op& op = k_.code[b.pc[first]];
+    if (op.code == Code::Mma) {
+      complete_mma(first, op);
+      for (uint32_t l = 0; l < kWarp; ++l) resume_after_warp_op(first + l);
+      return;
+    }
     uint32_t value[kWarp];
     for (uint32_t l = 0; l < kWarp; ++l) value[l] = static_cast<uint32_t>(reg(first + l)[op.a]);
     // PTX's shfl.sync: c packs the clamp value (bits 0-4) and the segment mask (bits 8-12).
@@ -340,10 +346,61 @@ class Executor {
           break;
       }
       r[op.d] = value[ok ? j : lane];
-      ++b.pc[first + l];
-      b.state[first + l] = State::ready;
-      b.since_sync[first + l] = 0;
-      b.ready.push_back(first + l);
+      resume_after_warp_op(first + l);
+    }
+  }
+
+  void resume_after_warp_op(uint32_t t) {
+    BlockRun& b = *cur_;
+    ++b.pc[t];
+    b.state[t] = State::ready;
+    b.since_sync[t] = 0;
+    b.ready.push_back(t);
+  }
+
+  // mma.sync for the warp from lane `first`: gathers A, B and C from the lanes' fragments by the
+  // PTX ISA's layout tables (groupID g = lane / 4, thread-in-group q = lane % 4), computes
+  // D = A B + C exactly in double and rounds each element once to f32, and scatters D back.
+  // Tensor cores sum in another order and round otherwise: results on a GPU differ within f32
+  // accumulation error (exact for the small integers of the known-answer tests).
+  void complete_mma(uint32_t first, const Op& op) {
+    const auto shape = static_cast<kir::MmaShape>(op.aux);
+    const bool tf32 = shape == kir::MmaShape::m16n8k8_tf32;
+    const int depth = tf32 ? 8 : 16;
+    const uint32_t* s = k_.vslots.data() + op.b;  // D[4], A[4], B[2], C[4]
+    auto half = [&](uint32_t bits16) {
+      return shape == kir::MmaShape::m16n8k16_f16 ? f16_to_float(static_cast<uint16_t>(bits16))
+                                                  : bf16_to_float(static_cast<uint16_t>(bits16));
+    };
+    auto as_f32 = [](uint64_t slot) { return std::bit_cast<float>(static_cast<uint32_t>(slot)); };
+    double a[16][16] = {}, bm[16][8] = {}, c[16][8] = {};
+    for (uint32_t l = 0; l < kWarp; ++l) {
+      const uint64_t* r = reg(first + l);
+      const int g = static_cast<int>(l / 4), q = static_cast<int>(l % 4);
+      for (int i = 0; i < 4; ++i) c[g + 8 * (i / 2)][2 * q + i % 2] = as_f32(r[s[10 + i]]);
+      if (tf32) {
+        // tf32 reads the sign, exponent and top 10 mantissa bits of each f32.
+        auto t = [&](uint64_t slot) { return std::bit_cast<float>(static_cast<uint32_t>(slot) & 0xffffe000u); };
+        for (int i = 0; i < 4; ++i) a[g + 8 * (i % 2)][q + 4 * (i / 2)] = t(r[s[4 + i]]);
+        for (int i = 0; i < 2; ++i) bm[q + 4 * i][g] = t(r[s[8 + i]]);
+      } else {
+        for (int i = 0; i < 4; ++i)
+          for (int h = 0; h < 2; ++h)  // register i holds elements 2i (low half) and 2i + 1
+            a[g + 8 * (i % 2)][2 * q + h + 8 * (i / 2)] = half(static_cast<uint32_t>(r[s[4 + i]] >> (16 * h)) & 0xffffu);
+        for (int i = 0; i < 2; ++i)
+          for (int h = 0; h < 2; ++h)
+            bm[2 * q + h + 8 * i][g] = half(static_cast<uint32_t>(r[s[8 + i]] >> (16 * h)) & 0xffffu);
+      }
+    }
+    for (uint32_t l = 0; l < kWarp; ++l) {
+      uint64_t* r = reg(first + l);
+      const int g = static_cast<int>(l / 4), q = static_cast<int>(l % 4);
+      for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i / 2), col = 2 * q + i % 2;
+        double sum = c[row][col];
+        for (int k = 0; k < depth; ++k) sum += a[row][k] * bm[k][col];
+        r[s[i]] = std::bit_cast<uint32_t>(static_cast<float>(sum));
+      }
     }
   }
 
@@ -629,7 +686,7 @@ class Executor {
   [[noreturn]] void fail_divergent_shuffle(uint32_t w) const {
     const uint32_t first = w * kWarp, end = std::min(first + kWarp, nthreads_);
     std::string msg = "simulator: divergent shuffle " + where() + ", warp " + std::to_string(w) +
-                      ": not all 32 lanes reach the same shfl.sync (full mask): " + groups(first, end);
+                      ": not all 32 lanes reach the same shfl.sync or mma.sync (full mask): " + groups(first, end);
     if (end - first < kWarp)
       msg += "; lanes " + std::to_string(end - first) + "-31 do not exist (the block has " + std::to_string(nthreads_) +
              " threads)";
@@ -704,6 +761,7 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
         ++blk.at_bar;
         goto stop;
       case Code::Shfl:
+      case Code::Mma:
         blk.state[t] = State::at_shfl;
         if (blk.warp_waiting[t / kWarp]++ == 0) blk.pending_warps.push_back(t / kWarp);
         goto stop;

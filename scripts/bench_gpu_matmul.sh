@@ -11,20 +11,24 @@ shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,8
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
 echo "== tests"
 KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE=1 "$run" "$bundle/bin/kiln_tests" \
-  --gtest_filter='*GpuMatchesEigen/*matmul*:Lowering.Gpu*:GpuGpt.*:GpuGraphReplay.*' 2>&1 | grep -E '^\[  (PASSED|FAILED|SKIPPED) \]|Failure' | head -20
-for tile in auto 64 128; do
+  --gtest_filter='*GpuMatchesEigen/*matmul*:Lowering.Gpu*:Mma.Gpu*:GpuGpt.*:GpuGraphReplay.*' 2>&1 | tail -n 3
+for tile in ${KILN_GEMM_TILES:-auto 64 128}; do
   echo "== kiln gemm, tiles: $tile"
   env KILN_MATMUL_TILE=${tile/auto/} "$run" "$bundle/bin/kiln" bench --device cuda \
     --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
 done
+echo "== kiln gemm, KILN_ALLOW_TF32=1"
+KILN_ALLOW_TF32=1 "$run" "$bundle/bin/kiln" bench --device cuda --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
 echo "== torch gemm"
-python3 scripts/bench_torch_gemm.py "$shapes" --dtypes f32,bf16 2>&1 | grep -E 'gemm|rror'
+python3 scripts/bench_torch_gemm.py "$shapes" --dtypes f32,tf32,bf16 2>&1 | grep -E 'gemm|rror'
 echo "== GPT-2 small step"
-for tile in auto 64; do
-  echo "-- kiln, tiles: $tile"
-  env KILN_MATMUL_TILE=${tile/auto/} "$run" "$bundle/bin/kiln" bench --device cuda "${gpt2[@]}" --steps 10 2>&1 \
+for tf32 in 0 1; do
+  echo "-- kiln, KILN_ALLOW_TF32=$tf32"
+  env KILN_ALLOW_TF32=$tf32 "$run" "$bundle/bin/kiln" bench --device cuda "${gpt2[@]}" --steps 10 2>&1 \
     | grep -E 'step \(traced|FLOPs|rror'
 done
+echo "-- PyTorch eager, f32 then TF32"
 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile 2>&1 | grep -E 'step|rror'
+python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile --tf32 2>&1 | grep -E 'step|rror'
 echo "== default config step"
 "$run" "$bundle/bin/kiln" bench --device cuda --steps 20 2>&1 | grep -E 'step \(traced|rror'

@@ -2,8 +2,8 @@
 
     python3 scripts/bench_torch_gemm.py 1024,4096,8192x2304x768 [--dtypes f32,bf16] [--runs 20]
 
-f32 with TF32 off (as kiln's f32 matmuls) and, with bf16 in --dtypes, bf16 operands with f32
-accumulation (torch's default for bf16 matmuls). Median of CUDA-event times after a warm-up,
+f32 with TF32 off (as kiln's f32 matmuls); tf32: f32 with TF32 on (as KILN_ALLOW_TF32=1); bf16:
+bf16 operands with f32 accumulation (torch's default for bf16 matmuls). Median of CUDA-event times after a warm-up,
 on random data (never zeros).
 """
 import argparse
@@ -25,10 +25,10 @@ def main():
     p.add_argument("--dtypes", default="f32")
     p.add_argument("--runs", type=int, default=20)
     a = p.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    names = {"f32": torch.float32, "bf16": torch.bfloat16}
+    names = {"f32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}
     for m, n, k in shapes(a.shapes):
         for dt in a.dtypes.split(","):
+            torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
             x = torch.randn(m, k, device="cuda", dtype=names[dt])
             y = torch.randn(k, n, device="cuda", dtype=names[dt])
             for _ in range(3):

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 
 #include "circuit/exec/executor.hpp"
 #include "circuit/ir/error.hpp"
@@ -139,8 +140,32 @@ TEST(Lowering, GpuMatmulCasesWithLargeTilesMatchEigen) {
   check_matmul_cases_with_large_tiles(*rt);
 }
 
-TEST(Lowering, MatmulKernelsWithLargeTilesPassPtxasWithoutSpills) {
-  KILN_REQUIRE_PTXAS_OR_SKIP();
+// The tf32 tensor-core kernel (KILN_ALLOW_TF32=1) forced onto every matmul case. tf32 keeps 10
+// of f32's 23 mantissa bits and mma.sync reads operands truncated to them: each product is off
+// by at most 2^-9 relative (both operands), so the norm-relative error of a sum of products
+// stays under 2^-9 ~ 2e-3 (cancellation aside); measured on these cases 6.8-7.0e-4. A wrong
+// fragment or accumulator mapping gives errors near 1.
+void check_matmul_cases_on_tf32_tensor_cores(cuda::Runtime& rt) {
+  cuda::ForceMatmulTile large(128);
+  cuda::ForceTf32Matmuls tf32;
+  for (LoweringCase lc : matmul_cases()) {
+    SCOPED_TRACE(lc.name);
+    lc.tolerance = 2e-3;
+    check_case(lc, rt);
+    testing::Harness h(lc.inputs, lc.build, 7);
+    cuda::DeviceProgram dp(h.circuit, {h.output}, rt);
+    EXPECT_NE(dp.dump().find("mma.sync tf32"), std::string::npos) << dp.dump();
+  }
+}
+
+TEST(Lowering, MatmulCasesOnTf32TensorCoresMatchEigen) { check_matmul_cases_on_tf32_tensor_cores(testing::fake_runtime()); }
+
+TEST(Lowering, GpuMatmulCasesOnTf32TensorCoresMatchEigen) {
+  KILN_GPU_OR_SKIP(rt);
+  check_matmul_cases_on_tf32_tensor_cores(*rt);
+}
+
+void expect_matmul_kernels_pass_ptxas_without_spills() {
   cuda::ForceMatmulTile large(128);
   std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
   std::vector<const kir::Kernel*> kernels;
@@ -156,6 +181,17 @@ TEST(Lowering, MatmulKernelsWithLargeTilesPassPtxasWithoutSpills) {
     EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
     EXPECT_LE(r.registers, 255) << k->name;
   }
+}
+
+TEST(Lowering, MatmulKernelsWithLargeTilesPassPtxasWithoutSpills) {
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  expect_matmul_kernels_pass_ptxas_without_spills();
+}
+
+TEST(Lowering, MatmulKernelsOnTf32TensorCoresPassPtxasWithoutSpills) {
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  cuda::ForceTf32Matmuls tf32;
+  expect_matmul_kernels_pass_ptxas_without_spills();
 }
 
 TEST(Lowering, BadIndexOnTheDeviceIsAnErrorNamingTheOp) {
@@ -205,9 +241,11 @@ namespace {
 // fragment loads take no more wavefronts than their request phases, whichever operand is
 // contiguous along k (A row-major, B transposed: both are; ta/tb flip them).
 TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
-  for (int tile : {64, 128})
+  for (int tile : {64, 128, 129})  // 129: 128 on tf32 tensor cores
   for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
-    cuda::ForceMatmulTile forced(tile);
+    cuda::ForceMatmulTile forced(tile == 129 ? 128 : tile);
+    std::optional<cuda::ForceTf32Matmuls> tf32;
+    if (tile == 129) tf32.emplace();
     const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
     const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
     testing::Harness h({f32(a), f32(b)},

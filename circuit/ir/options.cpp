@@ -27,7 +27,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 18> kVariables = {{
+constexpr std::array<Variable, 19> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -38,6 +38,7 @@ constexpr std::array<Variable, 18> kVariables = {{
     {"KILN_CACHE_DIR", "compiled-module disk cache; off: none (default ~/.cache/kiln)"},
     {"KILN_PTX_DUMP", "directory to write every generated kernel's PTX to"},
     {"KILN_MATMUL_TILE", "GPU matmul tiles, 64 or 128 (default: chosen per shape)"},
+    {"KILN_ALLOW_TF32", "1: large GPU f32 matmuls on tf32 tensor cores (10-bit mantissas)"},
     {"KILN_REQUIRE_GPU", "tests: fail instead of skipping when no GPU is usable"},
     {"KILN_REQUIRE_PTXAS", "tests: fail instead of skipping when ptxas is missing"},
     {"KILN_REQUIRE_REFERENCE", "tests: fail instead of skipping without the PyTorch reference"},
@@ -74,6 +75,8 @@ int matmul_tile() {
     throw Error("KILN_MATMUL_TILE: expected 64 or 128 (a matmul tile's rows and columns), received '" + v + "'");
   return std::stoi(v);
 }
+
+bool allow_tf32() { return text("KILN_ALLOW_TF32") == "1"; }
 
 std::vector<std::string> disabled_passes() {
   std::vector<std::string> names;

@@ -21,6 +21,7 @@ bool dump_circuits();                        // KILN_DUMP: set and not "0"
 std::string cache_dir();                     // KILN_CACHE_DIR: "" when unset; "off" disables the cache
 std::string ptx_dump_dir();                  // KILN_PTX_DUMP: "" when unset
 int matmul_tile();                           // KILN_MATMUL_TILE: 64 or 128; 0 when unset (per shape)
+bool allow_tf32();                           // KILN_ALLOW_TF32: "1" (default off, as PyTorch)
 
 struct Variable {
   const char* name;

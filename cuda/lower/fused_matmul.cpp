@@ -40,10 +40,16 @@ namespace {
 
 constexpr int kTileK = 16, kThreads = 256, kQuadrant = 4, kQuadrantSpacing = 64;
 // A block's tile of c (tm x tn) and each thread's share (pm x pn, in 4x4 quadrants).
+// tf32: tensor cores (mma.sync m16n8k8) instead of FFMAs: 8 warps as 2 x 4, each a 64x32 tile
+// of c (4 x 4 products of 16x8), 64 accumulators a thread; shared-memory rows padded by 8
+// floats so that a warp's fragment loads (lanes on 8 rows of 4 k) meet no bank conflict.
 struct Tiling {
   int tm, tn, pm, pn;
+  bool tf32 = false;
+  int pitch_pad = 0;  // floats after each k's row of a tile in shared memory
 };
-constexpr Tiling kSmallTile{64, 64, 4, 4}, kLargeTile{128, 128, 8, 8};
+constexpr Tiling kSmallTile{64, 64, 4, 4}, kLargeTile{128, 128, 8, 8}, kTf32Tile{128, 128, 8, 8, true, 8};
+constexpr int kWarpTileM = 64, kWarpTileN = 32, kWarpsN = 4;
 // 128x128 tiles take 120-170 registers a thread (ptxas, sm_90; capping them at 128 for two
 // blocks an SM spills), so one block runs on an SM at a time and the grid runs in waves of one
 // block per SM. They are taken where their grid fills at least kLargeTileMinWaveFill of the
@@ -54,14 +60,17 @@ constexpr int64_t kLargeTileMinBlocks = 128, kAssumedSms = 132;
 constexpr double kLargeTileMinWaveFill = 0.8;
 
 int forced_tile = 0;
+bool forced_tf32 = false;
 
 Tiling choose_tiling(int64_t m, int64_t n, int64_t batch) {
+  const bool tf32 = forced_tf32 || options::allow_tf32();
   const int forced = forced_tile != 0 ? forced_tile : options::matmul_tile();
-  if (forced != 0) return forced == 128 ? kLargeTile : kSmallTile;
+  if (forced != 0) return forced == 128 ? (tf32 ? kTf32Tile : kLargeTile) : kSmallTile;
   const int64_t large_blocks = (m + 127) / 128 * ((n + 127) / 128) * batch;
   const int64_t waves = (large_blocks + kAssumedSms - 1) / kAssumedSms;
   const bool fills_waves = static_cast<double>(large_blocks) >= kLargeTileMinWaveFill * static_cast<double>(waves * kAssumedSms);
-  return large_blocks >= kLargeTileMinBlocks && fills_waves ? kLargeTile : kSmallTile;
+  if (!(large_blocks >= kLargeTileMinBlocks && fills_waves)) return kSmallTile;
+  return tf32 ? kTf32Tile : kLargeTile;
 }
 
 // One operand tile: element (row r, k) of the operand's [rows x K] view, stored in shared
@@ -82,6 +91,7 @@ struct TileLoader {
   bool k_groups = false, vector_k = false;
   int64_t rows = 0, depth = 0;      // the operand's M (or N) and K
   int tm = 0;                       // rows of the tile
+  int pitch = 0;                    // floats from one k's row to the next in shared memory
   std::vector<Reg> tile_r, tile_k;  // per load slot: row and k within the tile (index type)
   std::vector<Reg> row_ok;          // per load slot: row0 + r < rows
   std::vector<Reg> smem_addr;       // per load slot: shared address of tile[k][r]
@@ -96,15 +106,15 @@ bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
 }
 
 TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, int64_t rows, int64_t depth,
-                       int tm, Reg row0, Reg tid, Reg smem) {
+                       int tm, int pitch, Reg row0, Reg tid, Reg smem) {
   const bool along_rows = view.k_stride != 1 && view.row_stride == 1;
-  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth), rows, depth, tm, {}, {}, {}, {},
+  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth), rows, depth, tm, pitch, {}, {}, {}, {},
                {}};
   auto add_slot = [&](Reg r, Reg k) {
     t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
     t.tile_k.push_back(it == Type::u32 ? k : b.cvt(Type::u64, k));
     t.row_ok.push_back(b.setp(Cmp::lt, t.tile_r.back(), imm_index(it, rows)));
-    t.smem_addr.push_back(b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(static_cast<uint32_t>(tm)), r), imm_u32(4), smem));
+    t.smem_addr.push_back(b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(static_cast<uint32_t>(pitch)), r), imm_u32(4), smem));
     for (int j = 0; j < t.per_slot(); ++j) t.values.push_back(b.mov(Type::f32, imm_f32(0.0f)));
   };
   const auto tm32 = static_cast<uint32_t>(tm);
@@ -171,12 +181,12 @@ void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
   }
 }
 
-// Stores the fetched tile into shared memory (k groups: k j of a slot is tm floats further).
+// Stores the fetched tile into shared memory (k groups: k j of a slot is a pitch further).
 void store_tile(KernelBuilder& b, const TileLoader& t) {
   for (size_t slot = 0; slot < t.smem_addr.size(); ++slot)
     for (int j = 0; j < t.per_slot(); ++j)
       b.st(Space::shared, Type::f32, t.smem_addr[slot],
-           t.values[static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j)], 4 * j * t.tm);
+           t.values[static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j)], 4 * j * t.pitch);
 }
 
 }  // namespace
@@ -186,6 +196,8 @@ ForceMatmulTile::ForceMatmulTile(int size) : saved_(forced_tile) {
   forced_tile = size;
 }
 ForceMatmulTile::~ForceMatmulTile() { forced_tile = saved_; }
+ForceTf32Matmuls::ForceTf32Matmuls() : saved_(forced_tf32) { forced_tf32 = true; }
+ForceTf32Matmuls::~ForceTf32Matmuls() { forced_tf32 = saved_; }
 
 LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul& f, const char* prefix) {
   const int64_t M = f.m, N = f.n, K = f.k;
@@ -243,10 +255,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     extra_base[ju] = b.address(p_extra[ju], batch_offset(batch_part, 0), 4);
   }
 
-  Reg as = b.shared_addr(b.shared_array("a_tile", 4 * kTileK * tile.tm));
-  Reg bs = b.shared_addr(b.shared_array("b_tile", 4 * kTileK * tile.tn));
-  TileLoader la = make_loader(b, it, a_base, f.a, M, K, tile.tm, m0, tid, as);
-  TileLoader lb = make_loader(b, it, b_base, f.b, N, K, tile.tn, n0, tid, bs);
+  const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
+  Reg as = b.shared_addr(b.shared_array("a_tile", 4 * kTileK * pitch_a));
+  Reg bs = b.shared_addr(b.shared_array("b_tile", 4 * kTileK * pitch_b));
+  TileLoader la = make_loader(b, it, a_base, f.a, M, K, tile.tm, pitch_a, m0, tid, as);
+  TileLoader lb = make_loader(b, it, b_base, f.b, N, K, tile.tn, pitch_b, n0, tid, bs);
 
   // acc[i * pn + j]: row ty*4 + i (quadrants of 4 rows 64 apart), column tx*4 + j (likewise).
   std::vector<Reg> acc;
@@ -263,6 +276,45 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     row_sum = b.mov(Type::f32, imm_f32(0.0f));
     row_sum_smem = b.mad(Type::u32, tid, imm_u32(4), as);
   }
+  // tf32: warp w computes rows 64 (w / 4) .. + 63 and columns 32 (w % 4) .. + 31 of the tile;
+  // lane l holds fragments by the PTX ISA's tables (g = l / 4, q = l % 4): a_i at row
+  // g + 8 (i % 2), k q + 4 (i / 2); b_i at k q + 4 i, column g; c_i at row g + 8 (i / 2),
+  // column 2 q + i % 2. acc[(mi * 4 + ni) * 4 + i] belongs to the 16x8 product (mi, ni).
+  Reg g, q, warp_m, warp_n;
+  if (tile.tf32) {
+    Reg lane = b.and_(Type::u32, tid, imm_u32(31)), warp = b.shr(Type::u32, tid, imm_u32(5));
+    g = b.shr(Type::u32, lane, imm_u32(2));
+    q = b.and_(Type::u32, lane, imm_u32(3));
+    warp_m = b.mul(Type::u32, b.div(Type::u32, warp, imm_u32(kWarpsN)), imm_u32(kWarpTileM));
+    warp_n = b.mul(Type::u32, b.rem(Type::u32, warp, imm_u32(kWarpsN)), imm_u32(kWarpTileN));
+  }
+  Reg a_mma, b_mma;  // shared addresses of (k q, row warp_m + g) and (k q, column warp_n + g)
+  if (tile.tf32) {
+    a_mma = b.mad(Type::u32, b.mad(Type::u32, q, imm_u32(static_cast<uint32_t>(pitch_a)), b.add(Type::u32, warp_m, g)),
+                  imm_u32(4), as);
+    b_mma = b.mad(Type::u32, b.mad(Type::u32, q, imm_u32(static_cast<uint32_t>(pitch_b)), b.add(Type::u32, warp_n, g)),
+                  imm_u32(4), bs);
+  }
+  auto mma_step = [&](int kk) {
+    std::vector<std::vector<kir::Operand>> a_frag(4), b_frag(4);
+    for (int mi = 0; mi < 4; ++mi)
+      for (int i = 0; i < 4; ++i)
+        a_frag[static_cast<size_t>(mi)].push_back(b.ld(Space::shared, Type::f32, a_mma,
+                                                       4 * ((kk + 4 * (i / 2)) * pitch_a + mi * 16 + 8 * (i % 2))));
+    for (int ni = 0; ni < 4; ++ni)
+      for (int i = 0; i < 2; ++i)
+        b_frag[static_cast<size_t>(ni)].push_back(
+            b.ld(Space::shared, Type::f32, b_mma, 4 * ((kk + 4 * i) * pitch_b + ni * 8)));
+    for (int mi = 0; mi < 4; ++mi)
+      for (int ni = 0; ni < 4; ++ni) {
+        const size_t at = static_cast<size_t>((mi * 4 + ni) * 4);
+        std::vector<kir::Operand> c_frag(acc.begin() + static_cast<std::ptrdiff_t>(at),
+                                         acc.begin() + static_cast<std::ptrdiff_t>(at + 4));
+        const std::vector<Reg> d = b.mma(kir::MmaShape::m16n8k8_tf32, a_frag[static_cast<size_t>(mi)],
+                                         b_frag[static_cast<size_t>(ni)], c_frag);
+        for (size_t i = 0; i < 4; ++i) b.set(acc[at + i], d[i]);
+      }
+  };
   fetch_tile(b, it, la, b.mov(it, imm_index(it, 0)));
   fetch_tile(b, it, lb, b.mov(it, imm_index(it, 0)));
   b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kTileK), [&](Reg k0) {
@@ -272,12 +324,17 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     if (f.a_row_sums)
       b.if_(sums_here, [&] {
         for (int kk = 0; kk < kTileK; ++kk)
-          b.assign(kir::Opc::Add, row_sum, {row_sum, b.ld(Space::shared, Type::f32, row_sum_smem, 4 * kk * tile.tm)});
+          b.assign(kir::Opc::Add, row_sum, {row_sum, b.ld(Space::shared, Type::f32, row_sum_smem, 4 * kk * pitch_a)});
       });
     // The next tile's loads are in flight during this tile's FFMAs (zero past K: no load).
     Reg next = b.add(it, k0, imm_index(it, kTileK));
     fetch_tile(b, it, la, next);
     fetch_tile(b, it, lb, next);
+    if (tile.tf32) {
+      for (int kk = 0; kk < kTileK; kk += 8) mma_step(kk);
+      b.bar();
+      return;
+    }
     for (int kk = 0; kk < kTileK; ++kk) {
       std::vector<Reg> av, bv;
       for (int q = 0; q < tile.pm / kQuadrant; ++q)
@@ -292,30 +349,40 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     b.bar();
   });
   // Epilogue: per element in bounds, the extras at its logical coordinates, then each output.
-  Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kQuadrant))));
-  Reg col0 = b.add(it, n0, widen(b.mul(Type::u32, tx, imm_u32(kQuadrant))));
-  for (int i = 0; i < tile.pm; ++i) {
-    Reg row = b.add(it, row0, imm_index(it, thread_offset(i)));
-    Reg row_ok = b.setp(Cmp::lt, row, imm_index(it, M));
-    for (int j = 0; j < tile.pn; ++j) {
-      Reg col = b.add(it, col0, imm_index(it, thread_offset(j)));
-      Reg ok = b.and_(Type::pred, row_ok, b.setp(Cmp::lt, col, imm_index(it, N)));
-      b.if_(ok, [&] {
-        std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras), acc[static_cast<size_t>(i * tile.pn + j)]);
-        for (int x : read_extras) {
-          const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-          Reg at = b.mul(it, row, imm_index(it, st[static_cast<size_t>(nb)]));
-          at = b.mad(it, col, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
-          inputs[static_cast<size_t>(1 + x)] = load_as_f32(b, DType::f32, extra_base[static_cast<size_t>(x)], at);
-        }
-        Reg at = scaled_add(b, it, row, f.out_row, out_off);
-        at = scaled_add(b, it, col, f.out_col, at);
-        for (size_t r = 0; r < f.epilogues.size(); ++r) {
-          Reg v = f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
-          b.st(Space::global, Type::f32, b.address(p_out[r], at, 4), v);
-        }
-      });
-    }
+  auto store_element = [&](Reg value, Reg row, Reg col) {
+    Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
+    b.if_(ok, [&] {
+      std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras), value);
+      for (int x : read_extras) {
+        const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+        Reg at = b.mul(it, row, imm_index(it, st[static_cast<size_t>(nb)]));
+        at = b.mad(it, col, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
+        inputs[static_cast<size_t>(1 + x)] = load_as_f32(b, DType::f32, extra_base[static_cast<size_t>(x)], at);
+      }
+      Reg at = scaled_add(b, it, row, f.out_row, out_off);
+      at = scaled_add(b, it, col, f.out_col, at);
+      for (size_t r = 0; r < f.epilogues.size(); ++r) {
+        Reg v = f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
+        b.st(Space::global, Type::f32, b.address(p_out[r], at, 4), v);
+      }
+    });
+  };
+  if (tile.tf32) {
+    Reg row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
+    Reg col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
+    for (int mi = 0; mi < 4; ++mi)
+      for (int ni = 0; ni < 4; ++ni)
+        for (int i = 0; i < 4; ++i)
+          store_element(acc[static_cast<size_t>((mi * 4 + ni) * 4 + i)],
+                        b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
+                        b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
+  } else {
+    Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kQuadrant))));
+    Reg col0 = b.add(it, n0, widen(b.mul(Type::u32, tx, imm_u32(kQuadrant))));
+    for (int i = 0; i < tile.pm; ++i)
+      for (int j = 0; j < tile.pn; ++j)
+        store_element(acc[static_cast<size_t>(i * tile.pn + j)], b.add(it, row0, imm_index(it, thread_offset(i))),
+                      b.add(it, col0, imm_index(it, thread_offset(j))));
   }
   if (f.a_row_sums) {
     Reg row = b.add(it, m0, widen(tid));
@@ -332,8 +399,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   lo.launches.push_back(finish_launch(
       b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},
       {kThreads, 1, 1}, std::move(args)));
-  lo.summary = fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs, {}", op.prim->name, tile.tm, tile.tn, kTileK,
-                           kThreads, tile.pm, tile.pn, launch_text(lo.launches.back()));
+  lo.summary = tile.tf32 ? fmt::format("{}: tile {}x{}x{}, {} threads, mma.sync tf32 on warp tiles {}x{}, {}",
+                                        op.prim->name, tile.tm, tile.tn, kTileK, kThreads, kWarpTileM, kWarpTileN,
+                                        launch_text(lo.launches.back()))
+                         : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs, {}", op.prim->name, tile.tm,
+                                       tile.tn, kTileK, kThreads, tile.pm, tile.pn, launch_text(lo.launches.back()));
   return lo;
 }
 

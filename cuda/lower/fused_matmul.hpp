@@ -11,6 +11,19 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
 
 // Tests: every matmul kernel takes tiles of `size` (64 or 128) for the guard's lifetime,
 // whatever its shape, so that both tilings run on small matrices in the simulator and ptxas.
+// Tests: matmul kernels of 128x128 tiles use tf32 tensor cores (as KILN_ALLOW_TF32=1) for the
+// guard's lifetime.
+class ForceTf32Matmuls {
+ public:
+  ForceTf32Matmuls();
+  ~ForceTf32Matmuls();
+  ForceTf32Matmuls(const ForceTf32Matmuls&) = delete;
+  ForceTf32Matmuls& operator=(const ForceTf32Matmuls&) = delete;
+
+ private:
+  bool saved_;
+};
+
 class ForceMatmulTile {
  public:
   explicit ForceMatmulTile(int size);

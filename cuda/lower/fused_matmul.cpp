@@ -16,7 +16,7 @@
 // before the current tile's FFMAs (held in registers, stored to shared memory after the
 // barrier), so their latency hides behind the arithmetic. Batch dims: grid z walks the logical
 // batch, each operand and output with its own batch strides (0 where an operand broadcasts). FFMA
-// in f32. Row sums of A (a bias gradient) come out of the blocks of the first tile column, from
+// in f32, or with KILN_ALLOW_TF32=1 tf32 tensor cores (mma.sync) on the 128x128 tiles. Row sums of A (a bias gradient) come out of the blocks of the first tile column, from
 // the tiles in shared memory.
 #include "circuit/prims/fused_matmul.hpp"
 

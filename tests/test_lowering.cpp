@@ -119,50 +119,50 @@ std::vector<LoweringCase> matmul_cases() {
   return out;
 }
 
-void check_matmul_cases_with_large_tiles(cuda::Runtime& rt) {
+// Every matmul case with its kernel forced to 128x128 tiles, FFMA or tf32 tensor cores: `summary`
+// must appear in the program's dump (the kernel asked for ran), and each case is checked
+// against Eigen at `tolerance` (0: the case's own).
+void check_forced_matmul_cases(cuda::Runtime& rt, bool tf32, double tolerance, const std::string& summary) {
   cuda::ForceMatmulTile large(128);
+  std::optional<cuda::ForceTf32Matmuls> tensor_cores;
+  if (tf32) tensor_cores.emplace();
   const std::vector<LoweringCase> mm = matmul_cases();
   EXPECT_GE(mm.size(), 9u);
-  for (const LoweringCase& lc : mm) {
+  for (LoweringCase lc : mm) {
     SCOPED_TRACE(lc.name);
+    if (tolerance > 0) lc.tolerance = tolerance;
     check_case(lc, rt);
     testing::Harness h(lc.inputs, lc.build, 7);
     cuda::DeviceProgram dp(h.circuit, {h.output}, rt);
-    EXPECT_NE(dp.dump().find("tile 128x128x16, 256 threads x 8x8"), std::string::npos) << dp.dump();
+    EXPECT_NE(dp.dump().find(summary), std::string::npos) << dp.dump();
   }
 }
+const char* const kLargeFfmaSummary = "tile 128x128x16, 256 threads x 8x8";
 
-TEST(Lowering, MatmulCasesWithLargeTilesMatchEigen) { check_matmul_cases_with_large_tiles(testing::fake_runtime()); }
+TEST(Lowering, MatmulCasesWithLargeTilesMatchEigen) {
+  check_forced_matmul_cases(testing::fake_runtime(), false, 0, kLargeFfmaSummary);
+}
 
 // T5: the same on a real GPU.
 TEST(Lowering, GpuMatmulCasesWithLargeTilesMatchEigen) {
   KILN_GPU_OR_SKIP(rt);
-  check_matmul_cases_with_large_tiles(*rt);
+  check_forced_matmul_cases(*rt, false, 0, kLargeFfmaSummary);
 }
 
-// The tf32 tensor-core kernel (KILN_ALLOW_TF32=1) forced onto every matmul case. tf32 keeps 10
-// of f32's 23 mantissa bits and mma.sync reads operands truncated to them: each product is off
-// by at most 2^-9 relative (both operands), so the norm-relative error of a sum of products
-// stays under 2^-9 ~ 2e-3 (cancellation aside); measured on these cases 6.8-7.0e-4. A wrong
-// fragment or accumulator mapping gives errors near 1.
-void check_matmul_cases_on_tf32_tensor_cores(cuda::Runtime& rt) {
-  cuda::ForceMatmulTile large(128);
-  cuda::ForceTf32Matmuls tf32;
-  for (LoweringCase lc : matmul_cases()) {
-    SCOPED_TRACE(lc.name);
-    lc.tolerance = 2e-3;
-    check_case(lc, rt);
-    testing::Harness h(lc.inputs, lc.build, 7);
-    cuda::DeviceProgram dp(h.circuit, {h.output}, rt);
-    EXPECT_NE(dp.dump().find("mma.sync tf32"), std::string::npos) << dp.dump();
-  }
-}
+// The tf32 tensor-core kernel (KILN_ALLOW_TF32=1). tf32 keeps 10 of f32's 23 mantissa bits and
+// mma.sync reads operands truncated to them: each product is off by at most 2^-9 relative (both
+// operands), so the norm-relative error of a sum of products stays under 2^-9 ~ 2e-3
+// (cancellation aside); measured on these cases 6.8-7.0e-4. A wrong fragment or accumulator
+// mapping gives errors near 1.
+constexpr double kTf32Tolerance = 2e-3;
 
-TEST(Lowering, MatmulCasesOnTf32TensorCoresMatchEigen) { check_matmul_cases_on_tf32_tensor_cores(testing::fake_runtime()); }
+TEST(Lowering, MatmulCasesOnTf32TensorCoresMatchEigen) {
+  check_forced_matmul_cases(testing::fake_runtime(), true, kTf32Tolerance, "mma.sync tf32");
+}
 
 TEST(Lowering, GpuMatmulCasesOnTf32TensorCoresMatchEigen) {
   KILN_GPU_OR_SKIP(rt);
-  check_matmul_cases_on_tf32_tensor_cores(*rt);
+  check_forced_matmul_cases(*rt, true, kTf32Tolerance, "mma.sync tf32");
 }
 
 void expect_matmul_kernels_pass_ptxas_without_spills() {

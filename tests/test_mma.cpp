@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -180,6 +181,46 @@ TEST(Mma, KnownAnswersInTheSimulator) { expect_known_answers(testing::fake_runti
 TEST(Mma, GpuKnownAnswers) {
   KILN_GPU_OR_SKIP(rt);
   expect_known_answers(*rt);
+}
+
+// cvt.rna.tf32.f32 (kir::Opc::RoundTf32): to nearest on the 13 dropped bits, ties away from zero.
+std::vector<float> run_round_tf32(Runtime& rt, const std::vector<float>& x) {
+  kir::KernelBuilder b("round_tf32");
+  Reg px = b.param("x", Type::u64), py = b.param("y", Type::u64);
+  Reg i = b.sreg(kir::SReg::tid_x);
+  Reg v = b.ld(Space::global, Type::f32, b.address(px, i, 4));
+  b.st(Space::global, Type::f32, b.address(py, i, 4), b.unary(kir::Opc::RoundTf32, Type::f32, v));
+  const kir::Kernel k = b.finish();
+  LoadedKernel lk = rt.load(k);
+  CUdeviceptr dx = rt.alloc(x.size() * 4), dy = rt.alloc(x.size() * 4);
+  rt.upload(dx, x.data(), x.size() * 4);
+  rt.launch(lk, Dim3{1, 1, 1}, Dim3{static_cast<uint32_t>(x.size()), 1, 1}, {dx, dy});
+  rt.synchronize();
+  std::vector<float> y(x.size());
+  rt.download(y.data(), dy, y.size() * 4);
+  rt.free(dx);
+  rt.free(dy);
+  return y;
+}
+
+void expect_tf32_rounding(Runtime& rt) {
+  const float ulp = 1.0f / 1024;  // tf32's unit in the last place at 1
+  const std::vector<float> x = {1.0f + ulp / 2,     1.0f + ulp / 4, 1.0f + 3 * ulp / 4, -(1.0f + ulp / 2),
+                                1.0f + 1.5f * ulp,  0.0f,           -0.0f,              INFINITY,
+                                -INFINITY,          3.0f};
+  const std::vector<float> want = {1.0f + ulp,        1.0f, 1.0f + ulp, -(1.0f + ulp), 1.0f + 2 * ulp, 0.0f, -0.0f,
+                                   INFINITY,          -INFINITY, 3.0f};
+  const std::vector<float> y = run_round_tf32(rt, x);
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i])) << "x = " << x[i];
+  EXPECT_TRUE(std::isnan(run_round_tf32(rt, {NAN})[0]));
+}
+
+TEST(Mma, RoundTf32KnownAnswersInTheSimulator) { expect_tf32_rounding(testing::fake_runtime()); }
+
+TEST(Mma, GpuRoundTf32KnownAnswers) {
+  KILN_GPU_OR_SKIP(rt);
+  expect_tf32_rounding(*rt);
 }
 
 TEST(Mma, KernelsPassPtxas) {

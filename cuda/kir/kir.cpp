@@ -42,7 +42,7 @@ const char* opc_name(Opc op) {
       "max",         "neg", "abs", "and",      "or",       "xor",       "not",  "shl",      "shr", "setp",     "selp",
       "cvt",         "ex2", "lg2", "rcp",      "rsqrt",    "sqrt",      "tanh", "sin",      "cos", "ld.param", "sreg",
       "shared.addr", "ld",  "st",  "atom.add", "bar.sync", "shfl.sync", "ret",  "membar.gl",
-      "mma.sync"};
+      "mma.sync", "cvt.rna.tf32"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -169,6 +169,7 @@ struct Checker {
         type_is(in, in.srcs[0], in.type, "a");
         dst_is(in.type);
         break;
+      case Opc::RoundTf32:
       case Opc::Ex2:
       case Opc::Lg2:
       case Opc::Rcp:
@@ -271,7 +272,8 @@ struct Checker {
       switch (s.kind) {
         case Stmt::Kind::Instr:
           if (s.guard.valid() && s.guard.type != Type::pred) fail(s.instr, "guard must be a predicate");
-          if (s.guard.valid() && s.instr.op == Opc::Mma) fail(s.instr, "mma.sync takes the whole warp: no guard");
+          if (s.guard.valid() && (s.instr.op == Opc::Mma || s.instr.op == Opc::RoundTf32))
+            fail(s.instr, "mma.sync and cvt.rna.tf32 are printed as blocks: no guard (use an if)");
           instr(s.instr);
           break;
         case Stmt::Kind::If:

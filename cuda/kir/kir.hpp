@@ -123,6 +123,9 @@ enum class Opc : uint8_t {
   // mma.sync.aligned (full warp, row-major A, column-major B): D = A B + C on one warp's tile,
   // each lane holding the fragments the PTX ISA's layout tables assign it (KernelBuilder::mma).
   Mma,
+  // dst (f32) = a (f32) rounded to tf32 (10 mantissa bits), to nearest with ties away from zero
+  // (cvt.rna.tf32.f32): the operands mma.sync tf32 should be given.
+  RoundTf32,
 };
 const char* opc_name(Opc op);
 
@@ -240,7 +243,7 @@ class KernelBuilder {
   Reg setp(Cmp c, Operand a, Operand b);  // compares in a's type
   Reg selp(Type t, Operand a, Operand b, Operand c);
   Reg cvt(Type to, Operand a);           // from a's type
-  Reg unary(Opc op, Type t, Operand a);  // Ex2, Lg2, Rcp, Rsqrt, Sqrt, Tanh, Sin, Cos, Neg, Abs, Not
+  Reg unary(Opc op, Type t, Operand a);  // Ex2, Lg2, Rcp, Rsqrt, Sqrt, Tanh, Sin, Cos, Neg, Abs, Not, RoundTf32
 
   Reg ld(Space s, Type t, Operand addr, int64_t offset = 0);
   std::vector<Reg> ld_vec(Space s, Type t, Operand addr, int vec, int64_t offset = 0);

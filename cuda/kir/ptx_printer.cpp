@@ -140,7 +140,7 @@ class Printer {
       switch (s.kind) {
         case Stmt::Kind::Instr: {
           std::string guard = s.guard.valid() ? (s.negate ? "@!" : "@") + reg(s.guard) + " " : "";
-          if (s.instr.op == Opc::Mma)
+          if (s.instr.op == Opc::Mma || s.instr.op == Opc::RoundTf32)
             out_ += "\t" + instr(s.instr) + "\n";  // a braced block of its own (no guard: check() refuses one)
           else
             line(guard + instr(s.instr));
@@ -250,6 +250,10 @@ class Printer {
       case Opc::Shfl: return ops(std::string("shfl.sync.") + shfl_name(in.shfl) + ".b32") + ", -1";
       case Opc::Ret: return "ret";
       case Opc::Membar: return "membar.gl";
+      case Opc::RoundTf32:
+        // The tf32 result is a .b32 register in PTX: converted in a scope of its own, moved back.
+        return "{\n\t.reg .b32 %tf32;\n\tcvt.rna.tf32.f32 %tf32, " + opnd(in.srcs[0]) + ";\n\tmov.b32 " +
+               reg(in.dsts[0]) + ", %tf32;\n\t}";
       case Opc::Mma: {
         // ptxas takes A and B only in .b32 registers (not .u32 or .f32 ones): they are moved into
         // .b32 registers of a scope of their own.

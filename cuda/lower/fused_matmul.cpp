@@ -92,6 +92,7 @@ struct TileLoader {
   int64_t rows = 0, depth = 0;      // the operand's M (or N) and K
   int tm = 0;                       // rows of the tile
   int pitch = 0;                    // floats from one k's row to the next in shared memory
+  bool tf32 = false;                // values rounded to tf32 for mma.sync
   std::vector<Reg> tile_r, tile_k;  // per load slot: row and k within the tile (index type)
   std::vector<Reg> row_ok;          // per load slot: row0 + r < rows
   std::vector<Reg> smem_addr;       // per load slot: shared address of tile[k][r]
@@ -106,10 +107,10 @@ bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
 }
 
 TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, int64_t rows, int64_t depth,
-                       int tm, int pitch, Reg row0, Reg tid, Reg smem) {
+                       int tm, int pitch, bool tf32, Reg row0, Reg tid, Reg smem) {
   const bool along_rows = view.k_stride != 1 && view.row_stride == 1;
-  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth), rows, depth, tm, pitch, {}, {}, {}, {},
-               {}};
+  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth), rows, depth, tm, pitch, tf32, {}, {}, {},
+               {}, {}};
   auto add_slot = [&](Reg r, Reg k) {
     t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
     t.tile_k.push_back(it == Type::u32 ? k : b.cvt(Type::u64, k));
@@ -151,9 +152,11 @@ std::vector<Reg> guarded_load(KernelBuilder& b, Reg addr, int vec, Reg ok) {
 }
 
 // x (loaded where `ok`) with the prologue applied into `value`; outside the matrix the tile
-// holds 0 whatever the prologue makes of 0.
-void keep_element(KernelBuilder& b, const MatmulOperand& v, Reg x, Reg ok, Reg value) {
+// holds 0 whatever the prologue makes of 0. tf32 tiles hold x rounded to tf32 (mma.sync would
+// otherwise drop the low bits: truncation, twice the error).
+void keep_element(KernelBuilder& b, const MatmulOperand& v, Reg x, Reg ok, Reg value, bool tf32) {
   if (v.prologue != se::in(0)) x = b.selp(Type::f32, emit_scalar_exp(b, v.prologue, {x}), imm_f32(0.0f), ok);
+  if (tf32) x = b.unary(kir::Opc::RoundTf32, Type::f32, x);
   b.set(value, x);
 }
 
@@ -169,14 +172,14 @@ void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
     if (t.vector_k) {  // K is a multiple of 4: a group of 4 k lies wholly inside the matrix or outside
       Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, k_slot, imm_index(it, t.depth)));
       const std::vector<Reg> x = guarded_load(b, element(t.tile_r[slot], k_slot), 4, ok);
-      for (int j = 0; j < 4; ++j) keep_element(b, v, x[static_cast<size_t>(j)], ok, t.values[4 * slot + static_cast<size_t>(j)]);
+      for (int j = 0; j < 4; ++j) keep_element(b, v, x[static_cast<size_t>(j)], ok, t.values[4 * slot + static_cast<size_t>(j)], t.tf32);
       continue;
     }
     for (int j = 0; j < t.per_slot(); ++j) {
       Reg kg = j == 0 ? k_slot : b.add(it, k_slot, imm_index(it, j));
       Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
       Reg x = guarded_load(b, element(t.tile_r[slot], kg), 1, ok)[0];
-      keep_element(b, v, x, ok, t.values[static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j)]);
+      keep_element(b, v, x, ok, t.values[static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j)], t.tf32);
     }
   }
 }
@@ -258,8 +261,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
   Reg as = b.shared_addr(b.shared_array("a_tile", 4 * kTileK * pitch_a));
   Reg bs = b.shared_addr(b.shared_array("b_tile", 4 * kTileK * pitch_b));
-  TileLoader la = make_loader(b, it, a_base, f.a, M, K, tile.tm, pitch_a, m0, tid, as);
-  TileLoader lb = make_loader(b, it, b_base, f.b, N, K, tile.tn, pitch_b, n0, tid, bs);
+  TileLoader la = make_loader(b, it, a_base, f.a, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
+  TileLoader lb = make_loader(b, it, b_base, f.b, N, K, tile.tn, pitch_b, tile.tf32, n0, tid, bs);
 
   // acc[i * pn + j]: row ty*4 + i (quadrants of 4 rows 64 apart), column tx*4 + j (likewise).
   std::vector<Reg> acc;

@@ -235,6 +235,7 @@ class Flattener {
         op.size = static_cast<uint8_t>(t);
         break;
       case Opc::Sqrt: op.code = Code::SqrtF32; break;
+      case Opc::RoundTf32: op.code = Code::RoundTf32; break;
       case Opc::Ex2:
       case Opc::Lg2:
       case Opc::Rcp:

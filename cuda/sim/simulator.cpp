@@ -838,6 +838,11 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
       case Code::NegF32: r[op.d] = U64(a) ^ 0x80000000u; break;
       case Code::AbsF32: r[op.d] = U64(a) & 0x7fffffffu; break;
       case Code::SqrtF32: r[op.d] = slot_of(std::sqrt(F32(a))); break;
+      case Code::RoundTf32: {  // to nearest on the 13 dropped bits, ties away from zero; NaN and inf kept
+        const auto x = static_cast<uint32_t>(r[op.a]);
+        r[op.d] = (x & 0x7f800000u) == 0x7f800000u ? x : ((x + 0x1000u) & 0xffffe000u);
+        break;
+      }
       case Code::Approx: r[op.d] = slot_of(approx(static_cast<kir::Opc>(op.aux), F32(a))); break;
       case Code::AddF64: r[op.d] = slot_of(F64(a) + F64(b)); break;
       case Code::SubF64: r[op.d] = slot_of(F64(a) - F64(b)); break;

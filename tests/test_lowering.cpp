@@ -39,10 +39,12 @@ std::vector<LoweringCase> cases() { return testing::all_prim_cases().lowering; }
 // Runs every case; returns the kernels they generated (for ptxas).
 class LoweringTest : public ::testing::TestWithParam<LoweringCase> {};
 
-void check_case(const LoweringCase& lc, cuda::Runtime& rt) {
+// `dump`, where given, receives the lowered program's dump (its kernels and their summaries).
+void check_case(const LoweringCase& lc, cuda::Runtime& rt, std::string* dump = nullptr) {
   testing::Harness h(lc.inputs, lc.build, 7);
   HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
   cuda::DeviceProgram dp(h.circuit, {h.output}, rt);
+  if (dump) *dump = dp.dump();
   HostTensor got = dp.run(h.bindings)[0];
   ASSERT_EQ(got.shape(), want.shape());
   ASSERT_EQ(got.dtype(), want.dtype());
@@ -84,17 +86,23 @@ TEST(Lowering, EveryRegisteredPrimHasALoweringAndACase) {
   }
 }
 
-// Every kernel of every case passes ptxas (sm_80 and sm_90).
-void expect_every_case_passes_ptxas() {
-  std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
+// The cases lowered (kept alive in `programs`) and the kernels they generate.
+std::vector<const kir::Kernel*> lowered_kernels(const std::vector<LoweringCase>& lcs,
+                                                std::vector<std::unique_ptr<cuda::DeviceProgram>>& programs) {
   std::vector<const kir::Kernel*> kernels;
-  for (const LoweringCase& lc : cases()) {
+  for (const LoweringCase& lc : lcs) {
     testing::Harness h(lc.inputs, lc.build, 7);
     programs.push_back(
         std::make_unique<cuda::DeviceProgram>(h.circuit, std::vector<ValueId>{h.output}, testing::fake_runtime()));
     for (const auto& k : programs.back()->kernels()) kernels.push_back(k.launch->kernel.get());
   }
-  testing::expect_ptxas_accepts(kernels);
+  return kernels;
+}
+
+// Every kernel of every case passes ptxas (sm_80 and sm_90).
+void expect_every_case_passes_ptxas() {
+  std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
+  testing::expect_ptxas_accepts(lowered_kernels(cases(), programs));
 }
 
 TEST(Lowering, EveryCaseKernelPassesPtxas) {
@@ -131,10 +139,9 @@ void check_forced_matmul_cases(cuda::Runtime& rt, bool tf32, double tolerance, c
   for (LoweringCase lc : mm) {
     SCOPED_TRACE(lc.name);
     if (tolerance > 0) lc.tolerance = tolerance;
-    check_case(lc, rt);
-    testing::Harness h(lc.inputs, lc.build, 7);
-    cuda::DeviceProgram dp(h.circuit, {h.output}, rt);
-    EXPECT_NE(dp.dump().find(summary), std::string::npos) << dp.dump();
+    std::string dump;
+    check_case(lc, rt, &dump);
+    EXPECT_NE(dump.find(summary), std::string::npos) << dump;
   }
 }
 const char* const kLargeFfmaSummary = "tile 128x128x16, 256 threads x 8x8";
@@ -168,13 +175,7 @@ TEST(Lowering, GpuMatmulCasesOnTf32TensorCoresMatchEigen) {
 void expect_matmul_kernels_pass_ptxas_without_spills() {
   cuda::ForceMatmulTile large(128);
   std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-  std::vector<const kir::Kernel*> kernels;
-  for (const LoweringCase& lc : matmul_cases()) {
-    testing::Harness h(lc.inputs, lc.build, 7);
-    programs.push_back(
-        std::make_unique<cuda::DeviceProgram>(h.circuit, std::vector<ValueId>{h.output}, testing::fake_runtime()));
-    for (const auto& k : programs.back()->kernels()) kernels.push_back(k.launch->kernel.get());
-  }
+  const std::vector<const kir::Kernel*> kernels = lowered_kernels(matmul_cases(), programs);
   testing::expect_ptxas_accepts(kernels);
   for (const kir::Kernel* k : kernels) {
     const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);

@@ -196,6 +196,25 @@ TEST(SimulatorBugs, DivergentShuffle) {
       {"divergent shuffle", "warp 1", "lanes 16-31 do not exist", "48 threads"});
 }
 
+// mma.sync, like shfl.sync, takes the whole warp: half of it exiting is an error naming both
+// halves. (A fault in a runtime's launch would lose the shared fake context for the tests after
+// it; the simulator alone has no such state.)
+TEST(SimulatorBugs, DivergentMma) {
+  KernelBuilder b("half_warp_mma");
+  Reg out = b.param("out", Type::u64);
+  Reg lane = b.sreg(SReg::laneid);
+  b.if_(b.setp(Cmp::lt, lane, imm_u32(16)), [&] {
+    const Operand z = imm_f32(0.0f);
+    const std::vector<Reg> d = b.mma(kir::MmaShape::m16n8k8_tf32, {z, z, z, z}, {z, z}, {z, z, z, z});
+    b.st(Space::global, Type::f32, b.address(out, lane, 4), d[0]);
+  });
+  DeviceMemory mem;
+  const uint64_t o = mem.alloc(32 * 4);
+  expect_error([&] { simulate(b.finish(), {1}, {32}, {o}, mem); },
+               {"kernel 'half_warp_mma'", "mma.sync", "threads (0,0,0)..(15,0,0) wait at mma.sync",
+                "threads (16,0,0)..(31,0,0) exited"});
+}
+
 TEST(SimulatorBugs, DivergentBarrier) {
   KernelBuilder b("partial_barrier");
   Reg tid = b.sreg(SReg::tid_x);

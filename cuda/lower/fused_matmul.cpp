@@ -235,7 +235,6 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   Reg p_sums = f.a_row_sums ? b.param("row_sums", Type::u64) : Reg{};
 
   Reg tid = b.sreg(SReg::tid_x);
-  Reg tx = b.and_(Type::u32, tid, imm_u32(15)), ty = b.shr(Type::u32, tid, imm_u32(4));
   auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
   Reg m0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_y), imm_u32(static_cast<uint32_t>(tile.tm))));
   Reg n0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_x), imm_u32(static_cast<uint32_t>(tile.tn))));
@@ -268,8 +267,14 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   std::vector<Reg> acc;
   for (int e = 0; e < tile.pm * tile.pn; ++e) acc.push_back(b.mov(Type::f32, imm_f32(0.0f)));
   auto thread_offset = [&](int i) { return (i % kQuadrant) + kQuadrantSpacing * (i / kQuadrant); };
-  Reg a_frag = b.mad(Type::u32, ty, imm_u32(4 * kQuadrant), as);
-  Reg b_frag = b.mad(Type::u32, tx, imm_u32(4 * kQuadrant), bs);
+  // FFMA tiles: thread (tx, ty) of 16 x 16; its fragments' shared addresses.
+  Reg tx, ty, a_frag, b_frag;
+  if (!tile.tf32) {
+    tx = b.and_(Type::u32, tid, imm_u32(15));
+    ty = b.shr(Type::u32, tid, imm_u32(4));
+    a_frag = b.mad(Type::u32, ty, imm_u32(4 * kQuadrant), as);
+    b_frag = b.mad(Type::u32, tx, imm_u32(4 * kQuadrant), bs);
+  }
   // Row sums of a: the blocks of the first column of tiles see every k of their rows; thread r
   // < tm adds row r of each a tile (prologue applied, zero past K) in order of k.
   Reg sums_here, row_sum, row_sum_smem;

@@ -77,10 +77,11 @@ std::vector<ValueId> backward(Builder& b, ValueId output, const std::vector<Valu
       ValueId x = op.inputs[k];
       if (in_grads[k] == kNoValue || !needs[static_cast<size_t>(x)]) continue;
       ValueId g = fit_to_shape(rule_builder, in_grads[k], c.info(x).shape);
-      if (c.info(g).dtype != c.info(x).dtype)
+      if (c.info(g).dtype != gradient_dtype(c.info(x).dtype))
         fail(op.prim->name, op.scope,
              "VJP rule returned a gradient of dtype " + std::string(dtype_name(c.info(g).dtype)) +
-                 " for an input of dtype " + dtype_name(c.info(x).dtype));
+                 " for an input of dtype " + dtype_name(c.info(x).dtype) + " (expected " +
+                 dtype_name(gradient_dtype(c.info(x).dtype)) + ")");
       ValueId& acc = grad[static_cast<size_t>(x)];
       acc = acc == kNoValue ? g : rule_builder.add(acc, g);
     }

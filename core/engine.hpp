@@ -16,6 +16,7 @@
 #include "core/arena.hpp"
 #include "core/device.hpp"
 #include "core/plan_cache.hpp"
+#include "core/precision.hpp"
 #include "core/process_counters.hpp"
 #include "core/tensor.hpp"
 
@@ -109,6 +110,9 @@ class Engine {
   // Deterministic mode (off by default): GPU steps use no float atomics, so a run, and a run
   // resumed from a checkpoint, repeats bit for bit. Costs the embedding gradient's parallelism.
   void set_deterministic(bool on) { cache_.set_deterministic(on); }
+  // The precision policy of the matmuls recorded from now on (core/precision.hpp).
+  void set_precision(Precision p) { precision_ = p; }
+  Precision precision() const { return precision_; }
   uint64_t seed() const { return seed_; }
   uint64_t random_counter() const { return random_counter_; }
   void set_random_counter(uint64_t c) { random_counter_ = c; }
@@ -185,6 +189,7 @@ class Engine {
   cuda::Runtime* runtime_ = nullptr;
   // On the GPU: device copies of persistent tensors, kept between steps.
   std::unique_ptr<cuda::ResidentBuffers> resident_;
+  Precision precision_ = Precision::f32;
   uint64_t seed_ = 0x5EED;
   uint64_t random_counter_ = 0;
   std::vector<std::string> scopes_;  // the path before each push

@@ -100,7 +100,7 @@ std::vector<Tensor> Engine::grad(const Tensor& loss, const std::vector<Tensor>& 
   std::vector<Tensor> result;
   for (size_t i = 0; i < wrt.size(); ++i) {
     ValueId g = grads[i];
-    if (g == kNoValue) g = b.fill(wrt[i].shape(), wrt[i].dtype(), 0.0);
+    if (g == kNoValue) g = b.fill(wrt[i].shape(), gradient_dtype(wrt[i].dtype()), 0.0);
     result.push_back(wrap(g));
   }
   return result;
@@ -145,7 +145,7 @@ void Engine::backward(const Tensor& loss) {
     auto it = grad_of.find(s);
     bool accumulate = accumulate_gradients || rec_.grad_written[grad.impl()->slot];
     if (it == grad_of.end() && accumulate) continue;  // adding zero changes nothing
-    ValueId g = it != grad_of.end() ? it->second : b.fill(p->info.shape, p->info.dtype, 0.0);
+    ValueId g = it != grad_of.end() ? it->second : b.fill(p->info.shape, gradient_dtype(p->info.dtype), 0.0);
     if (accumulate) g = b.add(value_of(grad), g);
     rec_.slot_version[grad.impl()->slot] = b.assign(value_of(grad), g);
     rec_.grad_written[grad.impl()->slot] = true;

@@ -178,7 +178,13 @@ Tensor sum(const Tensor& x) { return eng().wrap(eng().builder().reduce_all(Reduc
 Tensor mean(const Tensor& x) { return eng().wrap(eng().builder().reduce_all(ReduceKind::Mean, eng().value_of(x))); }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  return eng().wrap(eng().builder().matmul(eng().value_of(a), eng().value_of(b), ta, tb));
+  Builder bld = eng().builder();
+  ValueId va = eng().value_of(a), vb = eng().value_of(b);
+  if (eng().precision() == Precision::bf16 && bld.info(va).dtype == DType::f32 && bld.info(vb).dtype == DType::f32) {
+    va = bld.cast(va, DType::bf16);
+    vb = bld.cast(vb, DType::bf16);
+  }
+  return eng().wrap(bld.matmul(va, vb, ta, tb));
 }
 
 Tensor reshape(const Tensor& x, Shape shape) { return eng().wrap(eng().builder().reshape(eng().value_of(x), shape)); }

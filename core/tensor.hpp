@@ -132,7 +132,9 @@ Tensor max(const Tensor& x, int axis, bool keepdim = false);
 Tensor sum(const Tensor& x);
 Tensor mean(const Tensor& x);
 
-// a: (..., M, K), b: (..., K, N) -> (..., M, N); flags transpose the last two dims.
+// a: (..., M, K), b: (..., K, N) -> (..., M, N); flags transpose the last two dims. Under the
+// bf16 precision policy (Engine::set_precision) f32 operands are cast to bf16 first and the
+// product is f32 (f32 accumulation); bf16 operands always give an f32 product.
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
 
 Tensor reshape(const Tensor& x, Shape shape);

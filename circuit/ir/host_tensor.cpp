@@ -6,6 +6,7 @@
 #include <atomic>
 #include <limits>
 
+#include "circuit/ir/bf16.hpp"
 #include "circuit/ir/error.hpp"
 
 namespace kiln {
@@ -64,6 +65,7 @@ double HostTensor::get(int64_t i) const {
     case DType::f32: return data<float>()[i];
     case DType::f64: return data<double>()[i];
     case DType::i32: return data<int32_t>()[i];
+    case DType::bf16: return bf16_to_f32(data<Bf16>()[i]);
     default: throw Error(std::string("HostTensor: no host element access for dtype ") + dtype_name(dtype_));
   }
 }
@@ -73,6 +75,7 @@ void HostTensor::set(int64_t i, double v) {
     case DType::f32: data<float>()[i] = static_cast<float>(v); return;
     case DType::f64: data<double>()[i] = v; return;
     case DType::i32: data<int32_t>()[i] = static_cast<int32_t>(v); return;
+    case DType::bf16: data<Bf16>()[i] = f32_to_bf16(static_cast<float>(v)); return;
     default: throw Error(std::string("HostTensor: no host element access for dtype ") + dtype_name(dtype_));
   }
 }

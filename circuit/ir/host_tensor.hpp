@@ -46,7 +46,8 @@ class HostTensor {
     return static_cast<T*>(data_);
   }
 
-  // Element i as double (any dtype but bf16/f16); for tests and host reads.
+  // Element i as double (any dtype but f16; bf16 is rounded to nearest even on set); for tests
+  // and host reads.
   double get(int64_t i) const;
   void set(int64_t i, double v);
   // An owning deep copy.

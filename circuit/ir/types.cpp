@@ -31,6 +31,8 @@ size_t dtype_size(DType dt) {
 
 bool is_float(DType dt) { return dt != DType::i32; }
 
+DType gradient_dtype(DType dt) { return dt == DType::bf16 || dt == DType::f16 ? DType::f32 : dt; }
+
 int64_t Shape::numel() const {
   int64_t n = 1;
   for (int64_t d : dims_)

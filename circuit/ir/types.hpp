@@ -9,13 +9,17 @@
 
 namespace kiln {
 
-// Element types. f32/f64/i32 execute on the CPU; bf16/f16 are storage types declared for
-// the GPU back end and are rejected by the Eigen executor with a clear error.
+// Element types. f32/f64/i32 are computed in; bf16 is a storage type: values are stored in
+// bf16 and computed in f32 (cast converts, matmul takes bf16 operands and accumulates in f32,
+// the data-movement Prims copy them). f16 is declared for the GPU back end only.
 enum class DType : uint8_t { f32, f64, i32, bf16, f16 };
 
 const char* dtype_name(DType dt);
 size_t dtype_size(DType dt);
 bool is_float(DType dt);  // f32, f64, bf16, f16
+// The dtype of a gradient with respect to a value of dtype `dt`: f32 for the storage types
+// (bf16, f16), so that gradients are accumulated in f32; `dt` otherwise.
+DType gradient_dtype(DType dt);
 
 // A tensor shape: dims in row-major order; rank 0 is a scalar with one element.
 class Shape {

@@ -1,8 +1,11 @@
 // Prim family `cast`: dtype conversion and the gradient barrier.
 //   cast          x -> same shape, params dtype (float -> int truncates toward zero)
 //   stop_gradient x -> x, with no gradient flowing back
-// VJPs: a float cast casts g back to x's dtype; an integer input has no gradient;
+// VJPs: a float cast casts g back to x's gradient dtype; an integer input has no gradient;
 // stop_gradient needs no rule, since its input is marked non-differentiable.
+#include <type_traits>
+
+#include "circuit/ir/bf16.hpp"
 #include "circuit/ir/prim.hpp"
 #include "circuit/prims/builder.hpp"
 #include "circuit/prims/eigen_util.hpp"
@@ -16,22 +19,38 @@ std::vector<ValueInfo> cast_shape(const ShapeCtx& ctx, const std::vector<ValueIn
   return {{in[0].shape, p.dtype}};
 }
 
+// Element-wise conversion from S to D; bf16 goes through f32 (exact one way, rounded to nearest
+// even the other, as cvt.rn.bf16.f32 rounds), so f64 -> bf16 rounds twice, as a GPU would.
+template <class D, class S>
+D convert(S v) {
+  if constexpr (std::is_same_v<S, Bf16> && std::is_same_v<D, Bf16>) return v;
+  else if constexpr (std::is_same_v<S, Bf16>) return static_cast<D>(bf16_to_f32(v));
+  else if constexpr (std::is_same_v<D, Bf16>) return f32_to_bf16(static_cast<float>(v));
+  else return static_cast<D>(v);
+}
+
 std::vector<HostTensor> cast_eval(const Op&, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   HostTensor out = bufs.output(0);
-  ref::dispatch_any(in[0]->dtype(), "cast", [&](auto s) {
+  ref::dispatch_movable(in[0]->dtype(), "cast", [&](auto s) {
     using S = decltype(s);
-    ref::dispatch_any(out.dtype(), "cast", [&](auto d) {
+    ref::dispatch_movable(out.dtype(), "cast", [&](auto d) {
       using D = decltype(d);
-      ref::array_of<D>(out) = ref::array_of<S>(*in[0]).template cast<D>();
+      const S* src = in[0]->data<S>();
+      D* dst = out.data<D>();
+      const int64_t n = out.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i) dst[i] = convert<D>(src[i]);
     });
   });
   return {out};
 }
 
+// The gradient goes back in x's gradient dtype (f32 for a bf16 x: nothing to convert).
 std::vector<ValueId> cast_vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
   DType src = b.info(op.inputs[0]).dtype;
   if (src == DType::i32 || op.params.dtype == DType::i32) return {kNoValue};
-  return {b.cast(g[0], src)};
+  const DType want = gradient_dtype(src);
+  return {b.info(g[0]).dtype == want ? g[0] : b.cast(g[0], want)};
 }
 
 std::vector<ValueInfo> identity_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params&) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "circuit/ir/bf16.hpp"
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/host_tensor.hpp"
 
@@ -36,6 +37,19 @@ decltype(auto) dispatch_any(DType dt, const std::string& op, F&& f) {
   if (dt == DType::i32) return f(int32_t{});
   return dispatch_float(dt, op, std::forward<F>(f));
 }
+
+// Calls f(T{}) for any dtype whose elements the host can move without arithmetic: those of
+// dispatch_any and bf16 (as Bf16). For the Prims that only copy elements (permute, slice,
+// concat, split, broadcast).
+template <class F>
+decltype(auto) dispatch_movable(DType dt, const std::string& op, F&& f) {
+  if (dt == DType::bf16) return f(Bf16{});
+  return dispatch_any(dt, op, std::forward<F>(f));
+}
+
+// f32 copy of a float tensor's elements converted from bf16 (exact), into `out` (f32, same
+// numel). Arithmetic on bf16 values runs in f32 on such copies.
+void bf16_to_f32_into(const HostTensor& x, const HostTensor& out);
 
 // Strides of `src` laid against `dst` (numpy alignment of trailing dims); 0 where broadcast.
 std::vector<int64_t> broadcast_strides(const Shape& src, const Shape& dst);

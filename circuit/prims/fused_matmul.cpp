@@ -173,10 +173,15 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   if (in.size() != static_cast<size_t>(2 + f.extras))
     ctx.fail(fmt::format("takes a, b and {} extra inputs; {} inputs were given", f.extras, in.size()));
   if (p.dtype != DType::f32 && p.dtype != DType::f64) ctx.fail("result dtype must be f32 or f64");
+  // Operands are of the result dtype, or both bf16 under an f32 result (f32 accumulation); extra
+  // inputs are of the result dtype.
+  const bool bf16_operands = p.dtype == DType::f32 && in[0].dtype == DType::bf16 && in[1].dtype == DType::bf16;
   for (size_t i = 0; i < in.size(); ++i)
-    if (in[i].dtype != p.dtype)
-      ctx.fail(fmt::format("input {} is {}{}; every input must be {}", i, dtype_name(in[i].dtype), in[i].shape.str(),
-                           dtype_name(p.dtype)));
+    if (in[i].dtype != p.dtype && !(i < 2 && bf16_operands))
+      ctx.fail(fmt::format("input {} is {}{}; every input must be {}{}", i, dtype_name(in[i].dtype),
+                           in[i].shape.str(), dtype_name(p.dtype), i < 2 ? " (or both operands bf16 under f32)" : ""));
+  if (bf16_operands && (f.a.prologue != se::in(0) || f.b.prologue != se::in(0)))
+    ctx.fail("bf16 operands take no prologue (they are read as stored)");
   if (f.m < 1 || f.n < 1 || f.k < 1) ctx.fail(fmt::format("needs m, n, k >= 1, received {}, {}, {}", f.m, f.n, f.k));
   ctx.require_dims(f.batch, "batch");
   const char* names[2] = {"a", "b"};
@@ -234,8 +239,13 @@ HostTensor gather_operand(const HostTensor& base, const MatmulOperand& v, const 
   std::vector<int64_t> dims = batch;
   dims.insert(dims.end(), {rows, k});
   const Shape shape(dims);
-  HostTensor out = bufs.scratch(base.dtype(), shape);
-  const T* src = base.data<T>();
+  HostTensor source = base;
+  if (base.dtype() == DType::bf16) {  // exact f32 copies (the shape rule allows this under f32 only)
+    source = bufs.scratch(DType::f32, base.shape());
+    ref::bf16_to_f32_into(base, source);
+  }
+  HostTensor out = bufs.scratch(source.dtype(), shape);
+  const T* src = source.data<T>();
   T* dst = out.data<T>();
   const int64_t entries = Shape(batch).numel();
   for (int64_t e = 0; e < entries; ++e) {
@@ -248,7 +258,7 @@ HostTensor gather_operand(const HostTensor& base, const MatmulOperand& v, const 
       for (int64_t c = 0; c < k; ++c) *dst++ = src[off + r * v.row_stride + c * v.k_stride];
   }
   if (v.prologue == se::in(0)) return out;
-  HostTensor applied = bufs.scratch(base.dtype(), shape);
+  HostTensor applied = bufs.scratch(source.dtype(), shape);
   ref::run_all(ref::BodyRunner<T>(v.prologue, {&out}, shape), applied.data<T>(), shape.numel());
   return applied;
 }

@@ -1,6 +1,7 @@
 // Prim family `matmul`: batched matrix product with transpose flags.
 // Shape contract: a: (..., M, K) or with ta (..., K, M); b: (..., K, N) or with tb (..., N, K);
-// batch dims broadcast (numpy) -> out: (batch..., M, N). Params ints = {ta, tb}.
+// batch dims broadcast (numpy) -> out: (batch..., M, N). Params ints = {ta, tb}. a and b share
+// one dtype: f32 and f64 give a product of that dtype, bf16 an f32 product (f32 accumulation).
 // Reference: one GEMM per batch entry (oneDNN's for f32 where kiln was built with it, Eigen's
 // otherwise); a batched `a` against a 2-D `b` is one GEMM over the flattened rows. VJP: dA = g op(B)^T, dB = op(A)^T g
 // (with the flags folded in); a gradient for a broadcast batch dim is summed by the reverse sweep.
@@ -21,12 +22,17 @@
 namespace kiln {
 namespace {
 
+// bf16 operands give an f32 product: the sums are accumulated in f32, as the tensor cores do.
+DType product_dtype(DType operands) { return operands == DType::bf16 ? DType::f32 : operands; }
+
 Shape batch_of(const Shape& s) { return Shape(std::vector<int64_t>(s.dims().begin(), s.dims().end() - 2)); }
 
 std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
   if (in.size() != 2) ctx.fail("takes two inputs");
-  ctx.require_float(in[0], "a");
-  ctx.require_float(in[1], "b");
+  for (size_t i = 0; i < 2; ++i)
+    if (in[i].dtype != DType::f32 && in[i].dtype != DType::f64 && in[i].dtype != DType::bf16)
+      ctx.fail(std::string(i == 0 ? "a" : "b") + " must be f32, f64 or bf16, received " + dtype_name(in[i].dtype) +
+               in[i].shape.str());
   if (in[0].dtype != in[1].dtype)
     ctx.fail(std::string("a and b must share one dtype (no implicit promotion), received ") + dtype_name(in[0].dtype) +
              " and " + dtype_name(in[1].dtype));
@@ -50,7 +56,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   std::vector<int64_t> out = batch.dims();
   out.push_back(m);
   out.push_back(n);
-  return {{Shape(out), in[0].dtype}};
+  return {{Shape(out), product_dtype(in[0].dtype)}};
 }
 
 template <class T>
@@ -89,7 +95,16 @@ void gemm(const T* a, int64_t ra, int64_t ca, bool ta, const T* b, int64_t rb, i
 }
 
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
-  const HostTensor &a = *in[0], &b = *in[1];
+  // bf16 operands: exact f32 copies, then the f32 product (every product of two bf16 values is
+  // exact in f32, so only the f32 accumulation rounds, as on the tensor cores).
+  HostTensor a = *in[0], b = *in[1];
+  if (a.dtype() == DType::bf16) {
+    HostTensor a32 = bufs.scratch(DType::f32, a.shape()), b32 = bufs.scratch(DType::f32, b.shape());
+    ref::bf16_to_f32_into(a, a32);
+    ref::bf16_to_f32_into(b, b32);
+    a = a32;
+    b = b32;
+  }
   bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
   HostTensor out = bufs.output(0);
   const Shape &as = a.shape(), &bs = b.shape(), &os = out.shape();
@@ -132,6 +147,9 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
 
 std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
   ValueId A = op.inputs[0], B = op.inputs[1], G = g[0];
+  // bf16 operands: the backward products take g in bf16 too (as under PyTorch's autocast) and
+  // give f32 gradients, the gradient dtype of a bf16 value.
+  if (b.info(A).dtype == DType::bf16) G = b.cast(G, DType::bf16);
   bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
   ValueId da = ta ? b.matmul(B, G, tb, true) : b.matmul(G, B, false, !tb);
   ValueId db;

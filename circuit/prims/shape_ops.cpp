@@ -71,7 +71,7 @@ std::vector<HostTensor> permute_eval(const Op& op, const std::vector<const HostT
   const Shape& os = out.shape();
   std::vector<int64_t> xs = x.shape().strides(), st(op.params.ints.size());
   for (size_t i = 0; i < st.size(); ++i) st[i] = xs[static_cast<size_t>(op.params.ints[i])];
-  ref::dispatch_any(x.dtype(), "permute", [&](auto t) {
+  ref::dispatch_movable(x.dtype(), "permute", [&](auto t) {
     using T = decltype(t);
     const T* src = x.data<T>();
     T* dst = out.data<T>();

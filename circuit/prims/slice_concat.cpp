@@ -44,7 +44,7 @@ std::vector<HostTensor> slice_eval(const Op& op, const std::vector<const HostTen
   int64_t start = op.params.ints[1], n = x.shape()[axis], m = bufs.info(0).shape[axis];
   AxisView v(x.shape(), axis);
   HostTensor out = bufs.output(0);
-  ref::dispatch_any(x.dtype(), "slice", [&](auto t) {
+  ref::dispatch_movable(x.dtype(), "slice", [&](auto t) {
     using T = decltype(t);
     for (int64_t o = 0; o < v.outer; ++o)
       std::copy_n(x.data<T>() + (o * n + start) * v.inner, m * v.inner, out.data<T>() + o * m * v.inner);
@@ -60,7 +60,7 @@ std::vector<ValueId> slice_vjp(Builder& b, const Op& op, const std::vector<Value
   auto zeros = [&](int64_t len) {
     Shape s = x.shape;
     s[axis] = len;
-    return b.fill(s, x.dtype, 0.0);
+    return b.fill(s, gradient_dtype(x.dtype), 0.0);
   };
   if (start > 0) parts.push_back(zeros(start));
   parts.push_back(g[0]);
@@ -93,7 +93,7 @@ std::vector<HostTensor> concat_eval(const Op& op, const std::vector<const HostTe
   HostTensor out = bufs.output(0);
   AxisView v(out.shape(), axis);
   int64_t total = out.shape()[axis];
-  ref::dispatch_any(out.dtype(), "concat", [&](auto t) {
+  ref::dispatch_movable(out.dtype(), "concat", [&](auto t) {
     using T = decltype(t);
     int64_t at = 0;
     for (const HostTensor* x : in) {
@@ -148,7 +148,7 @@ std::vector<HostTensor> split_eval(const Op& op, const std::vector<const HostTen
     const ValueInfo& info = bufs.info(k);
     HostTensor o = bufs.output(k);
     int64_t m = info.shape[axis];
-    ref::dispatch_any(x.dtype(), "split", [&](auto t) {
+    ref::dispatch_movable(x.dtype(), "split", [&](auto t) {
       using T = decltype(t);
       for (int64_t r = 0; r < v.outer; ++r)
         std::copy_n(x.data<T>() + (r * n + at) * v.inner, m * v.inner, o.data<T>() + r * m * v.inner);
@@ -163,7 +163,7 @@ std::vector<ValueId> split_vjp(Builder& b, const Op& op, const std::vector<Value
   std::vector<ValueId> parts;
   for (size_t i = 0; i < op.outputs.size(); ++i) {
     const ValueInfo& piece = b.info(op.outputs[i]);
-    parts.push_back(g[i] != kNoValue ? g[i] : b.fill(piece.shape, piece.dtype, 0.0));
+    parts.push_back(g[i] != kNoValue ? g[i] : b.fill(piece.shape, gradient_dtype(piece.dtype), 0.0));
   }
   return {parts.size() == 1 ? parts[0] : b.concat(parts, static_cast<int>(op.params.ints[0]))};
 }

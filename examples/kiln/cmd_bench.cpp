@@ -83,7 +83,7 @@ class GemmProbe {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_thread_flag(with_model_flags({{"batch", "sequences per step (default 16)"},
+         with_precision_flag(with_thread_flag(with_model_flags({{"batch", "sequences per step (default 16)"},
                                             {"steps", "timed steps (default 20)"},
                                             {"device", "cpu (default), cuda or auto"},
                                             {"gemm",
@@ -92,7 +92,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                                             {"skip-non-finite",
                                              "guard AdamW's update with the loss's and gradient norm's finiteness, as "
                                              "kiln train does"}},
-                                           true)),
+                                           true))),
          "usage: kiln bench [options]\n\nTimes full training steps of a GPT or a Llama (--model llama) (AdamW, dropout 0) on the CPU or the GPU.\n"
          "GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8",
          with_model_switches({"skip-non-finite"}));
@@ -101,6 +101,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     return 0;
   }
   apply_thread_flag(a);
+  apply_precision_flag(a);
   const int64_t batch = a.integer("batch", 16, 1), steps = a.integer("steps", 20, 1);
   const Device device = parse_device(a.str("device", "cpu"));
   Engine::current().set_device(device);
@@ -157,11 +158,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const double per_step = replayed.step_ms / 1000;
   double achieved = flops / per_step / 1e9;
   std::printf(
-      "config %s L%lld H%lld C%lld T%lld B%lld V%lld, AdamW%s, on %s\n", model.architecture().c_str(),
+      "config %s L%lld H%lld C%lld T%lld B%lld V%lld, AdamW%s, %s matmuls, on %s\n", model.architecture().c_str(),
       static_cast<long long>(attrs.get_int("n_layer")), static_cast<long long>(attrs.get_int("n_head")),
       static_cast<long long>(attrs.get_int("n_embd")), static_cast<long long>(block_size),
       static_cast<long long>(batch), static_cast<long long>(vocab_size),
-      adamw.skip_non_finite ? " skipping non-finite steps" : "",
+      adamw.skip_non_finite ? " skipping non-finite steps" : "", precision_name(Engine::current().precision()),
       device == Device::CUDA ? Engine::current().last_plan()->device->runtime().device_name().c_str() : "the CPU");
   const char* outside = device == Device::CUDA ? "outside the device's work" : "outside the executor";
   const auto n = static_cast<double>(steps);

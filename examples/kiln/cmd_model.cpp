@@ -6,6 +6,8 @@
 #include "circuit/exec/thread_governor.hpp"
 #include "circuit/ir/error.hpp"
 #include "commands.hpp"
+#include "core/engine.hpp"
+#include "core/precision.hpp"
 #include "models/llama.hpp"
 #include "train/atomic_file.hpp"
 #include "train/dataset.hpp"
@@ -54,6 +56,21 @@ std::map<std::string, std::string> with_thread_flag(std::map<std::string, std::s
   options["threads"] =
       "CPU threads, fixed (default: kiln chooses, fewer while other work holds cores; KILN_NUM_THREADS)";
   return options;
+}
+
+std::map<std::string, std::string> with_precision_flag(std::map<std::string, std::string> options) {
+  options["precision"] =
+      "f32 (default) or bf16: matmul operands cast to bf16, f32 accumulation; parameters, gradients, optimizer "
+      "state, the loss and normalization stay f32";
+  return options;
+}
+
+void apply_precision_flag(const Args& a) {
+  try {
+    Engine::current().set_precision(parse_precision(a.str("precision", "f32")));
+  } catch (const Error& e) {
+    throw Error(std::string("--precision: ") + e.what());
+  }
 }
 
 void apply_thread_flag(const Args& a) {

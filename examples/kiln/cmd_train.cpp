@@ -23,7 +23,7 @@ namespace kiln::cli {
 
 int cmd_train(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_thread_flag(with_model_flags(
+         with_precision_flag(with_thread_flag(with_model_flags(
              {{"data", "text file or directory (default: /usr/share/games/fortunes)"},
               {"out", "weights file to write (default: model.h5)"},
               {"metrics",
@@ -54,7 +54,7 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"skip-non-finite",
                "skip (and count) a step whose loss or gradient norm is not finite instead of stopping, as "
                "PyTorch's GradScaler; 10 in a row still stop"}},
-             true)),
+             true))),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) or a Llama (--model llama) with AdamW on a "
          "text corpus (char, byte or BPE tokens)\nor on a pre-tokenized token file.",
          with_model_switches({"stats", "deterministic", "no-trace", "skip-non-finite"}));
@@ -63,10 +63,11 @@ int cmd_train(const std::vector<std::string>& argv) {
     return 0;
   }
   apply_thread_flag(a);
+  apply_precision_flag(a);
   Device device = parse_device(a.str("device", "auto"));
   Engine::current().set_device(device);
   Engine::current().set_deterministic(a.has("deterministic"));
-  spdlog::info("device: {}", device_name(device));
+  spdlog::info("device: {}, {} matmuls", device_name(device), precision_name(Engine::current().precision()));
   const uint64_t seed = static_cast<uint64_t>(a.integer("seed", 1337));
   const std::string tokenizer_kind = a.str("tokenizer", "char");
   if (tokenizer_kind != "char" && tokenizer_kind != "byte" && tokenizer_kind != "bpe")

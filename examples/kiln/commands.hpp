@@ -28,6 +28,10 @@ void check_model_flags(const Args& a);
 // and uses fewer while other work holds cores) added to a command's options, and applied.
 std::map<std::string, std::string> with_thread_flag(std::map<std::string, std::string> options);
 void apply_thread_flag(const Args& a);
+// --precision f32|bf16 (core/precision.hpp) added to a command's options, and applied to the
+// engine.
+std::map<std::string, std::string> with_precision_flag(std::map<std::string, std::string> options);
+void apply_precision_flag(const Args& a);
 
 int cmd_prims(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);

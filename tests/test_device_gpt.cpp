@@ -35,7 +35,8 @@ void reference_forward_backward(cuda::Runtime& rt) {
 // divides each gradient by its own magnitude, so for a gradient that is zero in exact
 // arithmetic (the attention key bias) it turns f32 rounding noise into full-size steps.
 void training_steps_match_cpu(cuda::Runtime& rt, const models::GPTConfig& c = testing::tiny_gpt_config(2),
-                              int64_t batch = 2) {
+                              int64_t batch = 2, Precision precision = Precision::f32) {
+  Engine::current().set_precision(precision);
   HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, c.block_size});
   for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 5 + 3) % 13));
   struct Run {
@@ -54,12 +55,17 @@ void training_steps_match_cpu(cuda::Runtime& rt, const models::GPTConfig& c = te
       loss.backward();
       opt.step(1.0);
       r.losses.push_back(loss.item());
+      size_t bf16_casts = 0;  // the precision asked for is what ran
+      for (const Op& op : Engine::current().last_plan()->program->circuit().ops())
+        bf16_casts += op.is(PrimId::cast) && op.params.dtype == DType::bf16;
+      EXPECT_EQ(bf16_casts > 0, precision == Precision::bf16);
       if (s == 0)
         for (const auto& [name, p] : model.named_parameters()) r.first_grads.emplace_back(name, p.grad().to_host());
     }
     return r;
   };
   Run cpu = train(false), dev = train(true);
+  Engine::current().set_precision(Precision::f32);
   for (size_t s = 0; s < cpu.losses.size(); ++s)
     EXPECT_NEAR(dev.losses[s], cpu.losses[s], 1e-5 * std::abs(cpu.losses[s])) << "step " << s;
   ASSERT_EQ(dev.first_grads.size(), cpu.first_grads.size());
@@ -173,6 +179,18 @@ TEST(FakeGpuGpt, StepsAtSizesThatSplitRowsAcrossBlocksMatchTheCpu) {
   models::GPTConfig c = testing::tiny_gpt_config(1);
   c.block_size = 32;
   training_steps_match_cpu(testing::fake_runtime(), c, 5);
+}
+
+// Mixed precision: the same two steps with bf16 matmul operands (casts as kernels, the matmul
+// kernels widening bf16 tiles to f32) agree with the CPU's bf16 steps as closely as f32 steps
+// do: both round the same f32 values to bf16 and multiply them exactly.
+TEST(FakeGpuGpt, Bf16TrainingStepsMatchTheCpu) {
+  training_steps_match_cpu(testing::fake_runtime(), testing::tiny_gpt_config(2), 2, Precision::bf16);
+}
+
+TEST(GpuGpt, Bf16TrainingStepsMatchTheCpu) {
+  KILN_GPU_OR_SKIP(rt);
+  training_steps_match_cpu(*rt, testing::tiny_gpt_config(2), 2, Precision::bf16);
 }
 
 TEST(GpuGpt, ReferenceForwardBackward) {

@@ -10,12 +10,12 @@
 
 namespace kiln::kir {
 
-// Supported targets: 80 (sm_80, PTX ISA 7.0) and 90 (sm_90, PTX ISA 7.8). Throws kiln::Error
+// Supported targets: 80 (sm_80, PTX ISA 7.1) and 90 (sm_90, PTX ISA 7.8). Throws kiln::Error
 // for others. Checks the kernel (kir::check) first.
 std::string print_ptx(const Kernel& k, int sm);
 
 // The generator version: part of every module-cache key, bumped whenever the text a given IR
 // prints to changes.
-constexpr int kPtxGeneratorVersion = 1;
+constexpr int kPtxGeneratorVersion = 2;
 
 }  // namespace kiln::kir

@@ -44,13 +44,15 @@ Launch elementwise_launch(const std::string& prefix, const Shape& domain, std::v
     std::vector<Reg> loaded;
     for (const auto& a : loads) {
       Type t = kir_type(a.dtype);
-      loaded.push_back(b.ld(Space::global, t, b.address(base[static_cast<size_t>(a.arg)], offset(a), 4)));
+      loaded.push_back(
+          b.ld(Space::global, t, b.address(base[static_cast<size_t>(a.arg)], offset(a), static_cast<int>(dtype_size(a.dtype)))));
     }
     Reg v = value(b, loaded, coords, base);
     if (v.type != kir_type(store.dtype))
       throw Error("GPU lowering (" + prefix + "): value of type " + kir::type_name(v.type) + " stored as " +
                   dtype_name(store.dtype));
-    b.st(Space::global, v.type, b.address(base[static_cast<size_t>(store.arg)], offset(store), 4), v);
+    b.st(Space::global, v.type,
+         b.address(base[static_cast<size_t>(store.arg)], offset(store), static_cast<int>(dtype_size(store.dtype))), v);
   });
   return finish_launch(b, prefix, elementwise_grid(n), {kElementwiseThreads, 1, 1}, std::move(args));
 }

@@ -93,6 +93,7 @@ struct TileLoader {
   int tm = 0;                       // rows of the tile
   int pitch = 0;                    // floats from one k's row to the next in shared memory
   bool tf32 = false;                // values rounded to tf32 for mma.sync
+  DType dtype = DType::f32;         // of the operand in global memory: f32, or bf16 (widened on load)
   std::vector<Reg> tile_r, tile_k;  // per load slot: row and k within the tile (index type)
   std::vector<Reg> row_ok;          // per load slot: row0 + r < rows
   std::vector<Reg> smem_addr;       // per load slot: shared address of tile[k][r]
@@ -106,11 +107,11 @@ bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
   return ok;
 }
 
-TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, int64_t rows, int64_t depth,
-                       int tm, int pitch, bool tf32, Reg row0, Reg tid, Reg smem) {
+TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, DType dtype, int64_t rows,
+                       int64_t depth, int tm, int pitch, bool tf32, Reg row0, Reg tid, Reg smem) {
   const bool along_rows = view.k_stride != 1 && view.row_stride == 1;
-  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth), rows, depth, tm, pitch, tf32, {}, {}, {},
-               {}, {}};
+  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth), rows, depth, tm, pitch, tf32, dtype,
+               {}, {}, {}, {}, {}};
   auto add_slot = [&](Reg r, Reg k) {
     t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
     t.tile_k.push_back(it == Type::u32 ? k : b.cvt(Type::u64, k));
@@ -138,14 +139,15 @@ Reg scaled_add(KernelBuilder& b, Type it, Reg r, int64_t stride, Reg x) {
   return stride == 1 ? b.add(it, r, x) : b.mad(it, r, imm_index(it, stride), x);
 }
 
-// A global load of `vec` floats into registers preset to 0, where `ok` holds.
-std::vector<Reg> guarded_load(KernelBuilder& b, Reg addr, int vec, Reg ok) {
+// A global load of `vec` elements of `type` (f32 or bf16) into registers preset to 0, where `ok`
+// holds.
+std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Reg ok) {
   kir::Instr ld;
   ld.op = kir::Opc::Ld;
-  ld.type = Type::f32;
+  ld.type = type;
   ld.space = Space::global;
   ld.vec = vec;
-  for (int j = 0; j < vec; ++j) ld.dsts.push_back(b.mov(Type::f32, imm_f32(0.0f)));
+  for (int j = 0; j < vec; ++j) ld.dsts.push_back(b.mov(type, kir::Operand::imm(type, 0)));
   ld.srcs = {addr};
   b.emit(ld, ok);
   return ld.dsts;
@@ -153,10 +155,15 @@ std::vector<Reg> guarded_load(KernelBuilder& b, Reg addr, int vec, Reg ok) {
 
 // x (loaded where `ok`) with the prologue applied into `value`; outside the matrix the tile
 // holds 0 whatever the prologue makes of 0. tf32 tiles hold x rounded to tf32 (mma.sync would
-// otherwise drop the low bits: truncation, twice the error).
-void keep_element(KernelBuilder& b, const MatmulOperand& v, Reg x, Reg ok, Reg value, bool tf32) {
-  if (v.prologue != se::in(0)) x = b.selp(Type::f32, emit_scalar_exp(b, v.prologue, {x}), imm_f32(0.0f), ok);
-  if (tf32) x = b.unary(kir::Opc::RoundTf32, Type::f32, x);
+// otherwise drop the low bits: truncation, twice the error). A bf16 x is widened to f32
+// (exact; bf16 operands take no prologue), and is then a tf32 value already.
+void keep_element(KernelBuilder& b, const TileLoader& t, Reg x, Reg ok, Reg value) {
+  if (x.type == Type::bf16) {
+    b.set(value, b.cvt(Type::f32, x));
+    return;
+  }
+  if (t.view->prologue != se::in(0)) x = b.selp(Type::f32, emit_scalar_exp(b, t.view->prologue, {x}), imm_f32(0.0f), ok);
+  if (t.tf32) x = b.unary(kir::Opc::RoundTf32, Type::f32, x);
   b.set(value, x);
 }
 
@@ -165,21 +172,21 @@ void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
   const MatmulOperand& v = *t.view;
   auto element = [&](Reg r, Reg kg) {  // address of element (r, kg)
     Reg k_part = v.k_stride == 1 ? kg : b.mul(it, kg, imm_index(it, v.k_stride));
-    return b.address(t.base, scaled_add(b, it, r, v.row_stride, k_part), 4);
+    return b.address(t.base, scaled_add(b, it, r, v.row_stride, k_part), static_cast<int>(dtype_size(t.dtype)));
   };
   for (size_t slot = 0; slot < t.tile_r.size(); ++slot) {
     Reg k_slot = b.add(it, k0, t.tile_k[slot]);
     if (t.vector_k) {  // K is a multiple of 4: a group of 4 k lies wholly inside the matrix or outside
       Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, k_slot, imm_index(it, t.depth)));
-      const std::vector<Reg> x = guarded_load(b, element(t.tile_r[slot], k_slot), 4, ok);
-      for (int j = 0; j < 4; ++j) keep_element(b, v, x[static_cast<size_t>(j)], ok, t.values[4 * slot + static_cast<size_t>(j)], t.tf32);
+      const std::vector<Reg> x = guarded_load(b, kir_type(t.dtype), element(t.tile_r[slot], k_slot), 4, ok);
+      for (int j = 0; j < 4; ++j) keep_element(b, t, x[static_cast<size_t>(j)], ok, t.values[4 * slot + static_cast<size_t>(j)]);
       continue;
     }
     for (int j = 0; j < t.per_slot(); ++j) {
       Reg kg = j == 0 ? k_slot : b.add(it, k_slot, imm_index(it, j));
       Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
-      Reg x = guarded_load(b, element(t.tile_r[slot], kg), 1, ok)[0];
-      keep_element(b, v, x, ok, t.values[static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j)], t.tf32);
+      Reg x = guarded_load(b, kir_type(t.dtype), element(t.tile_r[slot], kg), 1, ok)[0];
+      keep_element(b, t, x, ok, t.values[static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j)]);
     }
   }
 }
@@ -245,8 +252,12 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   auto batch_offset = [&](const std::vector<int64_t>& strides, int64_t base) {
     return zc.empty() ? b.mov(it, imm_index(it, base)) : linear_offset(b, zc, strides, base);
   };
-  Reg a_base = b.address(pa, batch_offset(f.a.batch, f.a.offset), 4);
-  Reg b_base = b.address(pb, batch_offset(f.b.batch, f.b.offset), 4);
+  // Operands are f32, or both bf16 (widened to f32 as they are loaded: the products of bf16
+  // values are exact in f32 and in tf32, so both the FFMA and the tf32 kernels compute them exactly).
+  const DType operand_dtype = c.info(op.inputs[0]).dtype;
+  const int operand_bytes = static_cast<int>(dtype_size(operand_dtype));
+  Reg a_base = b.address(pa, batch_offset(f.a.batch, f.a.offset), operand_bytes);
+  Reg b_base = b.address(pb, batch_offset(f.b.batch, f.b.offset), operand_bytes);
   Reg out_off = batch_offset(f.out_batch, 0);
   std::vector<std::vector<int64_t>> extra_strides(static_cast<size_t>(f.extras));
   std::vector<Reg> extra_base(static_cast<size_t>(f.extras));
@@ -260,8 +271,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
   Reg as = b.shared_addr(b.shared_array("a_tile", 4 * kTileK * pitch_a));
   Reg bs = b.shared_addr(b.shared_array("b_tile", 4 * kTileK * pitch_b));
-  TileLoader la = make_loader(b, it, a_base, f.a, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
-  TileLoader lb = make_loader(b, it, b_base, f.b, N, K, tile.tn, pitch_b, tile.tf32, n0, tid, bs);
+  TileLoader la = make_loader(b, it, a_base, f.a, operand_dtype, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
+  TileLoader lb = make_loader(b, it, b_base, f.b, operand_dtype, N, K, tile.tn, pitch_b, tile.tf32, n0, tid, bs);
 
   // acc[i * pn + j]: row ty*4 + i (quadrants of 4 rows 64 apart), column tx*4 + j (likewise).
   std::vector<Reg> acc;

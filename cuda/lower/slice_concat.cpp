@@ -46,7 +46,7 @@ LoweredOp lower_concat(const Circuit& c, const Op& op) {
         const int64_t start = k == 0 ? 0 : ends[k - 1];
         if (start != 0) at[axis] = b.sub(it, coords[axis], imm_index(it, start));
         Reg off = linear_offset(b, at, in_shapes[k].strides(), 0);
-        b.set(v, b.ld(Space::global, t, b.address(base[k], off, 4)));
+        b.set(v, b.ld(Space::global, t, b.address(base[k], off, static_cast<int>(dtype_size(out.dtype)))));
       };
       if (k + 1 == ends.size()) return load();
       b.if_(b.setp(Cmp::lt, coords[axis], imm_index(it, ends[k])), load, [&] { pick(k + 1); });

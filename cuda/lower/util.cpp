@@ -94,25 +94,26 @@ std::vector<int64_t> broadcast_strides(const Shape& in, const Shape& out) {
 kir::Type kir_type(DType dt) {
   if (dt == DType::f32) return Type::f32;
   if (dt == DType::i32) return Type::s32;
-  throw Error(std::string("GPU back end: dtype ") + dtype_name(dt) + " has no lowering (the GPU runs f32 and i32)");
+  if (dt == DType::bf16) return Type::bf16;
+  throw Error(std::string("GPU back end: dtype ") + dtype_name(dt) + " has no lowering (the GPU runs f32, bf16 and i32)");
 }
 
 Reg load_as_f32(KernelBuilder& b, DType dt, Reg base, Reg index) {
-  Reg v = b.ld(kir::Space::global, kir_type(dt), b.address(base, index, 4));
+  Reg v = b.ld(kir::Space::global, kir_type(dt), b.address(base, index, static_cast<int>(dtype_size(dt))));
   return dt == DType::f32 ? v : b.cvt(Type::f32, v);
 }
 
 void store_from_f32(KernelBuilder& b, DType dt, Reg base, Reg index, Reg value) {
   Reg v = dt == DType::f32 ? value : b.cvt(kir_type(dt), value);
-  b.st(kir::Space::global, kir_type(dt), b.address(base, index, 4), v);
+  b.st(kir::Space::global, kir_type(dt), b.address(base, index, static_cast<int>(dtype_size(dt))), v);
 }
 
 void require_gpu_dtypes(const Circuit& c, const Op& op) {
   auto ok = [&](ValueId v) {
     DType dt = c.info(v).dtype;
-    if (dt != DType::f32 && dt != DType::i32)
+    if (dt != DType::f32 && dt != DType::i32 && dt != DType::bf16)
       fail(op.prim->name, op.scope,
-           std::string("the GPU back end runs f32 and i32 tensors, received ") + dtype_name(dt) +
+           std::string("the GPU back end runs f32, bf16 and i32 tensors, received ") + dtype_name(dt) +
                c.info(v).shape.str() + " (f64 runs on the CPU: --device cpu)");
   };
   for (ValueId v : op.inputs) ok(v);

@@ -24,6 +24,18 @@ void cast_cases(FamilyCases& c) {
                         {i32({37, 45}, -1000, 1000)},
                         [](Builder& b, const std::vector<ValueId>& x) { return b.cast(x[0], DType::f32); },
                         0});
+  // f32 -> bf16 rounds to nearest even in cvt.rn.bf16.f32 and in the host's conversion; and
+  // back, exactly. Values over the whole f32 range's middle, ties included by chance.
+  c.lowering.push_back({"cast_f32_to_bf16",
+                        {f32({37, 45}, -100, 100)},
+                        [](Builder& b, const std::vector<ValueId>& x) { return b.cast(x[0], DType::bf16); },
+                        0});
+  c.lowering.push_back({"cast_bf16_to_f32",
+                        {f32({37, 45}, -100, 100)},
+                        [](Builder& b, const std::vector<ValueId>& x) {
+                          return b.cast(b.permute(b.cast(x[0], DType::bf16), {1, 0}), DType::f32);
+                        },
+                        0});
   c.lowering.push_back({"stop_gradient",
                         {f32({37})},
                         [](Builder& b, const std::vector<ValueId>& x) { return b.add(b.stop_gradient(x[0]), x[0]); },

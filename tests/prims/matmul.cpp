@@ -39,6 +39,14 @@ void matmul_cases(FamilyCases& c) {
                           {f32(m.a), f32(m.b)},
                           [m](Builder& b, const std::vector<ValueId>& x) { return b.matmul(x[0], x[1], m.ta, m.tb); },
                           1e-5});
+    // bf16 operands: the kernel and the host both multiply the same bf16 values exactly and
+    // accumulate in f32, so only the order of the sums differs (1e-5, as f32).
+    c.lowering.push_back({"matmul_bf16_" + m.name,
+                          {f32(m.a), f32(m.b)},
+                          [m](Builder& b, const std::vector<ValueId>& x) {
+                            return b.matmul(b.cast(x[0], DType::bf16), b.cast(x[1], DType::bf16), m.ta, m.tb);
+                          },
+                          1e-5});
   }
 }
 

@@ -3,7 +3,9 @@
 # (gpu-bundle/ with bin/kiln, bin/kiln_tests and reference/): checks kiln's matmul kernels on the
 # device (both tilings against Eigen, the GPT steps against PyTorch), then times them beside
 # cuBLAS through PyTorch on the same shapes, and a GPT-2-small step beside PyTorch eager, in one
-# sitting. Prints a table of lines to copy into docs/BENCHMARKS.md.
+# sitting; f32, tf32 (KILN_ALLOW_TF32=1) and bf16 (--precision bf16, against autocast). Prints
+# the lines to copy into docs/BENCHMARKS.md. KILN_GEMM_TILES picks the f32 tilings timed
+# (default: auto 64 128).
 set -uo pipefail
 bundle=${1:-gpu-bundle}
 run="$bundle/run"
@@ -11,7 +13,8 @@ shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,8
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
 echo "== tests"
 KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE=1 "$run" "$bundle/bin/kiln_tests" \
-  --gtest_filter='*GpuMatchesEigen/*matmul*:Lowering.Gpu*:Mma.Gpu*:GpuGpt.*:GpuGraphReplay.*' 2>&1 | tail -n 3
+  --gtest_filter='*GpuMatchesEigen/*matmul*:*GpuMatchesEigen/*bf16*:Lowering.Gpu*:Mma.Gpu*:GpuGpt.*:GpuGraphReplay.*' \
+  2>&1 | grep -E '^\[  (FAILED|PASSED)|Failure' | head -n 20
 for tile in ${KILN_GEMM_TILES:-auto 64 128}; do
   echo "== kiln gemm, tiles: $tile"
   env KILN_MATMUL_TILE=${tile/auto/} "$run" "$bundle/bin/kiln" bench --device cuda \
@@ -19,6 +22,8 @@ for tile in ${KILN_GEMM_TILES:-auto 64 128}; do
 done
 echo "== kiln gemm, KILN_ALLOW_TF32=1"
 KILN_ALLOW_TF32=1 "$run" "$bundle/bin/kiln" bench --device cuda --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
+echo "== kiln gemm, --precision bf16 (bf16 operands)"
+"$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
 echo "== torch gemm"
 python3 scripts/bench_torch_gemm.py "$shapes" --dtypes f32,tf32,bf16 2>&1 | grep -E 'gemm|rror'
 echo "== GPT-2 small step"
@@ -27,8 +32,12 @@ for tf32 in 0 1; do
   env KILN_ALLOW_TF32=$tf32 "$run" "$bundle/bin/kiln" bench --device cuda "${gpt2[@]}" --steps 10 2>&1 \
     | grep -E 'step \(traced|FLOPs|rror'
 done
-echo "-- PyTorch eager, f32 then TF32"
+echo "-- kiln, --precision bf16"
+"$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 2>&1 \
+  | grep -E 'step \(traced|FLOPs|rror'
+echo "-- PyTorch eager, f32, TF32, then autocast bf16"
 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile 2>&1 | grep -E 'step|rror'
 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile --tf32 2>&1 | grep -E 'step|rror'
+python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile --autocast-bf16 2>&1 | grep -E 'step|rror'
 echo "== default config step"
 "$run" "$bundle/bin/kiln" bench --device cuda --steps 20 2>&1 | grep -E 'step \(traced|rror'

@@ -4,7 +4,8 @@
 Times the step `kiln bench` times, in PyTorch: a GPT-2-architecture model (nanoGPT layout: learned
 positions, pre-LayerNorm blocks with biases, tanh GELU, tied embedding and head), cross-entropy
 over every position, backward, AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, no weight decay, as
-`kiln bench`), f32 throughout (TF32 matmuls off unless --tf32), dropout 0. Runs eager and, unless
+`kiln bench`), f32 throughout (TF32 matmuls off unless --tf32; bf16 autocast with --autocast-bf16),
+dropout 0. Runs eager and, unless
 --no-compile, torch.compile; prints ms/step and tokens/s for each.
 
 GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8
@@ -95,6 +96,8 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 matmuls (kiln computes in full f32)")
+    ap.add_argument("--autocast-bf16", action="store_true",
+                    help="forward and loss under torch.autocast(bfloat16): the peer of kiln --precision bf16")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.manual_seed(1)
@@ -103,7 +106,8 @@ def main():
     ids = (torch.arange(a.batch * a.block, dtype=torch.long) * 7919 % a.vocab_size).view(a.batch, a.block).to(dev)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "the CPU"
     print(f"config L{a.layers} H{a.heads} C{a.embd} T{a.block} B{a.batch} V{a.vocab_size}, AdamW, "
-          f"PyTorch {torch.__version__} on {name}, TF32 {'on' if a.tf32 else 'off'}")
+          f"PyTorch {torch.__version__} on {name}, TF32 {'on' if a.tf32 else 'off'}"
+          f"{', autocast bf16' if a.autocast_bf16 else ''}")
     compile_ok = hasattr(torch, "compile")
     if not a.no_compile and not compile_ok:
         print(f"torch.compile needs PyTorch 2; {torch.__version__} runs eager only")
@@ -114,7 +118,8 @@ def main():
 
         def step():
             opt.zero_grad(set_to_none=True)
-            loss = fwd(ids, ids)
+            with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=a.autocast_bf16):
+                loss = fwd(ids, ids)
             loss.backward()
             opt.step()
             return loss

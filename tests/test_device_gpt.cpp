@@ -225,8 +225,10 @@ TEST(FakeGpuEngine, ACachedPlanRunsOnTheCurrentRuntimeAndAFailedSwitchChangesNot
   }
 }
 
-TEST(FakeGpuGpt, EveryKernelOfATrainingStepPassesPtxas) {
+void every_kernel_of_a_training_step_passes_ptxas(Precision precision) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
+  Engine::current().plan_cache().clear();  // only this step's plans are checked
+  Engine::current().set_precision(precision);
   const models::GPTConfig c = testing::tiny_gpt_config(1);
   manual_seed(3);
   models::GPT model(c);
@@ -241,8 +243,15 @@ TEST(FakeGpuGpt, EveryKernelOfATrainingStepPassesPtxas) {
   for (const Plan* p : Engine::current().plan_cache().plans())
     if (p->device)
       for (const auto& k : p->device->kernels()) kernels.push_back(k.launch->kernel.get());
+  Engine::current().set_precision(Precision::f32);
   ASSERT_GT(kernels.size(), 20u);
   testing::expect_ptxas_accepts(kernels);
+}
+
+TEST(FakeGpuGpt, EveryKernelOfATrainingStepPassesPtxas) { every_kernel_of_a_training_step_passes_ptxas(Precision::f32); }
+
+TEST(FakeGpuGpt, EveryKernelOfABf16TrainingStepPassesPtxas) {
+  every_kernel_of_a_training_step_passes_ptxas(Precision::bf16);
 }
 
 }  // namespace

@@ -16,8 +16,11 @@
 // before the current tile's FFMAs (held in registers, stored to shared memory after the
 // barrier), so their latency hides behind the arithmetic. Batch dims: grid z walks the logical
 // batch, each operand and output with its own batch strides (0 where an operand broadcasts). FFMA
-// in f32, or with KILN_ALLOW_TF32=1 tf32 tensor cores (mma.sync) on the 128x128 tiles. Row sums of A (a bias gradient) come out of the blocks of the first tile column, from
-// the tiles in shared memory.
+// in f32, or with KILN_ALLOW_TF32=1 tf32 tensor cores (mma.sync) on the 128x128 tiles. bf16
+// operands (both or neither) are loaded as bf16 (half the bytes) and widened to f32 in the
+// tiles: their products are exact in both kernels, and large tiles take the tensor cores. Row
+// sums of A (a bias gradient) come out of the blocks of the first tile column, from the tiles in
+// shared memory.
 #include "circuit/prims/fused_matmul.hpp"
 
 #include <spdlog/fmt/fmt.h>
@@ -62,8 +65,10 @@ constexpr double kLargeTileMinWaveFill = 0.8;
 int forced_tile = 0;
 bool forced_tf32 = false;
 
-Tiling choose_tiling(int64_t m, int64_t n, int64_t batch) {
-  const bool tf32 = forced_tf32 || options::allow_tf32();
+// bf16 operands take the tensor cores whenever the tiles are large, whatever KILN_ALLOW_TF32 says:
+// a bf16 value is a tf32 value, so the tf32 mma multiplies them exactly (as a bf16 mma would).
+Tiling choose_tiling(int64_t m, int64_t n, int64_t batch, bool bf16_operands) {
+  const bool tf32 = forced_tf32 || options::allow_tf32() || bf16_operands;
   const int forced = forced_tile != 0 ? forced_tile : options::matmul_tile();
   if (forced != 0) return forced == 128 ? (tf32 ? kTf32Tile : kLargeTile) : kSmallTile;
   const int64_t large_blocks = (m + 127) / 128 * ((n + 127) / 128) * batch;
@@ -215,7 +220,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   const Shape batch_shape(f.batch);
   const int nb = static_cast<int>(f.batch.size());
   const int64_t batch = batch_shape.numel();
-  const Tiling tile = choose_tiling(M, N, batch);
+  const Tiling tile = choose_tiling(M, N, batch, c.info(op.inputs[0]).dtype == DType::bf16);
   const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
   if (batch > 65535 || grid_m > 65535)
     fail(op.prim->name, op.scope,
@@ -418,11 +423,13 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   lo.launches.push_back(finish_launch(
       b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},
       {kThreads, 1, 1}, std::move(args)));
-  lo.summary = tile.tf32 ? fmt::format("{}: tile {}x{}x{}, {} threads, mma.sync tf32 on warp tiles {}x{}, {}",
+  const char* operands = operand_dtype == DType::bf16 ? ", bf16 operands widened" : "";
+  lo.summary = tile.tf32 ? fmt::format("{}: tile {}x{}x{}, {} threads, mma.sync tf32 on warp tiles {}x{}{}, {}",
                                         op.prim->name, tile.tm, tile.tn, kTileK, kThreads, kWarpTileM, kWarpTileN,
-                                        launch_text(lo.launches.back()))
-                         : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs, {}", op.prim->name, tile.tm,
-                                       tile.tn, kTileK, kThreads, tile.pm, tile.pn, launch_text(lo.launches.back()));
+                                        operands, launch_text(lo.launches.back()))
+                         : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs{}, {}", op.prim->name, tile.tm,
+                                       tile.tn, kTileK, kThreads, tile.pm, tile.pn, operands,
+                                       launch_text(lo.launches.back()));
   return lo;
 }
 

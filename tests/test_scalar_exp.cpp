@@ -250,6 +250,12 @@ TEST(ScalarExp, AccessorsAndNames) {
   EXPECT_STREQ(exp_op_name(ExpOp::Add), "add");
   EXPECT_EQ(exp_op_arity(ExpOp::Input), 0);
   EXPECT_EQ(exp_op_arity(ExpOp::Abs), 1);
+  EXPECT_EQ(exp_op_arity(ExpOp::RoundBf16), 1);
+  EXPECT_STREQ(exp_op_name(ExpOp::RoundBf16), "round_bf16");
+  // Rounds like cast to bf16 (ties to even: 1 + 2^-8 -> 1), and its derivative passes straight through.
+  EXPECT_EQ(se::round_bf16(in(0)).eval(std::vector<double>{1.0 + 0x1p-8}), 1.0);
+  EXPECT_EQ(se::round_bf16(in(0)).eval(std::vector<double>{1.0 + 3 * 0x1p-8}), 1.0 + 0x1p-6);
+  EXPECT_EQ(se::round_bf16(in(0) * in(0)).derivative(0), in(0) + in(0));
   EXPECT_EQ(exp_op_arity(ExpOp::Ne), 2);
   EXPECT_EQ(exp_op_arity(ExpOp::Select), 3);
 }

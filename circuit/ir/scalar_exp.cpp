@@ -12,6 +12,7 @@
 #include <numbers>
 #include <unordered_map>
 
+#include "circuit/ir/bf16.hpp"
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/hash.hpp"
 
@@ -42,7 +43,7 @@ void ix_check(bool ok, const std::string& msg) {
 
 const char* exp_op_name(ExpOp op) {
   static constexpr const char* names[] = {"const",   "input", "neg",       "exp",  "log",   "sqrt", "rsqrt", "tanh",
-                                          "sigmoid", "gelu",  "gelu_grad", "silu", "sin",   "cos",  "abs",   "add",
+                                          "sigmoid", "gelu",  "gelu_grad", "silu", "sin",   "cos",  "abs",   "round_bf16", "add",
                                           "sub",     "mul",   "div",       "pow",  "max",   "min",  "lt",    "le",
                                           "gt",      "ge",    "eq",        "ne",   "select"};
   static_assert(std::size(names) == static_cast<size_t>(ExpOp::Select) + 1);
@@ -52,7 +53,7 @@ const char* exp_op_name(ExpOp op) {
 
 int exp_op_arity(ExpOp op) {
   if (op <= ExpOp::Input) return 0;
-  if (op <= ExpOp::Abs) return 1;
+  if (op <= ExpOp::RoundBf16) return 1;
   if (op <= ExpOp::Ne) return 2;
   return 3;
 }
@@ -220,6 +221,7 @@ T eval_rec(const ScalarExp& e, std::span<const T> in) {
     case ExpOp::Sin: return std::sin(x);
     case ExpOp::Cos: return std::cos(x);
     case ExpOp::Abs: return std::fabs(x);
+    case ExpOp::RoundBf16: return static_cast<T>(bf16_to_f32(f32_to_bf16(static_cast<float>(x))));
     default: break;
   }
   const T y = arg(1);
@@ -316,6 +318,7 @@ ScalarExp diff_rec(const ScalarExp& e, int k, Memo& memo) {
       r = mul_z(se::select(se::gt(x, zero), one, se::select(se::lt(x, zero), se::c(-1.0), zero)), d(0));
       break;
     }
+    case ExpOp::RoundBf16: r = d(0); break;  // straight through
     case ExpOp::Add: r = add_z(d(0), d(1)); break;
     case ExpOp::Sub: r = sub_z(d(0), d(1)); break;
     case ExpOp::Mul: r = add_z(mul_z(n.args[1], d(0)), mul_z(n.args[0], d(1))); break;
@@ -454,6 +457,7 @@ ScalarExp silu(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Silu, a); }
 ScalarExp sin(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Sin, a); }
 ScalarExp cos(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Cos, a); }
 ScalarExp abs(const ScalarExp& a) { return ScalarExp::unary(ExpOp::Abs, a); }
+ScalarExp round_bf16(const ScalarExp& a) { return ScalarExp::unary(ExpOp::RoundBf16, a); }
 ScalarExp pow(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Pow, a, b); }
 ScalarExp max(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Max, a, b); }
 ScalarExp min(const ScalarExp& a, const ScalarExp& b) { return ScalarExp::binary(ExpOp::Min, a, b); }

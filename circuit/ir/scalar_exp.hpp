@@ -30,6 +30,7 @@ enum class ExpOp : uint8_t {
   Sin,
   Cos,
   Abs,
+  RoundBf16,  // the value rounded to bf16 (nearest even) and back: a bf16 operand read from f32
   // binary
   Add,
   Sub,
@@ -126,6 +127,10 @@ ScalarExp silu(const ScalarExp& a);
 ScalarExp sin(const ScalarExp& a);
 ScalarExp cos(const ScalarExp& a);
 ScalarExp abs(const ScalarExp& a);
+// Rounds an f32 value to bf16 and back (exact on the way back). Its derivative passes the
+// gradient straight through, as cast's VJP does; the matmul fusion pass writes it where a matmul
+// reads an f32 value through a cast to bf16.
+ScalarExp round_bf16(const ScalarExp& a);
 ScalarExp pow(const ScalarExp& a, const ScalarExp& b);
 ScalarExp max(const ScalarExp& a, const ScalarExp& b);
 ScalarExp min(const ScalarExp& a, const ScalarExp& b);

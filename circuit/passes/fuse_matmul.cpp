@@ -105,10 +105,12 @@ std::optional<View> through_move(const Circuit& c, const Op& op, size_t out, con
 }
 
 // Follows `v` back through moves and unary pointwise ops (which become the prologue) as far as
-// it stays a view. It stops at ops `stop` names (another group's members: their inputs may not
-// exist once it is contracted), at a pointwise op whose value something other than a matmul
-// reads (it is written anyway; recomputing it per load would only cost), and before a buffer
-// something assigns (the read would move past the assign).
+// it stays a view, and through a cast of f32 to bf16 (the prologue rounds to bf16: the matmul
+// reads the f32 value and multiplies the same bf16 values, so the mixed-precision policy's casts
+// need no kernel of their own). It stops at ops `stop` names (another group's members: their
+// inputs may not exist once it is contracted), at a pointwise op whose value something other
+// than a matmul reads (it is written anyway; recomputing it per load would only cost), and
+// before a buffer something assigns (the read would move past the assign).
 View read_through(const Circuit& c, View v, const std::vector<bool>& assigned,
                   const std::vector<std::vector<int32_t>>& readers, const std::function<bool(int32_t)>& stop) {
   for (;;) {
@@ -124,6 +126,12 @@ View read_through(const Circuit& c, View v, const std::vector<bool>& assigned,
         next = v;
         next->base = op.inputs[0];
         next->prologue = v.prologue.substitute({op.params.body});
+      }
+    } else if (op.is(PrimId::cast)) {
+      if (op.params.dtype == DType::bf16 && c.info(op.inputs[0]).dtype == DType::f32) {
+        next = v;  // a bf16 value takes no prologue, so v's is in0
+        next->base = op.inputs[0];
+        next->prologue = se::round_bf16(se::in(0));
       }
     } else {
       const size_t out =

@@ -173,15 +173,16 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   if (in.size() != static_cast<size_t>(2 + f.extras))
     ctx.fail(fmt::format("takes a, b and {} extra inputs; {} inputs were given", f.extras, in.size()));
   if (p.dtype != DType::f32 && p.dtype != DType::f64) ctx.fail("result dtype must be f32 or f64");
-  // Operands are of the result dtype, or both bf16 under an f32 result (f32 accumulation); extra
-  // inputs are of the result dtype.
-  const bool bf16_operands = p.dtype == DType::f32 && in[0].dtype == DType::bf16 && in[1].dtype == DType::bf16;
-  for (size_t i = 0; i < in.size(); ++i)
-    if (in[i].dtype != p.dtype && !(i < 2 && bf16_operands))
+  // Each operand is of the result dtype, or bf16 under an f32 result (widened exactly, f32
+  // accumulation; no prologue: it is read as stored); extra inputs are of the result dtype.
+  for (size_t i = 0; i < in.size(); ++i) {
+    const bool bf16_operand = i < 2 && p.dtype == DType::f32 && in[i].dtype == DType::bf16;
+    if (in[i].dtype != p.dtype && !bf16_operand)
       ctx.fail(fmt::format("input {} is {}{}; every input must be {}{}", i, dtype_name(in[i].dtype),
-                           in[i].shape.str(), dtype_name(p.dtype), i < 2 ? " (or both operands bf16 under f32)" : ""));
-  if (bf16_operands && (f.a.prologue != se::in(0) || f.b.prologue != se::in(0)))
-    ctx.fail("bf16 operands take no prologue (they are read as stored)");
+                           in[i].shape.str(), dtype_name(p.dtype), i < 2 ? " (or bf16 under f32)" : ""));
+    if (bf16_operand && (i == 0 ? f.a : f.b).prologue != se::in(0))
+      ctx.fail(fmt::format("operand {} is bf16 and takes no prologue (it is read as stored)", i == 0 ? "a" : "b"));
+  }
   if (f.m < 1 || f.n < 1 || f.k < 1) ctx.fail(fmt::format("needs m, n, k >= 1, received {}, {}, {}", f.m, f.n, f.k));
   ctx.require_dims(f.batch, "batch");
   const char* names[2] = {"a", "b"};

@@ -168,7 +168,7 @@ void keep_element(KernelBuilder& b, const TileLoader& t, Reg x, Reg ok, Reg valu
     return;
   }
   if (t.view->prologue != se::in(0)) x = b.selp(Type::f32, emit_scalar_exp(b, t.view->prologue, {x}), imm_f32(0.0f), ok);
-  if (t.tf32) x = b.unary(kir::Opc::RoundTf32, Type::f32, x);
+  if (t.tf32 && t.view->prologue != se::round_bf16(se::in(0))) x = b.unary(kir::Opc::RoundTf32, Type::f32, x);
   b.set(value, x);
 }
 
@@ -220,7 +220,13 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   const Shape batch_shape(f.batch);
   const int nb = static_cast<int>(f.batch.size());
   const int64_t batch = batch_shape.numel();
-  const Tiling tile = choose_tiling(M, N, batch, c.info(op.inputs[0]).dtype == DType::bf16);
+  // bf16 values: stored as bf16, or f32 read through a rounding to bf16 (a cast fused in).
+  const ScalarExp rounded = se::round_bf16(se::in(0));
+  auto bf16_valued = [&](int i, const MatmulOperand& v) {
+    return c.info(op.inputs[static_cast<size_t>(i)]).dtype == DType::bf16 || v.prologue == rounded;
+  };
+  const bool bf16_values = bf16_valued(0, f.a) && bf16_valued(1, f.b);
+  const Tiling tile = choose_tiling(M, N, batch, bf16_values);
   const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
   if (batch > 65535 || grid_m > 65535)
     fail(op.prim->name, op.scope,
@@ -257,12 +263,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   auto batch_offset = [&](const std::vector<int64_t>& strides, int64_t base) {
     return zc.empty() ? b.mov(it, imm_index(it, base)) : linear_offset(b, zc, strides, base);
   };
-  // Operands are f32, or both bf16 (widened to f32 as they are loaded: the products of bf16
-  // values are exact in f32 and in tf32, so both the FFMA and the tf32 kernels compute them exactly).
-  const DType operand_dtype = c.info(op.inputs[0]).dtype;
-  const int operand_bytes = static_cast<int>(dtype_size(operand_dtype));
-  Reg a_base = b.address(pa, batch_offset(f.a.batch, f.a.offset), operand_bytes);
-  Reg b_base = b.address(pb, batch_offset(f.b.batch, f.b.offset), operand_bytes);
+  // Each operand is f32, or bf16 (widened to f32 as it is loaded: the products of bf16 values are
+  // exact in f32 and in tf32, so both the FFMA and the tf32 kernels compute them exactly).
+  const DType a_dtype = c.info(op.inputs[0]).dtype, b_dtype = c.info(op.inputs[1]).dtype;
+  Reg a_base = b.address(pa, batch_offset(f.a.batch, f.a.offset), static_cast<int>(dtype_size(a_dtype)));
+  Reg b_base = b.address(pb, batch_offset(f.b.batch, f.b.offset), static_cast<int>(dtype_size(b_dtype)));
   Reg out_off = batch_offset(f.out_batch, 0);
   std::vector<std::vector<int64_t>> extra_strides(static_cast<size_t>(f.extras));
   std::vector<Reg> extra_base(static_cast<size_t>(f.extras));
@@ -276,8 +281,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
   Reg as = b.shared_addr(b.shared_array("a_tile", 4 * kTileK * pitch_a));
   Reg bs = b.shared_addr(b.shared_array("b_tile", 4 * kTileK * pitch_b));
-  TileLoader la = make_loader(b, it, a_base, f.a, operand_dtype, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
-  TileLoader lb = make_loader(b, it, b_base, f.b, operand_dtype, N, K, tile.tn, pitch_b, tile.tf32, n0, tid, bs);
+  TileLoader la = make_loader(b, it, a_base, f.a, a_dtype, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
+  TileLoader lb = make_loader(b, it, b_base, f.b, b_dtype, N, K, tile.tn, pitch_b, tile.tf32, n0, tid, bs);
 
   // acc[i * pn + j]: row ty*4 + i (quadrants of 4 rows 64 apart), column tx*4 + j (likewise).
   std::vector<Reg> acc;
@@ -423,7 +428,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   lo.launches.push_back(finish_launch(
       b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},
       {kThreads, 1, 1}, std::move(args)));
-  const char* operands = operand_dtype == DType::bf16 ? ", bf16 operands widened" : "";
+  const char* operands = bf16_values ? ", bf16 operands" : "";
   lo.summary = tile.tf32 ? fmt::format("{}: tile {}x{}x{}, {} threads, mma.sync tf32 on warp tiles {}x{}{}, {}",
                                         op.prim->name, tile.tm, tile.tn, kTileK, kThreads, kWarpTileM, kWarpTileN,
                                         operands, launch_text(lo.launches.back()))

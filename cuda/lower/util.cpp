@@ -325,6 +325,7 @@ Reg emit_op_of(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>& a) 
     case ExpOp::Sin: return emit_trig(b, Opc::Sin, a[0]);
     case ExpOp::Cos: return emit_trig(b, Opc::Cos, a[0]);
     case ExpOp::Abs: return b.abs(Type::f32, a[0]);
+    case ExpOp::RoundBf16: return b.cvt(Type::f32, b.cvt(Type::bf16, a[0]));  // cvt.rn.bf16.f32, then exact
     case ExpOp::Add: return f_add(b, a[0], a[1]);
     case ExpOp::Sub: return b.sub(Type::f32, a[0], a[1]);
     case ExpOp::Mul: return f_mul(b, a[0], a[1]);

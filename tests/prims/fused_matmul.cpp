@@ -51,6 +51,23 @@ void fused_matmul_cases(FamilyCases& c) {
                           return b.concat({b.reshape(outs[0], Shape{70 * 91}), b.reshape(outs[1], Shape{70})}, 0);
                         },
                         1e-5});
+  // Mixed precision as the matmul fusion leaves it: a read in f32 through a rounding to bf16 (a
+  // cast fused in), b stored in bf16 (a weight's cast), f32 bias epilogue and row sums of a. Both
+  // sides multiply the same bf16 values exactly: only the order of the sums differs.
+  c.lowering.push_back({"fused_matmul_bf16_rounded_and_stored",
+                        {f32({67, 45}), f32({91, 45}), f32({91})},
+                        [](Builder& b, const std::vector<ValueId>& x) {
+                          FusedMatmul f = FusedMatmul::plain(Shape{67, 45}, Shape{91, 45}, false, true);
+                          f.a.prologue = se::round_bf16(se::in(0));
+                          f.extras = 1;
+                          f.epilogues = {se::in(0) + se::in(1)};
+                          f.a_row_sums = true;
+                          f.row_sums_shape = Shape{67};
+                          std::vector<ValueId> outs = b.circuit().add_op(
+                              "fused_matmul", f.to_params(DType::f32), {x[0], b.cast(x[1], DType::bf16), x[2]}, b.scope());
+                          return b.concat({b.reshape(outs[0], Shape{67 * 91}), outs[1]}, 0);
+                        },
+                        1e-5});
 }
 
 }  // namespace kiln::testing

@@ -54,6 +54,13 @@ void pointwise_cases(FamilyCases& c) {
   add_unary_pointwise_lowering(
       c, "compare_select",
       se::select(se::gt(in(0), se::c(0.5)), se::max(in(0), se::c(1.0)), se::min(in(0), se::c(-1.0))));
+  // Rounding to bf16 (cvt.rn.bf16.f32, then back): bit-exact against the host's conversion.
+  c.lowering.push_back({"pointwise_round_bf16",
+                        {f32({37, 45}, -1000, 1000)},
+                        [](Builder& b, const std::vector<ValueId>& x) {
+                          return b.pointwise(se::round_bf16(se::in(0) * se::c(1.0 / 3.0)), {x[0]});
+                        },
+                        0});
   c.lowering.push_back({"pointwise_binary_broadcast",
                         {f32({37, 1}), f32({1, 45}, 0.5, 2)},
                         [](Builder& b, const std::vector<ValueId>& x) {

@@ -57,13 +57,20 @@ TEST(FuseColumns, LayernormParameterGradientsTakeOnePass) {
   }
 }
 
-TEST(FuseColumns, ALoneSumStaysAReduce) {
-  Built u;
-  ValueId x = u.input({6, 4}, DType::f32, 1);
-  Builder b(u.c);
-  u.outs = {b.reduce(ReduceKind::Sum, x, 0)};
-  Circuit f = expect_fused_matches(u, DType::f32);
-  EXPECT_EQ(testing::count_prim(f, PrimId::column_sums), 0u);
+// A lone sum whose input a matmul reads stays a reduce (the matmul fusion takes it as a bias
+// gradient); one no matmul reads (a bias gradient under --precision bf16, whose matmuls read
+// dY through a cast) becomes column_sums, whose kernel splits the rows across blocks.
+TEST(FuseColumns, ALoneSumStaysAReduceOnlyWhereAMatmulReadsItsInput) {
+  for (bool matmul : {true, false}) {
+    Built u;
+    ValueId x = u.input({6, 4}, DType::f32, 1);
+    ValueId w = u.input({6, 3}, DType::f32, 2);
+    Builder b(u.c);
+    u.outs = {b.reduce(ReduceKind::Sum, x, 0)};
+    if (matmul) u.outs.push_back(b.matmul(x, w, true, false));
+    Circuit f = expect_fused_matches(u, DType::f32);
+    EXPECT_EQ(testing::count_prim(f, PrimId::column_sums), matmul ? 0u : 1u) << f.dump("fused");
+  }
 }
 
 // s2 sums x * s1 where s1 sums x: they share x, but one op cannot compute s2 from its own s1;

@@ -215,6 +215,34 @@ TEST(SimulatorBugs, DivergentMma) {
                 "threads (16,0,0)..(31,0,0) exited"});
 }
 
+TEST(SimulatorBugs, DivergentLdmatrix) {
+  KernelBuilder b("half_warp_ldmatrix");
+  Reg out = b.param("out", Type::u64);
+  Reg lane = b.sreg(SReg::laneid);
+  Reg tile = b.shared_addr(b.shared_array("tile", 256));
+  b.if_(b.setp(Cmp::lt, lane, imm_u32(16)), [&] {
+    const std::vector<Reg> d = b.ldmatrix(1, false, tile);
+    b.st(Space::global, Type::u32, b.address(out, lane, 4), d[0]);
+  });
+  DeviceMemory mem;
+  const uint64_t o = mem.alloc(32 * 4);
+  expect_error([&] { simulate(b.finish(), {1}, {32}, {o}, mem); },
+               {"kernel 'half_warp_ldmatrix'", "threads (0,0,0)..(15,0,0) wait at ldmatrix",
+                "threads (16,0,0)..(31,0,0) exited"});
+}
+
+// A row address past the block's shared memory is reported as the lane's out-of-bounds read.
+TEST(SimulatorBugs, LdmatrixRowOutOfBounds) {
+  KernelBuilder b("ldmatrix_past_the_tile");
+  Reg lane = b.sreg(SReg::laneid);
+  Reg tile = b.shared_addr(b.shared_array("tile", 128));
+  b.ldmatrix(1, false, b.mad(Type::u32, lane, imm_u32(16), tile));  // lane 7's row ends at 128: in; x1 reads lanes 0-7
+  b.ldmatrix(2, false, b.mad(Type::u32, lane, imm_u32(16), tile));  // lane 8's row starts at 128: out
+  DeviceMemory mem;
+  expect_error([&] { simulate(b.finish(), {1}, {32}, {}, mem); },
+               {"kernel 'ldmatrix_past_the_tile'", "out-of-bounds shared ldmatrix row of 16 bytes at offset 0x80"});
+}
+
 TEST(SimulatorBugs, DivergentBarrier) {
   KernelBuilder b("partial_barrier");
   Reg tid = b.sreg(SReg::tid_x);

@@ -42,7 +42,7 @@ const char* opc_name(Opc op) {
       "max",         "neg", "abs", "and",      "or",       "xor",       "not",  "shl",      "shr", "setp",     "selp",
       "cvt",         "ex2", "lg2", "rcp",      "rsqrt",    "sqrt",      "tanh", "sin",      "cos", "ld.param", "sreg",
       "shared.addr", "ld",  "st",  "atom.add", "bar.sync", "shfl.sync", "ret",  "membar.gl",
-      "mma.sync", "cvt.rna.tf32"};
+      "mma.sync", "cvt.rna.tf32", "ldmatrix"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -265,6 +265,16 @@ struct Checker {
         if (exit_seen) fail(in, "a thread may have exited before this mma.sync (guard the work with an if instead)");
         break;
       }
+      case Opc::Ldmatrix: {
+        nsrc(1);
+        if (in.vec != 1 && in.vec != 2 && in.vec != 4) fail(in, "ldmatrix loads 1, 2 or 4 matrices");
+        if (in.dsts.size() != static_cast<size_t>(in.vec)) fail(in, "ldmatrix writes one u32 a matrix");
+        for (Reg r : in.dsts)
+          if (r.type != Type::u32) fail(in, "ldmatrix's destinations are u32 (two 16-bit elements each)");
+        type_is(in, in.srcs[0], Type::u32, "row address (shared)");
+        if (exit_seen) fail(in, "a thread may have exited before this ldmatrix (guard the work with an if instead)");
+        break;
+      }
     }
   }
   void body(const std::vector<Stmt>& stmts) {
@@ -274,6 +284,8 @@ struct Checker {
           if (s.guard.valid() && s.guard.type != Type::pred) fail(s.instr, "guard must be a predicate");
           if (s.guard.valid() && (s.instr.op == Opc::Mma || s.instr.op == Opc::RoundTf32))
             fail(s.instr, "mma.sync and cvt.rna.tf32 are printed as blocks: no guard (use an if)");
+          if (s.guard.valid() && s.instr.op == Opc::Ldmatrix)
+            fail(s.instr, "ldmatrix needs the whole warp: no guard");
           instr(s.instr);
           break;
         case Stmt::Kind::If:
@@ -529,6 +541,20 @@ std::vector<Reg> KernelBuilder::mma(MmaShape shape, const std::vector<Operand>& 
   in.srcs.insert(in.srcs.end(), b.begin(), b.end());
   in.srcs.insert(in.srcs.end(), c.begin(), c.end());
   for (int i = 0; i < 4; ++i) in.dsts.push_back(reg(Type::f32));
+  std::vector<Reg> d = in.dsts;
+  emit(std::move(in));
+  return d;
+}
+
+std::vector<Reg> KernelBuilder::ldmatrix(int count, bool trans, Operand row_address) {
+  Instr in;
+  in.op = Opc::Ldmatrix;
+  in.type = Type::u32;
+  in.space = Space::shared;
+  in.vec = count;
+  in.trans = trans;
+  in.srcs = {row_address};
+  for (int i = 0; i < count; ++i) in.dsts.push_back(reg(Type::u32));
   std::vector<Reg> d = in.dsts;
   emit(std::move(in));
   return d;

@@ -126,6 +126,12 @@ enum class Opc : uint8_t {
   // dst (f32) = a (f32) rounded to tf32 (10 mantissa bits), to nearest with ties away from zero
   // (cvt.rna.tf32.f32): the operands mma.sync tf32 should be given.
   RoundTf32,
+  // ldmatrix.sync.aligned.m8n8.x{vec}{.trans}.shared.b16 (full warp): `vec` 8x8 matrices of
+  // 16-bit elements, row r of matrix m at the shared address (u32) that lane 8m + r gives (16
+  // bytes, 16-byte aligned); dsts[m] (u32) of lane l holds row l / 4, elements 2 (l % 4) (low
+  // half) and 2 (l % 4) + 1 of matrix m, or with `trans` column l / 4, rows 2 (l % 4) and
+  // 2 (l % 4) + 1: the A and B fragments of mma.sync m16n8k16 (KernelBuilder::ldmatrix).
+  Ldmatrix,
 };
 const char* opc_name(Opc op);
 
@@ -142,7 +148,8 @@ struct Instr {
   Space space = Space::global;
   int32_t param = 0;   // LdParam
   int32_t shared = 0;  // SharedAddr
-  int32_t vec = 1;     // Ld/St vector width
+  int32_t vec = 1;     // Ld/St vector width; Ldmatrix: matrices (1, 2 or 4)
+  bool trans = false;  // Ldmatrix: transposed
   int64_t offset = 0;  // Ld/St/AtomAdd byte offset added to the address
 };
 
@@ -254,6 +261,8 @@ class KernelBuilder {
   Reg shfl(ShflMode m, Operand value, Operand lane_or_delta, Operand clamp = imm_u32(31));
   // D = A B + C for the warp (every lane must take part): a[4], b[2] (f32 for tf32, u32 packed
   // pairs for bf16/f16), c[4] f32; returns D's 4 f32 registers of this lane.
+  // `count` (1, 2, 4) 8x8 b16 matrices from the row addresses the lanes give (Opc::Ldmatrix).
+  std::vector<Reg> ldmatrix(int count, bool trans, Operand row_address);
   std::vector<Reg> mma(MmaShape shape, const std::vector<Operand>& a, const std::vector<Operand>& b,
                        const std::vector<Operand>& c);
   void ret();

@@ -255,6 +255,12 @@ class Printer {
         // The tf32 result is a .b32 register in PTX: converted in a scope of its own, moved back.
         return "{\n\t.reg .b32 %tf32;\n\tcvt.rna.tf32.f32 %tf32, " + opnd(in.srcs[0]) + ";\n\tmov.b32 " +
                reg(in.dsts[0]) + ", %tf32;\n\t}";
+      case Opc::Ldmatrix: {  // the destinations are a braced vector even for one register
+        std::string d = elements(in.dsts, 0);
+        if (in.dsts.size() == 1) d = "{" + d + "}";
+        return "ldmatrix.sync.aligned.m8n8.x" + std::to_string(in.vec) + (in.trans ? ".trans" : "") + ".shared.b16 " +
+               d + ", [" + opnd(in.srcs[0]) + "]";
+      }
       case Opc::Mma: {
         // ptxas takes A and B only in .b32 registers (not .u32 or .f32 ones): they are moved into
         // .b32 registers of a scope of their own.

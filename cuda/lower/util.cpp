@@ -141,7 +141,7 @@ uint64_t hash_stmts(uint64_t h, const std::vector<kir::Stmt>& body) {
                             static_cast<uint64_t>(in.space) << 48);
     h = hash_combine(h, static_cast<uint64_t>(in.param) << 32 ^ static_cast<uint32_t>(in.shared));
     h = hash_combine(h, static_cast<uint64_t>(in.vec) << 32 ^ static_cast<uint64_t>(in.offset));
-    h = hash_combine(h, static_cast<uint64_t>(in.mma));
+    h = hash_combine(h, static_cast<uint64_t>(in.mma) | static_cast<uint64_t>(in.trans) << 8);
     for (Reg r : in.dsts) h = hash_combine(h, (static_cast<uint64_t>(r.type) << 32) ^ static_cast<uint32_t>(r.index));
     for (const auto& o : in.srcs) h = hash_operand(h, o);
     h = hash_stmts(hash_combine(h, s.body.size()), s.body);

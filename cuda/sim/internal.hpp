@@ -24,6 +24,9 @@ enum class Code : uint16_t {
   Bra, BrTrue, BrFalse, Exit, Bar, Shfl, Fence,
   // A warp's matrix product (mma.sync): aux = kir::MmaShape; vslots from b: D[4], A[4], B[2], C[4].
   Mma,
+  // A warp's ldmatrix: aux = matrices, size = 1 when transposed; a = the lane's row address;
+  // vslots from b: one destination a matrix.
+  Ldmatrix,
   // Moves: Mov copies a slot (also zero-extending cvt and shared addresses); Selp: d = c ? a : b.
   Mov, Selp, LdParam, Sreg,
   // 32-bit integers (u32 and s32 share the wrapping ops).

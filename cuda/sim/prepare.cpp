@@ -286,6 +286,14 @@ class Flattener {
         break;
       case Opc::Ret: op.code = Code::Exit; break;
       case Opc::Membar: op.code = Code::Fence; break;  // orders global memory (simulator.hpp)
+      case Opc::Ldmatrix:
+        op.code = Code::Ldmatrix;
+        op.aux = static_cast<uint8_t>(in.vec);
+        op.size = in.trans ? 1 : 0;
+        op.a = slot(in.srcs[0]);
+        op.b = static_cast<uint32_t>(out_.vslots.size());
+        for (Reg r : in.dsts) out_.vslots.push_back(reg_slot(r));
+        break;
       case Opc::Mma:
         op.code = Code::Mma;
         op.aux = static_cast<uint8_t>(in.mma);

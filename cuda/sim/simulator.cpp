@@ -180,7 +180,7 @@ class Executor {
       shared_slot_.assign(k.code.size(), -1);
       for (size_t pc = 0; pc < k.code.size(); ++pc) {
         const Code c = k.code[pc].code;
-        if (c == Code::LdS || c == Code::StS || c == Code::AtomS) shared_slot_[pc] = shared_ops_++;
+        if (c == Code::LdS || c == Code::StS || c == Code::AtomS || c == Code::Ldmatrix) shared_slot_[pc] = shared_ops_++;
       }
     }
     const uint64_t resident = std::clamp<uint64_t>(options.resident_blocks, 1, grid.count());
@@ -312,8 +312,11 @@ class Executor {
       if (b.pc[first + l] != b.pc[first]) fail_divergent_shuffle(w);
     b.warp_waiting[w] = 0;
     const Op& op = k_.code[b.pc[first]];
-    if (op.code == Code::Mma) {
-      complete_mma(first, op);
+    if (op.code == Code::Mma || op.code == Code::Ldmatrix) {
+      if (op.code == Code::Mma)
+        complete_mma(first, op);
+      else
+        complete_ldmatrix(first, b.pc[first], op);
       for (uint32_t l = 0; l < kWarp; ++l) resume_after_warp_op(first + l);
       return;
     }
@@ -400,6 +403,30 @@ class Executor {
         double sum = c[row][col];
         for (int k = 0; k < depth; ++k) sum += a[row][k] * bm[k][col];
         r[s[i]] = std::bit_cast<uint32_t>(static_cast<float>(sum));
+      }
+    }
+  }
+
+  // ldmatrix for the warp from lane `first`: row r of matrix m is the 16 bytes at the address
+  // lane 8m + r gives (checked as that lane's shared read); lane l receives, for each matrix,
+  // elements 2q and 2q + 1 (q = l % 4) of row l / 4, or with .trans of column l / 4 (rows 2q and
+  // 2q + 1), the first in the low half: the PTX ISA's fragment layout for ldmatrix.
+  void complete_ldmatrix(uint32_t first, uint32_t pc, const Op& op) {
+    const int count = op.aux;
+    const bool trans = op.size != 0;
+    uint16_t m[4][8][8];
+    for (int mat = 0; mat < count; ++mat)
+      for (int row = 0; row < 8; ++row) {
+        const uint32_t lane = first + static_cast<uint32_t>(8 * mat + row);
+        const std::byte* p = shared(lane, pc, reg(lane)[op.a], 16, "ldmatrix row", Access::read);
+        for (int col = 0; col < 8; ++col) m[mat][row][col] = static_cast<uint16_t>(load_elem(p + 2 * col, 2));
+      }
+    for (uint32_t l = 0; l < kWarp; ++l) {
+      const int g = static_cast<int>(l / 4), q = static_cast<int>(l % 4);
+      for (int mat = 0; mat < count; ++mat) {
+        const uint16_t lo = trans ? m[mat][2 * q][g] : m[mat][g][2 * q];
+        const uint16_t hi = trans ? m[mat][2 * q + 1][g] : m[mat][g][2 * q + 1];
+        reg(first + l)[k_.vslots[op.b + static_cast<uint32_t>(mat)]] = uint32_t{lo} | uint32_t{hi} << 16;
       }
     }
   }
@@ -762,6 +789,7 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
         goto stop;
       case Code::Shfl:
       case Code::Mma:
+      case Code::Ldmatrix:
         blk.state[t] = State::at_shfl;
         if (blk.warp_waiting[t / kWarp]++ == 0) blk.pending_warps.push_back(t / kWarp);
         goto stop;

@@ -243,6 +243,69 @@ TEST(SimulatorBugs, LdmatrixRowOutOfBounds) {
                {"kernel 'ldmatrix_past_the_tile'", "out-of-bounds shared ldmatrix row of 16 bytes at offset 0x80"});
 }
 
+// cp.async misuse. Each thread copies 16 bytes into its own shared slot, commits, then:
+enum class AsyncMisuse {
+  ReadBeforeWait,      // reads its slot with no cp.async.wait_group
+  ReadNewestGroup,     // copies a second group, waits with 1 left pending, reads the newest
+  ExitWithoutWait,     // exits with the group pending
+  NeighbourNoBarrier,  // waits, then reads the next thread's slot without a barrier
+  Correct,             // waits, bar.sync, reads the next thread's slot
+};
+
+kir::Kernel async_kernel(AsyncMisuse m) {
+  KernelBuilder b("cp_async_misuse");
+  Reg in = b.param("in", Type::u64), out = b.param("out", Type::u64);
+  Reg tid = b.sreg(SReg::tid_x);
+  Reg area = b.shared_addr(b.shared_array("area", 2 * 32 * 16));
+  Reg mine = b.mad(Type::u32, tid, imm_u32(16), area);
+  b.cp_async(mine, b.address(in, b.mul(Type::u32, tid, imm_u32(4)), 4), 16, imm_u32(16));
+  b.cp_async_commit();
+  Reg next = b.mad(Type::u32, b.rem(Type::u32, b.add(Type::u32, tid, imm_u32(1)), imm_u32(32)), imm_u32(16), area);
+  Reg read = mine;
+  switch (m) {
+    case AsyncMisuse::ReadBeforeWait: break;
+    case AsyncMisuse::ReadNewestGroup: {
+      Reg second = b.add(Type::u32, mine, imm_u32(32 * 16));
+      b.cp_async(second, b.address(in, b.mul(Type::u32, tid, imm_u32(4)), 4), 16, imm_u32(16));
+      b.cp_async_commit();
+      b.cp_async_wait(1);
+      b.ld(Space::shared, Type::u32, mine);  // the older group has landed: fine
+      read = second;
+      break;
+    }
+    case AsyncMisuse::ExitWithoutWait: return b.finish();
+    case AsyncMisuse::NeighbourNoBarrier:
+      b.cp_async_wait(0);
+      read = next;
+      break;
+    case AsyncMisuse::Correct:
+      b.cp_async_wait(0);
+      b.bar();
+      read = next;
+      break;
+  }
+  b.st(Space::global, Type::u32, b.address(out, tid, 4), b.ld(Space::shared, Type::u32, read));
+  return b.finish();
+}
+
+TEST(SimulatorBugs, CpAsyncMisuse) {
+  DeviceMemory mem;
+  std::vector<uint32_t> words(32 * 4);
+  for (uint32_t i = 0; i < words.size(); ++i) words[i] = i;
+  const uint64_t in = upload(mem, words), out = mem.alloc(32 * 4);
+  auto run = [&](AsyncMisuse m) { simulate(async_kernel(m), {1}, {32}, {in, out}, mem); };
+  const std::vector<std::string> not_landed = {"kernel 'cp_async_misuse'", "that a cp.async has not written yet"};
+  expect_error([&] { run(AsyncMisuse::ReadBeforeWait); }, not_landed);
+  expect_error([&] { run(AsyncMisuse::ReadNewestGroup); }, not_landed);
+  expect_error([&] { run(AsyncMisuse::ExitWithoutWait); }, {"exits with cp.async copies it never waited for"});
+  for (uint64_t seed : {1, 2, 3})
+    expect_error([&] { simulate(async_kernel(AsyncMisuse::NeighbourNoBarrier), {1}, {32}, {in, out}, mem, {.schedule_seed = seed}); },
+                 {"kernel 'cp_async_misuse'", "shared"});
+  run(AsyncMisuse::Correct);
+  const auto v = download<uint32_t>(mem, out, 32);
+  for (uint32_t t = 0; t < 32; ++t) ASSERT_EQ(v[t], (t + 1) % 32 * 4) << t;
+}
+
 TEST(SimulatorBugs, DivergentBarrier) {
   KernelBuilder b("partial_barrier");
   Reg tid = b.sreg(SReg::tid_x);

@@ -42,7 +42,7 @@ const char* opc_name(Opc op) {
       "max",         "neg", "abs", "and",      "or",       "xor",       "not",  "shl",      "shr", "setp",     "selp",
       "cvt",         "ex2", "lg2", "rcp",      "rsqrt",    "sqrt",      "tanh", "sin",      "cos", "ld.param", "sreg",
       "shared.addr", "ld",  "st",  "atom.add", "bar.sync", "shfl.sync", "ret",  "membar.gl",
-      "mma.sync", "cvt.rna.tf32", "ldmatrix"};
+      "mma.sync", "cvt.rna.tf32", "ldmatrix", "cp.async", "cp.async.commit_group", "cp.async.wait_group"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -265,6 +265,19 @@ struct Checker {
         if (exit_seen) fail(in, "a thread may have exited before this mma.sync (guard the work with an if instead)");
         break;
       }
+      case Opc::CpAsync:
+        nsrc(3);
+        if (in.vec != 4 && in.vec != 8 && in.vec != 16) fail(in, "cp.async copies 4, 8 or 16 bytes");
+        type_is(in, in.srcs[0], Type::u32, "shared destination");
+        type_is(in, in.srcs[1], Type::u64, "global source");
+        type_is(in, in.srcs[2], Type::u32, "source bytes");
+        if (!in.dsts.empty()) fail(in, "cp.async writes no register");
+        break;
+      case Opc::CpAsyncCommit: nsrc(0); break;
+      case Opc::CpAsyncWait:
+        nsrc(0);
+        if (in.offset < 0 || in.offset > 7) fail(in, "cp.async.wait_group takes 0 to 7 pending groups");
+        break;
       case Opc::Ldmatrix: {
         nsrc(1);
         if (in.vec != 1 && in.vec != 2 && in.vec != 4) fail(in, "ldmatrix loads 1, 2 or 4 matrices");
@@ -558,6 +571,29 @@ std::vector<Reg> KernelBuilder::ldmatrix(int count, bool trans, Operand row_addr
   std::vector<Reg> d = in.dsts;
   emit(std::move(in));
   return d;
+}
+
+void KernelBuilder::cp_async(Operand shared_dst, Operand global_src, int bytes, Operand src_bytes) {
+  Instr in;
+  in.op = Opc::CpAsync;
+  in.type = Type::u32;
+  in.space = Space::shared;
+  in.vec = bytes;
+  in.srcs = {shared_dst, global_src, src_bytes};
+  emit(std::move(in));
+}
+
+void KernelBuilder::cp_async_commit() {
+  Instr in;
+  in.op = Opc::CpAsyncCommit;
+  emit(std::move(in));
+}
+
+void KernelBuilder::cp_async_wait(int pending_groups) {
+  Instr in;
+  in.op = Opc::CpAsyncWait;
+  in.offset = pending_groups;
+  emit(std::move(in));
 }
 
 void KernelBuilder::ret() {

@@ -132,6 +132,13 @@ enum class Opc : uint8_t {
   // half) and 2 (l % 4) + 1 of matrix m, or with `trans` column l / 4, rows 2 (l % 4) and
   // 2 (l % 4) + 1: the A and B fragments of mma.sync m16n8k16 (KernelBuilder::ldmatrix).
   Ldmatrix,
+  // cp.async.{ca,cg}.shared.global [a], [b], vec, c: an asynchronous copy of `vec` bytes (4, 8
+  // or 16; 16 is cached in L2 only, .cg) from global b (u64) to shared a (u32), of which only the
+  // first c (u32, at most vec) are read and the rest zero-filled. It lands in shared memory when
+  // the thread's CpAsyncWait lets its group complete; other threads see it after a barrier.
+  CpAsync,
+  CpAsyncCommit,  // cp.async.commit_group: this thread's copies since the last commit form a group
+  CpAsyncWait,    // cp.async.wait_group `offset`: all but the newest `offset` committed groups land
 };
 const char* opc_name(Opc op);
 
@@ -263,6 +270,10 @@ class KernelBuilder {
   // pairs for bf16/f16), c[4] f32; returns D's 4 f32 registers of this lane.
   // `count` (1, 2, 4) 8x8 b16 matrices from the row addresses the lanes give (Opc::Ldmatrix).
   std::vector<Reg> ldmatrix(int count, bool trans, Operand row_address);
+  // Opc::CpAsync and its group operations.
+  void cp_async(Operand shared_dst, Operand global_src, int bytes, Operand src_bytes);
+  void cp_async_commit();
+  void cp_async_wait(int pending_groups);
   std::vector<Reg> mma(MmaShape shape, const std::vector<Operand>& a, const std::vector<Operand>& b,
                        const std::vector<Operand>& c);
   void ret();

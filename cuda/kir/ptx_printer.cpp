@@ -255,6 +255,11 @@ class Printer {
         // The tf32 result is a .b32 register in PTX: converted in a scope of its own, moved back.
         return "{\n\t.reg .b32 %tf32;\n\tcvt.rna.tf32.f32 %tf32, " + opnd(in.srcs[0]) + ";\n\tmov.b32 " +
                reg(in.dsts[0]) + ", %tf32;\n\t}";
+      case Opc::CpAsync:
+        return std::string("cp.async.") + (in.vec == 16 ? "cg" : "ca") + ".shared.global [" + opnd(in.srcs[0]) +
+               "], [" + opnd(in.srcs[1]) + "], " + std::to_string(in.vec) + ", " + opnd(in.srcs[2]);
+      case Opc::CpAsyncCommit: return "cp.async.commit_group";
+      case Opc::CpAsyncWait: return "cp.async.wait_group " + std::to_string(in.offset);
       case Opc::Ldmatrix: {  // the destinations are a braced vector even for one register
         std::string d = elements(in.dsts, 0);
         if (in.dsts.size() == 1) d = "{" + d + "}";

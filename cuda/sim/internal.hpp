@@ -56,6 +56,9 @@ enum class Code : uint16_t {
   // Memory (aux: vector width, size: element bytes; b: index of the slot list in vslots).
   // Atomics: size 4, aux 1 for f32, 0 for u32; b is the added value's slot.
   LdG, StG, AtomG, LdS, StS, AtomS,
+  // cp.async: a = shared destination, b = global source, c = source bytes, size = bytes;
+  // commit; wait (imm: groups left pending).
+  CpAsync, CpAsyncCommit, CpAsyncWait,
 };
 // clang-format on
 

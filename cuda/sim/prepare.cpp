@@ -286,6 +286,18 @@ class Flattener {
         break;
       case Opc::Ret: op.code = Code::Exit; break;
       case Opc::Membar: op.code = Code::Fence; break;  // orders global memory (simulator.hpp)
+      case Opc::CpAsync:
+        op.code = Code::CpAsync;
+        op.size = static_cast<uint8_t>(in.vec);
+        op.a = slot(in.srcs[0]);
+        op.b = slot(in.srcs[1]);
+        op.c = slot(in.srcs[2]);
+        break;
+      case Opc::CpAsyncCommit: op.code = Code::CpAsyncCommit; break;
+      case Opc::CpAsyncWait:
+        op.code = Code::CpAsyncWait;
+        op.imm = in.offset;
+        break;
       case Opc::Ldmatrix:
         op.code = Code::Ldmatrix;
         op.aux = static_cast<uint8_t>(in.vec);

@@ -126,6 +126,14 @@ struct WarpRequest {
   WarpRequest() { addr.fill(-1); }
 };
 
+// A cp.async copy in flight: its bytes, read from global memory when it was issued, land at
+// `dst` in shared memory when its thread's wait lets its group complete.
+struct AsyncCopy {
+  uint32_t dst = 0, pc = 0;
+  uint8_t bytes = 0;
+  std::array<std::byte, 16> data{};
+};
+
 // One resident block: its threads' registers and states, its shared memory and the race
 // detectors' records.
 struct BlockRun {
@@ -155,6 +163,13 @@ struct BlockRun {
   // lanes' n-th runs of one instruction form one warp request), and the requests being gathered.
   std::vector<uint32_t> shared_runs;
   std::unordered_map<uint64_t, WarpRequest> requests;
+  // cp.async: per thread its committed groups (oldest first) and the group still open, and per
+  // shared byte the copies still to land there (an access to such a byte is an error: the
+  // kernel lacks a cp.async.wait_group, or a barrier after it).
+  std::vector<std::vector<std::vector<AsyncCopy>>> async_groups;
+  std::vector<std::vector<AsyncCopy>> async_open;
+  std::vector<uint16_t> async_pending;
+  bool any_async = false;
 };
 
 std::atomic<uint64_t> launches{0};
@@ -180,7 +195,8 @@ class Executor {
       shared_slot_.assign(k.code.size(), -1);
       for (size_t pc = 0; pc < k.code.size(); ++pc) {
         const Code c = k.code[pc].code;
-        if (c == Code::LdS || c == Code::StS || c == Code::AtomS || c == Code::Ldmatrix) shared_slot_[pc] = shared_ops_++;
+        if (c == Code::LdS || c == Code::StS || c == Code::AtomS || c == Code::Ldmatrix || c == Code::CpAsync)
+          shared_slot_[pc] = shared_ops_++;
       }
     }
     const uint64_t resident = std::clamp<uint64_t>(options.resident_blocks, 1, grid.count());
@@ -192,6 +208,9 @@ class Executor {
       b.since_sync.resize(nthreads_);
       b.warp_waiting.resize((nthreads_ + kWarp - 1) / kWarp);
       b.shared.resize(static_cast<size_t>(k.shared_bytes));
+      b.async_groups.resize(nthreads_);
+      b.async_open.resize(nthreads_);
+      b.async_pending.resize(b.shared.size());
       if (options.check_races) {
         b.shadow.resize(b.shared.size());
         b.seen.resize(nthreads_);
@@ -272,6 +291,12 @@ class Executor {
     b.any_seen = false;
     b.rng = mix(options_.schedule_seed) ^ mix(index + 0x51ed2701);
     std::fill(b.shared_runs.begin(), b.shared_runs.end(), 0);
+    if (b.any_async) {
+      for (auto& g : b.async_groups) g.clear();
+      for (auto& o : b.async_open) o.clear();
+      std::fill(b.async_pending.begin(), b.async_pending.end(), 0);
+      b.any_async = false;
+    }
   }
 
   // Runs some of block b; false once every thread of it has exited.
@@ -481,8 +506,9 @@ class Executor {
   // or exits; true when it can run on.
   bool run_thread(uint32_t t, int64_t budget);
 
-  std::byte* global(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes, const char* what) {
-    if (addr % bytes)
+  // `align`: the alignment the access needs (default: its size).
+  std::byte* global(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes, const char* what, uint32_t align = 0) {
+    if (addr % (align ? align : bytes))
       fail(
           t, pc,
           std::string("misaligned global ") + what + " of " + std::to_string(bytes) + " bytes at " + hex_address(addr));
@@ -564,9 +590,50 @@ class Executor {
       fail(t, pc,
            std::string("misaligned shared ") + what + " of " + std::to_string(bytes) + " bytes at offset " +
                hex_address(addr));
+    if (cur_->any_async)
+      for (uint32_t i = 0; i < bytes; ++i)
+        if (cur_->async_pending[addr + i])
+          fail(t, pc,
+               std::string("shared ") + what + " of byte " + hex_address(addr + i) +
+                   " that a cp.async has not written yet (its thread has not waited for the group with "
+                   "cp.async.wait_group, or this thread read it without a barrier after that wait)");
     if (options_.check_races) check_race(t, pc, addr, bytes, kind);
     if (options_.count_bank_conflicts) gather_request(t, pc, addr, bytes);
     return cur_->shared.data() + addr;
+  }
+
+  // cp.async: the source is read now (checked as a global load), the destination is reserved
+  // until the copy lands.
+  void issue_async_copy(uint32_t t, uint32_t pc, uint32_t dst, uint64_t src, uint32_t bytes, uint32_t src_bytes) {
+    BlockRun& b = *cur_;
+    if (src_bytes > bytes)
+      fail(t, pc, "cp.async reads " + std::to_string(src_bytes) + " source bytes of a " + std::to_string(bytes) + "-byte copy");
+    AsyncCopy c;
+    c.dst = dst, c.pc = pc, c.bytes = static_cast<uint8_t>(bytes);
+    if (src_bytes > 0) {
+      const std::byte* p = global(t, pc, src, src_bytes, "cp.async source", bytes);  // aligned as the whole copy
+      if (options_.check_races) check_global_read(t, pc, src, src_bytes);
+      std::copy(p, p + src_bytes, c.data.begin());
+    }
+    shared(t, pc, dst, bytes, "cp.async destination", Access::write);  // bounds, alignment, races now
+    b.any_async = true;
+    for (uint32_t i = 0; i < bytes; ++i) ++b.async_pending[dst + i];
+    b.async_open[t].push_back(c);
+  }
+
+  // cp.async.wait_group n: every committed group of thread t but the newest n lands.
+  void wait_async_groups(uint32_t t, size_t n) {
+    BlockRun& b = *cur_;
+    auto& groups = b.async_groups[t];
+    while (groups.size() > n) {
+      for (const AsyncCopy& c : groups.front()) {
+        for (uint32_t i = 0; i < c.bytes; ++i) --b.async_pending[c.dst + i];
+        // Written now, as far as the race detector is concerned: other threads need a barrier.
+        if (options_.check_races) check_race(t, c.pc, c.dst, c.bytes, Access::write);
+        std::copy(c.data.begin(), c.data.begin() + c.bytes, b.shared.data() + c.dst);
+      }
+      groups.erase(groups.begin());
+    }
   }
 
   // Lane t's part of its warp's request at instruction pc; a request is counted once all 32
@@ -782,7 +849,19 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
         continue;
       case Code::BrTrue: pc = r[op.a] ? static_cast<uint32_t>(op.imm) : pc + 1; continue;
       case Code::BrFalse: pc = r[op.a] ? pc + 1 : static_cast<uint32_t>(op.imm); continue;
-      case Code::Exit: blk.state[t] = State::exited; goto stop;
+      case Code::Exit:
+        if (blk.any_async && (!blk.async_groups[t].empty() || !blk.async_open[t].empty()))
+          fail(t, pc, "thread exits with cp.async copies it never waited for");
+        blk.state[t] = State::exited;
+        goto stop;
+      case Code::CpAsync:
+        issue_async_copy(t, pc, static_cast<uint32_t>(r[op.a]), r[op.b], op.size, static_cast<uint32_t>(r[op.c]));
+        break;
+      case Code::CpAsyncCommit:
+        blk.async_groups[t].push_back(std::move(blk.async_open[t]));
+        blk.async_open[t].clear();
+        break;
+      case Code::CpAsyncWait: wait_async_groups(t, static_cast<size_t>(op.imm)); break;
       case Code::Bar:
         blk.state[t] = State::at_bar;
         ++blk.at_bar;

@@ -24,6 +24,8 @@ echo "== kiln gemm, KILN_ALLOW_TF32=1"
 KILN_ALLOW_TF32=1 "$run" "$bundle/bin/kiln" bench --device cuda --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
 echo "== kiln gemm, --precision bf16 (bf16 operands)"
 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
+echo "== kiln gemm, --precision bf16, KILN_BF16_MMA=1 (mma.sync bf16, ldmatrix, cp.async)"
+KILN_BF16_MMA=1 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
 echo "== torch gemm"
 python3 scripts/bench_torch_gemm.py "$shapes" --dtypes f32,tf32,bf16 2>&1 | grep -E 'gemm|rror'
 echo "== GPT-2 small step"
@@ -34,6 +36,9 @@ for tf32 in 0 1; do
 done
 echo "-- kiln, --precision bf16"
 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 2>&1 \
+  | grep -E 'step \(traced|FLOPs|rror'
+echo "-- kiln, --precision bf16, KILN_BF16_MMA=1"
+KILN_BF16_MMA=1 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 2>&1 \
   | grep -E 'step \(traced|FLOPs|rror'
 echo "-- PyTorch eager, f32, TF32, then autocast bf16"
 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile 2>&1 | grep -E 'step|rror'

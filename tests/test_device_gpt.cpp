@@ -12,9 +12,11 @@
 
 #include "circuit/ir/error.hpp"
 #include "core/engine.hpp"
+#include "cuda/lower/fused_matmul.hpp"
 #include "device_test_util.hpp"
 #include "gpt_reference_util.hpp"
 #include "ptxas_skip.hpp"
+#include "scoped_env.hpp"
 #include "train/adamw.hpp"
 #include "train/hdf5_file.hpp"
 #include "train/trainer.hpp"
@@ -186,6 +188,31 @@ TEST(FakeGpuGpt, StepsAtSizesThatSplitRowsAcrossBlocksMatchTheCpu) {
 // do: both round the same f32 values to bf16 and multiply them exactly.
 TEST(FakeGpuGpt, Bf16TrainingStepsMatchTheCpu) {
   training_steps_match_cpu(testing::fake_runtime(), testing::tiny_gpt_config(2), 2, Precision::bf16);
+}
+
+// The same with the bf16 mma.sync kernel (ldmatrix, cp.async) on every matmul whose operands
+// qualify: the activations' casts are then kernels, so that the matmuls read stored bf16.
+void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt) {
+  testing::ScopedEnv on("KILN_BF16_MMA", "1");
+  cuda::ForceBf16Mma force;
+  Engine::current().plan_cache().clear();
+  training_steps_match_cpu(rt, testing::tiny_gpt_config(2), 2, Precision::bf16);
+  size_t bf16_mma_kernels = 0;
+  for (const Plan* p : Engine::current().plan_cache().plans())
+    if (p->device)
+      for (size_t at = p->device->dump().find("mma.sync bf16"); at != std::string::npos;
+           at = p->device->dump().find("mma.sync bf16", at + 1))
+        ++bf16_mma_kernels;
+  EXPECT_GE(bf16_mma_kernels, 4u);  // the forward products at least
+  std::printf("matmuls on the bf16 mma kernel: %zu\n", bf16_mma_kernels);
+  Engine::current().plan_cache().clear();
+}
+
+TEST(FakeGpuGpt, Bf16MmaTrainingStepsMatchTheCpu) { bf16_mma_training_steps_match_cpu(testing::fake_runtime()); }
+
+TEST(GpuGpt, Bf16MmaTrainingStepsMatchTheCpu) {
+  KILN_GPU_OR_SKIP(rt);
+  bf16_mma_training_steps_match_cpu(*rt);
 }
 
 TEST(GpuGpt, Bf16TrainingStepsMatchTheCpu) {

@@ -175,6 +175,66 @@ TEST(Lowering, GpuMatmulCasesOnTf32TensorCoresMatchEigen) {
   check_forced_matmul_cases(*rt, true, kTf32Tolerance, "mma.sync tf32");
 }
 
+// The bf16 mma.sync kernel (ldmatrix, cp.async; KILN_BF16_MMA=1), forced: operands stored in
+// bf16 with k contiguous and K a multiple of 8 (16-byte chunks); sizes off the 128x128x32 tile,
+// K of 1, 2 and 3 stages (a partial last one), a batch broadcasting b, an epilogue with a bias.
+// Both sides multiply the same bf16 values exactly: 1e-5, as f32. A b read along its rows (not
+// k-contiguous) must take the tensor-core kernel of widened tiles instead.
+std::vector<LoweringCase> bf16_mma_cases() {
+  auto mm = [](const std::string& name, Shape a, Shape b, bool bias) {
+    return LoweringCase{"bf16_mma_" + name,
+                        {f32(a), f32(b), f32({b[b.rank() - 2]})},
+                        [bias](Builder& bld, const std::vector<ValueId>& x) {
+                          ValueId y = bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), false, true);
+                          return bias ? bld.add(y, x[2]) : y;
+                        },
+                        1e-5};
+  };
+  return {mm("k16", {67, 16}, {91, 16}, false), mm("k64_bias", {130, 64}, {77, 64}, true),
+          mm("k72", {40, 72}, {200, 72}, false), mm("batched", {2, 33, 48}, {19, 48}, true)};
+}
+
+void check_bf16_mma_cases(cuda::Runtime& rt) {
+  cuda::ForceBf16Mma on;
+  for (const LoweringCase& lc : bf16_mma_cases()) {
+    SCOPED_TRACE(lc.name);
+    std::string dump;
+    check_case(lc, rt, &dump);
+    EXPECT_NE(dump.find("mma.sync bf16"), std::string::npos) << dump;
+  }
+  // b as stored [k][n]: not k-contiguous, so the widened-tile kernel runs it.
+  LoweringCase along_rows{"bf16_b_along_rows",
+                          {f32({40, 16}), f32({16, 50})},
+                          [](Builder& bld, const std::vector<ValueId>& x) {
+                            return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16));
+                          },
+                          1e-5};
+  std::string dump;
+  check_case(along_rows, rt, &dump);
+  EXPECT_EQ(dump.find("mma.sync bf16"), std::string::npos) << dump;
+}
+
+TEST(Lowering, MatmulsOnBf16MmaMatchEigen) { check_bf16_mma_cases(testing::fake_runtime()); }
+
+TEST(Lowering, GpuMatmulsOnBf16MmaMatchEigen) {
+  KILN_GPU_OR_SKIP(rt);
+  check_bf16_mma_cases(*rt);
+}
+
+TEST(Lowering, Bf16MmaKernelsPassPtxasWithoutSpills) {
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  cuda::ForceBf16Mma on;
+  std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
+  const std::vector<const kir::Kernel*> kernels = lowered_kernels(bf16_mma_cases(), programs);
+  testing::expect_ptxas_accepts(kernels);
+  for (const kir::Kernel* k : kernels) {
+    if (k->name.find("matmul") == std::string::npos) continue;
+    const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
+    EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
+    std::printf("%s: %d registers, %d bytes spilled\n", k->name.c_str(), r.registers, r.spill_stores);
+  }
+}
+
 void expect_matmul_kernels_pass_ptxas_without_spills() {
   cuda::ForceMatmulTile large(128);
   std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;

@@ -27,7 +27,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 19> kVariables = {{
+constexpr std::array<Variable, 20> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -39,6 +39,7 @@ constexpr std::array<Variable, 19> kVariables = {{
     {"KILN_PTX_DUMP", "directory to write every generated kernel's PTX to"},
     {"KILN_MATMUL_TILE", "GPU matmul tiles, 64 or 128 (default: chosen per shape)"},
     {"KILN_ALLOW_TF32", "1: large GPU f32 matmuls on tf32 tensor cores (10-bit mantissas)"},
+    {"KILN_BF16_MMA", "1: large GPU matmuls of stored bf16 operands on bf16 mma.sync (ldmatrix, cp.async)"},
     {"KILN_REQUIRE_GPU", "tests: fail instead of skipping when no GPU is usable"},
     {"KILN_REQUIRE_PTXAS", "tests: fail instead of skipping when ptxas is missing"},
     {"KILN_REQUIRE_REFERENCE", "tests: fail instead of skipping without the PyTorch reference"},
@@ -77,6 +78,7 @@ int matmul_tile() {
 }
 
 bool allow_tf32() { return text("KILN_ALLOW_TF32") == "1"; }
+bool bf16_mma() { return text("KILN_BF16_MMA") == "1"; }
 
 std::vector<std::string> disabled_passes() {
   std::vector<std::string> names;

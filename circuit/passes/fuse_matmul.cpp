@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include "circuit/ir/options.hpp"
 #include "circuit/passes/cleanup.hpp"
 #include "circuit/passes/contract.hpp"
 #include "circuit/passes/fusion.hpp"
@@ -128,7 +129,8 @@ View read_through(const Circuit& c, View v, const std::vector<bool>& assigned,
         next->prologue = v.prologue.substitute({op.params.body});
       }
     } else if (op.is(PrimId::cast)) {
-      if (op.params.dtype == DType::bf16 && c.info(op.inputs[0]).dtype == DType::f32) {
+      // Not where the GPU's bf16 mma kernel is on: it copies operands stored in bf16 as they are.
+      if (op.params.dtype == DType::bf16 && c.info(op.inputs[0]).dtype == DType::f32 && !options::bf16_mma()) {
         next = v;  // a bf16 value takes no prologue, so v's is in0
         next->base = op.inputs[0];
         next->prologue = se::round_bf16(se::in(0));

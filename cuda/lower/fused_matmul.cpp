@@ -25,6 +25,8 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include <array>
+
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/options.hpp"
 #include "cuda/lower/elementwise.hpp"
@@ -64,6 +66,26 @@ constexpr double kLargeTileMinWaveFill = 0.8;
 
 int forced_tile = 0;
 bool forced_tf32 = false;
+bool forced_bf16_mma = false;
+
+// The bf16 mma.sync kernel (KILN_BF16_MMA=1): 128x128 tiles, k steps of 32, two shared stages
+// filled by cp.async (16-byte chunks of 8 k, zero-filled past the matrix), fragments by ldmatrix
+// from rows padded to 80 bytes (8 rows of a fragment on distinct banks), mma.sync m16n8k16 on
+// warp tiles of 64x32 (the tf32 kernel's warps and accumulator layout). It needs both operands
+// stored in bf16 with k contiguous and every chunk 16-byte aligned, and no row sums.
+constexpr int kMmaTileK = 32, kMmaPitch = kMmaTileK + 8;  // bf16 elements a shared row
+bool bf16_mma_applies(const Circuit& c, const Op& op, const FusedMatmul& f) {
+  if (!(forced_bf16_mma || options::bf16_mma()) || f.a_row_sums || f.k % 8 != 0) return false;
+  for (int i = 0; i < 2; ++i) {
+    const MatmulOperand& v = i == 0 ? f.a : f.b;
+    if (c.info(op.inputs[static_cast<size_t>(i)]).dtype != DType::bf16 || v.k_stride != 1 || v.row_stride % 8 != 0 ||
+        v.offset % 8 != 0)
+      return false;
+    for (int64_t s : v.batch)
+      if (s % 8 != 0) return false;
+  }
+  return true;
+}
 
 // bf16 operands take the tensor cores whenever the tiles are large, whatever KILN_ALLOW_TF32 says:
 // a bf16 value is a tf32 value, so the tf32 mma multiplies them exactly (as a bf16 mma would).
@@ -215,6 +237,77 @@ void store_tile(KernelBuilder& b, const TileLoader& t) {
     }
 }
 
+// The bf16 mma kernel's main loop (bf16_mma_applies): operand o's rows row0[o] .. + 127 of
+// rows[o], over K in steps of kMmaTileK, into acc as the tf32 kernel lays it out
+// (acc[(mi * 4 + ni) * 4 + i]: the 16x8 product (mi, ni) of warp tile (warp_m, warp_n)).
+// smem[o] holds two stages of stage_bytes: while one is computed on, cp.async fills the other.
+void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::array<const MatmulOperand*, 2> view,
+                        std::array<int64_t, 2> rows, int64_t K, std::array<Reg, 2> row0, Reg tid,
+                        std::array<Reg, 2> smem, int stage_bytes, Reg warp_m, Reg warp_n, std::vector<Reg>& acc) {
+  auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
+  const auto pitch_bytes = static_cast<uint32_t>(2 * kMmaPitch);
+  // Stage loads: operand o's 128 x 32 tile is 512 chunks of 8 k (16 bytes); thread t copies
+  // chunks t and t + 256 (row c / 4, k 8 (c % 4)), zero-filled outside the matrix.
+  auto issue = [&](Reg k0, Reg stage) {
+    for (size_t o = 0; o < 2; ++o)
+      for (uint32_t s = 0; s < 2; ++s) {
+        Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(256));
+        Reg r = b.shr(Type::u32, chunk, imm_u32(2));
+        Reg kc = b.mul(Type::u32, b.and_(Type::u32, chunk, imm_u32(3)), imm_u32(8));
+        Reg grow = b.add(it, row0[o], widen(r)), gk = b.add(it, k0, widen(kc));
+        Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, grow, imm_index(it, rows[o])), b.setp(Cmp::lt, gk, imm_index(it, K)));
+        Reg src = b.selp(Type::u64, b.address(base[o], scaled_add(b, it, grow, view[o]->row_stride, gk), 2), base[o], ok);
+        Reg dst = b.add(Type::u32, b.mad(Type::u32, r, imm_u32(pitch_bytes), b.mad(Type::u32, kc, imm_u32(2), smem[o])), stage);
+        b.cp_async(dst, src, 16, b.selp(Type::u32, imm_u32(16), imm_u32(0), ok));
+      }
+  };
+  // Each lane's ldmatrix row: A (x4: rows 0-7 / 8-15 by k 0-7 / 8-15, the order of a0a1, a2a3,
+  // a4a5, a6a7) at row (l % 8) + 8 ((l / 8) % 2), k 8 (l / 16); B stored [n][k] (x4: two n8
+  // tiles, each k 0-7 then 8-15, the order of b0b1, b2b3) at n (l % 8) + 8 (l / 16), k 8 ((l / 8) % 2).
+  Reg lane = b.and_(Type::u32, tid, imm_u32(31));
+  Reg low = b.and_(Type::u32, lane, imm_u32(7)), mid = b.and_(Type::u32, b.shr(Type::u32, lane, imm_u32(3)), imm_u32(1)),
+      high = b.shr(Type::u32, lane, imm_u32(4));
+  Reg a_row = b.add(Type::u32, warp_m, b.mad(Type::u32, mid, imm_u32(8), low));
+  Reg b_row = b.add(Type::u32, warp_n, b.mad(Type::u32, high, imm_u32(8), low));
+  Reg a_lane = b.mad(Type::u32, a_row, imm_u32(pitch_bytes), b.mad(Type::u32, high, imm_u32(16), smem[0]));
+  Reg b_lane = b.mad(Type::u32, b_row, imm_u32(pitch_bytes), b.mad(Type::u32, mid, imm_u32(16), smem[1]));
+
+  Reg stage = b.mov(Type::u32, imm_u32(0));  // byte offset of the stage computed on
+  issue(b.mov(it, imm_index(it, 0)), stage);
+  b.cp_async_commit();
+  b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kMmaTileK), [&](Reg k0) {
+    Reg next = b.add(it, k0, imm_index(it, kMmaTileK));
+    Reg other = b.xor_(Type::u32, stage, imm_u32(static_cast<uint32_t>(stage_bytes)));
+    b.if_(b.setp(Cmp::lt, next, imm_index(it, K)), [&] { issue(next, other); });
+    b.cp_async_commit();  // possibly empty: the group count stays one a step
+    b.cp_async_wait(1);   // this step's stage has landed
+    b.bar();
+    Reg a_at = b.add(Type::u32, a_lane, stage), b_at = b.add(Type::u32, b_lane, stage);
+    for (uint32_t kk = 0; kk < kMmaTileK; kk += 16) {
+      std::vector<std::vector<kir::Operand>> fa(4), fb(4);
+      for (uint32_t mi = 0; mi < 4; ++mi)
+        for (Reg r : b.ldmatrix(4, false, b.add(Type::u32, a_at, imm_u32(mi * 16 * pitch_bytes + 2 * kk))))
+          fa[mi].push_back(r);
+      for (uint32_t nj = 0; nj < 2; ++nj) {
+        const std::vector<Reg> m = b.ldmatrix(4, false, b.add(Type::u32, b_at, imm_u32(nj * 16 * pitch_bytes + 2 * kk)));
+        fb[2 * nj] = {m[0], m[1]};
+        fb[2 * nj + 1] = {m[2], m[3]};
+      }
+      for (size_t mi = 0; mi < 4; ++mi)
+        for (size_t ni = 0; ni < 4; ++ni) {
+          const size_t at = (mi * 4 + ni) * 4;
+          const std::vector<kir::Operand> c(acc.begin() + static_cast<std::ptrdiff_t>(at),
+                                            acc.begin() + static_cast<std::ptrdiff_t>(at + 4));
+          const std::vector<Reg> d = b.mma(kir::MmaShape::m16n8k16_bf16, fa[mi], fb[ni], c);
+          for (size_t i = 0; i < 4; ++i) b.set(acc[at + i], d[i]);
+        }
+    }
+    b.bar();  // every warp is done with this stage before the next step's copies refill it
+    b.set(stage, other);
+  });
+  b.cp_async_wait(0);
+}
+
 }  // namespace
 
 ForceMatmulTile::ForceMatmulTile(int size) : saved_(forced_tile) {
@@ -222,6 +315,8 @@ ForceMatmulTile::ForceMatmulTile(int size) : saved_(forced_tile) {
   forced_tile = size;
 }
 ForceMatmulTile::~ForceMatmulTile() { forced_tile = saved_; }
+ForceBf16Mma::ForceBf16Mma() : saved_(forced_bf16_mma) { forced_bf16_mma = true; }
+ForceBf16Mma::~ForceBf16Mma() { forced_bf16_mma = saved_; }
 ForceTf32Matmuls::ForceTf32Matmuls() : saved_(forced_tf32) { forced_tf32 = true; }
 ForceTf32Matmuls::~ForceTf32Matmuls() { forced_tf32 = saved_; }
 
@@ -237,7 +332,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     return c.info(op.inputs[static_cast<size_t>(i)]).dtype == DType::bf16 || v.prologue == rounded;
   };
   const bool bf16_values = bf16_valued(0, f.a) && bf16_valued(1, f.b);
-  const Tiling tile = choose_tiling(M, N, batch, bf16_values);
+  const bool bf16_mma = bf16_mma_applies(c, op, f) && (forced_bf16_mma || choose_tiling(M, N, batch, true).tf32);
+  const Tiling tile = bf16_mma ? kTf32Tile : choose_tiling(M, N, batch, bf16_values);
   const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
   if (batch > 65535 || grid_m > 65535)
     fail(op.prim->name, op.scope,
@@ -290,10 +386,15 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   }
 
   const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
-  Reg as = b.shared_addr(b.shared_array("a_tile", 4 * kTileK * pitch_a));
-  Reg bs = b.shared_addr(b.shared_array("b_tile", 4 * kTileK * pitch_b));
-  TileLoader la = make_loader(b, it, a_base, f.a, a_dtype, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
-  TileLoader lb = make_loader(b, it, b_base, f.b, b_dtype, N, K, tile.tn, pitch_b, tile.tf32, n0, tid, bs);
+  // bf16 mma: two stages of [128 rows][kMmaPitch] bf16 per operand; else one f32 tile each.
+  const int stage_bytes = 2 * tile.tm * kMmaPitch;
+  Reg as = b.shared_addr(b.shared_array("a_tile", bf16_mma ? 2 * stage_bytes : 4 * kTileK * pitch_a));
+  Reg bs = b.shared_addr(b.shared_array("b_tile", bf16_mma ? 2 * stage_bytes : 4 * kTileK * pitch_b));
+  TileLoader la, lb;
+  if (!bf16_mma) {
+    la = make_loader(b, it, a_base, f.a, a_dtype, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
+    lb = make_loader(b, it, b_base, f.b, b_dtype, N, K, tile.tn, pitch_b, tile.tf32, n0, tid, bs);
+  }
 
   // acc[i * pn + j]: row ty*4 + i (quadrants of 4 rows 64 apart), column tx*4 + j (likewise).
   std::vector<Reg> acc;
@@ -329,7 +430,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     warp_n = b.mul(Type::u32, b.rem(Type::u32, warp, imm_u32(kWarpsN)), imm_u32(kWarpTileN));
   }
   Reg a_mma, b_mma;  // shared addresses of (k q, row warp_m + g) and (k q, column warp_n + g)
-  if (tile.tf32) {
+  if (tile.tf32 && !bf16_mma) {
     a_mma = b.mad(Type::u32, b.mad(Type::u32, q, imm_u32(static_cast<uint32_t>(pitch_a)), b.add(Type::u32, warp_m, g)),
                   imm_u32(4), as);
     b_mma = b.mad(Type::u32, b.mad(Type::u32, q, imm_u32(static_cast<uint32_t>(pitch_b)), b.add(Type::u32, warp_n, g)),
@@ -355,6 +456,10 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
         for (size_t i = 0; i < 4; ++i) b.set(acc[at + i], d[i]);
       }
   };
+  if (bf16_mma) {
+    bf16_mma_main_loop(b, it, {a_base, b_base}, {&f.a, &f.b}, {M, N}, K, {m0, n0}, tid, {as, bs}, stage_bytes, warp_m,
+                       warp_n, acc);
+  } else {
   fetch_tile(b, it, la, b.mov(it, imm_index(it, 0)));
   fetch_tile(b, it, lb, b.mov(it, imm_index(it, 0)));
   b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kTileK), [&](Reg k0) {
@@ -388,6 +493,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     }
     b.bar();
   });
+  }
   // Epilogue: per element in bounds, the extras at its logical coordinates, then each output.
   auto store_element = [&](Reg value, Reg row, Reg col) {
     Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
@@ -440,6 +546,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},
       {kThreads, 1, 1}, std::move(args)));
   const char* operands = bf16_values ? ", bf16 operands" : "";
+  if (bf16_mma)
+    lo.summary = fmt::format(
+        "{}: tile {}x{}x{}, {} threads, mma.sync bf16 on warp tiles {}x{}, ldmatrix, 2 cp.async stages, {}",
+        op.prim->name, tile.tm, tile.tn, kMmaTileK, kThreads, kWarpTileM, kWarpTileN, launch_text(lo.launches.back()));
+  else
   lo.summary = tile.tf32 ? fmt::format("{}: tile {}x{}x{}, {} threads, mma.sync tf32 on warp tiles {}x{}{}, {}",
                                         op.prim->name, tile.tm, tile.tn, kTileK, kThreads, kWarpTileM, kWarpTileN,
                                         operands, launch_text(lo.launches.back()))

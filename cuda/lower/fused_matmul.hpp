@@ -24,6 +24,19 @@ class ForceTf32Matmuls {
   bool saved_;
 };
 
+// Tests: matmul kernels whose operands qualify (both stored bf16, k contiguous, 16-byte chunks)
+// use the bf16 mma.sync kernel (as KILN_BF16_MMA=1), on 128x128 tiles, for the guard's lifetime.
+class ForceBf16Mma {
+ public:
+  ForceBf16Mma();
+  ~ForceBf16Mma();
+  ForceBf16Mma(const ForceBf16Mma&) = delete;
+  ForceBf16Mma& operator=(const ForceBf16Mma&) = delete;
+
+ private:
+  bool saved_;
+};
+
 class ForceMatmulTile {
  public:
   explicit ForceMatmulTile(int size);

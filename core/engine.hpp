@@ -196,6 +196,19 @@ class Engine {
   std::string scope_path_;
 };
 
+// Sets the current engine's precision policy for a scope and restores the previous one on exit
+// (an exception included): `ScopedPrecision bf16(Precision::bf16);`.
+class ScopedPrecision {
+ public:
+  explicit ScopedPrecision(Precision p) : saved_(Engine::current().precision()) { Engine::current().set_precision(p); }
+  ~ScopedPrecision() { Engine::current().set_precision(saved_); }
+  ScopedPrecision(const ScopedPrecision&) = delete;
+  ScopedPrecision& operator=(const ScopedPrecision&) = delete;
+
+ private:
+  Precision saved_;
+};
+
 // Seeds the current engine's Philox streams (and nothing else: kiln has no other RNG).
 void manual_seed(uint64_t seed);
 

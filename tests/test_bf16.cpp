@@ -145,13 +145,6 @@ TEST(Bf16, MatmulRefusesMixedOperandsAndArithmeticOnBf16NamesTheOp) {
   }
 }
 
-// Sets the engine's precision for one scope.
-struct PrecisionScope {
-  explicit PrecisionScope(Precision p) : saved(Engine::current().precision()) { Engine::current().set_precision(p); }
-  ~PrecisionScope() { Engine::current().set_precision(saved); }
-  Precision saved;
-};
-
 // Under the bf16 policy a linear map's gradients are f32 and are exactly the f32 products of
 // the bf16-rounded operands: dW = round(g)^T round(x), dx = round(g) round(W), with
 // g = d loss / d y in f32 (here a fixed weighting, so g is known).
@@ -161,7 +154,7 @@ TEST(Bf16, PolicyRecordsCastsAndGradientsAreF32ProductsOfRoundedOperands) {
                             wv = random_values(static_cast<size_t>(out * in), 7),
                             gv = random_values(static_cast<size_t>(rows * out), 8);
   Engine::current().realize();  // nothing an earlier test left pending is counted below
-  PrecisionScope bf16(Precision::bf16);
+  ScopedPrecision bf16(Precision::bf16);
   Tensor x = Tensor::from_vector(xv, Shape{rows, in});
   Tensor w = Tensor::from_vector(wv, Shape{out, in});
   Tensor g = Tensor::from_vector(gv, Shape{rows, out});

@@ -16,7 +16,6 @@
 #include "device_test_util.hpp"
 #include "gpt_reference_util.hpp"
 #include "ptxas_skip.hpp"
-#include "scoped_env.hpp"
 #include "train/adamw.hpp"
 #include "train/hdf5_file.hpp"
 #include "train/trainer.hpp"
@@ -38,7 +37,7 @@ void reference_forward_backward(cuda::Runtime& rt) {
 // arithmetic (the attention key bias) it turns f32 rounding noise into full-size steps.
 void training_steps_match_cpu(cuda::Runtime& rt, const models::GPTConfig& c = testing::tiny_gpt_config(2),
                               int64_t batch = 2, Precision precision = Precision::f32) {
-  Engine::current().set_precision(precision);
+  ScopedPrecision policy(precision);
   HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, c.block_size});
   for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 5 + 3) % 13));
   struct Run {
@@ -67,7 +66,6 @@ void training_steps_match_cpu(cuda::Runtime& rt, const models::GPTConfig& c = te
     return r;
   };
   Run cpu = train(false), dev = train(true);
-  Engine::current().set_precision(Precision::f32);
   for (size_t s = 0; s < cpu.losses.size(); ++s)
     EXPECT_NEAR(dev.losses[s], cpu.losses[s], 1e-5 * std::abs(cpu.losses[s])) << "step " << s;
   ASSERT_EQ(dev.first_grads.size(), cpu.first_grads.size());
@@ -193,8 +191,7 @@ TEST(FakeGpuGpt, Bf16TrainingStepsMatchTheCpu) {
 // The same with the bf16 mma.sync kernel (ldmatrix, cp.async) on every matmul whose operands
 // qualify: the activations' casts are then kernels, so that the matmuls read stored bf16.
 void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt) {
-  testing::ScopedEnv on("KILN_BF16_MMA", "1");
-  cuda::ForceBf16Mma force;
+  cuda::ForceBf16Mma force;  // KILN_BF16_MMA=1, on every qualifying matmul
   Engine::current().plan_cache().clear();
   training_steps_match_cpu(rt, testing::tiny_gpt_config(2), 2, Precision::bf16);
   size_t bf16_mma_kernels = 0;
@@ -255,7 +252,7 @@ TEST(FakeGpuEngine, ACachedPlanRunsOnTheCurrentRuntimeAndAFailedSwitchChangesNot
 void every_kernel_of_a_training_step_passes_ptxas(Precision precision) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   Engine::current().plan_cache().clear();  // only this step's plans are checked
-  Engine::current().set_precision(precision);
+  ScopedPrecision policy(precision);
   const models::GPTConfig c = testing::tiny_gpt_config(1);
   manual_seed(3);
   models::GPT model(c);
@@ -270,7 +267,6 @@ void every_kernel_of_a_training_step_passes_ptxas(Precision precision) {
   for (const Plan* p : Engine::current().plan_cache().plans())
     if (p->device)
       for (const auto& k : p->device->kernels()) kernels.push_back(k.launch->kernel.get());
-  Engine::current().set_precision(Precision::f32);
   ASSERT_GT(kernels.size(), 20u);
   testing::expect_ptxas_accepts(kernels);
 }

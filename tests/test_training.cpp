@@ -406,7 +406,7 @@ size_t fused_ops_in_step() {
 // fusion moves a loss by far more.
 void fused_and_unfused_runs_give_the_same_losses(Precision precision, double bound, size_t early_steps,
                                                  double early_bound) {
-  Engine::current().set_precision(precision);
+  ScopedPrecision policy(precision);
   PlanCache& cache = Engine::current().plan_cache();
   cache.clear();
   TrainRun cpu = train_tiny(100, "", "", 0, 1e-2);
@@ -429,7 +429,6 @@ void fused_and_unfused_runs_give_the_same_losses(Precision precision, double bou
   for (size_t i = 0; i < plain.losses.size(); ++i)
     for (const TrainRun* r : {&cpu, &gpu})
       worst = std::max(worst, std::fabs(r->losses[i] - plain.losses[i]) / plain.losses[i]);
-  Engine::current().set_precision(Precision::f32);
   double early = 0;  // the first steps, before any trajectory has parted
   for (size_t i = 0; i < early_steps; ++i)
     for (const TrainRun* r : {&cpu, &gpu}) early = std::max(early, std::fabs(r->losses[i] - plain.losses[i]) / plain.losses[i]);
@@ -469,9 +468,8 @@ TEST(Training, Bf16PrecisionTracksTheF32LossCurveOver300Steps) {
   TrainRun f32 = train_tiny(300, "", "", 0, 1e-2);
   TrainRun bf16;
   {
-    Engine::current().set_precision(Precision::bf16);
+    ScopedPrecision policy(Precision::bf16);
     bf16 = train_tiny(300, "", "", 0, 1e-2);
-    Engine::current().set_precision(Precision::f32);
   }
   ASSERT_EQ(bf16.losses.size(), f32.losses.size());
   EXPECT_NE(bf16.losses, f32.losses);  // the policy did change the arithmetic

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdlib>
 #include <sstream>
+#include <utility>
 
 #include "circuit/ir/error.hpp"
 
@@ -78,7 +79,11 @@ int matmul_tile() {
 }
 
 bool allow_tf32() { return text("KILN_ALLOW_TF32") == "1"; }
-bool bf16_mma() { return text("KILN_BF16_MMA") == "1"; }
+namespace {
+bool bf16_mma_forced = false;
+}
+bool bf16_mma() { return bf16_mma_forced || text("KILN_BF16_MMA") == "1"; }
+bool force_bf16_mma(bool on) { return std::exchange(bf16_mma_forced, on); }
 
 std::vector<std::string> disabled_passes() {
   std::vector<std::string> names;

@@ -20,7 +20,8 @@ std::vector<ValueInfo> cast_shape(const ShapeCtx& ctx, const std::vector<ValueIn
 }
 
 // Element-wise conversion from S to D; bf16 goes through f32 (exact one way, rounded to nearest
-// even the other, as cvt.rn.bf16.f32 rounds), so f64 -> bf16 rounds twice, as a GPU would.
+// even the other, as cvt.rn.bf16.f32 rounds), so i32 and f64 -> bf16 round twice: the GPU
+// lowering converts i32 through f32 too (it runs no f64).
 template <class D, class S>
 D convert(S v) {
   if constexpr (std::is_same_v<S, Bf16> && std::is_same_v<D, Bf16>) return v;

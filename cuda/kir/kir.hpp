@@ -266,14 +266,14 @@ class KernelBuilder {
   Reg atom_add(Space s, Type t, Operand addr, Operand value, int64_t offset = 0);
   void bar();
   Reg shfl(ShflMode m, Operand value, Operand lane_or_delta, Operand clamp = imm_u32(31));
-  // D = A B + C for the warp (every lane must take part): a[4], b[2] (f32 for tf32, u32 packed
-  // pairs for bf16/f16), c[4] f32; returns D's 4 f32 registers of this lane.
   // `count` (1, 2, 4) 8x8 b16 matrices from the row addresses the lanes give (Opc::Ldmatrix).
   std::vector<Reg> ldmatrix(int count, bool trans, Operand row_address);
   // Opc::CpAsync and its group operations.
   void cp_async(Operand shared_dst, Operand global_src, int bytes, Operand src_bytes);
   void cp_async_commit();
   void cp_async_wait(int pending_groups);
+  // D = A B + C for the warp (every lane must take part): a[4], b[2] (f32 for tf32, u32 packed
+  // pairs for bf16/f16), c[4] f32; returns D's 4 f32 registers of this lane.
   std::vector<Reg> mma(MmaShape shape, const std::vector<Operand>& a, const std::vector<Operand>& b,
                        const std::vector<Operand>& c);
   void ret();

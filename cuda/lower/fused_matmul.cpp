@@ -16,9 +16,12 @@
 // before the current tile's FFMAs (held in registers, stored to shared memory after the
 // barrier), so their latency hides behind the arithmetic. Batch dims: grid z walks the logical
 // batch, each operand and output with its own batch strides (0 where an operand broadcasts). FFMA
-// in f32, or with KILN_ALLOW_TF32=1 tf32 tensor cores (mma.sync) on the 128x128 tiles. bf16
-// operands (both or neither) are loaded as bf16 (half the bytes) and widened to f32 in the
-// tiles: their products are exact in both kernels, and large tiles take the tensor cores. Row
+// in f32, or with KILN_ALLOW_TF32=1 tf32 tensor cores (mma.sync) on the 128x128 tiles. An
+// operand stored in bf16 is loaded as bf16 (half the bytes) and widened to f32 in the tiles;
+// where both carry bf16 values (stored, or f32 read through a rounding to bf16) their products
+// are exact in both kernels and large tiles take the tensor cores. With KILN_BF16_MMA=1,
+// operands both stored in bf16 with k contiguous run a third kernel instead: bf16 mma.sync fed
+// by ldmatrix from two cp.async stages (bf16_mma_main_loop). Row
 // sums of A (a bias gradient) come out of the blocks of the first tile column, from the tiles in
 // shared memory.
 #include "circuit/prims/fused_matmul.hpp"
@@ -66,7 +69,7 @@ constexpr double kLargeTileMinWaveFill = 0.8;
 
 int forced_tile = 0;
 bool forced_tf32 = false;
-bool forced_bf16_mma = false;
+bool forced_bf16_mma = false;  // on every qualifying matmul, whatever its size
 
 // The bf16 mma.sync kernel (KILN_BF16_MMA=1): 128x128 tiles, k steps of 32, two shared stages
 // filled by cp.async (16-byte chunks of 8 k, zero-filled past the matrix), fragments by ldmatrix
@@ -75,7 +78,7 @@ bool forced_bf16_mma = false;
 // stored in bf16 with k contiguous and every chunk 16-byte aligned, and no row sums.
 constexpr int kMmaTileK = 32, kMmaPitch = kMmaTileK + 8;  // bf16 elements a shared row
 bool bf16_mma_applies(const Circuit& c, const Op& op, const FusedMatmul& f) {
-  if (!(forced_bf16_mma || options::bf16_mma()) || f.a_row_sums || f.k % 8 != 0) return false;
+  if (!options::bf16_mma() || f.a_row_sums || f.k % 8 != 0) return false;
   for (int i = 0; i < 2; ++i) {
     const MatmulOperand& v = i == 0 ? f.a : f.b;
     if (c.info(op.inputs[static_cast<size_t>(i)]).dtype != DType::bf16 || v.k_stride != 1 || v.row_stride % 8 != 0 ||
@@ -315,8 +318,13 @@ ForceMatmulTile::ForceMatmulTile(int size) : saved_(forced_tile) {
   forced_tile = size;
 }
 ForceMatmulTile::~ForceMatmulTile() { forced_tile = saved_; }
-ForceBf16Mma::ForceBf16Mma() : saved_(forced_bf16_mma) { forced_bf16_mma = true; }
-ForceBf16Mma::~ForceBf16Mma() { forced_bf16_mma = saved_; }
+ForceBf16Mma::ForceBf16Mma() : saved_(forced_bf16_mma), saved_option_(options::force_bf16_mma(true)) {
+  forced_bf16_mma = true;
+}
+ForceBf16Mma::~ForceBf16Mma() {
+  forced_bf16_mma = saved_;
+  options::force_bf16_mma(saved_option_);
+}
 ForceTf32Matmuls::ForceTf32Matmuls() : saved_(forced_tf32) { forced_tf32 = true; }
 ForceTf32Matmuls::~ForceTf32Matmuls() { forced_tf32 = saved_; }
 

@@ -24,8 +24,9 @@ class ForceTf32Matmuls {
   bool saved_;
 };
 
-// Tests: matmul kernels whose operands qualify (both stored bf16, k contiguous, 16-byte chunks)
-// use the bf16 mma.sync kernel (as KILN_BF16_MMA=1), on 128x128 tiles, for the guard's lifetime.
+// Tests: KILN_BF16_MMA=1 for the guard's lifetime (the matmul fusion keeps casts to bf16), and
+// matmul kernels whose operands qualify (both stored bf16, k contiguous, 16-byte chunks) use
+// the bf16 mma.sync kernel whatever their size.
 class ForceBf16Mma {
  public:
   ForceBf16Mma();
@@ -34,7 +35,7 @@ class ForceBf16Mma {
   ForceBf16Mma& operator=(const ForceBf16Mma&) = delete;
 
  private:
-  bool saved_;
+  bool saved_, saved_option_;
 };
 
 class ForceMatmulTile {

@@ -621,6 +621,13 @@ class Executor {
     b.async_open[t].push_back(c);
   }
 
+  static bool has_async_copies(const BlockRun& b, uint32_t t) {
+    if (!b.async_open[t].empty()) return true;
+    for (const auto& g : b.async_groups[t])
+      if (!g.empty()) return true;
+    return false;
+  }
+
   // cp.async.wait_group n: every committed group of thread t but the newest n lands.
   void wait_async_groups(uint32_t t, size_t n) {
     BlockRun& b = *cur_;
@@ -850,8 +857,7 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
       case Code::BrTrue: pc = r[op.a] ? static_cast<uint32_t>(op.imm) : pc + 1; continue;
       case Code::BrFalse: pc = r[op.a] ? pc + 1 : static_cast<uint32_t>(op.imm); continue;
       case Code::Exit:
-        if (blk.any_async && (!blk.async_groups[t].empty() || !blk.async_open[t].empty()))
-          fail(t, pc, "thread exits with cp.async copies it never waited for");
+        if (blk.any_async && has_async_copies(blk, t)) fail(t, pc, "thread exits with cp.async copies it never waited for");
         blk.state[t] = State::exited;
         goto stop;
       case Code::CpAsync:

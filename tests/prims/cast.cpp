@@ -36,6 +36,14 @@ void cast_cases(FamilyCases& c) {
                           return b.cast(b.permute(b.cast(x[0], DType::bf16), {1, 0}), DType::f32);
                         },
                         0});
+  // i32 <-> bf16 through f32 on both sides (2^24 + 2^16 + 1 rounds twice: to 2^24 + 2^16, then
+  // to even, 2^24); values past 2^24 included.
+  c.lowering.push_back({"cast_i32_bf16_i32",
+                        {i32({37, 45}, -(1 << 26), 1 << 26)},
+                        [](Builder& b, const std::vector<ValueId>& x) {
+                          return b.cast(b.cast(x[0], DType::bf16), DType::i32);
+                        },
+                        0});
   c.lowering.push_back({"stop_gradient",
                         {f32({37})},
                         [](Builder& b, const std::vector<ValueId>& x) { return b.add(b.stop_gradient(x[0]), x[0]); },

@@ -25,4 +25,7 @@ inline Bf16 f32_to_bf16(float f) {
   return Bf16{static_cast<uint16_t>((u + 0x7fffu + lsb) >> 16)};
 }
 
+// f rounded to bf16 and back: the value a bf16 cast keeps (ScalarExp round_bf16).
+inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
 }  // namespace kiln

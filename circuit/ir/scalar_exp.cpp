@@ -221,7 +221,7 @@ T eval_rec(const ScalarExp& e, std::span<const T> in) {
     case ExpOp::Sin: return std::sin(x);
     case ExpOp::Cos: return std::cos(x);
     case ExpOp::Abs: return std::fabs(x);
-    case ExpOp::RoundBf16: return static_cast<T>(bf16_to_f32(f32_to_bf16(static_cast<float>(x))));
+    case ExpOp::RoundBf16: return static_cast<T>(round_to_bf16(static_cast<float>(x)));
     default: break;
   }
   const T y = arg(1);

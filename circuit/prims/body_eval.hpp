@@ -117,7 +117,7 @@ inline const T* run_block(const std::vector<Instr>& code, const std::vector<cons
       case ExpOp::Cos: r = A().cos(); break;
       case ExpOp::Abs: r = A().abs(); break;
       case ExpOp::RoundBf16:
-        r = A().unaryExpr([](T v) { return static_cast<T>(bf16_to_f32(f32_to_bf16(static_cast<float>(v)))); });
+        r = A().unaryExpr([](T v) { return static_cast<T>(round_to_bf16(static_cast<float>(v))); });
         break;
       case ExpOp::Add: r = A() + B(); break;
       case ExpOp::Sub: r = A() - B(); break;

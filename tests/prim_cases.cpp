@@ -19,6 +19,7 @@ FamilyCases all_prim_cases() {
   multi_tensor_cases(c);
   fused_matmul_cases(c);
   column_sums_cases(c);
+  attention_cases(c);
   composites_cases(c);
   return c;
 }

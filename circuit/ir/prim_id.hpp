@@ -27,7 +27,8 @@ namespace kiln {
   X(fused_rows)                                                \
   X(multi_tensor)                                              \
   X(fused_matmul)                                              \
-  X(column_sums)
+  X(column_sums)                                               \
+  X(attention) X(attention_grad)
 // clang-format on
 
 enum class PrimId : uint8_t {

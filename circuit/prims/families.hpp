@@ -21,6 +21,7 @@ void register_fused_rows(PrimRegistry& r);    // fused_rows (built by the row fu
 void register_multi_tensor(PrimRegistry& r);  // multi_tensor (built by the multi-tensor merge)
 void register_fused_matmul(PrimRegistry& r);  // fused_matmul (built by the matmul fusion)
 void register_column_sums(PrimRegistry& r);   // column_sums (built by the column fusion)
+void register_attention(PrimRegistry& r);     // attention, attention_grad (built by the attention fusion)
 
 inline void register_all_prims(PrimRegistry& r) {
   register_pointwise(r);
@@ -38,6 +39,7 @@ inline void register_all_prims(PrimRegistry& r) {
   register_multi_tensor(r);
   register_fused_matmul(r);
   register_column_sums(r);
+  register_attention(r);
 }
 
 }  // namespace kiln

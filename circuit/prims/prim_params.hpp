@@ -112,4 +112,12 @@ struct ColumnSumsParams {
   Params to_params() const;
 };
 
+// attention, attention_grad {causal}, {scale}.
+struct AttentionParams {
+  bool causal = false;
+  double scale = 1.0;
+  static AttentionParams of(const Op& op);
+  Params to_params() const;
+};
+
 }  // namespace kiln

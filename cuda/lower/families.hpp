@@ -43,6 +43,7 @@ void register_fused_rows_lowering(LoweringTable& t);    // fused_rows
 void register_multi_tensor_lowering(LoweringTable& t);  // multi_tensor
 void register_fused_matmul_lowering(LoweringTable& t);  // fused_matmul
 void register_column_sums_lowering(LoweringTable& t);   // column_sums
+void register_attention_lowering(LoweringTable& t);     // attention, attention_grad
 
 inline void register_all_lowerings(LoweringTable& t) {
   register_pointwise_lowering(t);
@@ -60,6 +61,7 @@ inline void register_all_lowerings(LoweringTable& t) {
   register_multi_tensor_lowering(t);
   register_fused_matmul_lowering(t);
   register_column_sums_lowering(t);
+  register_attention_lowering(t);
 }
 
 }  // namespace kiln::cuda

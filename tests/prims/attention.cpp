@@ -1,0 +1,55 @@
+// The cases of attention and attention_grad (circuit/prims/attention.cpp, cuda/lower/attention.cpp).
+#include "circuit/prims/prim_params.hpp"
+#include "prim_cases.hpp"
+
+namespace kiln::testing {
+namespace {
+
+Params attention_params(bool causal, double scale) { return AttentionParams{causal, scale}.to_params(); }
+
+// attention(q, k, v), output `out` (0: o; 2: o + lse, so that both outputs carry a gradient).
+BuildFn attention_of(bool causal, double scale, int out) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> r = b.circuit().add_op(PrimId::attention, attention_params(causal, scale), {x[0], x[1], x[2]});
+    return out == 2 ? b.add(r[0], r[1]) : r[static_cast<size_t>(out)];
+  };
+}
+
+// attention_grad over arbitrary (q, k, v, o, lse, do[, dlse]): dq, dk and dv side by side (the
+// cases give q, k and v one head size and as many keys as queries).
+BuildFn attention_grad_of(bool causal, double scale) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> g = b.circuit().add_op(PrimId::attention_grad, attention_params(causal, scale), x);
+    return b.concat(g, -1);
+  };
+}
+
+}  // namespace
+
+void attention_cases(FamilyCases& c) {
+  // Gradients (f64 central differences), through the VJP rule that emits attention_grad.
+  add_gradient(c, "attention_causal", {"attention"}, {F({2, 2, 5, 3}), F({2, 2, 5, 3}), F({2, 2, 5, 4})},
+               attention_of(true, 0.7, 0));
+  add_gradient(c, "attention_cross_with_lse", {"attention"}, {F({3, 4, 3}), F({3, 6, 3}), F({3, 6, 2})},
+               attention_of(false, 1.3, 2));
+  add_gradient(c, "attention_lse_only", {"attention"}, {F({2, 4, 3}), F({2, 4, 3}), F({2, 4, 2})},
+               attention_of(true, 1.0, 1));
+  // Lowerings (f32 kernels against the Eigen reference): head sizes off 32 (a partial register
+  // column), one and two registers a lane, Tq != Tk without the mask. Tolerance 1e-5
+  // norm-relative: dot products of <= 72 terms and sums over <= 37 keys in another order, exp
+  // within 3 ulp.
+  c.lowering.push_back({"attention_causal", {f32({2, 3, 37, 40}), f32({2, 3, 37, 40}), f32({2, 3, 37, 24})},
+                        attention_of(true, 0.35, 2), 1e-5});
+  c.lowering.push_back({"attention_cross", {f32({3, 21, 72}), f32({3, 37, 72}), f32({3, 37, 72})},
+                        attention_of(false, 0.2, 2), 1e-5});
+  c.lowering.push_back({"attention_grad_causal",
+                        {f32({2, 3, 29, 40}), f32({2, 3, 29, 40}), f32({2, 3, 29, 40}), f32({2, 3, 29, 40}),
+                         f32({2, 3, 29, 1}, 0, 3), f32({2, 3, 29, 40})},
+                        attention_grad_of(true, 0.35), 1e-5});
+  c.lowering.push_back({"attention_grad_with_dlse",
+                        {f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 1}, 2, 5),
+                         f32({3, 19, 72}), f32({3, 19, 1})},
+                        attention_grad_of(false, 0.2), 1e-5});
+}
+
+}  // namespace kiln::testing

@@ -1,0 +1,128 @@
+// Reference semantics of attention and attention_grad (circuit/prims/attention.cpp) against
+// plain loops written from the definitions: scores, a softmax per row, its Jacobian for the
+// backward (the Prim uses the identity rowsum(p * dp) = rowsum(do * o) instead, so the loops
+// check that too), in f64 and f32.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "circuit/exec/executor.hpp"
+#include "circuit/prims/prim_params.hpp"
+#include "prim_test_util.hpp"
+
+namespace kiln {
+namespace {
+
+struct Sizes {
+  int64_t entries, tq, tk, d, dv;
+};
+
+HostTensor rnd(DType dt, Shape s, uint64_t seed) {
+  return testing::random_tensor(testing::InputSpec{std::move(s), dt, -1.5, 1.5}, seed);
+}
+
+// The probabilities of every entry by loops: [entry][i][j].
+std::vector<std::vector<std::vector<double>>> probabilities(const Sizes& z, const HostTensor& q, const HostTensor& k,
+                                                            bool causal, double scale) {
+  std::vector<std::vector<std::vector<double>>> p(static_cast<size_t>(z.entries));
+  for (int64_t e = 0; e < z.entries; ++e)
+    for (int64_t i = 0; i < z.tq; ++i) {
+      std::vector<double> s(static_cast<size_t>(z.tk), -std::numeric_limits<double>::infinity());
+      double m = -std::numeric_limits<double>::infinity(), sum = 0;
+      for (int64_t j = 0; j < z.tk; ++j) {
+        if (causal && j > i) continue;
+        double dot = 0;
+        for (int64_t c = 0; c < z.d; ++c) dot += q.get((e * z.tq + i) * z.d + c) * k.get((e * z.tk + j) * z.d + c);
+        s[static_cast<size_t>(j)] = scale * dot;
+        m = std::max(m, scale * dot);
+      }
+      for (double& x : s) sum += x = std::exp(x - m);
+      for (double& x : s) x /= sum;
+      p[static_cast<size_t>(e)].push_back(s);
+    }
+  return p;
+}
+
+double max_abs_diff(const HostTensor& got, const std::vector<double>& want) {
+  double worst = 0;
+  EXPECT_EQ(got.numel(), static_cast<int64_t>(want.size()));
+  for (int64_t i = 0; i < got.numel(); ++i) worst = std::max(worst, std::abs(got.get(i) - want[static_cast<size_t>(i)]));
+  return worst;
+}
+
+void check_attention(DType dt, bool causal, double tolerance) {
+  const Sizes z{6, 5, causal ? 5 : 7, 3, 4};
+  const double scale = 0.8;
+  Circuit c;
+  ValueId q = c.add_external({Shape{2, 3, z.tq, z.d}, dt}, ValueRole::Input);
+  ValueId k = c.add_external({Shape{2, 3, z.tk, z.d}, dt}, ValueRole::Input);
+  ValueId v = c.add_external({Shape{2, 3, z.tk, z.dv}, dt}, ValueRole::Input);
+  ValueId d_o = c.add_external({Shape{2, 3, z.tq, z.dv}, dt}, ValueRole::Input);
+  ValueId dlse = c.add_external({Shape{2, 3, z.tq, 1}, dt}, ValueRole::Input);
+  const Params params = AttentionParams{causal, scale}.to_params();
+  std::vector<ValueId> f = c.add_op(PrimId::attention, params, {q, k, v});
+  std::vector<ValueId> g = c.add_op(PrimId::attention_grad, params, {q, k, v, f[0], f[1], d_o, dlse});
+  const std::vector<HostTensor> in = {rnd(dt, c.info(q).shape, 1), rnd(dt, c.info(k).shape, 2),
+                                      rnd(dt, c.info(v).shape, 3), rnd(dt, c.info(d_o).shape, 4),
+                                      rnd(dt, c.info(dlse).shape, 5)};
+  const std::vector<HostTensor> out = execute(c, in, {f[0], f[1], g[0], g[1], g[2]});
+  const auto p = probabilities(z, in[0], in[1], causal, scale);
+
+  std::vector<double> o(static_cast<size_t>(z.entries * z.tq * z.dv)), lse, dq(static_cast<size_t>(z.entries * z.tq * z.d)),
+      dk(static_cast<size_t>(z.entries * z.tk * z.d)), dv(static_cast<size_t>(z.entries * z.tk * z.dv));
+  for (int64_t e = 0; e < z.entries; ++e)
+    for (int64_t i = 0; i < z.tq; ++i) {
+      const auto& pi = p[static_cast<size_t>(e)][static_cast<size_t>(i)];
+      // lse from its definition: log of the sum of exp(s) over the keys the query sees.
+      double sum = 0;
+      for (int64_t j = 0; j < z.tk; ++j) {
+        if (causal && j > i) continue;
+        double dot = 0;
+        for (int64_t cc = 0; cc < z.d; ++cc)
+          dot += in[0].get((e * z.tq + i) * z.d + cc) * in[1].get((e * z.tk + j) * z.d + cc);
+        sum += std::exp(scale * dot);
+      }
+      lse.push_back(std::log(sum));
+      for (int64_t cc = 0; cc < z.dv; ++cc)
+        for (int64_t j = 0; j < z.tk; ++j)
+          o[static_cast<size_t>((e * z.tq + i) * z.dv + cc)] += pi[static_cast<size_t>(j)] * in[2].get((e * z.tk + j) * z.dv + cc);
+      // The softmax's Jacobian: ds_j = p_j (dp_j - sum_l p_l dp_l) + p_j dlse, dp_j = do . v_j.
+      std::vector<double> dp(static_cast<size_t>(z.tk));
+      double mean = 0;
+      for (int64_t j = 0; j < z.tk; ++j) {
+        for (int64_t cc = 0; cc < z.dv; ++cc)
+          dp[static_cast<size_t>(j)] += in[3].get((e * z.tq + i) * z.dv + cc) * in[2].get((e * z.tk + j) * z.dv + cc);
+        mean += pi[static_cast<size_t>(j)] * dp[static_cast<size_t>(j)];
+      }
+      for (int64_t j = 0; j < z.tk; ++j) {
+        const double pj = pi[static_cast<size_t>(j)];
+        const double ds = pj * (dp[static_cast<size_t>(j)] - mean) + pj * in[4].get(e * z.tq + i);
+        for (int64_t cc = 0; cc < z.d; ++cc) {
+          dq[static_cast<size_t>((e * z.tq + i) * z.d + cc)] += scale * ds * in[1].get((e * z.tk + j) * z.d + cc);
+          dk[static_cast<size_t>((e * z.tk + j) * z.d + cc)] += scale * ds * in[0].get((e * z.tq + i) * z.d + cc);
+        }
+        for (int64_t cc = 0; cc < z.dv; ++cc)
+          dv[static_cast<size_t>((e * z.tk + j) * z.dv + cc)] += pj * in[3].get((e * z.tq + i) * z.dv + cc);
+      }
+    }
+  EXPECT_LT(max_abs_diff(out[0], o), tolerance) << "o";
+  EXPECT_LT(max_abs_diff(out[1], lse), tolerance) << "lse";
+  EXPECT_LT(max_abs_diff(out[2], dq), tolerance) << "dq";
+  EXPECT_LT(max_abs_diff(out[3], dk), tolerance) << "dk";
+  EXPECT_LT(max_abs_diff(out[4], dv), tolerance) << "dv";
+}
+
+// f64 to rounding; f32 within a few ulp of values of order 1 (sums of <= 7 terms).
+TEST(PrimReferenceAttention, AttentionAndAttentionGradMatchPlainLoopsCausal) {
+  check_attention(DType::f64, true, 1e-12);
+  check_attention(DType::f32, true, 2e-6);
+}
+
+TEST(PrimReferenceAttention, AttentionAndAttentionGradMatchPlainLoopsWithoutMask) {
+  check_attention(DType::f64, false, 1e-12);
+  check_attention(DType::f32, false, 2e-6);
+}
+
+}  // namespace
+}  // namespace kiln

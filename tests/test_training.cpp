@@ -419,7 +419,8 @@ void fused_and_unfused_runs_give_the_same_losses(Precision precision, double bou
   TrainRun plain;
   {
     testing::ScopedEnv off("KILN_DISABLE_PASSES",
-                           "fuse_pointwise,fuse_columns,fuse_matmul,fuse_rows,forward_assigns,merge_multi_tensor");
+                           "fuse_attention,fuse_pointwise,fuse_columns,fuse_matmul,fuse_rows,forward_assigns,"
+                           "merge_multi_tensor");
     cache.clear();
     plain = train_tiny(100, "", "", 0, 1e-2);
     EXPECT_EQ(fused_ops_in_step(), 0u);

@@ -17,10 +17,12 @@ namespace {
 Circuit forward_assigns(const Circuit& c, std::vector<ValueId>&) { return forward_assigned_values(c); }
 
 // In pipeline order. Switching cse off leaves dead-code elimination in its place.
-constexpr std::array<PassInfo, 8> kPasses = {{
+constexpr std::array<PassInfo, 9> kPasses = {{
     {"cse", false, "common-subexpression elimination (off: dead-code elimination only)", cse},
     {"simplify_row_indexing", false, "gathers by 0..R-1 read the table itself", simplify_row_indexing},
     {"forward_assigns", false, "readers of an assign read the assigned value", forward_assigns},
+    {"fuse_attention", false, "attention chains and their backward become attention ops (no (T, T) values)",
+     fuse_attention},
     {"fuse_pointwise", false, "chains of pointwise ops become one", fuse_pointwise},
     {"fuse_columns", true, "sums over the token axes absorb their producers (column_sums)", fuse_columns},
     {"fuse_matmul", true, "matmuls read through views, with prologues and epilogues (fused_matmul)", fuse_matmul},

@@ -1,0 +1,281 @@
+// Attention fusion: the chain a model records for attention, and the backward the reverse sweep
+// emits for it, become one attention op and one attention_grad op (circuit/prims/attention.cpp).
+//
+// Forward, as composite::softmax and composite::apply_causal_mask record it:
+//   s = matmul(q, k, tb)                              q (..., T, d), k (..., Tk, d)
+//   a = where(iota ge(i0, i1), s, fill -inf)          only when causal
+//   m = stop_gradient(reduce max (a))                 along the last axis
+//   e = pointwise exp(in0 - in1) (a, m)
+//   l = reduce sum (e)
+//   p = pointwise in0 / in1 (e, l)
+//   o = matmul(p, v)                                  v (..., Tk, dv)
+// Backward, as the sweep emits it from those ops' VJP rules (after CSE; do = the gradient of o):
+//   dp = matmul(do, v, tb)            dv = matmul(p, do, ta)
+//   g1 = pointwise in0 * (1 / in1) (dp, l)
+//   g2 = pointwise in0 * neg((in1 / in2) / in2) (dp, e, l); r = broadcast(reduce sum (g2))
+//   da = pointwise in0 * exp(in1 - in2) (g1 + r, a, m)
+//   ds = where(mask, da, fill 0)                      only when causal
+//   dq = matmul(ds, k)                dk = matmul(ds, q, ta)
+// Every op must match exactly (Prim, params, bodies, wiring) and every intermediate must be read
+// only inside its own chain (nothing outside needs the scores or the probabilities), or the
+// circuit is left as it is. A forward whose intermediates nothing else reads (no backward: an
+// evaluation) fuses alone. The fused op takes the scale as 1 (models put it on q).
+#include <algorithm>
+#include <limits>
+#include <optional>
+
+#include "circuit/passes/cleanup.hpp"
+#include "circuit/passes/contract.hpp"
+#include "circuit/passes/fusion.hpp"
+#include "circuit/prims/prim_params.hpp"
+
+namespace kiln {
+namespace {
+
+struct Match {
+  bool causal = false;
+  ValueId q = kNoValue, k = kNoValue, v = kNoValue, o = kNoValue, d_o = kNoValue;
+  std::vector<int32_t> forward;   // op indices; the last one computes o
+  std::vector<int32_t> backward;  // op indices, empty without a backward
+  ValueId dq = kNoValue, dk = kNoValue, dv = kNoValue;
+};
+
+class Matcher {
+ public:
+  Matcher(const Circuit& c, const std::vector<ValueId>& outputs) : c_(c), readers_(value_readers(c)) {
+    protected_.assign(c.num_values(), false);
+    for (ValueId o : outputs) protected_[static_cast<size_t>(o)] = true;
+  }
+
+  // The attention whose output is op `at` (a matmul), if the pattern matches there.
+  std::optional<Match> match(int32_t at) {
+    Match mt;
+    const Op& pv = op(at);
+    if (!is_matmul(pv, false, false)) return std::nullopt;
+    const ValueId p = pv.inputs[0];
+    mt.v = pv.inputs[1];
+    mt.o = pv.outputs[0];
+    const Op* div = producer(p, PrimId::pointwise);
+    if (!div || div->params.body != se::in(0) / se::in(1)) return std::nullopt;
+    const ValueId e = div->inputs[0], l = div->inputs[1];
+    const Op* sum = producer(l, PrimId::reduce);
+    const Op* exp = producer(e, PrimId::pointwise);
+    if (!sum || !along_last(*sum, ReduceKind::Sum) || sum->inputs[0] != e || !exp ||
+        exp->params.body != se::exp(se::in(0) - se::in(1)))
+      return std::nullopt;
+    const ValueId a = exp->inputs[0], m = exp->inputs[1];
+    const Op* stop = producer(m, PrimId::stop_gradient);
+    const Op* max = stop ? producer(stop->inputs[0], PrimId::reduce) : nullptr;
+    if (!max || !along_last(*max, ReduceKind::Max) || max->inputs[0] != a) return std::nullopt;
+    ValueId s = a;
+    const Op* where = producer(a, PrimId::where);
+    if (where) {
+      if (!is_causal_mask(where->inputs[0]) || !is_fill(where->inputs[2], -std::numeric_limits<double>::infinity()))
+        return std::nullopt;
+      mt.causal = true;
+      s = where->inputs[1];
+    }
+    const Op* qk = producer(s, PrimId::matmul);
+    if (!qk || !is_matmul(*qk, false, true)) return std::nullopt;
+    mt.q = qk->inputs[0];
+    mt.k = qk->inputs[1];
+    // Shapes: q (..., T, d), k (..., Tk, d), v (..., Tk, dv), one batch, one float dtype; the
+    // mask (T, T) with T the scores' last two dims.
+    const ValueInfo &qi = c_.info(mt.q), &ki = c_.info(mt.k), &vi = c_.info(mt.v);
+    if (qi.dtype != ki.dtype || qi.dtype != vi.dtype || (qi.dtype != DType::f32 && qi.dtype != DType::f64) ||
+        qi.shape.rank() < 3 || ki.shape.rank() != qi.shape.rank() || vi.shape.rank() != qi.shape.rank())
+      return std::nullopt;
+    const int r = qi.shape.rank();
+    for (int ax = 0; ax < r - 2; ++ax)
+      if (ki.shape[ax] != qi.shape[ax] || vi.shape[ax] != qi.shape[ax]) return std::nullopt;
+    if (c_.info(s).shape != c_.info(p).shape || (mt.causal && c_.info(s).shape.rank() != r)) return std::nullopt;
+
+    const ValueId internal[] = {s, a, m, stop->inputs[0], e, l, p};
+    mt.forward = {producer_index(s)};
+    if (where) mt.forward.push_back(producer_index(a));
+    for (ValueId x : {stop->inputs[0], m, e, l, p}) mt.forward.push_back(producer_index(x));
+    mt.forward.push_back(at);
+    for (ValueId x : internal)
+      if (protected_[static_cast<size_t>(x)]) return std::nullopt;
+
+    // Forward only: nothing outside the chain reads its intermediates.
+    bool read_outside = false;
+    for (ValueId x : internal)
+      for (int32_t r2 : readers_[static_cast<size_t>(x)]) read_outside = read_outside || !in(mt.forward, r2);
+    if (!read_outside) return mt;
+    if (!match_backward(mt, a, m, e, l, p, where != nullptr)) return std::nullopt;
+    std::vector<int32_t> chain = mt.forward;
+    chain.insert(chain.end(), mt.backward.begin(), mt.backward.end());
+    for (ValueId x : internal)
+      for (int32_t r2 : readers_[static_cast<size_t>(x)])
+        if (!in(chain, r2)) return std::nullopt;
+    // The backward's intermediates stay inside it; dq, dk and dv are read after its last op.
+    const int32_t last = *std::max_element(mt.backward.begin(), mt.backward.end());
+    for (int32_t b : mt.backward)
+      for (ValueId x : op(b).outputs) {
+        const bool result = x == mt.dq || x == mt.dk || x == mt.dv;
+        if (!result && protected_[static_cast<size_t>(x)]) return std::nullopt;
+        for (int32_t r2 : readers_[static_cast<size_t>(x)])
+          if (result ? (r2 < last && !in(mt.backward, r2)) : !in(mt.backward, r2)) return std::nullopt;
+      }
+    return mt;
+  }
+
+ private:
+  bool match_backward(Match& mt, ValueId a, ValueId m, ValueId e, ValueId l, ValueId p, bool causal) {
+    // dv = matmul(p, do, ta): it names do.
+    const Op* dv = reader(p, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == p; });
+    if (!dv) return false;
+    mt.d_o = dv->inputs[1];
+    mt.dv = dv->outputs[0];
+    if (c_.info(mt.d_o) != c_.info(mt.o)) return false;
+    const Op* dp = reader(mt.d_o, [&](const Op& o) {
+      return is_matmul(o, false, true) && o.inputs[0] == mt.d_o && o.inputs[1] == mt.v;
+    });
+    if (!dp) return false;
+    const ValueId dpv = dp->outputs[0];
+    const Op* g1 = reader(dpv, [&](const Op& o) { return body_is(o, "(in0 * (1 / in1))", {dpv, l}); });
+    const Op* g2 = reader(dpv, [&](const Op& o) { return body_is(o, "(in0 * neg(((in1 / in2) / in2)))", {dpv, e, l}); });
+    if (!g1 || !g2) return false;
+    const Op* rsum = only_reader(g2->outputs[0]);
+    if (!rsum || !along_last(*rsum, ReduceKind::Sum)) return false;
+    const Op* rb = only_reader(rsum->outputs[0]);
+    if (!rb || !rb->is(PrimId::broadcast) || c_.info(rb->outputs[0]).shape != c_.info(e).shape) return false;
+    const ValueId g1v = g1->outputs[0], rbv = rb->outputs[0];
+    const Op* g3 = reader(g1v, [&](const Op& o) { return body_is(o, "(in0 + in1)", {g1v, rbv}); });
+    if (!g3) return false;
+    const ValueId g3v = g3->outputs[0];
+    const Op* da = reader(g3v, [&](const Op& o) { return body_is(o, "(in0 * exp((in1 - in2)))", {g3v, a, m}); });
+    if (!da) return false;
+    ValueId ds = da->outputs[0];
+    const Op* mask = nullptr;
+    if (causal) {
+      mask = reader(ds, [&](const Op& o) {
+        return o.is(PrimId::where) && o.inputs[1] == ds && is_causal_mask(o.inputs[0]) && is_fill(o.inputs[2], 0.0);
+      });
+      if (!mask) return false;
+      ds = mask->outputs[0];
+    }
+    const Op* dq = reader(ds, [&](const Op& o) { return is_matmul(o, false, false) && o.inputs[0] == ds && o.inputs[1] == mt.k; });
+    const Op* dk = reader(ds, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == ds && o.inputs[1] == mt.q; });
+    if (!dq || !dk) return false;
+    mt.dq = dq->outputs[0];
+    mt.dk = dk->outputs[0];
+    for (const Op* o : {dv, dp, g1, g2, rsum, rb, g3, da, mask, dq, dk})
+      if (o) mt.backward.push_back(static_cast<int32_t>(o - c_.ops().data()));
+    std::sort(mt.backward.begin(), mt.backward.end());
+    return true;
+  }
+
+  const Op& op(int32_t i) const { return c_.ops()[static_cast<size_t>(i)]; }
+  int32_t producer_index(ValueId v) const { return c_.value(v).producer; }
+  const Op* producer(ValueId v, PrimId prim) const {
+    const int32_t p = c_.value(v).producer;
+    return p >= 0 && op(p).is(prim) ? &op(p) : nullptr;
+  }
+  template <class Pred>
+  const Op* reader(ValueId v, Pred pred) const {
+    for (int32_t r : readers_[static_cast<size_t>(v)])
+      if (pred(op(r))) return &op(r);
+    return nullptr;
+  }
+  const Op* only_reader(ValueId v) const {
+    const auto& r = readers_[static_cast<size_t>(v)];
+    return r.size() == 1 ? &op(r[0]) : nullptr;
+  }
+  static bool in(const std::vector<int32_t>& ops, int32_t o) { return std::find(ops.begin(), ops.end(), o) != ops.end(); }
+  static bool is_matmul(const Op& o, bool ta, bool tb) {
+    if (!o.is(PrimId::matmul)) return false;
+    const MatmulParams mp = MatmulParams::of(o);
+    return mp.transpose_a == ta && mp.transpose_b == tb;
+  }
+  bool along_last(const Op& o, ReduceKind kind) const {
+    if (!o.is(PrimId::reduce)) return false;
+    const ReduceParams rp = ReduceParams::of(o);
+    return rp.kind == kind && rp.axis == c_.info(o.inputs[0]).shape.rank() - 1;
+  }
+  bool body_is(const Op& o, const char* body, const std::vector<ValueId>& inputs) const {
+    return o.is(PrimId::pointwise) && o.inputs == inputs && o.params.body.str() == body;
+  }
+  // iota ge(i0, i1) over (T, T): key j seen by query i when i >= j.
+  bool is_causal_mask(ValueId v) const {
+    const Op* iota = producer(v, PrimId::iota);
+    const Shape& s = c_.info(v).shape;
+    return iota && s.rank() == 2 && s[0] == s[1] && iota->params.index == ix::ge(ix::coord(0), ix::coord(1));
+  }
+  bool is_fill(ValueId v, double value) const {
+    const Op* fill = producer(v, PrimId::fill);
+    return fill && c_.info(v).shape.numel() == 1 && FillParams::of(*fill).value == value;
+  }
+
+  const Circuit& c_;
+  std::vector<std::vector<int32_t>> readers_;
+  std::vector<bool> protected_;
+};
+
+}  // namespace
+
+Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
+  Matcher matcher(c, outputs);
+  std::vector<Match> matches;
+  for (size_t i = 0; i < c.ops().size(); ++i)
+    if (auto mt = matcher.match(static_cast<int32_t>(i))) matches.push_back(std::move(*mt));
+  if (matches.empty()) return c;
+
+  // Rebuild in op order: a chain's members vanish; its attention op takes the place of the op
+  // computing o, its attention_grad op the place of the backward's last op.
+  std::vector<int32_t> role(c.ops().size(), -1);  // -1: copied; else the match it belongs to
+  for (size_t k = 0; k < matches.size(); ++k) {
+    for (int32_t f : matches[k].forward) role[static_cast<size_t>(f)] = static_cast<int32_t>(k);
+    for (int32_t b : matches[k].backward) role[static_cast<size_t>(b)] = static_cast<int32_t>(k);
+  }
+  Circuit out;
+  std::vector<ValueId> map(c.num_values(), kNoValue);
+  std::vector<ValueId> lse(matches.size(), kNoValue);
+  for (ValueId e : c.externals()) map[static_cast<size_t>(e)] = out.add_external(c.info(e), c.value(e).role, c.value(e).name);
+  auto mapped = [&](const std::vector<ValueId>& in) {
+    std::vector<ValueId> r;
+    for (ValueId v : in) r.push_back(map[static_cast<size_t>(v)]);
+    return r;
+  };
+  auto emit = [&](const Op& like, PrimId prim, const Params& params, const std::vector<ValueId>& in, Phase phase,
+                  size_t absorbed) {
+    std::vector<ValueId> r = out.add_op(prim, params, mapped(in), like.scope);
+    out.set_phase(out.ops().size() - 1, phase);
+    out.set_absorbed(out.ops().size() - 1, static_cast<int32_t>(absorbed));
+    return r;
+  };
+  for (size_t i = 0; i < c.ops().size(); ++i) {
+    const Op& op = c.ops()[i];
+    const int32_t k = role[i];
+    if (k < 0) {
+      std::vector<ValueId> r = out.add_op(op.prim->id, op.params, mapped(op.inputs), op.scope);
+      out.set_phase(out.ops().size() - 1, op.phase);
+      out.set_absorbed(out.ops().size() - 1, op.absorbed);
+      for (size_t j = 0; j < r.size(); ++j) map[static_cast<size_t>(op.outputs[j])] = r[j];
+      continue;
+    }
+    const Match& mt = matches[static_cast<size_t>(k)];
+    const Params params = AttentionParams{mt.causal, 1.0}.to_params();
+    if (static_cast<int32_t>(i) == mt.forward.back()) {
+      std::vector<ValueId> r = emit(op, PrimId::attention, params, {mt.q, mt.k, mt.v}, op.phase, mt.forward.size());
+      map[static_cast<size_t>(mt.o)] = r[0];
+      lse[static_cast<size_t>(k)] = r[1];
+    } else if (!mt.backward.empty() && static_cast<int32_t>(i) == mt.backward.back()) {
+      std::vector<ValueId> in = mapped({mt.q, mt.k, mt.v, mt.o});
+      in.push_back(lse[static_cast<size_t>(k)]);
+      in.push_back(map[static_cast<size_t>(mt.d_o)]);
+      std::vector<ValueId> r = out.add_op(PrimId::attention_grad, params, in, op.scope);
+      out.set_phase(out.ops().size() - 1, op.phase);
+      out.set_absorbed(out.ops().size() - 1, static_cast<int32_t>(mt.backward.size()));
+      map[static_cast<size_t>(mt.dq)] = r[0];
+      map[static_cast<size_t>(mt.dk)] = r[1];
+      map[static_cast<size_t>(mt.dv)] = r[2];
+    }
+  }
+  for (ValueId& o : outputs) o = map[static_cast<size_t>(o)];
+  out.verify();
+  return dce(out, outputs);
+}
+
+}  // namespace kiln

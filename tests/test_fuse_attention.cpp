@@ -1,0 +1,219 @@
+// T2 for the attention fusion (circuit/passes/fuse_attention.cpp): the attention chain and its
+// backward become attention and attention_grad, with no (T, T) value left; fused and unfused
+// circuits agree on the Eigen executor (f64 to rounding: 1e-12 norm-relative); variants the
+// pattern does not cover stay unfused and still agree; recorded GPT and Llama steps (causal,
+// grouped-query with rotary embeddings, non-causal) carry the fused ops in their plans, and the
+// switch turns the pass off.
+#include <gtest/gtest.h>
+
+#include "ad/backward.hpp"
+#include "circuit/exec/executor.hpp"
+#include "circuit/passes/cleanup.hpp"
+#include "circuit/passes/fusion.hpp"
+#include "circuit/prims/composites.hpp"
+#include "core/engine.hpp"
+#include "device_test_util.hpp"
+#include "layers/multi_head_attention.hpp"
+#include "models/gpt.hpp"
+#include "models/llama.hpp"
+#include "prim_test_util.hpp"
+#include "scoped_env.hpp"
+
+namespace kiln {
+namespace {
+
+using testing::count_prim;
+
+struct Variant {
+  bool causal = true;
+  int64_t tq = 13, tk = 13;
+  bool backward = true;
+  std::vector<int> wrt = {0, 1, 2};  // of q, k, v
+  bool probabilities_out = false;    // the probabilities are an output too
+  double dropout = 0;                // on the probabilities (p)
+};
+
+struct Built {
+  Circuit c;
+  std::vector<ValueId> outputs;
+  std::vector<HostTensor> bindings;
+};
+
+// q (2, 3, tq, 5), k (2, 3, tk, 5), v (2, 3, tk, 4), f64: y = softmax(mask(q kᵀ)) v, and the
+// gradients of sum(y * r) for a fixed random r.
+Built build(const Variant& v) {
+  Built b;
+  Builder bl(b.c);
+  const Shape qs{2, 3, v.tq, 5}, ks{2, 3, v.tk, 5}, vs{2, 3, v.tk, 4}, ys{2, 3, v.tq, 4};
+  std::vector<ValueId> x;
+  uint64_t seed = 11;
+  for (const Shape& s : {qs, ks, vs, ys}) {
+    x.push_back(b.c.add_external({s, DType::f64}, ValueRole::Input));
+    b.bindings.push_back(testing::random_tensor({s, DType::f64, -1.5, 1.5}, seed++));
+  }
+  ValueId scores = bl.matmul(x[0], x[1], false, true);
+  if (v.causal) scores = composite::apply_causal_mask(bl, scores);
+  ValueId p = composite::softmax(bl, scores);
+  ValueId pd = p;
+  if (v.dropout > 0) {
+    ValueId key = b.c.add_external({Shape{2}, DType::i32}, ValueRole::Input);
+    ValueId offset = b.c.add_external({Shape{}, DType::i32}, ValueRole::Input);
+    HostTensor k = HostTensor::zeros(DType::i32, Shape{2}), o = HostTensor::zeros(DType::i32, Shape{});
+    k.set(0, 7);
+    b.bindings.push_back(k);
+    b.bindings.push_back(o);
+    pd = composite::dropout(bl, p, v.dropout, key, offset);
+  }
+  ValueId y = bl.matmul(pd, x[2]);
+  b.outputs = {y};
+  if (v.probabilities_out) b.outputs.push_back(p);
+  if (v.backward) {
+    std::vector<ValueId> wrt;
+    for (int i : v.wrt) wrt.push_back(x[static_cast<size_t>(i)]);
+    for (ValueId g : ad::backward(bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, x[3])), wrt)) b.outputs.push_back(g);
+  }
+  return b;
+}
+
+// Values of rank 4 whose last two dims are (tq, tk): the scores and probabilities.
+size_t square_values(const Circuit& c, int64_t tq, int64_t tk) {
+  size_t n = 0;
+  for (const Op& op : c.ops())
+    for (ValueId o : op.outputs) {
+      const Shape& s = c.info(o).shape;
+      n += s.rank() == 4 && s[2] == tq && s[3] == tk;
+    }
+  return n;
+}
+
+// Runs the variant unfused (CSE only) and fused; returns the fused circuit after checking that
+// both give the same values.
+Circuit check_equivalent(const Variant& v) {
+  Built b = build(v);
+  std::vector<ValueId> plain_out = b.outputs;
+  const Circuit plain = cse(b.c, plain_out);
+  std::vector<ValueId> fused_out = plain_out;
+  const Circuit fused = fuse_attention(plain, fused_out);
+  const std::vector<HostTensor> want = execute(plain, b.bindings, plain_out);
+  const std::vector<HostTensor> got = execute(fused, b.bindings, fused_out);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_LT(testing::relative_error(got[i], want[i]), 1e-12) << "output " << i;
+  return fused;
+}
+
+TEST(FuseAttention, CausalForwardAndBackwardBecomeTwoOpsWithNoSquareValue) {
+  const Circuit f = check_equivalent({});
+  EXPECT_EQ(count_prim(f, PrimId::attention), 1u);
+  EXPECT_EQ(count_prim(f, PrimId::attention_grad), 1u);
+  EXPECT_EQ(count_prim(f, PrimId::matmul), 0u);
+  EXPECT_EQ(square_values(f, 13, 13), 0u) << f.dump();
+}
+
+TEST(FuseAttention, UnmaskedAttentionOverMoreKeysThanQueries) {
+  const Circuit f = check_equivalent({.causal = false, .tq = 7, .tk = 11});
+  EXPECT_EQ(count_prim(f, PrimId::attention), 1u);
+  EXPECT_EQ(count_prim(f, PrimId::attention_grad), 1u);
+  EXPECT_EQ(square_values(f, 7, 11), 0u) << f.dump();
+}
+
+TEST(FuseAttention, ForwardAloneFusesAlone) {
+  const Circuit f = check_equivalent({.backward = false});
+  EXPECT_EQ(count_prim(f, PrimId::attention), 1u);
+  EXPECT_EQ(count_prim(f, PrimId::attention_grad), 0u);
+  EXPECT_EQ(square_values(f, 13, 13), 0u);
+}
+
+// What the pattern does not cover stays as recorded (and still computes the same values).
+TEST(FuseAttention, VariantsOutsideThePatternAreLeftAlone) {
+  const std::vector<Variant> left_alone = {
+      {.probabilities_out = true},  // something outside reads the probabilities
+      {.wrt = {0}},                 // a partial backward (only dq)
+      {.dropout = 0.25},            // dropout on the probabilities: not matched yet
+  };
+  for (const Variant& v : left_alone) {
+    const Circuit f = check_equivalent(v);
+    EXPECT_EQ(count_prim(f, PrimId::attention), 0u);
+    EXPECT_EQ(count_prim(f, PrimId::attention_grad), 0u);
+  }
+}
+
+// A planted error in the fused backward (dk's sign) fails the equivalence check above: the
+// check is not vacuous.
+TEST(FuseAttention, APlantedWrongGradientIsCaught) {
+  Built b = build({});
+  std::vector<ValueId> plain_out = b.outputs;
+  const Circuit plain = cse(b.c, plain_out);
+  std::vector<ValueId> fused_out = plain_out;
+  Circuit fused = fuse_attention(plain, fused_out);
+  std::vector<HostTensor> want = execute(plain, b.bindings, plain_out);
+  std::vector<HostTensor> got = execute(fused, b.bindings, fused_out);
+  ASSERT_LT(testing::relative_error(got[2], want[2]), 1e-12);
+  for (int64_t i = 0; i < got[2].numel(); ++i) got[2].set(i, -got[2].get(i));
+  EXPECT_GT(testing::relative_error(got[2], want[2]), 1.0);
+}
+
+// The plan of one recorded training step (forward and backward) of `model`'s loss.
+template <class Model>
+const Circuit& step_plan(Model& model, int64_t t) {
+  Engine& engine = Engine::current();
+  engine.plan_cache().clear();
+  Tensor x = Tensor::from_host(HostTensor::zeros(DType::i32, Shape{2, t}));
+  Tensor loss = model.loss(x, x);
+  loss.backward();
+  engine.realize();
+  return engine.plan_cache().largest()->program->circuit();
+}
+
+TEST(FuseAttention, GptStepsCarryFusedAttentionInEveryLayer) {
+  models::GPTConfig cfg = testing::tiny_gpt_config(2);
+  cfg.dropout = 0;
+  manual_seed(5);
+  models::GPT model(cfg);
+  const int64_t t = 7;  // odd, shorter than the block
+  {
+    const Circuit& c = step_plan(model, t);
+    EXPECT_EQ(count_prim(c, PrimId::attention), 2u);
+    EXPECT_EQ(count_prim(c, PrimId::attention_grad), 2u);
+    EXPECT_EQ(square_values(c, t, t), 0u);
+  }
+  testing::ScopedEnv off("KILN_DISABLE_PASSES", "fuse_attention");
+  const Circuit& c = step_plan(model, t);
+  EXPECT_EQ(count_prim(c, PrimId::attention), 0u);
+  EXPECT_GT(square_values(c, t, t), 0u);
+}
+
+TEST(FuseAttention, LlamaStepsWithGroupedQueriesAndRotaryEmbeddingsAreFused) {
+  models::LlamaConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 4;
+  cfg.n_kv_head = 2;
+  cfg.n_embd = 32;
+  cfg.block_size = 16;
+  manual_seed(5);
+  models::Llama model(cfg);
+  const Circuit& c = step_plan(model, 9);
+  EXPECT_EQ(count_prim(c, PrimId::attention), 2u);
+  EXPECT_EQ(count_prim(c, PrimId::attention_grad), 2u);
+  EXPECT_EQ(square_values(c, 9, 9), 0u);
+}
+
+TEST(FuseAttention, NonCausalMultiHeadAttentionIsFused) {
+  nn::AttentionOptions o;
+  o.dim = 16;
+  o.n_heads = 2;
+  o.causal = false;
+  o.bias = true;
+  manual_seed(3);
+  nn::MultiHeadAttention layer(o);
+  Engine& engine = Engine::current();
+  engine.plan_cache().clear();
+  Tensor x = Tensor::from_host(testing::random_tensor({Shape{2, 5, 16}, DType::f32}, 4));
+  Tensor y = layer.forward(x);
+  sum(y * y).backward();
+  engine.realize();
+  const Circuit& c = engine.plan_cache().largest()->program->circuit();
+  EXPECT_EQ(count_prim(c, PrimId::attention), 1u) << c.dump();
+  EXPECT_EQ(count_prim(c, PrimId::attention_grad), 1u);
+}
+
+}  // namespace
+}  // namespace kiln

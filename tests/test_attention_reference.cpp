@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "circuit/exec/executor.hpp"
+#include "circuit/prims/builder.hpp"
 #include "circuit/prims/prim_params.hpp"
 #include "prim_test_util.hpp"
 
@@ -122,6 +123,34 @@ TEST(PrimReferenceAttention, AttentionAndAttentionGradMatchPlainLoopsCausal) {
 TEST(PrimReferenceAttention, AttentionAndAttentionGradMatchPlainLoopsWithoutMask) {
   check_attention(DType::f64, false, 1e-12);
   check_attention(DType::f32, false, 2e-6);
+}
+
+// Heads inside ((B, T, H, d) operands, lse (B, H, T, 1)) gives the values of the plain layout on
+// the permuted operands, bit for bit (the same sums in the same order).
+TEST(PrimReferenceAttention, AttentionAndAttentionGradWithHeadsInsideMatchThePlainLayout) {
+  Circuit c;
+  Builder b(c);
+  const Shape s{2, 6, 3, 4};  // (B, T, H, d)
+  std::vector<ValueId> x;
+  std::vector<HostTensor> in;
+  for (uint64_t i = 0; i < 4; ++i) {
+    x.push_back(c.add_external({s, DType::f64}, ValueRole::Input));
+    in.push_back(rnd(DType::f64, s, 20 + i));
+  }
+  auto heads_out = [&](ValueId v) { return b.permute(v, {0, 2, 1, 3}); };
+  const Params inside = AttentionParams{true, 0.7, true}.to_params(), plain = AttentionParams{true, 0.7, false}.to_params();
+  std::vector<ValueId> fi = c.add_op(PrimId::attention, inside, {x[0], x[1], x[2]});
+  std::vector<ValueId> gi = c.add_op(PrimId::attention_grad, inside, {x[0], x[1], x[2], fi[0], fi[1], x[3]});
+  std::vector<ValueId> p = {heads_out(x[0]), heads_out(x[1]), heads_out(x[2]), heads_out(x[3])};
+  std::vector<ValueId> fp = c.add_op(PrimId::attention, plain, {p[0], p[1], p[2]});
+  std::vector<ValueId> gp = c.add_op(PrimId::attention_grad, plain, {p[0], p[1], p[2], fp[0], fp[1], p[3]});
+  const std::vector<HostTensor> out = execute(c, in,
+                                              {heads_out(fi[0]), fi[1], heads_out(gi[0]), heads_out(gi[1]),
+                                               heads_out(gi[2]), fp[0], fp[1], gp[0], gp[1], gp[2]});
+  for (size_t i = 0; i < 5; ++i) {
+    ASSERT_EQ(out[i].shape(), out[i + 5].shape()) << i;
+    for (int64_t e = 0; e < out[i].numel(); ++e) ASSERT_EQ(out[i].get(e), out[i + 5].get(e)) << "output " << i;
+  }
 }
 
 }  // namespace

@@ -33,10 +33,13 @@ namespace kiln {
 namespace {
 
 struct Match {
-  bool causal = false;
+  bool causal = false, heads_inside = false;
+  double scale = 1.0;
   ValueId q = kNoValue, k = kNoValue, v = kNoValue, o = kNoValue, d_o = kNoValue;
-  std::vector<int32_t> forward;   // op indices; the last one computes o
+  std::vector<int32_t> forward;   // op indices
   std::vector<int32_t> backward;  // op indices, empty without a backward
+  int32_t o_op = -1;              // the op computing o: attention takes its place (attention_grad the
+                                  // first backward op's: every backward op follows do's producer)
   ValueId dq = kNoValue, dk = kNoValue, dv = kNoValue;
 };
 
@@ -95,6 +98,7 @@ class Matcher {
     if (where) mt.forward.push_back(producer_index(a));
     for (ValueId x : {stop->inputs[0], m, e, l, p}) mt.forward.push_back(producer_index(x));
     mt.forward.push_back(at);
+    mt.o_op = at;
     for (ValueId x : internal)
       if (protected_[static_cast<size_t>(x)]) return std::nullopt;
 
@@ -102,26 +106,104 @@ class Matcher {
     bool read_outside = false;
     for (ValueId x : internal)
       for (int32_t r2 : readers_[static_cast<size_t>(x)]) read_outside = read_outside || !in(mt.forward, r2);
-    if (!read_outside) return mt;
+    if (!read_outside) {
+      absorb_scale_and_heads(mt);
+      return mt;
+    }
     if (!match_backward(mt, a, m, e, l, p, where != nullptr)) return std::nullopt;
     std::vector<int32_t> chain = mt.forward;
     chain.insert(chain.end(), mt.backward.begin(), mt.backward.end());
     for (ValueId x : internal)
       for (int32_t r2 : readers_[static_cast<size_t>(x)])
         if (!in(chain, r2)) return std::nullopt;
-    // The backward's intermediates stay inside it; dq, dk and dv are read after its last op.
-    const int32_t last = *std::max_element(mt.backward.begin(), mt.backward.end());
-    for (int32_t b : mt.backward)
-      for (ValueId x : op(b).outputs) {
-        const bool result = x == mt.dq || x == mt.dk || x == mt.dv;
-        if (!result && protected_[static_cast<size_t>(x)]) return std::nullopt;
-        for (int32_t r2 : readers_[static_cast<size_t>(x)])
-          if (result ? (r2 < last && !in(mt.backward, r2)) : !in(mt.backward, r2)) return std::nullopt;
-      }
+    if (!internal_to_backward(mt)) return std::nullopt;
+    absorb_scale_and_heads(mt);
     return mt;
   }
 
  private:
+  // The backward's intermediates are read inside it only (dq, dk and dv by anything).
+  bool internal_to_backward(const Match& mt) const {
+    for (int32_t b : mt.backward)
+      for (ValueId x : op(b).outputs) {
+        if (x == mt.dq || x == mt.dk || x == mt.dv) continue;
+        if (protected_[static_cast<size_t>(x)]) return false;
+        for (int32_t r : readers_[static_cast<size_t>(x)])
+          if (!in(mt.backward, r)) return false;
+      }
+    return true;
+  }
+
+  // Widens a match where the chain around it allows, all or nothing for each step:
+  //  - a constant scale on q, q = x * c (and in the backward, dx = dq * c), becomes the op's
+  //    scale, so attention reads x;
+  //  - q, k and v that are permute(y, [0, 2, 1, 3]) of (B, T, H, d) values y, o read only by such a
+  //    permute, and (in the backward) do = permute of (B, T, H, dv) and dq, dk, dv each read only
+  //    by such a permute: the op works with heads inside and reads and writes the (B, T, H, d)
+  //    values, with no permute left to run.
+  void absorb_scale_and_heads(Match& mt) const {
+    const bool backward = !mt.backward.empty();
+    auto chain_reads_only = [&](ValueId v, std::vector<int32_t> extra) {
+      std::vector<int32_t> chain = mt.forward;
+      chain.insert(chain.end(), mt.backward.begin(), mt.backward.end());
+      chain.insert(chain.end(), extra.begin(), extra.end());
+      if (protected_[static_cast<size_t>(v)]) return false;
+      for (int32_t r : readers_[static_cast<size_t>(v)])
+        if (!in(chain, r)) return false;
+      return true;
+    };
+    // The scale.
+    if (const Op* scale = producer(mt.q, PrimId::pointwise); scale && scale->inputs.size() == 1) {
+      const ScalarExp& body = scale->params.body;
+      const bool times_constant = body.op() == ExpOp::Mul && body.args()[0] == se::in(0) &&
+                                  body.args()[1].op() == ExpOp::Const;
+      const Op* back = backward ? only_reader(mt.dq) : nullptr;
+      if (times_constant && chain_reads_only(mt.q, {}) &&
+          (!backward || (back && back->is(PrimId::pointwise) && back->params.body == body && !protected_[static_cast<size_t>(mt.dq)]))) {
+        mt.scale = body.args()[1].const_value();
+        mt.forward.push_back(producer_index(mt.q));
+        mt.q = scale->inputs[0];
+        if (backward) {
+          mt.backward.push_back(static_cast<int32_t>(back - c_.ops().data()));
+          mt.dq = back->outputs[0];
+        }
+      }
+    }
+    // The heads' permutes.
+    auto heads_permute = [&](const Op* o) {
+      return o && o->is(PrimId::permute) && o->params.ints == std::vector<int64_t>{0, 2, 1, 3};
+    };
+    const Op *pq = producer(mt.q, PrimId::permute), *pk = producer(mt.k, PrimId::permute),
+             *pv = producer(mt.v, PrimId::permute), *po = only_reader(mt.o);
+    if (!heads_permute(pq) || !heads_permute(pk) || !heads_permute(pv) || !heads_permute(po) ||
+        protected_[static_cast<size_t>(mt.o)] || !chain_reads_only(mt.q, {}) || !chain_reads_only(mt.k, {}) ||
+        !chain_reads_only(mt.v, {}))
+      return;
+    const Op *pdo = nullptr, *pdq = nullptr, *pdk = nullptr, *pdv = nullptr;
+    if (backward) {
+      pdo = producer(mt.d_o, PrimId::permute);
+      pdq = only_reader(mt.dq);
+      pdk = only_reader(mt.dk);
+      pdv = only_reader(mt.dv);
+      for (ValueId g : {mt.dq, mt.dk, mt.dv})
+        if (protected_[static_cast<size_t>(g)]) return;
+      if (!heads_permute(pdo) || !heads_permute(pdq) || !heads_permute(pdk) || !heads_permute(pdv)) return;
+    }
+    mt.heads_inside = true;
+    for (const Op* p : {pq, pk, pv, po}) mt.forward.push_back(static_cast<int32_t>(p - c_.ops().data()));
+    mt.q = pq->inputs[0];
+    mt.k = pk->inputs[0];
+    mt.v = pv->inputs[0];
+    mt.o = po->outputs[0];
+    if (backward) {
+      for (const Op* p : {pdq, pdk, pdv}) mt.backward.push_back(static_cast<int32_t>(p - c_.ops().data()));
+      mt.d_o = pdo->inputs[0];
+      mt.dq = pdq->outputs[0];
+      mt.dk = pdk->outputs[0];
+      mt.dv = pdv->outputs[0];
+    }
+  }
+
   bool match_backward(Match& mt, ValueId a, ValueId m, ValueId e, ValueId l, ValueId p, bool causal) {
     // dv = matmul(p, do, ta): it names do.
     const Op* dv = reader(p, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == p; });
@@ -256,12 +338,12 @@ Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
       continue;
     }
     const Match& mt = matches[static_cast<size_t>(k)];
-    const Params params = AttentionParams{mt.causal, 1.0}.to_params();
-    if (static_cast<int32_t>(i) == mt.forward.back()) {
+    const Params params = AttentionParams{mt.causal, mt.scale, mt.heads_inside}.to_params();
+    if (static_cast<int32_t>(i) == mt.o_op) {
       std::vector<ValueId> r = emit(op, PrimId::attention, params, {mt.q, mt.k, mt.v}, op.phase, mt.forward.size());
       map[static_cast<size_t>(mt.o)] = r[0];
       lse[static_cast<size_t>(k)] = r[1];
-    } else if (!mt.backward.empty() && static_cast<int32_t>(i) == mt.backward.back()) {
+    } else if (!mt.backward.empty() && static_cast<int32_t>(i) == *std::min_element(mt.backward.begin(), mt.backward.end())) {
       std::vector<ValueId> in = mapped({mt.q, mt.k, mt.v, mt.o});
       in.push_back(lse[static_cast<size_t>(k)]);
       in.push_back(map[static_cast<size_t>(mt.d_o)]);

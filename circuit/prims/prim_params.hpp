@@ -112,10 +112,13 @@ struct ColumnSumsParams {
   Params to_params() const;
 };
 
-// attention, attention_grad {causal}, {scale}.
+// attention, attention_grad {causal, heads_inside}, {scale}. heads_inside: q, k, v, o and their
+// gradients are (B, T, H, d), as a projection's output split into heads is before its permute;
+// otherwise (..., T, d) with the heads among the batch dims.
 struct AttentionParams {
   bool causal = false;
   double scale = 1.0;
+  bool heads_inside = false;
   static AttentionParams of(const Op& op);
   Params to_params() const;
 };

@@ -32,17 +32,24 @@ constexpr uint32_t kWarps = 4;  // rows a block
 
 struct Sizes {
   int64_t entries, tq, tk, d, dv;
-  Type it;  // index type
+  int64_t heads = 1;          // with heads inside: H of (B, T, H, d)
+  bool heads_inside = false;  // q, k, v, o and gradients (B, T, H, d); else (entries, T, d)
+  Type it;                    // index type
 };
 
 Sizes sizes_of(const Circuit& c, const Op& op) {
   const Shape &q = c.info(op.inputs[0]).shape, &v = c.info(op.inputs[2]).shape;
   Sizes s;
-  s.tq = q[q.rank() - 2];
+  s.heads_inside = AttentionParams::of(op).heads_inside;
+  const int t_axis = s.heads_inside ? 1 : q.rank() - 2;
+  s.tq = q[t_axis];
   s.d = q[q.rank() - 1];
-  s.tk = v[v.rank() - 2];
+  s.tk = v[t_axis];
   s.dv = v[v.rank() - 1];
-  s.entries = s.tq == 0 ? 0 : q.numel() / (s.tq * std::max<int64_t>(s.d, 1));
+  s.heads = s.heads_inside ? q[2] : 1;
+  s.entries = 1;
+  for (int a = 0; a < q.rank() - 2; ++a) s.entries *= q[a];
+  if (s.heads_inside) s.entries = q[0] * q[2];
   if (s.d > 128 || s.dv > 128 || s.tk == 0)
     fail(op.prim->name, op.scope,
          "the GPU lowering takes head sizes up to 128 and at least one key, received q " + q.str() + " and v " + v.str());
@@ -124,6 +131,14 @@ std::pair<Reg, Reg> entry_and_position(KernelBuilder& b, const Sizes& s, Reg row
   return {b.div(s.it, row, imm_index(s.it, t)), b.rem(s.it, row, imm_index(s.it, t))};
 }
 
+// Element offset of row `pos` of entry `entry` in a tensor of `t` rows an entry and n columns.
+Reg row_first(KernelBuilder& b, const Sizes& s, Operand entry, Operand pos, int64_t t, int64_t n) {
+  if (!s.heads_inside) return b.mul(s.it, b.mad(s.it, entry, imm_index(s.it, t), pos), imm_index(s.it, n));
+  Reg batch = b.div(s.it, entry, imm_index(s.it, s.heads)), head = b.rem(s.it, entry, imm_index(s.it, s.heads));
+  Reg row = b.mad(s.it, b.mad(s.it, batch, imm_index(s.it, t), pos), imm_index(s.it, s.heads), head);
+  return b.mul(s.it, row, imm_index(s.it, n));
+}
+
 std::vector<Reg> zeros(KernelBuilder& b, size_t n) {
   std::vector<Reg> z;
   for (size_t j = 0; j < n; ++j) z.push_back(b.mov(Type::f32, imm_f32(0.0f)));
@@ -143,11 +158,10 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
   const WarpRow w = warp_row(b, s, rows);
   b.if_(w.in_range, [&] {
     auto [entry, i] = entry_and_position(b, s, w.row, s.tq);
-    std::vector<Reg> qi = load_row(b, s, q, b.mul(s.it, w.row, imm_index(s.it, s.d)), w.lane, s.d,
+    std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d), w.lane, s.d,
                                    static_cast<float>(a.scale));
-    Reg key0 = b.mul(s.it, entry, imm_index(s.it, s.tk));  // the entry's first key row
     auto key_row = [&](Operand j, Reg base, int64_t n) {
-      return load_row(b, s, base, b.mul(s.it, b.add(s.it, key0, j), imm_index(s.it, n)), w.lane, n);
+      return load_row(b, s, base, row_first(b, s, entry, j, s.tk, n), w.lane, n);
     };
     // Key 0 (every query sees it) starts the running max, sum and output.
     Reg m = b.mov(Type::f32, warp_dot(b, qi, key_row(imm_index(s.it, 0), k, s.d)));
@@ -165,7 +179,7 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
     });
     Reg inv = b.div(Type::f32, imm_f32(1.0f), l);
     for (Reg& x : acc) x = b.mul(Type::f32, x, inv);
-    store_row(b, s, o, b.mul(s.it, w.row, imm_index(s.it, s.dv)), w.lane, s.dv, acc);
+    store_row(b, s, o, row_first(b, s, entry, i, s.tq, s.dv), w.lane, s.dv, acc);
     b.if_(b.setp(Cmp::eq, w.lane, imm_u32(0)), [&] {
       Reg log_l = emit_scalar_exp(b, se::log(se::in(0)), {l});
       b.st(Space::global, Type::f32, b.address(lse, w.row, 4), b.add(Type::f32, m, log_l));
@@ -204,25 +218,23 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
       auto [entry, i] = entry_and_position(b, s, w.row, s.tq);
-      std::vector<Reg> qi = load_row(b, s, q, b.mul(s.it, w.row, imm_index(s.it, s.d)), w.lane, s.d, scale);
-      Reg vrow = b.mul(s.it, w.row, imm_index(s.it, s.dv));
+      std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d), w.lane, s.d, scale);
+      Reg vrow = row_first(b, s, entry, i, s.tq, s.dv);
       std::vector<Reg> doi = load_row(b, s, d_o, vrow, w.lane, s.dv);
       Reg row_d = warp_dot(b, doi, load_row(b, s, o, vrow, w.lane, s.dv));
       if (has_dlse) row_d = b.sub(Type::f32, row_d, b.ld(Space::global, Type::f32, b.address(dlse, w.row, 4)));
       b.if_(b.setp(Cmp::eq, w.lane, imm_u32(0)), [&] { b.st(Space::global, Type::f32, b.address(dd, w.row, 4), row_d); });
       Reg lse_i = b.ld(Space::global, Type::f32, b.address(lse, w.row, 4));
-      Reg key0 = b.mul(s.it, entry, imm_index(s.it, s.tk));
       std::vector<Reg> acc = zeros(b, qi.size());
       Operand end = a.causal ? Operand(b.add(s.it, i, imm_index(s.it, 1))) : imm_index(s.it, s.tk);
       b.for_(imm_index(s.it, 0), end, imm_index(s.it, 1), [&](Reg j) {
-        Reg kj_at = b.add(s.it, key0, j);
-        std::vector<Reg> kj = load_row(b, s, k, b.mul(s.it, kj_at, imm_index(s.it, s.d)), w.lane, s.d);
-        std::vector<Reg> vj = load_row(b, s, v, b.mul(s.it, kj_at, imm_index(s.it, s.dv)), w.lane, s.dv);
+        std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d), w.lane, s.d);
+        std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv), w.lane, s.dv);
         Reg p = exp_of(b, b.sub(Type::f32, warp_dot(b, qi, kj), lse_i));
         Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, warp_dot(b, doi, vj), row_d));
         accumulate(b, acc, ds, kj);
       });
-      store_row(b, s, dq, b.mul(s.it, w.row, imm_index(s.it, s.d)), w.lane, s.d, acc, scale);
+      store_row(b, s, dq, row_first(b, s, entry, i, s.tq, s.d), w.lane, s.d, acc, scale);
     });
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q", grid_for(rows), {32 * kWarps, 1, 1}, args));
   }
@@ -236,15 +248,15 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
       auto [entry, j] = entry_and_position(b, s, w.row, s.tk);
-      std::vector<Reg> kj = load_row(b, s, k, b.mul(s.it, w.row, imm_index(s.it, s.d)), w.lane, s.d, scale);
-      std::vector<Reg> vj = load_row(b, s, v, b.mul(s.it, w.row, imm_index(s.it, s.dv)), w.lane, s.dv);
+      std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d), w.lane, s.d, scale);
+      std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv), w.lane, s.dv);
       Reg query0 = b.mul(s.it, entry, imm_index(s.it, s.tq));
       std::vector<Reg> acc_k = zeros(b, kj.size()), acc_v = zeros(b, vj.size());
       Operand begin = a.causal ? Operand(j) : imm_index(s.it, 0);
       b.for_(begin, imm_index(s.it, s.tq), imm_index(s.it, 1), [&](Reg i) {
         Reg qi_at = b.add(s.it, query0, i);
-        std::vector<Reg> qi = load_row(b, s, q, b.mul(s.it, qi_at, imm_index(s.it, s.d)), w.lane, s.d);
-        std::vector<Reg> doi = load_row(b, s, d_o, b.mul(s.it, qi_at, imm_index(s.it, s.dv)), w.lane, s.dv);
+        std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d), w.lane, s.d);
+        std::vector<Reg> doi = load_row(b, s, d_o, row_first(b, s, entry, i, s.tq, s.dv), w.lane, s.dv);
         Reg lse_i = b.ld(Space::global, Type::f32, b.address(lse, qi_at, 4));
         Reg d_i = b.ld(Space::global, Type::f32, b.address(dd, qi_at, 4));
         Reg p = exp_of(b, b.sub(Type::f32, warp_dot(b, qi, kj), lse_i));
@@ -252,8 +264,8 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
         Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, warp_dot(b, doi, vj), d_i));
         accumulate(b, acc_k, ds, qi);
       });
-      store_row(b, s, dk, b.mul(s.it, w.row, imm_index(s.it, s.d)), w.lane, s.d, acc_k, scale);
-      store_row(b, s, dv, b.mul(s.it, w.row, imm_index(s.it, s.dv)), w.lane, s.dv, acc_v);
+      store_row(b, s, dk, row_first(b, s, entry, j, s.tk, s.d), w.lane, s.d, acc_k, scale);
+      store_row(b, s, dv, row_first(b, s, entry, j, s.tk, s.dv), w.lane, s.dv, acc_v);
     });
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv", grid_for(rows), {32 * kWarps, 1, 1},
                                         {kIn0, kIn1, kIn2, {ArgRef::Kind::Input, 4}, {ArgRef::Kind::Input, 5},

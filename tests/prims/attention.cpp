@@ -5,21 +5,27 @@
 namespace kiln::testing {
 namespace {
 
-Params attention_params(bool causal, double scale) { return AttentionParams{causal, scale}.to_params(); }
+Params attention_params(bool causal, double scale, bool heads_inside = false) {
+  return AttentionParams{causal, scale, heads_inside}.to_params();
+}
 
 // attention(q, k, v), output `out` (0: o; 2: o + lse, so that both outputs carry a gradient).
-BuildFn attention_of(bool causal, double scale, int out) {
+// With heads inside, lse (B, H, T, 1) is added to o (B, T, H, dv) seen as (B, H, T, dv).
+BuildFn attention_of(bool causal, double scale, int out, bool heads_inside = false) {
   return [=](Builder& b, const std::vector<ValueId>& x) {
-    std::vector<ValueId> r = b.circuit().add_op(PrimId::attention, attention_params(causal, scale), {x[0], x[1], x[2]});
-    return out == 2 ? b.add(r[0], r[1]) : r[static_cast<size_t>(out)];
+    std::vector<ValueId> r =
+        b.circuit().add_op(PrimId::attention, attention_params(causal, scale, heads_inside), {x[0], x[1], x[2]});
+    if (out != 2) return r[static_cast<size_t>(out)];
+    return b.add(heads_inside ? b.permute(r[0], {0, 2, 1, 3}) : r[0], r[1]);
   };
 }
 
 // attention_grad over arbitrary (q, k, v, o, lse, do[, dlse]): dq, dk and dv side by side (the
 // cases give q, k and v one head size and as many keys as queries).
-BuildFn attention_grad_of(bool causal, double scale) {
+BuildFn attention_grad_of(bool causal, double scale, bool heads_inside = false) {
   return [=](Builder& b, const std::vector<ValueId>& x) {
-    std::vector<ValueId> g = b.circuit().add_op(PrimId::attention_grad, attention_params(causal, scale), x);
+    std::vector<ValueId> g =
+        b.circuit().add_op(PrimId::attention_grad, attention_params(causal, scale, heads_inside), x);
     return b.concat(g, -1);
   };
 }
@@ -34,6 +40,8 @@ void attention_cases(FamilyCases& c) {
                attention_of(false, 1.3, 2));
   add_gradient(c, "attention_lse_only", {"attention"}, {F({2, 4, 3}), F({2, 4, 3}), F({2, 4, 2})},
                attention_of(true, 1.0, 1));
+  add_gradient(c, "attention_heads_inside", {"attention"}, {F({2, 5, 3, 3}), F({2, 5, 3, 3}), F({2, 5, 3, 4})},
+               attention_of(true, 0.6, 2, true));
   // Lowerings (f32 kernels against the Eigen reference): head sizes off 32 (a partial register
   // column), one and two registers a lane, Tq != Tk without the mask. Tolerance 1e-5
   // norm-relative: dot products of <= 72 terms and sums over <= 37 keys in another order, exp
@@ -50,6 +58,12 @@ void attention_cases(FamilyCases& c) {
                         {f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 1}, 2, 5),
                          f32({3, 19, 72}), f32({3, 19, 1})},
                         attention_grad_of(false, 0.2), 1e-5});
+  c.lowering.push_back({"attention_heads_inside", {f32({2, 29, 3, 40}), f32({2, 29, 3, 40}), f32({2, 29, 3, 40})},
+                        attention_of(true, 0.35, 2, true), 1e-5});
+  c.lowering.push_back({"attention_grad_heads_inside",
+                        {f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}),
+                         f32({2, 3, 23, 1}, 0, 3), f32({2, 23, 3, 40})},
+                        attention_grad_of(true, 0.35, true), 1e-5});
 }
 
 }  // namespace kiln::testing

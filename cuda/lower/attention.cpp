@@ -10,6 +10,8 @@
 //       its keys p = exp(s - lse), ds = p (do . v_j - D), dq += ds k_j;
 //    2. a warp per key row: over the queries that see it, the same p and ds, dv += p do_i,
 //       dk += ds q_i.
+// Rows are addressed through row_first: (entry, T, d) operands, or with heads inside (B, T, H, d)
+// ones read in place (a row's d elements are contiguous either way).
 // Every loop bound depends on the row alone, so it is uniform across a warp and the shuffles
 // never see a partial warp. Sums are f32, over the head size in a fixed butterfly order and over
 // keys in key order.

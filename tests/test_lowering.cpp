@@ -16,6 +16,7 @@
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/prim.hpp"
 #include "circuit/prims/fused_matmul.hpp"
+#include "circuit/prims/prim_params.hpp"
 #include "circuit/prims/fused_rows.hpp"
 #include "circuit/prims/multi_tensor.hpp"
 #include "cuda/lower/fused_matmul.hpp"
@@ -256,6 +257,28 @@ TEST(Lowering, MatmulKernelsOnTf32TensorCoresPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   cuda::ForceTf32Matmuls tf32;
   expect_matmul_kernels_pass_ptxas_without_spills();
+}
+
+// The attention kernels at the shapes models give them (heads inside: (B, T, H, d)): GPT-2
+// small's head size 64 and the default GPT's 32 take the tiled forward, 128 the warp-per-row
+// one. Registers are printed for docs/BENCHMARKS.md.
+TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  for (const Shape& shape : {Shape{8, 1024, 12, 64}, Shape{16, 64, 4, 32}, Shape{1, 512, 8, 128}}) {
+    Circuit c;
+    std::vector<ValueId> x;
+    for (int i = 0; i < 4; ++i) x.push_back(c.add_external({shape, DType::f32}, ValueRole::Input));
+    const Params p = AttentionParams{true, 0.125, true}.to_params();
+    std::vector<ValueId> f = c.add_op(PrimId::attention, p, {x[0], x[1], x[2]});
+    c.add_op(PrimId::attention_grad, p, {x[0], x[1], x[2], f[0], f[1], x[3]});
+    for (int op = 0; op < 2; ++op)
+      for (const cuda::Launch& l : cuda::lower(c, op).launches) {
+        const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*l.kernel, 90), 90);
+        EXPECT_TRUE(r.ok) << r.log;
+        EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << l.kernel->name << ": " << r.log;
+        std::printf("%s %s: %d registers\n", shape.str().c_str(), l.kernel->name.c_str(), r.registers);
+      }
+  }
 }
 
 TEST(Lowering, BadIndexOnTheDeviceIsAnErrorNamingTheOp) {

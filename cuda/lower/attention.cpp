@@ -15,6 +15,8 @@
 // Every loop bound depends on the row alone, so it is uniform across a warp and the shuffles
 // never see a partial warp. Sums are f32, over the head size in a fixed butterfly order and over
 // keys in key order.
+#include <cmath>
+
 #include "circuit/ir/error.hpp"
 #include "circuit/prims/prim_params.hpp"
 #include "cuda/lower/elementwise.hpp"
@@ -149,10 +151,180 @@ std::vector<Reg> zeros(KernelBuilder& b, size_t n) {
 
 sim::Dim3 grid_for(int64_t rows) { return {static_cast<uint32_t>((rows + kWarps - 1) / kWarps), 1, 1}; }
 
+// The tiled forward: a thread per query row, 64 rows a block (one (batch, head) entry each),
+// keys in tiles of 32 staged in shared memory by the whole block (16-byte copies), every thread
+// reading the same key at a time (a broadcast, no bank conflict). q and the output accumulator
+// stay in the thread's registers, so head sizes up to 64 (multiples of 4) take this path.
+constexpr int64_t kTileRows = 64, kTileKeys = 32;
+
+bool tiled_forward(const Sizes& s) {
+  return s.d > 0 && s.dv > 0 && s.d <= 64 && s.dv <= 64 && s.d % 4 == 0 && s.dv % 4 == 0 &&
+         (s.tq + kTileRows - 1) / kTileRows <= 65535;
+}
+
+Reg in_index_type(KernelBuilder& b, const Sizes& s, Reg r32) { return s.it == Type::u32 ? r32 : b.cvt(Type::u64, r32); }
+
+// Rows [j0, j0 + rows) of `entry` in a tensor of t rows an entry, n floats each (zeros past
+// t), into shared memory at `smem` (row-major, n floats a row); the block's kTileRows threads
+// copy 16 bytes at a time.
+void stage_rows(KernelBuilder& b, const Sizes& s, Reg base, Reg entry, Reg j0, int64_t t, int64_t n, Reg smem, Reg tid,
+                int64_t rows = kTileKeys) {
+  const int64_t chunks = rows * n / 4;
+  const auto per_row = static_cast<uint32_t>(n / 4);
+  for (int64_t first = 0; first < chunks; first += kTileRows) {
+    Reg idx = b.add(Type::u32, tid, imm_u32(static_cast<uint32_t>(first)));
+    auto copy = [&] {
+      Reg row = b.div(Type::u32, idx, imm_u32(per_row)), col = b.mul(Type::u32, b.rem(Type::u32, idx, imm_u32(per_row)), imm_u32(4));
+      Reg key = b.add(s.it, j0, in_index_type(b, s, row));
+      std::vector<Reg> vals = zeros(b, 4);
+      b.if_(b.setp(Cmp::lt, key, imm_index(s.it, t)), [&] {
+        Reg at = b.add(s.it, row_first(b, s, entry, key, t, n), in_index_type(b, s, col));
+        std::vector<Reg> x = b.ld_vec(Space::global, Type::f32, b.address(base, at, 4), 4);
+        for (size_t e = 0; e < 4; ++e) b.set(vals[e], x[e]);
+      });
+      b.st_vec(Space::shared, Type::f32, b.mad(Type::u32, idx, imm_u32(16), smem), {vals[0], vals[1], vals[2], vals[3]});
+    };
+    if (first + kTileRows <= chunks)
+      copy();
+    else
+      b.if_(b.setp(Cmp::lt, idx, imm_u32(static_cast<uint32_t>(chunks))), copy);
+  }
+}
+
+// One thread's whole row of n floats (n a multiple of 4) at element `first`, times `factor`.
+std::vector<Reg> load_own_row(KernelBuilder& b, Reg base, Reg first, int64_t n, float factor = 1.0f) {
+  std::vector<Reg> out;
+  for (int64_t c4 = 0; c4 < n; c4 += 4)
+    for (Reg x : b.ld_vec(Space::global, Type::f32, b.address(base, first, 4), 4, 4 * c4))
+      out.push_back(factor == 1.0f ? x : b.mul(Type::f32, x, imm_f32(factor)));
+  return out;
+}
+void store_own_row(KernelBuilder& b, Reg base, Reg first, const std::vector<Reg>& x, float factor = 1.0f) {
+  for (size_t c4 = 0; c4 < x.size(); c4 += 4) {
+    std::vector<Operand> v;
+    for (size_t e = 0; e < 4; ++e) v.push_back(factor == 1.0f ? x[c4 + e] : b.mul(Type::f32, x[c4 + e], imm_f32(factor)));
+    b.st_vec(Space::global, Type::f32, b.address(base, first, 4), v, static_cast<int64_t>(4 * c4));
+  }
+}
+// sum_c x[c] * row[c] over a shared row of x.size() floats at byte offset `at` of `smem`.
+Reg dot_shared(KernelBuilder& b, const std::vector<Reg>& x, Reg smem, int64_t at) {
+  Reg dot = b.mov(Type::f32, imm_f32(0.0f));
+  for (size_t c4 = 0; c4 < x.size(); c4 += 4) {
+    std::vector<Reg> r = b.ld_vec(Space::shared, Type::f32, smem, 4, at + static_cast<int64_t>(4 * c4));
+    for (size_t e = 0; e < 4; ++e) b.assign(kir::Opc::Fma, dot, {x[c4 + e], r[e], dot});
+  }
+  return dot;
+}
+// A thread's own row vector kept in shared memory as a column: element c of thread t at
+// own + 4 (kTileRows c) bytes from the array's start (consecutive threads, consecutive banks),
+// where registers would not hold it beside the accumulators.
+Reg store_own_column(KernelBuilder& b, int array, Reg tid, const std::vector<Reg>& x) {
+  Reg own = b.mad(Type::u32, tid, imm_u32(4), b.shared_addr(array));
+  for (size_t c = 0; c < x.size(); ++c) b.st(Space::shared, Type::f32, own, x[c], static_cast<int64_t>(4 * kTileRows * c));
+  return own;
+}
+// sum_c row[c] * own[c]: a shared row of n floats (broadcast) against the thread's own column.
+Reg dot_own_column(KernelBuilder& b, Reg row, Reg own, int64_t n) {
+  Reg dot = b.mov(Type::f32, imm_f32(0.0f));
+  for (int64_t c4 = 0; c4 < n; c4 += 4) {
+    std::vector<Reg> r = b.ld_vec(Space::shared, Type::f32, row, 4, 4 * c4);
+    for (int64_t e = 0; e < 4; ++e)
+      b.assign(kir::Opc::Fma, dot, {r[static_cast<size_t>(e)], b.ld(Space::shared, Type::f32, own, 4 * kTileRows * (c4 + e)), dot});
+  }
+  return dot;
+}
+// acc[c] += w * row[c] over a shared row at byte offset `at` of `smem`.
+void axpy_shared(KernelBuilder& b, std::vector<Reg>& acc, Reg w, Reg smem, int64_t at) {
+  for (size_t c4 = 0; c4 < acc.size(); c4 += 4) {
+    std::vector<Reg> r = b.ld_vec(Space::shared, Type::f32, smem, 4, at + static_cast<int64_t>(4 * c4));
+    for (size_t e = 0; e < 4; ++e) b.assign(kir::Opc::Fma, acc[c4 + e], {w, r[e], acc[c4 + e]});
+  }
+}
+
+LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionParams& a, const Sizes& s) {
+  (void)c;
+  (void)op;
+  KernelBuilder b("kiln_attention_tiled");
+  Reg q = b.param("q", Type::u64), k = b.param("k", Type::u64), v = b.param("v", Type::u64);
+  Reg o = b.param("o", Type::u64), lse = b.param("lse", Type::u64);
+  Reg k_smem = b.shared_addr(b.shared_array("k_tile", kTileKeys * s.d * 4));
+  Reg v_smem = b.shared_addr(b.shared_array("v_tile", kTileKeys * s.dv * 4));
+  Reg tid = b.sreg(SReg::tid_x);
+  Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x)), tile = in_index_type(b, s, b.sreg(SReg::ctaid_y));
+  Reg i = b.mad(s.it, tile, imm_index(s.it, kTileRows), in_index_type(b, s, tid));
+  Reg valid = b.setp(Cmp::lt, i, imm_index(s.it, s.tq));
+  // q, scaled, in registers (zeros for the rows past tq, which compute unused values).
+  std::vector<Reg> qv = zeros(b, static_cast<size_t>(s.d));
+  b.if_(valid, [&] {
+    Reg first = row_first(b, s, entry, i, s.tq, s.d);
+    for (int64_t c4 = 0; c4 < s.d; c4 += 4) {
+      std::vector<Reg> x = b.ld_vec(Space::global, Type::f32, b.address(q, first, 4), 4, 4 * c4);
+      for (int64_t e = 0; e < 4; ++e) b.set(qv[static_cast<size_t>(c4 + e)], b.mul(Type::f32, x[static_cast<size_t>(e)], imm_f32(static_cast<float>(a.scale))));
+    }
+  });
+  // Keys this row sees: [0, limit); keys the block stages: [0, key_end).
+  Reg limit = a.causal ? b.min(s.it, b.add(s.it, i, imm_index(s.it, 1)), imm_index(s.it, s.tk)) : b.mov(s.it, imm_index(s.it, s.tk));
+  Operand key_end = a.causal ? Operand(b.min(s.it, b.mul(s.it, b.add(s.it, tile, imm_index(s.it, 1)), imm_index(s.it, kTileRows)),
+                                             imm_index(s.it, s.tk)))
+                             : imm_index(s.it, s.tk);
+  Reg m = b.mov(Type::f32, imm_f32(-INFINITY)), l = b.mov(Type::f32, imm_f32(0.0f));
+  std::vector<Reg> acc = zeros(b, static_cast<size_t>(s.dv));
+  b.for_(imm_index(s.it, 0), key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
+    b.bar();  // the previous tile's readers are done
+    stage_rows(b, s, k, entry, j0, s.tk, s.d, k_smem, tid);
+    stage_rows(b, s, v, entry, j0, s.tk, s.dv, v_smem, tid);
+    b.bar();
+    std::vector<Reg> score;
+    Reg tile_max = b.mov(Type::f32, imm_f32(-INFINITY));
+    for (int64_t jj = 0; jj < kTileKeys; ++jj) {
+      Reg dot = b.mov(Type::f32, imm_f32(0.0f));
+      for (int64_t c4 = 0; c4 < s.d; c4 += 4) {
+        std::vector<Reg> kv = b.ld_vec(Space::shared, Type::f32, k_smem, 4, 4 * (jj * s.d + c4));
+        for (int64_t e = 0; e < 4; ++e) b.assign(kir::Opc::Fma, dot, {qv[static_cast<size_t>(c4 + e)], kv[static_cast<size_t>(e)], dot});
+      }
+      Reg seen = b.setp(Cmp::lt, b.add(s.it, j0, imm_index(s.it, jj)), limit);
+      score.push_back(b.selp(Type::f32, dot, imm_f32(-INFINITY), seen));
+      tile_max = b.max(Type::f32, tile_max, score.back());
+    }
+    Reg m_new = b.max(Type::f32, m, tile_max);
+    Reg keep = exp_of(b, b.sub(Type::f32, m, m_new));
+    b.assign(kir::Opc::Mul, l, {l, keep});
+    for (Reg& x : acc) b.assign(kir::Opc::Mul, x, {x, keep});
+    for (int64_t jj = 0; jj < kTileKeys; ++jj) {
+      Reg p = exp_of(b, b.sub(Type::f32, score[static_cast<size_t>(jj)], m_new));
+      b.assign(kir::Opc::Add, l, {l, p});
+      for (int64_t c4 = 0; c4 < s.dv; c4 += 4) {
+        std::vector<Reg> vv = b.ld_vec(Space::shared, Type::f32, v_smem, 4, 4 * (jj * s.dv + c4));
+        for (int64_t e = 0; e < 4; ++e)
+          b.assign(kir::Opc::Fma, acc[static_cast<size_t>(c4 + e)], {p, vv[static_cast<size_t>(e)], acc[static_cast<size_t>(c4 + e)]});
+      }
+    }
+    b.set(m, m_new);
+  });
+  b.if_(valid, [&] {
+    Reg inv = b.div(Type::f32, imm_f32(1.0f), l);
+    Reg first = row_first(b, s, entry, i, s.tq, s.dv);
+    for (int64_t c4 = 0; c4 < s.dv; c4 += 4) {
+      std::vector<Operand> x;
+      for (int64_t e = 0; e < 4; ++e) x.push_back(b.mul(Type::f32, acc[static_cast<size_t>(c4 + e)], inv));
+      b.st_vec(Space::global, Type::f32, b.address(o, first, 4), x, 4 * c4);
+    }
+    Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), i);
+    b.st(Space::global, Type::f32, b.address(lse, row, 4), b.add(Type::f32, m, emit_scalar_exp(b, se::log(se::in(0)), {l})));
+  });
+  const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows), 1};
+  return single_launch(finish_launch(b, "kiln_attention_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1},
+                                     {kIn0, kIn1, kIn2, kOut0, {ArgRef::Kind::Output, 1}}),
+                       std::string("attention") + (a.causal ? " (causal)" : "") +
+                           ": a thread per query row, 64 rows a block, keys in shared tiles of 32, online softmax "
+                           "a tile at a time, o and the row log-sum-exp written");
+}
+
 LoweredOp lower_attention(const Circuit& c, const Op& op) {
   require_gpu_dtypes(c, op);
   const AttentionParams a = AttentionParams::of(op);
   const Sizes s = sizes_of(c, op);
+  if (tiled_forward(s)) return lower_attention_tiled(c, op, a, s);
   const int64_t rows = s.entries * s.tq;
   KernelBuilder b("kiln_attention");
   Reg q = b.param("q", Type::u64), k = b.param("k", Type::u64), v = b.param("v", Type::u64);
@@ -195,10 +367,159 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
   return lo;
 }
 
+// The tiled backward, the forward's layout, two launches:
+//  1. a thread per query row (64 a block): D = rowsum(do * o) - dlse (to scratch), then over
+//     tiles of 32 keys and values in shared memory p = exp(s - lse), ds = p (do . v - D),
+//     dq += ds k;
+//     q waits in a shared column of the thread's own (store_own_column), do and dq in registers;
+//  2. a thread per key row (64 a block): its k (scaled) and v in shared columns of its own, over
+//     tiles of 16 queries (q, do, lse and D in shared memory) dv += p do, dk += ds q, the two
+//     accumulators in registers.
+LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, const Sizes& s) {
+  const bool has_dlse = op.inputs.size() == 7;
+  const float scale = static_cast<float>(a.scale);
+  LoweredOp lo;
+  lo.scratch_bytes = {static_cast<size_t>(s.entries * s.tq) * 4};  // D, a value per query row
+  {
+    KernelBuilder b("kiln_attention_grad_q_tiled");
+    Reg q = b.param("q", Type::u64), k = b.param("k", Type::u64), v = b.param("v", Type::u64);
+    Reg o = b.param("o", Type::u64), lse = b.param("lse", Type::u64), d_o = b.param("do", Type::u64);
+    Reg dlse = has_dlse ? b.param("dlse", Type::u64) : Reg{};
+    Reg dq = b.param("dq", Type::u64), dd = b.param("D", Type::u64);
+    std::vector<ArgRef> args = {kIn0, kIn1, kIn2, {ArgRef::Kind::Input, 3}, {ArgRef::Kind::Input, 4},
+                                {ArgRef::Kind::Input, 5}};
+    if (has_dlse) args.push_back({ArgRef::Kind::Input, 6});
+    args.push_back(kOut0);
+    args.push_back({ArgRef::Kind::Scratch, 0});
+    Reg k_smem = b.shared_addr(b.shared_array("k_tile", kTileKeys * s.d * 4));
+    Reg v_smem = b.shared_addr(b.shared_array("v_tile", kTileKeys * s.dv * 4));
+    const int q_columns = b.shared_array("q_columns", s.d * kTileRows * 4);
+    Reg tid = b.sreg(SReg::tid_x);
+    Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x)), tile = in_index_type(b, s, b.sreg(SReg::ctaid_y));
+    Reg i = b.mad(s.it, tile, imm_index(s.it, kTileRows), in_index_type(b, s, tid));
+    Reg valid = b.setp(Cmp::lt, i, imm_index(s.it, s.tq));
+    Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), i);
+    std::vector<Reg> qv = zeros(b, static_cast<size_t>(s.d)), dov = zeros(b, static_cast<size_t>(s.dv));
+    Reg row_d = b.mov(Type::f32, imm_f32(0.0f)), lse_i = b.mov(Type::f32, imm_f32(0.0f));
+    b.if_(valid, [&] {
+      std::vector<Reg> x = load_own_row(b, q, row_first(b, s, entry, i, s.tq, s.d), s.d, scale);
+      for (size_t c = 0; c < x.size(); ++c) b.set(qv[c], x[c]);
+      Reg vfirst = row_first(b, s, entry, i, s.tq, s.dv);
+      std::vector<Reg> y = load_own_row(b, d_o, vfirst, s.dv), z = load_own_row(b, o, vfirst, s.dv);
+      for (size_t c = 0; c < y.size(); ++c) {
+        b.set(dov[c], y[c]);
+        b.assign(kir::Opc::Fma, row_d, {y[c], z[c], row_d});
+      }
+      if (has_dlse) b.assign(kir::Opc::Sub, row_d, {row_d, b.ld(Space::global, Type::f32, b.address(dlse, row, 4))});
+      b.st(Space::global, Type::f32, b.address(dd, row, 4), row_d);
+      b.set(lse_i, b.ld(Space::global, Type::f32, b.address(lse, row, 4)));
+    });
+    Reg limit = a.causal ? b.min(s.it, b.add(s.it, i, imm_index(s.it, 1)), imm_index(s.it, s.tk))
+                         : b.mov(s.it, imm_index(s.it, s.tk));
+    Operand key_end = a.causal ? Operand(b.min(s.it, b.mul(s.it, b.add(s.it, tile, imm_index(s.it, 1)), imm_index(s.it, kTileRows)),
+                                               imm_index(s.it, s.tk)))
+                               : imm_index(s.it, s.tk);
+    Reg q_own = store_own_column(b, q_columns, tid, qv);  // read after the loop's first barrier
+    std::vector<Reg> acc = zeros(b, static_cast<size_t>(s.d));
+    b.for_(imm_index(s.it, 0), key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
+      b.bar();
+      stage_rows(b, s, k, entry, j0, s.tk, s.d, k_smem, tid);
+      stage_rows(b, s, v, entry, j0, s.tk, s.dv, v_smem, tid);
+      b.bar();
+      // A loop, not unrolled (two row vectors live in registers already); q from its column.
+      b.for_(imm_u32(0), imm_u32(static_cast<uint32_t>(kTileKeys)), imm_u32(1), [&](Reg jj) {
+        Reg seen = b.setp(Cmp::lt, b.add(s.it, j0, in_index_type(b, s, jj)), limit);
+        Reg k_row = b.mad(Type::u32, jj, imm_u32(static_cast<uint32_t>(4 * s.d)), k_smem);
+        Reg v_row = b.mad(Type::u32, jj, imm_u32(static_cast<uint32_t>(4 * s.dv)), v_smem);
+        Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, dot_own_column(b, k_row, q_own, s.d), lse_i)), imm_f32(0.0f), seen);
+        Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, dot_shared(b, dov, v_row, 0), row_d));
+        axpy_shared(b, acc, ds, k_row, 0);
+      });
+    });
+    b.if_(valid, [&] { store_own_row(b, dq, row_first(b, s, entry, i, s.tq, s.d), acc, scale); });
+    const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows), 1};
+    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, args));
+  }
+  {
+    KernelBuilder b("kiln_attention_grad_kv_tiled");
+    Reg q = b.param("q", Type::u64), k = b.param("k", Type::u64), v = b.param("v", Type::u64);
+    Reg lse = b.param("lse", Type::u64), d_o = b.param("do", Type::u64), dd = b.param("D", Type::u64);
+    Reg dk = b.param("dk", Type::u64), dv = b.param("dv", Type::u64);
+    // Queries in tiles of 16: with both own columns, 40 KiB of shared memory at head size 64.
+    constexpr int64_t kQueries = kTileKeys / 2;
+    Reg q_smem = b.shared_addr(b.shared_array("q_tile", kQueries * s.d * 4));
+    Reg do_smem = b.shared_addr(b.shared_array("do_tile", kQueries * s.dv * 4));
+    const int k_columns = b.shared_array("k_columns", s.d * kTileRows * 4);
+    const int v_columns = b.shared_array("v_columns", s.dv * kTileRows * 4);
+    Reg row_smem = b.shared_addr(b.shared_array("lse_and_d", 2 * kQueries * 4));
+    Reg tid = b.sreg(SReg::tid_x);
+    Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x)), tile = in_index_type(b, s, b.sreg(SReg::ctaid_y));
+    Reg j = b.mad(s.it, tile, imm_index(s.it, kTileRows), in_index_type(b, s, tid));
+    Reg valid = b.setp(Cmp::lt, j, imm_index(s.it, s.tk));
+    std::vector<Reg> kv = zeros(b, static_cast<size_t>(s.d)), vv = zeros(b, static_cast<size_t>(s.dv));
+    b.if_(valid, [&] {
+      std::vector<Reg> x = load_own_row(b, k, row_first(b, s, entry, j, s.tk, s.d), s.d, scale);
+      for (size_t c = 0; c < x.size(); ++c) b.set(kv[c], x[c]);
+      std::vector<Reg> y = load_own_row(b, v, row_first(b, s, entry, j, s.tk, s.dv), s.dv);
+      for (size_t c = 0; c < y.size(); ++c) b.set(vv[c], y[c]);
+    });
+    Reg k_own = store_own_column(b, k_columns, tid, kv), v_own = store_own_column(b, v_columns, tid, vv);
+    // Queries that see this block's keys: from the block's first key (causal) or 0.
+    Operand first_query = a.causal ? Operand(b.mul(s.it, tile, imm_index(s.it, kTileRows))) : imm_index(s.it, 0);
+    Reg lo_query = a.causal ? j : b.mov(s.it, imm_index(s.it, 0));
+    Reg span = b.sub(s.it, imm_index(s.it, s.tq), lo_query);  // query i is seen when i - lo < tq - lo (unsigned)
+    std::vector<Reg> acc_k = zeros(b, static_cast<size_t>(s.d)), acc_v = zeros(b, static_cast<size_t>(s.dv));
+    b.for_(first_query, imm_index(s.it, s.tq), imm_index(s.it, kQueries), [&](Reg i0) {
+      b.bar();
+      stage_rows(b, s, q, entry, i0, s.tq, s.d, q_smem, tid, kQueries);
+      stage_rows(b, s, d_o, entry, i0, s.tq, s.dv, do_smem, tid, kQueries);
+      b.if_(b.setp(Cmp::lt, tid, imm_u32(static_cast<uint32_t>(kQueries))), [&] {
+        Reg i = b.add(s.it, i0, in_index_type(b, s, tid));
+        Reg l_val = b.mov(Type::f32, imm_f32(0.0f)), d_val = b.mov(Type::f32, imm_f32(0.0f));
+        b.if_(b.setp(Cmp::lt, i, imm_index(s.it, s.tq)), [&] {
+          Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), i);
+          b.set(l_val, b.ld(Space::global, Type::f32, b.address(lse, row, 4)));
+          b.set(d_val, b.ld(Space::global, Type::f32, b.address(dd, row, 4)));
+        });
+        Reg at = b.mad(Type::u32, tid, imm_u32(4), row_smem);
+        b.st(Space::shared, Type::f32, at, l_val);
+        b.st(Space::shared, Type::f32, at, d_val, 4 * kQueries);
+      });
+      b.bar();
+      b.for_(imm_u32(0), imm_u32(static_cast<uint32_t>(kQueries)), imm_u32(1), [&](Reg ii) {
+        Reg seen = b.setp(Cmp::lt, b.sub(s.it, b.add(s.it, i0, in_index_type(b, s, ii)), lo_query), span);
+        Reg stats = b.mad(Type::u32, ii, imm_u32(4), row_smem);
+        Reg q_row = b.mad(Type::u32, ii, imm_u32(static_cast<uint32_t>(4 * s.d)), q_smem);
+        Reg do_row = b.mad(Type::u32, ii, imm_u32(static_cast<uint32_t>(4 * s.dv)), do_smem);
+        Reg lse_i = b.ld(Space::shared, Type::f32, stats), d_i = b.ld(Space::shared, Type::f32, stats, 4 * kQueries);
+        Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, dot_own_column(b, q_row, k_own, s.d), lse_i)), imm_f32(0.0f), seen);
+        axpy_shared(b, acc_v, p, do_row, 0);
+        Reg dp = dot_own_column(b, do_row, v_own, s.dv);
+        axpy_shared(b, acc_k, b.mul(Type::f32, p, b.sub(Type::f32, dp, d_i)), q_row, 0);
+      });
+    });
+    b.if_(valid, [&] {
+      store_own_row(b, dk, row_first(b, s, entry, j, s.tk, s.d), acc_k, scale);
+      store_own_row(b, dv, row_first(b, s, entry, j, s.tk, s.dv), acc_v);
+    });
+    const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tk + kTileRows - 1) / kTileRows), 1};
+    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1},
+                                        {kIn0, kIn1, kIn2, {ArgRef::Kind::Input, 4}, {ArgRef::Kind::Input, 5},
+                                         {ArgRef::Kind::Scratch, 0}, {ArgRef::Kind::Output, 1},
+                                         {ArgRef::Kind::Output, 2}}));
+  }
+  lo.summary = std::string("attention_grad") + (a.causal ? " (causal)" : "") +
+               ": a thread per query row (D, dq; keys in shared tiles of 32), then a thread per key row (dk, dv; "
+               "queries in shared tiles of 32), probabilities recomputed from the row log-sum-exp, no atomics, " +
+               launch_text(lo.launches[0]) + "; " + launch_text(lo.launches[1]);
+  return lo;
+}
+
 LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
   require_gpu_dtypes(c, op);
   const AttentionParams a = AttentionParams::of(op);
   const Sizes s = sizes_of(c, op);
+  if (tiled_forward(s) && (s.tk + kTileRows - 1) / kTileRows <= 65535) return lower_attention_grad_tiled(op, a, s);
   const bool has_dlse = op.inputs.size() == 7;
   const float scale = static_cast<float>(a.scale);
   LoweredOp lo;

@@ -46,7 +46,10 @@ void attention_cases(FamilyCases& c) {
   // column), one and two registers a lane, Tq != Tk without the mask. Tolerance 1e-5
   // norm-relative: dot products of <= 72 terms and sums over <= 37 keys in another order, exp
   // within 3 ulp.
-  c.lowering.push_back({"attention_causal", {f32({2, 3, 37, 40}), f32({2, 3, 37, 40}), f32({2, 3, 37, 24})},
+  c.lowering.push_back({"attention_causal", {f32({2, 3, 70, 40}), f32({2, 3, 70, 40}), f32({2, 3, 70, 24})},
+                        attention_of(true, 0.35, 2), 1e-5});
+  // Head size 38 (not a multiple of 4) and 72 (over 64): the warp-per-row kernel; 40: the tiled one.
+  c.lowering.push_back({"attention_causal_warp_rows", {f32({2, 37, 38}), f32({2, 37, 38}), f32({2, 37, 38})},
                         attention_of(true, 0.35, 2), 1e-5});
   c.lowering.push_back({"attention_cross", {f32({3, 21, 72}), f32({3, 37, 72}), f32({3, 37, 72})},
                         attention_of(false, 0.2, 2), 1e-5});
@@ -57,6 +60,10 @@ void attention_cases(FamilyCases& c) {
   c.lowering.push_back({"attention_grad_with_dlse",
                         {f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 1}, 2, 5),
                          f32({3, 19, 72}), f32({3, 19, 1})},
+                        attention_grad_of(false, 0.2), 1e-5});
+  c.lowering.push_back({"attention_grad_tiled_with_dlse",
+                        {f32({3, 19, 40}), f32({3, 19, 40}), f32({3, 19, 40}), f32({3, 19, 40}), f32({3, 19, 1}, 2, 5),
+                         f32({3, 19, 40}), f32({3, 19, 1})},
                         attention_grad_of(false, 0.2), 1e-5});
   c.lowering.push_back({"attention_heads_inside", {f32({2, 29, 3, 40}), f32({2, 29, 3, 40}), f32({2, 29, 3, 40})},
                         attention_of(true, 0.35, 2, true), 1e-5});

@@ -4,8 +4,10 @@
 # device (both tilings against Eigen, the GPT steps against PyTorch), then times them beside
 # cuBLAS through PyTorch on the same shapes, and a GPT-2-small step beside PyTorch eager, in one
 # sitting; f32, tf32 (KILN_ALLOW_TF32=1) and bf16 (--precision bf16, against autocast). Prints
-# the lines to copy into docs/BENCHMARKS.md. KILN_GEMM_TILES picks the f32 tilings timed
-# (default: auto 64 128).
+# the lines to copy into docs/BENCHMARKS.md, and causal attention forward + backward (kiln fused
+# and unfused, PyTorch's scaled_dot_product_attention and the written-out chain).
+# KILN_GEMM_TILES picks the f32 tilings timed (default: auto 64 128); KILN_ATTENTION_SHAPES the
+# attention shapes (BxHxTxD; default GPT-2 small's and the default config's).
 set -uo pipefail
 bundle=${1:-gpu-bundle}
 run="$bundle/run"
@@ -44,5 +46,11 @@ echo "-- PyTorch eager, f32, TF32, then autocast bf16"
 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile 2>&1 | grep -E 'step|rror'
 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile --tf32 2>&1 | grep -E 'step|rror'
 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile --autocast-bf16 2>&1 | grep -E 'step|rror'
+echo "== attention, forward + backward (kiln fused, kiln unfused, PyTorch)"
+att=${KILN_ATTENTION_SHAPES:-8x12x1024x64,16x4x64x32}
+"$run" "$bundle/bin/kiln" bench --device cuda --attention "$att" --steps 20 2>&1 | grep -E '^attention|rror'
+KILN_DISABLE_PASSES=fuse_attention "$run" "$bundle/bin/kiln" bench --device cuda --attention "$att" --steps 20 2>&1 \
+  | grep -E '^attention|rror'
+python3 scripts/bench_torch_attention.py "$att" 2>&1 | grep -E 'attention|rror'
 echo "== default config step"
 "$run" "$bundle/bin/kiln" bench --device cuda --steps 20 2>&1 | grep -E 'step \(traced|rror'

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "bench_attention.hpp"
 #include "bench_gemm.hpp"
 #include "circuit/exec/executor.hpp"
 #include "circuit/exec/thread_governor.hpp"
@@ -89,6 +90,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
                                             {"gemm",
                                              "time kiln's matmul alone instead: comma-separated N (N^3) or MxNxK "
                                              "shapes, e.g. 1024,4096,8192x2304x768"},
+                                            {"attention",
+                                             "time causal attention forward + backward alone instead: comma-separated "
+                                             "BxHxTxD shapes, e.g. 8x12x1024x64 (KILN_DISABLE_PASSES=fuse_attention: "
+                                             "unfused)"},
                                             {"skip-non-finite",
                                              "guard AdamW's update with the loss's and gradient norm's finiteness, as "
                                              "kiln train does"}},
@@ -106,6 +111,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const Device device = parse_device(a.str("device", "cpu"));
   Engine::current().set_device(device);
   if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps);
+  if (a.has("attention")) return bench_attention(a.str("attention", ""), steps);
   manual_seed(1);
   std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a);
   models::CausalLM& model = *model_ptr;

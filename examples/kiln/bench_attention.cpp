@@ -1,0 +1,89 @@
+// bench_attention: q, k, v resident (parameters, (B, T, H, D) as a projection split into heads
+// gives them), traced once and replayed; each run's time is the engine's device-work time of
+// the forward, the backward into q, k and v, and a sum of the output (the value read back).
+#include "bench_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "circuit/ir/error.hpp"
+#include "core/engine.hpp"
+#include "core/traced_step.hpp"
+
+namespace kiln::cli {
+
+namespace {
+struct AttentionShape {
+  int64_t b, h, t, d;
+};
+
+std::vector<AttentionShape> parse_shapes(const std::string& spec) {
+  std::vector<AttentionShape> out;
+  size_t start = 0;
+  while (start <= spec.size()) {
+    const size_t end = std::min(spec.find(',', start), spec.size());
+    const std::string item = spec.substr(start, end - start);
+    std::vector<int64_t> dims;
+    size_t p = 0;
+    while (p < item.size()) {
+      size_t used = 0;
+      long long v = 0;
+      try {
+        v = std::stoll(item.substr(p), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || v < 1) throw Error("--attention: expected BxHxTxD with positive sizes, received '" + item + "'");
+      dims.push_back(v);
+      p += used;
+      if (p < item.size() && item[p] == 'x') ++p;
+    }
+    if (dims.size() != 4) throw Error("--attention: expected BxHxTxD, received '" + item + "'");
+    out.push_back({dims[0], dims[1], dims[2], dims[3]});
+    start = end + 1;
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+}  // namespace
+
+int bench_attention(const std::string& spec, int64_t runs) {
+  manual_seed(1);
+  for (const AttentionShape& s : parse_shapes(spec)) {
+    const std::string tag = std::to_string(s.b) + "x" + std::to_string(s.h) + "x" + std::to_string(s.t) + "x" +
+                            std::to_string(s.d);
+    auto operand = [&](const std::string& name) {
+      return Tensor::parameter(name + tag, Tensor::randn({s.b, s.t, s.h, s.d}).to_host());
+    };
+    Tensor q = operand("attention_q_"), k = operand("attention_k_"), v = operand("attention_v_");
+    auto heads = [](const Tensor& x) { return permute(x, {0, 2, 1, 3}); };  // (B, H, T, D)
+    TracedStep step({}, [&] {
+      Tensor scores = matmul(heads(q) * (1.0 / std::sqrt(static_cast<double>(s.d))), heads(k), false, true);
+      Tensor y = permute(matmul(softmax(causal_mask_fill(scores)), heads(v)), {0, 2, 1, 3});
+      Tensor total = sum(y * y);
+      total.backward();
+      Engine::current().realize();
+      return std::vector<Tensor>{total};
+    });
+    for (int i = 0; i < 3; ++i) step.run({})[0].item();  // warm up
+    std::vector<double> ms;
+    for (int64_t i = 0; i < runs; ++i) {
+      step.run({})[0].item();
+      ms.push_back(Engine::current().stats().last_work_ms);
+    }
+    const double t = median(ms);
+    const double flops = 12.0 * static_cast<double>(s.b * s.h) * static_cast<double>(s.t) * static_cast<double>(s.t) *
+                         static_cast<double>(s.d) / 2;
+    std::printf("attention %s (B H T D), causal, forward + backward: %.3f ms median of %lld -> %.1f TFLOP/s\n",
+                tag.c_str(), t, static_cast<long long>(runs), flops / (t / 1000) / 1e12);
+  }
+  return 0;
+}
+
+}  // namespace kiln::cli

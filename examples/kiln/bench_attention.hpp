@@ -1,0 +1,16 @@
+// `kiln bench --attention SHAPES`: causal attention forward and backward alone, as a model
+// records it (q kᵀ, mask, softmax, · v through the heads' permutes), on the selected device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kiln::cli {
+
+// `shapes`: comma-separated "BxHxTxD". Prints one line per shape: the median device time of a
+// forward and backward over `runs` runs (fused by fuse_attention unless KILN_DISABLE_PASSES
+// names it), and the rate of its matmul-equivalent FLOPs (causal: half of 4 B H T^2 D forward,
+// 8 B H T^2 D backward counted as PyTorch's benchmarks count them).
+int bench_attention(const std::string& shapes, int64_t runs);
+
+}  // namespace kiln::cli

@@ -15,7 +15,7 @@ shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,8
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
 echo "== tests"
 KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE=1 "$run" "$bundle/bin/kiln_tests" \
-  --gtest_filter='*GpuMatchesEigen/*matmul*:*GpuMatchesEigen/*bf16*:Lowering.Gpu*:Mma.Gpu*:GpuGpt.*:GpuGraphReplay.*' \
+  --gtest_filter='*GpuMatchesEigen/*attention*:*GpuMatchesEigen/*matmul*:*GpuMatchesEigen/*bf16*:Lowering.Gpu*:Mma.Gpu*:GpuGpt.*:GpuGraphReplay.*' \
   2>&1 | grep -E '^\[  (FAILED|PASSED)|Failure' | head -n 20
 for tile in ${KILN_GEMM_TILES:-auto 64 128}; do
   echo "== kiln gemm, tiles: $tile"

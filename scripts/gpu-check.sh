@@ -541,7 +541,7 @@ stage_sanitizer() {
   # split path, whose last block combines the other blocks' partials.
   local tiny=(bench --device cuda --layers 1 --heads 2 --embd 32 --block 32 --batch 4 --vocab-size 65 --steps 1)
   # The lowering cases of the kernels that use shared memory or barriers.
-  local smem_cases='*GpuMatchesEigen/*matmul*:*GpuMatchesEigen/reduce*:*GpuMatchesEigen/column_sums*:*GpuMatchesEigen/multi_tensor*'
+  local smem_cases='*GpuMatchesEigen/*matmul*:*GpuMatchesEigen/reduce*:*GpuMatchesEigen/column_sums*:*GpuMatchesEigen/multi_tensor*:*GpuMatchesEigen/attention*'
   run memcheck-lowering 300 "$cs" --tool memcheck "${opts[@]}" "${tests[@]}" --gtest_filter='*GpuMatchesEigen/*'
   key "$report" "$out" 12
   run memcheck-gpt 180 "$cs" --tool memcheck "${opts[@]}" "${kiln[@]}" "${tiny[@]}"

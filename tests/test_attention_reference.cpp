@@ -153,5 +153,30 @@ TEST(PrimReferenceAttention, AttentionAndAttentionGradWithHeadsInsideMatchThePla
   }
 }
 
+// Packed q, k, v ((B, T, 3 H d)) give the values of heads inside on the pieces, bit for bit, and
+// the packed gradient holds dq, dk and dv side by side.
+TEST(PrimReferenceAttention, AttentionAndAttentionGradPackedMatchHeadsInside) {
+  Circuit c;
+  Builder b(c);
+  const int64_t batch = 2, t = 6, heads = 3, d = 4, width = heads * d;
+  ValueId qkv = c.add_external({Shape{batch, t, 3 * width}, DType::f64}, ValueRole::Input);
+  ValueId d_o = c.add_external({Shape{batch, t, heads, d}, DType::f64}, ValueRole::Input);
+  const std::vector<HostTensor> in = {rnd(DType::f64, c.info(qkv).shape, 30), rnd(DType::f64, c.info(d_o).shape, 31)};
+  const Params packed = AttentionParams{true, 0.7, true, heads}.to_params(), inside = AttentionParams{true, 0.7, true}.to_params();
+  std::vector<ValueId> fp = c.add_op(PrimId::attention, packed, {qkv});
+  std::vector<ValueId> gp = c.add_op(PrimId::attention_grad, packed, {qkv, fp[0], fp[1], d_o});
+  std::vector<ValueId> pieces = b.split(qkv, 2, {width, width, width});
+  for (ValueId& x : pieces) x = b.reshape(x, Shape{batch, t, heads, d});
+  std::vector<ValueId> fi = c.add_op(PrimId::attention, inside, pieces);
+  std::vector<ValueId> gi = c.add_op(PrimId::attention_grad, inside, {pieces[0], pieces[1], pieces[2], fi[0], fi[1], d_o});
+  auto flat = [&](ValueId x) { return b.reshape(x, Shape{batch, t, width}); };
+  ValueId gi_packed = b.concat({flat(gi[0]), flat(gi[1]), flat(gi[2])}, 2);
+  const std::vector<HostTensor> out = execute(c, in, {fp[0], fp[1], gp[0], fi[0], fi[1], gi_packed});
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(out[i].shape(), out[i + 3].shape()) << i;
+    for (int64_t e = 0; e < out[i].numel(); ++e) ASSERT_EQ(out[i].get(e), out[i + 3].get(e)) << "output " << i;
+  }
+}
+
 }  // namespace
 }  // namespace kiln

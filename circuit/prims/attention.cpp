@@ -18,12 +18,16 @@
 //
 // Reference: per batch entry (a head of a sequence) with the (Tq, Tk) block in a per-thread scratch
 // slice, the entries split across the OpenMP team; each step is a plain Eigen expression.
+#if KILN_HAVE_DNNL
+#include <dnnl.h>
+#endif
 #include <omp.h>
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "circuit/ir/circuit.hpp"
 #include "circuit/prims/builder.hpp"
@@ -40,16 +44,44 @@ namespace {
 struct Rows {
   int64_t entries = 0, heads = 1, t = 0, cols = 0;
   bool heads_inside = false;
-  int64_t row_stride() const { return heads_inside ? heads * cols : cols; }
-  int64_t base(int64_t e) const { return heads_inside ? ((e / heads) * t * heads + e % heads) * cols : e * t * cols; }
+  int64_t stride = 0, offset = 0;  // heads inside: elements from one T step to the next; the first
+  int64_t row_stride() const { return heads_inside ? stride : cols; }
+  int64_t base(int64_t e) const {
+    return heads_inside ? offset + (e / heads) * t * stride + (e % heads) * cols : e * t * cols;
+  }
 };
 
 Rows rows_of(const Shape& s, bool heads_inside) {
   const int r = s.rank();
-  if (heads_inside) return {s[0] * s[2], s[2], s[1], s[3], true};
+  if (heads_inside) return {s[0] * s[2], s[2], s[1], s[3], true, s[2] * s[3], 0};
   int64_t entries = 1;
   for (int a = 0; a < r - 2; ++a) entries *= s[a];
-  return {entries, 1, s[r - 2], s[r - 1], false};
+  return {entries, 1, s[r - 2], s[r - 1], false, s[r - 1], 0};
+}
+
+// Piece `piece` (0: q, 1: k, 2: v) of a packed (B, T, 3 H d) input, as (B, T, H, d) rows.
+Rows packed_rows(const Shape& qkv, int64_t heads, int piece) {
+  const int64_t c = qkv[2] / 3;
+  return {qkv[0] * heads, heads, qkv[1], c / heads, true, qkv[2], piece * c};
+}
+
+// The (B, T, H, d) shape of one piece of a packed input.
+Shape piece_shape(const Shape& qkv, int64_t heads) { return Shape{qkv[0], qkv[1], heads, qkv[2] / 3 / heads}; }
+
+// The op's q, k and v (their storage and rows), packed or not, and where its other inputs start.
+struct Operands {
+  const HostTensor *q, *k, *v;
+  Rows rq, rk, rv;
+  size_t rest;  // index of o (attention_grad)
+};
+Operands operands_of(const std::vector<const HostTensor*>& in, const AttentionParams& a) {
+  if (a.packed_heads > 0) {
+    const Shape& s = in[0]->shape();
+    return {in[0], in[0], in[0], packed_rows(s, a.packed_heads, 0), packed_rows(s, a.packed_heads, 1),
+            packed_rows(s, a.packed_heads, 2), 1};
+  }
+  return {in[0], in[1], in[2], rows_of(in[0]->shape(), a.heads_inside), rows_of(in[1]->shape(), a.heads_inside),
+          rows_of(in[2]->shape(), a.heads_inside), 3};
 }
 
 // The shape of o (cols dv) or of lse (cols 1, always (batch..., heads, T, 1)) for queries q.
@@ -62,8 +94,8 @@ Shape like_q(const Shape& q, bool heads_inside, int64_t cols, bool lse) {
 
 // Checks q, k, v (the first three inputs of both Prims); returns the params' view.
 AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
-  if (p.ints.size() != 2 || p.reals.size() != 1) ctx.fail("params must be {causal, heads_inside}, {scale}");
-  const AttentionParams a{p.ints[0] != 0, p.reals[0], p.ints[1] != 0};
+  if (p.ints.size() != 3 || p.reals.size() != 1) ctx.fail("params must be {causal, heads_inside, packed_heads}, {scale}");
+  const AttentionParams a{p.ints[0] != 0, p.reals[0], p.ints[1] != 0, p.ints[2]};
   const char* names[] = {"q", "k", "v"};
   for (size_t i = 0; i < 3; ++i) {
     ctx.require_float(in[i], names[i]);
@@ -90,7 +122,22 @@ AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in,
   return a;
 }
 
-std::vector<ValueInfo> forward_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+// A packed op's inputs seen as q, k, v (then the rest): checks the packed input's shape.
+std::vector<ValueInfo> unpacked(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+  const int64_t heads = p.ints.size() == 3 ? p.ints[2] : 0;
+  if (heads <= 0) return in;
+  if (p.ints[1] == 0) ctx.fail("packed q, k and v need heads_inside");
+  if (in.empty()) ctx.fail("takes the packed q, k and v");
+  const Shape& s = in[0].shape;
+  if (s.rank() != 3 || s[2] % (3 * heads) != 0)
+    ctx.fail(fmt::format("packed q, k, v must be (B, T, 3 H d) with H = {}, received {}", heads, s.str()));
+  std::vector<ValueInfo> out(3, ValueInfo{piece_shape(s, heads), in[0].dtype});
+  out.insert(out.end(), in.begin() + 1, in.end());
+  return out;
+}
+
+std::vector<ValueInfo> forward_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& packed, const Params& p) {
+  const std::vector<ValueInfo> in = unpacked(ctx, packed, p);
   if (in.size() != 3) ctx.fail("takes q, k and v");
   const AttentionParams a = check_qkv(ctx, in, p);
   const int64_t dv = rows_of(in[2].shape, a.heads_inside).cols;
@@ -98,7 +145,8 @@ std::vector<ValueInfo> forward_shape(const ShapeCtx& ctx, const std::vector<Valu
           {like_q(in[0].shape, a.heads_inside, 1, true), in[0].dtype}};
 }
 
-std::vector<ValueInfo> backward_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+std::vector<ValueInfo> backward_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& packed, const Params& p) {
+  const std::vector<ValueInfo> in = unpacked(ctx, packed, p);
   if (in.size() != 6 && in.size() != 7) ctx.fail("takes q, k, v, o, lse, do and optionally dlse");
   const AttentionParams a = check_qkv(ctx, in, p);
   const int64_t dv = rows_of(in[2].shape, a.heads_inside).cols;
@@ -110,6 +158,7 @@ std::vector<ValueInfo> backward_shape(const ShapeCtx& ctx, const std::vector<Val
     if (!(in[i] == *want[i - 3]))
       ctx.fail(fmt::format("{} must be {} {}, received {} {}", names[i - 3], dtype_name(want[i - 3]->dtype),
                            want[i - 3]->shape.str(), dtype_name(in[i].dtype), in[i].shape.str()));
+  if (p.ints[2] > 0) return {packed[0]};  // the gradient of the packed input
   return {in[0], in[1], in[2]};
 }
 
@@ -118,25 +167,50 @@ using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>
 template <class T>
 using Map = Eigen::Map<RowMat<T>>;
 template <class T>
-using RowsMap = Eigen::Map<RowMat<T>, 0, Eigen::OuterStride<>>;
-template <class T>
 using ConstRowsMap = Eigen::Map<const RowMat<T>, 0, Eigen::OuterStride<>>;
 
-// Entry e's rows of a tensor laid out as `r`.
+// c (m x n, row stride ldc) = alpha op(a) op(b) for row-major a and b with row strides lda and
+// ldb: oneDNN's sgemm for f32 where kiln was built with it (one thread inside the entries'
+// parallel loop, as the matmul Prim's batched products), Eigen's product otherwise.
+template <class T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
+          T* c, int64_t ldc) {
+#if KILN_HAVE_DNNL
+  if constexpr (std::is_same_v<T, float>) {
+    if (m == 0 || n == 0) return;
+    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc) != dnnl_success)
+      throw Error("op 'attention': oneDNN sgemm failed for " + std::to_string(m) + "x" + std::to_string(k) + " . " +
+                  std::to_string(k) + "x" + std::to_string(n));
+    return;
+  }
+#endif
+  using Stride = Eigen::OuterStride<>;
+  Eigen::Map<const RowMat<T>, 0, Stride> A(a, ta ? k : m, ta ? m : k, Stride(lda)), B(b, tb ? n : k, tb ? k : n, Stride(ldb));
+  Eigen::Map<RowMat<T>, 0, Stride> C(c, m, n, Stride(ldc));
+  if (ta && tb) C.noalias() = alpha * (A.transpose() * B.transpose());
+  else if (ta) C.noalias() = alpha * (A.transpose() * B);
+  else if (tb) C.noalias() = alpha * (A * B.transpose());
+  else C.noalias() = alpha * (A * B);
+}
+
+// Entry e's first element in a tensor laid out as `r` (its rows r.row_stride() elements apart).
+template <class T>
+const T* rows_at(const HostTensor& x, const Rows& r, int64_t e) { return x.data<T>() + r.base(e); }
+template <class T>
+T* rows_at(HostTensor& x, const Rows& r, int64_t e) { return x.data<T>() + r.base(e); }
+
+// Entry e's rows of a tensor laid out as `r`, as a matrix.
 template <class T>
 ConstRowsMap<T> entry(const HostTensor& x, const Rows& r, int64_t e) {
   return ConstRowsMap<T>(x.data<T>() + r.base(e), r.t, r.cols, Eigen::OuterStride<>(r.row_stride()));
 }
-template <class T>
-RowsMap<T> entry(HostTensor& x, const Rows& r, int64_t e) {
-  return RowsMap<T>(x.data<T>() + r.base(e), r.t, r.cols, Eigen::OuterStride<>(r.row_stride()));
-}
 
-// s = scale q kᵀ with the entries a causal mask hides at -inf, into `s` (tq x tk).
+// s = scale q kᵀ with the entries a causal mask hides at -inf, into `s` (tq x tk, contiguous).
 template <class T>
-void scores(const ConstRowsMap<T>& q, const ConstRowsMap<T>& k, const AttentionParams& a, Map<T>& s) {
-  s.noalias() = q * k.transpose();
-  s *= static_cast<T>(a.scale);
+void scores(const HostTensor& q, const Rows& rq, const HostTensor& k, const Rows& rk, int64_t e, const AttentionParams& a,
+            Map<T>& s) {
+  gemm<T>(false, true, rq.t, rk.t, rq.cols, static_cast<T>(a.scale), rows_at<T>(q, rq, e), rq.row_stride(),
+          rows_at<T>(k, rk, e), rk.row_stride(), s.data(), rk.t);
   if (a.causal)
     for (int64_t i = 0; i < s.rows(); ++i) s.row(i).tail(s.cols() - i - 1).setConstant(-std::numeric_limits<T>::infinity());
 }
@@ -150,8 +224,8 @@ void for_each_entry(int64_t entries, F&& f) {
 
 std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const AttentionParams a = AttentionParams::of(op);
-  const Rows rq = rows_of(in[0]->shape(), a.heads_inside), rk = rows_of(in[1]->shape(), a.heads_inside),
-             rv = rows_of(in[2]->shape(), a.heads_inside);
+  const Operands x = operands_of(in, a);
+  const Rows &rq = x.rq, &rk = x.rk, &rv = x.rv;
   HostTensor o = bufs.output(0), lse = bufs.output(1);
   const Rows ro = rows_of(o.shape(), a.heads_inside);
   ref::dispatch_float(in[0]->dtype(), "attention", [&](auto t) {
@@ -160,7 +234,7 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
     for_each_entry(rq.entries, [&](int64_t e, int thread) {
       Map<T> s(scratch.data<T>() + thread * rq.t * rk.t, rq.t, rk.t);
       Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>> row_lse(lse.data<T>() + e * rq.t, rq.t);
-      scores<T>(entry<T>(*in[0], rq, e), entry<T>(*in[1], rk, e), a, s);
+      scores<T>(*x.q, rq, *x.k, rk, e, a, s);
       for (int64_t i = 0; i < rq.t; ++i) {
         const T m = s.row(i).maxCoeff();
         s.row(i) = (s.row(i).array() - m).exp();
@@ -168,7 +242,8 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
         s.row(i) /= l;
         row_lse(i) = m + std::log(l);
       }
-      entry<T>(o, ro, e).noalias() = s * entry<T>(*in[2], rv, e);
+      gemm<T>(false, false, rq.t, rv.cols, rk.t, T(1), s.data(), rk.t, rows_at<T>(*x.v, rv, e), rv.row_stride(),
+              rows_at<T>(o, ro, e), ro.row_stride());
     });
   });
   return {o, lse};
@@ -176,58 +251,68 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
 
 std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const AttentionParams a = AttentionParams::of(op);
-  const Rows rq = rows_of(in[0]->shape(), a.heads_inside), rk = rows_of(in[1]->shape(), a.heads_inside),
-             rv = rows_of(in[2]->shape(), a.heads_inside), ro = rows_of(in[3]->shape(), a.heads_inside);
-  const bool has_dlse = in.size() == 7;
-  HostTensor dq = bufs.output(0), dk = bufs.output(1), dvt = bufs.output(2);
+  const Operands x = operands_of(in, a);
+  const Rows &rq = x.rq, &rk = x.rk, &rv = x.rv;
+  const HostTensor &o_in = *in[x.rest], &lse_in = *in[x.rest + 1], &do_in = *in[x.rest + 2];
+  const Rows ro = rows_of(o_in.shape(), a.heads_inside);
+  const bool has_dlse = in.size() == x.rest + 4;
+  // Packed: dq, dk and dv are the pieces of the one output.
+  HostTensor dq = bufs.output(0), dk = a.packed_heads > 0 ? dq : bufs.output(1),
+             dvt = a.packed_heads > 0 ? dq : bufs.output(2);
   ref::dispatch_float(in[0]->dtype(), "attention_grad", [&](auto t) {
     using T = decltype(t);
     using Col = Eigen::Matrix<T, Eigen::Dynamic, 1>;
     HostTensor scratch = bufs.scratch(in[0]->dtype(), Shape{omp_get_max_threads(), 2, rq.t, rk.t});
     for_each_entry(rq.entries, [&](int64_t e, int thread) {
-      const ConstRowsMap<T> q = entry<T>(*in[0], rq, e), k = entry<T>(*in[1], rk, e), v = entry<T>(*in[2], rv, e),
-                            o = entry<T>(*in[3], ro, e), d_o = entry<T>(*in[5], ro, e);
-      Eigen::Map<const Col> lse(in[4]->data<T>() + e * rq.t, rq.t);
+      const ConstRowsMap<T> o = entry<T>(o_in, ro, e), d_o = entry<T>(do_in, ro, e);
+      Eigen::Map<const Col> lse(lse_in.data<T>() + e * rq.t, rq.t);
       Map<T> p(scratch.data<T>() + (2 * thread) * rq.t * rk.t, rq.t, rk.t),
           ds(scratch.data<T>() + (2 * thread + 1) * rq.t * rk.t, rq.t, rk.t);
-      scores(q, k, a, p);
+      scores(*x.q, rq, *x.k, rk, e, a, p);
       p = (p.array().colwise() - lse.array()).exp();  // exp(-inf) = 0 where masked
       Col rows_d = (d_o.array() * o.array()).rowwise().sum();
-      if (has_dlse) rows_d -= Eigen::Map<const Col>(in[6]->data<T>() + e * rq.t, rq.t);
-      ds.noalias() = d_o * v.transpose();
+      if (has_dlse) rows_d -= Eigen::Map<const Col>(in[x.rest + 3]->data<T>() + e * rq.t, rq.t);
+      gemm<T>(false, true, rq.t, rk.t, rv.cols, T(1), rows_at<T>(do_in, ro, e), ro.row_stride(),
+              rows_at<T>(*x.v, rv, e), rv.row_stride(), ds.data(), rk.t);  // do vᵀ
       ds = p.array() * (ds.array().colwise() - rows_d.array());
-      entry<T>(dq, rq, e).noalias() = static_cast<T>(a.scale) * (ds * k);
-      entry<T>(dk, rk, e).noalias() = static_cast<T>(a.scale) * (ds.transpose() * q);
-      entry<T>(dvt, rv, e).noalias() = p.transpose() * d_o;
+      const T scale = static_cast<T>(a.scale);
+      gemm<T>(false, false, rq.t, rq.cols, rk.t, scale, ds.data(), rk.t, rows_at<T>(*x.k, rk, e), rk.row_stride(),
+              rows_at<T>(dq, rq, e), rq.row_stride());  // dq = scale ds k
+      gemm<T>(true, false, rk.t, rq.cols, rq.t, scale, ds.data(), rk.t, rows_at<T>(*x.q, rq, e), rq.row_stride(),
+              rows_at<T>(dk, rk, e), rk.row_stride());  // dk = scale dsᵀ q
+      gemm<T>(true, false, rk.t, rv.cols, rq.t, T(1), p.data(), rk.t, rows_at<T>(do_in, ro, e), ro.row_stride(),
+              rows_at<T>(dvt, rv, e), rv.row_stride());  // dv = pᵀ do
     });
   });
+  if (a.packed_heads > 0) return {dq};
   return {dq, dk, dvt};
 }
 
 std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
-  if (g[0] == kNoValue && g[1] == kNoValue) return {kNoValue, kNoValue, kNoValue};
+  if (g[0] == kNoValue && g[1] == kNoValue) return std::vector<ValueId>(op.inputs.size(), kNoValue);
   const ValueId o = op.outputs[0];
   const ValueId d_o = g[0] != kNoValue ? g[0] : b.fill(b.info(o).shape, b.info(o).dtype, 0.0);
-  std::vector<ValueId> inputs = {op.inputs[0], op.inputs[1], op.inputs[2], o, op.outputs[1], d_o};
+  std::vector<ValueId> inputs = op.inputs;  // q, k, v, or the packed q, k, v
+  for (ValueId x : {o, op.outputs[1], d_o}) inputs.push_back(x);
   if (g[1] != kNoValue) inputs.push_back(g[1]);
   return b.circuit().add_op(PrimId::attention_grad, op.params, inputs, b.scope());
 }
 
 std::string describe(const Params& p) {
-  return fmt::format("{}{}scale={}", p.ints[0] != 0 ? "causal " : "", p.ints[1] != 0 ? "(B, T, H, d) " : "",
-                     p.reals[0]);
+  return fmt::format("{}{}{}scale={}", p.ints[0] != 0 ? "causal " : "", p.ints[1] != 0 ? "(B, T, H, d) " : "",
+                     p.ints[2] > 0 ? fmt::format("packed qkv of {} heads ", p.ints[2]) : std::string(), p.reals[0]);
 }
 
 }  // namespace
 
 AttentionParams AttentionParams::of(const Op& op) {
   require_view_of(op, {PrimId::attention, PrimId::attention_grad}, "AttentionParams");
-  return {op.params.ints.at(0) != 0, op.params.reals.at(0), op.params.ints.at(1) != 0};
+  return {op.params.ints.at(0) != 0, op.params.reals.at(0), op.params.ints.at(1) != 0, op.params.ints.at(2)};
 }
 
 Params AttentionParams::to_params() const {
   Params p;
-  p.ints = {causal ? 1 : 0, heads_inside ? 1 : 0};
+  p.ints = {causal ? 1 : 0, heads_inside ? 1 : 0, packed_heads};
   p.reals = {scale};
   return p;
 }

@@ -112,13 +112,17 @@ struct ColumnSumsParams {
   Params to_params() const;
 };
 
-// attention, attention_grad {causal, heads_inside}, {scale}. heads_inside: q, k, v, o and their
-// gradients are (B, T, H, d), as a projection's output split into heads is before its permute;
-// otherwise (..., T, d) with the heads among the batch dims.
+// attention, attention_grad {causal, heads_inside, packed_heads}, {scale}. heads_inside: q, k, v,
+// o and their gradients are (B, T, H, d), as a projection's output split into heads is before
+// its permute; otherwise (..., T, d) with the heads among the batch dims. packed_heads H > 0
+// (heads inside only): q, k and v are one input, a fused projection's (B, T, 3 H d) output with
+// q, k, v side by side along the last axis, and attention_grad gives their gradients as one
+// output of that shape.
 struct AttentionParams {
   bool causal = false;
   double scale = 1.0;
   bool heads_inside = false;
+  int64_t packed_heads = 0;
   static AttentionParams of(const Op& op);
   Params to_params() const;
 };

@@ -34,26 +34,52 @@ namespace {
 
 constexpr uint32_t kWarps = 4;  // rows a block
 
+// Where one of q, k, v (or its gradient) lies with heads inside: `stride` elements from one T step
+// to the next (0: H times the head size, a tensor of its own) and `offset` to its first element.
+struct Piece {
+  int64_t stride = 0, offset = 0;
+};
+
 struct Sizes {
   int64_t entries, tq, tk, d, dv;
+  Piece q, k, v;
+  bool packed = false;  // q, k, v one input (and one gradient output)
+  int rest = 3;         // the input index of o (attention_grad)
   int64_t heads = 1;          // with heads inside: H of (B, T, H, d)
   bool heads_inside = false;  // q, k, v, o and gradients (B, T, H, d); else (entries, T, d)
   Type it;                    // index type
 };
 
 Sizes sizes_of(const Circuit& c, const Op& op) {
-  const Shape &q = c.info(op.inputs[0]).shape, &v = c.info(op.inputs[2]).shape;
+  const AttentionParams a = AttentionParams::of(op);
   Sizes s;
-  s.heads_inside = AttentionParams::of(op).heads_inside;
-  const int t_axis = s.heads_inside ? 1 : q.rank() - 2;
-  s.tq = q[t_axis];
-  s.d = q[q.rank() - 1];
-  s.tk = v[t_axis];
-  s.dv = v[v.rank() - 1];
-  s.heads = s.heads_inside ? q[2] : 1;
-  s.entries = 1;
-  for (int a = 0; a < q.rank() - 2; ++a) s.entries *= q[a];
-  if (s.heads_inside) s.entries = q[0] * q[2];
+  s.heads_inside = a.heads_inside;
+  if (a.packed_heads > 0) {  // (B, T, 3 H d)
+    const Shape& qkv = c.info(op.inputs[0]).shape;
+    const int64_t width = qkv[2] / 3;
+    s.packed = true;
+    s.rest = 1;
+    s.tq = s.tk = qkv[1];
+    s.heads = a.packed_heads;
+    s.d = s.dv = width / s.heads;
+    s.entries = qkv[0] * s.heads;
+    s.q = {qkv[2], 0};
+    s.k = {qkv[2], width};
+    s.v = {qkv[2], 2 * width};
+  } else {
+    const Shape &q = c.info(op.inputs[0]).shape, &v = c.info(op.inputs[2]).shape;
+    const int t_axis = s.heads_inside ? 1 : q.rank() - 2;
+    s.tq = q[t_axis];
+    s.d = q[q.rank() - 1];
+    s.tk = v[t_axis];
+    s.dv = v[v.rank() - 1];
+    s.heads = s.heads_inside ? q[2] : 1;
+    s.entries = 1;
+    for (int ax = 0; ax < q.rank() - 2; ++ax) s.entries *= q[ax];
+    if (s.heads_inside) s.entries = q[0] * q[2];
+  }
+  const Shape& q = c.info(op.inputs[0]).shape;
+  const Shape& v = c.info(op.inputs[s.packed ? 0 : 2]).shape;
   if (s.d > 128 || s.dv > 128 || s.tk == 0)
     fail(op.prim->name, op.scope,
          "the GPU lowering takes head sizes up to 128 and at least one key, received q " + q.str() + " and v " + v.str());
@@ -62,6 +88,18 @@ Sizes sizes_of(const Circuit& c, const Op& op) {
   s.it = index_type(largest);
   return s;
 }
+
+// Kernel arguments: q, k and v (packed: input 0 three times), input `rest + i` (o, lse, do, dlse),
+// and output `piece` of the gradients (packed: output 0 three times).
+std::vector<ArgRef> with(std::vector<ArgRef> a, const std::vector<ArgRef>& more) {
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+std::vector<ArgRef> qkv_args(const Sizes& s) {
+  return {kIn0, {ArgRef::Kind::Input, s.packed ? 0 : 1}, {ArgRef::Kind::Input, s.packed ? 0 : 2}};
+}
+ArgRef after_qkv(const Sizes& s, int i) { return {ArgRef::Kind::Input, s.rest + i}; }
+ArgRef gradient_of(const Sizes& s, int piece) { return {ArgRef::Kind::Output, s.packed ? 0 : piece}; }
 
 // The row this warp works on (u32 from the launch; in the index type), and the lane.
 struct WarpRow {
@@ -136,11 +174,12 @@ std::pair<Reg, Reg> entry_and_position(KernelBuilder& b, const Sizes& s, Reg row
 }
 
 // Element offset of row `pos` of entry `entry` in a tensor of `t` rows an entry and n columns.
-Reg row_first(KernelBuilder& b, const Sizes& s, Operand entry, Operand pos, int64_t t, int64_t n) {
+Reg row_first(KernelBuilder& b, const Sizes& s, Operand entry, Operand pos, int64_t t, int64_t n, const Piece& piece = {}) {
   if (!s.heads_inside) return b.mul(s.it, b.mad(s.it, entry, imm_index(s.it, t), pos), imm_index(s.it, n));
+  const int64_t stride = piece.stride > 0 ? piece.stride : s.heads * n;
   Reg batch = b.div(s.it, entry, imm_index(s.it, s.heads)), head = b.rem(s.it, entry, imm_index(s.it, s.heads));
-  Reg row = b.mad(s.it, b.mad(s.it, batch, imm_index(s.it, t), pos), imm_index(s.it, s.heads), head);
-  return b.mul(s.it, row, imm_index(s.it, n));
+  Reg step = b.mad(s.it, batch, imm_index(s.it, t), pos);
+  return b.mad(s.it, step, imm_index(s.it, stride), b.mad(s.it, head, imm_index(s.it, n), imm_index(s.it, piece.offset)));
 }
 
 std::vector<Reg> zeros(KernelBuilder& b, size_t n) {
@@ -167,8 +206,8 @@ Reg in_index_type(KernelBuilder& b, const Sizes& s, Reg r32) { return s.it == Ty
 // Rows [j0, j0 + rows) of `entry` in a tensor of t rows an entry, n floats each (zeros past
 // t), into shared memory at `smem` (row-major, n floats a row); the block's kTileRows threads
 // copy 16 bytes at a time.
-void stage_rows(KernelBuilder& b, const Sizes& s, Reg base, Reg entry, Reg j0, int64_t t, int64_t n, Reg smem, Reg tid,
-                int64_t rows = kTileKeys) {
+void stage_rows(KernelBuilder& b, const Sizes& s, Reg base, const Piece& piece, Reg entry, Reg j0, int64_t t, int64_t n,
+                Reg smem, Reg tid, int64_t rows = kTileKeys) {
   const int64_t chunks = rows * n / 4;
   const auto per_row = static_cast<uint32_t>(n / 4);
   for (int64_t first = 0; first < chunks; first += kTileRows) {
@@ -178,7 +217,7 @@ void stage_rows(KernelBuilder& b, const Sizes& s, Reg base, Reg entry, Reg j0, i
       Reg key = b.add(s.it, j0, in_index_type(b, s, row));
       std::vector<Reg> vals = zeros(b, 4);
       b.if_(b.setp(Cmp::lt, key, imm_index(s.it, t)), [&] {
-        Reg at = b.add(s.it, row_first(b, s, entry, key, t, n), in_index_type(b, s, col));
+        Reg at = b.add(s.it, row_first(b, s, entry, key, t, n, piece), in_index_type(b, s, col));
         std::vector<Reg> x = b.ld_vec(Space::global, Type::f32, b.address(base, at, 4), 4);
         for (size_t e = 0; e < 4; ++e) b.set(vals[e], x[e]);
       });
@@ -256,7 +295,7 @@ LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionP
   // q, scaled, in registers (zeros for the rows past tq, which compute unused values).
   std::vector<Reg> qv = zeros(b, static_cast<size_t>(s.d));
   b.if_(valid, [&] {
-    Reg first = row_first(b, s, entry, i, s.tq, s.d);
+    Reg first = row_first(b, s, entry, i, s.tq, s.d, s.q);
     for (int64_t c4 = 0; c4 < s.d; c4 += 4) {
       std::vector<Reg> x = b.ld_vec(Space::global, Type::f32, b.address(q, first, 4), 4, 4 * c4);
       for (int64_t e = 0; e < 4; ++e) b.set(qv[static_cast<size_t>(c4 + e)], b.mul(Type::f32, x[static_cast<size_t>(e)], imm_f32(static_cast<float>(a.scale))));
@@ -271,8 +310,8 @@ LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionP
   std::vector<Reg> acc = zeros(b, static_cast<size_t>(s.dv));
   b.for_(imm_index(s.it, 0), key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
     b.bar();  // the previous tile's readers are done
-    stage_rows(b, s, k, entry, j0, s.tk, s.d, k_smem, tid);
-    stage_rows(b, s, v, entry, j0, s.tk, s.dv, v_smem, tid);
+    stage_rows(b, s, k, s.k, entry, j0, s.tk, s.d, k_smem, tid);
+    stage_rows(b, s, v, s.v, entry, j0, s.tk, s.dv, v_smem, tid);
     b.bar();
     std::vector<Reg> score;
     Reg tile_max = b.mov(Type::f32, imm_f32(-INFINITY));
@@ -314,7 +353,7 @@ LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionP
   });
   const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows), 1};
   return single_launch(finish_launch(b, "kiln_attention_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1},
-                                     {kIn0, kIn1, kIn2, kOut0, {ArgRef::Kind::Output, 1}}),
+                                     with(qkv_args(s), {kOut0, {ArgRef::Kind::Output, 1}})),
                        std::string("attention") + (a.causal ? " (causal)" : "") +
                            ": a thread per query row, 64 rows a block, keys in shared tiles of 32, online softmax "
                            "a tile at a time, o and the row log-sum-exp written");
@@ -332,23 +371,23 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
   const WarpRow w = warp_row(b, s, rows);
   b.if_(w.in_range, [&] {
     auto [entry, i] = entry_and_position(b, s, w.row, s.tq);
-    std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d), w.lane, s.d,
+    std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d,
                                    static_cast<float>(a.scale));
-    auto key_row = [&](Operand j, Reg base, int64_t n) {
-      return load_row(b, s, base, row_first(b, s, entry, j, s.tk, n), w.lane, n);
+    auto key_row = [&](Operand j, Reg base, int64_t n, const Piece& piece) {
+      return load_row(b, s, base, row_first(b, s, entry, j, s.tk, n, piece), w.lane, n);
     };
     // Key 0 (every query sees it) starts the running max, sum and output.
-    Reg m = b.mov(Type::f32, warp_dot(b, qi, key_row(imm_index(s.it, 0), k, s.d)));
+    Reg m = b.mov(Type::f32, warp_dot(b, qi, key_row(imm_index(s.it, 0), k, s.d, s.k)));
     Reg l = b.mov(Type::f32, imm_f32(1.0f));
     std::vector<Reg> acc;
-    for (Reg x : key_row(imm_index(s.it, 0), v, s.dv)) acc.push_back(b.mov(Type::f32, x));
+    for (Reg x : key_row(imm_index(s.it, 0), v, s.dv, s.v)) acc.push_back(b.mov(Type::f32, x));
     Operand end = a.causal ? Operand(b.add(s.it, i, imm_index(s.it, 1))) : imm_index(s.it, s.tk);
     b.for_(imm_index(s.it, 1), end, imm_index(s.it, 1), [&](Reg j) {
-      Reg score = warp_dot(b, qi, key_row(j, k, s.d));
+      Reg score = warp_dot(b, qi, key_row(j, k, s.d, s.k));
       Reg m_new = b.max(Type::f32, m, score);
       Reg keep = exp_of(b, b.sub(Type::f32, m, m_new)), p = exp_of(b, b.sub(Type::f32, score, m_new));
       b.assign(kir::Opc::Fma, l, {l, keep, p});
-      accumulate(b, acc, p, key_row(j, v, s.dv), keep);
+      accumulate(b, acc, p, key_row(j, v, s.dv, s.v), keep);
       b.set(m, m_new);
     });
     Reg inv = b.div(Type::f32, imm_f32(1.0f), l);
@@ -361,7 +400,7 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
   });
   LoweredOp lo = single_launch(
       finish_launch(b, "kiln_attention", grid_for(rows), {32 * kWarps, 1, 1},
-                    {kIn0, kIn1, kIn2, kOut0, {ArgRef::Kind::Output, 1}}),
+                    with(qkv_args(s), {kOut0, {ArgRef::Kind::Output, 1}})),
       std::string("attention") + (a.causal ? " (causal)" : "") +
           ": a warp per query row, keys one at a time, online softmax, o and the row log-sum-exp written");
   return lo;
@@ -376,7 +415,7 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
 //     tiles of 16 queries (q, do, lse and D in shared memory) dv += p do, dk += ds q, the two
 //     accumulators in registers.
 LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, const Sizes& s) {
-  const bool has_dlse = op.inputs.size() == 7;
+  const bool has_dlse = static_cast<int>(op.inputs.size()) == s.rest + 4;
   const float scale = static_cast<float>(a.scale);
   LoweredOp lo;
   lo.scratch_bytes = {static_cast<size_t>(s.entries * s.tq) * 4};  // D, a value per query row
@@ -386,9 +425,8 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     Reg o = b.param("o", Type::u64), lse = b.param("lse", Type::u64), d_o = b.param("do", Type::u64);
     Reg dlse = has_dlse ? b.param("dlse", Type::u64) : Reg{};
     Reg dq = b.param("dq", Type::u64), dd = b.param("D", Type::u64);
-    std::vector<ArgRef> args = {kIn0, kIn1, kIn2, {ArgRef::Kind::Input, 3}, {ArgRef::Kind::Input, 4},
-                                {ArgRef::Kind::Input, 5}};
-    if (has_dlse) args.push_back({ArgRef::Kind::Input, 6});
+    std::vector<ArgRef> args = with(qkv_args(s), {after_qkv(s, 0), after_qkv(s, 1), after_qkv(s, 2)});
+    if (has_dlse) args.push_back(after_qkv(s, 3));
     args.push_back(kOut0);
     args.push_back({ArgRef::Kind::Scratch, 0});
     Reg k_smem = b.shared_addr(b.shared_array("k_tile", kTileKeys * s.d * 4));
@@ -402,7 +440,7 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     std::vector<Reg> qv = zeros(b, static_cast<size_t>(s.d)), dov = zeros(b, static_cast<size_t>(s.dv));
     Reg row_d = b.mov(Type::f32, imm_f32(0.0f)), lse_i = b.mov(Type::f32, imm_f32(0.0f));
     b.if_(valid, [&] {
-      std::vector<Reg> x = load_own_row(b, q, row_first(b, s, entry, i, s.tq, s.d), s.d, scale);
+      std::vector<Reg> x = load_own_row(b, q, row_first(b, s, entry, i, s.tq, s.d, s.q), s.d, scale);
       for (size_t c = 0; c < x.size(); ++c) b.set(qv[c], x[c]);
       Reg vfirst = row_first(b, s, entry, i, s.tq, s.dv);
       std::vector<Reg> y = load_own_row(b, d_o, vfirst, s.dv), z = load_own_row(b, o, vfirst, s.dv);
@@ -423,8 +461,8 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     std::vector<Reg> acc = zeros(b, static_cast<size_t>(s.d));
     b.for_(imm_index(s.it, 0), key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
       b.bar();
-      stage_rows(b, s, k, entry, j0, s.tk, s.d, k_smem, tid);
-      stage_rows(b, s, v, entry, j0, s.tk, s.dv, v_smem, tid);
+      stage_rows(b, s, k, s.k, entry, j0, s.tk, s.d, k_smem, tid);
+      stage_rows(b, s, v, s.v, entry, j0, s.tk, s.dv, v_smem, tid);
       b.bar();
       // A loop, not unrolled (two row vectors live in registers already); q from its column.
       b.for_(imm_u32(0), imm_u32(static_cast<uint32_t>(kTileKeys)), imm_u32(1), [&](Reg jj) {
@@ -436,7 +474,7 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
         axpy_shared(b, acc, ds, k_row, 0);
       });
     });
-    b.if_(valid, [&] { store_own_row(b, dq, row_first(b, s, entry, i, s.tq, s.d), acc, scale); });
+    b.if_(valid, [&] { store_own_row(b, dq, row_first(b, s, entry, i, s.tq, s.d, s.q), acc, scale); });
     const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows), 1};
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, args));
   }
@@ -458,9 +496,9 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     Reg valid = b.setp(Cmp::lt, j, imm_index(s.it, s.tk));
     std::vector<Reg> kv = zeros(b, static_cast<size_t>(s.d)), vv = zeros(b, static_cast<size_t>(s.dv));
     b.if_(valid, [&] {
-      std::vector<Reg> x = load_own_row(b, k, row_first(b, s, entry, j, s.tk, s.d), s.d, scale);
+      std::vector<Reg> x = load_own_row(b, k, row_first(b, s, entry, j, s.tk, s.d, s.k), s.d, scale);
       for (size_t c = 0; c < x.size(); ++c) b.set(kv[c], x[c]);
-      std::vector<Reg> y = load_own_row(b, v, row_first(b, s, entry, j, s.tk, s.dv), s.dv);
+      std::vector<Reg> y = load_own_row(b, v, row_first(b, s, entry, j, s.tk, s.dv, s.v), s.dv);
       for (size_t c = 0; c < y.size(); ++c) b.set(vv[c], y[c]);
     });
     Reg k_own = store_own_column(b, k_columns, tid, kv), v_own = store_own_column(b, v_columns, tid, vv);
@@ -471,8 +509,8 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     std::vector<Reg> acc_k = zeros(b, static_cast<size_t>(s.d)), acc_v = zeros(b, static_cast<size_t>(s.dv));
     b.for_(first_query, imm_index(s.it, s.tq), imm_index(s.it, kQueries), [&](Reg i0) {
       b.bar();
-      stage_rows(b, s, q, entry, i0, s.tq, s.d, q_smem, tid, kQueries);
-      stage_rows(b, s, d_o, entry, i0, s.tq, s.dv, do_smem, tid, kQueries);
+      stage_rows(b, s, q, s.q, entry, i0, s.tq, s.d, q_smem, tid, kQueries);
+      stage_rows(b, s, d_o, Piece{}, entry, i0, s.tq, s.dv, do_smem, tid, kQueries);
       b.if_(b.setp(Cmp::lt, tid, imm_u32(static_cast<uint32_t>(kQueries))), [&] {
         Reg i = b.add(s.it, i0, in_index_type(b, s, tid));
         Reg l_val = b.mov(Type::f32, imm_f32(0.0f)), d_val = b.mov(Type::f32, imm_f32(0.0f));
@@ -499,14 +537,13 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
       });
     });
     b.if_(valid, [&] {
-      store_own_row(b, dk, row_first(b, s, entry, j, s.tk, s.d), acc_k, scale);
-      store_own_row(b, dv, row_first(b, s, entry, j, s.tk, s.dv), acc_v);
+      store_own_row(b, dk, row_first(b, s, entry, j, s.tk, s.d, s.k), acc_k, scale);
+      store_own_row(b, dv, row_first(b, s, entry, j, s.tk, s.dv, s.v), acc_v);
     });
     const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tk + kTileRows - 1) / kTileRows), 1};
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1},
-                                        {kIn0, kIn1, kIn2, {ArgRef::Kind::Input, 4}, {ArgRef::Kind::Input, 5},
-                                         {ArgRef::Kind::Scratch, 0}, {ArgRef::Kind::Output, 1},
-                                         {ArgRef::Kind::Output, 2}}));
+                                        with(qkv_args(s), {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0},
+                                                           gradient_of(s, 1), gradient_of(s, 2)})));
   }
   lo.summary = std::string("attention_grad") + (a.causal ? " (causal)" : "") +
                ": a thread per query row (D, dq; keys in shared tiles of 32), then a thread per key row (dk, dv; "
@@ -520,7 +557,7 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
   const AttentionParams a = AttentionParams::of(op);
   const Sizes s = sizes_of(c, op);
   if (tiled_forward(s) && (s.tk + kTileRows - 1) / kTileRows <= 65535) return lower_attention_grad_tiled(op, a, s);
-  const bool has_dlse = op.inputs.size() == 7;
+  const bool has_dlse = static_cast<int>(op.inputs.size()) == s.rest + 4;
   const float scale = static_cast<float>(a.scale);
   LoweredOp lo;
   lo.scratch_bytes = {static_cast<size_t>(s.entries * s.tq) * 4};  // D, a value per query row
@@ -533,15 +570,14 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     Reg o = b.param("o", Type::u64), lse = b.param("lse", Type::u64), d_o = b.param("do", Type::u64);
     Reg dlse = has_dlse ? b.param("dlse", Type::u64) : Reg{};
     Reg dq = b.param("dq", Type::u64), dd = b.param("D", Type::u64);
-    std::vector<ArgRef> args = {kIn0, kIn1, kIn2, {ArgRef::Kind::Input, 3}, {ArgRef::Kind::Input, 4},
-                                {ArgRef::Kind::Input, 5}};
-    if (has_dlse) args.push_back({ArgRef::Kind::Input, 6});
+    std::vector<ArgRef> args = with(qkv_args(s), {after_qkv(s, 0), after_qkv(s, 1), after_qkv(s, 2)});
+    if (has_dlse) args.push_back(after_qkv(s, 3));
     args.push_back(kOut0);
     args.push_back({ArgRef::Kind::Scratch, 0});
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
       auto [entry, i] = entry_and_position(b, s, w.row, s.tq);
-      std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d), w.lane, s.d, scale);
+      std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, scale);
       Reg vrow = row_first(b, s, entry, i, s.tq, s.dv);
       std::vector<Reg> doi = load_row(b, s, d_o, vrow, w.lane, s.dv);
       Reg row_d = warp_dot(b, doi, load_row(b, s, o, vrow, w.lane, s.dv));
@@ -551,13 +587,13 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
       std::vector<Reg> acc = zeros(b, qi.size());
       Operand end = a.causal ? Operand(b.add(s.it, i, imm_index(s.it, 1))) : imm_index(s.it, s.tk);
       b.for_(imm_index(s.it, 0), end, imm_index(s.it, 1), [&](Reg j) {
-        std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d), w.lane, s.d);
-        std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv), w.lane, s.dv);
+        std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d);
+        std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv);
         Reg p = exp_of(b, b.sub(Type::f32, warp_dot(b, qi, kj), lse_i));
         Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, warp_dot(b, doi, vj), row_d));
         accumulate(b, acc, ds, kj);
       });
-      store_row(b, s, dq, row_first(b, s, entry, i, s.tq, s.d), w.lane, s.d, acc, scale);
+      store_row(b, s, dq, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, acc, scale);
     });
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q", grid_for(rows), {32 * kWarps, 1, 1}, args));
   }
@@ -571,14 +607,14 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
       auto [entry, j] = entry_and_position(b, s, w.row, s.tk);
-      std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d), w.lane, s.d, scale);
-      std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv), w.lane, s.dv);
+      std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d, scale);
+      std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv);
       Reg query0 = b.mul(s.it, entry, imm_index(s.it, s.tq));
       std::vector<Reg> acc_k = zeros(b, kj.size()), acc_v = zeros(b, vj.size());
       Operand begin = a.causal ? Operand(j) : imm_index(s.it, 0);
       b.for_(begin, imm_index(s.it, s.tq), imm_index(s.it, 1), [&](Reg i) {
         Reg qi_at = b.add(s.it, query0, i);
-        std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d), w.lane, s.d);
+        std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d);
         std::vector<Reg> doi = load_row(b, s, d_o, row_first(b, s, entry, i, s.tq, s.dv), w.lane, s.dv);
         Reg lse_i = b.ld(Space::global, Type::f32, b.address(lse, qi_at, 4));
         Reg d_i = b.ld(Space::global, Type::f32, b.address(dd, qi_at, 4));
@@ -587,13 +623,12 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
         Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, warp_dot(b, doi, vj), d_i));
         accumulate(b, acc_k, ds, qi);
       });
-      store_row(b, s, dk, row_first(b, s, entry, j, s.tk, s.d), w.lane, s.d, acc_k, scale);
-      store_row(b, s, dv, row_first(b, s, entry, j, s.tk, s.dv), w.lane, s.dv, acc_v);
+      store_row(b, s, dk, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d, acc_k, scale);
+      store_row(b, s, dv, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv, acc_v);
     });
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv", grid_for(rows), {32 * kWarps, 1, 1},
-                                        {kIn0, kIn1, kIn2, {ArgRef::Kind::Input, 4}, {ArgRef::Kind::Input, 5},
-                                         {ArgRef::Kind::Scratch, 0}, {ArgRef::Kind::Output, 1},
-                                         {ArgRef::Kind::Output, 2}}));
+                                        with(qkv_args(s), {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0},
+                                                           gradient_of(s, 1), gradient_of(s, 2)})));
   }
   lo.summary = std::string("attention_grad") + (a.causal ? " (causal)" : "") +
                ": a warp per query row (D, dq), then a warp per key row (dk, dv), probabilities recomputed from "

@@ -30,6 +30,22 @@ BuildFn attention_grad_of(bool causal, double scale, bool heads_inside = false) 
   };
 }
 
+// Packed: one (B, T, 3 H d) input holding q, k, v side by side (heads inside).
+Params packed_params(bool causal, double scale, int64_t heads) {
+  return AttentionParams{causal, scale, true, heads}.to_params();
+}
+BuildFn packed_attention_of(bool causal, double scale, int64_t heads) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> r = b.circuit().add_op(PrimId::attention, packed_params(causal, scale, heads), {x[0]});
+    return b.add(b.permute(r[0], {0, 2, 1, 3}), r[1]);
+  };
+}
+BuildFn packed_attention_grad_of(bool causal, double scale, int64_t heads) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    return b.circuit().add_op(PrimId::attention_grad, packed_params(causal, scale, heads), x)[0];
+  };
+}
+
 }  // namespace
 
 void attention_cases(FamilyCases& c) {
@@ -42,6 +58,7 @@ void attention_cases(FamilyCases& c) {
                attention_of(true, 1.0, 1));
   add_gradient(c, "attention_heads_inside", {"attention"}, {F({2, 5, 3, 3}), F({2, 5, 3, 3}), F({2, 5, 3, 4})},
                attention_of(true, 0.6, 2, true));
+  add_gradient(c, "attention_packed", {"attention"}, {F({2, 5, 18})}, packed_attention_of(true, 0.6, 3));
   // Lowerings (f32 kernels against the Eigen reference): head sizes off 32 (a partial register
   // column), one and two registers a lane, Tq != Tk without the mask. Tolerance 1e-5
   // norm-relative: dot products of <= 72 terms and sums over <= 37 keys in another order, exp
@@ -65,6 +82,11 @@ void attention_cases(FamilyCases& c) {
                         {f32({3, 19, 40}), f32({3, 19, 40}), f32({3, 19, 40}), f32({3, 19, 40}), f32({3, 19, 1}, 2, 5),
                          f32({3, 19, 40}), f32({3, 19, 1})},
                         attention_grad_of(false, 0.2), 1e-5});
+  c.lowering.push_back({"attention_packed", {f32({2, 29, 360})}, packed_attention_of(true, 0.35, 3), 1e-5});
+  c.lowering.push_back({"attention_packed_warp_rows", {f32({2, 21, 3 * 2 * 72})}, packed_attention_of(true, 0.2, 2), 1e-5});
+  c.lowering.push_back({"attention_grad_packed",
+                        {f32({2, 23, 360}), f32({2, 23, 3, 40}), f32({2, 3, 23, 1}, 0, 3), f32({2, 23, 3, 40})},
+                        packed_attention_grad_of(true, 0.35, 3), 1e-5});
   c.lowering.push_back({"attention_heads_inside", {f32({2, 29, 3, 40}), f32({2, 29, 3, 40}), f32({2, 29, 3, 40})},
                         attention_of(true, 0.35, 2, true), 1e-5});
   c.lowering.push_back({"attention_grad_heads_inside",

@@ -167,13 +167,13 @@ void accumulate(KernelBuilder& b, std::vector<Reg>& acc, Reg w, const std::vecto
 
 Reg exp_of(KernelBuilder& b, Reg x) { return emit_scalar_exp(b, se::exp(se::in(0)), {x}); }
 
-// Rows [entry * t, entry * t + t) for a row index of `t` rows an entry: the row's entry and
-// its position within the entry.
-std::pair<Reg, Reg> entry_and_position(KernelBuilder& b, const Sizes& s, Reg row, int64_t t) {
-  return {b.div(s.it, row, imm_index(s.it, t)), b.rem(s.it, row, imm_index(s.it, t))};
-}
+// Rows [entry * t, entry * t + t) for a row index of `t` rows an entry: the row's entry, and its
+// position within the entry.
+Reg entry_of(KernelBuilder& b, const Sizes& s, Reg row, int64_t t) { return b.div(s.it, row, imm_index(s.it, t)); }
+Reg position_of(KernelBuilder& b, const Sizes& s, Reg row, int64_t t) { return b.rem(s.it, row, imm_index(s.it, t)); }
 
-// Element offset of row `pos` of entry `entry` in a tensor of `t` rows an entry and n columns.
+// Element offset of row `pos` of entry `entry` in a tensor of `t` rows an entry and n columns
+// (heads inside: in the piece `piece` describes).
 Reg row_first(KernelBuilder& b, const Sizes& s, Operand entry, Operand pos, int64_t t, int64_t n, const Piece& piece = {}) {
   if (!s.heads_inside) return b.mul(s.it, b.mad(s.it, entry, imm_index(s.it, t), pos), imm_index(s.it, n));
   const int64_t stride = piece.stride > 0 ? piece.stride : s.heads * n;
@@ -370,7 +370,7 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
   Reg o = b.param("o", Type::u64), lse = b.param("lse", Type::u64);
   const WarpRow w = warp_row(b, s, rows);
   b.if_(w.in_range, [&] {
-    auto [entry, i] = entry_and_position(b, s, w.row, s.tq);
+    const Reg entry = entry_of(b, s, w.row, s.tq), i = position_of(b, s, w.row, s.tq);
     std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d,
                                    static_cast<float>(a.scale));
     auto key_row = [&](Operand j, Reg base, int64_t n, const Piece& piece) {
@@ -576,7 +576,7 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     args.push_back({ArgRef::Kind::Scratch, 0});
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
-      auto [entry, i] = entry_and_position(b, s, w.row, s.tq);
+      const Reg entry = entry_of(b, s, w.row, s.tq), i = position_of(b, s, w.row, s.tq);
       std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, scale);
       Reg vrow = row_first(b, s, entry, i, s.tq, s.dv);
       std::vector<Reg> doi = load_row(b, s, d_o, vrow, w.lane, s.dv);
@@ -606,7 +606,7 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     Reg dk = b.param("dk", Type::u64), dv = b.param("dv", Type::u64);
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
-      auto [entry, j] = entry_and_position(b, s, w.row, s.tk);
+      const Reg entry = entry_of(b, s, w.row, s.tk), j = position_of(b, s, w.row, s.tk);
       std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d, scale);
       std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv);
       Reg query0 = b.mul(s.it, entry, imm_index(s.it, s.tq));

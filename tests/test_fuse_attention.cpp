@@ -6,11 +6,14 @@
 // switch turns the pass off.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "ad/backward.hpp"
 #include "circuit/exec/executor.hpp"
 #include "circuit/passes/cleanup.hpp"
 #include "circuit/passes/fusion.hpp"
 #include "circuit/prims/composites.hpp"
+#include "circuit/prims/prim_params.hpp"
 #include "core/engine.hpp"
 #include "device_test_util.hpp"
 #include "layers/multi_head_attention.hpp"
@@ -174,6 +177,17 @@ TEST(FuseAttention, GptStepsCarryFusedAttentionInEveryLayer) {
     EXPECT_EQ(count_prim(c, PrimId::attention), 2u);
     EXPECT_EQ(count_prim(c, PrimId::attention_grad), 2u);
     EXPECT_EQ(square_values(c, t, t), 0u);
+    // The ops read the QKV projection packed and write its gradient packed: no split, concat or
+    // permute of the heads is left, and the scale is the op's.
+    EXPECT_EQ(count_prim(c, PrimId::split), 0u) << c.dump();
+    EXPECT_EQ(count_prim(c, PrimId::concat), 0u);
+    EXPECT_EQ(count_prim(c, PrimId::permute), 0u);
+    for (const Op& op : c.ops())
+      if (op.is(PrimId::attention) || op.is(PrimId::attention_grad)) {
+        const AttentionParams a = AttentionParams::of(op);
+        EXPECT_EQ(a.packed_heads, cfg.n_head);
+        EXPECT_DOUBLE_EQ(a.scale, 1.0 / std::sqrt(static_cast<double>(cfg.n_embd / cfg.n_head)));
+      }
   }
   testing::ScopedEnv off("KILN_DISABLE_PASSES", "fuse_attention");
   const Circuit& c = step_plan(model, t);

@@ -35,6 +35,7 @@ namespace {
 struct Match {
   bool causal = false, heads_inside = false;
   double scale = 1.0;
+  int64_t packed_heads = 0;  // > 0: q, k, v (and dq, dk, dv) are one packed value
   ValueId q = kNoValue, k = kNoValue, v = kNoValue, o = kNoValue, d_o = kNoValue;
   std::vector<int32_t> forward;   // op indices
   std::vector<int32_t> backward;  // op indices, empty without a backward
@@ -171,7 +172,7 @@ class Matcher {
     }
     // The heads' permutes.
     auto heads_permute = [&](const Op* o) {
-      return o && o->is(PrimId::permute) && o->params.ints == std::vector<int64_t>{0, 2, 1, 3};
+      return o && o->is(PrimId::permute) && PermuteParams::of(*o).perm == std::vector<int64_t>{0, 2, 1, 3};
     };
     const Op *pq = producer(mt.q, PrimId::permute), *pk = producer(mt.k, PrimId::permute),
              *pv = producer(mt.v, PrimId::permute), *po = only_reader(mt.o);
@@ -202,6 +203,63 @@ class Matcher {
       mt.dk = pdk->outputs[0];
       mt.dv = pdv->outputs[0];
     }
+    absorb_packing(mt);
+  }
+
+  // With heads inside: q, k and v that are the pieces of one split of a fused projection's
+  // (B, T, 3 H d) output (each reshaped to (B, T, H, d)), and (in the backward) dq, dk and dv
+  // reshaped back and concatenated in that order: the ops read and write the packed values.
+  void absorb_packing(Match& mt) const {
+    const bool backward = !mt.backward.empty();
+    const Op *rq = producer(mt.q, PrimId::reshape), *rk = producer(mt.k, PrimId::reshape),
+             *rv = producer(mt.v, PrimId::reshape);
+    if (!rq || !rk || !rv) return;
+    const Op* split = producer(rq->inputs[0], PrimId::split);
+    if (!split || split->outputs.size() != 3 || rq->inputs[0] != split->outputs[0] || rk->inputs[0] != split->outputs[1] ||
+        rv->inputs[0] != split->outputs[2])
+      return;
+    const Shape& packed = c_.info(split->inputs[0]).shape;
+    const Shape& piece = c_.info(mt.q).shape;  // (B, T, H, d)
+    const int64_t width = piece[2] * piece[3];
+    const SplitParams sp = SplitParams::of(*split);
+    if (packed.rank() != 3 || sp.axis != 2 || sp.sizes != std::vector<int64_t>{width, width, width} ||
+        c_.info(mt.k).shape != piece || c_.info(mt.v).shape != piece)
+      return;
+    for (const Op* r : {rq, rk, rv})
+      if (only_reader(r->inputs[0]) != r || !reads_only_chain(mt, r->outputs[0])) return;
+    const Op* concat = nullptr;
+    std::vector<const Op*> back;
+    if (backward) {
+      for (ValueId g : {mt.dq, mt.dk, mt.dv}) {
+        const Op* r = only_reader(g);
+        if (!r || !r->is(PrimId::reshape) || c_.info(r->outputs[0]).shape != Shape{piece[0], piece[1], width} ||
+            protected_[static_cast<size_t>(r->outputs[0])])
+          return;
+        back.push_back(r);
+      }
+      concat = only_reader(back[0]->outputs[0]);
+      if (!concat || !concat->is(PrimId::concat) || ConcatParams::of(*concat).axis != 2 ||
+          concat->inputs != std::vector<ValueId>{back[0]->outputs[0], back[1]->outputs[0], back[2]->outputs[0]})
+        return;
+      for (const Op* r : back)
+        if (only_reader(r->outputs[0]) != concat) return;
+    }
+    mt.packed_heads = piece[2];
+    for (const Op* o : {split, rq, rk, rv}) mt.forward.push_back(index_of(o));
+    mt.q = mt.k = mt.v = split->inputs[0];
+    if (backward) {
+      for (const Op* o : {back[0], back[1], back[2], concat}) mt.backward.push_back(index_of(o));
+      mt.dq = mt.dk = mt.dv = concat->outputs[0];
+    }
+  }
+
+  int32_t index_of(const Op* o) const { return static_cast<int32_t>(o - c_.ops().data()); }
+  // Every reader of v is an op of the match (and v is not a requested output).
+  bool reads_only_chain(const Match& mt, ValueId v) const {
+    if (protected_[static_cast<size_t>(v)]) return false;
+    for (int32_t r : readers_[static_cast<size_t>(v)])
+      if (!in(mt.forward, r) && !in(mt.backward, r)) return false;
+    return true;
   }
 
   bool match_backward(Match& mt, ValueId a, ValueId m, ValueId e, ValueId l, ValueId p, bool causal) {
@@ -338,21 +396,26 @@ Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
       continue;
     }
     const Match& mt = matches[static_cast<size_t>(k)];
-    const Params params = AttentionParams{mt.causal, mt.scale, mt.heads_inside}.to_params();
+    const Params params = AttentionParams{mt.causal, mt.scale, mt.heads_inside, mt.packed_heads}.to_params();
+    const std::vector<ValueId> qkv =
+        mt.packed_heads > 0 ? std::vector<ValueId>{mt.q} : std::vector<ValueId>{mt.q, mt.k, mt.v};
     if (static_cast<int32_t>(i) == mt.o_op) {
-      std::vector<ValueId> r = emit(op, PrimId::attention, params, {mt.q, mt.k, mt.v}, op.phase, mt.forward.size());
+      std::vector<ValueId> r = emit(op, PrimId::attention, params, qkv, op.phase, mt.forward.size());
       map[static_cast<size_t>(mt.o)] = r[0];
       lse[static_cast<size_t>(k)] = r[1];
     } else if (!mt.backward.empty() && static_cast<int32_t>(i) == *std::min_element(mt.backward.begin(), mt.backward.end())) {
-      std::vector<ValueId> in = mapped({mt.q, mt.k, mt.v, mt.o});
+      std::vector<ValueId> in = mapped(qkv);
+      in.push_back(map[static_cast<size_t>(mt.o)]);
       in.push_back(lse[static_cast<size_t>(k)]);
       in.push_back(map[static_cast<size_t>(mt.d_o)]);
       std::vector<ValueId> r = out.add_op(PrimId::attention_grad, params, in, op.scope);
       out.set_phase(out.ops().size() - 1, op.phase);
       out.set_absorbed(out.ops().size() - 1, static_cast<int32_t>(mt.backward.size()));
       map[static_cast<size_t>(mt.dq)] = r[0];
-      map[static_cast<size_t>(mt.dk)] = r[1];
-      map[static_cast<size_t>(mt.dv)] = r[2];
+      if (mt.packed_heads == 0) {
+        map[static_cast<size_t>(mt.dk)] = r[1];
+        map[static_cast<size_t>(mt.dv)] = r[2];
+      }
     }
   }
   for (ValueId& o : outputs) o = map[static_cast<size_t>(o)];

@@ -80,7 +80,7 @@ int bench_attention(const std::string& spec, int64_t runs) {
     const double t = median(ms);
     const double flops = 12.0 * static_cast<double>(s.b * s.h) * static_cast<double>(s.t) * static_cast<double>(s.t) *
                          static_cast<double>(s.d) / 2;
-    std::printf("attention %s (B H T D), causal, forward + backward: %.3f ms median of %lld -> %.1f TFLOP/s\n",
+    std::printf("attention %s (B H T D), causal, forward + backward: %.3f ms median of %lld -> %.3f TFLOP/s\n",
                 tag.c_str(), t, static_cast<long long>(runs), flops / (t / 1000) / 1e12);
   }
   return 0;

@@ -15,9 +15,11 @@ namespace kiln {
 // Attention fusion (fuse_attention.cpp states the exact pattern): q kᵀ, the causal mask (or
 // none), softmax over the keys and the product with v become one attention op, and that chain's
 // backward as the reverse sweep emits it one attention_grad op, which recomputes the
-// probabilities from the row log-sum-exp attention saves: no (T, T) value remains. Where any
-// op differs or an intermediate is read outside the chain, nothing changes. Run before
-// fuse_pointwise (which would merge the chain's pointwise ops into others).
+// probabilities from the row log-sum-exp attention saves: no (T, T) value remains. The scale on
+// q, the heads' permutes and a fused projection's split (with the concat of the gradients) join
+// the ops where only the chain reads them. Where any op differs or an intermediate is read
+// outside the chain, nothing changes. Run before fuse_pointwise (which would merge the chain's
+// pointwise ops into others).
 Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs);
 
 // Chains and trees of pointwise ops become one pointwise op whose body composes theirs: a

@@ -34,6 +34,7 @@ struct Variant {
   std::vector<int> wrt = {0, 1, 2};  // of q, k, v
   bool probabilities_out = false;    // the probabilities are an output too
   double dropout = 0;                // on the probabilities (p)
+  double q_scale = 0, scores_scale = 0;  // nonzero: q * q_scale, (q kᵀ) * scores_scale
 };
 
 struct Built {
@@ -54,7 +55,8 @@ Built build(const Variant& v) {
     x.push_back(b.c.add_external({s, DType::f64}, ValueRole::Input));
     b.bindings.push_back(testing::random_tensor({s, DType::f64, -1.5, 1.5}, seed++));
   }
-  ValueId scores = bl.matmul(x[0], x[1], false, true);
+  ValueId scores = bl.matmul(v.q_scale != 0 ? bl.scale(x[0], v.q_scale) : x[0], x[1], false, true);
+  if (v.scores_scale != 0) scores = bl.scale(scores, v.scores_scale);
   if (v.causal) scores = composite::apply_causal_mask(bl, scores);
   ValueId p = composite::softmax(bl, scores);
   ValueId pd = p;
@@ -116,6 +118,24 @@ TEST(FuseAttention, UnmaskedAttentionOverMoreKeysThanQueries) {
   EXPECT_EQ(count_prim(f, PrimId::attention), 1u);
   EXPECT_EQ(count_prim(f, PrimId::attention_grad), 1u);
   EXPECT_EQ(square_values(f, 7, 11), 0u) << f.dump();
+}
+
+// A scale on q, on the scores, or both becomes the op's one scale.
+TEST(FuseAttention, ScalesOnQAndOnTheScoresBecomeTheOpsScale) {
+  const std::vector<Variant> scaled = {{.q_scale = 0.3},
+                                       {.scores_scale = 0.45},
+                                       {.causal = false, .tq = 7, .tk = 11, .scores_scale = 0.45},
+                                       {.q_scale = 0.5, .scores_scale = 0.6},
+                                       {.backward = false, .scores_scale = 0.45}};
+  for (const Variant& v : scaled) {
+    const Circuit f = check_equivalent(v);
+    ASSERT_EQ(count_prim(f, PrimId::attention), 1u) << f.dump();
+    // Both scales and their VJPs absorbed: the one pointwise op left is the loss's gradient (do).
+    EXPECT_EQ(count_prim(f, PrimId::pointwise), v.backward ? 1u : 0u) << f.dump();
+    for (const Op& op : f.ops())
+      if (op.is(PrimId::attention))
+        EXPECT_DOUBLE_EQ(AttentionParams::of(op).scale, (v.q_scale != 0 ? v.q_scale : 1) * (v.scores_scale != 0 ? v.scores_scale : 1));
+  }
 }
 
 TEST(FuseAttention, ForwardAloneFusesAlone) {

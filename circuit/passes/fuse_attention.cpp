@@ -82,6 +82,14 @@ class Matcher {
       mt.causal = true;
       s = where->inputs[1];
     }
+    // A constant scale on the scores (s = (q kᵀ) * c) becomes the op's scale.
+    const Op* scores_scale = producer(s, PrimId::pointwise);
+    ValueId scaled = kNoValue;
+    if (scores_scale && times_constant(*scores_scale)) {
+      mt.scale = *times_constant(*scores_scale);
+      scaled = s;
+      s = scores_scale->inputs[0];
+    }
     const Op* qk = producer(s, PrimId::matmul);
     if (!qk || !is_matmul(*qk, false, true)) return std::nullopt;
     mt.q = qk->inputs[0];
@@ -97,8 +105,12 @@ class Matcher {
       if (ki.shape[ax] != qi.shape[ax] || vi.shape[ax] != qi.shape[ax]) return std::nullopt;
     if (c_.info(s).shape != c_.info(p).shape || (mt.causal && c_.info(s).shape.rank() != r)) return std::nullopt;
 
-    const ValueId internal[] = {s, a, m, stop->inputs[0], e, l, p};
+    std::vector<ValueId> internal = {s, a, m, stop->inputs[0], e, l, p};
     mt.forward = {producer_index(s)};
+    if (scaled != kNoValue) {
+      internal.push_back(scaled);
+      mt.forward.push_back(producer_index(scaled));
+    }
     if (where) mt.forward.push_back(producer_index(a));
     for (ValueId x : {stop->inputs[0], m, e, l, p}) mt.forward.push_back(producer_index(x));
     mt.forward.push_back(at);
@@ -114,7 +126,8 @@ class Matcher {
       absorb_scale_and_heads(mt);
       return mt;
     }
-    if (!match_backward(mt, a, m, e, l, p, where != nullptr)) return std::nullopt;
+    if (!match_backward(mt, a, m, e, l, p, where != nullptr, scores_scale && scaled != kNoValue ? scores_scale : nullptr))
+      return std::nullopt;
     std::vector<int32_t> chain = mt.forward;
     chain.insert(chain.end(), mt.backward.begin(), mt.backward.end());
     for (ValueId x : internal)
@@ -156,15 +169,13 @@ class Matcher {
         if (!in(chain, r)) return false;
       return true;
     };
-    // The scale.
-    if (const Op* scale = producer(mt.q, PrimId::pointwise); scale && scale->inputs.size() == 1) {
-      const ScalarExp& body = scale->params.body;
-      const bool times_constant = body.op() == ExpOp::Mul && body.args()[0] == se::in(0) &&
-                                  body.args()[1].op() == ExpOp::Const;
+    // The scale on q (times any scale on the scores).
+    if (const Op* scale = producer(mt.q, PrimId::pointwise); scale && times_constant(*scale)) {
       const Op* back = backward ? only_reader(mt.dq) : nullptr;
-      if (times_constant && chain_reads_only(mt.q, {}) &&
-          (!backward || (back && back->is(PrimId::pointwise) && back->params.body == body && !protected_[static_cast<size_t>(mt.dq)]))) {
-        mt.scale = body.args()[1].const_value();
+      if (chain_reads_only(mt.q, {}) &&
+          (!backward || (back && back->is(PrimId::pointwise) && back->params.body == scale->params.body &&
+                         back->inputs.size() == 1 && !protected_[static_cast<size_t>(mt.dq)]))) {
+        mt.scale *= *times_constant(*scale);
         mt.forward.push_back(producer_index(mt.q));
         mt.q = scale->inputs[0];
         if (backward) {
@@ -265,7 +276,9 @@ class Matcher {
     return true;
   }
 
-  bool match_backward(Match& mt, ValueId a, ValueId m, ValueId e, ValueId l, ValueId p, bool causal) {
+  // `scores_scale`: the forward's scale on the scores, whose VJP (the same scale) follows the mask.
+  bool match_backward(Match& mt, ValueId a, ValueId m, ValueId e, ValueId l, ValueId p, bool causal,
+                      const Op* scores_scale) {
     // dv = matmul(p, do, ta): it names do.
     const Op* dv = reader(p, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == p; });
     if (!dv) return false;
@@ -299,12 +312,20 @@ class Matcher {
       if (!mask) return false;
       ds = mask->outputs[0];
     }
+    const Op* unscale = nullptr;
+    if (scores_scale) {
+      unscale = reader(ds, [&](const Op& o) {
+        return o.is(PrimId::pointwise) && o.inputs == std::vector<ValueId>{ds} && o.params.body == scores_scale->params.body;
+      });
+      if (!unscale) return false;
+      ds = unscale->outputs[0];
+    }
     const Op* dq = reader(ds, [&](const Op& o) { return is_matmul(o, false, false) && o.inputs[0] == ds && o.inputs[1] == mt.k; });
     const Op* dk = reader(ds, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == ds && o.inputs[1] == mt.q; });
     if (!dq || !dk) return false;
     mt.dq = dq->outputs[0];
     mt.dk = dk->outputs[0];
-    for (const Op* o : {dv, dp, g1, g2, rsum, rb, g3, da, mask, dq, dk})
+    for (const Op* o : {dv, dp, g1, g2, rsum, rb, g3, da, mask, unscale, dq, dk})
       if (o) mt.backward.push_back(static_cast<int32_t>(o - c_.ops().data()));
     std::sort(mt.backward.begin(), mt.backward.end());
     return true;
@@ -325,6 +346,13 @@ class Matcher {
   const Op* only_reader(ValueId v) const {
     const auto& r = readers_[static_cast<size_t>(v)];
     return r.size() == 1 ? &op(r[0]) : nullptr;
+  }
+  // c where o is pointwise in0 * c over one input.
+  static std::optional<double> times_constant(const Op& o) {
+    if (!o.is(PrimId::pointwise) || o.inputs.size() != 1) return std::nullopt;
+    const ScalarExp& body = o.params.body;
+    if (body.op() != ExpOp::Mul || body.args()[0] != se::in(0) || body.args()[1].op() != ExpOp::Const) return std::nullopt;
+    return body.args()[1].const_value();
   }
   static bool in(const std::vector<int32_t>& ops, int32_t o) { return std::find(ops.begin(), ops.end(), o) != ops.end(); }
   static bool is_matmul(const Op& o, bool ta, bool tb) {

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <limits>
 
 #include "ad/backward.hpp"
 #include "circuit/exec/executor.hpp"
@@ -156,6 +158,71 @@ TEST(FuseAttention, VariantsOutsideThePatternAreLeftAlone) {
     const Circuit f = check_equivalent(v);
     EXPECT_EQ(count_prim(f, PrimId::attention), 0u);
     EXPECT_EQ(count_prim(f, PrimId::attention_grad), 0u);
+  }
+}
+
+// Circuits close to the pattern that the pass must leave alone or fuse correctly (a second read
+// of the pass found each of them fused wrongly or crashing): a (1, 1) "causal" mask (all true, by
+// broadcasting), q = k with a scale, a requested split output or (B, T, H, d) gradient, and a
+// packed projection reshaped to (T, B, H, d). Each must give the unfused values.
+TEST(FuseAttention, NearMissesGiveTheUnfusedValues) {
+  struct Case {
+    const char* name;
+    std::function<void(Built&, Builder&)> build;
+  };
+  auto input = [](Built& b, const Shape& s) {
+    b.bindings.push_back(testing::random_tensor({s, DType::f64, -1.5, 1.5}, 40 + b.bindings.size()));
+    return b.c.add_external({s, DType::f64}, ValueRole::Input);
+  };
+  auto packed = [&](Built& b, Builder& bl, bool want_split, bool want_dq_heads, bool swap_bt) {
+    const int64_t batch = 2, t = 5, heads = 3, d = 4;
+    ValueId x = input(b, Shape{batch, t, 3 * heads * d});
+    ValueId r = input(b, swap_bt ? Shape{batch * t, heads * d} : Shape{batch, t, heads, d});
+    std::vector<ValueId> parts = bl.split(x, 2, {heads * d, heads * d, heads * d}), hd;
+    for (ValueId p : parts) hd.push_back(bl.reshape(p, swap_bt ? Shape{t, batch, heads, d} : Shape{batch, t, heads, d}));
+    auto perm = [&](ValueId v) { return bl.permute(v, {0, 2, 1, 3}); };
+    ValueId y = perm(bl.matmul(composite::softmax(bl, bl.matmul(perm(hd[0]), perm(hd[1]), false, true)), perm(hd[2])));
+    if (swap_bt) y = bl.reshape(y, Shape{batch * t, heads * d});
+    b.outputs = {y};
+    if (want_split) b.outputs.push_back(parts[0]);
+    std::vector<ValueId> wrt = {x};
+    if (want_dq_heads) wrt.push_back(hd[0]);
+    for (ValueId g : ad::backward(bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, r)), wrt)) b.outputs.push_back(g);
+  };
+  const std::vector<Case> cases = {
+      {"(1, 1) mask",
+       [&](Built& b, Builder& bl) {
+         ValueId q = input(b, {2, 3, 5, 4}), k = input(b, {2, 3, 5, 4}), v = input(b, {2, 3, 5, 4}), r = input(b, {2, 3, 5, 4});
+         ValueId a = bl.where(composite::causal_mask(bl, 1), bl.matmul(q, k, false, true),
+                              bl.fill(Shape{}, DType::f64, -std::numeric_limits<double>::infinity()));
+         ValueId y = bl.matmul(composite::softmax(bl, a), v);
+         b.outputs = {y};
+         for (ValueId g : ad::backward(bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, r)), {q, k, v})) b.outputs.push_back(g);
+       }},
+      {"q = k, scaled",
+       [&](Built& b, Builder& bl) {
+         ValueId x = input(b, {2, 3, 5, 4}), v = input(b, {2, 3, 5, 4});
+         ValueId q = bl.scale(x, 0.5);
+         b.outputs = {bl.matmul(composite::softmax(bl, bl.matmul(q, q, false, true)), v)};
+       }},
+      {"packed, split output requested", [&](Built& b, Builder& bl) { packed(b, bl, true, false, false); }},
+      {"packed, (B, T, H, d) gradient requested", [&](Built& b, Builder& bl) { packed(b, bl, false, true, false); }},
+      {"packed, reshaped to (T, B, H, d)", [&](Built& b, Builder& bl) { packed(b, bl, false, false, true); }},
+  };
+  for (const Case& k : cases) {
+    Built b;
+    Builder bl(b.c);
+    k.build(b, bl);
+    std::vector<ValueId> plain_out = b.outputs;
+    const Circuit plain = cse(b.c, plain_out);
+    std::vector<ValueId> fused_out = plain_out;
+    const Circuit fused = fuse_attention(plain, fused_out);
+    const std::vector<HostTensor> want = execute(plain, b.bindings, plain_out);
+    const std::vector<HostTensor> got = execute(fused, b.bindings, fused_out);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i].shape(), want[i].shape()) << k.name << ", output " << i;
+      EXPECT_LT(testing::relative_error(got[i], want[i]), 1e-12) << k.name << ", output " << i;
+    }
   }
 }
 

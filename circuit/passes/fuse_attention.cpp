@@ -27,6 +27,7 @@
 #include <limits>
 #include <optional>
 
+#include "circuit/ir/error.hpp"
 #include "circuit/passes/cleanup.hpp"
 #include "circuit/passes/contract.hpp"
 #include "circuit/passes/fusion.hpp"
@@ -77,7 +78,7 @@ class Matcher {
     ValueId s = a;
     const Op* where = producer(a, PrimId::where);
     if (where) {
-      if (!is_causal_mask(where->inputs[0]) || !is_fill(where->inputs[2], -std::numeric_limits<double>::infinity()))
+      if (!is_causal_mask(where->inputs[0], a) || !is_fill(where->inputs[2], -std::numeric_limits<double>::infinity()))
         return std::nullopt;
       mt.causal = true;
       s = where->inputs[1];
@@ -134,6 +135,9 @@ class Matcher {
       for (int32_t r2 : readers_[static_cast<size_t>(x)])
         if (!in(chain, r2)) return std::nullopt;
     if (!internal_to_backward(mt)) return std::nullopt;
+    // attention_grad takes the place of the first backward op and reads o and lse: they come first
+    // in any circuit the sweep records (every backward op depends on do), but not in every circuit.
+    if (*std::min_element(mt.backward.begin(), mt.backward.end()) < mt.o_op) return std::nullopt;
     absorb_scale_and_heads(mt);
     return mt;
   }
@@ -160,6 +164,7 @@ class Matcher {
   //    values, with no permute left to run.
   void absorb_scale_and_heads(Match& mt) const {
     const bool backward = !mt.backward.empty();
+    if (mt.q == mt.k || mt.q == mt.v || mt.k == mt.v) return;  // one value in two roles: keep it as it is
     auto chain_reads_only = [&](ValueId v, std::vector<int32_t> extra) {
       std::vector<int32_t> chain = mt.forward;
       chain.insert(chain.end(), mt.backward.begin(), mt.backward.end());
@@ -236,15 +241,19 @@ class Matcher {
     const Shape& piece = c_.info(mt.q).shape;  // (B, T, H, d)
     const int64_t width = piece[2] * piece[3];
     const SplitParams sp = SplitParams::of(*split);
-    if (packed.rank() != 3 || sp.axis != 2 || sp.sizes != std::vector<int64_t>{width, width, width} ||
-        c_.info(mt.k).shape != piece || c_.info(mt.v).shape != piece)
+    if (packed.rank() != 3 || packed[0] != piece[0] || packed[1] != piece[1] || sp.axis != 2 ||
+        sp.sizes != std::vector<int64_t>{width, width, width} || c_.info(mt.k).shape != piece ||
+        c_.info(mt.v).shape != piece)
       return;
     for (const Op* r : {rq, rk, rv})
-      if (only_reader(r->inputs[0]) != r || !reads_only_chain(mt, r->outputs[0])) return;
+      if (only_reader(r->inputs[0]) != r || protected_[static_cast<size_t>(r->inputs[0])] ||
+          !reads_only_chain(mt, r->outputs[0]))
+        return;
     const Op* concat = nullptr;
     std::vector<const Op*> back;
     if (backward) {
       for (ValueId g : {mt.dq, mt.dk, mt.dv}) {
+        if (protected_[static_cast<size_t>(g)]) return;
         const Op* r = only_reader(g);
         if (!r || !r->is(PrimId::reshape) || c_.info(r->outputs[0]).shape != Shape{piece[0], piece[1], width} ||
             protected_[static_cast<size_t>(r->outputs[0])])
@@ -307,7 +316,7 @@ class Matcher {
     const Op* mask = nullptr;
     if (causal) {
       mask = reader(ds, [&](const Op& o) {
-        return o.is(PrimId::where) && o.inputs[1] == ds && is_causal_mask(o.inputs[0]) && is_fill(o.inputs[2], 0.0);
+        return o.is(PrimId::where) && o.inputs[1] == ds && is_causal_mask(o.inputs[0], ds) && is_fill(o.inputs[2], 0.0);
       });
       if (!mask) return false;
       ds = mask->outputs[0];
@@ -368,11 +377,13 @@ class Matcher {
   bool body_is(const Op& o, const char* body, const std::vector<ValueId>& inputs) const {
     return o.is(PrimId::pointwise) && o.inputs == inputs && o.params.body.str() == body;
   }
-  // iota ge(i0, i1) over (T, T): key j seen by query i when i >= j.
-  bool is_causal_mask(ValueId v) const {
+  // iota ge(i0, i1) over (T, T), the last two dims of `scores` (a smaller iota would broadcast):
+  // key j seen by query i when i >= j.
+  bool is_causal_mask(ValueId v, ValueId scores) const {
     const Op* iota = producer(v, PrimId::iota);
-    const Shape& s = c_.info(v).shape;
-    return iota && s.rank() == 2 && s[0] == s[1] && iota->params.index == ix::ge(ix::coord(0), ix::coord(1));
+    const Shape &s = c_.info(v).shape, &sc = c_.info(scores).shape;
+    return iota && sc.rank() >= 2 && s == Shape{sc[sc.rank() - 2], sc[sc.rank() - 1]} && s[0] == s[1] &&
+           iota->params.index == ix::ge(ix::coord(0), ix::coord(1));
   }
   bool is_fill(ValueId v, double value) const {
     const Op* fill = producer(v, PrimId::fill);
@@ -394,7 +405,7 @@ Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
   if (matches.empty()) return c;
 
   // Rebuild in op order: a chain's members vanish; its attention op takes the place of the op
-  // computing o, its attention_grad op the place of the backward's last op.
+  // computing o, its attention_grad op the place of the backward's first op.
   std::vector<int32_t> role(c.ops().size(), -1);  // -1: copied; else the match it belongs to
   for (size_t k = 0; k < matches.size(); ++k) {
     for (int32_t f : matches[k].forward) role[static_cast<size_t>(f)] = static_cast<int32_t>(k);
@@ -449,7 +460,10 @@ Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
       }
     }
   }
-  for (ValueId& o : outputs) o = map[static_cast<size_t>(o)];
+  for (ValueId& o : outputs) {
+    o = map[static_cast<size_t>(o)];
+    if (o == kNoValue) throw Error("fuse_attention: a requested output was absorbed (a bug in the pass's checks)");
+  }
   out.verify();
   return dce(out, outputs);
 }

@@ -11,6 +11,9 @@
 // The forward keeps lse so that its backward recomputes the probabilities exp(s - lse) instead of
 // reading a stored (Tq, Tk) matrix.
 //
+// With kv_groups G > 1, q is (B, H, T, d) and k, v (B, H / G, T, d): query head h reads key/value
+// head h / G, and dk, dv sum over the G query heads of their group.
+//
 // attention_grad(q, k, v, o, lse, do[, dlse]) -> (dq, dk, dv): the VJP of attention, with
 // p = exp(s - lse), D = rowsum(do * o) - dlse, ds = p * (do vᵀ - D):
 //   dq = scale ds k, dk = scale dsᵀ q, dv = pᵀ do.
@@ -94,8 +97,10 @@ Shape like_q(const Shape& q, bool heads_inside, int64_t cols, bool lse) {
 
 // Checks q, k, v (the first three inputs of both Prims); returns the params' view.
 AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
-  if (p.ints.size() != 3 || p.reals.size() != 1) ctx.fail("params must be {causal, heads_inside, packed_heads}, {scale}");
-  const AttentionParams a{p.ints[0] != 0, p.reals[0], p.ints[1] != 0, p.ints[2]};
+  if (p.ints.size() != 4 || p.reals.size() != 1)
+    ctx.fail("params must be {causal, heads_inside, packed_heads, kv_groups}, {scale}");
+  const AttentionParams a{p.ints[0] != 0, p.reals[0], p.ints[1] != 0, p.ints[2], p.ints[3]};
+  if (a.kv_groups < 1) ctx.fail("kv_groups must be >= 1, received " + std::to_string(a.kv_groups));
   const char* names[] = {"q", "k", "v"};
   for (size_t i = 0; i < 3; ++i) {
     ctx.require_float(in[i], names[i]);
@@ -107,11 +112,22 @@ AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in,
                            in[i].shape.str()));
   }
   const Shape &q = in[0].shape, &k = in[1].shape, &v = in[2].shape;
+  if (k.rank() != q.rank() || v.rank() != q.rank())
+    ctx.fail("q, k and v must have one rank, received q " + q.str() + ", k " + k.str() + ", v " + v.str());
   const Rows rq = rows_of(q, a.heads_inside), rk = rows_of(k, a.heads_inside), rv = rows_of(v, a.heads_inside);
-  const bool same_batch = a.heads_inside ? (k[0] == q[0] && v[0] == q[0] && k[2] == q[2] && v[2] == q[2])
-                                         : (std::equal(q.dims().begin(), q.dims().end() - 2, k.dims().begin()) &&
-                                            std::equal(q.dims().begin(), q.dims().end() - 2, v.dims().begin()) &&
-                                            k.rank() == q.rank() && v.rank() == q.rank());
+  if (rk.t == 0 || rq.cols == 0)
+    ctx.fail("needs at least one key and a head size of at least 1, received q " + q.str() + " and k " + k.str());
+  if (a.kv_groups > 1) {  // (B, H, T, d) queries, (B, H / G, T, d) keys and values
+    if (a.heads_inside || q.rank() != 4 || k.rank() != 4 || v.rank() != 4 || k[0] != q[0] || v[0] != q[0] ||
+        v[1] != k[1] || k[1] * a.kv_groups != q[1])
+      ctx.fail(fmt::format("grouped-query attention ({} query heads a key/value head) needs q (B, H, T, d) and k, v "
+                           "(B, H / {}, T, d), received q {}, k {}, v {}",
+                           a.kv_groups, a.kv_groups, q.str(), k.str(), v.str()));
+  }
+  const bool same_batch = a.kv_groups > 1 ||
+                          (a.heads_inside ? (k[0] == q[0] && v[0] == q[0] && k[2] == q[2] && v[2] == q[2])
+                                          : (std::equal(q.dims().begin(), q.dims().end() - 2, k.dims().begin()) &&
+                                             std::equal(q.dims().begin(), q.dims().end() - 2, v.dims().begin())));
   if (!same_batch)
     ctx.fail("q, k and v must have the same batch dims and heads, received q " + q.str() + ", k " + k.str() + ", v " +
              v.str());
@@ -124,7 +140,7 @@ AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in,
 
 // A packed op's inputs seen as q, k, v (then the rest): checks the packed input's shape.
 std::vector<ValueInfo> unpacked(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
-  const int64_t heads = p.ints.size() == 3 ? p.ints[2] : 0;
+  const int64_t heads = p.ints.size() == 4 ? p.ints[2] : 0;
   if (heads <= 0) return in;
   if (p.ints[1] == 0) ctx.fail("packed q, k and v need heads_inside");
   if (in.empty()) ctx.fail("takes the packed q, k and v");
@@ -169,16 +185,17 @@ using Map = Eigen::Map<RowMat<T>>;
 template <class T>
 using ConstRowsMap = Eigen::Map<const RowMat<T>, 0, Eigen::OuterStride<>>;
 
-// c (m x n, row stride ldc) = alpha op(a) op(b) for row-major a and b with row strides lda and
-// ldb: oneDNN's sgemm for f32 where kiln was built with it (one thread inside the entries'
+// c (m x n, row stride ldc) = alpha op(a) op(b) (+ c with `accumulate`) for row-major a and b with
+// row strides lda and ldb: oneDNN's sgemm for f32 where kiln was built with it (one thread inside the entries'
 // parallel loop, as the matmul Prim's batched products), Eigen's product otherwise.
 template <class T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
-          T* c, int64_t ldc) {
+          T* c, int64_t ldc, bool accumulate = false) {
 #if KILN_HAVE_DNNL
   if constexpr (std::is_same_v<T, float>) {
     if (m == 0 || n == 0) return;
-    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc) != dnnl_success)
+    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc) !=
+        dnnl_success)
       throw Error("op 'attention': oneDNN sgemm failed for " + std::to_string(m) + "x" + std::to_string(k) + " . " +
                   std::to_string(k) + "x" + std::to_string(n));
     return;
@@ -187,10 +204,11 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a
   using Stride = Eigen::OuterStride<>;
   Eigen::Map<const RowMat<T>, 0, Stride> A(a, ta ? k : m, ta ? m : k, Stride(lda)), B(b, tb ? n : k, tb ? k : n, Stride(ldb));
   Eigen::Map<RowMat<T>, 0, Stride> C(c, m, n, Stride(ldc));
-  if (ta && tb) C.noalias() = alpha * (A.transpose() * B.transpose());
-  else if (ta) C.noalias() = alpha * (A.transpose() * B);
-  else if (tb) C.noalias() = alpha * (A * B.transpose());
-  else C.noalias() = alpha * (A * B);
+  if (!accumulate) C.setZero();
+  if (ta && tb) C.noalias() += alpha * (A.transpose() * B.transpose());
+  else if (ta) C.noalias() += alpha * (A.transpose() * B);
+  else if (tb) C.noalias() += alpha * (A * B.transpose());
+  else C.noalias() += alpha * (A * B);
 }
 
 // Entry e's first element in a tensor laid out as `r` (its rows r.row_stride() elements apart).
@@ -205,12 +223,13 @@ ConstRowsMap<T> entry(const HostTensor& x, const Rows& r, int64_t e) {
   return ConstRowsMap<T>(x.data<T>() + r.base(e), r.t, r.cols, Eigen::OuterStride<>(r.row_stride()));
 }
 
-// s = scale q kᵀ with the entries a causal mask hides at -inf, into `s` (tq x tk, contiguous).
+// s = scale q kᵀ of query entry e and key entry ek, with the entries a causal mask hides at -inf,
+// into `s` (tq x tk, contiguous).
 template <class T>
-void scores(const HostTensor& q, const Rows& rq, const HostTensor& k, const Rows& rk, int64_t e, const AttentionParams& a,
-            Map<T>& s) {
+void scores(const HostTensor& q, const Rows& rq, const HostTensor& k, const Rows& rk, int64_t e, int64_t ek,
+            const AttentionParams& a, Map<T>& s) {
   gemm<T>(false, true, rq.t, rk.t, rq.cols, static_cast<T>(a.scale), rows_at<T>(q, rq, e), rq.row_stride(),
-          rows_at<T>(k, rk, e), rk.row_stride(), s.data(), rk.t);
+          rows_at<T>(k, rk, ek), rk.row_stride(), s.data(), rk.t);
   if (a.causal)
     for (int64_t i = 0; i < s.rows(); ++i) s.row(i).tail(s.cols() - i - 1).setConstant(-std::numeric_limits<T>::infinity());
 }
@@ -234,7 +253,7 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
     for_each_entry(rq.entries, [&](int64_t e, int thread) {
       Map<T> s(scratch.data<T>() + thread * rq.t * rk.t, rq.t, rk.t);
       Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>> row_lse(lse.data<T>() + e * rq.t, rq.t);
-      scores<T>(*x.q, rq, *x.k, rk, e, a, s);
+      scores<T>(*x.q, rq, *x.k, rk, e, e / a.kv_groups, a, s);
       for (int64_t i = 0; i < rq.t; ++i) {
         const T m = s.row(i).maxCoeff();
         s.row(i) = (s.row(i).array() - m).exp();
@@ -242,8 +261,8 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
         s.row(i) /= l;
         row_lse(i) = m + std::log(l);
       }
-      gemm<T>(false, false, rq.t, rv.cols, rk.t, T(1), s.data(), rk.t, rows_at<T>(*x.v, rv, e), rv.row_stride(),
-              rows_at<T>(o, ro, e), ro.row_stride());
+      gemm<T>(false, false, rq.t, rv.cols, rk.t, T(1), s.data(), rk.t, rows_at<T>(*x.v, rv, e / a.kv_groups),
+              rv.row_stride(), rows_at<T>(o, ro, e), ro.row_stride());
     });
   });
   return {o, lse};
@@ -263,25 +282,29 @@ std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const Host
     using T = decltype(t);
     using Col = Eigen::Matrix<T, Eigen::Dynamic, 1>;
     HostTensor scratch = bufs.scratch(in[0]->dtype(), Shape{omp_get_max_threads(), 2, rq.t, rk.t});
-    for_each_entry(rq.entries, [&](int64_t e, int thread) {
-      const ConstRowsMap<T> o = entry<T>(o_in, ro, e), d_o = entry<T>(do_in, ro, e);
-      Eigen::Map<const Col> lse(lse_in.data<T>() + e * rq.t, rq.t);
-      Map<T> p(scratch.data<T>() + (2 * thread) * rq.t * rk.t, rq.t, rk.t),
-          ds(scratch.data<T>() + (2 * thread + 1) * rq.t * rk.t, rq.t, rk.t);
-      scores(*x.q, rq, *x.k, rk, e, a, p);
-      p = (p.array().colwise() - lse.array()).exp();  // exp(-inf) = 0 where masked
-      Col rows_d = (d_o.array() * o.array()).rowwise().sum();
-      if (has_dlse) rows_d -= Eigen::Map<const Col>(in[x.rest + 3]->data<T>() + e * rq.t, rq.t);
-      gemm<T>(false, true, rq.t, rk.t, rv.cols, T(1), rows_at<T>(do_in, ro, e), ro.row_stride(),
-              rows_at<T>(*x.v, rv, e), rv.row_stride(), ds.data(), rk.t);  // do vᵀ
-      ds = p.array() * (ds.array().colwise() - rows_d.array());
-      const T scale = static_cast<T>(a.scale);
-      gemm<T>(false, false, rq.t, rq.cols, rk.t, scale, ds.data(), rk.t, rows_at<T>(*x.k, rk, e), rk.row_stride(),
-              rows_at<T>(dq, rq, e), rq.row_stride());  // dq = scale ds k
-      gemm<T>(true, false, rk.t, rq.cols, rq.t, scale, ds.data(), rk.t, rows_at<T>(*x.q, rq, e), rq.row_stride(),
-              rows_at<T>(dk, rk, e), rk.row_stride());  // dk = scale dsᵀ q
-      gemm<T>(true, false, rk.t, rv.cols, rq.t, T(1), p.data(), rk.t, rows_at<T>(do_in, ro, e), ro.row_stride(),
-              rows_at<T>(dvt, rv, e), rv.row_stride());  // dv = pᵀ do
+    // A key/value entry at a time (its dk and dv sum over the query heads of its group).
+    for_each_entry(rk.entries, [&](int64_t ek, int thread) {
+      for (int64_t g = 0; g < a.kv_groups; ++g) {
+        const int64_t e = ek * a.kv_groups + g;
+        const ConstRowsMap<T> o = entry<T>(o_in, ro, e), d_o = entry<T>(do_in, ro, e);
+        Eigen::Map<const Col> lse(lse_in.data<T>() + e * rq.t, rq.t);
+        Map<T> p(scratch.data<T>() + (2 * thread) * rq.t * rk.t, rq.t, rk.t),
+            ds(scratch.data<T>() + (2 * thread + 1) * rq.t * rk.t, rq.t, rk.t);
+        scores(*x.q, rq, *x.k, rk, e, ek, a, p);
+        p = (p.array().colwise() - lse.array()).exp();  // exp(-inf) = 0 where masked
+        Col rows_d = (d_o.array() * o.array()).rowwise().sum();
+        if (has_dlse) rows_d -= Eigen::Map<const Col>(in[x.rest + 3]->data<T>() + e * rq.t, rq.t);
+        gemm<T>(false, true, rq.t, rk.t, rv.cols, T(1), rows_at<T>(do_in, ro, e), ro.row_stride(),
+                rows_at<T>(*x.v, rv, ek), rv.row_stride(), ds.data(), rk.t);  // do vᵀ
+        ds = p.array() * (ds.array().colwise() - rows_d.array());
+        const T scale = static_cast<T>(a.scale);
+        gemm<T>(false, false, rq.t, rq.cols, rk.t, scale, ds.data(), rk.t, rows_at<T>(*x.k, rk, ek), rk.row_stride(),
+                rows_at<T>(dq, rq, e), rq.row_stride());  // dq = scale ds k
+        gemm<T>(true, false, rk.t, rq.cols, rq.t, scale, ds.data(), rk.t, rows_at<T>(*x.q, rq, e), rq.row_stride(),
+                rows_at<T>(dk, rk, ek), rk.row_stride(), g > 0);  // dk (+)= scale dsᵀ q
+        gemm<T>(true, false, rk.t, rv.cols, rq.t, T(1), p.data(), rk.t, rows_at<T>(do_in, ro, e), ro.row_stride(),
+                rows_at<T>(dvt, rv, ek), rv.row_stride(), g > 0);  // dv (+)= pᵀ do
+      }
     });
   });
   if (a.packed_heads > 0) return {dq};
@@ -300,19 +323,22 @@ std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g
 
 std::string describe(const Params& p) {
   return fmt::format("{}{}{}scale={}", p.ints[0] != 0 ? "causal " : "", p.ints[1] != 0 ? "(B, T, H, d) " : "",
-                     p.ints[2] > 0 ? fmt::format("packed qkv of {} heads ", p.ints[2]) : std::string(), p.reals[0]);
+                     p.ints[2] > 0 ? fmt::format("packed qkv of {} heads ", p.ints[2])
+                                   : p.ints[3] > 1 ? fmt::format("{} query heads a kv head ", p.ints[3]) : std::string(),
+                     p.reals[0]);
 }
 
 }  // namespace
 
 AttentionParams AttentionParams::of(const Op& op) {
   require_view_of(op, {PrimId::attention, PrimId::attention_grad}, "AttentionParams");
-  return {op.params.ints.at(0) != 0, op.params.reals.at(0), op.params.ints.at(1) != 0, op.params.ints.at(2)};
+  return {op.params.ints.at(0) != 0, op.params.reals.at(0), op.params.ints.at(1) != 0, op.params.ints.at(2),
+          op.params.ints.at(3)};
 }
 
 Params AttentionParams::to_params() const {
   Params p;
-  p.ints = {causal ? 1 : 0, heads_inside ? 1 : 0, packed_heads};
+  p.ints = {causal ? 1 : 0, heads_inside ? 1 : 0, packed_heads, kv_groups};
   p.reals = {scale};
   return p;
 }

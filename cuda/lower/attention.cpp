@@ -83,8 +83,11 @@ Sizes sizes_of(const Circuit& c, const Op& op) {
   if (s.d > 128 || s.dv > 128 || s.tk == 0)
     fail(op.prim->name, op.scope,
          "the GPU lowering takes head sizes up to 128 and at least one key, received q " + q.str() + " and v " + v.str());
+  if (s.d == 0 || s.dv == 0)
+    fail(op.prim->name, op.scope, "the GPU lowering needs head sizes of at least 1, received q " + q.str() + " and v " + v.str());
   int64_t largest = 0;
   for (ValueId x : op.inputs) largest = std::max(largest, c.info(x).shape.numel());
+  for (ValueId x : op.outputs) largest = std::max(largest, c.info(x).shape.numel());
   s.it = index_type(largest);
   return s;
 }

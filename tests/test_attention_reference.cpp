@@ -48,7 +48,8 @@ std::vector<std::vector<std::vector<double>>> probabilities(const Sizes& z, cons
 double max_abs_diff(const HostTensor& got, const std::vector<double>& want) {
   double worst = 0;
   EXPECT_EQ(got.numel(), static_cast<int64_t>(want.size()));
-  for (int64_t i = 0; i < got.numel(); ++i) worst = std::max(worst, std::abs(got.get(i) - want[static_cast<size_t>(i)]));
+  for (int64_t i = 0; i < got.numel(); ++i)
+    worst = std::max(worst, std::abs(got.get(i) - want[static_cast<size_t>(i)]));
   return worst;
 }
 
@@ -70,8 +71,9 @@ void check_attention(DType dt, bool causal, double tolerance) {
   const std::vector<HostTensor> out = execute(c, in, {f[0], f[1], g[0], g[1], g[2]});
   const auto p = probabilities(z, in[0], in[1], causal, scale);
 
-  std::vector<double> o(static_cast<size_t>(z.entries * z.tq * z.dv)), lse, dq(static_cast<size_t>(z.entries * z.tq * z.d)),
-      dk(static_cast<size_t>(z.entries * z.tk * z.d)), dv(static_cast<size_t>(z.entries * z.tk * z.dv));
+  std::vector<double> o(static_cast<size_t>(z.entries * z.tq * z.dv)), lse,
+      dq(static_cast<size_t>(z.entries * z.tq * z.d)), dk(static_cast<size_t>(z.entries * z.tk * z.d)),
+      dv(static_cast<size_t>(z.entries * z.tk * z.dv));
   for (int64_t e = 0; e < z.entries; ++e)
     for (int64_t i = 0; i < z.tq; ++i) {
       const auto& pi = p[static_cast<size_t>(e)][static_cast<size_t>(i)];
@@ -87,7 +89,8 @@ void check_attention(DType dt, bool causal, double tolerance) {
       lse.push_back(std::log(sum));
       for (int64_t cc = 0; cc < z.dv; ++cc)
         for (int64_t j = 0; j < z.tk; ++j)
-          o[static_cast<size_t>((e * z.tq + i) * z.dv + cc)] += pi[static_cast<size_t>(j)] * in[2].get((e * z.tk + j) * z.dv + cc);
+          o[static_cast<size_t>((e * z.tq + i) * z.dv + cc)] +=
+              pi[static_cast<size_t>(j)] * in[2].get((e * z.tk + j) * z.dv + cc);
       // The softmax's Jacobian: ds_j = p_j (dp_j - sum_l p_l dp_l) + p_j dlse, dp_j = do . v_j.
       std::vector<double> dp(static_cast<size_t>(z.tk));
       double mean = 0;
@@ -138,7 +141,8 @@ TEST(PrimReferenceAttention, AttentionAndAttentionGradWithHeadsInsideMatchThePla
     in.push_back(rnd(DType::f64, s, 20 + i));
   }
   auto heads_out = [&](ValueId v) { return b.permute(v, {0, 2, 1, 3}); };
-  const Params inside = AttentionParams{true, 0.7, true}.to_params(), plain = AttentionParams{true, 0.7, false}.to_params();
+  const Params inside = AttentionParams{true, 0.7, true}.to_params(),
+               plain = AttentionParams{true, 0.7, false}.to_params();
   std::vector<ValueId> fi = c.add_op(PrimId::attention, inside, {x[0], x[1], x[2]});
   std::vector<ValueId> gi = c.add_op(PrimId::attention_grad, inside, {x[0], x[1], x[2], fi[0], fi[1], x[3]});
   std::vector<ValueId> p = {heads_out(x[0]), heads_out(x[1]), heads_out(x[2]), heads_out(x[3])};
@@ -162,19 +166,55 @@ TEST(PrimReferenceAttention, AttentionAndAttentionGradPackedMatchHeadsInside) {
   ValueId qkv = c.add_external({Shape{batch, t, 3 * width}, DType::f64}, ValueRole::Input);
   ValueId d_o = c.add_external({Shape{batch, t, heads, d}, DType::f64}, ValueRole::Input);
   const std::vector<HostTensor> in = {rnd(DType::f64, c.info(qkv).shape, 30), rnd(DType::f64, c.info(d_o).shape, 31)};
-  const Params packed = AttentionParams{true, 0.7, true, heads}.to_params(), inside = AttentionParams{true, 0.7, true}.to_params();
+  const Params packed = AttentionParams{true, 0.7, true, heads}.to_params(),
+               inside = AttentionParams{true, 0.7, true}.to_params();
   std::vector<ValueId> fp = c.add_op(PrimId::attention, packed, {qkv});
   std::vector<ValueId> gp = c.add_op(PrimId::attention_grad, packed, {qkv, fp[0], fp[1], d_o});
   std::vector<ValueId> pieces = b.split(qkv, 2, {width, width, width});
   for (ValueId& x : pieces) x = b.reshape(x, Shape{batch, t, heads, d});
   std::vector<ValueId> fi = c.add_op(PrimId::attention, inside, pieces);
-  std::vector<ValueId> gi = c.add_op(PrimId::attention_grad, inside, {pieces[0], pieces[1], pieces[2], fi[0], fi[1], d_o});
+  std::vector<ValueId> gi =
+      c.add_op(PrimId::attention_grad, inside, {pieces[0], pieces[1], pieces[2], fi[0], fi[1], d_o});
   auto flat = [&](ValueId x) { return b.reshape(x, Shape{batch, t, width}); };
   ValueId gi_packed = b.concat({flat(gi[0]), flat(gi[1]), flat(gi[2])}, 2);
   const std::vector<HostTensor> out = execute(c, in, {fp[0], fp[1], gp[0], fi[0], fi[1], gi_packed});
   for (size_t i = 0; i < 3; ++i) {
     ASSERT_EQ(out[i].shape(), out[i + 3].shape()) << i;
     for (int64_t e = 0; e < out[i].numel(); ++e) ASSERT_EQ(out[i].get(e), out[i + 3].get(e)) << "output " << i;
+  }
+}
+
+// Grouped queries (kv_groups 2) give the values of the plain op on keys and values repeated for
+// each query head, with dk and dv summed over the heads of a group (f64, to rounding).
+TEST(PrimReferenceAttention, AttentionAndAttentionGradGroupedMatchRepeatedKeysAndValues) {
+  Circuit c;
+  Builder b(c);
+  const int64_t batch = 2, heads = 4, kv_heads = 2, t = 6, d = 3;
+  ValueId q = c.add_external({Shape{batch, heads, t, d}, DType::f64}, ValueRole::Input);
+  ValueId k = c.add_external({Shape{batch, kv_heads, t, d}, DType::f64}, ValueRole::Input);
+  ValueId v = c.add_external({Shape{batch, kv_heads, t, d}, DType::f64}, ValueRole::Input);
+  ValueId d_o = c.add_external({Shape{batch, heads, t, d}, DType::f64}, ValueRole::Input);
+  std::vector<HostTensor> in;
+  for (ValueId x : {q, k, v, d_o}) in.push_back(rnd(DType::f64, c.info(x).shape, 50 + in.size()));
+  const Params grouped = AttentionParams{true, 0.7, false, 0, heads / kv_heads}.to_params();
+  const Params plain = AttentionParams{true, 0.7}.to_params();
+  std::vector<ValueId> fg = c.add_op(PrimId::attention, grouped, {q, k, v});
+  std::vector<ValueId> gg = c.add_op(PrimId::attention_grad, grouped, {q, k, v, fg[0], fg[1], d_o});
+  auto repeat = [&](ValueId x) {
+    const Shape g{batch, kv_heads, heads / kv_heads, t, d};
+    return b.reshape(b.broadcast(b.reshape(x, Shape{batch, kv_heads, 1, t, d}), g), Shape{batch, heads, t, d});
+  };
+  auto group_sum = [&](ValueId x) {
+    return b.reshape(b.reduce(ReduceKind::Sum, b.reshape(x, Shape{batch, kv_heads, heads / kv_heads, t, d}), 2),
+                     Shape{batch, kv_heads, t, d});
+  };
+  std::vector<ValueId> fp = c.add_op(PrimId::attention, plain, {q, repeat(k), repeat(v)});
+  std::vector<ValueId> gp = c.add_op(PrimId::attention_grad, plain, {q, repeat(k), repeat(v), fp[0], fp[1], d_o});
+  const std::vector<HostTensor> out =
+      execute(c, in, {fg[0], fg[1], gg[0], gg[1], gg[2], fp[0], fp[1], gp[0], group_sum(gp[1]), group_sum(gp[2])});
+  for (size_t i = 0; i < 5; ++i) {
+    ASSERT_EQ(out[i].shape(), out[i + 5].shape()) << i;
+    EXPECT_LT(testing::relative_error(out[i], out[i + 5]), 1e-12) << "output " << i;
   }
 }
 

@@ -33,9 +33,9 @@ struct Variant {
   bool causal = true;
   int64_t tq = 13, tk = 13;
   bool backward = true;
-  std::vector<int> wrt = {0, 1, 2};  // of q, k, v
-  bool probabilities_out = false;    // the probabilities are an output too
-  double dropout = 0;                // on the probabilities (p)
+  std::vector<int> wrt = {0, 1, 2};      // of q, k, v
+  bool probabilities_out = false;        // the probabilities are an output too
+  double dropout = 0;                    // on the probabilities (p)
   double q_scale = 0, scores_scale = 0;  // nonzero: q * q_scale, (q kᵀ) * scores_scale
 };
 
@@ -136,7 +136,8 @@ TEST(FuseAttention, ScalesOnQAndOnTheScoresBecomeTheOpsScale) {
     EXPECT_EQ(count_prim(f, PrimId::pointwise), v.backward ? 1u : 0u) << f.dump();
     for (const Op& op : f.ops())
       if (op.is(PrimId::attention))
-        EXPECT_DOUBLE_EQ(AttentionParams::of(op).scale, (v.q_scale != 0 ? v.q_scale : 1) * (v.scores_scale != 0 ? v.scores_scale : 1));
+        EXPECT_DOUBLE_EQ(AttentionParams::of(op).scale,
+                         (v.q_scale != 0 ? v.q_scale : 1) * (v.scores_scale != 0 ? v.scores_scale : 1));
   }
 }
 
@@ -179,7 +180,8 @@ TEST(FuseAttention, NearMissesGiveTheUnfusedValues) {
     ValueId x = input(b, Shape{batch, t, 3 * heads * d});
     ValueId r = input(b, swap_bt ? Shape{batch * t, heads * d} : Shape{batch, t, heads, d});
     std::vector<ValueId> parts = bl.split(x, 2, {heads * d, heads * d, heads * d}), hd;
-    for (ValueId p : parts) hd.push_back(bl.reshape(p, swap_bt ? Shape{t, batch, heads, d} : Shape{batch, t, heads, d}));
+    for (ValueId p : parts)
+      hd.push_back(bl.reshape(p, swap_bt ? Shape{t, batch, heads, d} : Shape{batch, t, heads, d}));
     auto perm = [&](ValueId v) { return bl.permute(v, {0, 2, 1, 3}); };
     ValueId y = perm(bl.matmul(composite::softmax(bl, bl.matmul(perm(hd[0]), perm(hd[1]), false, true)), perm(hd[2])));
     if (swap_bt) y = bl.reshape(y, Shape{batch * t, heads * d});
@@ -192,12 +194,14 @@ TEST(FuseAttention, NearMissesGiveTheUnfusedValues) {
   const std::vector<Case> cases = {
       {"(1, 1) mask",
        [&](Built& b, Builder& bl) {
-         ValueId q = input(b, {2, 3, 5, 4}), k = input(b, {2, 3, 5, 4}), v = input(b, {2, 3, 5, 4}), r = input(b, {2, 3, 5, 4});
+         ValueId q = input(b, {2, 3, 5, 4}), k = input(b, {2, 3, 5, 4}), v = input(b, {2, 3, 5, 4}),
+                 r = input(b, {2, 3, 5, 4});
          ValueId a = bl.where(composite::causal_mask(bl, 1), bl.matmul(q, k, false, true),
                               bl.fill(Shape{}, DType::f64, -std::numeric_limits<double>::infinity()));
          ValueId y = bl.matmul(composite::softmax(bl, a), v);
          b.outputs = {y};
-         for (ValueId g : ad::backward(bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, r)), {q, k, v})) b.outputs.push_back(g);
+         for (ValueId g : ad::backward(bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, r)), {q, k, v}))
+           b.outputs.push_back(g);
        }},
       {"q = k, scaled",
        [&](Built& b, Builder& bl) {

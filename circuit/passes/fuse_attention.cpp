@@ -127,7 +127,8 @@ class Matcher {
       absorb_scale_and_heads(mt);
       return mt;
     }
-    if (!match_backward(mt, a, m, e, l, p, where != nullptr, scores_scale && scaled != kNoValue ? scores_scale : nullptr))
+    if (!match_backward(mt, a, m, e, l, p, where != nullptr,
+                        scores_scale && scaled != kNoValue ? scores_scale : nullptr))
       return std::nullopt;
     std::vector<int32_t> chain = mt.forward;
     chain.insert(chain.end(), mt.backward.begin(), mt.backward.end());
@@ -234,8 +235,8 @@ class Matcher {
              *rv = producer(mt.v, PrimId::reshape);
     if (!rq || !rk || !rv) return;
     const Op* split = producer(rq->inputs[0], PrimId::split);
-    if (!split || split->outputs.size() != 3 || rq->inputs[0] != split->outputs[0] || rk->inputs[0] != split->outputs[1] ||
-        rv->inputs[0] != split->outputs[2])
+    if (!split || split->outputs.size() != 3 || rq->inputs[0] != split->outputs[0] ||
+        rk->inputs[0] != split->outputs[1] || rv->inputs[0] != split->outputs[2])
       return;
     const Shape& packed = c_.info(split->inputs[0]).shape;
     const Shape& piece = c_.info(mt.q).shape;  // (B, T, H, d)
@@ -294,13 +295,14 @@ class Matcher {
     mt.d_o = dv->inputs[1];
     mt.dv = dv->outputs[0];
     if (c_.info(mt.d_o) != c_.info(mt.o)) return false;
-    const Op* dp = reader(mt.d_o, [&](const Op& o) {
-      return is_matmul(o, false, true) && o.inputs[0] == mt.d_o && o.inputs[1] == mt.v;
-    });
+    const Op* dp = reader(
+        mt.d_o, [&](const Op& o) { return is_matmul(o, false, true) && o.inputs[0] == mt.d_o && o.inputs[1] == mt.v; });
     if (!dp) return false;
     const ValueId dpv = dp->outputs[0];
     const Op* g1 = reader(dpv, [&](const Op& o) { return body_is(o, "(in0 * (1 / in1))", {dpv, l}); });
-    const Op* g2 = reader(dpv, [&](const Op& o) { return body_is(o, "(in0 * neg(((in1 / in2) / in2)))", {dpv, e, l}); });
+    const Op* g2 = reader(dpv, [&](const Op& o) {
+      return body_is(o, "(in0 * neg(((in1 / in2) / in2)))", {dpv, e, l});
+    });
     if (!g1 || !g2) return false;
     const Op* rsum = only_reader(g2->outputs[0]);
     if (!rsum || !along_last(*rsum, ReduceKind::Sum)) return false;
@@ -324,13 +326,16 @@ class Matcher {
     const Op* unscale = nullptr;
     if (scores_scale) {
       unscale = reader(ds, [&](const Op& o) {
-        return o.is(PrimId::pointwise) && o.inputs == std::vector<ValueId>{ds} && o.params.body == scores_scale->params.body;
+        return o.is(PrimId::pointwise) && o.inputs == std::vector<ValueId>{ds} &&
+               o.params.body == scores_scale->params.body;
       });
       if (!unscale) return false;
       ds = unscale->outputs[0];
     }
-    const Op* dq = reader(ds, [&](const Op& o) { return is_matmul(o, false, false) && o.inputs[0] == ds && o.inputs[1] == mt.k; });
-    const Op* dk = reader(ds, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == ds && o.inputs[1] == mt.q; });
+    const Op* dq =
+        reader(ds, [&](const Op& o) { return is_matmul(o, false, false) && o.inputs[0] == ds && o.inputs[1] == mt.k; });
+    const Op* dk =
+        reader(ds, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == ds && o.inputs[1] == mt.q; });
     if (!dq || !dk) return false;
     mt.dq = dq->outputs[0];
     mt.dk = dk->outputs[0];
@@ -360,10 +365,13 @@ class Matcher {
   static std::optional<double> times_constant(const Op& o) {
     if (!o.is(PrimId::pointwise) || o.inputs.size() != 1) return std::nullopt;
     const ScalarExp& body = o.params.body;
-    if (body.op() != ExpOp::Mul || body.args()[0] != se::in(0) || body.args()[1].op() != ExpOp::Const) return std::nullopt;
+    if (body.op() != ExpOp::Mul || body.args()[0] != se::in(0) || body.args()[1].op() != ExpOp::Const)
+      return std::nullopt;
     return body.args()[1].const_value();
   }
-  static bool in(const std::vector<int32_t>& ops, int32_t o) { return std::find(ops.begin(), ops.end(), o) != ops.end(); }
+  static bool in(const std::vector<int32_t>& ops, int32_t o) {
+    return std::find(ops.begin(), ops.end(), o) != ops.end();
+  }
   static bool is_matmul(const Op& o, bool ta, bool tb) {
     if (!o.is(PrimId::matmul)) return false;
     const MatmulParams mp = MatmulParams::of(o);
@@ -414,7 +422,8 @@ Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
   Circuit out;
   std::vector<ValueId> map(c.num_values(), kNoValue);
   std::vector<ValueId> lse(matches.size(), kNoValue);
-  for (ValueId e : c.externals()) map[static_cast<size_t>(e)] = out.add_external(c.info(e), c.value(e).role, c.value(e).name);
+  for (ValueId e : c.externals())
+    map[static_cast<size_t>(e)] = out.add_external(c.info(e), c.value(e).role, c.value(e).name);
   auto mapped = [&](const std::vector<ValueId>& in) {
     std::vector<ValueId> r;
     for (ValueId v : in) r.push_back(map[static_cast<size_t>(v)]);
@@ -445,7 +454,8 @@ Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
       std::vector<ValueId> r = emit(op, PrimId::attention, params, qkv, op.phase, mt.forward.size());
       map[static_cast<size_t>(mt.o)] = r[0];
       lse[static_cast<size_t>(k)] = r[1];
-    } else if (!mt.backward.empty() && static_cast<int32_t>(i) == *std::min_element(mt.backward.begin(), mt.backward.end())) {
+    } else if (!mt.backward.empty() &&
+               static_cast<int32_t>(i) == *std::min_element(mt.backward.begin(), mt.backward.end())) {
       std::vector<ValueId> in = mapped(qkv);
       in.push_back(map[static_cast<size_t>(mt.o)]);
       in.push_back(lse[static_cast<size_t>(k)]);

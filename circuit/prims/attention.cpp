@@ -80,11 +80,21 @@ struct Operands {
 Operands operands_of(const std::vector<const HostTensor*>& in, const AttentionParams& a) {
   if (a.packed_heads > 0) {
     const Shape& s = in[0]->shape();
-    return {in[0], in[0], in[0], packed_rows(s, a.packed_heads, 0), packed_rows(s, a.packed_heads, 1),
-            packed_rows(s, a.packed_heads, 2), 1};
+    return {in[0],
+            in[0],
+            in[0],
+            packed_rows(s, a.packed_heads, 0),
+            packed_rows(s, a.packed_heads, 1),
+            packed_rows(s, a.packed_heads, 2),
+            1};
   }
-  return {in[0], in[1], in[2], rows_of(in[0]->shape(), a.heads_inside), rows_of(in[1]->shape(), a.heads_inside),
-          rows_of(in[2]->shape(), a.heads_inside), 3};
+  return {in[0],
+          in[1],
+          in[2],
+          rows_of(in[0]->shape(), a.heads_inside),
+          rows_of(in[1]->shape(), a.heads_inside),
+          rows_of(in[2]->shape(), a.heads_inside),
+          3};
 }
 
 // The shape of o (cols dv) or of lse (cols 1, always (batch..., heads, T, 1)) for queries q.
@@ -120,14 +130,15 @@ AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in,
   if (a.kv_groups > 1) {  // (B, H, T, d) queries, (B, H / G, T, d) keys and values
     if (a.heads_inside || q.rank() != 4 || k.rank() != 4 || v.rank() != 4 || k[0] != q[0] || v[0] != q[0] ||
         v[1] != k[1] || k[1] * a.kv_groups != q[1])
-      ctx.fail(fmt::format("grouped-query attention ({} query heads a key/value head) needs q (B, H, T, d) and k, v "
-                           "(B, H / {}, T, d), received q {}, k {}, v {}",
-                           a.kv_groups, a.kv_groups, q.str(), k.str(), v.str()));
+      ctx.fail(
+          fmt::format("grouped-query attention ({} query heads a key/value head) needs q (B, H, T, d) and k, v "
+                      "(B, H / {}, T, d), received q {}, k {}, v {}",
+                      a.kv_groups, a.kv_groups, q.str(), k.str(), v.str()));
   }
-  const bool same_batch = a.kv_groups > 1 ||
-                          (a.heads_inside ? (k[0] == q[0] && v[0] == q[0] && k[2] == q[2] && v[2] == q[2])
-                                          : (std::equal(q.dims().begin(), q.dims().end() - 2, k.dims().begin()) &&
-                                             std::equal(q.dims().begin(), q.dims().end() - 2, v.dims().begin())));
+  const bool same_batch =
+      a.kv_groups > 1 || (a.heads_inside ? (k[0] == q[0] && v[0] == q[0] && k[2] == q[2] && v[2] == q[2])
+                                         : (std::equal(q.dims().begin(), q.dims().end() - 2, k.dims().begin()) &&
+                                            std::equal(q.dims().begin(), q.dims().end() - 2, v.dims().begin())));
   if (!same_batch)
     ctx.fail("q, k and v must have the same batch dims and heads, received q " + q.str() + ", k " + k.str() + ", v " +
              v.str());
@@ -202,20 +213,29 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a
   }
 #endif
   using Stride = Eigen::OuterStride<>;
-  Eigen::Map<const RowMat<T>, 0, Stride> A(a, ta ? k : m, ta ? m : k, Stride(lda)), B(b, tb ? n : k, tb ? k : n, Stride(ldb));
+  Eigen::Map<const RowMat<T>, 0, Stride> A(a, ta ? k : m, ta ? m : k, Stride(lda)),
+      B(b, tb ? n : k, tb ? k : n, Stride(ldb));
   Eigen::Map<RowMat<T>, 0, Stride> C(c, m, n, Stride(ldc));
   if (!accumulate) C.setZero();
-  if (ta && tb) C.noalias() += alpha * (A.transpose() * B.transpose());
-  else if (ta) C.noalias() += alpha * (A.transpose() * B);
-  else if (tb) C.noalias() += alpha * (A * B.transpose());
-  else C.noalias() += alpha * (A * B);
+  if (ta && tb)
+    C.noalias() += alpha * (A.transpose() * B.transpose());
+  else if (ta)
+    C.noalias() += alpha * (A.transpose() * B);
+  else if (tb)
+    C.noalias() += alpha * (A * B.transpose());
+  else
+    C.noalias() += alpha * (A * B);
 }
 
 // Entry e's first element in a tensor laid out as `r` (its rows r.row_stride() elements apart).
 template <class T>
-const T* rows_at(const HostTensor& x, const Rows& r, int64_t e) { return x.data<T>() + r.base(e); }
+const T* rows_at(const HostTensor& x, const Rows& r, int64_t e) {
+  return x.data<T>() + r.base(e);
+}
 template <class T>
-T* rows_at(HostTensor& x, const Rows& r, int64_t e) { return x.data<T>() + r.base(e); }
+T* rows_at(HostTensor& x, const Rows& r, int64_t e) {
+  return x.data<T>() + r.base(e);
+}
 
 // Entry e's rows of a tensor laid out as `r`, as a matrix.
 template <class T>
@@ -231,7 +251,8 @@ void scores(const HostTensor& q, const Rows& rq, const HostTensor& k, const Rows
   gemm<T>(false, true, rq.t, rk.t, rq.cols, static_cast<T>(a.scale), rows_at<T>(q, rq, e), rq.row_stride(),
           rows_at<T>(k, rk, ek), rk.row_stride(), s.data(), rk.t);
   if (a.causal)
-    for (int64_t i = 0; i < s.rows(); ++i) s.row(i).tail(s.cols() - i - 1).setConstant(-std::numeric_limits<T>::infinity());
+    for (int64_t i = 0; i < s.rows(); ++i)
+      s.row(i).tail(s.cols() - i - 1).setConstant(-std::numeric_limits<T>::infinity());
 }
 
 // Calls f(entry, thread) for every batch entry, split across the OpenMP team.
@@ -323,8 +344,9 @@ std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g
 
 std::string describe(const Params& p) {
   return fmt::format("{}{}{}scale={}", p.ints[0] != 0 ? "causal " : "", p.ints[1] != 0 ? "(B, T, H, d) " : "",
-                     p.ints[2] > 0 ? fmt::format("packed qkv of {} heads ", p.ints[2])
-                                   : p.ints[3] > 1 ? fmt::format("{} query heads a kv head ", p.ints[3]) : std::string(),
+                     p.ints[2] > 0   ? fmt::format("packed qkv of {} heads ", p.ints[2])
+                     : p.ints[3] > 1 ? fmt::format("{} query heads a kv head ", p.ints[3])
+                                     : std::string(),
                      p.reals[0]);
 }
 

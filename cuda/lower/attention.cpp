@@ -43,8 +43,9 @@ struct Piece {
 struct Sizes {
   int64_t entries, tq, tk, d, dv;
   Piece q, k, v;
-  bool packed = false;  // q, k, v one input (and one gradient output)
-  int rest = 3;         // the input index of o (attention_grad)
+  int64_t groups = 1;         // query heads a key/value head (kv entry = query entry / groups)
+  bool packed = false;        // q, k, v one input (and one gradient output)
+  int rest = 3;               // the input index of o (attention_grad)
   int64_t heads = 1;          // with heads inside: H of (B, T, H, d)
   bool heads_inside = false;  // q, k, v, o and gradients (B, T, H, d); else (entries, T, d)
   Type it;                    // index type
@@ -54,6 +55,7 @@ Sizes sizes_of(const Circuit& c, const Op& op) {
   const AttentionParams a = AttentionParams::of(op);
   Sizes s;
   s.heads_inside = a.heads_inside;
+  s.groups = a.kv_groups;
   if (a.packed_heads > 0) {  // (B, T, 3 H d)
     const Shape& qkv = c.info(op.inputs[0]).shape;
     const int64_t width = qkv[2] / 3;
@@ -82,14 +84,21 @@ Sizes sizes_of(const Circuit& c, const Op& op) {
   const Shape& v = c.info(op.inputs[s.packed ? 0 : 2]).shape;
   if (s.d > 128 || s.dv > 128 || s.tk == 0)
     fail(op.prim->name, op.scope,
-         "the GPU lowering takes head sizes up to 128 and at least one key, received q " + q.str() + " and v " + v.str());
+         "the GPU lowering takes head sizes up to 128 and at least one key, received q " + q.str() + " and v " +
+             v.str());
   if (s.d == 0 || s.dv == 0)
-    fail(op.prim->name, op.scope, "the GPU lowering needs head sizes of at least 1, received q " + q.str() + " and v " + v.str());
+    fail(op.prim->name, op.scope,
+         "the GPU lowering needs head sizes of at least 1, received q " + q.str() + " and v " + v.str());
   int64_t largest = 0;
   for (ValueId x : op.inputs) largest = std::max(largest, c.info(x).shape.numel());
   for (ValueId x : op.outputs) largest = std::max(largest, c.info(x).shape.numel());
   s.it = index_type(largest);
   return s;
+}
+
+// The key/value entry query entry `entry` reads (grouped-query attention: entry / groups).
+Reg kv_entry_of(KernelBuilder& b, const Sizes& s, Reg entry) {
+  return s.groups == 1 ? entry : b.div(s.it, entry, imm_index(s.it, s.groups));
 }
 
 // Kernel arguments: q, k and v (packed: input 0 three times), input `rest + i` (o, lse, do, dlse),
@@ -165,7 +174,8 @@ Reg warp_dot(KernelBuilder& b, const std::vector<Reg>& x, const std::vector<Reg>
 // acc[j] = acc[j] * keep + w * x[j] (keep omitted: acc += w x).
 void accumulate(KernelBuilder& b, std::vector<Reg>& acc, Reg w, const std::vector<Reg>& x, Reg keep = {}) {
   for (size_t j = 0; j < acc.size(); ++j)
-    b.assign(kir::Opc::Fma, acc[j], {w, x[j], keep.valid() ? Operand(b.mul(Type::f32, acc[j], keep)) : Operand(acc[j])});
+    b.assign(kir::Opc::Fma, acc[j],
+             {w, x[j], keep.valid() ? Operand(b.mul(Type::f32, acc[j], keep)) : Operand(acc[j])});
 }
 
 Reg exp_of(KernelBuilder& b, Reg x) { return emit_scalar_exp(b, se::exp(se::in(0)), {x}); }
@@ -177,12 +187,14 @@ Reg position_of(KernelBuilder& b, const Sizes& s, Reg row, int64_t t) { return b
 
 // Element offset of row `pos` of entry `entry` in a tensor of `t` rows an entry and n columns
 // (heads inside: in the piece `piece` describes).
-Reg row_first(KernelBuilder& b, const Sizes& s, Operand entry, Operand pos, int64_t t, int64_t n, const Piece& piece = {}) {
+Reg row_first(KernelBuilder& b, const Sizes& s, Operand entry, Operand pos, int64_t t, int64_t n,
+              const Piece& piece = {}) {
   if (!s.heads_inside) return b.mul(s.it, b.mad(s.it, entry, imm_index(s.it, t), pos), imm_index(s.it, n));
   const int64_t stride = piece.stride > 0 ? piece.stride : s.heads * n;
   Reg batch = b.div(s.it, entry, imm_index(s.it, s.heads)), head = b.rem(s.it, entry, imm_index(s.it, s.heads));
   Reg step = b.mad(s.it, batch, imm_index(s.it, t), pos);
-  return b.mad(s.it, step, imm_index(s.it, stride), b.mad(s.it, head, imm_index(s.it, n), imm_index(s.it, piece.offset)));
+  return b.mad(s.it, step, imm_index(s.it, stride),
+               b.mad(s.it, head, imm_index(s.it, n), imm_index(s.it, piece.offset)));
 }
 
 std::vector<Reg> zeros(KernelBuilder& b, size_t n) {
@@ -216,7 +228,8 @@ void stage_rows(KernelBuilder& b, const Sizes& s, Reg base, const Piece& piece, 
   for (int64_t first = 0; first < chunks; first += kTileRows) {
     Reg idx = b.add(Type::u32, tid, imm_u32(static_cast<uint32_t>(first)));
     auto copy = [&] {
-      Reg row = b.div(Type::u32, idx, imm_u32(per_row)), col = b.mul(Type::u32, b.rem(Type::u32, idx, imm_u32(per_row)), imm_u32(4));
+      Reg row = b.div(Type::u32, idx, imm_u32(per_row)),
+          col = b.mul(Type::u32, b.rem(Type::u32, idx, imm_u32(per_row)), imm_u32(4));
       Reg key = b.add(s.it, j0, in_index_type(b, s, row));
       std::vector<Reg> vals = zeros(b, 4);
       b.if_(b.setp(Cmp::lt, key, imm_index(s.it, t)), [&] {
@@ -224,7 +237,8 @@ void stage_rows(KernelBuilder& b, const Sizes& s, Reg base, const Piece& piece, 
         std::vector<Reg> x = b.ld_vec(Space::global, Type::f32, b.address(base, at, 4), 4);
         for (size_t e = 0; e < 4; ++e) b.set(vals[e], x[e]);
       });
-      b.st_vec(Space::shared, Type::f32, b.mad(Type::u32, idx, imm_u32(16), smem), {vals[0], vals[1], vals[2], vals[3]});
+      b.st_vec(Space::shared, Type::f32, b.mad(Type::u32, idx, imm_u32(16), smem),
+               {vals[0], vals[1], vals[2], vals[3]});
     };
     if (first + kTileRows <= chunks)
       copy();
@@ -244,7 +258,8 @@ std::vector<Reg> load_own_row(KernelBuilder& b, Reg base, Reg first, int64_t n, 
 void store_own_row(KernelBuilder& b, Reg base, Reg first, const std::vector<Reg>& x, float factor = 1.0f) {
   for (size_t c4 = 0; c4 < x.size(); c4 += 4) {
     std::vector<Operand> v;
-    for (size_t e = 0; e < 4; ++e) v.push_back(factor == 1.0f ? x[c4 + e] : b.mul(Type::f32, x[c4 + e], imm_f32(factor)));
+    for (size_t e = 0; e < 4; ++e)
+      v.push_back(factor == 1.0f ? x[c4 + e] : b.mul(Type::f32, x[c4 + e], imm_f32(factor)));
     b.st_vec(Space::global, Type::f32, b.address(base, first, 4), v, static_cast<int64_t>(4 * c4));
   }
 }
@@ -262,7 +277,8 @@ Reg dot_shared(KernelBuilder& b, const std::vector<Reg>& x, Reg smem, int64_t at
 // where registers would not hold it beside the accumulators.
 Reg store_own_column(KernelBuilder& b, int array, Reg tid, const std::vector<Reg>& x) {
   Reg own = b.mad(Type::u32, tid, imm_u32(4), b.shared_addr(array));
-  for (size_t c = 0; c < x.size(); ++c) b.st(Space::shared, Type::f32, own, x[c], static_cast<int64_t>(4 * kTileRows * c));
+  for (size_t c = 0; c < x.size(); ++c)
+    b.st(Space::shared, Type::f32, own, x[c], static_cast<int64_t>(4 * kTileRows * c));
   return own;
 }
 // sum_c row[c] * own[c]: a shared row of n floats (broadcast) against the thread's own column.
@@ -271,7 +287,8 @@ Reg dot_own_column(KernelBuilder& b, Reg row, Reg own, int64_t n) {
   for (int64_t c4 = 0; c4 < n; c4 += 4) {
     std::vector<Reg> r = b.ld_vec(Space::shared, Type::f32, row, 4, 4 * c4);
     for (int64_t e = 0; e < 4; ++e)
-      b.assign(kir::Opc::Fma, dot, {r[static_cast<size_t>(e)], b.ld(Space::shared, Type::f32, own, 4 * kTileRows * (c4 + e)), dot});
+      b.assign(kir::Opc::Fma, dot,
+               {r[static_cast<size_t>(e)], b.ld(Space::shared, Type::f32, own, 4 * kTileRows * (c4 + e)), dot});
   }
   return dot;
 }
@@ -293,6 +310,7 @@ LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionP
   Reg v_smem = b.shared_addr(b.shared_array("v_tile", kTileKeys * s.dv * 4));
   Reg tid = b.sreg(SReg::tid_x);
   Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x)), tile = in_index_type(b, s, b.sreg(SReg::ctaid_y));
+  Reg kv_entry = kv_entry_of(b, s, entry);
   Reg i = b.mad(s.it, tile, imm_index(s.it, kTileRows), in_index_type(b, s, tid));
   Reg valid = b.setp(Cmp::lt, i, imm_index(s.it, s.tq));
   // q, scaled, in registers (zeros for the rows past tq, which compute unused values).
@@ -301,20 +319,24 @@ LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionP
     Reg first = row_first(b, s, entry, i, s.tq, s.d, s.q);
     for (int64_t c4 = 0; c4 < s.d; c4 += 4) {
       std::vector<Reg> x = b.ld_vec(Space::global, Type::f32, b.address(q, first, 4), 4, 4 * c4);
-      for (int64_t e = 0; e < 4; ++e) b.set(qv[static_cast<size_t>(c4 + e)], b.mul(Type::f32, x[static_cast<size_t>(e)], imm_f32(static_cast<float>(a.scale))));
+      for (int64_t e = 0; e < 4; ++e)
+        b.set(qv[static_cast<size_t>(c4 + e)],
+              b.mul(Type::f32, x[static_cast<size_t>(e)], imm_f32(static_cast<float>(a.scale))));
     }
   });
   // Keys this row sees: [0, limit); keys the block stages: [0, key_end).
-  Reg limit = a.causal ? b.min(s.it, b.add(s.it, i, imm_index(s.it, 1)), imm_index(s.it, s.tk)) : b.mov(s.it, imm_index(s.it, s.tk));
-  Operand key_end = a.causal ? Operand(b.min(s.it, b.mul(s.it, b.add(s.it, tile, imm_index(s.it, 1)), imm_index(s.it, kTileRows)),
-                                             imm_index(s.it, s.tk)))
-                             : imm_index(s.it, s.tk);
+  Reg limit = a.causal ? b.min(s.it, b.add(s.it, i, imm_index(s.it, 1)), imm_index(s.it, s.tk))
+                       : b.mov(s.it, imm_index(s.it, s.tk));
+  Operand key_end =
+      a.causal ? Operand(b.min(s.it, b.mul(s.it, b.add(s.it, tile, imm_index(s.it, 1)), imm_index(s.it, kTileRows)),
+                               imm_index(s.it, s.tk)))
+               : imm_index(s.it, s.tk);
   Reg m = b.mov(Type::f32, imm_f32(-INFINITY)), l = b.mov(Type::f32, imm_f32(0.0f));
   std::vector<Reg> acc = zeros(b, static_cast<size_t>(s.dv));
   b.for_(imm_index(s.it, 0), key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
     b.bar();  // the previous tile's readers are done
-    stage_rows(b, s, k, s.k, entry, j0, s.tk, s.d, k_smem, tid);
-    stage_rows(b, s, v, s.v, entry, j0, s.tk, s.dv, v_smem, tid);
+    stage_rows(b, s, k, s.k, kv_entry, j0, s.tk, s.d, k_smem, tid);
+    stage_rows(b, s, v, s.v, kv_entry, j0, s.tk, s.dv, v_smem, tid);
     b.bar();
     std::vector<Reg> score;
     Reg tile_max = b.mov(Type::f32, imm_f32(-INFINITY));
@@ -322,7 +344,8 @@ LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionP
       Reg dot = b.mov(Type::f32, imm_f32(0.0f));
       for (int64_t c4 = 0; c4 < s.d; c4 += 4) {
         std::vector<Reg> kv = b.ld_vec(Space::shared, Type::f32, k_smem, 4, 4 * (jj * s.d + c4));
-        for (int64_t e = 0; e < 4; ++e) b.assign(kir::Opc::Fma, dot, {qv[static_cast<size_t>(c4 + e)], kv[static_cast<size_t>(e)], dot});
+        for (int64_t e = 0; e < 4; ++e)
+          b.assign(kir::Opc::Fma, dot, {qv[static_cast<size_t>(c4 + e)], kv[static_cast<size_t>(e)], dot});
       }
       Reg seen = b.setp(Cmp::lt, b.add(s.it, j0, imm_index(s.it, jj)), limit);
       score.push_back(b.selp(Type::f32, dot, imm_f32(-INFINITY), seen));
@@ -338,7 +361,8 @@ LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionP
       for (int64_t c4 = 0; c4 < s.dv; c4 += 4) {
         std::vector<Reg> vv = b.ld_vec(Space::shared, Type::f32, v_smem, 4, 4 * (jj * s.dv + c4));
         for (int64_t e = 0; e < 4; ++e)
-          b.assign(kir::Opc::Fma, acc[static_cast<size_t>(c4 + e)], {p, vv[static_cast<size_t>(e)], acc[static_cast<size_t>(c4 + e)]});
+          b.assign(kir::Opc::Fma, acc[static_cast<size_t>(c4 + e)],
+                   {p, vv[static_cast<size_t>(e)], acc[static_cast<size_t>(c4 + e)]});
       }
     }
     b.set(m, m_new);
@@ -352,7 +376,8 @@ LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionP
       b.st_vec(Space::global, Type::f32, b.address(o, first, 4), x, 4 * c4);
     }
     Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), i);
-    b.st(Space::global, Type::f32, b.address(lse, row, 4), b.add(Type::f32, m, emit_scalar_exp(b, se::log(se::in(0)), {l})));
+    b.st(Space::global, Type::f32, b.address(lse, row, 4),
+         b.add(Type::f32, m, emit_scalar_exp(b, se::log(se::in(0)), {l})));
   });
   const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows), 1};
   return single_launch(finish_launch(b, "kiln_attention_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1},
@@ -374,10 +399,11 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
   const WarpRow w = warp_row(b, s, rows);
   b.if_(w.in_range, [&] {
     const Reg entry = entry_of(b, s, w.row, s.tq), i = position_of(b, s, w.row, s.tq);
-    std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d,
-                                   static_cast<float>(a.scale));
+    std::vector<Reg> qi =
+        load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, static_cast<float>(a.scale));
+    const Reg kv_entry = kv_entry_of(b, s, entry);
     auto key_row = [&](Operand j, Reg base, int64_t n, const Piece& piece) {
-      return load_row(b, s, base, row_first(b, s, entry, j, s.tk, n, piece), w.lane, n);
+      return load_row(b, s, base, row_first(b, s, kv_entry, j, s.tk, n, piece), w.lane, n);
     };
     // Key 0 (every query sees it) starts the running max, sum and output.
     Reg m = b.mov(Type::f32, warp_dot(b, qi, key_row(imm_index(s.it, 0), k, s.d, s.k)));
@@ -437,6 +463,7 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     const int q_columns = b.shared_array("q_columns", s.d * kTileRows * 4);
     Reg tid = b.sreg(SReg::tid_x);
     Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x)), tile = in_index_type(b, s, b.sreg(SReg::ctaid_y));
+    Reg kv_entry = kv_entry_of(b, s, entry);
     Reg i = b.mad(s.it, tile, imm_index(s.it, kTileRows), in_index_type(b, s, tid));
     Reg valid = b.setp(Cmp::lt, i, imm_index(s.it, s.tq));
     Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), i);
@@ -457,29 +484,33 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     });
     Reg limit = a.causal ? b.min(s.it, b.add(s.it, i, imm_index(s.it, 1)), imm_index(s.it, s.tk))
                          : b.mov(s.it, imm_index(s.it, s.tk));
-    Operand key_end = a.causal ? Operand(b.min(s.it, b.mul(s.it, b.add(s.it, tile, imm_index(s.it, 1)), imm_index(s.it, kTileRows)),
-                                               imm_index(s.it, s.tk)))
-                               : imm_index(s.it, s.tk);
+    Operand key_end =
+        a.causal ? Operand(b.min(s.it, b.mul(s.it, b.add(s.it, tile, imm_index(s.it, 1)), imm_index(s.it, kTileRows)),
+                                 imm_index(s.it, s.tk)))
+                 : imm_index(s.it, s.tk);
     Reg q_own = store_own_column(b, q_columns, tid, qv);  // read after the loop's first barrier
     std::vector<Reg> acc = zeros(b, static_cast<size_t>(s.d));
     b.for_(imm_index(s.it, 0), key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
       b.bar();
-      stage_rows(b, s, k, s.k, entry, j0, s.tk, s.d, k_smem, tid);
-      stage_rows(b, s, v, s.v, entry, j0, s.tk, s.dv, v_smem, tid);
+      stage_rows(b, s, k, s.k, kv_entry, j0, s.tk, s.d, k_smem, tid);
+      stage_rows(b, s, v, s.v, kv_entry, j0, s.tk, s.dv, v_smem, tid);
       b.bar();
       // A loop, not unrolled (two row vectors live in registers already); q from its column.
       b.for_(imm_u32(0), imm_u32(static_cast<uint32_t>(kTileKeys)), imm_u32(1), [&](Reg jj) {
         Reg seen = b.setp(Cmp::lt, b.add(s.it, j0, in_index_type(b, s, jj)), limit);
         Reg k_row = b.mad(Type::u32, jj, imm_u32(static_cast<uint32_t>(4 * s.d)), k_smem);
         Reg v_row = b.mad(Type::u32, jj, imm_u32(static_cast<uint32_t>(4 * s.dv)), v_smem);
-        Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, dot_own_column(b, k_row, q_own, s.d), lse_i)), imm_f32(0.0f), seen);
+        Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, dot_own_column(b, k_row, q_own, s.d), lse_i)),
+                       imm_f32(0.0f), seen);
         Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, dot_shared(b, dov, v_row, 0), row_d));
         axpy_shared(b, acc, ds, k_row, 0);
       });
     });
     b.if_(valid, [&] { store_own_row(b, dq, row_first(b, s, entry, i, s.tq, s.d, s.q), acc, scale); });
-    const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows), 1};
-    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, args));
+    const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows),
+                         1};
+    lo.launches.push_back(
+        finish_launch(b, "kiln_attention_grad_q_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, args));
   }
   {
     KernelBuilder b("kiln_attention_grad_kv_tiled");
@@ -510,43 +541,50 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     Reg lo_query = a.causal ? j : b.mov(s.it, imm_index(s.it, 0));
     Reg span = b.sub(s.it, imm_index(s.it, s.tq), lo_query);  // query i is seen when i - lo < tq - lo (unsigned)
     std::vector<Reg> acc_k = zeros(b, static_cast<size_t>(s.d)), acc_v = zeros(b, static_cast<size_t>(s.dv));
-    b.for_(first_query, imm_index(s.it, s.tq), imm_index(s.it, kQueries), [&](Reg i0) {
-      b.bar();
-      stage_rows(b, s, q, s.q, entry, i0, s.tq, s.d, q_smem, tid, kQueries);
-      stage_rows(b, s, d_o, Piece{}, entry, i0, s.tq, s.dv, do_smem, tid, kQueries);
-      b.if_(b.setp(Cmp::lt, tid, imm_u32(static_cast<uint32_t>(kQueries))), [&] {
-        Reg i = b.add(s.it, i0, in_index_type(b, s, tid));
-        Reg l_val = b.mov(Type::f32, imm_f32(0.0f)), d_val = b.mov(Type::f32, imm_f32(0.0f));
-        b.if_(b.setp(Cmp::lt, i, imm_index(s.it, s.tq)), [&] {
-          Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), i);
-          b.set(l_val, b.ld(Space::global, Type::f32, b.address(lse, row, 4)));
-          b.set(d_val, b.ld(Space::global, Type::f32, b.address(dd, row, 4)));
+    // The query heads that read this key/value head (one without grouped queries).
+    b.for_(imm_index(s.it, 0), imm_index(s.it, s.groups), imm_index(s.it, 1), [&](Reg g) {
+      Reg q_entry = b.mad(s.it, entry, imm_index(s.it, s.groups), g);
+      b.for_(first_query, imm_index(s.it, s.tq), imm_index(s.it, kQueries), [&](Reg i0) {
+        b.bar();
+        stage_rows(b, s, q, s.q, q_entry, i0, s.tq, s.d, q_smem, tid, kQueries);
+        stage_rows(b, s, d_o, Piece{}, q_entry, i0, s.tq, s.dv, do_smem, tid, kQueries);
+        b.if_(b.setp(Cmp::lt, tid, imm_u32(static_cast<uint32_t>(kQueries))), [&] {
+          Reg i = b.add(s.it, i0, in_index_type(b, s, tid));
+          Reg l_val = b.mov(Type::f32, imm_f32(0.0f)), d_val = b.mov(Type::f32, imm_f32(0.0f));
+          b.if_(b.setp(Cmp::lt, i, imm_index(s.it, s.tq)), [&] {
+            Reg row = b.mad(s.it, q_entry, imm_index(s.it, s.tq), i);
+            b.set(l_val, b.ld(Space::global, Type::f32, b.address(lse, row, 4)));
+            b.set(d_val, b.ld(Space::global, Type::f32, b.address(dd, row, 4)));
+          });
+          Reg at = b.mad(Type::u32, tid, imm_u32(4), row_smem);
+          b.st(Space::shared, Type::f32, at, l_val);
+          b.st(Space::shared, Type::f32, at, d_val, 4 * kQueries);
         });
-        Reg at = b.mad(Type::u32, tid, imm_u32(4), row_smem);
-        b.st(Space::shared, Type::f32, at, l_val);
-        b.st(Space::shared, Type::f32, at, d_val, 4 * kQueries);
-      });
-      b.bar();
-      b.for_(imm_u32(0), imm_u32(static_cast<uint32_t>(kQueries)), imm_u32(1), [&](Reg ii) {
-        Reg seen = b.setp(Cmp::lt, b.sub(s.it, b.add(s.it, i0, in_index_type(b, s, ii)), lo_query), span);
-        Reg stats = b.mad(Type::u32, ii, imm_u32(4), row_smem);
-        Reg q_row = b.mad(Type::u32, ii, imm_u32(static_cast<uint32_t>(4 * s.d)), q_smem);
-        Reg do_row = b.mad(Type::u32, ii, imm_u32(static_cast<uint32_t>(4 * s.dv)), do_smem);
-        Reg lse_i = b.ld(Space::shared, Type::f32, stats), d_i = b.ld(Space::shared, Type::f32, stats, 4 * kQueries);
-        Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, dot_own_column(b, q_row, k_own, s.d), lse_i)), imm_f32(0.0f), seen);
-        axpy_shared(b, acc_v, p, do_row, 0);
-        Reg dp = dot_own_column(b, do_row, v_own, s.dv);
-        axpy_shared(b, acc_k, b.mul(Type::f32, p, b.sub(Type::f32, dp, d_i)), q_row, 0);
+        b.bar();
+        b.for_(imm_u32(0), imm_u32(static_cast<uint32_t>(kQueries)), imm_u32(1), [&](Reg ii) {
+          Reg seen = b.setp(Cmp::lt, b.sub(s.it, b.add(s.it, i0, in_index_type(b, s, ii)), lo_query), span);
+          Reg stats = b.mad(Type::u32, ii, imm_u32(4), row_smem);
+          Reg q_row = b.mad(Type::u32, ii, imm_u32(static_cast<uint32_t>(4 * s.d)), q_smem);
+          Reg do_row = b.mad(Type::u32, ii, imm_u32(static_cast<uint32_t>(4 * s.dv)), do_smem);
+          Reg lse_i = b.ld(Space::shared, Type::f32, stats), d_i = b.ld(Space::shared, Type::f32, stats, 4 * kQueries);
+          Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, dot_own_column(b, q_row, k_own, s.d), lse_i)),
+                         imm_f32(0.0f), seen);
+          axpy_shared(b, acc_v, p, do_row, 0);
+          Reg dp = dot_own_column(b, do_row, v_own, s.dv);
+          axpy_shared(b, acc_k, b.mul(Type::f32, p, b.sub(Type::f32, dp, d_i)), q_row, 0);
+        });
       });
     });
     b.if_(valid, [&] {
       store_own_row(b, dk, row_first(b, s, entry, j, s.tk, s.d, s.k), acc_k, scale);
       store_own_row(b, dv, row_first(b, s, entry, j, s.tk, s.dv, s.v), acc_v);
     });
-    const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tk + kTileRows - 1) / kTileRows), 1};
-    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1},
-                                        with(qkv_args(s), {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0},
-                                                           gradient_of(s, 1), gradient_of(s, 2)})));
+    const sim::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups),
+                         static_cast<uint32_t>((s.tk + kTileRows - 1) / kTileRows), 1};
+    lo.launches.push_back(finish_launch(
+        b, "kiln_attention_grad_kv_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1},
+        with(qkv_args(s),
+             {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0}, gradient_of(s, 1), gradient_of(s, 2)})));
   }
   lo.summary = std::string("attention_grad") + (a.causal ? " (causal)" : "") +
                ": a thread per query row (D, dq; keys in shared tiles of 32), then a thread per key row (dk, dv; "
@@ -580,18 +618,20 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
       const Reg entry = entry_of(b, s, w.row, s.tq), i = position_of(b, s, w.row, s.tq);
+      const Reg kv_entry = kv_entry_of(b, s, entry);
       std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, scale);
       Reg vrow = row_first(b, s, entry, i, s.tq, s.dv);
       std::vector<Reg> doi = load_row(b, s, d_o, vrow, w.lane, s.dv);
       Reg row_d = warp_dot(b, doi, load_row(b, s, o, vrow, w.lane, s.dv));
       if (has_dlse) row_d = b.sub(Type::f32, row_d, b.ld(Space::global, Type::f32, b.address(dlse, w.row, 4)));
-      b.if_(b.setp(Cmp::eq, w.lane, imm_u32(0)), [&] { b.st(Space::global, Type::f32, b.address(dd, w.row, 4), row_d); });
+      b.if_(b.setp(Cmp::eq, w.lane, imm_u32(0)),
+            [&] { b.st(Space::global, Type::f32, b.address(dd, w.row, 4), row_d); });
       Reg lse_i = b.ld(Space::global, Type::f32, b.address(lse, w.row, 4));
       std::vector<Reg> acc = zeros(b, qi.size());
       Operand end = a.causal ? Operand(b.add(s.it, i, imm_index(s.it, 1))) : imm_index(s.it, s.tk);
       b.for_(imm_index(s.it, 0), end, imm_index(s.it, 1), [&](Reg j) {
-        std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d);
-        std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv);
+        std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, kv_entry, j, s.tk, s.d, s.k), w.lane, s.d);
+        std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, kv_entry, j, s.tk, s.dv, s.v), w.lane, s.dv);
         Reg p = exp_of(b, b.sub(Type::f32, warp_dot(b, qi, kj), lse_i));
         Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, warp_dot(b, doi, vj), row_d));
         accumulate(b, acc, ds, kj);
@@ -602,7 +642,7 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
   }
   // Launch 2: a warp per key row; dk and dv over the queries that see the key.
   {
-    const int64_t rows = s.entries * s.tk;
+    const int64_t rows = s.entries / s.groups * s.tk;  // key rows of the key/value entries
     KernelBuilder b("kiln_attention_grad_kv");
     Reg q = b.param("q", Type::u64), k = b.param("k", Type::u64), v = b.param("v", Type::u64);
     Reg lse = b.param("lse", Type::u64), d_o = b.param("do", Type::u64), dd = b.param("D", Type::u64);
@@ -612,26 +652,30 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
       const Reg entry = entry_of(b, s, w.row, s.tk), j = position_of(b, s, w.row, s.tk);
       std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d, scale);
       std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv);
-      Reg query0 = b.mul(s.it, entry, imm_index(s.it, s.tq));
       std::vector<Reg> acc_k = zeros(b, kj.size()), acc_v = zeros(b, vj.size());
       Operand begin = a.causal ? Operand(j) : imm_index(s.it, 0);
-      b.for_(begin, imm_index(s.it, s.tq), imm_index(s.it, 1), [&](Reg i) {
-        Reg qi_at = b.add(s.it, query0, i);
-        std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d);
-        std::vector<Reg> doi = load_row(b, s, d_o, row_first(b, s, entry, i, s.tq, s.dv), w.lane, s.dv);
-        Reg lse_i = b.ld(Space::global, Type::f32, b.address(lse, qi_at, 4));
-        Reg d_i = b.ld(Space::global, Type::f32, b.address(dd, qi_at, 4));
-        Reg p = exp_of(b, b.sub(Type::f32, warp_dot(b, qi, kj), lse_i));
-        accumulate(b, acc_v, p, doi);
-        Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, warp_dot(b, doi, vj), d_i));
-        accumulate(b, acc_k, ds, qi);
+      b.for_(imm_index(s.it, 0), imm_index(s.it, s.groups), imm_index(s.it, 1), [&](Reg g) {
+        Reg q_entry = b.mad(s.it, entry, imm_index(s.it, s.groups), g);
+        Reg query0 = b.mul(s.it, q_entry, imm_index(s.it, s.tq));
+        b.for_(begin, imm_index(s.it, s.tq), imm_index(s.it, 1), [&](Reg i) {
+          Reg qi_at = b.add(s.it, query0, i);
+          std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, q_entry, i, s.tq, s.d, s.q), w.lane, s.d);
+          std::vector<Reg> doi = load_row(b, s, d_o, row_first(b, s, q_entry, i, s.tq, s.dv), w.lane, s.dv);
+          Reg lse_i = b.ld(Space::global, Type::f32, b.address(lse, qi_at, 4));
+          Reg d_i = b.ld(Space::global, Type::f32, b.address(dd, qi_at, 4));
+          Reg p = exp_of(b, b.sub(Type::f32, warp_dot(b, qi, kj), lse_i));
+          accumulate(b, acc_v, p, doi);
+          Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, warp_dot(b, doi, vj), d_i));
+          accumulate(b, acc_k, ds, qi);
+        });
       });
       store_row(b, s, dk, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d, acc_k, scale);
       store_row(b, s, dv, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv, acc_v);
     });
-    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv", grid_for(rows), {32 * kWarps, 1, 1},
-                                        with(qkv_args(s), {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0},
-                                                           gradient_of(s, 1), gradient_of(s, 2)})));
+    lo.launches.push_back(finish_launch(
+        b, "kiln_attention_grad_kv", grid_for(rows), {32 * kWarps, 1, 1},
+        with(qkv_args(s),
+             {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0}, gradient_of(s, 1), gradient_of(s, 2)})));
   }
   lo.summary = std::string("attention_grad") + (a.causal ? " (causal)" : "") +
                ": a warp per query row (D, dq), then a warp per key row (dk, dv), probabilities recomputed from "

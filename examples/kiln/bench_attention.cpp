@@ -56,8 +56,8 @@ double median(std::vector<double> v) {
 int bench_attention(const std::string& spec, int64_t runs) {
   manual_seed(1);
   for (const AttentionShape& s : parse_shapes(spec)) {
-    const std::string tag = std::to_string(s.b) + "x" + std::to_string(s.h) + "x" + std::to_string(s.t) + "x" +
-                            std::to_string(s.d);
+    const std::string tag =
+        std::to_string(s.b) + "x" + std::to_string(s.h) + "x" + std::to_string(s.t) + "x" + std::to_string(s.d);
     auto operand = [&](const std::string& name) {
       return Tensor::parameter(name + tag, Tensor::randn({s.b, s.t, s.h, s.d}).to_host());
     };

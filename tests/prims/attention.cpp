@@ -46,6 +46,26 @@ BuildFn packed_attention_grad_of(bool causal, double scale, int64_t heads) {
   };
 }
 
+// Grouped-query attention, q (B, H, T, d), k and v (B, H / groups, T, d): o + lse, and dq, dk, dv
+// each flattened and side by side.
+Params grouped_params(bool causal, double scale, int64_t groups) {
+  return AttentionParams{causal, scale, false, 0, groups}.to_params();
+}
+BuildFn grouped_attention_of(bool causal, double scale, int64_t groups) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> r =
+        b.circuit().add_op(PrimId::attention, grouped_params(causal, scale, groups), {x[0], x[1], x[2]});
+    return b.add(r[0], r[1]);
+  };
+}
+BuildFn grouped_attention_grad_of(bool causal, double scale, int64_t groups) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> g = b.circuit().add_op(PrimId::attention_grad, grouped_params(causal, scale, groups), x);
+    for (ValueId& v : g) v = b.reshape(v, Shape{b.info(v).shape.numel()});
+    return b.concat(g, 0);
+  };
+}
+
 }  // namespace
 
 void attention_cases(FamilyCases& c) {
@@ -58,41 +78,65 @@ void attention_cases(FamilyCases& c) {
                attention_of(true, 1.0, 1));
   add_gradient(c, "attention_heads_inside", {"attention"}, {F({2, 5, 3, 3}), F({2, 5, 3, 3}), F({2, 5, 3, 4})},
                attention_of(true, 0.6, 2, true));
+  add_gradient(c, "attention_grouped_queries", {"attention"}, {F({2, 4, 5, 3}), F({2, 2, 5, 3}), F({2, 2, 5, 2})},
+               grouped_attention_of(true, 0.8, 2));
   add_gradient(c, "attention_packed", {"attention"}, {F({2, 5, 18})}, packed_attention_of(true, 0.6, 3));
   // Lowerings (f32 kernels against the Eigen reference): head sizes off 32 (a partial register
   // column), one and two registers a lane, Tq != Tk without the mask. Tolerance 1e-5
   // norm-relative: dot products of <= 72 terms and sums over <= 37 keys in another order, exp
   // within 3 ulp.
-  c.lowering.push_back({"attention_causal", {f32({2, 3, 70, 40}), f32({2, 3, 70, 40}), f32({2, 3, 70, 24})},
-                        attention_of(true, 0.35, 2), 1e-5});
+  c.lowering.push_back({"attention_causal",
+                        {f32({2, 3, 70, 40}), f32({2, 3, 70, 40}), f32({2, 3, 70, 24})},
+                        attention_of(true, 0.35, 2),
+                        1e-5});
   // Head size 38 (not a multiple of 4) and 72 (over 64): the warp-per-row kernel; 40: the tiled one.
-  c.lowering.push_back({"attention_causal_warp_rows", {f32({2, 37, 38}), f32({2, 37, 38}), f32({2, 37, 38})},
-                        attention_of(true, 0.35, 2), 1e-5});
-  c.lowering.push_back({"attention_cross", {f32({3, 21, 72}), f32({3, 37, 72}), f32({3, 37, 72})},
-                        attention_of(false, 0.2, 2), 1e-5});
+  c.lowering.push_back({"attention_causal_warp_rows",
+                        {f32({2, 37, 38}), f32({2, 37, 38}), f32({2, 37, 38})},
+                        attention_of(true, 0.35, 2),
+                        1e-5});
+  c.lowering.push_back(
+      {"attention_cross", {f32({3, 21, 72}), f32({3, 37, 72}), f32({3, 37, 72})}, attention_of(false, 0.2, 2), 1e-5});
   c.lowering.push_back({"attention_grad_causal",
                         {f32({2, 3, 29, 40}), f32({2, 3, 29, 40}), f32({2, 3, 29, 40}), f32({2, 3, 29, 40}),
                          f32({2, 3, 29, 1}, 0, 3), f32({2, 3, 29, 40})},
-                        attention_grad_of(true, 0.35), 1e-5});
+                        attention_grad_of(true, 0.35),
+                        1e-5});
   c.lowering.push_back({"attention_grad_with_dlse",
                         {f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 72}), f32({3, 19, 1}, 2, 5),
                          f32({3, 19, 72}), f32({3, 19, 1})},
-                        attention_grad_of(false, 0.2), 1e-5});
+                        attention_grad_of(false, 0.2),
+                        1e-5});
   c.lowering.push_back({"attention_grad_tiled_with_dlse",
                         {f32({3, 19, 40}), f32({3, 19, 40}), f32({3, 19, 40}), f32({3, 19, 40}), f32({3, 19, 1}, 2, 5),
                          f32({3, 19, 40}), f32({3, 19, 1})},
-                        attention_grad_of(false, 0.2), 1e-5});
+                        attention_grad_of(false, 0.2),
+                        1e-5});
   c.lowering.push_back({"attention_packed", {f32({2, 29, 360})}, packed_attention_of(true, 0.35, 3), 1e-5});
-  c.lowering.push_back({"attention_packed_warp_rows", {f32({2, 21, 3 * 2 * 72})}, packed_attention_of(true, 0.2, 2), 1e-5});
+  c.lowering.push_back(
+      {"attention_packed_warp_rows", {f32({2, 21, 3 * 2 * 72})}, packed_attention_of(true, 0.2, 2), 1e-5});
   c.lowering.push_back({"attention_grad_packed",
                         {f32({2, 23, 360}), f32({2, 23, 3, 40}), f32({2, 3, 23, 1}, 0, 3), f32({2, 23, 3, 40})},
-                        packed_attention_grad_of(true, 0.35, 3), 1e-5});
-  c.lowering.push_back({"attention_heads_inside", {f32({2, 29, 3, 40}), f32({2, 29, 3, 40}), f32({2, 29, 3, 40})},
-                        attention_of(true, 0.35, 2, true), 1e-5});
+                        packed_attention_grad_of(true, 0.35, 3),
+                        1e-5});
+  // Grouped queries (two query heads a key/value head): tiled (head size 40) and warp rows (38).
+  c.lowering.push_back({"attention_grouped", {f32({2, 4, 29, 40}), f32({2, 2, 29, 40}), f32({2, 2, 29, 40})},
+                        grouped_attention_of(true, 0.35, 2), 1e-5});
+  c.lowering.push_back({"attention_grouped_warp_rows", {f32({1, 6, 21, 38}), f32({1, 2, 21, 38}), f32({1, 2, 21, 38})},
+                        grouped_attention_of(false, 0.35, 3), 1e-5});
+  for (int64_t d : {40, 38})
+    c.lowering.push_back({d == 40 ? "attention_grad_grouped" : "attention_grad_grouped_warp_rows",
+                          {f32({2, 4, 23, d}), f32({2, 2, 23, d}), f32({2, 2, 23, d}), f32({2, 4, 23, d}),
+                           f32({2, 4, 23, 1}, 0, 3), f32({2, 4, 23, d})},
+                          grouped_attention_grad_of(true, 0.35, 2), 1e-5});
+  c.lowering.push_back({"attention_heads_inside",
+                        {f32({2, 29, 3, 40}), f32({2, 29, 3, 40}), f32({2, 29, 3, 40})},
+                        attention_of(true, 0.35, 2, true),
+                        1e-5});
   c.lowering.push_back({"attention_grad_heads_inside",
                         {f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}),
                          f32({2, 3, 23, 1}, 0, 3), f32({2, 23, 3, 40})},
-                        attention_grad_of(true, 0.35, true), 1e-5});
+                        attention_grad_of(true, 0.35, true),
+                        1e-5});
 }
 
 }  // namespace kiln::testing

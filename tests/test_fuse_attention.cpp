@@ -299,6 +299,11 @@ TEST(FuseAttention, LlamaStepsWithGroupedQueriesAndRotaryEmbeddingsAreFused) {
   EXPECT_EQ(count_prim(c, PrimId::attention), 2u);
   EXPECT_EQ(count_prim(c, PrimId::attention_grad), 2u);
   EXPECT_EQ(square_values(c, 9, 9), 0u);
+  // The ops read k and v unrepeated: no broadcast of them is left, nor the sums of their gradients
+  // over the groups.
+  for (const Op& op : c.ops()) EXPECT_FALSE(op.is(PrimId::broadcast) && c.info(op.outputs[0]).shape.rank() == 5);
+  for (const Op& op : c.ops())
+    if (op.is(PrimId::attention) || op.is(PrimId::attention_grad)) EXPECT_EQ(AttentionParams::of(op).kv_groups, 2);
 }
 
 TEST(FuseAttention, NonCausalMultiHeadAttentionIsFused) {

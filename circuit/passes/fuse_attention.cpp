@@ -40,6 +40,7 @@ struct Match {
   bool causal = false, heads_inside = false;
   double scale = 1.0;
   int64_t packed_heads = 0;  // > 0: q, k, v (and dq, dk, dv) are one packed value
+  int64_t kv_groups = 1;     // > 1: k and v have a head for each group of that many query heads
   ValueId q = kNoValue, k = kNoValue, v = kNoValue, o = kNoValue, d_o = kNoValue;
   std::vector<int32_t> forward;   // op indices
   std::vector<int32_t> backward;  // op indices, empty without a backward
@@ -190,6 +191,9 @@ class Matcher {
         }
       }
     }
+    // Grouped queries: k and v repeated for each query head of a group. The op reads them
+    // unrepeated (and sums dk, dv over the group itself); the heads stay among the batch dims.
+    if (absorb_kv_repeat(mt)) return;
     // The heads' permutes.
     auto heads_permute = [&](const Op* o) {
       return o && o->is(PrimId::permute) && PermuteParams::of(*o).perm == std::vector<int64_t>{0, 2, 1, 3};
@@ -275,6 +279,72 @@ class Matcher {
       for (const Op* o : {back[0], back[1], back[2], concat}) mt.backward.push_back(index_of(o));
       mt.dq = mt.dk = mt.dv = concat->outputs[0];
     }
+  }
+
+  // k and v that are repeat_kv_heads(x, H) of (B, H / G, T, d) values x (reshape to
+  // (B, H / G, 1, T, d), broadcast to (B, H / G, G, T, d), reshape to (B, H, T, d)), both with one
+  // G > 1, and (in the backward) their gradients summed back over the group (reshape, sum along
+  // axis 2, reshape): the op takes x with kv_groups G.
+  bool absorb_kv_repeat(Match& mt) const {
+    const bool backward = !mt.backward.empty();
+    struct Repeat {
+      const Op *first, *broadcast, *last;
+      const Op *back_first = nullptr, *sum = nullptr, *back_last = nullptr;
+    };
+    const Shape& qs = c_.info(mt.q).shape;
+    if (qs.rank() != 4) return false;
+    int64_t groups = 0;
+    auto repeat_of = [&](ValueId x, ValueId grad) -> std::optional<Repeat> {
+      Repeat r{producer(x, PrimId::reshape), nullptr, nullptr};
+      r.last = r.first;
+      if (!r.last) return std::nullopt;
+      r.broadcast = producer(r.last->inputs[0], PrimId::broadcast);
+      r.first = r.broadcast ? producer(r.broadcast->inputs[0], PrimId::reshape) : nullptr;
+      if (!r.first) return std::nullopt;
+      const Shape &src = c_.info(r.first->inputs[0]).shape, &wide = c_.info(r.broadcast->outputs[0]).shape;
+      if (src.rank() != 4 || src[0] != qs[0] || src[2] != qs[2] || src[3] != qs[3] || src[1] == 0 ||
+          qs[1] % src[1] != 0 || c_.info(x).shape != qs)
+        return std::nullopt;
+      const int64_t g = qs[1] / src[1];
+      if (g < 2 || (groups != 0 && g != groups) ||
+          c_.info(r.first->outputs[0]).shape != Shape{src[0], src[1], 1, src[2], src[3]} ||
+          wide != Shape{src[0], src[1], g, src[2], src[3]})
+        return std::nullopt;
+      for (const Op* o : {r.first, r.broadcast})
+        if (only_reader(o->outputs[0]) != (o == r.first ? r.broadcast : r.last) ||
+            protected_[static_cast<size_t>(o->outputs[0])])
+          return std::nullopt;
+      if (!reads_only_chain(mt, x)) return std::nullopt;
+      if (backward) {
+        if (protected_[static_cast<size_t>(grad)]) return std::nullopt;
+        r.back_first = only_reader(grad);
+        if (!r.back_first || !r.back_first->is(PrimId::reshape) || c_.info(r.back_first->outputs[0]).shape != wide ||
+            protected_[static_cast<size_t>(r.back_first->outputs[0])])
+          return std::nullopt;
+        r.sum = only_reader(r.back_first->outputs[0]);
+        if (!r.sum || !ReduceParams::is_sum_along(*r.sum, 2) || protected_[static_cast<size_t>(r.sum->outputs[0])])
+          return std::nullopt;
+        r.back_last = only_reader(r.sum->outputs[0]);
+        if (!r.back_last || !r.back_last->is(PrimId::reshape) || c_.info(r.back_last->outputs[0]).shape != src)
+          return std::nullopt;
+      }
+      groups = g;
+      return r;
+    };
+    const std::optional<Repeat> rk = repeat_of(mt.k, mt.dk), rv = repeat_of(mt.v, mt.dv);
+    if (!rk || !rv) return false;
+    mt.kv_groups = groups;
+    for (const Repeat* r : {&*rk, &*rv})
+      for (const Op* o : {r->first, r->broadcast, r->last}) mt.forward.push_back(index_of(o));
+    mt.k = rk->first->inputs[0];
+    mt.v = rv->first->inputs[0];
+    if (backward) {
+      for (const Repeat* r : {&*rk, &*rv})
+        for (const Op* o : {r->back_first, r->sum, r->back_last}) mt.backward.push_back(index_of(o));
+      mt.dk = rk->back_last->outputs[0];
+      mt.dv = rv->back_last->outputs[0];
+    }
+    return true;
   }
 
   int32_t index_of(const Op* o) const { return static_cast<int32_t>(o - c_.ops().data()); }
@@ -447,7 +517,8 @@ Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
       continue;
     }
     const Match& mt = matches[static_cast<size_t>(k)];
-    const Params params = AttentionParams{mt.causal, mt.scale, mt.heads_inside, mt.packed_heads}.to_params();
+    const Params params =
+        AttentionParams{mt.causal, mt.scale, mt.heads_inside, mt.packed_heads, mt.kv_groups}.to_params();
     const std::vector<ValueId> qkv =
         mt.packed_heads > 0 ? std::vector<ValueId>{mt.q} : std::vector<ValueId>{mt.q, mt.k, mt.v};
     if (static_cast<int32_t>(i) == mt.o_op) {

@@ -272,12 +272,13 @@ TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
     std::vector<ValueId> f = c.add_op(PrimId::attention, p, {x[0], x[1], x[2]});
     c.add_op(PrimId::attention_grad, p, {x[0], x[1], x[2], f[0], f[1], x[3]});
     for (int op = 0; op < 2; ++op)
-      for (const cuda::Launch& l : cuda::lower(c, op).launches) {
-        const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*l.kernel, 90), 90);
-        EXPECT_TRUE(r.ok) << r.log;
-        EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << l.kernel->name << ": " << r.log;
-        std::printf("%s %s: %d registers\n", shape.str().c_str(), l.kernel->name.c_str(), r.registers);
-      }
+      for (const cuda::Launch& l : cuda::lower(c, op).launches)
+        for (int sm : {80, 90}) {
+          const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*l.kernel, sm), sm);
+          EXPECT_TRUE(r.ok) << r.log;
+          EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << l.kernel->name << " sm_" << sm << ": " << r.log;
+          std::printf("%s %s sm_%d: %d registers\n", shape.str().c_str(), l.kernel->name.c_str(), sm, r.registers);
+        }
   }
 }
 

@@ -19,8 +19,9 @@
 //   dq = scale ds k, dk = scale dsᵀ q, dv = pᵀ do.
 // It has no VJP of its own (no second derivatives through attention).
 //
-// Reference: per batch entry (a head of a sequence) with the (Tq, Tk) block in a per-thread scratch
-// slice, the entries split across the OpenMP team; each step is a plain Eigen expression.
+// Reference: per batch entry (a head of a sequence) with its (Tq, Tk) block in a per-thread scratch
+// slice, the entries split across the OpenMP team; causal attention in blocks of 16 query rows
+// against the keys they see; the products through oneDNN's sgemm (f32) or Eigen.
 #if KILN_HAVE_DNNL
 #include <dnnl.h>
 #endif
@@ -205,6 +206,11 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a
 #if KILN_HAVE_DNNL
   if constexpr (std::is_same_v<T, float>) {
     if (m == 0 || n == 0) return;
+    if (k == 0) {  // an empty sum (and leading dimensions oneDNN would refuse)
+      if (!accumulate)
+        for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+      return;
+    }
     if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc) !=
         dnnl_success)
       throw Error("op 'attention': oneDNN sgemm failed for " + std::to_string(m) + "x" + std::to_string(k) + " . " +
@@ -243,16 +249,35 @@ ConstRowsMap<T> entry(const HostTensor& x, const Rows& r, int64_t e) {
   return ConstRowsMap<T>(x.data<T>() + r.base(e), r.t, r.cols, Eigen::OuterStride<>(r.row_stride()));
 }
 
-// s = scale q kᵀ of query entry e and key entry ek, with the entries a causal mask hides at -inf,
-// into `s` (tq x tk, contiguous).
+// Causal attention runs in blocks of query rows, each against only the keys its last row sees
+// (about half the products and exps at T = 64, less at larger T); unmasked attention in one block.
+constexpr int64_t kCausalRows = 16;
+struct RowBlock {
+  int64_t first, rows, keys;  // query rows [first, first + rows) against keys [0, keys)
+};
+std::vector<RowBlock> row_blocks(const AttentionParams& a, int64_t tq, int64_t tk) {
+  if (!a.causal) return {{0, tq, tk}};
+  std::vector<RowBlock> blocks;
+  for (int64_t r0 = 0; r0 < tq; r0 += kCausalRows) {
+    const int64_t r1 = std::min(tq, r0 + kCausalRows);
+    blocks.push_back({r0, r1 - r0, std::min(tk, r1)});
+  }
+  return blocks;
+}
+
+// s = scale q kᵀ of block `blk` of query entry e against key entry ek, with the entries a causal
+// mask hides at -inf, into `s` (blk.rows x blk.keys, contiguous).
 template <class T>
 void scores(const HostTensor& q, const Rows& rq, const HostTensor& k, const Rows& rk, int64_t e, int64_t ek,
-            const AttentionParams& a, Map<T>& s) {
-  gemm<T>(false, true, rq.t, rk.t, rq.cols, static_cast<T>(a.scale), rows_at<T>(q, rq, e), rq.row_stride(),
-          rows_at<T>(k, rk, ek), rk.row_stride(), s.data(), rk.t);
+            const RowBlock& blk, const AttentionParams& a, Map<T>& s) {
+  gemm<T>(false, true, blk.rows, blk.keys, rq.cols, static_cast<T>(a.scale),
+          rows_at<T>(q, rq, e) + blk.first * rq.row_stride(), rq.row_stride(), rows_at<T>(k, rk, ek), rk.row_stride(),
+          s.data(), blk.keys);
   if (a.causal)
-    for (int64_t i = 0; i < s.rows(); ++i)
-      s.row(i).tail(s.cols() - i - 1).setConstant(-std::numeric_limits<T>::infinity());
+    for (int64_t i = 0; i < blk.rows; ++i) {
+      const int64_t seen = blk.first + i + 1;  // keys [0, seen) are seen by query first + i
+      if (seen < blk.keys) s.row(i).tail(blk.keys - seen).setConstant(-std::numeric_limits<T>::infinity());
+    }
 }
 
 // Calls f(entry, thread) for every batch entry, split across the OpenMP team.
@@ -271,19 +296,22 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
   ref::dispatch_float(in[0]->dtype(), "attention", [&](auto t) {
     using T = decltype(t);
     HostTensor scratch = bufs.scratch(in[0]->dtype(), Shape{omp_get_max_threads(), rq.t, rk.t});
+    const std::vector<RowBlock> blocks = row_blocks(a, rq.t, rk.t);
     for_each_entry(rq.entries, [&](int64_t e, int thread) {
-      Map<T> s(scratch.data<T>() + thread * rq.t * rk.t, rq.t, rk.t);
-      Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>> row_lse(lse.data<T>() + e * rq.t, rq.t);
-      scores<T>(*x.q, rq, *x.k, rk, e, e / a.kv_groups, a, s);
-      for (int64_t i = 0; i < rq.t; ++i) {
-        const T m = s.row(i).maxCoeff();
-        s.row(i) = (s.row(i).array() - m).exp();
-        const T l = s.row(i).sum();
-        s.row(i) /= l;
-        row_lse(i) = m + std::log(l);
+      const int64_t ek = e / a.kv_groups;
+      for (const RowBlock& blk : blocks) {
+        Map<T> s(scratch.data<T>() + thread * rq.t * rk.t, blk.rows, blk.keys);
+        scores<T>(*x.q, rq, *x.k, rk, e, ek, blk, a, s);
+        for (int64_t i = 0; i < blk.rows; ++i) {
+          const T m = s.row(i).maxCoeff();
+          s.row(i) = (s.row(i).array() - m).exp();
+          const T l = s.row(i).sum();
+          s.row(i) /= l;
+          lse.data<T>()[e * rq.t + blk.first + i] = m + std::log(l);
+        }
+        gemm<T>(false, false, blk.rows, rv.cols, blk.keys, T(1), s.data(), blk.keys, rows_at<T>(*x.v, rv, ek),
+                rv.row_stride(), rows_at<T>(o, ro, e) + blk.first * ro.row_stride(), ro.row_stride());
       }
-      gemm<T>(false, false, rq.t, rv.cols, rk.t, T(1), s.data(), rk.t, rows_at<T>(*x.v, rv, e / a.kv_groups),
-              rv.row_stride(), rows_at<T>(o, ro, e), ro.row_stride());
     });
   });
   return {o, lse};
@@ -303,28 +331,39 @@ std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const Host
     using T = decltype(t);
     using Col = Eigen::Matrix<T, Eigen::Dynamic, 1>;
     HostTensor scratch = bufs.scratch(in[0]->dtype(), Shape{omp_get_max_threads(), 2, rq.t, rk.t});
-    // A key/value entry at a time (its dk and dv sum over the query heads of its group).
+    const std::vector<RowBlock> blocks = row_blocks(a, rq.t, rk.t);
+    // A key/value entry at a time (its dk and dv sum over the query heads of its group). The
+    // blocks run last first: the last one sees every key and writes dk and dv whole (for the
+    // group's first head), the others add to the keys they see.
     for_each_entry(rk.entries, [&](int64_t ek, int thread) {
+      const T scale = static_cast<T>(a.scale);
       for (int64_t g = 0; g < a.kv_groups; ++g) {
         const int64_t e = ek * a.kv_groups + g;
-        const ConstRowsMap<T> o = entry<T>(o_in, ro, e), d_o = entry<T>(do_in, ro, e);
-        Eigen::Map<const Col> lse(lse_in.data<T>() + e * rq.t, rq.t);
-        Map<T> p(scratch.data<T>() + (2 * thread) * rq.t * rk.t, rq.t, rk.t),
-            ds(scratch.data<T>() + (2 * thread + 1) * rq.t * rk.t, rq.t, rk.t);
-        scores(*x.q, rq, *x.k, rk, e, ek, a, p);
-        p = (p.array().colwise() - lse.array()).exp();  // exp(-inf) = 0 where masked
-        Col rows_d = (d_o.array() * o.array()).rowwise().sum();
-        if (has_dlse) rows_d -= Eigen::Map<const Col>(in[x.rest + 3]->data<T>() + e * rq.t, rq.t);
-        gemm<T>(false, true, rq.t, rk.t, rv.cols, T(1), rows_at<T>(do_in, ro, e), ro.row_stride(),
-                rows_at<T>(*x.v, rv, ek), rv.row_stride(), ds.data(), rk.t);  // do vᵀ
-        ds = p.array() * (ds.array().colwise() - rows_d.array());
-        const T scale = static_cast<T>(a.scale);
-        gemm<T>(false, false, rq.t, rq.cols, rk.t, scale, ds.data(), rk.t, rows_at<T>(*x.k, rk, ek), rk.row_stride(),
-                rows_at<T>(dq, rq, e), rq.row_stride());  // dq = scale ds k
-        gemm<T>(true, false, rk.t, rq.cols, rq.t, scale, ds.data(), rk.t, rows_at<T>(*x.q, rq, e), rq.row_stride(),
-                rows_at<T>(dk, rk, ek), rk.row_stride(), g > 0);  // dk (+)= scale dsᵀ q
-        gemm<T>(true, false, rk.t, rv.cols, rq.t, T(1), p.data(), rk.t, rows_at<T>(do_in, ro, e), ro.row_stride(),
-                rows_at<T>(dvt, rv, ek), rv.row_stride(), g > 0);  // dv (+)= pᵀ do
+        for (auto blk = blocks.rbegin(); blk != blocks.rend(); ++blk) {
+          const bool first_write = g == 0 && blk == blocks.rbegin();
+          const int64_t rows = blk->rows, keys = blk->keys;
+          const T *do_rows = rows_at<T>(do_in, ro, e) + blk->first * ro.row_stride(),
+                  *o_rows = rows_at<T>(o_in, ro, e) + blk->first * ro.row_stride();
+          const ConstRowsMap<T> o(o_rows, rows, ro.cols, Eigen::OuterStride<>(ro.row_stride())),
+              d_o(do_rows, rows, ro.cols, Eigen::OuterStride<>(ro.row_stride()));
+          Eigen::Map<const Col> lse(lse_in.data<T>() + e * rq.t + blk->first, rows);
+          Map<T> p(scratch.data<T>() + (2 * thread) * rq.t * rk.t, rows, keys),
+              ds(scratch.data<T>() + (2 * thread + 1) * rq.t * rk.t, rows, keys);
+          scores(*x.q, rq, *x.k, rk, e, ek, *blk, a, p);
+          p = (p.array().colwise() - lse.array()).exp();  // exp(-inf) = 0 where masked
+          Col rows_d = (d_o.array() * o.array()).rowwise().sum();
+          if (has_dlse) rows_d -= Eigen::Map<const Col>(in[x.rest + 3]->data<T>() + e * rq.t + blk->first, rows);
+          gemm<T>(false, true, rows, keys, rv.cols, T(1), do_rows, ro.row_stride(), rows_at<T>(*x.v, rv, ek),
+                  rv.row_stride(), ds.data(), keys);  // do vᵀ
+          ds = p.array() * (ds.array().colwise() - rows_d.array());
+          gemm<T>(false, false, rows, rq.cols, keys, scale, ds.data(), keys, rows_at<T>(*x.k, rk, ek), rk.row_stride(),
+                  rows_at<T>(dq, rq, e) + blk->first * rq.row_stride(), rq.row_stride());  // dq = scale ds k
+          gemm<T>(true, false, keys, rq.cols, rows, scale, ds.data(), keys,
+                  rows_at<T>(*x.q, rq, e) + blk->first * rq.row_stride(), rq.row_stride(), rows_at<T>(dk, rk, ek),
+                  rk.row_stride(), !first_write);  // dk (+)= scale dsᵀ q
+          gemm<T>(true, false, keys, rv.cols, rows, T(1), p.data(), keys, do_rows, ro.row_stride(),
+                  rows_at<T>(dvt, rv, ek), rv.row_stride(), !first_write);  // dv (+)= pᵀ do
+        }
       }
     });
   });

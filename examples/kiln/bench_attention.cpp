@@ -64,9 +64,13 @@ int bench_attention(const std::string& spec, int64_t runs) {
     Tensor q = operand("attention_q_"), k = operand("attention_k_"), v = operand("attention_v_");
     auto heads = [](const Tensor& x) { return permute(x, {0, 2, 1, 3}); };  // (B, H, T, D)
     TracedStep step({}, [&] {
-      Tensor scores = matmul(heads(q) * (1.0 / std::sqrt(static_cast<double>(s.d))), heads(k), false, true);
-      Tensor y = permute(matmul(softmax(causal_mask_fill(scores)), heads(v)), {0, 2, 1, 3});
-      Tensor total = sum(y * y);
+      Tensor total;
+      {  // the scores and the output go out of scope before the realization: a live handle would
+         // keep them, and the attention fusion leaves a chain whose values someone keeps alone
+        Tensor scores = matmul(heads(q) * (1.0 / std::sqrt(static_cast<double>(s.d))), heads(k), false, true);
+        Tensor y = permute(matmul(softmax(causal_mask_fill(scores)), heads(v)), {0, 2, 1, 3});
+        total = sum(y * y);
+      }
       total.backward();
       Engine::current().realize();
       return std::vector<Tensor>{total};

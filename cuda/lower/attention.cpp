@@ -113,6 +113,49 @@ std::vector<ArgRef> qkv_args(const Sizes& s) {
 ArgRef after_qkv(const Sizes& s, int i) { return {ArgRef::Kind::Input, s.rest + i}; }
 ArgRef gradient_of(const Sizes& s, int piece) { return {ArgRef::Kind::Output, s.packed ? 0 : piece}; }
 
+// The buffer parameters of each launch (registers) and where their addresses come from, the
+// same for both kernel families.
+struct ForwardParams {
+  Reg q, k, v, o, lse;
+  std::vector<ArgRef> args;
+};
+ForwardParams forward_params(KernelBuilder& b, const Sizes& s) {
+  ForwardParams f;
+  f.q = b.param("q", Type::u64), f.k = b.param("k", Type::u64), f.v = b.param("v", Type::u64);
+  f.o = b.param("o", Type::u64), f.lse = b.param("lse", Type::u64);
+  f.args = with(qkv_args(s), {kOut0, {ArgRef::Kind::Output, 1}});
+  return f;
+}
+struct GradQParams {
+  Reg q, k, v, o, lse, d_o, dlse, dq, dd;  // dlse: invalid without one; dd: D, scratch
+  std::vector<ArgRef> args;
+};
+GradQParams grad_q_params(KernelBuilder& b, const Sizes& s, bool has_dlse) {
+  GradQParams g;
+  g.q = b.param("q", Type::u64), g.k = b.param("k", Type::u64), g.v = b.param("v", Type::u64);
+  g.o = b.param("o", Type::u64), g.lse = b.param("lse", Type::u64), g.d_o = b.param("do", Type::u64);
+  if (has_dlse) g.dlse = b.param("dlse", Type::u64);
+  g.dq = b.param("dq", Type::u64), g.dd = b.param("D", Type::u64);
+  g.args = with(qkv_args(s), {after_qkv(s, 0), after_qkv(s, 1), after_qkv(s, 2)});
+  if (has_dlse) g.args.push_back(after_qkv(s, 3));
+  g.args.push_back(kOut0);
+  g.args.push_back({ArgRef::Kind::Scratch, 0});
+  return g;
+}
+struct GradKvParams {
+  Reg q, k, v, lse, d_o, dd, dk, dv;
+  std::vector<ArgRef> args;
+};
+GradKvParams grad_kv_params(KernelBuilder& b, const Sizes& s) {
+  GradKvParams g;
+  g.q = b.param("q", Type::u64), g.k = b.param("k", Type::u64), g.v = b.param("v", Type::u64);
+  g.lse = b.param("lse", Type::u64), g.d_o = b.param("do", Type::u64), g.dd = b.param("D", Type::u64);
+  g.dk = b.param("dk", Type::u64), g.dv = b.param("dv", Type::u64);
+  g.args = with(qkv_args(s),
+                {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0}, gradient_of(s, 1), gradient_of(s, 2)});
+  return g;
+}
+
 // The row this warp works on (u32 from the launch; in the index type), and the lane.
 struct WarpRow {
   Reg row, lane, in_range;
@@ -304,8 +347,8 @@ LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionP
   (void)c;
   (void)op;
   KernelBuilder b("kiln_attention_tiled");
-  Reg q = b.param("q", Type::u64), k = b.param("k", Type::u64), v = b.param("v", Type::u64);
-  Reg o = b.param("o", Type::u64), lse = b.param("lse", Type::u64);
+  const ForwardParams f = forward_params(b, s);
+  const Reg q = f.q, k = f.k, v = f.v, o = f.o, lse = f.lse;
   Reg k_smem = b.shared_addr(b.shared_array("k_tile", kTileKeys * s.d * 4));
   Reg v_smem = b.shared_addr(b.shared_array("v_tile", kTileKeys * s.dv * 4));
   Reg tid = b.sreg(SReg::tid_x);
@@ -380,8 +423,7 @@ LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionP
          b.add(Type::f32, m, emit_scalar_exp(b, se::log(se::in(0)), {l})));
   });
   const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows), 1};
-  return single_launch(finish_launch(b, "kiln_attention_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1},
-                                     with(qkv_args(s), {kOut0, {ArgRef::Kind::Output, 1}})),
+  return single_launch(finish_launch(b, "kiln_attention_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, f.args),
                        std::string("attention") + (a.causal ? " (causal)" : "") +
                            ": a thread per query row, 64 rows a block, keys in shared tiles of 32, online softmax "
                            "a tile at a time, o and the row log-sum-exp written");
@@ -394,8 +436,8 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
   if (tiled_forward(s)) return lower_attention_tiled(c, op, a, s);
   const int64_t rows = s.entries * s.tq;
   KernelBuilder b("kiln_attention");
-  Reg q = b.param("q", Type::u64), k = b.param("k", Type::u64), v = b.param("v", Type::u64);
-  Reg o = b.param("o", Type::u64), lse = b.param("lse", Type::u64);
+  const ForwardParams f = forward_params(b, s);
+  const Reg q = f.q, k = f.k, v = f.v, o = f.o, lse = f.lse;
   const WarpRow w = warp_row(b, s, rows);
   b.if_(w.in_range, [&] {
     const Reg entry = entry_of(b, s, w.row, s.tq), i = position_of(b, s, w.row, s.tq);
@@ -428,8 +470,7 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
     });
   });
   LoweredOp lo = single_launch(
-      finish_launch(b, "kiln_attention", grid_for(rows), {32 * kWarps, 1, 1},
-                    with(qkv_args(s), {kOut0, {ArgRef::Kind::Output, 1}})),
+      finish_launch(b, "kiln_attention", grid_for(rows), {32 * kWarps, 1, 1}, f.args),
       std::string("attention") + (a.causal ? " (causal)" : "") +
           ": a warp per query row, keys one at a time, online softmax, o and the row log-sum-exp written");
   return lo;
@@ -450,14 +491,8 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
   lo.scratch_bytes = {static_cast<size_t>(s.entries * s.tq) * 4};  // D, a value per query row
   {
     KernelBuilder b("kiln_attention_grad_q_tiled");
-    Reg q = b.param("q", Type::u64), k = b.param("k", Type::u64), v = b.param("v", Type::u64);
-    Reg o = b.param("o", Type::u64), lse = b.param("lse", Type::u64), d_o = b.param("do", Type::u64);
-    Reg dlse = has_dlse ? b.param("dlse", Type::u64) : Reg{};
-    Reg dq = b.param("dq", Type::u64), dd = b.param("D", Type::u64);
-    std::vector<ArgRef> args = with(qkv_args(s), {after_qkv(s, 0), after_qkv(s, 1), after_qkv(s, 2)});
-    if (has_dlse) args.push_back(after_qkv(s, 3));
-    args.push_back(kOut0);
-    args.push_back({ArgRef::Kind::Scratch, 0});
+    const GradQParams g = grad_q_params(b, s, has_dlse);
+    const Reg q = g.q, k = g.k, v = g.v, o = g.o, lse = g.lse, d_o = g.d_o, dlse = g.dlse, dq = g.dq, dd = g.dd;
     Reg k_smem = b.shared_addr(b.shared_array("k_tile", kTileKeys * s.d * 4));
     Reg v_smem = b.shared_addr(b.shared_array("v_tile", kTileKeys * s.dv * 4));
     const int q_columns = b.shared_array("q_columns", s.d * kTileRows * 4);
@@ -510,13 +545,12 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows),
                          1};
     lo.launches.push_back(
-        finish_launch(b, "kiln_attention_grad_q_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, args));
+        finish_launch(b, "kiln_attention_grad_q_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, g.args));
   }
   {
     KernelBuilder b("kiln_attention_grad_kv_tiled");
-    Reg q = b.param("q", Type::u64), k = b.param("k", Type::u64), v = b.param("v", Type::u64);
-    Reg lse = b.param("lse", Type::u64), d_o = b.param("do", Type::u64), dd = b.param("D", Type::u64);
-    Reg dk = b.param("dk", Type::u64), dv = b.param("dv", Type::u64);
+    const GradKvParams g = grad_kv_params(b, s);
+    const Reg q = g.q, k = g.k, v = g.v, lse = g.lse, d_o = g.d_o, dd = g.dd, dk = g.dk, dv = g.dv;
     // Queries in tiles of 16: with both own columns, 40 KiB of shared memory at head size 64.
     constexpr int64_t kQueries = kTileKeys / 2;
     Reg q_smem = b.shared_addr(b.shared_array("q_tile", kQueries * s.d * 4));
@@ -581,10 +615,8 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     });
     const sim::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups),
                          static_cast<uint32_t>((s.tk + kTileRows - 1) / kTileRows), 1};
-    lo.launches.push_back(finish_launch(
-        b, "kiln_attention_grad_kv_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1},
-        with(qkv_args(s),
-             {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0}, gradient_of(s, 1), gradient_of(s, 2)})));
+    lo.launches.push_back(
+        finish_launch(b, "kiln_attention_grad_kv_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, g.args));
   }
   lo.summary = std::string("attention_grad") + (a.causal ? " (causal)" : "") +
                ": a thread per query row (D, dq; keys in shared tiles of 32), then a thread per key row (dk, dv; "
@@ -607,14 +639,8 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
   {
     const int64_t rows = s.entries * s.tq;
     KernelBuilder b("kiln_attention_grad_q");
-    Reg q = b.param("q", Type::u64), k = b.param("k", Type::u64), v = b.param("v", Type::u64);
-    Reg o = b.param("o", Type::u64), lse = b.param("lse", Type::u64), d_o = b.param("do", Type::u64);
-    Reg dlse = has_dlse ? b.param("dlse", Type::u64) : Reg{};
-    Reg dq = b.param("dq", Type::u64), dd = b.param("D", Type::u64);
-    std::vector<ArgRef> args = with(qkv_args(s), {after_qkv(s, 0), after_qkv(s, 1), after_qkv(s, 2)});
-    if (has_dlse) args.push_back(after_qkv(s, 3));
-    args.push_back(kOut0);
-    args.push_back({ArgRef::Kind::Scratch, 0});
+    const GradQParams g = grad_q_params(b, s, has_dlse);
+    const Reg q = g.q, k = g.k, v = g.v, o = g.o, lse = g.lse, d_o = g.d_o, dlse = g.dlse, dq = g.dq, dd = g.dd;
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
       const Reg entry = entry_of(b, s, w.row, s.tq), i = position_of(b, s, w.row, s.tq);
@@ -638,15 +664,14 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
       });
       store_row(b, s, dq, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, acc, scale);
     });
-    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q", grid_for(rows), {32 * kWarps, 1, 1}, args));
+    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q", grid_for(rows), {32 * kWarps, 1, 1}, g.args));
   }
   // Launch 2: a warp per key row; dk and dv over the queries that see the key.
   {
     const int64_t rows = s.entries / s.groups * s.tk;  // key rows of the key/value entries
     KernelBuilder b("kiln_attention_grad_kv");
-    Reg q = b.param("q", Type::u64), k = b.param("k", Type::u64), v = b.param("v", Type::u64);
-    Reg lse = b.param("lse", Type::u64), d_o = b.param("do", Type::u64), dd = b.param("D", Type::u64);
-    Reg dk = b.param("dk", Type::u64), dv = b.param("dv", Type::u64);
+    const GradKvParams g = grad_kv_params(b, s);
+    const Reg q = g.q, k = g.k, v = g.v, lse = g.lse, d_o = g.d_o, dd = g.dd, dk = g.dk, dv = g.dv;
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
       const Reg entry = entry_of(b, s, w.row, s.tk), j = position_of(b, s, w.row, s.tk);
@@ -672,10 +697,7 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
       store_row(b, s, dk, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d, acc_k, scale);
       store_row(b, s, dv, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv, acc_v);
     });
-    lo.launches.push_back(finish_launch(
-        b, "kiln_attention_grad_kv", grid_for(rows), {32 * kWarps, 1, 1},
-        with(qkv_args(s),
-             {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0}, gradient_of(s, 1), gradient_of(s, 2)})));
+    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv", grid_for(rows), {32 * kWarps, 1, 1}, g.args));
   }
   lo.summary = std::string("attention_grad") + (a.causal ? " (causal)" : "") +
                ": a warp per query row (D, dq), then a warp per key row (dk, dv), probabilities recomputed from "

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench_shapes.hpp"
 #include "circuit/ir/error.hpp"
 #include "core/engine.hpp"
 #include "core/traced_step.hpp"
@@ -21,35 +22,12 @@ struct AttentionShape {
 
 std::vector<AttentionShape> parse_shapes(const std::string& spec) {
   std::vector<AttentionShape> out;
-  size_t start = 0;
-  while (start <= spec.size()) {
-    const size_t end = std::min(spec.find(',', start), spec.size());
-    const std::string item = spec.substr(start, end - start);
-    std::vector<int64_t> dims;
-    size_t p = 0;
-    while (p < item.size()) {
-      size_t used = 0;
-      long long v = 0;
-      try {
-        v = std::stoll(item.substr(p), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || v < 1) throw Error("--attention: expected BxHxTxD with positive sizes, received '" + item + "'");
-      dims.push_back(v);
-      p += used;
-      if (p < item.size() && item[p] == 'x') ++p;
-    }
-    if (dims.size() != 4) throw Error("--attention: expected BxHxTxD, received '" + item + "'");
+  for (const std::vector<int64_t>& dims : parse_shape_list(spec, "--attention", "BxHxTxD")) {
+    if (dims.size() != 4)
+      throw Error("--attention: expected BxHxTxD, received " + std::to_string(dims.size()) + " sizes in an item");
     out.push_back({dims[0], dims[1], dims[2], dims[3]});
-    start = end + 1;
   }
   return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench_shapes.hpp"
 #include "circuit/ir/error.hpp"
 #include "core/engine.hpp"
 #include "core/traced_step.hpp"
@@ -21,36 +22,15 @@ struct GemmShape {
 
 std::vector<GemmShape> parse_shapes(const std::string& spec) {
   std::vector<GemmShape> out;
-  size_t start = 0;
-  while (start <= spec.size()) {
-    const size_t end = std::min(spec.find(',', start), spec.size());
-    const std::string item = spec.substr(start, end - start);
-    std::vector<int64_t> dims;
-    size_t p = 0;
-    while (p < item.size()) {
-      size_t used = 0;
-      long long v = 0;
-      try {
-        v = std::stoll(item.substr(p), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || v < 1) throw Error("--gemm: expected N or MxNxK with positive sizes, received '" + item + "'");
-      dims.push_back(v);
-      p += used;
-      if (p < item.size() && item[p] == 'x') ++p;
-    }
-    if (dims.size() == 1) out.push_back({dims[0], dims[0], dims[0]});
-    else if (dims.size() == 3) out.push_back({dims[0], dims[1], dims[2]});
-    else throw Error("--gemm: expected N or MxNxK, received '" + item + "'");
-    start = end + 1;
+  for (const std::vector<int64_t>& dims : parse_shape_list(spec, "--gemm", "N or MxNxK")) {
+    if (dims.size() == 1)
+      out.push_back({dims[0], dims[0], dims[0]});
+    else if (dims.size() == 3)
+      out.push_back({dims[0], dims[1], dims[2]});
+    else
+      throw Error("--gemm: expected N or MxNxK, received " + std::to_string(dims.size()) + " sizes in an item");
   }
   return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 }  // namespace
 
@@ -79,11 +59,11 @@ int bench_gemm(const std::string& spec, int64_t runs) {
       step.run({})[0].item();
       ms.push_back(Engine::current().stats().last_work_ms);
     }
-    const double t = median(ms), flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
+    const double t = median(ms),
+                 flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
     std::printf("gemm %lld x %lld x %lld (m n k), %s: %.3f ms median of %lld -> %.1f TFLOP/s\n",
                 static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
-                bf16 ? "bf16 operands" : "f32", t,
-                static_cast<long long>(runs), flops / (t / 1000) / 1e12);
+                bf16 ? "bf16 operands" : "f32", t, static_cast<long long>(runs), flops / (t / 1000) / 1e12);
   }
   return 0;
 }

@@ -19,10 +19,13 @@
 // Every op must match exactly (Prim, params, bodies, wiring) and every intermediate must be read
 // only inside its own chain (nothing outside needs the scores or the probabilities), or the
 // circuit is left as it is. A forward whose intermediates nothing else reads (no backward: an
-// evaluation) fuses alone. Around a match the pass then takes, each all or nothing: a constant
-// scale on q (the op's scale), the heads' permutes [0, 2, 1, 3] of q, k, v, o and the gradients
-// (the op works with heads inside), and a fused projection's split into q, k, v with the concat
-// of their gradients (the op reads and writes the packed value); see absorb_scale_and_heads.
+// evaluation) fuses alone. A constant scale on the scores (s * c, and its VJP after the mask)
+// becomes the op's scale. Around a match the pass then takes, each all or nothing: a constant
+// scale on q (times the op's scale); grouped-query repeats of k and v with the group sums of
+// their gradients (the op's kv_groups), and otherwise the heads' permutes [0, 2, 1, 3] of q, k,
+// v, o and the gradients (the op works with heads inside) and then a fused projection's split
+// into q, k, v with the concat of their gradients (the op reads and writes the packed value);
+// see absorb_scale_and_heads.
 #include <algorithm>
 #include <limits>
 #include <optional>

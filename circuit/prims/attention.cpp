@@ -243,14 +243,9 @@ T* rows_at(HostTensor& x, const Rows& r, int64_t e) {
   return x.data<T>() + r.base(e);
 }
 
-// Entry e's rows of a tensor laid out as `r`, as a matrix.
-template <class T>
-ConstRowsMap<T> entry(const HostTensor& x, const Rows& r, int64_t e) {
-  return ConstRowsMap<T>(x.data<T>() + r.base(e), r.t, r.cols, Eigen::OuterStride<>(r.row_stride()));
-}
-
 // Causal attention runs in blocks of query rows, each against only the keys its last row sees
-// (about half the products and exps at T = 64, less at larger T); unmasked attention in one block.
+// (five eighths of the products and exps at T = 64, about half at large T); unmasked attention
+// in one block.
 constexpr int64_t kCausalRows = 16;
 struct RowBlock {
   int64_t first, rows, keys;  // query rows [first, first + rows) against keys [0, keys)

@@ -170,19 +170,10 @@ class Matcher {
   void absorb_scale_and_heads(Match& mt) const {
     const bool backward = !mt.backward.empty();
     if (mt.q == mt.k || mt.q == mt.v || mt.k == mt.v) return;  // one value in two roles: keep it as it is
-    auto chain_reads_only = [&](ValueId v, std::vector<int32_t> extra) {
-      std::vector<int32_t> chain = mt.forward;
-      chain.insert(chain.end(), mt.backward.begin(), mt.backward.end());
-      chain.insert(chain.end(), extra.begin(), extra.end());
-      if (protected_[static_cast<size_t>(v)]) return false;
-      for (int32_t r : readers_[static_cast<size_t>(v)])
-        if (!in(chain, r)) return false;
-      return true;
-    };
     // The scale on q (times any scale on the scores).
     if (const Op* scale = producer(mt.q, PrimId::pointwise); scale && times_constant(*scale)) {
       const Op* back = backward ? only_reader(mt.dq) : nullptr;
-      if (chain_reads_only(mt.q, {}) &&
+      if (reads_only_chain(mt, mt.q) &&
           (!backward || (back && back->is(PrimId::pointwise) && back->params.body == scale->params.body &&
                          back->inputs.size() == 1 && !protected_[static_cast<size_t>(mt.dq)]))) {
         mt.scale *= *times_constant(*scale);
@@ -204,8 +195,8 @@ class Matcher {
     const Op *pq = producer(mt.q, PrimId::permute), *pk = producer(mt.k, PrimId::permute),
              *pv = producer(mt.v, PrimId::permute), *po = only_reader(mt.o);
     if (!heads_permute(pq) || !heads_permute(pk) || !heads_permute(pv) || !heads_permute(po) ||
-        protected_[static_cast<size_t>(mt.o)] || !chain_reads_only(mt.q, {}) || !chain_reads_only(mt.k, {}) ||
-        !chain_reads_only(mt.v, {}))
+        protected_[static_cast<size_t>(mt.o)] || !reads_only_chain(mt, mt.q) || !reads_only_chain(mt, mt.k) ||
+        !reads_only_chain(mt, mt.v))
       return;
     const Op *pdo = nullptr, *pdq = nullptr, *pdk = nullptr, *pdv = nullptr;
     if (backward) {

@@ -53,13 +53,7 @@ int bench_attention(const std::string& spec, int64_t runs) {
       Engine::current().realize();
       return std::vector<Tensor>{total};
     });
-    for (int i = 0; i < 3; ++i) step.run({})[0].item();  // warm up
-    std::vector<double> ms;
-    for (int64_t i = 0; i < runs; ++i) {
-      step.run({})[0].item();
-      ms.push_back(Engine::current().stats().last_work_ms);
-    }
-    const double t = median(ms);
+    const double t = median_work_ms(step, runs);
     const double flops = 12.0 * static_cast<double>(s.b * s.h) * static_cast<double>(s.t) * static_cast<double>(s.t) *
                          static_cast<double>(s.d) / 2;
     std::printf("attention %s (B H T D), causal, forward + backward: %.3f ms median of %lld -> %.3f TFLOP/s\n",

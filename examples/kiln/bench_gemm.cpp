@@ -53,13 +53,7 @@ int bench_gemm(const std::string& spec, int64_t runs) {
       Engine::current().realize();
       return std::vector<Tensor>{total};
     });
-    for (int i = 0; i < 3; ++i) step.run({})[0].item();  // warm up
-    std::vector<double> ms;
-    for (int64_t i = 0; i < runs; ++i) {
-      step.run({})[0].item();
-      ms.push_back(Engine::current().stats().last_work_ms);
-    }
-    const double t = median(ms),
+    const double t = median_work_ms(step, runs),
                  flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
     std::printf("gemm %lld x %lld x %lld (m n k), %s: %.3f ms median of %lld -> %.1f TFLOP/s\n",
                 static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),

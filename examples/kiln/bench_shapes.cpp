@@ -1,9 +1,11 @@
-// Shape lists of `kiln bench --gemm` and `--attention`.
+// Shape lists of `kiln bench --gemm` and `--attention`, and their timed runs.
 #include "bench_shapes.hpp"
 
 #include <algorithm>
 
 #include "circuit/ir/error.hpp"
+#include "core/engine.hpp"
+#include "core/traced_step.hpp"
 
 namespace kiln::cli {
 
@@ -37,9 +39,15 @@ std::vector<std::vector<int64_t>> parse_shape_list(const std::string& spec, cons
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+double median_work_ms(TracedStep& step, int64_t runs) {
+  for (int i = 0; i < 3; ++i) step.run({})[0].item();  // warm up
+  std::vector<double> ms;
+  for (int64_t i = 0; i < runs; ++i) {
+    step.run({})[0].item();
+    ms.push_back(Engine::current().stats().last_work_ms);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms.empty() ? 0 : ms[ms.size() / 2];
 }
 
 }  // namespace kiln::cli

@@ -1,9 +1,13 @@
-// Shape lists of `kiln bench --gemm` and `--attention`, and the medians they report.
+// Shape lists of `kiln bench --gemm` and `--attention`, and the step times they report.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+namespace kiln {
+class TracedStep;
+}
 
 namespace kiln::cli {
 
@@ -12,6 +16,8 @@ namespace kiln::cli {
 std::vector<std::vector<int64_t>> parse_shape_list(const std::string& spec, const std::string& flag,
                                                    const std::string& expected);
 
-double median(std::vector<double> v);
+// The median device-work time (Engine::stats().last_work_ms) of `runs` runs of `step`, after three
+// warm-up runs; each run reads back its first output.
+double median_work_ms(TracedStep& step, int64_t runs);
 
 }  // namespace kiln::cli

@@ -343,19 +343,38 @@ void axpy_shared(KernelBuilder& b, std::vector<Reg>& acc, Reg w, Reg smem, int64
   }
 }
 
-LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionParams& a, const Sizes& s) {
-  (void)c;
-  (void)op;
+// A tiled kernel's query row: the block's entry (ctaid.x) and tile of kTileRows rows (ctaid.y),
+// this thread's row i (valid below tq), the keys the row sees ([0, limit)) and the keys the
+// block stages ([0, key_end): all of them, or under the mask those its last row sees).
+struct QueryRow {
+  Reg tid, entry, kv_entry, tile, i, valid, limit;
+  Operand key_end;
+};
+QueryRow query_row(KernelBuilder& b, const Sizes& s, const AttentionParams& a) {
+  QueryRow r;
+  r.tid = b.sreg(SReg::tid_x);
+  r.entry = in_index_type(b, s, b.sreg(SReg::ctaid_x));
+  r.tile = in_index_type(b, s, b.sreg(SReg::ctaid_y));
+  r.kv_entry = kv_entry_of(b, s, r.entry);
+  r.i = b.mad(s.it, r.tile, imm_index(s.it, kTileRows), in_index_type(b, s, r.tid));
+  r.valid = b.setp(Cmp::lt, r.i, imm_index(s.it, s.tq));
+  r.limit = a.causal ? b.min(s.it, b.add(s.it, r.i, imm_index(s.it, 1)), imm_index(s.it, s.tk))
+                     : b.mov(s.it, imm_index(s.it, s.tk));
+  r.key_end =
+      a.causal ? Operand(b.min(s.it, b.mul(s.it, b.add(s.it, r.tile, imm_index(s.it, 1)), imm_index(s.it, kTileRows)),
+                               imm_index(s.it, s.tk)))
+               : imm_index(s.it, s.tk);
+  return r;
+}
+
+LoweredOp lower_attention_tiled(const AttentionParams& a, const Sizes& s) {
   KernelBuilder b("kiln_attention_tiled");
   const ForwardParams f = forward_params(b, s);
   const Reg q = f.q, k = f.k, v = f.v, o = f.o, lse = f.lse;
   Reg k_smem = b.shared_addr(b.shared_array("k_tile", kTileKeys * s.d * 4));
   Reg v_smem = b.shared_addr(b.shared_array("v_tile", kTileKeys * s.dv * 4));
-  Reg tid = b.sreg(SReg::tid_x);
-  Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x)), tile = in_index_type(b, s, b.sreg(SReg::ctaid_y));
-  Reg kv_entry = kv_entry_of(b, s, entry);
-  Reg i = b.mad(s.it, tile, imm_index(s.it, kTileRows), in_index_type(b, s, tid));
-  Reg valid = b.setp(Cmp::lt, i, imm_index(s.it, s.tq));
+  const QueryRow r = query_row(b, s, a);
+  const Reg tid = r.tid, entry = r.entry, kv_entry = r.kv_entry, i = r.i, valid = r.valid, limit = r.limit;
   // q, scaled, in registers (zeros for the rows past tq, which compute unused values).
   std::vector<Reg> qv = zeros(b, static_cast<size_t>(s.d));
   b.if_(valid, [&] {
@@ -367,16 +386,9 @@ LoweredOp lower_attention_tiled(const Circuit& c, const Op& op, const AttentionP
               b.mul(Type::f32, x[static_cast<size_t>(e)], imm_f32(static_cast<float>(a.scale))));
     }
   });
-  // Keys this row sees: [0, limit); keys the block stages: [0, key_end).
-  Reg limit = a.causal ? b.min(s.it, b.add(s.it, i, imm_index(s.it, 1)), imm_index(s.it, s.tk))
-                       : b.mov(s.it, imm_index(s.it, s.tk));
-  Operand key_end =
-      a.causal ? Operand(b.min(s.it, b.mul(s.it, b.add(s.it, tile, imm_index(s.it, 1)), imm_index(s.it, kTileRows)),
-                               imm_index(s.it, s.tk)))
-               : imm_index(s.it, s.tk);
   Reg m = b.mov(Type::f32, imm_f32(-INFINITY)), l = b.mov(Type::f32, imm_f32(0.0f));
   std::vector<Reg> acc = zeros(b, static_cast<size_t>(s.dv));
-  b.for_(imm_index(s.it, 0), key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
+  b.for_(imm_index(s.it, 0), r.key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
     b.bar();  // the previous tile's readers are done
     stage_rows(b, s, k, s.k, kv_entry, j0, s.tk, s.d, k_smem, tid);
     stage_rows(b, s, v, s.v, kv_entry, j0, s.tk, s.dv, v_smem, tid);
@@ -433,7 +445,7 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
   require_gpu_dtypes(c, op);
   const AttentionParams a = AttentionParams::of(op);
   const Sizes s = sizes_of(c, op);
-  if (tiled_forward(s)) return lower_attention_tiled(c, op, a, s);
+  if (tiled_forward(s)) return lower_attention_tiled(a, s);
   const int64_t rows = s.entries * s.tq;
   KernelBuilder b("kiln_attention");
   const ForwardParams f = forward_params(b, s);
@@ -496,11 +508,8 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     Reg k_smem = b.shared_addr(b.shared_array("k_tile", kTileKeys * s.d * 4));
     Reg v_smem = b.shared_addr(b.shared_array("v_tile", kTileKeys * s.dv * 4));
     const int q_columns = b.shared_array("q_columns", s.d * kTileRows * 4);
-    Reg tid = b.sreg(SReg::tid_x);
-    Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x)), tile = in_index_type(b, s, b.sreg(SReg::ctaid_y));
-    Reg kv_entry = kv_entry_of(b, s, entry);
-    Reg i = b.mad(s.it, tile, imm_index(s.it, kTileRows), in_index_type(b, s, tid));
-    Reg valid = b.setp(Cmp::lt, i, imm_index(s.it, s.tq));
+    const QueryRow r = query_row(b, s, a);
+    const Reg tid = r.tid, entry = r.entry, kv_entry = r.kv_entry, i = r.i, valid = r.valid, limit = r.limit;
     Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), i);
     std::vector<Reg> qv = zeros(b, static_cast<size_t>(s.d)), dov = zeros(b, static_cast<size_t>(s.dv));
     Reg row_d = b.mov(Type::f32, imm_f32(0.0f)), lse_i = b.mov(Type::f32, imm_f32(0.0f));
@@ -517,15 +526,9 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
       b.st(Space::global, Type::f32, b.address(dd, row, 4), row_d);
       b.set(lse_i, b.ld(Space::global, Type::f32, b.address(lse, row, 4)));
     });
-    Reg limit = a.causal ? b.min(s.it, b.add(s.it, i, imm_index(s.it, 1)), imm_index(s.it, s.tk))
-                         : b.mov(s.it, imm_index(s.it, s.tk));
-    Operand key_end =
-        a.causal ? Operand(b.min(s.it, b.mul(s.it, b.add(s.it, tile, imm_index(s.it, 1)), imm_index(s.it, kTileRows)),
-                                 imm_index(s.it, s.tk)))
-                 : imm_index(s.it, s.tk);
     Reg q_own = store_own_column(b, q_columns, tid, qv);  // read after the loop's first barrier
     std::vector<Reg> acc = zeros(b, static_cast<size_t>(s.d));
-    b.for_(imm_index(s.it, 0), key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
+    b.for_(imm_index(s.it, 0), r.key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
       b.bar();
       stage_rows(b, s, k, s.k, kv_entry, j0, s.tk, s.d, k_smem, tid);
       stage_rows(b, s, v, s.v, kv_entry, j0, s.tk, s.dv, v_smem, tid);

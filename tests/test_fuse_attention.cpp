@@ -148,6 +148,24 @@ TEST(FuseAttention, ScalesOnQAndOnTheScoresBecomeTheOpsScale) {
   }
 }
 
+// Dropout on the probabilities (composite::dropout's Philox mask) becomes the ops' keep
+// probability and stream: the fused ops draw the same bits, so the values agree to rounding.
+TEST(FuseAttention, DropoutOnTheProbabilitiesIsFusedWithTheSameBits) {
+  const std::vector<Variant> dropped = {{.dropout = 0.25},
+                                        {.causal = false, .tq = 7, .tk = 11, .dropout = 0.5},
+                                        {.dropout = 0.1, .q_scale = 0.3, .scores_scale = 0.45},
+                                        {.backward = false, .dropout = 0.25}};
+  for (const Variant& v : dropped) {
+    const Circuit f = check_equivalent(v);
+    ASSERT_EQ(count_prim(f, PrimId::attention), 1u) << f.dump();
+    EXPECT_EQ(count_prim(f, PrimId::attention_grad), v.backward ? 1u : 0u) << f.dump();
+    EXPECT_EQ(count_prim(f, PrimId::random), 0u) << f.dump();
+    EXPECT_EQ(square_values(f, v.tq, v.tk), 0u) << f.dump();
+    for (const Op& op : f.ops())
+      if (op.is(PrimId::attention)) EXPECT_DOUBLE_EQ(AttentionParams::of(op).keep, 1.0 - v.dropout);
+  }
+}
+
 TEST(FuseAttention, ForwardAloneFusesAlone) {
   const Circuit f = check_equivalent({.backward = false});
   EXPECT_EQ(count_prim(f, PrimId::attention), 1u);
@@ -160,7 +178,7 @@ TEST(FuseAttention, VariantsOutsideThePatternAreLeftAlone) {
   const std::vector<Variant> left_alone = {
       {.probabilities_out = true},  // something outside reads the probabilities
       {.wrt = {0}},                 // a partial backward (only dq)
-      {.dropout = 0.25},            // dropout on the probabilities: not matched yet
+      {.probabilities_out = true, .dropout = 0.25},
   };
   for (const Variant& v : left_alone) {
     const Circuit f = check_equivalent(v);
@@ -255,33 +273,37 @@ const Circuit& step_plan(Model& model, int64_t t) {
   return engine.plan_cache().largest()->program->circuit();
 }
 
+// With and without dropout on the attention probabilities (the model's attn_dropout).
 TEST(FuseAttention, GptStepsCarryFusedAttentionInEveryLayer) {
-  models::GPTConfig cfg = testing::tiny_gpt_config(2);
-  cfg.dropout = 0;
-  manual_seed(5);
-  models::GPT model(cfg);
-  const int64_t t = 7;  // odd, shorter than the block
-  {
+  for (double dropout : {0.0, 0.1}) {
+    models::GPTConfig cfg = testing::tiny_gpt_config(2);
+    cfg.dropout = dropout;
+    manual_seed(5);
+    models::GPT model(cfg);
+    const int64_t t = 7;  // odd, shorter than the block
+    {
+      const Circuit& c = step_plan(model, t);
+      EXPECT_EQ(count_prim(c, PrimId::attention), 2u) << "dropout " << dropout;
+      EXPECT_EQ(count_prim(c, PrimId::attention_grad), 2u);
+      EXPECT_EQ(square_values(c, t, t), 0u);
+      // The ops read the QKV projection packed and write its gradient packed: no split, concat or
+      // permute of the heads is left, and the scale is the op's.
+      EXPECT_EQ(count_prim(c, PrimId::split), 0u) << c.dump();
+      EXPECT_EQ(count_prim(c, PrimId::concat), 0u);
+      EXPECT_EQ(count_prim(c, PrimId::permute), 0u);
+      for (const Op& op : c.ops())
+        if (op.is(PrimId::attention) || op.is(PrimId::attention_grad)) {
+          const AttentionParams a = AttentionParams::of(op);
+          EXPECT_EQ(a.packed_heads, cfg.n_head);
+          EXPECT_DOUBLE_EQ(a.scale, 1.0 / std::sqrt(static_cast<double>(cfg.n_embd / cfg.n_head)));
+          EXPECT_DOUBLE_EQ(a.keep, 1.0 - dropout);
+        }
+    }
+    testing::ScopedEnv off("KILN_DISABLE_PASSES", "fuse_attention");
     const Circuit& c = step_plan(model, t);
-    EXPECT_EQ(count_prim(c, PrimId::attention), 2u);
-    EXPECT_EQ(count_prim(c, PrimId::attention_grad), 2u);
-    EXPECT_EQ(square_values(c, t, t), 0u);
-    // The ops read the QKV projection packed and write its gradient packed: no split, concat or
-    // permute of the heads is left, and the scale is the op's.
-    EXPECT_EQ(count_prim(c, PrimId::split), 0u) << c.dump();
-    EXPECT_EQ(count_prim(c, PrimId::concat), 0u);
-    EXPECT_EQ(count_prim(c, PrimId::permute), 0u);
-    for (const Op& op : c.ops())
-      if (op.is(PrimId::attention) || op.is(PrimId::attention_grad)) {
-        const AttentionParams a = AttentionParams::of(op);
-        EXPECT_EQ(a.packed_heads, cfg.n_head);
-        EXPECT_DOUBLE_EQ(a.scale, 1.0 / std::sqrt(static_cast<double>(cfg.n_embd / cfg.n_head)));
-      }
+    EXPECT_EQ(count_prim(c, PrimId::attention), 0u);
+    EXPECT_GT(square_values(c, t, t), 0u);
   }
-  testing::ScopedEnv off("KILN_DISABLE_PASSES", "fuse_attention");
-  const Circuit& c = step_plan(model, t);
-  EXPECT_EQ(count_prim(c, PrimId::attention), 0u);
-  EXPECT_GT(square_values(c, t, t), 0u);
 }
 
 TEST(FuseAttention, LlamaStepsWithGroupedQueriesAndRotaryEmbeddingsAreFused) {

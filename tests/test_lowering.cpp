@@ -261,25 +261,35 @@ TEST(Lowering, MatmulKernelsOnTf32TensorCoresPassPtxasWithoutSpills) {
 
 // The attention kernels at the shapes models give them (heads inside: (B, T, H, d)): GPT-2
 // small's head size 64 and the default GPT's 32 take the tiled forward, 128 the warp-per-row
-// one. Registers are printed for docs/BENCHMARKS.md.
+// one; each without and with dropout on the probabilities. Registers are printed for
+// docs/BENCHMARKS.md.
 TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
-  for (const Shape& shape : {Shape{8, 1024, 12, 64}, Shape{16, 64, 4, 32}, Shape{1, 512, 8, 128}}) {
-    Circuit c;
-    std::vector<ValueId> x;
-    for (int i = 0; i < 4; ++i) x.push_back(c.add_external({shape, DType::f32}, ValueRole::Input));
-    const Params p = AttentionParams{true, 0.125, true}.to_params();
-    std::vector<ValueId> f = c.add_op(PrimId::attention, p, {x[0], x[1], x[2]});
-    c.add_op(PrimId::attention_grad, p, {x[0], x[1], x[2], f[0], f[1], x[3]});
-    for (int op = 0; op < 2; ++op)
-      for (const cuda::Launch& l : cuda::lower(c, op).launches)
-        for (int sm : {80, 90}) {
-          const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*l.kernel, sm), sm);
-          EXPECT_TRUE(r.ok) << r.log;
-          EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << l.kernel->name << " sm_" << sm << ": " << r.log;
-          std::printf("%s %s sm_%d: %d registers\n", shape.str().c_str(), l.kernel->name.c_str(), sm, r.registers);
-        }
-  }
+  for (const Shape& shape : {Shape{8, 1024, 12, 64}, Shape{16, 64, 4, 32}, Shape{1, 512, 8, 128}})
+    for (double keep : {1.0, 0.9}) {
+      Circuit c;
+      std::vector<ValueId> x;
+      for (int i = 0; i < 4; ++i) x.push_back(c.add_external({shape, DType::f32}, ValueRole::Input));
+      std::vector<ValueId> qkv = {x[0], x[1], x[2]};
+      if (keep < 1.0) {
+        qkv.push_back(c.add_external({Shape{2}, DType::i32}, ValueRole::Input));
+        qkv.push_back(c.add_external({Shape{}, DType::i32}, ValueRole::Input));
+      }
+      const Params p = AttentionParams{true, 0.125, true, 0, 1, keep}.to_params();
+      std::vector<ValueId> f = c.add_op(PrimId::attention, p, qkv);
+      std::vector<ValueId> grad_in = qkv;
+      grad_in.insert(grad_in.end(), {f[0], f[1], x[3]});
+      c.add_op(PrimId::attention_grad, p, grad_in);
+      for (int op = 0; op < 2; ++op)
+        for (const cuda::Launch& l : cuda::lower(c, op).launches)
+          for (int sm : {80, 90}) {
+            const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*l.kernel, sm), sm);
+            EXPECT_TRUE(r.ok) << r.log;
+            EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << l.kernel->name << " sm_" << sm << ": " << r.log;
+            std::printf("%s keep %.1f %s sm_%d: %d registers\n", shape.str().c_str(), keep, l.kernel->name.c_str(), sm,
+                        r.registers);
+          }
+    }
 }
 
 TEST(Lowering, BadIndexOnTheDeviceIsAnErrorNamingTheOp) {

@@ -8,9 +8,12 @@
 //   e = pointwise exp(in0 - in1) (a, m)
 //   l = reduce sum (e)
 //   p = pointwise in0 / in1 (e, l)
-//   o = matmul(p, v)                                  v (..., Tk, dv)
+//   r = random bernoulli keep (key, offset)           only with dropout, as composite::dropout
+//   pd = pointwise (in0 * in1) * c (p, r)             records it (p's shape, c = 1 / keep)
+//   o = matmul(pd, v)                                 v (..., Tk, dv); pd is p without dropout
 // Backward, as the sweep emits it from those ops' VJP rules (after CSE; do = the gradient of o):
-//   dp = matmul(do, v, tb)            dv = matmul(p, do, ta)
+//   dpd = matmul(do, v, tb)           dv = matmul(pd, do, ta)
+//   dp = pointwise in0 * (c * in1) (dpd, r)           only with dropout (else dp = dpd)
 //   g1 = pointwise in0 * (1 / in1) (dp, l)
 //   g2 = pointwise in0 * neg((in1 / in2) / in2) (dp, e, l); r = broadcast(reduce sum (g2))
 //   da = pointwise in0 * exp(in1 - in2) (g1 + r, a, m)
@@ -42,8 +45,10 @@ namespace {
 struct Match {
   bool causal = false, heads_inside = false;
   double scale = 1.0;
-  int64_t packed_heads = 0;  // > 0: q, k, v (and dq, dk, dv) are one packed value
-  int64_t kv_groups = 1;     // > 1: k and v have a head for each group of that many query heads
+  double keep = 1.0;                          // < 1: dropout on the probabilities
+  ValueId key = kNoValue, offset = kNoValue;  // its stream
+  int64_t packed_heads = 0;                   // > 0: q, k, v (and dq, dk, dv) are one packed value
+  int64_t kv_groups = 1;                      // > 1: k and v have a head for each group of that many query heads
   ValueId q = kNoValue, k = kNoValue, v = kNoValue, o = kNoValue, d_o = kNoValue;
   std::vector<int32_t> forward;   // op indices
   std::vector<int32_t> backward;  // op indices, empty without a backward
@@ -64,9 +69,11 @@ class Matcher {
     Match mt;
     const Op& pv = op(at);
     if (!is_matmul(pv, false, false)) return std::nullopt;
-    const ValueId p = pv.inputs[0];
+    const ValueId pd = pv.inputs[0];
     mt.v = pv.inputs[1];
     mt.o = pv.outputs[0];
+    const Op* dropout = dropout_of(pd, mt);
+    const ValueId p = dropout ? dropout->inputs[0] : pd;
     const Op* div = producer(p, PrimId::pointwise);
     if (!div || div->params.body != se::in(0) / se::in(1)) return std::nullopt;
     const ValueId e = div->inputs[0], l = div->inputs[1];
@@ -112,6 +119,12 @@ class Matcher {
 
     std::vector<ValueId> internal = {s, a, m, stop->inputs[0], e, l, p};
     mt.forward = {producer_index(s)};
+    if (dropout) {
+      internal.push_back(pd);
+      internal.push_back(dropout->inputs[1]);
+      mt.forward.push_back(producer_index(pd));
+      mt.forward.push_back(producer_index(dropout->inputs[1]));
+    }
     if (scaled != kNoValue) {
       internal.push_back(scaled);
       mt.forward.push_back(producer_index(scaled));
@@ -131,7 +144,7 @@ class Matcher {
       absorb_scale_and_heads(mt);
       return mt;
     }
-    if (!match_backward(mt, a, m, e, l, p, where != nullptr,
+    if (!match_backward(mt, a, m, e, l, pd, dropout, where != nullptr,
                         scores_scale && scaled != kNoValue ? scores_scale : nullptr))
       return std::nullopt;
     std::vector<int32_t> chain = mt.forward;
@@ -350,11 +363,34 @@ class Matcher {
     return true;
   }
 
-  // `scores_scale`: the forward's scale on the scores, whose VJP (the same scale) follows the mask.
-  bool match_backward(Match& mt, ValueId a, ValueId m, ValueId e, ValueId l, ValueId p, bool causal,
+  // pd = (p * r) * c with r a Bernoulli(keep) tensor of pd's shape and dtype and c = 1 / keep
+  // (composite::dropout): the dropout op, with the match's keep and stream set; else null.
+  const Op* dropout_of(ValueId pd, Match& mt) const {
+    const Op* d = producer(pd, PrimId::pointwise);
+    if (!d || d->inputs.size() != 2) return nullptr;
+    const ScalarExp& body = d->params.body;
+    if (body.op() != ExpOp::Mul || body.args()[0] != se::in(0) * se::in(1) || body.args()[1].op() != ExpOp::Const)
+      return nullptr;
+    const Op* r = producer(d->inputs[1], PrimId::random);
+    if (!r) return nullptr;
+    const RandomParams rp = RandomParams::of(*r);
+    const ValueInfo& info = c_.info(pd);
+    if (rp.kind != RandomKind::Bernoulli || rp.shape != info.shape || rp.dtype != info.dtype ||
+        !(c_.info(d->inputs[0]) == info) || !(rp.probability > 0.0 && rp.probability < 1.0) ||
+        body.args()[1].const_value() != 1.0 / rp.probability)
+      return nullptr;
+    mt.keep = rp.probability;
+    mt.key = r->inputs[0];
+    mt.offset = r->inputs[1];
+    return d;
+  }
+
+  // `pd`: the probabilities o reads (after `dropout`, if any). `scores_scale`: the forward's scale
+  // on the scores, whose VJP (the same scale) follows the mask.
+  bool match_backward(Match& mt, ValueId a, ValueId m, ValueId e, ValueId l, ValueId pd, const Op* dropout, bool causal,
                       const Op* scores_scale) {
-    // dv = matmul(p, do, ta): it names do.
-    const Op* dv = reader(p, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == p; });
+    // dv = matmul(pd, do, ta): it names do.
+    const Op* dv = reader(pd, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == pd; });
     if (!dv) return false;
     mt.d_o = dv->inputs[1];
     mt.dv = dv->outputs[0];
@@ -362,7 +398,17 @@ class Matcher {
     const Op* dp = reader(
         mt.d_o, [&](const Op& o) { return is_matmul(o, false, true) && o.inputs[0] == mt.d_o && o.inputs[1] == mt.v; });
     if (!dp) return false;
-    const ValueId dpv = dp->outputs[0];
+    ValueId dpv = dp->outputs[0];
+    const Op* undrop = nullptr;  // dp = dpd * (c * r)
+    if (dropout) {
+      const ValueId dpd = dpv, r = dropout->inputs[1];
+      const ScalarExp want = se::in(0) * (dropout->params.body.args()[1] * se::in(1));
+      undrop = reader(dpd, [&](const Op& o) {
+        return o.is(PrimId::pointwise) && o.inputs == std::vector<ValueId>{dpd, r} && o.params.body == want;
+      });
+      if (!undrop) return false;
+      dpv = undrop->outputs[0];
+    }
     const Op* g1 = reader(dpv, [&](const Op& o) { return body_is(o, "(in0 * (1 / in1))", {dpv, l}); });
     const Op* g2 = reader(dpv, [&](const Op& o) {
       return body_is(o, "(in0 * neg(((in1 / in2) / in2)))", {dpv, e, l});
@@ -403,7 +449,7 @@ class Matcher {
     if (!dq || !dk) return false;
     mt.dq = dq->outputs[0];
     mt.dk = dk->outputs[0];
-    for (const Op* o : {dv, dp, g1, g2, rsum, rb, g3, da, mask, unscale, dq, dk})
+    for (const Op* o : {dv, dp, undrop, g1, g2, rsum, rb, g3, da, mask, unscale, dq, dk})
       if (o) mt.backward.push_back(static_cast<int32_t>(o - c_.ops().data()));
     std::sort(mt.backward.begin(), mt.backward.end());
     return true;
@@ -512,9 +558,14 @@ Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
     }
     const Match& mt = matches[static_cast<size_t>(k)];
     const Params params =
-        AttentionParams{mt.causal, mt.scale, mt.heads_inside, mt.packed_heads, mt.kv_groups}.to_params();
-    const std::vector<ValueId> qkv =
+        AttentionParams{mt.causal, mt.scale, mt.heads_inside, mt.packed_heads, mt.kv_groups, mt.keep}.to_params();
+    // q, k, v (or the packed value), then the dropout stream
+    std::vector<ValueId> qkv =
         mt.packed_heads > 0 ? std::vector<ValueId>{mt.q} : std::vector<ValueId>{mt.q, mt.k, mt.v};
+    if (mt.keep < 1.0) {
+      qkv.push_back(mt.key);
+      qkv.push_back(mt.offset);
+    }
     if (static_cast<int32_t>(i) == mt.o_op) {
       std::vector<ValueId> r = emit(op, PrimId::attention, params, qkv, op.phase, mt.forward.size());
       map[static_cast<size_t>(mt.o)] = r[0];

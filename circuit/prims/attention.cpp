@@ -19,6 +19,12 @@
 //   dq = scale ds k, dk = scale dsᵀ q, dv = pᵀ do.
 // It has no VJP of its own (no second derivatives through attention).
 //
+// With dropout (keep < 1) both ops take (key, offset) after q, k, v: attention(q, k, v, key,
+// offset), attention_grad(q, k, v, key, offset, o, lse, do[, dlse]). With F the kept entries'
+// factor (1 / keep, or 0 where dropped; AttentionParams says which bits): o = (softmax(s) * F) v,
+// lse as without dropout, and in the backward ds = p * (F * (do vᵀ) - D), dv = (p * F)ᵀ do, where
+// D = rowsum(do * o) - dlse still equals rowsum(p * F * (do vᵀ)) - dlse.
+//
 // Reference: per batch entry (a head of a sequence) with its (Tq, Tk) block in a per-thread scratch
 // slice, the entries split across the OpenMP team; causal attention in blocks of 16 query rows
 // against the keys they see; the products through oneDNN's sgemm (f32) or Eigen.
@@ -37,6 +43,7 @@
 #include "circuit/prims/builder.hpp"
 #include "circuit/prims/eigen_util.hpp"
 #include "circuit/prims/families.hpp"
+#include "circuit/prims/philox.hpp"
 #include "circuit/prims/prim_params.hpp"
 
 namespace kiln {
@@ -72,30 +79,62 @@ Rows packed_rows(const Shape& qkv, int64_t heads, int piece) {
 // The (B, T, H, d) shape of one piece of a packed input.
 Shape piece_shape(const Shape& qkv, int64_t heads) { return Shape{qkv[0], qkv[1], heads, qkv[2] / 3 / heads}; }
 
-// The op's q, k and v (their storage and rows), packed or not, and where its other inputs start.
+// Dropout on the probabilities: the stream (seed, offset) of the op's key and offset inputs.
+struct Dropout {
+  bool on = false;
+  uint64_t seed = 0;
+  uint32_t offset = 0;
+  double keep = 1.0;
+  // Row `row` (entry * Tq + query) of the factors over keys [0, n) of Tk: 1 / keep where
+  // element row * Tk + j of the Bernoulli(keep) stream is kept, else 0; `bits` holds n words.
+  template <class T>
+  void factors(int64_t row, int64_t tk, int64_t n, uint32_t* bits, T* out) const {
+    philox_bits_range(seed, offset, static_cast<uint64_t>(row) * static_cast<uint64_t>(tk), n, bits);
+    const T kept = static_cast<T>(1.0 / keep);
+    for (int64_t j = 0; j < n; ++j) out[j] = bits_to_uniform(bits[j]) < keep ? kept : T(0);
+  }
+};
+
+// The op's q, k and v (their storage and rows), packed or not, its dropout stream, and where
+// its other inputs start.
 struct Operands {
   const HostTensor *q, *k, *v;
   Rows rq, rk, rv;
+  Dropout dropout;
   size_t rest;  // index of o (attention_grad)
 };
 Operands operands_of(const std::vector<const HostTensor*>& in, const AttentionParams& a) {
+  Operands x;
+  size_t next = 3;
   if (a.packed_heads > 0) {
     const Shape& s = in[0]->shape();
-    return {in[0],
-            in[0],
-            in[0],
-            packed_rows(s, a.packed_heads, 0),
-            packed_rows(s, a.packed_heads, 1),
-            packed_rows(s, a.packed_heads, 2),
-            1};
+    x = {in[0],
+         in[0],
+         in[0],
+         packed_rows(s, a.packed_heads, 0),
+         packed_rows(s, a.packed_heads, 1),
+         packed_rows(s, a.packed_heads, 2),
+         {},
+         0};
+    next = 1;
+  } else {
+    x = {in[0],
+         in[1],
+         in[2],
+         rows_of(in[0]->shape(), a.heads_inside),
+         rows_of(in[1]->shape(), a.heads_inside),
+         rows_of(in[2]->shape(), a.heads_inside),
+         {},
+         0};
   }
-  return {in[0],
-          in[1],
-          in[2],
-          rows_of(in[0]->shape(), a.heads_inside),
-          rows_of(in[1]->shape(), a.heads_inside),
-          rows_of(in[2]->shape(), a.heads_inside),
-          3};
+  if (a.dropout()) {
+    const int32_t* key = in[next]->data<int32_t>();
+    x.dropout = {true, static_cast<uint32_t>(key[0]) | (static_cast<uint64_t>(static_cast<uint32_t>(key[1])) << 32),
+                 static_cast<uint32_t>(in[next + 1]->data<int32_t>()[0]), a.keep};
+    next += 2;
+  }
+  x.rest = next;
+  return x;
 }
 
 // The shape of o (cols dv) or of lse (cols 1, always (batch..., heads, T, 1)) for queries q.
@@ -108,10 +147,12 @@ Shape like_q(const Shape& q, bool heads_inside, int64_t cols, bool lse) {
 
 // Checks q, k, v (the first three inputs of both Prims); returns the params' view.
 AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
-  if (p.ints.size() != 4 || p.reals.size() != 1)
-    ctx.fail("params must be {causal, heads_inside, packed_heads, kv_groups}, {scale}");
-  const AttentionParams a{p.ints[0] != 0, p.reals[0], p.ints[1] != 0, p.ints[2], p.ints[3]};
+  if (p.ints.size() != 4 || p.reals.size() != 2)
+    ctx.fail("params must be {causal, heads_inside, packed_heads, kv_groups}, {scale, keep}");
+  const AttentionParams a{p.ints[0] != 0, p.reals[0], p.ints[1] != 0, p.ints[2], p.ints[3], p.reals[1]};
   if (a.kv_groups < 1) ctx.fail("kv_groups must be >= 1, received " + std::to_string(a.kv_groups));
+  if (!(a.keep > 0.0 && a.keep <= 1.0))
+    ctx.fail("the dropout keep probability must lie in (0, 1], received " + std::to_string(a.keep));
   const char* names[] = {"q", "k", "v"};
   for (size_t i = 0; i < 3; ++i) {
     ctx.require_float(in[i], names[i]);
@@ -164,10 +205,25 @@ std::vector<ValueInfo> unpacked(const ShapeCtx& ctx, const std::vector<ValueInfo
   return out;
 }
 
+// With dropout, inputs 3 and 4 (after q, k, v) are the stream's key and offset; returns the index
+// of the input after them.
+size_t check_stream(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const AttentionParams& a) {
+  if (!a.dropout()) return 3;
+  if (in.size() < 5) ctx.fail("with dropout takes the stream's key and offset after q, k and v");
+  ctx.require_dtype(in[3], DType::i32, "key");
+  ctx.require_dtype(in[4], DType::i32, "offset");
+  if (in[3].shape != Shape{2} || in[4].shape != Shape{})
+    ctx.fail("the dropout stream needs a key [2] and an offset [], received " + in[3].shape.str() + " and " +
+             in[4].shape.str());
+  return 5;
+}
+
 std::vector<ValueInfo> forward_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& packed, const Params& p) {
   const std::vector<ValueInfo> in = unpacked(ctx, packed, p);
-  if (in.size() != 3) ctx.fail("takes q, k and v");
+  if (in.size() < 3) ctx.fail("takes q, k and v");
   const AttentionParams a = check_qkv(ctx, in, p);
+  if (in.size() != check_stream(ctx, in, a))
+    ctx.fail(a.dropout() ? "with dropout takes q, k, v, key and offset" : "takes q, k and v");
   const int64_t dv = rows_of(in[2].shape, a.heads_inside).cols;
   return {{like_q(in[0].shape, a.heads_inside, dv, false), in[0].dtype},
           {like_q(in[0].shape, a.heads_inside, 1, true), in[0].dtype}};
@@ -175,17 +231,21 @@ std::vector<ValueInfo> forward_shape(const ShapeCtx& ctx, const std::vector<Valu
 
 std::vector<ValueInfo> backward_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& packed, const Params& p) {
   const std::vector<ValueInfo> in = unpacked(ctx, packed, p);
-  if (in.size() != 6 && in.size() != 7) ctx.fail("takes q, k, v, o, lse, do and optionally dlse");
+  if (in.size() < 3) ctx.fail("takes q, k, v, o, lse, do and optionally dlse");
   const AttentionParams a = check_qkv(ctx, in, p);
+  const size_t rest = check_stream(ctx, in, a);
+  if (in.size() != rest + 3 && in.size() != rest + 4)
+    ctx.fail(a.dropout() ? "with dropout takes q, k, v, key, offset, o, lse, do and optionally dlse"
+                         : "takes q, k, v, o, lse, do and optionally dlse");
   const int64_t dv = rows_of(in[2].shape, a.heads_inside).cols;
   const ValueInfo o{like_q(in[0].shape, a.heads_inside, dv, false), in[0].dtype},
       row{like_q(in[0].shape, a.heads_inside, 1, true), in[0].dtype};
   const char* names[] = {"o", "lse", "do", "dlse"};
   const ValueInfo* want[] = {&o, &row, &o, &row};
-  for (size_t i = 3; i < in.size(); ++i)
-    if (!(in[i] == *want[i - 3]))
-      ctx.fail(fmt::format("{} must be {} {}, received {} {}", names[i - 3], dtype_name(want[i - 3]->dtype),
-                           want[i - 3]->shape.str(), dtype_name(in[i].dtype), in[i].shape.str()));
+  for (size_t i = rest; i < in.size(); ++i)
+    if (!(in[i] == *want[i - rest]))
+      ctx.fail(fmt::format("{} must be {} {}, received {} {}", names[i - rest], dtype_name(want[i - rest]->dtype),
+                           want[i - rest]->shape.str(), dtype_name(in[i].dtype), in[i].shape.str()));
   if (p.ints[2] > 0) return {packed[0]};  // the gradient of the packed input
   return {in[0], in[1], in[2]};
 }
@@ -282,6 +342,28 @@ void for_each_entry(int64_t entries, F&& f) {
   for (int64_t e = 0; e < entries; ++e) f(e, omp_get_thread_num());
 }
 
+// A thread's row of dropout factors (Dropout::factors) in the op's scratch; unused without dropout.
+template <class T>
+class DropoutRow {
+ public:
+  DropoutRow(const Dropout& d, EvalBuffers& bufs, DType dtype, int64_t tk) : d_(d), tk_(tk) {
+    if (!d.on) return;
+    factors_ = bufs.scratch(dtype, Shape{omp_get_max_threads(), tk});
+    bits_ = bufs.scratch(DType::i32, Shape{omp_get_max_threads(), tk});
+  }
+  // Keys [0, n) of row `row` (entry * Tq + query), for thread `thread`.
+  Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> factors(int thread, int64_t row, int64_t tk, int64_t n) {
+    T* out = factors_.data<T>() + thread * tk_;
+    d_.factors(row, tk, n, reinterpret_cast<uint32_t*>(bits_.data<int32_t>() + thread * tk_), out);
+    return {out, n};
+  }
+
+ private:
+  const Dropout& d_;
+  int64_t tk_;
+  HostTensor factors_, bits_;
+};
+
 std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const AttentionParams a = AttentionParams::of(op);
   const Operands x = operands_of(in, a);
@@ -291,6 +373,7 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
   ref::dispatch_float(in[0]->dtype(), "attention", [&](auto t) {
     using T = decltype(t);
     HostTensor scratch = bufs.scratch(in[0]->dtype(), Shape{omp_get_max_threads(), rq.t, rk.t});
+    DropoutRow<T> drop(x.dropout, bufs, in[0]->dtype(), rk.t);
     const std::vector<RowBlock> blocks = row_blocks(a, rq.t, rk.t);
     for_each_entry(rq.entries, [&](int64_t e, int thread) {
       const int64_t ek = e / a.kv_groups;
@@ -302,7 +385,9 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
           s.row(i) = (s.row(i).array() - m).exp();
           const T l = s.row(i).sum();
           s.row(i) /= l;
-          lse.data<T>()[e * rq.t + blk.first + i] = m + std::log(l);
+          const int64_t row = e * rq.t + blk.first + i;
+          lse.data<T>()[row] = m + std::log(l);
+          if (x.dropout.on) s.row(i).array() *= drop.factors(thread, row, rk.t, blk.keys).array();
         }
         gemm<T>(false, false, blk.rows, rv.cols, blk.keys, T(1), s.data(), blk.keys, rows_at<T>(*x.v, rv, ek),
                 rv.row_stride(), rows_at<T>(o, ro, e) + blk.first * ro.row_stride(), ro.row_stride());
@@ -326,6 +411,7 @@ std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const Host
     using T = decltype(t);
     using Col = Eigen::Matrix<T, Eigen::Dynamic, 1>;
     HostTensor scratch = bufs.scratch(in[0]->dtype(), Shape{omp_get_max_threads(), 2, rq.t, rk.t});
+    DropoutRow<T> drop(x.dropout, bufs, in[0]->dtype(), rk.t);
     const std::vector<RowBlock> blocks = row_blocks(a, rq.t, rk.t);
     // A key/value entry at a time (its dk and dv sum over the query heads of its group). The
     // blocks run last first: the last one sees every key and writes dk and dv whole (for the
@@ -350,14 +436,22 @@ std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const Host
           if (has_dlse) rows_d -= Eigen::Map<const Col>(in[x.rest + 3]->data<T>() + e * rq.t + blk->first, rows);
           gemm<T>(false, true, rows, keys, rv.cols, T(1), do_rows, ro.row_stride(), rows_at<T>(*x.v, rv, ek),
                   rv.row_stride(), ds.data(), keys);  // do vᵀ
-          ds = p.array() * (ds.array().colwise() - rows_d.array());
+          if (x.dropout.on) {                         // ds = p (F (do vᵀ) - D), and p F for dv
+            for (int64_t i = 0; i < rows; ++i) {
+              const auto f = drop.factors(thread, e * rq.t + blk->first + i, rk.t, keys).array();
+              ds.row(i) = p.row(i).array() * (ds.row(i).array() * f - rows_d(i));
+              p.row(i).array() *= f;
+            }
+          } else {
+            ds = p.array() * (ds.array().colwise() - rows_d.array());
+          }
           gemm<T>(false, false, rows, rq.cols, keys, scale, ds.data(), keys, rows_at<T>(*x.k, rk, ek), rk.row_stride(),
                   rows_at<T>(dq, rq, e) + blk->first * rq.row_stride(), rq.row_stride());  // dq = scale ds k
           gemm<T>(true, false, keys, rq.cols, rows, scale, ds.data(), keys,
                   rows_at<T>(*x.q, rq, e) + blk->first * rq.row_stride(), rq.row_stride(), rows_at<T>(dk, rk, ek),
                   rk.row_stride(), !first_write);  // dk (+)= scale dsᵀ q
           gemm<T>(true, false, keys, rv.cols, rows, T(1), p.data(), keys, do_rows, ro.row_stride(),
-                  rows_at<T>(dvt, rv, ek), rv.row_stride(), !first_write);  // dv (+)= pᵀ do
+                  rows_at<T>(dvt, rv, ek), rv.row_stride(), !first_write);  // dv (+)= (p F)ᵀ do
         }
       }
     });
@@ -370,32 +464,34 @@ std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g
   if (g[0] == kNoValue && g[1] == kNoValue) return std::vector<ValueId>(op.inputs.size(), kNoValue);
   const ValueId o = op.outputs[0];
   const ValueId d_o = g[0] != kNoValue ? g[0] : b.fill(b.info(o).shape, b.info(o).dtype, 0.0);
-  std::vector<ValueId> inputs = op.inputs;  // q, k, v, or the packed q, k, v
+  std::vector<ValueId> inputs = op.inputs;  // q, k, v, or the packed q, k, v (then key, offset)
   for (ValueId x : {o, op.outputs[1], d_o}) inputs.push_back(x);
   if (g[1] != kNoValue) inputs.push_back(g[1]);
-  return b.circuit().add_op(PrimId::attention_grad, op.params, inputs, b.scope());
+  std::vector<ValueId> grads = b.circuit().add_op(PrimId::attention_grad, op.params, inputs, b.scope());
+  grads.resize(op.inputs.size(), kNoValue);  // none for the dropout stream
+  return grads;
 }
 
 std::string describe(const Params& p) {
-  return fmt::format("{}{}{}scale={}", p.ints[0] != 0 ? "causal " : "", p.ints[1] != 0 ? "(B, T, H, d) " : "",
+  return fmt::format("{}{}{}scale={}{}", p.ints[0] != 0 ? "causal " : "", p.ints[1] != 0 ? "(B, T, H, d) " : "",
                      p.ints[2] > 0   ? fmt::format("packed qkv of {} heads ", p.ints[2])
                      : p.ints[3] > 1 ? fmt::format("{} query heads a kv head ", p.ints[3])
                                      : std::string(),
-                     p.reals[0]);
+                     p.reals[0], p.reals[1] < 1.0 ? fmt::format(" dropout keep={}", p.reals[1]) : std::string());
 }
 
 }  // namespace
 
 AttentionParams AttentionParams::of(const Op& op) {
   require_view_of(op, {PrimId::attention, PrimId::attention_grad}, "AttentionParams");
-  return {op.params.ints.at(0) != 0, op.params.reals.at(0), op.params.ints.at(1) != 0, op.params.ints.at(2),
-          op.params.ints.at(3)};
+  return {op.params.ints.at(0) != 0, op.params.reals.at(0), op.params.ints.at(1) != 0,
+          op.params.ints.at(2),      op.params.ints.at(3),  op.params.reals.at(1)};
 }
 
 Params AttentionParams::to_params() const {
   Params p;
   p.ints = {causal ? 1 : 0, heads_inside ? 1 : 0, packed_heads, kv_groups};
-  p.reals = {scale};
+  p.reals = {scale, keep};
   return p;
 }
 

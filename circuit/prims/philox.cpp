@@ -43,6 +43,16 @@ uint32_t philox_bits(uint64_t seed, uint32_t offset, uint64_t element) {
   return philox4x32_10(counter, key)[element % 4];
 }
 
+void philox_bits_range(uint64_t seed, uint32_t offset, uint64_t first, int64_t n, uint32_t* out) {
+  const PhiloxKey key = {lo32(seed), hi32(seed)};
+  const uint64_t end = first + static_cast<uint64_t>(n);
+  for (uint64_t e = first; e < end;) {
+    const uint64_t block = e / 4;
+    const std::array<uint32_t, 4> words = philox4x32_10({lo32(block), hi32(block), offset, 0u}, key);
+    for (; e < end && e / 4 == block; ++e) *out++ = words[e % 4];
+  }
+}
+
 double bits_to_uniform(uint32_t bits) {
   // 24 high bits scaled by 2^-24: exact in f32, max value 1 - 2^-24 < 1.
   return static_cast<double>(bits >> 8) * (1.0 / 16777216.0);

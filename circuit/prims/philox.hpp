@@ -19,6 +19,10 @@ std::array<uint32_t, 4> philox4x32_10(PhiloxCounter counter, PhiloxKey key);
 // key = {lo32(seed), hi32(seed)}).
 uint32_t philox_bits(uint64_t seed, uint32_t offset, uint64_t element);
 
+// philox_bits for elements [first, first + n) into out[0, n): one Philox call per counter block
+// instead of one per element.
+void philox_bits_range(uint64_t seed, uint32_t offset, uint64_t first, int64_t n, uint32_t* out);
+
 // Bits -> floats, identical on every backend:
 // uniform in [0, 1): (bits >> 8) * 2^-24 (exactly representable in f32).
 double bits_to_uniform(uint32_t bits);

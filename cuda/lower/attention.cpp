@@ -12,6 +12,9 @@
 //       dk += ds q_i.
 // Rows are addressed through row_first: (entry, T, d) operands, or with heads inside (B, T, H, d)
 // ones read in place (a row's d elements are contiguous either way).
+// Dropout on the probabilities (keep < 1): each kernel recomputes the factor of probability
+// (row, key) from the op's Philox stream, the reference's bits, where it uses it (dropout_factor),
+// so no mask is stored.
 // Every loop bound depends on the row alone, so it is uniform across a warp and the shuffles
 // never see a partial warp. Sums are f32, over the head size in a fixed butterfly order and over
 // keys in key order.
@@ -43,8 +46,10 @@ struct Piece {
 struct Sizes {
   int64_t entries, tq, tk, d, dv;
   Piece q, k, v;
-  int64_t groups = 1;         // query heads a key/value head (kv entry = query entry / groups)
-  bool packed = false;        // q, k, v one input (and one gradient output)
+  int64_t groups = 1;   // query heads a key/value head (kv entry = query entry / groups)
+  bool packed = false;  // q, k, v one input (and one gradient output)
+  double keep = 1.0;    // < 1: dropout, with the stream's key and offset inputs at `stream`
+  int stream = 3;
   int rest = 3;               // the input index of o (attention_grad)
   int64_t heads = 1;          // with heads inside: H of (B, T, H, d)
   bool heads_inside = false;  // q, k, v, o and gradients (B, T, H, d); else (entries, T, d)
@@ -60,7 +65,7 @@ Sizes sizes_of(const Circuit& c, const Op& op) {
     const Shape& qkv = c.info(op.inputs[0]).shape;
     const int64_t width = qkv[2] / 3;
     s.packed = true;
-    s.rest = 1;
+    s.stream = s.rest = 1;
     s.tq = s.tk = qkv[1];
     s.heads = a.packed_heads;
     s.d = s.dv = width / s.heads;
@@ -80,6 +85,8 @@ Sizes sizes_of(const Circuit& c, const Op& op) {
     for (int ax = 0; ax < q.rank() - 2; ++ax) s.entries *= q[ax];
     if (s.heads_inside) s.entries = q[0] * q[2];
   }
+  s.keep = a.keep;
+  if (a.dropout()) s.rest += 2;
   const Shape& q = c.info(op.inputs[0]).shape;
   const Shape& v = c.info(op.inputs[s.packed ? 0 : 2]).shape;
   if (s.d > 128 || s.dv > 128 || s.tk == 0)
@@ -113,10 +120,87 @@ std::vector<ArgRef> qkv_args(const Sizes& s) {
 ArgRef after_qkv(const Sizes& s, int i) { return {ArgRef::Kind::Input, s.rest + i}; }
 ArgRef gradient_of(const Sizes& s, int piece) { return {ArgRef::Kind::Output, s.packed ? 0 : piece}; }
 
+// The dropout stream in a kernel: its key and offset (loaded at the start); off without dropout.
+struct Stream {
+  Reg key0, key1, offset;
+  bool on() const { return key0.valid(); }
+};
+// Declares the stream's parameters last (after the launch's buffers) and adds their arguments.
+Stream stream_params(KernelBuilder& b, const Sizes& s, std::vector<ArgRef>& args) {
+  if (s.keep >= 1.0) return {};
+  Reg key = b.param("key", Type::u64), offset = b.param("offset", Type::u64);
+  args.push_back({ArgRef::Kind::Input, s.stream});
+  args.push_back({ArgRef::Kind::Input, s.stream + 1});
+  return {b.ld(Space::global, Type::u32, key), b.ld(Space::global, Type::u32, key, 4),
+          b.ld(Space::global, Type::u32, offset)};
+}
+
+// The dropout factor of probability (row, key), row = entry * tq + query: 1 / keep where element
+// row * tk + key of the Bernoulli(keep) stream is kept, else 0 (the reference's bits: word
+// element % 4 of Philox block element / 4, kept when (bits >> 8) < ceil(keep 2^24), as the random
+// lowering tests it). Invalid without dropout.
+Reg stream_element(KernelBuilder& b, const Sizes& s, Reg row, Operand key) {
+  auto wide = [&](Operand x) { return s.it == Type::u64 ? x : Operand(b.cvt(Type::u64, x)); };
+  return b.mad(Type::u64, wide(row), kir::imm_u64(static_cast<uint64_t>(s.tk)), wide(key));
+}
+// The four words of the Philox block holding `element`.
+std::vector<Reg> stream_words(KernelBuilder& b, const Stream& st, Reg element) {
+  Reg block = b.shr(Type::u64, element, imm_u32(2));
+  return emit_philox(b,
+                     {b.cvt(Type::u32, block), b.cvt(Type::u32, b.shr(Type::u64, block, imm_u32(32))), st.offset,
+                      b.mov(Type::u32, imm_u32(0))},
+                     {st.key0, st.key1});
+}
+// Whether a stream word keeps its element: (bits >> 8) < ceil(keep 2^24).
+Reg kept(KernelBuilder& b, const Sizes& s, Reg bits) {
+  const double threshold = std::min(std::ceil(s.keep * 16777216.0), 16777216.0);
+  return b.setp(Cmp::lt, b.shr(Type::u32, bits, imm_u32(8)), imm_u32(static_cast<uint32_t>(threshold)));
+}
+Reg factor_of(KernelBuilder& b, const Sizes& s, Reg keep) {
+  return b.selp(Type::f32, imm_f32(static_cast<float>(1.0 / s.keep)), imm_f32(0.0f), keep);
+}
+// The stream word of element row * tk + key.
+Reg stream_bits(KernelBuilder& b, const Sizes& s, const Stream& st, Reg row, Operand key) {
+  Reg element = stream_element(b, s, row, key);
+  std::vector<Reg> r = stream_words(b, st, element);
+  Reg word = b.cvt(Type::u32, b.and_(Type::u64, element, kir::imm_u64(3)));
+  Reg bits = r[3];
+  for (int w = 2; w >= 0; --w)
+    bits = b.selp(Type::u32, r[static_cast<size_t>(w)], bits, b.setp(Cmp::eq, word, imm_u32(static_cast<uint32_t>(w))));
+  return bits;
+}
+Reg dropout_factor(KernelBuilder& b, const Sizes& s, const Stream& st, Reg row, Operand key) {
+  if (!st.on()) return {};
+  return factor_of(b, s, kept(b, s, stream_bits(b, s, st, row, key)));
+}
+// Bit jj set where key key0 + jj (jj < kTileKeys) of a row is kept: computed once a tile, where
+// few registers are live, with one Philox call per four keys where tk is a multiple of 4 (key0
+// is one of the tile size, so four keys are one block), else one per key.
+Reg tile_keep_bits(KernelBuilder& b, const Sizes& s, const Stream& st, Reg row, Reg key0, int64_t keys) {
+  Reg mask = b.mov(Type::u32, imm_u32(0));
+  auto set_bit = [&](Reg keep, int64_t jj) {
+    b.assign(kir::Opc::Or, mask, {mask, b.selp(Type::u32, imm_u32(1u << jj), imm_u32(0), keep)});
+  };
+  for (int64_t jj = 0; jj < keys; jj += 4) {
+    Reg first = b.add(s.it, key0, imm_index(s.it, jj));
+    if (s.tk % 4 == 0) {
+      std::vector<Reg> words = stream_words(b, st, stream_element(b, s, row, first));
+      for (int64_t e = 0; e < 4; ++e) set_bit(kept(b, s, words[static_cast<size_t>(e)]), jj + e);
+    } else {
+      for (int64_t e = 0; e < 4; ++e)
+        set_bit(kept(b, s, stream_bits(b, s, st, row, b.add(s.it, first, imm_index(s.it, e)))), jj + e);
+    }
+  }
+  return mask;
+}
+// x times a dropout factor (x itself without dropout).
+Reg times(KernelBuilder& b, Reg x, Reg factor) { return factor.valid() ? b.mul(Type::f32, x, factor) : x; }
+
 // The buffer parameters of each launch (registers) and where their addresses come from, the
 // same for both kernel families.
 struct ForwardParams {
   Reg q, k, v, o, lse;
+  Stream stream;
   std::vector<ArgRef> args;
 };
 ForwardParams forward_params(KernelBuilder& b, const Sizes& s) {
@@ -124,10 +208,12 @@ ForwardParams forward_params(KernelBuilder& b, const Sizes& s) {
   f.q = b.param("q", Type::u64), f.k = b.param("k", Type::u64), f.v = b.param("v", Type::u64);
   f.o = b.param("o", Type::u64), f.lse = b.param("lse", Type::u64);
   f.args = with(qkv_args(s), {kOut0, {ArgRef::Kind::Output, 1}});
+  f.stream = stream_params(b, s, f.args);
   return f;
 }
 struct GradQParams {
   Reg q, k, v, o, lse, d_o, dlse, dq, dd;  // dlse: invalid without one; dd: D, scratch
+  Stream stream;
   std::vector<ArgRef> args;
 };
 GradQParams grad_q_params(KernelBuilder& b, const Sizes& s, bool has_dlse) {
@@ -140,10 +226,12 @@ GradQParams grad_q_params(KernelBuilder& b, const Sizes& s, bool has_dlse) {
   if (has_dlse) g.args.push_back(after_qkv(s, 3));
   g.args.push_back(kOut0);
   g.args.push_back({ArgRef::Kind::Scratch, 0});
+  g.stream = stream_params(b, s, g.args);
   return g;
 }
 struct GradKvParams {
   Reg q, k, v, lse, d_o, dd, dk, dv;
+  Stream stream;
   std::vector<ArgRef> args;
 };
 GradKvParams grad_kv_params(KernelBuilder& b, const Sizes& s) {
@@ -153,6 +241,7 @@ GradKvParams grad_kv_params(KernelBuilder& b, const Sizes& s) {
   g.dk = b.param("dk", Type::u64), g.dv = b.param("dv", Type::u64);
   g.args = with(qkv_args(s),
                 {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0}, gradient_of(s, 1), gradient_of(s, 2)});
+  g.stream = stream_params(b, s, g.args);
   return g;
 }
 
@@ -388,11 +477,13 @@ LoweredOp lower_attention_tiled(const AttentionParams& a, const Sizes& s) {
   });
   Reg m = b.mov(Type::f32, imm_f32(-INFINITY)), l = b.mov(Type::f32, imm_f32(0.0f));
   std::vector<Reg> acc = zeros(b, static_cast<size_t>(s.dv));
+  Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), i);
   b.for_(imm_index(s.it, 0), r.key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
     b.bar();  // the previous tile's readers are done
     stage_rows(b, s, k, s.k, kv_entry, j0, s.tk, s.d, k_smem, tid);
     stage_rows(b, s, v, s.v, kv_entry, j0, s.tk, s.dv, v_smem, tid);
     b.bar();
+    const Reg keep_bits = f.stream.on() ? tile_keep_bits(b, s, f.stream, row, j0, kTileKeys) : Reg{};
     std::vector<Reg> score;
     Reg tile_max = b.mov(Type::f32, imm_f32(-INFINITY));
     for (int64_t jj = 0; jj < kTileKeys; ++jj) {
@@ -413,6 +504,9 @@ LoweredOp lower_attention_tiled(const AttentionParams& a, const Sizes& s) {
     for (int64_t jj = 0; jj < kTileKeys; ++jj) {
       Reg p = exp_of(b, b.sub(Type::f32, score[static_cast<size_t>(jj)], m_new));
       b.assign(kir::Opc::Add, l, {l, p});
+      if (f.stream.on())
+        p = b.mul(Type::f32, p,
+                  factor_of(b, s, b.setp(Cmp::ne, b.and_(Type::u32, keep_bits, imm_u32(1u << jj)), imm_u32(0))));
       for (int64_t c4 = 0; c4 < s.dv; c4 += 4) {
         std::vector<Reg> vv = b.ld_vec(Space::shared, Type::f32, v_smem, 4, 4 * (jj * s.dv + c4));
         for (int64_t e = 0; e < 4; ++e)
@@ -430,13 +524,12 @@ LoweredOp lower_attention_tiled(const AttentionParams& a, const Sizes& s) {
       for (int64_t e = 0; e < 4; ++e) x.push_back(b.mul(Type::f32, acc[static_cast<size_t>(c4 + e)], inv));
       b.st_vec(Space::global, Type::f32, b.address(o, first, 4), x, 4 * c4);
     }
-    Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), i);
     b.st(Space::global, Type::f32, b.address(lse, row, 4),
          b.add(Type::f32, m, emit_scalar_exp(b, se::log(se::in(0)), {l})));
   });
   const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows), 1};
   return single_launch(finish_launch(b, "kiln_attention_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, f.args),
-                       std::string("attention") + (a.causal ? " (causal)" : "") +
+                       std::string("attention") + (a.causal ? " (causal)" : "") + (a.dropout() ? " (dropout)" : "") +
                            ": a thread per query row, 64 rows a block, keys in shared tiles of 32, online softmax "
                            "a tile at a time, o and the row log-sum-exp written");
 }
@@ -463,14 +556,15 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
     Reg m = b.mov(Type::f32, warp_dot(b, qi, key_row(imm_index(s.it, 0), k, s.d, s.k)));
     Reg l = b.mov(Type::f32, imm_f32(1.0f));
     std::vector<Reg> acc;
-    for (Reg x : key_row(imm_index(s.it, 0), v, s.dv, s.v)) acc.push_back(b.mov(Type::f32, x));
+    Reg factor0 = dropout_factor(b, s, f.stream, w.row, imm_index(s.it, 0));
+    for (Reg x : key_row(imm_index(s.it, 0), v, s.dv, s.v)) acc.push_back(b.mov(Type::f32, times(b, x, factor0)));
     Operand end = a.causal ? Operand(b.add(s.it, i, imm_index(s.it, 1))) : imm_index(s.it, s.tk);
     b.for_(imm_index(s.it, 1), end, imm_index(s.it, 1), [&](Reg j) {
       Reg score = warp_dot(b, qi, key_row(j, k, s.d, s.k));
       Reg m_new = b.max(Type::f32, m, score);
       Reg keep = exp_of(b, b.sub(Type::f32, m, m_new)), p = exp_of(b, b.sub(Type::f32, score, m_new));
       b.assign(kir::Opc::Fma, l, {l, keep, p});
-      accumulate(b, acc, p, key_row(j, v, s.dv, s.v), keep);
+      accumulate(b, acc, times(b, p, dropout_factor(b, s, f.stream, w.row, j)), key_row(j, v, s.dv, s.v), keep);
       b.set(m, m_new);
     });
     Reg inv = b.div(Type::f32, imm_f32(1.0f), l);
@@ -483,7 +577,7 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
   });
   LoweredOp lo = single_launch(
       finish_launch(b, "kiln_attention", grid_for(rows), {32 * kWarps, 1, 1}, f.args),
-      std::string("attention") + (a.causal ? " (causal)" : "") +
+      std::string("attention") + (a.causal ? " (causal)" : "") + (a.dropout() ? " (dropout)" : "") +
           ": a warp per query row, keys one at a time, online softmax, o and the row log-sum-exp written");
   return lo;
 }
@@ -540,7 +634,9 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
         Reg v_row = b.mad(Type::u32, jj, imm_u32(static_cast<uint32_t>(4 * s.dv)), v_smem);
         Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, dot_own_column(b, k_row, q_own, s.d), lse_i)),
                        imm_f32(0.0f), seen);
-        Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, dot_shared(b, dov, v_row, 0), row_d));
+        Reg dp = times(b, dot_shared(b, dov, v_row, 0),
+                       dropout_factor(b, s, g.stream, row, b.add(s.it, j0, in_index_type(b, s, jj))));
+        Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, dp, row_d));
         axpy_shared(b, acc, ds, k_row, 0);
       });
     });
@@ -554,6 +650,7 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     KernelBuilder b("kiln_attention_grad_kv_tiled");
     const GradKvParams g = grad_kv_params(b, s);
     const Reg q = g.q, k = g.k, v = g.v, lse = g.lse, d_o = g.d_o, dd = g.dd, dk = g.dk, dv = g.dv;
+    const Stream stream = g.stream;
     // Queries in tiles of 16: with both own columns, 40 KiB of shared memory at head size 64.
     constexpr int64_t kQueries = kTileKeys / 2;
     Reg q_smem = b.shared_addr(b.shared_array("q_tile", kQueries * s.d * 4));
@@ -606,8 +703,10 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
           Reg lse_i = b.ld(Space::shared, Type::f32, stats), d_i = b.ld(Space::shared, Type::f32, stats, 4 * kQueries);
           Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, dot_own_column(b, q_row, k_own, s.d), lse_i)),
                          imm_f32(0.0f), seen);
-          axpy_shared(b, acc_v, p, do_row, 0);
-          Reg dp = dot_own_column(b, do_row, v_own, s.dv);
+          Reg factor = dropout_factor(
+              b, s, stream, b.mad(s.it, q_entry, imm_index(s.it, s.tq), b.add(s.it, i0, in_index_type(b, s, ii))), j);
+          axpy_shared(b, acc_v, times(b, p, factor), do_row, 0);
+          Reg dp = times(b, dot_own_column(b, do_row, v_own, s.dv), factor);
           axpy_shared(b, acc_k, b.mul(Type::f32, p, b.sub(Type::f32, dp, d_i)), q_row, 0);
         });
       });
@@ -621,7 +720,7 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     lo.launches.push_back(
         finish_launch(b, "kiln_attention_grad_kv_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, g.args));
   }
-  lo.summary = std::string("attention_grad") + (a.causal ? " (causal)" : "") +
+  lo.summary = std::string("attention_grad") + (a.causal ? " (causal)" : "") + (a.dropout() ? " (dropout)" : "") +
                ": a thread per query row (D, dq; keys in shared tiles of 32), then a thread per key row (dk, dv; "
                "queries in shared tiles of 32), probabilities recomputed from the row log-sum-exp, no atomics, " +
                launch_text(lo.launches[0]) + "; " + launch_text(lo.launches[1]);
@@ -662,7 +761,8 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
         std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, kv_entry, j, s.tk, s.d, s.k), w.lane, s.d);
         std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, kv_entry, j, s.tk, s.dv, s.v), w.lane, s.dv);
         Reg p = exp_of(b, b.sub(Type::f32, warp_dot(b, qi, kj), lse_i));
-        Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, warp_dot(b, doi, vj), row_d));
+        Reg dp = times(b, warp_dot(b, doi, vj), dropout_factor(b, s, g.stream, w.row, j));
+        Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, dp, row_d));
         accumulate(b, acc, ds, kj);
       });
       store_row(b, s, dq, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, acc, scale);
@@ -675,6 +775,7 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     KernelBuilder b("kiln_attention_grad_kv");
     const GradKvParams g = grad_kv_params(b, s);
     const Reg q = g.q, k = g.k, v = g.v, lse = g.lse, d_o = g.d_o, dd = g.dd, dk = g.dk, dv = g.dv;
+    const Stream stream = g.stream;
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
       const Reg entry = entry_of(b, s, w.row, s.tk), j = position_of(b, s, w.row, s.tk);
@@ -692,8 +793,9 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
           Reg lse_i = b.ld(Space::global, Type::f32, b.address(lse, qi_at, 4));
           Reg d_i = b.ld(Space::global, Type::f32, b.address(dd, qi_at, 4));
           Reg p = exp_of(b, b.sub(Type::f32, warp_dot(b, qi, kj), lse_i));
-          accumulate(b, acc_v, p, doi);
-          Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, warp_dot(b, doi, vj), d_i));
+          Reg factor = dropout_factor(b, s, stream, qi_at, j);
+          accumulate(b, acc_v, times(b, p, factor), doi);
+          Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, times(b, warp_dot(b, doi, vj), factor), d_i));
           accumulate(b, acc_k, ds, qi);
         });
       });
@@ -702,7 +804,7 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     });
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv", grid_for(rows), {32 * kWarps, 1, 1}, g.args));
   }
-  lo.summary = std::string("attention_grad") + (a.causal ? " (causal)" : "") +
+  lo.summary = std::string("attention_grad") + (a.causal ? " (causal)" : "") + (a.dropout() ? " (dropout)" : "") +
                ": a warp per query row (D, dq), then a warp per key row (dk, dv), probabilities recomputed from "
                "the row log-sum-exp, no atomics, " +
                launch_text(lo.launches[0]) + "; " + launch_text(lo.launches[1]);

@@ -66,6 +66,36 @@ BuildFn grouped_attention_grad_of(bool causal, double scale, int64_t groups) {
   };
 }
 
+// Dropout on the probabilities (keep < 1): the stream's key and offset are constants of the
+// circuit (fills), so the cases' inputs stay q, k, v (and o, lse, do, dlse).
+Params dropout_params(bool causal, double scale, double keep, bool heads_inside = false, int64_t packed_heads = 0) {
+  return AttentionParams{causal, scale, heads_inside, packed_heads, 1, keep}.to_params();
+}
+std::vector<ValueId> with_stream(Builder& b, std::vector<ValueId> x, size_t at) {
+  const ValueId key = b.fill(Shape{2}, DType::i32, 20261126), offset = b.fill(Shape{}, DType::i32, 3);
+  x.insert(x.begin() + static_cast<std::ptrdiff_t>(at), {key, offset});
+  return x;
+}
+BuildFn dropout_attention_of(bool causal, double scale, double keep, bool heads_inside = false) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> r = b.circuit().add_op(PrimId::attention, dropout_params(causal, scale, keep, heads_inside),
+                                                with_stream(b, {x[0], x[1], x[2]}, 3));
+    return b.add(heads_inside ? b.permute(r[0], {0, 2, 1, 3}) : r[0], r[1]);
+  };
+}
+BuildFn dropout_attention_grad_of(bool causal, double scale, double keep) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    return b.concat(
+        b.circuit().add_op(PrimId::attention_grad, dropout_params(causal, scale, keep), with_stream(b, x, 3)), -1);
+  };
+}
+BuildFn packed_dropout_attention_grad_of(bool causal, double scale, double keep, int64_t heads) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    return b.circuit().add_op(PrimId::attention_grad, dropout_params(causal, scale, keep, true, heads),
+                              with_stream(b, x, 1))[0];
+  };
+}
+
 }  // namespace
 
 void attention_cases(FamilyCases& c) {
@@ -81,6 +111,10 @@ void attention_cases(FamilyCases& c) {
   add_gradient(c, "attention_grouped_queries", {"attention"}, {F({2, 4, 5, 3}), F({2, 2, 5, 3}), F({2, 2, 5, 2})},
                grouped_attention_of(true, 0.8, 2));
   add_gradient(c, "attention_packed", {"attention"}, {F({2, 5, 18})}, packed_attention_of(true, 0.6, 3));
+  add_gradient(c, "attention_dropout", {"attention"}, {F({2, 2, 6, 3}), F({2, 2, 6, 3}), F({2, 2, 6, 4})},
+               dropout_attention_of(true, 0.7, 0.6));
+  add_gradient(c, "attention_dropout_cross", {"attention"}, {F({3, 4, 3}), F({3, 7, 3}), F({3, 7, 2})},
+               dropout_attention_of(false, 1.1, 0.75));
   // Lowerings (f32 kernels against the Eigen reference): head sizes off 32 (a partial register
   // column), one and two registers a lane, Tq != Tk without the mask. Tolerance 1e-5
   // norm-relative: dot products of <= 72 terms and sums over <= 37 keys in another order, exp
@@ -119,18 +153,48 @@ void attention_cases(FamilyCases& c) {
                         packed_attention_grad_of(true, 0.35, 3),
                         1e-5});
   // Grouped queries (two query heads a key/value head): tiled (head size 40) and warp rows (38).
-  c.lowering.push_back({"attention_grouped", {f32({2, 4, 29, 40}), f32({2, 2, 29, 40}), f32({2, 2, 29, 40})},
-                        grouped_attention_of(true, 0.35, 2), 1e-5});
-  c.lowering.push_back({"attention_grouped_warp_rows", {f32({1, 6, 21, 38}), f32({1, 2, 21, 38}), f32({1, 2, 21, 38})},
-                        grouped_attention_of(false, 0.35, 3), 1e-5});
+  c.lowering.push_back({"attention_grouped",
+                        {f32({2, 4, 29, 40}), f32({2, 2, 29, 40}), f32({2, 2, 29, 40})},
+                        grouped_attention_of(true, 0.35, 2),
+                        1e-5});
+  c.lowering.push_back({"attention_grouped_warp_rows",
+                        {f32({1, 6, 21, 38}), f32({1, 2, 21, 38}), f32({1, 2, 21, 38})},
+                        grouped_attention_of(false, 0.35, 3),
+                        1e-5});
   for (int64_t d : {40, 38})
     c.lowering.push_back({d == 40 ? "attention_grad_grouped" : "attention_grad_grouped_warp_rows",
                           {f32({2, 4, 23, d}), f32({2, 2, 23, d}), f32({2, 2, 23, d}), f32({2, 4, 23, d}),
                            f32({2, 4, 23, 1}, 0, 3), f32({2, 4, 23, d})},
-                          grouped_attention_grad_of(true, 0.35, 2), 1e-5});
+                          grouped_attention_grad_of(true, 0.35, 2),
+                          1e-5});
   c.lowering.push_back({"attention_heads_inside",
                         {f32({2, 29, 3, 40}), f32({2, 29, 3, 40}), f32({2, 29, 3, 40})},
                         attention_of(true, 0.35, 2, true),
+                        1e-5});
+  // Dropout: the tiled forward with Tk a multiple of 4 (a Philox block per four keys) and not,
+  // the warp-per-row forward, and both backward families; the factors are the reference's bits,
+  // so the tolerance is the one without dropout.
+  c.lowering.push_back({"attention_dropout_tiled_aligned",
+                        {f32({2, 3, 68, 40}), f32({2, 3, 68, 40}), f32({2, 3, 68, 24})},
+                        dropout_attention_of(true, 0.35, 0.8),
+                        1e-5});
+  c.lowering.push_back({"attention_dropout_tiled",
+                        {f32({2, 29, 3, 40}), f32({2, 29, 3, 40}), f32({2, 29, 3, 40})},
+                        dropout_attention_of(true, 0.35, 0.7, true),
+                        1e-5});
+  c.lowering.push_back({"attention_dropout_warp_rows",
+                        {f32({3, 21, 72}), f32({3, 37, 72}), f32({3, 37, 72})},
+                        dropout_attention_of(false, 0.2, 0.6),
+                        1e-5});
+  for (int64_t d : {40, 38})
+    c.lowering.push_back({d == 40 ? "attention_grad_dropout_tiled" : "attention_grad_dropout_warp_rows",
+                          {f32({2, 3, 29, d}), f32({2, 3, 29, d}), f32({2, 3, 29, d}), f32({2, 3, 29, d}),
+                           f32({2, 3, 29, 1}, 0, 3), f32({2, 3, 29, d})},
+                          dropout_attention_grad_of(true, 0.35, 0.7),
+                          1e-5});
+  c.lowering.push_back({"attention_grad_dropout_packed",
+                        {f32({2, 23, 360}), f32({2, 23, 3, 40}), f32({2, 3, 23, 1}, 0, 3), f32({2, 23, 3, 40})},
+                        packed_dropout_attention_grad_of(true, 0.35, 0.9, 3),
                         1e-5});
   c.lowering.push_back({"attention_grad_heads_inside",
                         {f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}),

@@ -8,6 +8,7 @@
 // No gradient flows to key or offset.
 #include <spdlog/fmt/fmt.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "circuit/ir/prim.hpp"
@@ -34,6 +35,10 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   return {{Shape(std::vector<int64_t>(p.ints.begin() + 1, p.ints.end())), p.dtype}};
 }
 
+// Elements in chunks of kChunk, each chunk's stream words drawn by philox_bits_range (one Philox
+// call a counter block, not one an element), the chunks split across the OpenMP team.
+constexpr int64_t kChunk = 1024;
+
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const int32_t* key = in[0]->data<int32_t>();
   uint64_t seed = static_cast<uint32_t>(key[0]) | (static_cast<uint64_t>(static_cast<uint32_t>(key[1])) << 32);
@@ -41,18 +46,26 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
   auto kind = static_cast<RandomKind>(op.params.ints[0]);
   double p = op.params.reals[0];
   HostTensor out = bufs.output(0);
-  auto u = [&](uint64_t i) { return bits_to_uniform(philox_bits(seed, offset, i)); };
+  const int64_t n = out.numel();
   ref::dispatch_float(out.dtype(), "random", [&](auto t) {
     using T = decltype(t);
     T* o = out.data<T>();
-    for (int64_t i = 0; i < out.numel(); ++i) {
-      auto e = static_cast<uint64_t>(i);
-      switch (kind) {
-        case RandomKind::Uniform: o[i] = static_cast<T>(u(e)); break;
-        case RandomKind::Normal:
-          o[i] = static_cast<T>(std::sqrt(-2.0 * std::log(1.0 - u(2 * e))) * std::cos(2.0 * M_PI * u(2 * e + 1)));
-          break;
-        case RandomKind::Bernoulli: o[i] = u(e) < p ? T(1) : T(0); break;
+#pragma omp parallel for schedule(static) if (n > 4 * kChunk)
+    for (int64_t first = 0; first < n; first += kChunk) {
+      const int64_t count = std::min(kChunk, n - first);
+      uint32_t bits[2 * kChunk];  // normal draws two words an element: 2i and 2i + 1
+      const int64_t words = kind == RandomKind::Normal ? 2 : 1;
+      philox_bits_range(seed, offset, static_cast<uint64_t>(first * words), count * words, bits);
+      for (int64_t i = 0; i < count; ++i) {
+        T& x = o[first + i];
+        switch (kind) {
+          case RandomKind::Uniform: x = static_cast<T>(bits_to_uniform(bits[i])); break;
+          case RandomKind::Normal:
+            x = static_cast<T>(std::sqrt(-2.0 * std::log(1.0 - bits_to_uniform(bits[2 * i]))) *
+                               std::cos(2.0 * M_PI * bits_to_uniform(bits[2 * i + 1])));
+            break;
+          case RandomKind::Bernoulli: x = bits_to_uniform(bits[i]) < p ? T(1) : T(0); break;
+        }
       }
     }
   });

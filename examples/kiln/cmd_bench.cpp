@@ -84,21 +84,24 @@ class GemmProbe {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_precision_flag(with_thread_flag(with_model_flags({{"batch", "sequences per step (default 16)"},
-                                            {"steps", "timed steps (default 20)"},
-                                            {"device", "cpu (default), cuda or auto"},
-                                            {"gemm",
-                                             "time kiln's matmul alone instead: comma-separated N (N^3) or MxNxK "
-                                             "shapes, e.g. 1024,4096,8192x2304x768"},
-                                            {"attention",
-                                             "time causal attention forward + backward alone instead: comma-separated "
-                                             "BxHxTxD shapes, e.g. 8x12x1024x64 (KILN_DISABLE_PASSES=fuse_attention: "
-                                             "unfused)"},
-                                            {"skip-non-finite",
-                                             "guard AdamW's update with the loss's and gradient norm's finiteness, as "
-                                             "kiln train does"}},
-                                           true))),
-         "usage: kiln bench [options]\n\nTimes full training steps of a GPT or a Llama (--model llama) (AdamW, dropout 0) on the CPU or the GPU.\n"
+         with_precision_flag(with_thread_flag(
+             with_model_flags({{"batch", "sequences per step (default 16)"},
+                               {"steps", "timed steps (default 20)"},
+                               {"dropout", "gpt: dropout probability, attention's included (default 0)"},
+                               {"device", "cpu (default), cuda or auto"},
+                               {"gemm",
+                                "time kiln's matmul alone instead: comma-separated N (N^3) or MxNxK "
+                                "shapes, e.g. 1024,4096,8192x2304x768"},
+                               {"attention",
+                                "time causal attention forward + backward alone instead: comma-separated "
+                                "BxHxTxD shapes, e.g. 8x12x1024x64 (KILN_DISABLE_PASSES=fuse_attention: "
+                                "unfused)"},
+                               {"skip-non-finite",
+                                "guard AdamW's update with the loss's and gradient norm's finiteness, as "
+                                "kiln train does"}},
+                              true))),
+         "usage: kiln bench [options]\n\nTimes full training steps of a GPT or a Llama (--model llama) (AdamW) on the "
+         "CPU or the GPU.\n"
          "GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8",
          with_model_switches({"skip-non-finite"}));
   if (a.help()) {
@@ -113,7 +116,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps);
   if (a.has("attention")) return bench_attention(a.str("attention", ""), steps);
   manual_seed(1);
-  std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a);
+  std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a, 0, a.real("dropout", 0.0, 0.0, 1.0));
   models::CausalLM& model = *model_ptr;
   const models::ModelAttributes attrs = model.attributes();
   const int64_t block_size = model.block_size(), vocab_size = model.vocab_size();

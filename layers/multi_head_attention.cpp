@@ -65,7 +65,23 @@ Tensor MultiHeadAttention::decode(const Tensor& x, const Tensor& position, KVCac
   return merge_heads(cached_attention(q, k, v, position, cache));
 }
 
-Tensor MultiHeadAttention::forward(const Tensor& x) const {
+Tensor MultiHeadAttention::forward(const Tensor& x) const { return attend(x, nullptr); }
+
+Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& mask) const {
+  if (x.rank() == 3) {
+    const Shape scores{x.shape()[0], o_.n_heads, x.shape()[1], x.shape()[1]};
+    bool broadcasts = mask.rank() <= 4;
+    for (int d = 1; broadcasts && d <= mask.rank(); ++d)
+      broadcasts = mask.shape()[mask.rank() - d] == 1 || mask.shape()[mask.rank() - d] == scores[4 - d];
+    if (!broadcasts || mask.dtype() != x.dtype())
+      throw Error("MultiHeadAttention.forward: the additive mask must be " + std::string(dtype_name(x.dtype())) +
+                  " and broadcast to the scores' shape " + scores.str() + ", received " + dtype_name(mask.dtype()) +
+                  " " + mask.shape().str());
+  }
+  return attend(x, &mask);
+}
+
+Tensor MultiHeadAttention::attend(const Tensor& x, const Tensor* mask) const {
   auto s = scope();
   auto [q, k, v] = project(x);
   if (rope_) {
@@ -74,6 +90,7 @@ Tensor MultiHeadAttention::forward(const Tensor& x) const {
   }
   k = repeat_kv_heads(k, o_.n_heads), v = repeat_kv_heads(v, o_.n_heads);
   Tensor att = matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim()))), k, false, true);  // (B, H, T, T)
+  if (mask) att = att + *mask;
   if (o_.causal) att = causal_mask_fill(att);
   return merge_heads(matmul(softmax(att), v));  // (B, H, T, hs) -> (B, T, dim)
 }

@@ -12,6 +12,7 @@
 
 #include "ad/backward.hpp"
 #include "circuit/exec/executor.hpp"
+#include "circuit/ir/error.hpp"
 #include "circuit/passes/cleanup.hpp"
 #include "circuit/passes/fusion.hpp"
 #include "circuit/prims/composites.hpp"
@@ -37,6 +38,8 @@ struct Variant {
   bool probabilities_out = false;        // the probabilities are an output too
   double dropout = 0;                    // on the probabilities (p)
   double q_scale = 0, scores_scale = 0;  // nonzero: q * q_scale, (q kᵀ) * scores_scale
+  Shape mask;                            // rank > 0: an additive mask of this shape on the scores
+  bool mask_gradient = false;            // the mask is differentiated too
 };
 
 struct Built {
@@ -59,6 +62,12 @@ Built build(const Variant& v) {
   }
   ValueId scores = bl.matmul(v.q_scale != 0 ? bl.scale(x[0], v.q_scale) : x[0], x[1], false, true);
   if (v.scores_scale != 0) scores = bl.scale(scores, v.scores_scale);
+  ValueId mask = kNoValue;
+  if (v.mask.rank() > 0) {
+    mask = b.c.add_external({v.mask, DType::f64}, ValueRole::Input);
+    b.bindings.push_back(testing::random_tensor({v.mask, DType::f64, -2, 2}, seed++));
+    scores = bl.add(scores, mask);
+  }
   if (v.causal) scores = composite::apply_causal_mask(bl, scores);
   ValueId p = composite::softmax(bl, scores);
   ValueId pd = p;
@@ -77,6 +86,7 @@ Built build(const Variant& v) {
   if (v.backward) {
     std::vector<ValueId> wrt;
     for (int i : v.wrt) wrt.push_back(x[static_cast<size_t>(i)]);
+    if (v.mask_gradient) wrt.push_back(mask);
     for (ValueId g : ad::backward(bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, x[3])), wrt)) b.outputs.push_back(g);
   }
   return b;
@@ -166,6 +176,30 @@ TEST(FuseAttention, DropoutOnTheProbabilitiesIsFusedWithTheSameBits) {
   }
 }
 
+// An additive mask on the (scaled) scores, of any shape that broadcasts to theirs, becomes an
+// input of both ops: padding masks (B, 1, 1, Tk), biases (Tq, Tk), full ones, with the causal
+// mask, scales and dropout.
+TEST(FuseAttention, AdditiveMasksAreFused) {
+  const std::vector<Variant> masked = {
+      {.mask = Shape{2, 1, 1, 13}},
+      {.mask = Shape{13, 13}},
+      {.causal = false, .tq = 7, .tk = 11, .mask = Shape{2, 3, 7, 11}},
+      {.causal = false, .tq = 7, .tk = 11, .mask = Shape{3, 1, 11}},
+      {.dropout = 0.25, .scores_scale = 0.45, .mask = Shape{2, 1, 13, 1}},
+      {.backward = false, .q_scale = 0.3, .mask = Shape{1, 13}},
+  };
+  for (const Variant& v : masked) {
+    const Circuit f = check_equivalent(v);
+    ASSERT_EQ(count_prim(f, PrimId::attention), 1u) << f.dump();
+    EXPECT_EQ(count_prim(f, PrimId::attention_grad), v.backward ? 1u : 0u) << f.dump();
+    EXPECT_EQ(square_values(f, v.tq, v.tk), 0u) << f.dump();
+    for (const Op& op : f.ops())
+      if (op.is(PrimId::attention) || op.is(PrimId::attention_grad)) {
+        EXPECT_TRUE(AttentionParams::of(op).mask);
+        EXPECT_EQ(f.info(op.inputs[3]).shape, v.mask);
+      }
+  }
+}
 TEST(FuseAttention, ForwardAloneFusesAlone) {
   const Circuit f = check_equivalent({.backward = false});
   EXPECT_EQ(count_prim(f, PrimId::attention), 1u);
@@ -179,6 +213,7 @@ TEST(FuseAttention, VariantsOutsideThePatternAreLeftAlone) {
       {.probabilities_out = true},  // something outside reads the probabilities
       {.wrt = {0}},                 // a partial backward (only dq)
       {.probabilities_out = true, .dropout = 0.25},
+      {.mask = Shape{2, 1, 1, 13}, .mask_gradient = true},  // a learned mask (bias)
   };
   for (const Variant& v : left_alone) {
     const Circuit f = check_equivalent(v);
@@ -348,4 +383,56 @@ TEST(FuseAttention, NonCausalMultiHeadAttentionIsFused) {
 }
 
 }  // namespace
+// MultiHeadAttention with an additive padding mask (-inf at the last two keys of sequence 1):
+// the plan carries the fused ops with the mask, and values and gradients equal the unfused
+// chain's (f32, 1e-5 norm-relative: the same math in another order).
+TEST(FuseAttention, MultiHeadAttentionWithAPaddingMaskIsFused) {
+  for (bool causal : {false, true}) {
+    nn::AttentionOptions o;
+    o.dim = 16;
+    o.n_heads = 2;
+    o.causal = causal;
+    manual_seed(3);
+    nn::MultiHeadAttention layer(o);
+    HostTensor pad = HostTensor::zeros(DType::f32, Shape{2, 1, 1, 5});
+    for (int64_t j : {3, 4}) pad.set(5 + j, -std::numeric_limits<double>::infinity());
+    const Tensor x = Tensor::from_host(testing::random_tensor({Shape{2, 5, 16}, DType::f32}, 4));
+    const Tensor mask = Tensor::from_host(pad);
+    auto run = [&] {
+      Engine& engine = Engine::current();
+      engine.plan_cache().clear();
+      layer.zero_grad();
+      Tensor y = layer.forward(x, mask);
+      sum(y * y).backward();
+      engine.realize();
+      return std::make_pair(y.to_host(), layer.q_proj->weight.grad().to_host());
+    };
+    const auto [y, grad] = run();
+    const Circuit& c = Engine::current().plan_cache().largest()->program->circuit();
+    EXPECT_EQ(count_prim(c, PrimId::attention), 1u) << c.dump();
+    for (const Op& op : c.ops())
+      if (op.is(PrimId::attention)) EXPECT_TRUE(AttentionParams::of(op).mask);
+    testing::ScopedEnv off("KILN_DISABLE_PASSES", "fuse_attention");
+    const auto [y_plain, grad_plain] = run();
+    EXPECT_LT(testing::relative_error(y, y_plain), 1e-5);
+    EXPECT_LT(testing::relative_error(grad, grad_plain), 1e-5);
+  }
+}
+
+TEST(FuseAttention, AMaskThatDoesNotBroadcastIsAnErrorNamingTheLayer) {
+  nn::AttentionOptions o;
+  o.dim = 16;
+  o.n_heads = 2;
+  nn::MultiHeadAttention layer(o);
+  const Tensor x = Tensor::from_host(HostTensor::zeros(DType::f32, Shape{2, 5, 16}));
+  try {
+    layer.forward(x, Tensor::from_host(HostTensor::zeros(DType::f32, Shape{2, 1, 1, 4})));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MultiHeadAttention"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[2, 2, 5, 5]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[2, 1, 1, 4]"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace kiln

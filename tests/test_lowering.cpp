@@ -16,9 +16,9 @@
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/prim.hpp"
 #include "circuit/prims/fused_matmul.hpp"
-#include "circuit/prims/prim_params.hpp"
 #include "circuit/prims/fused_rows.hpp"
 #include "circuit/prims/multi_tensor.hpp"
+#include "circuit/prims/prim_params.hpp"
 #include "cuda/lower/fused_matmul.hpp"
 #include "cuda/lower/util.hpp"
 #include "device_test_util.hpp"
@@ -261,21 +261,22 @@ TEST(Lowering, MatmulKernelsOnTf32TensorCoresPassPtxasWithoutSpills) {
 
 // The attention kernels at the shapes models give them (heads inside: (B, T, H, d)): GPT-2
 // small's head size 64 and the default GPT's 32 take the tiled forward, 128 the warp-per-row
-// one; each without and with dropout on the probabilities. Registers are printed for
-// docs/BENCHMARKS.md.
+// one; each plain, with dropout on the probabilities, and with dropout and a (B, 1, 1, T) padding
+// mask. Registers are printed for docs/BENCHMARKS.md.
 TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   for (const Shape& shape : {Shape{8, 1024, 12, 64}, Shape{16, 64, 4, 32}, Shape{1, 512, 8, 128}})
-    for (double keep : {1.0, 0.9}) {
+    for (auto [keep, mask] : {std::pair{1.0, false}, std::pair{0.9, false}, std::pair{0.9, true}}) {
       Circuit c;
       std::vector<ValueId> x;
       for (int i = 0; i < 4; ++i) x.push_back(c.add_external({shape, DType::f32}, ValueRole::Input));
       std::vector<ValueId> qkv = {x[0], x[1], x[2]};
+      if (mask) qkv.push_back(c.add_external({Shape{shape[0], 1, 1, shape[1]}, DType::f32}, ValueRole::Input));
       if (keep < 1.0) {
         qkv.push_back(c.add_external({Shape{2}, DType::i32}, ValueRole::Input));
         qkv.push_back(c.add_external({Shape{}, DType::i32}, ValueRole::Input));
       }
-      const Params p = AttentionParams{true, 0.125, true, 0, 1, keep}.to_params();
+      const Params p = AttentionParams{true, 0.125, true, 0, 1, keep, mask}.to_params();
       std::vector<ValueId> f = c.add_op(PrimId::attention, p, qkv);
       std::vector<ValueId> grad_in = qkv;
       grad_in.insert(grad_in.end(), {f[0], f[1], x[3]});
@@ -286,8 +287,8 @@ TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
             const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*l.kernel, sm), sm);
             EXPECT_TRUE(r.ok) << r.log;
             EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << l.kernel->name << " sm_" << sm << ": " << r.log;
-            std::printf("%s keep %.1f %s sm_%d: %d registers\n", shape.str().c_str(), keep, l.kernel->name.c_str(), sm,
-                        r.registers);
+            std::printf("%s keep %.1f%s %s sm_%d: %d registers\n", shape.str().c_str(), keep, mask ? " mask" : "",
+                        l.kernel->name.c_str(), sm, r.registers);
           }
     }
 }
@@ -340,25 +341,25 @@ namespace {
 // contiguous along k (A row-major, B transposed: both are; ta/tb flip them).
 TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
   for (int tile : {64, 128, 129})  // 129: 128 on tf32 tensor cores
-  for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
-    cuda::ForceMatmulTile forced(tile == 129 ? 128 : tile);
-    std::optional<cuda::ForceTf32Matmuls> tf32;
-    if (tile == 129) tf32.emplace();
-    const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
-    const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
-    testing::Harness h({f32(a), f32(b)},
-                       [&](Builder& bl, const std::vector<ValueId>& x) { return bl.matmul(x[0], x[1], ta, tb); });
-    cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
-    cuda::fake_driver_count_bank_conflicts(true);
-    dp.run(h.bindings);
-    const auto stats = cuda::fake_driver_kernel_stats();
-    cuda::fake_driver_count_bank_conflicts(false);
-    ASSERT_EQ(stats.size(), 1u);
-    const auto& [name, s] = *stats.begin();
-    EXPECT_GT(s.shared_requests, 0) << name;
-    EXPECT_EQ(s.bank_conflicts, 0) << name << " tile " << tile << " ta " << ta << " tb " << tb << ": " << s.shared_wavefronts
-                                   << " wavefronts for " << s.shared_requests << " requests";
-  }
+    for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
+      cuda::ForceMatmulTile forced(tile == 129 ? 128 : tile);
+      std::optional<cuda::ForceTf32Matmuls> tf32;
+      if (tile == 129) tf32.emplace();
+      const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
+      const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
+      testing::Harness h({f32(a), f32(b)},
+                         [&](Builder& bl, const std::vector<ValueId>& x) { return bl.matmul(x[0], x[1], ta, tb); });
+      cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+      cuda::fake_driver_count_bank_conflicts(true);
+      dp.run(h.bindings);
+      const auto stats = cuda::fake_driver_kernel_stats();
+      cuda::fake_driver_count_bank_conflicts(false);
+      ASSERT_EQ(stats.size(), 1u);
+      const auto& [name, s] = *stats.begin();
+      EXPECT_GT(s.shared_requests, 0) << name;
+      EXPECT_EQ(s.bank_conflicts, 0) << name << " tile " << tile << " ta " << ta << " tb " << tb << ": "
+                                     << s.shared_wavefronts << " wavefronts for " << s.shared_requests << " requests";
+    }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 //
 // Forward, as composite::softmax and composite::apply_causal_mask record it:
 //   s = matmul(q, k, tb)                              q (..., T, d), k (..., Tk, d)
+//   s = pointwise in0 + in1 (s, mask)                 only with an additive mask (any shape that
+//                                                     broadcasts to s's; it gets no gradient)
 //   a = where(iota ge(i0, i1), s, fill -inf)          only when causal
 //   m = stop_gradient(reduce max (a))                 along the last axis
 //   e = pointwise exp(in0 - in1) (a, m)
@@ -45,6 +47,7 @@ namespace {
 struct Match {
   bool causal = false, heads_inside = false;
   double scale = 1.0;
+  ValueId mask = kNoValue;                    // an additive mask on the scores
   double keep = 1.0;                          // < 1: dropout on the probabilities
   ValueId key = kNoValue, offset = kNoValue;  // its stream
   int64_t packed_heads = 0;                   // > 0: q, k, v (and dq, dk, dv) are one packed value
@@ -94,6 +97,16 @@ class Matcher {
       mt.causal = true;
       s = where->inputs[1];
     }
+    // An additive mask: s = x + mask with x the scores' shape, the mask any value broadcast to it.
+    ValueId masked = kNoValue;
+    if (const Op* add = producer(s, PrimId::pointwise);
+        add && add->params.body == se::in(0) + se::in(1) && add->inputs.size() == 2 &&
+        c_.info(add->inputs[0]) == c_.info(s) && c_.info(add->inputs[1]).dtype == c_.info(s).dtype &&
+        add->inputs[0] != add->inputs[1]) {
+      masked = s;
+      mt.mask = add->inputs[1];
+      s = add->inputs[0];
+    }
     // A constant scale on the scores (s = (q kᵀ) * c) becomes the op's scale.
     const Op* scores_scale = producer(s, PrimId::pointwise);
     ValueId scaled = kNoValue;
@@ -125,10 +138,11 @@ class Matcher {
       mt.forward.push_back(producer_index(pd));
       mt.forward.push_back(producer_index(dropout->inputs[1]));
     }
-    if (scaled != kNoValue) {
-      internal.push_back(scaled);
-      mt.forward.push_back(producer_index(scaled));
-    }
+    for (ValueId x : {scaled, masked})
+      if (x != kNoValue) {
+        internal.push_back(x);
+        mt.forward.push_back(producer_index(x));
+      }
     if (where) mt.forward.push_back(producer_index(a));
     for (ValueId x : {stop->inputs[0], m, e, l, p}) mt.forward.push_back(producer_index(x));
     mt.forward.push_back(at);
@@ -557,11 +571,13 @@ Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
       continue;
     }
     const Match& mt = matches[static_cast<size_t>(k)];
-    const Params params =
-        AttentionParams{mt.causal, mt.scale, mt.heads_inside, mt.packed_heads, mt.kv_groups, mt.keep}.to_params();
-    // q, k, v (or the packed value), then the dropout stream
+    const Params params = AttentionParams{mt.causal,    mt.scale, mt.heads_inside,    mt.packed_heads,
+                                          mt.kv_groups, mt.keep,  mt.mask != kNoValue}
+                              .to_params();
+    // q, k, v (or the packed value), then the mask and the dropout stream
     std::vector<ValueId> qkv =
         mt.packed_heads > 0 ? std::vector<ValueId>{mt.q} : std::vector<ValueId>{mt.q, mt.k, mt.v};
+    if (mt.mask != kNoValue) qkv.push_back(mt.mask);
     if (mt.keep < 1.0) {
       qkv.push_back(mt.key);
       qkv.push_back(mt.offset);

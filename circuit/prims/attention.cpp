@@ -19,7 +19,11 @@
 //   dq = scale ds k, dk = scale dsᵀ q, dv = pᵀ do.
 // It has no VJP of its own (no second derivatives through attention).
 //
-// With dropout (keep < 1) both ops take (key, offset) after q, k, v: attention(q, k, v, key,
+// With an additive mask both ops take it after q, k, v (before any dropout stream): the scores
+// are s = scale q kᵀ + mask (then the causal mask), the mask broadcast over the scores' shape
+// (batch..., Tq, Tk) (with heads inside (B, H, Tq, Tk)). No gradient flows to it.
+//
+// With dropout (keep < 1) both ops take (key, offset) after q, k, v (and the mask): attention(q, k, v, key,
 // offset), attention_grad(q, k, v, key, offset, o, lse, do[, dlse]). With F the kept entries'
 // factor (1 / keep, or 0 where dropped; AttentionParams says which bits): o = (softmax(s) * F) v,
 // lse as without dropout, and in the backward ds = p * (F * (do vᵀ) - D), dv = (p * F)ᵀ do, where
@@ -95,13 +99,58 @@ struct Dropout {
   }
 };
 
-// The op's q, k and v (their storage and rows), packed or not, its dropout stream, and where
-// its other inputs start.
+// The scores' shape for q (unpacked) and tk keys: (batch..., Tq, Tk), or (B, H, Tq, Tk) with heads
+// inside.
+Shape scores_shape(const Shape& q, bool heads_inside, int64_t tk) {
+  if (heads_inside) return Shape{q[0], q[2], q[1], tk};
+  std::vector<int64_t> d = q.dims();
+  d.back() = tk;
+  return Shape(d);
+}
+
+// An additive mask broadcast over the scores: element (entry e, query i, key j) at
+// base(e) + i * row_stride + j * col_stride (strides 0 along broadcast dims). Entries are the
+// scores' batch dims in order, as Rows numbers them.
+struct MaskView {
+  const HostTensor* t = nullptr;
+  std::vector<int64_t> batch, strides;  // the scores' batch dims; the mask's stride along each
+  int64_t row_stride = 0, col_stride = 0;
+  int64_t base(int64_t e) const {
+    int64_t at = 0;
+    for (size_t d = batch.size(); d-- > 0;) {
+      at += (e % batch[d]) * strides[d];
+      e /= batch[d];
+    }
+    return at;
+  }
+};
+MaskView mask_view(const HostTensor* mask, const Shape& scores) {
+  MaskView m;
+  m.t = mask;
+  const Shape& ms = mask->shape();
+  const int r = scores.rank(), pad = r - ms.rank();
+  std::vector<int64_t> stride(static_cast<size_t>(r), 0);
+  int64_t step = 1;
+  for (int d = r - 1; d >= pad; --d) {
+    const int64_t n = ms[d - pad];
+    stride[static_cast<size_t>(d)] = n == 1 ? 0 : step;
+    step *= n;
+  }
+  m.batch.assign(scores.dims().begin(), scores.dims().end() - 2);
+  m.strides.assign(stride.begin(), stride.end() - 2);
+  m.row_stride = stride[static_cast<size_t>(r - 2)];
+  m.col_stride = stride[static_cast<size_t>(r - 1)];
+  return m;
+}
+
+// The op's q, k and v (their storage and rows), packed or not, its additive mask and dropout
+// stream, and where its other inputs start.
 struct Operands {
   const HostTensor *q, *k, *v;
   Rows rq, rk, rv;
   Dropout dropout;
   size_t rest;  // index of o (attention_grad)
+  MaskView mask;
 };
 Operands operands_of(const std::vector<const HostTensor*>& in, const AttentionParams& a) {
   Operands x;
@@ -127,6 +176,11 @@ Operands operands_of(const std::vector<const HostTensor*>& in, const AttentionPa
          {},
          0};
   }
+  if (a.mask) {
+    const Shape q = a.packed_heads > 0 ? piece_shape(in[0]->shape(), a.packed_heads) : in[0]->shape();
+    x.mask = mask_view(in[next], scores_shape(q, a.heads_inside, x.rk.t));
+    next += 1;
+  }
   if (a.dropout()) {
     const int32_t* key = in[next]->data<int32_t>();
     x.dropout = {true, static_cast<uint32_t>(key[0]) | (static_cast<uint64_t>(static_cast<uint32_t>(key[1])) << 32),
@@ -147,9 +201,9 @@ Shape like_q(const Shape& q, bool heads_inside, int64_t cols, bool lse) {
 
 // Checks q, k, v (the first three inputs of both Prims); returns the params' view.
 AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
-  if (p.ints.size() != 4 || p.reals.size() != 2)
-    ctx.fail("params must be {causal, heads_inside, packed_heads, kv_groups}, {scale, keep}");
-  const AttentionParams a{p.ints[0] != 0, p.reals[0], p.ints[1] != 0, p.ints[2], p.ints[3], p.reals[1]};
+  if (p.ints.size() != 5 || p.reals.size() != 2)
+    ctx.fail("params must be {causal, heads_inside, packed_heads, kv_groups, mask}, {scale, keep}");
+  const AttentionParams a{p.ints[0] != 0, p.reals[0], p.ints[1] != 0, p.ints[2], p.ints[3], p.reals[1], p.ints[4] != 0};
   if (a.kv_groups < 1) ctx.fail("kv_groups must be >= 1, received " + std::to_string(a.kv_groups));
   if (!(a.keep > 0.0 && a.keep <= 1.0))
     ctx.fail("the dropout keep probability must lie in (0, 1], received " + std::to_string(a.keep));
@@ -193,7 +247,7 @@ AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in,
 
 // A packed op's inputs seen as q, k, v (then the rest): checks the packed input's shape.
 std::vector<ValueInfo> unpacked(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
-  const int64_t heads = p.ints.size() == 4 ? p.ints[2] : 0;
+  const int64_t heads = p.ints.size() == 5 ? p.ints[2] : 0;
   if (heads <= 0) return in;
   if (p.ints[1] == 0) ctx.fail("packed q, k and v need heads_inside");
   if (in.empty()) ctx.fail("takes the packed q, k and v");
@@ -205,25 +259,38 @@ std::vector<ValueInfo> unpacked(const ShapeCtx& ctx, const std::vector<ValueInfo
   return out;
 }
 
-// With dropout, inputs 3 and 4 (after q, k, v) are the stream's key and offset; returns the index
-// of the input after them.
-size_t check_stream(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const AttentionParams& a) {
-  if (!a.dropout()) return 3;
-  if (in.size() < 5) ctx.fail("with dropout takes the stream's key and offset after q, k and v");
-  ctx.require_dtype(in[3], DType::i32, "key");
-  ctx.require_dtype(in[4], DType::i32, "offset");
-  if (in[3].shape != Shape{2} || in[4].shape != Shape{})
-    ctx.fail("the dropout stream needs a key [2] and an offset [], received " + in[3].shape.str() + " and " +
-             in[4].shape.str());
-  return 5;
+// The additive mask (if any) after q, k, v, then with dropout the stream's key and offset;
+// returns the index of the input after them.
+size_t check_mask_and_stream(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const AttentionParams& a) {
+  size_t at = 3;
+  if (a.mask) {
+    if (in.size() <= at) ctx.fail("with a mask takes it after q, k and v");
+    const ValueInfo& m = in[at];
+    const Shape scores = scores_shape(in[0].shape, a.heads_inside, rows_of(in[1].shape, a.heads_inside).t);
+    bool broadcasts = m.shape.rank() <= scores.rank();
+    for (int d = 1; broadcasts && d <= m.shape.rank(); ++d)
+      broadcasts = m.shape[m.shape.rank() - d] == 1 || m.shape[m.shape.rank() - d] == scores[scores.rank() - d];
+    if (m.dtype != in[0].dtype || !broadcasts)
+      ctx.fail(fmt::format("the additive mask must be {} and broadcast to the scores' shape {}, received {} {}",
+                           dtype_name(in[0].dtype), scores.str(), dtype_name(m.dtype), m.shape.str()));
+    ++at;
+  }
+  if (!a.dropout()) return at;
+  if (in.size() < at + 2) ctx.fail("with dropout takes the stream's key and offset after q, k, v and any mask");
+  ctx.require_dtype(in[at], DType::i32, "key");
+  ctx.require_dtype(in[at + 1], DType::i32, "offset");
+  if (in[at].shape != Shape{2} || in[at + 1].shape != Shape{})
+    ctx.fail("the dropout stream needs a key [2] and an offset [], received " + in[at].shape.str() + " and " +
+             in[at + 1].shape.str());
+  return at + 2;
 }
 
 std::vector<ValueInfo> forward_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& packed, const Params& p) {
   const std::vector<ValueInfo> in = unpacked(ctx, packed, p);
   if (in.size() < 3) ctx.fail("takes q, k and v");
   const AttentionParams a = check_qkv(ctx, in, p);
-  if (in.size() != check_stream(ctx, in, a))
-    ctx.fail(a.dropout() ? "with dropout takes q, k, v, key and offset" : "takes q, k and v");
+  if (in.size() != check_mask_and_stream(ctx, in, a))
+    ctx.fail(fmt::format("takes q, k, v{}{}", a.mask ? ", the mask" : "", a.dropout() ? ", key and offset" : ""));
   const int64_t dv = rows_of(in[2].shape, a.heads_inside).cols;
   return {{like_q(in[0].shape, a.heads_inside, dv, false), in[0].dtype},
           {like_q(in[0].shape, a.heads_inside, 1, true), in[0].dtype}};
@@ -233,10 +300,10 @@ std::vector<ValueInfo> backward_shape(const ShapeCtx& ctx, const std::vector<Val
   const std::vector<ValueInfo> in = unpacked(ctx, packed, p);
   if (in.size() < 3) ctx.fail("takes q, k, v, o, lse, do and optionally dlse");
   const AttentionParams a = check_qkv(ctx, in, p);
-  const size_t rest = check_stream(ctx, in, a);
+  const size_t rest = check_mask_and_stream(ctx, in, a);
   if (in.size() != rest + 3 && in.size() != rest + 4)
-    ctx.fail(a.dropout() ? "with dropout takes q, k, v, key, offset, o, lse, do and optionally dlse"
-                         : "takes q, k, v, o, lse, do and optionally dlse");
+    ctx.fail(fmt::format("takes q, k, v{}{}, o, lse, do and optionally dlse", a.mask ? ", the mask" : "",
+                         a.dropout() ? ", key, offset" : ""));
   const int64_t dv = rows_of(in[2].shape, a.heads_inside).cols;
   const ValueInfo o{like_q(in[0].shape, a.heads_inside, dv, false), in[0].dtype},
       row{like_q(in[0].shape, a.heads_inside, 1, true), in[0].dtype};
@@ -320,14 +387,20 @@ std::vector<RowBlock> row_blocks(const AttentionParams& a, int64_t tq, int64_t t
   return blocks;
 }
 
-// s = scale q kᵀ of block `blk` of query entry e against key entry ek, with the entries a causal
-// mask hides at -inf, into `s` (blk.rows x blk.keys, contiguous).
+// s = scale q kᵀ (+ the additive mask) of block `blk` of query entry e against key entry ek, with
+// the entries a causal mask hides at -inf, into `s` (blk.rows x blk.keys, contiguous).
 template <class T>
-void scores(const HostTensor& q, const Rows& rq, const HostTensor& k, const Rows& rk, int64_t e, int64_t ek,
-            const RowBlock& blk, const AttentionParams& a, Map<T>& s) {
+void scores(const Operands& x, int64_t e, int64_t ek, const RowBlock& blk, const AttentionParams& a, Map<T>& s) {
+  const Rows &rq = x.rq, &rk = x.rk;
   gemm<T>(false, true, blk.rows, blk.keys, rq.cols, static_cast<T>(a.scale),
-          rows_at<T>(q, rq, e) + blk.first * rq.row_stride(), rq.row_stride(), rows_at<T>(k, rk, ek), rk.row_stride(),
-          s.data(), blk.keys);
+          rows_at<T>(*x.q, rq, e) + blk.first * rq.row_stride(), rq.row_stride(), rows_at<T>(*x.k, rk, ek),
+          rk.row_stride(), s.data(), blk.keys);
+  if (a.mask) {
+    const MaskView& m = x.mask;
+    const T* first = m.t->data<T>() + m.base(e) + blk.first * m.row_stride;
+    for (int64_t i = 0; i < blk.rows; ++i)
+      for (int64_t j = 0; j < blk.keys; ++j) s(i, j) += first[i * m.row_stride + j * m.col_stride];
+  }
   if (a.causal)
     for (int64_t i = 0; i < blk.rows; ++i) {
       const int64_t seen = blk.first + i + 1;  // keys [0, seen) are seen by query first + i
@@ -379,7 +452,7 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
       const int64_t ek = e / a.kv_groups;
       for (const RowBlock& blk : blocks) {
         Map<T> s(scratch.data<T>() + thread * rq.t * rk.t, blk.rows, blk.keys);
-        scores<T>(*x.q, rq, *x.k, rk, e, ek, blk, a, s);
+        scores<T>(x, e, ek, blk, a, s);
         for (int64_t i = 0; i < blk.rows; ++i) {
           const T m = s.row(i).maxCoeff();
           s.row(i) = (s.row(i).array() - m).exp();
@@ -430,7 +503,7 @@ std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const Host
           Eigen::Map<const Col> lse(lse_in.data<T>() + e * rq.t + blk->first, rows);
           Map<T> p(scratch.data<T>() + (2 * thread) * rq.t * rk.t, rows, keys),
               ds(scratch.data<T>() + (2 * thread + 1) * rq.t * rk.t, rows, keys);
-          scores(*x.q, rq, *x.k, rk, e, ek, *blk, a, p);
+          scores<T>(x, e, ek, *blk, a, p);
           p = (p.array().colwise() - lse.array()).exp();  // exp(-inf) = 0 where masked
           Col rows_d = (d_o.array() * o.array()).rowwise().sum();
           if (has_dlse) rows_d -= Eigen::Map<const Col>(in[x.rest + 3]->data<T>() + e * rq.t + blk->first, rows);
@@ -473,7 +546,8 @@ std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g
 }
 
 std::string describe(const Params& p) {
-  return fmt::format("{}{}{}scale={}{}", p.ints[0] != 0 ? "causal " : "", p.ints[1] != 0 ? "(B, T, H, d) " : "",
+  return fmt::format("{}{}{}{}scale={}{}", p.ints[0] != 0 ? "causal " : "", p.ints[4] != 0 ? "additive mask " : "",
+                     p.ints[1] != 0 ? "(B, T, H, d) " : "",
                      p.ints[2] > 0   ? fmt::format("packed qkv of {} heads ", p.ints[2])
                      : p.ints[3] > 1 ? fmt::format("{} query heads a kv head ", p.ints[3])
                                      : std::string(),
@@ -484,13 +558,13 @@ std::string describe(const Params& p) {
 
 AttentionParams AttentionParams::of(const Op& op) {
   require_view_of(op, {PrimId::attention, PrimId::attention_grad}, "AttentionParams");
-  return {op.params.ints.at(0) != 0, op.params.reals.at(0), op.params.ints.at(1) != 0,
-          op.params.ints.at(2),      op.params.ints.at(3),  op.params.reals.at(1)};
+  return {op.params.ints.at(0) != 0, op.params.reals.at(0), op.params.ints.at(1) != 0, op.params.ints.at(2),
+          op.params.ints.at(3),      op.params.reals.at(1), op.params.ints.at(4) != 0};
 }
 
 Params AttentionParams::to_params() const {
   Params p;
-  p.ints = {causal ? 1 : 0, heads_inside ? 1 : 0, packed_heads, kv_groups};
+  p.ints = {causal ? 1 : 0, heads_inside ? 1 : 0, packed_heads, kv_groups, mask ? 1 : 0};
   p.reals = {scale, keep};
   return p;
 }

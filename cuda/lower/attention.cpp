@@ -12,6 +12,9 @@
 //       dk += ds q_i.
 // Rows are addressed through row_first: (entry, T, d) operands, or with heads inside (B, T, H, d)
 // ones read in place (a row's d elements are contiguous either way).
+// An additive mask is read where a score is formed (masked), clamped into its bounds for the
+// rows and keys past the ends; where it hides every key seen so far, the online softmax takes 0
+// for the running max (softmax_max) so that exp(-inf - -inf) never appears.
 // Dropout on the probabilities (keep < 1): each kernel recomputes the factor of probability
 // (row, key) from the op's Philox stream, the reference's bits, where it uses it (dropout_factor),
 // so no mask is stored.
@@ -46,14 +49,21 @@ struct Piece {
 struct Sizes {
   int64_t entries, tq, tk, d, dv;
   Piece q, k, v;
-  int64_t groups = 1;   // query heads a key/value head (kv entry = query entry / groups)
-  bool packed = false;  // q, k, v one input (and one gradient output)
-  double keep = 1.0;    // < 1: dropout, with the stream's key and offset inputs at `stream`
-  int stream = 3;
-  int rest = 3;               // the input index of o (attention_grad)
+  int64_t groups = 1;         // query heads a key/value head (kv entry = query entry / groups)
+  bool packed = false;        // q, k, v one input (and one gradient output)
   int64_t heads = 1;          // with heads inside: H of (B, T, H, d)
   bool heads_inside = false;  // q, k, v, o and gradients (B, T, H, d); else (entries, T, d)
-  Type it;                    // index type
+  // An additive mask (input mask_input), broadcast over the scores: element (entry, i, j) at
+  // base(entry) + i mask_row_stride + j mask_col_stride, base from the scores' batch dims
+  // (mask_batch) and the mask's strides along them (0 where it broadcasts).
+  bool mask = false;
+  int mask_input = 3;
+  std::vector<int64_t> mask_batch, mask_strides;
+  int64_t mask_row_stride = 0, mask_col_stride = 0;
+  double keep = 1.0;  // < 1: dropout, with the stream's key and offset inputs at `stream`
+  int stream = 3;
+  int rest = 3;  // the input index of o (attention_grad)
+  Type it;       // index type
 };
 
 Sizes sizes_of(const Circuit& c, const Op& op) {
@@ -84,6 +94,34 @@ Sizes sizes_of(const Circuit& c, const Op& op) {
     s.entries = 1;
     for (int ax = 0; ax < q.rank() - 2; ++ax) s.entries *= q[ax];
     if (s.heads_inside) s.entries = q[0] * q[2];
+  }
+  s.mask_input = s.stream;
+  if (a.mask) {
+    // The scores' shape (batch..., Tq, Tk), heads inside (B, H, Tq, Tk); the mask aligned right.
+    s.mask = true;
+    std::vector<int64_t> scores;
+    if (s.packed || s.heads_inside) {
+      scores = {s.entries / s.heads, s.heads};
+    } else {
+      const Shape& q = c.info(op.inputs[0]).shape;
+      scores.assign(q.dims().begin(), q.dims().end() - 2);
+    }
+    scores.push_back(s.tq);
+    scores.push_back(s.tk);
+    const Shape& m = c.info(op.inputs[static_cast<size_t>(s.mask_input)]).shape;
+    const int r = static_cast<int>(scores.size()), pad = r - m.rank();
+    std::vector<int64_t> stride(scores.size(), 0);
+    int64_t step = 1;
+    for (int d = r - 1; d >= pad; --d) {
+      stride[static_cast<size_t>(d)] = m[d - pad] == 1 ? 0 : step;
+      step *= m[d - pad];
+    }
+    s.mask_batch.assign(scores.begin(), scores.end() - 2);
+    s.mask_strides.assign(stride.begin(), stride.end() - 2);
+    s.mask_row_stride = stride[static_cast<size_t>(r - 2)];
+    s.mask_col_stride = stride[static_cast<size_t>(r - 1)];
+    s.stream += 1;
+    s.rest += 1;
   }
   s.keep = a.keep;
   if (a.dropout()) s.rest += 2;
@@ -125,6 +163,41 @@ struct Stream {
   Reg key0, key1, offset;
   bool on() const { return key0.valid(); }
 };
+// The additive mask in a kernel (its address; invalid without one), declared after the launch's
+// buffers and before the stream.
+Reg mask_param(KernelBuilder& b, const Sizes& s, std::vector<ArgRef>& args) {
+  if (!s.mask) return {};
+  args.push_back({ArgRef::Kind::Input, s.mask_input});
+  return b.param("mask", Type::u64);
+}
+// Element offset of (entry, query 0, key 0) in the mask.
+Reg mask_base(KernelBuilder& b, const Sizes& s, Reg entry) {
+  Reg at = b.mov(s.it, imm_index(s.it, 0)), rest = entry;
+  for (size_t d = s.mask_batch.size(); d-- > 0;) {
+    const int64_t n = s.mask_batch[d];
+    if (s.mask_strides[d] != 0)
+      b.assign(kir::Opc::Mad, at, {b.rem(s.it, rest, imm_index(s.it, n)), imm_index(s.it, s.mask_strides[d]), at});
+    if (d > 0) rest = b.div(s.it, rest, imm_index(s.it, n));
+  }
+  return at;
+}
+// Element offset of row `query` (clamped to tq - 1: rows past the end compute unused values).
+Reg mask_row(KernelBuilder& b, const Sizes& s, Reg base, Reg query) {
+  return b.mad(s.it, b.min(s.it, query, imm_index(s.it, s.tq - 1)), imm_index(s.it, s.mask_row_stride), base);
+}
+// score + the mask at key `key` of a row (key clamped to tk - 1); score itself without a mask.
+Reg masked(KernelBuilder& b, const Sizes& s, Reg mask, Reg row, Reg score, Operand key) {
+  if (!mask.valid()) return score;
+  Reg at = b.mad(s.it, b.min(s.it, key, imm_index(s.it, s.tk - 1)), imm_index(s.it, s.mask_col_stride), row);
+  return b.add(Type::f32, score, b.ld(Space::global, Type::f32, b.address(mask, at, 4)));
+}
+// The max the online softmax subtracts: the running max, or 0 while a mask hides every key seen
+// (max -inf), so that the rescale exp(m - max) and exp(score - max) are 0, never NaN.
+Reg softmax_max(KernelBuilder& b, const Sizes& s, Reg m_new) {
+  if (!s.mask) return m_new;
+  return b.selp(Type::f32, imm_f32(0.0f), m_new, b.setp(Cmp::eq, m_new, imm_f32(-INFINITY)));
+}
+
 // Declares the stream's parameters last (after the launch's buffers) and adds their arguments.
 Stream stream_params(KernelBuilder& b, const Sizes& s, std::vector<ArgRef>& args) {
   if (s.keep >= 1.0) return {};
@@ -199,7 +272,7 @@ Reg times(KernelBuilder& b, Reg x, Reg factor) { return factor.valid() ? b.mul(T
 // The buffer parameters of each launch (registers) and where their addresses come from, the
 // same for both kernel families.
 struct ForwardParams {
-  Reg q, k, v, o, lse;
+  Reg q, k, v, o, lse, mask;
   Stream stream;
   std::vector<ArgRef> args;
 };
@@ -208,11 +281,13 @@ ForwardParams forward_params(KernelBuilder& b, const Sizes& s) {
   f.q = b.param("q", Type::u64), f.k = b.param("k", Type::u64), f.v = b.param("v", Type::u64);
   f.o = b.param("o", Type::u64), f.lse = b.param("lse", Type::u64);
   f.args = with(qkv_args(s), {kOut0, {ArgRef::Kind::Output, 1}});
+  f.mask = mask_param(b, s, f.args);
   f.stream = stream_params(b, s, f.args);
   return f;
 }
 struct GradQParams {
   Reg q, k, v, o, lse, d_o, dlse, dq, dd;  // dlse: invalid without one; dd: D, scratch
+  Reg mask;
   Stream stream;
   std::vector<ArgRef> args;
 };
@@ -226,11 +301,12 @@ GradQParams grad_q_params(KernelBuilder& b, const Sizes& s, bool has_dlse) {
   if (has_dlse) g.args.push_back(after_qkv(s, 3));
   g.args.push_back(kOut0);
   g.args.push_back({ArgRef::Kind::Scratch, 0});
+  g.mask = mask_param(b, s, g.args);
   g.stream = stream_params(b, s, g.args);
   return g;
 }
 struct GradKvParams {
-  Reg q, k, v, lse, d_o, dd, dk, dv;
+  Reg q, k, v, lse, d_o, dd, dk, dv, mask;
   Stream stream;
   std::vector<ArgRef> args;
 };
@@ -241,6 +317,7 @@ GradKvParams grad_kv_params(KernelBuilder& b, const Sizes& s) {
   g.dk = b.param("dk", Type::u64), g.dv = b.param("dv", Type::u64);
   g.args = with(qkv_args(s),
                 {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0}, gradient_of(s, 1), gradient_of(s, 2)});
+  g.mask = mask_param(b, s, g.args);
   g.stream = stream_params(b, s, g.args);
   return g;
 }
@@ -478,6 +555,7 @@ LoweredOp lower_attention_tiled(const AttentionParams& a, const Sizes& s) {
   Reg m = b.mov(Type::f32, imm_f32(-INFINITY)), l = b.mov(Type::f32, imm_f32(0.0f));
   std::vector<Reg> acc = zeros(b, static_cast<size_t>(s.dv));
   Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), i);
+  const Reg mask_at = s.mask ? mask_row(b, s, mask_base(b, s, entry), i) : Reg{};
   b.for_(imm_index(s.it, 0), r.key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
     b.bar();  // the previous tile's readers are done
     stage_rows(b, s, k, s.k, kv_entry, j0, s.tk, s.d, k_smem, tid);
@@ -493,16 +571,17 @@ LoweredOp lower_attention_tiled(const AttentionParams& a, const Sizes& s) {
         for (int64_t e = 0; e < 4; ++e)
           b.assign(kir::Opc::Fma, dot, {qv[static_cast<size_t>(c4 + e)], kv[static_cast<size_t>(e)], dot});
       }
-      Reg seen = b.setp(Cmp::lt, b.add(s.it, j0, imm_index(s.it, jj)), limit);
-      score.push_back(b.selp(Type::f32, dot, imm_f32(-INFINITY), seen));
+      Reg key = b.add(s.it, j0, imm_index(s.it, jj));
+      Reg seen = b.setp(Cmp::lt, key, limit);
+      score.push_back(b.selp(Type::f32, masked(b, s, f.mask, mask_at, dot, key), imm_f32(-INFINITY), seen));
       tile_max = b.max(Type::f32, tile_max, score.back());
     }
-    Reg m_new = b.max(Type::f32, m, tile_max);
-    Reg keep = exp_of(b, b.sub(Type::f32, m, m_new));
+    Reg m_new = b.max(Type::f32, m, tile_max), m_use = softmax_max(b, s, m_new);
+    Reg keep = exp_of(b, b.sub(Type::f32, m, m_use));
     b.assign(kir::Opc::Mul, l, {l, keep});
     for (Reg& x : acc) b.assign(kir::Opc::Mul, x, {x, keep});
     for (int64_t jj = 0; jj < kTileKeys; ++jj) {
-      Reg p = exp_of(b, b.sub(Type::f32, score[static_cast<size_t>(jj)], m_new));
+      Reg p = exp_of(b, b.sub(Type::f32, score[static_cast<size_t>(jj)], m_use));
       b.assign(kir::Opc::Add, l, {l, p});
       if (f.stream.on())
         p = b.mul(Type::f32, p,
@@ -553,16 +632,18 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
       return load_row(b, s, base, row_first(b, s, kv_entry, j, s.tk, n, piece), w.lane, n);
     };
     // Key 0 (every query sees it) starts the running max, sum and output.
-    Reg m = b.mov(Type::f32, warp_dot(b, qi, key_row(imm_index(s.it, 0), k, s.d, s.k)));
+    const Reg mask_at = s.mask ? mask_row(b, s, mask_base(b, s, entry), i) : Reg{};
+    Reg m = b.mov(Type::f32, masked(b, s, f.mask, mask_at, warp_dot(b, qi, key_row(imm_index(s.it, 0), k, s.d, s.k)),
+                                    imm_index(s.it, 0)));
     Reg l = b.mov(Type::f32, imm_f32(1.0f));
     std::vector<Reg> acc;
     Reg factor0 = dropout_factor(b, s, f.stream, w.row, imm_index(s.it, 0));
     for (Reg x : key_row(imm_index(s.it, 0), v, s.dv, s.v)) acc.push_back(b.mov(Type::f32, times(b, x, factor0)));
     Operand end = a.causal ? Operand(b.add(s.it, i, imm_index(s.it, 1))) : imm_index(s.it, s.tk);
     b.for_(imm_index(s.it, 1), end, imm_index(s.it, 1), [&](Reg j) {
-      Reg score = warp_dot(b, qi, key_row(j, k, s.d, s.k));
-      Reg m_new = b.max(Type::f32, m, score);
-      Reg keep = exp_of(b, b.sub(Type::f32, m, m_new)), p = exp_of(b, b.sub(Type::f32, score, m_new));
+      Reg score = masked(b, s, f.mask, mask_at, warp_dot(b, qi, key_row(j, k, s.d, s.k)), j);
+      Reg m_new = b.max(Type::f32, m, score), m_use = softmax_max(b, s, m_new);
+      Reg keep = exp_of(b, b.sub(Type::f32, m, m_use)), p = exp_of(b, b.sub(Type::f32, score, m_use));
       b.assign(kir::Opc::Fma, l, {l, keep, p});
       accumulate(b, acc, times(b, p, dropout_factor(b, s, f.stream, w.row, j)), key_row(j, v, s.dv, s.v), keep);
       b.set(m, m_new);
@@ -621,6 +702,7 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
       b.set(lse_i, b.ld(Space::global, Type::f32, b.address(lse, row, 4)));
     });
     Reg q_own = store_own_column(b, q_columns, tid, qv);  // read after the loop's first barrier
+    const Reg mask_at = s.mask ? mask_row(b, s, mask_base(b, s, entry), i) : Reg{};
     std::vector<Reg> acc = zeros(b, static_cast<size_t>(s.d));
     b.for_(imm_index(s.it, 0), r.key_end, imm_index(s.it, kTileKeys), [&](Reg j0) {
       b.bar();
@@ -632,10 +714,10 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
         Reg seen = b.setp(Cmp::lt, b.add(s.it, j0, in_index_type(b, s, jj)), limit);
         Reg k_row = b.mad(Type::u32, jj, imm_u32(static_cast<uint32_t>(4 * s.d)), k_smem);
         Reg v_row = b.mad(Type::u32, jj, imm_u32(static_cast<uint32_t>(4 * s.dv)), v_smem);
-        Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, dot_own_column(b, k_row, q_own, s.d), lse_i)),
-                       imm_f32(0.0f), seen);
-        Reg dp = times(b, dot_shared(b, dov, v_row, 0),
-                       dropout_factor(b, s, g.stream, row, b.add(s.it, j0, in_index_type(b, s, jj))));
+        Reg key = b.add(s.it, j0, in_index_type(b, s, jj));
+        Reg score = masked(b, s, g.mask, mask_at, dot_own_column(b, k_row, q_own, s.d), key);
+        Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, score, lse_i)), imm_f32(0.0f), seen);
+        Reg dp = times(b, dot_shared(b, dov, v_row, 0), dropout_factor(b, s, g.stream, row, key));
         Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, dp, row_d));
         axpy_shared(b, acc, ds, k_row, 0);
       });
@@ -649,7 +731,7 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
   {
     KernelBuilder b("kiln_attention_grad_kv_tiled");
     const GradKvParams g = grad_kv_params(b, s);
-    const Reg q = g.q, k = g.k, v = g.v, lse = g.lse, d_o = g.d_o, dd = g.dd, dk = g.dk, dv = g.dv;
+    const Reg q = g.q, k = g.k, v = g.v, lse = g.lse, d_o = g.d_o, dd = g.dd, dk = g.dk, dv = g.dv, mask = g.mask;
     const Stream stream = g.stream;
     // Queries in tiles of 16: with both own columns, 40 KiB of shared memory at head size 64.
     constexpr int64_t kQueries = kTileKeys / 2;
@@ -678,6 +760,7 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     // The query heads that read this key/value head (one without grouped queries).
     b.for_(imm_index(s.it, 0), imm_index(s.it, s.groups), imm_index(s.it, 1), [&](Reg g) {
       Reg q_entry = b.mad(s.it, entry, imm_index(s.it, s.groups), g);
+      const Reg mask_first = s.mask ? mask_base(b, s, q_entry) : Reg{};
       b.for_(first_query, imm_index(s.it, s.tq), imm_index(s.it, kQueries), [&](Reg i0) {
         b.bar();
         stage_rows(b, s, q, s.q, q_entry, i0, s.tq, s.d, q_smem, tid, kQueries);
@@ -701,10 +784,11 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
           Reg q_row = b.mad(Type::u32, ii, imm_u32(static_cast<uint32_t>(4 * s.d)), q_smem);
           Reg do_row = b.mad(Type::u32, ii, imm_u32(static_cast<uint32_t>(4 * s.dv)), do_smem);
           Reg lse_i = b.ld(Space::shared, Type::f32, stats), d_i = b.ld(Space::shared, Type::f32, stats, 4 * kQueries);
-          Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, dot_own_column(b, q_row, k_own, s.d), lse_i)),
-                         imm_f32(0.0f), seen);
-          Reg factor = dropout_factor(
-              b, s, stream, b.mad(s.it, q_entry, imm_index(s.it, s.tq), b.add(s.it, i0, in_index_type(b, s, ii))), j);
+          Reg i = b.add(s.it, i0, in_index_type(b, s, ii));
+          Reg score = dot_own_column(b, q_row, k_own, s.d);
+          if (s.mask) score = masked(b, s, mask, mask_row(b, s, mask_first, i), score, j);
+          Reg p = b.selp(Type::f32, exp_of(b, b.sub(Type::f32, score, lse_i)), imm_f32(0.0f), seen);
+          Reg factor = dropout_factor(b, s, stream, b.mad(s.it, q_entry, imm_index(s.it, s.tq), i), j);
           axpy_shared(b, acc_v, times(b, p, factor), do_row, 0);
           Reg dp = times(b, dot_own_column(b, do_row, v_own, s.dv), factor);
           axpy_shared(b, acc_k, b.mul(Type::f32, p, b.sub(Type::f32, dp, d_i)), q_row, 0);
@@ -755,12 +839,13 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
       b.if_(b.setp(Cmp::eq, w.lane, imm_u32(0)),
             [&] { b.st(Space::global, Type::f32, b.address(dd, w.row, 4), row_d); });
       Reg lse_i = b.ld(Space::global, Type::f32, b.address(lse, w.row, 4));
+      const Reg mask_at = s.mask ? mask_row(b, s, mask_base(b, s, entry), i) : Reg{};
       std::vector<Reg> acc = zeros(b, qi.size());
       Operand end = a.causal ? Operand(b.add(s.it, i, imm_index(s.it, 1))) : imm_index(s.it, s.tk);
       b.for_(imm_index(s.it, 0), end, imm_index(s.it, 1), [&](Reg j) {
         std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, kv_entry, j, s.tk, s.d, s.k), w.lane, s.d);
         std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, kv_entry, j, s.tk, s.dv, s.v), w.lane, s.dv);
-        Reg p = exp_of(b, b.sub(Type::f32, warp_dot(b, qi, kj), lse_i));
+        Reg p = exp_of(b, b.sub(Type::f32, masked(b, s, g.mask, mask_at, warp_dot(b, qi, kj), j), lse_i));
         Reg dp = times(b, warp_dot(b, doi, vj), dropout_factor(b, s, g.stream, w.row, j));
         Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, dp, row_d));
         accumulate(b, acc, ds, kj);
@@ -774,7 +859,7 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     const int64_t rows = s.entries / s.groups * s.tk;  // key rows of the key/value entries
     KernelBuilder b("kiln_attention_grad_kv");
     const GradKvParams g = grad_kv_params(b, s);
-    const Reg q = g.q, k = g.k, v = g.v, lse = g.lse, d_o = g.d_o, dd = g.dd, dk = g.dk, dv = g.dv;
+    const Reg q = g.q, k = g.k, v = g.v, lse = g.lse, d_o = g.d_o, dd = g.dd, dk = g.dk, dv = g.dv, mask = g.mask;
     const Stream stream = g.stream;
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
@@ -786,13 +871,16 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
       b.for_(imm_index(s.it, 0), imm_index(s.it, s.groups), imm_index(s.it, 1), [&](Reg g) {
         Reg q_entry = b.mad(s.it, entry, imm_index(s.it, s.groups), g);
         Reg query0 = b.mul(s.it, q_entry, imm_index(s.it, s.tq));
+        const Reg mask_first = s.mask ? mask_base(b, s, q_entry) : Reg{};
         b.for_(begin, imm_index(s.it, s.tq), imm_index(s.it, 1), [&](Reg i) {
           Reg qi_at = b.add(s.it, query0, i);
           std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, q_entry, i, s.tq, s.d, s.q), w.lane, s.d);
           std::vector<Reg> doi = load_row(b, s, d_o, row_first(b, s, q_entry, i, s.tq, s.dv), w.lane, s.dv);
           Reg lse_i = b.ld(Space::global, Type::f32, b.address(lse, qi_at, 4));
           Reg d_i = b.ld(Space::global, Type::f32, b.address(dd, qi_at, 4));
-          Reg p = exp_of(b, b.sub(Type::f32, warp_dot(b, qi, kj), lse_i));
+          Reg score = warp_dot(b, qi, kj);
+          if (s.mask) score = masked(b, s, mask, mask_row(b, s, mask_first, i), score, j);
+          Reg p = exp_of(b, b.sub(Type::f32, score, lse_i));
           Reg factor = dropout_factor(b, s, stream, qi_at, j);
           accumulate(b, acc_v, times(b, p, factor), doi);
           Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, times(b, warp_dot(b, doi, vj), factor), d_i));

@@ -1,4 +1,6 @@
 // The cases of attention and attention_grad (circuit/prims/attention.cpp, cuda/lower/attention.cpp).
+#include <limits>
+
 #include "circuit/prims/prim_params.hpp"
 #include "prim_cases.hpp"
 
@@ -96,6 +98,50 @@ BuildFn packed_dropout_attention_grad_of(bool causal, double scale, double keep,
   };
 }
 
+// An additive mask: input 3 (after q, k, v) of the ops, any shape broadcast to the scores'.
+// masked_attention_of: o + lse of attention(q, k, v, mask) for inputs (q, k, v, mask) (with heads
+// inside lse is added to o seen as (B, H, T, dv)); masked_attention_grad_of: attention_grad(q, k,
+// v, mask, o, lse, do) for inputs (q, k, v, mask, o, lse, do), dq, dk, dv flattened side by side.
+Params mask_params(bool causal, double scale, bool heads_inside = false, int64_t packed_heads = 0, int64_t groups = 1) {
+  return AttentionParams{causal, scale, heads_inside, packed_heads, groups, 1.0, true}.to_params();
+}
+BuildFn masked_attention_of(bool causal, double scale, bool heads_inside = false) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> r = b.circuit().add_op(PrimId::attention, mask_params(causal, scale, heads_inside), x);
+    return b.add(heads_inside ? b.permute(r[0], {0, 2, 1, 3}) : r[0], r[1]);
+  };
+}
+BuildFn masked_attention_grad_of(bool causal, double scale, int64_t groups = 1) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> g =
+        b.circuit().add_op(PrimId::attention_grad, mask_params(causal, scale, false, 0, groups), x);
+    for (ValueId& v : g) v = b.reshape(v, Shape{b.info(v).shape.numel()});
+    return b.concat(g, 0);
+  };
+}
+// A fixed mask made inside the circuit (so that gradient checks see no input without a gradient):
+// -0.4 ((7 i0 + 3 i_last + i_{last-1}) mod 5) over `shape`.
+ValueId fixed_mask(Builder& b, const Shape& shape, DType dtype) {
+  const int r = shape.rank();
+  IndexExp at = ix::add(ix::mul(ix::coord(0), ix::c(7)), ix::mul(ix::coord(r - 1), ix::c(3)));
+  if (r > 1) at = ix::add(at, ix::coord(r - 2));
+  return b.scale(b.cast(b.iota(shape, DType::i32, ix::mod(at, ix::c(5))), dtype), -0.4);
+}
+BuildFn fixed_mask_attention_of(bool causal, double scale, Shape mask) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    return masked_attention_of(causal, scale)(b, {x[0], x[1], x[2], fixed_mask(b, mask, b.info(x[0]).dtype)});
+  };
+}
+// Keys [0, 40) hidden (-inf) from every query: left padding longer than a key tile.
+BuildFn left_padded_attention_of(int64_t tk) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    const DType dt = b.info(x[0]).dtype;
+    ValueId pad = b.where(b.iota(Shape{1, tk}, DType::i32, ix::lt(ix::coord(1), ix::c(40))),
+                          b.fill(Shape{}, dt, -std::numeric_limits<double>::infinity()), b.fill(Shape{}, dt, 0.0));
+    return masked_attention_of(false, 0.3)(b, {x[0], x[1], x[2], pad});
+  };
+}
+
 }  // namespace
 
 void attention_cases(FamilyCases& c) {
@@ -111,6 +157,10 @@ void attention_cases(FamilyCases& c) {
   add_gradient(c, "attention_grouped_queries", {"attention"}, {F({2, 4, 5, 3}), F({2, 2, 5, 3}), F({2, 2, 5, 2})},
                grouped_attention_of(true, 0.8, 2));
   add_gradient(c, "attention_packed", {"attention"}, {F({2, 5, 18})}, packed_attention_of(true, 0.6, 3));
+  add_gradient(c, "attention_masked_padding", {"attention"}, {F({2, 2, 6, 3}), F({2, 2, 6, 3}), F({2, 2, 6, 4})},
+               fixed_mask_attention_of(true, 0.7, Shape{2, 1, 1, 6}));
+  add_gradient(c, "attention_masked_bias", {"attention"}, {F({2, 4, 3}), F({2, 5, 3}), F({2, 5, 2})},
+               fixed_mask_attention_of(false, 1.2, Shape{4, 5}));
   add_gradient(c, "attention_dropout", {"attention"}, {F({2, 2, 6, 3}), F({2, 2, 6, 3}), F({2, 2, 6, 4})},
                dropout_attention_of(true, 0.7, 0.6));
   add_gradient(c, "attention_dropout_cross", {"attention"}, {F({3, 4, 3}), F({3, 7, 3}), F({3, 7, 2})},
@@ -195,6 +245,32 @@ void attention_cases(FamilyCases& c) {
   c.lowering.push_back({"attention_grad_dropout_packed",
                         {f32({2, 23, 360}), f32({2, 23, 3, 40}), f32({2, 3, 23, 1}, 0, 3), f32({2, 23, 3, 40})},
                         packed_dropout_attention_grad_of(true, 0.35, 0.9, 3),
+                        1e-5});
+  // Additive masks: padding (B, 1, 1, Tk), biases (Tq, Tk), full and grouped ones, in both
+  // kernel families; and a mask hiding a whole first key tile (the online softmax's -inf max).
+  c.lowering.push_back({"attention_masked_tiled",
+                        {f32({2, 29, 3, 40}), f32({2, 29, 3, 40}), f32({2, 29, 3, 40}), f32({2, 1, 1, 29})},
+                        masked_attention_of(true, 0.35, true),
+                        1e-5});
+  c.lowering.push_back({"attention_masked_warp_rows",
+                        {f32({3, 21, 72}), f32({3, 37, 72}), f32({3, 37, 72}), f32({21, 37})},
+                        masked_attention_of(false, 0.2),
+                        1e-5});
+  for (int64_t d : {40, 38})
+    c.lowering.push_back({d == 40 ? "attention_left_padded_tiled" : "attention_left_padded_warp_rows",
+                          {f32({2, 3, 70, d}), f32({2, 3, 70, d}), f32({2, 3, 70, d})},
+                          left_padded_attention_of(70),
+                          1e-5});
+  for (int64_t d : {40, 38})
+    c.lowering.push_back({d == 40 ? "attention_grad_masked_tiled" : "attention_grad_masked_warp_rows",
+                          {f32({2, 3, 29, d}), f32({2, 3, 29, d}), f32({2, 3, 29, d}), f32({2, 3, 29, 29}),
+                           f32({2, 3, 29, d}), f32({2, 3, 29, 1}, 0, 3), f32({2, 3, 29, d})},
+                          masked_attention_grad_of(true, 0.35),
+                          1e-5});
+  c.lowering.push_back({"attention_grad_masked_grouped",
+                        {f32({2, 4, 23, 40}), f32({2, 2, 23, 40}), f32({2, 2, 23, 40}), f32({1, 4, 1, 23}),
+                         f32({2, 4, 23, 40}), f32({2, 4, 23, 1}, 0, 3), f32({2, 4, 23, 40})},
+                        masked_attention_grad_of(false, 0.35, 2),
                         1e-5});
   c.lowering.push_back({"attention_grad_heads_inside",
                         {f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}),

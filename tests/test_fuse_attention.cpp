@@ -40,6 +40,8 @@ struct Variant {
   double q_scale = 0, scores_scale = 0;  // nonzero: q * q_scale, (q kᵀ) * scores_scale
   Shape mask;                            // rank > 0: an additive mask of this shape on the scores
   bool mask_gradient = false;            // the mask is differentiated too
+  bool bf16 = false;                     // f32 values, both products with bf16 operands (the
+                                         // bf16 precision policy's casts)
 };
 
 struct Built {
@@ -48,24 +50,30 @@ struct Built {
   std::vector<HostTensor> bindings;
 };
 
-// q (2, 3, tq, 5), k (2, 3, tk, 5), v (2, 3, tk, 4), f64: y = softmax(mask(q kᵀ)) v, and the
-// gradients of sum(y * r) for a fixed random r.
+// q (2, 3, tq, 5), k (2, 3, tk, 5), v (2, 3, tk, 4), f64 (f32 with bf16 operands): y =
+// softmax(mask(q kᵀ)) v, and the gradients of sum(y * r) for a fixed random r.
 Built build(const Variant& v) {
   Built b;
   Builder bl(b.c);
   const Shape qs{2, 3, v.tq, 5}, ks{2, 3, v.tk, 5}, vs{2, 3, v.tk, 4}, ys{2, 3, v.tq, 4};
+  const DType dt = v.bf16 ? DType::f32 : DType::f64;
   std::vector<ValueId> x;
   uint64_t seed = 11;
   for (const Shape& s : {qs, ks, vs, ys}) {
-    x.push_back(b.c.add_external({s, DType::f64}, ValueRole::Input));
-    b.bindings.push_back(testing::random_tensor({s, DType::f64, -1.5, 1.5}, seed++));
+    x.push_back(b.c.add_external({s, dt}, ValueRole::Input));
+    b.bindings.push_back(testing::random_tensor({s, dt, -1.5, 1.5}, seed++));
   }
-  ValueId scores = bl.matmul(v.q_scale != 0 ? bl.scale(x[0], v.q_scale) : x[0], x[1], false, true);
+  // A product as the precision policy records it (core/tensor.cpp matmul).
+  auto mm = [&](ValueId l, ValueId r, bool ta, bool tb) {
+    if (v.bf16) l = bl.cast(l, DType::bf16), r = bl.cast(r, DType::bf16);
+    return bl.matmul(l, r, ta, tb);
+  };
+  ValueId scores = mm(v.q_scale != 0 ? bl.scale(x[0], v.q_scale) : x[0], x[1], false, true);
   if (v.scores_scale != 0) scores = bl.scale(scores, v.scores_scale);
   ValueId mask = kNoValue;
   if (v.mask.rank() > 0) {
-    mask = b.c.add_external({v.mask, DType::f64}, ValueRole::Input);
-    b.bindings.push_back(testing::random_tensor({v.mask, DType::f64, -2, 2}, seed++));
+    mask = b.c.add_external({v.mask, dt}, ValueRole::Input);
+    b.bindings.push_back(testing::random_tensor({v.mask, dt, -2, 2}, seed++));
     scores = bl.add(scores, mask);
   }
   if (v.causal) scores = composite::apply_causal_mask(bl, scores);
@@ -80,7 +88,7 @@ Built build(const Variant& v) {
     b.bindings.push_back(o);
     pd = composite::dropout(bl, p, v.dropout, key, offset);
   }
-  ValueId y = bl.matmul(pd, x[2]);
+  ValueId y = mm(pd, x[2], false, false);
   b.outputs = {y};
   if (v.probabilities_out) b.outputs.push_back(p);
   if (v.backward) {
@@ -308,9 +316,12 @@ const Circuit& step_plan(Model& model, int64_t t) {
   return engine.plan_cache().largest()->program->circuit();
 }
 
-// With and without dropout on the attention probabilities (the model's attn_dropout).
+// With and without dropout on the attention probabilities (the model's attn_dropout), and with
+// the bf16 precision policy (its casts absorbed: the ops' bf16 operands).
 TEST(FuseAttention, GptStepsCarryFusedAttentionInEveryLayer) {
-  for (double dropout : {0.0, 0.1}) {
+  for (auto [dropout, precision] :
+       {std::pair{0.0, Precision::f32}, std::pair{0.1, Precision::f32}, std::pair{0.1, Precision::bf16}}) {
+    ScopedPrecision policy(precision);
     models::GPTConfig cfg = testing::tiny_gpt_config(2);
     cfg.dropout = dropout;
     manual_seed(5);
@@ -332,6 +343,7 @@ TEST(FuseAttention, GptStepsCarryFusedAttentionInEveryLayer) {
           EXPECT_EQ(a.packed_heads, cfg.n_head);
           EXPECT_DOUBLE_EQ(a.scale, 1.0 / std::sqrt(static_cast<double>(cfg.n_embd / cfg.n_head)));
           EXPECT_DOUBLE_EQ(a.keep, 1.0 - dropout);
+          EXPECT_EQ(a.bf16, precision == Precision::bf16);
         }
     }
     testing::ScopedEnv off("KILN_DISABLE_PASSES", "fuse_attention");
@@ -341,26 +353,31 @@ TEST(FuseAttention, GptStepsCarryFusedAttentionInEveryLayer) {
   }
 }
 
+// In f32 and with the bf16 precision policy.
 TEST(FuseAttention, LlamaStepsWithGroupedQueriesAndRotaryEmbeddingsAreFused) {
-  models::LlamaConfig cfg;
-  cfg.n_layer = 2;
-  cfg.n_head = 4;
-  cfg.n_kv_head = 2;
-  cfg.n_embd = 32;
-  cfg.block_size = 16;
-  manual_seed(5);
-  models::Llama model(cfg);
-  const Circuit& c = step_plan(model, 9);
-  EXPECT_EQ(count_prim(c, PrimId::attention), 2u);
-  EXPECT_EQ(count_prim(c, PrimId::attention_grad), 2u);
-  EXPECT_EQ(square_values(c, 9, 9), 0u);
-  // The ops read k and v unrepeated: no broadcast of them is left, nor the sums of their gradients
-  // over the groups.
-  for (const Op& op : c.ops()) EXPECT_FALSE(op.is(PrimId::broadcast) && c.info(op.outputs[0]).shape.rank() == 5);
-  for (const Op& op : c.ops())
-    if (op.is(PrimId::attention) || op.is(PrimId::attention_grad)) {
-      EXPECT_EQ(AttentionParams::of(op).kv_groups, 2);
-    }
+  for (Precision precision : {Precision::f32, Precision::bf16}) {
+    ScopedPrecision policy(precision);
+    models::LlamaConfig cfg;
+    cfg.n_layer = 2;
+    cfg.n_head = 4;
+    cfg.n_kv_head = 2;
+    cfg.n_embd = 32;
+    cfg.block_size = 16;
+    manual_seed(5);
+    models::Llama model(cfg);
+    const Circuit& c = step_plan(model, 9);
+    EXPECT_EQ(count_prim(c, PrimId::attention), 2u) << precision_name(precision);
+    EXPECT_EQ(count_prim(c, PrimId::attention_grad), 2u);
+    EXPECT_EQ(square_values(c, 9, 9), 0u);
+    // The ops read k and v unrepeated: no broadcast of them is left, nor the sums of their
+    // gradients over the groups.
+    for (const Op& op : c.ops()) EXPECT_FALSE(op.is(PrimId::broadcast) && c.info(op.outputs[0]).shape.rank() == 5);
+    for (const Op& op : c.ops())
+      if (op.is(PrimId::attention) || op.is(PrimId::attention_grad)) {
+        EXPECT_EQ(AttentionParams::of(op).kv_groups, 2);
+        EXPECT_EQ(AttentionParams::of(op).bf16, precision == Precision::bf16);
+      }
+  }
 }
 
 TEST(FuseAttention, NonCausalMultiHeadAttentionIsFused) {
@@ -435,4 +452,43 @@ TEST(FuseAttention, AMaskThatDoesNotBroadcastIsAnErrorNamingTheLayer) {
   }
 }
 
+// With bf16 operands (the precision policy's casts before every product) the chain fuses into ops
+// that round q, k, v and do themselves: fused and unfused differ by where they round, so each is
+// measured against the exact f64 result of the same f32 inputs, and the fused error must stay
+// within twice the unfused one (both are bf16's, a few 1e-3 norm-relative) and above 1e-4 (the
+// rounding happens).
+TEST(FuseAttention, Bf16OperandsAreFusedAndKeepTheUnfusedAccuracy) {
+  const std::vector<Variant> variants = {{.bf16 = true},
+                                         {.causal = false, .tq = 7, .tk = 11, .scores_scale = 0.45, .bf16 = true},
+                                         {.dropout = 0.25, .q_scale = 0.3, .mask = Shape{2, 1, 1, 13}, .bf16 = true}};
+  for (const Variant& v : variants) {
+    const Built b = build(v);
+    std::vector<ValueId> plain_out = b.outputs;
+    const Circuit plain = cse(b.c, plain_out);
+    std::vector<ValueId> fused_out = plain_out;
+    const Circuit fused = fuse_attention(plain, fused_out);
+    ASSERT_EQ(count_prim(fused, PrimId::attention), 1u) << fused.dump();
+    ASSERT_EQ(count_prim(fused, PrimId::attention_grad), 1u) << fused.dump();
+    EXPECT_EQ(count_prim(fused, PrimId::cast), 0u) << fused.dump();
+    EXPECT_EQ(square_values(fused, v.tq, v.tk), 0u) << fused.dump();
+    // The exact values: the same inputs in f64, no rounding.
+    Variant exact_v = v;
+    exact_v.bf16 = false;
+    Built exact = build(exact_v);
+    for (size_t i = 0; i < exact.bindings.size(); ++i)
+      if (b.bindings[i].dtype() == DType::f32)
+        for (int64_t j = 0; j < b.bindings[i].numel(); ++j) exact.bindings[i].set(j, b.bindings[i].get(j));
+    const std::vector<HostTensor> truth = execute(exact.c, exact.bindings, exact.outputs);
+    const std::vector<HostTensor> unfused_values = execute(plain, b.bindings, plain_out);
+    const std::vector<HostTensor> fused_values = execute(fused, b.bindings, fused_out);
+    for (size_t i = 0; i < truth.size(); ++i) {
+      const double unfused_error = testing::relative_error(unfused_values[i], truth[i]),
+                   fused_error = testing::relative_error(fused_values[i], truth[i]);
+      EXPECT_GT(unfused_error, 1e-4) << "output " << i << ": bf16 must show in the unfused chain";
+      EXPECT_GT(fused_error, 1e-4) << "output " << i << ": the fused ops must round too";
+      EXPECT_LT(fused_error, 2 * unfused_error) << "output " << i;
+      std::printf("bf16 output %zu: unfused error %.2e, fused error %.2e\n", i, unfused_error, fused_error);
+    }
+  }
+}
 }  // namespace kiln

@@ -261,8 +261,8 @@ TEST(Lowering, MatmulKernelsOnTf32TensorCoresPassPtxasWithoutSpills) {
 
 // The attention kernels at the shapes models give them (heads inside: (B, T, H, d)): GPT-2
 // small's head size 64 and the default GPT's 32 take the tiled forward, 128 the warp-per-row
-// one; each plain, with dropout on the probabilities, and with dropout and a (B, 1, 1, T) padding
-// mask. Registers are printed for docs/BENCHMARKS.md.
+// one; each plain, with dropout on the probabilities, and with dropout, a (B, 1, 1, T) padding
+// mask and bf16 operands. Registers are printed for docs/BENCHMARKS.md.
 TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   for (const Shape& shape : {Shape{8, 1024, 12, 64}, Shape{16, 64, 4, 32}, Shape{1, 512, 8, 128}})
@@ -276,7 +276,7 @@ TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
         qkv.push_back(c.add_external({Shape{2}, DType::i32}, ValueRole::Input));
         qkv.push_back(c.add_external({Shape{}, DType::i32}, ValueRole::Input));
       }
-      const Params p = AttentionParams{true, 0.125, true, 0, 1, keep, mask}.to_params();
+      const Params p = AttentionParams{true, 0.125, true, 0, 1, keep, mask, mask}.to_params();
       std::vector<ValueId> f = c.add_op(PrimId::attention, p, qkv);
       std::vector<ValueId> grad_in = qkv;
       grad_in.insert(grad_in.end(), {f[0], f[1], x[3]});
@@ -287,7 +287,7 @@ TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
             const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*l.kernel, sm), sm);
             EXPECT_TRUE(r.ok) << r.log;
             EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << l.kernel->name << " sm_" << sm << ": " << r.log;
-            std::printf("%s keep %.1f%s %s sm_%d: %d registers\n", shape.str().c_str(), keep, mask ? " mask" : "",
+            std::printf("%s keep %.1f%s %s sm_%d: %d registers\n", shape.str().c_str(), keep, mask ? " mask bf16" : "",
                         l.kernel->name.c_str(), sm, r.registers);
           }
     }

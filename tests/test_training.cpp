@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 
 #include "circuit/ir/error.hpp"
 #include "core/engine.hpp"
@@ -404,9 +405,15 @@ size_t fused_ops_in_step() {
 // (fused reductions add f32 values in another order; every other op rounds each element as
 // the unfused one does). The bound leaves 30x for other machines' vector widths; a wrong
 // fusion moves a loss by far more.
+// With bf16 operands the attention fusion is left out of all three runs: its fused ops round q, k,
+// v and do but keep the probabilities and ds in f32, a change of arithmetic by design, not of
+// order (FuseAttention.Bf16OperandsAreFusedAndKeepTheUnfusedAccuracy measures it against f64, and
+// Bf16PrecisionTracksTheF32LossCurveOver300Steps trains with it).
 void fused_and_unfused_runs_give_the_same_losses(Precision precision, double bound, size_t early_steps,
                                                  double early_bound) {
   ScopedPrecision policy(precision);
+  std::optional<testing::ScopedEnv> no_attention_fusion;
+  if (precision == Precision::bf16) no_attention_fusion.emplace("KILN_DISABLE_PASSES", "fuse_attention");
   PlanCache& cache = Engine::current().plan_cache();
   cache.clear();
   TrainRun cpu = train_tiny(100, "", "", 0, 1e-2);

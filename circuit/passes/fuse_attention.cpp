@@ -13,6 +13,9 @@
 //   r = random bernoulli keep (key, offset)           only with dropout, as composite::dropout
 //   pd = pointwise (in0 * in1) * c (p, r)             records it (p's shape, c = 1 / keep)
 //   o = matmul(pd, v)                                 v (..., Tk, dv); pd is p without dropout
+// With bf16 operands (the bf16 precision policy) each product reads casts to bf16 of its
+// operands (cast(q), cast(k); cast(pd), cast(v); in the backward cast(do) and cast(ds)), all
+// four forward casts or none: the ops take the f32 values and the bf16 flag.
 // Backward, as the sweep emits it from those ops' VJP rules (after CSE; do = the gradient of o):
 //   dpd = matmul(do, v, tb)           dv = matmul(pd, do, ta)
 //   dp = pointwise in0 * (c * in1) (dpd, r)           only with dropout (else dp = dpd)
@@ -53,10 +56,12 @@ struct Match {
   int64_t packed_heads = 0;                   // > 0: q, k, v (and dq, dk, dv) are one packed value
   int64_t kv_groups = 1;                      // > 1: k and v have a head for each group of that many query heads
   ValueId q = kNoValue, k = kNoValue, v = kNoValue, o = kNoValue, d_o = kNoValue;
-  std::vector<int32_t> forward;   // op indices
-  std::vector<int32_t> backward;  // op indices, empty without a backward
-  int32_t o_op = -1;              // the op computing o: attention takes its place (attention_grad the
-                                  // first backward op's: every backward op follows do's producer)
+  bool bf16 = false;                                    // the products read bf16 casts:
+  ValueId qp = kNoValue, kp = kNoValue, vp = kNoValue;  // the values they read (q, k, v without)
+  std::vector<int32_t> forward;                         // op indices
+  std::vector<int32_t> backward;                        // op indices, empty without a backward
+  int32_t o_op = -1;  // the op computing o: attention takes its place (attention_grad the
+                      // first backward op's: every backward op follows do's producer)
   ValueId dq = kNoValue, dk = kNoValue, dv = kNoValue;
 };
 
@@ -72,8 +77,14 @@ class Matcher {
     Match mt;
     const Op& pv = op(at);
     if (!is_matmul(pv, false, false)) return std::nullopt;
-    const ValueId pd = pv.inputs[0];
-    mt.v = pv.inputs[1];
+    // pd, v as the product reads them (pdp, vp: their bf16 casts with bf16 operands).
+    const ValueId pdp = pv.inputs[0];
+    mt.vp = pv.inputs[1];
+    const Op *cast_p = bf16_cast(pdp), *cast_v = bf16_cast(mt.vp);
+    if ((cast_p == nullptr) != (cast_v == nullptr)) return std::nullopt;
+    mt.bf16 = cast_p != nullptr;
+    const ValueId pd = mt.bf16 ? cast_p->inputs[0] : pdp;
+    mt.v = mt.bf16 ? cast_v->inputs[0] : mt.vp;
     mt.o = pv.outputs[0];
     const Op* dropout = dropout_of(pd, mt);
     const ValueId p = dropout ? dropout->inputs[0] : pd;
@@ -117,8 +128,12 @@ class Matcher {
     }
     const Op* qk = producer(s, PrimId::matmul);
     if (!qk || !is_matmul(*qk, false, true)) return std::nullopt;
-    mt.q = qk->inputs[0];
-    mt.k = qk->inputs[1];
+    mt.qp = qk->inputs[0];
+    mt.kp = qk->inputs[1];
+    const Op *cast_q = bf16_cast(mt.qp), *cast_k = bf16_cast(mt.kp);
+    if ((cast_q != nullptr) != mt.bf16 || (cast_k != nullptr) != mt.bf16) return std::nullopt;
+    mt.q = mt.bf16 ? cast_q->inputs[0] : mt.qp;
+    mt.k = mt.bf16 ? cast_k->inputs[0] : mt.kp;
     // Shapes: q (..., T, d), k (..., Tk, d), v (..., Tk, dv), one batch, one float dtype; the
     // mask (T, T) with T the scores' last two dims.
     const ValueInfo &qi = c_.info(mt.q), &ki = c_.info(mt.k), &vi = c_.info(mt.v);
@@ -143,6 +158,11 @@ class Matcher {
         internal.push_back(x);
         mt.forward.push_back(producer_index(x));
       }
+    if (mt.bf16)
+      for (ValueId x : {mt.qp, mt.kp, pdp, mt.vp}) {
+        internal.push_back(x);
+        mt.forward.push_back(producer_index(x));
+      }
     if (where) mt.forward.push_back(producer_index(a));
     for (ValueId x : {stop->inputs[0], m, e, l, p}) mt.forward.push_back(producer_index(x));
     mt.forward.push_back(at);
@@ -158,7 +178,7 @@ class Matcher {
       absorb_scale_and_heads(mt);
       return mt;
     }
-    if (!match_backward(mt, a, m, e, l, pd, dropout, where != nullptr,
+    if (!match_backward(mt, a, m, e, l, pdp, dropout, where != nullptr,
                         scores_scale && scaled != kNoValue ? scores_scale : nullptr))
       return std::nullopt;
     std::vector<int32_t> chain = mt.forward;
@@ -369,6 +389,11 @@ class Matcher {
   }
 
   int32_t index_of(const Op* o) const { return static_cast<int32_t>(o - c_.ops().data()); }
+  // The op casting an f32 value to bf16 that computes x, if one does.
+  const Op* bf16_cast(ValueId x) const {
+    const Op* c = producer(x, PrimId::cast);
+    return c && c_.info(x).dtype == DType::bf16 && c_.info(c->inputs[0]).dtype == DType::f32 ? c : nullptr;
+  }
   // Every reader of v is an op of the match (and v is not a requested output).
   bool reads_only_chain(const Match& mt, ValueId v) const {
     if (protected_[static_cast<size_t>(v)]) return false;
@@ -399,18 +424,22 @@ class Matcher {
     return d;
   }
 
-  // `pd`: the probabilities o reads (after `dropout`, if any). `scores_scale`: the forward's scale
-  // on the scores, whose VJP (the same scale) follows the mask.
+  // `pd`: the probabilities o's product reads (after `dropout`, if any; their bf16 cast with bf16
+  // operands). `scores_scale`: the forward's scale on the scores, whose VJP (the same scale)
+  // follows the mask.
   bool match_backward(Match& mt, ValueId a, ValueId m, ValueId e, ValueId l, ValueId pd, const Op* dropout, bool causal,
                       const Op* scores_scale) {
-    // dv = matmul(pd, do, ta): it names do.
+    // dv = matmul(pd, do, ta): it names do (its bf16 cast with bf16 operands).
     const Op* dv = reader(pd, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == pd; });
     if (!dv) return false;
-    mt.d_o = dv->inputs[1];
+    const ValueId dop = dv->inputs[1];
+    const Op* cast_do = mt.bf16 ? bf16_cast(dop) : nullptr;
+    if (mt.bf16 && !cast_do) return false;
+    mt.d_o = mt.bf16 ? cast_do->inputs[0] : dop;
     mt.dv = dv->outputs[0];
     if (c_.info(mt.d_o) != c_.info(mt.o)) return false;
     const Op* dp = reader(
-        mt.d_o, [&](const Op& o) { return is_matmul(o, false, true) && o.inputs[0] == mt.d_o && o.inputs[1] == mt.v; });
+        dop, [&](const Op& o) { return is_matmul(o, false, true) && o.inputs[0] == dop && o.inputs[1] == mt.vp; });
     if (!dp) return false;
     ValueId dpv = dp->outputs[0];
     const Op* undrop = nullptr;  // dp = dpd * (c * r)
@@ -456,14 +485,20 @@ class Matcher {
       if (!unscale) return false;
       ds = unscale->outputs[0];
     }
-    const Op* dq =
-        reader(ds, [&](const Op& o) { return is_matmul(o, false, false) && o.inputs[0] == ds && o.inputs[1] == mt.k; });
+    const Op* cast_ds = nullptr;
+    if (mt.bf16) {
+      cast_ds = reader(ds, [&](const Op& o) { return &o == bf16_cast(o.outputs[0]); });
+      if (!cast_ds) return false;
+      ds = cast_ds->outputs[0];
+    }
+    const Op* dq = reader(
+        ds, [&](const Op& o) { return is_matmul(o, false, false) && o.inputs[0] == ds && o.inputs[1] == mt.kp; });
     const Op* dk =
-        reader(ds, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == ds && o.inputs[1] == mt.q; });
+        reader(ds, [&](const Op& o) { return is_matmul(o, true, false) && o.inputs[0] == ds && o.inputs[1] == mt.qp; });
     if (!dq || !dk) return false;
     mt.dq = dq->outputs[0];
     mt.dk = dk->outputs[0];
-    for (const Op* o : {dv, dp, undrop, g1, g2, rsum, rb, g3, da, mask, unscale, dq, dk})
+    for (const Op* o : {dv, dp, undrop, g1, g2, rsum, rb, g3, da, mask, unscale, dq, dk, cast_do, cast_ds})
       if (o) mt.backward.push_back(static_cast<int32_t>(o - c_.ops().data()));
     std::sort(mt.backward.begin(), mt.backward.end());
     return true;
@@ -571,8 +606,8 @@ Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
       continue;
     }
     const Match& mt = matches[static_cast<size_t>(k)];
-    const Params params = AttentionParams{mt.causal,    mt.scale, mt.heads_inside,    mt.packed_heads,
-                                          mt.kv_groups, mt.keep,  mt.mask != kNoValue}
+    const Params params = AttentionParams{mt.causal,    mt.scale, mt.heads_inside,     mt.packed_heads,
+                                          mt.kv_groups, mt.keep,  mt.mask != kNoValue, mt.bf16}
                               .to_params();
     // q, k, v (or the packed value), then the mask and the dropout stream
     std::vector<ValueId> qkv =

@@ -23,6 +23,13 @@
 // are s = scale q kᵀ + mask (then the causal mask), the mask broadcast over the scores' shape
 // (batch..., Tq, Tk) (with heads inside (B, H, Tq, Tk)). No gradient flows to it.
 //
+// With bf16 operands (the bf16 precision policy; f32 tensors) the ops read q, k, v and do rounded
+// to bf16, r(x), and compute in f32 from there: s = scale r(q) r(k)ᵀ, o = (p F) r(v); backward
+// dp = r(do) r(v)ᵀ, dv = (p F)ᵀ r(do), dq = scale ds r(k), dk = scale dsᵀ r(q), D = rowsum(do * o)
+// from the f32 do and o. The probabilities and ds stay f32 inside the op (the unfused chain rounds
+// them too, at its products' casts): the fused results are as close to exact as the unfused ones
+// or closer (tests/test_fuse_attention.cpp measures both against f64).
+//
 // With dropout (keep < 1) both ops take (key, offset) after q, k, v (and the mask): attention(q, k, v, key,
 // offset), attention_grad(q, k, v, key, offset, o, lse, do[, dlse]). With F the kept entries'
 // factor (1 / keep, or 0 where dropped; AttentionParams says which bits): o = (softmax(s) * F) v,
@@ -43,6 +50,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "circuit/ir/bf16.hpp"
 #include "circuit/ir/circuit.hpp"
 #include "circuit/prims/builder.hpp"
 #include "circuit/prims/eigen_util.hpp"
@@ -201,9 +209,12 @@ Shape like_q(const Shape& q, bool heads_inside, int64_t cols, bool lse) {
 
 // Checks q, k, v (the first three inputs of both Prims); returns the params' view.
 AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
-  if (p.ints.size() != 5 || p.reals.size() != 2)
-    ctx.fail("params must be {causal, heads_inside, packed_heads, kv_groups, mask}, {scale, keep}");
-  const AttentionParams a{p.ints[0] != 0, p.reals[0], p.ints[1] != 0, p.ints[2], p.ints[3], p.reals[1], p.ints[4] != 0};
+  if (p.ints.size() != 6 || p.reals.size() != 2)
+    ctx.fail("params must be {causal, heads_inside, packed_heads, kv_groups, mask, bf16}, {scale, keep}");
+  const AttentionParams a{p.ints[0] != 0, p.reals[0], p.ints[1] != 0, p.ints[2],
+                          p.ints[3],      p.reals[1], p.ints[4] != 0, p.ints[5] != 0};
+  if (a.bf16 && in[0].dtype != DType::f32)
+    ctx.fail(std::string("bf16 operands need f32 q, k and v, received ") + dtype_name(in[0].dtype));
   if (a.kv_groups < 1) ctx.fail("kv_groups must be >= 1, received " + std::to_string(a.kv_groups));
   if (!(a.keep > 0.0 && a.keep <= 1.0))
     ctx.fail("the dropout keep probability must lie in (0, 1], received " + std::to_string(a.keep));
@@ -247,7 +258,7 @@ AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in,
 
 // A packed op's inputs seen as q, k, v (then the rest): checks the packed input's shape.
 std::vector<ValueInfo> unpacked(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
-  const int64_t heads = p.ints.size() == 5 ? p.ints[2] : 0;
+  const int64_t heads = p.ints.size() == 6 ? p.ints[2] : 0;
   if (heads <= 0) return in;
   if (p.ints[1] == 0) ctx.fail("packed q, k and v need heads_inside");
   if (in.empty()) ctx.fail("takes the packed q, k and v");
@@ -415,6 +426,31 @@ void for_each_entry(int64_t entries, F&& f) {
   for (int64_t e = 0; e < entries; ++e) f(e, omp_get_thread_num());
 }
 
+// x with every element rounded to bf16 (f32 tensors): the operand copies a bf16 op's products read.
+HostTensor rounded_copy(const HostTensor& x, EvalBuffers& bufs) {
+  HostTensor r = bufs.scratch(DType::f32, x.shape());
+  const float* from = x.data<float>();
+  float* to = r.data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) to[i] = round_to_bf16(from[i]);
+  return r;
+}
+// With bf16 operands: points q, k and v at rounded copies (one for a packed input), kept in `keep`.
+void round_operands(Operands& x, EvalBuffers& bufs, std::vector<HostTensor>& keep) {
+  keep.reserve(3);
+  const HostTensor* from[3] = {x.q, x.k, x.v};
+  const HostTensor** to[3] = {&x.q, &x.k, &x.v};
+  for (int i = 0; i < 3; ++i) {
+    if (i > 0 && from[i] == from[0]) {  // packed: the one copy
+      *to[i] = &keep[0];
+      continue;
+    }
+    keep.push_back(rounded_copy(*from[i], bufs));
+    *to[i] = &keep.back();
+  }
+}
+
 // A thread's row of dropout factors (Dropout::factors) in the op's scratch; unused without dropout.
 template <class T>
 class DropoutRow {
@@ -439,7 +475,9 @@ class DropoutRow {
 
 std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const AttentionParams a = AttentionParams::of(op);
-  const Operands x = operands_of(in, a);
+  Operands x = operands_of(in, a);
+  std::vector<HostTensor> rounded;
+  if (a.bf16) round_operands(x, bufs, rounded);
   const Rows &rq = x.rq, &rk = x.rk, &rv = x.rv;
   HostTensor o = bufs.output(0), lse = bufs.output(1);
   const Rows ro = rows_of(o.shape(), a.heads_inside);
@@ -472,9 +510,13 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
 
 std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   const AttentionParams a = AttentionParams::of(op);
-  const Operands x = operands_of(in, a);
+  Operands x = operands_of(in, a);
+  std::vector<HostTensor> rounded;
+  if (a.bf16) round_operands(x, bufs, rounded);
   const Rows &rq = x.rq, &rk = x.rk, &rv = x.rv;
   const HostTensor &o_in = *in[x.rest], &lse_in = *in[x.rest + 1], &do_in = *in[x.rest + 2];
+  // The do the products read (rounded with bf16 operands); D reads do itself.
+  const HostTensor do_product = a.bf16 ? rounded_copy(do_in, bufs) : do_in;
   const Rows ro = rows_of(o_in.shape(), a.heads_inside);
   const bool has_dlse = in.size() == x.rest + 4;
   // Packed: dq, dk and dv are the pieces of the one output.
@@ -497,7 +539,8 @@ std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const Host
           const bool first_write = g == 0 && blk == blocks.rbegin();
           const int64_t rows = blk->rows, keys = blk->keys;
           const T *do_rows = rows_at<T>(do_in, ro, e) + blk->first * ro.row_stride(),
-                  *o_rows = rows_at<T>(o_in, ro, e) + blk->first * ro.row_stride();
+                  *o_rows = rows_at<T>(o_in, ro, e) + blk->first * ro.row_stride(),
+                  *do_product_rows = rows_at<T>(do_product, ro, e) + blk->first * ro.row_stride();
           const ConstRowsMap<T> o(o_rows, rows, ro.cols, Eigen::OuterStride<>(ro.row_stride())),
               d_o(do_rows, rows, ro.cols, Eigen::OuterStride<>(ro.row_stride()));
           Eigen::Map<const Col> lse(lse_in.data<T>() + e * rq.t + blk->first, rows);
@@ -507,7 +550,7 @@ std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const Host
           p = (p.array().colwise() - lse.array()).exp();  // exp(-inf) = 0 where masked
           Col rows_d = (d_o.array() * o.array()).rowwise().sum();
           if (has_dlse) rows_d -= Eigen::Map<const Col>(in[x.rest + 3]->data<T>() + e * rq.t + blk->first, rows);
-          gemm<T>(false, true, rows, keys, rv.cols, T(1), do_rows, ro.row_stride(), rows_at<T>(*x.v, rv, ek),
+          gemm<T>(false, true, rows, keys, rv.cols, T(1), do_product_rows, ro.row_stride(), rows_at<T>(*x.v, rv, ek),
                   rv.row_stride(), ds.data(), keys);  // do vᵀ
           if (x.dropout.on) {                         // ds = p (F (do vᵀ) - D), and p F for dv
             for (int64_t i = 0; i < rows; ++i) {
@@ -523,7 +566,7 @@ std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const Host
           gemm<T>(true, false, keys, rq.cols, rows, scale, ds.data(), keys,
                   rows_at<T>(*x.q, rq, e) + blk->first * rq.row_stride(), rq.row_stride(), rows_at<T>(dk, rk, ek),
                   rk.row_stride(), !first_write);  // dk (+)= scale dsᵀ q
-          gemm<T>(true, false, keys, rv.cols, rows, T(1), p.data(), keys, do_rows, ro.row_stride(),
+          gemm<T>(true, false, keys, rv.cols, rows, T(1), p.data(), keys, do_product_rows, ro.row_stride(),
                   rows_at<T>(dvt, rv, ek), rv.row_stride(), !first_write);  // dv (+)= (p F)ᵀ do
         }
       }
@@ -546,8 +589,8 @@ std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g
 }
 
 std::string describe(const Params& p) {
-  return fmt::format("{}{}{}{}scale={}{}", p.ints[0] != 0 ? "causal " : "", p.ints[4] != 0 ? "additive mask " : "",
-                     p.ints[1] != 0 ? "(B, T, H, d) " : "",
+  return fmt::format("{}{}{}{}{}scale={}{}", p.ints[0] != 0 ? "causal " : "", p.ints[5] != 0 ? "bf16 operands " : "",
+                     p.ints[4] != 0 ? "additive mask " : "", p.ints[1] != 0 ? "(B, T, H, d) " : "",
                      p.ints[2] > 0   ? fmt::format("packed qkv of {} heads ", p.ints[2])
                      : p.ints[3] > 1 ? fmt::format("{} query heads a kv head ", p.ints[3])
                                      : std::string(),
@@ -559,12 +602,12 @@ std::string describe(const Params& p) {
 AttentionParams AttentionParams::of(const Op& op) {
   require_view_of(op, {PrimId::attention, PrimId::attention_grad}, "AttentionParams");
   return {op.params.ints.at(0) != 0, op.params.reals.at(0), op.params.ints.at(1) != 0, op.params.ints.at(2),
-          op.params.ints.at(3),      op.params.reals.at(1), op.params.ints.at(4) != 0};
+          op.params.ints.at(3),      op.params.reals.at(1), op.params.ints.at(4) != 0, op.params.ints.at(5) != 0};
 }
 
 Params AttentionParams::to_params() const {
   Params p;
-  p.ints = {causal ? 1 : 0, heads_inside ? 1 : 0, packed_heads, kv_groups, mask ? 1 : 0};
+  p.ints = {causal ? 1 : 0, heads_inside ? 1 : 0, packed_heads, kv_groups, mask ? 1 : 0, bf16 ? 1 : 0};
   p.reals = {scale, keep};
   return p;
 }

@@ -112,7 +112,7 @@ struct ColumnSumsParams {
   Params to_params() const;
 };
 
-// attention, attention_grad {causal, heads_inside, packed_heads, kv_groups, mask}, {scale, keep}. heads_inside: q, k, v,
+// attention, attention_grad {causal, heads_inside, packed_heads, kv_groups, mask, bf16}, {scale, keep}. heads_inside: q, k, v,
 // o and their gradients are (B, T, H, d), as a projection's output split into heads is before
 // its permute; otherwise (..., T, d) with the heads among the batch dims. packed_heads H > 0
 // (heads inside only): q, k and v are one input, a fused projection's (B, T, 3 H d) output with
@@ -123,6 +123,8 @@ struct ColumnSumsParams {
 // mask: an additive mask on the scores, an input right after q, k, v (before the dropout
 // stream), of the scores' dtype, broadcastable (numpy rules) to the scores' shape: (batch...,
 // Tq, Tk), or (B, H, Tq, Tk) with heads inside.
+// bf16 (f32 q, k, v only): bf16 operands, for the bf16 precision policy's chain: the ops read q,
+// k, v and do rounded to bf16 and compute in f32 from there (circuit/prims/attention.cpp).
 // keep < 1: dropout on the probabilities, which the ops take two more inputs for (key, offset,
 // right after q, k, v and the mask): probability (i, j) of batch entry e is kept, times 1 / keep, where a
 // random Bernoulli(keep) tensor of the probabilities' shape drawn with (key, offset) holds 1 at
@@ -135,6 +137,7 @@ struct AttentionParams {
   int64_t kv_groups = 1;
   double keep = 1.0;
   bool mask = false;
+  bool bf16 = false;
   bool dropout() const { return keep < 1.0; }
   static AttentionParams of(const Op& op);
   Params to_params() const;

@@ -60,6 +60,7 @@ struct Sizes {
   int mask_input = 3;
   std::vector<int64_t> mask_batch, mask_strides;
   int64_t mask_row_stride = 0, mask_col_stride = 0;
+  bool bf16 = false;  // q, k, v and do read rounded to bf16 (product_operand)
   double keep = 1.0;  // < 1: dropout, with the stream's key and offset inputs at `stream`
   int stream = 3;
   int rest = 3;  // the input index of o (attention_grad)
@@ -123,6 +124,7 @@ Sizes sizes_of(const Circuit& c, const Op& op) {
     s.stream += 1;
     s.rest += 1;
   }
+  s.bf16 = a.bf16;
   s.keep = a.keep;
   if (a.dropout()) s.rest += 2;
   const Shape& q = c.info(op.inputs[0]).shape;
@@ -335,9 +337,19 @@ WarpRow warp_row(KernelBuilder& b, const Sizes& s, int64_t rows) {
   return {row, lane, b.setp(Cmp::lt, row, imm_index(s.it, rows))};
 }
 
+// x as the products read it: rounded to bf16 with bf16 operands (cvt.rn.bf16.f32, then exact).
+Reg product_operand(KernelBuilder& b, const Sizes& s, Reg x) {
+  return s.bf16 ? b.cvt(Type::f32, b.cvt(Type::bf16, x)) : x;
+}
+// x (a loaded element) as a product operand (`operand`) or as it is, times `factor`.
+Reg loaded(KernelBuilder& b, const Sizes& s, Reg x, bool operand, float factor) {
+  if (operand) x = product_operand(b, s, x);
+  return factor == 1.0f ? x : b.mul(Type::f32, x, imm_f32(factor));
+}
+
 // This lane's columns of a row vector of n elements at element offset `first` of `base`:
-// column lane + 32 j in register j (zero past n).
-std::vector<Reg> load_row(KernelBuilder& b, const Sizes& s, Reg base, Reg first, Reg lane, int64_t n,
+// column lane + 32 j in register j (zero past n), as a product operand (q, k, v, do) or not (o).
+std::vector<Reg> load_row(KernelBuilder& b, const Sizes& s, Reg base, Reg first, Reg lane, int64_t n, bool operand,
                           float factor = 1.0f) {
   std::vector<Reg> out;
   Reg lane_it = s.it == Type::u32 ? lane : b.cvt(Type::u64, lane);
@@ -345,8 +357,7 @@ std::vector<Reg> load_row(KernelBuilder& b, const Sizes& s, Reg base, Reg first,
     Reg at = b.add(s.it, first, b.add(s.it, lane_it, imm_index(s.it, 32 * j)));
     Reg x = b.mov(Type::f32, imm_f32(0.0f));
     auto load = [&] {
-      Reg v = b.ld(Space::global, Type::f32, b.address(base, at, 4));
-      b.set(x, factor == 1.0f ? v : b.mul(Type::f32, v, imm_f32(factor)));
+      b.set(x, loaded(b, s, b.ld(Space::global, Type::f32, b.address(base, at, 4)), operand, factor));
     };
     if (32 * (j + 1) <= n)
       load();
@@ -444,7 +455,7 @@ void stage_rows(KernelBuilder& b, const Sizes& s, Reg base, const Piece& piece, 
       b.if_(b.setp(Cmp::lt, key, imm_index(s.it, t)), [&] {
         Reg at = b.add(s.it, row_first(b, s, entry, key, t, n, piece), in_index_type(b, s, col));
         std::vector<Reg> x = b.ld_vec(Space::global, Type::f32, b.address(base, at, 4), 4);
-        for (size_t e = 0; e < 4; ++e) b.set(vals[e], x[e]);
+        for (size_t e = 0; e < 4; ++e) b.set(vals[e], product_operand(b, s, x[e]));  // every staged row is one
       });
       b.st_vec(Space::shared, Type::f32, b.mad(Type::u32, idx, imm_u32(16), smem),
                {vals[0], vals[1], vals[2], vals[3]});
@@ -456,12 +467,14 @@ void stage_rows(KernelBuilder& b, const Sizes& s, Reg base, const Piece& piece, 
   }
 }
 
-// One thread's whole row of n floats (n a multiple of 4) at element `first`, times `factor`.
-std::vector<Reg> load_own_row(KernelBuilder& b, Reg base, Reg first, int64_t n, float factor = 1.0f) {
+// One thread's whole row of n floats (n a multiple of 4) at element `first`, as a product operand
+// or not, times `factor`.
+std::vector<Reg> load_own_row(KernelBuilder& b, const Sizes& s, Reg base, Reg first, int64_t n, bool operand,
+                              float factor = 1.0f) {
   std::vector<Reg> out;
   for (int64_t c4 = 0; c4 < n; c4 += 4)
     for (Reg x : b.ld_vec(Space::global, Type::f32, b.address(base, first, 4), 4, 4 * c4))
-      out.push_back(factor == 1.0f ? x : b.mul(Type::f32, x, imm_f32(factor)));
+      out.push_back(loaded(b, s, x, operand, factor));
   return out;
 }
 void store_own_row(KernelBuilder& b, Reg base, Reg first, const std::vector<Reg>& x, float factor = 1.0f) {
@@ -549,7 +562,7 @@ LoweredOp lower_attention_tiled(const AttentionParams& a, const Sizes& s) {
       std::vector<Reg> x = b.ld_vec(Space::global, Type::f32, b.address(q, first, 4), 4, 4 * c4);
       for (int64_t e = 0; e < 4; ++e)
         b.set(qv[static_cast<size_t>(c4 + e)],
-              b.mul(Type::f32, x[static_cast<size_t>(e)], imm_f32(static_cast<float>(a.scale))));
+              loaded(b, s, x[static_cast<size_t>(e)], true, static_cast<float>(a.scale)));
     }
   });
   Reg m = b.mov(Type::f32, imm_f32(-INFINITY)), l = b.mov(Type::f32, imm_f32(0.0f));
@@ -626,10 +639,10 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
   b.if_(w.in_range, [&] {
     const Reg entry = entry_of(b, s, w.row, s.tq), i = position_of(b, s, w.row, s.tq);
     std::vector<Reg> qi =
-        load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, static_cast<float>(a.scale));
+        load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, true, static_cast<float>(a.scale));
     const Reg kv_entry = kv_entry_of(b, s, entry);
     auto key_row = [&](Operand j, Reg base, int64_t n, const Piece& piece) {
-      return load_row(b, s, base, row_first(b, s, kv_entry, j, s.tk, n, piece), w.lane, n);
+      return load_row(b, s, base, row_first(b, s, kv_entry, j, s.tk, n, piece), w.lane, n, true);
     };
     // Key 0 (every query sees it) starts the running max, sum and output.
     const Reg mask_at = s.mask ? mask_row(b, s, mask_base(b, s, entry), i) : Reg{};
@@ -689,12 +702,12 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     std::vector<Reg> qv = zeros(b, static_cast<size_t>(s.d)), dov = zeros(b, static_cast<size_t>(s.dv));
     Reg row_d = b.mov(Type::f32, imm_f32(0.0f)), lse_i = b.mov(Type::f32, imm_f32(0.0f));
     b.if_(valid, [&] {
-      std::vector<Reg> x = load_own_row(b, q, row_first(b, s, entry, i, s.tq, s.d, s.q), s.d, scale);
+      std::vector<Reg> x = load_own_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), s.d, true, scale);
       for (size_t c = 0; c < x.size(); ++c) b.set(qv[c], x[c]);
       Reg vfirst = row_first(b, s, entry, i, s.tq, s.dv);
-      std::vector<Reg> y = load_own_row(b, d_o, vfirst, s.dv), z = load_own_row(b, o, vfirst, s.dv);
-      for (size_t c = 0; c < y.size(); ++c) {
-        b.set(dov[c], y[c]);
+      std::vector<Reg> y = load_own_row(b, s, d_o, vfirst, s.dv, false), z = load_own_row(b, s, o, vfirst, s.dv, false);
+      for (size_t c = 0; c < y.size(); ++c) {  // D from do itself, the products from do as an operand
+        b.set(dov[c], product_operand(b, s, y[c]));
         b.assign(kir::Opc::Fma, row_d, {y[c], z[c], row_d});
       }
       if (has_dlse) b.assign(kir::Opc::Sub, row_d, {row_d, b.ld(Space::global, Type::f32, b.address(dlse, row, 4))});
@@ -746,9 +759,9 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
     Reg valid = b.setp(Cmp::lt, j, imm_index(s.it, s.tk));
     std::vector<Reg> kv = zeros(b, static_cast<size_t>(s.d)), vv = zeros(b, static_cast<size_t>(s.dv));
     b.if_(valid, [&] {
-      std::vector<Reg> x = load_own_row(b, k, row_first(b, s, entry, j, s.tk, s.d, s.k), s.d, scale);
+      std::vector<Reg> x = load_own_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d, s.k), s.d, true, scale);
       for (size_t c = 0; c < x.size(); ++c) b.set(kv[c], x[c]);
-      std::vector<Reg> y = load_own_row(b, v, row_first(b, s, entry, j, s.tk, s.dv, s.v), s.dv);
+      std::vector<Reg> y = load_own_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv, s.v), s.dv, true);
       for (size_t c = 0; c < y.size(); ++c) b.set(vv[c], y[c]);
     });
     Reg k_own = store_own_column(b, k_columns, tid, kv), v_own = store_own_column(b, v_columns, tid, vv);
@@ -831,10 +844,11 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     b.if_(w.in_range, [&] {
       const Reg entry = entry_of(b, s, w.row, s.tq), i = position_of(b, s, w.row, s.tq);
       const Reg kv_entry = kv_entry_of(b, s, entry);
-      std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, scale);
+      std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, true, scale);
       Reg vrow = row_first(b, s, entry, i, s.tq, s.dv);
-      std::vector<Reg> doi = load_row(b, s, d_o, vrow, w.lane, s.dv);
-      Reg row_d = warp_dot(b, doi, load_row(b, s, o, vrow, w.lane, s.dv));
+      std::vector<Reg> doi = load_row(b, s, d_o, vrow, w.lane, s.dv, false);
+      Reg row_d = warp_dot(b, doi, load_row(b, s, o, vrow, w.lane, s.dv, false));  // D from do itself
+      for (Reg& x : doi) x = product_operand(b, s, x);
       if (has_dlse) row_d = b.sub(Type::f32, row_d, b.ld(Space::global, Type::f32, b.address(dlse, w.row, 4)));
       b.if_(b.setp(Cmp::eq, w.lane, imm_u32(0)),
             [&] { b.st(Space::global, Type::f32, b.address(dd, w.row, 4), row_d); });
@@ -843,8 +857,8 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
       std::vector<Reg> acc = zeros(b, qi.size());
       Operand end = a.causal ? Operand(b.add(s.it, i, imm_index(s.it, 1))) : imm_index(s.it, s.tk);
       b.for_(imm_index(s.it, 0), end, imm_index(s.it, 1), [&](Reg j) {
-        std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, kv_entry, j, s.tk, s.d, s.k), w.lane, s.d);
-        std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, kv_entry, j, s.tk, s.dv, s.v), w.lane, s.dv);
+        std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, kv_entry, j, s.tk, s.d, s.k), w.lane, s.d, true);
+        std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, kv_entry, j, s.tk, s.dv, s.v), w.lane, s.dv, true);
         Reg p = exp_of(b, b.sub(Type::f32, masked(b, s, g.mask, mask_at, warp_dot(b, qi, kj), j), lse_i));
         Reg dp = times(b, warp_dot(b, doi, vj), dropout_factor(b, s, g.stream, w.row, j));
         Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, dp, row_d));
@@ -864,8 +878,8 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
     const WarpRow w = warp_row(b, s, rows);
     b.if_(w.in_range, [&] {
       const Reg entry = entry_of(b, s, w.row, s.tk), j = position_of(b, s, w.row, s.tk);
-      std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d, scale);
-      std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv);
+      std::vector<Reg> kj = load_row(b, s, k, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d, true, scale);
+      std::vector<Reg> vj = load_row(b, s, v, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv, true);
       std::vector<Reg> acc_k = zeros(b, kj.size()), acc_v = zeros(b, vj.size());
       Operand begin = a.causal ? Operand(j) : imm_index(s.it, 0);
       b.for_(imm_index(s.it, 0), imm_index(s.it, s.groups), imm_index(s.it, 1), [&](Reg g) {
@@ -874,8 +888,8 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
         const Reg mask_first = s.mask ? mask_base(b, s, q_entry) : Reg{};
         b.for_(begin, imm_index(s.it, s.tq), imm_index(s.it, 1), [&](Reg i) {
           Reg qi_at = b.add(s.it, query0, i);
-          std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, q_entry, i, s.tq, s.d, s.q), w.lane, s.d);
-          std::vector<Reg> doi = load_row(b, s, d_o, row_first(b, s, q_entry, i, s.tq, s.dv), w.lane, s.dv);
+          std::vector<Reg> qi = load_row(b, s, q, row_first(b, s, q_entry, i, s.tq, s.d, s.q), w.lane, s.d, true);
+          std::vector<Reg> doi = load_row(b, s, d_o, row_first(b, s, q_entry, i, s.tq, s.dv), w.lane, s.dv, true);
           Reg lse_i = b.ld(Space::global, Type::f32, b.address(lse, qi_at, 4));
           Reg d_i = b.ld(Space::global, Type::f32, b.address(dd, qi_at, 4));
           Reg score = warp_dot(b, qi, kj);

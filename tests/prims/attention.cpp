@@ -142,6 +142,22 @@ BuildFn left_padded_attention_of(int64_t tk) {
   };
 }
 
+// bf16 operands (q, k, v and do read rounded to bf16), f32 tensors.
+Params bf16_params(bool causal, double scale, bool heads_inside = false) {
+  return AttentionParams{causal, scale, heads_inside, 0, 1, 1.0, false, true}.to_params();
+}
+BuildFn bf16_attention_of(bool causal, double scale, bool heads_inside = false) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> r = b.circuit().add_op(PrimId::attention, bf16_params(causal, scale, heads_inside), x);
+    return b.add(heads_inside ? b.permute(r[0], {0, 2, 1, 3}) : r[0], r[1]);
+  };
+}
+BuildFn bf16_attention_grad_of(bool causal, double scale) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    return b.concat(b.circuit().add_op(PrimId::attention_grad, bf16_params(causal, scale), x), -1);
+  };
+}
+
 }  // namespace
 
 void attention_cases(FamilyCases& c) {
@@ -272,6 +288,22 @@ void attention_cases(FamilyCases& c) {
                          f32({2, 4, 23, 40}), f32({2, 4, 23, 1}, 0, 3), f32({2, 4, 23, 40})},
                         masked_attention_grad_of(false, 0.35, 2),
                         1e-5});
+  // bf16 operands: the kernels round q, k, v and do where they load them, as the reference does, so
+  // the tolerance is f32's (kernels that skipped the rounding were off by 6e-4 to 7e-3).
+  c.lowering.push_back({"attention_bf16_tiled",
+                        {f32({2, 29, 3, 40}), f32({2, 29, 3, 40}), f32({2, 29, 3, 40})},
+                        bf16_attention_of(true, 0.35, true),
+                        1e-5});
+  c.lowering.push_back({"attention_bf16_warp_rows",
+                        {f32({3, 21, 72}), f32({3, 37, 72}), f32({3, 37, 72})},
+                        bf16_attention_of(false, 0.2),
+                        1e-5});
+  for (int64_t d : {40, 38})
+    c.lowering.push_back({d == 40 ? "attention_grad_bf16_tiled" : "attention_grad_bf16_warp_rows",
+                          {f32({2, 3, 29, d}), f32({2, 3, 29, d}), f32({2, 3, 29, d}), f32({2, 3, 29, d}),
+                           f32({2, 3, 29, 1}, 0, 3), f32({2, 3, 29, d})},
+                          bf16_attention_grad_of(true, 0.35),
+                          1e-5});
   c.lowering.push_back({"attention_grad_heads_inside",
                         {f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}),
                          f32({2, 3, 23, 1}, 0, 3), f32({2, 23, 3, 40})},

@@ -20,6 +20,7 @@ FamilyCases all_prim_cases() {
   fused_matmul_cases(c);
   column_sums_cases(c);
   attention_cases(c);
+  all_reduce_cases(c);
   composites_cases(c);
   return c;
 }

@@ -86,6 +86,7 @@ void multi_tensor_cases(FamilyCases& c);
 void fused_matmul_cases(FamilyCases& c);
 void column_sums_cases(FamilyCases& c);
 void attention_cases(FamilyCases& c);
+void all_reduce_cases(FamilyCases& c);
 void composites_cases(FamilyCases& c);
 
 // Every family's cases.

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "circuit/ir/error.hpp"
+#include "core/distributed.hpp"
 #include "core/engine.hpp"
 
 namespace kiln::optim {
@@ -18,7 +19,7 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions opts) : params_(std::move(
   }
 }
 
-void AdamW::step(double max_grad_norm, const Tensor& loss) {
+Tensor AdamW::step(double max_grad_norm, const Tensor& local_loss) {
   Engine& engine = Engine::current();
   engine.mark_phase(Phase::Update);
   // The step count and the scalars made from it move each time the step runs, replays of a
@@ -30,14 +31,22 @@ void AdamW::step(double max_grad_norm, const Tensor& loss) {
   });
   // Clipping scales each gradient by min(1, max_norm / (norm + 1e-6)), written into the
   // gradient's own expression (a scalar op of its own would be one more launch).
+  // Data parallel: the gradients and the loss averaged over the ranks first (core/distributed.hpp),
+  // so that the norm, the clipping and the finiteness test see the global ones on every rank.
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params_) grads.push_back(p.grad());
+  if (local_loss.defined()) grads.push_back(local_loss);
+  grads = average_over_ranks(grads);
+  const Tensor loss = local_loss.defined() ? grads.back() : Tensor();
+  if (local_loss.defined()) grads.pop_back();
   auto clipped = [&](const Tensor& g) {
     if (max_grad_norm <= 0.0) return g;
     return map(se::in(0) * se::min(se::c(1.0), se::c(max_grad_norm) / (se::in(1) + se::c(1e-6))), {g, last_norm_});
   };
   if (max_grad_norm > 0.0 || opts_.skip_non_finite) {
     Tensor total;
-    for (const Tensor& p : params_) {
-      Tensor s = sum(p.grad() * p.grad());
+    for (const Tensor& g : grads) {
+      Tensor s = sum(g * g);
       total = total.defined() ? total + s : s;
     }
     last_norm_ = sqrt(total);
@@ -93,7 +102,7 @@ void AdamW::step(double max_grad_norm, const Tensor& loss) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     const Scalars& k = scalars_for(p.dtype());
-    Tensor g = clipped(p.grad());
+    Tensor g = clipped(grads[i]);
     // The moments are assigned first and the update reads them back (forward_assigns lets the
     // update see the assigned values, so it need not wait for the writes).
     m_[i].assign(
@@ -108,6 +117,7 @@ void AdamW::step(double max_grad_norm, const Tensor& loss) {
                      p));
   }
   engine.realize();
+  return loss;
 }
 
 bool AdamW::last_step_applied() {

@@ -26,8 +26,11 @@ class AdamW {
   // Records the update of every parameter from its gradient, then realizes the step. With
   // max_grad_norm > 0 the gradients are first scaled by min(1, max_norm / (global norm + 1e-6)),
   // computed inside the same step (as torch.nn.utils.clip_grad_norm_). `loss` (a scalar, may be
-  // undefined) joins the finiteness test of skip_non_finite.
-  void step(double max_grad_norm = 0.0, const Tensor& loss = Tensor());
+  // undefined) joins the finiteness test of skip_non_finite. In a data-parallel run (world() of
+  // several ranks) the gradients and the loss are first averaged over the ranks; returns the loss
+  // that was tested (the average: every rank's step sees the global batch's loss), undefined
+  // without one.
+  Tensor step(double max_grad_norm = 0.0, const Tensor& loss = Tensor());
   // The global gradient norm of the last step that clipped or tested finiteness (before clipping).
   double last_grad_norm() const { return last_norm_.defined() ? last_norm_.item() : 0.0; }
   // Whether the last step's update was applied: always, unless skip_non_finite found a

@@ -4,11 +4,14 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
 
+#include "circuit/comm/communicator.hpp"
 #include "circuit/ir/error.hpp"
+#include "core/distributed.hpp"
 #include "core/step_stats.hpp"
 #include "core/traced_step.hpp"
 #include "train/checkpoint.hpp"
@@ -27,6 +30,22 @@ optim::AdamWOptions adamw_options(const TrainOptions& o) {
   a.weight_decay = o.weight_decay;
   a.skip_non_finite = true;  // the update is always guarded; run() decides whether to go on
   return a;
+}
+
+// Rank r's rows of a global batch of B rows: [r B / W, (r + 1) B / W) for W ranks (the ranks'
+// shards together are the batch one process would draw).
+Batch shard(const Batch& global) {
+  const Communicator& comm = world();
+  if (comm.size() == 1) return global;
+  auto rows = [&](const Tensor& t) {
+    const HostTensor h = t.to_host();
+    const int64_t b = h.shape()[0], per = b / comm.size(), width = h.numel() / b;
+    HostTensor part = HostTensor::zeros(h.dtype(), Shape{per, h.shape()[1]});
+    std::copy(h.data<int32_t>() + comm.rank() * per * width, h.data<int32_t>() + (comm.rank() + 1) * per * width,
+              part.data<int32_t>());
+    return Tensor::from_host(part);
+  };
+  return {rows(global.x), rows(global.y)};
 }
 }  // namespace
 
@@ -68,6 +87,14 @@ double Trainer::val_loss() {
 TrainResult Trainer::run() {
   TrainResult result;
   const int64_t block = model_.block_size();
+  // Data parallel: every rank takes its shard of each global batch, and starts from rank 0's
+  // parameters; rank 0 alone writes checkpoints and the metrics log.
+  Communicator& comm = world();
+  if (opts_.batch % comm.size() != 0)
+    throw Error(fmt::format("the batch of {} sequences does not split over {} ranks: give --batch a multiple of {}",
+                            opts_.batch, comm.size(), comm.size()));
+  broadcast_from_rank0(model_.parameters());
+  const bool writes = comm.rank() == 0;
   const double tokens_per_step = static_cast<double>(opts_.batch * block);
   auto t0 = std::chrono::steady_clock::now();
   int64_t first = step_;
@@ -76,21 +103,23 @@ TrainResult Trainer::run() {
   double run_ms = 0, step_ms = 0;
   int64_t timed = 0;
   int64_t skipped_in_a_row = 0;
-  auto save = [&](const std::string& path) { save_checkpoint(path, model_, opt_, tokenizer_, {step_, data_seed_}); };
+  auto save = [&](const std::string& path) {
+    if (writes) save_checkpoint(path, model_, opt_, tokenizer_, {step_, data_seed_});
+  };
   const InterruptGuard interrupts;
   std::unique_ptr<TracedStep> traced;  // made by the first step when opts_.traced
   const bool on_gpu = Engine::current().device() == Device::CUDA;
   const int64_t end = opts_.stop_at > 0 ? std::min(opts_.stop_at, opts_.steps) : opts_.steps;
   std::unique_ptr<MetricsLog> metrics;
-  if (!opts_.metrics_log.empty()) {
+  if (!opts_.metrics_log.empty() && writes) {
     metrics = std::make_unique<MetricsLog>(opts_.metrics_log, /*append=*/step_ > 0);
     metrics->start(step_, opts_.steps, static_cast<int64_t>(tokens_per_step));
   }
-  ProgressLine live(opts_.live_progress && ProgressLine::stdout_is_terminal());
+  ProgressLine live(opts_.live_progress && writes && ProgressLine::stdout_is_terminal());
   while (step_ < end) {
     double lr = warmup_cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
     opt_.set_lr(lr);
-    Batch b = data_.train_batch(static_cast<uint64_t>(step_), opts_.batch, block);
+    Batch b = shard(data_.train_batch(static_cast<uint64_t>(step_), opts_.batch, block));
     auto ts = std::chrono::steady_clock::now();
     Tensor loss;
     if (traced) {
@@ -99,8 +128,7 @@ TrainResult Trainer::run() {
       auto record = [&] {
         Tensor l = model_.loss(b.x, b.y);
         l.backward();
-        opt_.step(opts_.grad_clip, l);
-        return std::vector<Tensor>{l};
+        return std::vector<Tensor>{opt_.step(opts_.grad_clip, l)};  // the global batch's loss
       };
       if (opts_.traced) {
         traced = std::make_unique<TracedStep>(std::vector<Tensor>{b.x, b.y}, record);  // runs this step

@@ -28,7 +28,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 20> kVariables = {{
+constexpr std::array<Variable, 21> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -41,6 +41,7 @@ constexpr std::array<Variable, 20> kVariables = {{
     {"KILN_MATMUL_TILE", "GPU matmul tiles, 64 or 128 (default: chosen per shape)"},
     {"KILN_ALLOW_TF32", "1: large GPU f32 matmuls on tf32 tensor cores (10-bit mantissas)"},
     {"KILN_BF16_MMA", "1: large GPU matmuls of stored bf16 operands on bf16 mma.sync (ldmatrix, cp.async)"},
+    {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
     {"KILN_REQUIRE_GPU", "tests: fail instead of skipping when no GPU is usable"},
     {"KILN_REQUIRE_PTXAS", "tests: fail instead of skipping when ptxas is missing"},
     {"KILN_REQUIRE_REFERENCE", "tests: fail instead of skipping without the PyTorch reference"},
@@ -79,6 +80,16 @@ int matmul_tile() {
 }
 
 bool allow_tf32() { return text("KILN_ALLOW_TF32") == "1"; }
+
+double collective_timeout() {
+  const char* v = raw("KILN_COLLECTIVE_TIMEOUT");
+  if (!v || !*v) return 300.0;
+  char* end = nullptr;
+  const double parsed = std::strtod(v, &end);
+  if (*end != '\0' || !(parsed > 0 && parsed <= 86400))
+    throw Error(std::string("KILN_COLLECTIVE_TIMEOUT: expected seconds from 0 to 86400, received '") + v + "'");
+  return parsed;
+}
 namespace {
 bool bf16_mma_forced = false;
 }

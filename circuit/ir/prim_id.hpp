@@ -28,7 +28,8 @@ namespace kiln {
   X(multi_tensor)                                              \
   X(fused_matmul)                                              \
   X(column_sums)                                               \
-  X(attention) X(attention_grad)
+  X(attention) X(attention_grad)                              \
+  X(all_reduce)
 // clang-format on
 
 enum class PrimId : uint8_t {

@@ -22,6 +22,7 @@ void register_multi_tensor(PrimRegistry& r);  // multi_tensor (built by the mult
 void register_fused_matmul(PrimRegistry& r);  // fused_matmul (built by the matmul fusion)
 void register_column_sums(PrimRegistry& r);   // column_sums (built by the column fusion)
 void register_attention(PrimRegistry& r);     // attention, attention_grad (built by the attention fusion)
+void register_all_reduce(PrimRegistry& r);    // all_reduce (data-parallel gradient averaging)
 
 inline void register_all_prims(PrimRegistry& r) {
   register_pointwise(r);
@@ -40,6 +41,7 @@ inline void register_all_prims(PrimRegistry& r) {
   register_fused_matmul(r);
   register_column_sums(r);
   register_attention(r);
+  register_all_reduce(r);
 }
 
 }  // namespace kiln

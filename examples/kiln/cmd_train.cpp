@@ -8,12 +8,14 @@
 #include <optional>
 
 #include "args.hpp"
+#include "circuit/comm/communicator.hpp"
 #include "circuit/ir/error.hpp"
+#include "circuit/ir/options.hpp"
 #include "commands.hpp"
 #include "core/device.hpp"
 #include "core/engine.hpp"
-#include "train/checkpoint.hpp"
 #include "train/atomic_file.hpp"
+#include "train/checkpoint.hpp"
 #include "train/sample.hpp"
 #include "train/token_file.hpp"
 #include "train/trainer.hpp"
@@ -64,6 +66,14 @@ int cmd_train(const std::vector<std::string>& argv) {
   }
   apply_thread_flag(a);
   apply_precision_flag(a);
+  // Launched by mpirun/srun as one of several processes: data parallel over them. Rank 0 logs,
+  // writes the metrics, checkpoints and weights; the others log warnings and errors only.
+  if (launched_by_mpi_with_several_ranks()) {
+    set_world(connect_mpi(options::collective_timeout()));
+    if (world().rank() != 0) spdlog::set_level(spdlog::level::warn);
+    spdlog::info("data parallel: {} ranks through {}; each step's batch of {} sequences split over them",
+                 world().size(), world().backend(), a.integer("batch", 16, 1));
+  }
   Device device = parse_device(a.str("device", "auto"));
   Engine::current().set_device(device);
   Engine::current().set_deterministic(a.has("deterministic"));
@@ -123,8 +133,9 @@ int cmd_train(const std::vector<std::string>& argv) {
     }
   }
   manual_seed(seed);
-  std::unique_ptr<models::CausalLM> model_ptr = a.has("resume") ? read_checkpoint_model(a.str("resume", ""))
-                                                                : model_from_flags(a, tok ? tok->vocab_size() : 0, dropout);
+  std::unique_ptr<models::CausalLM> model_ptr = a.has("resume")
+                                                    ? read_checkpoint_model(a.str("resume", ""))
+                                                    : model_from_flags(a, tok ? tok->vocab_size() : 0, dropout);
   models::CausalLM& model = *model_ptr;
   std::unique_ptr<TextDataset> data_ptr;
   if (pretokenized) {
@@ -146,6 +157,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   Trainer trainer = tok ? Trainer(model, data, *tok, seed, o) : Trainer(model, data, seed, o);
   if (a.has("resume")) trainer.resume(a.str("resume", ""));
   TrainResult r = trainer.run();
+  if (world().rank() != 0) return 0;  // rank 0 writes the weights and samples
   save_weights(out, model, tok ? &*tok : nullptr);
   spdlog::info("final validation loss {:.4f} nats/token; weights written to {}; metrics in {} (`kiln plot {}`){}",
                r.val_loss, out, o.metrics_log, o.metrics_log,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "circuit/comm/communicator.hpp"
 #include "circuit/ir/options.hpp"
 #include "commands.hpp"
 #include "kiln/version.hpp"
@@ -24,9 +25,13 @@ const std::map<std::string, Command>& commands() {
       {"sample", {kiln::cli::cmd_sample, "generate text from a weights file"}},
       {"eval", {kiln::cli::cmd_eval, "mean loss (nats/token) of a weights file on a text file"}},
       {"init", {kiln::cli::cmd_init, "write freshly initialized GPT or Llama weights"}},
-      {"tokenize", {kiln::cli::cmd_tokenize, "encode text into a token file with a weights file's tokenizer; export it as tokenizer.json"}},
+      {"tokenize",
+       {kiln::cli::cmd_tokenize,
+        "encode text into a token file with a weights file's tokenizer; export it as tokenizer.json"}},
       {"dump", {kiln::cli::cmd_dump, "logits, loss and gradients of one batch, for checks against other frameworks"}},
-      {"gradcheck", {kiln::cli::cmd_gradcheck, "check every parameter's gradient of a small GPT or Llama against finite differences"}},
+      {"gradcheck",
+       {kiln::cli::cmd_gradcheck,
+        "check every parameter's gradient of a small GPT or Llama against finite differences"}},
       {"ptx", {kiln::cli::cmd_ptx, "write the PTX of every kernel of one training step, with an index"}},
       {"plot", {kiln::cli::cmd_plot, "draw training and validation loss curves of metrics logs as an SVG picture"}},
       {"bench", {kiln::cli::cmd_bench, "time full training steps; compare with the machine's GEMM rate"}},
@@ -66,6 +71,8 @@ int main(int argc, char** argv) {
     return it->second.run(std::vector<std::string>(argv + 2, argv + argc));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kiln %s: error: %s\n", argv[1], e.what());
+    // One rank of several failing ends the whole job (the others may wait in a collective).
+    if (kiln::world().size() > 1) kiln::world().abort(1);
     return 1;
   }
 }

@@ -1,0 +1,45 @@
+// The processes one training run spans (data parallelism): each rank runs the same step on its
+// own shard of every global batch, and the step's all_reduce op (circuit/prims/all_reduce.cpp)
+// averages the gradients through the current communicator. A single process needs no
+// communicator (world() is then one rank); `mpirun -np N kiln train` gets an MPI one
+// (connect_mpi, which kiln was built with when CMake found an MPI library).
+//
+// Every collective waits at most the communicator's timeout: a rank that died or hangs makes the
+// others stop with an error naming the collective, its size and the waiting rank, never hang.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace kiln {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "single process", "MPI (OpenMPI 4.1.4)", ...
+  // data[0, n) becomes the element-wise sum over the ranks (each passes n elements).
+  virtual void all_reduce_sum(float* data, int64_t n) = 0;
+  virtual void all_reduce_sum(double* data, int64_t n) = 0;
+  // Rank `root`'s bytes [0, n) reach every rank's data.
+  virtual void broadcast(void* data, int64_t n, int root) = 0;
+  virtual void barrier() = 0;
+  // Ends every rank of the job now (after an error on this one: the others may be waiting in a
+  // collective); does not return.
+  [[noreturn]] virtual void abort(int code) = 0;
+};
+
+// The communicator steps use: one rank unless set_world installed another.
+Communicator& world();
+void set_world(std::shared_ptr<Communicator> c);
+
+// Whether an MPI launcher (mpirun, srun) started this process as one of several.
+bool launched_by_mpi_with_several_ranks();
+// Joins the MPI job this process was launched in (MPI_Init_thread, funneled: OpenMP threads
+// never call MPI), with `timeout_s` for every collective. Throws kiln::Error when kiln was built
+// without MPI, naming the package to install.
+std::shared_ptr<Communicator> connect_mpi(double timeout_s);
+
+}  // namespace kiln

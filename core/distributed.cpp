@@ -1,0 +1,52 @@
+// Data parallelism at the Tensor level: gradient buckets and the parameters' broadcast.
+#include "core/distributed.hpp"
+
+#include <map>
+
+#include "circuit/comm/communicator.hpp"
+#include "core/engine.hpp"
+
+namespace kiln {
+
+std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, int64_t bucket_elements) {
+  if (world().size() == 1) return xs;
+  std::vector<Tensor> out(xs.size());
+  std::map<DType, std::vector<size_t>> by_dtype;
+  for (size_t i = 0; i < xs.size(); ++i) by_dtype[xs[i].dtype()].push_back(i);
+  for (const auto& [dtype, members] : by_dtype) {
+    // Consecutive members while the bucket has room (a value larger than a bucket is one alone).
+    for (size_t first = 0; first < members.size();) {
+      size_t last = first;
+      int64_t elements = xs[members[first]].numel();
+      while (last + 1 < members.size() && elements + xs[members[last + 1]].numel() <= bucket_elements)
+        elements += xs[members[++last]].numel();
+      std::vector<Tensor> flat;
+      std::vector<int64_t> sizes;
+      for (size_t k = first; k <= last; ++k) {
+        const Tensor& x = xs[members[k]];
+        flat.push_back(reshape(x, Shape{x.numel()}));
+        sizes.push_back(x.numel());
+      }
+      Tensor bucket = flat.size() == 1 ? flat[0] : concat(flat, 0);
+      Engine& engine = Engine::current();
+      const ValueId in = engine.value_of(bucket);
+      const Tensor averaged = engine.wrap(engine.builder().circuit().add_op(PrimId::all_reduce, {}, {in})[0]);
+      std::vector<Tensor> pieces = flat.size() == 1 ? std::vector<Tensor>{averaged} : split(averaged, 0, sizes);
+      for (size_t k = first; k <= last; ++k) out[members[k]] = reshape(pieces[k - first], xs[members[k]].shape());
+      first = last + 1;
+    }
+  }
+  return out;
+}
+
+void broadcast_from_rank0(const std::vector<Tensor>& params) {
+  Communicator& comm = world();
+  if (comm.size() == 1) return;
+  for (const Tensor& p : params) {
+    HostTensor h = p.to_host().clone();
+    comm.broadcast(h.raw(), static_cast<int64_t>(h.nbytes()), 0);
+    Engine::current().write_persistent(*p.impl(), h);
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,19 @@
+// Data parallelism at the Tensor level: what a step records so that every rank of world()
+// (circuit/comm/communicator.hpp) trains the same model on its own shard of the batch.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.hpp"
+
+namespace kiln {
+
+// The element-wise mean over the ranks of each of xs (same shapes and dtypes back): the values
+// of a dtype flattened side by side into buckets of at most bucket_elements, one all_reduce op
+// (one collective) per bucket. With one rank, xs themselves (nothing is recorded).
+std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, int64_t bucket_elements = int64_t{1} << 22);
+
+// Makes every rank's values of `params` rank 0's (at the start of a run; host copies, now).
+void broadcast_from_rank0(const std::vector<Tensor>& params);
+
+}  // namespace kiln

@@ -1,0 +1,198 @@
+// Data parallelism across processes (circuit/comm, core/distributed.hpp, the trainer's shards):
+// `mpirun -np N kiln train` against one process on the same global batch, and a rank that dies
+// or hangs. The runs are the CLI's own, under Debian's OpenMPI (skipped where mpirun or the CLI
+// is missing; CI installs both). Tolerances: losses 1e-5 relative and weights 1e-5 norm-relative,
+// because the averaged gradient adds the ranks' partial sums in another order than one process's
+// batch reduction (f32: measured 1e-7 on the losses); bit equality is not to be had.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "circuit/comm/communicator.hpp"
+#include "circuit/ir/error.hpp"
+#include "core/distributed.hpp"
+#include "core/engine.hpp"
+#include "prim_test_util.hpp"
+#include "train/weights.hpp"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+#ifdef KILN_CLI_PATH
+constexpr const char* kCli = KILN_CLI_PATH;
+#else
+constexpr const char* kCli = "";
+#endif
+
+bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+// A fresh folder with a small corpus (a few hundred lines of varied text).
+fs::path workdir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("kiln_dp_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream corpus(d / "corpus.txt");
+  for (int i = 0; i < 400; ++i)
+    corpus << "line " << i << ": the quick brown fox " << (i * 7919 % 97) << " jumps over the lazy dog\n";
+  return d;
+}
+
+// Runs a shell command with its output in `log`; returns its exit status and the seconds it took.
+std::pair<int, double> run(const std::string& command, const fs::path& log) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = std::system((command + " > '" + log.string() + "' 2>&1").c_str());
+  return {status, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// The "loss" of every step line of a metrics log.
+std::vector<double> losses(const fs::path& metrics) {
+  std::vector<double> out;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);)
+    if (const size_t at = line.find("\"loss\": ");
+        at != std::string::npos && line.find("\"step\"") != std::string::npos)
+      out.push_back(std::stod(line.substr(at + 8)));
+  return out;
+}
+
+// kiln train on the corpus in `dir`: a small GPT, 20 steps, a global batch of 6, `threads` threads.
+std::string train_command(const fs::path& dir, const std::string& tag, int threads = 1) {
+  return std::string(kCli) + " train --data '" + (dir / "corpus.txt").string() +
+         "' --layers 2 --heads 2 --embd 32 --block 32 --batch 6 --steps 20 --warmup 5 --eval-every 0 --threads " +
+         std::to_string(threads) + " --out '" + (dir / (tag + ".h5")).string() + "' --metrics '" +
+         (dir / (tag + ".jsonl")).string() + "'";
+}
+
+// mpirun for N ranks on this machine (root allowed, more ranks than cores allowed), leak checks
+// of sanitized builds off for the launched processes (OpenMPI keeps its allocations to the end),
+// and killed after 120 s whatever happens (a test never hangs CI).
+std::string mpirun(int ranks, const std::string& env = "") {
+  return "ASAN_OPTIONS=detect_leaks=0 " + env + " timeout -s KILL 120 mpirun --allow-run-as-root --oversubscribe -np " +
+         std::to_string(ranks) + " ";
+}
+
+#define KILN_REQUIRE_MPI_OR_SKIP()                                                        \
+  do {                                                                                    \
+    if (std::string(kCli).empty()) GTEST_SKIP() << "the kiln CLI is not built";           \
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (apt-get install openmpi-bin)"; \
+  } while (0)
+
+TEST(DataParallel, TwoAndThreeRanksTrainAsOneProcessOnTheSameGlobalBatch) {
+  KILN_REQUIRE_MPI_OR_SKIP();
+  const fs::path dir = workdir("equal");
+  auto [status, secs] = run(train_command(dir, "one"), dir / "one.log");
+  ASSERT_EQ(status, 0) << read(dir / "one.log");
+  const std::vector<double> one = losses(dir / "one.jsonl");
+  ASSERT_EQ(one.size(), 20u) << read(dir / "one.jsonl");
+  std::unique_ptr<models::CausalLM> one_model = load_model((dir / "one.h5").string());
+  // The weights' distance from one_model's, norm-relative, the worst parameter. The key third
+  // of each c_attn.bias is apart: its gradient is zero in exact arithmetic (a constant added to
+  // every score of a row leaves the softmax as it is), so AdamW turns rounding noise into steps of
+  // about lr, whose signs any change of summation order flips. For it: |difference| at most
+  // 2 lr a step, 20 steps (0.08), the q and v thirds as the other parameters.
+  auto weight_distance = [&](const std::string& tag) {
+    std::unique_ptr<models::CausalLM> model = load_model((dir / (tag + ".h5")).string());
+    const auto a = one_model->named_parameters(), b = model->named_parameters();
+    EXPECT_EQ(a.size(), b.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      const HostTensor x = b[i].second.to_host(), y = a[i].second.to_host();
+      if (a[i].first.find("attn.c_attn.bias") == std::string::npos) {
+        worst = std::max(worst, testing::relative_error(x, y));
+        continue;
+      }
+      const int64_t c = x.numel() / 3;
+      for (int third : {0, 2}) {
+        HostTensor xs = HostTensor::zeros(DType::f32, Shape{c}), ys = HostTensor::zeros(DType::f32, Shape{c});
+        for (int64_t e = 0; e < c; ++e) xs.set(e, x.get(third * c + e)), ys.set(e, y.get(third * c + e));
+        worst = std::max(worst, testing::relative_error(xs, ys));
+      }
+      for (int64_t e = c; e < 2 * c; ++e) EXPECT_LE(std::fabs(x.get(e) - y.get(e)), 0.08) << a[i].first << " " << e;
+    }
+    return worst;
+  };
+  auto [ts, tsecs] = run(train_command(dir, "two_threads", 2), dir / "two_threads.log");
+  ASSERT_EQ(ts, 0) << read(dir / "two_threads.log");
+  const double thread_floor = weight_distance("two_threads");
+  for (int ranks : {2, 3}) {
+    const std::string tag = "ranks" + std::to_string(ranks);
+    auto [rs, rsecs] = run(mpirun(ranks) + train_command(dir, tag), dir / (tag + ".log"));
+    ASSERT_EQ(rs, 0) << read(dir / (tag + ".log"));
+    EXPECT_NE(read(dir / (tag + ".log")).find("data parallel: " + std::to_string(ranks) + " ranks"), std::string::npos)
+        << read(dir / (tag + ".log"));
+    const std::vector<double> many = losses(dir / (tag + ".jsonl"));
+    ASSERT_EQ(many.size(), one.size());
+    double worst = 0;
+    for (size_t i = 0; i < one.size(); ++i) worst = std::max(worst, std::fabs(many[i] - one[i]) / one[i]);
+    EXPECT_LT(worst, 1e-5) << ranks << " ranks";
+    const double worst_weight = weight_distance(tag);
+    EXPECT_LT(worst_weight, 1e-5) << ranks << " ranks";
+    std::printf(
+        "%d ranks against one process, 20 steps: losses %.2g relative at worst, weights %.2g norm-relative (one "
+        "process on two threads: %.2g)\n",
+        ranks, worst, worst_weight, thread_floor);
+  }
+  fs::remove_all(dir);
+}
+
+// A global batch that does not split over the ranks is refused, naming both numbers.
+TEST(DataParallel, ABatchThatDoesNotSplitOverTheRanksIsAnError) {
+  KILN_REQUIRE_MPI_OR_SKIP();
+  const fs::path dir = workdir("split");
+  auto [status, secs] = run(mpirun(4) + train_command(dir, "four"), dir / "four.log");
+  EXPECT_NE(status, 0);
+  EXPECT_NE(read(dir / "four.log").find("the batch of 6 sequences does not split over 4 ranks"), std::string::npos)
+      << read(dir / "four.log");
+  fs::remove_all(dir);
+}
+
+// A rank killed mid-run (SIGKILL) ends the job: mpirun notices and stops the others, naming the
+// rank; a rank that hangs (SIGSTOP) makes the others' next collective time out
+// (KILN_COLLECTIVE_TIMEOUT=5) with an error saying so. Both well inside a minute.
+TEST(DataParallel, ADeadOrHungRankStopsTheJobWithinTheTimeout) {
+  KILN_REQUIRE_MPI_OR_SKIP();
+  const fs::path dir = workdir("fault");
+  for (const char* signal : {"KILL", "STOP"}) {
+    // Rank 1 sends itself the signal 3 s into a long run (exec keeps its PID).
+    const std::string rank_command = std::string("sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 3; kill -") +
+                                     signal + " $$) & fi; exec " + train_command(dir, signal) + " --steps 100000'";
+    auto [status, secs] = run(mpirun(2, "KILN_COLLECTIVE_TIMEOUT=5") + rank_command, dir / "fault.log");
+    const std::string log = read(dir / "fault.log");
+    EXPECT_NE(status, 0) << signal << ": " << log;
+    EXPECT_LT(secs, 60) << signal << ": " << log;
+    if (std::string(signal) == "KILL") {
+      EXPECT_NE(log.find("rank 1"), std::string::npos) << log;
+    } else {
+      EXPECT_NE(log.find("did not join within 5 s"), std::string::npos) << log;
+    }
+    std::printf("SIG%s on rank 1: the job ended after %.1f s\n", signal, secs);
+  }
+  fs::remove_all(dir);
+}
+
+// One process: average_over_ranks records nothing, and the all_reduce op is a copy.
+TEST(DataParallel, OneRankRecordsNoCollective) {
+  EXPECT_EQ(world().size(), 1);
+  Tensor a = Tensor::from_host(testing::random_tensor({Shape{3, 4}, DType::f32}, 1));
+  std::vector<Tensor> r = average_over_ranks({a});
+  EXPECT_EQ(r[0].impl(), a.impl());
+}
+
+}  // namespace
+}  // namespace kiln

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "circuit/comm/communicator.hpp"
+#include "circuit/exec/executor.hpp"
 #include "circuit/ir/error.hpp"
 #include "core/distributed.hpp"
 #include "core/engine.hpp"
@@ -192,6 +193,66 @@ TEST(DataParallel, OneRankRecordsNoCollective) {
   Tensor a = Tensor::from_host(testing::random_tensor({Shape{3, 4}, DType::f32}, 1));
   std::vector<Tensor> r = average_over_ranks({a});
   EXPECT_EQ(r[0].impl(), a.impl());
+}
+
+// A world of two ranks inside this process: the other rank contributes 1 to every element of
+// every all-reduce, and the calls are counted.
+class FakeWorld final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string backend() const override { return "fake"; }
+  void all_reduce_sum(float* data, int64_t n) override { add_one(data, n); }
+  void all_reduce_sum(double* data, int64_t n) override { add_one(data, n); }
+  void broadcast(void*, int64_t, int) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override { std::_Exit(code); }
+  std::vector<int64_t> calls;  // elements of each all-reduce
+
+ private:
+  template <class T>
+  void add_one(T* data, int64_t n) {
+    calls.push_back(n);
+    for (int64_t i = 0; i < n; ++i) data[i] += T(1);
+  }
+};
+
+struct ScopedWorld {
+  explicit ScopedWorld(std::shared_ptr<Communicator> c) { set_world(std::move(c)); }
+  ~ScopedWorld() { set_world(nullptr); }
+};
+
+// The reference: (x + the other rank's 1) / 2, in f32 and f64, one collective per op.
+TEST(PrimReferenceAllReduce, AveragesOverTheRanksThroughTheCommunicator) {
+  auto fake = std::make_shared<FakeWorld>();
+  ScopedWorld scoped(fake);
+  for (DType dt : {DType::f32, DType::f64}) {
+    Circuit c;
+    const ValueId x = c.add_external({Shape{7}, dt}, ValueRole::Input);
+    const ValueId y = c.add_op(PrimId::all_reduce, {}, {x})[0];
+    HostTensor in = testing::random_tensor({Shape{7}, dt}, 3);
+    const HostTensor out = execute(c, {in}, {y})[0];
+    for (int64_t i = 0; i < 7; ++i) EXPECT_DOUBLE_EQ(out.get(i), (in.get(i) + 1.0) / 2.0) << dtype_name(dt);
+  }
+  EXPECT_EQ(fake->calls, (std::vector<int64_t>{7, 7}));
+}
+
+// Buckets: the values of a dtype side by side, up to bucket_elements each (a larger value alone);
+// each value comes back averaged in its own shape.
+TEST(DataParallel, GradientsAreAveragedInBuckets) {
+  auto fake = std::make_shared<FakeWorld>();
+  ScopedWorld scoped(fake);
+  std::vector<Tensor> xs;
+  uint64_t seed = 1;
+  for (const Shape& s : {Shape{3, 4}, Shape{5}, Shape{2, 2}})
+    xs.push_back(Tensor::from_host(testing::random_tensor({s, DType::f32}, seed++)));
+  const std::vector<Tensor> avg = average_over_ranks(xs, /*bucket_elements=*/10);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    ASSERT_EQ(avg[i].shape(), xs[i].shape());
+    const HostTensor a = avg[i].to_host(), x = xs[i].to_host();
+    for (int64_t e = 0; e < x.numel(); ++e) EXPECT_FLOAT_EQ(static_cast<float>(a.get(e)), (x.get(e) + 1.0f) / 2.0f);
+  }
+  EXPECT_EQ(fake->calls, (std::vector<int64_t>{12, 9}));
 }
 
 }  // namespace

@@ -233,7 +233,8 @@ TEST(FuseAttention, VariantsOutsideThePatternAreLeftAlone) {
 // Circuits close to the pattern that the pass must leave alone or fuse correctly (a second read
 // of the pass found each of them fused wrongly or crashing): a (1, 1) "causal" mask (all true, by
 // broadcasting), q = k with a scale, a requested split output or (B, T, H, d) gradient, and a
-// packed projection reshaped to (T, B, H, d). Each must give the unfused values.
+// packed projection reshaped to (T, B, H, d), and the scores added to themselves as an "additive
+// mask". Each must give the unfused values.
 TEST(FuseAttention, NearMissesGiveTheUnfusedValues) {
   struct Case {
     const char* name;
@@ -260,6 +261,12 @@ TEST(FuseAttention, NearMissesGiveTheUnfusedValues) {
     for (ValueId g : ad::backward(bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, r)), wrt)) b.outputs.push_back(g);
   };
   const std::vector<Case> cases = {
+      {"the scores themselves as the additive mask (forward only)",
+       [&](Built& b, Builder& bl) {
+         ValueId q = input(b, {2, 3, 5, 4}), k = input(b, {2, 3, 5, 4}), v = input(b, {2, 3, 5, 4});
+         ValueId s = bl.matmul(q, k, false, true);
+         b.outputs = {bl.matmul(composite::softmax(bl, bl.add(bl.scale(s, 0.5), s)), v)};
+       }},
       {"(1, 1) mask",
        [&](Built& b, Builder& bl) {
          ValueId q = input(b, {2, 3, 5, 4}), k = input(b, {2, 3, 5, 4}), v = input(b, {2, 3, 5, 4}),

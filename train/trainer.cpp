@@ -12,6 +12,7 @@
 #include "circuit/comm/communicator.hpp"
 #include "circuit/ir/error.hpp"
 #include "core/distributed.hpp"
+#include "core/engine.hpp"
 #include "core/step_stats.hpp"
 #include "core/traced_step.hpp"
 #include "train/checkpoint.hpp"
@@ -95,6 +96,24 @@ TrainResult Trainer::run() {
                             opts_.batch, comm.size(), comm.size()));
   broadcast_from_rank0(model_.parameters());
   const bool writes = comm.rank() == 0;
+  // Each rank its own random streams (dropout masks), rank 0 keeping the run's (the one its
+  // checkpoints record, from which every rank derives its own again on resume).
+  if (comm.rank() > 0) {
+    const uint64_t counter = Engine::current().random_counter();
+    manual_seed(Engine::current().seed() ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(comm.rank())));
+    Engine::current().set_random_counter(counter);
+  }
+  // A signal may reach the ranks at different steps: they stop after the same one, where any
+  // rank has seen one (one all-reduce of a flag a step).
+  auto agreed_interrupt = [&comm] {
+    int sig = interrupt_signal();
+    if (comm.size() == 1) return sig;
+    double seen = sig == SIGINT ? 2.0 : sig != 0 ? 1.0 : 0.0;
+    double any = seen;
+    comm.all_reduce_sum(&any, 1);
+    if (sig == 0 && any > 0) sig = SIGTERM;
+    return sig;
+  };
   const double tokens_per_step = static_cast<double>(opts_.batch * block);
   auto t0 = std::chrono::steady_clock::now();
   int64_t first = step_;
@@ -221,9 +240,10 @@ TrainResult Trainer::run() {
                        ((opts_.checkpoint_interval > 0 && step_ % opts_.checkpoint_interval == 0) || last);
     if (saved) save(opts_.checkpoint);
     if (opts_.after_step) opts_.after_step(step_);
-    if (const int sig = interrupt_signal(); sig != 0 && !last) {
+    if (const int sig = agreed_interrupt(); sig != 0 && !last) {
       const std::string path = opts_.checkpoint.empty() ? opts_.interrupt_checkpoint : opts_.checkpoint;
       if (!saved) save(path);  // this step's checkpoint may have been written just above
+      comm.barrier();          // rank 0's checkpoint is on disk before any rank leaves
       throw Error(
           fmt::format("{} received: training stopped after step {} of {}; checkpoint written to '{}' (continue "
                       "with --resume {}; a second signal stops at once)",

@@ -6,6 +6,8 @@
 //
 // Every collective waits at most the communicator's timeout: a rank that died or hangs makes the
 // others stop with an error naming the collective, its size and the waiting rank, never hang.
+// After such an error the communicator is unusable (the collective may still be in flight, and
+// the ranks' sequences of collectives are out of step): end the job (abort), as the CLI does.
 #pragma once
 
 #include <cstdint>

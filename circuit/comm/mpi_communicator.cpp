@@ -32,6 +32,8 @@ class MpiCommunicator final : public Communicator {
       int provided = 0;
       check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
       std::atexit(finalize);
+      if (provided < MPI_THREAD_FUNNELED)
+        throw Error("the MPI library offers no MPI_THREAD_FUNNELED (kiln's OpenMP threads run beside MPI)");
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);

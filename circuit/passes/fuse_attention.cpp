@@ -176,7 +176,7 @@ class Matcher {
       for (int32_t r2 : readers_[static_cast<size_t>(x)]) read_outside = read_outside || !in(mt.forward, r2);
     if (!read_outside) {
       absorb_scale_and_heads(mt);
-      return mt;
+      return mask_from_outside(mt) ? std::optional<Match>(mt) : std::nullopt;
     }
     if (!match_backward(mt, a, m, e, l, pdp, dropout, where != nullptr,
                         scores_scale && scaled != kNoValue ? scores_scale : nullptr))
@@ -191,10 +191,18 @@ class Matcher {
     // in any circuit the sweep records (every backward op depends on do), but not in every circuit.
     if (*std::min_element(mt.backward.begin(), mt.backward.end()) < mt.o_op) return std::nullopt;
     absorb_scale_and_heads(mt);
-    return mt;
+    return mask_from_outside(mt) ? std::optional<Match>(mt) : std::nullopt;
   }
 
  private:
+  // The additive mask (if any) is made by no op the match removes (a value of the chain itself,
+  // or one it absorbs, added to the scores would have nothing to be read from).
+  bool mask_from_outside(const Match& mt) const {
+    if (mt.mask == kNoValue) return true;
+    const int32_t p = producer_index(mt.mask);
+    return p < 0 || (!in(mt.forward, p) && !in(mt.backward, p));
+  }
+
   // The backward's intermediates are read inside it only (dq, dk and dv by anything).
   bool internal_to_backward(const Match& mt) const {
     for (int32_t b : mt.backward)

@@ -644,16 +644,13 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
     auto key_row = [&](Operand j, Reg base, int64_t n, const Piece& piece) {
       return load_row(b, s, base, row_first(b, s, kv_entry, j, s.tk, n, piece), w.lane, n, true);
     };
-    // Key 0 (every query sees it) starts the running max, sum and output.
+    // The running max, sum and output start empty (key 0's rescale exp(-inf - m) is 0); with a
+    // mask, softmax_max keeps a row whose keys so far are all hidden at 0 and l at 0.
     const Reg mask_at = s.mask ? mask_row(b, s, mask_base(b, s, entry), i) : Reg{};
-    Reg m = b.mov(Type::f32, masked(b, s, f.mask, mask_at, warp_dot(b, qi, key_row(imm_index(s.it, 0), k, s.d, s.k)),
-                                    imm_index(s.it, 0)));
-    Reg l = b.mov(Type::f32, imm_f32(1.0f));
-    std::vector<Reg> acc;
-    Reg factor0 = dropout_factor(b, s, f.stream, w.row, imm_index(s.it, 0));
-    for (Reg x : key_row(imm_index(s.it, 0), v, s.dv, s.v)) acc.push_back(b.mov(Type::f32, times(b, x, factor0)));
+    Reg m = b.mov(Type::f32, imm_f32(-INFINITY)), l = b.mov(Type::f32, imm_f32(0.0f));
+    std::vector<Reg> acc = zeros(b, static_cast<size_t>((s.dv + 31) / 32));
     Operand end = a.causal ? Operand(b.add(s.it, i, imm_index(s.it, 1))) : imm_index(s.it, s.tk);
-    b.for_(imm_index(s.it, 1), end, imm_index(s.it, 1), [&](Reg j) {
+    b.for_(imm_index(s.it, 0), end, imm_index(s.it, 1), [&](Reg j) {
       Reg score = masked(b, s, f.mask, mask_at, warp_dot(b, qi, key_row(j, k, s.d, s.k)), j);
       Reg m_new = b.max(Type::f32, m, score), m_use = softmax_max(b, s, m_new);
       Reg keep = exp_of(b, b.sub(Type::f32, m, m_use)), p = exp_of(b, b.sub(Type::f32, score, m_use));

@@ -165,22 +165,27 @@ TEST(DataParallel, ABatchThatDoesNotSplitOverTheRanksIsAnError) {
 
 // A rank killed mid-run (SIGKILL) ends the job: mpirun notices and stops the others, naming the
 // rank; a rank that hangs (SIGSTOP) makes the others' next collective time out
-// (KILN_COLLECTIVE_TIMEOUT=5) with an error saying so. Both well inside a minute.
+// (KILN_COLLECTIVE_TIMEOUT=5) with an error saying so; SIGTERM on rank 1 alone stops every rank
+// after the same step, with rank 0's interrupt checkpoint written. All well inside a minute.
 TEST(DataParallel, ADeadOrHungRankStopsTheJobWithinTheTimeout) {
   KILN_REQUIRE_MPI_OR_SKIP();
   const fs::path dir = workdir("fault");
-  for (const char* signal : {"KILL", "STOP"}) {
+  for (const char* signal : {"KILL", "STOP", "TERM"}) {
     // Rank 1 sends itself the signal 3 s into a long run (exec keeps its PID).
     const std::string rank_command = std::string("sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 3; kill -") +
                                      signal + " $$) & fi; exec " + train_command(dir, signal) + " --steps 100000'";
-    auto [status, secs] = run(mpirun(2, "KILN_COLLECTIVE_TIMEOUT=5") + rank_command, dir / "fault.log");
+    auto [status, secs] =
+        run("cd '" + dir.string() + "' && " + mpirun(2, "KILN_COLLECTIVE_TIMEOUT=5") + rank_command, dir / "fault.log");
     const std::string log = read(dir / "fault.log");
     EXPECT_NE(status, 0) << signal << ": " << log;
     EXPECT_LT(secs, 60) << signal << ": " << log;
     if (std::string(signal) == "KILL") {
       EXPECT_NE(log.find("rank 1"), std::string::npos) << log;
-    } else {
+    } else if (std::string(signal) == "STOP") {
       EXPECT_NE(log.find("did not join within 5 s"), std::string::npos) << log;
+    } else {  // TERM: every rank stops after the same step, rank 0's checkpoint on disk first
+      EXPECT_NE(log.find("SIGTERM received: training stopped after step"), std::string::npos) << log;
+      EXPECT_TRUE(fs::exists(dir / "kiln-interrupted.ckpt.h5")) << log;
     }
     std::printf("SIG%s on rank 1: the job ended after %.1f s\n", signal, secs);
   }

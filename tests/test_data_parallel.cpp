@@ -94,7 +94,7 @@ std::string mpirun(int ranks, const std::string& env = "") {
     if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (apt-get install openmpi-bin)"; \
   } while (0)
 
-TEST(DataParallel, TwoAndThreeRanksTrainAsOneProcessOnTheSameGlobalBatch) {
+TEST(DataParallel, RanksAndMicroBatchesTrainAsOneProcessOnTheSameGlobalBatch) {
   KILN_REQUIRE_MPI_OR_SKIP();
   const fs::path dir = workdir("equal");
   auto [status, secs] = run(train_command(dir, "one"), dir / "one.log");
@@ -131,28 +131,34 @@ TEST(DataParallel, TwoAndThreeRanksTrainAsOneProcessOnTheSameGlobalBatch) {
   auto [ts, tsecs] = run(train_command(dir, "two_threads", 2), dir / "two_threads.log");
   ASSERT_EQ(ts, 0) << read(dir / "two_threads.log");
   const double thread_floor = weight_distance("two_threads");
-  for (int ranks : {2, 3}) {
-    const std::string tag = "ranks" + std::to_string(ranks);
-    auto [rs, rsecs] = run(mpirun(ranks) + train_command(dir, tag), dir / (tag + ".log"));
+  // Ranks, and micro-batches a rank (--grad-accum): the same global batch of 6 every time.
+  for (auto [ranks, accum] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{1, 3}, std::pair{3, 2}}) {
+    const std::string tag = "ranks" + std::to_string(ranks) + "_accum" + std::to_string(accum);
+    const std::string command = train_command(dir, tag) + " --grad-accum " + std::to_string(accum);
+    auto [rs, rsecs] = run(ranks > 1 ? mpirun(ranks) + command : command, dir / (tag + ".log"));
     ASSERT_EQ(rs, 0) << read(dir / (tag + ".log"));
-    EXPECT_NE(read(dir / (tag + ".log")).find("data parallel: " + std::to_string(ranks) + " ranks"), std::string::npos)
-        << read(dir / (tag + ".log"));
+    if (ranks > 1) {
+      EXPECT_NE(read(dir / (tag + ".log")).find("data parallel: " + std::to_string(ranks) + " ranks"),
+                std::string::npos)
+          << read(dir / (tag + ".log"));
+    }
     const std::vector<double> many = losses(dir / (tag + ".jsonl"));
     ASSERT_EQ(many.size(), one.size());
     double worst = 0;
     for (size_t i = 0; i < one.size(); ++i) worst = std::max(worst, std::fabs(many[i] - one[i]) / one[i]);
-    EXPECT_LT(worst, 1e-5) << ranks << " ranks";
+    EXPECT_LT(worst, 1e-5) << tag;
     const double worst_weight = weight_distance(tag);
-    EXPECT_LT(worst_weight, 1e-5) << ranks << " ranks";
+    EXPECT_LT(worst_weight, 1e-5) << tag;
     std::printf(
-        "%d ranks against one process, 20 steps: losses %.2g relative at worst, weights %.2g norm-relative (one "
-        "process on two threads: %.2g)\n",
-        ranks, worst, worst_weight, thread_floor);
+        "%d rank(s), %d micro-batches each, against one process: losses %.2g relative at worst, weights %.2g "
+        "norm-relative (one process on two threads: %.2g)\n",
+        ranks, accum, worst, worst_weight, thread_floor);
   }
   fs::remove_all(dir);
 }
 
-// A global batch that does not split over the ranks is refused, naming both numbers.
+// A global batch that does not split over the ranks, or a rank's share over the micro-batches, is
+// refused, naming the numbers.
 TEST(DataParallel, ABatchThatDoesNotSplitOverTheRanksIsAnError) {
   KILN_REQUIRE_MPI_OR_SKIP();
   const fs::path dir = workdir("split");
@@ -160,6 +166,11 @@ TEST(DataParallel, ABatchThatDoesNotSplitOverTheRanksIsAnError) {
   EXPECT_NE(status, 0);
   EXPECT_NE(read(dir / "four.log").find("the batch of 6 sequences does not split over 4 ranks"), std::string::npos)
       << read(dir / "four.log");
+  auto [accum_status, accum_secs] = run(mpirun(2) + train_command(dir, "accum") + " --grad-accum 2", dir / "accum.log");
+  EXPECT_NE(accum_status, 0);
+  EXPECT_NE(read(dir / "accum.log").find("--grad-accum 2 must divide the 3 sequences each of 2 rank(s)"),
+            std::string::npos)
+      << read(dir / "accum.log");
   fs::remove_all(dir);
 }
 

@@ -94,6 +94,10 @@ TrainResult Trainer::run() {
   if (opts_.batch % comm.size() != 0)
     throw Error(fmt::format("the batch of {} sequences does not split over {} ranks: give --batch a multiple of {}",
                             opts_.batch, comm.size(), comm.size()));
+  const int64_t share = opts_.batch / comm.size(), micro = opts_.grad_accum;
+  if (micro < 1 || share % micro != 0)
+    throw Error(fmt::format("--grad-accum {} must divide the {} sequences each of {} rank(s) runs a step", micro, share,
+                            comm.size()));
   broadcast_from_rank0(model_.parameters());
   const bool writes = comm.rank() == 0;
   // Each rank its own random streams (dropout masks), rank 0 keeping the run's (the one its
@@ -145,8 +149,22 @@ TrainResult Trainer::run() {
       loss = traced->run({b.x.to_host(), b.y.to_host()})[0];
     } else {
       auto record = [&] {
-        Tensor l = model_.loss(b.x, b.y);
-        l.backward();
+        // Micro-batches of equal rows: the mean of their mean losses is the batch's mean loss,
+        // and each backward adds its share (1 / micro) to the gradients (core/engine: a later
+        // backward() in the same step adds).
+        std::vector<Tensor> xs = {b.x}, ys = {b.y};
+        if (micro > 1) {
+          const std::vector<int64_t> rows(static_cast<size_t>(micro), share / micro);
+          xs = split(b.x, 0, rows);
+          ys = split(b.y, 0, rows);
+        }
+        Tensor l;
+        for (size_t k = 0; k < xs.size(); ++k) {
+          Tensor lk = model_.loss(xs[k], ys[k]);
+          if (micro > 1) lk = lk * (1.0 / static_cast<double>(micro));
+          lk.backward();
+          l = l.defined() ? l + lk : lk;
+        }
         return std::vector<Tensor>{opt_.step(opts_.grad_clip, l)};  // the global batch's loss
       };
       if (opts_.traced) {

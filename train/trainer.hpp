@@ -16,7 +16,11 @@
 namespace kiln {
 
 struct TrainOptions {
-  int64_t batch = 16;
+  int64_t batch = 16;  // sequences a step (over every rank of a data-parallel run together)
+  // Gradient accumulation: each rank's share of the batch runs as this many micro-batches, one
+  // after another inside the same step (their gradients added, the activations of one at a time
+  // alive), for a batch larger than memory or few ranks allow. It must divide the rank's share.
+  int64_t grad_accum = 1;
   int64_t steps = 1000;
   double lr = 1e-3, min_lr = 1e-4;
   int64_t warmup = 100;

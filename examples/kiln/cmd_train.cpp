@@ -34,7 +34,10 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"checkpoint", "checkpoint file, written every --ckpt-every steps and at the end"},
               {"ckpt-every", "steps between checkpoints (default 500)"},
               {"resume", "continue from this checkpoint (its config and tokenizer win)"},
-              {"batch", "sequences per step (default 16)"},
+              {"batch", "sequences per step (default 16; under mpirun, over all ranks together)"},
+              {"grad-accum",
+               "run each rank's share of the batch as N micro-batches within the step, gradients added (default "
+               "1)"},
               {"steps", "training steps (default 2000)"},
               {"lr", "peak learning rate (default 2e-3)"},
               {"warmup", "warmup steps (default 100)"},
@@ -97,6 +100,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   // when the corpus is missing or large.
   TrainOptions o;
   o.batch = a.integer("batch", 16, 1);
+  o.grad_accum = a.integer("grad-accum", 1, 1);
   o.steps = a.integer("steps", 2000, 1);
   o.lr = a.real("lr", 2e-3, 0.0, std::numeric_limits<double>::infinity(), false);
   o.min_lr = o.lr / 10;

@@ -29,8 +29,6 @@ Tensor AdamW::step(double max_grad_norm, const Tensor& local_loss) {
     ++t_;
     unsettled_ = true;
   });
-  // Clipping scales each gradient by min(1, max_norm / (norm + 1e-6)), written into the
-  // gradient's own expression (a scalar op of its own would be one more launch).
   // Data parallel: the gradients and the loss averaged over the ranks first (core/distributed.hpp),
   // so that the norm, the clipping and the finiteness test see the global ones on every rank.
   std::vector<Tensor> grads;
@@ -39,6 +37,8 @@ Tensor AdamW::step(double max_grad_norm, const Tensor& local_loss) {
   grads = average_over_ranks(grads);
   const Tensor loss = local_loss.defined() ? grads.back() : Tensor();
   if (local_loss.defined()) grads.pop_back();
+  // Clipping scales each gradient by min(1, max_norm / (norm + 1e-6)), written into the
+  // gradient's own expression (a scalar op of its own would be one more launch).
   auto clipped = [&](const Tensor& g) {
     if (max_grad_norm <= 0.0) return g;
     return map(se::in(0) * se::min(se::c(1.0), se::c(max_grad_norm) / (se::in(1) + se::c(1e-6))), {g, last_norm_});

@@ -1,4 +1,5 @@
-// Lowering of attention and attention_grad (circuit/prims/attention.cpp), f32. A warp per row,
+// Lowering of attention and attention_grad (circuit/prims/attention.cpp), f32 (with bf16
+// operands, q, k, v and do rounded to bf16 where they are loaded: product_operand). A warp per row,
 // four rows a block of 128 threads; lane l holds head columns l, l + 32, ... of the row's
 // vectors in registers (head sizes up to 128 take four registers a vector).
 //  - attention: a warp per query row walks its keys in order (only j <= i when causal), one at a

@@ -1,15 +1,21 @@
 // Data parallelism at the Tensor level: gradient buckets and the parameters' broadcast.
 #include "core/distributed.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <map>
 
 #include "circuit/comm/communicator.hpp"
+#include "circuit/ir/options.hpp"
 #include "core/engine.hpp"
+#include "cuda/runtime/collective.hpp"
 
 namespace kiln {
 
 std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, int64_t bucket_elements) {
-  if (world().size() == 1) return xs;
+  // One process records nothing, unless a device collective is installed (a one-rank NCCL run,
+  // which tests the GPU path of the op).
+  if (world().size() == 1 && !cuda::device_world()) return xs;
   std::vector<Tensor> out(xs.size());
   std::map<DType, std::vector<size_t>> by_dtype;
   for (size_t i = 0; i < xs.size(); ++i) by_dtype[xs[i].dtype()].push_back(i);
@@ -37,6 +43,12 @@ std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, int64_t bu
     }
   }
   return out;
+}
+
+void connect_device_collective_if_needed(Device device) {
+  if (device != Device::CUDA || (world().size() == 1 && options::gpu_collectives().empty())) return;
+  cuda::set_device_world(cuda::connect_device_collective(*cuda_runtime(), world(), options::collective_timeout()));
+  spdlog::info("data parallel on the GPU: gradients averaged through {}", cuda::device_world()->backend());
 }
 
 void broadcast_from_rank0(const std::vector<Tensor>& params) {

@@ -4,14 +4,21 @@
 
 #include <vector>
 
+#include "core/device.hpp"
 #include "core/tensor.hpp"
 
 namespace kiln {
 
 // The element-wise mean over the ranks of each of xs (same shapes and dtypes back): the values
 // of a dtype flattened side by side into buckets of at most bucket_elements, one all_reduce op
-// (one collective) per bucket. With one rank, xs themselves (nothing is recorded).
+// (one collective) per bucket. With one rank, xs themselves (nothing is recorded) unless a
+// device collective is installed (cuda::set_device_world).
 std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, int64_t bucket_elements = int64_t{1} << 22);
+
+// Steps on the GPU with several ranks (or with KILN_GPU_COLLECTIVES set, in one process) get a
+// device collective to average their gradients (cuda/runtime/collective.hpp: NCCL where it loads,
+// else through host memory); logs which. Nothing for the CPU, or one process left alone.
+void connect_device_collective_if_needed(Device device);
 
 // Makes every rank's values of `params` rank 0's (at the start of a run; host copies, now).
 void broadcast_from_rank0(const std::vector<Tensor>& params);

@@ -26,6 +26,10 @@
 #   bench      kiln bench --device cuda, default config, with CUDA graphs and without
 #   gpt2       kiln bench --device cuda, GPT-2 small (L12 H12 C768 T1024 B8 V50257), with
 #              nvidia-smi sampled twice a second (memory, clocks, power)
+#   nccl       data parallelism's device collective over one rank: NCCL loaded (the toolkit's
+#              libnccl, else PyTorch's pip copy, else KILN_NCCL_LIBRARY), the GpuCollective tests,
+#              the default config trained with NCCL inside its step graphs against without it
+#              (--deterministic: identical weights), and kiln bench with it
 #   agree      a mid-size config (4096 rows per step): two --deterministic GPU runs and one with
 #              KILN_CUDA_GRAPHS=0 must give identical weights; a GPU and a CPU run of the same
 #              20 steps must give close weights and losses
@@ -37,7 +41,7 @@
 #   profile    Nsight Compute: the time of every kernel of one GPT-2-small step (grouped by kind),
 #              and the throughput, occupancy and shared-memory tables of the first matmul
 #              kernels of the default config
-# Groups: all (the default: every stage), core (smi tests train bench gpt2 agree),
+# Groups: all (the default: every stage), core (smi tests train bench gpt2 agree nccl),
 #         compare (smi torch sanitizer profile).
 #
 # Options:
@@ -67,8 +71,8 @@ umask 022
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 start_time=$(date +%s)
 
-all_stages=(smi tests train bench gpt2 agree torch sanitizer profile)
-declare -A limit=([smi]=60 [tests]=420 [train]=300 [agree]=360 [bench]=180 [gpt2]=480
+all_stages=(smi tests train bench gpt2 agree nccl torch sanitizer profile)
+declare -A limit=([smi]=60 [tests]=420 [train]=300 [agree]=360 [nccl]=240 [bench]=180 [gpt2]=480
                   [torch]=600 [sanitizer]=600 [profile]=600)
 for s in "${all_stages[@]}"; do
   v="KILN_CHECK_LIMIT_${s^^}"
@@ -96,7 +100,7 @@ while [ $# -gt 0 ]; do
       exit 0 ;;
     -h | --help) usage; exit 0 ;;
     all) selected+=("${all_stages[@]}"); shift ;;
-    core) selected+=(smi tests train bench gpt2 agree); shift ;;
+    core) selected+=(smi tests train bench gpt2 agree nccl); shift ;;
     compare) selected+=(smi torch sanitizer profile); shift ;;
     *)
       if [ -n "${limit[$1]+x}" ]; then selected+=("$1"); shift
@@ -475,6 +479,43 @@ stage_agree() {
              g, c, d, d < 1e-3 ? "agree" : "DISAGREE (expected below 1e-3)"; exit d < 1e-3 ? 0 : 1 }' \
       >> "$work/keys/agree.txt" || failures+=("GPU and CPU validation losses disagree")
   fi
+}
+
+# libnccl.so.2 for kiln's loader: the loader's path, the CUDA toolkit's lib folder, or the copy
+# that PyTorch's wheels install (nvidia/nccl/lib); empty when none is found.
+find_nccl() {
+  local p
+  ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2 ' && { echo libnccl.so.2; return; }
+  for p in /usr/local/cuda/lib/libnccl.so.2 /usr/local/cuda/lib64/libnccl.so.2 /usr/lib/x86_64-linux-gnu/libnccl.so.2; do
+    [ -e "$p" ] && { echo "$p"; return; }
+  done
+  python3 - 2>/dev/null <<'PY'
+import glob, site, sys
+for d in site.getsitepackages() + [site.getusersitepackages()]:
+    for p in glob.glob(d + "/nvidia/nccl/lib/libnccl.so.2"):
+        print(p); sys.exit()
+PY
+}
+
+stage_nccl() {
+  [ -n "${KILN_NCCL_LIBRARY:-}" ] || KILN_NCCL_LIBRARY=$(find_nccl)
+  if [ -z "$KILN_NCCL_LIBRARY" ]; then skipped="no libnccl.so.2 found"; return; fi
+  export KILN_NCCL_LIBRARY
+  note "libnccl: $KILN_NCCL_LIBRARY"
+  run nccl-tests 120 env KILN_REQUIRE_GPU=1 "${tests[@]}" --gtest_filter='NcclLoading.*:GpuCollective.*'
+  gtest_counts "$out" >> "$work/keys/nccl.txt"
+  grep -q -E '^\[  PASSED  \] [1-9]' "$out" || failures+=("nccl-tests: no test passed")
+  grep -q -E '^\[  SKIPPED \] GpuCollective' "$out" && failures+=("nccl-tests: GpuCollective skipped")
+  local d=$work/nccl
+  mkdir -p "$d"
+  run nccl-plain 120 "${kiln[@]}" train --device cuda --deterministic --steps 40 --data "$corpus" --out "$d/plain.h5"
+  run nccl-train 120 env KILN_GPU_COLLECTIVES=nccl "${kiln[@]}" train --device cuda --deterministic --steps 40 \
+    --data "$corpus" --out "$d/nccl.h5"
+  key 'data parallel|step +40/40 +loss|rror' "$out" 6
+  run nccl-exact 60 python3 "$work/compare_weights.py" exact "$d/plain.h5" "$d/nccl.h5"
+  comparison "40 deterministic steps, NCCL over one rank in the step graphs against none (must be identical):"
+  run nccl-bench 120 env KILN_GPU_COLLECTIVES=nccl "${kiln[@]}" bench --device cuda --steps 20
+  key '^config|^step \(|rror' "$out"
 }
 
 stage_bench() {

@@ -20,7 +20,9 @@
 #include "circuit/ir/error.hpp"
 #include "core/distributed.hpp"
 #include "core/engine.hpp"
+#include "models/gpt.hpp"
 #include "prim_test_util.hpp"
+#include "train/adamw.hpp"
 #include "train/weights.hpp"
 
 namespace kiln {
@@ -157,6 +159,54 @@ TEST(DataParallel, RanksAndMicroBatchesTrainAsOneProcessOnTheSameGlobalBatch) {
   fs::remove_all(dir);
 }
 
+// A run stopped after step 10 (--stop-at) and resumed on 2 ranks goes on as the uninterrupted
+// run of one process: the checkpoint holds no trace of the world size, and the ranks' shards of
+// each step's global batch are the batch one process draws.
+TEST(DataParallel, AResumedRunMayChangeTheNumberOfRanks) {
+  KILN_REQUIRE_MPI_OR_SKIP();
+  const fs::path dir = workdir("resume");
+  auto [status, secs] = run(train_command(dir, "whole"), dir / "whole.log");
+  ASSERT_EQ(status, 0) << read(dir / "whole.log");
+  const std::string ckpt = (dir / "half.ckpt.h5").string();
+  auto [hs, hsecs] = run(train_command(dir, "half") + " --stop-at 10 --checkpoint '" + ckpt + "'", dir / "half.log");
+  ASSERT_EQ(hs, 0) << read(dir / "half.log");
+  // The training flags again (a checkpoint keeps the model's config and tokenizer, not the schedule).
+  auto [rs, rsecs] = run(mpirun(2) + train_command(dir, "rest") + " --resume '" + ckpt + "'", dir / "rest.log");
+  ASSERT_EQ(rs, 0) << read(dir / "rest.log");
+  EXPECT_NE(read(dir / "rest.log").find("data parallel: 2 ranks"), std::string::npos) << read(dir / "rest.log");
+  const std::vector<double> whole = losses(dir / "whole.jsonl"), rest = losses(dir / "rest.jsonl");
+  ASSERT_EQ(whole.size(), 20u);
+  ASSERT_EQ(rest.size(), 10u) << read(dir / "rest.jsonl");
+  for (size_t i = 0; i < rest.size(); ++i)
+    EXPECT_NEAR(rest[i], whole[10 + i], 1e-5 * whole[10 + i]) << "step " << 11 + i;
+  fs::remove_all(dir);
+}
+
+// GPUs across ranks, on the fake driver (KILN_FAKE_CUDA=1: kernels in the simulator): 2 ranks
+// whose gradients are averaged by the device collective (through host memory and MPI: the fake
+// driver has no stream capture for NCCL) train as one process on the same global batch.
+TEST(DataParallel, FakeGpuRanksTrainAsOneProcess) {
+  KILN_REQUIRE_MPI_OR_SKIP();
+  const fs::path dir = workdir("fakegpu");
+  auto command = [&](const std::string& tag) {
+    return std::string(kCli) + " train --device cuda --data '" + (dir / "corpus.txt").string() +
+           "' --layers 1 --heads 2 --embd 16 --block 8 --batch 4 --steps 4 --warmup 2 --eval-every 0 --threads 1 "
+           "--out '" +
+           (dir / (tag + ".h5")).string() + "' --metrics '" + (dir / (tag + ".jsonl")).string() + "'";
+  };
+  auto [os, osecs] = run("KILN_FAKE_CUDA=1 " + command("one"), dir / "one.log");
+  ASSERT_EQ(os, 0) << read(dir / "one.log");
+  auto [ts, tsecs] = run(mpirun(2, "KILN_FAKE_CUDA=1") + command("two"), dir / "two.log");
+  ASSERT_EQ(ts, 0) << read(dir / "two.log");
+  EXPECT_NE(read(dir / "two.log").find("gradients averaged through host memory and MPI"), std::string::npos)
+      << read(dir / "two.log");
+  const std::vector<double> one = losses(dir / "one.jsonl"), two = losses(dir / "two.jsonl");
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(two.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], 1e-5 * one[i]) << "step " << i + 1;
+  fs::remove_all(dir);
+}
+
 // A global batch that does not split over the ranks, or a rank's share over the micro-batches, is
 // refused, naming the numbers.
 TEST(DataParallel, ABatchThatDoesNotSplitOverTheRanksIsAnError) {
@@ -269,6 +319,43 @@ TEST(DataParallel, GradientsAreAveragedInBuckets) {
     for (int64_t e = 0; e < x.numel(); ++e) EXPECT_FLOAT_EQ(static_cast<float>(a.get(e)), (x.get(e) + 1.0f) / 2.0f);
   }
   EXPECT_EQ(fake->calls, (std::vector<int64_t>{12, 9}));
+}
+
+// The averaged gradients are the optimizer's inputs, not results of the step: a step over two
+// ranks allocates no more host storage than one over one rank (a step that kept them as outputs
+// allocated their bytes every step, and on the GPU downloaded them).
+TEST(DataParallel, AveragedGradientsAreNotKeptAsTheStepsOutputs) {
+  models::GPTConfig c;
+  c.vocab_size = 13;
+  c.block_size = 8;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 16;
+  HostTensor ids = HostTensor::zeros(DType::i32, Shape{2, 8});
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 5 + 3) % 13));
+  int64_t param_bytes = 0;
+  auto step_bytes = [&] {
+    manual_seed(3);
+    models::GPT model(c);
+    optim::AdamW opt(model.parameters(), {});
+    param_bytes = 0;
+    for (const Tensor& p : model.parameters()) param_bytes += p.numel() * 4;
+    Tensor x = Tensor::from_host(ids);
+    for (int s = 0; s < 3; ++s) {
+      Tensor loss = model.loss(x, x);
+      loss.backward();
+      opt.step(1.0);
+    }
+    return static_cast<int64_t>(Engine::current().stats().last_counters.storage_bytes);
+  };
+  const int64_t one = step_bytes();
+  int64_t two = 0;
+  {
+    ScopedWorld scoped(std::make_shared<FakeWorld>());
+    two = step_bytes();
+  }
+  EXPECT_LT(two, one + param_bytes / 2) << "one rank " << one << " bytes a step, two " << two << ", parameters "
+                                        << param_bytes;
 }
 
 }  // namespace

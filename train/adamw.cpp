@@ -116,6 +116,9 @@ Tensor AdamW::step(double max_grad_norm, const Tensor& local_loss) {
                          {decayed, k.step_size, m_[i], v_[i], k.inv_sqrt_bc2}),
                      p));
   }
+  // The averaged gradients are let go first: a handle alive at realize() makes its value an
+  // output of the step (kept, and on the GPU downloaded, every step).
+  grads = {};
   engine.realize();
   return loss;
 }

@@ -28,7 +28,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 21> kVariables = {{
+constexpr std::array<Variable, 24> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -42,6 +42,9 @@ constexpr std::array<Variable, 21> kVariables = {{
     {"KILN_ALLOW_TF32", "1: large GPU f32 matmuls on tf32 tensor cores (10-bit mantissas)"},
     {"KILN_BF16_MMA", "1: large GPU matmuls of stored bf16 operands on bf16 mma.sync (ldmatrix, cp.async)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
+    {"KILN_GPU_COLLECTIVES", "data parallel on GPUs: nccl or host (default: NCCL where it loads)"},
+    {"KILN_NCCL_LIBRARY", "path of libnccl.so.2 (default: the loader's search path)"},
+    {"KILN_CUDA_DEVICE", "GPU ordinal to use (default: the local rank under mpirun/srun, else 0)"},
     {"KILN_REQUIRE_GPU", "tests: fail instead of skipping when no GPU is usable"},
     {"KILN_REQUIRE_PTXAS", "tests: fail instead of skipping when ptxas is missing"},
     {"KILN_REQUIRE_REFERENCE", "tests: fail instead of skipping without the PyTorch reference"},
@@ -90,6 +93,23 @@ double collective_timeout() {
     throw Error(std::string("KILN_COLLECTIVE_TIMEOUT: expected seconds from 0 to 86400, received '") + v + "'");
   return parsed;
 }
+std::string gpu_collectives() {
+  const std::string v = text("KILN_GPU_COLLECTIVES");
+  if (!v.empty() && v != "nccl" && v != "host")
+    throw Error("KILN_GPU_COLLECTIVES: expected nccl or host, received '" + v + "'");
+  return v;
+}
+
+int cuda_device() {
+  const char* v = raw("KILN_CUDA_DEVICE");
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  const long parsed = std::strtol(v, &end, 10);
+  if (*end != '\0' || parsed < 0 || parsed > 1023)
+    throw Error(std::string("KILN_CUDA_DEVICE: expected a GPU ordinal (0, 1, ...), received '") + v + "'");
+  return static_cast<int>(parsed);
+}
+
 namespace {
 bool bf16_mma_forced = false;
 }

@@ -23,6 +23,8 @@ std::string ptx_dump_dir();                  // KILN_PTX_DUMP: "" when unset
 int matmul_tile();                           // KILN_MATMUL_TILE: 64 or 128; 0 when unset (per shape)
 bool allow_tf32();                           // KILN_ALLOW_TF32: "1" (default off, as PyTorch)
 double collective_timeout();                 // KILN_COLLECTIVE_TIMEOUT: seconds in (0, 86400]; 300 when unset
+std::string gpu_collectives();               // KILN_GPU_COLLECTIVES: "nccl", "host", or "" (automatic)
+int cuda_device();                           // KILN_CUDA_DEVICE: a GPU ordinal; -1 when unset
 bool bf16_mma();                             // KILN_BF16_MMA: "1" (default off until measured on a GPU), or forced
 // Tests (cuda::ForceBf16Mma): bf16_mma() is true while forced, whatever the environment says; the
 // previous setting is returned.

@@ -726,39 +726,17 @@ void observe_kernel(const std::string& ptx, const kir::Kernel& kernel) {
 
 Driver fake_driver() {
   Driver d;
-  d.api = DriverApi{fake_cuInit,
-                    fake_cuDriverGetVersion,
-                    fake_cuDeviceGetCount,
-                    fake_cuDeviceGet,
-                    fake_cuDeviceGetName,
-                    fake_cuDeviceGetAttribute,
-                    fake_cuDeviceTotalMem,
-                    fake_cuDevicePrimaryCtxRetain,
-                    fake_cuCtxSetCurrent,
-                    fake_cuCtxSynchronize,
-                    fake_cuMemAlloc,
-                    fake_cuMemFree,
-                    fake_cuMemcpyHtoD,
-                    fake_cuMemcpyDtoH,
-                    fake_cuMemcpyDtoD,
-                    fake_cuMemsetD8,
-                    fake_cuModuleLoadDataEx,
-                    fake_cuModuleGetFunction,
-                    fake_cuModuleUnload,
-                    fake_cuLinkCreate,
-                    fake_cuLinkAddData,
-                    fake_cuLinkComplete,
-                    fake_cuLinkDestroy,
-                    fake_cuLaunchKernel,
-                    fake_cuFuncGetAttribute,
-                    fake_cuGetErrorString,
-                    fake_cuGraphCreate,
-                    fake_cuGraphAddKernelNode,
-                    fake_cuGraphAddMemsetNode,
-                    fake_cuGraphInstantiateWithFlags,
-                    fake_cuGraphLaunch,
-                    fake_cuGraphExecDestroy,
-                    fake_cuGraphDestroy};
+  d.api = DriverApi{fake_cuInit, fake_cuDriverGetVersion, fake_cuDeviceGetCount, fake_cuDeviceGet, fake_cuDeviceGetName,
+                    fake_cuDeviceGetAttribute, fake_cuDeviceTotalMem, fake_cuDevicePrimaryCtxRetain,
+                    fake_cuCtxSetCurrent, fake_cuCtxSynchronize, fake_cuMemAlloc, fake_cuMemFree, fake_cuMemcpyHtoD,
+                    fake_cuMemcpyDtoH, fake_cuMemcpyDtoD, fake_cuMemsetD8, fake_cuModuleLoadDataEx,
+                    fake_cuModuleGetFunction, fake_cuModuleUnload, fake_cuLinkCreate, fake_cuLinkAddData,
+                    fake_cuLinkComplete, fake_cuLinkDestroy, fake_cuLaunchKernel, fake_cuFuncGetAttribute,
+                    fake_cuGetErrorString, fake_cuGraphCreate, fake_cuGraphAddKernelNode, fake_cuGraphAddMemsetNode,
+                    fake_cuGraphInstantiateWithFlags, fake_cuGraphLaunch, fake_cuGraphExecDestroy, fake_cuGraphDestroy,
+                    // No stream capture: its work finishes inside each call, and collectives
+                    // run between graph replays (cuda/runtime/collective.hpp).
+                    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   d.description = "kiln fake driver (SIMT simulator)";
   d.observe_kernel = observe_kernel;
   d.fake = true;

@@ -15,6 +15,7 @@
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/options.hpp"
 #include "cuda/lower/util.hpp"
+#include "cuda/runtime/collective.hpp"
 
 namespace kiln::cuda {
 
@@ -69,9 +70,9 @@ struct Buffers {
 };
 
 bool same_work(const DeviceCommand& a, const DeviceCommand& b) {
-  return a.kernel == b.kernel && a.dst == b.dst && a.bytes == b.bytes && a.grid.x == b.grid.x && a.grid.y == b.grid.y &&
-         a.grid.z == b.grid.z && a.block.x == b.block.x && a.block.y == b.block.y && a.block.z == b.block.z &&
-         a.args == b.args;
+  return a.kernel == b.kernel && a.collective == b.collective && a.dst == b.dst && a.bytes == b.bytes &&
+         a.grid.x == b.grid.x && a.grid.y == b.grid.y && a.grid.z == b.grid.z && a.block.x == b.block.x &&
+         a.block.y == b.block.y && a.block.z == b.block.z && a.args == b.args;
 }
 
 }  // namespace
@@ -103,6 +104,11 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
     if (ops[i].prim->side_effect)
       assign_target_[i] =
           static_cast<int>(std::find(ext.begin(), ext.end(), circuit_.assign_root(ops[i].inputs[0])) - ext.begin());
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (lowered_[i].mean_over_ranks) {
+      has_collectives_ = true;
+      require_device_collective(static_cast<int>(i));
+    }
   runtime_alive_ = rt_.lifetime();
   static_memory_ = !rt_.exact_block_sizes();
   plan_workspace();
@@ -285,13 +291,27 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
         }
         commands.push_back(std::move(c));
       }
+      if (l.mean_over_ranks) {
+        require_device_collective(tag);
+        if (DeviceCollective* collective = device_world()) {
+          DeviceCommand c;
+          c.tag = tag;
+          c.collective = collective;
+          c.dst = ptr(op.outputs[0]);
+          c.bytes = nbytes(circuit_.info(op.outputs[0]));
+          commands.push_back(std::move(c));
+        }
+      }
       for (ValueId slot : scratch_slots) buf.release(slot);
     }
     for (ValueId dead : free_after_[i]) buf.release(dead);
   }
   const auto started = std::chrono::steady_clock::now();
   const int64_t launches = execute(commands);
-  rt_.synchronize();
+  if (has_collectives_ && device_world())
+    device_world()->synchronize(rt_);  // waits at most the collective's timeout for the other ranks
+  else
+    rt_.synchronize();
   last_run_.device_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   if (status_slots_ > 0) {
     std::vector<int32_t> words(static_cast<size_t>(status_slots_) * kStatusWords);
@@ -338,9 +358,28 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
   return results;
 }
 
+void DeviceProgram::require_device_collective(int op) const {
+  const int ranks = world().size();
+  const DeviceCollective* collective = device_world();
+  if (ranks == 1 || (collective && collective->size() == ranks)) return;
+  const Op& o = circuit_.ops()[static_cast<size_t>(op)];
+  fail(o.prim->name, o.scope,
+       collective ? fmt::format("the device collective ({}) spans {} ranks, the run {}", collective->backend(),
+                                collective->size(), ranks)
+                  : fmt::format("averaging over {} ranks on the GPU needs a device collective "
+                                "(cuda::set_device_world; `kiln train` installs NCCL or a host-staged one)",
+                                ranks));
+}
+
 int64_t DeviceProgram::execute(const std::vector<DeviceCommand>& commands) {
   last_run_.graph = last_run_.graph_built = false;
-  if (use_graphs_) {
+  // A graph holds collectives only where they are captured (NCCL on the real driver), and only
+  // after a run without one: a library's first call may set up connections, which capture forbids.
+  bool graphs = use_graphs_;
+  for (const DeviceCommand& c : commands)
+    if (c.collective && !(c.collective->capturable() && rt_.capture_supported() && collectives_warm_)) graphs = false;
+  if (has_collectives_) collectives_warm_ = true;
+  if (graphs) {
     auto same = [&](const CachedGraph& g) {
       return g.commands.size() == commands.size() &&
              std::equal(commands.begin(), commands.end(), g.commands.begin(), same_work);
@@ -362,6 +401,10 @@ int64_t DeviceProgram::execute(const std::vector<DeviceCommand>& commands) {
   int64_t launches = 0;
   for (const DeviceCommand& c : commands) {
     try {
+      if (c.collective) {
+        c.collective->all_reduce_mean(rt_, c.dst, static_cast<int64_t>(c.bytes / 4), nullptr);
+        continue;
+      }
       if (!c.kernel) {
         rt_.memset_zero(c.dst, c.bytes);
         continue;

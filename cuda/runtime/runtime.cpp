@@ -25,6 +25,7 @@
 #include "circuit/ir/options.hpp"
 #include "cuda/driver/fake_driver.hpp"
 #include "cuda/kir/ptx_printer.hpp"
+#include "cuda/runtime/collective.hpp"
 
 namespace kiln::cuda {
 
@@ -137,6 +138,24 @@ std::string dims(Dim3 d) { return fmt::format("{}x{}x{}", d.x, d.y, d.z); }
 
 }  // namespace
 
+namespace {
+
+// KILN_CUDA_DEVICE, else the process's rank among those a launcher started on this machine (one
+// GPU per rank under `mpirun -np <GPUs>`), else 0.
+int device_ordinal(int count) {
+  const int chosen = options::cuda_device();
+  if (chosen >= count)
+    throw Error(fmt::format("KILN_CUDA_DEVICE={}: this machine has {} CUDA device(s)", chosen, count));
+  if (chosen >= 0) return chosen;
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    if (v && *v) return std::atoi(v) % count;
+  }
+  return 0;
+}
+
+}  // namespace
+
 Runtime::Runtime(Driver driver, RuntimeOptions options) : driver_(std::move(driver)), options_(std::move(options)) {
   if (options_.cache_dir.empty()) options_.cache_dir = default_cache_dir();
   if (options_.ptx_dump_dir.empty()) options_.ptx_dump_dir = options::ptx_dump_dir();
@@ -145,7 +164,8 @@ Runtime::Runtime(Driver driver, RuntimeOptions options) : driver_(std::move(driv
   int count = 0;
   check(a.cuDeviceGetCount(&count), "cuDeviceGetCount");
   if (count == 0) throw Error("no CUDA device (" + driver_.description + " reports none)");
-  check(a.cuDeviceGet(&device_, 0), "cuDeviceGet(0)");
+  const int ordinal = device_ordinal(count);
+  check(a.cuDeviceGet(&device_, ordinal), fmt::format("cuDeviceGet({})", ordinal));
   char name[256] = {};
   check(a.cuDeviceGetName(name, sizeof name, device_), "cuDeviceGetName");
   device_name_ = name;
@@ -438,6 +458,48 @@ void Runtime::synchronize() {
   check(driver_.api.cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
+bool Runtime::idle() {
+  enter();
+  if (!driver_.api.cuStreamQuery) {  // the fake driver's work is done when a call returns
+    synchronize();
+    return true;
+  }
+  const CUresult r = driver_.api.cuStreamQuery(nullptr);
+  if (r == CUDA_ERROR_NOT_READY) return false;
+  check(r, "cuStreamQuery");
+  return true;
+}
+
+CUgraphNode Runtime::add_collective_node(CUgraph graph, CUgraphNode after, const DeviceCommand& c, size_t i) {
+  const std::string what = fmt::format("graph node {}: a collective over {} bytes at {:#x}", i, c.bytes, c.dst);
+  if (!capture_supported()) throw Error(what + ": the driver lacks stream capture");
+  const DriverApi& api = driver_.api;
+  CUstream stream = nullptr;
+  check(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), what + ": cuStreamCreate");
+  CUgraph child = nullptr;
+  try {
+    // Relaxed: a library may allocate while it is captured (NCCL's first use of a buffer).
+    check(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED), what + ": cuStreamBeginCapture");
+    try {
+      c.collective->all_reduce_mean(*this, c.dst, static_cast<int64_t>(c.bytes / 4), stream);
+    } catch (...) {
+      api.cuStreamEndCapture(stream, &child);
+      throw;
+    }
+    check(api.cuStreamEndCapture(stream, &child), what + ": cuStreamEndCapture");
+    CUgraphNode node = nullptr;
+    check(api.cuGraphAddChildGraphNode(&node, graph, &after, after ? 1 : 0, child),
+          what + ": cuGraphAddChildGraphNode");
+    api.cuGraphDestroy(child);  // the parent holds a copy
+    api.cuStreamDestroy(stream);
+    return node;
+  } catch (...) {
+    if (child) api.cuGraphDestroy(child);
+    api.cuStreamDestroy(stream);
+    throw;
+  }
+}
+
 Runtime::Graph Runtime::make_graph(const std::vector<DeviceCommand>& commands) {
   enter();
   if (!graphs_supported()) throw Error("CUDA graphs: the driver has no graph entry points");
@@ -450,7 +512,9 @@ Runtime::Graph Runtime::make_graph(const std::vector<DeviceCommand>& commands) {
       const DeviceCommand& c = commands[i];
       CUgraphNode node = nullptr;
       const size_t deps = last ? 1 : 0;
-      if (!c.kernel) {
+      if (c.collective) {
+        node = add_collective_node(g.graph, last, c, i);
+      } else if (!c.kernel) {
         CudaMemsetNodeParams p;
         p.dst = c.dst;
         p.elementSize = c.bytes % 4 == 0 && c.dst % 4 == 0 ? 4 : 1;

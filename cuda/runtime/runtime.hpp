@@ -18,6 +18,7 @@
 namespace kiln::cuda {
 
 using Dim3 = sim::Dim3;
+class DeviceCollective;
 
 struct RuntimeOptions {
   // Directory of the on-disk module cache; empty: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln,
@@ -51,10 +52,13 @@ struct LoadedKernel {
   int registers = -1;  // from the driver, -1 when unknown
 };
 
-// One piece of a device program's work, in order: zero `bytes` at `dst` (no kernel), or launch
-// `kernel` over grid x block with `args` (one raw value per parameter, as Runtime::launch takes).
+// One piece of a device program's work, in order: zero `bytes` at `dst` (no kernel, no
+// collective), average the `bytes / 4` floats at `dst` over the ranks through `collective`, or
+// launch `kernel` over grid x block with `args` (one raw value per parameter, as Runtime::launch
+// takes).
 struct DeviceCommand {
   const LoadedKernel* kernel = nullptr;
+  DeviceCollective* collective = nullptr;
   CUdeviceptr dst = 0;
   size_t bytes = 0;
   Dim3 grid, block;
@@ -107,10 +111,17 @@ class Runtime {
   // result (with the fake driver, a fault the simulator found fails the launch itself).
   void launch(const LoadedKernel& k, Dim3 grid, Dim3 block, const std::vector<uint64_t>& args);
   void synchronize();
+  // Whether the device has finished all work launched so far (a poll, for waiting with a timeout).
+  bool idle();
+  // Makes the context current on the calling thread, for libraries that run on it (NCCL).
+  void make_current() const { enter(); }
 
   // CUDA graphs, when the driver has them: `commands` recorded as one graph (a chain: each node
   // after the one before) and launched with one call. Every address is baked in.
   bool graphs_supported() const { return driver_.api.cuGraphCreate != nullptr; }
+  // Whether a graph may hold collectives: their library's calls are captured from a stream into
+  // a child graph (the real driver; the fake one runs collectives between graphs' commands).
+  bool capture_supported() const { return graphs_supported() && driver_.api.cuStreamBeginCapture != nullptr; }
   struct Graph {
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
@@ -144,6 +155,8 @@ class Runtime {
   std::string jit_compile(const kir::Kernel& k, const std::string& ptx, uint64_t key);
   void write_cache(const std::string& path, uint64_t key, const std::string& image);
   void release_free_blocks();
+  // A child graph node holding c's collective, captured from a stream of its own.
+  CUgraphNode add_collective_node(CUgraph graph, CUgraphNode after, const DeviceCommand& c, size_t i);
 
   Driver driver_;
   RuntimeOptions options_;

@@ -23,6 +23,7 @@
 #include "circuit/prims/cpu_gemm.hpp"
 #include "commands.hpp"
 #include "core/device.hpp"
+#include "core/distributed.hpp"
 #include "core/engine.hpp"
 #include "core/traced_step.hpp"
 #include "train/adamw.hpp"
@@ -113,6 +114,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int64_t batch = a.integer("batch", 16, 1), steps = a.integer("steps", 20, 1);
   const Device device = parse_device(a.str("device", "cpu"));
   Engine::current().set_device(device);
+  connect_device_collective_if_needed(device);  // KILN_GPU_COLLECTIVES=nccl: the step with NCCL in its graph
   if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps);
   if (a.has("attention")) return bench_attention(a.str("attention", ""), steps);
   manual_seed(1);

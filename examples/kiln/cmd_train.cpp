@@ -13,6 +13,7 @@
 #include "circuit/ir/options.hpp"
 #include "commands.hpp"
 #include "core/device.hpp"
+#include "core/distributed.hpp"
 #include "core/engine.hpp"
 #include "train/atomic_file.hpp"
 #include "train/checkpoint.hpp"
@@ -39,6 +40,9 @@ int cmd_train(const std::vector<std::string>& argv) {
                "run each rank's share of the batch as N micro-batches within the step, gradients added (default "
                "1)"},
               {"steps", "training steps (default 2000)"},
+              {"stop-at",
+               "stop after this step with a checkpoint, the schedule still spanning --steps (a job's time slice; "
+               "--resume goes on, with any number of ranks)"},
               {"lr", "peak learning rate (default 2e-3)"},
               {"warmup", "warmup steps (default 100)"},
               {"dropout", "dropout probability (default 0)"},
@@ -79,6 +83,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   }
   Device device = parse_device(a.str("device", "auto"));
   Engine::current().set_device(device);
+  connect_device_collective_if_needed(device);
   Engine::current().set_deterministic(a.has("deterministic"));
   spdlog::info("device: {}, {} matmuls", device_name(device), precision_name(Engine::current().precision()));
   const uint64_t seed = static_cast<uint64_t>(a.integer("seed", 1337));
@@ -102,6 +107,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.batch = a.integer("batch", 16, 1);
   o.grad_accum = a.integer("grad-accum", 1, 1);
   o.steps = a.integer("steps", 2000, 1);
+  o.stop_at = a.integer("stop-at", 0, 0);
   o.lr = a.real("lr", 2e-3, 0.0, std::numeric_limits<double>::infinity(), false);
   o.min_lr = o.lr / 10;
   o.warmup = a.integer("warmup", 100, 0);

@@ -1,0 +1,151 @@
+// Device collectives: the host-staged one over a CPU communicator and the NCCL one (see
+// collective.hpp).
+#include "cuda/runtime/collective.hpp"
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "circuit/ir/error.hpp"
+#include "circuit/ir/options.hpp"
+#include "cuda/driver/nccl_api.hpp"
+
+namespace kiln::cuda {
+
+namespace {
+
+std::shared_ptr<DeviceCollective>& installed() {
+  static std::shared_ptr<DeviceCollective> c;
+  return c;
+}
+
+class HostStaged final : public DeviceCollective {
+ public:
+  explicit HostStaged(Communicator& comm) : comm_(comm) {}
+  int size() const override { return comm_.size(); }
+  std::string backend() const override { return "host memory and " + comm_.backend(); }
+  bool capturable() const override { return false; }
+  // The same arithmetic as the all_reduce Prim's reference: the sum over ranks, then times 1/size.
+  void all_reduce_mean(Runtime& rt, CUdeviceptr data, int64_t n, CUstream) override {
+    rt.synchronize();
+    staged_.resize(static_cast<size_t>(n));
+    rt.download(staged_.data(), data, staged_.size() * sizeof(float));
+    comm_.all_reduce_sum(staged_.data(), n);
+    const float inv = 1.0f / static_cast<float>(comm_.size());
+    for (float& v : staged_) v *= inv;
+    rt.upload(data, staged_.data(), staged_.size() * sizeof(float));
+  }
+
+ private:
+  Communicator& comm_;
+  std::vector<float> staged_;
+};
+
+class NcclCollective final : public DeviceCollective {
+ public:
+  NcclCollective(Nccl nccl, NcclComm comm, int size, double timeout_s)
+      : nccl_(std::move(nccl)), comm_(comm), size_(size), timeout_s_(timeout_s) {}
+  ~NcclCollective() override {
+    if (comm_) nccl_.api.ncclCommDestroy(comm_);
+  }
+  int size() const override { return size_; }
+  std::string backend() const override {
+    return fmt::format("NCCL {}.{}.{} ({})", nccl_.version / 10000, nccl_.version / 100 % 100, nccl_.version % 100,
+                       nccl_.library);
+  }
+  bool capturable() const override { return true; }
+  void all_reduce_mean(Runtime& rt, CUdeviceptr data, int64_t n, CUstream stream) override {
+    if (!comm_) throw Error("NCCL: the communicator was aborted after an earlier error");
+    rt.make_current();
+    void* p = reinterpret_cast<void*>(data);
+    check(nccl_.api.ncclAllReduce(p, p, static_cast<size_t>(n), NCCL_FLOAT32, NCCL_AVG, comm_, stream),
+          fmt::format("ncclAllReduce of {} floats", n));
+  }
+  // Polls instead of blocking, so that a rank that died or hangs (its peers' NCCL kernels then
+  // spin forever) ends in an error within the timeout: NCCL is aborted, which frees the device.
+  void synchronize(Runtime& rt) override {
+    const auto start = std::chrono::steady_clock::now();
+    auto pause = std::chrono::microseconds(20);
+    while (!rt.idle()) {
+      NcclResult async = NCCL_SUCCESS;
+      if (comm_ && nccl_.api.ncclCommGetAsyncError(comm_, &async) == NCCL_SUCCESS && async != NCCL_SUCCESS &&
+          async != NCCL_IN_PROGRESS)
+        abort_with(fmt::format("NCCL reported an asynchronous error: {}", nccl_.api.ncclGetErrorString(async)));
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout_s_)
+        abort_with(
+            fmt::format("the step's collectives waited more than {:.0f} s for the other ranks (a rank died "
+                        "or hangs; KILN_COLLECTIVE_TIMEOUT sets the limit)",
+                        timeout_s_));
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(2000));
+    }
+  }
+
+ private:
+  [[noreturn]] void abort_with(const std::string& why) {
+    if (comm_) nccl_.api.ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw Error(fmt::format("NCCL all-reduce on {} ranks: {}", size_, why));
+  }
+  void check(NcclResult r, const std::string& what) {
+    if (r != NCCL_SUCCESS) throw Error(fmt::format("{}: NCCL error {}: {}", what, r, nccl_.api.ncclGetErrorString(r)));
+  }
+
+  Nccl nccl_;
+  NcclComm comm_ = nullptr;
+  int size_ = 1;
+  double timeout_s_ = 300;
+};
+
+}  // namespace
+
+DeviceCollective* device_world() { return installed().get(); }
+void set_device_world(std::shared_ptr<DeviceCollective> c) { installed() = std::move(c); }
+
+std::shared_ptr<DeviceCollective> host_staged_collective(Communicator& comm) {
+  return std::make_shared<HostStaged>(comm);
+}
+
+std::shared_ptr<DeviceCollective> connect_nccl(Runtime& rt, Communicator& comm, double timeout_s) {
+  if (!rt.capture_supported())
+    throw Error("NCCL: the CUDA driver (" + std::string(rt.fake() ? "the fake driver" : "libcuda") +
+                ") lacks stream capture, which puts NCCL's collectives inside kiln's step graphs");
+  std::string why;
+  std::optional<Nccl> nccl = load_nccl(&why);
+  if (!nccl) throw Error("NCCL: " + why);
+  NcclUniqueId id{};
+  if (comm.rank() == 0) {
+    const NcclResult r = nccl->api.ncclGetUniqueId(&id);
+    if (r != NCCL_SUCCESS)
+      throw Error(fmt::format("NCCL: ncclGetUniqueId failed: {}", nccl->api.ncclGetErrorString(r)));
+  }
+  comm.broadcast(&id, sizeof id, 0);
+  rt.make_current();
+  NcclComm c = nullptr;
+  const NcclResult r = nccl->api.ncclCommInitRank(&c, comm.size(), id, comm.rank());
+  if (r != NCCL_SUCCESS)
+    throw Error(fmt::format("NCCL: ncclCommInitRank (rank {} of {}) failed: {}", comm.rank(), comm.size(),
+                            nccl->api.ncclGetErrorString(r)));
+  return std::make_shared<NcclCollective>(std::move(*nccl), c, comm.size(), timeout_s);
+}
+
+std::shared_ptr<DeviceCollective> connect_device_collective(Runtime& rt, Communicator& comm, double timeout_s) {
+  const std::string choice = options::gpu_collectives();
+  if (choice == "host") return host_staged_collective(comm);
+  if (choice == "nccl") return connect_nccl(rt, comm, timeout_s);
+  try {
+    return connect_nccl(rt, comm, timeout_s);
+  } catch (const Error& e) {
+    spdlog::warn(
+        "{}; averaging gradients through host memory instead (slower: the step synchronizes and is not "
+        "replayed as one graph)",
+        e.what());
+    return host_staged_collective(comm);
+  }
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,49 @@
+// Collectives over device memory, for data-parallel training on GPUs: the all_reduce op's
+// lowering (cuda/lower/all_reduce.cpp) marks its output to be averaged over the ranks, and the
+// device program (device_program.hpp) hands that buffer to the process's DeviceCollective.
+//   NCCL         device to device, enqueued on a stream: a CUDA graph captures it, so the
+//                averaging sits inside the step's graph (the default where libnccl loads).
+//   host staged  download, the CPU communicator's all-reduce (world(): MPI), upload: works with
+//                any GPU and the fake driver, but synchronizes and leaves the step unreplayed.
+// A single process with no device collective installed averages over one rank: a copy.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "circuit/comm/communicator.hpp"
+#include "cuda/runtime/runtime.hpp"
+
+namespace kiln::cuda {
+
+class DeviceCollective {
+ public:
+  virtual ~DeviceCollective() = default;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "NCCL 2.28.9 (libnccl.so.2)", "host memory and MPI (...)"
+  // Whether all_reduce_mean only enqueues device work on `stream` (then a graph may capture it).
+  virtual bool capturable() const = 0;
+  // data[0, n) f32 on rt's device becomes its mean over the ranks, ordered after the work before
+  // it on `stream` (nullptr: the legacy default stream kiln launches on).
+  virtual void all_reduce_mean(Runtime& rt, CUdeviceptr data, int64_t n, CUstream stream) = 0;
+  // Waits for the device's work; a collective that waits longer than its timeout for the other
+  // ranks throws kiln::Error naming it, and the communicator is unusable after that.
+  virtual void synchronize(Runtime& rt) { rt.synchronize(); }
+};
+
+// The device collective device programs use; nullptr (the default) for one process.
+DeviceCollective* device_world();
+void set_device_world(std::shared_ptr<DeviceCollective> c);
+
+// Averages through `comm` (world() by default) with a copy through host memory.
+std::shared_ptr<DeviceCollective> host_staged_collective(Communicator& comm);
+// An NCCL communicator over comm's ranks on rt's device: rank 0's unique id reaches the others
+// by comm.broadcast. Throws kiln::Error naming what is missing (libnccl, stream capture) or
+// what NCCL said. Collectives wait at most `timeout_s` in synchronize (then NCCL is aborted).
+std::shared_ptr<DeviceCollective> connect_nccl(Runtime& rt, Communicator& comm, double timeout_s);
+// What `kiln train` installs for a data-parallel run on the GPU: KILN_GPU_COLLECTIVES=nccl or
+// host forces one; unset, NCCL where it loads, else host staged with a warning saying why.
+std::shared_ptr<DeviceCollective> connect_device_collective(Runtime& rt, Communicator& comm, double timeout_s);
+
+}  // namespace kiln::cuda

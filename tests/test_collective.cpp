@@ -1,0 +1,227 @@
+// Collectives over device memory (cuda/runtime/collective.hpp, cuda/driver/nccl_api.hpp): NCCL's
+// ABI against nccl.h, its loading, the host-staged collective on the fake driver (two ranks
+// stood in for by a communicator that adds the other rank's value), the refusals, and on a GPU
+// (GpuCollective.*) NCCL over one rank inside a step's CUDA graph.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "circuit/comm/communicator.hpp"
+#include "circuit/ir/error.hpp"
+#include "core/engine.hpp"
+#include "cuda/driver/fake_driver.hpp"
+#include "cuda/driver/nccl_api.hpp"
+#include "cuda/runtime/collective.hpp"
+#include "cuda/runtime/device_program.hpp"
+#include "device_test_util.hpp"
+#include "models/gpt.hpp"
+#include "prim_test_util.hpp"
+#include "train/adamw.hpp"
+
+namespace kiln {
+namespace {
+
+// Rank 0 of two, whose peer holds `peer` in every element: a sum adds it.
+class TwoRanks final : public Communicator {
+ public:
+  explicit TwoRanks(double peer) : peer_(peer) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string backend() const override { return "two ranks (test)"; }
+  void all_reduce_sum(float* data, int64_t n) override {
+    ++calls;
+    for (int64_t i = 0; i < n; ++i) data[i] += static_cast<float>(peer_);
+  }
+  void all_reduce_sum(double* data, int64_t n) override {
+    ++calls;
+    for (int64_t i = 0; i < n; ++i) data[i] += peer_;
+  }
+  void broadcast(void*, int64_t, int) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override { std::_Exit(code); }
+  int calls = 0;
+
+ private:
+  double peer_;
+};
+
+// Installs a world and a device collective for the test's lifetime.
+struct Installed {
+  Installed(std::shared_ptr<Communicator> w, std::shared_ptr<cuda::DeviceCollective> d) {
+    set_world(std::move(w));
+    cuda::set_device_world(std::move(d));
+  }
+  ~Installed() {
+    cuda::set_device_world(nullptr);
+    set_world(nullptr);
+  }
+};
+
+// all_reduce(x) over n floats, and its output.
+struct Averaged {
+  Circuit circuit;
+  ValueId y = 0;
+};
+Averaged averaged_circuit(int64_t n) {
+  Averaged a;
+  const ValueId x = a.circuit.add_external({Shape{n}, DType::f32}, ValueRole::Input);
+  a.y = a.circuit.add_op(PrimId::all_reduce, {}, {x})[0];
+  return a;
+}
+cuda::DeviceProgram averaged_program(int64_t n, cuda::Runtime& rt) {
+  Averaged a = averaged_circuit(n);
+  return cuda::DeviceProgram(std::move(a.circuit), {a.y}, rt);
+}
+
+TEST(NcclLoading, AMissingLibraryIsNamedWithTheVariableThatPointsToIt) {
+  const char* before = std::getenv("KILN_NCCL_LIBRARY");
+  const std::string saved = before ? before : "";
+  ::setenv("KILN_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+  std::string why;
+  EXPECT_FALSE(cuda::load_nccl(&why).has_value());
+  EXPECT_NE(why.find("/nonexistent/libnccl.so.2"), std::string::npos) << why;
+  EXPECT_NE(why.find("KILN_NCCL_LIBRARY"), std::string::npos) << why;
+  if (before)
+    ::setenv("KILN_NCCL_LIBRARY", saved.c_str(), 1);
+  else
+    ::unsetenv("KILN_NCCL_LIBRARY");
+}
+
+// Where libnccl is installed (the CUDA toolkit's, or pip's), every entry point resolves and the
+// version is one with ncclAvg.
+TEST(NcclLoading, TheInstalledLibraryResolvesEveryEntryPoint) {
+  std::string why;
+  const std::optional<cuda::Nccl> nccl = cuda::load_nccl(&why);
+  if (!nccl) GTEST_SKIP() << why;
+  EXPECT_GE(nccl->version, 21000);
+  EXPECT_NE(nccl->api.ncclAllReduce, nullptr);
+  EXPECT_STRNE(nccl->api.ncclGetErrorString(cuda::NCCL_SUCCESS), "");
+}
+
+// Host staged: the bucket goes through the communicator (one call a run) and comes back as the
+// mean, (x + peer) / 2; the run is never one graph (the collective synchronizes in between).
+TEST(FakeGpuCollective, HostStagedAveragesThroughTheCommunicator) {
+  auto two = std::make_shared<TwoRanks>(0.5);
+  Installed installed(two, cuda::host_staged_collective(*two));
+  cuda::Runtime rt(cuda::fake_driver(), cuda::RuntimeOptions{"off", "", false});  // graphs on
+  cuda::DeviceProgram program = averaged_program(1000, rt);
+  for (int run = 0; run < 2; ++run) {
+    const HostTensor x = testing::random_tensor({Shape{1000}, DType::f32}, 11 + run);
+    const HostTensor out = program.run({x})[0];
+    for (int64_t i = 0; i < 1000; ++i)
+      ASSERT_FLOAT_EQ(static_cast<float>(out.get(i)), (static_cast<float>(x.get(i)) + 0.5f) * 0.5f) << i;
+    EXPECT_FALSE(program.last_run().graph);
+  }
+  EXPECT_EQ(two->calls, 2);
+  EXPECT_NE(program.dump().find("mean over the ranks"), std::string::npos) << program.dump();
+}
+
+// Several ranks and no device collective, or one that spans another number of ranks: the plan
+// is refused when it is built, naming the op.
+TEST(FakeGpuCollective, APlanAveragingOverRanksNeedsAMatchingDeviceCollective) {
+  auto two = std::make_shared<TwoRanks>(0.0);
+  {
+    Installed installed(two, nullptr);
+    try {
+      averaged_program(8, testing::fake_runtime());
+      FAIL() << "a plan averaging over 2 ranks without a device collective was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("all_reduce"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("device collective"), std::string::npos) << e.what();
+    }
+  }
+  {
+    class OneRank final : public Communicator {
+     public:
+      int rank() const override { return 0; }
+      int size() const override { return 1; }
+      std::string backend() const override { return "one"; }
+      void all_reduce_sum(float*, int64_t) override {}
+      void all_reduce_sum(double*, int64_t) override {}
+      void broadcast(void*, int64_t, int) override {}
+      void barrier() override {}
+      [[noreturn]] void abort(int code) override { std::_Exit(code); }
+    };
+    static OneRank lone;
+    Installed installed(two, cuda::host_staged_collective(lone));
+    EXPECT_THROW(averaged_program(8, testing::fake_runtime()), Error);
+  }
+}
+
+// NCCL puts its collectives inside kiln's graphs by stream capture, which the fake driver lacks:
+// connecting says so (kiln train then stages through host memory).
+TEST(FakeGpuCollective, NcclNeedsStreamCapture) {
+  try {
+    cuda::connect_nccl(testing::fake_runtime(), world(), 10);
+    FAIL() << "NCCL connected on the fake driver";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stream capture"), std::string::npos) << e.what();
+  }
+}
+
+// NCCL over one rank on the GPU: the average is the value itself; the first run goes launch by
+// launch (NCCL sets up on its first call), the next ones replay one graph with NCCL captured in it.
+TEST(GpuCollective, NcclOneRankAveragesInsideTheStepGraph) {
+  KILN_GPU_OR_SKIP(rt);
+  std::string why;
+  if (!cuda::load_nccl(&why)) GTEST_SKIP() << why;
+  Installed installed(nullptr, cuda::connect_nccl(*rt, world(), 60));
+  cuda::DeviceProgram program = averaged_program(100000, *rt);
+  for (int run = 0; run < 3; ++run) {
+    const HostTensor x = testing::random_tensor({Shape{100000}, DType::f32}, 21 + run);
+    const HostTensor out = program.run({x})[0];
+    EXPECT_EQ(testing::relative_error(out, x), 0.0) << "run " << run;
+    EXPECT_EQ(program.last_run().graph, run > 0) << "run " << run;
+  }
+}
+
+// A GPT trained for 3 steps with its gradients averaged by NCCL over one rank gives the losses
+// of the same steps without a collective (averaging over one rank changes no value).
+TEST(GpuCollective, NcclOneRankStepsMatchStepsWithoutIt) {
+  KILN_GPU_OR_SKIP(rt);
+  std::string why;
+  if (!cuda::load_nccl(&why)) GTEST_SKIP() << why;
+  const models::GPTConfig c = testing::tiny_gpt_config(2);
+  HostTensor ids = HostTensor::zeros(DType::i32, Shape{4, 8});
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 5 + 3) % 13));
+  auto train = [&] {
+    manual_seed(7);
+    testing::OnDevice on(*rt);
+    models::GPT model(c);
+    optim::AdamW opt(model.parameters(), {});
+    Tensor x = Tensor::from_host(ids), t = Tensor::from_host(ids);
+    std::vector<double> losses;
+    for (int s = 0; s < 3; ++s) {
+      Tensor loss = model.loss(x, t);
+      loss.backward();
+      opt.step(1.0);
+      losses.push_back(loss.item());
+    }
+    return losses;
+  };
+  const std::vector<double> plain = train();
+  std::vector<double> averaged;
+  {
+    Installed installed(nullptr, cuda::connect_nccl(*rt, world(), 60));
+    averaged = train();
+  }
+  ASSERT_EQ(averaged.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(averaged[i], plain[i], 1e-6 * std::abs(plain[i])) << i;
+}
+
+}  // namespace
+}  // namespace kiln
+
+#if defined(KILN_HAVE_CUDA_H) && __has_include(<nccl.h>)
+// The ABI check against the installed nccl.h (last: it defines macros).
+#include <nccl.h>
+static_assert(kiln::cuda::NCCL_SUCCESS == ncclSuccess);
+static_assert(kiln::cuda::NCCL_IN_PROGRESS == ncclInProgress);
+static_assert(kiln::cuda::NCCL_FLOAT32 == ncclFloat32);
+static_assert(kiln::cuda::NCCL_AVG == ncclAvg);
+static_assert(kiln::cuda::kNcclUniqueIdBytes == NCCL_UNIQUE_ID_BYTES);
+static_assert(sizeof(kiln::cuda::NcclUniqueId) == sizeof(ncclUniqueId));
+static_assert(sizeof(kiln::cuda::NcclResult) == sizeof(ncclResult_t));
+#endif

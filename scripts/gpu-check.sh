@@ -512,6 +512,12 @@ stage_nccl() {
   run nccl-train 120 env KILN_GPU_COLLECTIVES=nccl "${kiln[@]}" train --device cuda --deterministic --steps 40 \
     --data "$corpus" --out "$d/nccl.h5"
   key 'data parallel|step +40/40 +loss|rror' "$out" 6
+  # The reported losses too: the averaged loss is the bucket's last element.
+  local lp ln
+  lp=$(grep -oE 'step +40/40 +loss [-0-9.]+' "$work/logs/nccl-nccl-plain.out" | tail -n 1 | awk '{print $NF}')
+  ln=$(grep -oE 'step +40/40 +loss [-0-9.]+' "$work/logs/nccl-nccl-train.out" | tail -n 1 | awk '{print $NF}')
+  note "step 40 loss: $lp without a collective, $ln with NCCL"
+  [ -n "$lp" ] && [ "$lp" = "$ln" ] || failures+=("nccl-train: step 40 loss $ln, without NCCL $lp")
   run nccl-exact 60 python3 "$work/compare_weights.py" exact "$d/plain.h5" "$d/nccl.h5"
   comparison "40 deterministic steps, NCCL over one rank in the step graphs against none (must be identical):"
   run nccl-bench 120 env KILN_GPU_COLLECTIVES=nccl "${kiln[@]}" bench --device cuda --steps 20

@@ -4,6 +4,8 @@
 // (GpuCollective.*) NCCL over one rank inside a step's CUDA graph.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -177,8 +179,45 @@ TEST(GpuCollective, NcclOneRankAveragesInsideTheStepGraph) {
   }
 }
 
-// A GPT trained for 3 steps with its gradients averaged by NCCL over one rank gives the losses
-// of the same steps without a collective (averaging over one rank changes no value).
+// NCCL called as kiln calls it, in place, over a bucket's odd length (the default config's
+// 816000 gradients and the loss): every element comes back. Out of place the same call left the
+// last element unwritten on an H100 with NCCL 2.28.3 over one rank, which is why kiln's NCCL
+// collective runs in place after the lowering's copy; that case is printed, not asserted (it is
+// NCCL's behaviour, and kiln no longer relies on it).
+TEST(GpuCollective, NcclInPlaceWritesEveryElement) {
+  KILN_GPU_OR_SKIP(rt);
+  std::string why;
+  if (!cuda::load_nccl(&why)) GTEST_SKIP() << why;
+  std::shared_ptr<cuda::DeviceCollective> nccl = cuda::connect_nccl(*rt, world(), 60);
+  ASSERT_TRUE(nccl->in_place());
+  const int64_t n = 816001;
+  const HostTensor x = testing::random_tensor({Shape{n}, DType::f32}, 31);
+  HostTensor poison = HostTensor::zeros(DType::f32, Shape{n});
+  for (int64_t i = 0; i < n; ++i) poison.set(i, std::nan(""));
+  const cuda::CUdeviceptr in = rt->alloc(static_cast<size_t>(n) * 4), out = rt->alloc(static_cast<size_t>(n) * 4);
+  for (bool in_place : {true, false}) {
+    rt->upload(in, x.raw(), x.nbytes());
+    rt->upload(out, poison.raw(), poison.nbytes());
+    nccl->all_reduce_mean(*rt, in, in_place ? in : out, n, nullptr);
+    nccl->synchronize(*rt);
+    HostTensor got = HostTensor::zeros(DType::f32, Shape{n});
+    rt->download(got.raw(), in_place ? in : out, got.nbytes());
+    int64_t wrong = 0, first = -1;
+    for (int64_t i = 0; i < n; ++i)
+      if (!(got.get(i) == x.get(i)) && wrong++ == 0) first = i;
+    if (in_place)
+      EXPECT_EQ(wrong, 0) << "in place: first wrong element " << first << " of " << n;
+    else
+      std::printf("out of place (for information): %lld of %lld elements wrong, the first at %lld\n",
+                  static_cast<long long>(wrong), static_cast<long long>(n), static_cast<long long>(first));
+  }
+  rt->free(in);
+  rt->free(out);
+}
+
+// A GPT trained for 3 steps with its gradients and loss averaged by NCCL over one rank gives the
+// losses of the same steps without a collective (averaging over one rank changes no value): the
+// loss AdamW returns, which the trainer reports (the bucket's last element, after the gradients).
 TEST(GpuCollective, NcclOneRankStepsMatchStepsWithoutIt) {
   KILN_GPU_OR_SKIP(rt);
   std::string why;
@@ -196,8 +235,7 @@ TEST(GpuCollective, NcclOneRankStepsMatchStepsWithoutIt) {
     for (int s = 0; s < 3; ++s) {
       Tensor loss = model.loss(x, t);
       loss.backward();
-      opt.step(1.0);
-      losses.push_back(loss.item());
+      losses.push_back(opt.step(1.0, loss).item());
     }
     return losses;
   };

@@ -1,7 +1,7 @@
-// Lowering of all_reduce (circuit/prims/all_reduce.cpp): a copy of the bucket into the output,
-// which the device program then hands to the process's device collective (NCCL, or staged
-// through host memory; cuda/runtime/collective.hpp) to be averaged over the ranks in place. In
-// one process with no device collective, the copy is the whole op.
+// Lowering of all_reduce (circuit/prims/all_reduce.cpp): marked mean_over_ranks, so that the
+// device program runs the process's device collective (NCCL, or staged through host memory;
+// cuda/runtime/collective.hpp) from the input into the output; the copy kernel is the op in one
+// process with no device collective.
 #include "cuda/lower/elementwise.hpp"
 #include "cuda/lower/families.hpp"
 
@@ -12,14 +12,14 @@ namespace {
 LoweredOp lower_all_reduce(const Circuit& c, const Op& op) {
   LoweredOp lo = strided_copy(c, op, c.info(op.inputs[0]).shape.strides());
   lo.mean_over_ranks = true;
-  lo.summary = "all_reduce: a copy, then the mean over the ranks in place (device collective)";
+  lo.summary = "all_reduce: the device collective's mean over the ranks (one process without one: a copy)";
   return lo;
 }
 
 }  // namespace
 
 void register_all_reduce_lowering(LoweringTable& t) {
-  t.add(PrimId::all_reduce, lower_all_reduce, "a copy, then the device collective's mean over the ranks (NCCL)");
+  t.add(PrimId::all_reduce, lower_all_reduce, "the device collective's mean over the ranks (NCCL); a copy alone");
 }
 
 }  // namespace kiln::cuda

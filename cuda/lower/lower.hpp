@@ -40,8 +40,8 @@ struct LoweredOp {
   std::vector<size_t> scratch_bytes;
   std::vector<size_t> zeroed_scratch;  // scratch buffers set to zero before the launches (counters)
   std::vector<Launch> launches;
-  // After the launches, output 0 (f32) is averaged over the ranks of a data-parallel run by the
-  // process's device collective (cuda/runtime/collective.hpp): all_reduce.
+  // all_reduce: with a device collective installed (cuda/runtime/collective.hpp), the device
+  // program runs it instead of the launches: output 0 becomes input 0's mean over the ranks.
   bool mean_over_ranks = false;
   std::string summary;  // "matmul tile 64x64x16, 256 threads"
 };

@@ -1,6 +1,6 @@
 // Lowering of slice, concat and split (circuit/prims/slice_concat.cpp): pure addressing. A slice
 // is one copy from an offset; a concat one launch in which each element is read from the input
-// its coordinate along the axis falls in; a split one copy per piece.
+// its coordinate along the axis falls in; a split one launch storing each element into its piece.
 #include <functional>
 
 #include "circuit/prims/prim_params.hpp"
@@ -35,23 +35,28 @@ LoweredOp lower_concat(const Circuit& c, const Op& op) {
   std::vector<Shape> in_shapes;
   for (ValueId v : op.inputs) in_shapes.push_back(c.info(v).shape);
   const Type t = kir_type(out.dtype);
-  // A chain of branches, one per input boundary, picks the input and the place there.
+  // A balanced tree of branches over the input boundaries picks the input and the place there:
+  // log2(inputs) comparisons an element (data parallelism concatenates every gradient of a
+  // bucket, 150 of them at GPT-2 small).
   auto value = [&](KernelBuilder& b, const std::vector<Reg>&, const std::vector<Reg>& coords,
                    const std::vector<Reg>& base) {
     Reg v = b.reg(t);
     const Type it = coords[axis].type;
-    std::function<void(size_t)> pick = [&](size_t k) {
-      auto load = [&] {
-        std::vector<Reg> at = coords;
-        const int64_t start = k == 0 ? 0 : ends[k - 1];
-        if (start != 0) at[axis] = b.sub(it, coords[axis], imm_index(it, start));
-        Reg off = linear_offset(b, at, in_shapes[k].strides(), 0);
-        b.set(v, b.ld(Space::global, t, b.address(base[k], off, static_cast<int>(dtype_size(out.dtype)))));
-      };
-      if (k + 1 == ends.size()) return load();
-      b.if_(b.setp(Cmp::lt, coords[axis], imm_index(it, ends[k])), load, [&] { pick(k + 1); });
+    auto load = [&](size_t k) {
+      std::vector<Reg> at = coords;
+      const int64_t start = k == 0 ? 0 : ends[k - 1];
+      if (start != 0) at[axis] = b.sub(it, coords[axis], imm_index(it, start));
+      Reg off = linear_offset(b, at, in_shapes[k].strides(), 0);
+      b.set(v, b.ld(Space::global, t, b.address(base[k], off, static_cast<int>(dtype_size(out.dtype)))));
     };
-    pick(0);
+    std::function<void(size_t, size_t)> pick = [&](size_t first, size_t last) {  // inputs [first, last)
+      if (last - first == 1) return load(first);
+      const size_t mid = (first + last) / 2;
+      b.if_(
+          b.setp(Cmp::lt, coords[axis], imm_index(it, ends[mid - 1])), [&] { pick(first, mid); },
+          [&] { pick(mid, last); });
+    };
+    pick(0, ends.size());
     return v;
   };
   LoweredOp r;
@@ -66,18 +71,46 @@ LoweredOp lower_concat(const Circuit& c, const Op& op) {
 LoweredOp lower_split(const Circuit& c, const Op& op) {
   const auto axis = static_cast<size_t>(SplitParams::of(op).axis);
   const ValueInfo& x = c.info(op.inputs[0]);
-  const std::vector<int64_t> xs = x.shape.strides();
-  LoweredOp r;
+  std::vector<Shape> pieces;
+  std::vector<int64_t> ends;  // per piece: its end along the axis in the input
   int64_t along = 0;
+  std::vector<ArgRef> args{kIn0};
   for (size_t k = 0; k < op.outputs.size(); ++k) {
-    const ValueInfo& piece = c.info(op.outputs[k]);
-    r.launches.push_back(copy_launch("kiln_split", piece.shape, kIn0, {ArgRef::Kind::Output, static_cast<int>(k)},
-                                     access_of(0, x, xs, along * xs[axis]),
-                                     access_of(1, piece, piece.shape.strides())));
-    along += piece.shape[static_cast<int>(axis)];
+    pieces.push_back(c.info(op.outputs[k]).shape);
+    along += pieces.back()[static_cast<int>(axis)];
+    ends.push_back(along);
+    args.push_back({ArgRef::Kind::Output, static_cast<int>(k)});
   }
-  r.summary = "split: one copy per piece";
-  return r;
+  // One launch over the input: each element is stored into the piece its coordinate falls in,
+  // found by a balanced tree of branches over the boundaries (a gradient bucket has a piece per
+  // parameter: one launch instead of one a piece).
+  const Type t = kir_type(x.dtype);
+  const int size = static_cast<int>(dtype_size(x.dtype));
+  const int64_t n = x.shape.numel();
+  const Type it = index_type(n);
+  KernelBuilder b("kiln_split");
+  std::vector<Reg> base;
+  for (size_t p = 0; p < args.size(); ++p) base.push_back(b.param("p" + std::to_string(p), Type::u64));
+  grid_stride_loop(b, it, n, [&](Reg i) {
+    const Reg v = b.ld(Space::global, t, b.address(base[0], i, size));
+    std::vector<Reg> coords = coordinates(b, i, x.shape.dims());
+    auto store = [&](size_t k) {
+      std::vector<Reg> at = coords;
+      const int64_t start = k == 0 ? 0 : ends[k - 1];
+      if (start != 0) at[axis] = b.sub(it, coords[axis], imm_index(it, start));
+      b.st(Space::global, t, b.address(base[k + 1], linear_offset(b, at, pieces[k].strides(), 0), size), v);
+    };
+    std::function<void(size_t, size_t)> pick = [&](size_t first, size_t last) {  // pieces [first, last)
+      if (last - first == 1) return store(first);
+      const size_t mid = (first + last) / 2;
+      b.if_(
+          b.setp(Cmp::lt, coords[axis], imm_index(it, ends[mid - 1])), [&] { pick(first, mid); },
+          [&] { pick(mid, last); });
+    };
+    pick(0, pieces.size());
+  });
+  return single_launch(finish_launch(b, "kiln_split", elementwise_grid(n), {kElementwiseThreads, 1, 1}, args),
+                       "split: one launch, each element stored into its piece");
 }
 
 }  // namespace
@@ -85,7 +118,7 @@ LoweredOp lower_split(const Circuit& c, const Op& op) {
 void register_slice_concat_lowering(LoweringTable& t) {
   t.add(PrimId::slice, lower_slice, "copy with offset addressing");
   t.add(PrimId::concat, lower_concat, "one launch, each element read from its input");
-  t.add(PrimId::split, lower_split, "one copy per piece");
+  t.add(PrimId::split, lower_split, "one launch, each element stored into its piece");
 }
 
 }  // namespace kiln::cuda

@@ -28,15 +28,16 @@ class HostStaged final : public DeviceCollective {
   int size() const override { return comm_.size(); }
   std::string backend() const override { return "host memory and " + comm_.backend(); }
   bool capturable() const override { return false; }
+  bool in_place() const override { return false; }
   // The same arithmetic as the all_reduce Prim's reference: the sum over ranks, then times 1/size.
-  void all_reduce_mean(Runtime& rt, CUdeviceptr data, int64_t n, CUstream) override {
+  void all_reduce_mean(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream) override {
     rt.synchronize();
     staged_.resize(static_cast<size_t>(n));
-    rt.download(staged_.data(), data, staged_.size() * sizeof(float));
+    rt.download(staged_.data(), in, staged_.size() * sizeof(float));
     comm_.all_reduce_sum(staged_.data(), n);
     const float inv = 1.0f / static_cast<float>(comm_.size());
     for (float& v : staged_) v *= inv;
-    rt.upload(data, staged_.data(), staged_.size() * sizeof(float));
+    rt.upload(out, staged_.data(), staged_.size() * sizeof(float));
   }
 
  private:
@@ -57,11 +58,15 @@ class NcclCollective final : public DeviceCollective {
                        nccl_.library);
   }
   bool capturable() const override { return true; }
-  void all_reduce_mean(Runtime& rt, CUdeviceptr data, int64_t n, CUstream stream) override {
+  // In place, after the lowering's copy kernel: out of place (in != out), the loss that ends a
+  // bucket of 816000 gradients came back as 0 on an H100 with NCCL 2.28.3 over one rank while
+  // the gradients were right (GpuCollective.NcclInPlaceWritesEveryElement shows both).
+  bool in_place() const override { return true; }
+  void all_reduce_mean(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream stream) override {
     if (!comm_) throw Error("NCCL: the communicator was aborted after an earlier error");
     rt.make_current();
-    void* p = reinterpret_cast<void*>(data);
-    check(nccl_.api.ncclAllReduce(p, p, static_cast<size_t>(n), NCCL_FLOAT32, NCCL_AVG, comm_, stream),
+    check(nccl_.api.ncclAllReduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out),
+                                  static_cast<size_t>(n), NCCL_FLOAT32, NCCL_AVG, comm_, stream),
           fmt::format("ncclAllReduce of {} floats", n));
   }
   // Polls instead of blocking, so that a rank that died or hangs (its peers' NCCL kernels then

@@ -24,15 +24,20 @@ class DeviceCollective {
   virtual std::string backend() const = 0;  // "NCCL 2.28.9 (libnccl.so.2)", "host memory and MPI (...)"
   // Whether all_reduce_mean only enqueues device work on `stream` (then a graph may capture it).
   virtual bool capturable() const = 0;
-  // data[0, n) f32 on rt's device becomes its mean over the ranks, ordered after the work before
-  // it on `stream` (nullptr: the legacy default stream kiln launches on).
-  virtual void all_reduce_mean(Runtime& rt, CUdeviceptr data, int64_t n, CUstream stream) = 0;
+  // Whether all_reduce_mean is called with in == out only (the lowering's copy kernel runs first).
+  virtual bool in_place() const = 0;
+  // out[0, n) becomes the element-wise mean over the ranks of in[0, n) (f32 on rt's device;
+  // in == out allowed), ordered after the work before it on `stream` (nullptr: the legacy
+  // default stream kiln launches on).
+  virtual void all_reduce_mean(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream stream) = 0;
   // Waits for the device's work; a collective that waits longer than its timeout for the other
   // ranks throws kiln::Error naming it, and the communicator is unusable after that.
   virtual void synchronize(Runtime& rt) { rt.synchronize(); }
 };
 
-// The device collective device programs use; nullptr (the default) for one process.
+// The device collective device programs use; nullptr (the default) for one process. With one
+// installed, an all_reduce op runs as its collective (after the lowering's copy for an in-place
+// one); without, as the copy alone (one process).
 DeviceCollective* device_world();
 void set_device_world(std::shared_ptr<DeviceCollective> c);
 

@@ -70,9 +70,9 @@ struct Buffers {
 };
 
 bool same_work(const DeviceCommand& a, const DeviceCommand& b) {
-  return a.kernel == b.kernel && a.collective == b.collective && a.dst == b.dst && a.bytes == b.bytes &&
-         a.grid.x == b.grid.x && a.grid.y == b.grid.y && a.grid.z == b.grid.z && a.block.x == b.block.x &&
-         a.block.y == b.block.y && a.block.z == b.block.z && a.args == b.args;
+  return a.kernel == b.kernel && a.collective == b.collective && a.src == b.src && a.dst == b.dst &&
+         a.bytes == b.bytes && a.grid.x == b.grid.x && a.grid.y == b.grid.y && a.grid.z == b.grid.z &&
+         a.block.x == b.block.x && a.block.y == b.block.y && a.block.z == b.block.z && a.args == b.args;
 }
 
 }  // namespace
@@ -271,7 +271,11 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
         scratch.push_back(buf.alloc(scratch_slots.back(), l.scratch_bytes[s]));
       }
       for (size_t s : l.zeroed_scratch) zero(tag, scratch[s], l.scratch_bytes[s]);
-      for (size_t k = 0; k < l.launches.size(); ++k) {
+      // all_reduce with a device collective: the collective, out of place where it can (the
+      // lowering's copy is the op of one process without one, and precedes an in-place one).
+      DeviceCollective* collective = l.mean_over_ranks ? device_world() : nullptr;
+      const bool skip_launches = collective && !collective->in_place();
+      for (size_t k = 0; k < l.launches.size() && !skip_launches; ++k) {
         const Launch& launch = l.launches[k];
         if (launch.grid.count() == 0) continue;  // an empty output
         DeviceCommand c;
@@ -293,10 +297,11 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
       }
       if (l.mean_over_ranks) {
         require_device_collective(tag);
-        if (DeviceCollective* collective = device_world()) {
+        if (collective) {
           DeviceCommand c;
           c.tag = tag;
           c.collective = collective;
+          c.src = collective->in_place() ? ptr(op.outputs[0]) : ptr(op.inputs[0]);
           c.dst = ptr(op.outputs[0]);
           c.bytes = nbytes(circuit_.info(op.outputs[0]));
           commands.push_back(std::move(c));
@@ -402,7 +407,7 @@ int64_t DeviceProgram::execute(const std::vector<DeviceCommand>& commands) {
   for (const DeviceCommand& c : commands) {
     try {
       if (c.collective) {
-        c.collective->all_reduce_mean(rt_, c.dst, static_cast<int64_t>(c.bytes / 4), nullptr);
+        c.collective->all_reduce_mean(rt_, c.src, c.dst, static_cast<int64_t>(c.bytes / 4), nullptr);
         continue;
       }
       if (!c.kernel) {

@@ -53,12 +53,14 @@ struct LoadedKernel {
 };
 
 // One piece of a device program's work, in order: zero `bytes` at `dst` (no kernel, no
-// collective), average the `bytes / 4` floats at `dst` over the ranks through `collective`, or
+// collective), write to `dst` the mean over the ranks of the `bytes / 4` floats at `src` through
+// `collective`, or
 // launch `kernel` over grid x block with `args` (one raw value per parameter, as Runtime::launch
 // takes).
 struct DeviceCommand {
   const LoadedKernel* kernel = nullptr;
   DeviceCollective* collective = nullptr;
+  CUdeviceptr src = 0;  // a collective's input
   CUdeviceptr dst = 0;
   size_t bytes = 0;
   Dim3 grid, block;

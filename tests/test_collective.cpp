@@ -4,11 +4,13 @@
 // (GpuCollective.*) NCCL over one rank inside a step's CUDA graph.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "circuit/comm/communicator.hpp"
 #include "circuit/ir/error.hpp"
@@ -150,6 +152,34 @@ TEST(FakeGpuCollective, APlanAveragingOverRanksNeedsAMatchingDeviceCollective) {
     Installed installed(two, cuda::host_staged_collective(lone));
     EXPECT_THROW(averaged_program(8, testing::fake_runtime()), Error);
   }
+}
+
+// NCCL's waits: a blocking wait on a helper thread returns when it does, its error comes back,
+// and one that outlasts the timeout ends in on_timeout's error, long before the wait would end.
+TEST(WaitWithin, ReturnsWithTheWaitAndEndsAtTheTimeout) {
+  int checks = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  cuda::wait_within([] { std::this_thread::sleep_for(std::chrono::milliseconds(250)); }, 5.0, [&] { ++checks; },
+                    [] { throw Error("late"); });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(took, 0.25);
+  EXPECT_LT(took, 1.0);
+  EXPECT_GE(checks, 1);  // called while it waited (every 100 ms)
+  try {
+    cuda::wait_within([] { throw Error("the driver failed"); }, 5.0, [] {}, [] { throw Error("late"); });
+    FAIL() << "the wait's error was lost";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the driver failed"), std::string::npos) << e.what();
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  try {
+    cuda::wait_within([] { std::this_thread::sleep_for(std::chrono::seconds(3)); }, 0.2, [] {},
+                      [] { throw Error("late"); });
+    FAIL() << "a wait past the timeout returned";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "late");
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 1.5);
 }
 
 // NCCL puts its collectives inside kiln's graphs by stream capture, which the fake driver lacks:

@@ -118,14 +118,12 @@ std::optional<Driver> load_cuda_driver(std::string* why, const char* library) {
   capture("cuStreamBeginCapture_v2", a.cuStreamBeginCapture);
   capture("cuStreamEndCapture", a.cuStreamEndCapture);
   capture("cuGraphAddChildGraphNode", a.cuGraphAddChildGraphNode);
-  capture("cuStreamQuery", a.cuStreamQuery);
   if (!capture.ok || !a.cuGraphCreate) {
     a.cuStreamCreate = nullptr;
     a.cuStreamDestroy = nullptr;
     a.cuStreamBeginCapture = nullptr;
     a.cuStreamEndCapture = nullptr;
     a.cuGraphAddChildGraphNode = nullptr;
-    a.cuStreamQuery = nullptr;
   }
   d.description = "CUDA driver (libcuda.so.1)";
   return d;

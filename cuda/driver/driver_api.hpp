@@ -47,7 +47,6 @@ constexpr CUresult CUDA_ERROR_ILLEGAL_INSTRUCTION = 715;
 constexpr CUresult CUDA_ERROR_MISALIGNED_ADDRESS = 716;
 constexpr CUresult CUDA_ERROR_INVALID_PC = 718;
 constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
-constexpr CUresult CUDA_ERROR_NOT_READY = 600;  // cuStreamQuery: work still pending
 constexpr CUresult CUDA_ERROR_LAUNCH_FAILED = 719;
 // Whether r leaves the context unusable (the CUDA driver's sticky errors).
 constexpr bool cu_error_is_sticky(CUresult r) {
@@ -138,15 +137,14 @@ struct DriverApi {
   CUresult (*cuGraphLaunch)(CUgraphExec exec, CUstream stream);
   CUresult (*cuGraphExecDestroy)(CUgraphExec exec);
   CUresult (*cuGraphDestroy)(CUgraph graph);
-  // Stream capture, for a library's device work (NCCL's collectives) inside kiln's graphs, and a
-  // stream query, for waiting with a timeout: all present or all null (the fake driver has none).
+  // Stream capture, for a library's device work (NCCL's collectives) inside kiln's graphs: all
+  // present or all null (the fake driver has none).
   CUresult (*cuStreamCreate)(CUstream* stream, unsigned flags);
   CUresult (*cuStreamDestroy)(CUstream stream);                 // cuStreamDestroy_v2
   CUresult (*cuStreamBeginCapture)(CUstream stream, int mode);  // cuStreamBeginCapture_v2
   CUresult (*cuStreamEndCapture)(CUstream stream, CUgraph* graph);
   CUresult (*cuGraphAddChildGraphNode)(CUgraphNode* node, CUgraph graph, const CUgraphNode* dependencies,
                                        size_t num_dependencies, CUgraph child);
-  CUresult (*cuStreamQuery)(CUstream stream);
 };
 constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
 constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;

@@ -736,7 +736,7 @@ Driver fake_driver() {
                     fake_cuGraphInstantiateWithFlags, fake_cuGraphLaunch, fake_cuGraphExecDestroy, fake_cuGraphDestroy,
                     // No stream capture: its work finishes inside each call, and collectives
                     // run between graph replays (cuda/runtime/collective.hpp).
-                    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+                    nullptr, nullptr, nullptr, nullptr, nullptr};
   d.description = "kiln fake driver (SIMT simulator)";
   d.observe_kernel = observe_kernel;
   d.fake = true;

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -69,25 +70,23 @@ class NcclCollective final : public DeviceCollective {
                                   static_cast<size_t>(n), NCCL_FLOAT32, NCCL_AVG, comm_, stream),
           fmt::format("ncclAllReduce of {} floats", n));
   }
-  // Polls instead of blocking, so that a rank that died or hangs (its peers' NCCL kernels then
-  // spin forever) ends in an error within the timeout: NCCL is aborted, which frees the device.
+  // A rank that died or hangs leaves its peers' NCCL kernels spinning: the wait ends in an error
+  // after the timeout (NCCL aborted, which frees the device) or at NCCL's asynchronous error.
   void synchronize(Runtime& rt) override {
-    const auto start = std::chrono::steady_clock::now();
-    auto pause = std::chrono::microseconds(20);
-    while (!rt.idle()) {
-      NcclResult async = NCCL_SUCCESS;
-      if (comm_ && nccl_.api.ncclCommGetAsyncError(comm_, &async) == NCCL_SUCCESS && async != NCCL_SUCCESS &&
-          async != NCCL_IN_PROGRESS)
-        abort_with(fmt::format("NCCL reported an asynchronous error: {}", nccl_.api.ncclGetErrorString(async)));
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout_s_)
-        abort_with(
-            fmt::format("the step's collectives waited more than {:.0f} s for the other ranks (a rank died "
-                        "or hangs; KILN_COLLECTIVE_TIMEOUT sets the limit)",
-                        timeout_s_));
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(2000));
-    }
+    wait_within(
+        [&rt] { rt.synchronize(); }, timeout_s_,
+        [this] {
+          NcclResult async = NCCL_SUCCESS;
+          if (comm_ && nccl_.api.ncclCommGetAsyncError(comm_, &async) == NCCL_SUCCESS && async != NCCL_SUCCESS &&
+              async != NCCL_IN_PROGRESS)
+            abort_with(fmt::format("NCCL reported an asynchronous error: {}", nccl_.api.ncclGetErrorString(async)));
+        },
+        [this] {
+          abort_with(
+              fmt::format("the step's collectives waited more than {:.0f} s for the other ranks (a "
+                          "rank died or hangs; KILN_COLLECTIVE_TIMEOUT sets the limit)",
+                          timeout_s_));
+        });
   }
 
  private:
@@ -107,6 +106,29 @@ class NcclCollective final : public DeviceCollective {
 };
 
 }  // namespace
+
+void wait_within(const std::function<void()>& wait, double timeout_s, const std::function<void()>& check,
+                 const std::function<void()>& on_timeout) {
+  auto done = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> finished = done->get_future();
+  std::thread([wait, done] {
+    try {
+      wait();
+      done->set_value("");
+    } catch (const std::exception& e) {
+      done->set_value(e.what());
+    }
+  }).detach();
+  const auto start = std::chrono::steady_clock::now();
+  while (finished.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    check();
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s) {
+      on_timeout();
+      throw Error("wait_within: on_timeout returned");  // it must throw; never wait on
+    }
+  }
+  if (const std::string error = finished.get(); !error.empty()) throw Error(error);
+}
 
 DeviceCollective* device_world() { return installed().get(); }
 void set_device_world(std::shared_ptr<DeviceCollective> c) { installed() = std::move(c); }

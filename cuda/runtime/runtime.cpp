@@ -458,18 +458,6 @@ void Runtime::synchronize() {
   check(driver_.api.cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
-bool Runtime::idle() {
-  enter();
-  if (!driver_.api.cuStreamQuery) {  // the fake driver's work is done when a call returns
-    synchronize();
-    return true;
-  }
-  const CUresult r = driver_.api.cuStreamQuery(nullptr);
-  if (r == CUDA_ERROR_NOT_READY) return false;
-  check(r, "cuStreamQuery");
-  return true;
-}
-
 CUgraphNode Runtime::add_collective_node(CUgraph graph, CUgraphNode after, const DeviceCommand& c, size_t i) {
   const std::string what = fmt::format("graph node {}: a collective over {} bytes at {:#x}", i, c.bytes, c.dst);
   if (!capture_supported()) throw Error(what + ": the driver lacks stream capture");

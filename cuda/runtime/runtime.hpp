@@ -113,8 +113,6 @@ class Runtime {
   // result (with the fake driver, a fault the simulator found fails the launch itself).
   void launch(const LoadedKernel& k, Dim3 grid, Dim3 block, const std::vector<uint64_t>& args);
   void synchronize();
-  // Whether the device has finished all work launched so far (a poll, for waiting with a timeout).
-  bool idle();
   // Makes the context current on the calling thread, for libraries that run on it (NCCL).
   void make_current() const { enter(); }
 

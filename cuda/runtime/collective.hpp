@@ -38,9 +38,9 @@ class DeviceCollective {
 
 // Runs `wait` (a blocking wait: the driver's synchronize) on a helper thread and returns when it
 // does, with its error as kiln::Error; meanwhile calls `check` every 100 ms (it may throw), and
-// `on_timeout` (which throws) once timeout_s have passed. A blocking wait has no latency, where
-// polling with backoff added up to half a step (0.9 ms of the default config's 2.3 ms on an
-// H100). The helper is detached: what `wait` refers to must outlive it.
+// `on_timeout` (which throws) once timeout_s have passed. A blocking wait ends with the work, where
+// polling with backoff overshot it by up to its last sleep (0.9 ms of the default config's 2.3 ms
+// step on an H100). The helper is detached: what `wait` refers to must outlive it.
 void wait_within(const std::function<void()>& wait, double timeout_s, const std::function<void()>& check,
                  const std::function<void()>& on_timeout);
 

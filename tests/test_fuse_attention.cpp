@@ -38,7 +38,7 @@ struct Variant {
   bool probabilities_out = false;        // the probabilities are an output too
   double dropout = 0;                    // on the probabilities (p)
   double q_scale = 0, scores_scale = 0;  // nonzero: q * q_scale, (q kᵀ) * scores_scale
-  Shape mask;                            // rank > 0: an additive mask of this shape on the scores
+  Shape mask{};                          // rank > 0: an additive mask of this shape on the scores
   bool mask_gradient = false;            // the mask is differentiated too
   bool bf16 = false;                     // f32 values, both products with bf16 operands (the
                                          // bf16 precision policy's casts)
@@ -179,8 +179,11 @@ TEST(FuseAttention, DropoutOnTheProbabilitiesIsFusedWithTheSameBits) {
     EXPECT_EQ(count_prim(f, PrimId::attention_grad), v.backward ? 1u : 0u) << f.dump();
     EXPECT_EQ(count_prim(f, PrimId::random), 0u) << f.dump();
     EXPECT_EQ(square_values(f, v.tq, v.tk), 0u) << f.dump();
-    for (const Op& op : f.ops())
-      if (op.is(PrimId::attention)) EXPECT_DOUBLE_EQ(AttentionParams::of(op).keep, 1.0 - v.dropout);
+    for (const Op& op : f.ops()) {
+      if (op.is(PrimId::attention)) {
+        EXPECT_DOUBLE_EQ(AttentionParams::of(op).keep, 1.0 - v.dropout);
+      }
+    }
   }
 }
 
@@ -434,8 +437,11 @@ TEST(FuseAttention, MultiHeadAttentionWithAPaddingMaskIsFused) {
     const auto [y, grad] = run();
     const Circuit& c = Engine::current().plan_cache().largest()->program->circuit();
     EXPECT_EQ(count_prim(c, PrimId::attention), 1u) << c.dump();
-    for (const Op& op : c.ops())
-      if (op.is(PrimId::attention)) EXPECT_TRUE(AttentionParams::of(op).mask);
+    for (const Op& op : c.ops()) {
+      if (op.is(PrimId::attention)) {
+        EXPECT_TRUE(AttentionParams::of(op).mask);
+      }
+    }
     testing::ScopedEnv off("KILN_DISABLE_PASSES", "fuse_attention");
     const auto [y_plain, grad_plain] = run();
     EXPECT_LT(testing::relative_error(y, y_plain), 1e-5);

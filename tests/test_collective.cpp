@@ -105,7 +105,8 @@ TEST(NcclLoading, TheInstalledLibraryResolvesEveryEntryPoint) {
 }
 
 // Host staged: the bucket goes through the communicator (one call a run) and comes back as the
-// mean, (x + peer) / 2; the run is never one graph (the collective synchronizes in between).
+// mean, (x + peer) / 2; the run is never one graph (the collective synchronizes in between; the
+// fake driver could not capture one anyway).
 TEST(FakeGpuCollective, HostStagedAveragesThroughTheCommunicator) {
   auto two = std::make_shared<TwoRanks>(0.5);
   Installed installed(two, cuda::host_staged_collective(*two));
@@ -180,6 +181,14 @@ TEST(WaitWithin, ReturnsWithTheWaitAndEndsAtTheTimeout) {
     EXPECT_STREQ(e.what(), "late");
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 1.5);
+  // A check that throws (NCCL's asynchronous error) ends the wait with its error.
+  try {
+    cuda::wait_within([] { std::this_thread::sleep_for(std::chrono::seconds(2)); }, 60, [] { throw Error("async"); },
+                      [] { throw Error("late"); });
+    FAIL() << "a failing check was ignored";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "async");
+  }
 }
 
 // NCCL puts its collectives inside kiln's graphs by stream capture, which the fake driver lacks:
@@ -193,8 +202,10 @@ TEST(FakeGpuCollective, NcclNeedsStreamCapture) {
   }
 }
 
-// NCCL over one rank on the GPU: the average is the value itself; the first run goes launch by
-// launch (NCCL sets up on its first call), the next ones replay one graph with NCCL captured in it.
+// NCCL over one rank on the GPU: the first run goes launch by launch (NCCL sets up on its first
+// call), the next ones replay one graph with NCCL captured in it. Over one rank the values show
+// only that NCCL harmed nothing (the copy kernel already wrote them); the graph flag shows the
+// capture worked.
 TEST(GpuCollective, NcclOneRankAveragesInsideTheStepGraph) {
   KILN_GPU_OR_SKIP(rt);
   std::string why;
@@ -210,11 +221,12 @@ TEST(GpuCollective, NcclOneRankAveragesInsideTheStepGraph) {
 }
 
 // NCCL called as kiln calls it, in place, over a bucket's odd length (the default config's
-// 816000 gradients and the loss): every element comes back. Out of place the same call left the
-// last element unwritten on an H100 with NCCL 2.28.3 over one rank, which is why kiln's NCCL
-// collective runs in place after the lowering's copy; that case is printed, not asserted (it is
-// NCCL's behaviour, and kiln no longer relies on it).
-TEST(GpuCollective, NcclInPlaceWritesEveryElement) {
+// 816000 gradients and the loss): every element stays right. (Over one rank in place the buffer
+// already holds the mean, so this shows that NCCL corrupts nothing, not that it writes.) Out of
+// place the same call left the last element unwritten on an H100 with NCCL 2.28.3 over one rank,
+// which is why kiln's NCCL collective runs in place after the lowering's copy; that case is
+// printed, not asserted (it is NCCL's behaviour, and kiln no longer relies on it).
+TEST(GpuCollective, NcclInPlaceLeavesEveryElementRight) {
   KILN_GPU_OR_SKIP(rt);
   std::string why;
   if (!cuda::load_nccl(&why)) GTEST_SKIP() << why;

@@ -1,7 +1,7 @@
-// Lowering of all_reduce (circuit/prims/all_reduce.cpp): marked mean_over_ranks, so that the
-// device program runs the process's device collective (NCCL, or staged through host memory;
-// cuda/runtime/collective.hpp) from the input into the output; the copy kernel is the op in one
-// process with no device collective.
+// Lowering of all_reduce (circuit/prims/all_reduce.cpp): a copy kernel marked mean_over_ranks.
+// The device program then adds the process's device collective (cuda/runtime/collective.hpp):
+// NCCL in place on the copy, or the host-staged one from the input into the output instead of
+// the copy. In one process with no device collective, the copy is the op.
 #include "cuda/lower/elementwise.hpp"
 #include "cuda/lower/families.hpp"
 

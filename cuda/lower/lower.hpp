@@ -40,8 +40,9 @@ struct LoweredOp {
   std::vector<size_t> scratch_bytes;
   std::vector<size_t> zeroed_scratch;  // scratch buffers set to zero before the launches (counters)
   std::vector<Launch> launches;
-  // all_reduce: with a device collective installed (cuda/runtime/collective.hpp), the device
-  // program runs it instead of the launches: output 0 becomes input 0's mean over the ranks.
+  // all_reduce: with a device collective installed (cuda/runtime/collective.hpp) the device
+  // program adds its mean over the ranks: in place on output 0 after the launches (NCCL), or from
+  // input 0 into output 0 instead of them (host staged).
   bool mean_over_ranks = false;
   std::string summary;  // "matmul tile 64x64x16, 256 threads"
 };

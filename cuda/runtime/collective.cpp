@@ -61,7 +61,7 @@ class NcclCollective final : public DeviceCollective {
   bool capturable() const override { return true; }
   // In place, after the lowering's copy kernel: out of place (in != out), the loss that ends a
   // bucket of 816000 gradients came back as 0 on an H100 with NCCL 2.28.3 over one rank while
-  // the gradients were right (GpuCollective.NcclInPlaceWritesEveryElement shows both).
+  // the gradients were right (GpuCollective.NcclInPlaceLeavesEveryElementRight prints the out-of-place case).
   bool in_place() const override { return true; }
   void all_reduce_mean(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream stream) override {
     if (!comm_) throw Error("NCCL: the communicator was aborted after an earlier error");
@@ -73,20 +73,25 @@ class NcclCollective final : public DeviceCollective {
   // A rank that died or hangs leaves its peers' NCCL kernels spinning: the wait ends in an error
   // after the timeout (NCCL aborted, which frees the device) or at NCCL's asynchronous error.
   void synchronize(Runtime& rt) override {
-    wait_within(
-        [&rt] { rt.synchronize(); }, timeout_s_,
-        [this] {
-          NcclResult async = NCCL_SUCCESS;
-          if (comm_ && nccl_.api.ncclCommGetAsyncError(comm_, &async) == NCCL_SUCCESS && async != NCCL_SUCCESS &&
-              async != NCCL_IN_PROGRESS)
-            abort_with(fmt::format("NCCL reported an asynchronous error: {}", nccl_.api.ncclGetErrorString(async)));
-        },
-        [this] {
-          abort_with(
-              fmt::format("the step's collectives waited more than {:.0f} s for the other ranks (a "
-                          "rank died or hangs; KILN_COLLECTIVE_TIMEOUT sets the limit)",
-                          timeout_s_));
-        });
+    try {
+      wait_within(
+          rt.detached_synchronize(), timeout_s_,
+          [this] {
+            NcclResult async = NCCL_SUCCESS;
+            if (comm_ && nccl_.api.ncclCommGetAsyncError(comm_, &async) == NCCL_SUCCESS && async != NCCL_SUCCESS &&
+                async != NCCL_IN_PROGRESS)
+              abort_with(fmt::format("NCCL reported an asynchronous error: {}", nccl_.api.ncclGetErrorString(async)));
+          },
+          [this] {
+            abort_with(
+                fmt::format("the step's work, its collectives included, took more than {:.0f} s (a rank died "
+                            "or hangs; KILN_COLLECTIVE_TIMEOUT sets the limit)",
+                            timeout_s_));
+          });
+    } catch (const Error&) {
+      if (comm_) rt.synchronize();  // a driver error: reported by the runtime (a lost context)
+      throw;
+    }
   }
 
  private:
@@ -117,6 +122,8 @@ void wait_within(const std::function<void()>& wait, double timeout_s, const std:
       done->set_value("");
     } catch (const std::exception& e) {
       done->set_value(e.what());
+    } catch (...) {
+      done->set_value("the wait failed (an exception of unknown type)");
     }
   }).detach();
   const auto start = std::chrono::steady_clock::now();
@@ -131,7 +138,16 @@ void wait_within(const std::function<void()>& wait, double timeout_s, const std:
 }
 
 DeviceCollective* device_world() { return installed().get(); }
-void set_device_world(std::shared_ptr<DeviceCollective> c) { installed() = std::move(c); }
+namespace {
+uint64_t generation = 0;
+}
+
+void set_device_world(std::shared_ptr<DeviceCollective> c) {
+  installed() = std::move(c);
+  ++generation;
+}
+
+uint64_t device_world_generation() { return generation; }
 
 std::shared_ptr<DeviceCollective> host_staged_collective(Communicator& comm) {
   return std::make_shared<HostStaged>(comm);
@@ -164,15 +180,20 @@ std::shared_ptr<DeviceCollective> connect_device_collective(Runtime& rt, Communi
   const std::string choice = options::gpu_collectives();
   if (choice == "host") return host_staged_collective(comm);
   if (choice == "nccl") return connect_nccl(rt, comm, timeout_s);
-  try {
-    return connect_nccl(rt, comm, timeout_s);
-  } catch (const Error& e) {
-    spdlog::warn(
-        "{}; averaging gradients through host memory instead (slower: the step synchronizes and is not "
-        "replayed as one graph)",
-        e.what());
-    return host_staged_collective(comm);
-  }
+  // Every rank must pick the same backend: NCCL only where it loads on all of them. (A rank
+  // whose NCCL then fails to connect throws, and the job ends.)
+  std::string why;
+  const bool usable_here = rt.capture_supported() && load_nccl(&why).has_value();
+  if (!rt.capture_supported()) why = "the CUDA driver lacks stream capture";
+  double usable = usable_here ? 1.0 : 0.0;
+  comm.all_reduce_sum(&usable, 1);
+  if (usable == comm.size()) return connect_nccl(rt, comm, timeout_s);
+  spdlog::warn(
+      "NCCL {}; averaging gradients through host memory instead (slower: the step synchronizes and is not "
+      "replayed as one graph)",
+      usable_here ? fmt::format("is missing on {} of {} ranks", comm.size() - static_cast<int>(usable), comm.size())
+                  : "is not usable here: " + why);
+  return host_staged_collective(comm);
 }
 
 }  // namespace kiln::cuda

@@ -22,7 +22,7 @@ class DeviceCollective {
  public:
   virtual ~DeviceCollective() = default;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "NCCL 2.28.9 (libnccl.so.2)", "host memory and MPI (...)"
+  virtual std::string backend() const = 0;  // "NCCL 2.28.3 (libnccl.so.2)", "host memory and MPI (...)"
   // Whether all_reduce_mean only enqueues device work on `stream` (then a graph may capture it).
   virtual bool capturable() const = 0;
   // Whether all_reduce_mean is called with in == out only (the lowering's copy kernel runs first).
@@ -31,16 +31,18 @@ class DeviceCollective {
   // in == out allowed), ordered after the work before it on `stream` (nullptr: the legacy
   // default stream kiln launches on).
   virtual void all_reduce_mean(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream stream) = 0;
-  // Waits for the device's work; a collective that waits longer than its timeout for the other
-  // ranks throws kiln::Error naming it, and the communicator is unusable after that.
+  // Waits for the device's work; NCCL's waits at most its timeout for the step's work (the other
+  // ranks' part included), then throws kiln::Error saying so, and the communicator is unusable
+  // after that. (Connecting and NCCL's first call are not timed: a rank that dies then hangs the
+  // others until the launcher ends them.)
   virtual void synchronize(Runtime& rt) { rt.synchronize(); }
 };
 
 // Runs `wait` (a blocking wait: the driver's synchronize) on a helper thread and returns when it
 // does, with its error as kiln::Error; meanwhile calls `check` every 100 ms (it may throw), and
-// `on_timeout` (which throws) once timeout_s have passed. A blocking wait ends with the work, where
-// polling with backoff overshot it by up to its last sleep (0.9 ms of the default config's 2.3 ms
-// step on an H100). The helper is detached: what `wait` refers to must outlive it.
+// `on_timeout` (which throws) once timeout_s have passed. The wait ends with the work (a poll
+// ends up to a sleep later), and the calling thread stays free to watch the timeout. The helper
+// is detached and may outlive the call: `wait` must own what it uses (Runtime::detached_synchronize).
 void wait_within(const std::function<void()>& wait, double timeout_s, const std::function<void()>& check,
                  const std::function<void()>& on_timeout);
 
@@ -49,6 +51,9 @@ void wait_within(const std::function<void()>& wait, double timeout_s, const std:
 // one); without, as the copy alone (one process).
 DeviceCollective* device_world();
 void set_device_world(std::shared_ptr<DeviceCollective> c);
+// Counts set_device_world calls: a graph captured with one collective is never replayed with
+// another (even one at the same address).
+uint64_t device_world_generation();
 
 // Averages through `comm` (world() by default) with a copy through host memory.
 std::shared_ptr<DeviceCollective> host_staged_collective(Communicator& comm);
@@ -57,7 +62,8 @@ std::shared_ptr<DeviceCollective> host_staged_collective(Communicator& comm);
 // what NCCL said. Collectives wait at most `timeout_s` in synchronize (then NCCL is aborted).
 std::shared_ptr<DeviceCollective> connect_nccl(Runtime& rt, Communicator& comm, double timeout_s);
 // What `kiln train` installs for a data-parallel run on the GPU: KILN_GPU_COLLECTIVES=nccl or
-// host forces one; unset, NCCL where it loads, else host staged with a warning saying why.
+// host forces one; unset, NCCL where it loads on every rank (agreed through comm), else host
+// staged with a warning saying why.
 std::shared_ptr<DeviceCollective> connect_device_collective(Runtime& rt, Communicator& comm, double timeout_s);
 
 }  // namespace kiln::cuda

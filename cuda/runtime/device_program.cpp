@@ -70,8 +70,8 @@ struct Buffers {
 };
 
 bool same_work(const DeviceCommand& a, const DeviceCommand& b) {
-  return a.kernel == b.kernel && a.collective == b.collective && a.src == b.src && a.dst == b.dst &&
-         a.bytes == b.bytes && a.grid.x == b.grid.x && a.grid.y == b.grid.y && a.grid.z == b.grid.z &&
+  return a.kernel == b.kernel && a.collective == b.collective && a.generation == b.generation && a.src == b.src &&
+         a.dst == b.dst && a.bytes == b.bytes && a.grid.x == b.grid.x && a.grid.y == b.grid.y && a.grid.z == b.grid.z &&
          a.block.x == b.block.x && a.block.y == b.block.y && a.block.z == b.block.z && a.args == b.args;
 }
 
@@ -301,6 +301,7 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
           DeviceCommand c;
           c.tag = tag;
           c.collective = collective;
+          c.generation = device_world_generation();
           c.src = collective->in_place() ? ptr(op.outputs[0]) : ptr(op.inputs[0]);
           c.dst = ptr(op.outputs[0]);
           c.bytes = nbytes(circuit_.info(op.outputs[0]));
@@ -383,7 +384,6 @@ int64_t DeviceProgram::execute(const std::vector<DeviceCommand>& commands) {
   bool graphs = use_graphs_;
   for (const DeviceCommand& c : commands)
     if (c.collective && !(c.collective->capturable() && rt_.capture_supported() && collectives_warm_)) graphs = false;
-  if (has_collectives_) collectives_warm_ = true;
   if (graphs) {
     auto same = [&](const CachedGraph& g) {
       return g.commands.size() == commands.size() &&
@@ -408,6 +408,7 @@ int64_t DeviceProgram::execute(const std::vector<DeviceCommand>& commands) {
     try {
       if (c.collective) {
         c.collective->all_reduce_mean(rt_, c.src, c.dst, static_cast<int64_t>(c.bytes / 4), nullptr);
+        collectives_warm_ = true;
         continue;
       }
       if (!c.kernel) {

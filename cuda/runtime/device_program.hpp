@@ -82,10 +82,9 @@ class DeviceProgram {
   DeviceRunStats last_run_;
   // Runs the commands in order (as a CUDA graph when graphs are on); returns the kernels run.
   int64_t execute(const std::vector<DeviceCommand>& commands);
-  // all_reduce ops (mean_over_ranks): with several ranks the process's device collective must
-  // span them; throws naming op `op` otherwise.
-  bool has_collectives_ = false;
-  bool collectives_warm_ = false;  // a run without a graph has called the collectives once
+  bool has_collectives_ = false;   // all_reduce ops (mean_over_ranks)
+  bool collectives_warm_ = false;  // a run without a graph has called a collective
+  // With several ranks the process's device collective must span them; throws naming op `op`.
   void require_device_collective(int op) const;
   // The static memory plan: offsets in the workspace per value root (kUnplanned: a buffer of its
   // own), per op per scratch buffer, and of the status words.

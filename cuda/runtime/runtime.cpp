@@ -149,7 +149,9 @@ int device_ordinal(int count) {
   if (chosen >= 0) return chosen;
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
     const char* v = std::getenv(name);
-    if (v && *v) return std::atoi(v) % count;
+    char* end = nullptr;
+    const long rank = v && *v ? std::strtol(v, &end, 10) : -1;
+    if (rank >= 0 && *end == '\0') return static_cast<int>(rank % count);
   }
   return 0;
 }
@@ -456,6 +458,14 @@ size_t Runtime::pack_params(const kir::Kernel& kernel, const std::vector<uint64_
 void Runtime::synchronize() {
   enter();
   check(driver_.api.cuCtxSynchronize(), "cuCtxSynchronize");
+}
+
+std::function<void()> Runtime::detached_synchronize() const {
+  enter();
+  return [set_current = driver_.api.cuCtxSetCurrent, wait = driver_.api.cuCtxSynchronize, context = context_] {
+    if (set_current(context) != CUDA_SUCCESS || wait() != CUDA_SUCCESS)
+      throw Error("cuCtxSynchronize failed on the waiting thread");
+  };
 }
 
 CUgraphNode Runtime::add_collective_node(CUgraph graph, CUgraphNode after, const DeviceCommand& c, size_t i) {

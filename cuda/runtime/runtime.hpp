@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,7 +61,8 @@ struct LoadedKernel {
 struct DeviceCommand {
   const LoadedKernel* kernel = nullptr;
   DeviceCollective* collective = nullptr;
-  CUdeviceptr src = 0;  // a collective's input
+  CUdeviceptr src = 0;      // a collective's input
+  uint64_t generation = 0;  // a collective's device_world_generation()
   CUdeviceptr dst = 0;
   size_t bytes = 0;
   Dim3 grid, block;
@@ -115,6 +117,11 @@ class Runtime {
   void synchronize();
   // Makes the context current on the calling thread, for libraries that run on it (NCCL).
   void make_current() const { enter(); }
+  // A blocking wait for the device's work that touches no state of the runtime (copies of the
+  // context and of two driver entry points), for a helper thread that may outlive the call that
+  // started it (cuda/runtime/collective.hpp's wait_within); throws on a driver error, after
+  // which the caller's own synchronize() reports it properly.
+  std::function<void()> detached_synchronize() const;
 
   // CUDA graphs, when the driver has them: `commands` recorded as one graph (a chain: each node
   // after the one before) and launched with one call. Every address is baked in.

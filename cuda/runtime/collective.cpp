@@ -22,6 +22,7 @@ std::shared_ptr<DeviceCollective>& installed() {
   static std::shared_ptr<DeviceCollective> c;
   return c;
 }
+uint64_t generation = 0;  // set_device_world calls
 
 class HostStaged final : public DeviceCollective {
  public:
@@ -61,7 +62,7 @@ class NcclCollective final : public DeviceCollective {
   bool capturable() const override { return true; }
   // In place, after the lowering's copy kernel: out of place (in != out), the loss that ends a
   // bucket of 816000 gradients came back as 0 on an H100 with NCCL 2.28.3 over one rank while
-  // the gradients were right (GpuCollective.NcclInPlaceLeavesEveryElementRight prints the out-of-place case).
+  // the gradients were right (GpuCollective.NcclInPlaceLeavesEveryElementRight prints that case).
   bool in_place() const override { return true; }
   void all_reduce_mean(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream stream) override {
     if (!comm_) throw Error("NCCL: the communicator was aborted after an earlier error");
@@ -138,9 +139,6 @@ void wait_within(const std::function<void()>& wait, double timeout_s, const std:
 }
 
 DeviceCollective* device_world() { return installed().get(); }
-namespace {
-uint64_t generation = 0;
-}
 
 void set_device_world(std::shared_ptr<DeviceCollective> c) {
   installed() = std::move(c);

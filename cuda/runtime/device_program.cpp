@@ -315,7 +315,7 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
   const auto started = std::chrono::steady_clock::now();
   const int64_t launches = execute(commands);
   if (has_collectives_ && device_world())
-    device_world()->synchronize(rt_);  // waits at most the collective's timeout for the other ranks
+    device_world()->synchronize(rt_);  // NCCL: waits at most its timeout (a rank that died or hangs)
   else
     rt_.synchronize();
   last_run_.device_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();

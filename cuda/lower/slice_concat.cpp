@@ -14,6 +14,27 @@ using kir::Space;
 
 namespace {
 
+// The part of a concat's output (or a split's input) that `coords` fall in along `axis`, parts
+// ending at `ends` (exclusive, ascending): a balanced tree of branches over the boundaries,
+// log2(parts) comparisons an element (a gradient bucket of data parallelism has a part per
+// parameter, 150 at GPT-2 small). Emits part(k, coordinates within part k) in each leaf.
+void branch_by_part(KernelBuilder& b, const std::vector<Reg>& coords, size_t axis, const std::vector<int64_t>& ends,
+                    const std::function<void(size_t, const std::vector<Reg>&)>& part) {
+  const Type it = coords[axis].type;
+  std::function<void(size_t, size_t)> pick = [&](size_t first, size_t last) {  // parts [first, last)
+    if (last - first == 1) {
+      std::vector<Reg> at = coords;
+      if (first != 0) at[axis] = b.sub(it, coords[axis], imm_index(it, ends[first - 1]));
+      return part(first, at);
+    }
+    const size_t mid = (first + last) / 2;
+    b.if_(
+        b.setp(Cmp::lt, coords[axis], imm_index(it, ends[mid - 1])), [&] { pick(first, mid); },
+        [&] { pick(mid, last); });
+  };
+  pick(0, ends.size());
+}
+
 LoweredOp lower_slice(const Circuit& c, const Op& op) {
   const std::vector<int64_t> xs = c.info(op.inputs[0]).shape.strides();
   const SliceParams sp = SliceParams::of(op);
@@ -35,28 +56,14 @@ LoweredOp lower_concat(const Circuit& c, const Op& op) {
   std::vector<Shape> in_shapes;
   for (ValueId v : op.inputs) in_shapes.push_back(c.info(v).shape);
   const Type t = kir_type(out.dtype);
-  // A balanced tree of branches over the input boundaries picks the input and the place there:
-  // log2(inputs) comparisons an element (data parallelism concatenates every gradient of a
-  // bucket, 150 of them at GPT-2 small).
+  // Each element is read from the input its coordinate falls in (branch_by_part).
   auto value = [&](KernelBuilder& b, const std::vector<Reg>&, const std::vector<Reg>& coords,
                    const std::vector<Reg>& base) {
     Reg v = b.reg(t);
-    const Type it = coords[axis].type;
-    auto load = [&](size_t k) {
-      std::vector<Reg> at = coords;
-      const int64_t start = k == 0 ? 0 : ends[k - 1];
-      if (start != 0) at[axis] = b.sub(it, coords[axis], imm_index(it, start));
+    branch_by_part(b, coords, axis, ends, [&](size_t k, const std::vector<Reg>& at) {
       Reg off = linear_offset(b, at, in_shapes[k].strides(), 0);
       b.set(v, b.ld(Space::global, t, b.address(base[k], off, static_cast<int>(dtype_size(out.dtype)))));
-    };
-    std::function<void(size_t, size_t)> pick = [&](size_t first, size_t last) {  // inputs [first, last)
-      if (last - first == 1) return load(first);
-      const size_t mid = (first + last) / 2;
-      b.if_(
-          b.setp(Cmp::lt, coords[axis], imm_index(it, ends[mid - 1])), [&] { pick(first, mid); },
-          [&] { pick(mid, last); });
-    };
-    pick(0, ends.size());
+    });
     return v;
   };
   LoweredOp r;
@@ -81,9 +88,8 @@ LoweredOp lower_split(const Circuit& c, const Op& op) {
     ends.push_back(along);
     args.push_back({ArgRef::Kind::Output, static_cast<int>(k)});
   }
-  // One launch over the input: each element is stored into the piece its coordinate falls in,
-  // found by a balanced tree of branches over the boundaries (a gradient bucket has a piece per
-  // parameter: one launch instead of one a piece).
+  // One launch over the input: each element is stored into the piece its coordinate falls in
+  // (branch_by_part; a gradient bucket has a piece per parameter: one launch, not one a piece).
   const Type t = kir_type(x.dtype);
   const int size = static_cast<int>(dtype_size(x.dtype));
   const int64_t n = x.shape.numel();
@@ -93,21 +99,9 @@ LoweredOp lower_split(const Circuit& c, const Op& op) {
   for (size_t p = 0; p < args.size(); ++p) base.push_back(b.param("p" + std::to_string(p), Type::u64));
   grid_stride_loop(b, it, n, [&](Reg i) {
     const Reg v = b.ld(Space::global, t, b.address(base[0], i, size));
-    std::vector<Reg> coords = coordinates(b, i, x.shape.dims());
-    auto store = [&](size_t k) {
-      std::vector<Reg> at = coords;
-      const int64_t start = k == 0 ? 0 : ends[k - 1];
-      if (start != 0) at[axis] = b.sub(it, coords[axis], imm_index(it, start));
+    branch_by_part(b, coordinates(b, i, x.shape.dims()), axis, ends, [&](size_t k, const std::vector<Reg>& at) {
       b.st(Space::global, t, b.address(base[k + 1], linear_offset(b, at, pieces[k].strides(), 0), size), v);
-    };
-    std::function<void(size_t, size_t)> pick = [&](size_t first, size_t last) {  // pieces [first, last)
-      if (last - first == 1) return store(first);
-      const size_t mid = (first + last) / 2;
-      b.if_(
-          b.setp(Cmp::lt, coords[axis], imm_index(it, ends[mid - 1])), [&] { pick(first, mid); },
-          [&] { pick(mid, last); });
-    };
-    pick(0, pieces.size());
+    });
   });
   return single_launch(finish_launch(b, "kiln_split", elementwise_grid(n), {kElementwiseThreads, 1, 1}, args),
                        "split: one launch, each element stored into its piece");

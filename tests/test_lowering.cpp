@@ -15,6 +15,7 @@
 #include "circuit/exec/executor.hpp"
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/prim.hpp"
+#include "circuit/passes/fusion.hpp"
 #include "circuit/prims/fused_matmul.hpp"
 #include "circuit/prims/fused_rows.hpp"
 #include "circuit/prims/multi_tensor.hpp"
@@ -177,22 +178,32 @@ TEST(Lowering, GpuMatmulCasesOnTf32TensorCoresMatchEigen) {
 }
 
 // The bf16 mma.sync kernel (ldmatrix, cp.async; KILN_BF16_MMA=1), forced: operands stored in
-// bf16 with k contiguous and K a multiple of 8 (16-byte chunks); sizes off the 128x128x32 tile,
-// K of 1, 2 and 3 stages (a partial last one), a batch broadcasting b, an epilogue with a bias.
-// Both sides multiply the same bf16 values exactly: 1e-5, as f32. A b read along its rows (not
-// k-contiguous) must take the tensor-core kernel of widened tiles instead.
+// bf16 with k contiguous (K a multiple of 8: 16-byte chunks; [row][k] stages, ldmatrix) or with
+// rows contiguous ([k][row] stages, ldmatrix.trans; rows past the matrix in a partial chunk
+// zero-filled); sizes off the 128x128x32 tile, K of 1, 2 and 3 stages (a partial last one), a
+// batch broadcasting b, an epilogue with a bias. Both sides multiply the same bf16 values
+// exactly: 1e-5, as f32. A b whose rows are not 16-byte aligned must take the tensor-core kernel
+// of widened tiles instead.
 std::vector<LoweringCase> bf16_mma_cases() {
-  auto mm = [](const std::string& name, Shape a, Shape b, bool bias) {
+  auto mm = [](const std::string& name, Shape a, Shape b, bool ta, bool tb, bool bias) {
+    const int64_t n = tb ? b[b.rank() - 2] : b[b.rank() - 1];
     return LoweringCase{"bf16_mma_" + name,
-                        {f32(a), f32(b), f32({b[b.rank() - 2]})},
-                        [bias](Builder& bld, const std::vector<ValueId>& x) {
-                          ValueId y = bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), false, true);
+                        {f32(a), f32(b), f32({n})},
+                        [bias, ta, tb](Builder& bld, const std::vector<ValueId>& x) {
+                          ValueId y = bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), ta, tb);
                           return bias ? bld.add(y, x[2]) : y;
                         },
                         1e-5};
   };
-  return {mm("k16", {67, 16}, {91, 16}, false), mm("k64_bias", {130, 64}, {77, 64}, true),
-          mm("k72", {40, 72}, {200, 72}, false), mm("batched", {2, 33, 48}, {19, 48}, true)};
+  return {mm("k16", {67, 16}, {91, 16}, false, true, false), mm("k64_bias", {130, 64}, {77, 64}, false, true, true),
+          mm("k72", {40, 72}, {200, 72}, false, true, false), mm("batched", {2, 33, 48}, {19, 48}, false, true, true),
+          // b stored [k][n] (x W): [k][row] stages for b.
+          mm("b_rows", {67, 40}, {40, 96}, false, false, false),
+          // a and b both stored [k][row] (a weight gradient, X^T dY); K = 37 not a multiple of 8.
+          mm("a_rows_b_rows", {37, 136}, {37, 64}, true, false, true),
+          // a [k][row], b [row][k].
+          mm("a_rows", {72, 72}, {90, 72}, true, true, false),
+          mm("batched_a_rows", {2, 24, 40}, {24, 16}, true, false, false)};
 }
 
 void check_bf16_mma_cases(cuda::Runtime& rt) {
@@ -203,15 +214,33 @@ void check_bf16_mma_cases(cuda::Runtime& rt) {
     check_case(lc, rt, &dump);
     EXPECT_NE(dump.find("mma.sync bf16"), std::string::npos) << dump;
   }
-  // b as stored [k][n]: not k-contiguous, so the widened-tile kernel runs it.
-  LoweringCase along_rows{"bf16_b_along_rows",
-                          {f32({40, 16}), f32({16, 50})},
-                          [](Builder& bld, const std::vector<ValueId>& x) {
-                            return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16));
-                          },
-                          1e-5};
+  // a^T b, b a slice of 60 of 64 columns, folded into the matmul's view by fuse_matmul: the last
+  // chunk of 8 rows of its [k][row] stages has 4 inside the matrix (the copy zero-fills the rest).
+  {
+    testing::Harness h(
+        {f32({37, 32}), f32({37, 64})},
+        [](Builder& bld, const std::vector<ValueId>& x) {
+          return bld.matmul(bld.cast(x[0], DType::bf16), bld.slice(bld.cast(x[1], DType::bf16), 1, 0, 60), true);
+        },
+        7);
+    const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+    std::vector<ValueId> outs{h.output};
+    const Circuit fused = fuse_matmul(h.circuit, outs);
+    cuda::DeviceProgram dp(fused, outs, rt);
+    EXPECT_NE(dp.dump().find("mma.sync bf16"), std::string::npos) << dp.dump();
+    EXPECT_EQ(testing::count_prim(fused, PrimId::slice), 0u) << fused.dump("fused");
+    EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+  }
+  // b stored [k][n] with rows of 50 bf16 (100 bytes): its chunks are not 16-byte aligned, so
+  // the widened-tile kernel runs it.
+  LoweringCase unaligned{"bf16_b_unaligned_rows",
+                         {f32({40, 16}), f32({16, 50})},
+                         [](Builder& bld, const std::vector<ValueId>& x) {
+                           return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16));
+                         },
+                         1e-5};
   std::string dump;
-  check_case(along_rows, rt, &dump);
+  check_case(unaligned, rt, &dump);
   EXPECT_EQ(dump.find("mma.sync bf16"), std::string::npos) << dump;
 }
 
@@ -360,6 +389,31 @@ TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
       EXPECT_EQ(s.bank_conflicts, 0) << name << " tile " << tile << " ta " << ta << " tb " << tb << ": "
                                      << s.shared_wavefronts << " wavefronts for " << s.shared_requests << " requests";
     }
+}
+
+// The same for the bf16 mma kernel: cp.async stores and ldmatrix rows (16 bytes a lane) of
+// [row][k] stages (k-contiguous operands) and [k][row] stages (.trans; ta/tb flip them).
+TEST(Lowering, Bf16MmaSharedMemoryHasNoBankConflicts) {
+  cuda::ForceBf16Mma on;
+  for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
+    const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
+    const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
+    testing::Harness h({f32(a), f32(b)}, [&](Builder& bl, const std::vector<ValueId>& x) {
+      return bl.matmul(bl.cast(x[0], DType::bf16), bl.cast(x[1], DType::bf16), ta, tb);
+    });
+    cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+    ASSERT_NE(dp.dump().find("mma.sync bf16"), std::string::npos) << dp.dump();
+    cuda::fake_driver_count_bank_conflicts(true);
+    dp.run(h.bindings);
+    const auto stats = cuda::fake_driver_kernel_stats();
+    cuda::fake_driver_count_bank_conflicts(false);
+    for (const auto& [name, s] : stats) {
+      if (name.find("matmul") == std::string::npos) continue;
+      EXPECT_GT(s.shared_requests, 0) << name;
+      EXPECT_EQ(s.bank_conflicts, 0) << name << " ta " << ta << " tb " << tb << ": " << s.shared_wavefronts
+                                     << " wavefronts for " << s.shared_requests << " requests";
+    }
+  }
 }
 
 }  // namespace

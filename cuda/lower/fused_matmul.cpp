@@ -29,6 +29,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <array>
+#include <optional>
 
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/options.hpp"
@@ -72,22 +73,37 @@ bool forced_tf32 = false;
 bool forced_bf16_mma = false;  // on every qualifying matmul, whatever its size
 
 // The bf16 mma.sync kernel (KILN_BF16_MMA=1): 128x128 tiles, k steps of 32, two shared stages
-// filled by cp.async (16-byte chunks of 8 k, zero-filled past the matrix), fragments by ldmatrix
-// from rows padded to 80 bytes (8 rows of a fragment on distinct banks), mma.sync m16n8k16 on
-// warp tiles of 64x32 (the tf32 kernel's warps and accumulator layout). It needs both operands
-// stored in bf16 with k contiguous and every chunk 16-byte aligned, and no row sums.
-constexpr int kMmaTileK = 32, kMmaPitch = kMmaTileK + 8;  // bf16 elements a shared row
-bool bf16_mma_applies(const Circuit& c, const Op& op, const FusedMatmul& f) {
-  if (!options::bf16_mma() || f.a_row_sums || f.k % 8 != 0) return false;
-  for (int i = 0; i < 2; ++i) {
-    const MatmulOperand& v = i == 0 ? f.a : f.b;
-    if (c.info(op.inputs[static_cast<size_t>(i)]).dtype != DType::bf16 || v.k_stride != 1 || v.row_stride % 8 != 0 ||
-        v.offset % 8 != 0)
-      return false;
-    for (int64_t s : v.batch)
-      if (s % 8 != 0) return false;
-  }
-  return true;
+// filled by cp.async (16-byte chunks, zero-filled past the matrix), mma.sync m16n8k16 on warp
+// tiles of 64x32 (the tf32 kernel's warps and accumulator layout). Each operand's stage is laid
+// out as it is stored (Bf16Stage): k contiguous (x W^T, dY W^T) as [row][k], fragments by
+// ldmatrix; rows contiguous (x W with W stored [k][n], the weight gradients' X^T dY) as
+// [k][row], fragments by ldmatrix.trans. Both need bf16 storage, 16-byte aligned chunks, and
+// no row sums.
+constexpr int kMmaTileK = 32;
+enum class Bf16Stage { row_k, k_row };
+// Bytes from one shared row to the next. [row][k]: 64 (a row's 4 chunks of 8 k), the chunks
+// swizzled (chunk j of row r at j ^ ((r / 2) % 4)) so that the 8 rows an ldmatrix phase reads,
+// and the 8 chunks a cp.async phase writes, fall on the 8 distinct 16-byte groups of the 32
+// banks. [k][row]: 272, 16 bytes past the row's 256, which does the same for ldmatrix.trans.
+constexpr uint32_t stage_pitch_bytes(Bf16Stage s) { return s == Bf16Stage::row_k ? 2 * kMmaTileK : 2 * (128 + 8); }
+constexpr int kMmaStageBytes = 2 * kMmaTileK * (128 + 8);  // the larger of the two layouts
+static_assert(128 * stage_pitch_bytes(Bf16Stage::row_k) <= kMmaStageBytes);
+
+std::optional<Bf16Stage> bf16_stage(const Circuit& c, ValueId stored, const MatmulOperand& v, int64_t K) {
+  if (c.info(stored).dtype != DType::bf16 || v.offset % 8 != 0) return std::nullopt;
+  for (int64_t s : v.batch)
+    if (s % 8 != 0) return std::nullopt;
+  if (v.k_stride == 1 && v.row_stride % 8 == 0 && K % 8 == 0) return Bf16Stage::row_k;
+  if (v.row_stride == 1 && v.k_stride % 8 == 0) return Bf16Stage::k_row;
+  return std::nullopt;
+}
+
+// Both operands' layouts, or nothing where the kernel does not apply.
+std::optional<std::array<Bf16Stage, 2>> bf16_mma_stages(const Circuit& c, const Op& op, const FusedMatmul& f) {
+  if (!options::bf16_mma() || f.a_row_sums) return std::nullopt;
+  const std::optional<Bf16Stage> a = bf16_stage(c, op.inputs[0], f.a, f.k), b = bf16_stage(c, op.inputs[1], f.b, f.k);
+  if (!a || !b) return std::nullopt;
+  return std::array<Bf16Stage, 2>{*a, *b};
 }
 
 // bf16 operands take the tensor cores whenever the tiles are large, whatever KILN_ALLOW_TF32 says:
@@ -98,7 +114,8 @@ Tiling choose_tiling(int64_t m, int64_t n, int64_t batch, bool bf16_operands) {
   if (forced != 0) return forced == 128 ? (tf32 ? kTf32Tile : kLargeTile) : kSmallTile;
   const int64_t large_blocks = (m + 127) / 128 * ((n + 127) / 128) * batch;
   const int64_t waves = (large_blocks + kAssumedSms - 1) / kAssumedSms;
-  const bool fills_waves = static_cast<double>(large_blocks) >= kLargeTileMinWaveFill * static_cast<double>(waves * kAssumedSms);
+  const bool fills_waves =
+      static_cast<double>(large_blocks) >= kLargeTileMinWaveFill * static_cast<double>(waves * kAssumedSms);
   if (!(large_blocks >= kLargeTileMinBlocks && fills_waves)) return kSmallTile;
   return tf32 ? kTf32Tile : kLargeTile;
 }
@@ -145,13 +162,16 @@ bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
 TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, DType dtype, int64_t rows,
                        int64_t depth, int tm, int pitch, bool tf32, Reg row0, Reg tid, Reg smem) {
   const bool along_rows = view.k_stride != 1 && view.row_stride == 1;
-  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth), rows, depth, tm, pitch, tf32, dtype,
-               {}, {}, {}, {}, {}, {}};
+  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth),
+               rows, depth, tm,          pitch,
+               tf32, dtype, {},          {},
+               {},   {},    {},          {}};
   auto add_slot = [&](Reg r, Reg k) {
     t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
     t.tile_k.push_back(it == Type::u32 ? k : b.cvt(Type::u64, k));
     t.row_ok.push_back(b.setp(Cmp::lt, t.tile_r.back(), imm_index(it, rows)));
-    t.smem_addr.push_back(b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(static_cast<uint32_t>(pitch)), r), imm_u32(4), smem));
+    t.smem_addr.push_back(
+        b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(static_cast<uint32_t>(pitch)), r), imm_u32(4), smem));
     for (int j = 0; j < t.per_slot(); ++j) {
       t.values.push_back(b.mov(kir_type(dtype), kir::Operand::imm(kir_type(dtype), 0)));
       t.oks.push_back(b.setp(Cmp::eq, imm_u32(0), imm_u32(0)));
@@ -162,7 +182,8 @@ TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand&
     Reg r = b.rem(Type::u32, tid, imm_u32(tm32));
     Reg k = b.mul(Type::u32, b.div(Type::u32, tid, imm_u32(tm32)), imm_u32(4));
     const int groups = tm * kTileK / (4 * kThreads), group_stride = 4 * kThreads / tm;
-    for (int g = 0; g < groups; ++g) add_slot(r, g == 0 ? k : b.add(Type::u32, k, imm_u32(static_cast<uint32_t>(g * group_stride))));
+    for (int g = 0; g < groups; ++g)
+      add_slot(r, g == 0 ? k : b.add(Type::u32, k, imm_u32(static_cast<uint32_t>(g * group_stride))));
     return t;
   }
   for (int s = 0; s < tm * kTileK / kThreads; ++s) {
@@ -197,7 +218,8 @@ std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Re
 // bf16 operands take no prologue), and is then a tf32 value already.
 Reg tile_value(KernelBuilder& b, const TileLoader& t, Reg x, Reg ok) {
   if (x.type == Type::bf16) return b.cvt(Type::f32, x);
-  if (t.view->prologue != se::in(0)) x = b.selp(Type::f32, emit_scalar_exp(b, t.view->prologue, {x}), imm_f32(0.0f), ok);
+  if (t.view->prologue != se::in(0))
+    x = b.selp(Type::f32, emit_scalar_exp(b, t.view->prologue, {x}), imm_f32(0.0f), ok);
   if (t.tf32 && t.view->prologue != se::round_bf16(se::in(0))) x = b.unary(kir::Opc::RoundTf32, Type::f32, x);
   return x;
 }
@@ -240,59 +262,94 @@ void store_tile(KernelBuilder& b, const TileLoader& t) {
     }
 }
 
-// The bf16 mma kernel's main loop (bf16_mma_applies): operand o's rows row0[o] .. + 127 of
+// The bf16 mma kernel's main loop (bf16_mma_stages): operand o's rows row0[o] .. + 127 of
 // rows[o], over K in steps of kMmaTileK, into acc as the tf32 kernel lays it out
 // (acc[(mi * 4 + ni) * 4 + i]: the 16x8 product (mi, ni) of warp tile (warp_m, warp_n)).
-// smem[o] holds two stages of stage_bytes: while one is computed on, cp.async fills the other.
+// smem[o] holds two stages of kMmaStageBytes: while one is computed on, cp.async fills the other.
 void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::array<const MatmulOperand*, 2> view,
-                        std::array<int64_t, 2> rows, int64_t K, std::array<Reg, 2> row0, Reg tid,
-                        std::array<Reg, 2> smem, int stage_bytes, Reg warp_m, Reg warp_n, std::vector<Reg>& acc) {
+                        std::array<Bf16Stage, 2> layout, std::array<int64_t, 2> rows, int64_t K,
+                        std::array<Reg, 2> row0, Reg tid, std::array<Reg, 2> smem, Reg warp_m, Reg warp_n,
+                        std::vector<Reg>& acc) {
   auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
-  const auto pitch_bytes = static_cast<uint32_t>(2 * kMmaPitch);
-  // Stage loads: operand o's 128 x 32 tile is 512 chunks of 8 k (16 bytes); thread t copies
-  // chunks t and t + 256 (row c / 4, k 8 (c % 4)), zero-filled outside the matrix.
+  auto pitch_bytes = [&](size_t o) { return stage_pitch_bytes(layout[o]); };
+  // Where chunk `chunk` (of 8 k) of row `row` sits in a [row][k] stage.
+  auto swizzled = [&](Reg row, Reg chunk) {
+    Reg flip = b.and_(Type::u32, b.shr(Type::u32, row, imm_u32(1)), imm_u32(3));
+    return b.mad(Type::u32, row, imm_u32(stage_pitch_bytes(Bf16Stage::row_k)),
+                 b.mul(Type::u32, b.xor_(Type::u32, chunk, flip), imm_u32(16)));
+  };
+  // Stage loads: operand o's 128 x 32 tile is 512 chunks of 16 bytes; thread t copies chunks t
+  // and t + 256. [row][k]: chunk c is row c / 4, k 8 (c % 4) .. + 7 (K is a multiple of 8).
+  // [k][row]: chunk c is k c / 16, rows 8 (c % 16) .. + 7, of which those past the matrix are
+  // zero-filled (the copy reads only the bytes of rows inside it).
   auto issue = [&](Reg k0, Reg stage) {
     for (size_t o = 0; o < 2; ++o)
       for (uint32_t s = 0; s < 2; ++s) {
         Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(256));
-        Reg r = b.shr(Type::u32, chunk, imm_u32(2));
-        Reg kc = b.mul(Type::u32, b.and_(Type::u32, chunk, imm_u32(3)), imm_u32(8));
-        Reg grow = b.add(it, row0[o], widen(r)), gk = b.add(it, k0, widen(kc));
-        Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, grow, imm_index(it, rows[o])), b.setp(Cmp::lt, gk, imm_index(it, K)));
-        Reg src = b.selp(Type::u64, b.address(base[o], scaled_add(b, it, grow, view[o]->row_stride, gk), 2), base[o], ok);
-        Reg dst = b.add(Type::u32, b.mad(Type::u32, r, imm_u32(pitch_bytes), b.mad(Type::u32, kc, imm_u32(2), smem[o])), stage);
-        b.cp_async(dst, src, 16, b.selp(Type::u32, imm_u32(16), imm_u32(0), ok));
+        const bool row_k = layout[o] == Bf16Stage::row_k;
+        Reg r = row_k ? b.shr(Type::u32, chunk, imm_u32(2))
+                      : b.mul(Type::u32, b.and_(Type::u32, chunk, imm_u32(15)), imm_u32(8));
+        Reg kc = row_k ? b.and_(Type::u32, chunk, imm_u32(3)) : b.shr(Type::u32, chunk, imm_u32(4));
+        Reg grow = b.add(it, row0[o], widen(r));
+        Reg gk = b.add(it, k0, widen(row_k ? b.mul(Type::u32, kc, imm_u32(8)) : kc));
+        Reg ok =
+            b.and_(Type::pred, b.setp(Cmp::lt, grow, imm_index(it, rows[o])), b.setp(Cmp::lt, gk, imm_index(it, K)));
+        Reg bytes = b.selp(Type::u32, imm_u32(16), imm_u32(0), ok);
+        if (!row_k) {  // the rows of the chunk inside the matrix: min(rows - grow, 8), 2 bytes each
+          Reg left = b.min(it, b.sub(it, imm_index(it, rows[o]), grow), imm_index(it, 8));
+          if (it != Type::u32) left = b.cvt(Type::u32, left);
+          bytes = b.selp(Type::u32, b.mul(Type::u32, left, imm_u32(2)), imm_u32(0), ok);
+        }
+        Reg at =
+            row_k ? scaled_add(b, it, grow, view[o]->row_stride, gk) : scaled_add(b, it, gk, view[o]->k_stride, grow);
+        Reg src = b.selp(Type::u64, b.address(base[o], at, 2), base[o], ok);
+        Reg dst = row_k ? b.add(Type::u32, swizzled(r, kc), smem[o])
+                        : b.mad(Type::u32, kc, imm_u32(pitch_bytes(o)), b.mad(Type::u32, r, imm_u32(2), smem[o]));
+        b.cp_async(b.add(Type::u32, dst, stage), src, 16, bytes);
       }
   };
-  // Each lane's ldmatrix row: A (x4: rows 0-7 / 8-15 by k 0-7 / 8-15, the order of a0a1, a2a3,
-  // a4a5, a6a7) at row (l % 8) + 8 ((l / 8) % 2), k 8 (l / 16); B stored [n][k] (x4: two n8
-  // tiles, each k 0-7 then 8-15, the order of b0b1, b2b3) at n (l % 8) + 8 (l / 16), k 8 ((l / 8) % 2).
+  // ldmatrix.x4 loads four 8x8 matrices, lanes 8j .. 8j + 7 giving the shared addresses of matrix
+  // j's 8 rows. A (16 rows x 16 k; a0a1, a2a3, a4a5, a6a7): matrix j covers rows 8 (j % 2), k
+  // 8 (j / 2); B (two n8 tiles x 16 k; b0b1, b2b3 of each): rows 8 (j / 2), k 8 (j % 2). A lane's
+  // address is row (low) of its matrix for [row][k] stages, k (low) with .trans for [k][row].
+  // lane_at[o][h]: operand o's lane address for the k half h (k 16 h .. + 15) of a step.
   Reg lane = b.and_(Type::u32, tid, imm_u32(31));
-  Reg low = b.and_(Type::u32, lane, imm_u32(7)), mid = b.and_(Type::u32, b.shr(Type::u32, lane, imm_u32(3)), imm_u32(1)),
+  Reg low = b.and_(Type::u32, lane, imm_u32(7)),
+      mid = b.and_(Type::u32, b.shr(Type::u32, lane, imm_u32(3)), imm_u32(1)),
       high = b.shr(Type::u32, lane, imm_u32(4));
-  Reg a_row = b.add(Type::u32, warp_m, b.mad(Type::u32, mid, imm_u32(8), low));
-  Reg b_row = b.add(Type::u32, warp_n, b.mad(Type::u32, high, imm_u32(8), low));
-  Reg a_lane = b.mad(Type::u32, a_row, imm_u32(pitch_bytes), b.mad(Type::u32, high, imm_u32(16), smem[0]));
-  Reg b_lane = b.mad(Type::u32, b_row, imm_u32(pitch_bytes), b.mad(Type::u32, mid, imm_u32(16), smem[1]));
+  auto lane_address = [&](size_t o, Reg warp_row, Reg row_part, Reg k_part, uint32_t h) {
+    Reg row = b.add(Type::u32, warp_row, b.mul(Type::u32, row_part, imm_u32(8)));
+    Reg chunk = b.add(Type::u32, k_part, imm_u32(2 * h));  // of 8 k
+    if (layout[o] == Bf16Stage::row_k) return b.add(Type::u32, swizzled(b.add(Type::u32, row, low), chunk), smem[o]);
+    Reg k = b.mad(Type::u32, chunk, imm_u32(8), low);
+    return b.mad(Type::u32, k, imm_u32(pitch_bytes(o)), b.mad(Type::u32, row, imm_u32(2), smem[o]));
+  };
+  const std::array<std::array<Reg, 2>, 2> lane_at{
+      std::array<Reg, 2>{lane_address(0, warp_m, mid, high, 0), lane_address(0, warp_m, mid, high, 1)},
+      std::array<Reg, 2>{lane_address(1, warp_n, high, mid, 0), lane_address(1, warp_n, high, mid, 1)}};
+  // Rows 16 i further on (the swizzle repeats every 8 rows).
+  auto fragments = [&](size_t o, Reg stage, uint32_t h, uint32_t i) {
+    const uint32_t rows_on = layout[o] == Bf16Stage::row_k ? i * 16 * pitch_bytes(o) : i * 16 * 2;
+    return b.ldmatrix(4, layout[o] == Bf16Stage::k_row,
+                      b.add(Type::u32, b.add(Type::u32, lane_at[o][h], stage), imm_u32(rows_on)));
+  };
 
   Reg stage = b.mov(Type::u32, imm_u32(0));  // byte offset of the stage computed on
   issue(b.mov(it, imm_index(it, 0)), stage);
   b.cp_async_commit();
   b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kMmaTileK), [&](Reg k0) {
     Reg next = b.add(it, k0, imm_index(it, kMmaTileK));
-    Reg other = b.xor_(Type::u32, stage, imm_u32(static_cast<uint32_t>(stage_bytes)));
+    Reg other = b.xor_(Type::u32, stage, imm_u32(static_cast<uint32_t>(kMmaStageBytes)));
     b.if_(b.setp(Cmp::lt, next, imm_index(it, K)), [&] { issue(next, other); });
     b.cp_async_commit();  // possibly empty: the group count stays one a step
     b.cp_async_wait(1);   // this step's stage has landed
     b.bar();
-    Reg a_at = b.add(Type::u32, a_lane, stage), b_at = b.add(Type::u32, b_lane, stage);
-    for (uint32_t kk = 0; kk < kMmaTileK; kk += 16) {
+    for (uint32_t h = 0; h < kMmaTileK / 16; ++h) {
       std::vector<std::vector<kir::Operand>> fa(4), fb(4);
       for (uint32_t mi = 0; mi < 4; ++mi)
-        for (Reg r : b.ldmatrix(4, false, b.add(Type::u32, a_at, imm_u32(mi * 16 * pitch_bytes + 2 * kk))))
-          fa[mi].push_back(r);
+        for (Reg r : fragments(0, stage, h, mi)) fa[mi].push_back(r);
       for (uint32_t nj = 0; nj < 2; ++nj) {
-        const std::vector<Reg> m = b.ldmatrix(4, false, b.add(Type::u32, b_at, imm_u32(nj * 16 * pitch_bytes + 2 * kk)));
+        const std::vector<Reg> m = fragments(1, stage, h, nj);
         fb[2 * nj] = {m[0], m[1]};
         fb[2 * nj + 1] = {m[2], m[3]};
       }
@@ -314,7 +371,8 @@ void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std:
 }  // namespace
 
 ForceMatmulTile::ForceMatmulTile(int size) : saved_(forced_tile) {
-  if (size != 64 && size != 128) throw Error("ForceMatmulTile: the tile size is 64 or 128, not " + std::to_string(size));
+  if (size != 64 && size != 128)
+    throw Error("ForceMatmulTile: the tile size is 64 or 128, not " + std::to_string(size));
   forced_tile = size;
 }
 ForceMatmulTile::~ForceMatmulTile() { forced_tile = saved_; }
@@ -340,7 +398,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     return c.info(op.inputs[static_cast<size_t>(i)]).dtype == DType::bf16 || v.prologue == rounded;
   };
   const bool bf16_values = bf16_valued(0, f.a) && bf16_valued(1, f.b);
-  const bool bf16_mma = bf16_mma_applies(c, op, f) && (forced_bf16_mma || choose_tiling(M, N, batch, true).tf32);
+  const std::optional<std::array<Bf16Stage, 2>> mma_stages = bf16_mma_stages(c, op, f);
+  const bool bf16_mma = mma_stages && (forced_bf16_mma || choose_tiling(M, N, batch, true).tf32);
   const Tiling tile = bf16_mma ? kTf32Tile : choose_tiling(M, N, batch, bf16_values);
   const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
   if (batch > 65535 || grid_m > 65535)
@@ -394,10 +453,9 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   }
 
   const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
-  // bf16 mma: two stages of [128 rows][kMmaPitch] bf16 per operand; else one f32 tile each.
-  const int stage_bytes = 2 * tile.tm * kMmaPitch;
-  Reg as = b.shared_addr(b.shared_array("a_tile", bf16_mma ? 2 * stage_bytes : 4 * kTileK * pitch_a));
-  Reg bs = b.shared_addr(b.shared_array("b_tile", bf16_mma ? 2 * stage_bytes : 4 * kTileK * pitch_b));
+  // bf16 mma: two stages of kMmaStageBytes per operand; else one f32 tile each.
+  Reg as = b.shared_addr(b.shared_array("a_tile", bf16_mma ? 2 * kMmaStageBytes : 4 * kTileK * pitch_a));
+  Reg bs = b.shared_addr(b.shared_array("b_tile", bf16_mma ? 2 * kMmaStageBytes : 4 * kTileK * pitch_b));
   TileLoader la, lb;
   if (!bf16_mma) {
     la = make_loader(b, it, a_base, f.a, a_dtype, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
@@ -448,8 +506,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     std::vector<std::vector<kir::Operand>> a_frag(4), b_frag(4);
     for (int mi = 0; mi < 4; ++mi)
       for (int i = 0; i < 4; ++i)
-        a_frag[static_cast<size_t>(mi)].push_back(b.ld(Space::shared, Type::f32, a_mma,
-                                                       4 * ((kk + 4 * (i / 2)) * pitch_a + mi * 16 + 8 * (i % 2))));
+        a_frag[static_cast<size_t>(mi)].push_back(
+            b.ld(Space::shared, Type::f32, a_mma, 4 * ((kk + 4 * (i / 2)) * pitch_a + mi * 16 + 8 * (i % 2))));
     for (int ni = 0; ni < 4; ++ni)
       for (int i = 0; i < 2; ++i)
         b_frag[static_cast<size_t>(ni)].push_back(
@@ -465,42 +523,45 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       }
   };
   if (bf16_mma) {
-    bf16_mma_main_loop(b, it, {a_base, b_base}, {&f.a, &f.b}, {M, N}, K, {m0, n0}, tid, {as, bs}, stage_bytes, warp_m,
+    bf16_mma_main_loop(b, it, {a_base, b_base}, {&f.a, &f.b}, *mma_stages, {M, N}, K, {m0, n0}, tid, {as, bs}, warp_m,
                        warp_n, acc);
   } else {
-  fetch_tile(b, it, la, b.mov(it, imm_index(it, 0)));
-  fetch_tile(b, it, lb, b.mov(it, imm_index(it, 0)));
-  b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kTileK), [&](Reg k0) {
-    store_tile(b, la);
-    store_tile(b, lb);
-    b.bar();
-    if (f.a_row_sums)
-      b.if_(sums_here, [&] {
-        for (int kk = 0; kk < kTileK; ++kk)
-          b.assign(kir::Opc::Add, row_sum, {row_sum, b.ld(Space::shared, Type::f32, row_sum_smem, 4 * kk * pitch_a)});
-      });
-    // The next tile's loads are in flight during this tile's FFMAs (zero past K: no load).
-    Reg next = b.add(it, k0, imm_index(it, kTileK));
-    fetch_tile(b, it, la, next);
-    fetch_tile(b, it, lb, next);
-    if (tile.tf32) {
-      for (int kk = 0; kk < kTileK; kk += 8) mma_step(kk);
+    fetch_tile(b, it, la, b.mov(it, imm_index(it, 0)));
+    fetch_tile(b, it, lb, b.mov(it, imm_index(it, 0)));
+    b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kTileK), [&](Reg k0) {
+      store_tile(b, la);
+      store_tile(b, lb);
       b.bar();
-      return;
-    }
-    for (int kk = 0; kk < kTileK; ++kk) {
-      std::vector<Reg> av, bv;
-      for (int q = 0; q < tile.pm / kQuadrant; ++q)
-        for (Reg r : b.ld_vec(Space::shared, Type::f32, a_frag, 4, 4 * (kk * tile.tm + q * kQuadrantSpacing))) av.push_back(r);
-      for (int q = 0; q < tile.pn / kQuadrant; ++q)
-        for (Reg r : b.ld_vec(Space::shared, Type::f32, b_frag, 4, 4 * (kk * tile.tn + q * kQuadrantSpacing))) bv.push_back(r);
-      for (int i = 0; i < tile.pm; ++i)
-        for (int j = 0; j < tile.pn; ++j)
-          b.assign(kir::Opc::Fma, acc[static_cast<size_t>(i * tile.pn + j)],
-                   {av[static_cast<size_t>(i)], bv[static_cast<size_t>(j)], acc[static_cast<size_t>(i * tile.pn + j)]});
-    }
-    b.bar();
-  });
+      if (f.a_row_sums)
+        b.if_(sums_here, [&] {
+          for (int kk = 0; kk < kTileK; ++kk)
+            b.assign(kir::Opc::Add, row_sum, {row_sum, b.ld(Space::shared, Type::f32, row_sum_smem, 4 * kk * pitch_a)});
+        });
+      // The next tile's loads are in flight during this tile's FFMAs (zero past K: no load).
+      Reg next = b.add(it, k0, imm_index(it, kTileK));
+      fetch_tile(b, it, la, next);
+      fetch_tile(b, it, lb, next);
+      if (tile.tf32) {
+        for (int kk = 0; kk < kTileK; kk += 8) mma_step(kk);
+        b.bar();
+        return;
+      }
+      for (int kk = 0; kk < kTileK; ++kk) {
+        std::vector<Reg> av, bv;
+        for (int q = 0; q < tile.pm / kQuadrant; ++q)
+          for (Reg r : b.ld_vec(Space::shared, Type::f32, a_frag, 4, 4 * (kk * tile.tm + q * kQuadrantSpacing)))
+            av.push_back(r);
+        for (int q = 0; q < tile.pn / kQuadrant; ++q)
+          for (Reg r : b.ld_vec(Space::shared, Type::f32, b_frag, 4, 4 * (kk * tile.tn + q * kQuadrantSpacing)))
+            bv.push_back(r);
+        for (int i = 0; i < tile.pm; ++i)
+          for (int j = 0; j < tile.pn; ++j)
+            b.assign(
+                kir::Opc::Fma, acc[static_cast<size_t>(i * tile.pn + j)],
+                {av[static_cast<size_t>(i)], bv[static_cast<size_t>(j)], acc[static_cast<size_t>(i * tile.pn + j)]});
+      }
+      b.bar();
+    });
   }
   // Epilogue: per element in bounds, the extras at its logical coordinates, then each output.
   auto store_element = [&](Reg value, Reg row, Reg col) {
@@ -559,12 +620,12 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
         "{}: tile {}x{}x{}, {} threads, mma.sync bf16 on warp tiles {}x{}, ldmatrix, 2 cp.async stages, {}",
         op.prim->name, tile.tm, tile.tn, kMmaTileK, kThreads, kWarpTileM, kWarpTileN, launch_text(lo.launches.back()));
   else
-  lo.summary = tile.tf32 ? fmt::format("{}: tile {}x{}x{}, {} threads, mma.sync tf32 on warp tiles {}x{}{}, {}",
-                                        op.prim->name, tile.tm, tile.tn, kTileK, kThreads, kWarpTileM, kWarpTileN,
-                                        operands, launch_text(lo.launches.back()))
-                         : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs{}, {}", op.prim->name, tile.tm,
-                                       tile.tn, kTileK, kThreads, tile.pm, tile.pn, operands,
-                                       launch_text(lo.launches.back()));
+    lo.summary =
+        tile.tf32 ? fmt::format("{}: tile {}x{}x{}, {} threads, mma.sync tf32 on warp tiles {}x{}{}, {}", op.prim->name,
+                                tile.tm, tile.tn, kTileK, kThreads, kWarpTileM, kWarpTileN, operands,
+                                launch_text(lo.launches.back()))
+                  : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs{}, {}", op.prim->name, tile.tm, tile.tn,
+                                kTileK, kThreads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));
   return lo;
 }
 

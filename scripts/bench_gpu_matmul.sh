@@ -3,7 +3,8 @@
 # (gpu-bundle/ with bin/kiln, bin/kiln_tests and reference/): checks kiln's matmul kernels on the
 # device (both tilings against Eigen, the GPT steps against PyTorch), then times them beside
 # cuBLAS through PyTorch on the same shapes, and a GPT-2-small step beside PyTorch eager, in one
-# sitting; f32, tf32 (KILN_ALLOW_TF32=1) and bf16 (--precision bf16, against autocast). Prints
+# sitting; f32, tf32 (KILN_ALLOW_TF32=1) and bf16 (--precision bf16, against autocast; and with
+# KILN_BF16_MMA=0, bf16 widened in f32 tiles). Prints
 # the lines to copy into docs/BENCHMARKS.md, and causal attention forward + backward (kiln fused
 # and unfused, PyTorch's scaled_dot_product_attention and the written-out chain).
 # KILN_GEMM_TILES picks the f32 tilings timed (default: auto 64 128); KILN_ATTENTION_SHAPES the
@@ -24,10 +25,10 @@ for tile in ${KILN_GEMM_TILES:-auto 64 128}; do
 done
 echo "== kiln gemm, KILN_ALLOW_TF32=1"
 KILN_ALLOW_TF32=1 "$run" "$bundle/bin/kiln" bench --device cuda --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
-echo "== kiln gemm, --precision bf16 (bf16 operands)"
+echo "== kiln gemm, --precision bf16 (mma.sync bf16, ldmatrix, cp.async)"
 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
-echo "== kiln gemm, --precision bf16, KILN_BF16_MMA=1 (mma.sync bf16, ldmatrix, cp.async)"
-KILN_BF16_MMA=1 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
+echo "== kiln gemm, --precision bf16, KILN_BF16_MMA=0 (bf16 widened in f32 tiles)"
+KILN_BF16_MMA=0 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
 echo "== torch gemm"
 python3 scripts/bench_torch_gemm.py "$shapes" --dtypes f32,tf32,bf16 2>&1 | grep -E 'gemm|rror'
 echo "== GPT-2 small step"
@@ -39,8 +40,8 @@ done
 echo "-- kiln, --precision bf16"
 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 2>&1 \
   | grep -E 'step \(traced|FLOPs|rror'
-echo "-- kiln, --precision bf16, KILN_BF16_MMA=1"
-KILN_BF16_MMA=1 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 2>&1 \
+echo "-- kiln, --precision bf16, KILN_BF16_MMA=0"
+KILN_BF16_MMA=0 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 2>&1 \
   | grep -E 'step \(traced|FLOPs|rror'
 echo "-- PyTorch eager, f32, TF32, then autocast bf16"
 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile 2>&1 | grep -E 'step|rror'

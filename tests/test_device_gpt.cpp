@@ -181,17 +181,25 @@ TEST(FakeGpuGpt, StepsAtSizesThatSplitRowsAcrossBlocksMatchTheCpu) {
   training_steps_match_cpu(testing::fake_runtime(), c, 5);
 }
 
-// Mixed precision: the same two steps with bf16 matmul operands (casts as kernels, the matmul
-// kernels widening bf16 tiles to f32) agree with the CPU's bf16 steps as closely as f32 steps
-// do: both round the same f32 values to bf16 and multiply them exactly.
-TEST(FakeGpuGpt, Bf16TrainingStepsMatchTheCpu) {
-  training_steps_match_cpu(testing::fake_runtime(), testing::tiny_gpt_config(2), 2, Precision::bf16);
+// Mixed precision with KILN_BF16_MMA=0: the same two steps with bf16 matmul operands (casts
+// folded into the matmuls as roundings, the matmul kernels widening bf16 tiles to f32) agree
+// with the CPU's bf16 steps as closely as f32 steps do: both round the same f32 values to bf16
+// and multiply them exactly.
+void widened_bf16_training_steps_match_cpu(cuda::Runtime& rt) {
+  cuda::ForceBf16Mma widened(false);
+  Engine::current().plan_cache().clear();
+  training_steps_match_cpu(rt, testing::tiny_gpt_config(2), 2, Precision::bf16);
+  Engine::current().plan_cache().clear();
 }
 
-// The same with the bf16 mma.sync kernel (ldmatrix, cp.async) on every matmul whose operands
-// qualify: the activations' casts are then kernels, so that the matmuls read stored bf16.
+TEST(FakeGpuGpt, Bf16TrainingStepsOnWidenedTilesMatchTheCpu) {
+  widened_bf16_training_steps_match_cpu(testing::fake_runtime());
+}
+
+// The same with the bf16 mma.sync kernel (ldmatrix, cp.async; the default) on every matmul whose
+// operands qualify: the activations' casts are then kernels, so that the matmuls read stored bf16.
 void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt) {
-  cuda::ForceBf16Mma force;  // KILN_BF16_MMA=1, on every qualifying matmul
+  cuda::ForceBf16Mma force;  // whatever KILN_BF16_MMA says
   Engine::current().plan_cache().clear();
   training_steps_match_cpu(rt, testing::tiny_gpt_config(2), 2, Precision::bf16);
   size_t bf16_mma_kernels = 0;
@@ -214,9 +222,9 @@ TEST(GpuGpt, Bf16MmaTrainingStepsMatchTheCpu) {
   bf16_mma_training_steps_match_cpu(*rt);
 }
 
-TEST(GpuGpt, Bf16TrainingStepsMatchTheCpu) {
+TEST(GpuGpt, Bf16TrainingStepsOnWidenedTilesMatchTheCpu) {
   KILN_GPU_OR_SKIP(rt);
-  training_steps_match_cpu(*rt, testing::tiny_gpt_config(2), 2, Precision::bf16);
+  widened_bf16_training_steps_match_cpu(*rt);
 }
 
 TEST(GpuGpt, ReferenceForwardBackward) {
@@ -273,7 +281,9 @@ void every_kernel_of_a_training_step_passes_ptxas(Precision precision) {
   testing::expect_ptxas_accepts(kernels);
 }
 
-TEST(FakeGpuGpt, EveryKernelOfATrainingStepPassesPtxas) { every_kernel_of_a_training_step_passes_ptxas(Precision::f32); }
+TEST(FakeGpuGpt, EveryKernelOfATrainingStepPassesPtxas) {
+  every_kernel_of_a_training_step_passes_ptxas(Precision::f32);
+}
 
 TEST(FakeGpuGpt, EveryKernelOfABf16TrainingStepPassesPtxas) {
   every_kernel_of_a_training_step_passes_ptxas(Precision::bf16);

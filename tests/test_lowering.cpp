@@ -130,11 +130,12 @@ std::vector<LoweringCase> matmul_cases() {
 }
 
 // Every matmul case with its kernel forced to 128x128 tiles, FFMA or tf32 tensor cores: `summary`
-// must appear in the program's dump (the kernel asked for ran; bf16 cases always take the
-// tensor cores), and each case is checked
+// must appear in the program's dump (the kernel asked for ran; bf16 cases, with the bf16 mma
+// kernel off, always take the tf32 tensor cores on widened tiles), and each case is checked
 // against Eigen at `tolerance` (0: the case's own).
 void check_forced_matmul_cases(cuda::Runtime& rt, bool tf32, double tolerance, const std::string& summary) {
   cuda::ForceMatmulTile large(128);
+  cuda::ForceBf16Mma widened(false);
   std::optional<cuda::ForceTf32Matmuls> tensor_cores;
   if (tf32) tensor_cores.emplace();
   const std::vector<LoweringCase> mm = matmul_cases();
@@ -177,7 +178,7 @@ TEST(Lowering, GpuMatmulCasesOnTf32TensorCoresMatchEigen) {
   check_forced_matmul_cases(*rt, true, kTf32Tolerance, "mma.sync tf32");
 }
 
-// The bf16 mma.sync kernel (ldmatrix, cp.async; KILN_BF16_MMA=1), forced: operands stored in
+// The bf16 mma.sync kernel (ldmatrix, cp.async; KILN_BF16_MMA=1, the default): operands stored in
 // bf16 with k contiguous (K a multiple of 8: 16-byte chunks; [row][k] stages, ldmatrix) or with
 // rows contiguous ([k][row] stages, ldmatrix.trans; rows past the matrix in a partial chunk
 // zero-filled); sizes off the 128x128x32 tile, K of 1, 2 and 3 stages (a partial last one), a

@@ -43,6 +43,24 @@ TEST(Options, AMalformedThreadCountNamesTheVariableAndTheRange) {
   EXPECT_EQ(options::num_threads(), 3);
 }
 
+TEST(Options, TheBf16MmaSwitchIsOnByDefaultAndTakesOnlyZeroOrOne) {
+  {
+    testing::ScopedEnv unset("KILN_BF16_MMA", "");  // as if unset
+    EXPECT_TRUE(options::bf16_mma());
+  }
+  {
+    testing::ScopedEnv off("KILN_BF16_MMA", "0");
+    EXPECT_FALSE(options::bf16_mma());
+  }
+  testing::ScopedEnv bad("KILN_BF16_MMA", "yes");
+  try {
+    options::bf16_mma();
+    ADD_FAILURE() << "accepted KILN_BF16_MMA=yes";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_BF16_MMA: expected 0 or 1, received 'yes'"), std::string::npos) << e.what();
+  }
+}
+
 // exp(tanh(x)): two pointwise ops that fuse_pointwise makes one.
 Circuit chain(std::vector<ValueId>& outputs) {
   Circuit c;

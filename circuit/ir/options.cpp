@@ -40,7 +40,7 @@ constexpr std::array<Variable, 24> kVariables = {{
     {"KILN_PTX_DUMP", "directory to write every generated kernel's PTX to"},
     {"KILN_MATMUL_TILE", "GPU matmul tiles, 64 or 128 (default: chosen per shape)"},
     {"KILN_ALLOW_TF32", "1: large GPU f32 matmuls on tf32 tensor cores (10-bit mantissas)"},
-    {"KILN_BF16_MMA", "1: large GPU matmuls of stored bf16 operands on bf16 mma.sync (ldmatrix, cp.async)"},
+    {"KILN_BF16_MMA", "0: GPU matmuls of bf16 operands on widened tiles instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
     {"KILN_GPU_COLLECTIVES", "data parallel on GPUs: nccl or host (default: NCCL where it loads)"},
     {"KILN_NCCL_LIBRARY", "path of libnccl.so.2 (default: the loader's search path)"},
@@ -111,10 +111,16 @@ int cuda_device() {
 }
 
 namespace {
-bool bf16_mma_forced = false;
+std::optional<bool> bf16_mma_forced;
 }
-bool bf16_mma() { return bf16_mma_forced || text("KILN_BF16_MMA") == "1"; }
-bool force_bf16_mma(bool on) { return std::exchange(bf16_mma_forced, on); }
+bool bf16_mma() {
+  if (bf16_mma_forced) return *bf16_mma_forced;
+  const std::string v = text("KILN_BF16_MMA");
+  if (v.empty() || v == "1") return true;
+  if (v == "0") return false;
+  throw Error("KILN_BF16_MMA: expected 0 or 1, received '" + v + "'");
+}
+std::optional<bool> force_bf16_mma(std::optional<bool> on) { return std::exchange(bf16_mma_forced, on); }
 
 std::vector<std::string> disabled_passes() {
   std::vector<std::string> names;

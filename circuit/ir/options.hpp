@@ -5,6 +5,7 @@
 // variable and what it expects.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,10 +26,10 @@ bool allow_tf32();                           // KILN_ALLOW_TF32: "1" (default of
 double collective_timeout();                 // KILN_COLLECTIVE_TIMEOUT: seconds in (0, 86400]; 300 when unset
 std::string gpu_collectives();               // KILN_GPU_COLLECTIVES: "nccl", "host", or "" (automatic)
 int cuda_device();                           // KILN_CUDA_DEVICE: a GPU ordinal; -1 when unset
-bool bf16_mma();                             // KILN_BF16_MMA: "1" (default off until measured on a GPU), or forced
-// Tests (cuda::ForceBf16Mma): bf16_mma() is true while forced, whatever the environment says; the
-// previous setting is returned.
-bool force_bf16_mma(bool on);
+bool bf16_mma();                             // KILN_BF16_MMA: "1" (the default) or "0", unless forced
+// Tests (cuda::ForceBf16Mma): bf16_mma() returns `on` while it is set, whatever the environment
+// says (nullopt: the environment again); the previous setting is returned.
+std::optional<bool> force_bf16_mma(std::optional<bool> on);
 
 struct Variable {
   const char* name;

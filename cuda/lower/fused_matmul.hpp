@@ -1,6 +1,8 @@
 // The matmul kernel (fused_matmul.cpp), shared by matmul and fused_matmul. Internal to cuda/lower/.
 #pragma once
 
+#include <optional>
+
 #include "circuit/prims/fused_matmul.hpp"
 #include "cuda/lower/lower.hpp"
 
@@ -24,18 +26,19 @@ class ForceTf32Matmuls {
   bool saved_;
 };
 
-// Tests: KILN_BF16_MMA=1 for the guard's lifetime (the matmul fusion keeps casts to bf16), and
-// matmul kernels whose operands qualify (both stored bf16, k contiguous, 16-byte chunks) use
-// the bf16 mma.sync kernel whatever their size.
+// Tests: KILN_BF16_MMA=on for the guard's lifetime, whatever the environment says. On (the
+// default): the matmul fusion keeps casts to bf16 as ops, and matmuls whose operands qualify
+// (both stored bf16, k or rows contiguous, 16-byte chunks) run on the bf16 mma.sync kernel. Off:
+// casts fold into the matmuls as roundings, and bf16 values are widened in f32 tiles.
 class ForceBf16Mma {
  public:
-  ForceBf16Mma();
+  explicit ForceBf16Mma(bool on = true);
   ~ForceBf16Mma();
   ForceBf16Mma(const ForceBf16Mma&) = delete;
   ForceBf16Mma& operator=(const ForceBf16Mma&) = delete;
 
  private:
-  bool saved_, saved_option_;
+  std::optional<bool> saved_option_;
 };
 
 class ForceMatmulTile {

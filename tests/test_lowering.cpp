@@ -9,6 +9,7 @@
 // gathers, casts, masks and Philox bits exactly.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -215,15 +216,13 @@ void check_bf16_mma_cases(cuda::Runtime& rt) {
     check_case(lc, rt, &dump);
     EXPECT_NE(dump.find("mma.sync bf16"), std::string::npos) << dump;
   }
-  // a^T b, b a slice of 60 of 64 columns, folded into the matmul's view by fuse_matmul: the last
-  // chunk of 8 rows of its [k][row] stages has 4 inside the matrix (the copy zero-fills the rest).
-  {
-    testing::Harness h(
-        {f32({37, 32}), f32({37, 64})},
-        [](Builder& bld, const std::vector<ValueId>& x) {
-          return bld.matmul(bld.cast(x[0], DType::bf16), bld.slice(bld.cast(x[1], DType::bf16), 1, 0, 60), true);
-        },
-        7);
+  // Slices folded into the matmul's views by fuse_matmul leave chunks partly inside the matrix;
+  // the copies zero-fill the rest. a^T b with b 60 of 64 columns: the last chunk of 8 rows of
+  // b's [k][row] stages has 4 inside. a b with a 61 of 64 columns: the last chunk of 8 k of a's
+  // [row][k] stages has 5 inside (K = 61).
+  auto check_sliced = [&rt](const std::string& name, std::vector<InputSpec> inputs, BuildFn build) {
+    SCOPED_TRACE(name);
+    testing::Harness h(std::move(inputs), std::move(build), 7);
     const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
     std::vector<ValueId> outs{h.output};
     const Circuit fused = fuse_matmul(h.circuit, outs);
@@ -231,7 +230,16 @@ void check_bf16_mma_cases(cuda::Runtime& rt) {
     EXPECT_NE(dp.dump().find("mma.sync bf16"), std::string::npos) << dp.dump();
     EXPECT_EQ(testing::count_prim(fused, PrimId::slice), 0u) << fused.dump("fused");
     EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
-  }
+  };
+  check_sliced("rows_partly_inside", {f32({37, 32}), f32({37, 64})}, [](Builder& bld, const std::vector<ValueId>& x) {
+    return bld.matmul(bld.cast(x[0], DType::bf16), bld.slice(bld.cast(x[1], DType::bf16), 1, 0, 60), true);
+  });
+  // The 3 columns past a's slice are infinities: a copy that read them would multiply them by b's
+  // zero-filled rows past K and give NaN (rows past M or N reach only outputs never stored).
+  check_sliced("k_partly_inside", {f32({40, 61}), f32({61, 64})}, [](Builder& bld, const std::vector<ValueId>& x) {
+    ValueId padded = bld.concat({x[0], bld.fill({40, 3}, DType::f32, std::numeric_limits<double>::infinity())}, 1);
+    return bld.matmul(bld.slice(bld.cast(padded, DType::bf16), 1, 0, 61), bld.cast(x[1], DType::bf16));
+  });
   // b stored [k][n] with rows of 50 bf16 (100 bytes): its chunks are not 16-byte aligned, so
   // the widened-tile kernel runs it.
   LoweringCase unaligned{"bf16_b_unaligned_rows",

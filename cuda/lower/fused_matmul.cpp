@@ -88,11 +88,11 @@ constexpr uint32_t stage_pitch_bytes(Bf16Stage s) { return s == Bf16Stage::row_k
 constexpr int kMmaStageBytes = 2 * kMmaTileK * (128 + 8);  // the larger of the two layouts
 static_assert(128 * stage_pitch_bytes(Bf16Stage::row_k) <= kMmaStageBytes);
 
-std::optional<Bf16Stage> bf16_stage(const Circuit& c, ValueId stored, const MatmulOperand& v, int64_t K) {
+std::optional<Bf16Stage> bf16_stage(const Circuit& c, ValueId stored, const MatmulOperand& v) {
   if (c.info(stored).dtype != DType::bf16 || v.offset % 8 != 0) return std::nullopt;
   for (int64_t s : v.batch)
     if (s % 8 != 0) return std::nullopt;
-  if (v.k_stride == 1 && v.row_stride % 8 == 0 && K % 8 == 0) return Bf16Stage::row_k;
+  if (v.k_stride == 1 && v.row_stride % 8 == 0) return Bf16Stage::row_k;
   if (v.row_stride == 1 && v.k_stride % 8 == 0) return Bf16Stage::k_row;
   return std::nullopt;
 }
@@ -100,7 +100,7 @@ std::optional<Bf16Stage> bf16_stage(const Circuit& c, ValueId stored, const Matm
 // Both operands' layouts, or nothing where the kernel does not apply.
 std::optional<std::array<Bf16Stage, 2>> bf16_mma_stages(const Circuit& c, const Op& op, const FusedMatmul& f) {
   if (!options::bf16_mma() || f.a_row_sums) return std::nullopt;
-  const std::optional<Bf16Stage> a = bf16_stage(c, op.inputs[0], f.a, f.k), b = bf16_stage(c, op.inputs[1], f.b, f.k);
+  const std::optional<Bf16Stage> a = bf16_stage(c, op.inputs[0], f.a), b = bf16_stage(c, op.inputs[1], f.b);
   if (!a || !b) return std::nullopt;
   return std::array<Bf16Stage, 2>{*a, *b};
 }
@@ -278,9 +278,9 @@ void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std:
                  b.mul(Type::u32, b.xor_(Type::u32, chunk, flip), imm_u32(16)));
   };
   // Stage loads: operand o's 128 x 32 tile is 512 chunks of 16 bytes; thread t copies chunks t
-  // and t + 256. [row][k]: chunk c is row c / 4, k 8 (c % 4) .. + 7 (K is a multiple of 8).
-  // [k][row]: chunk c is k c / 16, rows 8 (c % 16) .. + 7, of which those past the matrix are
-  // zero-filled (the copy reads only the bytes of rows inside it).
+  // and t + 256. [row][k]: chunk c is row c / 4, k 8 (c % 4) .. + 7. [k][row]: chunk c is k
+  // c / 16, rows 8 (c % 16) .. + 7. Elements past the matrix are zero-filled (the copy reads only
+  // the bytes inside it).
   auto issue = [&](Reg k0, Reg stage) {
     for (size_t o = 0; o < 2; ++o)
       for (uint32_t s = 0; s < 2; ++s) {
@@ -293,12 +293,12 @@ void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std:
         Reg gk = b.add(it, k0, widen(row_k ? b.mul(Type::u32, kc, imm_u32(8)) : kc));
         Reg ok =
             b.and_(Type::pred, b.setp(Cmp::lt, grow, imm_index(it, rows[o])), b.setp(Cmp::lt, gk, imm_index(it, K)));
-        Reg bytes = b.selp(Type::u32, imm_u32(16), imm_u32(0), ok);
-        if (!row_k) {  // the rows of the chunk inside the matrix: min(rows - grow, 8), 2 bytes each
-          Reg left = b.min(it, b.sub(it, imm_index(it, rows[o]), grow), imm_index(it, 8));
-          if (it != Type::u32) left = b.cvt(Type::u32, left);
-          bytes = b.selp(Type::u32, b.mul(Type::u32, left, imm_u32(2)), imm_u32(0), ok);
-        }
+        // The chunk's elements inside the matrix, 2 bytes each: min(K - gk, 8) along k, min(rows
+        // - grow, 8) along rows; the copy zero-fills the rest.
+        Reg left = row_k ? b.min(it, b.sub(it, imm_index(it, K), gk), imm_index(it, 8))
+                         : b.min(it, b.sub(it, imm_index(it, rows[o]), grow), imm_index(it, 8));
+        if (it != Type::u32) left = b.cvt(Type::u32, left);
+        Reg bytes = b.selp(Type::u32, b.mul(Type::u32, left, imm_u32(2)), imm_u32(0), ok);
         Reg at =
             row_k ? scaled_add(b, it, grow, view[o]->row_stride, gk) : scaled_add(b, it, gk, view[o]->k_stride, grow);
         Reg src = b.selp(Type::u64, b.address(base[o], at, 2), base[o], ok);

@@ -209,8 +209,9 @@ void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt) {
            at = p->device->dump().find("mma.sync bf16", at + 1))
         ++bf16_mma_kernels;
   // Each layer's four products (qkv, projection, MLP up and down) forward, their input gradients
-  // (dY W^T: k-contiguous operands) and their weight gradients (X^T dY: [k][row] stages): 2 x 12.
-  EXPECT_GE(bf16_mma_kernels, 24u);
+  // (dY W^T: k-contiguous operands) and their weight gradients (X^T dY: [k][row] stages): 2 x 12;
+  // and the LM head's three, whose logits' gradient (rows of 13) pad_bf16_rows pads to 16.
+  EXPECT_GE(bf16_mma_kernels, 27u);
   std::printf("matmuls on the bf16 mma kernel: %zu\n", bf16_mma_kernels);
   Engine::current().plan_cache().clear();
 }

@@ -92,11 +92,13 @@ TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
   const size_t all = launches(1, Part::Step);
   std::map<std::string, size_t> without;
   std::string every_pass;
-  // Every pass of the pipeline but cse (a GPT step records no duplicate work for it to find).
+  // Every pass of the pipeline but cse (a GPT step records no duplicate work for it to find) and
+  // pad_bf16_rows (a layout pass: it adds a concat where it pads; an f32 step has no bf16 casts).
   for (const PassInfo& p : pipeline_passes()) {
     const std::string pass = p.name;
     if (pass == "cse") continue;
     every_pass += (every_pass.empty() ? "" : ",") + pass;
+    if (pass == "pad_bf16_rows") continue;
     {
       testing::ScopedEnv off("KILN_DISABLE_PASSES", pass);
       without[pass] = launches(1, Part::Step);

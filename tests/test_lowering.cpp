@@ -17,6 +17,8 @@
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/prim.hpp"
 #include "circuit/passes/fusion.hpp"
+#include "circuit/passes/pad_bf16_rows.hpp"
+#include "circuit/passes/pipeline.hpp"
 #include "circuit/prims/fused_matmul.hpp"
 #include "circuit/prims/fused_rows.hpp"
 #include "circuit/prims/multi_tensor.hpp"
@@ -251,6 +253,40 @@ void check_bf16_mma_cases(cuda::Runtime& rt) {
   std::string dump;
   check_case(unaligned, rt, &dump);
   EXPECT_EQ(dump.find("mma.sync bf16"), std::string::npos) << dump;
+}
+
+// pad_bf16_rows: a bf16 cast of rows of 61 elements (122 bytes, no 16-byte chunks) that matmuls
+// read is written into rows of 64 and read through a slice, so the products run on the mma
+// kernel: x w (a with k contiguous), x^T dy (a with rows contiguous), and x^T dy with x cast as
+// (2, 12, 61) and reshaped to (24, 61) first (as a batch's logits are). With KILN_BF16_MMA=0 the
+// pass changes nothing.
+TEST(Lowering, Bf16CastsThatMatmulsReadArePaddedToWholeChunks) {
+  for (int variant : {0, 1, 2}) {
+    SCOPED_TRACE(variant);
+    const Shape x_shape = variant == 2 ? Shape{2, 12, 61} : Shape{24, 61};
+    testing::Harness h({f32(x_shape), f32(variant == 0 ? Shape{61, 32} : Shape{24, 32})},
+                       [variant](Builder& bld, const std::vector<ValueId>& x) {
+                         ValueId a = bld.cast(x[0], DType::bf16);
+                         if (variant == 2) a = bld.reshape(a, Shape{24, 61});
+                         return bld.matmul(a, bld.cast(x[1], DType::bf16), variant != 0);
+                       });
+    const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+    {
+      cuda::ForceBf16Mma widened(false);
+      std::vector<ValueId> outs{h.output};
+      EXPECT_EQ(testing::count_prim(pad_bf16_rows(h.circuit, outs), PrimId::concat), 0u);
+    }
+    cuda::ForceBf16Mma on;
+    std::vector<ValueId> outs{h.output};
+    const Circuit padded = pad_bf16_rows(h.circuit, outs);
+    EXPECT_EQ(testing::count_prim(padded, PrimId::concat), 1u) << padded.dump("padded");
+    std::vector<ValueId> gpu_outs{h.output};
+    const Circuit optimized = optimize(h.circuit, gpu_outs, {.gpu = true});
+    EXPECT_EQ(testing::count_prim(optimized, PrimId::slice), 0u) << optimized.dump("optimized");
+    cuda::DeviceProgram dp(optimized, gpu_outs, testing::fake_runtime());
+    EXPECT_NE(dp.dump().find("mma.sync bf16"), std::string::npos) << dp.dump();
+    EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+  }
 }
 
 TEST(Lowering, MatmulsOnBf16MmaMatchEigen) { check_bf16_mma_cases(testing::fake_runtime()); }

@@ -9,6 +9,7 @@
 #include "circuit/ir/options.hpp"
 #include "circuit/passes/cleanup.hpp"
 #include "circuit/passes/fusion.hpp"
+#include "circuit/passes/pad_bf16_rows.hpp"
 
 namespace kiln {
 
@@ -17,7 +18,7 @@ namespace {
 Circuit forward_assigns(const Circuit& c, std::vector<ValueId>&) { return forward_assigned_values(c); }
 
 // In pipeline order. Switching cse off leaves dead-code elimination in its place.
-constexpr std::array<PassInfo, 9> kPasses = {{
+constexpr std::array<PassInfo, 10> kPasses = {{
     {"cse", false, "common-subexpression elimination (off: dead-code elimination only)", cse},
     {"simplify_row_indexing", false, "gathers by 0..R-1 read the table itself", simplify_row_indexing},
     {"forward_assigns", false, "readers of an assign read the assigned value", forward_assigns},
@@ -25,6 +26,8 @@ constexpr std::array<PassInfo, 9> kPasses = {{
      fuse_attention},
     {"fuse_pointwise", false, "chains of pointwise ops become one", fuse_pointwise},
     {"fuse_columns", true, "sums over the token axes absorb their producers (column_sums)", fuse_columns},
+    {"pad_bf16_rows", true, "casts to bf16 that matmuls read get rows of a multiple of 8 (16-byte chunks)",
+     pad_bf16_rows},
     {"fuse_matmul", true, "matmuls read through views, with prologues and epilogues (fused_matmul)", fuse_matmul},
     {"fuse_rows", true, "row reductions with the ops around them (fused_rows)", fuse_rows},
     {"merge_multi_tensor", true, "per-parameter update work in one op (multi_tensor)", merge_multi_tensor},

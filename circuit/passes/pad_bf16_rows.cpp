@@ -1,0 +1,99 @@
+// pad_bf16_rows (pad_bf16_rows.hpp): casts to bf16 that matmuls read, written into rows padded
+// to a multiple of 8 elements.
+#include "circuit/passes/pad_bf16_rows.hpp"
+
+#include "circuit/ir/options.hpp"
+#include "circuit/passes/contract.hpp"
+#include "circuit/prims/builder.hpp"
+
+namespace kiln {
+
+namespace {
+
+constexpr int64_t kRowElements = 8;  // bf16 elements in a 16-byte chunk
+
+int64_t last_dim(const Circuit& c, ValueId v) {
+  const Shape& s = c.info(v).shape;
+  return s[s.rank() - 1];
+}
+
+// True if matmuls are all that read v: directly, or through reshapes that keep its last dim.
+bool read_by_matmuls_only(const Circuit& c, ValueId v, const std::vector<std::vector<int32_t>>& readers,
+                          const std::vector<bool>& requested) {
+  if (requested[static_cast<size_t>(v)] || readers[static_cast<size_t>(v)].empty()) return false;
+  for (int32_t i : readers[static_cast<size_t>(v)]) {
+    const Op& r = c.ops()[static_cast<size_t>(i)];
+    if (r.is(PrimId::matmul)) continue;
+    if (!r.is(PrimId::reshape) || c.info(r.outputs[0]).shape.rank() < 2 ||
+        last_dim(c, r.outputs[0]) != last_dim(c, v) || !read_by_matmuls_only(c, r.outputs[0], readers, requested))
+      return false;
+  }
+  return true;
+}
+
+bool padded(const Circuit& c, const Op& op, const std::vector<std::vector<int32_t>>& readers,
+            const std::vector<bool>& requested) {
+  if (!op.is(PrimId::cast) || op.params.dtype != DType::bf16) return false;
+  const ValueId out = op.outputs[0];
+  return c.info(out).shape.rank() >= 2 && last_dim(c, out) % kRowElements != 0 &&
+         read_by_matmuls_only(c, out, readers, requested);
+}
+
+}  // namespace
+
+Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs) {
+  if (!options::bf16_mma()) return c;
+  const std::vector<std::vector<int32_t>> readers = value_readers(c);
+  std::vector<bool> requested(c.num_values(), false);
+  for (ValueId o : outputs) requested[static_cast<size_t>(o)] = true;
+  bool any = false;
+  for (const Op& op : c.ops()) any = any || padded(c, op, readers, requested);
+  if (!any) return c;
+
+  Circuit out;
+  std::vector<ValueId> remap(c.num_values(), kNoValue);
+  // For a value of c with padded rows: its padded form in `out` ((..., n) widened to (..., n + pad)).
+  std::vector<ValueId> wide(c.num_values(), kNoValue);
+  for (ValueId x : c.externals()) {
+    const Value& v = c.value(x);
+    remap[static_cast<size_t>(x)] = out.add_external(v.info, v.role, v.name);
+  }
+  for (const Op& op : c.ops()) {
+    std::vector<ValueId> inputs;
+    for (ValueId in : op.inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
+    out.set_recording_phase(op.phase);
+    Builder b(out, op.scope);
+    const ValueId result = op.outputs.empty() ? kNoValue : op.outputs[0];
+    // (..., n) -> (..., 0:n) of the padded rows: a slice that fuse_matmul folds into a view.
+    auto narrow = [&](ValueId rows) {
+      const int last = c.info(result).shape.rank() - 1;
+      remap[static_cast<size_t>(result)] = b.slice(rows, last, 0, last_dim(c, result));
+      wide[static_cast<size_t>(result)] = rows;
+    };
+    if (padded(c, op, readers, requested)) {
+      // The cast, then concat with zeros (..., pad).
+      std::vector<int64_t> pad_dims = c.info(result).shape.dims();
+      const int64_t n = pad_dims.back();
+      pad_dims.back() = (n + kRowElements - 1) / kRowElements * kRowElements - n;
+      const ValueId zeros = b.cast(b.fill(Shape(pad_dims), DType::f32, 0.0), DType::bf16);
+      narrow(b.concat({b.cast(inputs[0], DType::bf16), zeros}, static_cast<int>(pad_dims.size()) - 1));
+      continue;
+    }
+    if (op.is(PrimId::reshape) && wide[static_cast<size_t>(op.inputs[0])] != kNoValue) {
+      // A reshape keeping the last dim (read_by_matmuls_only): the same reshape of the padded rows.
+      const ValueId rows = wide[static_cast<size_t>(op.inputs[0])];
+      std::vector<int64_t> dims = c.info(result).shape.dims();
+      dims.back() = last_dim(out, rows);
+      narrow(b.reshape(rows, Shape(dims)));
+      continue;
+    }
+    std::vector<ValueId> outs = out.add_op(op.prim->id, op.params, inputs, op.scope);
+    out.set_absorbed(out.ops().size() - 1, op.absorbed);
+    for (size_t k = 0; k < outs.size(); ++k) remap[static_cast<size_t>(op.outputs[k])] = outs[k];
+  }
+  for (ValueId& o : outputs) o = remap[static_cast<size_t>(o)];
+  out.verify();
+  return out;
+}
+
+}  // namespace kiln

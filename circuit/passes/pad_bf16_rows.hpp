@@ -1,0 +1,19 @@
+// pad_bf16_rows: a layout pass for the GPU's bf16 mma matmul kernel, which copies its operands
+// to shared memory in 16-byte chunks (cuda/lower/fused_matmul.cpp) and so needs every row of a
+// stored bf16 operand to start on a 16-byte boundary (a row length that is a multiple of 8).
+#pragma once
+
+#include <vector>
+
+#include "circuit/ir/circuit.hpp"
+
+namespace kiln {
+
+// Each cast to bf16 of a value (..., n) with n not a multiple of 8 (GPT-2's logits' gradient:
+// n = 50257), whose readers are all matmuls, is written padded: the cast, then concat with
+// zeros (a fill cast to bf16) to (..., round_up(n, 8)), then a slice back to (..., n) that fuse_matmul folds into the
+// matmuls' views (rows 16-byte aligned, the padding never read). Runs only while the bf16 mma
+// kernel is on (KILN_BF16_MMA); a requested output is left as it is. Run before fuse_matmul.
+Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs);
+
+}  // namespace kiln

@@ -3,7 +3,9 @@
 // keeps one f32 accumulator per body. With many rows the rows are split into chunks across
 // blocks (grid: column tiles x chunks), each writing its partial sums, and the last block to
 // arrive adds each column's chunks in chunk order: no float atomics, so the sums do not depend
-// on scheduling. Consecutive threads read consecutive columns, so the loads coalesce. f32
+// on scheduling. Consecutive threads read consecutive columns, so the loads coalesce; each thread
+// has 4 rows' loads in flight (measured on an H100: a thread per column waiting on one load at a
+// time summed an 8192 x 768 gradient at about 160 GB/s). f32
 // accumulation error bound rows * 2^-24 * sum |x| per column, as reduce.
 #include <algorithm>
 
@@ -19,6 +21,8 @@ using kir::Space;
 using kir::SReg;
 
 namespace {
+
+constexpr int kUnroll = 4;  // rows a trip of a column's loop
 
 // Row chunks of the split kernel: none below 128 rows (one pass, a thread per column); else
 // chunks of at least 64 rows, enough for about 256 blocks in all.
@@ -54,19 +58,32 @@ LoweredOp lower_column_sums(const Circuit& c, const Op& op) {
     out_ptr.push_back(b.param("out" + std::to_string(r), Type::u64));
     args.push_back({ArgRef::Kind::Output, static_cast<int>(r)});
   }
-  // Each body's sum over rows [first, end) of column `col`, in row order.
+  // Each body's sum over rows [first, end) of column `col`, in row order. A trip of the main loop
+  // takes kUnroll rows, issuing their loads before their adds (which keep the row order: the
+  // same sums), so that a thread waits on kUnroll loads at once rather than on one at a time.
   auto column_sums = [&](Reg col, Operand first, Operand end) {
     std::vector<Reg> acc;
     for (size_t r = 0; r < sums; ++r) acc.push_back(b.mov(Type::f32, imm_f32(0.0f)));
-    b.for_(first, end, imm_index(it, 1), [&](Reg row) {
+    auto load_row = [&](Reg row) {
       std::vector<Reg> coords = coordinates(b, row, lead);
       coords.push_back(col);
       std::vector<Reg> vals;
       for (size_t k = 0; k < op.inputs.size(); ++k)
         vals.push_back(load_as_f32(b, c.info(op.inputs[k]).dtype, in_ptr[k], linear_offset(b, coords, strides[k], 0)));
+      return vals;
+    };
+    auto add_row = [&](const std::vector<Reg>& vals) {
       for (size_t r = 0; r < sums; ++r)
         b.assign(kir::Opc::Add, acc[r], {acc[r], emit_scalar_exp(b, cp.bodies[r], vals)});
+    };
+    Reg whole = b.mul(it, b.div(it, b.sub(it, end, first), imm_index(it, kUnroll)), imm_index(it, kUnroll));
+    Reg main_end = b.add(it, first, whole);
+    b.for_(first, main_end, imm_index(it, kUnroll), [&](Reg row) {
+      std::vector<std::vector<Reg>> rows_vals;
+      for (int u = 0; u < kUnroll; ++u) rows_vals.push_back(load_row(u == 0 ? row : b.add(it, row, imm_index(it, u))));
+      for (const std::vector<Reg>& vals : rows_vals) add_row(vals);
     });
+    b.for_(main_end, end, imm_index(it, 1), [&](Reg row) { add_row(load_row(row)); });
     return acc;
   };
   LoweredOp lo;

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "circuit/ir/hash.hpp"
+#include "circuit/passes/contract.hpp"
 #include "circuit/prims/prim_params.hpp"
 
 namespace kiln {
@@ -128,25 +129,16 @@ Circuit forward_assigned_values(const Circuit& c) {
 }
 
 Circuit ordered_scatter_sums(const Circuit& c, std::vector<ValueId>& outputs) {
-  Circuit out;
-  std::vector<ValueId> remap(c.num_values(), kNoValue);
-  for (ValueId x : c.externals()) {
-    const Value& v = c.value(x);
-    remap[static_cast<size_t>(x)] = out.add_external(v.info, v.role, v.name);
-  }
+  Rebuild r(c);
   for (const Op& op : c.ops()) {
-    std::vector<ValueId> inputs;
-    for (ValueId in : op.inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
-    Params params = op.params;
-    if (op.is(PrimId::scatter_add_rows))
-      params = ScatterAddRowsParams{ScatterAddRowsParams::of(op).rows, true}.to_params();
-    std::vector<ValueId> outs = out.add_op(op.prim->id, std::move(params), inputs, op.scope);
-    out.set_absorbed(out.ops().size() - 1, op.absorbed);
-    out.set_phase(out.ops().size() - 1, op.phase);
-    for (size_t k = 0; k < outs.size(); ++k) remap[static_cast<size_t>(op.outputs[k])] = outs[k];
+    if (!op.is(PrimId::scatter_add_rows)) {
+      r.copy(op);
+      continue;
+    }
+    const Params ordered = ScatterAddRowsParams{ScatterAddRowsParams::of(op).rows, true}.to_params();
+    r.copy(op, &ordered);
   }
-  for (ValueId& o : outputs) o = remap[static_cast<size_t>(o)];
-  return out;
+  return r.finish(outputs);
 }
 
 }  // namespace kiln

@@ -32,6 +32,32 @@ std::vector<std::vector<int32_t>> op_successors(const Circuit& c) {
   return succ;
 }
 
+Rebuild::Rebuild(const Circuit& from) : remap_(from.num_values(), kNoValue) {
+  for (ValueId x : from.externals()) {
+    const Value& v = from.value(x);
+    map(x, out_.add_external(v.info, v.role, v.name));
+  }
+}
+
+std::vector<ValueId> Rebuild::inputs(const Op& op) const {
+  std::vector<ValueId> r;
+  for (ValueId in : op.inputs) r.push_back(at(in));
+  return r;
+}
+
+void Rebuild::copy(const Op& op, const Params* params) {
+  std::vector<ValueId> outs = out_.add_op(op.prim->id, params ? *params : op.params, inputs(op), op.scope);
+  out_.set_absorbed(out_.ops().size() - 1, op.absorbed);
+  out_.set_phase(out_.ops().size() - 1, op.phase);
+  for (size_t k = 0; k < outs.size(); ++k) map(op.outputs[k], outs[k]);
+}
+
+Circuit Rebuild::finish(std::vector<ValueId>& outputs) {
+  for (ValueId& o : outputs) o = at(o);
+  out_.verify();
+  return std::move(out_);
+}
+
 bool leaves_and_returns(const std::vector<std::vector<int32_t>>& succ, const std::vector<int32_t>& group) {
   if (group.empty()) return false;
   const int32_t last = *std::max_element(group.begin(), group.end());  // no path back starts past it

@@ -18,6 +18,26 @@ std::vector<std::vector<int32_t>> op_successors(const Circuit& c);
 // is listed twice).
 std::vector<std::vector<int32_t>> value_readers(const Circuit& c);
 
+// A circuit rebuilt from `from` op by op (for passes that rewrite some ops and copy the rest):
+// the externals are copied at construction; `at` maps from's ids to the new circuit's.
+class Rebuild {
+ public:
+  explicit Rebuild(const Circuit& from);
+  Circuit& out() { return out_; }
+  ValueId at(ValueId v) const { return remap_[static_cast<size_t>(v)]; }
+  std::vector<ValueId> inputs(const Op& op) const;  // op's inputs, mapped
+  void map(ValueId from, ValueId to) { remap_[static_cast<size_t>(from)] = to; }
+  // Appends op with `params` (its own where not given), its scope, phase and absorbed count,
+  // and maps its outputs.
+  void copy(const Op& op, const Params* params = nullptr);
+  // The result; `outputs` (ids of `from`) are mapped. Verifies the circuit.
+  Circuit finish(std::vector<ValueId>& outputs);
+
+ private:
+  Circuit out_;
+  std::vector<ValueId> remap_;
+};
+
 // True if a path of successors leaves the ops `group` and comes back into it (contracting the
 // group into one op would make a cycle).
 bool leaves_and_returns(const std::vector<std::vector<int32_t>>& succ, const std::vector<int32_t>& group);

@@ -50,50 +50,39 @@ Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs) {
   for (const Op& op : c.ops()) any = any || padded(c, op, readers, requested);
   if (!any) return c;
 
-  Circuit out;
-  std::vector<ValueId> remap(c.num_values(), kNoValue);
-  // For a value of c with padded rows: its padded form in `out` ((..., n) widened to (..., n + pad)).
+  Rebuild r(c);
+  // For a value of c with padded rows: its padded form in the result ((..., n) widened to (..., n + pad)).
   std::vector<ValueId> wide(c.num_values(), kNoValue);
-  for (ValueId x : c.externals()) {
-    const Value& v = c.value(x);
-    remap[static_cast<size_t>(x)] = out.add_external(v.info, v.role, v.name);
-  }
   for (const Op& op : c.ops()) {
-    std::vector<ValueId> inputs;
-    for (ValueId in : op.inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
-    out.set_recording_phase(op.phase);
-    Builder b(out, op.scope);
-    const ValueId result = op.outputs.empty() ? kNoValue : op.outputs[0];
+    const bool pad = padded(c, op, readers, requested);
+    const bool reshape_padded = op.is(PrimId::reshape) && wide[static_cast<size_t>(op.inputs[0])] != kNoValue;
+    if (!pad && !reshape_padded) {
+      r.copy(op);
+      continue;
+    }
+    r.out().set_recording_phase(op.phase);
+    Builder b(r.out(), op.scope);
+    const ValueId result = op.outputs[0];
     // (..., n) -> (..., 0:n) of the padded rows: a slice that fuse_matmul folds into a view.
     auto narrow = [&](ValueId rows) {
       const int last = c.info(result).shape.rank() - 1;
-      remap[static_cast<size_t>(result)] = b.slice(rows, last, 0, last_dim(c, result));
+      r.map(result, b.slice(rows, last, 0, last_dim(c, result)));
       wide[static_cast<size_t>(result)] = rows;
     };
-    if (padded(c, op, readers, requested)) {
-      // The cast, then concat with zeros (..., pad).
+    if (pad) {  // the cast, then concat with zeros (..., pad)
       std::vector<int64_t> pad_dims = c.info(result).shape.dims();
       const int64_t n = pad_dims.back();
       pad_dims.back() = (n + kRowElements - 1) / kRowElements * kRowElements - n;
       const ValueId zeros = b.cast(b.fill(Shape(pad_dims), DType::f32, 0.0), DType::bf16);
-      narrow(b.concat({b.cast(inputs[0], DType::bf16), zeros}, static_cast<int>(pad_dims.size()) - 1));
-      continue;
-    }
-    if (op.is(PrimId::reshape) && wide[static_cast<size_t>(op.inputs[0])] != kNoValue) {
-      // A reshape keeping the last dim (read_by_matmuls_only): the same reshape of the padded rows.
+      narrow(b.concat({b.cast(r.at(op.inputs[0]), DType::bf16), zeros}, static_cast<int>(pad_dims.size()) - 1));
+    } else {  // a reshape keeping the last dim (read_by_matmuls_only): the same reshape of the padded rows
       const ValueId rows = wide[static_cast<size_t>(op.inputs[0])];
       std::vector<int64_t> dims = c.info(result).shape.dims();
-      dims.back() = last_dim(out, rows);
+      dims.back() = last_dim(r.out(), rows);
       narrow(b.reshape(rows, Shape(dims)));
-      continue;
     }
-    std::vector<ValueId> outs = out.add_op(op.prim->id, op.params, inputs, op.scope);
-    out.set_absorbed(out.ops().size() - 1, op.absorbed);
-    for (size_t k = 0; k < outs.size(); ++k) remap[static_cast<size_t>(op.outputs[k])] = outs[k];
   }
-  for (ValueId& o : outputs) o = remap[static_cast<size_t>(o)];
-  out.verify();
-  return out;
+  return r.finish(outputs);
 }
 
 }  // namespace kiln

@@ -40,7 +40,10 @@ LoweredOp lower_column_sums(const Circuit& c, const Op& op) {
   int64_t largest = domain.numel();
   for (ValueId v : op.inputs) largest = std::max(largest, c.info(v).shape.numel());
   const int64_t col_tiles = (cols + kElementwiseThreads - 1) / kElementwiseThreads;
-  const int64_t chunks = row_chunks(rows, col_tiles), chunk_rows = (rows + chunks - 1) / chunks;
+  // Chunks of chunk_rows rows, as many as cover the rows: none empty (with the count clamped,
+  // ceil(rows / chunks) rows a chunk can need fewer chunks, e.g. 16400 rows: 253 of 65).
+  const int64_t chunk_rows = (rows + row_chunks(rows, col_tiles) - 1) / row_chunks(rows, col_tiles);
+  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
   largest = std::max<int64_t>(largest, static_cast<int64_t>(sums) * chunks * cols);
   const Type it = index_type(largest);
 

@@ -182,12 +182,11 @@ TEST(Lowering, GpuMatmulCasesOnTf32TensorCoresMatchEigen) {
 }
 
 // The bf16 mma.sync kernel (ldmatrix, cp.async; KILN_BF16_MMA=1, the default): operands stored in
-// bf16 with k contiguous (K a multiple of 8: 16-byte chunks; [row][k] stages, ldmatrix) or with
-// rows contiguous ([k][row] stages, ldmatrix.trans; rows past the matrix in a partial chunk
-// zero-filled); sizes off the 128x128x32 tile, K of 1, 2 and 3 stages (a partial last one), a
+// bf16 with k contiguous ([row][k] stages, ldmatrix) or with rows contiguous ([k][row] stages,
+// ldmatrix.trans); sizes off the 128x128x32 tile, K of 1, 2 and 3 stages (a partial last one), a
 // batch broadcasting b, an epilogue with a bias. Both sides multiply the same bf16 values
-// exactly: 1e-5, as f32. A b whose rows are not 16-byte aligned must take the tensor-core kernel
-// of widened tiles instead.
+// exactly: 1e-5, as f32. Chunks partly past the matrix: the sliced cases below. A b whose rows
+// are not 16-byte aligned must take the widened-tile kernel instead.
 std::vector<LoweringCase> bf16_mma_cases() {
   auto mm = [](const std::string& name, Shape a, Shape b, bool ta, bool tb, bool bias) {
     const int64_t n = tb ? b[b.rank() - 2] : b[b.rank() - 1];
@@ -289,24 +288,73 @@ TEST(Lowering, Bf16CastsThatMatmulsReadArePaddedToWholeChunks) {
   }
 }
 
+// pad_bf16_rows leaves a cast as it is where padding would change what else reads it: a
+// reader other than a matmul (here a cast back to f32), a reshape that changes the last dim,
+// or the cast being a requested output.
+TEST(Lowering, Bf16CastsReadOtherwiseAreNotPadded) {
+  cuda::ForceBf16Mma on;
+  auto concats = [](const BuildFn& build, bool request_cast) {
+    Circuit c;
+    Builder bld(c);
+    std::vector<ValueId> x{c.add_external({Shape{24, 61}, DType::f32}, ValueRole::Input, "x"),
+                           c.add_external({Shape{61, 32}, DType::f32}, ValueRole::Input, "w")};
+    std::vector<ValueId> outs{build(bld, x)};
+    if (request_cast) outs.push_back(c.ops()[0].outputs[0]);  // the first op: x's cast
+    return testing::count_prim(pad_bf16_rows(c, outs), PrimId::concat);
+  };
+  EXPECT_EQ(concats(
+                [](Builder& bld, const std::vector<ValueId>& x) {
+                  ValueId a = bld.cast(x[0], DType::bf16);
+                  return bld.add(bld.matmul(a, bld.cast(x[1], DType::bf16)),
+                                 bld.reduce(ReduceKind::Sum, bld.cast(a, DType::f32), 1));
+                },
+                false),
+            0u);
+  EXPECT_EQ(concats(
+                [](Builder& bld, const std::vector<ValueId>& x) {
+                  ValueId a = bld.reshape(bld.cast(x[0], DType::bf16), Shape{61, 24});
+                  return bld.matmul(a, bld.cast(bld.slice(x[1], 1, 0, 24), DType::bf16), true);
+                },
+                false),
+            0u);
+  const BuildFn plain = [](Builder& bld, const std::vector<ValueId>& x) {
+    const ValueId a = bld.cast(x[0], DType::bf16);  // op 0, whatever order a call's arguments run in
+    return bld.matmul(a, bld.cast(x[1], DType::bf16));
+  };
+  EXPECT_EQ(concats(plain, true), 0u);
+  EXPECT_EQ(concats(plain, false), 1u);  // the same circuit, the cast not requested
+}
+
 TEST(Lowering, MatmulsOnBf16MmaMatchEigen) { check_bf16_mma_cases(testing::fake_runtime()); }
+
+// The same on the kernel's 64-bit index path.
+TEST(Lowering, MatmulsOnBf16MmaMatchEigenWithWideIndices) {
+  cuda::ForceWideIndices wide;
+  check_bf16_mma_cases(testing::fake_runtime());
+}
 
 TEST(Lowering, GpuMatmulsOnBf16MmaMatchEigen) {
   KILN_GPU_OR_SKIP(rt);
   check_bf16_mma_cases(*rt);
 }
 
+// Both index widths (64-bit: tensors of 2^31 elements and more).
 TEST(Lowering, Bf16MmaKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   cuda::ForceBf16Mma on;
-  std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-  const std::vector<const kir::Kernel*> kernels = lowered_kernels(bf16_mma_cases(), programs);
-  testing::expect_ptxas_accepts(kernels);
-  for (const kir::Kernel* k : kernels) {
-    if (k->name.find("matmul") == std::string::npos) continue;
-    const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
-    EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
-    std::printf("%s: %d registers, %d bytes spilled\n", k->name.c_str(), r.registers, r.spill_stores);
+  for (bool wide_indices : {false, true}) {
+    std::optional<cuda::ForceWideIndices> wide;
+    if (wide_indices) wide.emplace();
+    std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
+    const std::vector<const kir::Kernel*> kernels = lowered_kernels(bf16_mma_cases(), programs);
+    testing::expect_ptxas_accepts(kernels);
+    for (const kir::Kernel* k : kernels) {
+      if (k->name.find("matmul") == std::string::npos) continue;
+      const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
+      EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
+      std::printf("%s (%s indices): %d registers, %d bytes spilled\n", k->name.c_str(), wide_indices ? "u64" : "u32",
+                  r.registers, r.spill_stores);
+    }
   }
 }
 

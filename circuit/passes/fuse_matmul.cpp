@@ -129,8 +129,8 @@ View read_through(const Circuit& c, View v, const std::vector<bool>& assigned,
         next->prologue = v.prologue.substitute({op.params.body});
       }
     } else if (op.is(PrimId::cast)) {
-      // Not with KILN_BF16_MMA=1: the GPU's bf16 mma kernel copies operands stored in bf16 as
-      // they are (the CPU pipeline then computes the casts too: the same values).
+      // Only with KILN_BF16_MMA=0: the GPU's bf16 mma kernel (the default) copies operands
+      // stored in bf16 as they are, so the casts stay ops.
       if (op.params.dtype == DType::bf16 && c.info(op.inputs[0]).dtype == DType::f32 && !options::bf16_mma()) {
         next = v;  // a bf16 value takes no prologue, so v's is in0
         next->base = op.inputs[0];

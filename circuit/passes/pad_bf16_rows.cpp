@@ -2,7 +2,11 @@
 // to a multiple of 8 elements.
 #include "circuit/passes/pad_bf16_rows.hpp"
 
+#include <algorithm>
+#include <string>
+
 #include "circuit/ir/options.hpp"
+#include "circuit/passes/cleanup.hpp"
 #include "circuit/passes/contract.hpp"
 #include "circuit/prims/builder.hpp"
 
@@ -42,7 +46,9 @@ bool padded(const Circuit& c, const Op& op, const std::vector<std::vector<int32_
 }  // namespace
 
 Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs) {
-  if (!options::bf16_mma()) return c;
+  // Without fuse_matmul nothing would fold the slices: the padding would only add kernels.
+  const std::vector<std::string> disabled = options::disabled_passes();
+  if (!options::bf16_mma() || std::find(disabled.begin(), disabled.end(), "fuse_matmul") != disabled.end()) return c;
   const std::vector<std::vector<int32_t>> readers = value_readers(c);
   std::vector<bool> requested(c.num_values(), false);
   for (ValueId o : outputs) requested[static_cast<size_t>(o)] = true;
@@ -74,7 +80,9 @@ Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs) {
       const int64_t n = pad_dims.back();
       pad_dims.back() = (n + kRowElements - 1) / kRowElements * kRowElements - n;
       const ValueId zeros = b.cast(b.fill(Shape(pad_dims), DType::f32, 0.0), DType::bf16);
-      narrow(b.concat({b.cast(r.at(op.inputs[0]), DType::bf16), zeros}, static_cast<int>(pad_dims.size()) - 1));
+      const ValueId cast = b.cast(r.at(op.inputs[0]), DType::bf16);
+      r.out().set_absorbed(r.out().ops().size() - 1, op.absorbed);
+      narrow(b.concat({cast, zeros}, static_cast<int>(pad_dims.size()) - 1));
     } else {  // a reshape keeping the last dim (read_by_matmuls_only): the same reshape of the padded rows
       const ValueId rows = wide[static_cast<size_t>(op.inputs[0])];
       std::vector<int64_t> dims = c.info(result).shape.dims();
@@ -82,7 +90,9 @@ Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs) {
       narrow(b.reshape(rows, Shape(dims)));
     }
   }
-  return r.finish(outputs);
+  // The slice of a cast that only reshapes read is left unread.
+  Circuit padded_circuit = r.finish(outputs);
+  return dce(padded_circuit, outputs);
 }
 
 }  // namespace kiln

@@ -13,7 +13,9 @@ namespace kiln {
 // n = 50257), whose readers are all matmuls, is written padded: the cast, then concat with
 // zeros (a fill cast to bf16) to (..., round_up(n, 8)), then a slice back to (..., n) that fuse_matmul folds into the
 // matmuls' views (rows 16-byte aligned, the padding never read). Runs only while the bf16 mma
-// kernel is on (KILN_BF16_MMA); a requested output is left as it is. Run before fuse_matmul.
+// kernel is on (KILN_BF16_MMA) and fuse_matmul is not disabled; a requested output is left as
+// it is, and so is a cast that anything but a matmul (or a reshape keeping the last dim that
+// only matmuls read) reads. Run before fuse_matmul.
 Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs);
 
 }  // namespace kiln

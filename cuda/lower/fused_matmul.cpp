@@ -19,9 +19,9 @@
 // in f32, or with KILN_ALLOW_TF32=1 tf32 tensor cores (mma.sync) on the 128x128 tiles. An
 // operand stored in bf16 is loaded as bf16 (half the bytes) and widened to f32 in the tiles;
 // where both carry bf16 values (stored, or f32 read through a rounding to bf16) their products
-// are exact in both kernels and large tiles take the tensor cores. With KILN_BF16_MMA=1,
-// operands both stored in bf16 with k contiguous run a third kernel instead: bf16 mma.sync fed
-// by ldmatrix from two cp.async stages (bf16_mma_main_loop). Row
+// are exact in both kernels and large tiles take the tensor cores. Operands both stored in bf16
+// (16-byte aligned rows, k or rows contiguous) run a third kernel instead, unless
+// KILN_BF16_MMA=0: bf16 mma.sync fed by ldmatrix from two cp.async stages (bf16_mma_main_loop). Row
 // sums of A (a bias gradient) come out of the blocks of the first tile column, from the tiles in
 // shared memory.
 #include "circuit/prims/fused_matmul.hpp"
@@ -71,7 +71,7 @@ constexpr double kLargeTileMinWaveFill = 0.8;
 int forced_tile = 0;
 bool forced_tf32 = false;
 
-// The bf16 mma.sync kernel (KILN_BF16_MMA=1): 128x128 tiles, k steps of 32, two shared stages
+// The bf16 mma.sync kernel (on unless KILN_BF16_MMA=0): 128x128 tiles, k steps of 32, two shared stages
 // filled by cp.async (16-byte chunks, zero-filled past the matrix), mma.sync m16n8k16 on warp
 // tiles of 64x32 (the tf32 kernel's warps and accumulator layout). Each operand's stage is laid
 // out as it is stored (Bf16Stage): k contiguous (x W^T, dY W^T) as [row][k], fragments by

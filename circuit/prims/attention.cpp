@@ -337,23 +337,30 @@ using ConstRowsMap = Eigen::Map<const RowMat<T>, 0, Eigen::OuterStride<>>;
 
 // c (m x n, row stride ldc) = alpha op(a) op(b) (+ c with `accumulate`) for row-major a and b with
 // row strides lda and ldb: oneDNN's sgemm for f32 where kiln was built with it (one thread inside the entries'
-// parallel loop, as the matmul Prim's batched products), Eigen's product otherwise.
+// parallel loop, as the matmul Prim's batched products), except small products with b
+// transposed; Eigen's product otherwise.
 template <class T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
           T* c, int64_t ldc, bool accumulate = false) {
 #if KILN_HAVE_DNNL
+  // Small products with b transposed (q kᵀ, do vᵀ) stay with Eigen: oneDNN's sgemm took about
+  // twice as long on them, one thread on the 2-core AMD VM (16 x 64 x 32: 1.74 against 0.95 us;
+  // level from n = 128 on), and the attention makes hundreds of them a layer.
+  const bool small_b_transposed = tb && !ta && n <= 64 && m * n * k <= 64 * 64 * 64;
   if constexpr (std::is_same_v<T, float>) {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {  // an empty sum (and leading dimensions oneDNN would refuse)
-      if (!accumulate)
-        for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    if (!small_b_transposed) {
+      if (m == 0 || n == 0) return;
+      if (k == 0) {  // an empty sum (and leading dimensions oneDNN would refuse)
+        if (!accumulate)
+          for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+        return;
+      }
+      if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c,
+                     ldc) != dnnl_success)
+        throw Error("op 'attention': oneDNN sgemm failed for " + std::to_string(m) + "x" + std::to_string(k) + " . " +
+                    std::to_string(k) + "x" + std::to_string(n));
       return;
     }
-    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc) !=
-        dnnl_success)
-      throw Error("op 'attention': oneDNN sgemm failed for " + std::to_string(m) + "x" + std::to_string(k) + " . " +
-                  std::to_string(k) + "x" + std::to_string(n));
-    return;
   }
 #endif
   using Stride = Eigen::OuterStride<>;

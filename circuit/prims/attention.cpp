@@ -346,8 +346,8 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a
   // Small products with b transposed (q kᵀ, do vᵀ) stay with Eigen: oneDNN's sgemm took about
   // twice as long on them, one thread on the 2-core AMD VM (16 x 64 x 32: 1.74 against 0.95 us;
   // level from n = 128 on), and the attention makes hundreds of them a layer.
-  const bool small_b_transposed = tb && !ta && n <= 64 && m * n * k <= 64 * 64 * 64;
   if constexpr (std::is_same_v<T, float>) {
+    const bool small_b_transposed = tb && !ta && n <= 64 && m * n * k <= 64 * 64 * 64;
     if (!small_b_transposed) {
       if (m == 0 || n == 0) return;
       if (k == 0) {  // an empty sum (and leading dimensions oneDNN would refuse)

@@ -25,10 +25,10 @@ namespace {
 constexpr int kUnroll = 4;  // rows a trip of a column's loop
 
 // Row chunks of the split kernel: none below 128 rows (one pass, a thread per column); else
-// chunks of at least 64 rows, enough for about 256 blocks in all.
+// about 64 rows each, at most enough for about 256 blocks in all.
 int64_t row_chunks(int64_t rows, int64_t col_tiles) {
   if (rows < 128) return 1;
-  return std::clamp<int64_t>((rows + 63) / 64, 1, std::max<int64_t>(1, 256 / col_tiles));
+  return std::clamp<int64_t>((rows + 63) / 64, 1, std::max<int64_t>(1, 256 / std::max<int64_t>(col_tiles, 1)));
 }
 
 LoweredOp lower_column_sums(const Circuit& c, const Op& op) {
@@ -41,9 +41,11 @@ LoweredOp lower_column_sums(const Circuit& c, const Op& op) {
   for (ValueId v : op.inputs) largest = std::max(largest, c.info(v).shape.numel());
   const int64_t col_tiles = (cols + kElementwiseThreads - 1) / kElementwiseThreads;
   // Chunks of chunk_rows rows, as many as cover the rows: none empty (with the count clamped,
-  // ceil(rows / chunks) rows a chunk can need fewer chunks, e.g. 16400 rows: 253 of 65).
-  const int64_t chunk_rows = (rows + row_chunks(rows, col_tiles) - 1) / row_chunks(rows, col_tiles);
-  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+  // ceil(rows / chunks) rows a chunk can need fewer chunks, e.g. 16400 rows: 253 of 65). No
+  // rows: one chunk (the sums are zeros).
+  const int64_t wanted = row_chunks(rows, col_tiles);
+  const int64_t chunk_rows = std::max<int64_t>(1, (rows + wanted - 1) / wanted);
+  const int64_t chunks = std::max<int64_t>(1, (rows + chunk_rows - 1) / chunk_rows);
   largest = std::max<int64_t>(largest, static_cast<int64_t>(sums) * chunks * cols);
   const Type it = index_type(largest);
 

@@ -30,16 +30,23 @@ void column_sums_cases(FamilyCases& c) {
          return b.concat(outs, 1);
        },
        1e-5});
+  // No rows: zeros.
+  c.lowering.push_back({"column_sums_no_rows",
+                        {f32({0, 5})},
+                        [](Builder& b, const std::vector<ValueId>& x) {
+                          const ColumnSumsParams p{Shape{0, 5}, {se::in(0)}, DType::f32};
+                          return b.circuit().add_op(PrimId::column_sums, p.to_params(), x, b.scope())[0];
+                        },
+                        0});
   // 16400 rows of one column: 256 chunks of 65 rows would leave the last three empty (they start
   // past the rows), so 253 chunks run.
-  c.lowering.push_back(
-      {"column_sums_many_rows",
-       {f32({16400, 1})},
-       [](Builder& b, const std::vector<ValueId>& x) {
-         const ColumnSumsParams p{Shape{16400, 1}, {se::in(0)}, DType::f32};
-         return b.circuit().add_op(PrimId::column_sums, p.to_params(), x, b.scope())[0];
-       },
-       1e-5});
+  c.lowering.push_back({"column_sums_many_rows",
+                        {f32({16400, 1})},
+                        [](Builder& b, const std::vector<ValueId>& x) {
+                          const ColumnSumsParams p{Shape{16400, 1}, {se::in(0)}, DType::f32};
+                          return b.circuit().add_op(PrimId::column_sums, p.to_params(), x, b.scope())[0];
+                        },
+                        1e-5});
 }
 
 }  // namespace kiln::testing

@@ -39,14 +39,14 @@ Rebuild::Rebuild(const Circuit& from) : remap_(from.num_values(), kNoValue) {
   }
 }
 
-std::vector<ValueId> Rebuild::inputs(const Op& op) const {
+std::vector<ValueId> Rebuild::at(const std::vector<ValueId>& ids) const {
   std::vector<ValueId> r;
-  for (ValueId in : op.inputs) r.push_back(at(in));
+  for (ValueId v : ids) r.push_back(at(v));
   return r;
 }
 
 void Rebuild::copy(const Op& op, const Params* params) {
-  std::vector<ValueId> outs = out_.add_op(op.prim->id, params ? *params : op.params, inputs(op), op.scope);
+  std::vector<ValueId> outs = out_.add_op(op.prim->id, params ? *params : op.params, at(op.inputs), op.scope);
   out_.set_absorbed(out_.ops().size() - 1, op.absorbed);
   out_.set_phase(out_.ops().size() - 1, op.phase);
   for (size_t k = 0; k < outs.size(); ++k) map(op.outputs[k], outs[k]);
@@ -120,17 +120,7 @@ Circuit contract_groups(const Circuit& c, const std::vector<std::vector<int32_t>
   for (size_t k = 0; k < node_group.size(); ++k)
     if (indegree[k] == 0) ready.push(static_cast<int32_t>(k));
 
-  Circuit out;
-  std::vector<ValueId> remap(c.num_values(), kNoValue);
-  for (ValueId x : c.externals()) {
-    const Value& v = c.value(x);
-    remap[static_cast<size_t>(x)] = out.add_external(v.info, v.role, v.name);
-  }
-  auto mapped = [&](const std::vector<ValueId>& ids) {
-    std::vector<ValueId> r;
-    for (ValueId v : ids) r.push_back(remap[static_cast<size_t>(v)]);
-    return r;
-  };
+  Rebuild r(c);
   size_t emitted = 0;
   while (!ready.empty()) {
     const int32_t k = ready.top();
@@ -138,11 +128,7 @@ Circuit contract_groups(const Circuit& c, const std::vector<std::vector<int32_t>
     ++emitted;
     const int32_t g = node_group[static_cast<size_t>(k)];
     if (g < 0) {
-      const Op& op = ops[static_cast<size_t>(node_op[static_cast<size_t>(k)])];
-      std::vector<ValueId> outs = out.add_op(op.prim->id, op.params, mapped(op.inputs), op.scope);
-      out.set_absorbed(out.ops().size() - 1, op.absorbed);
-      out.set_phase(out.ops().size() - 1, op.phase);
-      for (size_t j = 0; j < outs.size(); ++j) remap[static_cast<size_t>(op.outputs[j])] = outs[j];
+      r.copy(ops[static_cast<size_t>(node_op[static_cast<size_t>(k)])]);
     } else {
       MergedOp m = merge(static_cast<size_t>(g));
       if (!m.replaces.empty()) {  // else nothing reads the group: dead code, dropped
@@ -156,22 +142,21 @@ Circuit contract_groups(const Circuit& c, const std::vector<std::vector<int32_t>
           phase = std::max(phase, op.phase);
           if (scope.empty()) scope = op.scope;
         }
-        std::vector<ValueId> outs = out.add_op(m.prim, std::move(m.params), mapped(m.inputs), scope);
+        Circuit& out = r.out();
+        std::vector<ValueId> outs = out.add_op(m.prim, std::move(m.params), r.at(m.inputs), scope);
         if (outs.size() != m.replaces.size())
           throw Error(pass + ": internal error, a merged op has " + std::to_string(outs.size()) + " outputs for " +
                       std::to_string(m.replaces.size()) + " values");
         out.set_absorbed(out.ops().size() - 1, absorbed);
         out.set_phase(out.ops().size() - 1, phase);
-        for (size_t j = 0; j < outs.size(); ++j) remap[static_cast<size_t>(m.replaces[j])] = outs[j];
+        for (size_t j = 0; j < outs.size(); ++j) r.map(m.replaces[j], outs[j]);
       }
     }
     for (int32_t s : node_succ[static_cast<size_t>(k)])
       if (--indegree[static_cast<size_t>(s)] == 0) ready.push(s);
   }
   if (emitted != node_group.size()) throw Error(pass + ": internal error, the contracted graph has a cycle");
-  for (ValueId& o : outputs) o = remap[static_cast<size_t>(o)];
-  out.verify();
-  return out;
+  return r.finish(outputs);
 }
 
 }  // namespace kiln

@@ -25,7 +25,7 @@ class Rebuild {
   explicit Rebuild(const Circuit& from);
   Circuit& out() { return out_; }
   ValueId at(ValueId v) const { return remap_[static_cast<size_t>(v)]; }
-  std::vector<ValueId> inputs(const Op& op) const;  // op's inputs, mapped
+  std::vector<ValueId> at(const std::vector<ValueId>& ids) const;
   void map(ValueId from, ValueId to) { remap_[static_cast<size_t>(from)] = to; }
   // Appends op with `params` (its own where not given), its scope, phase and absorbed count,
   // and maps its outputs.

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "circuit/passes/cleanup.hpp"
+#include "circuit/passes/contract.hpp"
 #include "circuit/passes/fusion.hpp"
 #include "circuit/prims/prim_params.hpp"
 
@@ -115,30 +116,24 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs) {
     }
   }
 
-  Circuit out;
+  Rebuild r(c);
+  Circuit& out = r.out();
   bool folded = false;
-  std::vector<ValueId> remap(c.num_values(), kNoValue);
-  for (ValueId e : c.externals()) {
-    const Value& v = c.value(e);
-    remap[static_cast<size_t>(e)] = out.add_external(v.info, v.role, v.name);
-  }
   for (size_t i = 0; i < ops.size(); ++i) {
     if (fused[i].removed) continue;
-    std::vector<ValueId> inputs;
-    for (ValueId in : fused[i].inputs) inputs.push_back(remap[static_cast<size_t>(in)]);
     std::vector<ValueId> outs;
     if (std::optional<Params> fill = folded_fill(c, ops[i], fused[i])) {
       outs = out.add_op(PrimId::fill, *fill, {}, ops[i].scope);
       folded = true;
     } else {
-      outs = out.add_op(ops[i].prim->id, fused[i].params, inputs, ops[i].scope);
+      outs = out.add_op(ops[i].prim->id, fused[i].params, r.at(fused[i].inputs), ops[i].scope);
     }
     out.set_absorbed(out.ops().size() - 1, fused[i].absorbed);
     out.set_phase(out.ops().size() - 1, fused[i].phase);
-    for (size_t k = 0; k < outs.size(); ++k) remap[static_cast<size_t>(ops[i].outputs[k])] = outs[k];
+    for (size_t k = 0; k < outs.size(); ++k) r.map(ops[i].outputs[k], outs[k]);
   }
-  for (ValueId& o : outputs) o = remap[static_cast<size_t>(o)];
-  return folded ? dce(out, outputs) : out;  // the fills folded away may be dead now
+  Circuit result = r.finish(outputs);
+  return folded ? dce(result, outputs) : result;  // the fills folded away may be dead now
 }
 
 }  // namespace kiln

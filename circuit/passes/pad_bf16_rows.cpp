@@ -52,17 +52,17 @@ Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs) {
   const std::vector<std::vector<int32_t>> readers = value_readers(c);
   std::vector<bool> requested(c.num_values(), false);
   for (ValueId o : outputs) requested[static_cast<size_t>(o)] = true;
-  bool any = false;
-  for (const Op& op : c.ops()) any = any || padded(c, op, readers, requested);
-  if (!any) return c;
+  std::vector<bool> pad(c.ops().size());
+  for (size_t i = 0; i < pad.size(); ++i) pad[i] = padded(c, c.ops()[i], readers, requested);
+  if (std::find(pad.begin(), pad.end(), true) == pad.end()) return c;
 
   Rebuild r(c);
   // For a value of c with padded rows: its padded form in the result ((..., n) widened to (..., n + pad)).
   std::vector<ValueId> wide(c.num_values(), kNoValue);
-  for (const Op& op : c.ops()) {
-    const bool pad = padded(c, op, readers, requested);
+  for (size_t i = 0; i < pad.size(); ++i) {
+    const Op& op = c.ops()[i];
     const bool reshape_padded = op.is(PrimId::reshape) && wide[static_cast<size_t>(op.inputs[0])] != kNoValue;
-    if (!pad && !reshape_padded) {
+    if (!pad[i] && !reshape_padded) {
       r.copy(op);
       continue;
     }
@@ -75,7 +75,7 @@ Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs) {
       r.map(result, b.slice(rows, last, 0, last_dim(c, result)));
       wide[static_cast<size_t>(result)] = rows;
     };
-    if (pad) {  // the cast, then concat with zeros (..., pad)
+    if (pad[i]) {  // the cast, then concat with zeros (..., pad)
       std::vector<int64_t> pad_dims = c.info(result).shape.dims();
       const int64_t n = pad_dims.back();
       pad_dims.back() = (n + kRowElements - 1) / kRowElements * kRowElements - n;

@@ -79,6 +79,18 @@ std::vector<Pattern> patterns() {
                  return std::vector<ValueId>{y, g[0], g[1], g[2]};
                },
                2});
+  // Rows longer than the CPU reference's block (2048): visited block by block, a phase per body.
+  p.push_back({"layernorm_forward_backward_long_rows",
+               {{Shape{3, 2500}, DType::f64, -2, 2},
+                {Shape{2500}, DType::f64, 0.5, 1.5},
+                {Shape{2500}, DType::f64},
+                {Shape{3, 2500}, DType::f64}},
+               [](Builder& b, const auto& in) {
+                 ValueId y = composite::layernorm(b, in[0], in[1], in[2]);
+                 std::vector<ValueId> g = ad::backward(b, weighted_sum(b, y, in[3]), {in[0], in[1], in[2]});
+                 return std::vector<ValueId>{y, g[0], g[1], g[2]};
+               },
+               2});
   p.push_back({"cross_entropy_and_gradient",
                {{Shape{4, 6, 113}, DType::f64, -4, 4}, {Shape{4, 6}, DType::i32, 0, 113}},
                [](Builder& b, const auto& in) {
@@ -141,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(Transformer, RowPatterns, ::testing::ValuesIn(patterns(
                          [](const auto& info) { return info.param.name; });
 
 TEST(FuseRows, CrossEntropyNeverWritesTheProbabilities) {
-  Pattern p = patterns().back();
+  Pattern p = patterns().back();  // cross_entropy_and_gradient
   Built u = build(p, DType::f32);
   std::vector<ValueId> outs = u.outs;
   Circuit f = optimize(u.c, outs);

@@ -61,7 +61,7 @@ TEST(Options, TheBf16MmaSwitchIsOnByDefaultAndTakesOnlyZeroOrOne) {
   }
 }
 
-// exp(tanh(x)): two pointwise ops that fuse_pointwise makes one.
+// exp(tanh(x)): two pointwise ops that fuse_pointwise makes one (and, without it, fuse_rows).
 Circuit chain(std::vector<ValueId>& outputs) {
   Circuit c;
   ValueId x = c.add_external({Shape{4}, DType::f32}, ValueRole::Input, "x");
@@ -75,7 +75,7 @@ TEST(Pipeline, DisablingAPassByNameSkipsIt) {
   Circuit c = chain(outputs);
   std::vector<ValueId> fused_outputs = outputs;
   EXPECT_EQ(optimize(c, fused_outputs, {}).ops().size(), 1u);
-  testing::ScopedEnv off("KILN_DISABLE_PASSES", "cse,fuse_pointwise");
+  testing::ScopedEnv off("KILN_DISABLE_PASSES", "cse,fuse_pointwise,fuse_rows");
   EXPECT_EQ(optimize(c, outputs, {}).ops().size(), 2u);
 }
 

@@ -29,7 +29,7 @@ constexpr std::array<PassInfo, 10> kPasses = {{
     {"pad_bf16_rows", true, "casts to bf16 that matmuls read get rows of a multiple of 8 (16-byte chunks)",
      pad_bf16_rows},
     {"fuse_matmul", true, "matmuls read through views, with prologues and epilogues (fused_matmul)", fuse_matmul},
-    {"fuse_rows", true, "row reductions with the ops around them (fused_rows)", fuse_rows},
+    {"fuse_rows", false, "row reductions with the ops around them (fused_rows)", fuse_rows},
     {"merge_multi_tensor", true, "per-parameter update work in one op (multi_tensor)", merge_multi_tensor},
 }};
 

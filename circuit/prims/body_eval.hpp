@@ -58,6 +58,66 @@ struct Registers {
   }
 };
 
+// dst[0, len) = instruction I (an operation, not a Const or an Input) of its arguments' values
+// a, b, c (those it has). dst must be none of them (GELU's gradient keeps a value in dst).
+template <class T>
+inline void apply_instr(const Instr& I, const T* a, const T* b, const T* c, T* dst, int64_t len) {
+  auto b2 = [](bool v) { return v ? T(1) : T(0); };
+  Eigen::Map<Arr<T>> r(dst, len);
+  auto A = [&] { return Eigen::Map<const Arr<T>>(a, len); };
+  auto B = [&] { return Eigen::Map<const Arr<T>>(b, len); };
+  switch (I.op) {
+    case ExpOp::Const:
+    case ExpOp::Input: break;
+    case ExpOp::Neg: r = -A(); break;
+    case ExpOp::Exp: r = A().exp(); break;
+    case ExpOp::Log: r = A().log(); break;
+    case ExpOp::Sqrt: r = A().sqrt(); break;
+    case ExpOp::Rsqrt: r = A().sqrt().inverse(); break;
+    case ExpOp::Tanh: r = A().tanh(); break;
+    case ExpOp::Sigmoid: r = (T(1) + (-A()).exp()).inverse(); break;
+    case ExpOp::Gelu: {
+      const T k = static_cast<T>(0.7978845608028654);  // sqrt(2 / pi)
+      const auto x = A();
+      r = T(0.5) * x * (T(1) + (k * (x + T(0.044715) * x * x * x)).tanh());
+      break;
+    }
+    case ExpOp::GeluGrad: {  // t = tanh(.) first, into the destination, then the rest over t
+      const T k = static_cast<T>(0.7978845608028654);
+      const auto x = A();
+      r = (k * (x + T(0.044715) * x * x * x)).tanh();
+      r = T(0.5) * (T(1) + r) + (T(0.5) * k) * x * (T(1) - r * r) * (T(1) + T(3 * 0.044715) * x * x);
+      break;
+    }
+    case ExpOp::Silu: r = A() * (T(1) + (-A()).exp()).inverse(); break;
+    case ExpOp::Sin: r = A().sin(); break;
+    case ExpOp::Cos: r = A().cos(); break;
+    case ExpOp::Abs: r = A().abs(); break;
+    case ExpOp::RoundBf16:
+      r = A().unaryExpr([](T v) { return static_cast<T>(round_to_bf16(static_cast<float>(v))); });
+      break;
+    case ExpOp::Add: r = A() + B(); break;
+    case ExpOp::Sub: r = A() - B(); break;
+    case ExpOp::Mul: r = A() * B(); break;
+    case ExpOp::Div: r = A() / B(); break;
+    case ExpOp::Pow: r = A().pow(B()); break;
+    // NaN propagates; ties return the first argument (as ScalarExp::eval).
+    case ExpOp::Max:
+      r = A().binaryExpr(B(), [](T x, T y) { return std::isnan(x) ? x : std::isnan(y) ? y : x >= y ? x : y; });
+      break;
+    case ExpOp::Min:
+      r = A().binaryExpr(B(), [](T x, T y) { return std::isnan(x) ? x : std::isnan(y) ? y : x <= y ? x : y; });
+      break;
+    case ExpOp::Lt: r = A().binaryExpr(B(), [&](T x, T y) { return b2(x < y); }); break;
+    case ExpOp::Le: r = A().binaryExpr(B(), [&](T x, T y) { return b2(x <= y); }); break;
+    case ExpOp::Gt: r = A().binaryExpr(B(), [&](T x, T y) { return b2(x > y); }); break;
+    case ExpOp::Ge: r = A().binaryExpr(B(), [&](T x, T y) { return b2(x >= y); }); break;
+    case ExpOp::Eq: r = A().binaryExpr(B(), [&](T x, T y) { return b2(x == y); }); break;
+    case ExpOp::Ne: r = A().binaryExpr(B(), [&](T x, T y) { return b2(x != y); }); break;
+    case ExpOp::Select: r = (A() != T(0)).select(B(), Eigen::Map<const Arr<T>>(c, len)); break;
+  }
+}
+
 // One block of `len` elements; returns where the body's value lies: `out` when given (the last
 // instruction writes there), else a register. Constants and inputs read in place cost nothing
 // per block, so a body of one operation makes one pass over its operands.
@@ -65,7 +125,6 @@ template <class T>
 inline const T* run_block(const std::vector<Instr>& code, const std::vector<const T*>& direct,
                           const std::vector<std::vector<int64_t>>& bstrides, const std::vector<const HostTensor*>& in,
                           const Shape& shape, int64_t start, int64_t len, Registers<T>& regs, T* out) {
-  auto b2 = [](bool v) { return v ? T(1) : T(0); };
   if (!regs.constants_filled) {
     for (size_t i = 0; i < code.size(); ++i)
       if (code[i].op == ExpOp::Const) {
@@ -74,6 +133,7 @@ inline const T* run_block(const std::vector<Instr>& code, const std::vector<cons
       }
     regs.constants_filled = true;
   }
+  auto arg = [&](int k) { return k < 0 ? nullptr : regs.value[static_cast<size_t>(k)]; };
   for (size_t i = 0; i < code.size(); ++i) {
     const Instr& I = code[i];
     if (I.op == ExpOp::Const) continue;
@@ -82,66 +142,11 @@ inline const T* run_block(const std::vector<Instr>& code, const std::vector<cons
       continue;
     }
     T* dst = out && i + 1 == code.size() ? out : regs.blocks[i].data();
-    Eigen::Map<Arr<T>> r(dst, len);
-    auto A = [&] { return Eigen::Map<const Arr<T>>(regs.value[static_cast<size_t>(I.a)], len); };
-    auto B = [&] { return Eigen::Map<const Arr<T>>(regs.value[static_cast<size_t>(I.b)], len); };
-    switch (I.op) {
-      case ExpOp::Const: break;
-      case ExpOp::Input: {
-        auto k = static_cast<size_t>(I.input);
-        broadcast_range<T>(in[k]->data<T>(), bstrides[k], shape, start, len, dst);
-        break;
-      }
-      case ExpOp::Neg: r = -A(); break;
-      case ExpOp::Exp: r = A().exp(); break;
-      case ExpOp::Log: r = A().log(); break;
-      case ExpOp::Sqrt: r = A().sqrt(); break;
-      case ExpOp::Rsqrt: r = A().sqrt().inverse(); break;
-      case ExpOp::Tanh: r = A().tanh(); break;
-      case ExpOp::Sigmoid: r = (T(1) + (-A()).exp()).inverse(); break;
-      case ExpOp::Gelu: {
-        const T k = static_cast<T>(0.7978845608028654);  // sqrt(2 / pi)
-        const auto x = A();
-        r = T(0.5) * x * (T(1) + (k * (x + T(0.044715) * x * x * x)).tanh());
-        break;
-      }
-      case ExpOp::GeluGrad: {  // t = tanh(.) first, into the destination, then the rest over t
-        const T k = static_cast<T>(0.7978845608028654);
-        const auto x = A();
-        r = (k * (x + T(0.044715) * x * x * x)).tanh();
-        r = T(0.5) * (T(1) + r) + (T(0.5) * k) * x * (T(1) - r * r) * (T(1) + T(3 * 0.044715) * x * x);
-        break;
-      }
-      case ExpOp::Silu: r = A() * (T(1) + (-A()).exp()).inverse(); break;
-      case ExpOp::Sin: r = A().sin(); break;
-      case ExpOp::Cos: r = A().cos(); break;
-      case ExpOp::Abs: r = A().abs(); break;
-      case ExpOp::RoundBf16:
-        r = A().unaryExpr([](T v) { return static_cast<T>(round_to_bf16(static_cast<float>(v))); });
-        break;
-      case ExpOp::Add: r = A() + B(); break;
-      case ExpOp::Sub: r = A() - B(); break;
-      case ExpOp::Mul: r = A() * B(); break;
-      case ExpOp::Div: r = A() / B(); break;
-      case ExpOp::Pow: r = A().pow(B()); break;
-      // NaN propagates; ties return the first argument (as ScalarExp::eval).
-      case ExpOp::Max:
-        r = A().binaryExpr(B(), [](T a, T b) { return std::isnan(a) ? a : std::isnan(b) ? b : a >= b ? a : b; });
-        break;
-      case ExpOp::Min:
-        r = A().binaryExpr(B(), [](T a, T b) { return std::isnan(a) ? a : std::isnan(b) ? b : a <= b ? a : b; });
-        break;
-      case ExpOp::Lt: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a < b); }); break;
-      case ExpOp::Le: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a <= b); }); break;
-      case ExpOp::Gt: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a > b); }); break;
-      case ExpOp::Ge: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a >= b); }); break;
-      case ExpOp::Eq: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a == b); }); break;
-      case ExpOp::Ne: r = A().binaryExpr(B(), [&](T a, T b) { return b2(a != b); }); break;
-      case ExpOp::Select: {
-        Eigen::Map<const Arr<T>> c(regs.value[static_cast<size_t>(I.c)], len);
-        r = (A() != T(0)).select(B(), c);
-        break;
-      }
+    if (I.op == ExpOp::Input) {
+      const auto k = static_cast<size_t>(I.input);
+      broadcast_range<T>(in[k]->data<T>(), bstrides[k], shape, start, len, dst);
+    } else {
+      apply_instr<T>(I, arg(I.a), arg(I.b), arg(I.c), dst, len);
     }
     regs.value[i] = dst;
   }
@@ -166,12 +171,7 @@ class BodyRunner {
       bstrides_.push_back(x && !same ? broadcast_strides(x->shape(), domain_) : std::vector<int64_t>{});
     }
   }
-  // Registers for run(); one set per thread.
-  Registers<T> registers() const {
-    Registers<T> regs;
-    prepare(regs);
-    return regs;
-  }
+  // Readies registers (one set per thread, see thread_registers) for run().
   void prepare(Registers<T>& regs) const { regs.reset(code_.size()); }
   // Elements [start, start + len) of the domain, len <= kBlock: written to out when given, and
   // returned (valid until the next run with these registers).
@@ -187,15 +187,24 @@ class BodyRunner {
   std::vector<std::vector<int64_t>> bstrides_;
 };
 
+// The calling thread's `count` sets of registers, kept from one call to the next: once they
+// have grown to the longest bodies, running a body allocates nothing (a set of a body of 30
+// instructions is 240 KiB, which malloc would hand out as fresh, page-faulting memory).
+template <class T>
+std::vector<Registers<T>>& thread_registers(size_t count) {
+  thread_local std::vector<Registers<T>> sets;
+  if (sets.size() < count) sets.resize(count);
+  return sets;
+}
+
 // Writes the body's value at each of the n elements of its domain to dst, block by block
-// (OpenMP threads share the blocks of a large domain). Each thread keeps its registers from
-// one call to the next: no allocation once they have grown to the longest body.
+// (OpenMP threads share the blocks of a large domain).
 template <class T>
 void run_all(const BodyRunner<T>& body, T* dst, int64_t n) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel if (n >= 4 * kBlock)
   {
-    thread_local Registers<T> regs;
+    Registers<T>& regs = thread_registers<T>(1)[0];
     body.prepare(regs);
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {

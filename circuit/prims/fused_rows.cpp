@@ -1,8 +1,10 @@
 // Prim family `fused_rows`: a row kernel built by the row-epilogue fusion pass (see
 // circuit/prims/fused_rows.hpp for its program and shape contract). The pass runs after AD, so the
-// Prim has no VJP rule. Reference: rows are processed in chunks that stay in cache; for each
-// chunk the reduction bodies are evaluated block by block and reduced per row, in order, then
-// the outputs are written. Nothing of a row but its reductions is kept between phases.
+// Prim has no VJP rule. Reference: rows that fit a block (all of a transformer's but a large
+// vocabulary's) run in chunks of whole rows, every body at once (circuit/prims/row_chunks.hpp);
+// longer rows one at a time, each reduction body visiting the row block by block and reducing
+// it in order, then each output body. Nothing of a row but its reductions is kept between
+// phases there.
 #include "circuit/prims/fused_rows.hpp"
 
 #include <spdlog/fmt/fmt.h>
@@ -12,6 +14,7 @@
 #include "circuit/ir/prim.hpp"
 #include "circuit/prims/body_eval.hpp"
 #include "circuit/prims/families.hpp"
+#include "circuit/prims/row_chunks.hpp"
 
 namespace kiln {
 
@@ -123,16 +126,6 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
 }
 
 template <class T>
-void reduce_into(ReduceKind kind, const T* v, int64_t len, T& acc) {
-  if (kind == ReduceKind::Max) {
-    for (int64_t i = 0; i < len; ++i)
-      if (v[i] > acc || std::isnan(v[i])) acc = std::isnan(acc) ? acc : v[i];
-  } else {
-    acc += Eigen::Map<const ref::Arr<T>>(v, len).sum();
-  }
-}
-
-template <class T>
 std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTensor*>& in_raw, EvalBuffers& bufs) {
   const DType dt = bufs.info(0).dtype;
   // i32 masks are read as T, as the GPU kernel reads them as f32.
@@ -148,6 +141,24 @@ std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTe
   const Shape row_shape = rp.row_shape();
   std::vector<HostTensor> reds;
   for (size_t j = 0; j < rp.reduction_bodies.size(); ++j) reds.push_back(bufs.scratch(dt, row_shape));
+  std::vector<HostTensor> outs;
+  for (size_t o = 0; o < rp.output_bodies.size(); ++o) outs.push_back(bufs.output(o));
+  if (n <= ref::kBlock) {  // rows that fit a block: all bodies at once, chunk by chunk
+    std::vector<T*> red_data, out_data;
+    for (HostTensor& r : reds) red_data.push_back(r.data<T>());
+    for (HostTensor& o : outs) out_data.push_back(o.data<T>());
+    const ref::RowChunks<T> chunked(rp, in, red_data, out_data);
+    const int64_t chunk_rows = chunked.chunk_rows(), chunks = (rows + chunk_rows - 1) / chunk_rows;
+#pragma omp parallel if (rows * n >= 4 * ref::kBlock)
+    {
+      ref::Registers<T>& regs = ref::thread_registers<T>(1)[0];
+      chunked.prepare(regs);
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < chunks; ++c) chunked.run(c * chunk_rows, std::min(rows, (c + 1) * chunk_rows), regs);
+    }
+    return outs;
+  }
+  // Longer rows: one row at a time, each body visiting it block by block in its own phase.
   std::vector<const HostTensor*> all = in;  // inputs, then the reductions
   for (const HostTensor& r : reds) all.push_back(&r);
   // Runners read only what their body reads (a per-row body may not read row-shaped inputs).
@@ -159,42 +170,31 @@ std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTe
   };
   std::vector<ref::BodyRunner<T>> red_runners, out_runners;
   for (const ScalarExp& e : rp.reduction_bodies) red_runners.push_back(runner(e, rp.domain));
-  std::vector<HostTensor> outs;
-  for (size_t o = 0; o < rp.output_bodies.size(); ++o) {
-    outs.push_back(bufs.output(o));
+  for (size_t o = 0; o < rp.output_bodies.size(); ++o)
     out_runners.push_back(runner(rp.output_bodies[o], rp.output_per_row[o] ? row_shape : rp.domain));
-  }
-  // A chunk is as many whole rows as fit a block, or one row (then visited block by block).
-  const int64_t chunk_rows = std::max<int64_t>(1, ref::kBlock / std::max<int64_t>(n, 1));
-  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
 #pragma omp parallel if (rows * n >= 4 * ref::kBlock)
   {
-    std::vector<ref::Registers<T>> red_regs, out_regs;
-    for (const auto& r : red_runners) red_regs.push_back(r.registers());
-    for (const auto& r : out_runners) out_regs.push_back(r.registers());
+    // Registers: the reductions' sets, then the outputs'.
+    std::vector<ref::Registers<T>>& regs = ref::thread_registers<T>(red_runners.size() + out_runners.size());
+    ref::Registers<T>* red_regs = regs.data();
+    ref::Registers<T>* out_regs = regs.data() + red_runners.size();
+    for (size_t j = 0; j < red_runners.size(); ++j) red_runners[j].prepare(red_regs[j]);
+    for (size_t o = 0; o < out_runners.size(); ++o) out_runners[o].prepare(out_regs[o]);
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t r0 = c * chunk_rows, r1 = std::min(rows, r0 + chunk_rows);
-      const int64_t e0 = r0 * n, e1 = r1 * n;
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t e0 = row * n, e1 = e0 + n;
       for (size_t j = 0; j < red_runners.size(); ++j) {
         const ReduceKind kind = rp.reduction_kinds[j];
-        T* acc = reds[j].data<T>();
-        for (int64_t r = r0; r < r1; ++r) acc[r] = kind == ReduceKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
+        T& acc = reds[j].data<T>()[row];
+        acc = kind == ReduceKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
         for (int64_t s = e0; s < e1; s += ref::kBlock) {
           const int64_t len = std::min(ref::kBlock, e1 - s);
-          const T* v = red_runners[j].run(s, len, red_regs[j]);
-          // The block holds whole rows or a part of one row.
-          for (int64_t at = 0; at < len;) {
-            const int64_t row = (s + at) / n, run_len = std::min(len - at, (row + 1) * n - (s + at));
-            reduce_into<T>(kind, v + at, run_len, acc[row]);
-            at += run_len;
-          }
+          ref::reduce_into<T>(kind, red_runners[j].run(s, len, red_regs[j]), len, acc);
         }
-        if (kind == ReduceKind::Mean)
-          for (int64_t r = r0; r < r1; ++r) acc[r] /= static_cast<T>(n);
+        if (kind == ReduceKind::Mean) acc /= static_cast<T>(n);
       }
       for (size_t o = 0; o < out_runners.size(); ++o) {
-        const int64_t b0 = rp.output_per_row[o] ? r0 : e0, b1 = rp.output_per_row[o] ? r1 : e1;
+        const int64_t b0 = rp.output_per_row[o] ? row : e0, b1 = rp.output_per_row[o] ? row + 1 : e1;
         T* dst = outs[o].data<T>();
         for (int64_t s = b0; s < b1; s += ref::kBlock) {
           const int64_t len = std::min(ref::kBlock, b1 - s);

@@ -6,8 +6,12 @@
 #include <cmath>
 #include <numbers>
 
+#include "ad/backward.hpp"
 #include "circuit/exec/executor.hpp"
+#include "circuit/passes/cleanup.hpp"
+#include "circuit/passes/fusion.hpp"
 #include "circuit/prims/builder.hpp"
+#include "circuit/prims/composites.hpp"
 #include "core/engine.hpp"
 #include "train/sgd.hpp"
 
@@ -91,6 +95,85 @@ void BM_GeluBackwardBody(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * shape.numel());
 }
 BENCHMARK(BM_GeluBackwardBody)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+// A layer norm's forward and backward over the GPT default config's activations ([16, 64, 128]
+// f32) as the CPU executor runs them: arg 0 after pointwise fusion only (the CPU pipeline), arg 1
+// with the row reductions and the ops around them fused into fused_rows ops.
+void BM_LayerNormForwardBackward(benchmark::State& state) {
+  const Shape x_shape{16, 64, 128}, row{128};
+  Circuit c;
+  ValueId x = c.add_external({x_shape, DType::f32}, ValueRole::Input);
+  ValueId gamma = c.add_external({row, DType::f32}, ValueRole::Input);
+  ValueId beta = c.add_external({row, DType::f32}, ValueRole::Input);
+  ValueId r = c.add_external({x_shape, DType::f32}, ValueRole::Input);
+  Builder b(c);
+  ValueId y = composite::layernorm(b, x, gamma, beta);
+  ValueId loss = b.reduce_all(ReduceKind::Sum, b.mul(y, r));
+  std::vector<ValueId> outs{y};
+  for (ValueId g : ad::backward(b, loss, {x, gamma, beta})) outs.push_back(g);
+  Circuit f = fuse_pointwise(cse(c, outs), outs);
+  if (state.range(0) == 1) f = fuse_rows(f, outs);
+  Program p(std::move(f), outs);
+  std::vector<HostTensor> binds{HostTensor::zeros(DType::f32, x_shape), HostTensor::zeros(DType::f32, row),
+                                HostTensor::zeros(DType::f32, row), HostTensor::zeros(DType::f32, x_shape)};
+  for (int64_t i = 0; i < x_shape.numel(); ++i) {
+    binds[0].set(i, static_cast<double>(i % 89) / 16.0 - 2.5);
+    binds[3].set(i, static_cast<double>(i % 31) / 8.0 - 2.0);
+  }
+  for (int64_t i = 0; i < row.numel(); ++i) binds[1].set(i, 1.0 + static_cast<double>(i % 7) / 10.0);
+  for (auto _ : state) benchmark::DoNotOptimize(p.run(binds));
+  state.SetItemsProcessed(state.iterations() * x_shape.numel());
+}
+BENCHMARK(BM_LayerNormForwardBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+// The MLP's bias and GELU forward over [16, 64, 512] f32, keeping the pre-activation for the
+// backward: arg 0 as two pointwise ops, arg 1 as one fused_rows op with two outputs.
+void BM_BiasGelu(benchmark::State& state) {
+  const Shape x_shape{16, 64, 512}, row{512};
+  Circuit c;
+  ValueId x = c.add_external({x_shape, DType::f32}, ValueRole::Input);
+  ValueId bias = c.add_external({row, DType::f32}, ValueRole::Input);
+  Builder b(c);
+  ValueId h = b.add(x, bias);
+  std::vector<ValueId> outs{h, b.pointwise(se::gelu(se::in(0)), {h})};
+  Circuit f = cse(c, outs);
+  if (state.range(0) == 1) f = fuse_rows(f, outs);
+  Program p(std::move(f), outs);
+  std::vector<HostTensor> binds{HostTensor::zeros(DType::f32, x_shape), HostTensor::zeros(DType::f32, row)};
+  for (int64_t i = 0; i < x_shape.numel(); ++i) binds[0].set(i, static_cast<double>(i % 89) / 16.0 - 2.5);
+  for (auto _ : state) benchmark::DoNotOptimize(p.run(binds));
+  state.SetItemsProcessed(state.iterations() * x_shape.numel());
+}
+BENCHMARK(BM_BiasGelu)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+// AdamW's update of a [512, 128] f32 parameter (new moments and parameter; the step's scalars
+// as inputs): arg 0 as three pointwise ops, arg 1 as one fused_rows op with three outputs.
+void BM_AdamWUpdate(benchmark::State& state) {
+  const Shape shape{512, 128};
+  Circuit circuit;
+  std::vector<ValueId> x;  // g, m, v, p, lr, correction
+  for (int k = 0; k < 4; ++k) x.push_back(circuit.add_external({shape, DType::f32}, ValueRole::Input));
+  for (int k = 0; k < 2; ++k) x.push_back(circuit.add_external({Shape{}, DType::f32}, ValueRole::Input));
+  Builder b(circuit);
+  using se::in, se::c;
+  ValueId m = b.pointwise(in(0) * c(0.9) + in(1) * c(0.1), {x[1], x[0]});
+  ValueId v = b.pointwise(in(0) * c(0.999) + in(1) * in(1) * c(0.001), {x[2], x[0]});
+  ValueId p = b.pointwise(in(0) - in(1) * in(2) / (se::sqrt(in(3)) * in(4) + c(1e-8)), {x[3], x[4], m, v, x[5]});
+  std::vector<ValueId> outs{m, v, p};
+  Circuit f = cse(circuit, outs);
+  if (state.range(0) == 1) f = fuse_rows(f, outs);
+  Program prog(std::move(f), outs);
+  std::vector<HostTensor> binds;
+  for (int k = 0; k < 4; ++k) binds.push_back(HostTensor::zeros(DType::f32, shape));
+  for (int k = 0; k < 2; ++k) binds.push_back(HostTensor::zeros(DType::f32, Shape{}));
+  for (int64_t i = 0; i < shape.numel(); ++i)
+    for (int k = 0; k < 4; ++k) binds[static_cast<size_t>(k)].set(i, 0.5 + static_cast<double>((i + k) % 13) / 8.0);
+  binds[4].set(0, 1e-3);
+  binds[5].set(0, 1.0);
+  for (auto _ : state) benchmark::DoNotOptimize(prog.run(binds));
+  state.SetItemsProcessed(state.iterations() * shape.numel());
+}
+BENCHMARK(BM_AdamWUpdate)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

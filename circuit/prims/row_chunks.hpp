@@ -1,0 +1,256 @@
+// The CPU reference's fast path for a fused_rows op whose rows fit a block (n <= kBlock): every
+// reduction and output body is compiled into one instruction list, so a subexpression that
+// several bodies share (a layer norm's normalized row, Adam's new moments) is computed once per
+// chunk of whole rows instead of once per body. An instruction whose value is the same along a
+// row (it reads only per-row inputs, reductions and constants) runs once per row, and is spread
+// along the rows only where an instruction that varies along them reads it. Values live in a
+// few blocks reused as they die (liveness decided once, when the list is compiled), so a chunk's
+// working set stays in the L1 and L2 caches. Internal to circuit/prims/ (it pulls in Eigen).
+//
+// Every operation and every sum is the one the phase-by-phase path (fused_rows.cpp) computes,
+// in the same order, so both give the same bits.
+#pragma once
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "circuit/prims/body_eval.hpp"
+#include "circuit/prims/fused_rows.hpp"
+
+namespace kiln::ref {
+
+// Reduces v[0, n) into acc (which holds the kind's identity or an earlier part of the row): NaN
+// propagates through max.
+template <class T>
+void reduce_into(ReduceKind kind, const T* v, int64_t n, T& acc) {
+  if (kind == ReduceKind::Max) {
+    for (int64_t i = 0; i < n; ++i)
+      if (v[i] > acc || std::isnan(v[i])) acc = std::isnan(acc) ? acc : v[i];
+  } else {
+    acc += Eigen::Map<const Arr<T>>(v, n).sum();
+  }
+}
+
+template <class T>
+class RowChunks {
+ public:
+  // `in` are the op's inputs (already of type T); reductions[j] holds reduction j per row (the
+  // row shape's elements), outs[o] output o. Rows are at most kBlock long.
+  RowChunks(const RowProgram& rp, const std::vector<const HostTensor*>& in, std::vector<T*> reductions,
+            std::vector<T*> outs)
+      : rp_(rp), n_(rp.n()), reductions_(std::move(reductions)), outs_(std::move(outs)) {
+    std::vector<std::pair<ScalarExp, int>> seen;
+    for (const ScalarExp& body : rp.reduction_bodies) {
+      reduction_roots_.push_back(compile_body(body, code_, seen));
+      reduce_after_.push_back(static_cast<int>(code_.size()) - 1);
+    }
+    for (const ScalarExp& body : rp.output_bodies) output_roots_.push_back(compile_body(body, code_, seen));
+    bind_inputs(in);
+    plan_slots();
+  }
+
+  // Most rows a chunk holds.
+  int64_t chunk_rows() const { return std::max<int64_t>(1, kBlock / std::max<int64_t>(n_, 1)); }
+
+  // Rows [r0, r1) (at most chunk_rows()): reductions and outputs written. `regs` is the
+  // calling thread's, ready (see prepare).
+  void run(int64_t r0, int64_t r1, Registers<T>& regs) const {
+    const int64_t rows = r1 - r0, e0 = r0 * n_, len = rows * n_;
+    std::vector<const T*>& value = regs.value;
+    auto slot = [&](int s) { return regs.blocks[static_cast<size_t>(s)].data(); };
+    size_t next_reduction = 0;
+    for (size_t i = 0; i < code_.size(); ++i) {
+      const Instr& I = code_[i];
+      const Place& p = place_[i];
+      for (int u : p.spread_first) {  // per-row values this instruction is the first to read spread
+        T* dst = slot(place_[static_cast<size_t>(u)].spread_slot);
+        spread(value[static_cast<size_t>(u)], rows, dst);
+      }
+      if (I.op == ExpOp::Const) {
+        value[i] = slot(p.slot);  // filled by prepare()
+      } else if (I.op == ExpOp::Input) {
+        value[i] = read_input(I.input, p, r0, rows, e0, len, p.slot < 0 ? nullptr : slot(p.slot));
+      } else {
+        T* dst = p.output >= 0 ? outs_[static_cast<size_t>(p.output)] + (p.uniform ? r0 : e0) : slot(p.slot);
+        apply_instr<T>(I, arg(I.a, p.uniform, value, regs), arg(I.b, p.uniform, value, regs),
+                       arg(I.c, p.uniform, value, regs), dst, p.uniform ? rows : len);
+        value[i] = dst;
+      }
+      for (; next_reduction < reduce_after_.size() && reduce_after_[next_reduction] == static_cast<int>(i);
+           ++next_reduction)
+        reduce(next_reduction, r0, rows, value, regs);
+    }
+    for (size_t o = 0; o < output_roots_.size(); ++o) {
+      const auto v = static_cast<size_t>(output_roots_[o]);
+      if (place_[v].output == static_cast<int>(o)) continue;  // computed in place
+      T* out = outs_[o] + (rp_.output_per_row[o] ? r0 : e0);
+      if (rp_.output_per_row[o] || !place_[v].uniform)
+        std::copy_n(value[v], rp_.output_per_row[o] ? rows : len, out);
+      else
+        spread(value[v], rows, out);
+    }
+  }
+
+  // Readies the calling thread's registers for run(): enough blocks, the constants filled.
+  void prepare(Registers<T>& regs) const {
+    regs.reset(static_cast<size_t>(slots_) + 1);  // the last: scratch for reduce()
+    regs.value.assign(code_.size(), nullptr);
+    for (size_t i = 0; i < code_.size(); ++i)
+      if (code_[i].op == ExpOp::Const) regs.blocks[static_cast<size_t>(place_[i].slot)].setConstant(T(code_[i].value));
+  }
+
+ private:
+  struct Place {
+    bool uniform = false;          // the same along a row: computed per row
+    int slot = -1;                 // its block (-1: read in place, or written to an output)
+    int spread_slot = -1;          // a per-row value spread along the rows, for varying readers
+    int output = -1;               // computed straight into this output
+    std::vector<int> spread_first;  // per-row values to spread before this instruction runs
+  };
+  struct Input {
+    const T* data = nullptr;
+    bool varies = false, direct = false;  // direct: has the domain's (or, per row, the rows') size
+    std::vector<int64_t> bstrides;        // otherwise: broadcast to the domain (or row shape)
+  };
+
+  void bind_inputs(const std::vector<const HostTensor*>& in) {
+    const Shape row_shape = rp_.row_shape();
+    for (const HostTensor* x : in) {
+      Input b;
+      b.data = x->data<T>();
+      b.varies = varies_along_row(x->shape(), rp_.domain);
+      const Shape& to = b.varies ? rp_.domain : row_shape;
+      b.direct = x->numel() == to.numel();
+      if (!b.direct) b.bstrides = broadcast_strides(x->shape(), to);
+      inputs_.push_back(std::move(b));
+    }
+  }
+
+  bool is_input(const Instr& I) const { return I.op == ExpOp::Input && I.input < rp_.inputs; }
+
+  // Uniformity, where each value lives, and when each block is free again.
+  void plan_slots() {
+    const size_t count = code_.size();
+    place_.resize(count);
+    for (size_t i = 0; i < count; ++i) {
+      const Instr& I = code_[i];
+      Place& p = place_[i];
+      if (I.op == ExpOp::Const) {
+        p.uniform = true;
+      } else if (I.op == ExpOp::Input) {
+        p.uniform = !is_input(I) || !inputs_[static_cast<size_t>(I.input)].varies;
+      } else {
+        p.uniform = true;
+        for (int a : {I.a, I.b, I.c})
+          if (a >= 0) p.uniform = p.uniform && place_[static_cast<size_t>(a)].uniform;
+      }
+    }
+    // Outputs computed in place: a computed root of the output's kind, the first such output.
+    for (size_t o = 0; o < output_roots_.size(); ++o) {
+      Place& p = place_[static_cast<size_t>(output_roots_[o])];
+      const Instr& I = code_[static_cast<size_t>(output_roots_[o])];
+      if (I.op != ExpOp::Const && I.op != ExpOp::Input && p.output < 0 && p.uniform == rp_.output_per_row[o])
+        p.output = static_cast<int>(o);
+    }
+    // Last reads: by instructions, by reductions (after their instruction), by outputs (the end).
+    const int end = static_cast<int>(count);
+    std::vector<int> last(count, -1), last_spread(count, -1);
+    for (size_t i = 0; i < count; ++i)
+      for (int a : {code_[i].a, code_[i].b, code_[i].c}) {
+        if (a < 0) continue;
+        last[static_cast<size_t>(a)] = static_cast<int>(i);
+        const bool spreads = !place_[i].uniform && place_[static_cast<size_t>(a)].uniform &&
+                             code_[static_cast<size_t>(a)].op != ExpOp::Const;
+        if (spreads) {
+          if (last_spread[static_cast<size_t>(a)] < 0) place_[i].spread_first.push_back(a);
+          last_spread[static_cast<size_t>(a)] = static_cast<int>(i);
+        }
+      }
+    for (size_t j = 0; j < reduction_roots_.size(); ++j) {
+      const auto r = static_cast<size_t>(reduction_roots_[j]);
+      last[r] = std::max(last[r], reduce_after_[j]);
+    }
+    for (int r : output_roots_) last[static_cast<size_t>(r)] = end;
+    std::vector<int> free_slots;
+    auto take = [&] {
+      if (free_slots.empty()) return slots_++;
+      const int s = free_slots.back();
+      free_slots.pop_back();
+      return s;
+    };
+    // Constants first: their blocks are filled once per run of the op and held throughout.
+    for (size_t i = 0; i < count; ++i)
+      if (code_[i].op == ExpOp::Const) place_[i].slot = slots_++;
+    std::vector<std::vector<int>> frees(count);
+    for (size_t i = 0; i < count; ++i) {
+      Place& p = place_[i];
+      const Instr& I = code_[i];
+      for (int u : p.spread_first) {
+        place_[static_cast<size_t>(u)].spread_slot = take();
+        frees[static_cast<size_t>(last_spread[static_cast<size_t>(u)])].push_back(
+            place_[static_cast<size_t>(u)].spread_slot);
+      }
+      const bool in_place = is_input(I) && inputs_[static_cast<size_t>(I.input)].direct;
+      const bool reduction = I.op == ExpOp::Input && !is_input(I);
+      if (I.op != ExpOp::Const && !in_place && !reduction && p.output < 0) {
+        p.slot = take();
+        if (last[i] != end) frees[static_cast<size_t>(std::max(last[i], static_cast<int>(i)))].push_back(p.slot);
+      }
+      for (int s : frees[i]) free_slots.push_back(s);
+    }
+  }
+
+  const T* read_input(int k, const Place& p, int64_t r0, int64_t rows, int64_t e0, int64_t len, T* dst) const {
+    if (k >= rp_.inputs) return reductions_[static_cast<size_t>(k - rp_.inputs)] + r0;
+    const Input& b = inputs_[static_cast<size_t>(k)];
+    const int64_t start = p.uniform ? r0 : e0;
+    if (b.direct) return b.data + start;
+    broadcast_range<T>(b.data, b.bstrides, p.uniform ? rp_.row_shape() : rp_.domain, start, p.uniform ? rows : len,
+                       dst);
+    return dst;
+  }
+
+  // An argument of an instruction: its value, spread along the rows where a varying
+  // instruction reads a per-row value (constants serve both, being the same everywhere).
+  const T* arg(int a, bool reader_uniform, const std::vector<const T*>& value, Registers<T>& regs) const {
+    if (a < 0) return nullptr;
+    const Place& p = place_[static_cast<size_t>(a)];
+    if (reader_uniform || !p.uniform || code_[static_cast<size_t>(a)].op == ExpOp::Const)
+      return value[static_cast<size_t>(a)];
+    return regs.blocks[static_cast<size_t>(p.spread_slot)].data();
+  }
+
+  void spread(const T* per_row, int64_t rows, T* dst) const {
+    for (int64_t r = 0; r < rows; ++r) std::fill_n(dst + r * n_, n_, per_row[r]);
+  }
+
+  void reduce(size_t j, int64_t r0, int64_t rows, const std::vector<const T*>& value, Registers<T>& regs) const {
+    const ReduceKind kind = rp_.reduction_kinds[j];
+    const auto root = static_cast<size_t>(reduction_roots_[j]);
+    T* acc = reductions_[j] + r0;
+    const T* v = value[root];
+    if (place_[root].uniform && code_[root].op != ExpOp::Const) {
+      // A per-row value summed along its row: spread first, so that the sum is the same.
+      T* tmp = regs.blocks[static_cast<size_t>(slots_)].data();
+      spread(v, rows, tmp);
+      v = tmp;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      acc[r] = kind == ReduceKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
+      reduce_into<T>(kind, v + (code_[root].op == ExpOp::Const ? 0 : r * n_), n_, acc[r]);
+      if (kind == ReduceKind::Mean) acc[r] /= static_cast<T>(n_);
+    }
+  }
+
+  const RowProgram& rp_;
+  int64_t n_;
+  std::vector<T*> reductions_, outs_;
+  std::vector<Instr> code_;
+  std::vector<int> reduction_roots_, reduce_after_, output_roots_;
+  std::vector<Input> inputs_;
+  std::vector<Place> place_;
+  int slots_ = 0;  // blocks in use at once; one more is scratch for reductions of per-row values
+};
+
+}  // namespace kiln::ref

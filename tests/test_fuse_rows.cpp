@@ -175,9 +175,11 @@ TEST(FuseRows, RandomGraphsGiveTheUnfusedResults) {
       Circuit c;
       std::vector<ValueId> wide = {c.add_external({Shape{6, 37}, dt}, ValueRole::Input, "a"),
                                    c.add_external({Shape{37}, dt}, ValueRole::Input, "w")};
-      std::vector<ValueId> narrow = {c.add_external({Shape{6, 1}, dt}, ValueRole::Input, "s")};
+      // and a scalar, which the CPU reference fills once per op run like a constant
+      std::vector<ValueId> narrow = {c.add_external({Shape{6, 1}, dt}, ValueRole::Input, "s"),
+                                     c.add_external({Shape{}, dt}, ValueRole::Input, "k")};
       std::vector<HostTensor> binds;
-      for (ValueId v : {wide[0], wide[1], narrow[0]})
+      for (ValueId v : {wide[0], wide[1], narrow[0], narrow[1]})
         binds.push_back(testing::random_tensor({c.info(v).shape, dt}, seed * 10 + static_cast<uint64_t>(v)));
       Builder b(c);
       auto pick = [&](const std::vector<ValueId>& from, uint64_t k) {

@@ -67,7 +67,7 @@ class RowChunks {
         T* dst = slot(place_[static_cast<size_t>(u)].spread_slot);
         spread(value[static_cast<size_t>(u)], rows, dst);
       }
-      if (I.op == ExpOp::Const) {
+      if (p.everywhere) {
         value[i] = slot(p.slot);  // filled by prepare()
       } else if (I.op == ExpOp::Input) {
         value[i] = read_input(I.input, p, r0, rows, e0, len, p.slot < 0 ? nullptr : slot(p.slot));
@@ -92,17 +92,23 @@ class RowChunks {
     }
   }
 
-  // Readies the calling thread's registers for run(): enough blocks, the constants filled.
+  // Readies the calling thread's registers for run(): enough blocks, the values that are the
+  // same everywhere filled.
   void prepare(Registers<T>& regs) const {
     regs.reset(static_cast<size_t>(slots_) + 1);  // the last: scratch for reduce()
     regs.value.assign(code_.size(), nullptr);
     for (size_t i = 0; i < code_.size(); ++i)
-      if (code_[i].op == ExpOp::Const) regs.blocks[static_cast<size_t>(place_[i].slot)].setConstant(T(code_[i].value));
+      if (place_[i].everywhere) {
+        const Instr& I = code_[i];
+        const T v = I.op == ExpOp::Const ? T(I.value) : inputs_[static_cast<size_t>(I.input)].data[0];
+        regs.blocks[static_cast<size_t>(place_[i].slot)].setConstant(v);
+      }
   }
 
  private:
   struct Place {
     bool uniform = false;          // the same along a row: computed per row
+    bool everywhere = false;       // a constant or a scalar input: a block filled once per run
     int slot = -1;                 // its block (-1: read in place, or written to an output)
     int spread_slot = -1;          // a per-row value spread along the rows, for varying readers
     int output = -1;               // computed straight into this output
@@ -111,6 +117,7 @@ class RowChunks {
   struct Input {
     const T* data = nullptr;
     bool varies = false, direct = false;  // direct: has the domain's (or, per row, the rows') size
+    bool scalar = false;                  // one element
     std::vector<int64_t> bstrides;        // otherwise: broadcast to the domain (or row shape)
   };
 
@@ -120,6 +127,7 @@ class RowChunks {
       Input b;
       b.data = x->data<T>();
       b.varies = varies_along_row(x->shape(), rp_.domain);
+      b.scalar = x->numel() == 1;
       const Shape& to = b.varies ? rp_.domain : row_shape;
       b.direct = x->numel() == to.numel();
       if (!b.direct) b.bstrides = broadcast_strides(x->shape(), to);
@@ -136,8 +144,8 @@ class RowChunks {
     for (size_t i = 0; i < count; ++i) {
       const Instr& I = code_[i];
       Place& p = place_[i];
-      if (I.op == ExpOp::Const) {
-        p.uniform = true;
+      if (I.op == ExpOp::Const || (is_input(I) && inputs_[static_cast<size_t>(I.input)].scalar)) {
+        p.uniform = p.everywhere = true;
       } else if (I.op == ExpOp::Input) {
         p.uniform = !is_input(I) || !inputs_[static_cast<size_t>(I.input)].varies;
       } else {
@@ -161,7 +169,7 @@ class RowChunks {
         if (a < 0) continue;
         last[static_cast<size_t>(a)] = static_cast<int>(i);
         const bool spreads = !place_[i].uniform && place_[static_cast<size_t>(a)].uniform &&
-                             code_[static_cast<size_t>(a)].op != ExpOp::Const;
+                             !place_[static_cast<size_t>(a)].everywhere;
         if (spreads) {
           if (last_spread[static_cast<size_t>(a)] < 0) place_[i].spread_first.push_back(a);
           last_spread[static_cast<size_t>(a)] = static_cast<int>(i);
@@ -179,9 +187,10 @@ class RowChunks {
       free_slots.pop_back();
       return s;
     };
-    // Constants first: their blocks are filled once per run of the op and held throughout.
+    // Values the same everywhere first: their blocks are filled once per run of the op and held
+    // throughout.
     for (size_t i = 0; i < count; ++i)
-      if (code_[i].op == ExpOp::Const) place_[i].slot = slots_++;
+      if (place_[i].everywhere) place_[i].slot = slots_++;
     std::vector<std::vector<int>> frees(count);
     for (size_t i = 0; i < count; ++i) {
       Place& p = place_[i];
@@ -193,7 +202,7 @@ class RowChunks {
       }
       const bool in_place = is_input(I) && inputs_[static_cast<size_t>(I.input)].direct;
       const bool reduction = I.op == ExpOp::Input && !is_input(I);
-      if (I.op != ExpOp::Const && !in_place && !reduction && p.output < 0) {
+      if (!p.everywhere && !in_place && !reduction && p.output < 0) {
         p.slot = take();
         if (last[i] != end) frees[static_cast<size_t>(std::max(last[i], static_cast<int>(i)))].push_back(p.slot);
       }
@@ -212,11 +221,11 @@ class RowChunks {
   }
 
   // An argument of an instruction: its value, spread along the rows where a varying
-  // instruction reads a per-row value (constants serve both, being the same everywhere).
+  // instruction reads a per-row value (a block of a value the same everywhere serves both).
   const T* arg(int a, bool reader_uniform, const std::vector<const T*>& value, Registers<T>& regs) const {
     if (a < 0) return nullptr;
     const Place& p = place_[static_cast<size_t>(a)];
-    if (reader_uniform || !p.uniform || code_[static_cast<size_t>(a)].op == ExpOp::Const)
+    if (reader_uniform || !p.uniform || p.everywhere)
       return value[static_cast<size_t>(a)];
     return regs.blocks[static_cast<size_t>(p.spread_slot)].data();
   }
@@ -230,7 +239,7 @@ class RowChunks {
     const auto root = static_cast<size_t>(reduction_roots_[j]);
     T* acc = reductions_[j] + r0;
     const T* v = value[root];
-    if (place_[root].uniform && code_[root].op != ExpOp::Const) {
+    if (place_[root].uniform && !place_[root].everywhere) {
       // A per-row value summed along its row: spread first, so that the sum is the same.
       T* tmp = regs.blocks[static_cast<size_t>(slots_)].data();
       spread(v, rows, tmp);
@@ -238,7 +247,7 @@ class RowChunks {
     }
     for (int64_t r = 0; r < rows; ++r) {
       acc[r] = kind == ReduceKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
-      reduce_into<T>(kind, v + (code_[root].op == ExpOp::Const ? 0 : r * n_), n_, acc[r]);
+      reduce_into<T>(kind, v + (place_[root].everywhere ? 0 : r * n_), n_, acc[r]);
       if (kind == ReduceKind::Mean) acc[r] /= static_cast<T>(n_);
     }
   }

@@ -125,10 +125,11 @@ template <class T>
 inline const T* run_block(const std::vector<Instr>& code, const std::vector<const T*>& direct,
                           const std::vector<std::vector<int64_t>>& bstrides, const std::vector<const HostTensor*>& in,
                           const Shape& shape, int64_t start, int64_t len, Registers<T>& regs, T* out) {
-  if (!regs.constants_filled) {
+  if (!regs.constants_filled) {  // as far as a block of this domain reaches (a small op's few elements)
+    const int64_t reach = std::min(kBlock, shape.numel());
     for (size_t i = 0; i < code.size(); ++i)
       if (code[i].op == ExpOp::Const) {
-        regs.blocks[i].setConstant(static_cast<T>(code[i].value));
+        regs.blocks[i].head(reach).setConstant(static_cast<T>(code[i].value));
         regs.value[i] = regs.blocks[i].data();
       }
     regs.constants_filled = true;

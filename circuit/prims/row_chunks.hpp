@@ -97,11 +97,13 @@ class RowChunks {
   void prepare(Registers<T>& regs) const {
     regs.reset(static_cast<size_t>(slots_) + 1);  // the last: scratch for reduce()
     regs.value.assign(code_.size(), nullptr);
+    // The most a chunk reads (a small op's few elements).
+    const int64_t reach = std::min(chunk_rows(), rp_.rows()) * std::max<int64_t>(n_, 1);
     for (size_t i = 0; i < code_.size(); ++i)
       if (place_[i].everywhere) {
         const Instr& I = code_[i];
         const T v = I.op == ExpOp::Const ? T(I.value) : inputs_[static_cast<size_t>(I.input)].data[0];
-        regs.blocks[static_cast<size_t>(place_[i].slot)].setConstant(v);
+        regs.blocks[static_cast<size_t>(place_[i].slot)].head(reach).setConstant(v);
       }
   }
 

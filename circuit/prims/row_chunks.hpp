@@ -7,8 +7,9 @@
 // few blocks reused as they die (liveness decided once, when the list is compiled), so a chunk's
 // working set stays in the L1 and L2 caches. Internal to circuit/prims/ (it pulls in Eigen).
 //
-// Every operation and every sum is the one the phase-by-phase path (fused_rows.cpp) computes,
-// in the same order, so both give the same bits.
+// It evaluates the operations the phase-by-phase path (fused_rows.cpp, for longer rows) does and
+// sums each row in one piece as that path does for a row within one block: a per-row value is
+// the same whether computed once or at every element of its row.
 #pragma once
 
 #include <algorithm>

@@ -554,8 +554,8 @@ std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const Host
           Map<T> p(scratch.data<T>() + (2 * thread) * rq.t * rk.t, rows, keys),
               ds(scratch.data<T>() + (2 * thread + 1) * rq.t * rk.t, rows, keys);
           scores<T>(x, e, ek, *blk, a, p);
-          for (int64_t i = 0; i < rows; ++i)  // a row at a time: Eigen vectorizes exp along it
-            p.row(i) = (p.row(i).array() - lse(i)).exp();  // exp(-inf) = 0 where masked
+          // p = exp(s - lse) a row at a time, which Eigen vectorizes (exp(-inf) = 0 where masked).
+          for (int64_t i = 0; i < rows; ++i) p.row(i) = (p.row(i).array() - lse(i)).exp();
           Col rows_d = (d_o.array() * o.array()).rowwise().sum();
           if (has_dlse) rows_d -= Eigen::Map<const Col>(in[x.rest + 3]->data<T>() + e * rq.t + blk->first, rows);
           gemm<T>(false, true, rows, keys, rv.cols, T(1), do_product_rows, ro.row_stride(), rows_at<T>(*x.v, rv, ek),

@@ -110,11 +110,11 @@ class RowChunks {
 
  private:
   struct Place {
-    bool uniform = false;          // the same along a row: computed per row
-    bool everywhere = false;       // a constant or a scalar input: a block filled once per run
-    int slot = -1;                 // its block (-1: read in place, or written to an output)
-    int spread_slot = -1;          // a per-row value spread along the rows, for varying readers
-    int output = -1;               // computed straight into this output
+    bool uniform = false;           // the same along a row: computed per row
+    bool everywhere = false;        // a constant or a scalar input: a block filled once per run
+    int slot = -1;                  // its block (-1: read in place, or written to an output)
+    int spread_slot = -1;           // a per-row value spread along the rows, for varying readers
+    int output = -1;                // computed straight into this output
     std::vector<int> spread_first;  // per-row values to spread before this instruction runs
   };
   struct Input {
@@ -171,8 +171,8 @@ class RowChunks {
       for (int a : {code_[i].a, code_[i].b, code_[i].c}) {
         if (a < 0) continue;
         last[static_cast<size_t>(a)] = static_cast<int>(i);
-        const bool spreads = !place_[i].uniform && place_[static_cast<size_t>(a)].uniform &&
-                             !place_[static_cast<size_t>(a)].everywhere;
+        const bool spreads =
+            !place_[i].uniform && place_[static_cast<size_t>(a)].uniform && !place_[static_cast<size_t>(a)].everywhere;
         if (spreads) {
           if (last_spread[static_cast<size_t>(a)] < 0) place_[i].spread_first.push_back(a);
           last_spread[static_cast<size_t>(a)] = static_cast<int>(i);
@@ -228,8 +228,7 @@ class RowChunks {
   const T* arg(int a, bool reader_uniform, const std::vector<const T*>& value, Registers<T>& regs) const {
     if (a < 0) return nullptr;
     const Place& p = place_[static_cast<size_t>(a)];
-    if (reader_uniform || !p.uniform || p.everywhere)
-      return value[static_cast<size_t>(a)];
+    if (reader_uniform || !p.uniform || p.everywhere) return value[static_cast<size_t>(a)];
     return regs.blocks[static_cast<size_t>(p.spread_slot)].data();
   }
 

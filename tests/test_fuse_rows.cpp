@@ -164,6 +164,38 @@ TEST(FuseRows, CrossEntropyNeverWritesTheProbabilities) {
   EXPECT_EQ(row_sized, 1u) << "only the gradient of the logits is written\n" << f.dump();
 }
 
+// Values the same along a row, inside a row group: reduced along the row (sum, max, mean of a
+// per-row value), read by a varying op, and written both per row and along the row (one body,
+// two outputs), next to a scalar and a constant the reductions also meet.
+TEST(FuseRows, PerRowValuesReducedAndWrittenBothWaysGiveTheUnfusedResults) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    Circuit c;
+    ValueId x = c.add_external({Shape{5, 37}, dt}, ValueRole::Input, "x");
+    ValueId s = c.add_external({Shape{5, 1}, dt}, ValueRole::Input, "s");
+    ValueId k = c.add_external({Shape{}, dt}, ValueRole::Input, "k");
+    Builder b(c);
+    const ScalarExp per_row = se::exp(se::in(0) * se::c(0.5)) + se::in(1);  // of s and k
+    ValueId along = b.pointwise(per_row, {s, k, x});                        // [5, 37]: x only widens it
+    ValueId row_sum = b.reduce(ReduceKind::Sum, along, -1), row_max = b.reduce(ReduceKind::Max, along, -1),
+            row_mean = b.reduce(ReduceKind::Mean, along, -1);
+    ValueId scalar_sum =
+        b.reduce(ReduceKind::Sum, b.pointwise(se::in(0) * se::c(1.0) + se::in(1) * se::c(0.0), {k, x}), -1);
+    ValueId mixed = b.pointwise(se::in(0) * se::in(1) + se::in(2), {x, row_sum, row_max});
+    std::vector<ValueId> outs = {row_sum, row_max, row_mean, scalar_sum, mixed, along, b.pointwise(per_row, {s, k})};
+    std::vector<HostTensor> binds = {testing::random_tensor({Shape{5, 37}, dt}, 11),
+                                     testing::random_tensor({Shape{5, 1}, dt}, 12),
+                                     testing::random_tensor({Shape{}, dt}, 13)};
+    std::vector<ValueId> fused_outs = outs;
+    Circuit f = optimize(c, fused_outs);
+    EXPECT_EQ(row_reductions(f), 0u) << f.dump("fused");
+    auto want = execute(c, binds, outs), got = execute(f, binds, fused_outs);
+    for (size_t o = 0; o < outs.size(); ++o)
+      EXPECT_LT(testing::relative_error(got[o], want[o]), dt == DType::f64 ? 1e-12 : 1e-5)
+          << "output " << o << "\n"
+          << c.dump("unfused") << f.dump("fused");
+  }
+}
+
 TEST(FuseRows, RandomGraphsGiveTheUnfusedResults) {
   const std::vector<ScalarExp> unary = {se::exp(se::in(0) * se::c(0.3)), se::tanh(se::in(0)), -se::in(0),
                                         se::abs(se::in(0)) + se::c(1.0)};

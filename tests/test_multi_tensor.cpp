@@ -59,11 +59,12 @@ Step momentum_step(DType dt, Phase phase, const std::vector<Shape>& shapes = kSh
   return s;
 }
 
-// The plan a GPU run gets (fuse_rows included) or the CPU's.
-Circuit optimize(const Circuit& c, std::vector<ValueId>& outs, bool gpu) {
+// The plan a GPU run gets (`with_rows`: fuse_rows included) or one with fuse_rows disabled, so
+// that the merge also meets an update of plain pointwise ops.
+Circuit optimize(const Circuit& c, std::vector<ValueId>& outs, bool with_rows) {
   Circuit f = forward_assigned_values(cse(c, outs));
   f = fuse_pointwise(f, outs);
-  if (gpu) f = fuse_rows(f, outs);
+  if (with_rows) f = fuse_rows(f, outs);
   return merge_multi_tensor(f, outs);
 }
 
@@ -90,15 +91,15 @@ void expect_same_results(const Step& s, const Circuit& f, const std::vector<Valu
 }
 
 TEST(MergeMultiTensor, TheClippedUpdateOfEveryParameterMergesAndGivesTheSameResults) {
-  for (bool gpu : {false, true})
+  for (bool with_rows : {false, true})
     for (DType dt : {DType::f64, DType::f32}) {
       Step s = momentum_step(dt, Phase::Update);
       std::vector<ValueId> outs = s.outs;
-      Circuit f = optimize(s.c, outs, gpu);
+      Circuit f = optimize(s.c, outs, with_rows);
       f.verify();
-      // The norm's squares and sums (one program) and the update (one, or with the CPU's
-      // pointwise ops two: moments, then parameters).
-      EXPECT_EQ(testing::count_prim(f, PrimId::multi_tensor), gpu ? 2u : 3u) << f.dump();
+      // The norm's squares and sums (one program) and the update (one, or from plain pointwise
+      // ops two: moments, then parameters).
+      EXPECT_EQ(testing::count_prim(f, PrimId::multi_tensor), with_rows ? 2u : 3u) << f.dump();
       EXPECT_EQ(testing::count_prim(f, PrimId::reduce_all), 1u) << f.dump();  // the [1] parameter's
       for (const Op& op : f.ops()) {
         if (op.is(PrimId::multi_tensor)) {

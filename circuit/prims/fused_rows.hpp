@@ -7,7 +7,9 @@
 // in_{inputs + i} (reduction i < j of the element's row). Then each output is written: a row
 // output has the domain's shape, a per-row output the shape (rows..., 1) and a body that
 // reads only per-row values (reductions and inputs that do not vary along the row).
-// Intermediates of the rows are never written to memory: each phase recomputes them.
+// Intermediates of the rows are never written to memory: the GPU kernel and the CPU reference
+// for long rows recompute them in each phase; the CPU reference for rows that fit a block
+// computes each once per chunk of rows (circuit/prims/row_chunks.hpp).
 #pragma once
 
 #include <vector>

@@ -27,7 +27,7 @@ struct RowProgram {
   std::vector<ScalarExp> output_bodies;
 
   int64_t n() const { return domain[domain.rank() - 1]; }
-  int64_t rows() const { return domain.numel() / (n() == 0 ? 1 : n()); }
+  int64_t rows() const { return row_shape().numel(); }  // rows of length 0 too
   Shape row_shape() const;  // (rows..., 1)
 
   Params to_params(DType dtype) const;

@@ -202,9 +202,6 @@ TEST(FuseRows, PerRowValuesReducedAndWrittenBothWaysGiveTheUnfusedResults) {
 // Rows of length 0 still have their reductions (sum 0, max -inf, mean 0 / 0) and per-row outputs,
 // on the CPU and in the simulator (rows() once divided the domain by n and made them 0 rows).
 TEST(FusedRows, RowsOfLengthZeroGetTheirReductions) {
-  Circuit c;
-  ValueId x = c.add_external({Shape{4, 0}, DType::f64}, ValueRole::Input, "x");
-  Builder b(c);
   RowProgram rp;
   rp.inputs = 1;
   rp.domain = Shape{4, 0};
@@ -212,26 +209,23 @@ TEST(FusedRows, RowsOfLengthZeroGetTheirReductions) {
   rp.reduction_bodies = {se::in(0), se::in(0), se::in(0)};
   rp.output_per_row = {true, true, true, false};
   rp.output_bodies = {se::in(1), se::in(2), se::in(3), se::in(0)};
-  std::vector<ValueId> outs = c.add_op("fused_rows", rp.to_params(DType::f64), {x}, b.scope());
   testing::ScopedEnv poison("KILN_POISON_BUFFERS", "1");
-  std::vector<HostTensor> got = execute(c, {HostTensor::zeros(DType::f64, Shape{4, 0})}, outs);
-  for (int64_t r = 0; r < 4; ++r) {
-    EXPECT_EQ(got[0].get(r), 0.0);
-    EXPECT_EQ(got[1].get(r), -std::numeric_limits<double>::infinity());
-    EXPECT_TRUE(std::isnan(got[2].get(r)));
-  }
-  EXPECT_EQ(got[3].numel(), 0);
-  // The GPU kernel in the simulator: f32.
-  Circuit g;
-  ValueId xf = g.add_external({Shape{4, 0}, DType::f32}, ValueRole::Input, "x");
-  Builder bg(g);
-  std::vector<ValueId> gouts = g.add_op("fused_rows", rp.to_params(DType::f32), {xf}, bg.scope());
-  std::vector<HostTensor> sim =
-      cuda::DeviceProgram(g, gouts, testing::fake_runtime()).run({HostTensor::zeros(DType::f32, Shape{4, 0})});
-  for (int64_t r = 0; r < 4; ++r) {
-    EXPECT_EQ(sim[0].get(r), 0.0) << "simulator";
-    EXPECT_EQ(sim[1].get(r), -std::numeric_limits<double>::infinity()) << "simulator";
-    EXPECT_TRUE(std::isnan(sim[2].get(r))) << "simulator";
+  // The CPU reference in f64, the GPU kernel in the simulator in f32.
+  for (DType dt : {DType::f64, DType::f32}) {
+    const char* where = dt == DType::f64 ? "CPU" : "simulator";
+    Circuit c;
+    ValueId x = c.add_external({rp.domain, dt}, ValueRole::Input, "x");
+    Builder b(c);
+    std::vector<ValueId> outs = c.add_op("fused_rows", rp.to_params(dt), {x}, b.scope());
+    const std::vector<HostTensor> binds = {HostTensor::zeros(dt, rp.domain)};
+    std::vector<HostTensor> got =
+        dt == DType::f64 ? execute(c, binds, outs) : cuda::DeviceProgram(c, outs, testing::fake_runtime()).run(binds);
+    for (int64_t r = 0; r < 4; ++r) {
+      EXPECT_EQ(got[0].get(r), 0.0) << where;
+      EXPECT_EQ(got[1].get(r), -std::numeric_limits<double>::infinity()) << where;
+      EXPECT_TRUE(std::isnan(got[2].get(r))) << where;
+    }
+    EXPECT_EQ(got[3].numel(), 0) << where;
   }
 }
 

@@ -164,7 +164,7 @@ Program::Program(Circuit circuit, std::vector<ValueId> outputs)
   for (size_t b = 0; b < blocks.size(); ++b) offset_[static_cast<size_t>(block_value[b])] = plan.offset[b];
   workspace_bytes_ = plan.size;
   peak_live_bytes_ = kiln::peak_live_bytes(blocks);
-  scratch_.resize(ops.size());
+  op_state_.resize(ops.size());
 }
 
 int Program::threads() const {
@@ -230,7 +230,7 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
       out_info.push_back(circuit_.info(v));
       planned.push_back(planned_[static_cast<size_t>(v)]);
     }
-    EvalBuffers bufs(out_info, planned, &scratch_[i], poison);
+    EvalBuffers bufs(out_info, planned, &op_state_[i], poison);
     std::vector<HostTensor> out;
     const bool timed = profile().on;
     auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};

@@ -11,6 +11,7 @@
 
 #include "circuit/exec/thread_governor.hpp"
 #include "circuit/ir/circuit.hpp"
+#include "circuit/ir/eval_buffers.hpp"
 
 namespace kiln {
 
@@ -60,7 +61,7 @@ class Program {
   mutable std::vector<HostTensor> planned_;  // per value: its view of the workspace
   mutable std::vector<HostTensor> constants_;
   mutable bool constants_ready_ = false;
-  mutable std::vector<std::vector<HostTensor>> scratch_;  // per op: EvalBuffers' scratch blocks
+  mutable std::vector<EvalBuffers::OpState> op_state_;  // per op: scratch blocks, its compiled form
   mutable std::atomic<bool> running_{false};
   mutable ThreadGovernor governor_;
 };

@@ -11,9 +11,9 @@ namespace kiln {
 size_t EvalBuffers::size() const { return infos_.size(); }
 const ValueInfo& EvalBuffers::info(size_t k) const { return infos_[k]; }
 
-EvalBuffers::EvalBuffers(const std::vector<ValueInfo>& infos, std::vector<HostTensor> planned, ScratchBlocks* scratch,
+EvalBuffers::EvalBuffers(const std::vector<ValueInfo>& infos, std::vector<HostTensor> planned, OpState* state,
                          bool poison)
-    : infos_(infos), planned_(std::move(planned)), blocks_(scratch), poison_(poison) {
+    : infos_(infos), planned_(std::move(planned)), state_(state), poison_(poison) {
   planned_.resize(infos_.size());
 }
 
@@ -32,9 +32,10 @@ HostTensor EvalBuffers::zeroed_output(size_t k) {
 }
 
 HostTensor EvalBuffers::scratch(DType dtype, const Shape& shape) {
-  if (!blocks_) return HostTensor::zeros(dtype, shape);
-  if (next_scratch_ == blocks_->size()) blocks_->emplace_back();
-  HostTensor& block = (*blocks_)[next_scratch_++];
+  if (!state_) return HostTensor::zeros(dtype, shape);
+  std::vector<HostTensor>& blocks = state_->blocks;
+  if (next_scratch_ == blocks.size()) blocks.emplace_back();
+  HostTensor& block = blocks[next_scratch_++];
   const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   if (!block.defined() || block.nbytes() < bytes)
     block = HostTensor::zeros(DType::f64, Shape{static_cast<int64_t>((bytes + 7) / 8)});

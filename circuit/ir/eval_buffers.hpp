@@ -1,10 +1,13 @@
 // EvalBuffers: where a Prim's reference writes. The executor hands each op the storage its
 // memory plan chose for every output (a slice of the plan's workspace, or a fresh buffer for a
-// value the caller keeps) and a scratch pool for the op's temporaries, both reused from run to
-// run, so that a planned step allocates nothing. Contents are undefined unless asked zeroed: a
-// reference writes every element of what it takes (tests poison the storage to check that).
+// value the caller keeps), a scratch pool for the op's temporaries and what the reference
+// compiled on an earlier run, all kept from run to run, so that a planned step allocates
+// nothing. Contents are undefined unless asked zeroed: a reference writes every element of what
+// it takes (tests poison the storage to check that).
 #pragma once
 
+#include <memory>
+#include <typeinfo>
 #include <vector>
 
 #include "circuit/ir/host_tensor.hpp"
@@ -15,14 +18,20 @@ struct ValueInfo;
 
 class EvalBuffers {
  public:
-  // Scratch storage of one op, kept by the executor between runs: the k-th scratch request of
-  // an op reuses the k-th block, grown when a request is larger.
-  using ScratchBlocks = std::vector<HostTensor>;
+  // What the executor keeps of one op between runs of a Program, whose op has the same params
+  // and input dtypes and shapes on every run: its scratch blocks (the k-th scratch request of a
+  // run reuses the k-th block, grown when a request is larger) and what its reference compiled
+  // from the op alone.
+  struct OpState {
+    std::vector<HostTensor> blocks;
+    std::shared_ptr<void> compiled;
+    const std::type_info* compiled_type = nullptr;
+  };
 
   // `planned` holds one tensor per output, or is empty: an undefined entry (or none) gets a
-  // fresh buffer. Without `scratch`, temporaries are fresh buffers too.
-  EvalBuffers(const std::vector<ValueInfo>& infos, std::vector<HostTensor> planned = {},
-              ScratchBlocks* scratch = nullptr, bool poison = false);
+  // fresh buffer. Without `state`, temporaries are fresh buffers and nothing compiled is kept.
+  EvalBuffers(const std::vector<ValueInfo>& infos, std::vector<HostTensor> planned = {}, OpState* state = nullptr,
+              bool poison = false);
 
   size_t size() const;
   const ValueInfo& info(size_t k) const;
@@ -35,10 +44,24 @@ class EvalBuffers {
   // A temporary of the op, valid until the op returns; contents undefined.
   HostTensor scratch(DType dtype, const Shape& shape);
 
+  // The reference's compiled form of this op (what depends on its params and input dtypes and
+  // shapes only): make() builds it on the op's first run, and later runs get it back. Data
+  // pointers must not be kept in it, as a run's inputs and outputs may lie elsewhere.
+  template <class C, class Make>
+  C& compiled(Make&& make) {
+    OpState& s = state_ ? *state_ : local_;
+    if (!s.compiled || *s.compiled_type != typeid(C)) {
+      s.compiled = std::make_shared<C>(make());
+      s.compiled_type = &typeid(C);
+    }
+    return *static_cast<C*>(s.compiled.get());
+  }
+
  private:
   const std::vector<ValueInfo>& infos_;
   std::vector<HostTensor> planned_;
-  ScratchBlocks* blocks_;
+  OpState* state_;
+  OpState local_;  // without an executor's state: the compiled form of this run only
   size_t next_scratch_ = 0;
   bool poison_;
 };

@@ -172,7 +172,8 @@ Operands operands_of(const std::vector<const HostTensor*>& in, const AttentionPa
          packed_rows(s, a.packed_heads, 1),
          packed_rows(s, a.packed_heads, 2),
          {},
-         0};
+         0,
+         {}};
     next = 1;
   } else {
     x = {in[0],
@@ -182,7 +183,8 @@ Operands operands_of(const std::vector<const HostTensor*>& in, const AttentionPa
          rows_of(in[1]->shape(), a.heads_inside),
          rows_of(in[2]->shape(), a.heads_inside),
          {},
-         0};
+         0,
+         {}};
   }
   if (a.mask) {
     const Shape q = a.packed_heads > 0 ? piece_shape(in[0]->shape(), a.packed_heads) : in[0]->shape();

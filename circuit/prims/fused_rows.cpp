@@ -10,6 +10,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <limits>
+#include <memory>
 
 #include "circuit/ir/prim.hpp"
 #include "circuit/prims/body_eval.hpp"
@@ -125,8 +126,26 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   return out;
 }
 
+// What an op compiles on its first run of a Program: its program and, for rows that fit a
+// block, the instruction list.
 template <class T>
-std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTensor*>& in_raw, EvalBuffers& bufs) {
+struct Compiled {
+  RowProgram rp;
+  std::unique_ptr<ref::RowChunks<T>> chunks;
+};
+
+template <class T>
+std::vector<HostTensor> run(const Op& op, const std::vector<const HostTensor*>& in_raw, EvalBuffers& bufs) {
+  Compiled<T>& compiled = bufs.compiled<Compiled<T>>([&] {
+    Compiled<T> c{RowProgram::from_params(op.params), nullptr};
+    if (c.rp.n() <= ref::kBlock) {
+      std::vector<Shape> shapes;
+      for (const HostTensor* x : in_raw) shapes.push_back(x->shape());
+      c.chunks = std::make_unique<ref::RowChunks<T>>(c.rp, shapes);
+    }
+    return c;
+  });
+  const RowProgram& rp = compiled.rp;
   const DType dt = bufs.info(0).dtype;
   // i32 masks are read as T, as the GPU kernel reads them as f32.
   std::vector<HostTensor> converted(in_raw.size());
@@ -143,11 +162,12 @@ std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTe
   for (size_t j = 0; j < rp.reduction_bodies.size(); ++j) reds.push_back(bufs.scratch(dt, row_shape));
   std::vector<HostTensor> outs;
   for (size_t o = 0; o < rp.output_bodies.size(); ++o) outs.push_back(bufs.output(o));
-  if (n <= ref::kBlock) {  // rows that fit a block: all bodies at once, chunk by chunk
+  if (compiled.chunks) {  // rows that fit a block: all bodies at once, chunk by chunk
     std::vector<T*> red_data, out_data;
     for (HostTensor& r : reds) red_data.push_back(r.data<T>());
     for (HostTensor& o : outs) out_data.push_back(o.data<T>());
-    const ref::RowChunks<T> chunked(rp, in, red_data, out_data);
+    ref::RowChunks<T>& chunked = *compiled.chunks;
+    chunked.bind(in, std::move(red_data), std::move(out_data));
     const int64_t chunk_rows = chunked.chunk_rows(), chunks = (rows + chunk_rows - 1) / chunk_rows;
 #pragma omp parallel if (rows * n >= 4 * ref::kBlock)
     {
@@ -207,8 +227,7 @@ std::vector<HostTensor> run(const RowProgram& rp, const std::vector<const HostTe
 }
 
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
-  const RowProgram rp = RowProgram::from_params(op.params);
-  return ref::dispatch_float(bufs.info(0).dtype, "fused_rows", [&](auto t) { return run<decltype(t)>(rp, in, bufs); });
+  return ref::dispatch_float(bufs.info(0).dtype, "fused_rows", [&](auto t) { return run<decltype(t)>(op, in, bufs); });
 }
 
 }  // namespace

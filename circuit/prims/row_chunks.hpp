@@ -37,26 +37,32 @@ void reduce_into(ReduceKind kind, const T* v, int64_t n, T& acc) {
 template <class T>
 class RowChunks {
  public:
-  // `in` are the op's inputs (already of type T); reductions[j] holds reduction j per row (the
-  // row shape's elements), outs[o] output o. Rows are at most kBlock long.
-  RowChunks(const RowProgram& rp, const std::vector<const HostTensor*>& in, std::vector<T*> reductions,
-            std::vector<T*> outs)
-      : rp_(rp), n_(rp.n()), reductions_(std::move(reductions)), outs_(std::move(outs)) {
+  // Compiled from the program and the shapes of the op's inputs; rows are at most kBlock long.
+  RowChunks(RowProgram rp, const std::vector<Shape>& input_shapes)
+      : rp_(std::move(rp)), n_(rp_.n()), row_shape_(rp_.row_shape()) {
     std::vector<std::pair<ScalarExp, int>> seen;
-    for (const ScalarExp& body : rp.reduction_bodies) {
+    for (const ScalarExp& body : rp_.reduction_bodies) {
       reduction_roots_.push_back(compile_body(body, code_, seen));
       reduce_after_.push_back(static_cast<int>(code_.size()) - 1);
     }
-    for (const ScalarExp& body : rp.output_bodies) output_roots_.push_back(compile_body(body, code_, seen));
-    bind_inputs(in);
+    for (const ScalarExp& body : rp_.output_bodies) output_roots_.push_back(compile_body(body, code_, seen));
+    describe_inputs(input_shapes);
     plan_slots();
+  }
+
+  // Where this run reads and writes: `in` are the op's inputs (of type T, the shapes compiled
+  // for), reductions[j] holds reduction j per row (the row shape's elements), outs[o] output o.
+  void bind(const std::vector<const HostTensor*>& in, std::vector<T*> reductions, std::vector<T*> outs) {
+    for (size_t k = 0; k < in.size(); ++k) inputs_[k].data = in[k]->data<T>();
+    reductions_ = std::move(reductions);
+    outs_ = std::move(outs);
   }
 
   // Most rows a chunk holds.
   int64_t chunk_rows() const { return std::max<int64_t>(1, kBlock / std::max<int64_t>(n_, 1)); }
 
-  // Rows [r0, r1) (at most chunk_rows()): reductions and outputs written. `regs` is the
-  // calling thread's, ready (see prepare).
+  // Rows [r0, r1) (at most chunk_rows()) of the bound run: reductions and outputs written.
+  // `regs` is the calling thread's, ready (see prepare).
   void run(int64_t r0, int64_t r1, Registers<T>& regs) const {
     const int64_t rows = r1 - r0, e0 = r0 * n_, len = rows * n_;
     std::vector<const T*>& value = regs.value;
@@ -119,22 +125,20 @@ class RowChunks {
     std::vector<int> spread_first;  // per-row values to spread before this instruction runs
   };
   struct Input {
-    const T* data = nullptr;
+    const T* data = nullptr;              // this run's
     bool varies = false, direct = false;  // direct: has the domain's (or, per row, the rows') size
     bool scalar = false;                  // one element
     std::vector<int64_t> bstrides;        // otherwise: broadcast to the domain (or row shape)
   };
 
-  void bind_inputs(const std::vector<const HostTensor*>& in) {
-    const Shape row_shape = rp_.row_shape();
-    for (const HostTensor* x : in) {
+  void describe_inputs(const std::vector<Shape>& shapes) {
+    for (const Shape& shape : shapes) {
       Input b;
-      b.data = x->data<T>();
-      b.varies = varies_along_row(x->shape(), rp_.domain);
-      b.scalar = x->numel() == 1;
-      const Shape& to = b.varies ? rp_.domain : row_shape;
-      b.direct = x->numel() == to.numel();
-      if (!b.direct) b.bstrides = broadcast_strides(x->shape(), to);
+      b.varies = varies_along_row(shape, rp_.domain);
+      b.scalar = shape.numel() == 1;
+      const Shape& to = b.varies ? rp_.domain : row_shape_;
+      b.direct = shape.numel() == to.numel();
+      if (!b.direct) b.bstrides = broadcast_strides(shape, to);
       inputs_.push_back(std::move(b));
     }
   }
@@ -219,8 +223,7 @@ class RowChunks {
     const Input& b = inputs_[static_cast<size_t>(k)];
     const int64_t start = p.uniform ? r0 : e0;
     if (b.direct) return b.data + start;
-    broadcast_range<T>(b.data, b.bstrides, p.uniform ? rp_.row_shape() : rp_.domain, start, p.uniform ? rows : len,
-                       dst);
+    broadcast_range<T>(b.data, b.bstrides, p.uniform ? row_shape_ : rp_.domain, start, p.uniform ? rows : len, dst);
     return dst;
   }
 
@@ -255,9 +258,10 @@ class RowChunks {
     }
   }
 
-  const RowProgram& rp_;
+  RowProgram rp_;
   int64_t n_;
-  std::vector<T*> reductions_, outs_;
+  Shape row_shape_;
+  std::vector<T*> reductions_, outs_;  // this run's
   std::vector<Instr> code_;
   std::vector<int> reduction_roots_, reduce_after_, output_roots_;
   std::vector<Input> inputs_;

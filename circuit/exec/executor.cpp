@@ -188,6 +188,34 @@ void Program::prepare_storage() const {
   constants_.assign(circuit_.num_values(), HostTensor());
 }
 
+namespace {
+
+// Copies each persistent buffer's new contents in, once the whole run has succeeded (a failed
+// run changes no buffer). A training step's parameters and optimizer moments are megabytes, so
+// the copies are split into pieces the team shares.
+void commit(const std::vector<std::pair<ValueId, HostTensor>>& commits, const std::vector<HostTensor>& values) {
+  constexpr size_t kPiece = size_t{1} << 16;  // bytes
+  struct Piece {
+    std::byte* dst;
+    const std::byte* src;
+    size_t bytes;
+  };
+  std::vector<Piece> pieces;
+  for (const auto& [buffer, contents] : commits) {
+    const HostTensor& dst = values[static_cast<size_t>(buffer)];
+    if (dst.raw() == contents.raw()) continue;
+    auto* d = static_cast<std::byte*>(dst.raw());
+    const auto* s = static_cast<const std::byte*>(contents.raw());
+    for (size_t at = 0; at < dst.nbytes(); at += kPiece)
+      pieces.push_back({d + at, s + at, std::min(kPiece, dst.nbytes() - at)});
+  }
+  const auto count = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for schedule(static) if (count > 1)
+  for (int64_t i = 0; i < count; ++i) std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
+}
+
+}  // namespace
+
 std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) const {
   if (running_.exchange(true))
     throw Error("executor: a Program runs one call at a time (it keeps its workspace between runs)");
@@ -260,10 +288,7 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
   constants_ready_ = true;
   if (fixed_num_threads() == 0 && adaptive_threads_)
     governor_.record(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
-  for (const auto& [buffer, contents] : commits) {
-    const HostTensor& dst = values[static_cast<size_t>(buffer)];
-    if (dst.raw() != contents.raw()) std::memcpy(dst.raw(), contents.raw(), dst.nbytes());
-  }
+  commit(commits, values);
   std::vector<HostTensor> result;
   for (ValueId o : outputs_) result.push_back(values[static_cast<size_t>(o)]);
   return result;

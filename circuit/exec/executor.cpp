@@ -6,6 +6,7 @@
 #include <xmmintrin.h>
 
 #include <algorithm>
+#include <utility>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -191,8 +192,9 @@ void Program::prepare_storage() const {
 namespace {
 
 // Copies each persistent buffer's new contents in, once the whole run has succeeded (a failed
-// run changes no buffer). A training step's parameters and optimizer moments are megabytes, so
-// the copies are split into pieces the team shares.
+// run changes no buffer). A buffer assigned twice in a run (a gradient two backward passes add
+// to) ends with its last contents, so only those are copied. A training step's parameters and
+// optimizer moments are megabytes, so the copies are split into pieces the team shares.
 void commit(const std::vector<std::pair<ValueId, HostTensor>>& commits, const std::vector<HostTensor>& values) {
   constexpr size_t kPiece = size_t{1} << 16;  // bytes
   struct Piece {
@@ -201,7 +203,10 @@ void commit(const std::vector<std::pair<ValueId, HostTensor>>& commits, const st
     size_t bytes;
   };
   std::vector<Piece> pieces;
-  for (const auto& [buffer, contents] : commits) {
+  std::vector<char> committed(values.size(), 0);
+  for (auto it = commits.rbegin(); it != commits.rend(); ++it) {
+    const auto& [buffer, contents] = *it;
+    if (std::exchange(committed[static_cast<size_t>(buffer)], 1)) continue;  // a later assign's contents win
     const HostTensor& dst = values[static_cast<size_t>(buffer)];
     if (dst.raw() == contents.raw()) continue;
     auto* d = static_cast<std::byte*>(dst.raw());

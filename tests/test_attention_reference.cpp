@@ -53,8 +53,8 @@ double max_abs_diff(const HostTensor& got, const std::vector<double>& want) {
   return worst;
 }
 
-void check_attention(DType dt, bool causal, double tolerance) {
-  const Sizes z{6, 5, causal ? 5 : 7, 3, 4};
+void check_attention(DType dt, bool causal, double tolerance, int64_t tq = 5) {
+  const Sizes z{6, tq, causal ? tq : 7, 3, 4};
   const double scale = 0.8;
   Circuit c;
   ValueId q = c.add_external({Shape{2, 3, z.tq, z.d}, dt}, ValueRole::Input);
@@ -121,6 +121,12 @@ void check_attention(DType dt, bool causal, double tolerance) {
 TEST(PrimReferenceAttention, AttentionAndAttentionGradMatchPlainLoopsCausal) {
   check_attention(DType::f64, true, 1e-12);
   check_attention(DType::f32, true, 2e-6);
+}
+
+// Causal rows run in blocks (kCausalRows in attention.cpp): 70 queries are several blocks, the
+// last one partial, whose dk and dv add up.
+TEST(PrimReferenceAttention, AttentionAndAttentionGradMatchPlainLoopsCausalOverSeveralRowBlocks) {
+  check_attention(DType::f64, true, 1e-12, 70);
 }
 
 TEST(PrimReferenceAttention, AttentionAndAttentionGradMatchPlainLoopsWithoutMask) {

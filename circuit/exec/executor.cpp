@@ -6,13 +6,13 @@
 #include <xmmintrin.h>
 
 #include <algorithm>
-#include <utility>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "circuit/exec/liveness.hpp"
 #include "circuit/exec/memory_plan.hpp"

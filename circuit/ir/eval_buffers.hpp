@@ -45,8 +45,9 @@ class EvalBuffers {
   HostTensor scratch(DType dtype, const Shape& shape);
 
   // The reference's compiled form of this op (what depends on its params and input dtypes and
-  // shapes only): make() builds it on the op's first run, and later runs get it back. Data
-  // pointers must not be kept in it, as a run's inputs and outputs may lie elsewhere.
+  // shapes only): make() builds it on the op's first run, and later runs get it back. A run's
+  // inputs and outputs may lie elsewhere on the next, so any pointer to them the compiled form
+  // holds must be bound again by every run.
   template <class C, class Make>
   C& compiled(Make&& make) {
     OpState& s = state_ ? *state_ : local_;

@@ -88,6 +88,17 @@ TEST(EngineAssign, ReadsBeforeAnAssignSeeTheOldValue) {
   EXPECT_THROW(Tensor::from_vector({1}, Shape{1}).assign(p), Error);  // not persistent
 }
 
+// a.assign(b) gives a the value b has in the step, before b's own assign lands: a's new
+// contents are b's memory, which the commit must read before it writes b.
+TEST(EngineAssign, AnAssignOfAnotherBufferTakesItsValueBeforeThatBufferChanges) {
+  Tensor a = Tensor::parameter("assign.a", host({1, 2, 3}, Shape{3}), false);
+  Tensor b = Tensor::parameter("assign.b", host({10, 20, 30}, Shape{3}), false);
+  a.assign(b);
+  b.assign(b + 1.0);
+  EXPECT_EQ(a.to_vector(), (std::vector<double>{10, 20, 30}));
+  EXPECT_EQ(b.to_vector(), (std::vector<double>{11, 21, 31}));
+}
+
 TEST(EngineGradients, BelongToTheStepUnlessAccumulationIsAsked) {
   Engine& e = Engine::current();
   Tensor w = Tensor::parameter("grad.w", host({1, 1}, Shape{2}));

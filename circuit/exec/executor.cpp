@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <string>
 #include <utility>
@@ -192,28 +193,45 @@ void Program::prepare_storage() const {
 namespace {
 
 // Copies each persistent buffer's new contents in, once the whole run has succeeded (a failed
-// run changes no buffer). A buffer assigned twice in a run (a gradient two backward passes add
-// to) ends with its last contents, so only those are copied. A training step's parameters and
-// optimizer moments are megabytes, so the copies are split into pieces the team shares.
+// run changes no buffer). Every new content is what the run computed: a buffer assigned twice
+// (a gradient two backward passes add to) gets its last, and contents that are another
+// assigned buffer's memory (assign(a, b) of buffer b, or a view of it) are b's value during
+// the run, so they are staged before b is written. A training step's parameters and optimizer
+// moments are megabytes, so the copies are split into pieces the team shares.
 void commit(const std::vector<std::pair<ValueId, HostTensor>>& commits, const std::vector<HostTensor>& values) {
-  constexpr size_t kPiece = size_t{1} << 16;  // bytes
-  struct Piece {
+  struct Copy {
     std::byte* dst;
     const std::byte* src;
     size_t bytes;
   };
-  std::vector<Piece> pieces;
-  std::vector<char> committed(values.size(), 0);
+  std::vector<Copy> last;  // per assigned buffer, its last contents (in place or not)
   for (auto it = commits.rbegin(); it != commits.rend(); ++it) {
-    const auto& [buffer, contents] = *it;
-    if (std::exchange(committed[static_cast<size_t>(buffer)], 1)) continue;  // a later assign's contents win
-    const HostTensor& dst = values[static_cast<size_t>(buffer)];
-    if (dst.raw() == contents.raw()) continue;
+    const HostTensor& dst = values[static_cast<size_t>(it->first)];
     auto* d = static_cast<std::byte*>(dst.raw());
-    const auto* s = static_cast<const std::byte*>(contents.raw());
-    for (size_t at = 0; at < dst.nbytes(); at += kPiece)
-      pieces.push_back({d + at, s + at, std::min(kPiece, dst.nbytes() - at)});
+    if (std::none_of(last.begin(), last.end(), [&](const Copy& c) { return c.dst == d; }))
+      last.push_back({d, static_cast<const std::byte*>(it->second.raw()), dst.nbytes()});
   }
+  std::vector<std::pair<const std::byte*, const std::byte*>> written;  // by address; buffers do not overlap
+  for (const Copy& c : last)
+    if (c.src != c.dst) written.emplace_back(c.dst, c.dst + c.bytes);
+  std::sort(written.begin(), written.end());
+  auto in_written = [&](const Copy& c) {
+    const auto after =
+        std::upper_bound(written.begin(), written.end(), std::make_pair(c.src + c.bytes, c.src + c.bytes));
+    return c.bytes > 0 && after != written.begin() && std::prev(after)->second > c.src;
+  };
+  std::vector<std::vector<std::byte>> staged;  // only for contents read from an assigned buffer
+  for (Copy& c : last)
+    if (c.src != c.dst && in_written(c)) {
+      staged.emplace_back(c.src, c.src + c.bytes);
+      c.src = staged.back().data();
+    }
+  constexpr size_t kPiece = size_t{1} << 16;  // bytes
+  std::vector<Copy> pieces;
+  for (const Copy& c : last)
+    if (c.src != c.dst)
+      for (size_t at = 0; at < c.bytes; at += kPiece)
+        pieces.push_back({c.dst + at, c.src + at, std::min(kPiece, c.bytes - at)});
   const auto count = static_cast<int64_t>(pieces.size());
 #pragma omp parallel for schedule(static) if (count > 1)
   for (int64_t i = 0; i < count; ++i) std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);

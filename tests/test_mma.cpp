@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "cuda/driver/driver_api.hpp"
@@ -59,7 +60,9 @@ RowCol half_a(int lane, int i) {
 RowCol half_b(int lane, int i) { return {thread_in_group(lane) * 2 + (i & 1) + (i < 2 ? 0 : 8), group_id(lane)}; }
 // C and D (16 x 8, f32): c0..c3. row = groupID for c0 and c1, groupID + 8 for c2 and c3;
 // col = threadID_in_group * 2 + (i & 1).
-RowCol acc(int lane, int i) { return {i < 2 ? group_id(lane) : group_id(lane) + 8, thread_in_group(lane) * 2 + (i & 1)}; }
+RowCol acc(int lane, int i) {
+  return {i < 2 ? group_id(lane) : group_id(lane) + 8, thread_in_group(lane) * 2 + (i & 1)};
+}
 
 // --- element encodings -----------------------------------------------------------------------
 uint16_t bf16_bits(float f) { return static_cast<uint16_t>(std::bit_cast<uint32_t>(f) >> 16); }  // exact for small ints
@@ -75,9 +78,9 @@ uint16_t f16_bits(float f) {  // small integers only: exact
 
 struct Problem {
   MmaShape shape;
-  int k;                                // 8 (tf32) or 16
-  std::vector<float> a, b, c;           // A (16 x k), B (k x 8), C (16 x 8), row-major
-  std::vector<uint32_t> fa, fb, fc;     // per lane: 4, 2 and 4 registers
+  int k;                             // 8 (tf32) or 16
+  std::vector<float> a, b, c;        // A (16 x k), B (k x 8), C (16 x 8), row-major
+  std::vector<uint32_t> fa, fb, fc;  // per lane: 4, 2 and 4 registers
 };
 
 Problem make_problem(MmaShape shape, uint32_t seed) {
@@ -204,11 +207,11 @@ std::vector<float> run_round_tf32(Runtime& rt, const std::vector<float>& x) {
 
 void expect_tf32_rounding(Runtime& rt) {
   const float ulp = 1.0f / 1024;  // tf32's unit in the last place at 1
-  const std::vector<float> x = {1.0f + ulp / 2,     1.0f + ulp / 4, 1.0f + 3 * ulp / 4, -(1.0f + ulp / 2),
-                                1.0f + 1.5f * ulp,  0.0f,           -0.0f,              INFINITY,
-                                -INFINITY,          3.0f};
-  const std::vector<float> want = {1.0f + ulp,        1.0f, 1.0f + ulp, -(1.0f + ulp), 1.0f + 2 * ulp, 0.0f, -0.0f,
-                                   INFINITY,          -INFINITY, 3.0f};
+  const std::vector<float> x = {
+      1.0f + ulp / 2, 1.0f + ulp / 4, 1.0f + 3 * ulp / 4, -(1.0f + ulp / 2), 1.0f + 1.5f * ulp,
+      0.0f,           -0.0f,          INFINITY,           -INFINITY,         3.0f};
+  const std::vector<float> want = {1.0f + ulp, 1.0f,  1.0f + ulp, -(1.0f + ulp), 1.0f + 2 * ulp,
+                                   0.0f,       -0.0f, INFINITY,   -INFINITY,     3.0f};
   const std::vector<float> y = run_round_tf32(rt, x);
   for (size_t i = 0; i < x.size(); ++i)
     EXPECT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i])) << "x = " << x[i];
@@ -222,12 +225,67 @@ TEST(Mma, GpuRoundTf32KnownAnswers) {
   expect_tf32_rounding(*rt);
 }
 
+// cvt.rn.bf16x2.f32 (kir::Opc::PackBf16x2): y[i] = bf16(x[2i]) in the low half, bf16(x[2i + 1])
+// in the high half, to nearest with ties to even.
+kir::Kernel pack_bf16x2_kernel() {
+  kir::KernelBuilder b("pack_bf16x2");
+  Reg px = b.param("x", Type::u64), py = b.param("y", Type::u64);
+  Reg i = b.sreg(kir::SReg::tid_x);
+  Reg lo = b.ld(Space::global, Type::f32, b.address(px, b.mul(Type::u32, i, kir::imm_u32(2)), 4));
+  Reg hi = b.ld(Space::global, Type::f32, b.address(px, b.mul(Type::u32, i, kir::imm_u32(2)), 4), 4);
+  b.st(Space::global, Type::u32, b.address(py, i, 4), b.pack_bf16x2(lo, hi));
+  return b.finish();
+}
+
+void expect_bf16x2_packing(Runtime& rt) {
+  const float e7 = 1.0f / 128;  // bf16's unit in the last place at 1
+  const std::vector<float> x = {1.0f,
+                                2.0f,
+                                1.0f + e7 / 2,
+                                1.0f + 3 * e7 / 2,
+                                -0.0f,
+                                -(1.0f + e7 / 4),
+                                std::numeric_limits<float>::max(),
+                                INFINITY,
+                                1.0f + 5 * e7 / 8,
+                                -3.5f,
+                                NAN,
+                                0.5f};
+  // 1 + e7/2 is a tie: to the even 1.0; 1 + 3 e7/2 a tie: to the even 1 + 2 e7; FLT_MAX past the
+  // largest bf16 (3.39e38): infinity.
+  const std::vector<uint32_t> want = {0x40003f80u, 0x3f823f80u, 0xbf808000u, 0x7f807f80u, 0xc0603f81u};
+  const kir::Kernel k = pack_bf16x2_kernel();
+  LoadedKernel lk = rt.load(k);
+  CUdeviceptr dx = rt.alloc(x.size() * 4), dy = rt.alloc(x.size() * 2);
+  rt.upload(dx, x.data(), x.size() * 4);
+  rt.launch(lk, Dim3{1, 1, 1}, Dim3{static_cast<uint32_t>(x.size() / 2), 1, 1}, {dx, dy});
+  rt.synchronize();
+  std::vector<uint32_t> y(x.size() / 2);
+  rt.download(y.data(), dy, y.size() * 4);
+  rt.free(dx);
+  rt.free(dy);
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(y[i], want[i]) << std::hex << "pair " << i << ": " << x[2 * i] << ", " << x[2 * i + 1];
+  EXPECT_EQ(y[5] & 0x7f80u, 0x7f80u) << "NaN keeps an all-ones exponent";
+  EXPECT_NE(y[5] & 0x7fu, 0u) << "NaN keeps a non-zero mantissa";
+  EXPECT_EQ(y[5] >> 16, 0x3f00u) << "0.5 beside a NaN";
+}
+
+TEST(Mma, PackBf16x2KnownAnswersInTheSimulator) { expect_bf16x2_packing(testing::fake_runtime()); }
+
+TEST(Mma, GpuPackBf16x2KnownAnswers) {
+  KILN_GPU_OR_SKIP(rt);
+  expect_bf16x2_packing(*rt);
+}
+
 TEST(Mma, KernelsPassPtxas) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   for (MmaShape shape : {MmaShape::m16n8k8_tf32, MmaShape::m16n8k16_bf16, MmaShape::m16n8k16_f16}) {
     const kir::Kernel k = mma_kernel(shape);
     testing::expect_ptxas_accepts({&k});
   }
+  const kir::Kernel pack = pack_bf16x2_kernel();
+  testing::expect_ptxas_accepts({&pack});
 }
 
 }  // namespace

@@ -37,12 +37,15 @@ const char* mma_shape_name(MmaShape s) {
 }
 
 const char* opc_name(Opc op) {
+  // clang-format off
   static const char* kNames[] = {
       "mov",         "add", "sub", "mul",      "mul.hi",   "mul.wide",  "mad",  "fma",      "div", "rem",      "min",
       "max",         "neg", "abs", "and",      "or",       "xor",       "not",  "shl",      "shr", "setp",     "selp",
       "cvt",         "ex2", "lg2", "rcp",      "rsqrt",    "sqrt",      "tanh", "sin",      "cos", "ld.param", "sreg",
       "shared.addr", "ld",  "st",  "atom.add", "bar.sync", "shfl.sync", "ret",  "membar.gl",
-      "mma.sync", "cvt.rna.tf32", "ldmatrix", "cp.async", "cp.async.commit_group", "cp.async.wait_group"};
+      "mma.sync", "cvt.rna.tf32", "ldmatrix", "cp.async", "cp.async.commit_group", "cp.async.wait_group",
+      "cvt.rn.bf16x2"};
+  // clang-format on
   return kNames[static_cast<int>(op)];
 }
 
@@ -288,6 +291,13 @@ struct Checker {
         if (exit_seen) fail(in, "a thread may have exited before this ldmatrix (guard the work with an if instead)");
         break;
       }
+      case Opc::PackBf16x2:
+        nsrc(2);
+        if (in.type != Type::u32) fail(in, "cvt.rn.bf16x2 packs into a u32");
+        type_is(in, in.srcs[0], Type::f32, "low half");
+        type_is(in, in.srcs[1], Type::f32, "high half");
+        dst_is(Type::u32);
+        break;
     }
   }
   void body(const std::vector<Stmt>& stmts) {
@@ -295,10 +305,10 @@ struct Checker {
       switch (s.kind) {
         case Stmt::Kind::Instr:
           if (s.guard.valid() && s.guard.type != Type::pred) fail(s.instr, "guard must be a predicate");
-          if (s.guard.valid() && (s.instr.op == Opc::Mma || s.instr.op == Opc::RoundTf32))
-            fail(s.instr, "mma.sync and cvt.rna.tf32 are printed as blocks: no guard (use an if)");
-          if (s.guard.valid() && s.instr.op == Opc::Ldmatrix)
-            fail(s.instr, "ldmatrix needs the whole warp: no guard");
+          if (s.guard.valid() &&
+              (s.instr.op == Opc::Mma || s.instr.op == Opc::RoundTf32 || s.instr.op == Opc::PackBf16x2))
+            fail(s.instr, "mma.sync, cvt.rna.tf32 and cvt.rn.bf16x2 are printed as blocks: no guard (use an if)");
+          if (s.guard.valid() && s.instr.op == Opc::Ldmatrix) fail(s.instr, "ldmatrix needs the whole warp: no guard");
           instr(s.instr);
           break;
         case Stmt::Kind::If:
@@ -594,6 +604,10 @@ void KernelBuilder::cp_async_wait(int pending_groups) {
   in.op = Opc::CpAsyncWait;
   in.offset = pending_groups;
   emit(std::move(in));
+}
+
+Reg KernelBuilder::pack_bf16x2(Operand lo, Operand hi) {
+  return emit_op(Opc::PackBf16x2, Type::u32, {lo, hi}, Type::u32);
 }
 
 void KernelBuilder::ret() {

@@ -139,6 +139,10 @@ enum class Opc : uint8_t {
   CpAsync,
   CpAsyncCommit,  // cp.async.commit_group: this thread's copies since the last commit form a group
   CpAsyncWait,    // cp.async.wait_group `offset`: all but the newest `offset` committed groups land
+  // dst (u32) = a (f32) rounded to bf16 in the low half, b (f32) rounded to bf16 in the high
+  // half, to nearest with ties to even (cvt.rn.bf16x2.f32 d, b, a): the packed pair mma.sync
+  // bf16 takes, made from f32 values in registers (KernelBuilder::pack_bf16x2).
+  PackBf16x2,
 };
 const char* opc_name(Opc op);
 
@@ -272,6 +276,8 @@ class KernelBuilder {
   void cp_async(Operand shared_dst, Operand global_src, int bytes, Operand src_bytes);
   void cp_async_commit();
   void cp_async_wait(int pending_groups);
+  // Opc::PackBf16x2: lo and hi (f32) rounded to bf16 and packed, lo in the low half.
+  Reg pack_bf16x2(Operand lo, Operand hi);
   // D = A B + C for the warp (every lane must take part): a[4], b[2] (f32 for tf32, u32 packed
   // pairs for bf16/f16), c[4] f32; returns D's 4 f32 registers of this lane.
   std::vector<Reg> mma(MmaShape shape, const std::vector<Operand>& a, const std::vector<Operand>& b,

@@ -141,7 +141,7 @@ class Printer {
       switch (s.kind) {
         case Stmt::Kind::Instr: {
           std::string guard = s.guard.valid() ? (s.negate ? "@!" : "@") + reg(s.guard) + " " : "";
-          if (s.instr.op == Opc::Mma || s.instr.op == Opc::RoundTf32)
+          if (s.instr.op == Opc::Mma || s.instr.op == Opc::RoundTf32 || s.instr.op == Opc::PackBf16x2)
             out_ += "\t" + instr(s.instr) + "\n";  // a braced block of its own (no guard: check() refuses one)
           else
             line(guard + instr(s.instr));
@@ -255,6 +255,10 @@ class Printer {
         // The tf32 result is a .b32 register in PTX: converted in a scope of its own, moved back.
         return "{\n\t.reg .b32 %tf32;\n\tcvt.rna.tf32.f32 %tf32, " + opnd(in.srcs[0]) + ";\n\tmov.b32 " +
                reg(in.dsts[0]) + ", %tf32;\n\t}";
+      case Opc::PackBf16x2:
+        // The packed pair is a .b32 register in PTX, whose first source fills the high half.
+        return "{\n\t.reg .b32 %bf16x2;\n\tcvt.rn.bf16x2.f32 %bf16x2, " + opnd(in.srcs[1]) + ", " + opnd(in.srcs[0]) +
+               ";\n\tmov.b32 " + reg(in.dsts[0]) + ", %bf16x2;\n\t}";
       case Opc::CpAsync:
         return std::string("cp.async.") + (in.vec == 16 ? "cg" : "ca") + ".shared.global [" + opnd(in.srcs[0]) +
                "], [" + opnd(in.srcs[1]) + "], " + std::to_string(in.vec) + ", " + opnd(in.srcs[2]);
@@ -271,7 +275,8 @@ class Printer {
         // .b32 registers of a scope of their own.
         if (in.srcs.size() != 10) throw Error("print_ptx: mma takes 10 sources: " + describe(k_, in));
         std::string s = "{\n\t.reg .b32 %mma<6>;\n";
-        for (int i = 0; i < 6; ++i) s += "\tmov.b32 %mma" + std::to_string(i) + ", " + opnd(in.srcs[static_cast<size_t>(i)]) + ";\n";
+        for (int i = 0; i < 6; ++i)
+          s += "\tmov.b32 %mma" + std::to_string(i) + ", " + opnd(in.srcs[static_cast<size_t>(i)]) + ";\n";
         return s + "\tmma.sync.aligned." + mma_shape_name(in.mma) + " " + elements(in.dsts, 0) +
                ", {%mma0, %mma1, %mma2, %mma3}, {%mma4, %mma5}, " +
                elements(std::vector<Operand>(in.srcs.begin() + 6, in.srcs.end()), 0) + ";\n\t}";

@@ -38,7 +38,7 @@ enum class Code : uint16_t {
   // Bitwise on canonical slots of any width; NotPred flips a predicate.
   And, Or, Xor, NotPred,
   // Floats. Approx: aux holds the kir::Opc (ex2, lg2, rcp, rsqrt, tanh, sin, cos).
-  AddF32, SubF32, MulF32, DivF32, FmaF32, MinF32, MaxF32, NegF32, AbsF32, SqrtF32, Approx, RoundTf32,
+  AddF32, SubF32, MulF32, DivF32, FmaF32, MinF32, MaxF32, NegF32, AbsF32, SqrtF32, Approx, RoundTf32, PackBf16x2,
   AddF64, SubF64, MulF64, DivF64, FmaF64, MinF64, MaxF64, NegF64, AbsF64,
   // f16/bf16 arithmetic (aux: kir::Opc, size: kir::Type), computed in double and rounded.
   Half,

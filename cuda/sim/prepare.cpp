@@ -236,6 +236,7 @@ class Flattener {
         break;
       case Opc::Sqrt: op.code = Code::SqrtF32; break;
       case Opc::RoundTf32: op.code = Code::RoundTf32; break;
+      case Opc::PackBf16x2: op.code = Code::PackBf16x2; break;
       case Opc::Ex2:
       case Opc::Lg2:
       case Opc::Rcp:

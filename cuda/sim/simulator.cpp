@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "circuit/ir/bf16.hpp"
 #include "circuit/ir/error.hpp"
 #include "cuda/sim/internal.hpp"
 
@@ -414,7 +415,8 @@ class Executor {
       } else {
         for (int i = 0; i < 4; ++i)
           for (int h = 0; h < 2; ++h)  // register i holds elements 2i (low half) and 2i + 1
-            a[g + 8 * (i % 2)][2 * q + h + 8 * (i / 2)] = half(static_cast<uint32_t>(r[s[4 + i]] >> (16 * h)) & 0xffffu);
+            a[g + 8 * (i % 2)][2 * q + h + 8 * (i / 2)] =
+                half(static_cast<uint32_t>(r[s[4 + i]] >> (16 * h)) & 0xffffu);
         for (int i = 0; i < 2; ++i)
           for (int h = 0; h < 2; ++h)
             bm[2 * q + h + 8 * i][g] = half(static_cast<uint32_t>(r[s[8 + i]] >> (16 * h)) & 0xffffu);
@@ -607,7 +609,9 @@ class Executor {
   void issue_async_copy(uint32_t t, uint32_t pc, uint32_t dst, uint64_t src, uint32_t bytes, uint32_t src_bytes) {
     BlockRun& b = *cur_;
     if (src_bytes > bytes)
-      fail(t, pc, "cp.async reads " + std::to_string(src_bytes) + " source bytes of a " + std::to_string(bytes) + "-byte copy");
+      fail(
+          t, pc,
+          "cp.async reads " + std::to_string(src_bytes) + " source bytes of a " + std::to_string(bytes) + "-byte copy");
     AsyncCopy c;
     c.dst = dst, c.pc = pc, c.bytes = static_cast<uint8_t>(bytes);
     if (src_bytes > 0) {
@@ -857,7 +861,8 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
       case Code::BrTrue: pc = r[op.a] ? static_cast<uint32_t>(op.imm) : pc + 1; continue;
       case Code::BrFalse: pc = r[op.a] ? pc + 1 : static_cast<uint32_t>(op.imm); continue;
       case Code::Exit:
-        if (blk.any_async && has_async_copies(blk, t)) fail(t, pc, "thread exits with cp.async copies it never waited for");
+        if (blk.any_async && has_async_copies(blk, t))
+          fail(t, pc, "thread exits with cp.async copies it never waited for");
         blk.state[t] = State::exited;
         goto stop;
       case Code::CpAsync:
@@ -956,6 +961,10 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
         r[op.d] = (x & 0x7f800000u) == 0x7f800000u ? x : ((x + 0x1000u) & 0xffffe000u);
         break;
       }
+      case Code::PackBf16x2:  // cvt.rn.bf16x2.f32: to nearest even, NaN canonical (the host's bf16 rounding)
+        r[op.d] = static_cast<uint64_t>(f32_to_bf16(F32(a)).bits) | static_cast<uint64_t>(f32_to_bf16(F32(b)).bits)
+                                                                        << 16;
+        break;
       case Code::Approx: r[op.d] = slot_of(approx(static_cast<kir::Opc>(op.aux), F32(a))); break;
       case Code::AddF64: r[op.d] = slot_of(F64(a) + F64(b)); break;
       case Code::SubF64: r[op.d] = slot_of(F64(a) - F64(b)); break;

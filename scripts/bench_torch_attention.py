@@ -1,11 +1,12 @@
 """PyTorch's causal attention, forward and backward, on the shapes `kiln bench --attention` takes.
 
-    python3 scripts/bench_torch_attention.py 8x12x1024x64,16x4x64x32 [--runs 20] [--device cuda]
+    python3 scripts/bench_torch_attention.py 8x12x1024x64,16x4x64x32 [--runs 20] [--device cuda] [--bf16]
 
 Two rows a shape: torch.nn.functional.scaled_dot_product_attention (is_causal=True; on a GPU
 its flash backend where it applies) and the same chain written out (matmul, mask, softmax,
 matmul), as kiln's GPT records it. f32 (TF32 off), q, k, v of (B, H, T, D) with gradients;
-each run is the forward, sum(y * y), and the backward. Median of CUDA-event times (wall
+each run is the forward, sum(y * y), and the backward. --bf16: q, k, v in bf16 (the peer of
+`kiln bench --precision bf16 --attention`; on a GPU the flash kernels). Median of CUDA-event times (wall
 times on the CPU) after a warm-up. FLOPs are counted as bench_attention.hpp counts them.
 """
 import argparse
@@ -59,16 +60,18 @@ def main():
     p.add_argument("shapes")
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--bf16", action="store_true", help="q, k, v in bf16")
     a = p.parse_args()
+    dtype = torch.bfloat16 if a.bf16 else torch.float32
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     for b, h, t, d in shapes(a.shapes):
         g = torch.Generator(device="cpu").manual_seed(1)
-        q, k, v = (torch.randn(b, h, t, d, generator=g).to(a.device).requires_grad_() for _ in range(3))
+        q, k, v = (torch.randn(b, h, t, d, generator=g).to(a.device, dtype).requires_grad_() for _ in range(3))
         flops = 12.0 * b * h * t * t * d / 2
         for name, fn in (("scaled_dot_product_attention", sdpa), ("written out", written_out)):
             ms = time_ms(fn, q, k, v, a.runs, a.device)
-            print(f"torch attention {b}x{h}x{t}x{d} (B H T D), {name}, {a.device}: {ms:.3f} ms median of {a.runs}"
+            print(f"torch attention {b}x{h}x{t}x{d} (B H T D), {name}, {dtype}, {a.device}: {ms:.3f} ms median of {a.runs}"
                   f" -> {flops / (ms / 1000) / 1e12:.3f} TFLOP/s")
 
 

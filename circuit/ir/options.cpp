@@ -28,7 +28,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 25> kVariables = {{
+constexpr std::array<Variable, 26> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -41,6 +41,7 @@ constexpr std::array<Variable, 25> kVariables = {{
     {"KILN_MATMUL_TILE", "GPU matmul tiles, 64 or 128 (default: chosen per shape)"},
     {"KILN_ALLOW_TF32", "1: large GPU f32 matmuls on tf32 tensor cores (10-bit mantissas)"},
     {"KILN_BF16_MMA", "0: GPU matmuls of bf16 operands on widened tiles instead of bf16 mma.sync (default 1)"},
+    {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
     {"KILN_GPU_COLLECTIVES", "data parallel on GPUs: nccl or host (default: NCCL where it loads)"},
     {"KILN_NCCL_LIBRARY", "path of libnccl.so.2 (default: the loader's search path)"},
@@ -122,6 +123,13 @@ bool bf16_mma() {
   throw Error("KILN_BF16_MMA: expected 0 or 1, received '" + v + "'");
 }
 std::optional<bool> force_bf16_mma(std::optional<bool> on) { return std::exchange(bf16_mma_forced, on); }
+
+bool attention_mma() {
+  const std::string v = text("KILN_ATTENTION_MMA");
+  if (v.empty() || v == "1") return true;
+  if (v == "0") return false;
+  throw Error("KILN_ATTENTION_MMA: expected 0 or 1, received '" + v + "'");
+}
 
 std::vector<std::string> disabled_passes() {
   std::vector<std::string> names;

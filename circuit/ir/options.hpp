@@ -30,6 +30,7 @@ bool bf16_mma();                             // KILN_BF16_MMA: "1" (the default)
 // Tests (cuda::ForceBf16Mma): bf16_mma() returns `on` while it is set, whatever the environment
 // says (nullopt: the environment again); the previous setting is returned.
 std::optional<bool> force_bf16_mma(std::optional<bool> on);
+bool attention_mma();  // KILN_ATTENTION_MMA: "1" (the default) or "0"
 
 struct Variable {
   const char* name;

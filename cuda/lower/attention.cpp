@@ -26,6 +26,7 @@
 
 #include "circuit/ir/error.hpp"
 #include "circuit/prims/prim_params.hpp"
+#include "cuda/lower/attention_kernels.hpp"
 #include "cuda/lower/elementwise.hpp"
 #include "cuda/lower/families.hpp"
 
@@ -37,36 +38,9 @@ using kir::imm_u32;
 using kir::Space;
 using kir::SReg;
 
-namespace {
+namespace attention_detail {
 
 constexpr uint32_t kWarps = 4;  // rows a block
-
-// Where one of q, k, v (or its gradient) lies with heads inside: `stride` elements from one T step
-// to the next (0: H times the head size, a tensor of its own) and `offset` to its first element.
-struct Piece {
-  int64_t stride = 0, offset = 0;
-};
-
-struct Sizes {
-  int64_t entries, tq, tk, d, dv;
-  Piece q, k, v;
-  int64_t groups = 1;         // query heads a key/value head (kv entry = query entry / groups)
-  bool packed = false;        // q, k, v one input (and one gradient output)
-  int64_t heads = 1;          // with heads inside: H of (B, T, H, d)
-  bool heads_inside = false;  // q, k, v, o and gradients (B, T, H, d); else (entries, T, d)
-  // An additive mask (input mask_input), broadcast over the scores: element (entry, i, j) at
-  // base(entry) + i mask_row_stride + j mask_col_stride, base from the scores' batch dims
-  // (mask_batch) and the mask's strides along them (0 where it broadcasts).
-  bool mask = false;
-  int mask_input = 3;
-  std::vector<int64_t> mask_batch, mask_strides;
-  int64_t mask_row_stride = 0, mask_col_stride = 0;
-  bool bf16 = false;  // q, k, v and do read rounded to bf16 (product_operand)
-  double keep = 1.0;  // < 1: dropout, with the stream's key and offset inputs at `stream`
-  int stream = 3;
-  int rest = 3;  // the input index of o (attention_grad)
-  Type it;       // index type
-};
 
 Sizes sizes_of(const Circuit& c, const Op& op) {
   const AttentionParams a = AttentionParams::of(op);
@@ -161,11 +135,6 @@ std::vector<ArgRef> qkv_args(const Sizes& s) {
 ArgRef after_qkv(const Sizes& s, int i) { return {ArgRef::Kind::Input, s.rest + i}; }
 ArgRef gradient_of(const Sizes& s, int piece) { return {ArgRef::Kind::Output, s.packed ? 0 : piece}; }
 
-// The dropout stream in a kernel: its key and offset (loaded at the start); off without dropout.
-struct Stream {
-  Reg key0, key1, offset;
-  bool on() const { return key0.valid(); }
-};
 // The additive mask in a kernel (its address; invalid without one), declared after the launch's
 // buffers and before the stream.
 Reg mask_param(KernelBuilder& b, const Sizes& s, std::vector<ArgRef>& args) {
@@ -272,13 +241,6 @@ Reg tile_keep_bits(KernelBuilder& b, const Sizes& s, const Stream& st, Reg row, 
 // x times a dropout factor (x itself without dropout).
 Reg times(KernelBuilder& b, Reg x, Reg factor) { return factor.valid() ? b.mul(Type::f32, x, factor) : x; }
 
-// The buffer parameters of each launch (registers) and where their addresses come from, the
-// same for both kernel families.
-struct ForwardParams {
-  Reg q, k, v, o, lse, mask;
-  Stream stream;
-  std::vector<ArgRef> args;
-};
 ForwardParams forward_params(KernelBuilder& b, const Sizes& s) {
   ForwardParams f;
   f.q = b.param("q", Type::u64), f.k = b.param("k", Type::u64), f.v = b.param("v", Type::u64);
@@ -288,12 +250,6 @@ ForwardParams forward_params(KernelBuilder& b, const Sizes& s) {
   f.stream = stream_params(b, s, f.args);
   return f;
 }
-struct GradQParams {
-  Reg q, k, v, o, lse, d_o, dlse, dq, dd;  // dlse: invalid without one; dd: D, scratch
-  Reg mask;
-  Stream stream;
-  std::vector<ArgRef> args;
-};
 GradQParams grad_q_params(KernelBuilder& b, const Sizes& s, bool has_dlse) {
   GradQParams g;
   g.q = b.param("q", Type::u64), g.k = b.param("k", Type::u64), g.v = b.param("v", Type::u64);
@@ -308,11 +264,6 @@ GradQParams grad_q_params(KernelBuilder& b, const Sizes& s, bool has_dlse) {
   g.stream = stream_params(b, s, g.args);
   return g;
 }
-struct GradKvParams {
-  Reg q, k, v, lse, d_o, dd, dk, dv, mask;
-  Stream stream;
-  std::vector<ArgRef> args;
-};
 GradKvParams grad_kv_params(KernelBuilder& b, const Sizes& s) {
   GradKvParams g;
   g.q = b.param("q", Type::u64), g.k = b.param("k", Type::u64), g.v = b.param("v", Type::u64);
@@ -408,8 +359,7 @@ Reg position_of(KernelBuilder& b, const Sizes& s, Reg row, int64_t t) { return b
 
 // Element offset of row `pos` of entry `entry` in a tensor of `t` rows an entry and n columns
 // (heads inside: in the piece `piece` describes).
-Reg row_first(KernelBuilder& b, const Sizes& s, Operand entry, Operand pos, int64_t t, int64_t n,
-              const Piece& piece = {}) {
+Reg row_first(KernelBuilder& b, const Sizes& s, Operand entry, Operand pos, int64_t t, int64_t n, const Piece& piece) {
   if (!s.heads_inside) return b.mul(s.it, b.mad(s.it, entry, imm_index(s.it, t), pos), imm_index(s.it, n));
   const int64_t stride = piece.stride > 0 ? piece.stride : s.heads * n;
   Reg batch = b.div(s.it, entry, imm_index(s.it, s.heads)), head = b.rem(s.it, entry, imm_index(s.it, s.heads));
@@ -631,6 +581,7 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
   require_gpu_dtypes(c, op);
   const AttentionParams a = AttentionParams::of(op);
   const Sizes s = sizes_of(c, op);
+  if (mma_attention(a, s)) return lower_attention_mma(a, s);
   if (tiled_forward(s)) return lower_attention_tiled(a, s);
   const int64_t rows = s.entries * s.tq;
   KernelBuilder b("kiln_attention");
@@ -826,6 +777,7 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
   require_gpu_dtypes(c, op);
   const AttentionParams a = AttentionParams::of(op);
   const Sizes s = sizes_of(c, op);
+  if (mma_attention(a, s)) return lower_attention_grad_mma(op, a, s);
   if (tiled_forward(s) && (s.tk + kTileRows - 1) / kTileRows <= 65535) return lower_attention_grad_tiled(op, a, s);
   const bool has_dlse = static_cast<int>(op.inputs.size()) == s.rest + 4;
   const float scale = static_cast<float>(a.scale);
@@ -911,7 +863,9 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
   return lo;
 }
 
-}  // namespace
+}  // namespace attention_detail
+
+using namespace attention_detail;
 
 void register_attention_lowering(LoweringTable& t) {
   t.add(PrimId::attention, lower_attention, "warp per query row, online softmax, no (T, T) matrix");

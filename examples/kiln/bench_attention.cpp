@@ -56,8 +56,10 @@ int bench_attention(const std::string& spec, int64_t runs) {
     const double t = median_work_ms(step, runs);
     const double flops = 12.0 * static_cast<double>(s.b * s.h) * static_cast<double>(s.t) * static_cast<double>(s.t) *
                          static_cast<double>(s.d) / 2;
-    std::printf("attention %s (B H T D), causal, forward + backward: %.3f ms median of %lld -> %.3f TFLOP/s\n",
-                tag.c_str(), t, static_cast<long long>(runs), flops / (t / 1000) / 1e12);
+    std::printf(
+        "attention %s (B H T D), causal, %s products, forward + backward: %.3f ms median of %lld -> %.3f TFLOP/s\n",
+        tag.c_str(), precision_name(Engine::current().precision()), t, static_cast<long long>(runs),
+        flops / (t / 1000) / 1e12);
   }
   return 0;
 }

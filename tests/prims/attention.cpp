@@ -158,6 +158,36 @@ BuildFn bf16_attention_grad_of(bool causal, double scale) {
   };
 }
 
+// bf16 operands with q, k, v packed (B, T, 3 H d) or with grouped queries.
+Params bf16_layout_params(bool causal, double scale, int64_t packed_heads, int64_t groups) {
+  return AttentionParams{causal, scale, packed_heads > 0, packed_heads, groups, 1.0, false, true}.to_params();
+}
+BuildFn bf16_packed_attention_of(bool causal, double scale, int64_t heads) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> r = b.circuit().add_op(PrimId::attention, bf16_layout_params(causal, scale, heads, 1), {x[0]});
+    return b.add(b.permute(r[0], {0, 2, 1, 3}), r[1]);
+  };
+}
+BuildFn bf16_packed_attention_grad_of(bool causal, double scale, int64_t heads) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    return b.circuit().add_op(PrimId::attention_grad, bf16_layout_params(causal, scale, heads, 1), x)[0];
+  };
+}
+BuildFn bf16_grouped_attention_of(bool causal, double scale, int64_t groups) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> r = b.circuit().add_op(PrimId::attention, bf16_layout_params(causal, scale, 0, groups), x);
+    return b.add(r[0], r[1]);
+  };
+}
+BuildFn bf16_grouped_attention_grad_of(bool causal, double scale, int64_t groups) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> g =
+        b.circuit().add_op(PrimId::attention_grad, bf16_layout_params(causal, scale, 0, groups), x);
+    for (ValueId& v : g) v = b.reshape(v, Shape{b.info(v).shape.numel()});
+    return b.concat(g, 0);
+  };
+}
+
 }  // namespace
 
 void attention_cases(FamilyCases& c) {
@@ -304,6 +334,47 @@ void attention_cases(FamilyCases& c) {
                            f32({2, 3, 29, 1}, 0, 3), f32({2, 3, 29, d})},
                           bf16_attention_grad_of(true, 0.35),
                           1e-5});
+  // bf16 operands with head sizes of 16 to 64 in multiples of 16: the tensor-core kernels
+  // (attention_mma.cpp). P and dS enter their products as bf16 hi + lo halves (about 16 bits
+  // kept), so the tolerance stays f32's: 1e-5 norm-relative. Odd T (a partial last tile of 64 and
+  // a second tile), Tq != Tk, heads inside, packed q/k/v, grouped queries, a dlse input.
+  c.lowering.push_back({"attention_bf16_mma_causal",
+                        {f32({2, 3, 70, 64}), f32({2, 3, 70, 64}), f32({2, 3, 70, 64})},
+                        bf16_attention_of(true, 0.125),
+                        1e-5});
+  c.lowering.push_back({"attention_bf16_mma_cross",
+                        {f32({3, 21, 32}), f32({3, 77, 32}), f32({3, 77, 16})},
+                        bf16_attention_of(false, 0.3),
+                        1e-5});
+  c.lowering.push_back({"attention_bf16_mma_heads_inside",
+                        {f32({2, 29, 3, 48}), f32({2, 29, 3, 48}), f32({2, 29, 3, 48})},
+                        bf16_attention_of(true, 0.35, true),
+                        1e-5});
+  c.lowering.push_back({"attention_grad_bf16_mma_causal",
+                        {f32({2, 3, 70, 64}), f32({2, 3, 70, 64}), f32({2, 3, 70, 64}), f32({2, 3, 70, 64}),
+                         f32({2, 3, 70, 1}, 0, 3), f32({2, 3, 70, 64})},
+                        bf16_attention_grad_of(true, 0.125),
+                        1e-5});
+  c.lowering.push_back({"attention_grad_bf16_mma_cross_with_dlse",
+                        {f32({3, 21, 32}), f32({3, 77, 32}), f32({3, 77, 16}), f32({3, 21, 16}), f32({3, 21, 1}, 2, 5),
+                         f32({3, 21, 16}), f32({3, 21, 1})},
+                        bf16_grouped_attention_grad_of(false, 0.3, 1),
+                        1e-5});
+  c.lowering.push_back(
+      {"attention_bf16_mma_packed", {f32({2, 67, 3 * 2 * 32})}, bf16_packed_attention_of(true, 0.2, 2), 1e-5});
+  c.lowering.push_back({"attention_grad_bf16_mma_packed",
+                        {f32({2, 67, 3 * 2 * 32}), f32({2, 67, 2, 32}), f32({2, 2, 67, 1}, 0, 3), f32({2, 67, 2, 32})},
+                        bf16_packed_attention_grad_of(true, 0.2, 2),
+                        1e-5});
+  c.lowering.push_back({"attention_bf16_mma_grouped",
+                        {f32({2, 4, 45, 32}), f32({2, 2, 45, 32}), f32({2, 2, 45, 32})},
+                        bf16_grouped_attention_of(true, 0.35, 2),
+                        1e-5});
+  c.lowering.push_back({"attention_grad_bf16_mma_grouped",
+                        {f32({2, 4, 45, 32}), f32({2, 2, 45, 32}), f32({2, 2, 45, 32}), f32({2, 4, 45, 32}),
+                         f32({2, 4, 45, 1}, 0, 3), f32({2, 4, 45, 32})},
+                        bf16_grouped_attention_grad_of(true, 0.35, 2),
+                        1e-5});
   c.lowering.push_back({"attention_grad_heads_inside",
                         {f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}),
                          f32({2, 3, 23, 1}, 0, 3), f32({2, 23, 3, 40})},

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repository root, with a bundle made as gpu-check.sh's header says
-# (gpu-bundle/ with bin/kiln, bin/kiln_tests, reference/ and data/): checks and times the
-# tensor-core attention kernels (cuda/lower/attention_mma.cpp) in one sitting:
-#   1. the GPU tier's attention cases, the mma known answers and the GPT steps (bf16 included);
-#   2. compute-sanitizer racecheck and memcheck over the mma attention cases;
-#   3. causal attention forward + backward alone, bf16 operands, the mma kernels against the FFMA
-#      ones (KILN_ATTENTION_MMA=0), beside PyTorch's scaled_dot_product_attention in bf16;
-#   4. GPT-2 small's bf16 training step, mma attention against FFMA attention (alternated);
-#   5. the default config trained 300 steps in bf16 with either attention (final validation loss).
-# Results go to $OUT/attention-check.log (default ./attention-check.log); the end of the output is
-# the table to copy into docs/BENCHMARKS.md.
+# (gpu-bundle/ with bin/kiln, bin/kiln_tests, reference/ and data/; optionally bin/kiln_base, an
+# earlier build to time against): checks and times the tensor-core attention kernels
+# (cuda/lower/attention_mma.cpp) and the column sums in one sitting:
+#   1. the GPU tier's attention and column-sums cases, the mma known answers, the GPT steps;
+#   2. GPT-2 small's bf16 training step: mma attention against FFMA attention
+#      (KILN_ATTENTION_MMA=0), and against bin/kiln_base, alternated;
+#   3. causal attention forward + backward alone, bf16 operands, mma against FFMA, beside
+#      PyTorch's scaled_dot_product_attention in bf16;
+#   4. ncu: the kernel times of one bf16 GPT-2 step, grouped by kind;
+#   5. compute-sanitizer racecheck and memcheck over the mma attention cases;
+#   6. the default config trained 300 steps in bf16 with either attention (final validation loss).
+# Everything is also written to $OUT/attention-check.log (default ./attention-check.log).
 set -uo pipefail
 bundle=${1:-gpu-bundle}
 run="$bundle/run"
@@ -19,27 +21,42 @@ log=${OUT:-.}/attention-check.log
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
 att=8x12x1024x64,16x4x64x32
 cs=/usr/local/cuda/bin/compute-sanitizer
+ncu=/usr/local/cuda/bin/ncu
+step() {  # label, env..., then kiln or kiln_base
+  local label=$1
+  shift
+  echo "-- $label"
+  timeout 60 env "$@" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 2>&1 | grep -E 'step \(traced|rror'
+}
 {
   echo "== tests"
   KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE=1 timeout 150 "${tests[@]}" \
-    --gtest_filter='*GpuMatchesEigen/*attention*:Mma.Gpu*:GpuGpt.*' 2>&1 | grep -E '^\[  (FAILED|PASSED)|Failure|rror' | head -n 20
-  echo "== sanitizers (mma attention cases)"
-  for tool in racecheck memcheck; do
-    KILN_REQUIRE_GPU=1 timeout 90 "$cs" --tool "$tool" "${tests[@]}" --gtest_filter='*GpuMatchesEigen/*attention*mma*' 2>&1 \
-      | grep -E 'SUMMARY|^\[  (FAILED|PASSED)' | head -n 4
+    --gtest_filter='*GpuMatchesEigen/*attention*:*GpuMatchesEigen/column_sums*:Mma.Gpu*:GpuGpt.*' 2>&1 |
+    grep -E '^\[  (FAILED|PASSED)|Failure|rror' | head -n 20
+  echo "== GPT-2 small, bf16 step"
+  for turn in 1 2; do
+    step "mma attention" KILN_ATTENTION_MMA=1 "${kiln[@]}"
+    step "FFMA attention (KILN_ATTENTION_MMA=0)" KILN_ATTENTION_MMA=0 "${kiln[@]}"
+    [ -x "$bundle/bin/kiln_base" ] && step "kiln_base" "$run" "$bundle/bin/kiln_base"
   done
   echo "== attention alone, bf16 products"
   for mma in 1 0; do
     echo "-- KILN_ATTENTION_MMA=$mma"
-    KILN_ATTENTION_MMA=$mma timeout 60 "${kiln[@]}" bench --device cuda --precision bf16 --attention "$att" --steps 20 2>&1 \
-      | grep -E '^attention|rror'
+    KILN_ATTENTION_MMA=$mma timeout 60 "${kiln[@]}" bench --device cuda --precision bf16 --attention "$att" --steps 20 2>&1 |
+      grep -E '^attention|rror'
   done
   timeout 60 python3 scripts/bench_torch_attention.py "$att" --bf16 2>&1 | grep -E 'attention|rror'
-  echo "== GPT-2 small, bf16 step"
-  for mma in 1 0 1 0; do
-    echo "-- KILN_ATTENTION_MMA=$mma"
-    KILN_ATTENTION_MMA=$mma timeout 60 "${kiln[@]}" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 2>&1 \
-      | grep -E 'step \(traced|rror'
+  echo "== ncu, one bf16 GPT-2 step"
+  sed -n "/^cat > \"\$work\/kernel_times.py\" <<'PY'/,/^PY\$/p" "$bundle/gpu-check.sh" | sed '1d;$d' >/tmp/kernel_times.py
+  timeout 100 "$ncu" --target-processes all --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+    --kernel-name regex:kiln_ --launch-count 900 --export /tmp/bf16-step --force-overwrite \
+    "${kiln[@]}" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 1 >/tmp/ncu.log 2>&1
+  "$ncu" --import /tmp/bf16-step.ncu-rep --csv --page raw --print-units base >/tmp/bf16-step.csv 2>/dev/null &&
+    python3 /tmp/kernel_times.py /tmp/bf16-step.csv | head -n 40
+  echo "== sanitizers (mma attention cases)"
+  for tool in racecheck memcheck; do
+    KILN_REQUIRE_GPU=1 timeout 90 "$cs" --tool "$tool" "${tests[@]}" --gtest_filter='*GpuMatchesEigen/*attention*mma*' 2>&1 |
+      grep -E 'SUMMARY|^\[  (FAILED|PASSED)' | head -n 4
   done
   echo "== default config, 300 bf16 steps"
   for mma in 1 0; do

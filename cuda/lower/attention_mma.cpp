@@ -264,8 +264,6 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
   Reg warp_rows = b.mul(Type::u32, l.warp, imm_u32(16));
   Reg q_frags =
       b.add(Type::u32, b.add(Type::u32, q_s, lane_offset(b, l, pd, true)), b.mul(Type::u32, warp_rows, imm_u32(pd)));
-  std::vector<std::vector<Reg>> qa;
-  for (int64_t kk = 0; kk < s.d / 16; ++kk) qa.push_back(ldmatrix_at(b, q_frags, 0, 16 * kk, pd, false));
   Reg k_frags = b.add(Type::u32, k_s, lane_offset(b, l, pd, false));
   Reg v_trans = b.add(Type::u32, v_s, lane_offset(b, l, pv, true));
   Reg row_lo = b.add(Type::u32, b.add(Type::u32, q0, warp_rows), l.g);  // this lane's rows: row_lo, row_lo + 8

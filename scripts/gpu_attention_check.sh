@@ -3,7 +3,8 @@
 # (gpu-bundle/ with bin/kiln, bin/kiln_tests, reference/ and data/; optionally bin/kiln_base, an
 # earlier build to time against): checks and times the tensor-core attention kernels
 # (cuda/lower/attention_mma.cpp) and the column sums in one sitting:
-#   1. the GPU tier's attention and column-sums cases, the mma known answers, the GPT steps;
+#   1. the GPU tier (lowering cases, mma known answers, runtime, GPT steps, graph replay), and
+#      the column-sums cases 30 times;
 #   2. GPT-2 small's bf16 training step: mma attention against FFMA attention
 #      (KILN_ATTENTION_MMA=0), and against bin/kiln_base, alternated;
 #   3. causal attention forward + backward alone, bf16 operands, mma against FFMA, beside
@@ -31,8 +32,11 @@ step() {  # label, env..., then kiln or kiln_base
 {
   echo "== tests"
   KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE=1 timeout 150 "${tests[@]}" \
-    --gtest_filter='*GpuMatchesEigen/*attention*:*GpuMatchesEigen/column_sums*:Mma.Gpu*:GpuGpt.*' 2>&1 |
+    --gtest_filter='*GpuMatchesEigen/*:Lowering.Gpu*:Mma.Gpu*:GpuRuntime.*:GpuGpt.*:GpuGraphReplay.*' 2>&1 |
     grep -E '^\[  (FAILED|PASSED)|Failure|rror' | head -n 20
+  echo "-- column sums (last blocks of each column tile), 30 times"
+  KILN_REQUIRE_GPU=1 timeout 60 "${tests[@]}" --gtest_filter='*GpuMatchesEigen/column_sums*' --gtest_repeat=30 2>&1 |
+    grep -cE '^\[  PASSED' | sed 's/$/ of 30 repeats passed/'
   echo "== GPT-2 small, bf16 step"
   for turn in 1 2; do
     step "mma attention" KILN_ATTENTION_MMA=1 "${kiln[@]}"

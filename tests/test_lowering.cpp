@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "circuit/exec/executor.hpp"
+#include "circuit/ir/bf16.hpp"
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/prim.hpp"
 #include "circuit/passes/fusion.hpp"
@@ -25,6 +26,7 @@
 #include "circuit/prims/prim_params.hpp"
 #include "cuda/lower/fused_matmul.hpp"
 #include "cuda/lower/util.hpp"
+#include "cuda/runtime/runtime.hpp"
 #include "device_test_util.hpp"
 #include "prim_cases.hpp"
 #include "prim_test_util.hpp"
@@ -458,6 +460,41 @@ TEST(Lowering, Bf16AttentionRunsOnTensorCores) {
 TEST(Lowering, Bf16AttentionKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   for (const Shape& shape : {Shape{8, 1024, 12, 64}, Shape{16, 64, 4, 32}}) bf16_attention_kernels(shape, true);
+}
+
+// The f32 -> bf16 cast moves 8 elements a thread where both buffers are 16-byte aligned (the
+// rest one a thread), and one a thread throughout where either is not: launched here on buffers
+// offset by 4 and 2 bytes, and on aligned ones, for counts with and without a remainder of 8.
+TEST(Lowering, Bf16CastIsExactOnAlignedAndUnalignedBuffers) {
+  cuda::Runtime& rt = testing::fake_runtime();
+  for (int64_t n : {1000, 1003}) {
+    Circuit c;
+    ValueId x = c.add_external({Shape{n}, DType::f32}, ValueRole::Input);
+    Params p;
+    p.dtype = DType::bf16;
+    c.add_op(PrimId::cast, p, {x});
+    const cuda::LoweredOp lo = cuda::lower(c, 0);
+    ASSERT_EQ(lo.launches.size(), 1u);
+    const cuda::Launch& l = lo.launches[0];
+    EXPECT_EQ(l.kernel->name.rfind("kiln_cast_bf16x8", 0), 0u) << l.kernel->name;
+    std::vector<float> in(static_cast<size_t>(n));
+    for (size_t i = 0; i < in.size(); ++i)
+      in[i] = std::ldexp(1.0f + static_cast<float>(i % 97) / 97.0f, static_cast<int>(i % 9) - 4);
+    cuda::LoadedKernel k = rt.load(*l.kernel);
+    for (size_t shift : {0, 1}) {  // elements: 4 bytes into the f32 buffer, 2 into the bf16 one
+      cuda::CUdeviceptr din = rt.alloc((in.size() + 1) * 4), dout = rt.alloc((in.size() + 1) * 2);
+      rt.upload(din + 4 * shift, in.data(), in.size() * 4);
+      rt.launch(k, {l.grid.x, l.grid.y, l.grid.z}, {l.block.x, l.block.y, l.block.z},
+                {din + 4 * shift, dout + 2 * shift});
+      rt.synchronize();
+      std::vector<uint16_t> out(in.size());
+      rt.download(out.data(), dout + 2 * shift, out.size() * 2);
+      rt.free(din);
+      rt.free(dout);
+      for (size_t i = 0; i < in.size(); ++i)
+        ASSERT_EQ(out[i], f32_to_bf16(in[i]).bits) << "n " << n << " shift " << shift << " element " << i;
+    }
+  }
 }
 
 TEST(Lowering, BadIndexOnTheDeviceIsAnErrorNamingTheOp) {

@@ -8,6 +8,8 @@
 // uniform across a warp, so the guard on it never splits a warp before a shuffle.
 #include "circuit/prims/fused_rows.hpp"
 
+#include <functional>
+
 #include "circuit/ir/error.hpp"
 #include "cuda/lower/elementwise.hpp"
 #include "cuda/lower/families.hpp"
@@ -22,6 +24,7 @@ using kir::SReg;
 namespace {
 
 constexpr uint32_t kRowsPerBlock = 8;
+constexpr int64_t kUnroll = 4;  // columns a lane loads before using them
 
 struct RowInput {
   Reg param;
@@ -134,13 +137,33 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
       }
       return ops;
     };
+    // A pass over the row: the lane's columns lane, lane + 32, ... in order, use(col, load(col))
+    // each; kUnroll columns' loads are issued before their uses (one at a time a lane waited on
+    // each load: about 1 TB/s on an H100), the order of the uses unchanged (the same sums).
+    auto over_row = [&](const std::function<std::vector<Reg>(Reg)>& load,
+                        const std::function<void(Reg, const std::vector<Reg>&)>& use) {
+      const int64_t step = 32 * kUnroll, whole = n / step * step;
+      if (whole > 0)
+        b.for_(imm_index(it, 0), imm_index(it, whole), imm_index(it, step), [&](Reg first) {
+          std::vector<Reg> cols;
+          std::vector<std::vector<Reg>> loaded;
+          for (int64_t u = 0; u < kUnroll; ++u) {
+            cols.push_back(b.add(it, first, b.add(it, lane_i, imm_index(it, 32 * u))));
+            loaded.push_back(load(cols.back()));
+          }
+          for (size_t u = 0; u < cols.size(); ++u) use(cols[u], loaded[u]);
+        });
+      b.for_(b.add(it, lane_i, imm_index(it, whole)), imm_index(it, n), imm_index(it, 32),
+             [&](Reg col) { use(col, load(col)); });
+    };
     for (int j = 0; j < nred; ++j) {
       const ReduceKind kind = rp.reduction_kinds[static_cast<size_t>(j)];
       const ScalarExp& body = rp.reduction_bodies[static_cast<size_t>(j)];
       Reg acc = b.mov(Type::f32, reduce_identity(kind));
-      b.for_(lane_i, imm_index(it, n), imm_index(it, 32), [&](Reg col) {
-        b.set(acc, reduce_combine(b, kind, acc, emit_scalar_exp(b, body, operands_at(col, {&body}))));
-      });
+      over_row([&](Reg col) { return operands_at(col, {&body}); },
+               [&](Reg, const std::vector<Reg>& ops) {
+                 b.set(acc, reduce_combine(b, kind, acc, emit_scalar_exp(b, body, ops)));
+               });
       vals[static_cast<size_t>(nin + j)] = reduce_finalize(b, kind, warp_reduce(b, kind, acc), n);
     }
     std::vector<const ScalarExp*> row_bodies, per_row_bodies;
@@ -148,13 +171,14 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
       (rp.output_per_row[o] ? per_row_bodies : row_bodies).push_back(&rp.output_bodies[o]);
     if (!row_bodies.empty()) {
       Reg row_start = b.mul(it, row_i, imm_index(it, n));
-      b.for_(lane_i, imm_index(it, n), imm_index(it, 32), [&](Reg col) {
-        const std::vector<Reg> ops = operands_at(col, row_bodies);
-        Reg at = b.add(it, row_start, col);
-        for (size_t o = 0; o < rp.output_bodies.size(); ++o)
-          if (!rp.output_per_row[o])
-            b.st(Space::global, Type::f32, b.address(outputs[o], at, 4), emit_scalar_exp(b, rp.output_bodies[o], ops));
-      });
+      over_row([&](Reg col) { return operands_at(col, row_bodies); },
+               [&](Reg col, const std::vector<Reg>& ops) {
+                 Reg at = b.add(it, row_start, col);
+                 for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+                   if (!rp.output_per_row[o])
+                     b.st(Space::global, Type::f32, b.address(outputs[o], at, 4),
+                          emit_scalar_exp(b, rp.output_bodies[o], ops));
+               });
     }
     if (!per_row_bodies.empty())
       b.if_(b.setp(Cmp::eq, lane, imm_u32(0)), [&] {

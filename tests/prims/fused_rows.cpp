@@ -12,24 +12,29 @@ void fused_rows_cases(FamilyCases& c) {
   // fused_rows: an i32 mask and inputs broadcast along rows and columns; max, sum and mean
   // reductions (the later ones reading the earlier); rows (37) not a multiple of the 8 rows a
   // block takes, row length (45) not a multiple of the warp. Output 0 is per element, 1 per row.
-  for (int which : {0, 1}) {
-    c.lowering.push_back(
-        {which == 0 ? "fused_rows_row_output" : "fused_rows_per_row_output",
-         {f32({37, 45}), i32({1, 45}, 0, 2), f32({45}, 0.5, 1.5), f32({37, 1})},
-         [which](Builder& b, const std::vector<ValueId>& x) {
-           using se::in;
-           const ScalarExp masked = se::select(in(1), in(0), se::c(-3.0));
-           RowProgram rp;
-           rp.inputs = 4;
-           rp.domain = Shape{37, 45};
-           rp.reduction_kinds = {ReduceKind::Max, ReduceKind::Sum, ReduceKind::Mean};
-           rp.reduction_bodies = {masked, se::exp(masked - in(4)), in(0) * in(2) + in(3)};
-           rp.output_per_row = {false, true};
-           rp.output_bodies = {se::exp(masked - in(4)) / in(5) * in(2), se::log(in(5)) + in(6) * in(3)};
-           return b.circuit().add_op("fused_rows", rp.to_params(DType::f32), x, b.scope())[which];
-         },
-         1e-5});
-  }
+  // The "_wide" pair: rows of 300, two whole trips of the lanes' 4-column unrolled loop and a
+  // remainder of 44.
+  for (int64_t width : {45, 300})
+    for (int which : {0, 1}) {
+      const std::string name = std::string(which == 0 ? "fused_rows_row_output" : "fused_rows_per_row_output") +
+                               (width == 45 ? "" : "_wide");
+      c.lowering.push_back(
+          {name,
+           {f32({37, width}), i32({1, width}, 0, 2), f32({width}, 0.5, 1.5), f32({37, 1})},
+           [which, width](Builder& b, const std::vector<ValueId>& x) {
+             using se::in;
+             const ScalarExp masked = se::select(in(1), in(0), se::c(-3.0));
+             RowProgram rp;
+             rp.inputs = 4;
+             rp.domain = Shape{37, width};
+             rp.reduction_kinds = {ReduceKind::Max, ReduceKind::Sum, ReduceKind::Mean};
+             rp.reduction_bodies = {masked, se::exp(masked - in(4)), in(0) * in(2) + in(3)};
+             rp.output_per_row = {false, true};
+             rp.output_bodies = {se::exp(masked - in(4)) / in(5) * in(2), se::log(in(5)) + in(6) * in(3)};
+             return b.circuit().add_op("fused_rows", rp.to_params(DType::f32), x, b.scope())[which];
+           },
+           1e-5});
+    }
 }
 
 }  // namespace kiln::testing

@@ -591,5 +591,32 @@ TEST(Lowering, Bf16MmaSharedMemoryHasNoBankConflicts) {
   }
 }
 
+// The tensor-core attention kernels (attention_mma.cpp): the staged tiles' stores (8 bytes a
+// lane), the ldmatrix rows (16 bytes a lane, rows padded to 144 bytes at head size 64) and the
+// lse/D rows, forward and both backward launches, causal over two tiles of 64.
+TEST(Lowering, Bf16AttentionSharedMemoryHasNoBankConflicts) {
+  const Params p = AttentionParams{true, 0.125, false, 0, 1, 1.0, false, true}.to_params();
+  const Shape qkv{2, 2, 100, 64};
+  testing::Harness h({f32(qkv), f32(qkv), f32(qkv), f32(qkv)}, [&](Builder& bl, const std::vector<ValueId>& x) {
+    std::vector<ValueId> f = bl.circuit().add_op(PrimId::attention, p, {x[0], x[1], x[2]});
+    std::vector<ValueId> g = bl.circuit().add_op(PrimId::attention_grad, p, {x[0], x[1], x[2], f[0], f[1], x[3]});
+    return bl.concat(g, -1);
+  });
+  cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+  cuda::fake_driver_count_bank_conflicts(true);
+  dp.run(h.bindings);
+  const auto stats = cuda::fake_driver_kernel_stats();
+  cuda::fake_driver_count_bank_conflicts(false);
+  int kernels = 0;
+  for (const auto& [name, s] : stats) {
+    if (name.find("_mma") == std::string::npos) continue;
+    ++kernels;
+    EXPECT_GT(s.shared_requests, 0) << name;
+    EXPECT_EQ(s.bank_conflicts, 0) << name << ": " << s.shared_wavefronts << " wavefronts for " << s.shared_requests
+                                   << " requests";
+  }
+  EXPECT_EQ(kernels, 3);
+}
+
 }  // namespace
 }  // namespace kiln

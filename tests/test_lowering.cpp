@@ -418,17 +418,21 @@ TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
     }
 }
 
-// Attention with bf16 operands, no mask and no dropout, at head sizes 16-64 (multiples of 16)
-// runs on the tensor-core kernels (attention_mma.cpp): GPT-2 small's (8, 1024, 12, 64) and the
-// default GPT's (16, 64, 4, 32), heads inside. They pass ptxas for sm_80 and sm_90 without spills
+// Attention with bf16 operands, with or without a mask and no dropout, at head sizes 16-64
+// (multiples of 16) runs on the tensor-core kernels (attention_mma.cpp): GPT-2 small's
+// (8, 1024, 12, 64) and the default GPT's (16, 64, 4, 32), heads inside. They pass ptxas for sm_80 and sm_90 without spills
 // (registers printed for docs/BENCHMARKS.md); KILN_ATTENTION_MMA=0 keeps the FFMA kernels.
-std::vector<std::string> bf16_attention_kernels(const Shape& shape, bool check_ptxas) {
+std::vector<std::string> bf16_attention_kernels(const Shape& shape, bool check_ptxas, bool mask = false) {
   Circuit c;
   std::vector<ValueId> x;
   for (int i = 0; i < 4; ++i) x.push_back(c.add_external({shape, DType::f32}, ValueRole::Input));
-  const Params p = AttentionParams{true, 0.125, true, 0, 1, 1.0, false, true}.to_params();
-  std::vector<ValueId> f = c.add_op(PrimId::attention, p, {x[0], x[1], x[2]});
-  c.add_op(PrimId::attention_grad, p, {x[0], x[1], x[2], f[0], f[1], x[3]});
+  std::vector<ValueId> qkv = {x[0], x[1], x[2]};
+  if (mask) qkv.push_back(c.add_external({Shape{shape[0], 1, 1, shape[1]}, DType::f32}, ValueRole::Input));
+  const Params p = AttentionParams{true, 0.125, true, 0, 1, 1.0, mask, true}.to_params();
+  std::vector<ValueId> f = c.add_op(PrimId::attention, p, qkv);
+  std::vector<ValueId> grad_in = qkv;
+  grad_in.insert(grad_in.end(), {f[0], f[1], x[3]});
+  c.add_op(PrimId::attention_grad, p, grad_in);
   std::vector<std::string> names;
   for (int op = 0; op < 2; ++op)
     for (const cuda::Launch& l : cuda::lower(c, op).launches) {
@@ -438,8 +442,9 @@ std::vector<std::string> bf16_attention_kernels(const Shape& shape, bool check_p
         const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*l.kernel, sm), sm);
         EXPECT_TRUE(r.ok) << r.log;
         EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << l.kernel->name << " sm_" << sm << ": " << r.log;
-        std::printf("%s bf16 %s sm_%d: %d registers, %lld bytes of shared memory\n", shape.str().c_str(),
-                    l.kernel->name.c_str(), sm, r.registers, static_cast<long long>(l.kernel->shared_bytes()));
+        std::printf("%s bf16%s %s sm_%d: %d registers, %lld bytes of shared memory\n", shape.str().c_str(),
+                    mask ? " mask" : "", l.kernel->name.c_str(), sm, r.registers,
+                    static_cast<long long>(l.kernel->shared_bytes()));
       }
     }
   return names;
@@ -449,6 +454,8 @@ TEST(Lowering, Bf16AttentionRunsOnTensorCores) {
   for (const Shape& shape : {Shape{8, 1024, 12, 64}, Shape{16, 64, 4, 32}}) {
     const std::vector<std::string> names = bf16_attention_kernels(shape, false);
     ASSERT_EQ(names.size(), 3u);
+    for (const std::string& n : bf16_attention_kernels(shape, false, true))
+      EXPECT_NE(n.find("_mma"), std::string::npos) << n;
     EXPECT_EQ(names[0].rfind("kiln_attention_mma", 0), 0u) << names[0];
     EXPECT_EQ(names[1].rfind("kiln_attention_grad_q_mma", 0), 0u) << names[1];
     EXPECT_EQ(names[2].rfind("kiln_attention_grad_kv_mma", 0), 0u) << names[2];
@@ -459,7 +466,8 @@ TEST(Lowering, Bf16AttentionRunsOnTensorCores) {
 
 TEST(Lowering, Bf16AttentionKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
-  for (const Shape& shape : {Shape{8, 1024, 12, 64}, Shape{16, 64, 4, 32}}) bf16_attention_kernels(shape, true);
+  for (const Shape& shape : {Shape{8, 1024, 12, 64}, Shape{16, 64, 4, 32}})
+    for (bool mask : {false, true}) bf16_attention_kernels(shape, true, mask);
 }
 
 // The f32 -> bf16 cast moves 8 elements a thread where both buffers are 16-byte aligned (the

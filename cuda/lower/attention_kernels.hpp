@@ -80,6 +80,16 @@ struct GradKvParams {
 };
 GradKvParams grad_kv_params(KernelBuilder& b, const Sizes& s);
 
+// The additive mask: the element offset of (entry, query 0, key 0); of row `query` (clamped to
+// tq - 1); and score + the mask at `key` of that row (clamped to tk - 1; score itself without a
+// mask).
+Reg mask_base(KernelBuilder& b, const Sizes& s, Reg entry);
+Reg mask_row(KernelBuilder& b, const Sizes& s, Reg base, Reg query);
+Reg masked(KernelBuilder& b, const Sizes& s, Reg mask, Reg row, Reg score, Operand key);
+// The max the online softmax subtracts: the running max, or 0 while a mask hides every key seen
+// (max -inf), so that the rescale and the exponentials give 0, never NaN.
+Reg softmax_max(KernelBuilder& b, const Sizes& s, Reg m_new);
+
 // A u32 launch index (tid, ctaid) in the index type.
 Reg in_index_type(KernelBuilder& b, const Sizes& s, Reg r32);
 

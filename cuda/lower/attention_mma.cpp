@@ -1,7 +1,8 @@
 // Tensor-core attention (FlashAttention-2's schedule on mma.sync m16n8k16 bf16) for attention and
 // attention_grad with bf16 operands (q, k, v and do read rounded to bf16, as the reference and the
-// FFMA kernels read them), head sizes 16-64 in multiples of 16, no additive mask and no dropout;
-// other ops keep the FFMA kernels of attention.cpp. Every block is 4 warps, each owning 16 rows of
+// FFMA kernels read them), head sizes 16-64 in multiples of 16, with or without an additive mask
+// (read where a score is formed, as the FFMA kernels read it), no dropout; other ops keep the
+// FFMA kernels of attention.cpp. Every block is 4 warps, each owning 16 rows of
 // the block's 64; the other operand streams through shared memory 64 rows at a time.
 //  - forward: a block per (entry, 64 query rows); S = q k^T on the tensor cores, the online
 //    softmax on S's accumulator fragments (a row's 64 scores are spread over the 4 lanes of a
@@ -201,6 +202,21 @@ void hide(KernelBuilder& b, std::vector<Acc>& sc, Reg row_lo, Reg col0,
     }
 }
 
+// Adds the additive mask to every element of a score tile laid out as hide() says, rows from
+// row_lo and columns from col0 (u32): queries along the rows and keys along the columns, or
+// with keys_are_rows (S^T) the other way round. `base` is the entry's mask_base.
+void add_mask(KernelBuilder& b, const Sizes& s, Reg mask, Reg base, std::vector<Acc>& sc, Reg row_lo, Reg col0,
+              bool keys_are_rows) {
+  for (size_t nt = 0; nt < sc.size(); ++nt)
+    for (uint32_t e = 0; e < 4; ++e) {
+      Reg row = b.add(Type::u32, row_lo, imm_u32(8 * (e >> 1)));
+      Reg col = b.add(Type::u32, col0, imm_u32(static_cast<uint32_t>(8 * nt) + (e & 1)));
+      Reg query = keys_are_rows ? col : row, key = keys_are_rows ? row : col;
+      Reg at = mask_row(b, s, base, in_index_type(b, s, query));
+      b.set(sc[nt][e], masked(b, s, mask, at, sc[nt][e], in_index_type(b, s, key)));
+    }
+}
+
 // max over the 4 lanes of a quad (the lanes holding one fragment row).
 Reg quad_max(KernelBuilder& b, Reg x) {
   for (uint32_t d : {1u, 2u}) x = b.max(Type::f32, x, b.shfl(kir::ShflMode::bfly, x, imm_u32(d)));
@@ -241,7 +257,7 @@ std::string description(const AttentionParams& a, const char* what) {
 
 bool mma_attention(const AttentionParams&, const Sizes& s) {
   auto head_ok = [](int64_t n) { return n >= 16 && n <= 64 && n % 16 == 0; };
-  return options::attention_mma() && s.bf16 && !s.mask && s.keep >= 1.0 && head_ok(s.d) && head_ok(s.dv) &&
+  return options::attention_mma() && s.bf16 && s.keep >= 1.0 && head_ok(s.d) && head_ok(s.dv) &&
          (s.tq + kRows - 1) / kRows <= 65535 && (s.tk + kRows - 1) / kRows <= 65535 && s.tq < (int64_t{1} << 31) &&
          s.tk < (int64_t{1} << 31);
 }
@@ -271,6 +287,7 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
   for (int h = 0; h < 2; ++h)
     m_run[h] = b.mov(Type::f32, imm_f32(-INFINITY)), l_run[h] = b.mov(Type::f32, imm_f32(0.0f));
   std::vector<Acc> acc = zero_accs(b, s.dv / 8);
+  const Reg mask_first = s.mask ? mask_base(b, s, entry) : Reg{};
   const auto tk = static_cast<uint32_t>(s.tk);
   Operand key_end =
       a.causal ? Operand(b.min(Type::u32, b.add(Type::u32, q0, imm_u32(kRows)), imm_u32(tk))) : imm_u32(tk);
@@ -283,6 +300,8 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
     product_of_rows(b, sc, q_frags, k_frags, pd, s.d);
     for (Acc& t : sc)
       for (Reg& x : t) b.assign(kir::Opc::Mul, x, {x, imm_f32(static_cast<float>(a.scale))});
+    if (s.mask)
+      add_mask(b, s, f.mask, mask_first, sc, row_lo, b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1))), false);
     // Keys past tk, and with the causal mask keys past the row, where the tile reaches them.
     Reg tile_end = b.add(Type::u32, j0, imm_u32(kTile));
     Reg needs = b.setp(Cmp::gt, tile_end, imm_u32(tk));
@@ -297,14 +316,14 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
     for (uint32_t h = 0; h < 2; ++h) {
       Reg mx = b.mov(Type::f32, imm_f32(-INFINITY));
       for (const Acc& t : sc) mx = b.max(Type::f32, mx, b.max(Type::f32, t[2 * h], t[2 * h + 1]));
-      Reg m_new = b.max(Type::f32, m_run[h], quad_max(b, mx));
-      Reg keep = exp_of(b, b.sub(Type::f32, m_run[h], m_new));
+      Reg m_new = b.max(Type::f32, m_run[h], quad_max(b, mx)), m_use = softmax_max(b, s, m_new);
+      Reg keep = exp_of(b, b.sub(Type::f32, m_run[h], m_use));
       b.assign(kir::Opc::Mul, l_run[h], {l_run[h], keep});
       for (Acc& t : acc)
         for (uint32_t e : {2 * h, 2 * h + 1}) b.assign(kir::Opc::Mul, t[e], {t[e], keep});
       for (Acc& t : sc)
         for (uint32_t e : {2 * h, 2 * h + 1}) {
-          b.set(t[e], exp_of(b, b.sub(Type::f32, t[e], m_new)));
+          b.set(t[e], exp_of(b, b.sub(Type::f32, t[e], m_use)));
           b.assign(kir::Opc::Add, l_run[h], {l_run[h], t[e]});
         }
       b.set(m_run[h], m_new);
@@ -400,6 +419,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     Reg v_frags = b.add(Type::u32, v_s, lane_offset(b, l, pv, false));
     Reg k_trans = b.add(Type::u32, k_s, lane_offset(b, l, pd, true));
     std::vector<Acc> dq = zero_accs(b, s.d / 8);
+    const Reg mask_first = s.mask ? mask_base(b, s, entry) : Reg{};
     Operand key_end =
         a.causal ? Operand(b.min(Type::u32, b.add(Type::u32, q0, imm_u32(kRows)), imm_u32(tk))) : imm_u32(tk);
     b.for_(imm_u32(0), key_end, imm_u32(kTile), [&](Reg j0) {
@@ -412,6 +432,8 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
       product_of_rows(b, dp, do_frags, v_frags, pv, s.dv);
       for (Acc& t : p)
         for (Reg& x : t) b.assign(kir::Opc::Mul, x, {x, imm_f32(scale)});
+      if (s.mask)
+        add_mask(b, s, g.mask, mask_first, p, row_lo, b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1))), false);
       Reg tile_end = b.add(Type::u32, j0, imm_u32(kTile));
       Reg needs = b.setp(Cmp::gt, tile_end, imm_u32(tk));
       if (a.causal) needs = b.or_(Type::pred, needs, b.setp(Cmp::gt, tile_end, b.add(Type::u32, q0, warp_rows)));
@@ -465,6 +487,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     Operand first_query = a.causal ? Operand(k0) : imm_u32(0);
     b.for_(imm_index(s.it, 0), imm_index(s.it, s.groups), imm_index(s.it, 1), [&](Reg grp) {
       Reg q_entry = b.mad(s.it, entry, imm_index(s.it, s.groups), grp);
+      const Reg mask_first = s.mask ? mask_base(b, s, q_entry) : Reg{};
       b.for_(first_query, imm_u32(tq), imm_u32(kTile), [&](Reg i0) {
         b.bar();  // the previous tile's readers are done (and, the first time, k and v are staged)
         stage(b, s, g.q, s.q, q_entry, i0, s.tq, s.d, q_s, l.tid);
@@ -487,12 +510,13 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
         product_of_rows(b, dp, v_frags, do_frags, pv, s.dv);  // dP^T
         for (Acc& t : p)
           for (Reg& x : t) b.assign(kir::Opc::Mul, x, {x, imm_f32(scale)});
+        Reg col0 = b.shl(Type::u32, l.t, imm_u32(1));  // the lane's first query column in the tile
+        if (s.mask) add_mask(b, s, g.mask, mask_first, p, key_lo, b.add(Type::u32, i0, col0), true);
         Reg tile_end = b.add(Type::u32, i0, imm_u32(kTile));
         Reg needs = b.setp(Cmp::gt, tile_end, imm_u32(tq));
         if (a.causal)
           needs = b.or_(Type::pred, needs,
                         b.setp(Cmp::lt, i0, b.add(Type::u32, b.add(Type::u32, k0, warp_rows), imm_u32(16))));
-        Reg col0 = b.shl(Type::u32, l.t, imm_u32(1));  // the lane's first query column in the tile
         b.if_(needs, [&] {
           hide(b, p, key_lo, b.add(Type::u32, i0, col0), [&](Reg key, Reg query) {
             Reg past = b.setp(Cmp::ge, query, imm_u32(tq));

@@ -188,6 +188,35 @@ BuildFn bf16_grouped_attention_grad_of(bool causal, double scale, int64_t groups
   };
 }
 
+// bf16 operands with an additive mask: inputs (q, k, v, mask) for the forward (o + lse), (q, k,
+// v, mask, o, lse, do) for the backward (dq, dk, dv flattened side by side).
+Params bf16_mask_params(bool causal, double scale, int64_t groups) {
+  return AttentionParams{causal, scale, false, 0, groups, 1.0, true, true}.to_params();
+}
+BuildFn bf16_masked_attention_of(bool causal, double scale, int64_t groups = 1) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> r = b.circuit().add_op(PrimId::attention, bf16_mask_params(causal, scale, groups), x);
+    return b.add(r[0], r[1]);
+  };
+}
+BuildFn bf16_masked_attention_grad_of(bool causal, double scale, int64_t groups = 1) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> g = b.circuit().add_op(PrimId::attention_grad, bf16_mask_params(causal, scale, groups), x);
+    for (ValueId& v : g) v = b.reshape(v, Shape{b.info(v).shape.numel()});
+    return b.concat(g, 0);
+  };
+}
+// Keys [0, 70) of 100 hidden from every query: the whole first key tile of 64 of the tensor-core
+// kernels, so the online softmax's running max is -inf after it.
+BuildFn bf16_left_padded_attention_of() {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    const DType dt = b.info(x[0]).dtype;
+    ValueId pad = b.where(b.iota(Shape{1, 100}, DType::i32, ix::lt(ix::coord(1), ix::c(70))),
+                          b.fill(Shape{}, dt, -std::numeric_limits<double>::infinity()), b.fill(Shape{}, dt, 0.0));
+    return bf16_masked_attention_of(false, 0.3)(b, {x[0], x[1], x[2], pad});
+  };
+}
+
 }  // namespace
 
 void attention_cases(FamilyCases& c) {
@@ -374,6 +403,26 @@ void attention_cases(FamilyCases& c) {
                         {f32({2, 4, 45, 32}), f32({2, 2, 45, 32}), f32({2, 2, 45, 32}), f32({2, 4, 45, 32}),
                          f32({2, 4, 45, 1}, 0, 3), f32({2, 4, 45, 32})},
                         bf16_grouped_attention_grad_of(true, 0.35, 2),
+                        1e-5});
+  // The tensor-core kernels with additive masks: padding (B, 1, 1, T) and a (T, T) bias over two
+  // tiles, grouped queries with a (1, H, 1, T) mask, and left padding hiding a whole key tile.
+  c.lowering.push_back({"attention_bf16_mma_masked",
+                        {f32({2, 2, 70, 32}), f32({2, 2, 70, 32}), f32({2, 2, 70, 32}), f32({2, 1, 1, 70})},
+                        bf16_masked_attention_of(true, 0.35),
+                        1e-5});
+  c.lowering.push_back({"attention_bf16_mma_left_padded",
+                        {f32({2, 2, 100, 32}), f32({2, 2, 100, 32}), f32({2, 2, 100, 32})},
+                        bf16_left_padded_attention_of(),
+                        1e-5});
+  c.lowering.push_back({"attention_grad_bf16_mma_masked",
+                        {f32({2, 2, 70, 32}), f32({2, 2, 70, 32}), f32({2, 2, 70, 32}), f32({70, 70}),
+                         f32({2, 2, 70, 32}), f32({2, 2, 70, 1}, 0, 3), f32({2, 2, 70, 32})},
+                        bf16_masked_attention_grad_of(true, 0.35),
+                        1e-5});
+  c.lowering.push_back({"attention_grad_bf16_mma_masked_grouped",
+                        {f32({2, 4, 45, 32}), f32({2, 2, 45, 32}), f32({2, 2, 45, 32}), f32({1, 4, 1, 45}),
+                         f32({2, 4, 45, 32}), f32({2, 4, 45, 1}, 0, 3), f32({2, 4, 45, 32})},
+                        bf16_masked_attention_grad_of(false, 0.35, 2),
                         1e-5});
   c.lowering.push_back({"attention_grad_heads_inside",
                         {f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}),

@@ -387,7 +387,8 @@ TEST(Lowering, MatmulKernelsOnTf32TensorCoresPassPtxasWithoutSpills) {
 // The attention kernels at the shapes models give them (heads inside: (B, T, H, d)): GPT-2
 // small's head size 64 and the default GPT's 32 take the tiled forward, 128 the warp-per-row
 // one; each plain, with dropout on the probabilities, and with dropout, a (B, 1, 1, T) padding
-// mask and bf16 operands. Registers are printed for docs/BENCHMARKS.md.
+// mask and bf16 operands (at 64 and 32 the tensor-core kernels). Registers are printed for
+// docs/BENCHMARKS.md.
 TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   for (const Shape& shape : {Shape{8, 1024, 12, 64}, Shape{16, 64, 4, 32}, Shape{1, 512, 8, 128}})

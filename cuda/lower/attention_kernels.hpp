@@ -90,6 +90,16 @@ Reg masked(KernelBuilder& b, const Sizes& s, Reg mask, Reg row, Reg score, Opera
 // (max -inf), so that the rescale and the exponentials give 0, never NaN.
 Reg softmax_max(KernelBuilder& b, const Sizes& s, Reg m_new);
 
+// Dropout on the probabilities, the reference's bits: element row * tk + key of the Bernoulli
+// stream (row = entry * tq + query, in the index type; u64 result); the four Philox words of the
+// block holding an element (word element % 4 is the element's); whether a word keeps its
+// element; 1 / keep or 0 for a kept flag; and the factor of (row, key) in one call.
+Reg stream_element(KernelBuilder& b, const Sizes& s, Reg row, Operand key);
+std::vector<Reg> stream_words(KernelBuilder& b, const Stream& st, Reg element);
+Reg kept(KernelBuilder& b, const Sizes& s, Reg bits);
+Reg factor_of(KernelBuilder& b, const Sizes& s, Reg keep);
+Reg dropout_factor(KernelBuilder& b, const Sizes& s, const Stream& st, Reg row, Operand key);
+
 // A u32 launch index (tid, ctaid) in the index type.
 Reg in_index_type(KernelBuilder& b, const Sizes& s, Reg r32);
 

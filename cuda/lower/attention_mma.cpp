@@ -1,8 +1,9 @@
 // Tensor-core attention (FlashAttention-2's schedule on mma.sync m16n8k16 bf16) for attention and
 // attention_grad with bf16 operands (q, k, v and do read rounded to bf16, as the reference and the
 // FFMA kernels read them), head sizes 16-64 in multiples of 16, with or without an additive mask
-// (read where a score is formed, as the FFMA kernels read it), no dropout; other ops keep the
-// FFMA kernels of attention.cpp. Every block is 4 warps, each owning 16 rows of
+// (read where a score is formed, as the FFMA kernels read it) and dropout (each factor drawn from
+// the op's Philox stream where it is used, the reference's bits); other ops keep the FFMA
+// kernels of attention.cpp. Every block is 4 warps, each owning 16 rows of
 // the block's 64; the other operand streams through shared memory 64 rows at a time.
 //  - forward: a block per (entry, 64 query rows); S = q k^T on the tensor cores, the online
 //    softmax on S's accumulator fragments (a row's 64 scores are spread over the 4 lanes of a
@@ -217,6 +218,29 @@ void add_mask(KernelBuilder& b, const Sizes& s, Reg mask, Reg base, std::vector<
     }
 }
 
+// The dropout factors (1 / keep or 0, the reference's bits) of a lane's elements (key, key + 1)
+// of query row `row` (entry * tq + query, in the index type), key (u32) even: with tk a multiple
+// of 4 both lie in one Philox block (words 0, 1 or 2, 3), one call for the pair; else one each.
+std::array<Reg, 2> pair_factors(KernelBuilder& b, const Sizes& s, const Stream& st, Reg row, Reg key) {
+  Reg key_it = in_index_type(b, s, key);
+  if (s.tk % 4 == 0) {
+    std::vector<Reg> w = stream_words(b, st, stream_element(b, s, row, key_it));
+    Reg high = b.setp(Cmp::ne, b.and_(Type::u32, key, imm_u32(2)), imm_u32(0));
+    return {factor_of(b, s, kept(b, s, b.selp(Type::u32, w[2], w[0], high))),
+            factor_of(b, s, kept(b, s, b.selp(Type::u32, w[3], w[1], high)))};
+  }
+  return {dropout_factor(b, s, st, row, key_it),
+          dropout_factor(b, s, st, row, b.add(s.it, key_it, imm_index(s.it, 1)))};
+}
+
+// The stream row (entry * tq + query) of a lane's query rows row_lo and row_lo + 8.
+std::array<Reg, 2> stream_rows(KernelBuilder& b, const Sizes& s, Reg entry, Reg row_lo) {
+  std::array<Reg, 2> r;
+  for (uint32_t h = 0; h < 2; ++h)
+    r[h] = b.mad(s.it, entry, imm_index(s.it, s.tq), in_index_type(b, s, b.add(Type::u32, row_lo, imm_u32(8 * h))));
+  return r;
+}
+
 // max over the 4 lanes of a quad (the lanes holding one fragment row).
 Reg quad_max(KernelBuilder& b, Reg x) {
   for (uint32_t d : {1u, 2u}) x = b.max(Type::f32, x, b.shfl(kir::ShflMode::bfly, x, imm_u32(d)));
@@ -257,9 +281,8 @@ std::string description(const AttentionParams& a, const char* what) {
 
 bool mma_attention(const AttentionParams&, const Sizes& s) {
   auto head_ok = [](int64_t n) { return n >= 16 && n <= 64 && n % 16 == 0; };
-  return options::attention_mma() && s.bf16 && s.keep >= 1.0 && head_ok(s.d) && head_ok(s.dv) &&
-         (s.tq + kRows - 1) / kRows <= 65535 && (s.tk + kRows - 1) / kRows <= 65535 && s.tq < (int64_t{1} << 31) &&
-         s.tk < (int64_t{1} << 31);
+  return options::attention_mma() && s.bf16 && head_ok(s.d) && head_ok(s.dv) && (s.tq + kRows - 1) / kRows <= 65535 &&
+         (s.tk + kRows - 1) / kRows <= 65535 && s.tq < (int64_t{1} << 31) && s.tk < (int64_t{1} << 31);
 }
 
 LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
@@ -288,6 +311,7 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
     m_run[h] = b.mov(Type::f32, imm_f32(-INFINITY)), l_run[h] = b.mov(Type::f32, imm_f32(0.0f));
   std::vector<Acc> acc = zero_accs(b, s.dv / 8);
   const Reg mask_first = s.mask ? mask_base(b, s, entry) : Reg{};
+  const std::array<Reg, 2> stream_row = f.stream.on() ? stream_rows(b, s, entry, row_lo) : std::array<Reg, 2>{};
   const auto tk = static_cast<uint32_t>(s.tk);
   Operand key_end =
       a.causal ? Operand(b.min(Type::u32, b.add(Type::u32, q0, imm_u32(kRows)), imm_u32(tk))) : imm_u32(tk);
@@ -321,11 +345,18 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
       b.assign(kir::Opc::Mul, l_run[h], {l_run[h], keep});
       for (Acc& t : acc)
         for (uint32_t e : {2 * h, 2 * h + 1}) b.assign(kir::Opc::Mul, t[e], {t[e], keep});
-      for (Acc& t : sc)
+      for (size_t nt = 0; nt < sc.size(); ++nt) {
+        Acc& t = sc[nt];
         for (uint32_t e : {2 * h, 2 * h + 1}) {
           b.set(t[e], exp_of(b, b.sub(Type::f32, t[e], m_use)));
           b.assign(kir::Opc::Add, l_run[h], {l_run[h], t[e]});
         }
+        if (f.stream.on()) {  // o sums the dropped probabilities; l, the softmax's, does not
+          Reg key = b.add(Type::u32, b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1))), imm_u32(8 * nt));
+          const std::array<Reg, 2> factor = pair_factors(b, s, f.stream, stream_row[h], key);
+          for (uint32_t e : {0u, 1u}) b.assign(kir::Opc::Mul, t[2 * h + e], {t[2 * h + e], factor[e]});
+        }
+      }
       b.set(m_run[h], m_new);
     }
     product_from_acc(b, acc, sc, v_trans, pv, s.dv);
@@ -420,6 +451,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     Reg k_trans = b.add(Type::u32, k_s, lane_offset(b, l, pd, true));
     std::vector<Acc> dq = zero_accs(b, s.d / 8);
     const Reg mask_first = s.mask ? mask_base(b, s, entry) : Reg{};
+    const std::array<Reg, 2> stream_row = g.stream.on() ? stream_rows(b, s, entry, row_lo) : std::array<Reg, 2>{};
     Operand key_end =
         a.causal ? Operand(b.min(Type::u32, b.add(Type::u32, q0, imm_u32(kRows)), imm_u32(tk))) : imm_u32(tk);
     b.for_(imm_u32(0), key_end, imm_u32(kTile), [&](Reg j0) {
@@ -444,11 +476,19 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
           return a.causal ? b.or_(Type::pred, past, b.setp(Cmp::gt, col, row)) : past;
         });
       });
-      // p = exp(s - lse), then ds = p (dp - D) in dp's registers.
+      // p = exp(s - lse), then ds = p (dp - D) in dp's registers (dp times the dropout factor).
       for (size_t nt = 0; nt < p.size(); ++nt)
-        for (uint32_t e = 0; e < 4; ++e) {
-          b.set(p[nt][e], exp_of(b, b.sub(Type::f32, p[nt][e], lse_h[e / 2])));
-          b.set(dp[nt][e], b.mul(Type::f32, p[nt][e], b.sub(Type::f32, dp[nt][e], d_h[e / 2])));
+        for (uint32_t h = 0; h < 2; ++h) {
+          std::array<Reg, 2> factor;
+          if (g.stream.on()) {
+            Reg key = b.add(Type::u32, b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1))), imm_u32(8 * nt));
+            factor = pair_factors(b, s, g.stream, stream_row[h], key);
+          }
+          for (uint32_t e : {2 * h, 2 * h + 1}) {
+            b.set(p[nt][e], exp_of(b, b.sub(Type::f32, p[nt][e], lse_h[h])));
+            Reg dpe = g.stream.on() ? b.mul(Type::f32, dp[nt][e], factor[e & 1]) : dp[nt][e];
+            b.set(dp[nt][e], b.mul(Type::f32, p[nt][e], b.sub(Type::f32, dpe, d_h[h])));
+          }
         }
       product_from_acc(b, dq, dp, k_trans, pd, s.d);
     });
@@ -530,7 +570,19 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
           std::vector<Reg> d2 = b.ld_vec(Space::shared, Type::f32, at, 2, 4 * kRows);
           for (uint32_t e = 0; e < 4; ++e) {
             b.set(p[nt][e], exp_of(b, b.sub(Type::f32, p[nt][e], lse2[e & 1])));
-            b.set(dp[nt][e], b.mul(Type::f32, p[nt][e], b.sub(Type::f32, dp[nt][e], d2[e & 1])));
+            if (!g.stream.on()) {
+              b.set(dp[nt][e], b.mul(Type::f32, p[nt][e], b.sub(Type::f32, dp[nt][e], d2[e & 1])));
+              continue;
+            }
+            // Dropout: ds = p (dp f - D) and dv takes p f; a Philox call an element (a column's
+            // queries are tk elements apart in the stream).
+            Reg query = b.add(Type::u32, b.add(Type::u32, i0, col0), imm_u32(static_cast<uint32_t>(8 * nt) + (e & 1)));
+            Reg key = b.add(Type::u32, key_lo, imm_u32(8 * (e >> 1)));
+            Reg row = b.mad(s.it, q_entry, imm_index(s.it, s.tq), in_index_type(b, s, query));
+            Reg factor = dropout_factor(b, s, g.stream, row, in_index_type(b, s, key));
+            b.set(dp[nt][e],
+                  b.mul(Type::f32, p[nt][e], b.sub(Type::f32, b.mul(Type::f32, dp[nt][e], factor), d2[e & 1])));
+            b.assign(kir::Opc::Mul, p[nt][e], {p[nt][e], factor});
           }
         }
         product_from_acc(b, dv, p, do_trans, pv, s.dv);

@@ -217,6 +217,26 @@ BuildFn bf16_left_padded_attention_of() {
   };
 }
 
+// bf16 operands with dropout (the stream's key and offset constants of the circuit, as above).
+Params bf16_dropout_params(bool causal, double scale, double keep) {
+  return AttentionParams{causal, scale, false, 0, 1, keep, false, true}.to_params();
+}
+BuildFn bf16_dropout_attention_of(bool causal, double scale, double keep) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> r = b.circuit().add_op(PrimId::attention, bf16_dropout_params(causal, scale, keep),
+                                                with_stream(b, {x[0], x[1], x[2]}, 3));
+    return b.add(r[0], r[1]);
+  };
+}
+BuildFn bf16_dropout_attention_grad_of(bool causal, double scale, double keep) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    std::vector<ValueId> g =
+        b.circuit().add_op(PrimId::attention_grad, bf16_dropout_params(causal, scale, keep), with_stream(b, x, 3));
+    for (ValueId& v : g) v = b.reshape(v, Shape{b.info(v).shape.numel()});
+    return b.concat(g, 0);
+  };
+}
+
 }  // namespace
 
 void attention_cases(FamilyCases& c) {
@@ -424,6 +444,20 @@ void attention_cases(FamilyCases& c) {
                          f32({2, 4, 45, 32}), f32({2, 4, 45, 1}, 0, 3), f32({2, 4, 45, 32})},
                         bf16_masked_attention_grad_of(false, 0.35, 2),
                         1e-5});
+  // The tensor-core kernels with dropout: T a multiple of 4 (a Philox call for a lane's pair of
+  // keys) and not (a call an element), forward and backward.
+  for (int64_t t : {68, 70}) {
+    const std::string tag = t == 68 ? "_aligned" : "";
+    c.lowering.push_back({"attention_bf16_mma_dropout" + tag,
+                          {f32({2, 2, t, 32}), f32({2, 2, t, 32}), f32({2, 2, t, 32})},
+                          bf16_dropout_attention_of(true, 0.35, 0.8),
+                          1e-5});
+    c.lowering.push_back({"attention_grad_bf16_mma_dropout" + tag,
+                          {f32({2, 2, t, 32}), f32({2, 2, t, 32}), f32({2, 2, t, 32}), f32({2, 2, t, 32}),
+                           f32({2, 2, t, 1}, 0, 3), f32({2, 2, t, 32})},
+                          bf16_dropout_attention_grad_of(true, 0.35, 0.7),
+                          1e-5});
+  }
   c.lowering.push_back({"attention_grad_heads_inside",
                         {f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}),
                          f32({2, 3, 23, 1}, 0, 3), f32({2, 23, 3, 40})},

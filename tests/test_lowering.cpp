@@ -421,8 +421,8 @@ TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
 
 // Attention with bf16 operands, with or without a mask and no dropout, at head sizes 16-64
 // (multiples of 16) runs on the tensor-core kernels (attention_mma.cpp): GPT-2 small's
-// (8, 1024, 12, 64) and the default GPT's (16, 64, 4, 32), heads inside. They pass ptxas for sm_80 and sm_90 without spills
-// (registers printed for docs/BENCHMARKS.md); KILN_ATTENTION_MMA=0 keeps the FFMA kernels.
+// (8, 1024, 12, 64) and the default GPT's (16, 64, 4, 32), heads inside. They pass ptxas for sm_80 and sm_90 without
+// spills (registers printed for docs/BENCHMARKS.md); KILN_ATTENTION_MMA=0 keeps the FFMA kernels.
 std::vector<std::string> bf16_attention_kernels(const Shape& shape, bool check_ptxas, bool mask = false) {
   Circuit c;
   std::vector<ValueId> x;
@@ -602,10 +602,11 @@ TEST(Lowering, Bf16MmaSharedMemoryHasNoBankConflicts) {
 
 // The tensor-core attention kernels (attention_mma.cpp): the staged tiles' stores (8 bytes a
 // lane), the ldmatrix rows (16 bytes a lane, rows padded to 144 bytes at head size 64) and the
-// lse/D rows, forward and both backward launches, causal over two tiles of 64.
-TEST(Lowering, Bf16AttentionSharedMemoryHasNoBankConflicts) {
+// lse/D rows, forward and both backward launches, causal over two tiles, at head sizes 64, 128
+// (rows of 272 bytes, tiles of 32) and 80 (rows of 176 bytes).
+void expect_no_attention_bank_conflicts(int64_t d) {
   const Params p = AttentionParams{true, 0.125, false, 0, 1, 1.0, false, true}.to_params();
-  const Shape qkv{2, 2, 100, 64};
+  const Shape qkv{2, 2, 100, d};
   testing::Harness h({f32(qkv), f32(qkv), f32(qkv), f32(qkv)}, [&](Builder& bl, const std::vector<ValueId>& x) {
     std::vector<ValueId> f = bl.circuit().add_op(PrimId::attention, p, {x[0], x[1], x[2]});
     std::vector<ValueId> g = bl.circuit().add_op(PrimId::attention_grad, p, {x[0], x[1], x[2], f[0], f[1], x[3]});
@@ -621,10 +622,14 @@ TEST(Lowering, Bf16AttentionSharedMemoryHasNoBankConflicts) {
     if (name.find("_mma") == std::string::npos) continue;
     ++kernels;
     EXPECT_GT(s.shared_requests, 0) << name;
-    EXPECT_EQ(s.bank_conflicts, 0) << name << ": " << s.shared_wavefronts << " wavefronts for " << s.shared_requests
-                                   << " requests";
+    EXPECT_EQ(s.bank_conflicts, 0) << name << " d " << d << ": " << s.shared_wavefronts << " wavefronts for "
+                                   << s.shared_requests << " requests";
   }
   EXPECT_EQ(kernels, 3);
+}
+
+TEST(Lowering, Bf16AttentionSharedMemoryHasNoBankConflicts) {
+  for (int64_t d : {64, 128, 80, 32, 16, 48}) expect_no_attention_bank_conflicts(d);
 }
 
 }  // namespace

@@ -1,16 +1,17 @@
 // Tensor-core attention (FlashAttention-2's schedule on mma.sync m16n8k16 bf16) for attention and
 // attention_grad with bf16 operands (q, k, v and do read rounded to bf16, as the reference and the
-// FFMA kernels read them), head sizes 16-64 in multiples of 16, with or without an additive mask
+// FFMA kernels read them), head sizes 16-128 in multiples of 16, with or without an additive mask
 // (read where a score is formed, as the FFMA kernels read it) and dropout (each factor drawn from
 // the op's Philox stream where it is used, the reference's bits); other ops keep the FFMA
-// kernels of attention.cpp. Every block is 4 warps, each owning 16 rows of
-// the block's 64; the other operand streams through shared memory 64 rows at a time.
-//  - forward: a block per (entry, 64 query rows); S = q k^T on the tensor cores, the online
-//    softmax on S's accumulator fragments (a row's 64 scores are spread over the 4 lanes of a
-//    quad: maxima by two shuffles, sums kept per lane until the end), o += P v;
-//  - backward, two launches as the FFMA kernels (no atomics): a block per 64 query rows writes D
-//    and dq (S, P = exp(S - lse), dP = do v^T, dS = P (dP - D), dq += dS k), then a block per 64
-//    key rows dk and dv (S^T = k q^T, P^T, dv += P^T do, dP^T = v do^T, dk += dS^T q).
+// kernels of attention.cpp. Each warp owns 16 of its block's rows; the other operand streams
+// through shared memory a tile at a time (Blocking: 64 own rows and tiles of 64 up to head size
+// 64, tiles of 32 and in the backward 32 own rows above it).
+//  - forward: a block per (entry, query rows); S = q k^T on the tensor cores, the online softmax
+//    on S's accumulator fragments (a row's scores are spread over the 4 lanes of a quad: maxima
+//    by two shuffles, sums kept per lane until the end), o += P v;
+//  - backward, two launches as the FFMA kernels (no atomics): a block per query rows writes D
+//    and dq (S, P = exp(S - lse), dP = do v^T, dS = P (dP - D), dq += dS k), then a block per key
+//    rows dk and dv (S^T = k q^T, P^T, dv += P^T do, dP^T = v do^T, dk += dS^T q).
 // Fragments: an accumulator tile of 16 x 8 (c0..c3: rows g and g + 8, columns 2t, 2t + 1 where
 // g = lane / 4, t = lane % 4) holds exactly the A fragment of the next product's k-step (two
 // n-tiles side by side), so P and dS go from one product to the next in registers
@@ -39,9 +40,19 @@ using kir::SReg;
 
 namespace {
 
-constexpr int64_t kRows = 64;       // a block's own rows: 16 a warp
-constexpr uint32_t kThreads = 128;  // 4 warps
-constexpr int64_t kTile = 64;       // rows of the streamed operand a step
+// A kernel's blocking: `rows` own rows a block (16 a warp: 2 rows a thread), the streamed
+// operand `tile` rows a step. Head sizes up to 64 take 64 and 64; larger ones (up to 128) stream
+// tiles of 32 rows, and the backward kernels own 32 rows too, so that the staged tiles stay
+// within the 48 KiB of static shared memory a block may declare.
+struct Blocking {
+  int64_t rows, tile;
+  uint32_t threads() const { return static_cast<uint32_t>(2 * rows); }
+};
+Blocking forward_blocking(const Sizes& s) { return {64, std::max(s.d, s.dv) <= 64 ? 64 : 32}; }
+Blocking backward_blocking(const Sizes& s) {
+  const int64_t r = std::max(s.d, s.dv) <= 64 ? 64 : 32;
+  return {r, r};
+}
 
 using Acc = std::array<Reg, 4>;  // a 16 x 8 f32 accumulator tile (c0..c3)
 
@@ -126,8 +137,8 @@ SplitFrag split_frag(KernelBuilder& b, const std::vector<Acc>& x, size_t kk) {
   return f;
 }
 
-// acc[nt] += X Y for X the 16 x kTile matrix in accumulator tiles x (split into halves) and Y the
-// staged [kTile][n] array (rows: the k index) at `base`, which holds the lane's a_order offset:
+// acc[nt] += X Y for X the 16 x (8 x.size()) matrix in accumulator tiles x (split into halves) and Y the
+// staged [8 x.size()][n] array (rows: the k index) at `base`, which holds the lane's a_order offset:
 // fragments by ldmatrix.trans.
 void product_from_acc(KernelBuilder& b, std::vector<Acc>& acc, const std::vector<Acc>& x, Reg base, uint32_t pitch,
                       int64_t n) {
@@ -144,12 +155,12 @@ void product_from_acc(KernelBuilder& b, std::vector<Acc>& acc, const std::vector
 }
 
 // acc[nt] += X Y^T for X the warp's 16 rows of a staged [rows][k] array (fragments at x_base,
-// which holds the lane's a_order offset and the warp's rows) and Y a staged [kTile][k] array
-// (y_base with the lane's b_order offset): acc has kTile / 8 tiles, k elements a row.
+// which holds the lane's a_order offset and the warp's rows) and Y a staged [tile][k] array
+// (y_base with the lane's b_order offset): acc has tile / 8 tiles, k elements a row.
 void product_of_rows(KernelBuilder& b, std::vector<Acc>& acc, Reg x_base, Reg y_base, uint32_t pitch, int64_t k) {
   for (int64_t kk = 0; kk < k / 16; ++kk) {
     std::vector<Reg> a = ldmatrix_at(b, x_base, 0, 16 * kk, pitch, false);
-    for (int64_t np = 0; np < kTile / 16; ++np) {
+    for (int64_t np = 0; np < static_cast<int64_t>(acc.size()) / 2; ++np) {
       std::vector<Reg> y = ldmatrix_at(b, y_base, 16 * np, 16 * kk, pitch, false);
       mma_into(b, acc[static_cast<size_t>(2 * np)], a, y[0], y[1]);
       mma_into(b, acc[static_cast<size_t>(2 * np + 1)], a, y[2], y[3]);
@@ -157,36 +168,55 @@ void product_of_rows(KernelBuilder& b, std::vector<Acc>& acc, Reg x_base, Reg y_
   }
 }
 
-// Rows [row0, row0 + kRows) of `entry` in a tensor of t rows an entry and n floats a row (zeros
-// past t), rounded to bf16 into the staged array at `smem` (pitch_of(n)). The block's 128 threads
-// load 16 bytes at a time, every load of the thread in flight before the first store.
+// Rows [row0, row0 + count) of `entry` in a tensor of t rows an entry and n floats a row (zeros
+// past t), rounded to bf16 into the staged array at `smem` (pitch_of(n)). A thread moves 8
+// floats at a time (two 16-byte loads, one 16-byte store), consecutive threads consecutive rows
+// at the same columns, so that each 8 lanes' stores fall on distinct banks as ldmatrix's rows do
+// (rows 16 (n / 8 + 1) bytes apart, an odd number of 16-byte slots); every load of the thread is
+// in flight before its first store.
 void stage(KernelBuilder& b, const Sizes& s, Reg base, const Piece& piece, Reg entry, Reg row0, int64_t t, int64_t n,
-           Reg smem, Reg tid) {
-  const auto per_row = static_cast<uint32_t>(n / 4);
-  const int64_t chunks = kRows * n / 4;  // a multiple of 128: n is one of 16
-  std::vector<std::array<Reg, 4>> vals;
-  std::vector<Reg> rows, cols;
-  for (int64_t first = 0; first < chunks; first += kThreads) {
+           Reg smem, Reg tid, int64_t count, uint32_t threads) {
+  const int64_t chunks = count * n / 8;
+  std::vector<std::array<Reg, 8>> vals;
+  std::vector<Reg> rows, cols, in_range;
+  for (int64_t first = 0; first < chunks; first += threads) {
     Reg idx = b.add(Type::u32, tid, imm_u32(static_cast<uint32_t>(first)));
-    Reg row = b.div(Type::u32, idx, imm_u32(per_row)), col4 = b.rem(Type::u32, idx, imm_u32(per_row));
-    std::array<Reg, 4> v;
+    // The last round may be partial (e.g. 32 rows of 80 floats, 320 chunks, for 128 threads).
+    in_range.push_back(first + threads <= chunks ? Reg{}
+                                                 : b.setp(Cmp::lt, idx, imm_u32(static_cast<uint32_t>(chunks))));
+    Reg row = b.rem(Type::u32, idx, imm_u32(static_cast<uint32_t>(count)));
+    Reg col8 = b.div(Type::u32, idx, imm_u32(static_cast<uint32_t>(count)));
+    std::array<Reg, 8> v;
     for (Reg& x : v) x = b.mov(Type::f32, imm_f32(0.0f));
     Reg at_row = b.add(Type::u32, row0, row);
-    b.if_(b.setp(Cmp::lt, at_row, imm_u32(static_cast<uint32_t>(t))), [&] {
+    Reg wanted = b.setp(Cmp::lt, at_row, imm_u32(static_cast<uint32_t>(t)));
+    if (in_range.back().valid()) wanted = b.and_(Type::pred, wanted, in_range.back());
+    b.if_(wanted, [&] {
       Reg at = b.add(s.it, row_first(b, s, entry, in_index_type(b, s, at_row), t, n, piece),
-                     in_index_type(b, s, b.shl(Type::u32, col4, imm_u32(2))));
-      std::vector<Reg> x = b.ld_vec(Space::global, Type::f32, b.address(base, at, 4), 4);
-      for (size_t e = 0; e < 4; ++e) b.set(v[e], x[e]);
+                     in_index_type(b, s, b.shl(Type::u32, col8, imm_u32(3))));
+      Reg address = b.address(base, at, 4);
+      for (int64_t half = 0; half < 2; ++half) {
+        std::vector<Reg> x = b.ld_vec(Space::global, Type::f32, address, 4, 16 * half);
+        for (size_t e = 0; e < 4; ++e) b.set(v[static_cast<size_t>(4 * half) + e], x[e]);
+      }
     });
     vals.push_back(v);
     rows.push_back(row);
-    cols.push_back(col4);
+    cols.push_back(col8);
   }
   const uint32_t pitch = pitch_of(n);
   for (size_t c = 0; c < vals.size(); ++c) {
-    Reg at = b.mad(Type::u32, rows[c], imm_u32(pitch), b.mad(Type::u32, cols[c], imm_u32(8), smem));
-    b.st_vec(Space::shared, Type::u32, at,
-             {b.pack_bf16x2(vals[c][0], vals[c][1]), b.pack_bf16x2(vals[c][2], vals[c][3])});
+    auto store = [&] {
+      Reg at = b.mad(Type::u32, rows[c], imm_u32(pitch), b.mad(Type::u32, cols[c], imm_u32(16), smem));
+      const std::array<Reg, 8>& v = vals[c];
+      b.st_vec(
+          Space::shared, Type::u32, at,
+          {b.pack_bf16x2(v[0], v[1]), b.pack_bf16x2(v[2], v[3]), b.pack_bf16x2(v[4], v[5]), b.pack_bf16x2(v[6], v[7])});
+    };
+    if (in_range[c].valid())
+      b.if_(in_range[c], store);
+    else
+      store();
   }
 }
 
@@ -269,36 +299,37 @@ void store_rows(KernelBuilder& b, const Sizes& s, const Lanes& l, Reg base, cons
   }
 }
 
-// The staged arrays' bytes: `count` arrays of kRows rows of n bf16.
-int64_t staged_bytes(int64_t n) { return kRows * pitch_of(n); }
+// The bytes of a staged array of `rows` rows of n bf16.
+int64_t staged_bytes(int64_t rows, int64_t n) { return rows * pitch_of(n); }
 
 std::string description(const AttentionParams& a, const char* what) {
   return std::string(what) + (a.causal ? " (causal)" : "") +
-         ": bf16 mma.sync m16n8k16, 64 rows a block (16 a warp), 64-row tiles staged as bf16 in shared memory";
+         ": bf16 mma.sync m16n8k16, 16 rows a warp, the streamed operand's tiles staged as bf16 in shared memory";
 }
 
 }  // namespace
 
 bool mma_attention(const AttentionParams&, const Sizes& s) {
-  auto head_ok = [](int64_t n) { return n >= 16 && n <= 64 && n % 16 == 0; };
-  return options::attention_mma() && s.bf16 && head_ok(s.d) && head_ok(s.dv) && (s.tq + kRows - 1) / kRows <= 65535 &&
-         (s.tk + kRows - 1) / kRows <= 65535 && s.tq < (int64_t{1} << 31) && s.tk < (int64_t{1} << 31);
+  auto head_ok = [](int64_t n) { return n >= 16 && n <= 128 && n % 16 == 0; };
+  return options::attention_mma() && s.bf16 && head_ok(s.d) && head_ok(s.dv) && (s.tq + 31) / 32 <= 65535 &&
+         (s.tk + 31) / 32 <= 65535 && s.tq < (int64_t{1} << 31) && s.tk < (int64_t{1} << 31);
 }
 
 LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
   KernelBuilder b("kiln_attention_mma");
+  const Blocking bl = forward_blocking(s);
   const ForwardParams f = forward_params(b, s);
   const uint32_t pd = pitch_of(s.d), pv = pitch_of(s.dv);
-  Reg q_s = b.shared_addr(b.shared_array("q_tile", staged_bytes(s.d)));
-  Reg k_s = b.shared_addr(b.shared_array("k_tile", staged_bytes(s.d)));
-  Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(s.dv)));
+  Reg q_s = b.shared_addr(b.shared_array("q_tile", staged_bytes(bl.rows, s.d)));
+  Reg k_s = b.shared_addr(b.shared_array("k_tile", staged_bytes(bl.tile, s.d)));
+  Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(bl.tile, s.dv)));
   const Lanes l = lanes(b);
-  const auto tiles = static_cast<uint32_t>((s.tq + kRows - 1) / kRows);
+  const auto tiles = static_cast<uint32_t>((s.tq + bl.rows - 1) / bl.rows);
   // Causal: the heaviest query tiles (the last) first, so that the light ones fill the tail.
   Reg tile = a.causal ? b.sub(Type::u32, imm_u32(tiles - 1), b.sreg(SReg::ctaid_y)) : b.sreg(SReg::ctaid_y);
   Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x)), kv_entry = kv_entry_of(b, s, entry);
-  Reg q0 = b.mul(Type::u32, tile, imm_u32(kRows));
-  stage(b, s, f.q, s.q, entry, q0, s.tq, s.d, q_s, l.tid);
+  Reg q0 = b.mul(Type::u32, tile, imm_u32(bl.rows));
+  stage(b, s, f.q, s.q, entry, q0, s.tq, s.d, q_s, l.tid, bl.rows, bl.threads());
   b.bar();
   Reg warp_rows = b.mul(Type::u32, l.warp, imm_u32(16));
   Reg q_frags =
@@ -314,20 +345,20 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
   const std::array<Reg, 2> stream_row = f.stream.on() ? stream_rows(b, s, entry, row_lo) : std::array<Reg, 2>{};
   const auto tk = static_cast<uint32_t>(s.tk);
   Operand key_end =
-      a.causal ? Operand(b.min(Type::u32, b.add(Type::u32, q0, imm_u32(kRows)), imm_u32(tk))) : imm_u32(tk);
-  b.for_(imm_u32(0), key_end, imm_u32(kTile), [&](Reg j0) {
+      a.causal ? Operand(b.min(Type::u32, b.add(Type::u32, q0, imm_u32(bl.rows)), imm_u32(tk))) : imm_u32(tk);
+  b.for_(imm_u32(0), key_end, imm_u32(bl.tile), [&](Reg j0) {
     b.bar();  // the previous tile's readers are done
-    stage(b, s, f.k, s.k, kv_entry, j0, s.tk, s.d, k_s, l.tid);
-    stage(b, s, f.v, s.v, kv_entry, j0, s.tk, s.dv, v_s, l.tid);
+    stage(b, s, f.k, s.k, kv_entry, j0, s.tk, s.d, k_s, l.tid, bl.tile, bl.threads());
+    stage(b, s, f.v, s.v, kv_entry, j0, s.tk, s.dv, v_s, l.tid, bl.tile, bl.threads());
     b.bar();
-    std::vector<Acc> sc = zero_accs(b, kTile / 8);
+    std::vector<Acc> sc = zero_accs(b, bl.tile / 8);
     product_of_rows(b, sc, q_frags, k_frags, pd, s.d);
     for (Acc& t : sc)
       for (Reg& x : t) b.assign(kir::Opc::Mul, x, {x, imm_f32(static_cast<float>(a.scale))});
     if (s.mask)
       add_mask(b, s, f.mask, mask_first, sc, row_lo, b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1))), false);
     // Keys past tk, and with the causal mask keys past the row, where the tile reaches them.
-    Reg tile_end = b.add(Type::u32, j0, imm_u32(kTile));
+    Reg tile_end = b.add(Type::u32, j0, imm_u32(bl.tile));
     Reg needs = b.setp(Cmp::gt, tile_end, imm_u32(tk));
     if (a.causal) needs = b.or_(Type::pred, needs, b.setp(Cmp::gt, tile_end, b.add(Type::u32, q0, warp_rows)));
     b.if_(needs, [&] {
@@ -378,7 +409,7 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
     }
   });
   const sim::Dim3 grid{static_cast<uint32_t>(s.entries), tiles, 1};
-  return single_launch(finish_launch(b, "kiln_attention_mma", grid, {kThreads, 1, 1}, f.args),
+  return single_launch(finish_launch(b, "kiln_attention_mma", grid, {bl.threads(), 1, 1}, f.args),
                        description(a, "attention") + ", online softmax, o and the row log-sum-exp written");
 }
 
@@ -391,19 +422,20 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
   lo.scratch_bytes = {static_cast<size_t>(s.entries * s.tq) * 4};  // D, a value per query row
   {
     KernelBuilder b("kiln_attention_grad_q_mma");
+    const Blocking bl = backward_blocking(s);
     const GradQParams g = grad_q_params(b, s, has_dlse);
-    Reg q_s = b.shared_addr(b.shared_array("q_tile", staged_bytes(s.d)));
-    Reg do_s = b.shared_addr(b.shared_array("do_tile", staged_bytes(s.dv)));
-    Reg k_s = b.shared_addr(b.shared_array("k_tile", staged_bytes(s.d)));
-    Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(s.dv)));
-    Reg rows_s = b.shared_addr(b.shared_array("lse_and_d", 2 * kRows * 4));
+    Reg q_s = b.shared_addr(b.shared_array("q_tile", staged_bytes(bl.rows, s.d)));
+    Reg do_s = b.shared_addr(b.shared_array("do_tile", staged_bytes(bl.rows, s.dv)));
+    Reg k_s = b.shared_addr(b.shared_array("k_tile", staged_bytes(bl.tile, s.d)));
+    Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(bl.tile, s.dv)));
+    Reg rows_s = b.shared_addr(b.shared_array("lse_and_d", 2 * bl.rows * 4));
     const Lanes l = lanes(b);
-    const auto tiles = static_cast<uint32_t>((s.tq + kRows - 1) / kRows);
+    const auto tiles = static_cast<uint32_t>((s.tq + bl.rows - 1) / bl.rows);
     Reg tile = a.causal ? b.sub(Type::u32, imm_u32(tiles - 1), b.sreg(SReg::ctaid_y)) : b.sreg(SReg::ctaid_y);
     Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x)), kv_entry = kv_entry_of(b, s, entry);
-    Reg q0 = b.mul(Type::u32, tile, imm_u32(kRows));
-    stage(b, s, g.q, s.q, entry, q0, s.tq, s.d, q_s, l.tid);
-    stage(b, s, g.d_o, Piece{}, entry, q0, s.tq, s.dv, do_s, l.tid);
+    Reg q0 = b.mul(Type::u32, tile, imm_u32(bl.rows));
+    stage(b, s, g.q, s.q, entry, q0, s.tq, s.d, q_s, l.tid, bl.rows, bl.threads());
+    stage(b, s, g.d_o, Piece{}, entry, q0, s.tq, s.dv, do_s, l.tid, bl.rows, bl.threads());
     // D = rowsum(do * o) - dlse from do itself (f32): two threads a row, half a row each.
     {
       Reg local = b.shr(Type::u32, l.tid, imm_u32(1)), half = b.and_(Type::u32, l.tid, imm_u32(1));
@@ -430,7 +462,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
       b.if_(b.setp(Cmp::eq, half, imm_u32(0)), [&] {
         Reg at = b.mad(Type::u32, local, imm_u32(4), rows_s);
         b.st(Space::shared, Type::f32, at, lse_i);
-        b.st(Space::shared, Type::f32, at, part, 4 * kRows);
+        b.st(Space::shared, Type::f32, at, part, 4 * bl.rows);
       });
     }
     b.bar();
@@ -440,7 +472,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     for (uint32_t h = 0; h < 2; ++h) {
       Reg at = b.mad(Type::u32, b.add(Type::u32, b.add(Type::u32, warp_rows, l.g), imm_u32(8 * h)), imm_u32(4), rows_s);
       lse_h[h] = b.ld(Space::shared, Type::f32, at);
-      d_h[h] = b.ld(Space::shared, Type::f32, at, 4 * kRows);
+      d_h[h] = b.ld(Space::shared, Type::f32, at, 4 * bl.rows);
     }
     Reg q_frags =
         b.add(Type::u32, b.add(Type::u32, q_s, lane_offset(b, l, pd, true)), b.mul(Type::u32, warp_rows, imm_u32(pd)));
@@ -453,20 +485,20 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     const Reg mask_first = s.mask ? mask_base(b, s, entry) : Reg{};
     const std::array<Reg, 2> stream_row = g.stream.on() ? stream_rows(b, s, entry, row_lo) : std::array<Reg, 2>{};
     Operand key_end =
-        a.causal ? Operand(b.min(Type::u32, b.add(Type::u32, q0, imm_u32(kRows)), imm_u32(tk))) : imm_u32(tk);
-    b.for_(imm_u32(0), key_end, imm_u32(kTile), [&](Reg j0) {
+        a.causal ? Operand(b.min(Type::u32, b.add(Type::u32, q0, imm_u32(bl.rows)), imm_u32(tk))) : imm_u32(tk);
+    b.for_(imm_u32(0), key_end, imm_u32(bl.tile), [&](Reg j0) {
       b.bar();
-      stage(b, s, g.k, s.k, kv_entry, j0, s.tk, s.d, k_s, l.tid);
-      stage(b, s, g.v, s.v, kv_entry, j0, s.tk, s.dv, v_s, l.tid);
+      stage(b, s, g.k, s.k, kv_entry, j0, s.tk, s.d, k_s, l.tid, bl.tile, bl.threads());
+      stage(b, s, g.v, s.v, kv_entry, j0, s.tk, s.dv, v_s, l.tid, bl.tile, bl.threads());
       b.bar();
-      std::vector<Acc> p = zero_accs(b, kTile / 8), dp = zero_accs(b, kTile / 8);
+      std::vector<Acc> p = zero_accs(b, bl.tile / 8), dp = zero_accs(b, bl.tile / 8);
       product_of_rows(b, p, q_frags, k_frags, pd, s.d);
       product_of_rows(b, dp, do_frags, v_frags, pv, s.dv);
       for (Acc& t : p)
         for (Reg& x : t) b.assign(kir::Opc::Mul, x, {x, imm_f32(scale)});
       if (s.mask)
         add_mask(b, s, g.mask, mask_first, p, row_lo, b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1))), false);
-      Reg tile_end = b.add(Type::u32, j0, imm_u32(kTile));
+      Reg tile_end = b.add(Type::u32, j0, imm_u32(bl.tile));
       Reg needs = b.setp(Cmp::gt, tile_end, imm_u32(tk));
       if (a.causal) needs = b.or_(Type::pred, needs, b.setp(Cmp::gt, tile_end, b.add(Type::u32, q0, warp_rows)));
       b.if_(needs, [&] {
@@ -495,24 +527,25 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     store_rows(b, s, l, g.dq, s.q, entry, row_lo, s.tq, s.d, dq,
                {b.mov(Type::f32, imm_f32(scale)), b.mov(Type::f32, imm_f32(scale))});
     const sim::Dim3 grid{static_cast<uint32_t>(s.entries), tiles, 1};
-    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q_mma", grid, {kThreads, 1, 1}, g.args));
+    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q_mma", grid, {bl.threads(), 1, 1}, g.args));
   }
   {
     KernelBuilder b("kiln_attention_grad_kv_mma");
+    const Blocking bl = backward_blocking(s);
     const GradKvParams g = grad_kv_params(b, s);
-    Reg k_s = b.shared_addr(b.shared_array("k_tile", staged_bytes(s.d)));
-    Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(s.dv)));
-    Reg q_s = b.shared_addr(b.shared_array("q_tile", staged_bytes(s.d)));
-    Reg do_s = b.shared_addr(b.shared_array("do_tile", staged_bytes(s.dv)));
-    Reg rows_s = b.shared_addr(b.shared_array("lse_and_d", 2 * kRows * 4));
+    Reg k_s = b.shared_addr(b.shared_array("k_tile", staged_bytes(bl.rows, s.d)));
+    Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(bl.rows, s.dv)));
+    Reg q_s = b.shared_addr(b.shared_array("q_tile", staged_bytes(bl.tile, s.d)));
+    Reg do_s = b.shared_addr(b.shared_array("do_tile", staged_bytes(bl.tile, s.dv)));
+    Reg rows_s = b.shared_addr(b.shared_array("lse_and_d", 2 * bl.tile * 4));
     const Lanes l = lanes(b);
-    const auto tiles = static_cast<uint32_t>((s.tk + kRows - 1) / kRows);
+    const auto tiles = static_cast<uint32_t>((s.tk + bl.rows - 1) / bl.rows);
     // (Causal: the first key tiles see the most queries, and they come first anyway.)
     Reg tile = b.sreg(SReg::ctaid_y);
     Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x));
-    Reg k0 = b.mul(Type::u32, tile, imm_u32(kRows));
-    stage(b, s, g.k, s.k, entry, k0, s.tk, s.d, k_s, l.tid);
-    stage(b, s, g.v, s.v, entry, k0, s.tk, s.dv, v_s, l.tid);
+    Reg k0 = b.mul(Type::u32, tile, imm_u32(bl.rows));
+    stage(b, s, g.k, s.k, entry, k0, s.tk, s.d, k_s, l.tid, bl.rows, bl.threads());
+    stage(b, s, g.v, s.v, entry, k0, s.tk, s.dv, v_s, l.tid, bl.rows, bl.threads());
     Reg warp_rows = b.mul(Type::u32, l.warp, imm_u32(16));
     Reg key_lo = b.add(Type::u32, b.add(Type::u32, k0, warp_rows), l.g);
     Reg k_frags =
@@ -528,11 +561,11 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     b.for_(imm_index(s.it, 0), imm_index(s.it, s.groups), imm_index(s.it, 1), [&](Reg grp) {
       Reg q_entry = b.mad(s.it, entry, imm_index(s.it, s.groups), grp);
       const Reg mask_first = s.mask ? mask_base(b, s, q_entry) : Reg{};
-      b.for_(first_query, imm_u32(tq), imm_u32(kTile), [&](Reg i0) {
+      b.for_(first_query, imm_u32(tq), imm_u32(bl.tile), [&](Reg i0) {
         b.bar();  // the previous tile's readers are done (and, the first time, k and v are staged)
-        stage(b, s, g.q, s.q, q_entry, i0, s.tq, s.d, q_s, l.tid);
-        stage(b, s, g.d_o, Piece{}, q_entry, i0, s.tq, s.dv, do_s, l.tid);
-        b.if_(b.setp(Cmp::lt, l.tid, imm_u32(kRows)), [&] {
+        stage(b, s, g.q, s.q, q_entry, i0, s.tq, s.d, q_s, l.tid, bl.tile, bl.threads());
+        stage(b, s, g.d_o, Piece{}, q_entry, i0, s.tq, s.dv, do_s, l.tid, bl.tile, bl.threads());
+        b.if_(b.setp(Cmp::lt, l.tid, imm_u32(bl.tile)), [&] {
           Reg i = b.add(Type::u32, i0, l.tid);
           Reg lse_i = b.mov(Type::f32, imm_f32(0.0f)), d_i = b.mov(Type::f32, imm_f32(0.0f));
           b.if_(b.setp(Cmp::lt, i, imm_u32(tq)), [&] {
@@ -542,17 +575,17 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
           });
           Reg at = b.mad(Type::u32, l.tid, imm_u32(4), rows_s);
           b.st(Space::shared, Type::f32, at, lse_i);
-          b.st(Space::shared, Type::f32, at, d_i, 4 * kRows);
+          b.st(Space::shared, Type::f32, at, d_i, 4 * bl.tile);
         });
         b.bar();
-        std::vector<Acc> p = zero_accs(b, kTile / 8), dp = zero_accs(b, kTile / 8);
+        std::vector<Acc> p = zero_accs(b, bl.tile / 8), dp = zero_accs(b, bl.tile / 8);
         product_of_rows(b, p, k_frags, q_frags, pd, s.d);     // S^T: keys x queries
         product_of_rows(b, dp, v_frags, do_frags, pv, s.dv);  // dP^T
         for (Acc& t : p)
           for (Reg& x : t) b.assign(kir::Opc::Mul, x, {x, imm_f32(scale)});
         Reg col0 = b.shl(Type::u32, l.t, imm_u32(1));  // the lane's first query column in the tile
         if (s.mask) add_mask(b, s, g.mask, mask_first, p, key_lo, b.add(Type::u32, i0, col0), true);
-        Reg tile_end = b.add(Type::u32, i0, imm_u32(kTile));
+        Reg tile_end = b.add(Type::u32, i0, imm_u32(bl.tile));
         Reg needs = b.setp(Cmp::gt, tile_end, imm_u32(tq));
         if (a.causal)
           needs = b.or_(Type::pred, needs,
@@ -567,7 +600,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
         for (size_t nt = 0; nt < p.size(); ++nt) {
           Reg at = b.mad(Type::u32, b.add(Type::u32, col0, imm_u32(static_cast<uint32_t>(8 * nt))), imm_u32(4), rows_s);
           std::vector<Reg> lse2 = b.ld_vec(Space::shared, Type::f32, at, 2);
-          std::vector<Reg> d2 = b.ld_vec(Space::shared, Type::f32, at, 2, 4 * kRows);
+          std::vector<Reg> d2 = b.ld_vec(Space::shared, Type::f32, at, 2, 4 * bl.tile);
           for (uint32_t e = 0; e < 4; ++e) {
             b.set(p[nt][e], exp_of(b, b.sub(Type::f32, p[nt][e], lse2[e & 1])));
             if (!g.stream.on()) {
@@ -594,7 +627,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     store_rows(b, s, l, g.dv, s.v, entry, key_lo, s.tk, s.dv, dv,
                {b.mov(Type::f32, imm_f32(1.0f)), b.mov(Type::f32, imm_f32(1.0f))});
     const sim::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups), tiles, 1};
-    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv_mma", grid, {kThreads, 1, 1}, g.args));
+    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv_mma", grid, {bl.threads(), 1, 1}, g.args));
   }
   lo.summary = description(a, "attention_grad") +
                "; a block per 64 query rows (D, dq), then a block per 64 key rows (dk, dv), probabilities "

@@ -458,6 +458,21 @@ void attention_cases(FamilyCases& c) {
                           bf16_dropout_attention_grad_of(true, 0.35, 0.7),
                           1e-5});
   }
+  // Head sizes over 64 (tiles of 32, and 32 own rows in the backward): 128 and 80 with 96.
+  c.lowering.push_back({"attention_bf16_mma_head_128",
+                        {f32({1, 2, 70, 128}), f32({1, 2, 70, 128}), f32({1, 2, 70, 128})},
+                        bf16_attention_of(true, 0.09),
+                        1e-5});
+  c.lowering.push_back({"attention_grad_bf16_mma_head_128",
+                        {f32({1, 2, 70, 128}), f32({1, 2, 70, 128}), f32({1, 2, 70, 128}), f32({1, 2, 70, 128}),
+                         f32({1, 2, 70, 1}, 0, 3), f32({1, 2, 70, 128})},
+                        bf16_attention_grad_of(true, 0.09),
+                        1e-5});
+  c.lowering.push_back({"attention_grad_bf16_mma_head_80_96_with_dlse",
+                        {f32({2, 21, 80}), f32({2, 45, 80}), f32({2, 45, 96}), f32({2, 21, 96}), f32({2, 21, 1}, 2, 5),
+                         f32({2, 21, 96}), f32({2, 21, 1})},
+                        bf16_grouped_attention_grad_of(false, 0.1, 1),
+                        1e-5});
   c.lowering.push_back({"attention_grad_heads_inside",
                         {f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}), f32({2, 23, 3, 40}),
                          f32({2, 3, 23, 1}, 0, 3), f32({2, 23, 3, 40})},

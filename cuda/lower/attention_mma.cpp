@@ -170,10 +170,11 @@ void product_of_rows(KernelBuilder& b, std::vector<Acc>& acc, Reg x_base, Reg y_
 
 // Rows [row0, row0 + count) of `entry` in a tensor of t rows an entry and n floats a row (zeros
 // past t), rounded to bf16 into the staged array at `smem` (pitch_of(n)). A thread moves 8
-// floats at a time (two 16-byte loads, one 16-byte store), consecutive threads consecutive rows
-// at the same columns, so that each 8 lanes' stores fall on distinct banks as ldmatrix's rows do
-// (rows 16 (n / 8 + 1) bytes apart, an odd number of 16-byte slots); every load of the thread is
-// in flight before its first store.
+// floats at a time (two 16-byte loads, one 16-byte store); every load of the thread is in flight
+// before its first store. Each 8 lanes' 16-byte stores must fall on distinct banks: where a row
+// is whole 128-byte lines of bf16 (n a multiple of 64) consecutive threads take consecutive
+// chunks of a row (coalesced loads); else consecutive rows at the same columns, as ldmatrix
+// reads them (rows 16 (n / 8 + 1) bytes apart, an odd number of 16-byte slots).
 void stage(KernelBuilder& b, const Sizes& s, Reg base, const Piece& piece, Reg entry, Reg row0, int64_t t, int64_t n,
            Reg smem, Reg tid, int64_t count, uint32_t threads) {
   const int64_t chunks = count * n / 8;
@@ -184,8 +185,10 @@ void stage(KernelBuilder& b, const Sizes& s, Reg base, const Piece& piece, Reg e
     // The last round may be partial (e.g. 32 rows of 80 floats, 320 chunks, for 128 threads).
     in_range.push_back(first + threads <= chunks ? Reg{}
                                                  : b.setp(Cmp::lt, idx, imm_u32(static_cast<uint32_t>(chunks))));
-    Reg row = b.rem(Type::u32, idx, imm_u32(static_cast<uint32_t>(count)));
-    Reg col8 = b.div(Type::u32, idx, imm_u32(static_cast<uint32_t>(count)));
+    const bool along_rows = n % 64 == 0;
+    const auto across = static_cast<uint32_t>(along_rows ? n / 8 : count);  // the fast-moving index's extent
+    Reg fast = b.rem(Type::u32, idx, imm_u32(across)), slow = b.div(Type::u32, idx, imm_u32(across));
+    Reg row = along_rows ? slow : fast, col8 = along_rows ? fast : slow;
     std::array<Reg, 8> v;
     for (Reg& x : v) x = b.mov(Type::f32, imm_f32(0.0f));
     Reg at_row = b.add(Type::u32, row0, row);

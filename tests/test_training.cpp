@@ -224,8 +224,11 @@ TEST(Checkpoint, ResumeIsBitExact) {
   TrainRun full = train_tiny(8, "", "");
   std::string ckpt = tmp_path("ckpt.h5");
   train_tiny(8, ckpt, "", 4);  // interrupted after 4 of 8 steps, checkpoint written there
+  // Only this checkpoint's temporaries (atomic_file: path.tmp-PID-N): other tests running beside
+  // this one write their own (e.g. metrics_ckpt.h5.tmp-...) into the same folder.
+  const std::string own_tmp = std::filesystem::path(ckpt).filename().string() + ".tmp";
   for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(ckpt).parent_path()))
-    EXPECT_EQ(e.path().filename().string().find("ckpt.h5.tmp"), std::string::npos) << "temporary left: " << e.path();
+    EXPECT_NE(e.path().filename().string().rfind(own_tmp, 0), 0u) << "temporary left: " << e.path();
   // Same schedule: the resumed run trains steps 4..8 of an 8-step run.
   TrainRun rest = train_tiny(8, "", ckpt);
   ASSERT_EQ(rest.losses.size(), 4u);
@@ -439,10 +442,12 @@ void fused_and_unfused_runs_give_the_same_losses(Precision precision, double bou
       worst = std::max(worst, std::fabs(r->losses[i] - plain.losses[i]) / plain.losses[i]);
   double early = 0;  // the first steps, before any trajectory has parted
   for (size_t i = 0; i < early_steps; ++i)
-    for (const TrainRun* r : {&cpu, &gpu}) early = std::max(early, std::fabs(r->losses[i] - plain.losses[i]) / plain.losses[i]);
-  std::printf("100 steps, CPU and GPU pass pipelines vs no fusion (%s): worst relative loss difference %.3g, "
-              "first %zu steps %.3g\n",
-              precision_name(precision), worst, early_steps, early);
+    for (const TrainRun* r : {&cpu, &gpu})
+      early = std::max(early, std::fabs(r->losses[i] - plain.losses[i]) / plain.losses[i]);
+  std::printf(
+      "100 steps, CPU and GPU pass pipelines vs no fusion (%s): worst relative loss difference %.3g, "
+      "first %zu steps %.3g\n",
+      precision_name(precision), worst, early_steps, early);
   EXPECT_LT(early, early_bound);
   EXPECT_LT(worst, bound);
   EXPECT_LT(plain.losses.back(), 0.6 * plain.losses.front());  // and the runs did train

@@ -137,9 +137,9 @@ SplitFrag split_frag(KernelBuilder& b, const std::vector<Acc>& x, size_t kk) {
   return f;
 }
 
-// acc[nt] += X Y for X the 16 x (8 x.size()) matrix in accumulator tiles x (split into halves) and Y the
-// staged [8 x.size()][n] array (rows: the k index) at `base`, which holds the lane's a_order offset:
-// fragments by ldmatrix.trans.
+// acc[nt] += X Y for X the 16 x (8 x.size()) matrix in accumulator tiles x (split into halves)
+// and Y the staged [8 x.size()][n] array (rows: the k index) at `base`, which holds the lane's
+// a_order offset: fragments by ldmatrix.trans.
 void product_from_acc(KernelBuilder& b, std::vector<Acc>& acc, const std::vector<Acc>& x, Reg base, uint32_t pitch,
                       int64_t n) {
   for (size_t kk = 0; kk < x.size() / 2; ++kk) {
@@ -302,6 +302,44 @@ void store_rows(KernelBuilder& b, const Sizes& s, const Lanes& l, Reg base, cons
   }
 }
 
+// The scores of a tile whose rows are queries (row_lo and row_lo + 8 of this lane; the warp's
+// first is warp_first) and whose columns are keys j0 ..: S times the scale, plus the mask, and
+// the keys past tk (causal: past the row) hidden where the tile reaches them.
+void query_scores(KernelBuilder& b, const Sizes& s, const AttentionParams& a, std::vector<Acc>& sc, Reg mask,
+                  Reg mask_first, const Lanes& l, Reg row_lo, Reg warp_first, Reg j0, int64_t tile) {
+  const auto tk = static_cast<uint32_t>(s.tk);
+  for (Acc& t : sc)
+    for (Reg& x : t) b.assign(kir::Opc::Mul, x, {x, imm_f32(static_cast<float>(a.scale))});
+  Reg col0 = b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1)));
+  if (s.mask) add_mask(b, s, mask, mask_first, sc, row_lo, col0, false);
+  Reg tile_end = b.add(Type::u32, j0, imm_u32(static_cast<uint32_t>(tile)));
+  Reg needs = b.setp(Cmp::gt, tile_end, imm_u32(tk));
+  if (a.causal) needs = b.or_(Type::pred, needs, b.setp(Cmp::gt, tile_end, warp_first));
+  b.if_(needs, [&] {
+    hide(b, sc, row_lo, col0, [&](Reg row, Reg col) {
+      Reg past = b.setp(Cmp::ge, col, imm_u32(tk));
+      return a.causal ? b.or_(Type::pred, past, b.setp(Cmp::gt, col, row)) : past;
+    });
+  });
+}
+
+// A block of query rows: its entry (ctaid.x) and that entry's key/value entry, and its first row
+// q0 of `rows` (ctaid.y; causal: the last tiles, the heaviest, first, so that the light ones fill
+// the tail); `tiles` blocks cover tq.
+struct QueryBlock {
+  Reg entry, kv_entry, q0;
+  uint32_t tiles;
+};
+QueryBlock query_block(KernelBuilder& b, const Sizes& s, const AttentionParams& a, int64_t rows) {
+  QueryBlock q;
+  q.tiles = static_cast<uint32_t>((s.tq + rows - 1) / rows);
+  Reg tile = a.causal ? b.sub(Type::u32, imm_u32(q.tiles - 1), b.sreg(SReg::ctaid_y)) : b.sreg(SReg::ctaid_y);
+  q.entry = in_index_type(b, s, b.sreg(SReg::ctaid_x));
+  q.kv_entry = kv_entry_of(b, s, q.entry);
+  q.q0 = b.mul(Type::u32, tile, imm_u32(static_cast<uint32_t>(rows)));
+  return q;
+}
+
 // The bytes of a staged array of `rows` rows of n bf16.
 int64_t staged_bytes(int64_t rows, int64_t n) { return rows * pitch_of(n); }
 
@@ -327,11 +365,8 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
   Reg k_s = b.shared_addr(b.shared_array("k_tile", staged_bytes(bl.tile, s.d)));
   Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(bl.tile, s.dv)));
   const Lanes l = lanes(b);
-  const auto tiles = static_cast<uint32_t>((s.tq + bl.rows - 1) / bl.rows);
-  // Causal: the heaviest query tiles (the last) first, so that the light ones fill the tail.
-  Reg tile = a.causal ? b.sub(Type::u32, imm_u32(tiles - 1), b.sreg(SReg::ctaid_y)) : b.sreg(SReg::ctaid_y);
-  Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x)), kv_entry = kv_entry_of(b, s, entry);
-  Reg q0 = b.mul(Type::u32, tile, imm_u32(bl.rows));
+  const QueryBlock qb = query_block(b, s, a, bl.rows);
+  const Reg entry = qb.entry, kv_entry = qb.kv_entry, q0 = qb.q0;
   stage(b, s, f.q, s.q, entry, q0, s.tq, s.d, q_s, l.tid, bl.rows, bl.threads());
   b.bar();
   Reg warp_rows = b.mul(Type::u32, l.warp, imm_u32(16));
@@ -356,21 +391,7 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
     b.bar();
     std::vector<Acc> sc = zero_accs(b, bl.tile / 8);
     product_of_rows(b, sc, q_frags, k_frags, pd, s.d);
-    for (Acc& t : sc)
-      for (Reg& x : t) b.assign(kir::Opc::Mul, x, {x, imm_f32(static_cast<float>(a.scale))});
-    if (s.mask)
-      add_mask(b, s, f.mask, mask_first, sc, row_lo, b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1))), false);
-    // Keys past tk, and with the causal mask keys past the row, where the tile reaches them.
-    Reg tile_end = b.add(Type::u32, j0, imm_u32(bl.tile));
-    Reg needs = b.setp(Cmp::gt, tile_end, imm_u32(tk));
-    if (a.causal) needs = b.or_(Type::pred, needs, b.setp(Cmp::gt, tile_end, b.add(Type::u32, q0, warp_rows)));
-    b.if_(needs, [&] {
-      Reg col0 = b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1)));
-      hide(b, sc, row_lo, col0, [&](Reg row, Reg col) {
-        Reg past = b.setp(Cmp::ge, col, imm_u32(tk));
-        return a.causal ? b.or_(Type::pred, past, b.setp(Cmp::gt, col, row)) : past;
-      });
-    });
+    query_scores(b, s, a, sc, f.mask, mask_first, l, row_lo, b.add(Type::u32, q0, warp_rows), j0, bl.tile);
     for (uint32_t h = 0; h < 2; ++h) {
       Reg mx = b.mov(Type::f32, imm_f32(-INFINITY));
       for (const Acc& t : sc) mx = b.max(Type::f32, mx, b.max(Type::f32, t[2 * h], t[2 * h + 1]));
@@ -411,7 +432,7 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
       });
     }
   });
-  const sim::Dim3 grid{static_cast<uint32_t>(s.entries), tiles, 1};
+  const sim::Dim3 grid{static_cast<uint32_t>(s.entries), qb.tiles, 1};
   return single_launch(finish_launch(b, "kiln_attention_mma", grid, {bl.threads(), 1, 1}, f.args),
                        description(a, "attention") + ", online softmax, o and the row log-sum-exp written");
 }
@@ -433,10 +454,8 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(bl.tile, s.dv)));
     Reg rows_s = b.shared_addr(b.shared_array("lse_and_d", 2 * bl.rows * 4));
     const Lanes l = lanes(b);
-    const auto tiles = static_cast<uint32_t>((s.tq + bl.rows - 1) / bl.rows);
-    Reg tile = a.causal ? b.sub(Type::u32, imm_u32(tiles - 1), b.sreg(SReg::ctaid_y)) : b.sreg(SReg::ctaid_y);
-    Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x)), kv_entry = kv_entry_of(b, s, entry);
-    Reg q0 = b.mul(Type::u32, tile, imm_u32(bl.rows));
+    const QueryBlock qb = query_block(b, s, a, bl.rows);
+    const Reg entry = qb.entry, kv_entry = qb.kv_entry, q0 = qb.q0;
     stage(b, s, g.q, s.q, entry, q0, s.tq, s.d, q_s, l.tid, bl.rows, bl.threads());
     stage(b, s, g.d_o, Piece{}, entry, q0, s.tq, s.dv, do_s, l.tid, bl.rows, bl.threads());
     // D = rowsum(do * o) - dlse from do itself (f32): two threads a row, half a row each.
@@ -497,20 +516,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
       std::vector<Acc> p = zero_accs(b, bl.tile / 8), dp = zero_accs(b, bl.tile / 8);
       product_of_rows(b, p, q_frags, k_frags, pd, s.d);
       product_of_rows(b, dp, do_frags, v_frags, pv, s.dv);
-      for (Acc& t : p)
-        for (Reg& x : t) b.assign(kir::Opc::Mul, x, {x, imm_f32(scale)});
-      if (s.mask)
-        add_mask(b, s, g.mask, mask_first, p, row_lo, b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1))), false);
-      Reg tile_end = b.add(Type::u32, j0, imm_u32(bl.tile));
-      Reg needs = b.setp(Cmp::gt, tile_end, imm_u32(tk));
-      if (a.causal) needs = b.or_(Type::pred, needs, b.setp(Cmp::gt, tile_end, b.add(Type::u32, q0, warp_rows)));
-      b.if_(needs, [&] {
-        Reg col0 = b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1)));
-        hide(b, p, row_lo, col0, [&](Reg row, Reg col) {
-          Reg past = b.setp(Cmp::ge, col, imm_u32(tk));
-          return a.causal ? b.or_(Type::pred, past, b.setp(Cmp::gt, col, row)) : past;
-        });
-      });
+      query_scores(b, s, a, p, g.mask, mask_first, l, row_lo, b.add(Type::u32, q0, warp_rows), j0, bl.tile);
       // p = exp(s - lse), then ds = p (dp - D) in dp's registers (dp times the dropout factor).
       for (size_t nt = 0; nt < p.size(); ++nt)
         for (uint32_t h = 0; h < 2; ++h) {
@@ -529,7 +535,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     });
     store_rows(b, s, l, g.dq, s.q, entry, row_lo, s.tq, s.d, dq,
                {b.mov(Type::f32, imm_f32(scale)), b.mov(Type::f32, imm_f32(scale))});
-    const sim::Dim3 grid{static_cast<uint32_t>(s.entries), tiles, 1};
+    const sim::Dim3 grid{static_cast<uint32_t>(s.entries), qb.tiles, 1};
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q_mma", grid, {bl.threads(), 1, 1}, g.args));
   }
   {

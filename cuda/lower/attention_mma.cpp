@@ -88,6 +88,11 @@ Reg lane_offset(KernelBuilder& b, const Lanes& l, uint32_t pitch, bool a_order) 
   Reg row = b.add(Type::u32, b.shl(Type::u32, a_order ? l.m_lo : l.m_hi, imm_u32(3)), l.r);
   return b.mad(Type::u32, row, imm_u32(pitch), b.shl(Type::u32, a_order ? l.m_hi : l.m_lo, imm_u32(4)));
 }
+// The a_order ldmatrix base of the warp's 16 rows of a staged array (rows from `warp_rows`).
+Reg warp_a_base(KernelBuilder& b, const Lanes& l, Reg smem, uint32_t pitch, Reg warp_rows) {
+  return b.add(Type::u32, b.add(Type::u32, smem, lane_offset(b, l, pitch, true)),
+               b.mul(Type::u32, warp_rows, imm_u32(pitch)));
+}
 std::vector<Reg> ldmatrix_at(KernelBuilder& b, Reg base, int64_t row0, int64_t col0, uint32_t pitch, bool trans) {
   return b.ldmatrix(4, trans, b.add(Type::u32, base, imm_u32(static_cast<uint32_t>(row0 * pitch + 2 * col0))));
 }
@@ -370,8 +375,7 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
   stage(b, s, f.q, s.q, entry, q0, s.tq, s.d, q_s, l.tid, bl.rows, bl.threads());
   b.bar();
   Reg warp_rows = b.mul(Type::u32, l.warp, imm_u32(16));
-  Reg q_frags =
-      b.add(Type::u32, b.add(Type::u32, q_s, lane_offset(b, l, pd, true)), b.mul(Type::u32, warp_rows, imm_u32(pd)));
+  Reg q_frags = warp_a_base(b, l, q_s, pd, warp_rows);
   Reg k_frags = b.add(Type::u32, k_s, lane_offset(b, l, pd, false));
   Reg v_trans = b.add(Type::u32, v_s, lane_offset(b, l, pv, true));
   Reg row_lo = b.add(Type::u32, b.add(Type::u32, q0, warp_rows), l.g);  // this lane's rows: row_lo, row_lo + 8
@@ -496,10 +500,8 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
       lse_h[h] = b.ld(Space::shared, Type::f32, at);
       d_h[h] = b.ld(Space::shared, Type::f32, at, 4 * bl.rows);
     }
-    Reg q_frags =
-        b.add(Type::u32, b.add(Type::u32, q_s, lane_offset(b, l, pd, true)), b.mul(Type::u32, warp_rows, imm_u32(pd)));
-    Reg do_frags =
-        b.add(Type::u32, b.add(Type::u32, do_s, lane_offset(b, l, pv, true)), b.mul(Type::u32, warp_rows, imm_u32(pv)));
+    Reg q_frags = warp_a_base(b, l, q_s, pd, warp_rows);
+    Reg do_frags = warp_a_base(b, l, do_s, pv, warp_rows);
     Reg k_frags = b.add(Type::u32, k_s, lane_offset(b, l, pd, false));
     Reg v_frags = b.add(Type::u32, v_s, lane_offset(b, l, pv, false));
     Reg k_trans = b.add(Type::u32, k_s, lane_offset(b, l, pd, true));
@@ -557,10 +559,8 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     stage(b, s, g.v, s.v, entry, k0, s.tk, s.dv, v_s, l.tid, bl.rows, bl.threads());
     Reg warp_rows = b.mul(Type::u32, l.warp, imm_u32(16));
     Reg key_lo = b.add(Type::u32, b.add(Type::u32, k0, warp_rows), l.g);
-    Reg k_frags =
-        b.add(Type::u32, b.add(Type::u32, k_s, lane_offset(b, l, pd, true)), b.mul(Type::u32, warp_rows, imm_u32(pd)));
-    Reg v_frags =
-        b.add(Type::u32, b.add(Type::u32, v_s, lane_offset(b, l, pv, true)), b.mul(Type::u32, warp_rows, imm_u32(pv)));
+    Reg k_frags = warp_a_base(b, l, k_s, pd, warp_rows);
+    Reg v_frags = warp_a_base(b, l, v_s, pv, warp_rows);
     Reg q_frags = b.add(Type::u32, q_s, lane_offset(b, l, pd, false));
     Reg do_frags = b.add(Type::u32, do_s, lane_offset(b, l, pv, false));
     Reg q_trans = b.add(Type::u32, q_s, lane_offset(b, l, pd, true));

@@ -348,9 +348,10 @@ QueryBlock query_block(KernelBuilder& b, const Sizes& s, const AttentionParams& 
 // The bytes of a staged array of `rows` rows of n bf16.
 int64_t staged_bytes(int64_t rows, int64_t n) { return rows * pitch_of(n); }
 
-std::string description(const AttentionParams& a, const char* what) {
-  return std::string(what) + (a.causal ? " (causal)" : "") +
-         ": bf16 mma.sync m16n8k16, 16 rows a warp, the streamed operand's tiles staged as bf16 in shared memory";
+std::string description(const AttentionParams& a, const char* what, const Blocking& bl) {
+  return std::string(what) + (a.causal ? " (causal)" : "") + (a.dropout() ? " (dropout)" : "") +
+         ": bf16 mma.sync m16n8k16, " + std::to_string(bl.rows) + " rows a block (16 a warp), the streamed operand's " +
+         std::to_string(bl.tile) + "-row tiles staged as bf16 in shared memory";
 }
 
 }  // namespace
@@ -438,7 +439,7 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
   });
   const sim::Dim3 grid{static_cast<uint32_t>(s.entries), qb.tiles, 1};
   return single_launch(finish_launch(b, "kiln_attention_mma", grid, {bl.threads(), 1, 1}, f.args),
-                       description(a, "attention") + ", online softmax, o and the row log-sum-exp written");
+                       description(a, "attention", bl) + ", online softmax, o and the row log-sum-exp written");
 }
 
 LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const Sizes& s) {
@@ -638,9 +639,9 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     const sim::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups), tiles, 1};
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv_mma", grid, {bl.threads(), 1, 1}, g.args));
   }
-  lo.summary = description(a, "attention_grad") +
-               "; a block per 64 query rows (D, dq), then a block per 64 key rows (dk, dv), probabilities "
-               "recomputed from the row log-sum-exp, no atomics, " +
+  lo.summary = description(a, "attention_grad", backward_blocking(s)) +
+               "; a block of query rows (D, dq), then a block of key rows (dk, dv), probabilities recomputed from "
+               "the row log-sum-exp, no atomics, " +
                launch_text(lo.launches[0]) + "; " + launch_text(lo.launches[1]);
   return lo;
 }

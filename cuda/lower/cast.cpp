@@ -13,7 +13,6 @@ namespace kiln::cuda {
 namespace {
 
 using kir::Cmp;
-using kir::imm_u32;
 using kir::Space;
 
 // f32 -> bf16 over n contiguous elements: element groups of 8 a thread (grid-stride) where both

@@ -3,9 +3,9 @@
 // keeps one f32 accumulator per body. With many rows the rows are split into chunks across
 // blocks (grid: column tiles x chunks), each writing its partial sums, and the last block of a
 // column tile to arrive adds each of its columns' chunks in chunk order: no float atomics, so the
-// sums do not depend on scheduling. Consecutive threads read consecutive columns, so the loads coalesce; each thread
-// has 4 rows' loads in flight (measured on an H100: a thread per column waiting on one load at a
-// time summed an 8192 x 768 gradient at about 160 GB/s). f32
+// sums do not depend on scheduling. Consecutive threads read consecutive columns, so the loads
+// coalesce; each thread has 4 rows' loads in flight (measured on an H100: a thread per column
+// waiting on one load at a time summed an 8192 x 768 gradient at about 160 GB/s). f32
 // accumulation error bound rows * 2^-24 * sum |x| per column, as reduce.
 #include <algorithm>
 

@@ -404,6 +404,17 @@ TEST(PtxPrinter, RejectsWhatPtxCannotSay) {
   EXPECT_THROW(print_ptx(abs_u32.finish(), 80), Error);
 }
 
+TEST(PtxPrinter, CheckRejectsMoreSharedMemoryThanAKernelMayTake) {
+  KernelBuilder b("too_much_shared");
+  b.shared_addr(b.shared_array("tile", kMaxSharedBytes + 16));
+  try {
+    b.finish();
+    FAIL() << "a kernel over " << kMaxSharedBytes << " bytes of shared memory was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too_much_shared"), std::string::npos) << e.what();
+  }
+}
+
 TEST(PtxPrinter, CheckRejectsExitBeforeBarrier) {
   KernelBuilder b("early_exit");
   Reg n = b.param("n", Type::u32);

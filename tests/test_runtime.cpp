@@ -20,8 +20,10 @@
 #include "cuda/driver/fake_driver.hpp"
 #include "cuda/kir/kir.hpp"
 #include "cuda/kir/ptx_printer.hpp"
+#include "cuda/kir/ptxas.hpp"
 #include "cuda/runtime/runtime.hpp"
 #include "device_test_util.hpp"
+#include "ptxas_skip.hpp"
 
 namespace kiln::cuda {
 namespace {
@@ -527,6 +529,96 @@ TEST_F(FakeDriverTest, ChecksTheParameterBufferAndLaunchDimensions) {
   rt.free(y);
 }
 
+// y[t] = 2 x[(t + 1) % 256] for a block of 256 threads, through two 32 KiB shared arrays: 64
+// KiB, over the static limit, so the arrays are carved from dynamic shared memory. Each value is
+// stored at the start of `low` and at the end of `high` and read back from the neighbour's
+// slots: a wrong offset of the second array, or an allocation short of its end, shows.
+kir::Kernel wide_shared_kernel() {
+  kir::KernelBuilder b("kiln_test_wide_shared");
+  Reg x = b.param("x", Type::u64), y = b.param("y", Type::u64);
+  Reg low = b.shared_addr(b.shared_array("low", 32 * 1024));
+  Reg high = b.shared_addr(b.shared_array("high", 32 * 1024));
+  constexpr int64_t kEnd = 31 * 1024;  // the last KiB of `high`
+  Reg t = b.sreg(kir::SReg::tid_x);
+  Reg v = b.ld(Space::global, Type::f32, b.address(x, t, 4));
+  b.st(Space::shared, Type::f32, b.mad(Type::u32, t, kir::imm_u32(4), low), v);
+  b.st(Space::shared, Type::f32, b.mad(Type::u32, t, kir::imm_u32(4), high), v, kEnd);
+  b.bar();
+  Reg next = b.rem(Type::u32, b.add(Type::u32, t, kir::imm_u32(1)), kir::imm_u32(256));
+  Reg a = b.ld(Space::shared, Type::f32, b.mad(Type::u32, next, kir::imm_u32(4), low));
+  Reg c = b.ld(Space::shared, Type::f32, b.mad(Type::u32, next, kir::imm_u32(4), high), kEnd);
+  b.st(Space::global, Type::f32, b.address(y, t, 4), b.add(Type::f32, a, c));
+  return b.finish();
+}
+
+TEST(DynamicShared, KernelsOverTheStaticLimitPrintOneExternArrayAndPassPtxas) {
+  const kir::Kernel k = wide_shared_kernel();
+  EXPECT_EQ(k.shared_bytes(), 64 * 1024);
+  EXPECT_EQ(k.dynamic_shared_bytes(), 64 * 1024);
+  EXPECT_EQ(scale_kernel().dynamic_shared_bytes(), 0);
+  const std::string ptx = kir::print_ptx(k, 90);
+  EXPECT_NE(ptx.find(".extern .shared .align 16 .b8 kiln_dynamic_shared[];"), std::string::npos) << ptx;
+  EXPECT_NE(ptx.find("kiln_dynamic_shared+32768"), std::string::npos) << ptx;
+  EXPECT_EQ(ptx.find(".shared .align 16 .b8 low"), std::string::npos) << ptx;
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  for (int sm : {80, 90}) {
+    const PtxasResult r = run_ptxas(kir::print_ptx(k, sm), sm);
+    EXPECT_TRUE(r.ok) << r.log;
+    EXPECT_EQ(r.shared_bytes, 0) << r.log;  // nothing static: the launch passes it all
+  }
+}
+
+TEST_F(FakeDriverTest, KernelsOverTheStaticSharedLimitTakeDynamicSharedMemory) {
+  Runtime rt(fake_driver(), options());
+  LoadedKernel lk = rt.load(wide_shared_kernel());
+  const std::vector<float> x = ramp(256);
+  const size_t bytes = x.size() * sizeof(float);
+  CUdeviceptr dx = rt.alloc(bytes), dy = rt.alloc(bytes);
+  rt.upload(dx, x.data(), bytes);
+  auto expect_y = [&](const char* how) {
+    std::vector<float> y(x.size());
+    rt.download(y.data(), dy, bytes);
+    for (size_t t = 0; t < x.size(); ++t) ASSERT_EQ(y[t], 2.0f * x[(t + 1) % 256]) << how << ", thread " << t;
+  };
+  rt.launch(lk, Dim3{1, 1, 1}, Dim3{256, 1, 1}, {dx, dy});
+  rt.synchronize();
+  expect_y("launched");
+  rt.memset_zero(dy, bytes);
+  DeviceCommand c;
+  c.kernel = &lk;
+  c.grid = {1, 1, 1};
+  c.block = {256, 1, 1};
+  c.args = {dx, dy};
+  Runtime::Graph g = rt.make_graph({c});
+  rt.launch(g);
+  rt.synchronize();
+  expect_y("in a graph");
+  rt.destroy(g);
+
+  // What the driver would refuse, and what the fake refuses besides (too little).
+  alignas(8) unsigned char buffer[16] = {};
+  std::memcpy(buffer, &dx, 8);
+  std::memcpy(buffer + 8, &dy, 8);
+  size_t size = 16;
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buffer, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+  const DriverApi& api = rt.api();
+  auto launch = [&](unsigned shared) {
+    return api.cuLaunchKernel(lk.fn, 1, 1, 1, 256, 1, 1, shared, nullptr, nullptr, extra);
+  };
+  EXPECT_EQ(launch(0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_NE(fake_driver_last_error().find("the kernel's arrays take 65536"), std::string::npos)
+      << fake_driver_last_error();
+  ASSERT_EQ(api.cuFuncSetAttribute(lk.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 48 * 1024), CUDA_SUCCESS);
+  EXPECT_EQ(launch(64 * 1024), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_NE(fake_driver_last_error().find("limit of 49152"), std::string::npos) << fake_driver_last_error();
+  EXPECT_EQ(api.cuFuncSetAttribute(lk.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 100 * 1024),
+            CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(api.cuFuncSetAttribute(lk.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 64 * 1024), CUDA_SUCCESS);
+  EXPECT_EQ(launch(64 * 1024), CUDA_SUCCESS);
+  rt.free(dx);
+  rt.free(dy);
+}
+
 TEST_F(FakeDriverTest, ChecksFreesHandlesAndCopies) {
   Runtime rt(fake_driver(), options());  // initializes the fake driver
   const DriverApi& api = rt.api();
@@ -676,6 +768,7 @@ KILN_SAME_AS_CUDA_H(CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES);
 KILN_SAME_AS_CUDA_H(CU_JIT_INPUT_PTX);
 KILN_SAME_AS_CUDA_H(CU_FUNC_ATTRIBUTE_NUM_REGS);
 KILN_SAME_AS_CUDA_H(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES);
+KILN_SAME_AS_CUDA_H(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
 #undef KILN_SAME_AS_CUDA_H
 static_assert(sizeof(kiln::cuda::CUdeviceptr) == sizeof(::CUdeviceptr));
 static_assert(sizeof(kiln::cuda::CUdevice) == sizeof(::CUdevice));

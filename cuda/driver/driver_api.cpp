@@ -87,6 +87,7 @@ std::optional<Driver> load_cuda_driver(std::string* why, const char* library) {
   resolve("cuLinkDestroy", a.cuLinkDestroy);
   resolve("cuLaunchKernel", a.cuLaunchKernel);
   resolve("cuFuncGetAttribute", a.cuFuncGetAttribute);
+  resolve("cuFuncSetAttribute", a.cuFuncSetAttribute);
   resolve("cuGetErrorString", a.cuGetErrorString);
   if (!resolve.ok) {
     dlclose(lib);

@@ -68,6 +68,7 @@ constexpr int CU_JIT_INPUT_PTX = 1;  // CUjitInputType
 
 constexpr int CU_FUNC_ATTRIBUTE_NUM_REGS = 4;
 constexpr int CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3;
+constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 
 // cuLaunchKernel's `extra`: the parameters packed into one buffer.
 inline void* const CU_LAUNCH_PARAM_END = reinterpret_cast<void*>(0x00);
@@ -126,6 +127,7 @@ struct DriverApi {
   CUresult (*cuLaunchKernel)(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                              unsigned bz, unsigned shared_bytes, CUstream stream, void** params, void** extra);
   CUresult (*cuFuncGetAttribute)(int* value, int attribute, CUfunction fn);
+  CUresult (*cuFuncSetAttribute)(CUfunction fn, int attribute, int value);
   CUresult (*cuGetErrorString)(CUresult error, const char** text);
   // CUDA graphs: all present or all null (a driver without them runs launch by launch).
   CUresult (*cuGraphCreate)(CUgraph* graph, unsigned flags);

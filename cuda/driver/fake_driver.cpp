@@ -29,7 +29,7 @@ constexpr int kFakeMultiprocessors = 8;
 constexpr char kFakeDeviceName[] = "kiln fake device (SIMT simulator)";
 constexpr size_t kFakeTotalMemory = size_t{8} << 30;  // host memory backs it: keep it modest
 constexpr uint64_t kMaxBlockThreads = 1024;
-constexpr int64_t kMaxSharedBytes = 48 * 1024;
+constexpr int64_t kMaxSharedBytes = kir::kMaxSharedBytes;
 constexpr size_t kParamBufferAlignment = 8;
 constexpr std::string_view kFakeCubinMagic = "KILNFAKECUBIN\n";
 
@@ -86,6 +86,9 @@ struct Module {
 struct Function {
   uintptr_t module = 0;
   std::shared_ptr<const Observed> kernel;
+  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: what a launch may pass, as the driver
+  // allows without the attribute raised (the static limit, less the kernel's static arrays).
+  int64_t max_dynamic_shared = -1;  // -1: not set
 };
 
 struct Link {
@@ -524,10 +527,22 @@ CUresult launch_locked(FakeDevice& d, CUfunction fn, sim::Dim3 grid, sim::Dim3 b
     return fail(CUDA_ERROR_INVALID_VALUE, who + ": a zero dimension: " + dims);
   if (block.count() > kMaxBlockThreads || block.z > 64 || grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu)
     return fail(CUDA_ERROR_INVALID_VALUE, who + ": dimensions over the device's limits: " + dims);
-  const int64_t shared = k.shared_bytes() + shared_bytes;
-  if (shared > kMaxSharedBytes)
-    return fail(CUDA_ERROR_INVALID_VALUE, fmt::format("{}: {} bytes of shared memory, over the {} a block may use", who,
-                                                      shared, kMaxSharedBytes));
+  // Static arrays, and what the launch passes as dynamic shared memory: as the driver, refuse
+  // more than the function's limit (raised with cuFuncSetAttribute above the static 48 KiB);
+  // stricter than it, refuse less than the kernel's carved arrays need (a GPU would read past
+  // the allocation).
+  const int64_t static_bytes = k.dynamic_shared_bytes() > 0 ? 0 : k.shared_bytes();
+  const int64_t dynamic_limit =
+      it->second.max_dynamic_shared >= 0 ? it->second.max_dynamic_shared : kir::kStaticSharedLimit - static_bytes;
+  if (static_bytes + shared_bytes > kMaxSharedBytes || shared_bytes > dynamic_limit)
+    return fail(CUDA_ERROR_INVALID_VALUE,
+                fmt::format("{}: {} bytes of dynamic shared memory, over the function's limit of {} (raise it with "
+                            "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+                            who, shared_bytes, dynamic_limit));
+  if (static_cast<int64_t>(shared_bytes) < k.dynamic_shared_bytes())
+    return fail(CUDA_ERROR_INVALID_VALUE, fmt::format("{}: {} bytes of dynamic shared memory given, the kernel's "
+                                                      "arrays take {}",
+                                                      who, shared_bytes, k.dynamic_shared_bytes()));
   std::vector<uint64_t> values;
   if (CUresult r = unpack_params(k, extra, who, &values)) return r;
   try {
@@ -706,6 +721,24 @@ CUresult fake_cuFuncGetAttribute(int* value, int attribute, CUfunction fn) {
   });
 }
 
+CUresult fake_cuFuncSetAttribute(CUfunction fn, int attribute, int value) {
+  return entry("cuFuncSetAttribute", [&](FakeDevice& d) {
+    auto it = d.functions.find(from_handle(fn));
+    if (it == d.functions.end()) return fail(CUDA_ERROR_INVALID_HANDLE, "cuFuncSetAttribute: unknown function");
+    if (attribute != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+      return fail(CUDA_ERROR_INVALID_VALUE, fmt::format("cuFuncSetAttribute: attribute {} is not faked", attribute));
+    const kir::Kernel& k = it->second.kernel->kernel;
+    const int64_t static_bytes = k.dynamic_shared_bytes() > 0 ? 0 : k.shared_bytes();
+    if (value < 0 || static_bytes + value > kMaxSharedBytes)
+      return fail(CUDA_ERROR_INVALID_VALUE,
+                  fmt::format("cuFuncSetAttribute of '{}': {} bytes of dynamic shared memory with {} static, over "
+                              "the {} a block may use",
+                              k.name, value, static_bytes, kMaxSharedBytes));
+    it->second.max_dynamic_shared = value;
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult fake_cuGetErrorString(CUresult error, const char** text) {
   if (text == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *text = cu_error_name(error);
@@ -726,17 +759,18 @@ void observe_kernel(const std::string& ptx, const kir::Kernel& kernel) {
 
 Driver fake_driver() {
   Driver d;
-  d.api = DriverApi{fake_cuInit, fake_cuDriverGetVersion, fake_cuDeviceGetCount, fake_cuDeviceGet, fake_cuDeviceGetName,
-                    fake_cuDeviceGetAttribute, fake_cuDeviceTotalMem, fake_cuDevicePrimaryCtxRetain,
-                    fake_cuCtxSetCurrent, fake_cuCtxSynchronize, fake_cuMemAlloc, fake_cuMemFree, fake_cuMemcpyHtoD,
-                    fake_cuMemcpyDtoH, fake_cuMemcpyDtoD, fake_cuMemsetD8, fake_cuModuleLoadDataEx,
-                    fake_cuModuleGetFunction, fake_cuModuleUnload, fake_cuLinkCreate, fake_cuLinkAddData,
-                    fake_cuLinkComplete, fake_cuLinkDestroy, fake_cuLaunchKernel, fake_cuFuncGetAttribute,
-                    fake_cuGetErrorString, fake_cuGraphCreate, fake_cuGraphAddKernelNode, fake_cuGraphAddMemsetNode,
-                    fake_cuGraphInstantiateWithFlags, fake_cuGraphLaunch, fake_cuGraphExecDestroy, fake_cuGraphDestroy,
-                    // No stream capture: its work finishes inside each call, and collectives
-                    // run between graph replays (cuda/runtime/collective.hpp).
-                    nullptr, nullptr, nullptr, nullptr, nullptr};
+  d.api =
+      DriverApi{fake_cuInit, fake_cuDriverGetVersion, fake_cuDeviceGetCount, fake_cuDeviceGet, fake_cuDeviceGetName,
+                fake_cuDeviceGetAttribute, fake_cuDeviceTotalMem, fake_cuDevicePrimaryCtxRetain, fake_cuCtxSetCurrent,
+                fake_cuCtxSynchronize, fake_cuMemAlloc, fake_cuMemFree, fake_cuMemcpyHtoD, fake_cuMemcpyDtoH,
+                fake_cuMemcpyDtoD, fake_cuMemsetD8, fake_cuModuleLoadDataEx, fake_cuModuleGetFunction,
+                fake_cuModuleUnload, fake_cuLinkCreate, fake_cuLinkAddData, fake_cuLinkComplete, fake_cuLinkDestroy,
+                fake_cuLaunchKernel, fake_cuFuncGetAttribute, fake_cuFuncSetAttribute, fake_cuGetErrorString,
+                fake_cuGraphCreate, fake_cuGraphAddKernelNode, fake_cuGraphAddMemsetNode,
+                fake_cuGraphInstantiateWithFlags, fake_cuGraphLaunch, fake_cuGraphExecDestroy, fake_cuGraphDestroy,
+                // No stream capture: its work finishes inside each call, and collectives
+                // run between graph replays (cuda/runtime/collective.hpp).
+                nullptr, nullptr, nullptr, nullptr, nullptr};
   d.description = "kiln fake driver (SIMT simulator)";
   d.observe_kernel = observe_kernel;
   d.fake = true;

@@ -80,6 +80,11 @@ int64_t Kernel::shared_bytes() const {
   return shared_offset(last) + shared.back().bytes;
 }
 
+int64_t Kernel::dynamic_shared_bytes() const {
+  const int64_t bytes = shared_bytes();
+  return bytes > kStaticSharedLimit ? bytes : 0;
+}
+
 std::string describe(const Kernel& k, const Instr& in) {
   auto reg = [](Reg r) { return std::string(type_name(r.type)) + "#" + std::to_string(r.index); };
   auto opnd = [&](const Operand& o) {
@@ -336,6 +341,9 @@ struct Checker {
 }  // namespace
 
 void check(const Kernel& k) {
+  if (k.shared_bytes() > kMaxSharedBytes)
+    throw Error("kernel '" + k.name + "': " + std::to_string(k.shared_bytes()) + " bytes of shared memory, over the " +
+                std::to_string(kMaxSharedBytes) + " a kernel may take");
   Checker c{k};
   c.body(k.body);
 }

@@ -192,6 +192,14 @@ struct SharedArray {
   int32_t align = 16;
 };
 
+// A block may declare this much shared memory statically. A kernel whose arrays take more has
+// them carved out of one dynamic allocation instead: the printer declares it extern, the launch
+// passes its size, and the runtime raises the function's limit to it first.
+constexpr int64_t kStaticSharedLimit = 48 * 1024;
+// The most shared memory a kernel may take: sm_86's and sm_89's 99 KiB a block, so that PTX for
+// sm_80 runs on every device of that target (an A100 has 163 KiB, an H100 227 KiB).
+constexpr int64_t kMaxSharedBytes = 99 * 1024;
+
 struct Kernel {
   std::string name;
   std::vector<Param> params;
@@ -201,12 +209,15 @@ struct Kernel {
   int32_t num_labels = 0;
   int64_t shared_bytes() const;  // total, each array at its alignment, in declaration order
   int64_t shared_offset(int array) const;
+  // The bytes a launch must pass as dynamic shared memory: shared_bytes() above
+  // kStaticSharedLimit, else 0 (the arrays are static).
+  int64_t dynamic_shared_bytes() const;
 };
 
-// Structural checks: operand types match the operation, registers are allocated, and no
-// thread can leave (Ret) before a bar.sync or a full-mask shfl.sync that follows it in program
-// order (such an exit would hang the block or leave the shuffle with missing lanes: guard the
-// work with an If instead). Throws kiln::Error naming the kernel and the instruction.
+// Structural checks: shared memory within kMaxSharedBytes, operand types match the operation,
+// registers are allocated, and no thread can leave (Ret) before a bar.sync or a full-mask
+// shfl.sync that follows it in program order (such an exit would hang the block or leave the shuffle with missing
+// lanes: guard the work with an If instead). Throws kiln::Error naming the kernel and the instruction.
 void check(const Kernel& k);
 
 // Text of one instruction for error messages and dumps (not PTX).

@@ -3,6 +3,7 @@
 // so the same IR always prints the same bytes.
 #include "cuda/kir/ptx_printer.hpp"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 
@@ -13,6 +14,9 @@ namespace kiln::kir {
 namespace {
 
 // Register name prefixes and declaration types, in Type enum order.
+// The extern array a kernel's shared arrays are carved from when they need dynamic shared memory.
+constexpr const char* kDynamicShared = "kiln_dynamic_shared";
+
 constexpr const char* kRegPrefix[kNumTypes] = {"%p", "%r", "%ri", "%rd", "%rl", "%f", "%fd", "%h", "%hb"};
 
 bool is_half(Type t) { return t == Type::f16 || t == Type::bf16; }
@@ -112,6 +116,11 @@ class Printer {
     // 7.1 for sm_80: the first ISA with cvt between f32 and bf16 (CUDA 11.1 drivers).
     out_ += sm == 80 ? ".version 7.1\n" : ".version 7.8\n";
     out_ += ".target sm_" + std::to_string(sm) + "\n.address_size 64\n\n";
+    if (k_.dynamic_shared_bytes() > 0) {
+      int32_t align = 16;
+      for (const auto& a : k_.shared) align = std::max(align, a.align);
+      out_ += ".extern .shared .align " + std::to_string(align) + " .b8 " + kDynamicShared + "[];\n\n";
+    }
     out_ += ".visible .entry " + k_.name + "(\n";
     for (size_t i = 0; i < k_.params.size(); ++i)
       out_ += std::string("\t.param .") + move_type(k_.params[i].type) + " " + param_name(static_cast<int>(i)) +
@@ -122,8 +131,10 @@ class Printer {
       out_ += std::string("\t.reg .") + move_type(static_cast<Type>(t)) + " " + kRegPrefix[t] + "<" +
               std::to_string(k_.num_regs[t]) + ">;\n";
     }
-    for (const auto& a : k_.shared)
+    for (const auto& a : k_.shared) {
+      if (k_.dynamic_shared_bytes() > 0) break;  // carved out of kDynamicShared instead
       out_ += "\t.shared .align " + std::to_string(a.align) + " .b8 " + a.name + "[" + std::to_string(a.bytes) + "];\n";
+    }
     out_ += "\n";
     body(k_.body);
     out_ += "\tret;\n}\n";
@@ -242,7 +253,13 @@ class Printer {
       case Opc::LdParam:
         return std::string("ld.param.") + move_type(t) + " " + reg(in.dsts[0]) + ", [" + param_name(in.param) + "]";
       case Opc::Sreg: return "mov.u32 " + reg(in.dsts[0]) + ", " + sreg_name(in.sreg);
-      case Opc::SharedAddr: return "mov.u32 " + reg(in.dsts[0]) + ", " + k_.shared[static_cast<size_t>(in.shared)].name;
+      case Opc::SharedAddr: {
+        const std::string d = reg(in.dsts[0]);
+        if (k_.dynamic_shared_bytes() == 0)
+          return "mov.u32 " + d + ", " + k_.shared[static_cast<size_t>(in.shared)].name;
+        const int64_t offset = k_.shared_offset(in.shared);  // the array's place in the dynamic allocation
+        return "mov.u32 " + d + ", " + kDynamicShared + (offset != 0 ? "+" + std::to_string(offset) : "");
+      }
       case Opc::Ld: return "ld" + space(in) + vec(in) + move_type(t) + " " + elements(in.dsts, 0) + ", " + address(in);
       case Opc::St: return "st" + space(in) + vec(in) + move_type(t) + " " + address(in) + ", " + elements(in.srcs, 1);
       case Opc::AtomAdd:

@@ -350,6 +350,16 @@ LoadedKernel Runtime::load(const kir::Kernel& k) {
     driver_.api.cuModuleUnload(m.module);
     check(r, "cuModuleGetFunction of kernel '" + k.name + "'");
   }
+  if (const int64_t dynamic = k.dynamic_shared_bytes(); dynamic > 0) {
+    // Launches pass this much dynamic shared memory, over the static limit: the driver refuses
+    // it until the function's own limit is raised.
+    if (CUresult r = driver_.api.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                    static_cast<int>(dynamic));
+        r != CUDA_SUCCESS) {
+      driver_.api.cuModuleUnload(m.module);
+      check(r, fmt::format("raising kernel '{}''s dynamic shared memory limit to {} bytes", k.name, dynamic));
+    }
+  }
   int registers = -1;
   if (driver_.api.cuFuncGetAttribute(&registers, CU_FUNC_ATTRIBUTE_NUM_REGS, fn) != CUDA_SUCCESS) registers = -1;
   m.kernel = LoadedKernel{fn, m.ir.get(), registers};
@@ -433,7 +443,8 @@ void Runtime::launch(const LoadedKernel& k, Dim3 grid, Dim3 block, const std::ve
   size_t size = pack_params(kernel, args, words, what);
   void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, words.data(), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
                    CU_LAUNCH_PARAM_END};
-  check(driver_.api.cuLaunchKernel(k.fn, grid.x, grid.y, grid.z, block.x, block.y, block.z, 0, nullptr, nullptr, extra),
+  check(driver_.api.cuLaunchKernel(k.fn, grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                                   static_cast<unsigned>(kernel.dynamic_shared_bytes()), nullptr, nullptr, extra),
         what);
   ++stats_.launches;
 }
@@ -535,6 +546,7 @@ Runtime::Graph Runtime::make_graph(const std::vector<DeviceCommand>& commands) {
         p.blockDimX = c.block.x;
         p.blockDimY = c.block.y;
         p.blockDimZ = c.block.z;
+        p.sharedMemBytes = static_cast<unsigned>(c.kernel->kernel->dynamic_shared_bytes());
         p.extra = extra;
         check(api.cuGraphAddKernelNode(&node, g.graph, &last, deps, &p), what);
         ++g.kernels;

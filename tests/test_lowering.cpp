@@ -186,8 +186,9 @@ TEST(Lowering, GpuMatmulCasesOnTf32TensorCoresMatchEigen) {
 
 // The bf16 mma.sync kernel (ldmatrix, cp.async; KILN_BF16_MMA=1, the default): operands stored in
 // bf16 with k contiguous ([row][k] stages, ldmatrix) or with rows contiguous ([k][row] stages,
-// ldmatrix.trans); sizes off the 128x128x32 tile, K of 1, 2 and 3 stages (a partial last one), a
-// batch broadcasting b, an epilogue with a bias. Both sides multiply the same bf16 values
+// ldmatrix.trans); sizes off the 128x128x32 tile, K of 1, 2, 3 and 7 steps (a partial last one:
+// with 4 stages 7 steps wrap around the stages twice), a batch broadcasting b, an epilogue with
+// a bias. Both sides multiply the same bf16 values
 // exactly: 1e-5, as f32. Chunks partly past the matrix: the sliced cases below. A b whose rows
 // are not 16-byte aligned must take the widened-tile kernel instead.
 std::vector<LoweringCase> bf16_mma_cases() {
@@ -209,17 +210,50 @@ std::vector<LoweringCase> bf16_mma_cases() {
           mm("a_rows_b_rows", {37, 136}, {37, 64}, true, false, true),
           // a [k][row], b [row][k].
           mm("a_rows", {72, 72}, {90, 72}, true, true, false),
-          mm("batched_a_rows", {2, 24, 40}, {24, 16}, true, false, false)};
+          mm("batched_a_rows", {2, 24, 40}, {24, 16}, true, false, false),
+          mm("k200", {70, 200}, {40, 200}, false, true, false),
+          mm("a_rows_k200", {200, 40}, {200, 72}, true, false, true)};
+}
+
+// Every tiling the bf16 mma kernel takes (KILN_MMA_TILE, KILN_MMA_STAGES): `check` runs under each,
+// given the stages the kernel summary must name (128x256 with b staged [k][row] cuts 4 stages to 3
+// to fit the shared memory limit; the caller knows its cases' layouts).
+struct MmaTilingCase {
+  const char* tile;
+  const char* stages;
+};
+constexpr MmaTilingCase kMmaTilings[] = {{"128x128", "2"}, {"128x128", "3"}, {"128x128", "4"},
+                                         {"128x256", "2"}, {"128x256", "3"}, {"128x256", "4"}};
+template <class Check>
+void for_each_mma_tiling(Check check) {
+  for (const MmaTilingCase& t : kMmaTilings) {
+    SCOPED_TRACE(std::string(t.tile) + ", " + t.stages + " stages");
+    testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages);
+    check(t);
+  }
+}
+
+// The kernel summary's text for a tiling: "tile 128x256x32" ... "3 cp.async stages", with 4 stages
+// cut to 3 where b is staged [k][row] in 128x256 tiles.
+bool names_mma_tiling(const std::string& dump, const MmaTilingCase& t) {
+  const std::string stages = std::string(t.stages) + " cp.async stages";
+  const bool cut = std::string(t.tile) == "128x256" && std::string(t.stages) == "4" &&
+                   dump.find("3 cp.async stages") != std::string::npos;
+  return dump.find(std::string("tile ") + t.tile + "x32") != std::string::npos &&
+         (dump.find(stages) != std::string::npos || cut);
 }
 
 void check_bf16_mma_cases(cuda::Runtime& rt) {
   cuda::ForceBf16Mma on;
-  for (const LoweringCase& lc : bf16_mma_cases()) {
-    SCOPED_TRACE(lc.name);
-    std::string dump;
-    check_case(lc, rt, &dump);
-    EXPECT_NE(dump.find("mma.sync bf16"), std::string::npos) << dump;
-  }
+  for_each_mma_tiling([&rt](const MmaTilingCase& t) {
+    for (const LoweringCase& lc : bf16_mma_cases()) {
+      SCOPED_TRACE(lc.name);
+      std::string dump;
+      check_case(lc, rt, &dump);
+      EXPECT_NE(dump.find("mma.sync bf16"), std::string::npos) << dump;
+      EXPECT_TRUE(names_mma_tiling(dump, t)) << dump;
+    }
+  });
   // Slices folded into the matmul's views by fuse_matmul leave chunks partly inside the matrix;
   // the copies zero-fill the rest. a^T b with b 60 of 64 columns: the last chunk of 8 rows of
   // b's [k][row] stages has 4 inside. a b with a 61 of 64 columns: the last chunk of 8 k of a's
@@ -345,20 +379,24 @@ TEST(Lowering, GpuMatmulsOnBf16MmaMatchEigen) {
 TEST(Lowering, Bf16MmaKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   cuda::ForceBf16Mma on;
-  for (bool wide_indices : {false, true}) {
-    std::optional<cuda::ForceWideIndices> wide;
-    if (wide_indices) wide.emplace();
-    std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-    const std::vector<const kir::Kernel*> kernels = lowered_kernels(bf16_mma_cases(), programs);
-    testing::expect_ptxas_accepts(kernels);
-    for (const kir::Kernel* k : kernels) {
-      if (k->name.find("matmul") == std::string::npos) continue;
-      const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
-      EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
-      std::printf("%s (%s indices): %d registers, %d bytes spilled\n", k->name.c_str(), wide_indices ? "u64" : "u32",
-                  r.registers, r.spill_stores);
+  for_each_mma_tiling([](const MmaTilingCase& t) {
+    for (bool wide_indices : {false, true}) {
+      if (wide_indices && std::string(t.tile) != "128x128") continue;  // 64-bit indices: the default tile's stages
+      std::optional<cuda::ForceWideIndices> wide;
+      if (wide_indices) wide.emplace();
+      std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
+      const std::vector<const kir::Kernel*> kernels = lowered_kernels(bf16_mma_cases(), programs);
+      testing::expect_ptxas_accepts(kernels);
+      for (const kir::Kernel* k : kernels) {
+        if (k->name.find("matmul") == std::string::npos) continue;
+        const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
+        EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
+        std::printf("%s %s tile, %s stages (%s indices): %d registers, %d bytes spilled, %lld bytes shared\n",
+                    k->name.c_str(), t.tile, t.stages, wide_indices ? "u64" : "u32", r.registers, r.spill_stores,
+                    static_cast<long long>(k->shared_bytes()));
+      }
     }
-  }
+  });
 }
 
 void expect_matmul_kernels_pass_ptxas_without_spills() {
@@ -577,8 +615,7 @@ TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
 
 // The same for the bf16 mma kernel: cp.async stores and ldmatrix rows (16 bytes a lane) of
 // [row][k] stages (k-contiguous operands) and [k][row] stages (.trans; ta/tb flip them).
-TEST(Lowering, Bf16MmaSharedMemoryHasNoBankConflicts) {
-  cuda::ForceBf16Mma on;
+void expect_no_bf16_mma_bank_conflicts() {
   for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
     const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
     const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
@@ -598,6 +635,11 @@ TEST(Lowering, Bf16MmaSharedMemoryHasNoBankConflicts) {
                                      << " wavefronts for " << s.shared_requests << " requests";
     }
   }
+}
+
+TEST(Lowering, Bf16MmaSharedMemoryHasNoBankConflicts) {
+  cuda::ForceBf16Mma on;
+  for_each_mma_tiling([](const MmaTilingCase&) { expect_no_bf16_mma_bank_conflicts(); });
 }
 
 // The tensor-core attention kernels (attention_mma.cpp): the staged tiles' stores (8 bytes a

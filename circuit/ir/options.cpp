@@ -28,7 +28,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 26> kVariables = {{
+constexpr std::array<Variable, 28> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -41,6 +41,8 @@ constexpr std::array<Variable, 26> kVariables = {{
     {"KILN_MATMUL_TILE", "GPU matmul tiles, 64 or 128 (default: chosen per shape)"},
     {"KILN_ALLOW_TF32", "1: large GPU f32 matmuls on tf32 tensor cores (10-bit mantissas)"},
     {"KILN_BF16_MMA", "0: GPU matmuls of bf16 operands on widened tiles instead of bf16 mma.sync (default 1)"},
+    {"KILN_MMA_STAGES", "cp.async stages of the bf16 mma.sync matmul kernel, 2-4 (default 2)"},
+    {"KILN_MMA_TILE", "block tile of the bf16 mma.sync matmul kernel, 128x128 (default) or 128x256"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
     {"KILN_GPU_COLLECTIVES", "data parallel on GPUs: nccl or host (default: NCCL where it loads)"},
@@ -123,6 +125,23 @@ bool bf16_mma() {
   throw Error("KILN_BF16_MMA: expected 0 or 1, received '" + v + "'");
 }
 std::optional<bool> force_bf16_mma(std::optional<bool> on) { return std::exchange(bf16_mma_forced, on); }
+
+int mma_stages() {
+  const std::string v = text("KILN_MMA_STAGES");
+  if (v.empty()) return 0;
+  if (v != "2" && v != "3" && v != "4")
+    throw Error("KILN_MMA_STAGES: expected 2, 3 or 4 (the bf16 matmul kernel's cp.async stages), received '" + v + "'");
+  return std::stoi(v);
+}
+
+int mma_tile_n() {
+  const std::string v = text("KILN_MMA_TILE");
+  if (v.empty()) return 0;
+  if (v != "128x128" && v != "128x256")
+    throw Error("KILN_MMA_TILE: expected 128x128 or 128x256 (the bf16 matmul kernel's block tile), received '" + v +
+                "'");
+  return v == "128x128" ? 128 : 256;
+}
 
 bool attention_mma() {
   const std::string v = text("KILN_ATTENTION_MMA");

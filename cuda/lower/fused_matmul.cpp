@@ -21,7 +21,7 @@
 // where both carry bf16 values (stored, or f32 read through a rounding to bf16) their products
 // are exact in both kernels and large tiles take the tensor cores. Operands both stored in bf16
 // (16-byte aligned rows, k or rows contiguous) run a third kernel instead, unless
-// KILN_BF16_MMA=0: bf16 mma.sync fed by ldmatrix from two cp.async stages (bf16_mma_main_loop). Row
+// KILN_BF16_MMA=0: bf16 mma.sync fed by ldmatrix from 2-4 cp.async stages (bf16_mma_main_loop). Row
 // sums of A (a bias gradient) come out of the blocks of the first tile column, from the tiles in
 // shared memory.
 #include "circuit/prims/fused_matmul.hpp"
@@ -58,7 +58,7 @@ struct Tiling {
   int pitch_pad = 0;  // floats after each k's row of a tile in shared memory
 };
 constexpr Tiling kSmallTile{64, 64, 4, 4}, kLargeTile{128, 128, 8, 8}, kTf32Tile{128, 128, 8, 8, true, 8};
-constexpr int kWarpTileM = 64, kWarpTileN = 32, kWarpsN = 4;
+constexpr int kWarpTileM = 64, kWarpsN = 4;  // a warp's tile is kWarpTileM x (tn / kWarpsN)
 // 128x128 tiles take 120-170 registers a thread (ptxas, sm_90; capping them at 128 for two
 // blocks an SM spills), so one block runs on an SM at a time and the grid runs in waves of one
 // block per SM. They are taken where their grid fills at least kLargeTileMinWaveFill of the
@@ -71,22 +71,44 @@ constexpr double kLargeTileMinWaveFill = 0.8;
 int forced_tile = 0;
 bool forced_tf32 = false;
 
-// The bf16 mma.sync kernel (on unless KILN_BF16_MMA=0): 128x128 tiles, k steps of 32, two shared stages
-// filled by cp.async (16-byte chunks, zero-filled past the matrix), mma.sync m16n8k16 on warp
-// tiles of 64x32 (the tf32 kernel's warps and accumulator layout). Each operand's stage is laid
-// out as it is stored (Bf16Stage): k contiguous (x W^T, dY W^T) as [row][k], fragments by
-// ldmatrix; rows contiguous (x W with W stored [k][n], the weight gradients' X^T dY) as
-// [k][row], fragments by ldmatrix.trans. Both need bf16 storage, 16-byte aligned chunks, and
+// The bf16 mma.sync kernel (on unless KILN_BF16_MMA=0): block tiles of 128x128 or 128x256
+// (KILN_MMA_TILE), k steps of 32, 2-4 shared stages (KILN_MMA_STAGES) filled by cp.async
+// (16-byte chunks, zero-filled past the matrix), mma.sync m16n8k16 on 8 warps as 2 x 4, warp
+// tiles of 64 x (tn / 4) (64x32: the tf32 kernel's warps and accumulator layout). Each operand's
+// stage is laid out as it is stored (Bf16Stage): k contiguous (x W^T, dY W^T) as [row][k],
+// fragments by ldmatrix; rows contiguous (x W with W stored [k][n], the weight gradients' X^T dY)
+// as [k][row], fragments by ldmatrix.trans. Both need bf16 storage, 16-byte aligned chunks, and
 // no row sums.
 constexpr int kMmaTileK = 32;
 enum class Bf16Stage { row_k, k_row };
 // Bytes from one shared row to the next. [row][k]: 64 (a row's 4 chunks of 8 k), the chunks
 // swizzled (chunk j of row r at j ^ ((r / 2) % 4)) so that the 8 rows an ldmatrix phase reads,
 // and the 8 chunks a cp.async phase writes, fall on the 8 distinct 16-byte groups of the 32
-// banks. [k][row]: 272, 16 bytes past the row's 256, which does the same for ldmatrix.trans.
-constexpr uint32_t stage_pitch_bytes(Bf16Stage s) { return s == Bf16Stage::row_k ? 2 * kMmaTileK : 2 * (128 + 8); }
-constexpr int kMmaStageBytes = 2 * kMmaTileK * (128 + 8);  // the larger of the two layouts
-static_assert(128 * stage_pitch_bytes(Bf16Stage::row_k) <= kMmaStageBytes);
+// banks. [k][row]: the row's 2 * rows bytes and 16 more, an odd number of 16-byte groups (17 or
+// 33), which does the same for ldmatrix.trans.
+constexpr uint32_t stage_pitch_bytes(Bf16Stage s, int rows) {
+  return s == Bf16Stage::row_k ? 2 * kMmaTileK : 2 * static_cast<uint32_t>(rows + 8);
+}
+// One stage of an operand's tile of `rows` rows.
+constexpr uint32_t stage_bytes(Bf16Stage s, int rows) {
+  return s == Bf16Stage::row_k ? static_cast<uint32_t>(rows) * stage_pitch_bytes(s, rows)
+                               : kMmaTileK * stage_pitch_bytes(s, rows);
+}
+struct MmaTiling {
+  int tn = 128;                                 // the block tile's columns (its rows are 128)
+  int stages = 2;                               // cp.async stages
+  int warp_n_tiles() const { return tn / 32; }  // 16x8 products along n in a warp's tile
+};
+// KILN_MMA_TILE and KILN_MMA_STAGES (128x128, 2 stages when unset: what was measured on a GPU),
+// with the stages cut to what fits in kir::kMaxSharedBytes (128x256 with b staged [k][row]: 3).
+MmaTiling choose_mma_tiling(const std::array<Bf16Stage, 2>& layout) {
+  MmaTiling t;
+  if (const int tn = options::mma_tile_n(); tn != 0) t.tn = tn;
+  if (const int stages = options::mma_stages(); stages != 0) t.stages = stages;
+  const int64_t per_stage = stage_bytes(layout[0], 128) + stage_bytes(layout[1], t.tn);
+  while (t.stages > 2 && t.stages * per_stage > kir::kMaxSharedBytes) --t.stages;
+  return t;
+}
 
 std::optional<Bf16Stage> bf16_stage(const Circuit& c, ValueId stored, const MatmulOperand& v) {
   if (c.info(stored).dtype != DType::bf16 || v.offset % 8 != 0) return std::nullopt;
@@ -261,34 +283,39 @@ void store_tile(KernelBuilder& b, const TileLoader& t) {
     }
 }
 
-// The bf16 mma kernel's main loop (bf16_mma_stages): operand o's rows row0[o] .. + 127 of
-// rows[o], over K in steps of kMmaTileK, into acc as the tf32 kernel lays it out
-// (acc[(mi * 4 + ni) * 4 + i]: the 16x8 product (mi, ni) of warp tile (warp_m, warp_n)).
-// smem[o] holds two stages of kMmaStageBytes: while one is computed on, cp.async fills the other.
+// The bf16 mma kernel's main loop (bf16_mma_stages): operand o's rows row0[o] .. + rows_o - 1
+// (128 for a, tiling.tn for b) of rows[o], over K in steps of kMmaTileK, into acc as the tf32
+// kernel lays it out (acc[(mi * warp_n_tiles + ni) * 4 + i]: the 16x8 product (mi, ni) of warp
+// tile (warp_m, warp_n)). smem[o] holds tiling.stages stages: while one is computed on,
+// cp.async fills the others.
 void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::array<const MatmulOperand*, 2> view,
-                        std::array<Bf16Stage, 2> layout, std::array<int64_t, 2> rows, int64_t K,
-                        std::array<Reg, 2> row0, Reg tid, std::array<Reg, 2> smem, Reg warp_m, Reg warp_n,
+                        std::array<Bf16Stage, 2> layout, const MmaTiling& tiling, std::array<int64_t, 2> rows,
+                        int64_t K, std::array<Reg, 2> row0, Reg tid, std::array<Reg, 2> smem, Reg warp_m, Reg warp_n,
                         std::vector<Reg>& acc) {
   auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
-  auto pitch_bytes = [&](size_t o) { return stage_pitch_bytes(layout[o]); };
+  const std::array<int, 2> tile_rows{128, tiling.tn};
+  const std::array<uint32_t, 2> pitch{stage_pitch_bytes(layout[0], tile_rows[0]),
+                                      stage_pitch_bytes(layout[1], tile_rows[1])},
+      bytes{stage_bytes(layout[0], tile_rows[0]), stage_bytes(layout[1], tile_rows[1])};
   // Where chunk `chunk` (of 8 k) of row `row` sits in a [row][k] stage.
   auto swizzled = [&](Reg row, Reg chunk) {
     Reg flip = b.and_(Type::u32, b.shr(Type::u32, row, imm_u32(1)), imm_u32(3));
-    return b.mad(Type::u32, row, imm_u32(stage_pitch_bytes(Bf16Stage::row_k)),
+    return b.mad(Type::u32, row, imm_u32(stage_pitch_bytes(Bf16Stage::row_k, 0)),
                  b.mul(Type::u32, b.xor_(Type::u32, chunk, flip), imm_u32(16)));
   };
-  // Stage loads: operand o's 128 x 32 tile is 512 chunks of 16 bytes; thread t copies chunks t
-  // and t + 256. [row][k]: chunk c is row c / 4, k 8 (c % 4) .. + 7. [k][row]: chunk c is k
-  // c / 16, rows 8 (c % 16) .. + 7. Elements past the matrix are zero-filled (the copy reads only
-  // the bytes inside it).
-  auto issue = [&](Reg k0, Reg stage) {
-    for (size_t o = 0; o < 2; ++o)
-      for (uint32_t s = 0; s < 2; ++s) {
-        Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(256));
+  // Stage loads: operand o's rows x 32 tile is 4 rows chunks of 16 bytes; thread t copies chunks
+  // t, t + 256, ... [row][k]: chunk c is row c / 4, k 8 (c % 4) .. + 7. [k][row]: chunk c is k
+  // c / (rows / 8), rows 8 (c % (rows / 8)) .. + 7. Elements past the matrix are zero-filled
+  // (the copy reads only the bytes inside it). stage[o]: the byte offset of the stage filled.
+  auto issue = [&](Reg k0, std::array<Reg, 2> stage) {
+    for (size_t o = 0; o < 2; ++o) {
+      const auto row_chunks = static_cast<uint32_t>(tile_rows[o] / 8);
+      for (uint32_t s = 0; s < static_cast<uint32_t>(tile_rows[o]) * 4 / kThreads; ++s) {
+        Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(s * kThreads));
         const bool row_k = layout[o] == Bf16Stage::row_k;
         Reg r = row_k ? b.shr(Type::u32, chunk, imm_u32(2))
-                      : b.mul(Type::u32, b.and_(Type::u32, chunk, imm_u32(15)), imm_u32(8));
-        Reg kc = row_k ? b.and_(Type::u32, chunk, imm_u32(3)) : b.shr(Type::u32, chunk, imm_u32(4));
+                      : b.mul(Type::u32, b.rem(Type::u32, chunk, imm_u32(row_chunks)), imm_u32(8));
+        Reg kc = row_k ? b.and_(Type::u32, chunk, imm_u32(3)) : b.div(Type::u32, chunk, imm_u32(row_chunks));
         Reg grow = b.add(it, row0[o], widen(r));
         Reg gk = b.add(it, k0, widen(row_k ? b.mul(Type::u32, kc, imm_u32(8)) : kc));
         Reg ok =
@@ -298,14 +325,15 @@ void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std:
         Reg left = row_k ? b.min(it, b.sub(it, imm_index(it, K), gk), imm_index(it, 8))
                          : b.min(it, b.sub(it, imm_index(it, rows[o]), grow), imm_index(it, 8));
         if (it != Type::u32) left = b.cvt(Type::u32, left);
-        Reg bytes = b.selp(Type::u32, b.mul(Type::u32, left, imm_u32(2)), imm_u32(0), ok);
+        Reg copied = b.selp(Type::u32, b.mul(Type::u32, left, imm_u32(2)), imm_u32(0), ok);
         Reg at =
             row_k ? scaled_add(b, it, grow, view[o]->row_stride, gk) : scaled_add(b, it, gk, view[o]->k_stride, grow);
         Reg src = b.selp(Type::u64, b.address(base[o], at, 2), base[o], ok);
         Reg dst = row_k ? b.add(Type::u32, swizzled(r, kc), smem[o])
-                        : b.mad(Type::u32, kc, imm_u32(pitch_bytes(o)), b.mad(Type::u32, r, imm_u32(2), smem[o]));
-        b.cp_async(b.add(Type::u32, dst, stage), src, 16, bytes);
+                        : b.mad(Type::u32, kc, imm_u32(pitch[o]), b.mad(Type::u32, r, imm_u32(2), smem[o]));
+        b.cp_async(b.add(Type::u32, dst, stage[o]), src, 16, copied);
       }
+    }
   };
   // ldmatrix.x4 loads four 8x8 matrices, lanes 8j .. 8j + 7 giving the shared addresses of matrix
   // j's 8 rows. A (16 rows x 16 k; a0a1, a2a3, a4a5, a6a7): matrix j covers rows 8 (j % 2), k
@@ -321,49 +349,88 @@ void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std:
     Reg chunk = b.add(Type::u32, k_part, imm_u32(2 * h));  // of 8 k
     if (layout[o] == Bf16Stage::row_k) return b.add(Type::u32, swizzled(b.add(Type::u32, row, low), chunk), smem[o]);
     Reg k = b.mad(Type::u32, chunk, imm_u32(8), low);
-    return b.mad(Type::u32, k, imm_u32(pitch_bytes(o)), b.mad(Type::u32, row, imm_u32(2), smem[o]));
+    return b.mad(Type::u32, k, imm_u32(pitch[o]), b.mad(Type::u32, row, imm_u32(2), smem[o]));
   };
   const std::array<std::array<Reg, 2>, 2> lane_at{
       std::array<Reg, 2>{lane_address(0, warp_m, mid, high, 0), lane_address(0, warp_m, mid, high, 1)},
       std::array<Reg, 2>{lane_address(1, warp_n, high, mid, 0), lane_address(1, warp_n, high, mid, 1)}};
   // Rows 16 i further on (the swizzle repeats every 8 rows).
   auto fragments = [&](size_t o, Reg stage, uint32_t h, uint32_t i) {
-    const uint32_t rows_on = layout[o] == Bf16Stage::row_k ? i * 16 * pitch_bytes(o) : i * 16 * 2;
+    const uint32_t rows_on = layout[o] == Bf16Stage::row_k ? i * 16 * pitch[o] : i * 16 * 2;
     return b.ldmatrix(4, layout[o] == Bf16Stage::k_row,
                       b.add(Type::u32, b.add(Type::u32, lane_at[o][h], stage), imm_u32(rows_on)));
   };
-
-  Reg stage = b.mov(Type::u32, imm_u32(0));  // byte offset of the stage computed on
-  issue(b.mov(it, imm_index(it, 0)), stage);
-  b.cp_async_commit();
-  b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kMmaTileK), [&](Reg k0) {
-    Reg next = b.add(it, k0, imm_index(it, kMmaTileK));
-    Reg other = b.xor_(Type::u32, stage, imm_u32(static_cast<uint32_t>(kMmaStageBytes)));
-    b.if_(b.setp(Cmp::lt, next, imm_index(it, K)), [&] { issue(next, other); });
-    b.cp_async_commit();  // possibly empty: the group count stays one a step
-    b.cp_async_wait(1);   // this step's stage has landed
-    b.bar();
+  const auto n_tiles = static_cast<size_t>(tiling.warp_n_tiles());
+  auto compute = [&](std::array<Reg, 2> stage) {
     for (uint32_t h = 0; h < kMmaTileK / 16; ++h) {
-      std::vector<std::vector<kir::Operand>> fa(4), fb(4);
+      std::vector<std::vector<kir::Operand>> fa(4), fb(n_tiles);
       for (uint32_t mi = 0; mi < 4; ++mi)
-        for (Reg r : fragments(0, stage, h, mi)) fa[mi].push_back(r);
-      for (uint32_t nj = 0; nj < 2; ++nj) {
-        const std::vector<Reg> m = fragments(1, stage, h, nj);
+        for (Reg r : fragments(0, stage[0], h, mi)) fa[mi].push_back(r);
+      for (uint32_t nj = 0; nj < n_tiles / 2; ++nj) {
+        const std::vector<Reg> m = fragments(1, stage[1], h, nj);
         fb[2 * nj] = {m[0], m[1]};
         fb[2 * nj + 1] = {m[2], m[3]};
       }
       for (size_t mi = 0; mi < 4; ++mi)
-        for (size_t ni = 0; ni < 4; ++ni) {
-          const size_t at = (mi * 4 + ni) * 4;
+        for (size_t ni = 0; ni < n_tiles; ++ni) {
+          const size_t at = (mi * n_tiles + ni) * 4;
           const std::vector<kir::Operand> c(acc.begin() + static_cast<std::ptrdiff_t>(at),
                                             acc.begin() + static_cast<std::ptrdiff_t>(at + 4));
           const std::vector<Reg> d = b.mma(kir::MmaShape::m16n8k16_bf16, fa[mi], fb[ni], c);
           for (size_t i = 0; i < 4; ++i) b.set(acc[at + i], d[i]);
         }
     }
-    b.bar();  // every warp is done with this stage before the next step's copies refill it
-    b.set(stage, other);
-  });
+  };
+  // The stage after `stage` (byte offsets, stage s of operand o at s * bytes[o]), cycling.
+  const auto stages = static_cast<uint32_t>(tiling.stages);
+  auto advance = [&](std::array<Reg, 2> stage) {
+    for (size_t o = 0; o < 2; ++o) {
+      Reg next = b.add(Type::u32, stage[o], imm_u32(bytes[o]));
+      b.set(stage[o], b.selp(Type::u32, imm_u32(0), next, b.setp(Cmp::eq, next, imm_u32(stages * bytes[o]))));
+    }
+  };
+  auto offsets = [&](uint32_t s) {
+    return std::array<Reg, 2>{b.mov(Type::u32, imm_u32(s * bytes[0])), b.mov(Type::u32, imm_u32(s * bytes[1]))};
+  };
+  const std::array<Reg, 2> read = offsets(0);  // the stage computed on
+  if (stages == 2) {
+    // Two stages: the next step's copies are issued before this step's wait, so they are in
+    // flight during it and the arithmetic; a second barrier keeps them off the stage until every
+    // warp is done with it.
+    issue(b.mov(it, imm_index(it, 0)), read);
+    b.cp_async_commit();
+    b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kMmaTileK), [&](Reg k0) {
+      Reg next = b.add(it, k0, imm_index(it, kMmaTileK));
+      const std::array<Reg, 2> other{b.xor_(Type::u32, read[0], imm_u32(bytes[0])),
+                                     b.xor_(Type::u32, read[1], imm_u32(bytes[1]))};
+      b.if_(b.setp(Cmp::lt, next, imm_index(it, K)), [&] { issue(next, other); });
+      b.cp_async_commit();  // possibly empty: the group count stays one a step
+      b.cp_async_wait(1);   // this step's stage has landed
+      b.bar();
+      compute(read);
+      b.bar();  // every warp is done with this stage before the next step's copies refill it
+      for (size_t o = 0; o < 2; ++o) b.set(read[o], other[o]);
+    });
+  } else {
+    // S stages, one barrier a step: steps 0 .. S - 2 are issued first; step i waits for its
+    // own group (S - 2 younger ones may stay in flight), meets the barrier (after which every
+    // warp is done with step i - 1's stage), refills that stage with step i + S - 1, computes.
+    for (uint32_t s = 0; s + 1 < stages; ++s) {
+      if (int64_t{s} * kMmaTileK < K) issue(b.mov(it, imm_index(it, int64_t{s} * kMmaTileK)), offsets(s));
+      b.cp_async_commit();  // possibly empty
+    }
+    const std::array<Reg, 2> write = offsets(stages - 1);  // the stage refilled
+    b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kMmaTileK), [&](Reg k0) {
+      b.cp_async_wait(static_cast<int>(stages) - 2);
+      b.bar();
+      Reg ahead = b.add(it, k0, imm_index(it, static_cast<int64_t>(stages - 1) * kMmaTileK));
+      b.if_(b.setp(Cmp::lt, ahead, imm_index(it, K)), [&] { issue(ahead, write); });
+      b.cp_async_commit();  // possibly empty: one group a step
+      compute(read);
+      advance(read);
+      advance(write);
+    });
+  }
   b.cp_async_wait(0);
 }
 
@@ -397,7 +464,9 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   // time and two fit on an SM, so even grids too small for the FFMA kernels' large tiles gain
   // (a weight gradient of 144 blocks: 1.3 ms in 64x64 FFMA tiles on an H100).
   const bool bf16_mma = mma_stages.has_value();
-  const Tiling tile = bf16_mma ? kTf32Tile : choose_tiling(M, N, batch, bf16_values);
+  const MmaTiling mma = bf16_mma ? choose_mma_tiling(*mma_stages) : MmaTiling{};
+  // The mma tiles' accumulators: pm x pn = 128 x tn / 256 a thread, as 4 x tn / 32 products of 16x8.
+  const Tiling tile = bf16_mma ? Tiling{128, mma.tn, 8, mma.tn / 16, true, 8} : choose_tiling(M, N, batch, bf16_values);
   const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
   if (batch > 65535 || grid_m > 65535)
     fail(op.prim->name, op.scope,
@@ -450,9 +519,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   }
 
   const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
-  // bf16 mma: two stages of kMmaStageBytes per operand; else one f32 tile each.
-  Reg as = b.shared_addr(b.shared_array("a_tile", bf16_mma ? 2 * kMmaStageBytes : 4 * kTileK * pitch_a));
-  Reg bs = b.shared_addr(b.shared_array("b_tile", bf16_mma ? 2 * kMmaStageBytes : 4 * kTileK * pitch_b));
+  // bf16 mma: mma.stages stages per operand; else one f32 tile each.
+  Reg as = b.shared_addr(
+      b.shared_array("a_tile", bf16_mma ? mma.stages * stage_bytes((*mma_stages)[0], tile.tm) : 4 * kTileK * pitch_a));
+  Reg bs = b.shared_addr(
+      b.shared_array("b_tile", bf16_mma ? mma.stages * stage_bytes((*mma_stages)[1], tile.tn) : 4 * kTileK * pitch_b));
   TileLoader la, lb;
   if (!bf16_mma) {
     la = make_loader(b, it, a_base, f.a, a_dtype, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
@@ -480,17 +551,19 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     row_sum = b.mov(Type::f32, imm_f32(0.0f));
     row_sum_smem = b.mad(Type::u32, tid, imm_u32(4), as);
   }
-  // tf32: warp w computes rows 64 (w / 4) .. + 63 and columns 32 (w % 4) .. + 31 of the tile;
-  // lane l holds fragments by the PTX ISA's tables (g = l / 4, q = l % 4): a_i at row
-  // g + 8 (i % 2), k q + 4 (i / 2); b_i at k q + 4 i, column g; c_i at row g + 8 (i / 2),
-  // column 2 q + i % 2. acc[(mi * 4 + ni) * 4 + i] belongs to the 16x8 product (mi, ni).
+  // tf32 (and bf16 mma): warp w computes rows 64 (w / 4) .. + 63 and columns wn (w % 4) .. +
+  // wn - 1 of the tile (wn = tn / 4: 32, or 64 in the bf16 kernel's 128x256 tiles); lane l
+  // holds fragments by the PTX ISA's tables (g = l / 4, q = l % 4): a_i at row g + 8 (i % 2), k
+  // q + 4 (i / 2); b_i at k q + 4 i, column g; c_i at row g + 8 (i / 2), column 2 q + i % 2.
+  // acc[(mi * wn / 8 + ni) * 4 + i] belongs to the 16x8 product (mi, ni).
   Reg g, q, warp_m, warp_n;
   if (tile.tf32) {
     Reg lane = b.and_(Type::u32, tid, imm_u32(31)), warp = b.shr(Type::u32, tid, imm_u32(5));
     g = b.shr(Type::u32, lane, imm_u32(2));
     q = b.and_(Type::u32, lane, imm_u32(3));
     warp_m = b.mul(Type::u32, b.div(Type::u32, warp, imm_u32(kWarpsN)), imm_u32(kWarpTileM));
-    warp_n = b.mul(Type::u32, b.rem(Type::u32, warp, imm_u32(kWarpsN)), imm_u32(kWarpTileN));
+    warp_n =
+        b.mul(Type::u32, b.rem(Type::u32, warp, imm_u32(kWarpsN)), imm_u32(static_cast<uint32_t>(tile.tn / kWarpsN)));
   }
   Reg a_mma, b_mma;  // shared addresses of (k q, row warp_m + g) and (k q, column warp_n + g)
   if (tile.tf32 && !bf16_mma) {
@@ -520,8 +593,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       }
   };
   if (bf16_mma) {
-    bf16_mma_main_loop(b, it, {a_base, b_base}, {&f.a, &f.b}, *mma_stages, {M, N}, K, {m0, n0}, tid, {as, bs}, warp_m,
-                       warp_n, acc);
+    bf16_mma_main_loop(b, it, {a_base, b_base}, {&f.a, &f.b}, *mma_stages, mma, {M, N}, K, {m0, n0}, tid, {as, bs},
+                       warp_m, warp_n, acc);
   } else {
     fetch_tile(b, it, la, b.mov(it, imm_index(it, 0)));
     fetch_tile(b, it, lb, b.mov(it, imm_index(it, 0)));
@@ -582,10 +655,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   if (tile.tf32) {
     Reg row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
     Reg col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
+    const int n_tiles = tile.tn / kWarpsN / 8;
     for (int mi = 0; mi < 4; ++mi)
-      for (int ni = 0; ni < 4; ++ni)
+      for (int ni = 0; ni < n_tiles; ++ni)
         for (int i = 0; i < 4; ++i)
-          store_element(acc[static_cast<size_t>((mi * 4 + ni) * 4 + i)],
+          store_element(acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + i)],
                         b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
                         b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
   } else {
@@ -614,12 +688,13 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   const char* operands = bf16_values ? ", bf16 operands" : "";
   if (bf16_mma)
     lo.summary = fmt::format(
-        "{}: tile {}x{}x{}, {} threads, mma.sync bf16 on warp tiles {}x{}, ldmatrix, 2 cp.async stages, {}",
-        op.prim->name, tile.tm, tile.tn, kMmaTileK, kThreads, kWarpTileM, kWarpTileN, launch_text(lo.launches.back()));
+        "{}: tile {}x{}x{}, {} threads, mma.sync bf16 on warp tiles {}x{}, ldmatrix, {} cp.async stages, {}",
+        op.prim->name, tile.tm, tile.tn, kMmaTileK, kThreads, kWarpTileM, tile.tn / kWarpsN, mma.stages,
+        launch_text(lo.launches.back()));
   else
     lo.summary =
         tile.tf32 ? fmt::format("{}: tile {}x{}x{}, {} threads, mma.sync tf32 on warp tiles {}x{}{}, {}", op.prim->name,
-                                tile.tm, tile.tn, kTileK, kThreads, kWarpTileM, kWarpTileN, operands,
+                                tile.tm, tile.tn, kTileK, kThreads, kWarpTileM, tile.tn / kWarpsN, operands,
                                 launch_text(lo.launches.back()))
                   : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs{}, {}", op.prim->name, tile.tm, tile.tn,
                                 kTileK, kThreads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));

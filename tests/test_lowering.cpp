@@ -135,6 +135,69 @@ std::vector<LoweringCase> matmul_cases() {
   return out;
 }
 
+// Products with blocks wholly inside c (the tensor-core kernels store those without bounds
+// checks, at immediate offsets, column pairs as 8-byte stores) and blocks on its edges, with the
+// GPT's epilogues, which fuse_matmul folds into the kernel (fused_interior_programs): a bias and
+// GELU, a residual, and a biased output stored transposed (column stride not 1: no pairs). Operands cast to bf16 where
+// `bf16` (the bf16 mma kernel), else f32. 1e-5, as the f32 matmul cases (in bf16 both sides multiply the same bf16
+// values).
+std::vector<LoweringCase> interior_matmul_cases(bool bf16) {
+  auto operand = [bf16](Builder& bld, ValueId x) { return bf16 ? bld.cast(x, DType::bf16) : x; };
+  const std::string prefix = bf16 ? "bf16_mma_interior_" : "interior_";
+  const double tolerance = 1e-5;
+  return {LoweringCase{prefix + "bias_gelu",
+                       {f32({260, 40}), f32({300, 40}), f32({300})},
+                       [operand](Builder& bld, const std::vector<ValueId>& x) {
+                         ValueId y = bld.matmul(operand(bld, x[0]), operand(bld, x[1]), false, true);
+                         return bld.pointwise(se::gelu(se::in(0)), {bld.add(y, x[2])});
+                       },
+                       tolerance},
+          LoweringCase{prefix + "residual",
+                       {f32({256, 64}), f32({64, 256}), f32({256, 256})},
+                       [operand](Builder& bld, const std::vector<ValueId>& x) {
+                         return bld.add(bld.matmul(operand(bld, x[0]), operand(bld, x[1])), x[2]);
+                       },
+                       tolerance},
+          LoweringCase{prefix + "transposed_out",
+                       {f32({136, 32}), f32({32, 264}), f32({264})},
+                       [operand](Builder& bld, const std::vector<ValueId>& x) {
+                         ValueId y = bld.matmul(operand(bld, x[0]), operand(bld, x[1]));
+                         return bld.transpose(bld.add(y, x[2]), 0, 1);
+                       },
+                       tolerance}};
+}
+
+// The interior cases after fuse_matmul, lowered on `rt`: one program each, in case order.
+std::vector<std::unique_ptr<cuda::DeviceProgram>> fused_interior_programs(bool bf16, cuda::Runtime& rt) {
+  std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
+  for (const LoweringCase& lc : interior_matmul_cases(bf16)) {
+    testing::Harness h(lc.inputs, lc.build, 7);
+    std::vector<ValueId> outs{h.output};
+    const Circuit fused = fuse_matmul(h.circuit, outs);
+    for (const Op& op : fused.ops())  // the transposed case's output is stored through its view
+      if (op.is(PrimId::fused_matmul) && lc.name.find("transposed_out") != std::string::npos)
+        EXPECT_EQ(FusedMatmul::from_params(op.params).out_col, 136) << fused.dump("fused");
+    programs.push_back(std::make_unique<cuda::DeviceProgram>(fused, outs, rt));
+  }
+  return programs;
+}
+
+// The interior cases, fused, against Eigen: each program's dump must show `summary` (the kernel
+// asked for) and the matmul's epilogue (no separate pointwise kernel).
+void check_fused_interior_cases(cuda::Runtime& rt, bool bf16, double tolerance, const std::string& summary) {
+  const std::vector<LoweringCase> lcs = interior_matmul_cases(bf16);
+  const std::vector<std::unique_ptr<cuda::DeviceProgram>> programs = fused_interior_programs(bf16, rt);
+  for (size_t i = 0; i < lcs.size(); ++i) {
+    SCOPED_TRACE(lcs[i].name);
+    testing::Harness h(lcs[i].inputs, lcs[i].build, 7);
+    const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+    const std::string dump = programs[i]->dump();
+    EXPECT_NE(dump.find(summary), std::string::npos) << dump;
+    EXPECT_EQ(dump.find("pointwise"), std::string::npos) << dump;
+    EXPECT_LT(testing::relative_error(programs[i]->run(h.bindings)[0], want), tolerance) << dump;
+  }
+}
+
 // Every matmul case with its kernel forced to 128x128 tiles, FFMA or tf32 tensor cores: `summary`
 // must appear in the program's dump (the kernel asked for ran; bf16 cases, with the bf16 mma
 // kernel off, always take the tf32 tensor cores on widened tiles), and each case is checked
@@ -155,6 +218,7 @@ void check_forced_matmul_cases(cuda::Runtime& rt, bool tf32, double tolerance, c
     const bool bf16 = lc.name.find("bf16") != std::string::npos;
     EXPECT_NE(dump.find(bf16 ? "mma.sync tf32" : summary), std::string::npos) << dump;
   }
+  check_fused_interior_cases(rt, false, tolerance > 0 ? tolerance : 1e-5, summary);
 }
 const char* const kLargeFfmaSummary = "tile 128x128x16, 256 threads x 8x8";
 
@@ -253,6 +317,7 @@ void check_bf16_mma_cases(cuda::Runtime& rt) {
       EXPECT_NE(dump.find("mma.sync bf16"), std::string::npos) << dump;
       EXPECT_TRUE(names_mma_tiling(dump, t)) << dump;
     }
+    check_fused_interior_cases(rt, true, 1e-5, std::string("tile ") + t.tile + "x32");
   });
   // Slices folded into the matmul's views by fuse_matmul leave chunks partly inside the matrix;
   // the copies zero-fill the rest. a^T b with b 60 of 64 columns: the last chunk of 8 rows of
@@ -385,7 +450,11 @@ TEST(Lowering, Bf16MmaKernelsPassPtxasWithoutSpills) {
       std::optional<cuda::ForceWideIndices> wide;
       if (wide_indices) wide.emplace();
       std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-      const std::vector<const kir::Kernel*> kernels = lowered_kernels(bf16_mma_cases(), programs);
+      std::vector<const kir::Kernel*> kernels = lowered_kernels(bf16_mma_cases(), programs);
+      for (auto& p : fused_interior_programs(true, testing::fake_runtime())) {
+        for (const auto& k : p->kernels()) kernels.push_back(k.launch->kernel.get());
+        programs.push_back(std::move(p));
+      }
       testing::expect_ptxas_accepts(kernels);
       for (const kir::Kernel* k : kernels) {
         if (k->name.find("matmul") == std::string::npos) continue;

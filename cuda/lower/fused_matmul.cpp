@@ -29,6 +29,8 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <array>
+#include <limits>
+#include <map>
 #include <optional>
 
 #include "circuit/ir/error.hpp"
@@ -656,12 +658,86 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     Reg row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
     Reg col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
     const int n_tiles = tile.tn / kWarpsN / 8;
-    for (int mi = 0; mi < 4; ++mi)
-      for (int ni = 0; ni < n_tiles; ++ni)
-        for (int i = 0; i < 4; ++i)
-          store_element(acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + i)],
-                        b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
-                        b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
+    auto store_checked = [&] {
+      for (int mi = 0; mi < 4; ++mi)
+        for (int ni = 0; ni < n_tiles; ++ni)
+          for (int i = 0; i < 4; ++i)
+            store_element(acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + i)],
+                          b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
+                          b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
+    };
+    // Blocks wholly inside c (all but the last row and column of tiles) store without bounds
+    // checks: each output and extra is addressed once, every element at an immediate byte offset
+    // from the thread's first (row0, col0), and where columns are unit-stride and rows of even
+    // stride a column pair (c0 c1, c2 c3) goes out as one 8-byte store (each output buffer's
+    // alignment checked at run time). Each distinct extra element (a bias: one per column) is
+    // loaded once. The offsets must fit PTX's 32-bit immediates and the strides be non-negative.
+    const int64_t last_row = 3 * 16 + 8, last_col = (n_tiles - 1) * 8 + 1;
+    auto reach = [&](int64_t row_stride, int64_t col_stride) {
+      return row_stride < 0 || col_stride < 0 ? std::numeric_limits<int64_t>::max()
+                                              : 4 * (last_row * row_stride + last_col * col_stride);
+    };
+    int64_t farthest = reach(f.out_row, f.out_col);
+    for (int x : read_extras) {
+      const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+      farthest = std::max(farthest, reach(st[static_cast<size_t>(nb)], st[static_cast<size_t>(nb + 1)]));
+    }
+    bool pairs = f.out_col == 1 && f.out_row % 2 == 0;
+    for (int64_t st : f.out_batch) pairs = pairs && st % 2 == 0;
+    auto store_interior = [&] {
+      Reg out_at = scaled_add(b, it, col0, f.out_col, scaled_add(b, it, row0, f.out_row, out_off));
+      std::vector<Reg> out_addr;
+      for (Reg p : p_out) out_addr.push_back(b.address(p, out_at, 4));
+      std::vector<Reg> extra_addr(static_cast<size_t>(f.extras));
+      std::vector<std::map<int64_t, Reg>> loaded(static_cast<size_t>(f.extras));  // by byte offset
+      for (int x : read_extras) {
+        const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+        Reg at = b.mul(it, row0, imm_index(it, st[static_cast<size_t>(nb)]));
+        at = b.mad(it, col0, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
+        extra_addr[static_cast<size_t>(x)] = b.address(extra_base[static_cast<size_t>(x)], at, 4);
+      }
+      for (int mi = 0; mi < 4; ++mi)
+        for (int ni = 0; ni < n_tiles; ++ni)
+          for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the 16x8 product
+            const int64_t dr = mi * 16 + 8 * half;
+            std::vector<std::array<Reg, 2>> values(f.epilogues.size());
+            for (int j = 0; j < 2; ++j) {
+              const int64_t dc = ni * 8 + j;
+              std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras),
+                                      acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + 2 * half + j)]);
+              for (int x : read_extras) {
+                const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+                const int64_t at = 4 * (dr * st[static_cast<size_t>(nb)] + dc * st[static_cast<size_t>(nb + 1)]);
+                auto [slot, fresh] = loaded[static_cast<size_t>(x)].try_emplace(at);
+                if (fresh) slot->second = b.ld(Space::global, Type::f32, extra_addr[static_cast<size_t>(x)], at);
+                inputs[static_cast<size_t>(1 + x)] = slot->second;
+              }
+              for (size_t r = 0; r < f.epilogues.size(); ++r)
+                values[r][static_cast<size_t>(j)] =
+                    f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
+            }
+            for (size_t r = 0; r < f.epilogues.size(); ++r) {
+              const int64_t at = 4 * (dr * f.out_row + ni * 8 * f.out_col);
+              if (pairs) {
+                b.st_vec(Space::global, Type::f32, out_addr[r], {values[r][0], values[r][1]}, at);
+              } else {
+                b.st(Space::global, Type::f32, out_addr[r], values[r][0], at);
+                b.st(Space::global, Type::f32, out_addr[r], values[r][1], at + 4 * f.out_col);
+              }
+            }
+          }
+    };
+    if (farthest > std::numeric_limits<int32_t>::max()) {
+      store_checked();
+    } else {
+      Reg inside = b.and_(Type::pred, b.setp(Cmp::le, b.add(it, m0, imm_index(it, tile.tm)), imm_index(it, M)),
+                          b.setp(Cmp::le, b.add(it, n0, imm_index(it, tile.tn)), imm_index(it, N)));
+      for (Reg p : p_out)
+        if (pairs)
+          inside = b.and_(Type::pred, inside,
+                          b.setp(Cmp::eq, b.and_(Type::u64, p, imm_index(Type::u64, 7)), imm_index(Type::u64, 0)));
+      b.if_(inside, store_interior, store_checked);
+    }
   } else {
     Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kQuadrant))));
     Reg col0 = b.add(it, n0, widen(b.mul(Type::u32, tx, imm_u32(kQuadrant))));

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# On a GPU machine, from the repository root, with a bundle made as gpu-check.sh's header says:
+# one sitting that picks the bf16 mma matmul kernel's tiling (KILN_MMA_TILE x KILN_MMA_STAGES):
+#   1. the GPU tier's bf16 matmul cases (every tiling against Eigen) and bf16 GPT steps;
+#   2. kiln's GEMM alone at each tiling (bf16 operands, b stored [k][n]), and cuBLAS bf16 through
+#      PyTorch on the same shapes;
+#   3. GPT-2 small's bf16 step at the tilings in KILN_STEP_TILINGS (two turns, alternated; medians
+#      of 10 traced steps), and PyTorch eager with autocast bf16 once.
+# A tiling is TILE:STAGES (128x128:2 is the default when neither variable is set).
+# Everything is also written to $OUT/mma-tilings.log (default ./mma-tilings.log).
+set -uo pipefail
+bundle=${1:-gpu-bundle}
+run="$bundle/run"
+log=${OUT:-.}/mma-tilings.log
+shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,8192x50257x768,8192x3072x768}
+gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 128x128:3 128x128:4 128x256:2 128x256:3 128x256:4}
+step_tilings=${KILN_STEP_TILINGS:-128x128:2 128x128:3 128x128:4 128x256:3}
+gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
+with_tiling() {  # TILE:STAGES, then a command
+  local tiling=$1
+  shift
+  KILN_MMA_TILE=${tiling%:*} KILN_MMA_STAGES=${tiling#*:} "$@"
+}
+{
+  echo "== tests"
+  KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE=1 timeout 200 "$run" \
+    "$bundle/bin/kiln_tests" --gtest_filter='Lowering.GpuMatmulsOnBf16MmaMatchEigen:GpuGpt.*' 2>&1 |
+    grep -E '^\[  (FAILED|PASSED)|Failure|rror' | head -n 20
+  for tiling in $gemm_tilings; do
+    echo "== kiln gemm bf16, $tiling"
+    with_tiling "$tiling" timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 \
+      --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
+  done
+  echo "== torch gemm bf16"
+  timeout 90 python3 scripts/bench_torch_gemm.py "$shapes" --dtypes bf16 2>&1 | grep -E 'gemm|rror'
+  echo "== GPT-2 small bf16 step"
+  for turn in 1 2; do
+    for tiling in $step_tilings; do
+      echo "-- $tiling"
+      with_tiling "$tiling" timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" \
+        --steps 10 2>&1 | grep -E 'step \(traced|rror'
+    done
+  done
+  echo "-- PyTorch eager, autocast bf16"
+  timeout 120 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile --autocast-bf16 2>&1 |
+    grep -E 'step|rror'
+} 2>&1 | tee "$log"

@@ -711,6 +711,39 @@ TEST(Lowering, Bf16MmaSharedMemoryHasNoBankConflicts) {
   for_each_mma_tiling([](const MmaTilingCase&) { expect_no_bf16_mma_bank_conflicts(); });
 }
 
+// Printed for docs/BENCHMARKS.md, not asserted: kernel-IR instructions a thread executes in the
+// bf16 mma kernel, per k step of the main loop and outside it (address setup, the pipeline's
+// first stages, the epilogue), for a GPT-like fused product (bias and GELU) of 256 x 256 x K
+// whose blocks all lie inside c. A step's count is the difference between K = 768 and K = 736.
+TEST(Lowering, Bf16MmaInstructionsPerThread) {
+  cuda::ForceBf16Mma on;
+  auto executed = [](int64_t k) {  // by all threads of all blocks
+    testing::Harness h({f32({256, k}), f32({256, k}), f32({256})}, [](Builder& bld, const std::vector<ValueId>& x) {
+      ValueId y = bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), false, true);
+      return bld.pointwise(se::gelu(se::in(0)), {bld.add(y, x[2])});
+    });
+    std::vector<ValueId> outs{h.output};
+    Circuit fused = fuse_matmul(h.circuit, outs);  // renumbers outs: before they are passed on
+    cuda::DeviceProgram dp(std::move(fused), outs, testing::fake_runtime());
+    cuda::fake_driver_count_bank_conflicts(true);
+    dp.run(h.bindings);
+    const auto stats = cuda::fake_driver_kernel_stats();
+    cuda::fake_driver_count_bank_conflicts(false);
+    for (const auto& [name, s] : stats)
+      if (name.find("matmul") != std::string::npos) return static_cast<double>(s.instructions);
+    ADD_FAILURE() << "no matmul kernel ran";
+    return 0.0;
+  };
+  for_each_mma_tiling([&](const MmaTilingCase& t) {
+    const double tn = std::string(t.tile) == "128x256" ? 256 : 128, threads = 256 * (256.0 * 256.0 / (128 * tn));
+    const double full = executed(768) / threads, step = full - executed(736) / threads;
+    std::printf(
+        "bf16 mma %s, %s stages: %.0f instructions a thread per k step of 32, %.0f outside the loop (K = 768: "
+        "%.0f)\n",
+        t.tile, t.stages, step, full - 24 * step, full);
+  });
+}
+
 // The tensor-core attention kernels (attention_mma.cpp): the staged tiles' stores (8 bytes a
 // lane), the ldmatrix rows (16 bytes a lane, rows padded to 144 bytes at head size 64) and the
 // lse/D rows, forward and both backward launches, causal over two tiles, at head sizes 64, 128

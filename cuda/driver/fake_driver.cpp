@@ -555,6 +555,7 @@ CUresult launch_locked(FakeDevice& d, CUfunction fn, sim::Dim3 grid, sim::Dim3 b
       s.shared_requests += stats.shared_requests;
       s.shared_wavefronts += stats.shared_wavefronts;
       s.bank_conflicts += stats.bank_conflicts;
+      s.instructions += stats.instructions;
     }
   } catch (const Error& e) {
     d.sticky = CUDA_ERROR_LAUNCH_FAILED;

@@ -39,12 +39,13 @@ void fake_driver_fail_next_jit(std::string log);
 void fake_driver_recover();
 
 // Tools and tests: from now on (until switched off) every launch counts its shared-memory bank
-// conflicts in the simulator (slower), summed per kernel name.
+// conflicts and the instructions it executed in the simulator (slower), summed per kernel name.
 struct FakeKernelStats {
   int64_t launches = 0;
   int64_t shared_requests = 0;    // warp-level shared-memory requests
   int64_t shared_wavefronts = 0;  // the wavefronts they took
   int64_t bank_conflicts = 0;     // wavefronts beyond one per request phase
+  int64_t instructions = 0;       // kernel-IR instructions executed, by all threads
 };
 void fake_driver_count_bank_conflicts(bool on);
 std::map<std::string, FakeKernelStats> fake_driver_kernel_stats();

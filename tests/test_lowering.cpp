@@ -159,7 +159,7 @@ std::vector<LoweringCase> interior_matmul_cases(bool bf16) {
                        },
                        tolerance},
           LoweringCase{prefix + "transposed_out",
-                       {f32({136, 32}), f32({32, 264}), f32({264})},
+                       {f32({136, 72}), f32({72, 264}), f32({264})},
                        [operand](Builder& bld, const std::vector<ValueId>& x) {
                          ValueId y = bld.matmul(operand(bld, x[0]), operand(bld, x[1]));
                          return bld.transpose(bld.add(y, x[2]), 0, 1);
@@ -319,6 +319,23 @@ void check_bf16_mma_cases(cuda::Runtime& rt) {
     }
     check_fused_interior_cases(rt, true, 1e-5, std::string("tile ") + t.tile + "x32");
   });
+  // Split-K (KILN_MMA_SPLIT_K): K in 2 or 3 ranges across blocks, their partials added by each
+  // tile's last block; batches, every layout, K of 2-7 steps (k200: ranges of 96, 96 and 8), and
+  // the epilogues after the sum. The sums' order differs from one block's: 1e-5 as before.
+  for (const char* split : {"2", "3"})
+    for (const MmaTilingCase& t : {MmaTilingCase{"128x128", "3"}, MmaTilingCase{"128x256", "2"}}) {
+      SCOPED_TRACE(std::string("split ") + split + ", " + t.tile + ", " + t.stages + " stages");
+      testing::ScopedEnv splits("KILN_MMA_SPLIT_K", split), tile("KILN_MMA_TILE", t.tile),
+          stages("KILN_MMA_STAGES", t.stages);
+      for (const LoweringCase& lc : bf16_mma_cases()) {
+        SCOPED_TRACE(lc.name);
+        std::string dump;
+        check_case(lc, rt, &dump);
+        if (lc.name.find("k200") != std::string::npos || lc.name == "bf16_mma_batched")  // K of 7 and 2 steps
+          EXPECT_NE(dump.find("K split"), std::string::npos) << dump;
+      }
+      check_fused_interior_cases(rt, true, 1e-5, "K split");
+    }
   // Slices folded into the matmul's views by fuse_matmul leave chunks partly inside the matrix;
   // the copies zero-fill the rest. a^T b with b 60 of 64 columns: the last chunk of 8 rows of
   // b's [k][row] stages has 4 inside. a b with a 61 of 64 columns: the last chunk of 8 k of a's
@@ -441,31 +458,70 @@ TEST(Lowering, GpuMatmulsOnBf16MmaMatchEigen) {
 }
 
 // Both index widths (64-bit: tensors of 2^31 elements and more).
+// Under the tiling the environment sets: the bf16 mma cases and the fused interior cases pass
+// ptxas (sm_80, sm_90) and spill nothing on sm_90; `label` names the setting in the printout.
+void expect_bf16_mma_kernels_pass_ptxas(const std::string& label) {
+  for (bool wide_indices : {false, true}) {
+    if (wide_indices && label.find("128x128, 2") == std::string::npos) continue;  // 64-bit indices: the default
+    std::optional<cuda::ForceWideIndices> wide;
+    if (wide_indices) wide.emplace();
+    std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
+    std::vector<const kir::Kernel*> kernels = lowered_kernels(bf16_mma_cases(), programs);
+    for (auto& p : fused_interior_programs(true, testing::fake_runtime())) {
+      for (const auto& k : p->kernels()) kernels.push_back(k.launch->kernel.get());
+      programs.push_back(std::move(p));
+    }
+    testing::expect_ptxas_accepts(kernels);
+    for (const kir::Kernel* k : kernels) {
+      if (k->name.find("matmul") == std::string::npos) continue;
+      const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
+      EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
+      std::printf("%s %s (%s indices): %d registers, %d bytes spilled, %lld bytes shared\n", k->name.c_str(),
+                  label.c_str(), wide_indices ? "u64" : "u32", r.registers, r.spill_stores,
+                  static_cast<long long>(k->shared_bytes()));
+    }
+  }
+}
+
+// Every tiling, and K split 2 ways in the two tile sizes.
 TEST(Lowering, Bf16MmaKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   cuda::ForceBf16Mma on;
   for_each_mma_tiling([](const MmaTilingCase& t) {
-    for (bool wide_indices : {false, true}) {
-      if (wide_indices && std::string(t.tile) != "128x128") continue;  // 64-bit indices: the default tile's stages
-      std::optional<cuda::ForceWideIndices> wide;
-      if (wide_indices) wide.emplace();
-      std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-      std::vector<const kir::Kernel*> kernels = lowered_kernels(bf16_mma_cases(), programs);
-      for (auto& p : fused_interior_programs(true, testing::fake_runtime())) {
-        for (const auto& k : p->kernels()) kernels.push_back(k.launch->kernel.get());
-        programs.push_back(std::move(p));
-      }
-      testing::expect_ptxas_accepts(kernels);
-      for (const kir::Kernel* k : kernels) {
-        if (k->name.find("matmul") == std::string::npos) continue;
-        const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
-        EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
-        std::printf("%s %s tile, %s stages (%s indices): %d registers, %d bytes spilled, %lld bytes shared\n",
-                    k->name.c_str(), t.tile, t.stages, wide_indices ? "u64" : "u32", r.registers, r.spill_stores,
-                    static_cast<long long>(k->shared_bytes()));
-      }
-    }
+    expect_bf16_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages");
   });
+  for (const MmaTilingCase& t : {MmaTilingCase{"128x128", "4"}, MmaTilingCase{"128x256", "3"}}) {
+    testing::ScopedEnv split("KILN_MMA_SPLIT_K", "2"), tile("KILN_MMA_TILE", t.tile),
+        stages("KILN_MMA_STAGES", t.stages);
+    expect_bf16_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages, K split 2 ways");
+  }
+}
+
+// KILN_MMA_SPLIT_K=auto splits K where the grid fills less than half the SMs' block slots, as
+// many ways as fit (up to 4, each range 8 steps or more): GPT-2 small's attention-projection
+// weight gradient (768 x 768 outputs over 8192 tokens: 36 blocks) 4 ways, a 64 x 64 x 512
+// product 2 ways (16 steps), a 4096^2 product not at all. Lowered only (no run) where large.
+TEST(Lowering, Bf16MmaSplitsKWhereTheGridLeavesSmsIdle) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv split("KILN_MMA_SPLIT_K", "auto");
+  auto dump_of = [](Shape a, Shape b, bool ta, bool run) {
+    testing::Harness h({f32(std::move(a)), f32(std::move(b))}, [ta](Builder& bld, const std::vector<ValueId>& x) {
+      return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), ta, false);
+    });
+    cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+    if (run) {
+      const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+      EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+    }
+    return dp.dump();
+  };
+  std::string d = dump_of({8192, 768}, {8192, 768}, true, false);
+  EXPECT_NE(d.find("K split 4 ways (2048 each"), std::string::npos) << d;
+  d = dump_of({64, 512}, {512, 64}, false, true);
+  EXPECT_NE(d.find("K split 2 ways (256 each"), std::string::npos) << d;
+  d = dump_of({4096, 1024}, {1024, 4096}, false, false);
+  EXPECT_NE(d.find("mma.sync bf16"), std::string::npos) << d;
+  EXPECT_EQ(d.find("K split"), std::string::npos) << d;
 }
 
 void expect_matmul_kernels_pass_ptxas_without_spills() {

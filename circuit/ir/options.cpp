@@ -28,7 +28,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 28> kVariables = {{
+constexpr std::array<Variable, 29> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -43,6 +43,7 @@ constexpr std::array<Variable, 28> kVariables = {{
     {"KILN_BF16_MMA", "0: GPU matmuls of bf16 operands on widened tiles instead of bf16 mma.sync (default 1)"},
     {"KILN_MMA_STAGES", "cp.async stages of the bf16 mma.sync matmul kernel, 2-4 (default 2)"},
     {"KILN_MMA_TILE", "block tile of the bf16 mma.sync matmul kernel, 128x128 (default) or 128x256"},
+    {"KILN_MMA_SPLIT_K", "bf16 mma.sync matmuls split K across blocks: 0 (default), auto, or 2-4"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
     {"KILN_GPU_COLLECTIVES", "data parallel on GPUs: nccl or host (default: NCCL where it loads)"},
@@ -141,6 +142,16 @@ int mma_tile_n() {
     throw Error("KILN_MMA_TILE: expected 128x128 or 128x256 (the bf16 matmul kernel's block tile), received '" + v +
                 "'");
   return v == "128x128" ? 128 : 256;
+}
+
+int mma_split_k() {
+  const std::string v = text("KILN_MMA_SPLIT_K");
+  if (v.empty() || v == "0") return 0;
+  if (v == "auto") return -1;
+  if (v != "2" && v != "3" && v != "4")
+    throw Error("KILN_MMA_SPLIT_K: expected 0, auto, 2, 3 or 4 (blocks sharing a matmul tile's K), received '" + v +
+                "'");
+  return std::stoi(v);
 }
 
 bool attention_mma() {

@@ -29,6 +29,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <array>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -110,6 +111,21 @@ MmaTiling choose_mma_tiling(const std::array<Bf16Stage, 2>& layout) {
   const int64_t per_stage = stage_bytes(layout[0], 128) + stage_bytes(layout[1], t.tn);
   while (t.stages > 2 && t.stages * per_stage > kir::kMaxSharedBytes) --t.stages;
   return t;
+}
+
+// Split-K (KILN_MMA_SPLIT_K): blocks that share an output tile, each over a range of K. "auto":
+// where the grid's `blocks` fill fewer than half the block slots of the SMs (two blocks an SM in
+// 128x128 tiles, one in 128x256; a weight gradient of 768 x 768 outputs over 8192 tokens has 36
+// blocks for 132 SMs), as many splits (up to 4) as fit in those slots, each at least 8 steps of
+// K. Forced: that many, at most one a step of K. Returns the splits (1: none).
+int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling) {
+  const int64_t steps = (K + kMmaTileK - 1) / kMmaTileK;
+  const int setting = options::mma_split_k();
+  if (setting > 0) return std::min<int64_t>(setting, steps);
+  if (setting == 0) return 1;
+  const int64_t slots = (tiling.tn == 128 ? 2 : 1) * kAssumedSms;
+  if (2 * blocks > slots) return 1;
+  return std::clamp<int64_t>(std::min(slots / std::max<int64_t>(blocks, 1), steps / 8), 1, 4);
 }
 
 std::optional<Bf16Stage> bf16_stage(const Circuit& c, ValueId stored, const MatmulOperand& v) {
@@ -286,14 +302,16 @@ void store_tile(KernelBuilder& b, const TileLoader& t) {
 }
 
 // The bf16 mma kernel's main loop (bf16_mma_stages): operand o's rows row0[o] .. + rows_o - 1
-// (128 for a, tiling.tn for b) of rows[o], over K in steps of kMmaTileK, into acc as the tf32
+// (128 for a, tiling.tn for b) of rows[o], over k in [k_begin, k_end) in steps of kMmaTileK
+// (K in all; a split of K ends at a step boundary or at K, so the copies' zero-fill at K is the
+// only one a step needs), into acc as the tf32
 // kernel lays it out (acc[(mi * warp_n_tiles + ni) * 4 + i]: the 16x8 product (mi, ni) of warp
 // tile (warp_m, warp_n)). smem[o] holds tiling.stages stages: while one is computed on,
 // cp.async fills the others.
 void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::array<const MatmulOperand*, 2> view,
                         std::array<Bf16Stage, 2> layout, const MmaTiling& tiling, std::array<int64_t, 2> rows,
-                        int64_t K, std::array<Reg, 2> row0, Reg tid, std::array<Reg, 2> smem, Reg warp_m, Reg warp_n,
-                        std::vector<Reg>& acc) {
+                        int64_t K, kir::Operand k_begin, kir::Operand k_end, std::array<Reg, 2> row0, Reg tid,
+                        std::array<Reg, 2> smem, Reg warp_m, Reg warp_n, std::vector<Reg>& acc) {
   auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
   const std::array<int, 2> tile_rows{128, tiling.tn};
   const std::array<uint32_t, 2> pitch{stage_pitch_bytes(layout[0], tile_rows[0]),
@@ -395,17 +413,27 @@ void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std:
     return std::array<Reg, 2>{b.mov(Type::u32, imm_u32(s * bytes[0])), b.mov(Type::u32, imm_u32(s * bytes[1]))};
   };
   const std::array<Reg, 2> read = offsets(0);  // the stage computed on
+  // Emits `issue_step` where the step `ahead` k past k_begin lies before k_end: decided here
+  // when both are immediates (no split), in the kernel otherwise.
+  auto if_step = [&](int64_t ahead, const std::function<void()>& issue_step) {
+    if (k_begin.is_imm && k_end.is_imm) {
+      if (static_cast<int64_t>(k_begin.bits) + ahead < static_cast<int64_t>(k_end.bits)) issue_step();
+      return;
+    }
+    b.if_(b.setp(Cmp::lt, b.add(it, k_begin, imm_index(it, ahead)), k_end), issue_step);
+  };
+  auto k_at = [&](int64_t ahead) { return ahead == 0 ? b.mov(it, k_begin) : b.add(it, k_begin, imm_index(it, ahead)); };
   if (stages == 2) {
     // Two stages: the next step's copies are issued before this step's wait, so they are in
     // flight during it and the arithmetic; a second barrier keeps them off the stage until every
     // warp is done with it.
-    issue(b.mov(it, imm_index(it, 0)), read);
+    if_step(0, [&] { issue(k_at(0), read); });
     b.cp_async_commit();
-    b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kMmaTileK), [&](Reg k0) {
+    b.for_(k_begin, k_end, imm_index(it, kMmaTileK), [&](Reg k0) {
       Reg next = b.add(it, k0, imm_index(it, kMmaTileK));
       const std::array<Reg, 2> other{b.xor_(Type::u32, read[0], imm_u32(bytes[0])),
                                      b.xor_(Type::u32, read[1], imm_u32(bytes[1]))};
-      b.if_(b.setp(Cmp::lt, next, imm_index(it, K)), [&] { issue(next, other); });
+      b.if_(b.setp(Cmp::lt, next, k_end), [&] { issue(next, other); });
       b.cp_async_commit();  // possibly empty: the group count stays one a step
       b.cp_async_wait(1);   // this step's stage has landed
       b.bar();
@@ -418,15 +446,15 @@ void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std:
     // own group (S - 2 younger ones may stay in flight), meets the barrier (after which every
     // warp is done with step i - 1's stage), refills that stage with step i + S - 1, computes.
     for (uint32_t s = 0; s + 1 < stages; ++s) {
-      if (int64_t{s} * kMmaTileK < K) issue(b.mov(it, imm_index(it, int64_t{s} * kMmaTileK)), offsets(s));
+      if_step(int64_t{s} * kMmaTileK, [&] { issue(k_at(int64_t{s} * kMmaTileK), offsets(s)); });
       b.cp_async_commit();  // possibly empty
     }
     const std::array<Reg, 2> write = offsets(stages - 1);  // the stage refilled
-    b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kMmaTileK), [&](Reg k0) {
+    b.for_(k_begin, k_end, imm_index(it, kMmaTileK), [&](Reg k0) {
       b.cp_async_wait(static_cast<int>(stages) - 2);
       b.bar();
       Reg ahead = b.add(it, k0, imm_index(it, static_cast<int64_t>(stages - 1) * kMmaTileK));
-      b.if_(b.setp(Cmp::lt, ahead, imm_index(it, K)), [&] { issue(ahead, write); });
+      b.if_(b.setp(Cmp::lt, ahead, k_end), [&] { issue(ahead, write); });
       b.cp_async_commit();  // possibly empty: one group a step
       compute(read);
       advance(read);
@@ -470,11 +498,18 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   // The mma tiles' accumulators: pm x pn = 128 x tn / 256 a thread, as 4 x tn / 32 products of 16x8.
   const Tiling tile = bf16_mma ? Tiling{128, mma.tn, 8, mma.tn / 16, true, 8} : choose_tiling(M, N, batch, bf16_values);
   const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
-  if (batch > 65535 || grid_m > 65535)
+  // Split-K: `splits` blocks per output tile (grid z = batch x splits), block s over k in
+  // [s k_split, min((s + 1) k_split, K)) with k_split a whole number of steps; each writes its
+  // partial tile to scratch, and the tile's last block to arrive adds the partials in split order
+  // (no float atomics: the same sums whatever the scheduling) and applies the epilogue.
+  int64_t splits = bf16_mma ? choose_splits(grid_m * grid_n * batch, K, mma) : 1;
+  const int64_t k_split = (K + splits * kMmaTileK - 1) / (splits * kMmaTileK) * kMmaTileK;
+  splits = (K + k_split - 1) / k_split;  // none empty
+  if (batch * splits > 65535 || grid_m > 65535)
     fail(op.prim->name, op.scope,
          "batch " + std::to_string(batch) + " or " + std::to_string(grid_m) +
              " row tiles exceed the grid's y/z limit of 65535");
-  int64_t largest = logical.numel();
+  int64_t largest = std::max(logical.numel(), splits > 1 ? batch * splits * M * N : 0);  // the partials
   for (ValueId v : op.inputs) largest = std::max(largest, c.info(v).shape.numel());
   const Type it = index_type(largest);
 
@@ -493,14 +528,18 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   std::vector<Reg> p_out;
   for (size_t r = 0; r < f.epilogues.size(); ++r) p_out.push_back(b.param("c" + std::to_string(r), Type::u64));
   Reg p_sums = f.a_row_sums ? b.param("row_sums", Type::u64) : Reg{};
+  Reg p_partials = splits > 1 ? b.param("partials", Type::u64) : Reg{};
+  Reg p_counters = splits > 1 ? b.param("tile_counters", Type::u64) : Reg{};
 
   Reg tid = b.sreg(SReg::tid_x);
   auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
   Reg m0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_y), imm_u32(static_cast<uint32_t>(tile.tm))));
   Reg n0 = widen(b.mul(Type::u32, b.sreg(SReg::ctaid_x), imm_u32(static_cast<uint32_t>(tile.tn))));
 
-  // Batch offsets of a, b, the extras and the outputs for logical batch index z.
-  Reg z = widen(b.sreg(SReg::ctaid_z));
+  // Batch offsets of a, b, the extras and the outputs for logical batch index z (grid z is z x
+  // splits + split).
+  Reg grid_z = widen(b.sreg(SReg::ctaid_z));
+  Reg z = splits > 1 ? b.div(it, grid_z, imm_index(it, splits)) : grid_z;
   std::vector<Reg> zc = coordinates(b, z, f.batch);
   auto batch_offset = [&](const std::vector<int64_t>& strides, int64_t base) {
     return zc.empty() ? b.mov(it, imm_index(it, base)) : linear_offset(b, zc, strides, base);
@@ -595,8 +634,14 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       }
   };
   if (bf16_mma) {
-    bf16_mma_main_loop(b, it, {a_base, b_base}, {&f.a, &f.b}, *mma_stages, mma, {M, N}, K, {m0, n0}, tid, {as, bs},
-                       warp_m, warp_n, acc);
+    kir::Operand k_begin = imm_index(it, 0), k_end = imm_index(it, K);
+    if (splits > 1) {
+      Reg first = b.mul(it, b.rem(it, grid_z, imm_index(it, splits)), imm_index(it, k_split));
+      k_begin = first;
+      k_end = b.min(it, b.add(it, first, imm_index(it, k_split)), imm_index(it, K));
+    }
+    bf16_mma_main_loop(b, it, {a_base, b_base}, {&f.a, &f.b}, *mma_stages, mma, {M, N}, K, k_begin, k_end, {m0, n0},
+                       tid, {as, bs}, warp_m, warp_n, acc);
   } else {
     fetch_tile(b, it, la, b.mov(it, imm_index(it, 0)));
     fetch_tile(b, it, lb, b.mov(it, imm_index(it, 0)));
@@ -654,97 +699,146 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       }
     });
   };
-  if (tile.tf32) {
+  auto epilogue = [&] {
+    if (tile.tf32) {
+      Reg row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
+      Reg col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
+      const int n_tiles = tile.tn / kWarpsN / 8;
+      auto store_checked = [&] {
+        for (int mi = 0; mi < 4; ++mi)
+          for (int ni = 0; ni < n_tiles; ++ni)
+            for (int i = 0; i < 4; ++i)
+              store_element(acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + i)],
+                            b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
+                            b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
+      };
+      // Blocks wholly inside c (all but the last row and column of tiles) store without bounds
+      // checks: each output and extra is addressed once, every element at an immediate byte offset
+      // from the thread's first (row0, col0), and where columns are unit-stride and rows of even
+      // stride a column pair (c0 c1, c2 c3) goes out as one 8-byte store (each output buffer's
+      // alignment checked at run time). Each distinct extra element (a bias: one per column) is
+      // loaded once. The offsets must fit PTX's 32-bit immediates and the strides be non-negative.
+      const int64_t last_row = 3 * 16 + 8, last_col = (n_tiles - 1) * 8 + 1;
+      auto reach = [&](int64_t row_stride, int64_t col_stride) {
+        return row_stride < 0 || col_stride < 0 ? std::numeric_limits<int64_t>::max()
+                                                : 4 * (last_row * row_stride + last_col * col_stride);
+      };
+      int64_t farthest = reach(f.out_row, f.out_col);
+      for (int x : read_extras) {
+        const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+        farthest = std::max(farthest, reach(st[static_cast<size_t>(nb)], st[static_cast<size_t>(nb + 1)]));
+      }
+      bool pairs = f.out_col == 1 && f.out_row % 2 == 0;
+      for (int64_t st : f.out_batch) pairs = pairs && st % 2 == 0;
+      auto store_interior = [&] {
+        Reg out_at = scaled_add(b, it, col0, f.out_col, scaled_add(b, it, row0, f.out_row, out_off));
+        std::vector<Reg> out_addr;
+        for (Reg p : p_out) out_addr.push_back(b.address(p, out_at, 4));
+        std::vector<Reg> extra_addr(static_cast<size_t>(f.extras));
+        std::vector<std::map<int64_t, Reg>> loaded(static_cast<size_t>(f.extras));  // by byte offset
+        for (int x : read_extras) {
+          const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+          Reg at = b.mul(it, row0, imm_index(it, st[static_cast<size_t>(nb)]));
+          at = b.mad(it, col0, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
+          extra_addr[static_cast<size_t>(x)] = b.address(extra_base[static_cast<size_t>(x)], at, 4);
+        }
+        for (int mi = 0; mi < 4; ++mi)
+          for (int ni = 0; ni < n_tiles; ++ni)
+            for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the 16x8 product
+              const int64_t dr = mi * 16 + 8 * half;
+              std::vector<std::array<Reg, 2>> values(f.epilogues.size());
+              for (int j = 0; j < 2; ++j) {
+                const int64_t dc = ni * 8 + j;
+                std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras),
+                                        acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + 2 * half + j)]);
+                for (int x : read_extras) {
+                  const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+                  const int64_t at = 4 * (dr * st[static_cast<size_t>(nb)] + dc * st[static_cast<size_t>(nb + 1)]);
+                  auto [slot, fresh] = loaded[static_cast<size_t>(x)].try_emplace(at);
+                  if (fresh) slot->second = b.ld(Space::global, Type::f32, extra_addr[static_cast<size_t>(x)], at);
+                  inputs[static_cast<size_t>(1 + x)] = slot->second;
+                }
+                for (size_t r = 0; r < f.epilogues.size(); ++r)
+                  values[r][static_cast<size_t>(j)] =
+                      f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
+              }
+              for (size_t r = 0; r < f.epilogues.size(); ++r) {
+                const int64_t at = 4 * (dr * f.out_row + ni * 8 * f.out_col);
+                if (pairs) {
+                  b.st_vec(Space::global, Type::f32, out_addr[r], {values[r][0], values[r][1]}, at);
+                } else {
+                  b.st(Space::global, Type::f32, out_addr[r], values[r][0], at);
+                  b.st(Space::global, Type::f32, out_addr[r], values[r][1], at + 4 * f.out_col);
+                }
+              }
+            }
+      };
+      if (farthest > std::numeric_limits<int32_t>::max()) {
+        store_checked();
+      } else {
+        Reg inside = b.and_(Type::pred, b.setp(Cmp::le, b.add(it, m0, imm_index(it, tile.tm)), imm_index(it, M)),
+                            b.setp(Cmp::le, b.add(it, n0, imm_index(it, tile.tn)), imm_index(it, N)));
+        for (Reg p : p_out)
+          if (pairs)
+            inside = b.and_(Type::pred, inside,
+                            b.setp(Cmp::eq, b.and_(Type::u64, p, imm_index(Type::u64, 7)), imm_index(Type::u64, 0)));
+        b.if_(inside, store_interior, store_checked);
+      }
+    } else {
+      Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kQuadrant))));
+      Reg col0 = b.add(it, n0, widen(b.mul(Type::u32, tx, imm_u32(kQuadrant))));
+      for (int i = 0; i < tile.pm; ++i)
+        for (int j = 0; j < tile.pn; ++j)
+          store_element(acc[static_cast<size_t>(i * tile.pn + j)], b.add(it, row0, imm_index(it, thread_offset(i))),
+                        b.add(it, col0, imm_index(it, thread_offset(j))));
+    }
+  };
+  if (splits > 1) {
+    // The tensor-core accumulators' elements: acc[(mi * n_tiles + ni) * 4 + i] at row
+    // row0 + mi * 16 + 8 (i / 2), column col0 + ni * 8 + i % 2 (in bounds where ok).
     Reg row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
     Reg col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
     const int n_tiles = tile.tn / kWarpsN / 8;
-    auto store_checked = [&] {
+    auto for_each_element = [&](const std::function<void(size_t, Reg, Reg)>& fn) {
       for (int mi = 0; mi < 4; ++mi)
         for (int ni = 0; ni < n_tiles; ++ni)
-          for (int i = 0; i < 4; ++i)
-            store_element(acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + i)],
-                          b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
-                          b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
-    };
-    // Blocks wholly inside c (all but the last row and column of tiles) store without bounds
-    // checks: each output and extra is addressed once, every element at an immediate byte offset
-    // from the thread's first (row0, col0), and where columns are unit-stride and rows of even
-    // stride a column pair (c0 c1, c2 c3) goes out as one 8-byte store (each output buffer's
-    // alignment checked at run time). Each distinct extra element (a bias: one per column) is
-    // loaded once. The offsets must fit PTX's 32-bit immediates and the strides be non-negative.
-    const int64_t last_row = 3 * 16 + 8, last_col = (n_tiles - 1) * 8 + 1;
-    auto reach = [&](int64_t row_stride, int64_t col_stride) {
-      return row_stride < 0 || col_stride < 0 ? std::numeric_limits<int64_t>::max()
-                                              : 4 * (last_row * row_stride + last_col * col_stride);
-    };
-    int64_t farthest = reach(f.out_row, f.out_col);
-    for (int x : read_extras) {
-      const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-      farthest = std::max(farthest, reach(st[static_cast<size_t>(nb)], st[static_cast<size_t>(nb + 1)]));
-    }
-    bool pairs = f.out_col == 1 && f.out_row % 2 == 0;
-    for (int64_t st : f.out_batch) pairs = pairs && st % 2 == 0;
-    auto store_interior = [&] {
-      Reg out_at = scaled_add(b, it, col0, f.out_col, scaled_add(b, it, row0, f.out_row, out_off));
-      std::vector<Reg> out_addr;
-      for (Reg p : p_out) out_addr.push_back(b.address(p, out_at, 4));
-      std::vector<Reg> extra_addr(static_cast<size_t>(f.extras));
-      std::vector<std::map<int64_t, Reg>> loaded(static_cast<size_t>(f.extras));  // by byte offset
-      for (int x : read_extras) {
-        const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-        Reg at = b.mul(it, row0, imm_index(it, st[static_cast<size_t>(nb)]));
-        at = b.mad(it, col0, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
-        extra_addr[static_cast<size_t>(x)] = b.address(extra_base[static_cast<size_t>(x)], at, 4);
-      }
-      for (int mi = 0; mi < 4; ++mi)
-        for (int ni = 0; ni < n_tiles; ++ni)
-          for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the 16x8 product
-            const int64_t dr = mi * 16 + 8 * half;
-            std::vector<std::array<Reg, 2>> values(f.epilogues.size());
-            for (int j = 0; j < 2; ++j) {
-              const int64_t dc = ni * 8 + j;
-              std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras),
-                                      acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + 2 * half + j)]);
-              for (int x : read_extras) {
-                const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-                const int64_t at = 4 * (dr * st[static_cast<size_t>(nb)] + dc * st[static_cast<size_t>(nb + 1)]);
-                auto [slot, fresh] = loaded[static_cast<size_t>(x)].try_emplace(at);
-                if (fresh) slot->second = b.ld(Space::global, Type::f32, extra_addr[static_cast<size_t>(x)], at);
-                inputs[static_cast<size_t>(1 + x)] = slot->second;
-              }
-              for (size_t r = 0; r < f.epilogues.size(); ++r)
-                values[r][static_cast<size_t>(j)] =
-                    f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
-            }
-            for (size_t r = 0; r < f.epilogues.size(); ++r) {
-              const int64_t at = 4 * (dr * f.out_row + ni * 8 * f.out_col);
-              if (pairs) {
-                b.st_vec(Space::global, Type::f32, out_addr[r], {values[r][0], values[r][1]}, at);
-              } else {
-                b.st(Space::global, Type::f32, out_addr[r], values[r][0], at);
-                b.st(Space::global, Type::f32, out_addr[r], values[r][1], at + 4 * f.out_col);
-              }
-            }
+          for (int i = 0; i < 4; ++i) {
+            Reg row = b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2)));
+            Reg col = b.add(it, col0, imm_index(it, ni * 8 + i % 2));
+            Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
+            fn(static_cast<size_t>((mi * n_tiles + ni) * 4 + i), b.mad(it, row, imm_index(it, N), col), ok);
           }
     };
-    if (farthest > std::numeric_limits<int32_t>::max()) {
-      store_checked();
-    } else {
-      Reg inside = b.and_(Type::pred, b.setp(Cmp::le, b.add(it, m0, imm_index(it, tile.tm)), imm_index(it, M)),
-                          b.setp(Cmp::le, b.add(it, n0, imm_index(it, tile.tn)), imm_index(it, N)));
-      for (Reg p : p_out)
-        if (pairs)
-          inside = b.and_(Type::pred, inside,
-                          b.setp(Cmp::eq, b.and_(Type::u64, p, imm_index(Type::u64, 7)), imm_index(Type::u64, 0)));
-      b.if_(inside, store_interior, store_checked);
-    }
+    // Partials [batch][split][M][N]: this block's at grid z.
+    Reg mine = b.address(p_partials, b.mul(it, grid_z, imm_index(it, M * N)), 4);
+    for_each_element([&](size_t e, Reg at, Reg ok) {
+      b.if_(ok, [&] { b.st(Space::global, Type::f32, b.address(mine, at, 4), acc[e]); });
+    });
+    Reg tile_index = b.mad(it, b.mad(it, z, imm_index(it, grid_m), widen(b.sreg(SReg::ctaid_y))), imm_index(it, grid_n),
+                           widen(b.sreg(SReg::ctaid_x)));
+    // The last block walks the tile a thread per column (consecutive threads on consecutive
+    // columns: coalesced), each element's partials loaded together and added in split order,
+    // then the epilogue: a loop, not the unrolled accumulators, so that nothing but one element
+    // is live (unrolled over the accumulators, 128x256 tiles took 255 registers and spilled).
+    after_last_block(b, b.address(p_counters, tile_index, 4), static_cast<uint32_t>(splits), [&] {
+      Reg first = b.address(p_partials, b.mul(it, z, imm_index(it, splits * M * N)), 4);
+      const int64_t tile_elements = int64_t{tile.tm} * tile.tn;
+      b.for_(widen(tid), imm_index(it, tile_elements), imm_index(it, kThreads), [&](Reg e) {
+        Reg row = b.add(it, m0, b.div(it, e, imm_index(it, tile.tn)));
+        Reg col = b.add(it, n0, b.rem(it, e, imm_index(it, tile.tn)));
+        Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
+        Reg at = b.mad(it, row, imm_index(it, N), col);
+        std::vector<Reg> parts;
+        for (int64_t sp = 0; sp < splits; ++sp)
+          parts.push_back(
+              guarded_load(b, Type::f32, b.address(first, b.add(it, at, imm_index(it, sp * M * N)), 4), 1, ok)[0]);
+        Reg total = b.mov(Type::f32, parts[0]);
+        for (size_t sp = 1; sp < parts.size(); ++sp) b.assign(kir::Opc::Add, total, {total, parts[sp]});
+        store_element(total, row, col);
+      });
+    });
   } else {
-    Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kQuadrant))));
-    Reg col0 = b.add(it, n0, widen(b.mul(Type::u32, tx, imm_u32(kQuadrant))));
-    for (int i = 0; i < tile.pm; ++i)
-      for (int j = 0; j < tile.pn; ++j)
-        store_element(acc[static_cast<size_t>(i * tile.pn + j)], b.add(it, row0, imm_index(it, thread_offset(i))),
-                      b.add(it, col0, imm_index(it, thread_offset(j))));
+    epilogue();
   }
   if (f.a_row_sums) {
     Reg row = b.add(it, m0, widen(tid));
@@ -758,14 +852,24 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   for (size_t r = 0; r < f.epilogues.size(); ++r) args.push_back({ArgRef::Kind::Output, static_cast<int>(r)});
   if (f.a_row_sums) args.push_back({ArgRef::Kind::Output, static_cast<int>(f.epilogues.size())});
   LoweredOp lo;
+  if (splits > 1) {
+    args.push_back({ArgRef::Kind::Scratch, 0});
+    args.push_back({ArgRef::Kind::Scratch, 1});
+    lo.scratch_bytes = {static_cast<size_t>(batch * splits * M * N) * 4,
+                        static_cast<size_t>(batch * grid_m * grid_n) * 4};
+    lo.zeroed_scratch = {1};
+  }
   lo.launches.push_back(finish_launch(
-      b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch)},
+      b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch * splits)},
       {kThreads, 1, 1}, std::move(args)));
   const char* operands = bf16_values ? ", bf16 operands" : "";
   if (bf16_mma)
     lo.summary = fmt::format(
-        "{}: tile {}x{}x{}, {} threads, mma.sync bf16 on warp tiles {}x{}, ldmatrix, {} cp.async stages, {}",
+        "{}: tile {}x{}x{}, {} threads, mma.sync bf16 on warp tiles {}x{}, ldmatrix, {} cp.async stages{}, {}",
         op.prim->name, tile.tm, tile.tn, kMmaTileK, kThreads, kWarpTileM, tile.tn / kWarpsN, mma.stages,
+        splits > 1 ? fmt::format(", K split {} ways ({} each, partials added in order by each tile's last block)",
+                                 splits, k_split)
+                   : std::string(),
         launch_text(lo.launches.back()));
   else
     lo.summary =

@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repository root, with a bundle made as gpu-check.sh's header says:
-# one sitting that picks the bf16 mma matmul kernel's tiling (KILN_MMA_TILE x KILN_MMA_STAGES):
+# one sitting that picks the bf16 mma matmul kernel's tiling (KILN_MMA_TILE x KILN_MMA_STAGES x
+# KILN_MMA_SPLIT_K):
 #   1. the GPU tier's bf16 matmul cases (every tiling against Eigen) and bf16 GPT steps;
 #   2. kiln's GEMM alone at each tiling (bf16 operands, b stored [k][n]), and cuBLAS bf16 through
 #      PyTorch on the same shapes;
 #   3. GPT-2 small's bf16 step at the tilings in KILN_STEP_TILINGS (two turns, alternated; medians
 #      of 10 traced steps), and PyTorch eager with autocast bf16 once.
-# A tiling is TILE:STAGES (128x128:2 is the default when neither variable is set).
-# Everything is also written to $OUT/mma-tilings.log (default ./mma-tilings.log).
+# A tiling is TILE:STAGES[:SPLIT] (128x128:2:0 is the default when no variable is set; SPLIT is
+# 0, auto or 2-4).
+# About 6 minutes on an H100 (give the device call 600 s). Everything is also written to
+# $OUT/mma-tilings.log (default ./mma-tilings.log).
 set -uo pipefail
 bundle=${1:-gpu-bundle}
 run="$bundle/run"
 log=${OUT:-.}/mma-tilings.log
-shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,8192x50257x768,8192x3072x768}
-gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 128x128:3 128x128:4 128x256:2 128x256:3 128x256:4}
-step_tilings=${KILN_STEP_TILINGS:-128x128:2 128x128:3 128x128:4 128x256:3}
+shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,768x768x8192,8192x50257x768,8192x3072x768}
+gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 128x128:3 128x128:4 128x256:2 128x256:3 128x256:4 128x128:3:auto 128x128:4:auto}
+step_tilings=${KILN_STEP_TILINGS:-128x128:2 128x128:4 128x256:3 128x128:4:auto}
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
-with_tiling() {  # TILE:STAGES, then a command
-  local tiling=$1
+with_tiling() {  # TILE:STAGES[:SPLIT], then a command
+  local tile stages split
+  IFS=: read -r tile stages split <<<"$1"
   shift
-  KILN_MMA_TILE=${tiling%:*} KILN_MMA_STAGES=${tiling#*:} "$@"
+  KILN_MMA_TILE=$tile KILN_MMA_STAGES=$stages KILN_MMA_SPLIT_K=${split:-0} "$@"
 }
 {
   echo "== tests"

@@ -174,9 +174,11 @@ std::vector<std::unique_ptr<cuda::DeviceProgram>> fused_interior_programs(bool b
     testing::Harness h(lc.inputs, lc.build, 7);
     std::vector<ValueId> outs{h.output};
     const Circuit fused = fuse_matmul(h.circuit, outs);
-    for (const Op& op : fused.ops())  // the transposed case's output is stored through its view
-      if (op.is(PrimId::fused_matmul) && lc.name.find("transposed_out") != std::string::npos)
+    for (const Op& op : fused.ops()) {  // the transposed case's output is stored through its view
+      if (op.is(PrimId::fused_matmul) && lc.name.find("transposed_out") != std::string::npos) {
         EXPECT_EQ(FusedMatmul::from_params(op.params).out_col, 136) << fused.dump("fused");
+      }
+    }
     programs.push_back(std::make_unique<cuda::DeviceProgram>(fused, outs, rt));
   }
   return programs;
@@ -331,8 +333,9 @@ void check_bf16_mma_cases(cuda::Runtime& rt) {
         SCOPED_TRACE(lc.name);
         std::string dump;
         check_case(lc, rt, &dump);
-        if (lc.name.find("k200") != std::string::npos || lc.name == "bf16_mma_batched")  // K of 7 and 2 steps
+        if (lc.name.find("k200") != std::string::npos || lc.name == "bf16_mma_batched") {  // K of 7 and 2 steps
           EXPECT_NE(dump.find("K split"), std::string::npos) << dump;
+        }
       }
       check_fused_interior_cases(rt, true, 1e-5, "K split");
     }

@@ -21,7 +21,7 @@
 // where both carry bf16 values (stored, or f32 read through a rounding to bf16) their products
 // are exact in both kernels and large tiles take the tensor cores. Operands both stored in bf16
 // (16-byte aligned rows, k or rows contiguous) run a third kernel instead, unless
-// KILN_BF16_MMA=0: bf16 mma.sync fed by ldmatrix from 2-4 cp.async stages (bf16_mma_main_loop). Row
+// KILN_BF16_MMA=0: bf16 mma.sync fed by ldmatrix from 2-4 cp.async stages (matmul_bf16_mma.cpp). Row
 // sums of A (a bias gradient) come out of the blocks of the first tile column, from the tiles in
 // shared memory.
 #include "circuit/prims/fused_matmul.hpp"
@@ -39,6 +39,7 @@
 #include "cuda/lower/elementwise.hpp"
 #include "cuda/lower/families.hpp"
 #include "cuda/lower/fused_matmul.hpp"
+#include "cuda/lower/matmul_bf16_mma.hpp"
 
 namespace kiln::cuda {
 
@@ -68,82 +69,11 @@ constexpr int kWarpTileM = 64, kWarpsN = 4;  // a warp's tile is kWarpTileM x (t
 // waves it needs: measured on an H100 (docs/BENCHMARKS.md), 128x128 tiles are about 10% faster
 // than 64x64 on full waves, but a grid of 144 blocks (1.09 waves) ran at 0.74x the 64x64 rate.
 // The lowering does not know the device; kAssumedSms is an H100's count.
-constexpr int64_t kLargeTileMinBlocks = 128, kAssumedSms = 132;
+constexpr int64_t kLargeTileMinBlocks = 128;
 constexpr double kLargeTileMinWaveFill = 0.8;
 
 int forced_tile = 0;
 bool forced_tf32 = false;
-
-// The bf16 mma.sync kernel (on unless KILN_BF16_MMA=0): block tiles of 128x128 or 128x256
-// (KILN_MMA_TILE), k steps of 32, 2-4 shared stages (KILN_MMA_STAGES) filled by cp.async
-// (16-byte chunks, zero-filled past the matrix), mma.sync m16n8k16 on 8 warps as 2 x 4, warp
-// tiles of 64 x (tn / 4) (64x32: the tf32 kernel's warps and accumulator layout). Each operand's
-// stage is laid out as it is stored (Bf16Stage): k contiguous (x W^T, dY W^T) as [row][k],
-// fragments by ldmatrix; rows contiguous (x W with W stored [k][n], the weight gradients' X^T dY)
-// as [k][row], fragments by ldmatrix.trans. Both need bf16 storage, 16-byte aligned chunks, and
-// no row sums.
-constexpr int kMmaTileK = 32;
-enum class Bf16Stage { row_k, k_row };
-// Bytes from one shared row to the next. [row][k]: 64 (a row's 4 chunks of 8 k), the chunks
-// swizzled (chunk j of row r at j ^ ((r / 2) % 4)) so that the 8 rows an ldmatrix phase reads,
-// and the 8 chunks a cp.async phase writes, fall on the 8 distinct 16-byte groups of the 32
-// banks. [k][row]: the row's 2 * rows bytes and 16 more, an odd number of 16-byte groups (17 or
-// 33), which does the same for ldmatrix.trans.
-constexpr uint32_t stage_pitch_bytes(Bf16Stage s, int rows) {
-  return s == Bf16Stage::row_k ? 2 * kMmaTileK : 2 * static_cast<uint32_t>(rows + 8);
-}
-// One stage of an operand's tile of `rows` rows.
-constexpr uint32_t stage_bytes(Bf16Stage s, int rows) {
-  return s == Bf16Stage::row_k ? static_cast<uint32_t>(rows) * stage_pitch_bytes(s, rows)
-                               : kMmaTileK * stage_pitch_bytes(s, rows);
-}
-struct MmaTiling {
-  int tn = 128;                                 // the block tile's columns (its rows are 128)
-  int stages = 2;                               // cp.async stages
-  int warp_n_tiles() const { return tn / 32; }  // 16x8 products along n in a warp's tile
-};
-// KILN_MMA_TILE and KILN_MMA_STAGES (128x128, 2 stages when unset: what was measured on a GPU),
-// with the stages cut to what fits in kir::kMaxSharedBytes (128x256 with b staged [k][row]: 3).
-MmaTiling choose_mma_tiling(const std::array<Bf16Stage, 2>& layout) {
-  MmaTiling t;
-  if (const int tn = options::mma_tile_n(); tn != 0) t.tn = tn;
-  if (const int stages = options::mma_stages(); stages != 0) t.stages = stages;
-  const int64_t per_stage = stage_bytes(layout[0], 128) + stage_bytes(layout[1], t.tn);
-  while (t.stages > 2 && t.stages * per_stage > kir::kMaxSharedBytes) --t.stages;
-  return t;
-}
-
-// Split-K (KILN_MMA_SPLIT_K): blocks that share an output tile, each over a range of K. "auto":
-// where the grid's `blocks` fill fewer than half the block slots of the SMs (two blocks an SM in
-// 128x128 tiles, one in 128x256; a weight gradient of 768 x 768 outputs over 8192 tokens has 36
-// blocks for 132 SMs), as many splits (up to 4) as fit in those slots, each at least 8 steps of
-// K. Forced: that many, at most one a step of K. Returns the splits (1: none).
-int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling) {
-  const int64_t steps = (K + kMmaTileK - 1) / kMmaTileK;
-  const int setting = options::mma_split_k();
-  if (setting > 0) return std::min<int64_t>(setting, steps);
-  if (setting == 0) return 1;
-  const int64_t slots = (tiling.tn == 128 ? 2 : 1) * kAssumedSms;
-  if (2 * blocks > slots) return 1;
-  return std::clamp<int64_t>(std::min(slots / std::max<int64_t>(blocks, 1), steps / 8), 1, 4);
-}
-
-std::optional<Bf16Stage> bf16_stage(const Circuit& c, ValueId stored, const MatmulOperand& v) {
-  if (c.info(stored).dtype != DType::bf16 || v.offset % 8 != 0) return std::nullopt;
-  for (int64_t s : v.batch)
-    if (s % 8 != 0) return std::nullopt;
-  if (v.k_stride == 1 && v.row_stride % 8 == 0) return Bf16Stage::row_k;
-  if (v.row_stride == 1 && v.k_stride % 8 == 0) return Bf16Stage::k_row;
-  return std::nullopt;
-}
-
-// Both operands' layouts, or nothing where the kernel does not apply.
-std::optional<std::array<Bf16Stage, 2>> bf16_mma_stages(const Circuit& c, const Op& op, const FusedMatmul& f) {
-  if (!options::bf16_mma() || f.a_row_sums) return std::nullopt;
-  const std::optional<Bf16Stage> a = bf16_stage(c, op.inputs[0], f.a), b = bf16_stage(c, op.inputs[1], f.b);
-  if (!a || !b) return std::nullopt;
-  return std::array<Bf16Stage, 2>{*a, *b};
-}
 
 // bf16 operands take the tensor cores whenever the tiles are large, whatever KILN_ALLOW_TF32 says:
 // a bf16 value is a tf32 value, so the tf32 mma multiplies them exactly (as a bf16 mma would).
@@ -232,11 +162,6 @@ TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand&
   return t;
 }
 
-// r * stride + x, without the multiply where the stride is 1.
-Reg scaled_add(KernelBuilder& b, Type it, Reg r, int64_t stride, Reg x) {
-  return stride == 1 ? b.add(it, r, x) : b.mad(it, r, imm_index(it, stride), x);
-}
-
 // A global load of `vec` elements of `type` (f32 or bf16) into registers preset to 0, where `ok`
 // holds.
 std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Reg ok) {
@@ -299,169 +224,6 @@ void store_tile(KernelBuilder& b, const TileLoader& t) {
       const size_t at = static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j);
       b.st(Space::shared, Type::f32, t.smem_addr[slot], tile_value(b, t, t.values[at], t.oks[at]), 4 * j * t.pitch);
     }
-}
-
-// The bf16 mma kernel's main loop (bf16_mma_stages): operand o's rows row0[o] .. + rows_o - 1
-// (128 for a, tiling.tn for b) of rows[o], over k in [k_begin, k_end) in steps of kMmaTileK
-// (K in all; a split of K ends at a step boundary or at K, so the copies' zero-fill at K is the
-// only one a step needs), into acc as the tf32
-// kernel lays it out (acc[(mi * warp_n_tiles + ni) * 4 + i]: the 16x8 product (mi, ni) of warp
-// tile (warp_m, warp_n)). smem[o] holds tiling.stages stages: while one is computed on,
-// cp.async fills the others.
-void bf16_mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::array<const MatmulOperand*, 2> view,
-                        std::array<Bf16Stage, 2> layout, const MmaTiling& tiling, std::array<int64_t, 2> rows,
-                        int64_t K, kir::Operand k_begin, kir::Operand k_end, std::array<Reg, 2> row0, Reg tid,
-                        std::array<Reg, 2> smem, Reg warp_m, Reg warp_n, std::vector<Reg>& acc) {
-  auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
-  const std::array<int, 2> tile_rows{128, tiling.tn};
-  const std::array<uint32_t, 2> pitch{stage_pitch_bytes(layout[0], tile_rows[0]),
-                                      stage_pitch_bytes(layout[1], tile_rows[1])},
-      bytes{stage_bytes(layout[0], tile_rows[0]), stage_bytes(layout[1], tile_rows[1])};
-  // Where chunk `chunk` (of 8 k) of row `row` sits in a [row][k] stage.
-  auto swizzled = [&](Reg row, Reg chunk) {
-    Reg flip = b.and_(Type::u32, b.shr(Type::u32, row, imm_u32(1)), imm_u32(3));
-    return b.mad(Type::u32, row, imm_u32(stage_pitch_bytes(Bf16Stage::row_k, 0)),
-                 b.mul(Type::u32, b.xor_(Type::u32, chunk, flip), imm_u32(16)));
-  };
-  // Stage loads: operand o's rows x 32 tile is 4 rows chunks of 16 bytes; thread t copies chunks
-  // t, t + 256, ... [row][k]: chunk c is row c / 4, k 8 (c % 4) .. + 7. [k][row]: chunk c is k
-  // c / (rows / 8), rows 8 (c % (rows / 8)) .. + 7. Elements past the matrix are zero-filled
-  // (the copy reads only the bytes inside it). stage[o]: the byte offset of the stage filled.
-  auto issue = [&](Reg k0, std::array<Reg, 2> stage) {
-    for (size_t o = 0; o < 2; ++o) {
-      const auto row_chunks = static_cast<uint32_t>(tile_rows[o] / 8);
-      for (uint32_t s = 0; s < static_cast<uint32_t>(tile_rows[o]) * 4 / kThreads; ++s) {
-        Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(s * kThreads));
-        const bool row_k = layout[o] == Bf16Stage::row_k;
-        Reg r = row_k ? b.shr(Type::u32, chunk, imm_u32(2))
-                      : b.mul(Type::u32, b.rem(Type::u32, chunk, imm_u32(row_chunks)), imm_u32(8));
-        Reg kc = row_k ? b.and_(Type::u32, chunk, imm_u32(3)) : b.div(Type::u32, chunk, imm_u32(row_chunks));
-        Reg grow = b.add(it, row0[o], widen(r));
-        Reg gk = b.add(it, k0, widen(row_k ? b.mul(Type::u32, kc, imm_u32(8)) : kc));
-        Reg ok =
-            b.and_(Type::pred, b.setp(Cmp::lt, grow, imm_index(it, rows[o])), b.setp(Cmp::lt, gk, imm_index(it, K)));
-        // The chunk's elements inside the matrix, 2 bytes each: min(K - gk, 8) along k, min(rows
-        // - grow, 8) along rows; the copy zero-fills the rest.
-        Reg left = row_k ? b.min(it, b.sub(it, imm_index(it, K), gk), imm_index(it, 8))
-                         : b.min(it, b.sub(it, imm_index(it, rows[o]), grow), imm_index(it, 8));
-        if (it != Type::u32) left = b.cvt(Type::u32, left);
-        Reg copied = b.selp(Type::u32, b.mul(Type::u32, left, imm_u32(2)), imm_u32(0), ok);
-        Reg at =
-            row_k ? scaled_add(b, it, grow, view[o]->row_stride, gk) : scaled_add(b, it, gk, view[o]->k_stride, grow);
-        Reg src = b.selp(Type::u64, b.address(base[o], at, 2), base[o], ok);
-        Reg dst = row_k ? b.add(Type::u32, swizzled(r, kc), smem[o])
-                        : b.mad(Type::u32, kc, imm_u32(pitch[o]), b.mad(Type::u32, r, imm_u32(2), smem[o]));
-        b.cp_async(b.add(Type::u32, dst, stage[o]), src, 16, copied);
-      }
-    }
-  };
-  // ldmatrix.x4 loads four 8x8 matrices, lanes 8j .. 8j + 7 giving the shared addresses of matrix
-  // j's 8 rows. A (16 rows x 16 k; a0a1, a2a3, a4a5, a6a7): matrix j covers rows 8 (j % 2), k
-  // 8 (j / 2); B (two n8 tiles x 16 k; b0b1, b2b3 of each): rows 8 (j / 2), k 8 (j % 2). A lane's
-  // address is row (low) of its matrix for [row][k] stages, k (low) with .trans for [k][row].
-  // lane_at[o][h]: operand o's lane address for the k half h (k 16 h .. + 15) of a step.
-  Reg lane = b.and_(Type::u32, tid, imm_u32(31));
-  Reg low = b.and_(Type::u32, lane, imm_u32(7)),
-      mid = b.and_(Type::u32, b.shr(Type::u32, lane, imm_u32(3)), imm_u32(1)),
-      high = b.shr(Type::u32, lane, imm_u32(4));
-  auto lane_address = [&](size_t o, Reg warp_row, Reg row_part, Reg k_part, uint32_t h) {
-    Reg row = b.add(Type::u32, warp_row, b.mul(Type::u32, row_part, imm_u32(8)));
-    Reg chunk = b.add(Type::u32, k_part, imm_u32(2 * h));  // of 8 k
-    if (layout[o] == Bf16Stage::row_k) return b.add(Type::u32, swizzled(b.add(Type::u32, row, low), chunk), smem[o]);
-    Reg k = b.mad(Type::u32, chunk, imm_u32(8), low);
-    return b.mad(Type::u32, k, imm_u32(pitch[o]), b.mad(Type::u32, row, imm_u32(2), smem[o]));
-  };
-  const std::array<std::array<Reg, 2>, 2> lane_at{
-      std::array<Reg, 2>{lane_address(0, warp_m, mid, high, 0), lane_address(0, warp_m, mid, high, 1)},
-      std::array<Reg, 2>{lane_address(1, warp_n, high, mid, 0), lane_address(1, warp_n, high, mid, 1)}};
-  // Rows 16 i further on (the swizzle repeats every 8 rows).
-  auto fragments = [&](size_t o, Reg stage, uint32_t h, uint32_t i) {
-    const uint32_t rows_on = layout[o] == Bf16Stage::row_k ? i * 16 * pitch[o] : i * 16 * 2;
-    return b.ldmatrix(4, layout[o] == Bf16Stage::k_row,
-                      b.add(Type::u32, b.add(Type::u32, lane_at[o][h], stage), imm_u32(rows_on)));
-  };
-  const auto n_tiles = static_cast<size_t>(tiling.warp_n_tiles());
-  auto compute = [&](std::array<Reg, 2> stage) {
-    for (uint32_t h = 0; h < kMmaTileK / 16; ++h) {
-      std::vector<std::vector<kir::Operand>> fa(4), fb(n_tiles);
-      for (uint32_t mi = 0; mi < 4; ++mi)
-        for (Reg r : fragments(0, stage[0], h, mi)) fa[mi].push_back(r);
-      for (uint32_t nj = 0; nj < n_tiles / 2; ++nj) {
-        const std::vector<Reg> m = fragments(1, stage[1], h, nj);
-        fb[2 * nj] = {m[0], m[1]};
-        fb[2 * nj + 1] = {m[2], m[3]};
-      }
-      for (size_t mi = 0; mi < 4; ++mi)
-        for (size_t ni = 0; ni < n_tiles; ++ni) {
-          const size_t at = (mi * n_tiles + ni) * 4;
-          const std::vector<kir::Operand> c(acc.begin() + static_cast<std::ptrdiff_t>(at),
-                                            acc.begin() + static_cast<std::ptrdiff_t>(at + 4));
-          const std::vector<Reg> d = b.mma(kir::MmaShape::m16n8k16_bf16, fa[mi], fb[ni], c);
-          for (size_t i = 0; i < 4; ++i) b.set(acc[at + i], d[i]);
-        }
-    }
-  };
-  // The stage after `stage` (byte offsets, stage s of operand o at s * bytes[o]), cycling.
-  const auto stages = static_cast<uint32_t>(tiling.stages);
-  auto advance = [&](std::array<Reg, 2> stage) {
-    for (size_t o = 0; o < 2; ++o) {
-      Reg next = b.add(Type::u32, stage[o], imm_u32(bytes[o]));
-      b.set(stage[o], b.selp(Type::u32, imm_u32(0), next, b.setp(Cmp::eq, next, imm_u32(stages * bytes[o]))));
-    }
-  };
-  auto offsets = [&](uint32_t s) {
-    return std::array<Reg, 2>{b.mov(Type::u32, imm_u32(s * bytes[0])), b.mov(Type::u32, imm_u32(s * bytes[1]))};
-  };
-  const std::array<Reg, 2> read = offsets(0);  // the stage computed on
-  // Emits `issue_step` where the step `ahead` k past k_begin lies before k_end: decided here
-  // when both are immediates (no split), in the kernel otherwise.
-  auto if_step = [&](int64_t ahead, const std::function<void()>& issue_step) {
-    if (k_begin.is_imm && k_end.is_imm) {
-      if (static_cast<int64_t>(k_begin.bits) + ahead < static_cast<int64_t>(k_end.bits)) issue_step();
-      return;
-    }
-    b.if_(b.setp(Cmp::lt, b.add(it, k_begin, imm_index(it, ahead)), k_end), issue_step);
-  };
-  auto k_at = [&](int64_t ahead) { return ahead == 0 ? b.mov(it, k_begin) : b.add(it, k_begin, imm_index(it, ahead)); };
-  if (stages == 2) {
-    // Two stages: the next step's copies are issued before this step's wait, so they are in
-    // flight during it and the arithmetic; a second barrier keeps them off the stage until every
-    // warp is done with it.
-    if_step(0, [&] { issue(k_at(0), read); });
-    b.cp_async_commit();
-    b.for_(k_begin, k_end, imm_index(it, kMmaTileK), [&](Reg k0) {
-      Reg next = b.add(it, k0, imm_index(it, kMmaTileK));
-      const std::array<Reg, 2> other{b.xor_(Type::u32, read[0], imm_u32(bytes[0])),
-                                     b.xor_(Type::u32, read[1], imm_u32(bytes[1]))};
-      b.if_(b.setp(Cmp::lt, next, k_end), [&] { issue(next, other); });
-      b.cp_async_commit();  // possibly empty: the group count stays one a step
-      b.cp_async_wait(1);   // this step's stage has landed
-      b.bar();
-      compute(read);
-      b.bar();  // every warp is done with this stage before the next step's copies refill it
-      for (size_t o = 0; o < 2; ++o) b.set(read[o], other[o]);
-    });
-  } else {
-    // S stages, one barrier a step: steps 0 .. S - 2 are issued first; step i waits for its
-    // own group (S - 2 younger ones may stay in flight), meets the barrier (after which every
-    // warp is done with step i - 1's stage), refills that stage with step i + S - 1, computes.
-    for (uint32_t s = 0; s + 1 < stages; ++s) {
-      if_step(int64_t{s} * kMmaTileK, [&] { issue(k_at(int64_t{s} * kMmaTileK), offsets(s)); });
-      b.cp_async_commit();  // possibly empty
-    }
-    const std::array<Reg, 2> write = offsets(stages - 1);  // the stage refilled
-    b.for_(k_begin, k_end, imm_index(it, kMmaTileK), [&](Reg k0) {
-      b.cp_async_wait(static_cast<int>(stages) - 2);
-      b.bar();
-      Reg ahead = b.add(it, k0, imm_index(it, static_cast<int64_t>(stages - 1) * kMmaTileK));
-      b.if_(b.setp(Cmp::lt, ahead, k_end), [&] { issue(ahead, write); });
-      b.cp_async_commit();  // possibly empty: one group a step
-      compute(read);
-      advance(read);
-      advance(write);
-    });
-  }
-  b.cp_async_wait(0);
 }
 
 }  // namespace

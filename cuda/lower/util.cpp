@@ -37,6 +37,10 @@ Operand imm_index(Type it, int64_t v) {
   return it == Type::u32 ? imm_u32(static_cast<uint32_t>(v)) : kir::imm_u64(static_cast<uint64_t>(v));
 }
 
+Reg scaled_add(KernelBuilder& b, Type it, Reg r, int64_t stride, Reg x) {
+  return stride == 1 ? b.add(it, r, x) : b.mad(it, r, imm_index(it, stride), x);
+}
+
 std::string kernel_name(const std::string& prefix, uint64_t hash) { return fmt::format("{}_{:016x}", prefix, hash); }
 
 sim::Dim3 elementwise_grid(int64_t n) {
@@ -95,7 +99,8 @@ kir::Type kir_type(DType dt) {
   if (dt == DType::f32) return Type::f32;
   if (dt == DType::i32) return Type::s32;
   if (dt == DType::bf16) return Type::bf16;
-  throw Error(std::string("GPU back end: dtype ") + dtype_name(dt) + " has no lowering (the GPU runs f32, bf16 and i32)");
+  throw Error(std::string("GPU back end: dtype ") + dtype_name(dt) +
+              " has no lowering (the GPU runs f32, bf16 and i32)");
 }
 
 Reg load_as_f32(KernelBuilder& b, DType dt, Reg base, Reg index) {

@@ -34,6 +34,8 @@ class ForceWideIndices {
   bool saved_;
 };
 Operand imm_index(Type it, int64_t v);
+// r * stride + x in index type `it`, without the multiply where the stride is 1.
+Reg scaled_add(KernelBuilder& b, Type it, Reg r, int64_t stride, Reg x);
 
 // A kernel name unique to its specialization: "<prefix>_<16 hex digits of hash>".
 std::string kernel_name(const std::string& prefix, uint64_t hash);

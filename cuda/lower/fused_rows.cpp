@@ -2,12 +2,14 @@
 // all outputs at once. Otherwise one warp per row, eight rows per block of
 // 256 threads. For each reduction in order, the lanes stride over the row evaluating its body
 // (inputs loaded with broadcast addressing, earlier reductions from registers), then a
-// butterfly leaves the row's value in every lane; a last pass over the row writes the row
+// butterfly leaves the row's value in every lane (a max followed by the sum of exp(x - max),
+// a softmax's statistics, in one pass: is_softmax_pair); a last pass over the row writes the row
 // outputs, and lane 0 writes the per-row outputs. Inputs that do not vary along the row are
 // loaded once per row. Nothing but the outputs is written to memory. The row index is
 // uniform across a warp, so the guard on it never splits a warp before a shuffle.
 #include "circuit/prims/fused_rows.hpp"
 
+#include <cmath>
 #include <functional>
 
 #include "circuit/ir/error.hpp"
@@ -17,6 +19,7 @@
 namespace kiln::cuda {
 
 using kir::Cmp;
+using kir::imm_f32;
 using kir::imm_u32;
 using kir::Space;
 using kir::SReg;
@@ -32,6 +35,19 @@ struct RowInput {
   Reg row_base;        // element offset of the row's first element (broadcast addressing)
   int64_t col_stride;  // 0 when the input does not vary along the row
 };
+
+// Reductions j and j + 1 are max{x} and sum{exp(x - r_j)} of the same x (a softmax's, the loss
+// rows'): the kernel takes them in one pass over the row (an online softmax) instead of two.
+bool is_softmax_pair(const RowProgram& rp, int j) {
+  if (j + 1 >= static_cast<int>(rp.reduction_kinds.size()) ||
+      rp.reduction_kinds[static_cast<size_t>(j)] != ReduceKind::Max ||
+      rp.reduction_kinds[static_cast<size_t>(j + 1)] != ReduceKind::Sum)
+    return false;
+  const ScalarExp& e = rp.reduction_bodies[static_cast<size_t>(j + 1)];
+  return e.op() == ExpOp::Exp && e.args()[0].op() == ExpOp::Sub &&
+         e.args()[0].args()[0] == rp.reduction_bodies[static_cast<size_t>(j)] &&
+         e.args()[0].args()[1] == se::in(rp.inputs + j);
+}
 
 // No reductions and only element outputs: a multi-output elementwise kernel (grid-stride
 // loop, one thread per element, every output stored at the element).
@@ -102,6 +118,7 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
   Reg tid = b.sreg(SReg::tid_x);
   Reg lane = b.and_(Type::u32, tid, imm_u32(31));
   Reg row = b.mad(Type::u32, b.sreg(SReg::ctaid_x), imm_u32(kRowsPerBlock), b.shr(Type::u32, tid, imm_u32(5)));
+  int softmax_pairs = 0;  // reductions taken two in one pass (is_softmax_pair)
   b.if_(b.setp(Cmp::lt, row, imm_u32(static_cast<uint32_t>(rows))), [&] {
     Reg row_i = it == Type::u32 ? row : b.cvt(Type::u64, row);
     Reg lane_i = it == Type::u32 ? lane : b.cvt(Type::u64, lane);
@@ -159,6 +176,37 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
     for (int j = 0; j < nred; ++j) {
       const ReduceKind kind = rp.reduction_kinds[static_cast<size_t>(j)];
       const ScalarExp& body = rp.reduction_bodies[static_cast<size_t>(j)];
+      if (is_softmax_pair(rp, j)) {
+        // r_j = max{x}, r_j+1 = sum{exp(x - r_j)}: one pass, each lane keeping a running max m
+        // and s = sum exp(x - m) over its columns so far, rescaled when the max grows; t =
+        // exp(-|x - m|) is the factor either way (0 for x = -inf, which adds nothing and must not
+        // make -inf - -inf before the first finite x). Then the lanes' (m, s) pairs combine.
+        Reg m = b.mov(Type::f32, imm_f32(-INFINITY)), sum = b.mov(Type::f32, imm_f32(0.0f));
+        const ScalarExp factor = se::exp(-se::abs(se::in(0) - se::in(1)));
+        over_row([&](Reg col) { return operands_at(col, {&body}); },
+                 [&](Reg, const std::vector<Reg>& ops) {
+                   Reg x = emit_scalar_exp(b, body, ops);
+                   Reg t = b.selp(Type::f32, imm_f32(0.0f), emit_scalar_exp(b, factor, {x, m}),
+                                  b.setp(Cmp::eq, x, imm_f32(-INFINITY)));
+                   Reg up = b.setp(Cmp::gt, x, m);
+                   b.set(sum, b.selp(Type::f32, b.fma(Type::f32, sum, t, imm_f32(1.0f)), b.add(Type::f32, sum, t), up));
+                   b.set(m, reduce_combine(b, ReduceKind::Max, m, x));
+                 });
+        for (uint32_t off = 16; off >= 1; off /= 2) {
+          Reg mo = b.shfl(kir::ShflMode::bfly, m, imm_u32(off)), so = b.shfl(kir::ShflMode::bfly, sum, imm_u32(off));
+          Reg mn = reduce_combine(b, ReduceKind::Max, m, mo);
+          Reg safe = b.selp(Type::f32, imm_f32(0.0f), mn, b.setp(Cmp::eq, mn, imm_f32(-INFINITY)));
+          const ScalarExp rescaled =
+              se::in(0) * se::exp(se::in(1) - se::in(4)) + se::in(2) * se::exp(se::in(3) - se::in(4));
+          b.set(sum, emit_scalar_exp(b, rescaled, {sum, m, so, mo, safe}));
+          b.set(m, mn);
+        }
+        vals[static_cast<size_t>(nin + j)] = m;
+        vals[static_cast<size_t>(nin + j + 1)] = sum;
+        ++softmax_pairs;
+        ++j;
+        continue;
+      }
       Reg acc = b.mov(Type::f32, reduce_identity(kind));
       over_row([&](Reg col) { return operands_at(col, {&body}); },
                [&](Reg, const std::vector<Reg>& ops) {
@@ -192,8 +240,10 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
   const auto blocks = static_cast<uint32_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
   r.launches.push_back(
       finish_launch(b, "kiln_fused_rows", {std::max(blocks, 1u), 1, 1}, {32 * kRowsPerBlock, 1, 1}, std::move(args)));
-  r.summary = "fused rows: " + std::to_string(nred) + " reductions, " + std::to_string(rp.output_bodies.size()) +
-              " outputs, a warp per row of " + std::to_string(n) + ", " + launch_text(r.launches.back());
+  r.summary = "fused rows: " + std::to_string(nred) + " reductions" +
+              (softmax_pairs > 0 ? " (a max and its sum of exponentials in one pass)" : "") + ", " +
+              std::to_string(rp.output_bodies.size()) + " outputs, a warp per row of " + std::to_string(n) + ", " +
+              launch_text(r.launches.back());
   return r;
 }
 

@@ -2,6 +2,8 @@
 // differentiation.
 #include "circuit/prims/fused_rows.hpp"
 
+#include <cmath>
+
 #include "prim_cases.hpp"
 
 namespace kiln::testing {
@@ -35,6 +37,28 @@ void fused_rows_cases(FamilyCases& c) {
            },
            1e-5});
     }
+  // A softmax's statistics (max, then sum of exp(x - max)), which the kernel takes in one pass
+  // with a running max: scores spread over +-60 (the sum is rescaled each time a lane's max
+  // grows), about half of them -inf (masked; rows that start with runs of them, where -inf -
+  // -inf must not turn into NaN), rows of 1000 (7 unrolled trips and a remainder) and of 45.
+  for (int64_t width : {45, 1000})
+    c.lowering.push_back(
+        {"fused_rows_online_softmax_" + std::to_string(width),
+         {f32({19, width}, -2.0, 2.0), i32({19, width}, 0, 2)},
+         [width](Builder& b, const std::vector<ValueId>& x) {
+           using se::in;
+           const ScalarExp scores = se::select(in(1), in(0) * se::c(30.0), se::c(-INFINITY));
+           RowProgram rp;
+           rp.inputs = 2;
+           rp.domain = Shape{19, width};
+           rp.reduction_kinds = {ReduceKind::Max, ReduceKind::Sum};
+           rp.reduction_bodies = {scores, se::exp(scores - in(2))};
+           rp.output_per_row = {false, true};
+           rp.output_bodies = {se::exp(scores - in(2)) / in(3), in(2) + se::log(in(3))};
+           const std::vector<ValueId> out = b.circuit().add_op("fused_rows", rp.to_params(DType::f32), x, b.scope());
+           return b.concat({b.reshape(out[0], Shape{19 * width, 1}), out[1]}, 0);  // probabilities, then lse
+         },
+         1e-5});
 }
 
 }  // namespace kiln::testing

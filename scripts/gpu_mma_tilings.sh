@@ -9,7 +9,8 @@
 #      of 10 traced steps), and PyTorch eager with autocast bf16 once.
 # A tiling is TILE:STAGES[:SPLIT] (128x128:2:0 is the default when no variable is set; SPLIT is
 # 0, auto or 2-4).
-# About 6 minutes on an H100 (give the device call 600 s). Everything is also written to
+# About 6 minutes on an H100 when nothing times out (give the device call 600 s; each step has
+# its own timeout, so a hang costs at most 90-200 s). Everything is also written to
 # $OUT/mma-tilings.log (default ./mma-tilings.log).
 set -uo pipefail
 bundle=${1:-gpu-bundle}

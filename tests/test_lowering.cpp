@@ -159,6 +159,14 @@ std::vector<LoweringCase> interior_matmul_cases(bool bf16) {
                          return bld.add(bld.matmul(operand(bld, x[0]), operand(bld, x[1])), x[2]);
                        },
                        tolerance},
+          // A batch of 2 (each batch's output a 128 x 136 block further on: the pair stores'
+          // alignment holds through the batch offset) with a bias.
+          LoweringCase{prefix + "batched",
+                       {f32({2, 130, 48}), f32({48, 136}), f32({136})},
+                       [operand](Builder& bld, const std::vector<ValueId>& x) {
+                         return bld.add(bld.matmul(operand(bld, x[0]), operand(bld, x[1])), x[2]);
+                       },
+                       tolerance},
           LoweringCase{prefix + "transposed_out",
                        {f32({136, 72}), f32({72, 264}), f32({264})},
                        [operand](Builder& bld, const std::vector<ValueId>& x) {
@@ -282,9 +290,7 @@ std::vector<LoweringCase> bf16_mma_cases() {
           mm("a_rows_k200", {200, 40}, {200, 72}, true, false, true)};
 }
 
-// Every tiling the bf16 mma kernel takes (KILN_MMA_TILE, KILN_MMA_STAGES): `check` runs under each,
-// given the stages the kernel summary must name (128x256 with b staged [k][row] cuts 4 stages to 3
-// to fit the shared memory limit; the caller knows its cases' layouts).
+// Every tiling the bf16 mma kernel takes (KILN_MMA_TILE, KILN_MMA_STAGES): `check` runs under each.
 struct MmaTilingCase {
   const char* tile;
   const char* stages;
@@ -300,50 +306,22 @@ void for_each_mma_tiling(Check check) {
   }
 }
 
-// The kernel summary's text for a tiling: "tile 128x256x32" ... "3 cp.async stages", with 4 stages
-// cut to 3 where b is staged [k][row] in 128x256 tiles.
-bool names_mma_tiling(const std::string& dump, const MmaTilingCase& t) {
-  const std::string stages = std::string(t.stages) + " cp.async stages";
-  const bool cut = std::string(t.tile) == "128x256" && std::string(t.stages) == "4" &&
-                   dump.find("3 cp.async stages") != std::string::npos;
+// The kernel summary's text for a tiling: "tile 128x256x32" ... "3 cp.async stages". Four stages
+// of 128x256 tiles with both operands staged [k][row] (rows of 272 and 528 bytes) would take 100
+// KiB, over kir::kMaxSharedBytes: those kernels take 3 (`both_rows`: the case's a and b are
+// stored with rows contiguous).
+bool names_mma_tiling(const std::string& dump, const MmaTilingCase& t, bool both_rows) {
+  const bool cut = std::string(t.tile) == "128x256" && std::string(t.stages) == "4" && both_rows;
+  const std::string stages = std::string(cut ? "3" : t.stages) + " cp.async stages";
   return dump.find(std::string("tile ") + t.tile + "x32") != std::string::npos &&
-         (dump.find(stages) != std::string::npos || cut);
+         dump.find(stages) != std::string::npos;
 }
 
-void check_bf16_mma_cases(cuda::Runtime& rt) {
-  cuda::ForceBf16Mma on;
-  for_each_mma_tiling([&rt](const MmaTilingCase& t) {
-    for (const LoweringCase& lc : bf16_mma_cases()) {
-      SCOPED_TRACE(lc.name);
-      std::string dump;
-      check_case(lc, rt, &dump);
-      EXPECT_NE(dump.find("mma.sync bf16"), std::string::npos) << dump;
-      EXPECT_TRUE(names_mma_tiling(dump, t)) << dump;
-    }
-    check_fused_interior_cases(rt, true, 1e-5, std::string("tile ") + t.tile + "x32");
-  });
-  // Split-K (KILN_MMA_SPLIT_K): K in 2 or 3 ranges across blocks, their partials added by each
-  // tile's last block; batches, every layout, K of 2-7 steps (k200: ranges of 96, 96 and 8), and
-  // the epilogues after the sum. The sums' order differs from one block's: 1e-5 as before.
-  for (const char* split : {"2", "3"})
-    for (const MmaTilingCase& t : {MmaTilingCase{"128x128", "3"}, MmaTilingCase{"128x256", "2"}}) {
-      SCOPED_TRACE(std::string("split ") + split + ", " + t.tile + ", " + t.stages + " stages");
-      testing::ScopedEnv splits("KILN_MMA_SPLIT_K", split), tile("KILN_MMA_TILE", t.tile),
-          stages("KILN_MMA_STAGES", t.stages);
-      for (const LoweringCase& lc : bf16_mma_cases()) {
-        SCOPED_TRACE(lc.name);
-        std::string dump;
-        check_case(lc, rt, &dump);
-        if (lc.name.find("k200") != std::string::npos || lc.name == "bf16_mma_batched") {  // K of 7 and 2 steps
-          EXPECT_NE(dump.find("K split"), std::string::npos) << dump;
-        }
-      }
-      check_fused_interior_cases(rt, true, 1e-5, "K split");
-    }
-  // Slices folded into the matmul's views by fuse_matmul leave chunks partly inside the matrix;
-  // the copies zero-fill the rest. a^T b with b 60 of 64 columns: the last chunk of 8 rows of
-  // b's [k][row] stages has 4 inside. a b with a 61 of 64 columns: the last chunk of 8 k of a's
-  // [row][k] stages has 5 inside (K = 61).
+// Slices folded into the matmul's views by fuse_matmul leave chunks partly inside the matrix;
+// the copies zero-fill the rest. a^T b with b 60 of 64 columns: the last chunk of 8 rows of
+// b's [k][row] stages has 4 inside. a b with a 61 of 64 columns: the last chunk of 8 k of a's
+// [row][k] stages has 5 inside (K = 61).
+void check_bf16_mma_sliced_cases(cuda::Runtime& rt) {
   auto check_sliced = [&rt](const std::string& name, std::vector<InputSpec> inputs, BuildFn build) {
     SCOPED_TRACE(name);
     testing::Harness h(std::move(inputs), std::move(build), 7);
@@ -364,6 +342,45 @@ void check_bf16_mma_cases(cuda::Runtime& rt) {
     ValueId padded = bld.concat({x[0], bld.fill({40, 3}, DType::f32, std::numeric_limits<double>::infinity())}, 1);
     return bld.matmul(bld.slice(bld.cast(padded, DType::bf16), 1, 0, 61), bld.cast(x[1], DType::bf16));
   });
+}
+
+// The cases whose a and b are both stored with rows contiguous (both staged [k][row]).
+bool both_rows_contiguous(const std::string& name) {
+  return name == "bf16_mma_a_rows_b_rows" || name == "bf16_mma_batched_a_rows" || name == "bf16_mma_a_rows_k200";
+}
+
+void check_bf16_mma_cases(cuda::Runtime& rt) {
+  cuda::ForceBf16Mma on;
+  for_each_mma_tiling([&rt](const MmaTilingCase& t) {
+    for (const LoweringCase& lc : bf16_mma_cases()) {
+      SCOPED_TRACE(lc.name);
+      std::string dump;
+      check_case(lc, rt, &dump);
+      EXPECT_NE(dump.find("mma.sync bf16"), std::string::npos) << dump;
+      EXPECT_TRUE(names_mma_tiling(dump, t, both_rows_contiguous(lc.name))) << dump;
+    }
+    check_fused_interior_cases(rt, true, 1e-5, std::string("tile ") + t.tile + "x32");
+    check_bf16_mma_sliced_cases(rt);
+  });
+  // Split-K (KILN_MMA_SPLIT_K): K in 2 or 3 ranges across blocks, their partials added by each
+  // tile's last block; batches, every layout, K of 2-7 steps (k200: ranges of 96, 96 and 8), and
+  // the epilogues after the sum. The sums' order differs from one block's: 1e-5 as before.
+  for (const char* split : {"2", "3"})
+    for (const MmaTilingCase& t : {MmaTilingCase{"128x128", "3"}, MmaTilingCase{"128x256", "2"}}) {
+      SCOPED_TRACE(std::string("split ") + split + ", " + t.tile + ", " + t.stages + " stages");
+      testing::ScopedEnv splits("KILN_MMA_SPLIT_K", split), tile("KILN_MMA_TILE", t.tile),
+          stages("KILN_MMA_STAGES", t.stages);
+      for (const LoweringCase& lc : bf16_mma_cases()) {
+        SCOPED_TRACE(lc.name);
+        std::string dump;
+        check_case(lc, rt, &dump);
+        if (lc.name.find("k200") != std::string::npos || lc.name == "bf16_mma_batched") {  // K of 7 and 2 steps
+          EXPECT_NE(dump.find("K split"), std::string::npos) << dump;
+        }
+      }
+      check_fused_interior_cases(rt, true, 1e-5, "K split");
+      check_bf16_mma_sliced_cases(rt);
+    }
   // b stored [k][n] with rows of 50 bf16 (100 bytes): its chunks are not 16-byte aligned, so
   // the widened-tile kernel runs it.
   LoweringCase unaligned{"bf16_b_unaligned_rows",
@@ -466,7 +483,9 @@ TEST(Lowering, GpuMatmulsOnBf16MmaMatchEigen) {
 // ptxas (sm_80, sm_90) and spill nothing on sm_90; `label` names the setting in the printout.
 void expect_bf16_mma_kernels_pass_ptxas(const std::string& label) {
   for (bool wide_indices : {false, true}) {
-    if (wide_indices && label.find("128x128, 2") == std::string::npos) continue;  // 64-bit indices: the default
+    // 64-bit indices: with the default tiling and the split ones only (ptxas's time)
+    if (wide_indices && label.find("128x128, 2") == std::string::npos && label.find("K split") == std::string::npos)
+      continue;
     std::optional<cuda::ForceWideIndices> wide;
     if (wide_indices) wide.emplace();
     std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
@@ -528,6 +547,12 @@ TEST(Lowering, Bf16MmaSplitsKWhereTheGridLeavesSmsIdle) {
   d = dump_of({4096, 1024}, {1024, 4096}, false, false);
   EXPECT_NE(d.find("mma.sync bf16"), std::string::npos) << d;
   EXPECT_EQ(d.find("K split"), std::string::npos) << d;
+  // K = 0, split forced or not: no split, zeros stored.
+  for (const char* forced : {"auto", "2"}) {
+    testing::ScopedEnv setting("KILN_MMA_SPLIT_K", forced);
+    d = dump_of({40, 0}, {0, 24}, false, true);
+    EXPECT_EQ(d.find("K split"), std::string::npos) << d;
+  }
 }
 
 void expect_matmul_kernels_pass_ptxas_without_spills() {

@@ -532,7 +532,8 @@ TEST_F(FakeDriverTest, ChecksTheParameterBufferAndLaunchDimensions) {
 // y[t] = 2 x[(t + 1) % 256] for a block of 256 threads, through two 32 KiB shared arrays: 64
 // KiB, over the static limit, so the arrays are carved from dynamic shared memory. Each value is
 // stored at the start of `low` and at the end of `high` and read back from the neighbour's
-// slots: a wrong offset of the second array, or an allocation short of its end, shows.
+// slots. (The simulator takes the arrays' offsets from the kernel IR, not from the PTX: the
+// printed offsets are checked as text below, and by ptxas and the GPU tier.)
 kir::Kernel wide_shared_kernel() {
   kir::KernelBuilder b("kiln_test_wide_shared");
   Reg x = b.param("x", Type::u64), y = b.param("y", Type::u64);

@@ -86,9 +86,10 @@ struct Module {
 struct Function {
   uintptr_t module = 0;
   std::shared_ptr<const Observed> kernel;
-  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: what a launch may pass, as the driver
-  // allows without the attribute raised (the static limit, less the kernel's static arrays).
-  int64_t max_dynamic_shared = -1;  // -1: not set
+  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as set by cuFuncSetAttribute, or -1 while
+  // unset (a launch may then pass what the driver allows by default: the static limit less the
+  // kernel's static arrays).
+  int64_t max_dynamic_shared = -1;
 };
 
 struct Link {

@@ -253,8 +253,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   const bool bf16_values = bf16_valued(0, f.a) && bf16_valued(1, f.b);
   const std::optional<std::array<Bf16Stage, 2>> mma_stages = bf16_mma_stages(c, op, f);
   // Whatever the grid: a tensor-core block does about 5x the work of an FFMA block in the same
-  // time and two fit on an SM, so even grids too small for the FFMA kernels' large tiles gain
-  // (a weight gradient of 144 blocks: 1.3 ms in 64x64 FFMA tiles on an H100).
+  // time (and two 128x128 blocks fit on an SM), so even grids too small for the FFMA kernels'
+  // large tiles gain (a weight gradient of 144 blocks: 1.3 ms in 64x64 FFMA tiles on an H100).
   const bool bf16_mma = mma_stages.has_value();
   const MmaTiling mma = bf16_mma ? choose_mma_tiling(*mma_stages) : MmaTiling{};
   // The mma tiles' accumulators: pm x pn = 128 x tn / 256 a thread, as 4 x tn / 32 products of 16x8.
@@ -264,10 +264,13 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   // [s k_split, min((s + 1) k_split, K)) with k_split a whole number of steps; each writes its
   // partial tile to scratch, and the tile's last block to arrive adds the partials in split order
   // (no float atomics: the same sums whatever the scheduling) and applies the epilogue.
-  int64_t splits = bf16_mma ? choose_splits(grid_m * grid_n * batch, K, mma) : 1;
-  const int64_t k_split = (K + splits * kMmaTileK - 1) / (splits * kMmaTileK) * kMmaTileK;
-  splits = (K + k_split - 1) / k_split;  // none empty
-  if (batch * splits > 65535 || grid_m > 65535)
+  // (K = 0: no split; the loop runs no step and the epilogue stores zeros. Grid z stays within
+  // its 65535: fewer splits where the batch needs them.)
+  int64_t splits = bf16_mma && K > 0 ? choose_splits(grid_m * grid_n * batch, K, mma) : 1;
+  splits = std::clamp<int64_t>(std::min(splits, 65535 / std::max<int64_t>(batch, 1)), 1, 4);
+  const int64_t k_split = std::max<int64_t>(1, (K + splits * kMmaTileK - 1) / (splits * kMmaTileK)) * kMmaTileK;
+  splits = std::max<int64_t>(1, (K + k_split - 1) / k_split);  // none empty
+  if (batch > 65535 || grid_m > 65535)
     fail(op.prim->name, op.scope,
          "batch " + std::to_string(batch) + " or " + std::to_string(grid_m) +
              " row tiles exceed the grid's y/z limit of 65535");

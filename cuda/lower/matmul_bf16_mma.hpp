@@ -47,7 +47,8 @@ struct MmaTiling {
 };
 
 // KILN_MMA_TILE and KILN_MMA_STAGES (128x128, 2 stages when unset: what was measured on a GPU),
-// with the stages cut to what fits in kir::kMaxSharedBytes (128x256 with b staged [k][row]: 3).
+// with the stages cut to what fits in kir::kMaxSharedBytes (128x256 tiles with both operands
+// staged [k][row]: 3 of 4).
 MmaTiling choose_mma_tiling(const std::array<Bf16Stage, 2>& layout);
 
 // Split-K (KILN_MMA_SPLIT_K): blocks that share an output tile, each over a range of K. "auto":

@@ -357,7 +357,7 @@ LoadedKernel Runtime::load(const kir::Kernel& k) {
                                                     static_cast<int>(dynamic));
         r != CUDA_SUCCESS) {
       driver_.api.cuModuleUnload(m.module);
-      check(r, fmt::format("raising kernel '{}''s dynamic shared memory limit to {} bytes", k.name, dynamic));
+      check(r, fmt::format("raising the dynamic shared memory limit of kernel '{}' to {} bytes", k.name, dynamic));
     }
   }
   int registers = -1;

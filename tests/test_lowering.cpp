@@ -136,6 +136,12 @@ std::vector<LoweringCase> matmul_cases() {
   return out;
 }
 
+// tf32 keeps 10 of f32's 23 mantissa bits; the kernels round operands to nearest (cvt.rna.tf32),
+// each within 2^-11 relative, so each product is within 2^-10 ~ 1e-3 and so is the norm-relative
+// error of a sum of products (cancellation aside). A wrong fragment or accumulator mapping gives
+// errors near 1.
+constexpr double kTf32Tolerance = 1e-3;
+
 // Products with blocks wholly inside c (the tensor-core kernels store those without bounds
 // checks, at immediate offsets, column pairs as 8-byte stores) and blocks on its edges, with the
 // GPT's epilogues, which fuse_matmul folds into the kernel (fused_interior_programs): a bias and
@@ -243,12 +249,8 @@ TEST(Lowering, GpuMatmulCasesWithLargeTilesMatchEigen) {
   check_forced_matmul_cases(*rt, false, 0, kLargeFfmaSummary);
 }
 
-// The tf32 tensor-core kernel (KILN_ALLOW_TF32=1). tf32 keeps 10 of f32's 23 mantissa bits; the
-// kernel rounds operands to nearest (cvt.rna.tf32), each within 2^-11 relative, so each product
-// is within 2^-10 ~ 1e-3 and so is the norm-relative error of a sum of products (cancellation
-// aside). Measured on these cases: 2.6e-4 (6.9e-4 before the rounding, when mma.sync truncated).
-// A wrong fragment or accumulator mapping gives errors near 1.
-constexpr double kTf32Tolerance = 1e-3;
+// The tf32 tensor-core kernel (KILN_ALLOW_TF32=1) within kTf32Tolerance. Measured on these cases:
+// 2.6e-4 (6.9e-4 before the rounding, when mma.sync truncated).
 
 TEST(Lowering, MatmulCasesOnTf32TensorCoresMatchEigen) {
   check_forced_matmul_cases(testing::fake_runtime(), true, kTf32Tolerance, "mma.sync tf32");
@@ -259,23 +261,25 @@ TEST(Lowering, GpuMatmulCasesOnTf32TensorCoresMatchEigen) {
   check_forced_matmul_cases(*rt, true, kTf32Tolerance, "mma.sync tf32");
 }
 
-// The bf16 mma.sync kernel (ldmatrix, cp.async; KILN_BF16_MMA=1, the default): operands stored in
-// bf16 with k contiguous ([row][k] stages, ldmatrix) or with rows contiguous ([k][row] stages,
-// ldmatrix.trans); sizes off the 128x128x32 tile, K of 1, 2, 3 and 7 steps (a partial last one:
-// with 4 stages 7 steps wrap around the stages twice), a batch broadcasting b, an epilogue with
-// a bias. Both sides multiply the same bf16 values
-// exactly: 1e-5, as f32. Chunks partly past the matrix: the sliced cases below. A b whose rows
-// are not 16-byte aligned must take the widened-tile kernel instead.
-std::vector<LoweringCase> bf16_mma_cases() {
-  auto mm = [](const std::string& name, Shape a, Shape b, bool ta, bool tb, bool bias) {
+// The cp.async mma.sync kernel: operands stored with k contiguous ([row][k] stages) or with rows
+// contiguous ([k][row] stages); sizes off the 128x128 tile, K of 1, 2, 3 and 7 steps of 32 (a
+// partial last one: with 4 stages 7 steps wrap around the stages twice), a batch broadcasting b,
+// an epilogue with a bias. `bf16`: the operands cast to bf16 (KILN_BF16_MMA=1, the default;
+// ldmatrix), both sides multiplying the same bf16 values exactly: 1e-5, as f32. Else f32
+// operands for the tf32 kernel (KILN_ALLOW_TF32=1; fragments rounded to tf32): kTf32Tolerance.
+// Chunks partly past the matrix: the sliced cases below. A b whose rows are not 16-byte aligned
+// must take the widened-tile kernel instead.
+std::vector<LoweringCase> mma_cases(bool bf16) {
+  auto mm = [bf16](const std::string& name, Shape a, Shape b, bool ta, bool tb, bool bias) {
     const int64_t n = tb ? b[b.rank() - 2] : b[b.rank() - 1];
-    return LoweringCase{"bf16_mma_" + name,
+    return LoweringCase{(bf16 ? "bf16_mma_" : "tf32_mma_") + name,
                         {f32(a), f32(b), f32({n})},
-                        [bias, ta, tb](Builder& bld, const std::vector<ValueId>& x) {
-                          ValueId y = bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), ta, tb);
+                        [bf16, bias, ta, tb](Builder& bld, const std::vector<ValueId>& x) {
+                          auto operand = [&](ValueId v) { return bf16 ? bld.cast(v, DType::bf16) : v; };
+                          ValueId y = bld.matmul(operand(x[0]), operand(x[1]), ta, tb);
                           return bias ? bld.add(y, x[2]) : y;
                         },
-                        1e-5};
+                        bf16 ? 1e-5 : kTf32Tolerance};
   };
   return {mm("k16", {67, 16}, {91, 16}, false, true, false), mm("k64_bias", {130, 64}, {77, 64}, false, true, true),
           mm("k72", {40, 72}, {200, 72}, false, true, false), mm("batched", {2, 33, 48}, {19, 48}, false, true, true),
@@ -310,11 +314,12 @@ void for_each_mma_tiling(Check check) {
 // of 128x256 tiles with both operands staged [k][row] (rows of 272 and 528 bytes) would take 100
 // KiB, over kir::kMaxSharedBytes: those kernels take 3 (`both_rows`: the case's a and b are
 // stored with rows contiguous).
-bool names_mma_tiling(const std::string& dump, const MmaTilingCase& t, bool both_rows) {
+bool names_mma_tiling(const std::string& dump, const MmaTilingCase& t, bool both_rows, bool bf16) {
   const bool cut = std::string(t.tile) == "128x256" && std::string(t.stages) == "4" && both_rows;
   const std::string stages = std::string(cut ? "3" : t.stages) + " cp.async stages";
-  return dump.find(std::string("tile ") + t.tile + "x32") != std::string::npos &&
-         dump.find(stages) != std::string::npos;
+  return dump.find(std::string("tile ") + t.tile + (bf16 ? "x32" : "x16")) != std::string::npos &&
+         dump.find(stages) != std::string::npos &&
+         dump.find(bf16 ? "mma.sync bf16" : "fragments rounded to tf32") != std::string::npos;
 }
 
 // Slices folded into the matmul's views by fuse_matmul leave chunks partly inside the matrix;
@@ -346,41 +351,66 @@ void check_bf16_mma_sliced_cases(cuda::Runtime& rt) {
 
 // The cases whose a and b are both stored with rows contiguous (both staged [k][row]).
 bool both_rows_contiguous(const std::string& name) {
-  return name == "bf16_mma_a_rows_b_rows" || name == "bf16_mma_batched_a_rows" || name == "bf16_mma_a_rows_k200";
+  for (const char* kind : {"a_rows_b_rows", "batched_a_rows", "a_rows_k200"})
+    if (name.size() > 4 && name.substr(name.find("_mma_") + 5) == kind) return true;
+  return false;
 }
 
-void check_bf16_mma_cases(cuda::Runtime& rt) {
+// The mma cases on `rt` under every tiling, and split-K under two; `bf16` as mma_cases. The tf32
+// kernel runs with tf32 allowed (cuda::ForceTf32Matmuls).
+void check_mma_cases(cuda::Runtime& rt, bool bf16) {
   cuda::ForceBf16Mma on;
-  for_each_mma_tiling([&rt](const MmaTilingCase& t) {
-    for (const LoweringCase& lc : bf16_mma_cases()) {
+  std::optional<cuda::ForceTf32Matmuls> tf32;
+  if (!bf16) tf32.emplace();
+  const double tolerance = bf16 ? 1e-5 : kTf32Tolerance;
+  for_each_mma_tiling([&](const MmaTilingCase& t) {
+    for (const LoweringCase& lc : mma_cases(bf16)) {
       SCOPED_TRACE(lc.name);
       std::string dump;
       check_case(lc, rt, &dump);
-      EXPECT_NE(dump.find("mma.sync bf16"), std::string::npos) << dump;
-      EXPECT_TRUE(names_mma_tiling(dump, t, both_rows_contiguous(lc.name))) << dump;
+      EXPECT_TRUE(names_mma_tiling(dump, t, both_rows_contiguous(lc.name), bf16)) << dump;
     }
-    check_fused_interior_cases(rt, true, 1e-5, std::string("tile ") + t.tile + "x32");
-    check_bf16_mma_sliced_cases(rt);
+    check_fused_interior_cases(rt, bf16, tolerance, std::string("tile ") + t.tile + (bf16 ? "x32" : "x16"));
+    if (bf16) check_bf16_mma_sliced_cases(rt);
   });
   // Split-K (KILN_MMA_SPLIT_K): K in 2 or 3 ranges across blocks, their partials added by each
-  // tile's last block; batches, every layout, K of 2-7 steps (k200: ranges of 96, 96 and 8), and
-  // the epilogues after the sum. The sums' order differs from one block's: 1e-5 as before.
+  // tile's last block; batches, every layout, K of 2-7 steps (k200: ranges of 96, 96 and 8 in
+  // bf16), and the epilogues after the sum. The sums' order differs from one block's: the same
+  // tolerances.
   for (const char* split : {"2", "3"})
     for (const MmaTilingCase& t : {MmaTilingCase{"128x128", "3"}, MmaTilingCase{"128x256", "2"}}) {
       SCOPED_TRACE(std::string("split ") + split + ", " + t.tile + ", " + t.stages + " stages");
       testing::ScopedEnv splits("KILN_MMA_SPLIT_K", split), tile("KILN_MMA_TILE", t.tile),
           stages("KILN_MMA_STAGES", t.stages);
-      for (const LoweringCase& lc : bf16_mma_cases()) {
+      for (const LoweringCase& lc : mma_cases(bf16)) {
         SCOPED_TRACE(lc.name);
         std::string dump;
         check_case(lc, rt, &dump);
-        if (lc.name.find("k200") != std::string::npos || lc.name == "bf16_mma_batched") {  // K of 7 and 2 steps
+        if (lc.name.find("k200") != std::string::npos || lc.name.ends_with("_mma_batched")) {  // K of 7 and 2 steps
           EXPECT_NE(dump.find("K split"), std::string::npos) << dump;
         }
       }
-      check_fused_interior_cases(rt, true, 1e-5, "K split");
-      check_bf16_mma_sliced_cases(rt);
+      check_fused_interior_cases(rt, bf16, tolerance, "K split");
+      if (bf16) check_bf16_mma_sliced_cases(rt);
     }
+  if (!bf16) {
+    // Every element 1 + 3 * 2^-12: tf32 (10 mantissa bits) rounds it to 1 + 2^-10 and truncation
+    // would give 1, so each product is 2^-12 high rounded (4.9e-4 relative over K = 64 terms)
+    // and about 3 * 2^-11 low truncated (1.5e-3): only operands rounded in the kernel pass.
+    const double value = 1 + 3.0 / 4096;
+    LoweringCase rounding{
+        "tf32_mma_rounds_operands",
+        {f32({1, 1})},
+        [value](Builder& bld, const std::vector<ValueId>& x) {
+          ValueId a = bld.fill({96, 64}, DType::f32, value), w = bld.fill({64, 80}, DType::f32, value);
+          return bld.add(bld.matmul(a, w), bld.mul(x[0], bld.fill({1, 1}, DType::f32, 0.0)));
+        },
+        kTf32Tolerance};
+    std::string dump;
+    check_case(rounding, rt, &dump);
+    EXPECT_NE(dump.find("rounded to tf32"), std::string::npos) << dump;
+    return;
+  }
   // b stored [k][n] with rows of 50 bf16 (100 bytes): its chunks are not 16-byte aligned, so
   // the widened-tile kernel runs it.
   LoweringCase unaligned{"bf16_b_unaligned_rows",
@@ -465,23 +495,29 @@ TEST(Lowering, Bf16CastsReadOtherwiseAreNotPadded) {
   EXPECT_EQ(concats(plain, false), 1u);  // the same circuit, the cast not requested
 }
 
-TEST(Lowering, MatmulsOnBf16MmaMatchEigen) { check_bf16_mma_cases(testing::fake_runtime()); }
+TEST(Lowering, MatmulsOnBf16MmaMatchEigen) { check_mma_cases(testing::fake_runtime(), true); }
+
+// The same kernel on f32 operands with tf32 allowed (cp.async stages of f32, fragments rounded
+// to tf32 in registers).
+TEST(Lowering, MatmulsOnTf32MmaMatchEigen) { check_mma_cases(testing::fake_runtime(), false); }
 
 // The same on the kernel's 64-bit index path.
 TEST(Lowering, MatmulsOnBf16MmaMatchEigenWithWideIndices) {
   cuda::ForceWideIndices wide;
-  check_bf16_mma_cases(testing::fake_runtime());
+  check_mma_cases(testing::fake_runtime(), true);
+  check_mma_cases(testing::fake_runtime(), false);
 }
 
 TEST(Lowering, GpuMatmulsOnBf16MmaMatchEigen) {
   KILN_GPU_OR_SKIP(rt);
-  check_bf16_mma_cases(*rt);
+  check_mma_cases(*rt, true);
+  check_mma_cases(*rt, false);
 }
 
 // Both index widths (64-bit: tensors of 2^31 elements and more).
 // Under the tiling the environment sets: the bf16 mma cases and the fused interior cases pass
 // ptxas (sm_80, sm_90) and spill nothing on sm_90; `label` names the setting in the printout.
-void expect_bf16_mma_kernels_pass_ptxas(const std::string& label) {
+void expect_mma_kernels_pass_ptxas(const std::string& label, bool bf16) {
   for (bool wide_indices : {false, true}) {
     // 64-bit indices: with the default tiling and the split ones only (ptxas's time)
     if (wide_indices && label.find("128x128, 2") == std::string::npos && label.find("K split") == std::string::npos)
@@ -489,8 +525,8 @@ void expect_bf16_mma_kernels_pass_ptxas(const std::string& label) {
     std::optional<cuda::ForceWideIndices> wide;
     if (wide_indices) wide.emplace();
     std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-    std::vector<const kir::Kernel*> kernels = lowered_kernels(bf16_mma_cases(), programs);
-    for (auto& p : fused_interior_programs(true, testing::fake_runtime())) {
+    std::vector<const kir::Kernel*> kernels = lowered_kernels(mma_cases(bf16), programs);
+    for (auto& p : fused_interior_programs(bf16, testing::fake_runtime())) {
       for (const auto& k : p->kernels()) kernels.push_back(k.launch->kernel.get());
       programs.push_back(std::move(p));
     }
@@ -501,8 +537,8 @@ void expect_bf16_mma_kernels_pass_ptxas(const std::string& label) {
       const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
       EXPECT_TRUE(r.ok) << k->name << ": " << r.log;
       EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
-      std::printf("%s %s (%s indices): %d registers, %d bytes spilled, %lld bytes shared\n", k->name.c_str(),
-                  label.c_str(), wide_indices ? "u64" : "u32", r.registers, r.spill_stores,
+      std::printf("%s %s %s (%s indices): %d registers, %d bytes spilled, %lld bytes shared\n", k->name.c_str(),
+                  bf16 ? "bf16" : "tf32", label.c_str(), wide_indices ? "u64" : "u32", r.registers, r.spill_stores,
                   static_cast<long long>(k->shared_bytes()));
     }
   }
@@ -513,12 +549,22 @@ TEST(Lowering, Bf16MmaKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   cuda::ForceBf16Mma on;
   for_each_mma_tiling([](const MmaTilingCase& t) {
-    expect_bf16_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages");
+    expect_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages", true);
   });
   for (const MmaTilingCase& t : {MmaTilingCase{"128x128", "4"}, MmaTilingCase{"128x256", "3"}}) {
     testing::ScopedEnv split("KILN_MMA_SPLIT_K", "2"), tile("KILN_MMA_TILE", t.tile),
         stages("KILN_MMA_STAGES", t.stages);
-    expect_bf16_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages, K split 2 ways");
+    expect_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages, K split 2 ways", true);
+  }
+  // tf32 (f32 operands in the stages): the default tiling, the largest, and a split.
+  cuda::ForceTf32Matmuls tf32;
+  expect_mma_kernels_pass_ptxas("128x128, 2 stages", false);
+  for (const MmaTilingCase& t : {MmaTilingCase{"128x256", "4"}, MmaTilingCase{"128x128", "3"}}) {
+    testing::ScopedEnv split("KILN_MMA_SPLIT_K", t.tile == std::string("128x128") ? "2" : "0"),
+        tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages);
+    expect_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages" +
+                                      (t.tile == std::string("128x128") ? ", K split 2 ways" : ""),
+                                  false);
   }
 }
 
@@ -769,17 +815,19 @@ TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
     }
 }
 
-// The same for the bf16 mma kernel: cp.async stores and ldmatrix rows (16 bytes a lane) of
-// [row][k] stages (k-contiguous operands) and [k][row] stages (.trans; ta/tb flip them).
-void expect_no_bf16_mma_bank_conflicts() {
+// The same for the cp.async mma kernel: cp.async stores and ldmatrix rows (16 bytes a lane) of
+// [row][k] stages (k-contiguous operands) and [k][row] stages (.trans; ta/tb flip them); with
+// f32 operands (tf32), the scalar fragment loads (lanes on 8 rows of 4 k).
+void expect_no_mma_bank_conflicts(bool bf16) {
   for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
     const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
     const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
     testing::Harness h({f32(a), f32(b)}, [&](Builder& bl, const std::vector<ValueId>& x) {
+      if (!bf16) return bl.matmul(x[0], x[1], ta, tb);
       return bl.matmul(bl.cast(x[0], DType::bf16), bl.cast(x[1], DType::bf16), ta, tb);
     });
     cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
-    ASSERT_NE(dp.dump().find("mma.sync bf16"), std::string::npos) << dp.dump();
+    ASSERT_NE(dp.dump().find(bf16 ? "mma.sync bf16" : "rounded to tf32"), std::string::npos) << dp.dump();
     cuda::fake_driver_count_bank_conflicts(true);
     dp.run(h.bindings);
     const auto stats = cuda::fake_driver_kernel_stats();
@@ -795,7 +843,9 @@ void expect_no_bf16_mma_bank_conflicts() {
 
 TEST(Lowering, Bf16MmaSharedMemoryHasNoBankConflicts) {
   cuda::ForceBf16Mma on;
-  for_each_mma_tiling([](const MmaTilingCase&) { expect_no_bf16_mma_bank_conflicts(); });
+  for_each_mma_tiling([](const MmaTilingCase&) { expect_no_mma_bank_conflicts(true); });
+  cuda::ForceTf32Matmuls tf32;  // f32 operands: stages of the same shape, scalar fragment loads
+  for_each_mma_tiling([](const MmaTilingCase&) { expect_no_mma_bank_conflicts(false); });
 }
 
 // Printed for docs/BENCHMARKS.md, not asserted: kernel-IR instructions a thread executes in the

@@ -21,7 +21,7 @@
 // where both carry bf16 values (stored, or f32 read through a rounding to bf16) their products
 // are exact in both kernels and large tiles take the tensor cores. Operands both stored in bf16
 // (16-byte aligned rows, k or rows contiguous) run a third kernel instead, unless
-// KILN_BF16_MMA=0: bf16 mma.sync fed by ldmatrix from 2-4 cp.async stages (matmul_bf16_mma.cpp). Row
+// KILN_BF16_MMA=0: bf16 mma.sync fed by ldmatrix from 2-4 cp.async stages (matmul_mma.cpp). Row
 // sums of A (a bias gradient) come out of the blocks of the first tile column, from the tiles in
 // shared memory.
 #include "circuit/prims/fused_matmul.hpp"
@@ -39,7 +39,7 @@
 #include "cuda/lower/elementwise.hpp"
 #include "cuda/lower/families.hpp"
 #include "cuda/lower/fused_matmul.hpp"
-#include "cuda/lower/matmul_bf16_mma.hpp"
+#include "cuda/lower/matmul_mma.hpp"
 
 namespace kiln::cuda {
 
@@ -251,12 +251,20 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     return c.info(op.inputs[static_cast<size_t>(i)]).dtype == DType::bf16 || v.prologue == rounded;
   };
   const bool bf16_values = bf16_valued(0, f.a) && bf16_valued(1, f.b);
-  const std::optional<std::array<Bf16Stage, 2>> mma_stages = bf16_mma_stages(c, op, f);
-  // Whatever the grid: a tensor-core block does about 5x the work of an FFMA block in the same
-  // time (and two 128x128 blocks fit on an SM), so even grids too small for the FFMA kernels'
-  // large tiles gain (a weight gradient of 144 blocks: 1.3 ms in 64x64 FFMA tiles on an H100).
-  const bool bf16_mma = mma_stages.has_value();
-  const MmaTiling mma = bf16_mma ? choose_mma_tiling(*mma_stages) : MmaTiling{};
+  // The cp.async mma kernel (matmul_mma.hpp): bf16 operands stored as bf16, or with tf32 allowed
+  // f32 operands stored as f32 (unless 64x64 tiles are forced), each read as stored. Whatever the
+  // grid: a tensor-core block does about 5x the work of an FFMA block in the same time (and two
+  // 128x128 blocks fit on an SM), so even grids too small for the FFMA kernels' large tiles gain
+  // (a weight gradient of 144 blocks: 1.3 ms in 64x64 FFMA tiles on an H100).
+  MmaInput mma_input = MmaInput::bf16;
+  std::optional<std::array<MmaStage, 2>> mma_stages = mma_stage_layouts(c, op, f, MmaInput::bf16);
+  const int forced = forced_tile != 0 ? forced_tile : options::matmul_tile();
+  if (!mma_stages && (forced_tf32 || options::allow_tf32()) && forced != 64) {
+    mma_input = MmaInput::tf32;
+    mma_stages = mma_stage_layouts(c, op, f, MmaInput::tf32);
+  }
+  const bool bf16_mma = mma_stages.has_value();  // (either input: the cp.async mma kernel)
+  const MmaTiling mma = bf16_mma ? choose_mma_tiling(*mma_stages, mma_input) : MmaTiling{};
   // The mma tiles' accumulators: pm x pn = 128 x tn / 256 a thread, as 4 x tn / 32 products of 16x8.
   const Tiling tile = bf16_mma ? Tiling{128, mma.tn, 8, mma.tn / 16, true, 8} : choose_tiling(M, N, batch, bf16_values);
   const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
@@ -268,7 +276,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   // its 65535: fewer splits where the batch needs them.)
   int64_t splits = bf16_mma && K > 0 ? choose_splits(grid_m * grid_n * batch, K, mma) : 1;
   splits = std::clamp<int64_t>(std::min(splits, 65535 / std::max<int64_t>(batch, 1)), 1, 4);
-  const int64_t k_split = std::max<int64_t>(1, (K + splits * kMmaTileK - 1) / (splits * kMmaTileK)) * kMmaTileK;
+  const int64_t k_split =
+      std::max<int64_t>(1, (K + splits * mma.tile_k() - 1) / (splits * mma.tile_k())) * mma.tile_k();
   splits = std::max<int64_t>(1, (K + k_split - 1) / k_split);  // none empty
   if (batch > 65535 || grid_m > 65535)
     fail(op.prim->name, op.scope,
@@ -325,11 +334,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   }
 
   const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
-  // bf16 mma: mma.stages stages per operand; else one f32 tile each.
-  Reg as = b.shared_addr(
-      b.shared_array("a_tile", bf16_mma ? mma.stages * stage_bytes((*mma_stages)[0], tile.tm) : 4 * kTileK * pitch_a));
-  Reg bs = b.shared_addr(
-      b.shared_array("b_tile", bf16_mma ? mma.stages * stage_bytes((*mma_stages)[1], tile.tn) : 4 * kTileK * pitch_b));
+  // cp.async mma: mma.stages stages per operand; else one f32 tile each.
+  Reg as = b.shared_addr(b.shared_array(
+      "a_tile", bf16_mma ? mma.stages * stage_bytes((*mma_stages)[0], tile.tm, mma_input) : 4 * kTileK * pitch_a));
+  Reg bs = b.shared_addr(b.shared_array(
+      "b_tile", bf16_mma ? mma.stages * stage_bytes((*mma_stages)[1], tile.tn, mma_input) : 4 * kTileK * pitch_b));
   TileLoader la, lb;
   if (!bf16_mma) {
     la = make_loader(b, it, a_base, f.a, a_dtype, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
@@ -405,8 +414,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       k_begin = first;
       k_end = b.min(it, b.add(it, first, imm_index(it, k_split)), imm_index(it, K));
     }
-    bf16_mma_main_loop(b, it, {a_base, b_base}, {&f.a, &f.b}, *mma_stages, mma, {M, N}, K, k_begin, k_end, {m0, n0},
-                       tid, {as, bs}, warp_m, warp_n, acc);
+    mma_main_loop(b, it, {a_base, b_base}, {&f.a, &f.b}, *mma_stages, mma, {M, N}, K, k_begin, k_end, {m0, n0}, tid,
+                  {as, bs}, warp_m, warp_n, acc);
   } else {
     fetch_tile(b, it, la, b.mov(it, imm_index(it, 0)));
     fetch_tile(b, it, lb, b.mov(it, imm_index(it, 0)));
@@ -630,8 +639,10 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   const char* operands = bf16_values ? ", bf16 operands" : "";
   if (bf16_mma)
     lo.summary = fmt::format(
-        "{}: tile {}x{}x{}, {} threads, mma.sync bf16 on warp tiles {}x{}, ldmatrix, {} cp.async stages{}, {}",
-        op.prim->name, tile.tm, tile.tn, kMmaTileK, kThreads, kWarpTileM, tile.tn / kWarpsN, mma.stages,
+        "{}: tile {}x{}x{}, {} threads, mma.sync {} on warp tiles {}x{}, {}, {} cp.async stages{}, {}", op.prim->name,
+        tile.tm, tile.tn, mma.tile_k(), kThreads, mma_input == MmaInput::bf16 ? "bf16" : "tf32", kWarpTileM,
+        tile.tn / kWarpsN, mma_input == MmaInput::bf16 ? "ldmatrix" : "fragments rounded to tf32 in registers",
+        mma.stages,
         splits > 1 ? fmt::format(", K split {} ways ({} each, partials added in order by each tile's last block)",
                                  splits, k_split)
                    : std::string(),

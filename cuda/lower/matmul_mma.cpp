@@ -1,0 +1,270 @@
+// The cp.async mma.sync matmul kernel's layouts, tiling and main loop (matmul_mma.hpp): the
+// operands' tiles in 2-4 cp.async stages laid out as each is stored; bf16 fragments by ldmatrix
+// into m16n8k16, tf32 fragments by scalar loads rounded in registers into m16n8k8; both into the
+// tf32 FFMA-tile kernel's accumulator layout.
+#include "cuda/lower/matmul_mma.hpp"
+
+#include <algorithm>
+#include <functional>
+
+#include "circuit/ir/options.hpp"
+#include "cuda/lower/util.hpp"
+
+namespace kiln::cuda {
+
+using kir::Cmp;
+using kir::imm_u32;
+
+namespace {
+
+// Operand `stored` read through view v: its stage layout for `input`, or nothing where the kernel
+// cannot copy it as it is in 16-byte chunks (8 bf16 or 4 f32 elements).
+std::optional<MmaStage> stage_of(const Circuit& c, ValueId stored, const MatmulOperand& v, MmaInput input) {
+  const DType dtype = input == MmaInput::bf16 ? DType::bf16 : DType::f32;
+  const int64_t chunk = 16 / element_bytes(input);
+  if (c.info(stored).dtype != dtype || v.prologue != se::in(0) || v.offset % chunk != 0) return std::nullopt;
+  for (int64_t s : v.batch)
+    if (s % chunk != 0) return std::nullopt;
+  if (v.k_stride == 1 && v.row_stride % chunk == 0) return MmaStage::row_k;
+  if (v.row_stride == 1 && v.k_stride % chunk == 0) return MmaStage::k_row;
+  return std::nullopt;
+}
+
+}  // namespace
+
+MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input) {
+  MmaTiling t;
+  t.input = input;
+  if (const int tn = options::mma_tile_n(); tn != 0) t.tn = tn;
+  if (const int stages = options::mma_stages(); stages != 0) t.stages = stages;
+  const int64_t per_stage = stage_bytes(layout[0], 128, input) + stage_bytes(layout[1], t.tn, input);
+  while (t.stages > 2 && t.stages * per_stage > kir::kMaxSharedBytes) --t.stages;
+  return t;
+}
+
+int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling) {
+  const int64_t steps = (K + tiling.tile_k() - 1) / tiling.tile_k();
+  const int setting = options::mma_split_k();
+  if (setting > 0) return std::min<int64_t>(setting, steps);
+  if (setting == 0) return 1;
+  const int64_t slots = (tiling.tn == 128 ? 2 : 1) * kAssumedSms;
+  if (2 * blocks > slots) return 1;
+  return std::clamp<int64_t>(std::min(slots / std::max<int64_t>(blocks, 1), steps / 8), 1, 4);
+}
+
+std::optional<std::array<MmaStage, 2>> mma_stage_layouts(const Circuit& c, const Op& op, const FusedMatmul& f,
+                                                         MmaInput input) {
+  if ((input == MmaInput::bf16 && !options::bf16_mma()) || f.a_row_sums) return std::nullopt;
+  const std::optional<MmaStage> a = stage_of(c, op.inputs[0], f.a, input), b = stage_of(c, op.inputs[1], f.b, input);
+  if (!a || !b) return std::nullopt;
+  return std::array<MmaStage, 2>{*a, *b};
+}
+
+void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::array<const MatmulOperand*, 2> view,
+                   std::array<MmaStage, 2> layout, const MmaTiling& tiling, std::array<int64_t, 2> rows, int64_t K,
+                   kir::Operand k_begin, kir::Operand k_end, std::array<Reg, 2> row0, Reg tid, std::array<Reg, 2> smem,
+                   Reg warp_m, Reg warp_n, std::vector<Reg>& acc) {
+  auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
+  const MmaInput input = tiling.input;
+  const int tile_k = tiling.tile_k();
+  const uint32_t e = element_bytes(input), chunk_elements = 16 / e;
+  const std::array<int, 2> tile_rows{128, tiling.tn};
+  const std::array<uint32_t, 2> pitch{stage_pitch_bytes(layout[0], tile_rows[0], input),
+                                      stage_pitch_bytes(layout[1], tile_rows[1], input)},
+      bytes{stage_bytes(layout[0], tile_rows[0], input), stage_bytes(layout[1], tile_rows[1], input)};
+  // Where chunk `chunk` (of 16 bytes) of row `row` sits in a [row][k] stage.
+  auto swizzled = [&](Reg row, Reg chunk) {
+    Reg flip = b.and_(Type::u32, b.shr(Type::u32, row, imm_u32(1)), imm_u32(3));
+    return b.mad(Type::u32, row, imm_u32(stage_pitch_bytes(MmaStage::row_k, 0, input)),
+                 b.mul(Type::u32, b.xor_(Type::u32, chunk, flip), imm_u32(16)));
+  };
+  // Stage loads: operand o's rows x tile_k tile is 4 rows chunks of 16 bytes (ce = 8 bf16 or 4
+  // f32 elements); thread t copies chunks t, t + 256, ... [row][k]: chunk c is row c / 4, k ce
+  // (c % 4) .. + ce - 1. [k][row]: chunk c is k c / (rows / ce), rows ce (c % (rows / ce)) .. +
+  // ce - 1. Elements past the matrix are zero-filled (the copy reads only the bytes inside it).
+  // stage[o]: the byte offset of the stage filled.
+  auto issue = [&](Reg k0, std::array<Reg, 2> stage) {
+    for (size_t o = 0; o < 2; ++o) {
+      const auto row_chunks = static_cast<uint32_t>(tile_rows[o]) / chunk_elements;
+      for (uint32_t s = 0; s < static_cast<uint32_t>(tile_rows[o]) * 4 / kMmaThreads; ++s) {
+        Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(s * kMmaThreads));
+        const bool row_k = layout[o] == MmaStage::row_k;
+        Reg r = row_k ? b.shr(Type::u32, chunk, imm_u32(2))
+                      : b.mul(Type::u32, b.rem(Type::u32, chunk, imm_u32(row_chunks)), imm_u32(chunk_elements));
+        Reg kc = row_k ? b.and_(Type::u32, chunk, imm_u32(3)) : b.div(Type::u32, chunk, imm_u32(row_chunks));
+        Reg grow = b.add(it, row0[o], widen(r));
+        Reg gk = b.add(it, k0, widen(row_k ? b.mul(Type::u32, kc, imm_u32(chunk_elements)) : kc));
+        Reg ok =
+            b.and_(Type::pred, b.setp(Cmp::lt, grow, imm_index(it, rows[o])), b.setp(Cmp::lt, gk, imm_index(it, K)));
+        // The chunk's elements inside the matrix, e bytes each: min(K - gk, ce) along k, min(rows
+        // - grow, ce) along rows; the copy zero-fills the rest.
+        Reg left = row_k ? b.min(it, b.sub(it, imm_index(it, K), gk), imm_index(it, chunk_elements))
+                         : b.min(it, b.sub(it, imm_index(it, rows[o]), grow), imm_index(it, chunk_elements));
+        if (it != Type::u32) left = b.cvt(Type::u32, left);
+        Reg copied = b.selp(Type::u32, b.mul(Type::u32, left, imm_u32(e)), imm_u32(0), ok);
+        Reg at =
+            row_k ? scaled_add(b, it, grow, view[o]->row_stride, gk) : scaled_add(b, it, gk, view[o]->k_stride, grow);
+        Reg src = b.selp(Type::u64, b.address(base[o], at, static_cast<int>(e)), base[o], ok);
+        Reg dst = row_k ? b.add(Type::u32, swizzled(r, kc), smem[o])
+                        : b.mad(Type::u32, kc, imm_u32(pitch[o]), b.mad(Type::u32, r, imm_u32(e), smem[o]));
+        b.cp_async(b.add(Type::u32, dst, stage[o]), src, 16, copied);
+      }
+    }
+  };
+  Reg lane = b.and_(Type::u32, tid, imm_u32(31));
+  const auto n_tiles = static_cast<size_t>(tiling.warp_n_tiles());
+  // acc[(mi * n_tiles + ni) * 4 + i] += a(mi) b(ni), the fragments given.
+  auto mma_all = [&](kir::MmaShape shape, const std::vector<std::vector<kir::Operand>>& fa,
+                     const std::vector<std::vector<kir::Operand>>& fb) {
+    for (size_t mi = 0; mi < 4; ++mi)
+      for (size_t ni = 0; ni < n_tiles; ++ni) {
+        const size_t at = (mi * n_tiles + ni) * 4;
+        const std::vector<kir::Operand> c(acc.begin() + static_cast<std::ptrdiff_t>(at),
+                                          acc.begin() + static_cast<std::ptrdiff_t>(at + 4));
+        const std::vector<Reg> d = b.mma(shape, fa[mi], fb[ni], c);
+        for (size_t i = 0; i < 4; ++i) b.set(acc[at + i], d[i]);
+      }
+  };
+  std::function<void(std::array<Reg, 2>)> compute;  // one step's products on the stages given
+  if (input == MmaInput::bf16) {
+    // ldmatrix.x4 loads four 8x8 matrices, lanes 8j .. 8j + 7 giving the shared addresses of
+    // matrix j's 8 rows. A (16 rows x 16 k; a0a1, a2a3, a4a5, a6a7): matrix j covers rows 8 (j %
+    // 2), k 8 (j / 2); B (two n8 tiles x 16 k; b0b1, b2b3 of each): rows 8 (j / 2), k 8 (j % 2).
+    // A lane's address is row (low) of its matrix for [row][k] stages, k (low) with .trans for
+    // [k][row]. lane_at[o][h]: operand o's lane address for the k half h (k 16 h .. + 15) of a step.
+    Reg low = b.and_(Type::u32, lane, imm_u32(7)),
+        mid = b.and_(Type::u32, b.shr(Type::u32, lane, imm_u32(3)), imm_u32(1)),
+        high = b.shr(Type::u32, lane, imm_u32(4));
+    auto lane_address = [&](size_t o, Reg warp_row, Reg row_part, Reg k_part, uint32_t h) {
+      Reg row = b.add(Type::u32, warp_row, b.mul(Type::u32, row_part, imm_u32(8)));
+      Reg chunk = b.add(Type::u32, k_part, imm_u32(2 * h));  // of 8 k
+      if (layout[o] == MmaStage::row_k) return b.add(Type::u32, swizzled(b.add(Type::u32, row, low), chunk), smem[o]);
+      Reg k = b.mad(Type::u32, chunk, imm_u32(8), low);
+      return b.mad(Type::u32, k, imm_u32(pitch[o]), b.mad(Type::u32, row, imm_u32(2), smem[o]));
+    };
+    const std::array<std::array<Reg, 2>, 2> lane_at{
+        std::array<Reg, 2>{lane_address(0, warp_m, mid, high, 0), lane_address(0, warp_m, mid, high, 1)},
+        std::array<Reg, 2>{lane_address(1, warp_n, high, mid, 0), lane_address(1, warp_n, high, mid, 1)}};
+    // Rows 16 i further on (the swizzle repeats every 8 rows).
+    auto fragments = [&, lane_at](size_t o, Reg stage, uint32_t h, uint32_t i) {
+      const uint32_t rows_on = layout[o] == MmaStage::row_k ? i * 16 * pitch[o] : i * 16 * 2;
+      return b.ldmatrix(4, layout[o] == MmaStage::k_row,
+                        b.add(Type::u32, b.add(Type::u32, lane_at[o][h], stage), imm_u32(rows_on)));
+    };
+    compute = [&, fragments](std::array<Reg, 2> stage) {
+      for (uint32_t h = 0; h < static_cast<uint32_t>(tile_k) / 16; ++h) {
+        std::vector<std::vector<kir::Operand>> fa(4), fb(n_tiles);
+        for (uint32_t mi = 0; mi < 4; ++mi)
+          for (Reg r : fragments(0, stage[0], h, mi)) fa[mi].push_back(r);
+        for (uint32_t nj = 0; nj < n_tiles / 2; ++nj) {
+          const std::vector<Reg> m = fragments(1, stage[1], h, nj);
+          fb[2 * nj] = {m[0], m[1]};
+          fb[2 * nj + 1] = {m[2], m[3]};
+        }
+        mma_all(kir::MmaShape::m16n8k16_bf16, fa, fb);
+      }
+    };
+  } else {
+    // tf32: ldmatrix moves 16-bit elements, so each fragment element is a scalar shared load,
+    // rounded to tf32 (cvt.rna) in registers. The m16n8k8 tables (g = lane / 4, q = lane % 4):
+    // a_i at row g + 8 (i % 2), k q + 4 (i / 2); b_i at k q + 4 i, column g. An element dr rows
+    // and dk k past the lane's own (row g, k q), dr a multiple of 8 and dk of 4, is at
+    //  - [row][k]: (row) 64 + ((k / 4) ^ s) 16 + 4 q with s = (g / 2) % 4 (dr does not change it):
+    //    the lane's base for chunk c = dk / 4 of the step's k, plus 64 dr;
+    //  - [k][row]: (q + dk) pitch + 4 (row): the lane's base plus dk pitch + 4 dr.
+    Reg g = b.shr(Type::u32, lane, imm_u32(2)), q = b.and_(Type::u32, lane, imm_u32(3));
+    Reg flip = b.and_(Type::u32, b.shr(Type::u32, g, imm_u32(1)), imm_u32(3));
+    std::array<std::array<Reg, 4>, 2> lane_base;  // [o][c]: [row][k] by chunk; [k][row]: [o][0]
+    const std::array<Reg, 2> warp_row{warp_m, warp_n};
+    for (size_t o = 0; o < 2; ++o) {
+      Reg row = b.add(Type::u32, warp_row[o], g);
+      if (layout[o] == MmaStage::row_k) {
+        Reg row_start = b.mad(Type::u32, row, imm_u32(64), b.mad(Type::u32, q, imm_u32(4), smem[o]));
+        for (uint32_t c = 0; c < 4; ++c)
+          lane_base[o][c] = b.mad(Type::u32, b.xor_(Type::u32, flip, imm_u32(c)), imm_u32(16), row_start);
+      } else {
+        lane_base[o][0] = b.mad(Type::u32, q, imm_u32(pitch[o]), b.mad(Type::u32, row, imm_u32(4), smem[o]));
+      }
+    }
+    auto element = [&, lane_base](size_t o, Reg stage, uint32_t dr, uint32_t dk) {
+      const bool row_k = layout[o] == MmaStage::row_k;
+      Reg at = b.add(Type::u32, row_k ? lane_base[o][dk / 4] : lane_base[o][0], stage);
+      const int64_t offset = row_k ? int64_t{64} * dr : int64_t{dk} * pitch[o] + int64_t{4} * dr;
+      return b.unary(kir::Opc::RoundTf32, Type::f32, b.ld(kir::Space::shared, Type::f32, at, offset));
+    };
+    compute = [&, element](std::array<Reg, 2> stage) {
+      for (uint32_t kk = 0; kk < static_cast<uint32_t>(tile_k); kk += 8) {
+        std::vector<std::vector<kir::Operand>> fa(4), fb(n_tiles);
+        for (uint32_t mi = 0; mi < 4; ++mi)
+          for (uint32_t i = 0; i < 4; ++i)
+            fa[mi].push_back(element(0, stage[0], 16 * mi + 8 * (i % 2), kk + 4 * (i / 2)));
+        for (uint32_t ni = 0; ni < n_tiles; ++ni)
+          for (uint32_t i = 0; i < 2; ++i) fb[ni].push_back(element(1, stage[1], 8 * ni, kk + 4 * i));
+        mma_all(kir::MmaShape::m16n8k8_tf32, fa, fb);
+      }
+    };
+  }
+  // The stage after `stage` (byte offsets, stage s of operand o at s * bytes[o]), cycling.
+  const auto stages = static_cast<uint32_t>(tiling.stages);
+  auto advance = [&](std::array<Reg, 2> stage) {
+    for (size_t o = 0; o < 2; ++o) {
+      Reg next = b.add(Type::u32, stage[o], imm_u32(bytes[o]));
+      b.set(stage[o], b.selp(Type::u32, imm_u32(0), next, b.setp(Cmp::eq, next, imm_u32(stages * bytes[o]))));
+    }
+  };
+  auto offsets = [&](uint32_t s) {
+    return std::array<Reg, 2>{b.mov(Type::u32, imm_u32(s * bytes[0])), b.mov(Type::u32, imm_u32(s * bytes[1]))};
+  };
+  const std::array<Reg, 2> read = offsets(0);  // the stage computed on
+  // Emits `issue_step` where the step `ahead` k past k_begin lies before k_end: decided here
+  // when both are immediates (no split), in the kernel otherwise.
+  auto if_step = [&](int64_t ahead, const std::function<void()>& issue_step) {
+    if (k_begin.is_imm && k_end.is_imm) {
+      if (static_cast<int64_t>(k_begin.bits) + ahead < static_cast<int64_t>(k_end.bits)) issue_step();
+      return;
+    }
+    b.if_(b.setp(Cmp::lt, b.add(it, k_begin, imm_index(it, ahead)), k_end), issue_step);
+  };
+  auto k_at = [&](int64_t ahead) { return ahead == 0 ? b.mov(it, k_begin) : b.add(it, k_begin, imm_index(it, ahead)); };
+  if (stages == 2) {
+    // Two stages: the next step's copies are issued before this step's wait, so they are in
+    // flight during it and the arithmetic; a second barrier keeps them off the stage until every
+    // warp is done with it.
+    if_step(0, [&] { issue(k_at(0), read); });
+    b.cp_async_commit();
+    b.for_(k_begin, k_end, imm_index(it, tile_k), [&](Reg k0) {
+      Reg next = b.add(it, k0, imm_index(it, tile_k));
+      const std::array<Reg, 2> other{b.xor_(Type::u32, read[0], imm_u32(bytes[0])),
+                                     b.xor_(Type::u32, read[1], imm_u32(bytes[1]))};
+      b.if_(b.setp(Cmp::lt, next, k_end), [&] { issue(next, other); });
+      b.cp_async_commit();  // possibly empty: the group count stays one a step
+      b.cp_async_wait(1);   // this step's stage has landed
+      b.bar();
+      compute(read);
+      b.bar();  // every warp is done with this stage before the next step's copies refill it
+      for (size_t o = 0; o < 2; ++o) b.set(read[o], other[o]);
+    });
+  } else {
+    // S stages, one barrier a step: steps 0 .. S - 2 are issued first; step i waits for its
+    // own group (S - 2 younger ones may stay in flight), meets the barrier (after which every
+    // warp is done with step i - 1's stage), refills that stage with step i + S - 1, computes.
+    for (uint32_t s = 0; s + 1 < stages; ++s) {
+      if_step(int64_t{s} * tile_k, [&] { issue(k_at(int64_t{s} * tile_k), offsets(s)); });
+      b.cp_async_commit();  // possibly empty
+    }
+    const std::array<Reg, 2> write = offsets(stages - 1);  // the stage refilled
+    b.for_(k_begin, k_end, imm_index(it, tile_k), [&](Reg k0) {
+      b.cp_async_wait(static_cast<int>(stages) - 2);
+      b.bar();
+      Reg ahead = b.add(it, k0, imm_index(it, static_cast<int64_t>(stages - 1) * tile_k));
+      b.if_(b.setp(Cmp::lt, ahead, k_end), [&] { issue(ahead, write); });
+      b.cp_async_commit();  // possibly empty: one group a step
+      compute(read);
+      advance(read);
+      advance(write);
+    });
+  }
+  b.cp_async_wait(0);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,85 @@
+// The bf16 mma.sync matmul kernel's pieces (matmul_mma.cpp), which the matmul lowering
+// (fused_matmul.cpp) puts around its prologue and epilogue. Internal to cuda/lower/.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "circuit/prims/fused_matmul.hpp"
+#include "cuda/lower/lower.hpp"
+#include "cuda/lower/util.hpp"
+
+namespace kiln::cuda {
+
+// The lowering does not know the device: grid sizes are judged against an H100's SM count.
+constexpr int64_t kAssumedSms = 132;
+constexpr int kMmaThreads = 256;  // a block: 8 warps
+
+// The cp.async mma.sync kernel: bf16 operands (on unless KILN_BF16_MMA=0; m16n8k16, k steps of
+// 32, fragments by ldmatrix) or f32 operands on tf32 tensor cores (KILN_ALLOW_TF32=1; m16n8k8,
+// k steps of 16, fragments by scalar shared loads rounded to tf32 in registers). Block tiles of
+// 128x128 or 128x256 (KILN_MMA_TILE), 2-4 shared stages (KILN_MMA_STAGES) filled by cp.async
+// (16-byte chunks, zero-filled past the matrix), 8 warps as 2 x 4, warp tiles of 64 x (tn / 4)
+// (64x32: the tf32 FFMA-tile kernel's warps and accumulator layout). Each operand's stage is laid
+// out as it is stored (MmaStage): k contiguous (x W^T, dY W^T) as [row][k]; rows contiguous (x W
+// with W stored [k][n], the weight gradients' X^T dY) as [k][row] (ldmatrix.trans for bf16). Both
+// need the operand stored in the input's type with 16-byte aligned chunks, no prologue, and no
+// row sums. A stage row of k is 64 bytes either way: 32 bf16 or 16 f32.
+enum class MmaInput { bf16, tf32 };
+enum class MmaStage { row_k, k_row };
+constexpr uint32_t element_bytes(MmaInput in) { return in == MmaInput::bf16 ? 2 : 4; }
+constexpr int mma_tile_k(MmaInput in) { return in == MmaInput::bf16 ? 32 : 16; }
+// Bytes from one shared row to the next. [row][k]: 64 (a row's 4 chunks of 16 bytes), the chunks
+// swizzled (chunk j of row r at j ^ ((r / 2) % 4)) so that the 8 rows an ldmatrix phase reads
+// (or the 8 rows x 4 words of a tf32 fragment load), and the 8 chunks a cp.async phase writes,
+// fall on distinct banks. [k][row]: the row's elements and 8 more, an odd number of 16-byte
+// groups (bf16: 17 or 33), or rows of 4 (mod 32) words (f32), which does the same for
+// ldmatrix.trans and for the tf32 fragments (lanes on 8 rows of 4 k).
+constexpr uint32_t stage_pitch_bytes(MmaStage s, int rows, MmaInput in) {
+  return s == MmaStage::row_k ? 64 : element_bytes(in) * static_cast<uint32_t>(rows + 8);
+}
+// One stage of an operand's tile of `rows` rows.
+constexpr uint32_t stage_bytes(MmaStage s, int rows, MmaInput in) {
+  return s == MmaStage::row_k ? static_cast<uint32_t>(rows) * stage_pitch_bytes(s, rows, in)
+                              : static_cast<uint32_t>(mma_tile_k(in)) * stage_pitch_bytes(s, rows, in);
+}
+struct MmaTiling {
+  MmaInput input = MmaInput::bf16;
+  int tn = 128;                                 // the block tile's columns (its rows are 128)
+  int stages = 2;                               // cp.async stages
+  int warp_n_tiles() const { return tn / 32; }  // 16x8 products along n in a warp's tile
+  int tile_k() const { return mma_tile_k(input); }
+};
+
+// KILN_MMA_TILE and KILN_MMA_STAGES (128x128, 2 stages when unset: what was measured on a GPU),
+// with the stages cut to what fits in kir::kMaxSharedBytes (128x256 tiles with both operands
+// staged [k][row]: 3 of 4).
+MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input);
+
+// Split-K (KILN_MMA_SPLIT_K): blocks that share an output tile, each over a range of K. "auto":
+// where the grid's `blocks` fill fewer than half the block slots of the SMs (two blocks an SM in
+// 128x128 tiles, one in 128x256; a weight gradient of 768 x 768 outputs over 8192 tokens has 36
+// blocks for 132 SMs), as many splits (up to 4) as fit in those slots, each at least 8 steps of
+// K. Forced: that many, at most one a step of K. Returns the splits (1: none).
+int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling);
+
+// Both operands' stage layouts for `input` (operands stored in its type, k or rows contiguous,
+// 16-byte aligned chunks, no prologue, no row sums; bf16: KILN_BF16_MMA not 0), or nothing where
+// the kernel does not apply.
+std::optional<std::array<MmaStage, 2>> mma_stage_layouts(const Circuit& c, const Op& op, const FusedMatmul& f,
+                                                         MmaInput input);
+
+// The mma kernel's main loop (mma_stage_layouts): operand o's rows row0[o] .. + rows_o - 1
+// (128 for a, tiling.tn for b) of rows[o], over k in [k_begin, k_end) in steps of tiling.tile_k()
+// (K in all; a split of K ends at a step boundary or at K, so the copies' zero-fill at K is the
+// only one a step needs), into acc as the tf32 kernel lays it out (acc[(mi * warp_n_tiles + ni)
+// * 4 + i]: the 16x8 product (mi, ni) of warp tile (warp_m, warp_n)). smem[o] holds
+// tiling.stages stages: while one is computed on, cp.async fills the others.
+void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::array<const MatmulOperand*, 2> view,
+                   std::array<MmaStage, 2> layout, const MmaTiling& tiling, std::array<int64_t, 2> rows, int64_t K,
+                   kir::Operand k_begin, kir::Operand k_end, std::array<Reg, 2> row0, Reg tid, std::array<Reg, 2> smem,
+                   Reg warp_m, Reg warp_n, std::vector<Reg>& acc);
+
+}  // namespace kiln::cuda

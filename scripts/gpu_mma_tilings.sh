@@ -3,8 +3,8 @@
 # one sitting that picks the bf16 mma matmul kernel's tiling (KILN_MMA_TILE x KILN_MMA_STAGES x
 # KILN_MMA_SPLIT_K):
 #   1. the GPU tier's bf16 matmul cases (every tiling against Eigen) and bf16 GPT steps;
-#   2. kiln's GEMM alone at each tiling (bf16 operands, b stored [k][n]), and cuBLAS bf16 through
-#      PyTorch on the same shapes;
+#   2. kiln's GEMM alone at each tiling (bf16 operands, b stored [k][n]; and f32 operands on tf32
+#      at two tilings), and cuBLAS bf16 and tf32 through PyTorch on the same shapes;
 #   3. GPT-2 small's bf16 step at the tilings in KILN_STEP_TILINGS (two turns, alternated; medians
 #      of 10 traced steps), and PyTorch eager with autocast bf16 once.
 # A tiling is TILE:STAGES[:SPLIT] (128x128:2:0 is the default when no variable is set; SPLIT is
@@ -17,7 +17,7 @@ bundle=${1:-gpu-bundle}
 run="$bundle/run"
 log=${OUT:-.}/mma-tilings.log
 shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,768x768x8192,8192x50257x768,8192x3072x768}
-gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 128x128:3 128x128:4 128x256:2 128x256:3 128x256:4 128x128:3:auto 128x128:4:auto}
+gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 128x128:3 128x128:4 128x256:3 128x256:4 128x128:4:auto}
 step_tilings=${KILN_STEP_TILINGS:-128x128:2 128x128:4 128x256:3 128x128:4:auto}
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
 with_tiling() {  # TILE:STAGES[:SPLIT], then a command
@@ -36,8 +36,13 @@ with_tiling() {  # TILE:STAGES[:SPLIT], then a command
     with_tiling "$tiling" timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 \
       --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
   done
-  echo "== torch gemm bf16"
-  timeout 90 python3 scripts/bench_torch_gemm.py "$shapes" --dtypes bf16 2>&1 | grep -E 'gemm|rror'
+  for tiling in 128x128:2 128x128:4; do
+    echo "== kiln gemm tf32 (f32 operands, KILN_ALLOW_TF32=1), $tiling"
+    with_tiling "$tiling" env KILN_ALLOW_TF32=1 timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda \
+      --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
+  done
+  echo "== torch gemm bf16, tf32"
+  timeout 120 python3 scripts/bench_torch_gemm.py "$shapes" --dtypes bf16,tf32 2>&1 | grep -E 'gemm|rror'
   echo "== GPT-2 small bf16 step"
   for turn in 1 2; do
     for tiling in $step_tilings; do

@@ -2,7 +2,7 @@
 # On a GPU machine, from the repository root, with a bundle made as gpu-check.sh's header says:
 # one sitting that picks the bf16 mma matmul kernel's tiling (KILN_MMA_TILE x KILN_MMA_STAGES x
 # KILN_MMA_SPLIT_K):
-#   1. the GPU tier's bf16 matmul cases (every tiling against Eigen) and bf16 GPT steps;
+#   1. the GPU tier's mma matmul cases (bf16 and tf32, every tiling against Eigen) and GPT steps;
 #   2. kiln's GEMM alone at each tiling (bf16 operands, b stored [k][n]; and f32 operands on tf32
 #      at two tilings), and cuBLAS bf16 and tf32 through PyTorch on the same shapes;
 #   3. GPT-2 small's bf16 step at the tilings in KILN_STEP_TILINGS (two turns, alternated; medians
@@ -29,7 +29,7 @@ with_tiling() {  # TILE:STAGES[:SPLIT], then a command
 {
   echo "== tests"
   KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE=1 timeout 200 "$run" \
-    "$bundle/bin/kiln_tests" --gtest_filter='Lowering.GpuMatmulsOnBf16MmaMatchEigen:GpuGpt.*' 2>&1 |
+    "$bundle/bin/kiln_tests" --gtest_filter='Lowering.GpuMatmulsOnMmaMatchEigen:GpuGpt.*' 2>&1 |
     grep -E '^\[  (FAILED|PASSED)|Failure|rror' | head -n 20
   for tiling in $gemm_tilings; do
     echo "== kiln gemm bf16, $tiling"

@@ -200,8 +200,9 @@ std::vector<std::unique_ptr<cuda::DeviceProgram>> fused_interior_programs(bool b
 }
 
 // The interior cases, fused, against Eigen: each program's dump must show `summary` (the kernel
-// asked for) and the matmul's epilogue (no separate pointwise kernel).
-void check_fused_interior_cases(cuda::Runtime& rt, bool bf16, double tolerance, const std::string& summary) {
+// asked for) and `kernel`, and the matmul's epilogue (no separate pointwise kernel).
+void check_fused_interior_cases(cuda::Runtime& rt, bool bf16, double tolerance, const std::string& summary,
+                                const std::string& kernel = "") {
   const std::vector<LoweringCase> lcs = interior_matmul_cases(bf16);
   const std::vector<std::unique_ptr<cuda::DeviceProgram>> programs = fused_interior_programs(bf16, rt);
   for (size_t i = 0; i < lcs.size(); ++i) {
@@ -210,6 +211,7 @@ void check_fused_interior_cases(cuda::Runtime& rt, bool bf16, double tolerance, 
     const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
     const std::string dump = programs[i]->dump();
     EXPECT_NE(dump.find(summary), std::string::npos) << dump;
+    EXPECT_NE(dump.find(kernel), std::string::npos) << dump;  // "" where either kernel may take it
     EXPECT_EQ(dump.find("pointwise"), std::string::npos) << dump;
     EXPECT_LT(testing::relative_error(programs[i]->run(h.bindings)[0], want), tolerance) << dump;
   }
@@ -235,7 +237,8 @@ void check_forced_matmul_cases(cuda::Runtime& rt, bool tf32, double tolerance, c
     const bool bf16 = lc.name.find("bf16") != std::string::npos;
     EXPECT_NE(dump.find(bf16 ? "mma.sync tf32" : summary), std::string::npos) << dump;
   }
-  check_fused_interior_cases(rt, false, tolerance > 0 ? tolerance : 1e-5, summary);
+  // The interior cases' operands are aligned f32: with tf32 the cp.async kernel takes them.
+  check_fused_interior_cases(rt, false, tolerance > 0 ? tolerance : 1e-5, tf32 ? "rounded to tf32" : summary);
 }
 const char* const kLargeFfmaSummary = "tile 128x128x16, 256 threads x 8x8";
 
@@ -323,30 +326,33 @@ bool names_mma_tiling(const std::string& dump, const MmaTilingCase& t, bool both
 }
 
 // Slices folded into the matmul's views by fuse_matmul leave chunks partly inside the matrix;
-// the copies zero-fill the rest. a^T b with b 60 of 64 columns: the last chunk of 8 rows of
-// b's [k][row] stages has 4 inside. a b with a 61 of 64 columns: the last chunk of 8 k of a's
-// [row][k] stages has 5 inside (K = 61).
-void check_bf16_mma_sliced_cases(cuda::Runtime& rt) {
-  auto check_sliced = [&rt](const std::string& name, std::vector<InputSpec> inputs, BuildFn build) {
+// the copies zero-fill the rest. a^T b with b 60 (f32: 62) of 64 columns: the last chunk of 8
+// (4) rows of b's [k][row] stages has 4 (2) inside. a b with a 61 of 64 columns: the last chunk
+// of 8 (4) k of a's [row][k] stages has 5 (1) inside (K = 61). `bf16` as mma_cases.
+void check_mma_sliced_cases(cuda::Runtime& rt, bool bf16) {
+  auto check_sliced = [&rt, bf16](const std::string& name, std::vector<InputSpec> inputs, BuildFn build) {
     SCOPED_TRACE(name);
     testing::Harness h(std::move(inputs), std::move(build), 7);
     const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
     std::vector<ValueId> outs{h.output};
     const Circuit fused = fuse_matmul(h.circuit, outs);
     cuda::DeviceProgram dp(fused, outs, rt);
-    EXPECT_NE(dp.dump().find("mma.sync bf16"), std::string::npos) << dp.dump();
+    EXPECT_NE(dp.dump().find(bf16 ? "mma.sync bf16" : "rounded to tf32"), std::string::npos) << dp.dump();
     EXPECT_EQ(testing::count_prim(fused, PrimId::slice), 0u) << fused.dump("fused");
-    EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+    EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), bf16 ? 1e-5 : kTf32Tolerance);
   };
-  check_sliced("rows_partly_inside", {f32({37, 32}), f32({37, 64})}, [](Builder& bld, const std::vector<ValueId>& x) {
-    return bld.matmul(bld.cast(x[0], DType::bf16), bld.slice(bld.cast(x[1], DType::bf16), 1, 0, 60), true);
-  });
+  auto stored = [bf16](Builder& bld, ValueId x) { return bf16 ? bld.cast(x, DType::bf16) : x; };
+  check_sliced("rows_partly_inside", {f32({37, 32}), f32({37, 64})},
+               [stored, bf16](Builder& bld, const std::vector<ValueId>& x) {
+                 return bld.matmul(stored(bld, x[0]), bld.slice(stored(bld, x[1]), 1, 0, bf16 ? 60 : 62), true);
+               });
   // The 3 columns past a's slice are infinities: a copy that read them would multiply them by b's
   // zero-filled rows past K and give NaN (rows past M or N reach only outputs never stored).
-  check_sliced("k_partly_inside", {f32({40, 61}), f32({61, 64})}, [](Builder& bld, const std::vector<ValueId>& x) {
-    ValueId padded = bld.concat({x[0], bld.fill({40, 3}, DType::f32, std::numeric_limits<double>::infinity())}, 1);
-    return bld.matmul(bld.slice(bld.cast(padded, DType::bf16), 1, 0, 61), bld.cast(x[1], DType::bf16));
-  });
+  check_sliced(
+      "k_partly_inside", {f32({40, 61}), f32({61, 64})}, [stored](Builder& bld, const std::vector<ValueId>& x) {
+        ValueId padded = bld.concat({x[0], bld.fill({40, 3}, DType::f32, std::numeric_limits<double>::infinity())}, 1);
+        return bld.matmul(bld.slice(stored(bld, padded), 1, 0, 61), stored(bld, x[1]));
+      });
 }
 
 // The cases whose a and b are both stored with rows contiguous (both staged [k][row]).
@@ -370,8 +376,9 @@ void check_mma_cases(cuda::Runtime& rt, bool bf16) {
       check_case(lc, rt, &dump);
       EXPECT_TRUE(names_mma_tiling(dump, t, both_rows_contiguous(lc.name), bf16)) << dump;
     }
-    check_fused_interior_cases(rt, bf16, tolerance, std::string("tile ") + t.tile + (bf16 ? "x32" : "x16"));
-    if (bf16) check_bf16_mma_sliced_cases(rt);
+    check_fused_interior_cases(rt, bf16, tolerance, std::string("tile ") + t.tile + (bf16 ? "x32" : "x16"),
+                               bf16 ? "mma.sync bf16" : "rounded to tf32");
+    check_mma_sliced_cases(rt, bf16);
   });
   // Split-K (KILN_MMA_SPLIT_K): K in 2 or 3 ranges across blocks, their partials added by each
   // tile's last block; batches, every layout, K of 2-7 steps (k200: ranges of 96, 96 and 8 in
@@ -390,8 +397,8 @@ void check_mma_cases(cuda::Runtime& rt, bool bf16) {
           EXPECT_NE(dump.find("K split"), std::string::npos) << dump;
         }
       }
-      check_fused_interior_cases(rt, bf16, tolerance, "K split");
-      if (bf16) check_bf16_mma_sliced_cases(rt);
+      check_fused_interior_cases(rt, bf16, tolerance, "K split", bf16 ? "mma.sync bf16" : "rounded to tf32");
+      check_mma_sliced_cases(rt, bf16);
     }
   if (!bf16) {
     // Every element 1 + 3 * 2^-12: tf32 (10 mantissa bits) rounds it to 1 + 2^-10 and truncation
@@ -502,13 +509,13 @@ TEST(Lowering, MatmulsOnBf16MmaMatchEigen) { check_mma_cases(testing::fake_runti
 TEST(Lowering, MatmulsOnTf32MmaMatchEigen) { check_mma_cases(testing::fake_runtime(), false); }
 
 // The same on the kernel's 64-bit index path.
-TEST(Lowering, MatmulsOnBf16MmaMatchEigenWithWideIndices) {
+TEST(Lowering, MatmulsOnMmaMatchEigenWithWideIndices) {
   cuda::ForceWideIndices wide;
   check_mma_cases(testing::fake_runtime(), true);
   check_mma_cases(testing::fake_runtime(), false);
 }
 
-TEST(Lowering, GpuMatmulsOnBf16MmaMatchEigen) {
+TEST(Lowering, GpuMatmulsOnMmaMatchEigen) {
   KILN_GPU_OR_SKIP(rt);
   check_mma_cases(*rt, true);
   check_mma_cases(*rt, false);
@@ -545,7 +552,7 @@ void expect_mma_kernels_pass_ptxas(const std::string& label, bool bf16) {
 }
 
 // Every tiling, and K split 2 ways in the two tile sizes.
-TEST(Lowering, Bf16MmaKernelsPassPtxasWithoutSpills) {
+TEST(Lowering, MmaKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   cuda::ForceBf16Mma on;
   for_each_mma_tiling([](const MmaTilingCase& t) {
@@ -793,13 +800,16 @@ namespace {
 // fragment loads take no more wavefronts than their request phases, whichever operand is
 // contiguous along k (A row-major, B transposed: both are; ta/tb flip them).
 TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
-  for (int tile : {64, 128, 129})  // 129: 128 on tf32 tensor cores
+  // 129: 128 on tf32 tensor cores, in the FFMA-tile kernel (sizes 94, 70 and 78: no row of 16-byte
+  // chunks, which the cp.async kernel needs, in any layout).
+  for (int tile : {64, 128, 129})
     for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
       cuda::ForceMatmulTile forced(tile == 129 ? 128 : tile);
       std::optional<cuda::ForceTf32Matmuls> tf32;
       if (tile == 129) tf32.emplace();
       const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
-      const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
+      const int64_t m = tile == 129 ? 94 : 96, n = tile == 129 ? 70 : 72, k = tile == 129 ? 78 : 80;
+      const Shape a = ta ? Shape{k, m} : Shape{m, k}, b = tb ? Shape{n, k} : Shape{k, n};
       testing::Harness h({f32(a), f32(b)},
                          [&](Builder& bl, const std::vector<ValueId>& x) { return bl.matmul(x[0], x[1], ta, tb); });
       cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
@@ -808,6 +818,7 @@ TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
       const auto stats = cuda::fake_driver_kernel_stats();
       cuda::fake_driver_count_bank_conflicts(false);
       ASSERT_EQ(stats.size(), 1u);
+      if (tile == 129) EXPECT_EQ(dp.dump().find("rounded to tf32"), std::string::npos) << dp.dump();
       const auto& [name, s] = *stats.begin();
       EXPECT_GT(s.shared_requests, 0) << name;
       EXPECT_EQ(s.bank_conflicts, 0) << name << " tile " << tile << " ta " << ta << " tb " << tb << ": "
@@ -841,11 +852,25 @@ void expect_no_mma_bank_conflicts(bool bf16) {
   }
 }
 
-TEST(Lowering, Bf16MmaSharedMemoryHasNoBankConflicts) {
+TEST(Lowering, MmaSharedMemoryHasNoBankConflicts) {
   cuda::ForceBf16Mma on;
   for_each_mma_tiling([](const MmaTilingCase&) { expect_no_mma_bank_conflicts(true); });
   cuda::ForceTf32Matmuls tf32;  // f32 operands: stages of the same shape, scalar fragment loads
   for_each_mma_tiling([](const MmaTilingCase&) { expect_no_mma_bank_conflicts(false); });
+}
+
+// The online-softmax cases (tests/prims/fused_rows.cpp) take the one-pass path: a change that
+// stopped recognizing the pair would leave them passing on two passes.
+TEST(Lowering, SoftmaxStatisticsTakeOnePass) {
+  int found = 0;
+  for (const LoweringCase& lc : cases()) {
+    if (lc.name.find("fused_rows_online_softmax") == std::string::npos) continue;
+    ++found;
+    testing::Harness h(lc.inputs, lc.build, 7);
+    cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+    EXPECT_NE(dp.dump().find("in one pass"), std::string::npos) << lc.name << "\n" << dp.dump();
+  }
+  EXPECT_EQ(found, 3);
 }
 
 // Printed for docs/BENCHMARKS.md, not asserted: kernel-IR instructions a thread executes in the

@@ -45,7 +45,8 @@ Launch elementwise_launch(const std::string& prefix, const Shape& domain, std::v
     for (const auto& a : loads) {
       Type t = kir_type(a.dtype);
       loaded.push_back(
-          b.ld(Space::global, t, b.address(base[static_cast<size_t>(a.arg)], offset(a), static_cast<int>(dtype_size(a.dtype)))));
+          b.ld(Space::global, t,
+               b.address(base[static_cast<size_t>(a.arg)], offset(a), static_cast<int>(dtype_size(a.dtype)))));
     }
     Reg v = value(b, loaded, coords, base);
     if (v.type != kir_type(store.dtype))

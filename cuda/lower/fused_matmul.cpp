@@ -19,11 +19,12 @@
 // in f32, or with KILN_ALLOW_TF32=1 tf32 tensor cores (mma.sync) on the 128x128 tiles. An
 // operand stored in bf16 is loaded as bf16 (half the bytes) and widened to f32 in the tiles;
 // where both carry bf16 values (stored, or f32 read through a rounding to bf16) their products
-// are exact in both kernels and large tiles take the tensor cores. Operands both stored in bf16
-// (16-byte aligned rows, k or rows contiguous) run a third kernel instead, unless
-// KILN_BF16_MMA=0: bf16 mma.sync fed by ldmatrix from 2-4 cp.async stages (matmul_mma.cpp). Row
-// sums of A (a bias gradient) come out of the blocks of the first tile column, from the tiles in
-// shared memory.
+// are exact in both kernels and large tiles take the tensor cores. Operands both stored as they
+// are multiplied (16-byte aligned chunks, k or rows contiguous, no prologue, no row sums) run a
+// third kernel instead, fed from 2-4 cp.async stages (matmul_mma.cpp): bf16 mma.sync with
+// ldmatrix unless KILN_BF16_MMA=0, and with KILN_ALLOW_TF32=1 f32 operands on tf32 mma.sync
+// (unless 64x64 tiles are forced). Row sums of A (a bias gradient) come out of the blocks of the
+// first tile column, from the tiles in shared memory.
 #include "circuit/prims/fused_matmul.hpp"
 
 #include <spdlog/fmt/fmt.h>

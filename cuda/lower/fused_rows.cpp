@@ -180,7 +180,9 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
         // r_j = max{x}, r_j+1 = sum{exp(x - r_j)}: one pass, each lane keeping a running max m
         // and s = sum exp(x - m) over its columns so far, rescaled when the max grows; t =
         // exp(-|x - m|) is the factor either way (0 for x = -inf, which adds nothing and must not
-        // make -inf - -inf before the first finite x). Then the lanes' (m, s) pairs combine.
+        // make -inf - -inf before the first finite x). Then the lanes' (m, s) pairs combine. A row
+        // wholly -inf gives max -inf and sum 0 (two passes: sum NaN); a softmax over it is NaN
+        // either way (0 / 0), its log-sum-exp -inf here.
         Reg m = b.mov(Type::f32, imm_f32(-INFINITY)), sum = b.mov(Type::f32, imm_f32(0.0f));
         const ScalarExp factor = se::exp(-se::abs(se::in(0) - se::in(1)));
         over_row([&](Reg col) { return operands_at(col, {&body}); },

@@ -1,4 +1,4 @@
-// The bf16 mma.sync matmul kernel's pieces (matmul_mma.cpp), which the matmul lowering
+// The cp.async mma.sync matmul kernel's pieces (matmul_mma.cpp), which the matmul lowering
 // (fused_matmul.cpp) puts around its prologue and epilogue. Internal to cuda/lower/.
 #pragma once
 
@@ -35,8 +35,9 @@ constexpr int mma_tile_k(MmaInput in) { return in == MmaInput::bf16 ? 32 : 16; }
 // swizzled (chunk j of row r at j ^ ((r / 2) % 4)) so that the 8 rows an ldmatrix phase reads
 // (or the 8 rows x 4 words of a tf32 fragment load), and the 8 chunks a cp.async phase writes,
 // fall on distinct banks. [k][row]: the row's elements and 8 more, an odd number of 16-byte
-// groups (bf16: 17 or 33), or rows of 4 (mod 32) words (f32), which does the same for
-// ldmatrix.trans and for the tf32 fragments (lanes on 8 rows of 4 k).
+// groups (bf16: 17 or 33), or rows of 8 (mod 32) words (f32: 136 or 264), which does the same
+// for ldmatrix.trans and for the tf32 fragments (lanes q on 4 k rows, g on 8 words: banks
+// 8 q + g).
 constexpr uint32_t stage_pitch_bytes(MmaStage s, int rows, MmaInput in) {
   return s == MmaStage::row_k ? 64 : element_bytes(in) * static_cast<uint32_t>(rows + 8);
 }

@@ -818,7 +818,9 @@ TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
       const auto stats = cuda::fake_driver_kernel_stats();
       cuda::fake_driver_count_bank_conflicts(false);
       ASSERT_EQ(stats.size(), 1u);
-      if (tile == 129) EXPECT_EQ(dp.dump().find("rounded to tf32"), std::string::npos) << dp.dump();
+      if (tile == 129) {
+        EXPECT_EQ(dp.dump().find("rounded to tf32"), std::string::npos) << dp.dump();
+      }
       const auto& [name, s] = *stats.begin();
       EXPECT_GT(s.shared_requests, 0) << name;
       EXPECT_EQ(s.bank_conflicts, 0) << name << " tile " << tile << " ta " << ta << " tb " << tb << ": "

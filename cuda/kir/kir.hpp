@@ -216,8 +216,9 @@ struct Kernel {
 
 // Structural checks: shared memory within kMaxSharedBytes, operand types match the operation,
 // registers are allocated, and no thread can leave (Ret) before a bar.sync or a full-mask
-// shfl.sync that follows it in program order (such an exit would hang the block or leave the shuffle with missing
-// lanes: guard the work with an If instead). Throws kiln::Error naming the kernel and the instruction.
+// shfl.sync that follows it in program order (such an exit would hang the block or leave the
+// shuffle with missing lanes: guard the work with an If instead). Throws kiln::Error naming the
+// kernel and the instruction.
 void check(const Kernel& k);
 
 // Text of one instruction for error messages and dumps (not PTX).

@@ -13,10 +13,10 @@ namespace kiln::kir {
 
 namespace {
 
-// Register name prefixes and declaration types, in Type enum order.
 // The extern array a kernel's shared arrays are carved from when they need dynamic shared memory.
 constexpr const char* kDynamicShared = "kiln_dynamic_shared";
 
+// Register name prefixes and declaration types, in Type enum order.
 constexpr const char* kRegPrefix[kNumTypes] = {"%p", "%r", "%ri", "%rd", "%rl", "%f", "%fd", "%h", "%hb"};
 
 bool is_half(Type t) { return t == Type::f16 || t == Type::bf16; }
@@ -131,10 +131,10 @@ class Printer {
       out_ += std::string("\t.reg .") + move_type(static_cast<Type>(t)) + " " + kRegPrefix[t] + "<" +
               std::to_string(k_.num_regs[t]) + ">;\n";
     }
-    for (const auto& a : k_.shared) {
-      if (k_.dynamic_shared_bytes() > 0) break;  // carved out of kDynamicShared instead
-      out_ += "\t.shared .align " + std::to_string(a.align) + " .b8 " + a.name + "[" + std::to_string(a.bytes) + "];\n";
-    }
+    if (k_.dynamic_shared_bytes() == 0)  // else carved out of kDynamicShared
+      for (const auto& a : k_.shared)
+        out_ +=
+            "\t.shared .align " + std::to_string(a.align) + " .b8 " + a.name + "[" + std::to_string(a.bytes) + "];\n";
     out_ += "\n";
     body(k_.body);
     out_ += "\tret;\n}\n";

@@ -264,10 +264,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     mma_input = MmaInput::tf32;
     mma_stages = mma_stage_layouts(c, op, f, MmaInput::tf32);
   }
-  const bool bf16_mma = mma_stages.has_value();  // (either input: the cp.async mma kernel)
-  const MmaTiling mma = bf16_mma ? choose_mma_tiling(*mma_stages, mma_input) : MmaTiling{};
+  const bool cp_async_mma = mma_stages.has_value();  // the cp.async mma kernel, either input
+  const MmaTiling mma = cp_async_mma ? choose_mma_tiling(*mma_stages, mma_input) : MmaTiling{};
   // The mma tiles' accumulators: pm x pn = 128 x tn / 256 a thread, as 4 x tn / 32 products of 16x8.
-  const Tiling tile = bf16_mma ? Tiling{128, mma.tn, 8, mma.tn / 16, true, 8} : choose_tiling(M, N, batch, bf16_values);
+  const Tiling tile =
+      cp_async_mma ? Tiling{128, mma.tn, 8, mma.tn / 16, true, 8} : choose_tiling(M, N, batch, bf16_values);
   const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
   // Split-K: `splits` blocks per output tile (grid z = batch x splits), block s over k in
   // [s k_split, min((s + 1) k_split, K)) with k_split a whole number of steps; each writes its
@@ -275,7 +276,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   // (no float atomics: the same sums whatever the scheduling) and applies the epilogue.
   // (K = 0: no split; the loop runs no step and the epilogue stores zeros. Grid z stays within
   // its 65535: fewer splits where the batch needs them.)
-  int64_t splits = bf16_mma && K > 0 ? choose_splits(grid_m * grid_n * batch, K, mma) : 1;
+  int64_t splits = cp_async_mma && K > 0 ? choose_splits(grid_m * grid_n * batch, K, mma) : 1;
   splits = std::clamp<int64_t>(std::min(splits, 65535 / std::max<int64_t>(batch, 1)), 1, 4);
   const int64_t k_split =
       std::max<int64_t>(1, (K + splits * mma.tile_k() - 1) / (splits * mma.tile_k())) * mma.tile_k();
@@ -337,11 +338,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
   // cp.async mma: mma.stages stages per operand; else one f32 tile each.
   Reg as = b.shared_addr(b.shared_array(
-      "a_tile", bf16_mma ? mma.stages * stage_bytes((*mma_stages)[0], tile.tm, mma_input) : 4 * kTileK * pitch_a));
+      "a_tile", cp_async_mma ? mma.stages * stage_bytes((*mma_stages)[0], tile.tm, mma_input) : 4 * kTileK * pitch_a));
   Reg bs = b.shared_addr(b.shared_array(
-      "b_tile", bf16_mma ? mma.stages * stage_bytes((*mma_stages)[1], tile.tn, mma_input) : 4 * kTileK * pitch_b));
+      "b_tile", cp_async_mma ? mma.stages * stage_bytes((*mma_stages)[1], tile.tn, mma_input) : 4 * kTileK * pitch_b));
   TileLoader la, lb;
-  if (!bf16_mma) {
+  if (!cp_async_mma) {
     la = make_loader(b, it, a_base, f.a, a_dtype, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
     lb = make_loader(b, it, b_base, f.b, b_dtype, N, K, tile.tn, pitch_b, tile.tf32, n0, tid, bs);
   }
@@ -382,7 +383,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
         b.mul(Type::u32, b.rem(Type::u32, warp, imm_u32(kWarpsN)), imm_u32(static_cast<uint32_t>(tile.tn / kWarpsN)));
   }
   Reg a_mma, b_mma;  // shared addresses of (k q, row warp_m + g) and (k q, column warp_n + g)
-  if (tile.tf32 && !bf16_mma) {
+  if (tile.tf32 && !cp_async_mma) {
     a_mma = b.mad(Type::u32, b.mad(Type::u32, q, imm_u32(static_cast<uint32_t>(pitch_a)), b.add(Type::u32, warp_m, g)),
                   imm_u32(4), as);
     b_mma = b.mad(Type::u32, b.mad(Type::u32, q, imm_u32(static_cast<uint32_t>(pitch_b)), b.add(Type::u32, warp_n, g)),
@@ -408,7 +409,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
         for (size_t i = 0; i < 4; ++i) b.set(acc[at + i], d[i]);
       }
   };
-  if (bf16_mma) {
+  if (cp_async_mma) {
     kir::Operand k_begin = imm_index(it, 0), k_end = imm_index(it, K);
     if (splits > 1) {
       Reg first = b.mul(it, b.rem(it, grid_z, imm_index(it, splits)), imm_index(it, k_split));
@@ -638,7 +639,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch * splits)},
       {kThreads, 1, 1}, std::move(args)));
   const char* operands = bf16_values ? ", bf16 operands" : "";
-  if (bf16_mma)
+  if (cp_async_mma)
     lo.summary = fmt::format(
         "{}: tile {}x{}x{}, {} threads, mma.sync {} on warp tiles {}x{}, {}, {} cp.async stages{}, {}", op.prim->name,
         tile.tm, tile.tn, mma.tile_k(), kThreads, mma_input == MmaInput::bf16 ? "bf16" : "tf32", kWarpTileM,

@@ -532,7 +532,7 @@ CUresult launch_locked(FakeDevice& d, CUfunction fn, sim::Dim3 grid, sim::Dim3 b
   // more than the function's limit (raised with cuFuncSetAttribute above the static 48 KiB);
   // stricter than it, refuse less than the kernel's carved arrays need (a GPU would read past
   // the allocation).
-  const int64_t static_bytes = k.dynamic_shared_bytes() > 0 ? 0 : k.shared_bytes();
+  const int64_t static_bytes = k.static_shared_bytes();
   const int64_t dynamic_limit =
       it->second.max_dynamic_shared >= 0 ? it->second.max_dynamic_shared : kir::kStaticSharedLimit - static_bytes;
   if (static_bytes + shared_bytes > kMaxSharedBytes || shared_bytes > dynamic_limit)
@@ -730,7 +730,7 @@ CUresult fake_cuFuncSetAttribute(CUfunction fn, int attribute, int value) {
     if (attribute != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
       return fail(CUDA_ERROR_INVALID_VALUE, fmt::format("cuFuncSetAttribute: attribute {} is not faked", attribute));
     const kir::Kernel& k = it->second.kernel->kernel;
-    const int64_t static_bytes = k.dynamic_shared_bytes() > 0 ? 0 : k.shared_bytes();
+    const int64_t static_bytes = k.static_shared_bytes();
     if (value < 0 || static_bytes + value > kMaxSharedBytes)
       return fail(CUDA_ERROR_INVALID_VALUE,
                   fmt::format("cuFuncSetAttribute of '{}': {} bytes of dynamic shared memory with {} static, over "

@@ -212,6 +212,7 @@ struct Kernel {
   // The bytes a launch must pass as dynamic shared memory: shared_bytes() above
   // kStaticSharedLimit, else 0 (the arrays are static).
   int64_t dynamic_shared_bytes() const;
+  int64_t static_shared_bytes() const { return dynamic_shared_bytes() > 0 ? 0 : shared_bytes(); }  // declared static
 };
 
 // Structural checks: shared memory within kMaxSharedBytes, operand types match the operation,

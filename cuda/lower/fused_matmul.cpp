@@ -475,18 +475,25 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       }
     });
   };
+  // Tensor-core tiles: acc[(mi * n_tiles + ni) * 4 + i] sits at row row0 + mi * 16 + 8 (i / 2),
+  // column col0 + ni * 8 + i % 2; for_each_accumulator(fn) calls fn(index, row, column) for each.
+  const int n_tiles = tile.tn / kWarpsN / 8;
+  Reg row0, col0;
+  if (tile.tf32) {
+    row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
+    col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
+  }
+  auto for_each_accumulator = [&](const std::function<void(size_t, Reg, Reg)>& fn) {
+    for (int mi = 0; mi < 4; ++mi)
+      for (int ni = 0; ni < n_tiles; ++ni)
+        for (int i = 0; i < 4; ++i)
+          fn(static_cast<size_t>((mi * n_tiles + ni) * 4 + i), b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
+             b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
+  };
   auto epilogue = [&] {
     if (tile.tf32) {
-      Reg row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
-      Reg col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
-      const int n_tiles = tile.tn / kWarpsN / 8;
       auto store_checked = [&] {
-        for (int mi = 0; mi < 4; ++mi)
-          for (int ni = 0; ni < n_tiles; ++ni)
-            for (int i = 0; i < 4; ++i)
-              store_element(acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + i)],
-                            b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
-                            b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
+        for_each_accumulator([&](size_t e, Reg row, Reg col) { store_element(acc[e], row, col); });
       };
       // Blocks wholly inside c (all but the last row and column of tiles) store without bounds
       // checks: each output and extra is addressed once, every element at an immediate byte offset
@@ -570,25 +577,12 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     }
   };
   if (splits > 1) {
-    // The tensor-core accumulators' elements: acc[(mi * n_tiles + ni) * 4 + i] at row
-    // row0 + mi * 16 + 8 (i / 2), column col0 + ni * 8 + i % 2 (in bounds where ok).
-    Reg row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
-    Reg col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
-    const int n_tiles = tile.tn / kWarpsN / 8;
-    auto for_each_element = [&](const std::function<void(size_t, Reg, Reg)>& fn) {
-      for (int mi = 0; mi < 4; ++mi)
-        for (int ni = 0; ni < n_tiles; ++ni)
-          for (int i = 0; i < 4; ++i) {
-            Reg row = b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2)));
-            Reg col = b.add(it, col0, imm_index(it, ni * 8 + i % 2));
-            Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
-            fn(static_cast<size_t>((mi * n_tiles + ni) * 4 + i), b.mad(it, row, imm_index(it, N), col), ok);
-          }
-    };
-    // Partials [batch][split][M][N]: this block's at grid z.
+    // Partials [batch][split][M][N]: this block's at grid z, its accumulators in bounds.
     Reg mine = b.address(p_partials, b.mul(it, grid_z, imm_index(it, M * N)), 4);
-    for_each_element([&](size_t e, Reg at, Reg ok) {
-      b.if_(ok, [&] { b.st(Space::global, Type::f32, b.address(mine, at, 4), acc[e]); });
+    for_each_accumulator([&](size_t e, Reg row, Reg col) {
+      Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
+      b.if_(ok,
+            [&] { b.st(Space::global, Type::f32, b.address(mine, b.mad(it, row, imm_index(it, N), col), 4), acc[e]); });
     });
     Reg tile_index = b.mad(it, b.mad(it, z, imm_index(it, grid_m), widen(b.sreg(SReg::ctaid_y))), imm_index(it, grid_n),
                            widen(b.sreg(SReg::ctaid_x)));

@@ -169,19 +169,18 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
     // rounded to tf32 (cvt.rna) in registers. The m16n8k8 tables (g = lane / 4, q = lane % 4):
     // a_i at row g + 8 (i % 2), k q + 4 (i / 2); b_i at k q + 4 i, column g. An element dr rows
     // and dk k past the lane's own (row g, k q), dr a multiple of 8 and dk of 4, is at
-    //  - [row][k]: (row) 64 + ((k / 4) ^ s) 16 + 4 q with s = (g / 2) % 4 (dr does not change it):
+    //  - [row][k]: swizzled(row, k / 4) + 4 q, the swizzle's flip (row / 2) % 4 unchanged by dr:
     //    the lane's base for chunk c = dk / 4 of the step's k, plus 64 dr;
     //  - [k][row]: (q + dk) pitch + 4 (row): the lane's base plus dk pitch + 4 dr.
     Reg g = b.shr(Type::u32, lane, imm_u32(2)), q = b.and_(Type::u32, lane, imm_u32(3));
-    Reg flip = b.and_(Type::u32, b.shr(Type::u32, g, imm_u32(1)), imm_u32(3));
     std::array<std::array<Reg, 4>, 2> lane_base;  // [o][c]: [row][k] by chunk; [k][row]: [o][0]
     const std::array<Reg, 2> warp_row{warp_m, warp_n};
     for (size_t o = 0; o < 2; ++o) {
       Reg row = b.add(Type::u32, warp_row[o], g);
       if (layout[o] == MmaStage::row_k) {
-        Reg row_start = b.mad(Type::u32, row, imm_u32(64), b.mad(Type::u32, q, imm_u32(4), smem[o]));
+        Reg word = b.mad(Type::u32, q, imm_u32(4), smem[o]);
         for (uint32_t c = 0; c < 4; ++c)
-          lane_base[o][c] = b.mad(Type::u32, b.xor_(Type::u32, flip, imm_u32(c)), imm_u32(16), row_start);
+          lane_base[o][c] = b.add(Type::u32, swizzled(row, b.mov(Type::u32, imm_u32(c))), word);
       } else {
         lane_base[o][0] = b.mad(Type::u32, q, imm_u32(pitch[o]), b.mad(Type::u32, row, imm_u32(4), smem[o]));
       }

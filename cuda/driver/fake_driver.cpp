@@ -29,7 +29,6 @@ constexpr int kFakeMultiprocessors = 8;
 constexpr char kFakeDeviceName[] = "kiln fake device (SIMT simulator)";
 constexpr size_t kFakeTotalMemory = size_t{8} << 30;  // host memory backs it: keep it modest
 constexpr uint64_t kMaxBlockThreads = 1024;
-constexpr int64_t kMaxSharedBytes = kir::kMaxSharedBytes;
 constexpr size_t kParamBufferAlignment = 8;
 constexpr std::string_view kFakeCubinMagic = "KILNFAKECUBIN\n";
 
@@ -535,7 +534,7 @@ CUresult launch_locked(FakeDevice& d, CUfunction fn, sim::Dim3 grid, sim::Dim3 b
   const int64_t static_bytes = k.static_shared_bytes();
   const int64_t dynamic_limit =
       it->second.max_dynamic_shared >= 0 ? it->second.max_dynamic_shared : kir::kStaticSharedLimit - static_bytes;
-  if (static_bytes + shared_bytes > kMaxSharedBytes || shared_bytes > dynamic_limit)
+  if (static_bytes + shared_bytes > kir::max_shared_bytes(k) || shared_bytes > dynamic_limit)
     return fail(CUDA_ERROR_INVALID_VALUE,
                 fmt::format("{}: {} bytes of dynamic shared memory, over the function's limit of {} (raise it with "
                             "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)",
@@ -731,11 +730,11 @@ CUresult fake_cuFuncSetAttribute(CUfunction fn, int attribute, int value) {
       return fail(CUDA_ERROR_INVALID_VALUE, fmt::format("cuFuncSetAttribute: attribute {} is not faked", attribute));
     const kir::Kernel& k = it->second.kernel->kernel;
     const int64_t static_bytes = k.static_shared_bytes();
-    if (value < 0 || static_bytes + value > kMaxSharedBytes)
+    if (value < 0 || static_bytes + value > kir::max_shared_bytes(k))
       return fail(CUDA_ERROR_INVALID_VALUE,
                   fmt::format("cuFuncSetAttribute of '{}': {} bytes of dynamic shared memory with {} static, over "
                               "the {} a block may use",
-                              k.name, value, static_bytes, kMaxSharedBytes));
+                              k.name, value, static_bytes, kir::max_shared_bytes(k)));
     it->second.max_dynamic_shared = value;
     return CUDA_SUCCESS;
   });

@@ -44,7 +44,8 @@ const char* opc_name(Opc op) {
       "cvt",         "ex2", "lg2", "rcp",      "rsqrt",    "sqrt",      "tanh", "sin",      "cos", "ld.param", "sreg",
       "shared.addr", "ld",  "st",  "atom.add", "bar.sync", "shfl.sync", "ret",  "membar.gl",
       "mma.sync", "cvt.rna.tf32", "ldmatrix", "cp.async", "cp.async.commit_group", "cp.async.wait_group",
-      "cvt.rn.bf16x2"};
+      "cvt.rn.bf16x2", "wgmma.mma_async", "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group",
+      "fence.proxy.async"};
   // clang-format on
   return kNames[static_cast<int>(op)];
 }
@@ -296,6 +297,30 @@ struct Checker {
         if (exit_seen) fail(in, "a thread may have exited before this ldmatrix (guard the work with an if instead)");
         break;
       }
+      case Opc::Wgmma: {
+        if (in.vec < 8 || in.vec > 256 || in.vec % 8 != 0) fail(in, "wgmma's n is a multiple of 8 up to 256");
+        const auto n_acc = static_cast<size_t>(in.vec / 2);
+        nsrc(2 + n_acc);
+        type_is(in, in.srcs[0], Type::u64, "A descriptor");
+        type_is(in, in.srcs[1], Type::u64, "B descriptor");
+        if (in.dsts.size() != n_acc) fail(in, "wgmma writes n / 2 f32 accumulators");
+        for (size_t i = 0; i < n_acc; ++i) {
+          if (in.dsts[i].type != Type::f32) fail(in, "wgmma's accumulators are f32");
+          if (in.srcs[2 + i].is_imm || !(in.srcs[2 + i].reg == in.dsts[i]))
+            fail(in, "wgmma reads its accumulators in place: C must be the registers of D");
+        }
+        if (exit_seen) fail(in, "a thread may have exited before this wgmma (guard the work with an if instead)");
+        break;
+      }
+      case Opc::WgmmaFence:
+      case Opc::WgmmaCommit:
+      case Opc::FenceProxyAsync: nsrc(0); break;
+      case Opc::WgmmaWait:
+        nsrc(0);
+        if (in.offset < 0 || in.offset > 7) fail(in, "wgmma.wait_group takes 0 to 7 pending groups");
+        if (exit_seen)
+          fail(in, "a thread may have exited before this wgmma.wait_group (guard the work with an if instead)");
+        break;
       case Opc::PackBf16x2:
         nsrc(2);
         if (in.type != Type::u32) fail(in, "cvt.rn.bf16x2 packs into a u32");
@@ -314,6 +339,9 @@ struct Checker {
               (s.instr.op == Opc::Mma || s.instr.op == Opc::RoundTf32 || s.instr.op == Opc::PackBf16x2))
             fail(s.instr, "mma.sync, cvt.rna.tf32 and cvt.rn.bf16x2 are printed as blocks: no guard (use an if)");
           if (s.guard.valid() && s.instr.op == Opc::Ldmatrix) fail(s.instr, "ldmatrix needs the whole warp: no guard");
+          if (s.guard.valid() && (s.instr.op == Opc::Wgmma || s.instr.op == Opc::WgmmaFence ||
+                                  s.instr.op == Opc::WgmmaCommit || s.instr.op == Opc::WgmmaWait))
+            fail(s.instr, "wgmma and its fence and group operations need the whole warpgroup: no guard");
           instr(s.instr);
           break;
         case Stmt::Kind::If:
@@ -340,10 +368,27 @@ struct Checker {
 
 }  // namespace
 
+bool needs_sm90a(const Kernel& k) {
+  std::function<bool(const std::vector<Stmt>&)> any = [&](const std::vector<Stmt>& stmts) {
+    for (const Stmt& s : stmts) {
+      if (s.kind == Stmt::Kind::Instr) {
+        const Opc op = s.instr.op;
+        if (op == Opc::Wgmma || op == Opc::WgmmaFence || op == Opc::WgmmaCommit || op == Opc::WgmmaWait) return true;
+      } else if (any(s.body) || any(s.else_body)) {
+        return true;
+      }
+    }
+    return false;
+  };
+  return any(k.body);
+}
+
+int64_t max_shared_bytes(const Kernel& k) { return needs_sm90a(k) ? kMaxSharedBytesSm90a : kMaxSharedBytes; }
+
 void check(const Kernel& k) {
-  if (k.shared_bytes() > kMaxSharedBytes)
+  if (k.shared_bytes() > max_shared_bytes(k))
     throw Error("kernel '" + k.name + "': " + std::to_string(k.shared_bytes()) + " bytes of shared memory, over the " +
-                std::to_string(kMaxSharedBytes) + " a kernel may take");
+                std::to_string(max_shared_bytes(k)) + " a kernel may take");
   Checker c{k};
   c.body(k.body);
 }
@@ -611,6 +656,46 @@ void KernelBuilder::cp_async_wait(int pending_groups) {
   Instr in;
   in.op = Opc::CpAsyncWait;
   in.offset = pending_groups;
+  emit(std::move(in));
+}
+
+void KernelBuilder::wgmma(int n, Operand desc_a, bool a_mn_major, Operand desc_b, bool b_mn_major,
+                          const std::vector<Reg>& acc) {
+  Instr in;
+  in.op = Opc::Wgmma;
+  in.type = Type::f32;
+  in.space = Space::shared;
+  in.vec = n;
+  in.trans = a_mn_major;
+  in.trans_b = b_mn_major;
+  in.srcs = {desc_a, desc_b};
+  for (Reg r : acc) in.srcs.emplace_back(r);
+  in.dsts = acc;
+  emit(std::move(in));
+}
+
+void KernelBuilder::wgmma_fence() {
+  Instr in;
+  in.op = Opc::WgmmaFence;
+  emit(std::move(in));
+}
+
+void KernelBuilder::wgmma_commit() {
+  Instr in;
+  in.op = Opc::WgmmaCommit;
+  emit(std::move(in));
+}
+
+void KernelBuilder::wgmma_wait(int pending_groups) {
+  Instr in;
+  in.op = Opc::WgmmaWait;
+  in.offset = pending_groups;
+  emit(std::move(in));
+}
+
+void KernelBuilder::fence_proxy_async() {
+  Instr in;
+  in.op = Opc::FenceProxyAsync;
   emit(std::move(in));
 }
 

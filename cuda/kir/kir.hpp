@@ -143,6 +143,22 @@ enum class Opc : uint8_t {
   // half, to nearest with ties to even (cvt.rn.bf16x2.f32 d, b, a): the packed pair mma.sync
   // bf16 takes, made from f32 values in registers (KernelBuilder::pack_bf16x2).
   PackBf16x2,
+  // sm_90a's warpgroup matrix product (KernelBuilder::wgmma; kernels with it print for sm_90a
+  // only): wgmma.mma_async.sync.aligned.m64n{vec}k16.f32.bf16.bf16 over the 4 warps of an aligned
+  // warpgroup (threads 128 w .. + 127), D += A B with A (64 x 16) and B (16 x vec) read from shared
+  // memory through the matrix descriptors srcs[0] and srcs[1] (u64, WgmmaDescriptor), `trans`
+  // (A) and `trans_b` (B) marking an operand stored MN-major (rows contiguous) instead of
+  // K-major. dsts are the vec / 2 f32 accumulators of this thread and srcs[2..] the same
+  // registers (read as C): warp w % 4 of the group holds rows 16 (w % 4) + g and + 8 (g = lane /
+  // 4), and dsts[4 j + i] column 8 j + 2 (lane % 4) + i % 2 of row + 8 (i / 2). The product is
+  // asynchronous: it reads shared memory and writes the accumulators when a WgmmaWait lets its
+  // group complete; a WgmmaFence must come between this thread's other accesses to the
+  // accumulators and the next Wgmma.
+  Wgmma,
+  WgmmaFence,       // wgmma.fence.sync.aligned: orders register accesses before the next Wgmma
+  WgmmaCommit,      // wgmma.commit_group.sync.aligned: the warpgroup's Wgmmas since the last commit form a group
+  WgmmaWait,        // wgmma.wait_group.sync.aligned `offset`: all but the newest `offset` groups complete
+  FenceProxyAsync,  // fence.proxy.async.shared::cta: this thread's shared writes are seen by Wgmma's reads
 };
 const char* opc_name(Opc op);
 
@@ -157,11 +173,12 @@ struct Instr {
   MmaShape mma = MmaShape::m16n8k8_tf32;  // Mma: dsts D[4]; srcs A[4], B[2], C[4]
   SReg sreg = SReg::tid_x;
   Space space = Space::global;
-  int32_t param = 0;   // LdParam
-  int32_t shared = 0;  // SharedAddr
-  int32_t vec = 1;     // Ld/St vector width; Ldmatrix: matrices (1, 2 or 4)
-  bool trans = false;  // Ldmatrix: transposed
-  int64_t offset = 0;  // Ld/St/AtomAdd byte offset added to the address
+  int32_t param = 0;     // LdParam
+  int32_t shared = 0;    // SharedAddr
+  int32_t vec = 1;       // Ld/St vector width; Ldmatrix: matrices (1, 2 or 4)
+  bool trans = false;    // Ldmatrix: transposed; Wgmma: A MN-major
+  bool trans_b = false;  // Wgmma: B MN-major
+  int64_t offset = 0;    // Ld/St/AtomAdd byte offset added to the address
 };
 
 // Structured statements: an instruction (optionally guarded by a predicate), if/else, or a
@@ -199,6 +216,8 @@ constexpr int64_t kStaticSharedLimit = 48 * 1024;
 // The most shared memory a kernel may take: sm_86's and sm_89's 99 KiB a block, so that PTX for
 // sm_80 runs on every device of that target (an A100 has 163 KiB, an H100 227 KiB).
 constexpr int64_t kMaxSharedBytes = 99 * 1024;
+// Kernels for sm_90a only (needs_sm90a) may take an H100's 227 KiB.
+constexpr int64_t kMaxSharedBytesSm90a = 227 * 1024;
 
 struct Kernel {
   std::string name;
@@ -215,7 +234,13 @@ struct Kernel {
   int64_t static_shared_bytes() const { return dynamic_shared_bytes() > 0 ? 0 : shared_bytes(); }  // declared static
 };
 
-// Structural checks: shared memory within kMaxSharedBytes, operand types match the operation,
+// Whether a kernel uses instructions of sm_90a only (Wgmma and its fence and group operations):
+// it prints for sm_90a and loads on sm_90 devices only.
+bool needs_sm90a(const Kernel& k);
+// kMaxSharedBytesSm90a for those, else kMaxSharedBytes.
+int64_t max_shared_bytes(const Kernel& k);
+
+// Structural checks: shared memory within max_shared_bytes, operand types match the operation,
 // registers are allocated, and no thread can leave (Ret) before a bar.sync or a full-mask
 // shfl.sync that follows it in program order (such an exit would hang the block or leave the
 // shuffle with missing lanes: guard the work with an If instead). Throws kiln::Error naming the
@@ -291,6 +316,13 @@ class KernelBuilder {
   void cp_async_wait(int pending_groups);
   // Opc::PackBf16x2: lo and hi (f32) rounded to bf16 and packed, lo in the low half.
   Reg pack_bf16x2(Operand lo, Operand hi);
+  // Opc::Wgmma for the warpgroup (all 128 threads): acc (n / 2 f32 registers, n a multiple of 8
+  // up to 256) += A B through the descriptors; and its fence and group operations.
+  void wgmma(int n, Operand desc_a, bool a_mn_major, Operand desc_b, bool b_mn_major, const std::vector<Reg>& acc);
+  void wgmma_fence();
+  void wgmma_commit();
+  void wgmma_wait(int pending_groups);
+  void fence_proxy_async();
   // D = A B + C for the warp (every lane must take part): a[4], b[2] (f32 for tf32, u32 packed
   // pairs for bf16/f16), c[4] f32; returns D's 4 f32 registers of this lane.
   std::vector<Reg> mma(MmaShape shape, const std::vector<Operand>& a, const std::vector<Operand>& b,

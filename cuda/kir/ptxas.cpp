@@ -99,7 +99,10 @@ PtxasResult run_ptxas(const std::string& ptx, int sm) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDERR_FILENO);
-  std::vector<std::string> args = {ptxas, "-arch=sm_" + std::to_string(sm), "-v", "-o", "/dev/null", file.path()};
+  // PTX for sm_90a (wgmma) assembles only for that architecture-specific target.
+  const bool sm90a = sm == 90 && ptx.find(".target sm_90a") != std::string::npos;
+  std::vector<std::string> args = {
+      ptxas, "-arch=sm_" + std::to_string(sm) + (sm90a ? "a" : ""), "-v", "-o", "/dev/null", file.path()};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

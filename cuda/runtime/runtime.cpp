@@ -323,6 +323,11 @@ std::string Runtime::cache_path(uint64_t key) const { return fmt::format("{}/{:0
 
 LoadedKernel Runtime::load(const kir::Kernel& k) {
   enter();
+  if (kir::needs_sm90a(k) && sm_ != 90)
+    throw Error(
+        fmt::format("kernel '{}' uses wgmma, which only sm_90a (an H100 or H200) has; {} is sm_{} (unset "
+                    "KILN_WGMMA)",
+                    k.name, device_name_, sm_));
   std::string ptx = kir::print_ptx(k, ptx_target());
   if (auto it = modules_.find(ptx); it != modules_.end()) {
     ++stats_.memory_cache_hits;

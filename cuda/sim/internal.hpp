@@ -59,6 +59,10 @@ enum class Code : uint16_t {
   // cp.async: a = shared destination, b = global source, c = source bytes, size = bytes;
   // commit; wait (imm: groups left pending).
   CpAsync, CpAsyncCommit, CpAsyncWait,
+  // A warpgroup's wgmma (imm = n; aux bit 0: A MN-major, bit 1: B MN-major; a, c = the A and B
+  // descriptors' slots; vslots from b: the n / 2 accumulators); its fence, commit and wait (imm:
+  // groups left pending); fence.proxy.async.
+  Wgmma, WgmmaFence, WgmmaCommit, WgmmaWait, FenceProxyAsync,
 };
 // clang-format on
 
@@ -82,6 +86,7 @@ class SimKernel {
   std::vector<uint64_t> init;     // initial register file
   std::vector<kir::Type> param_types;
   int64_t shared_bytes = 0;
+  bool uses_wgmma = false;  // the executor tracks wgmma state and shared writes' proxy fences
 };
 
 // "0x7f0000000100": addresses in error messages (memory.cpp).

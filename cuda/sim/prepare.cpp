@@ -307,6 +307,23 @@ class Flattener {
         op.b = static_cast<uint32_t>(out_.vslots.size());
         for (Reg r : in.dsts) out_.vslots.push_back(reg_slot(r));
         break;
+      case Opc::Wgmma:
+        op.code = Code::Wgmma;
+        op.imm = in.vec;
+        op.aux = static_cast<uint8_t>((in.trans ? 1 : 0) | (in.trans_b ? 2 : 0));
+        op.a = slot(in.srcs[0]);
+        op.c = slot(in.srcs[1]);
+        op.b = static_cast<uint32_t>(out_.vslots.size());
+        for (Reg r : in.dsts) out_.vslots.push_back(reg_slot(r));
+        out_.uses_wgmma = true;
+        break;
+      case Opc::WgmmaFence: op.code = Code::WgmmaFence; break;
+      case Opc::WgmmaCommit: op.code = Code::WgmmaCommit; break;
+      case Opc::WgmmaWait:
+        op.code = Code::WgmmaWait;
+        op.imm = in.offset;
+        break;
+      case Opc::FenceProxyAsync: op.code = Code::FenceProxyAsync; break;
       case Opc::Mma:
         op.code = Code::Mma;
         op.aux = static_cast<uint8_t>(in.mma);

@@ -33,6 +33,7 @@ enum class State : uint8_t { ready, at_bar, at_shfl, exited };
 enum class Access : uint8_t { read, write, atomic };
 
 constexpr uint32_t kWarp = 32;
+constexpr uint32_t kWarpgroup = 128;  // wgmma's 4 warps
 // A thread that runs this many instructions without reaching a synchronization point is taken to
 // loop forever (a for-loop whose step is zero, say): an error instead of a hung test.
 constexpr int64_t kMaxRun = int64_t{1} << 32;
@@ -135,6 +136,17 @@ struct AsyncCopy {
   std::array<std::byte, 16> data{};
 };
 
+// A wgmma issued by a warpgroup and not yet completed: it reads shared memory and writes the
+// accumulators when a wgmma.wait_group lets its group complete.
+struct WgmmaRecord {
+  uint32_t pc = 0;
+  uint64_t desc_a = 0, desc_b = 0;
+};
+struct WarpgroupWgmma {
+  std::vector<WgmmaRecord> open;                 // issued since the last commit
+  std::vector<std::vector<WgmmaRecord>> groups;  // committed, oldest first
+};
+
 // One resident block: its threads' registers and states, its shared memory and the race
 // detectors' records.
 struct BlockRun {
@@ -171,6 +183,15 @@ struct BlockRun {
   std::vector<std::vector<AsyncCopy>> async_open;
   std::vector<uint16_t> async_pending;
   bool any_async = false;
+  // wgmma (kernels that use it): per warpgroup its products in flight; per thread whether a
+  // wgmma.fence came since its last wgmma.wait_group, and its fence.proxy.async count; per
+  // shared byte its last writer (-1: none) and that writer's proxy-fence count at the write.
+  std::vector<WarpgroupWgmma> wgmma;
+  std::vector<uint8_t> wgmma_fenced;
+  std::vector<uint32_t> proxy_fences;
+  std::vector<int16_t> proxy_writer;
+  std::vector<uint32_t> proxy_seq;
+  std::vector<uint32_t> proxy_pc;
 };
 
 std::atomic<uint64_t> launches{0};
@@ -217,6 +238,14 @@ class Executor {
         b.seen.resize(nthreads_);
         b.observed.resize(nthreads_);
         b.released.resize(nthreads_);
+      }
+      if (k.uses_wgmma) {
+        b.wgmma.resize((nthreads_ + kWarpgroup - 1) / kWarpgroup);
+        b.wgmma_fenced.resize(nthreads_);
+        b.proxy_fences.resize(nthreads_);
+        b.proxy_writer.resize(b.shared.size());
+        b.proxy_seq.resize(b.shared.size());
+        b.proxy_pc.resize(b.shared.size());
       }
       b.stores.resize(nthreads_);
       b.shared_runs.resize(size_t{nthreads_} * static_cast<size_t>(shared_ops_));
@@ -292,6 +321,12 @@ class Executor {
     b.any_seen = false;
     b.rng = mix(options_.schedule_seed) ^ mix(index + 0x51ed2701);
     std::fill(b.shared_runs.begin(), b.shared_runs.end(), 0);
+    if (k_.uses_wgmma) {
+      for (auto& w : b.wgmma) w = WarpgroupWgmma{};
+      std::fill(b.wgmma_fenced.begin(), b.wgmma_fenced.end(), 0);
+      std::fill(b.proxy_fences.begin(), b.proxy_fences.end(), 0);
+      std::fill(b.proxy_writer.begin(), b.proxy_writer.end(), -1);
+    }
     if (b.any_async) {
       for (auto& g : b.async_groups) g.clear();
       for (auto& o : b.async_open) o.clear();
@@ -305,7 +340,13 @@ class Executor {
     if (b.ready.empty()) {
       // Every thread waits or has exited: complete the shuffles, then the barrier.
       std::sort(b.pending_warps.begin(), b.pending_warps.end());  // errors name the first warp, whatever the schedule
-      for (uint32_t w : b.pending_warps) complete_shuffle(w);
+      for (uint32_t w : b.pending_warps) {
+        if (b.warp_waiting[w] == 0) continue;  // completed with its warpgroup
+        if (is_warpgroup_op(k_.code[b.pc[w * kWarp]].code))
+          complete_warpgroup(w / 4);
+        else
+          complete_shuffle(w);
+      }
       b.pending_warps.clear();
       if (!b.ready.empty()) return true;
       flush_requests(b);
@@ -385,6 +426,134 @@ class Executor {
     b.state[t] = State::ready;
     b.since_sync[t] = 0;
     b.ready.push_back(t);
+  }
+
+  static bool is_warpgroup_op(Code c) { return c == Code::Wgmma || c == Code::WgmmaCommit || c == Code::WgmmaWait; }
+
+  // wgmma, wgmma.commit_group or wgmma.wait_group for warpgroup g, once all its 128 threads wait
+  // at it (its descriptors the same in every thread).
+  void complete_warpgroup(uint32_t g) {
+    BlockRun& b = *cur_;
+    const uint32_t first = g * kWarpgroup, pc = b.pc[first];
+    const Op& op = k_.code[pc];
+    const char* name = op.code == Code::Wgmma         ? "wgmma"
+                       : op.code == Code::WgmmaCommit ? "wgmma.commit_group"
+                                                      : "wgmma.wait_group";
+    if (nthreads_ < first + kWarpgroup)
+      fail(first, pc,
+           std::string(name) + " needs whole warpgroups of 128 threads; the block has " + std::to_string(nthreads_));
+    for (uint32_t w = 4 * g; w < 4 * g + 4; ++w)
+      if (b.warp_waiting[w] != kWarp)
+        fail(first, pc,
+             std::string(name) + ": warp " + std::to_string(w) + " of warpgroup " + std::to_string(g) +
+                 " is not at it while the others wait (divergent warpgroup)");
+    for (uint32_t t = first; t < first + kWarpgroup; ++t)
+      if (b.pc[t] != pc)
+        fail(t, b.pc[t],
+             std::string(name) + ": thread " + std::to_string(t) + " of warpgroup " + std::to_string(g) +
+                 " waits at another instruction (divergent warpgroup)");
+    WarpgroupWgmma& wg = b.wgmma[g];
+    switch (op.code) {
+      case Code::Wgmma: {
+        WgmmaRecord rec{pc, reg(first)[op.a], reg(first)[op.c]};
+        for (uint32_t t = first; t < first + kWarpgroup; ++t)
+          if (reg(t)[op.a] != rec.desc_a || reg(t)[op.c] != rec.desc_b)
+            fail(t, pc,
+                 "wgmma: thread " + std::to_string(t) + "'s matrix descriptors differ from thread " +
+                     std::to_string(first) + "'s (they must be the same across the warpgroup)");
+        wg.open.push_back(rec);
+        break;
+      }
+      case Code::WgmmaCommit:
+        wg.groups.push_back(std::move(wg.open));
+        wg.open.clear();
+        break;
+      default:  // WgmmaWait
+        while (wg.groups.size() > static_cast<size_t>(op.imm)) {
+          for (const WgmmaRecord& rec : wg.groups.front()) execute_wgmma(first, rec);
+          wg.groups.erase(wg.groups.begin());
+        }
+        for (uint32_t t = first; t < first + kWarpgroup; ++t) b.wgmma_fenced[t] = 0;
+        break;
+    }
+    for (uint32_t w = 4 * g; w < 4 * g + 4; ++w) b.warp_waiting[w] = 0;
+    for (uint32_t t = first; t < first + kWarpgroup; ++t) resume_after_warp_op(t);
+  }
+
+  // One wgmma of the warpgroup from thread `first`, D = A B + D: A (64 x 16) and B (16 x n) of
+  // bf16 from shared memory by the PTX ISA's matrix descriptors and canonical layouts, 128-byte
+  // swizzle only (descriptor bits 13-0 start >> 4, 29-16 leading byte offset >> 4, 45-32 stride
+  // byte offset >> 4, 51-49 base offset (0), 63-62 swizzle (1: 128 bytes)). Before the swizzle,
+  // a K-major operand's (row r, k) is at start + 128 (r % 8) + SBO (r / 8) + 2 k, an MN-major
+  // one's at start + 2 (r % 64) + LBO (r / 64) + 128 (k % 8) + SBO (k / 8); the swizzle XORs
+  // address bits 4-6 with bits 7-9. D: thread l of the group holds rows 16 (l / 32) + (l % 32) / 4
+  // (+ 8 for registers 4 j + 2, + 3) at columns 8 j + 2 (l % 4) (+ 1 for odd registers). Sums are
+  // exact in double, rounded once to f32 (as complete_mma).
+  void execute_wgmma(uint32_t first, const WgmmaRecord& rec) {
+    const Op& op = k_.code[rec.pc];
+    const auto n = static_cast<uint32_t>(op.imm);
+    struct Desc {
+      uint32_t start, lbo, sbo;
+    };
+    auto decode = [&](uint64_t d, const char* which) {
+      const uint64_t used = 0x3fffull | 0x3fffull << 16 | 0x3fffull << 32 | 0x7ull << 49 | 0x3ull << 62;
+      if ((d >> 62) != 1 || ((d >> 49) & 7) != 0 || (d & ~used) != 0)
+        fail(first, rec.pc,
+             std::string("wgmma: the ") + which + " descriptor " + hex_address(d) +
+                 " is not one the simulator models (128-byte swizzle, base offset 0, unused bits zero)");
+      return Desc{static_cast<uint32_t>(d & 0x3fff) << 4, static_cast<uint32_t>((d >> 16) & 0x3fff) << 4,
+                  static_cast<uint32_t>((d >> 32) & 0x3fff) << 4};
+    };
+    const Desc da = decode(rec.desc_a, "A"), db = decode(rec.desc_b, "B");
+    auto address = [](const Desc& d, bool mn_major, uint32_t r, uint32_t k) {
+      const uint32_t at = mn_major ? d.start + 2 * (r % 64) + d.lbo * (r / 64) + 128 * (k % 8) + d.sbo * (k / 8)
+                                   : d.start + 128 * (r % 8) + d.sbo * (r / 8) + 2 * k;
+      return at ^ ((at & 0x380u) >> 3);
+    };
+    auto element = [&](uint32_t at, const char* which) {
+      const std::byte* p = shared(first, rec.pc, at, 2, which, Access::read, false);
+      check_proxy_fenced(first, rec.pc, at, 2);
+      return static_cast<double>(bf16_to_float(static_cast<uint16_t>(load_elem(p, 2))));
+    };
+    std::vector<double> a(64 * 16), bm(16 * size_t{n});
+    for (uint32_t r = 0; r < 64; ++r)
+      for (uint32_t k = 0; k < 16; ++k) a[r * 16 + k] = element(address(da, op.aux & 1, r, k), "wgmma A operand read");
+    for (uint32_t c = 0; c < n; ++c)
+      for (uint32_t k = 0; k < 16; ++k) bm[k * n + c] = element(address(db, op.aux & 2, c, k), "wgmma B operand read");
+    const uint32_t* d = k_.vslots.data() + op.b;
+    for (uint32_t l = 0; l < kWarpgroup; ++l) {
+      uint64_t* r = reg(first + l);
+      for (uint32_t i = 0; i < n / 2; ++i) {
+        const uint32_t row = 16 * (l / 32) + (l % 32) / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * (l % 4) + i % 2;
+        double sum = f32_of(r[d[i]]);
+        for (uint32_t k = 0; k < 16; ++k) sum += a[row * 16 + k] * bm[k * n + col];
+        r[d[i]] = std::bit_cast<uint32_t>(static_cast<float>(sum));
+      }
+    }
+  }
+
+  // A wgmma (the async proxy) reads shared bytes that a thread wrote (the generic proxy): that
+  // thread must have run fence.proxy.async since the write.
+  void check_proxy_fenced(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes) {
+    const BlockRun& b = *cur_;
+    for (uint32_t i = addr; i < addr + bytes; ++i) {
+      const int16_t w = b.proxy_writer[i];
+      if (w >= 0 && b.proxy_fences[static_cast<size_t>(w)] <= b.proxy_seq[i])
+        fail(t, pc,
+             "wgmma reads shared byte " + hex_address(i) + " that thread " + std::to_string(w) + " wrote (" +
+                 k_.text[b.proxy_pc[i]] + ") with no fence.proxy.async.shared::cta after the write");
+    }
+  }
+
+  // Shared bytes written by thread t (a store, an atomic or a landed cp.async), for
+  // check_proxy_fenced.
+  void note_shared_write(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes) {
+    BlockRun& b = *cur_;
+    for (uint32_t i = addr; i < addr + bytes; ++i) {
+      b.proxy_writer[i] = static_cast<int16_t>(t);
+      b.proxy_seq[i] = b.proxy_fences[t];
+      b.proxy_pc[i] = pc;
+    }
   }
 
   // mma.sync for the warp from lane `first`: gathers A, B and C from the lanes' fragments by the
@@ -581,7 +750,8 @@ class Executor {
     join(word, b.released[t]);
   }
 
-  std::byte* shared(uint32_t t, uint32_t pc, uint64_t raw, uint32_t bytes, const char* what, Access kind) {
+  std::byte* shared(uint32_t t, uint32_t pc, uint64_t raw, uint32_t bytes, const char* what, Access kind,
+                    bool count = true) {
     const auto addr = static_cast<uint32_t>(raw);  // shared addresses are 32-bit
     const auto size = cur_->shared.size();
     if (uint64_t{addr} + bytes > size)
@@ -600,7 +770,7 @@ class Executor {
                    " that a cp.async has not written yet (its thread has not waited for the group with "
                    "cp.async.wait_group, or this thread read it without a barrier after that wait)");
     if (options_.check_races) check_race(t, pc, addr, bytes, kind);
-    if (options_.count_bank_conflicts) gather_request(t, pc, addr, bytes);
+    if (count && options_.count_bank_conflicts) gather_request(t, pc, addr, bytes);
     return cur_->shared.data() + addr;
   }
 
@@ -642,6 +812,7 @@ class Executor {
         // Written now, as far as the race detector is concerned: other threads need a barrier.
         if (options_.check_races) check_race(t, c.pc, c.dst, c.bytes, Access::write);
         std::copy(c.data.begin(), c.data.begin() + c.bytes, b.shared.data() + c.dst);
+        if (k_.uses_wgmma) note_shared_write(t, c.pc, c.dst, c.bytes);
       }
       groups.erase(groups.begin());
     }
@@ -863,6 +1034,11 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
       case Code::Exit:
         if (blk.any_async && has_async_copies(blk, t))
           fail(t, pc, "thread exits with cp.async copies it never waited for");
+        if (k_.uses_wgmma) {
+          const WarpgroupWgmma& wg = blk.wgmma[t / kWarpgroup];
+          if (!wg.open.empty() || !wg.groups.empty())
+            fail(t, pc, "thread exits with wgmma products its warpgroup never waited for");
+        }
         blk.state[t] = State::exited;
         goto stop;
       case Code::CpAsync:
@@ -877,6 +1053,12 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
         blk.state[t] = State::at_bar;
         ++blk.at_bar;
         goto stop;
+      case Code::Wgmma:
+        if (!blk.wgmma_fenced[t])
+          fail(t, pc, "wgmma with no wgmma.fence since the thread's last wgmma.wait_group (or its start)");
+        [[fallthrough]];
+      case Code::WgmmaCommit:
+      case Code::WgmmaWait:
       case Code::Shfl:
       case Code::Mma:
       case Code::Ldmatrix:
@@ -885,6 +1067,10 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
         goto stop;
       case Code::Fence:
         if (races) fence(t);
+        break;
+      case Code::WgmmaFence: blk.wgmma_fenced[t] = 1; break;
+      case Code::FenceProxyAsync:
+        if (k_.uses_wgmma) ++blk.proxy_fences[t];
         break;
       case Code::Mov: r[op.d] = r[op.a]; break;
       case Code::Selp: r[op.d] = r[op.c] ? r[op.a] : r[op.b]; break;
@@ -1020,6 +1206,9 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
         std::byte* p =
             shared(t, pc, U64(a) + static_cast<uint64_t>(op.imm), uint32_t{op.size} * op.aux, "store", Access::write);
         for (int i = 0; i < op.aux; ++i) store_elem(p + i * op.size, r[vslots[op.b + i]], op.size);
+        if (k_.uses_wgmma)
+          note_shared_write(t, pc, static_cast<uint32_t>(U64(a) + static_cast<uint64_t>(op.imm)),
+                            uint32_t{op.size} * op.aux);
         break;
       }
       case Code::AtomG:

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repository root, with a bundle made as gpu-check.sh's header says:
 # one sitting that picks the bf16 mma matmul kernel's tiling (KILN_MMA_TILE x KILN_MMA_STAGES x
-# KILN_MMA_SPLIT_K):
-#   1. the GPU tier's mma matmul cases (bf16 and tf32, every tiling against Eigen) and GPT steps;
+# KILN_MMA_SPLIT_K) and its products' instruction (mma.sync, or sm_90a's wgmma: KILN_WGMMA):
+#   1. the GPU tier's wgmma known answers, its mma and wgmma matmul cases (bf16 and tf32, every
+#      tiling against Eigen) and GPT steps;
 #   2. kiln's GEMM alone at each tiling (bf16 operands, b stored [k][n]; and f32 operands on tf32
 #      at two tilings), and cuBLAS bf16 and tf32 through PyTorch on the same shapes;
 #   3. GPT-2 small's bf16 step at the tilings in KILN_STEP_TILINGS (two turns, alternated; medians
 #      of 10 traced steps), and PyTorch eager with autocast bf16 once.
-# A tiling is TILE:STAGES[:SPLIT] (128x128:2:0 is the default when no variable is set; SPLIT is
-# 0, auto or 2-4).
+# A tiling is TILE:STAGES[:SPLIT[:wgmma]] (128x128:2:0 is the default when no variable is set;
+# SPLIT is 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which takes 3 or 4 stages).
 # About 6 minutes on an H100 when nothing times out (give the device call 600 s; each step has
 # its own timeout, so a hang costs at most 90-200 s). Everything is also written to
 # $OUT/mma-tilings.log (default ./mma-tilings.log).
@@ -17,19 +18,19 @@ bundle=${1:-gpu-bundle}
 run="$bundle/run"
 log=${OUT:-.}/mma-tilings.log
 shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,768x768x8192,8192x50257x768,8192x3072x768}
-gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 128x128:3 128x128:4 128x256:3 128x256:4 128x128:4:auto}
-step_tilings=${KILN_STEP_TILINGS:-128x128:2 128x128:4 128x256:3 128x128:4:auto}
+gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 128x128:4 128x256:4 128x128:4:auto 128x128:4:0:wgmma 128x256:4:0:wgmma 128x256:3:0:wgmma}
+step_tilings=${KILN_STEP_TILINGS:-128x128:2 128x128:4:auto 128x128:4:0:wgmma 128x256:4:0:wgmma}
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
-with_tiling() {  # TILE:STAGES[:SPLIT], then a command
-  local tile stages split
-  IFS=: read -r tile stages split <<<"$1"
+with_tiling() {  # TILE:STAGES[:SPLIT[:wgmma]], then a command
+  local tile stages split engine
+  IFS=: read -r tile stages split engine <<<"$1"
   shift
-  KILN_MMA_TILE=$tile KILN_MMA_STAGES=$stages KILN_MMA_SPLIT_K=${split:-0} "$@"
+  KILN_MMA_TILE=$tile KILN_MMA_STAGES=$stages KILN_MMA_SPLIT_K=${split:-0} KILN_WGMMA=$([ "$engine" = wgmma ] && echo 1 || echo 0) "$@"
 }
 {
   echo "== tests"
   KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE=1 timeout 200 "$run" \
-    "$bundle/bin/kiln_tests" --gtest_filter='Lowering.GpuMatmulsOnMmaMatchEigen:GpuGpt.*' 2>&1 |
+    "$bundle/bin/kiln_tests" --gtest_filter='Wgmma.Gpu*:Lowering.GpuMatmulsOnWgmmaMatchEigen:Lowering.GpuMatmulsOnMmaMatchEigen:GpuGpt.*' 2>&1 |
     grep -E '^\[  (FAILED|PASSED)|Failure|rror' | head -n 20
   for tiling in $gemm_tilings; do
     echo "== kiln gemm bf16, $tiling"

@@ -14,6 +14,7 @@
 #include "core/engine.hpp"
 #include "cuda/lower/fused_matmul.hpp"
 #include "device_test_util.hpp"
+#include "scoped_env.hpp"
 #include "gpt_reference_util.hpp"
 #include "ptxas_skip.hpp"
 #include "train/adamw.hpp"
@@ -198,15 +199,16 @@ TEST(FakeGpuGpt, Bf16TrainingStepsOnWidenedTilesMatchTheCpu) {
 
 // The same with the bf16 mma.sync kernel (ldmatrix, cp.async; the default) on every matmul whose
 // operands qualify: the activations' casts are then kernels, so that the matmuls read stored bf16.
-void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt) {
+// `kernel`: the summary of the kernel that must run them ("wgmma m64n" with KILN_WGMMA=1).
+void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt, const std::string& kernel = "mma.sync bf16") {
   cuda::ForceBf16Mma force;  // whatever KILN_BF16_MMA says
   Engine::current().plan_cache().clear();
   training_steps_match_cpu(rt, testing::tiny_gpt_config(2), 2, Precision::bf16);
   size_t bf16_mma_kernels = 0;
   for (const Plan* p : Engine::current().plan_cache().plans())
     if (p->device)
-      for (size_t at = p->device->dump().find("mma.sync bf16"); at != std::string::npos;
-           at = p->device->dump().find("mma.sync bf16", at + 1))
+      for (size_t at = p->device->dump().find(kernel); at != std::string::npos;
+           at = p->device->dump().find(kernel, at + 1))
         ++bf16_mma_kernels;
   // Each layer's four products (qkv, projection, MLP up and down) forward, their input gradients
   // (dY W^T: k-contiguous operands) and their weight gradients (X^T dY: [k][row] stages): 2 x 12;
@@ -221,6 +223,19 @@ TEST(FakeGpuGpt, Bf16MmaTrainingStepsMatchTheCpu) { bf16_mma_training_steps_matc
 TEST(GpuGpt, Bf16MmaTrainingStepsMatchTheCpu) {
   KILN_GPU_OR_SKIP(rt);
   bf16_mma_training_steps_match_cpu(*rt);
+}
+
+// The same on sm_90a's wgmma (KILN_WGMMA=1): the simulator here, an H100 or H200 in the GPU tier.
+TEST(FakeGpuGpt, Bf16WgmmaTrainingStepsMatchTheCpu) {
+  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
+  bf16_mma_training_steps_match_cpu(testing::fake_runtime(), "wgmma m64n");
+}
+
+TEST(GpuGpt, Bf16WgmmaTrainingStepsMatchTheCpu) {
+  KILN_GPU_OR_SKIP(rt);
+  if (rt->sm() != 90) GTEST_SKIP() << "wgmma needs sm_90a; this GPU is sm_" << rt->sm();
+  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
+  bf16_mma_training_steps_match_cpu(*rt, "wgmma m64n");
 }
 
 TEST(GpuGpt, Bf16TrainingStepsOnWidenedTilesMatchTheCpu) {

@@ -329,15 +329,16 @@ bool names_mma_tiling(const std::string& dump, const MmaTilingCase& t, bool both
 // the copies zero-fill the rest. a^T b with b 60 (f32: 62) of 64 columns: the last chunk of 8
 // (4) rows of b's [k][row] stages has 4 (2) inside. a b with a 61 of 64 columns: the last chunk
 // of 8 (4) k of a's [row][k] stages has 5 (1) inside (K = 61). `bf16` as mma_cases.
-void check_mma_sliced_cases(cuda::Runtime& rt, bool bf16) {
-  auto check_sliced = [&rt, bf16](const std::string& name, std::vector<InputSpec> inputs, BuildFn build) {
+void check_mma_sliced_cases(cuda::Runtime& rt, bool bf16, const std::string& kernel = "") {
+  const std::string summary = !kernel.empty() ? kernel : bf16 ? "mma.sync bf16" : "rounded to tf32";
+  auto check_sliced = [&rt, bf16, summary](const std::string& name, std::vector<InputSpec> inputs, BuildFn build) {
     SCOPED_TRACE(name);
     testing::Harness h(std::move(inputs), std::move(build), 7);
     const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
     std::vector<ValueId> outs{h.output};
     const Circuit fused = fuse_matmul(h.circuit, outs);
     cuda::DeviceProgram dp(fused, outs, rt);
-    EXPECT_NE(dp.dump().find(bf16 ? "mma.sync bf16" : "rounded to tf32"), std::string::npos) << dp.dump();
+    EXPECT_NE(dp.dump().find(summary), std::string::npos) << dp.dump();
     EXPECT_EQ(testing::count_prim(fused, PrimId::slice), 0u) << fused.dump("fused");
     EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), bf16 ? 1e-5 : kTf32Tolerance);
   };
@@ -521,6 +522,44 @@ TEST(Lowering, GpuMatmulsOnMmaMatchEigen) {
   check_mma_cases(*rt, false);
 }
 
+// The bf16 cases on sm_90a's wgmma (KILN_WGMMA=1; matmul_mma.hpp): every tiling it takes (3
+// and 4 stages, the largest 128x256 tiles in 4 stages taking 193 KiB), split-K, the fused
+// interior epilogues and the sliced operands' zero-fill; K of 1 to 4 steps of 64. The same bf16
+// values multiplied exactly on both sides: 1e-5, as mma.sync's.
+constexpr MmaTilingCase kWgmmaTilings[] = {{"128x128", "3"}, {"128x128", "4"}, {"128x256", "3"}, {"128x256", "4"}};
+void check_wgmma_cases(cuda::Runtime& rt) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
+  for (const MmaTilingCase& t : kWgmmaTilings)
+    for (const char* split : {"0", "2"}) {
+      if (split == std::string("2") && t.stages == std::string("3")) continue;
+      SCOPED_TRACE(std::string(t.tile) + ", " + t.stages + " stages, split " + split);
+      testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages),
+          splits("KILN_MMA_SPLIT_K", split);
+      const std::string summary = std::string("tile ") + t.tile + "x64, 256 threads, wgmma m64n" + (t.tile + 4) + "k16";
+      for (const LoweringCase& lc : mma_cases(true)) {
+        SCOPED_TRACE(lc.name);
+        std::string dump;
+        check_case(lc, rt, &dump);
+        EXPECT_NE(dump.find(summary), std::string::npos) << dump;
+        EXPECT_NE(dump.find(std::string(t.stages) + " cp.async stages"), std::string::npos) << dump;
+        if (split == std::string("2") && lc.name.ends_with("k200")) {
+          EXPECT_NE(dump.find("K split 2 ways"), std::string::npos) << dump;
+        }
+      }
+      check_fused_interior_cases(rt, true, 1e-5, "wgmma m64n");
+      check_mma_sliced_cases(rt, true, "wgmma m64n");
+    }
+}
+
+TEST(Lowering, MatmulsOnWgmmaMatchEigen) { check_wgmma_cases(testing::fake_runtime()); }
+
+TEST(Lowering, GpuMatmulsOnWgmmaMatchEigen) {
+  KILN_GPU_OR_SKIP(rt);
+  if (rt->sm() != 90) GTEST_SKIP() << "wgmma needs sm_90a; this GPU is sm_" << rt->sm();
+  check_wgmma_cases(*rt);
+}
+
 // Both index widths (64-bit: tensors of 2^31 elements and more).
 // Under the tiling the environment sets: the bf16 mma cases and the fused interior cases pass
 // ptxas (sm_80, sm_90) and spill nothing on sm_90; `label` names the setting in the printout.
@@ -573,6 +612,42 @@ TEST(Lowering, MmaKernelsPassPtxasWithoutSpills) {
                                       (t.tile == std::string("128x128") ? ", K split 2 ways" : ""),
                                   false);
   }
+}
+
+// The wgmma kernels (sm_90a only) of every tiling and a split, both index widths: no spills, and
+// no ptxas advisory that the wgmmas are serialized (which it gives when accumulator registers are
+// touched between them). Registers printed for docs/BENCHMARKS.md.
+TEST(Lowering, WgmmaKernelsPassPtxasWithoutSpills) {
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
+  for (const MmaTilingCase& t : kWgmmaTilings)
+    for (const char* split : {"0", "2"})
+      for (bool wide_indices : {false, true}) {
+        if ((split == std::string("2") || wide_indices) && t.stages == std::string("3")) continue;
+        testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages),
+            splits("KILN_MMA_SPLIT_K", split);
+        std::optional<cuda::ForceWideIndices> wide;
+        if (wide_indices) wide.emplace();
+        std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
+        std::vector<const kir::Kernel*> kernels = lowered_kernels(mma_cases(true), programs);
+        for (auto& p : fused_interior_programs(true, testing::fake_runtime())) {
+          for (const auto& k : p->kernels()) kernels.push_back(k.launch->kernel.get());
+          programs.push_back(std::move(p));
+        }
+        std::set<std::string> seen;
+        for (const kir::Kernel* k : kernels) {
+          if (!kir::needs_sm90a(*k) || !seen.insert(k->name).second) continue;
+          const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
+          EXPECT_TRUE(r.ok) << k->name << ": " << r.log;
+          EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
+          EXPECT_EQ(r.log.find("serialized"), std::string::npos) << k->name << ": " << r.log;
+          std::printf("%s wgmma %s, %s stages, split %s (%s indices): %d registers, %lld bytes shared\n",
+                      k->name.c_str(), t.tile, t.stages, split, wide_indices ? "u64" : "u32", r.registers,
+                      static_cast<long long>(k->shared_bytes()));
+        }
+        EXPECT_FALSE(seen.empty());
+      }
 }
 
 // KILN_MMA_SPLIT_K=auto splits K where the grid fills less than half the SMs' block slots, as
@@ -831,7 +906,7 @@ TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
 // The same for the cp.async mma kernel: cp.async stores and ldmatrix rows (16 bytes a lane) of
 // [row][k] stages (k-contiguous operands) and [k][row] stages (.trans; ta/tb flip them); with
 // f32 operands (tf32), the scalar fragment loads (lanes on 8 rows of 4 k).
-void expect_no_mma_bank_conflicts(bool bf16) {
+void expect_no_mma_bank_conflicts(bool bf16, const std::string& kernel = "") {
   for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
     const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
     const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
@@ -840,7 +915,11 @@ void expect_no_mma_bank_conflicts(bool bf16) {
       return bl.matmul(bl.cast(x[0], DType::bf16), bl.cast(x[1], DType::bf16), ta, tb);
     });
     cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
-    ASSERT_NE(dp.dump().find(bf16 ? "mma.sync bf16" : "rounded to tf32"), std::string::npos) << dp.dump();
+    ASSERT_NE(dp.dump().find(!kernel.empty() ? kernel
+                             : bf16          ? "mma.sync bf16"
+                                             : "rounded to tf32"),
+              std::string::npos)
+        << dp.dump();
     cuda::fake_driver_count_bank_conflicts(true);
     dp.run(h.bindings);
     const auto stats = cuda::fake_driver_kernel_stats();
@@ -859,6 +938,19 @@ TEST(Lowering, MmaSharedMemoryHasNoBankConflicts) {
   for_each_mma_tiling([](const MmaTilingCase&) { expect_no_mma_bank_conflicts(true); });
   cuda::ForceTf32Matmuls tf32;  // f32 operands: stages of the same shape, scalar fragment loads
   for_each_mma_tiling([](const MmaTilingCase&) { expect_no_mma_bank_conflicts(false); });
+}
+
+// wgmma's stages: the cp.async stores into the 128-byte swizzled layouts (8 consecutive chunks of
+// a K-major row, or of an MN-major atom's k row, on the 32 banks). wgmma's own reads are not
+// counted: the hardware reads the canonical layouts as a whole.
+TEST(Lowering, WgmmaStagesHaveNoBankConflicts) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
+  for (const MmaTilingCase& t : kWgmmaTilings) {
+    SCOPED_TRACE(std::string(t.tile) + ", " + t.stages + " stages");
+    testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages);
+    expect_no_mma_bank_conflicts(true, "wgmma m64n");
+  }
 }
 
 // The online-softmax cases (tests/prims/fused_rows.cpp) take the one-pass path: a change that
@@ -906,6 +998,17 @@ TEST(Lowering, Bf16MmaInstructionsPerThread) {
         "%.0f)\n",
         t.tile, t.stages, step, full - 24 * step, full);
   });
+  // wgmma: k steps of 64 (K = 768 - 704), its products one instruction a k16 slice a warpgroup.
+  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
+  for (const MmaTilingCase& t : kWgmmaTilings) {
+    testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages);
+    const double tn = std::string(t.tile) == "128x256" ? 256 : 128, threads = 256 * (256.0 * 256.0 / (128 * tn));
+    const double full = executed(768) / threads, step = full - executed(704) / threads;
+    std::printf(
+        "bf16 wgmma %s, %s stages: %.0f instructions a thread per k step of 64, %.0f outside the loop (K = 768: "
+        "%.0f)\n",
+        t.tile, t.stages, step, full - 12 * step, full);
+  }
 }
 
 // The tensor-core attention kernels (attention_mma.cpp): the staged tiles' stores (8 bytes a

@@ -28,7 +28,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 29> kVariables = {{
+constexpr std::array<Variable, 30> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -41,7 +41,9 @@ constexpr std::array<Variable, 29> kVariables = {{
     {"KILN_MATMUL_TILE", "GPU matmul tiles, 64 or 128 (default: chosen per shape)"},
     {"KILN_ALLOW_TF32", "1: GPU f32 matmuls on tf32 tensor cores (10-bit mantissas)"},
     {"KILN_BF16_MMA", "0: GPU matmuls of bf16 operands on widened tiles instead of bf16 mma.sync (default 1)"},
-    {"KILN_MMA_STAGES", "cp.async stages of the mma.sync matmul kernel (bf16, tf32), 2-4 (default 2)"},
+    {"KILN_MMA_STAGES",
+     "cp.async stages of the mma.sync matmul kernel (bf16, tf32), 2-4 (default 2; wgmma: 3-4, default 4)"},
+    {"KILN_WGMMA", "1: bf16 matmuls on sm_90a's wgmma (H100/H200 only; default 0, mma.sync)"},
     {"KILN_MMA_TILE", "block tile of the mma.sync matmul kernel (bf16, tf32), 128x128 (default) or 128x256"},
     {"KILN_MMA_SPLIT_K", "mma.sync matmuls (bf16, tf32) split K across blocks: 0 (default), auto, or 2-4"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
@@ -152,6 +154,13 @@ int mma_split_k() {
     throw Error("KILN_MMA_SPLIT_K: expected 0, auto, 2, 3 or 4 (blocks sharing a matmul tile's K), received '" + v +
                 "'");
   return std::stoi(v);
+}
+
+bool wgmma() {
+  const std::string v = text("KILN_WGMMA");
+  if (v.empty() || v == "0") return false;
+  if (v == "1") return true;
+  throw Error("KILN_WGMMA: expected 0 or 1 (bf16 matmuls on sm_90a's wgmma), received '" + v + "'");
 }
 
 bool attention_mma() {

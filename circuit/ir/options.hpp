@@ -36,6 +36,9 @@ int mma_tile_n();      // KILN_MMA_TILE: the mma kernel's block tile, 128x128 or
 // KILN_MMA_SPLIT_K: the mma kernel's split of K across blocks: 0 when unset or "0" (none),
 // -1 for "auto" (per shape, where the grid leaves SMs idle), or 2-4 (that many wherever K allows).
 int mma_split_k();
+// KILN_WGMMA: "1" puts the bf16 mma kernel's products on sm_90a's wgmma (its kernels then load on
+// sm_90 devices only); "0" or unset: mma.sync.
+bool wgmma();
 
 struct Variable {
   const char* name;

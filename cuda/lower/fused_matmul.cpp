@@ -336,11 +336,19 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   }
 
   const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
-  // cp.async mma: mma.stages stages per operand; else one f32 tile each.
-  Reg as = b.shared_addr(b.shared_array(
-      "a_tile", cp_async_mma ? mma.stages * stage_bytes((*mma_stages)[0], tile.tm, mma_input) : 4 * kTileK * pitch_a));
-  Reg bs = b.shared_addr(b.shared_array(
-      "b_tile", cp_async_mma ? mma.stages * stage_bytes((*mma_stages)[1], tile.tn, mma_input) : 4 * kTileK * pitch_b));
+  // cp.async mma: mma.stages stages per operand (wgmma: both in one array, from its first
+  // 1024-byte boundary); else one f32 tile each.
+  Reg as, bs;
+  if (mma.wgmma) {
+    Reg tiles = b.shared_addr(b.shared_array("tiles", mma_shared_bytes(*mma_stages, mma), 1024));
+    as = b.and_(Type::u32, b.add(Type::u32, tiles, imm_u32(1023)), imm_u32(~1023u));
+    bs = b.add(Type::u32, as, imm_u32(static_cast<uint32_t>(mma.stages) * mma.stage_bytes((*mma_stages)[0], tile.tm)));
+  } else {
+    as = b.shared_addr(b.shared_array(
+        "a_tile", cp_async_mma ? mma.stages * mma.stage_bytes((*mma_stages)[0], tile.tm) : 4 * kTileK * pitch_a));
+    bs = b.shared_addr(b.shared_array(
+        "b_tile", cp_async_mma ? mma.stages * mma.stage_bytes((*mma_stages)[1], tile.tn) : 4 * kTileK * pitch_b));
+  }
   TileLoader la, lb;
   if (!cp_async_mma) {
     la = make_loader(b, it, a_base, f.a, a_dtype, M, K, tile.tm, pitch_a, tile.tf32, m0, tid, as);
@@ -373,14 +381,24 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   // holds fragments by the PTX ISA's tables (g = l / 4, q = l % 4): a_i at row g + 8 (i % 2), k
   // q + 4 (i / 2); b_i at k q + 4 i, column g; c_i at row g + 8 (i / 2), column 2 q + i % 2.
   // acc[(mi * wn / 8 + ni) * 4 + i] belongs to the 16x8 product (mi, ni).
+  // wgmma: warp w holds rows 64 (w / 4) + 16 (w % 4) + g (and + 8) of all tn columns, D's 4 j + i
+  // at column 8 j + 2 q + i % 2: the same walk with one 16-row product (m_tiles) and tn / 8
+  // along n, from warp_n 0.
   Reg g, q, warp_m, warp_n;
+  int m_tiles = 4;
   if (tile.tf32) {
     Reg lane = b.and_(Type::u32, tid, imm_u32(31)), warp = b.shr(Type::u32, tid, imm_u32(5));
     g = b.shr(Type::u32, lane, imm_u32(2));
     q = b.and_(Type::u32, lane, imm_u32(3));
-    warp_m = b.mul(Type::u32, b.div(Type::u32, warp, imm_u32(kWarpsN)), imm_u32(kWarpTileM));
-    warp_n =
-        b.mul(Type::u32, b.rem(Type::u32, warp, imm_u32(kWarpsN)), imm_u32(static_cast<uint32_t>(tile.tn / kWarpsN)));
+    if (mma.wgmma) {
+      m_tiles = 1;
+      warp_m = b.mul(Type::u32, warp, imm_u32(16));
+      warp_n = b.mov(Type::u32, imm_u32(0));
+    } else {
+      warp_m = b.mul(Type::u32, b.div(Type::u32, warp, imm_u32(kWarpsN)), imm_u32(kWarpTileM));
+      warp_n =
+          b.mul(Type::u32, b.rem(Type::u32, warp, imm_u32(kWarpsN)), imm_u32(static_cast<uint32_t>(tile.tn / kWarpsN)));
+    }
   }
   Reg a_mma, b_mma;  // shared addresses of (k q, row warp_m + g) and (k q, column warp_n + g)
   if (tile.tf32 && !cp_async_mma) {
@@ -477,14 +495,14 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   };
   // Tensor-core tiles: acc[(mi * n_tiles + ni) * 4 + i] sits at row row0 + mi * 16 + 8 (i / 2),
   // column col0 + ni * 8 + i % 2; for_each_accumulator(fn) calls fn(index, row, column) for each.
-  const int n_tiles = tile.tn / kWarpsN / 8;
+  const int n_tiles = mma.wgmma ? tile.tn / 8 : tile.tn / kWarpsN / 8;
   Reg row0, col0;
   if (tile.tf32) {
     row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
     col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
   }
   auto for_each_accumulator = [&](const std::function<void(size_t, Reg, Reg)>& fn) {
-    for (int mi = 0; mi < 4; ++mi)
+    for (int mi = 0; mi < m_tiles; ++mi)
       for (int ni = 0; ni < n_tiles; ++ni)
         for (int i = 0; i < 4; ++i)
           fn(static_cast<size_t>((mi * n_tiles + ni) * 4 + i), b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
@@ -501,7 +519,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       // stride a column pair (c0 c1, c2 c3) goes out as one 8-byte store (each output buffer's
       // alignment checked at run time). Each distinct extra element (a bias: one per column) is
       // loaded once. The offsets must fit PTX's 32-bit immediates and the strides be non-negative.
-      const int64_t last_row = 3 * 16 + 8, last_col = (n_tiles - 1) * 8 + 1;
+      const int64_t last_row = (m_tiles - 1) * 16 + 8, last_col = (n_tiles - 1) * 8 + 1;
       auto reach = [&](int64_t row_stride, int64_t col_stride) {
         return row_stride < 0 || col_stride < 0 ? std::numeric_limits<int64_t>::max()
                                                 : 4 * (last_row * row_stride + last_col * col_stride);
@@ -525,7 +543,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
           at = b.mad(it, col0, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
           extra_addr[static_cast<size_t>(x)] = b.address(extra_base[static_cast<size_t>(x)], at, 4);
         }
-        for (int mi = 0; mi < 4; ++mi)
+        for (int mi = 0; mi < m_tiles; ++mi)
           for (int ni = 0; ni < n_tiles; ++ni)
             for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the 16x8 product
               const int64_t dr = mi * 16 + 8 * half;
@@ -633,7 +651,18 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch * splits)},
       {kThreads, 1, 1}, std::move(args)));
   const char* operands = bf16_values ? ", bf16 operands" : "";
-  if (cp_async_mma)
+  if (mma.wgmma)
+    lo.summary = fmt::format(
+        "{}: tile {}x{}x{}, {} threads, wgmma m64n{}k16 bf16 on two warpgroups, operands in 128-byte swizzled "
+        "stages ({}, {}), {} cp.async stages{}, {}",
+        op.prim->name, tile.tm, tile.tn, mma.tile_k(), kThreads, tile.tn,
+        (*mma_stages)[0] == MmaStage::row_k ? "a K-major" : "a MN-major",
+        (*mma_stages)[1] == MmaStage::row_k ? "b K-major" : "b MN-major", mma.stages,
+        splits > 1 ? fmt::format(", K split {} ways ({} each, partials added in order by each tile's last block)",
+                                 splits, k_split)
+                   : std::string(),
+        launch_text(lo.launches.back()));
+  else if (cp_async_mma)
     lo.summary = fmt::format(
         "{}: tile {}x{}x{}, {} threads, mma.sync {} on warp tiles {}x{}, {}, {} cp.async stages{}, {}", op.prim->name,
         tile.tm, tile.tn, mma.tile_k(), kThreads, mma_input == MmaInput::bf16 ? "bf16" : "tf32", kWarpTileM,

@@ -5,6 +5,7 @@
 #include "cuda/lower/matmul_mma.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <functional>
 
 #include "circuit/ir/options.hpp"
@@ -35,11 +36,19 @@ std::optional<MmaStage> stage_of(const Circuit& c, ValueId stored, const MatmulO
 MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input) {
   MmaTiling t;
   t.input = input;
+  t.wgmma = input == MmaInput::bf16 && options::wgmma();
   if (const int tn = options::mma_tile_n(); tn != 0) t.tn = tn;
   if (const int stages = options::mma_stages(); stages != 0) t.stages = stages;
-  const int64_t per_stage = stage_bytes(layout[0], 128, input) + stage_bytes(layout[1], t.tn, input);
-  while (t.stages > 2 && t.stages * per_stage > kir::kMaxSharedBytes) --t.stages;
+  if (t.wgmma) t.stages = options::mma_stages() == 0 ? 4 : std::max(t.stages, 3);
+  const int64_t limit = t.wgmma ? kir::kMaxSharedBytesSm90a : kir::kMaxSharedBytes;
+  while (t.stages > (t.wgmma ? 3 : 2) && mma_shared_bytes(layout, t) > limit) --t.stages;
   return t;
+}
+
+int64_t mma_shared_bytes(const std::array<MmaStage, 2>& layout, const MmaTiling& tiling) {
+  const int64_t stages =
+      int64_t{tiling.stages} * (tiling.stage_bytes(layout[0], 128) + tiling.stage_bytes(layout[1], tiling.tn));
+  return tiling.wgmma ? stages + 1024 : stages;
 }
 
 int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling) {
@@ -47,7 +56,14 @@ int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling) {
   const int setting = options::mma_split_k();
   if (setting > 0) return std::min<int64_t>(setting, steps);
   if (setting == 0) return 1;
-  const int64_t slots = (tiling.tn == 128 ? 2 : 1) * kAssumedSms;
+  // Blocks an SM holds: two 128x128 mma.sync blocks; wgmma's as many as its 227 KiB take.
+  const int64_t per_sm =
+      tiling.wgmma
+          ? std::clamp<int64_t>(kir::kMaxSharedBytesSm90a /
+                                    (tiling.stages * tiling.stage_bytes(MmaStage::row_k, 128 + tiling.tn) + 1024),
+                                1, 2)
+          : (tiling.tn == 128 ? 2 : 1);
+  const int64_t slots = per_sm * kAssumedSms;
   if (2 * blocks > slots) return 1;
   return std::clamp<int64_t>(std::min(slots / std::max<int64_t>(blocks, 1), steps / 8), 1, 4);
 }
@@ -71,27 +87,32 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
   const std::array<int, 2> tile_rows{128, tiling.tn};
   const std::array<uint32_t, 2> pitch{stage_pitch_bytes(layout[0], tile_rows[0], input),
                                       stage_pitch_bytes(layout[1], tile_rows[1], input)},
-      bytes{stage_bytes(layout[0], tile_rows[0], input), stage_bytes(layout[1], tile_rows[1], input)};
+      bytes{tiling.stage_bytes(layout[0], tile_rows[0]), tiling.stage_bytes(layout[1], tile_rows[1])};
   // Where chunk `chunk` (of 16 bytes) of row `row` sits in a [row][k] stage.
   auto swizzled = [&](Reg row, Reg chunk) {
     Reg flip = b.and_(Type::u32, b.shr(Type::u32, row, imm_u32(1)), imm_u32(3));
     return b.mad(Type::u32, row, imm_u32(stage_pitch_bytes(MmaStage::row_k, 0, input)),
                  b.mul(Type::u32, b.xor_(Type::u32, chunk, flip), imm_u32(16)));
   };
-  // Stage loads: operand o's rows x tile_k tile is 4 rows chunks of 16 bytes (ce = 8 bf16 or 4
-  // f32 elements); thread t copies chunks t, t + 256, ... [row][k]: chunk c is row c / 4, k ce
-  // (c % 4) .. + ce - 1. [k][row]: chunk c is k c / (rows / ce), rows ce (c % (rows / ce)) .. +
-  // ce - 1. Elements past the matrix are zero-filled (the copy reads only the bytes inside it).
-  // stage[o]: the byte offset of the stage filled.
+  // Stage loads: operand o's rows x tile_k tile is rows x kc chunks of 16 bytes (ce = 8 bf16 or
+  // 4 f32 elements, kc = tile_k / ce: 4, or 8 for wgmma); thread t copies chunks t, t + 256, ...
+  // [row][k]: chunk c is row c / kc, k ce (c % kc) .. + ce - 1. [k][row]: chunk c is k c / (rows
+  // / ce), rows ce (c % (rows / ce)) .. + ce - 1. Elements past the matrix are zero-filled (the
+  // copy reads only the bytes inside it). stage[o]: the byte offset of the stage filled;
+  // chunk_at(o, r, kc): the chunk's offset in the stage ([row][k]: kc its chunk of the row;
+  // [k][row]: kc its k).
+  std::function<Reg(size_t, Reg, Reg)> chunk_at;
   auto issue = [&](Reg k0, std::array<Reg, 2> stage) {
+    const auto k_chunks = static_cast<uint32_t>(tile_k) / chunk_elements;
     for (size_t o = 0; o < 2; ++o) {
       const auto row_chunks = static_cast<uint32_t>(tile_rows[o]) / chunk_elements;
-      for (uint32_t s = 0; s < static_cast<uint32_t>(tile_rows[o]) * 4 / kMmaThreads; ++s) {
+      for (uint32_t s = 0; s < static_cast<uint32_t>(tile_rows[o]) * k_chunks / kMmaThreads; ++s) {
         Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(s * kMmaThreads));
         const bool row_k = layout[o] == MmaStage::row_k;
-        Reg r = row_k ? b.shr(Type::u32, chunk, imm_u32(2))
+        const auto k_shift = static_cast<uint32_t>(std::countr_zero(k_chunks));  // k_chunks: 4 or 8
+        Reg r = row_k ? b.shr(Type::u32, chunk, imm_u32(k_shift))
                       : b.mul(Type::u32, b.rem(Type::u32, chunk, imm_u32(row_chunks)), imm_u32(chunk_elements));
-        Reg kc = row_k ? b.and_(Type::u32, chunk, imm_u32(3)) : b.div(Type::u32, chunk, imm_u32(row_chunks));
+        Reg kc = row_k ? b.and_(Type::u32, chunk, imm_u32(k_chunks - 1)) : b.div(Type::u32, chunk, imm_u32(row_chunks));
         Reg grow = b.add(it, row0[o], widen(r));
         Reg gk = b.add(it, k0, widen(row_k ? b.mul(Type::u32, kc, imm_u32(chunk_elements)) : kc));
         Reg ok =
@@ -105,11 +126,106 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
         Reg at =
             row_k ? scaled_add(b, it, grow, view[o]->row_stride, gk) : scaled_add(b, it, gk, view[o]->k_stride, grow);
         Reg src = b.selp(Type::u64, b.address(base[o], at, static_cast<int>(e)), base[o], ok);
-        Reg dst = row_k ? b.add(Type::u32, swizzled(r, kc), smem[o])
-                        : b.mad(Type::u32, kc, imm_u32(pitch[o]), b.mad(Type::u32, r, imm_u32(e), smem[o]));
+        Reg dst = b.add(Type::u32, chunk_at(o, r, kc), smem[o]);
         b.cp_async(b.add(Type::u32, dst, stage[o]), src, 16, copied);
       }
     }
+  };
+  // The stage after `stage` (byte offsets, stage s of operand o at s * bytes[o]), cycling.
+  const auto stages = static_cast<uint32_t>(tiling.stages);
+  auto advance = [&](std::array<Reg, 2> stage) {
+    for (size_t o = 0; o < 2; ++o) {
+      Reg next = b.add(Type::u32, stage[o], imm_u32(bytes[o]));
+      b.set(stage[o], b.selp(Type::u32, imm_u32(0), next, b.setp(Cmp::eq, next, imm_u32(stages * bytes[o]))));
+    }
+  };
+  auto offsets = [&](uint32_t s) {
+    return std::array<Reg, 2>{b.mov(Type::u32, imm_u32(s * bytes[0])), b.mov(Type::u32, imm_u32(s * bytes[1]))};
+  };
+  const std::array<Reg, 2> read = offsets(0);  // the stage computed on
+  // Emits `issue_step` where the step `ahead` k past k_begin lies before k_end: decided here
+  // when both are immediates (no split), in the kernel otherwise.
+  auto if_step = [&](int64_t ahead, const std::function<void()>& issue_step) {
+    if (k_begin.is_imm && k_end.is_imm) {
+      if (static_cast<int64_t>(k_begin.bits) + ahead < static_cast<int64_t>(k_end.bits)) issue_step();
+      return;
+    }
+    b.if_(b.setp(Cmp::lt, b.add(it, k_begin, imm_index(it, ahead)), k_end), issue_step);
+  };
+  auto k_at = [&](int64_t ahead) { return ahead == 0 ? b.mov(it, k_begin) : b.add(it, k_begin, imm_index(it, ahead)); };
+  if (tiling.wgmma) {
+    chunk_at = [&](size_t o, Reg r, Reg kc) {
+      if (layout[o] == MmaStage::row_k)  // K-major: row r at 128 r, chunk kc at kc ^ (r % 8)
+        return b.mad(Type::u32, r, imm_u32(128),
+                     b.shl(Type::u32, b.xor_(Type::u32, kc, b.and_(Type::u32, r, imm_u32(7))), imm_u32(4)));
+      // MN-major: rows r .. r + 7 (a chunk) of k row kc, in atom (r / 64, kc / 8) at 1024 (r / 64)
+      // + sbo (kc / 8), its k row kc % 8 at 128 (kc % 8), chunk (r % 64) / 8 at that ^ (kc % 8).
+      const uint32_t sbo = static_cast<uint32_t>(tile_rows[o]) / 64 * 1024;
+      Reg j = b.and_(Type::u32, kc, imm_u32(7));
+      Reg atom = b.mad(Type::u32, b.shr(Type::u32, r, imm_u32(6)), imm_u32(1024),
+                       b.mul(Type::u32, b.shr(Type::u32, kc, imm_u32(3)), imm_u32(sbo)));
+      Reg chunk = b.xor_(Type::u32, b.and_(Type::u32, b.shr(Type::u32, r, imm_u32(3)), imm_u32(7)), j);
+      return b.add(Type::u32, atom, b.mad(Type::u32, j, imm_u32(128), b.shl(Type::u32, chunk, imm_u32(4))));
+    };
+    // Descriptors (PTX ISA, sm_90): start >> 4 in bits 0-13, leading byte offset >> 4 in 16-29,
+    // stride byte offset >> 4 in 32-45, 128-byte swizzle (1) in 62-63. K-major: SBO 1024 from one
+    // 8-row atom to the next, LBO unused (16, as CUTLASS gives it), a k16 slice 32 bytes on.
+    // MN-major: LBO 1024 from one 64-row atom to the next, SBO between 8-k atoms, a slice two of
+    // those on. Warpgroup w's A rows start 64 rows on: 8 K-major atoms, or one MN-major atom.
+    // Stage and slice offsets are added to the start field: shared addresses stay under 2^18, so
+    // it never carries into the next.
+    Reg group = b.shr(Type::u32, tid, imm_u32(7));
+    std::array<Reg, 2> desc;
+    std::array<uint32_t, 2> slice;
+    for (size_t o = 0; o < 2; ++o) {
+      const bool k_major = layout[o] == MmaStage::row_k;
+      const uint32_t sbo = k_major ? 1024 : static_cast<uint32_t>(tile_rows[o]) / 64 * 1024, lbo = k_major ? 16 : 1024;
+      slice[o] = k_major ? 32 : 2 * sbo;
+      Reg start = o == 0 ? b.mad(Type::u32, group, imm_u32(k_major ? 8192 : 1024), smem[o]) : smem[o];
+      Reg field = b.cvt(Type::u64, b.shr(Type::u32, start, imm_u32(4)));
+      desc[o] = b.or_(Type::u64, field,
+                      kir::imm_u64(uint64_t{1} << 62 | uint64_t{sbo >> 4} << 32 | uint64_t{lbo >> 4} << 16));
+    }
+    // S stages, steps D = S - 2 ahead: a step's products stay in flight (wgmma.wait_group 1)
+    // until the next step's are issued, so the stage refilled at step i is step i - 2's, which
+    // every warpgroup is done with once all have passed step i's barrier. Step i waits for its
+    // own copies (D - 1 younger groups may stay in flight), fences them for wgmma's async proxy,
+    // meets the barrier, refills, and issues its four k16 products as one group.
+    const uint32_t ahead_steps = stages - 2;
+    for (uint32_t s = 0; s < ahead_steps; ++s) {
+      if_step(int64_t{s} * tile_k, [&] { issue(k_at(int64_t{s} * tile_k), offsets(s)); });
+      b.cp_async_commit();  // possibly empty
+    }
+    const std::array<Reg, 2> write = offsets(ahead_steps);  // the stage refilled
+    b.for_(k_begin, k_end, imm_index(it, tile_k), [&](Reg k0) {
+      b.cp_async_wait(static_cast<int>(ahead_steps) - 1);
+      b.fence_proxy_async();
+      b.bar();
+      Reg ahead = b.add(it, k0, imm_index(it, int64_t{ahead_steps} * tile_k));
+      b.if_(b.setp(Cmp::lt, ahead, k_end), [&] { issue(ahead, write); });
+      b.cp_async_commit();  // possibly empty: one group a step
+      std::array<Reg, 2> at;
+      for (size_t o = 0; o < 2; ++o)
+        at[o] = b.add(Type::u64, desc[o], b.cvt(Type::u64, b.shr(Type::u32, read[o], imm_u32(4))));
+      b.wgmma_fence();
+      for (uint32_t j = 0; j < kWgmmaTileK / 16; ++j) {
+        std::array<kir::Operand, 2> d{at[0], at[1]};
+        if (j > 0)
+          for (size_t o = 0; o < 2; ++o) d[o] = b.add(Type::u64, at[o], kir::imm_u64(j * slice[o] >> 4));
+        b.wgmma(tiling.tn, d[0], layout[0] == MmaStage::k_row, d[1], layout[1] == MmaStage::k_row, acc);
+      }
+      b.wgmma_commit();
+      b.wgmma_wait(1);
+      advance(read);
+      advance(write);
+    });
+    b.wgmma_wait(0);
+    b.cp_async_wait(0);
+    return;
+  }
+  chunk_at = [&](size_t o, Reg r, Reg kc) {
+    return layout[o] == MmaStage::row_k ? swizzled(r, kc)
+                                        : b.mad(Type::u32, kc, imm_u32(pitch[o]), b.mul(Type::u32, r, imm_u32(e)));
   };
   Reg lane = b.and_(Type::u32, tid, imm_u32(31));
   const auto n_tiles = static_cast<size_t>(tiling.warp_n_tiles());
@@ -203,28 +319,6 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
       }
     };
   }
-  // The stage after `stage` (byte offsets, stage s of operand o at s * bytes[o]), cycling.
-  const auto stages = static_cast<uint32_t>(tiling.stages);
-  auto advance = [&](std::array<Reg, 2> stage) {
-    for (size_t o = 0; o < 2; ++o) {
-      Reg next = b.add(Type::u32, stage[o], imm_u32(bytes[o]));
-      b.set(stage[o], b.selp(Type::u32, imm_u32(0), next, b.setp(Cmp::eq, next, imm_u32(stages * bytes[o]))));
-    }
-  };
-  auto offsets = [&](uint32_t s) {
-    return std::array<Reg, 2>{b.mov(Type::u32, imm_u32(s * bytes[0])), b.mov(Type::u32, imm_u32(s * bytes[1]))};
-  };
-  const std::array<Reg, 2> read = offsets(0);  // the stage computed on
-  // Emits `issue_step` where the step `ahead` k past k_begin lies before k_end: decided here
-  // when both are immediates (no split), in the kernel otherwise.
-  auto if_step = [&](int64_t ahead, const std::function<void()>& issue_step) {
-    if (k_begin.is_imm && k_end.is_imm) {
-      if (static_cast<int64_t>(k_begin.bits) + ahead < static_cast<int64_t>(k_end.bits)) issue_step();
-      return;
-    }
-    b.if_(b.setp(Cmp::lt, b.add(it, k_begin, imm_index(it, ahead)), k_end), issue_step);
-  };
-  auto k_at = [&](int64_t ahead) { return ahead == 0 ? b.mov(it, k_begin) : b.add(it, k_begin, imm_index(it, ahead)); };
   if (stages == 2) {
     // Two stages: the next step's copies are issued before this step's wait, so they are in
     // flight during it and the arithmetic; a second barrier keeps them off the stage until every

@@ -46,18 +46,37 @@ constexpr uint32_t stage_bytes(MmaStage s, int rows, MmaInput in) {
   return s == MmaStage::row_k ? static_cast<uint32_t>(rows) * stage_pitch_bytes(s, rows, in)
                               : static_cast<uint32_t>(mma_tile_k(in)) * stage_pitch_bytes(s, rows, in);
 }
+// sm_90a's wgmma (KILN_WGMMA=1, bf16 only): the same block tiles, k steps of 64, each operand's
+// stage in the PTX ISA's 128-byte swizzled canonical layout, which wgmma reads from shared memory
+// through matrix descriptors: [row][k] stages K-major (8-row atoms of 1024 bytes, row r's 16-byte
+// chunk c at chunk position c ^ (r % 8)), [k][row] stages MN-major (atoms of 64 rows x 8 k, atom
+// (p along rows, q along k) at 1024 p + 1024 rows / 64 q, k row j's chunk c at c ^ j). Either is
+// 128 bytes a row of the tile. Two warpgroups, each one m64n{tn}k16 product a k16 slice on its 64
+// rows of the tile.
+constexpr uint32_t kWgmmaTileK = 64;
+constexpr uint32_t wgmma_stage_bytes(int rows) { return static_cast<uint32_t>(rows) * 128; }
+
 struct MmaTiling {
   MmaInput input = MmaInput::bf16;
   int tn = 128;                                 // the block tile's columns (its rows are 128)
   int stages = 2;                               // cp.async stages
-  int warp_n_tiles() const { return tn / 32; }  // 16x8 products along n in a warp's tile
-  int tile_k() const { return mma_tile_k(input); }
+  bool wgmma = false;                           // products on wgmma (bf16, sm_90a) instead of mma.sync
+  int warp_n_tiles() const { return tn / 32; }  // mma.sync: 16x8 products along n in a warp's tile
+  int tile_k() const { return wgmma ? static_cast<int>(kWgmmaTileK) : mma_tile_k(input); }
+  uint32_t stage_bytes(MmaStage s, int rows) const {
+    return wgmma ? wgmma_stage_bytes(rows) : kiln::cuda::stage_bytes(s, rows, input);
+  }
 };
 
 // KILN_MMA_TILE and KILN_MMA_STAGES (128x128, 2 stages when unset: what was measured on a GPU),
 // with the stages cut to what fits in kir::kMaxSharedBytes (128x256 tiles with both operands
-// staged [k][row]: 3 of 4).
+// staged [k][row]: 3 of 4). With KILN_WGMMA=1 and bf16 input: wgmma, 4 stages unless set (2 is
+// raised to 3: the pipeline keeps one step's products in flight while it refills the stage
+// before), within kir::kMaxSharedBytesSm90a.
 MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input);
+// The bytes of shared memory the kernel declares: its stages, and for wgmma 1024 more, so that
+// the stages can start at a 1024-byte boundary (the swizzle's atoms) whatever the window gives.
+int64_t mma_shared_bytes(const std::array<MmaStage, 2>& layout, const MmaTiling& tiling);
 
 // Split-K (KILN_MMA_SPLIT_K): blocks that share an output tile, each over a range of K. "auto":
 // where the grid's `blocks` fill fewer than half the block slots of the SMs (two blocks an SM in
@@ -75,9 +94,11 @@ std::optional<std::array<MmaStage, 2>> mma_stage_layouts(const Circuit& c, const
 // The mma kernel's main loop (mma_stage_layouts): operand o's rows row0[o] .. + rows_o - 1
 // (128 for a, tiling.tn for b) of rows[o], over k in [k_begin, k_end) in steps of tiling.tile_k()
 // (K in all; a split of K ends at a step boundary or at K, so the copies' zero-fill at K is the
-// only one a step needs), into acc as the tf32 kernel lays it out (acc[(mi * warp_n_tiles + ni)
-// * 4 + i]: the 16x8 product (mi, ni) of warp tile (warp_m, warp_n)). smem[o] holds
-// tiling.stages stages: while one is computed on, cp.async fills the others.
+// only one a step needs), into acc: for mma.sync as the tf32 kernel lays it out (acc[(mi *
+// warp_n_tiles + ni) * 4 + i]: the 16x8 product (mi, ni) of warp tile (warp_m, warp_n)); for
+// wgmma as D of warpgroup tid / 128 (its rows 64 (tid / 128) .. + 63 of the tile, all tn
+// columns; warp_m and warp_n are not read). smem[o] holds tiling.stages stages (for wgmma at
+// 1024-byte boundaries): while one is computed on, cp.async fills others.
 void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::array<const MatmulOperand*, 2> view,
                    std::array<MmaStage, 2> layout, const MmaTiling& tiling, std::array<int64_t, 2> rows, int64_t K,
                    kir::Operand k_begin, kir::Operand k_end, std::array<Reg, 2> row0, Reg tid, std::array<Reg, 2> smem,

@@ -101,18 +101,61 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
   // copy reads only the bytes inside it). stage[o]: the byte offset of the stage filled;
   // chunk_at(o, r, kc): the chunk's offset in the stage ([row][k]: kc its chunk of the row;
   // [k][row]: kc its k).
+  //
+  // Steps of blocks whose tiles lie wholly inside both matrices (rows and k) take a fast path
+  // instead: every chunk is whole, and chunk s of a thread is its chunk 0 moved by whole rows
+  // ([row][k]: 256 / kc rows; [k][row]: 256 / (rows / ce) k), the same in every step: its stage
+  // offset is chunk 0's (fast_dst, from before the loop) plus s times dst_stride, and its source
+  // chunk 0's at k = 0 (fast_src) plus k0 and s times chunk_stride: immediates.
   std::function<Reg(size_t, Reg, Reg)> chunk_at;
-  auto issue = [&](Reg k0, std::array<Reg, 2> stage) {
-    const auto k_chunks = static_cast<uint32_t>(tile_k) / chunk_elements;
+  const auto k_chunks = static_cast<uint32_t>(tile_k) / chunk_elements;
+  auto chunks_per_thread = [&](size_t o) { return static_cast<uint32_t>(tile_rows[o]) * k_chunks / kMmaThreads; };
+  auto chunk_coordinates = [&](size_t o, uint32_t s) {  // (row, k chunk or k) of a thread's chunk s
+    Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(s * kMmaThreads));
+    const auto row_chunks = static_cast<uint32_t>(tile_rows[o]) / chunk_elements;
+    const auto k_shift = static_cast<uint32_t>(std::countr_zero(k_chunks));  // k_chunks: 4 or 8
+    if (layout[o] == MmaStage::row_k)
+      return std::pair{b.shr(Type::u32, chunk, imm_u32(k_shift)), b.and_(Type::u32, chunk, imm_u32(k_chunks - 1))};
+    return std::pair{b.mul(Type::u32, b.rem(Type::u32, chunk, imm_u32(row_chunks)), imm_u32(chunk_elements)),
+                     b.div(Type::u32, chunk, imm_u32(row_chunks))};
+  };
+  // Bytes from a thread's chunk s to its chunk s + 1, and from k to k + 1, in the stored operand.
+  auto chunk_stride = [&](size_t o) {
+    const int64_t row_chunks = tile_rows[o] / chunk_elements;
+    return layout[o] == MmaStage::row_k ? int64_t{kMmaThreads / k_chunks} * view[o]->row_stride * e
+                                        : int64_t{kMmaThreads} / row_chunks * view[o]->k_stride * e;
+  };
+  auto k_stride_bytes = [&](size_t o) { return layout[o] == MmaStage::row_k ? int64_t{e} : view[o]->k_stride * e; };
+  // Stage bytes from a thread's chunk s to its chunk s + 1: the rows or k they are apart times
+  // the layout's bytes for one, the swizzles being the same for both ([row][k]: (row / 2) % 4 or
+  // row % 8, rows 64 or 32 apart; wgmma's [k][row]: k % 8, k 16 or 8 apart).
+  auto dst_stride = [&](size_t o) -> uint32_t {
+    const uint32_t row_chunks = static_cast<uint32_t>(tile_rows[o]) / chunk_elements;
+    if (layout[o] == MmaStage::row_k) return kMmaThreads / k_chunks * static_cast<uint32_t>(tile_k) * e;
+    const uint32_t k_apart = kMmaThreads / row_chunks;
+    return tiling.wgmma ? k_apart / 8 * static_cast<uint32_t>(tile_rows[o]) / 64 * 1024 : k_apart * pitch[o];
+  };
+  std::array<Reg, 2> fast_dst;
+  std::array<Reg, 2> fast_src;
+  Reg rows_inside;
+  auto prepare_fast_copies = [&] {
     for (size_t o = 0; o < 2; ++o) {
-      const auto row_chunks = static_cast<uint32_t>(tile_rows[o]) / chunk_elements;
-      for (uint32_t s = 0; s < static_cast<uint32_t>(tile_rows[o]) * k_chunks / kMmaThreads; ++s) {
-        Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(s * kMmaThreads));
+      auto [r, kc] = chunk_coordinates(o, 0);
+      fast_dst[o] = b.add(Type::u32, chunk_at(o, r, kc), smem[o]);
+      Reg grow = b.add(it, row0[o], widen(r));
+      Reg gk = widen(layout[o] == MmaStage::row_k ? b.mul(Type::u32, kc, imm_u32(chunk_elements)) : kc);
+      Reg at = layout[o] == MmaStage::row_k ? scaled_add(b, it, grow, view[o]->row_stride, gk)
+                                            : scaled_add(b, it, gk, view[o]->k_stride, grow);
+      fast_src[o] = b.address(base[o], at, static_cast<int>(e));
+      Reg inside = b.setp(Cmp::le, b.add(it, row0[o], imm_index(it, tile_rows[o])), imm_index(it, rows[o]));
+      rows_inside = o == 0 ? inside : b.and_(Type::pred, rows_inside, inside);
+    }
+  };
+  auto issue_slow = [&](Reg k0, std::array<Reg, 2> stage) {
+    for (size_t o = 0; o < 2; ++o) {
+      for (uint32_t s = 0; s < chunks_per_thread(o); ++s) {
         const bool row_k = layout[o] == MmaStage::row_k;
-        const auto k_shift = static_cast<uint32_t>(std::countr_zero(k_chunks));  // k_chunks: 4 or 8
-        Reg r = row_k ? b.shr(Type::u32, chunk, imm_u32(k_shift))
-                      : b.mul(Type::u32, b.rem(Type::u32, chunk, imm_u32(row_chunks)), imm_u32(chunk_elements));
-        Reg kc = row_k ? b.and_(Type::u32, chunk, imm_u32(k_chunks - 1)) : b.div(Type::u32, chunk, imm_u32(row_chunks));
+        auto [r, kc] = chunk_coordinates(o, s);
         Reg grow = b.add(it, row0[o], widen(r));
         Reg gk = b.add(it, k0, widen(row_k ? b.mul(Type::u32, kc, imm_u32(chunk_elements)) : kc));
         Reg ok =
@@ -130,6 +173,25 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
         b.cp_async(b.add(Type::u32, dst, stage[o]), src, 16, copied);
       }
     }
+  };
+  auto issue = [&](Reg k0, std::array<Reg, 2> stage) {
+    Reg inside =
+        b.and_(Type::pred, rows_inside, b.setp(Cmp::le, b.add(it, k0, imm_index(it, tile_k)), imm_index(it, K)));
+    b.if_(
+        inside,
+        [&] {
+          Reg k64 = it == Type::u64 ? k0 : b.cvt(Type::u64, k0);
+          for (size_t o = 0; o < 2; ++o) {
+            Reg src = b.mad(Type::u64, k64, kir::imm_u64(static_cast<uint64_t>(k_stride_bytes(o))), fast_src[o]);
+            Reg dst = b.add(Type::u32, fast_dst[o], stage[o]);
+            for (uint32_t s = 0; s < chunks_per_thread(o); ++s) {
+              Reg from = s == 0 ? src : b.add(Type::u64, src, kir::imm_u64(static_cast<uint64_t>(s * chunk_stride(o))));
+              Reg to = s == 0 ? dst : b.add(Type::u32, dst, imm_u32(s * dst_stride(o)));
+              b.cp_async(to, from, 16, imm_u32(16));
+            }
+          }
+        },
+        [&] { issue_slow(k0, stage); });
   };
   // The stage after `stage` (byte offsets, stage s of operand o at s * bytes[o]), cycling.
   const auto stages = static_cast<uint32_t>(tiling.stages);
@@ -167,6 +229,7 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
       Reg chunk = b.xor_(Type::u32, b.and_(Type::u32, b.shr(Type::u32, r, imm_u32(3)), imm_u32(7)), j);
       return b.add(Type::u32, atom, b.mad(Type::u32, j, imm_u32(128), b.shl(Type::u32, chunk, imm_u32(4))));
     };
+    prepare_fast_copies();
     // Descriptors (PTX ISA, sm_90): start >> 4 in bits 0-13, leading byte offset >> 4 in 16-29,
     // stride byte offset >> 4 in 32-45, 128-byte swizzle (1) in 62-63. K-major: SBO 1024 from one
     // 8-row atom to the next, LBO unused (16, as CUTLASS gives it), a k16 slice 32 bytes on.
@@ -227,6 +290,7 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
     return layout[o] == MmaStage::row_k ? swizzled(r, kc)
                                         : b.mad(Type::u32, kc, imm_u32(pitch[o]), b.mul(Type::u32, r, imm_u32(e)));
   };
+  prepare_fast_copies();
   Reg lane = b.and_(Type::u32, tid, imm_u32(31));
   const auto n_tiles = static_cast<size_t>(tiling.warp_n_tiles());
   // acc[(mi * n_tiles + ni) * 4 + i] += a(mi) b(ni), the fragments given.

@@ -523,7 +523,8 @@ TEST(Lowering, GpuMatmulsOnMmaMatchEigen) {
 }
 
 // The bf16 cases on sm_90a's wgmma (KILN_WGMMA=1; matmul_mma.hpp): every tiling it takes (3
-// and 4 stages, the largest 128x256 tiles in 4 stages taking 193 KiB), split-K, the fused
+// and 4 stages, the largest 128x256 tiles in 4 stages taking 193 KiB), split-K (3 stages: a
+// wait for every group but none; 4: all but one), the fused
 // interior epilogues and the sliced operands' zero-fill; K of 1 to 4 steps of 64. The same bf16
 // values multiplied exactly on both sides: 1e-5, as mma.sync's.
 constexpr MmaTilingCase kWgmmaTilings[] = {{"128x128", "3"}, {"128x128", "4"}, {"128x256", "3"}, {"128x256", "4"}};
@@ -532,7 +533,7 @@ void check_wgmma_cases(cuda::Runtime& rt) {
   testing::ScopedEnv wgmma("KILN_WGMMA", "1");
   for (const MmaTilingCase& t : kWgmmaTilings)
     for (const char* split : {"0", "2"}) {
-      if (split == std::string("2") && t.stages == std::string("3")) continue;
+      if (split == std::string("2") && t.tile == std::string("128x256") && t.stages == std::string("3")) continue;
       SCOPED_TRACE(std::string(t.tile) + ", " + t.stages + " stages, split " + split);
       testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages),
           splits("KILN_MMA_SPLIT_K", split);
@@ -549,6 +550,22 @@ void check_wgmma_cases(cuda::Runtime& rt) {
       }
       check_fused_interior_cases(rt, true, 1e-5, "wgmma m64n");
       check_mma_sliced_cases(rt, true, "wgmma m64n");
+      // A grid of 3 x 3 tiles or more (the cases above have one or two a dimension): whole-tile
+      // blocks next to edge ones, with a weight-gradient layout (both operands [k][row]; rows of
+      // 296 bf16: whole 16-byte chunks).
+      for (bool ta : {false, true}) {
+        const LoweringCase wide{std::string("bf16_wgmma_grid_3x3") + (ta ? "_a_rows" : ""),
+                                {f32(ta ? Shape{200, 296} : Shape{296, 200}), f32({200, 520}), f32({520})},
+                                [ta](Builder& bld, const std::vector<ValueId>& x) {
+                                  ValueId y = bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), ta);
+                                  return bld.add(y, x[2]);
+                                },
+                                1e-5};
+        SCOPED_TRACE(wide.name);
+        std::string dump;
+        check_case(wide, rt, &dump);
+        EXPECT_NE(dump.find(summary), std::string::npos) << dump;
+      }
     }
 }
 
@@ -628,7 +645,7 @@ TEST(Lowering, WgmmaKernelsPassPtxasWithoutSpills) {
   for (const MmaTilingCase& t : kWgmmaTilings)
     for (const char* split : {"0", "2"})
       for (bool wide_indices : {false, true}) {
-        if ((split == std::string("2") || wide_indices) && t.stages == std::string("3")) continue;
+        if (wide_indices && t.stages == std::string("3")) continue;
         testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages),
             splits("KILN_MMA_SPLIT_K", split);
         std::optional<cuda::ForceWideIndices> wide;

@@ -49,11 +49,17 @@ struct Case {
   bool b_mn = false;    // B stored MN-major (trans-b)
   // Planted misuses, each of which the simulator must report.
   bool no_proxy_fence = false, no_wgmma_fence = false, no_wait = false;
+  bool overwrite_in_flight = false;  // A's first bytes stored to after the issue, before the wait
+  bool write_acc_in_flight = false;  // an accumulator set after the issue, before the wait
+  // Not a misuse: warp 0 runs a shuffle the others do not before the wgmma (they wait for it).
+  bool shuffle_first = false;
   uint32_t rows_a() const { return 64 * groups; }
   std::string name() const {
     return "wgmma_known_answer_n" + std::to_string(n) + "_g" + std::to_string(groups) + (a_mn ? "_amn" : "_ak") +
            (b_mn ? "_bmn" : "_bk") + (no_proxy_fence ? "_no_proxy_fence" : "") +
-           (no_wgmma_fence ? "_no_wgmma_fence" : "") + (no_wait ? "_no_wait" : "");
+           (no_wgmma_fence ? "_no_wgmma_fence" : "") + (no_wait ? "_no_wait" : "") +
+           (overwrite_in_flight ? "_overwrite_in_flight" : "") + (write_acc_in_flight ? "_write_acc_in_flight" : "") +
+           (shuffle_first ? "_shuffle_first" : "");
   }
 };
 
@@ -110,6 +116,8 @@ kir::Kernel wgmma_kernel(const Case& c) {
   // Warpgroup g's 64 rows of A: 8 K-major atoms (8 KiB) or one MN-major atom along rows further on.
   Reg group = b.div(Type::u32, tid, imm_u32(128));
   Reg a_start = b.mad(Type::u32, group, imm_u32(c.a_mn ? 1024 : 8192), sa);
+  if (c.shuffle_first)
+    b.if_(b.setp(kir::Cmp::lt, tid, imm_u32(32)), [&] { acc[0] = b.shfl(kir::ShflMode::bfly, acc[0], imm_u32(0)); });
   if (!c.no_wgmma_fence) b.wgmma_fence();
   for (uint32_t s = 0; s < kTileK / 16; ++s) {
     const uint32_t a_sbo = c.a_mn ? c.rows_a() / 64 * 1024 : 1024, b_sbo = c.b_mn ? c.n / 64 * 1024 : 1024;
@@ -119,6 +127,11 @@ kir::Kernel wgmma_kernel(const Case& c) {
     b.wgmma(static_cast<int>(c.n), da, c.a_mn, db, c.b_mn, acc);
   }
   b.wgmma_commit();
+  if (c.overwrite_in_flight) {
+    b.bar();
+    b.if_(b.setp(kir::Cmp::eq, tid, imm_u32(0)), [&] { b.st(Space::shared, Type::u32, sa, imm_u32(0), 0); });
+  }
+  if (c.write_acc_in_flight) b.set(acc[0], kir::imm_f32(0.5f));
   if (!c.no_wait) b.wgmma_wait(0);
   Reg out = b.address(pd, b.mul(Type::u32, tid, imm_u32(n_acc)), 4);
   for (uint32_t i = 0; i < n_acc; ++i) b.st(Space::global, Type::f32, out, acc[i], 4 * i);
@@ -198,7 +211,8 @@ TEST(Wgmma, KernelsPassPtxasForSm90aOnly) {
 
 // The misuses: shared bytes written by st.shared with no fence.proxy.async before the wgmma
 // reads them; a wgmma with no wgmma.fence before it; the accumulators stored (and the threads
-// gone) with the group never waited for.
+// gone) with the group never waited for; an operand's bytes overwritten, or an accumulator
+// written, between the issue and the wait.
 TEST(Wgmma, SimulatorReportsMissingFencesAndWaits) {
   sim::DeviceMemory mem;
   const Case base{.n = 64, .groups = 1};
@@ -214,7 +228,16 @@ TEST(Wgmma, SimulatorReportsMissingFencesAndWaits) {
   c = base;
   c.no_wait = true;
   sim::testing::expect_error([&] { run(c); }, {"exits with wgmma products its warpgroup never waited for"});
+  c = base;
+  c.overwrite_in_flight = true;
+  sim::testing::expect_error([&] { run(c); }, {"changed between its issue and the wgmma.wait_group"});
+  c = base;
+  c.write_acc_in_flight = true;
+  sim::testing::expect_error([&] { run(c); }, {"accumulators of this wgmma were written between its issue"});
   run(base);  // and the kernel as written runs
+  c = base;
+  c.shuffle_first = true;
+  run(c);  // the warpgroup waits for its warp 0's shuffle: no divergence
 }
 
 }  // namespace

@@ -373,7 +373,9 @@ bool needs_sm90a(const Kernel& k) {
     for (const Stmt& s : stmts) {
       if (s.kind == Stmt::Kind::Instr) {
         const Opc op = s.instr.op;
-        if (op == Opc::Wgmma || op == Opc::WgmmaFence || op == Opc::WgmmaCommit || op == Opc::WgmmaWait) return true;
+        if (op == Opc::Wgmma || op == Opc::WgmmaFence || op == Opc::WgmmaCommit || op == Opc::WgmmaWait ||
+            op == Opc::FenceProxyAsync)
+          return true;
       } else if (any(s.body) || any(s.else_body)) {
         return true;
       }

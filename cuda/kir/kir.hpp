@@ -151,14 +151,18 @@ enum class Opc : uint8_t {
   // K-major. dsts are the vec / 2 f32 accumulators of this thread and srcs[2..] the same
   // registers (read as C): warp w % 4 of the group holds rows 16 (w % 4) + g and + 8 (g = lane /
   // 4), and dsts[4 j + i] column 8 j + 2 (lane % 4) + i % 2 of row + 8 (i / 2). The product is
-  // asynchronous: it reads shared memory and writes the accumulators when a WgmmaWait lets its
-  // group complete; a WgmmaFence must come between this thread's other accesses to the
-  // accumulators and the next Wgmma.
+  // asynchronous: it may read its shared operands and the accumulators any time until a
+  // WgmmaWait completes its group, which writes D; until then no other instruction may touch
+  // them (the simulator reads the operands at issue and reports bytes changed, or accumulators
+  // written, before the wait). A WgmmaFence must come between this thread's other accesses to
+  // the accumulators and the next Wgmma.
   Wgmma,
-  WgmmaFence,       // wgmma.fence.sync.aligned: orders register accesses before the next Wgmma
-  WgmmaCommit,      // wgmma.commit_group.sync.aligned: the warpgroup's Wgmmas since the last commit form a group
-  WgmmaWait,        // wgmma.wait_group.sync.aligned `offset`: all but the newest `offset` groups complete
-  FenceProxyAsync,  // fence.proxy.async.shared::cta: this thread's shared writes are seen by Wgmma's reads
+  WgmmaFence,   // wgmma.fence.sync.aligned: orders register accesses before the next Wgmma
+  WgmmaCommit,  // wgmma.commit_group.sync.aligned: the warpgroup's Wgmmas since the last commit form a group
+  WgmmaWait,    // wgmma.wait_group.sync.aligned `offset`: all but the newest `offset` groups complete
+  // fence.proxy.async.shared::cta: this thread's earlier shared writes are seen by Wgmma's reads
+  // that a barrier orders after it (sm_90 and up: such kernels also print for sm_90a only).
+  FenceProxyAsync,
 };
 const char* opc_name(Opc op);
 
@@ -234,7 +238,8 @@ struct Kernel {
   int64_t static_shared_bytes() const { return dynamic_shared_bytes() > 0 ? 0 : shared_bytes(); }  // declared static
 };
 
-// Whether a kernel uses instructions of sm_90a only (Wgmma and its fence and group operations):
+// Whether a kernel uses instructions of sm_90a only (Wgmma, its fence and group operations, and
+// FenceProxyAsync):
 // it prints for sm_90a and loads on sm_90 devices only.
 bool needs_sm90a(const Kernel& k);
 // kMaxSharedBytesSm90a for those, else kMaxSharedBytes.

@@ -79,8 +79,9 @@ MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput inpu
 int64_t mma_shared_bytes(const std::array<MmaStage, 2>& layout, const MmaTiling& tiling);
 
 // Split-K (KILN_MMA_SPLIT_K): blocks that share an output tile, each over a range of K. "auto":
-// where the grid's `blocks` fill fewer than half the block slots of the SMs (two blocks an SM in
-// 128x128 tiles, one in 128x256; a weight gradient of 768 x 768 outputs over 8192 tokens has 36
+// where the grid's `blocks` fill fewer than half the block slots of the SMs (mma.sync: two blocks
+// an SM in 128x128 tiles, one in 128x256; wgmma: as many as fit its shared memory, one or two; a
+// weight gradient of 768 x 768 outputs over 8192 tokens has 36
 // blocks for 132 SMs), as many splits (up to 4) as fit in those slots, each at least 8 steps of
 // K. Forced: that many, at most one a step of K. Returns the splits (1: none).
 int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling);

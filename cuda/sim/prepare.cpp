@@ -317,13 +317,23 @@ class Flattener {
         for (Reg r : in.dsts) out_.vslots.push_back(reg_slot(r));
         out_.uses_wgmma = true;
         break;
-      case Opc::WgmmaFence: op.code = Code::WgmmaFence; break;
-      case Opc::WgmmaCommit: op.code = Code::WgmmaCommit; break;
+      case Opc::WgmmaFence:
+        op.code = Code::WgmmaFence;
+        out_.uses_wgmma = true;
+        break;
+      case Opc::WgmmaCommit:
+        op.code = Code::WgmmaCommit;
+        out_.uses_wgmma = true;
+        break;
       case Opc::WgmmaWait:
         op.code = Code::WgmmaWait;
         op.imm = in.offset;
+        out_.uses_wgmma = true;
         break;
-      case Opc::FenceProxyAsync: op.code = Code::FenceProxyAsync; break;
+      case Opc::FenceProxyAsync:
+        op.code = Code::FenceProxyAsync;
+        out_.uses_wgmma = true;
+        break;
       case Opc::Mma:
         op.code = Code::Mma;
         op.aux = static_cast<uint8_t>(in.mma);

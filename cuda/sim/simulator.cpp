@@ -138,13 +138,20 @@ struct AsyncCopy {
 
 // A wgmma issued by a warpgroup and not yet completed: it reads shared memory and writes the
 // accumulators when a wgmma.wait_group lets its group complete.
+// It reads its operands when issued (checked then) and keeps their addresses and bits: at
+// completion the bytes must be unchanged (a GPU may read them any time in between).
 struct WgmmaRecord {
   uint32_t pc = 0;
-  uint64_t desc_a = 0, desc_b = 0;
+  std::vector<uint32_t> a_at, b_at;  // shared byte addresses: A (64 x 16), B (16 x n), row-major
+  std::vector<uint16_t> a, b;        // their bf16 bits at issue
 };
 struct WarpgroupWgmma {
   std::vector<WgmmaRecord> open;                 // issued since the last commit
   std::vector<std::vector<WgmmaRecord>> groups;  // committed, oldest first
+  // Per accumulator set in flight (keyed by its first register slot), what its registers must
+  // hold when the next of its products completes: the values at the first issue, then each
+  // product's D. Any other write to them in between is reported.
+  std::map<uint32_t, std::vector<uint32_t>> expected;
 };
 
 // One resident block: its threads' registers and states, its shared memory and the race
@@ -340,14 +347,25 @@ class Executor {
     if (b.ready.empty()) {
       // Every thread waits or has exited: complete the shuffles, then the barrier.
       std::sort(b.pending_warps.begin(), b.pending_warps.end());  // errors name the first warp, whatever the schedule
+      // Warp operations first; then warpgroup ones, whose other warps may have been finishing a
+      // warp operation: a warpgroup not all at its instruction waits while anything else ran,
+      // and is an error (complete_warpgroup says which warp) when nothing did.
+      std::vector<uint32_t> groups;
       for (uint32_t w : b.pending_warps) {
-        if (b.warp_waiting[w] == 0) continue;  // completed with its warpgroup
         if (is_warpgroup_op(k_.code[b.pc[w * kWarp]].code))
-          complete_warpgroup(w / 4);
+          groups.push_back(w);
         else
           complete_shuffle(w);
       }
+      const bool progressed = !b.ready.empty();
       b.pending_warps.clear();
+      for (uint32_t w : groups) {
+        if (b.warp_waiting[w] == 0) continue;  // completed with its warpgroup
+        if (progressed && !warpgroup_arrived(w / 4))
+          b.pending_warps.push_back(w);
+        else
+          complete_warpgroup(w / 4);
+      }
       if (!b.ready.empty()) return true;
       flush_requests(b);
       if (b.at_bar == 0) return false;  // all exited
@@ -428,6 +446,18 @@ class Executor {
     b.ready.push_back(t);
   }
 
+  // Every thread of warpgroup g waits at the same instruction.
+  bool warpgroup_arrived(uint32_t g) const {
+    const BlockRun& b = *cur_;
+    const uint32_t first = g * kWarpgroup;
+    if (nthreads_ < first + kWarpgroup) return false;
+    for (uint32_t w = 4 * g; w < 4 * g + 4; ++w)
+      if (b.warp_waiting[w] != kWarp) return false;
+    for (uint32_t t = first; t < first + kWarpgroup; ++t)
+      if (b.pc[t] != b.pc[first]) return false;
+    return true;
+  }
+
   static bool is_warpgroup_op(Code c) { return c == Code::Wgmma || c == Code::WgmmaCommit || c == Code::WgmmaWait; }
 
   // wgmma, wgmma.commit_group or wgmma.wait_group for warpgroup g, once all its 128 threads wait
@@ -455,13 +485,15 @@ class Executor {
     WarpgroupWgmma& wg = b.wgmma[g];
     switch (op.code) {
       case Code::Wgmma: {
-        WgmmaRecord rec{pc, reg(first)[op.a], reg(first)[op.c]};
+        const uint64_t desc_a = reg(first)[op.a], desc_b = reg(first)[op.c];
         for (uint32_t t = first; t < first + kWarpgroup; ++t)
-          if (reg(t)[op.a] != rec.desc_a || reg(t)[op.c] != rec.desc_b)
+          if (reg(t)[op.a] != desc_a || reg(t)[op.c] != desc_b)
             fail(t, pc,
                  "wgmma: thread " + std::to_string(t) + "'s matrix descriptors differ from thread " +
                      std::to_string(first) + "'s (they must be the same across the warpgroup)");
-        wg.open.push_back(rec);
+        const uint32_t key = k_.vslots[op.b];
+        if (!wg.expected.contains(key)) wg.expected[key] = accumulators(first, op);
+        wg.open.push_back(issue_wgmma(first, pc, desc_a, desc_b));
         break;
       }
       case Code::WgmmaCommit:
@@ -470,9 +502,10 @@ class Executor {
         break;
       default:  // WgmmaWait
         while (wg.groups.size() > static_cast<size_t>(op.imm)) {
-          for (const WgmmaRecord& rec : wg.groups.front()) execute_wgmma(first, rec);
+          for (const WgmmaRecord& rec : wg.groups.front()) complete_wgmma(first, rec, wg);
           wg.groups.erase(wg.groups.begin());
         }
+        if (wg.groups.empty() && wg.open.empty()) wg.expected.clear();
         for (uint32_t t = first; t < first + kWarpgroup; ++t) b.wgmma_fenced[t] = 0;
         break;
     }
@@ -480,56 +513,98 @@ class Executor {
     for (uint32_t t = first; t < first + kWarpgroup; ++t) resume_after_warp_op(t);
   }
 
-  // One wgmma of the warpgroup from thread `first`, D = A B + D: A (64 x 16) and B (16 x n) of
-  // bf16 from shared memory by the PTX ISA's matrix descriptors and canonical layouts, 128-byte
-  // swizzle only (descriptor bits 13-0 start >> 4, 29-16 leading byte offset >> 4, 45-32 stride
-  // byte offset >> 4, 51-49 base offset (0), 63-62 swizzle (1: 128 bytes)). Before the swizzle,
-  // a K-major operand's (row r, k) is at start + 128 (r % 8) + SBO (r / 8) + 2 k, an MN-major
-  // one's at start + 2 (r % 64) + LBO (r / 64) + 128 (k % 8) + SBO (k / 8); the swizzle XORs
-  // address bits 4-6 with bits 7-9. D: thread l of the group holds rows 16 (l / 32) + (l % 32) / 4
-  // (+ 8 for registers 4 j + 2, + 3) at columns 8 j + 2 (l % 4) (+ 1 for odd registers). Sums are
-  // exact in double, rounded once to f32 (as complete_mma).
-  void execute_wgmma(uint32_t first, const WgmmaRecord& rec) {
-    const Op& op = k_.code[rec.pc];
+  // The accumulators of a wgmma (its D registers) of the warpgroup from thread `first`, thread
+  // by thread.
+  std::vector<uint32_t> accumulators(uint32_t first, const Op& op) {
+    const auto n_acc = static_cast<uint32_t>(op.imm) / 2;
+    std::vector<uint32_t> v(kWarpgroup * size_t{n_acc});
+    for (uint32_t l = 0; l < kWarpgroup; ++l)
+      for (uint32_t i = 0; i < n_acc; ++i)
+        v[l * n_acc + i] = static_cast<uint32_t>(reg(first + l)[k_.vslots[op.b + i]]);
+    return v;
+  }
+
+  // A wgmma issued by the warpgroup from thread `first`: its operands, A (64 x 16) and B (16 x n)
+  // of bf16, read from shared memory (and checked) now, by the PTX ISA's matrix descriptors and
+  // canonical layouts, 128-byte swizzle only (descriptor bits 13-0 start >> 4, 29-16 leading
+  // byte offset >> 4, 45-32 stride byte offset >> 4, 51-49 base offset, 63-62 swizzle (1: 128
+  // bytes)). Before the swizzle, a K-major operand's (row r, k) is at start + 128 (r % 8) + SBO
+  // (r / 8) + 2 k, an MN-major one's at start + 2 (r % 64) + LBO (r / 64) + 128 (k % 8) + SBO (k
+  // / 8); the swizzle XORs address bits 4-6 with bits 7-9, whose pattern starts where the start
+  // address's bits 7-9 equal the base offset (kiln gives 0: 1024-byte aligned atoms).
+  WgmmaRecord issue_wgmma(uint32_t first, uint32_t pc, uint64_t desc_a, uint64_t desc_b) {
+    const Op& op = k_.code[pc];
     const auto n = static_cast<uint32_t>(op.imm);
     struct Desc {
       uint32_t start, lbo, sbo;
     };
     auto decode = [&](uint64_t d, const char* which) {
       const uint64_t used = 0x3fffull | 0x3fffull << 16 | 0x3fffull << 32 | 0x7ull << 49 | 0x3ull << 62;
-      if ((d >> 62) != 1 || ((d >> 49) & 7) != 0 || (d & ~used) != 0)
-        fail(first, rec.pc,
+      const auto start = static_cast<uint32_t>(d & 0x3fff) << 4;
+      if ((d >> 62) != 1 || ((d >> 49) & 7) != 0 || (d & ~used) != 0 || ((start >> 7) & 7) != 0)
+        fail(first, pc,
              std::string("wgmma: the ") + which + " descriptor " + hex_address(d) +
-                 " is not one the simulator models (128-byte swizzle, base offset 0, unused bits zero)");
-      return Desc{static_cast<uint32_t>(d & 0x3fff) << 4, static_cast<uint32_t>((d >> 16) & 0x3fff) << 4,
+                 " is not one the simulator models (128-byte swizzle, base offset 0, a start whose bits 7-9 are "
+                 "0, unused bits zero)");
+      return Desc{start, static_cast<uint32_t>((d >> 16) & 0x3fff) << 4,
                   static_cast<uint32_t>((d >> 32) & 0x3fff) << 4};
     };
-    const Desc da = decode(rec.desc_a, "A"), db = decode(rec.desc_b, "B");
+    const Desc da = decode(desc_a, "A"), db = decode(desc_b, "B");
     auto address = [](const Desc& d, bool mn_major, uint32_t r, uint32_t k) {
       const uint32_t at = mn_major ? d.start + 2 * (r % 64) + d.lbo * (r / 64) + 128 * (k % 8) + d.sbo * (k / 8)
                                    : d.start + 128 * (r % 8) + d.sbo * (r / 8) + 2 * k;
       return at ^ ((at & 0x380u) >> 3);
     };
-    auto element = [&](uint32_t at, const char* which) {
-      const std::byte* p = shared(first, rec.pc, at, 2, which, Access::read, false);
-      check_proxy_fenced(first, rec.pc, at, 2);
-      return static_cast<double>(bf16_to_float(static_cast<uint16_t>(load_elem(p, 2))));
+    WgmmaRecord rec;
+    rec.pc = pc;
+    auto take = [&](uint32_t at, const char* which, std::vector<uint32_t>& where, std::vector<uint16_t>& bits) {
+      const std::byte* p = shared(first, pc, at, 2, which, Access::read, false);
+      check_proxy_fenced(first, pc, at, 2);
+      where.push_back(at);
+      bits.push_back(static_cast<uint16_t>(load_elem(p, 2)));
     };
-    std::vector<double> a(64 * 16), bm(16 * size_t{n});
     for (uint32_t r = 0; r < 64; ++r)
-      for (uint32_t k = 0; k < 16; ++k) a[r * 16 + k] = element(address(da, op.aux & 1, r, k), "wgmma A operand read");
-    for (uint32_t c = 0; c < n; ++c)
-      for (uint32_t k = 0; k < 16; ++k) bm[k * n + c] = element(address(db, op.aux & 2, c, k), "wgmma B operand read");
+      for (uint32_t k = 0; k < 16; ++k) take(address(da, op.aux & 1, r, k), "wgmma A operand read", rec.a_at, rec.a);
+    for (uint32_t k = 0; k < 16; ++k)
+      for (uint32_t c = 0; c < n; ++c) take(address(db, op.aux & 2, c, k), "wgmma B operand read", rec.b_at, rec.b);
+    return rec;
+  }
+
+  // Completes a wgmma, D = A B + D, from the operands read at issue (the shared bytes must not
+  // have changed since: a GPU may read them any time before the wait) and the accumulators (which
+  // no other instruction may have written since its issue). D: thread l of the group holds rows
+  // 16 (l / 32) + (l % 32) / 4 (+ 8 for registers 4 j + 2, + 3) at columns 8 j + 2 (l % 4) (+ 1
+  // for odd registers). Sums are exact in double, rounded once to f32 (as complete_mma).
+  void complete_wgmma(uint32_t first, const WgmmaRecord& rec, WarpgroupWgmma& wg) {
+    const Op& op = k_.code[rec.pc];
+    const auto n = static_cast<uint32_t>(op.imm);
+    auto check_unchanged = [&](const std::vector<uint32_t>& at, const std::vector<uint16_t>& bits) {
+      for (size_t i = 0; i < at.size(); ++i)
+        if (static_cast<uint16_t>(load_elem(cur_->shared.data() + at[i], 2)) != bits[i])
+          fail(first, rec.pc,
+               "shared bytes " + hex_address(at[i]) +
+                   " that this wgmma reads changed between its issue and the wgmma.wait_group that completes it (a "
+                   "stage refilled while a product in flight may still read it)");
+    };
+    check_unchanged(rec.a_at, rec.a);
+    check_unchanged(rec.b_at, rec.b);
+    std::vector<uint32_t>& expected = wg.expected[k_.vslots[op.b]];
+    if (accumulators(first, op) != expected)
+      fail(first, rec.pc,
+           "the accumulators of this wgmma were written between its issue and the wgmma.wait_group that completes it");
     const uint32_t* d = k_.vslots.data() + op.b;
     for (uint32_t l = 0; l < kWarpgroup; ++l) {
       uint64_t* r = reg(first + l);
       for (uint32_t i = 0; i < n / 2; ++i) {
         const uint32_t row = 16 * (l / 32) + (l % 32) / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * (l % 4) + i % 2;
         double sum = f32_of(r[d[i]]);
-        for (uint32_t k = 0; k < 16; ++k) sum += a[row * 16 + k] * bm[k * n + col];
+        for (uint32_t k = 0; k < 16; ++k)
+          sum += static_cast<double>(bf16_to_float(rec.a[row * 16 + k])) *
+                 static_cast<double>(bf16_to_float(rec.b[k * n + col]));
         r[d[i]] = std::bit_cast<uint32_t>(static_cast<float>(sum));
       }
     }
+    expected = accumulators(first, op);
   }
 
   // A wgmma (the async proxy) reads shared bytes that a thread wrote (the generic proxy): that
@@ -1220,6 +1295,7 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
         const auto old = static_cast<uint32_t>(load_elem(p, 4));
         const uint32_t sum = op.aux ? std::bit_cast<uint32_t>(std::bit_cast<float>(old) + F32(b)) : old + U32(b);
         store_elem(p, sum, 4);
+        if (op.code == Code::AtomS && k_.uses_wgmma) note_shared_write(t, pc, static_cast<uint32_t>(addr), 4);
         r[op.d] = old;
         break;
       }

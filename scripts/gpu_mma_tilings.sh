@@ -7,7 +7,8 @@
 #   2. kiln's GEMM alone at each tiling (bf16 operands, b stored [k][n]; and f32 operands on tf32
 #      at two tilings), and cuBLAS bf16 and tf32 through PyTorch on the same shapes;
 #   3. GPT-2 small's bf16 step at the tilings in KILN_STEP_TILINGS (two turns, alternated; medians
-#      of 10 traced steps), and PyTorch eager with autocast bf16 once.
+#      of 10 traced steps), once with the bf16 casts kept as kernels (absorb_casts off), and
+#      PyTorch eager with autocast bf16 once.
 # A tiling is TILE:STAGES[:SPLIT[:wgmma]] (128x128:2:0 is the default when no variable is set;
 # SPLIT is 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which takes 3 or 4 stages).
 # About 6 minutes on an H100 when nothing times out (give the device call 600 s; each step has
@@ -52,6 +53,9 @@ with_tiling() {  # TILE:STAGES[:SPLIT[:wgmma]], then a command
         --steps 10 2>&1 | grep -E 'step \(traced|rror'
     done
   done
+  echo "-- 128x128:2 with the casts kept as kernels (KILN_DISABLE_PASSES=absorb_casts)"
+  with_tiling 128x128:2 env KILN_DISABLE_PASSES=absorb_casts timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda \
+    --precision bf16 "${gpt2[@]}" --steps 10 2>&1 | grep -E 'step \(traced|rror'
   echo "-- PyTorch eager, autocast bf16"
   timeout 120 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile --autocast-bf16 2>&1 |
     grep -E 'step|rror'

@@ -32,7 +32,9 @@ size_t launches_of(const Plan& plan) {
 // Launches of one realization of `part` for a GPT of `layers` blocks (tiny widths, no
 // dropout, gradient clipping at `clip` unless 0; with `guarded`, AdamW skips non-finite steps
 // as the Trainer's does): the largest plan it builds.
-size_t launches(int64_t layers, Part part, double clip = 1.0, bool guarded = false) {
+size_t launches(int64_t layers, Part part, double clip = 1.0, bool guarded = false,
+                Precision precision = Precision::f32) {
+  ScopedPrecision policy(precision);
   models::GPTConfig cfg = testing::tiny_gpt_config(layers);
   cfg.dropout = 0;
   manual_seed(5);
@@ -88,17 +90,34 @@ TEST(KernelCounts, GptBlockForwardBackwardAdamWAndStep) {
   EXPECT_LE(step4_guarded, step4);
 }
 
+// --precision bf16: the matmuls' operands that row kernels and matmul epilogues produce are
+// written as bf16 by those ops, not by cast kernels: per block the two norms' outputs and their
+// input gradients (the next matmuls' dY), the GELU output and its gradient; plus the final
+// norm's forward and the loss's gradient, less the first norm's backward (the embedding's
+// gradient takes no cast).
+TEST(KernelCounts, Bf16CastsOfRowOutputsAreWrittenByTheirProducers) {
+  const size_t all = launches(2, Part::Step, 1.0, false, Precision::bf16);
+  size_t without = 0;
+  {
+    testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
+    without = launches(2, Part::Step, 1.0, false, Precision::bf16);
+  }
+  std::printf("2-layer bf16 step: %zu launches, %zu without absorb_casts\n", all, without);
+  EXPECT_EQ(without - all, 2u * 6u + 2u);
+}
+
 TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
   const size_t all = launches(1, Part::Step);
   std::map<std::string, size_t> without;
   std::string every_pass;
-  // Every pass of the pipeline but cse (a GPT step records no duplicate work for it to find) and
-  // pad_bf16_rows (a layout pass: it adds a concat where it pads; an f32 step has no bf16 casts).
+  // Every pass of the pipeline but cse (a GPT step records no duplicate work for it to find),
+  // pad_bf16_rows (a layout pass: it adds a concat where it pads; an f32 step has no bf16 casts)
+  // and absorb_casts (no bf16 casts in an f32 step either; tested below in bf16).
   for (const PassInfo& p : pipeline_passes()) {
     const std::string pass = p.name;
     if (pass == "cse") continue;
     every_pass += (every_pass.empty() ? "" : ",") + pass;
-    if (pass == "pad_bf16_rows") continue;
+    if (pass == "pad_bf16_rows" || pass == "absorb_casts") continue;
     {
       testing::ScopedEnv off("KILN_DISABLE_PASSES", pass);
       without[pass] = launches(1, Part::Step);
@@ -115,8 +134,9 @@ TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
       "off: %zu, fuse_pointwise "
       "off: %zu, fuse_columns off: %zu, fuse_matmul off: %zu, fuse_rows off: %zu, forward_assigns off: %zu, "
       "merge_multi_tensor off: %zu)\n",
-      all, none, without["simplify_row_indexing"], without["fuse_attention"], without["fuse_pointwise"], without["fuse_columns"],
-      without["fuse_matmul"], without["fuse_rows"], without["forward_assigns"], without["merge_multi_tensor"]);
+      all, none, without["simplify_row_indexing"], without["fuse_attention"], without["fuse_pointwise"],
+      without["fuse_columns"], without["fuse_matmul"], without["fuse_rows"], without["forward_assigns"],
+      without["merge_multi_tensor"]);
   EXPECT_LT(all, none);
 }
 

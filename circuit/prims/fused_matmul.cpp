@@ -8,6 +8,7 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "circuit/ir/bf16.hpp"
 #include "circuit/ir/prim.hpp"
 #include "circuit/prims/body_eval.hpp"
 #include "circuit/prims/families.hpp"
@@ -69,7 +70,8 @@ FusedMatmul FusedMatmul::plain(const Shape& a, const Shape& b, bool ta, bool tb)
 
 // ints: {nb, batch (nb), m, n, k, then per operand {offset, batch strides (nb), row, k},
 //        out rank, out shape, out batch strides (nb), out row, out col, extras,
-//        a_row_sums, then (with it) row sums rank and shape};
+//        a_row_sums, then (with it) row sums rank and shape, then (where any epilogue is
+//        stored as bf16) a 0/1 flag per epilogue};
 // bodies: {a's prologue, b's prologue, epilogues...}.
 Params FusedMatmul::to_params(DType dtype) const {
   Params p;
@@ -91,6 +93,11 @@ Params FusedMatmul::to_params(DType dtype) const {
     v.push_back(row_sums_shape.rank());
     v.insert(v.end(), row_sums_shape.dims().begin(), row_sums_shape.dims().end());
   }
+  // Trailing, where any epilogue is stored as bf16: a flag per epilogue.
+  bool any_bf16 = false;
+  for (size_t r = 0; r < epilogues.size(); ++r) any_bf16 = any_bf16 || stored_bf16(r);
+  if (any_bf16)
+    for (size_t r = 0; r < epilogues.size(); ++r) v.push_back(stored_bf16(r) ? 1 : 0);
   p.bodies = {a.prologue, b.prologue};
   p.bodies.insert(p.bodies.end(), epilogues.begin(), epilogues.end());
   return p;
@@ -122,10 +129,15 @@ FusedMatmul FusedMatmul::from_params(const Params& p) {
     if (rank < 0) throw Error("fused_matmul: malformed params");
     f.row_sums_shape = Shape(take(v, at, static_cast<size_t>(rank)));
   }
-  if (at != v.size() || f.extras < 0) throw Error("fused_matmul: malformed params");
   f.a.prologue = p.bodies[0];
   f.b.prologue = p.bodies[1];
   f.epilogues.assign(p.bodies.begin() + 2, p.bodies.end());
+  if (at < v.size())
+    for (int64_t flag : take(v, at, f.epilogues.size())) {
+      if (flag != 0 && flag != 1) throw Error("fused_matmul: malformed params (epilogue dtype flag)");
+      f.epilogue_bf16.push_back(flag != 0);
+    }
+  if (at != v.size() || f.extras < 0) throw Error("fused_matmul: malformed params");
   return f;
 }
 
@@ -134,7 +146,8 @@ std::string FusedMatmul::describe() const {
       fmt::format("{} x {} x {} (batch {}) a{} b{}", m, n, k, Shape(batch).str(), view_text(a), view_text(b));
   if (out_shape != logical() || out_row != n || out_col != 1)
     s += fmt::format(" out{} [batch {} row {} col {}]", out_shape.str(), Shape(out_batch).str(), out_row, out_col);
-  for (size_t r = 0; r < epilogues.size(); ++r) s += fmt::format(" out{}={{{}}}", r, epilogues[r].str());
+  for (size_t r = 0; r < epilogues.size(); ++r)
+    s += fmt::format(" out{}{}={{{}}}", r, stored_bf16(r) ? ":bf16" : "", epilogues[r].str());
   if (a_row_sums) s += fmt::format(" out{}=row sums of a {}", epilogues.size(), row_sums_shape.str());
   return s;
 }
@@ -178,8 +191,8 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   for (size_t i = 0; i < in.size(); ++i) {
     const bool bf16_operand = i < 2 && p.dtype == DType::f32 && in[i].dtype == DType::bf16;
     if (in[i].dtype != p.dtype && !bf16_operand)
-      ctx.fail(fmt::format("input {} is {}{}; every input must be {}{}", i, dtype_name(in[i].dtype),
-                           in[i].shape.str(), dtype_name(p.dtype), i < 2 ? " (or bf16 under f32)" : ""));
+      ctx.fail(fmt::format("input {} is {}{}; every input must be {}{}", i, dtype_name(in[i].dtype), in[i].shape.str(),
+                           dtype_name(p.dtype), i < 2 ? " (or bf16 under f32)" : ""));
     if (bf16_operand && (i == 0 ? f.a : f.b).prologue != se::in(0))
       ctx.fail(fmt::format("operand {} is bf16 and takes no prologue (it is read as stored)", i == 0 ? "a" : "b"));
   }
@@ -220,7 +233,11 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
   for (const ScalarExp& e : f.epilogues)
     if (e.num_inputs() > 1 + f.extras)
       ctx.fail(fmt::format("epilogue {} reads past in0 and the {} extra inputs", e.str(), f.extras));
-  std::vector<ValueInfo> outs(f.epilogues.size(), ValueInfo{f.out_shape, p.dtype});
+  std::vector<ValueInfo> outs;
+  for (size_t r = 0; r < f.epilogues.size(); ++r) {
+    if (f.stored_bf16(r) && p.dtype != DType::f32) ctx.fail(fmt::format("epilogue {} is bf16 in an f64 op", r));
+    outs.push_back(ValueInfo{f.out_shape, f.stored_bf16(r) ? DType::bf16 : p.dtype});
+  }
   if (f.a_row_sums) {
     const int64_t want = Shape(f.batch).numel() * f.m;
     if (f.row_sums_shape.numel() != want)
@@ -294,16 +311,21 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
       ref::run_all(ref::BodyRunner<T>(f.epilogues[r], body_inputs, logical), value.data<T>(), logical.numel());
       HostTensor out = bufs.output(r);
       const T* src = value.data<T>();
-      T* dst = out.data<T>();
       const std::vector<int64_t>& dims = logical.dims();
-      for (int64_t i = 0; i < logical.numel(); ++i) {
-        int64_t at = 0, rest = i;
-        for (size_t d = dims.size(); d-- > 0;) {
-          at += (rest % dims[d]) * out_strides[d];
-          rest /= dims[d];
+      auto scatter = [&](auto* dst, auto convert) {
+        for (int64_t i = 0; i < logical.numel(); ++i) {
+          int64_t at = 0, rest = i;
+          for (size_t d = dims.size(); d-- > 0;) {
+            at += (rest % dims[d]) * out_strides[d];
+            rest /= dims[d];
+          }
+          dst[at] = convert(src[i]);
         }
-        dst[at] = src[i];
-      }
+      };
+      if (f.stored_bf16(r))  // rounded to nearest even, as a cast to bf16
+        scatter(out.data<Bf16>(), [](T x) { return f32_to_bf16(static_cast<float>(x)); });
+      else
+        scatter(out.data<T>(), [](T x) { return x; });
       outs.push_back(std::move(out));
     }
     if (f.a_row_sums) {  // a is gathered as (batch..., m, k), contiguous

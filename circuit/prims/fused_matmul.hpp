@@ -38,6 +38,10 @@ struct FusedMatmul {
   MatmulOperand a, b;
   int extras = 0;
   std::vector<ScalarExp> epilogues = {se::in(0)};
+  // Per epilogue: stored as bf16 (rounded to nearest even, as a cast would; absorb_casts), else in
+  // the op's dtype. Empty: none. bf16 outputs need an f32 op.
+  std::vector<bool> epilogue_bf16;
+  bool stored_bf16(size_t r) const { return r < epilogue_bf16.size() && epilogue_bf16[r]; }
   Shape out_shape;
   std::vector<int64_t> out_batch;
   int64_t out_row = 0, out_col = 0;

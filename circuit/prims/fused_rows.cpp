@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 
+#include "circuit/ir/bf16.hpp"
 #include "circuit/ir/prim.hpp"
 #include "circuit/prims/body_eval.hpp"
 #include "circuit/prims/families.hpp"
@@ -33,7 +34,9 @@ Params RowProgram::to_params(DType dtype) const {
   p.ints.push_back(static_cast<int64_t>(reduction_kinds.size()));
   for (ReduceKind k : reduction_kinds) p.ints.push_back(static_cast<int64_t>(k));
   p.ints.push_back(static_cast<int64_t>(output_per_row.size()));
-  for (bool r : output_per_row) p.ints.push_back(r ? 1 : 0);
+  // Per output: bit 0 per row, bit 1 stored as bf16.
+  for (size_t o = 0; o < output_per_row.size(); ++o)
+    p.ints.push_back((output_per_row[o] ? 1 : 0) | (stored_bf16(o) ? 2 : 0));
   p.bodies = reduction_bodies;
   p.bodies.insert(p.bodies.end(), output_bodies.begin(), output_bodies.end());
   return p;
@@ -58,7 +61,13 @@ RowProgram RowProgram::from_params(const Params& p) {
     rp.reduction_kinds.push_back(static_cast<ReduceKind>(k));
   }
   const int64_t nout = next();
-  for (int64_t i = 0; i < nout; ++i) rp.output_per_row.push_back(next() != 0);
+  for (int64_t i = 0; i < nout; ++i) {
+    const int64_t flags = next();
+    if (flags < 0 || flags > 3)
+      throw Error("fused_rows: malformed params (output flags " + std::to_string(flags) + ")");
+    rp.output_per_row.push_back((flags & 1) != 0);
+    rp.output_bf16.push_back((flags & 2) != 0);
+  }
   if (at != p.ints.size() || p.bodies.size() != static_cast<size_t>(nred + nout) || rank < 1)
     throw Error("fused_rows: malformed params");
   rp.reduction_bodies.assign(p.bodies.begin(), p.bodies.begin() + nred);
@@ -72,7 +81,8 @@ std::string RowProgram::describe() const {
   for (size_t j = 0; j < reduction_bodies.size(); ++j)
     s += fmt::format(" r{}={}{{{}}}", j, kinds[static_cast<int>(reduction_kinds[j])], reduction_bodies[j].str());
   for (size_t o = 0; o < output_bodies.size(); ++o)
-    s += fmt::format(" out{}{}={{{}}}", o, output_per_row[o] ? "[per row]" : "", output_bodies[o].str());
+    s += fmt::format(" out{}{}{}={{{}}}", o, output_per_row[o] ? "[per row]" : "", stored_bf16(o) ? ":bf16" : "",
+                     output_bodies[o].str());
   return s;
 }
 
@@ -120,7 +130,8 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
         if (e.depends_on(k) && varies_along_row(in[static_cast<size_t>(k)].shape, rp.domain))
           ctx.fail(fmt::format("per-row output {} reads input {} {}, which varies along the row", o, k,
                                in[static_cast<size_t>(k)].shape.str()));
-    out.push_back({rp.output_per_row[o] ? rp.row_shape() : rp.domain, p.dtype});
+    if (rp.stored_bf16(o) && p.dtype != DType::f32) ctx.fail(fmt::format("output {} is bf16 in an f64 op", o));
+    out.push_back({rp.output_per_row[o] ? rp.row_shape() : rp.domain, rp.stored_bf16(o) ? DType::bf16 : p.dtype});
   }
   if (out.empty()) ctx.fail("has no outputs");
   return out;
@@ -146,7 +157,7 @@ std::vector<HostTensor> run(const Op& op, const std::vector<const HostTensor*>& 
     return c;
   });
   const RowProgram& rp = compiled.rp;
-  const DType dt = bufs.info(0).dtype;
+  const DType dt = op.params.dtype;  // output 0 may be stored as bf16
   // i32 masks are read as T, as the GPU kernel reads them as f32.
   std::vector<HostTensor> converted(in_raw.size());
   std::vector<const HostTensor*> in(in_raw.begin(), in_raw.end());
@@ -160,8 +171,21 @@ std::vector<HostTensor> run(const Op& op, const std::vector<const HostTensor*>& 
   const Shape row_shape = rp.row_shape();
   std::vector<HostTensor> reds;
   for (size_t j = 0; j < rp.reduction_bodies.size(); ++j) reds.push_back(bufs.scratch(dt, row_shape));
+  // bf16 outputs are computed into scratch in T (f32) and rounded when the rows are done.
   std::vector<HostTensor> outs;
-  for (size_t o = 0; o < rp.output_bodies.size(); ++o) outs.push_back(bufs.output(o));
+  for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+    outs.push_back(rp.stored_bf16(o) ? bufs.scratch(dt, bufs.info(o).shape) : bufs.output(o));
+  auto finish = [&] {
+    for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+      if (rp.stored_bf16(o)) {
+        HostTensor stored = bufs.output(o);
+        const T* from = outs[o].data<T>();
+        Bf16* to = stored.data<Bf16>();
+        for (int64_t i = 0; i < stored.numel(); ++i) to[i] = f32_to_bf16(static_cast<float>(from[i]));
+        outs[o] = stored;
+      }
+    return outs;
+  };
   if (compiled.chunks) {  // rows that fit a block: all bodies at once, chunk by chunk
     std::vector<T*> red_data, out_data;
     for (HostTensor& r : reds) red_data.push_back(r.data<T>());
@@ -176,7 +200,7 @@ std::vector<HostTensor> run(const Op& op, const std::vector<const HostTensor*>& 
 #pragma omp for schedule(static)
       for (int64_t c = 0; c < chunks; ++c) chunked.run(c * chunk_rows, std::min(rows, (c + 1) * chunk_rows), regs);
     }
-    return outs;
+    return finish();
   }
   // Longer rows: one row at a time, each body visiting it block by block in its own phase.
   std::vector<const HostTensor*> all = in;  // inputs, then the reductions
@@ -223,11 +247,11 @@ std::vector<HostTensor> run(const Op& op, const std::vector<const HostTensor*>& 
       }
     }
   }
-  return outs;
+  return finish();
 }
 
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
-  return ref::dispatch_float(bufs.info(0).dtype, "fused_rows", [&](auto t) { return run<decltype(t)>(op, in, bufs); });
+  return ref::dispatch_float(op.params.dtype, "fused_rows", [&](auto t) { return run<decltype(t)>(op, in, bufs); });
 }
 
 }  // namespace

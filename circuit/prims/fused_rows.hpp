@@ -25,10 +25,15 @@ struct RowProgram {
   std::vector<ScalarExp> reduction_bodies;
   std::vector<bool> output_per_row;  // false: domain shape; true: (rows..., 1)
   std::vector<ScalarExp> output_bodies;
+  // Per output: stored as bf16 (its body's value rounded to nearest even, as a cast would: the
+  // matmul operands of --precision bf16, written by their producer; absorb_casts), else in the
+  // op's dtype. Empty: none. bf16 outputs need an f32 op.
+  std::vector<bool> output_bf16;
+  bool stored_bf16(size_t o) const { return o < output_bf16.size() && output_bf16[o]; }
 
   int64_t n() const { return domain[domain.rank() - 1]; }
   int64_t rows() const { return row_shape().numel(); }  // rows of length 0 too
-  Shape row_shape() const;  // (rows..., 1)
+  Shape row_shape() const;                              // (rows..., 1)
 
   Params to_params(DType dtype) const;
   static RowProgram from_params(const Params& p);  // throws kiln::Error on malformed params

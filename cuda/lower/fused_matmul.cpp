@@ -489,7 +489,10 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       at = scaled_add(b, it, col, f.out_col, at);
       for (size_t r = 0; r < f.epilogues.size(); ++r) {
         Reg v = f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
-        b.st(Space::global, Type::f32, b.address(p_out[r], at, 4), v);
+        if (f.stored_bf16(r))  // rounded to nearest even, as a cast to bf16
+          b.st(Space::global, Type::bf16, b.address(p_out[r], at, 2), b.cvt(Type::bf16, v));
+        else
+          b.st(Space::global, Type::f32, b.address(p_out[r], at, 4), v);
       }
     });
   };
@@ -508,6 +511,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
           fn(static_cast<size_t>((mi * n_tiles + ni) * 4 + i), b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
              b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
   };
+  auto out_bytes = [&](size_t r) { return f.stored_bf16(r) ? 2 : 4; };  // output r's element
   auto epilogue = [&] {
     if (tile.tf32) {
       auto store_checked = [&] {
@@ -516,9 +520,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       // Blocks wholly inside c (all but the last row and column of tiles) store without bounds
       // checks: each output and extra is addressed once, every element at an immediate byte offset
       // from the thread's first (row0, col0), and where columns are unit-stride and rows of even
-      // stride a column pair (c0 c1, c2 c3) goes out as one 8-byte store (each output buffer's
-      // alignment checked at run time). Each distinct extra element (a bias: one per column) is
-      // loaded once. The offsets must fit PTX's 32-bit immediates and the strides be non-negative.
+      // stride a column pair (c0 c1, c2 c3) goes out as one 8-byte store, or for an output
+      // stored as bf16 one 4-byte store of the rounded pair (each output buffer's alignment
+      // checked at run time). Each distinct extra element (a bias: one per column) is loaded
+      // once. The offsets (counted in 4-byte elements: bf16's are half) must fit PTX's 32-bit
+      // immediates and the strides be non-negative.
       const int64_t last_row = (m_tiles - 1) * 16 + 8, last_col = (n_tiles - 1) * 8 + 1;
       auto reach = [&](int64_t row_stride, int64_t col_stride) {
         return row_stride < 0 || col_stride < 0 ? std::numeric_limits<int64_t>::max()
@@ -534,7 +540,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       auto store_interior = [&] {
         Reg out_at = scaled_add(b, it, col0, f.out_col, scaled_add(b, it, row0, f.out_row, out_off));
         std::vector<Reg> out_addr;
-        for (Reg p : p_out) out_addr.push_back(b.address(p, out_at, 4));
+        for (size_t r = 0; r < p_out.size(); ++r) out_addr.push_back(b.address(p_out[r], out_at, out_bytes(r)));
         std::vector<Reg> extra_addr(static_cast<size_t>(f.extras));
         std::vector<std::map<int64_t, Reg>> loaded(static_cast<size_t>(f.extras));  // by byte offset
         for (int x : read_extras) {
@@ -564,12 +570,17 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                       f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
               }
               for (size_t r = 0; r < f.epilogues.size(); ++r) {
-                const int64_t at = 4 * (dr * f.out_row + ni * 8 * f.out_col);
-                if (pairs) {
+                const int64_t e = out_bytes(r), at = e * (dr * f.out_row + ni * 8 * f.out_col);
+                if (f.stored_bf16(r) && pairs) {  // a pair of bf16: one 4-byte store
+                  b.st(Space::global, Type::u32, out_addr[r], b.pack_bf16x2(values[r][0], values[r][1]), at);
+                } else if (f.stored_bf16(r)) {
+                  b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][0]), at);
+                  b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][1]), at + e * f.out_col);
+                } else if (pairs) {
                   b.st_vec(Space::global, Type::f32, out_addr[r], {values[r][0], values[r][1]}, at);
                 } else {
                   b.st(Space::global, Type::f32, out_addr[r], values[r][0], at);
-                  b.st(Space::global, Type::f32, out_addr[r], values[r][1], at + 4 * f.out_col);
+                  b.st(Space::global, Type::f32, out_addr[r], values[r][1], at + e * f.out_col);
                 }
               }
             }

@@ -1,0 +1,109 @@
+// absorb_casts (absorb_casts.hpp): casts to bf16 of fused_rows outputs and fused_matmul
+// epilogues written by the op itself.
+#include "circuit/passes/absorb_casts.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "circuit/passes/contract.hpp"
+#include "circuit/prims/fused_matmul.hpp"
+#include "circuit/prims/fused_rows.hpp"
+
+namespace kiln {
+
+namespace {
+
+// A cast f32 -> bf16 of an output of an f32 fused_rows op, or of an epilogue of an f32
+// fused_matmul op (not its row sums).
+bool absorbable(const Circuit& c, const Op& op) {
+  if (!op.is(PrimId::cast) || op.params.dtype != DType::bf16) return false;
+  const ValueId x = op.inputs[0];
+  const int32_t producer = c.value(x).producer;
+  if (producer < 0 || c.info(x).dtype != DType::f32) return false;
+  const Op& p = c.ops()[static_cast<size_t>(producer)];
+  if (p.params.dtype != DType::f32) return false;
+  if (p.is(PrimId::fused_rows)) return true;
+  return p.is(PrimId::fused_matmul) &&
+         static_cast<size_t>(std::find(p.outputs.begin(), p.outputs.end(), x) - p.outputs.begin()) <
+             FusedMatmul::from_params(p.params).epilogues.size();
+}
+
+// An op's outputs as its program keeps them: fused_rows outputs (with per-row flags) or
+// fused_matmul epilogues (its row sums, last, are not among them).
+struct Outputs {
+  std::vector<ScalarExp> bodies;
+  std::vector<bool> per_row, bf16;
+};
+
+}  // namespace
+
+Circuit absorb_casts(const Circuit& c, std::vector<ValueId>& outputs) {
+  // Per producing op (index), the casts (indices) that read its outputs.
+  std::map<int32_t, std::vector<int32_t>> casts_of;
+  for (size_t i = 0; i < c.ops().size(); ++i)
+    if (absorbable(c, c.ops()[i])) casts_of[c.value(c.ops()[i].inputs[0]).producer].push_back(static_cast<int32_t>(i));
+  if (casts_of.empty()) return c;
+  const std::vector<std::vector<int32_t>> readers = value_readers(c);
+  std::vector<bool> requested(c.num_values(), false);
+  for (ValueId o : outputs) requested[static_cast<size_t>(o)] = true;
+  std::vector<std::vector<int32_t>> groups;
+  for (const auto& [producer, casts] : casts_of) {
+    std::vector<int32_t> group{producer};
+    group.insert(group.end(), casts.begin(), casts.end());
+    groups.push_back(std::move(group));
+  }
+  auto merge = [&](size_t g) {
+    const std::vector<int32_t>& group = groups[g];
+    const Op& producer = c.ops()[static_cast<size_t>(group[0])];
+    const bool rows = producer.is(PrimId::fused_rows);
+    RowProgram rp;
+    FusedMatmul fm;
+    Outputs old, now;
+    if (rows) {
+      rp = RowProgram::from_params(producer.params);
+      old = {rp.output_bodies, rp.output_per_row, {}};
+      for (size_t o = 0; o < rp.output_bodies.size(); ++o) old.bf16.push_back(rp.stored_bf16(o));
+    } else {
+      fm = FusedMatmul::from_params(producer.params);
+      old = {fm.epilogues, std::vector<bool>(fm.epilogues.size(), false), {}};
+      for (size_t r = 0; r < fm.epilogues.size(); ++r) old.bf16.push_back(fm.stored_bf16(r));
+    }
+    MergedOp m{producer.prim->id, {}, producer.inputs, {}};
+    auto add = [&](size_t o, bool bf16, ValueId stands_for) {
+      now.bodies.push_back(old.bodies[o]);
+      now.per_row.push_back(old.per_row[o]);
+      now.bf16.push_back(bf16);
+      m.replaces.push_back(stands_for);
+    };
+    // The outputs something other than the group's casts reads (or that are requested).
+    for (size_t o = 0; o < old.bodies.size(); ++o) {
+      const ValueId v = producer.outputs[o];
+      bool needed = requested[static_cast<size_t>(v)];
+      for (int32_t r : readers[static_cast<size_t>(v)])
+        needed = needed || std::find(group.begin() + 1, group.end(), r) == group.end();
+      if (needed) add(o, old.bf16[o], v);
+    }
+    // Then one bf16 output for each cast.
+    for (size_t j = 1; j < group.size(); ++j) {
+      const Op& cast = c.ops()[static_cast<size_t>(group[j])];
+      add(static_cast<size_t>(std::find(producer.outputs.begin(), producer.outputs.end(), cast.inputs[0]) -
+                              producer.outputs.begin()),
+          true, cast.outputs[0]);
+    }
+    if (rows) {
+      rp.output_bodies = now.bodies;
+      rp.output_per_row = now.per_row;
+      rp.output_bf16 = now.bf16;
+      m.params = rp.to_params(producer.params.dtype);
+    } else {
+      fm.epilogues = now.bodies;
+      fm.epilogue_bf16 = now.bf16;
+      if (fm.a_row_sums) m.replaces.push_back(producer.outputs.back());  // after the epilogues, as before
+      m.params = fm.to_params(producer.params.dtype);
+    }
+    return m;
+  };
+  return contract_groups(c, groups, merge, outputs, "absorb_casts");
+}
+
+}  // namespace kiln

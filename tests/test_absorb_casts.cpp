@@ -1,0 +1,179 @@
+// absorb_casts (circuit/passes/absorb_casts.hpp): casts to bf16 of fused_rows outputs and
+// fused_matmul epilogues become outputs of the op stored as bf16. A layer norm whose output is cast for a matmul (and,
+// in a second case, also read in f32 by a residual add and requested), over rows that fit the CPU reference's chunks
+// (37) and rows longer than its block (3000): no cast left, the f32 output kept only where read, and the results bit
+// for bit the unabsorbed circuit's on the Eigen executor (the same rounding: to nearest even), and in the simulator
+// within the f32 matmul tolerance; the disable switch keeps the casts.
+#include <gtest/gtest.h>
+
+#include "circuit/exec/executor.hpp"
+#include "circuit/ir/error.hpp"
+#include "circuit/passes/absorb_casts.hpp"
+#include "circuit/passes/cleanup.hpp"
+#include "circuit/passes/fusion.hpp"
+#include "circuit/passes/pipeline.hpp"
+#include "circuit/prims/composites.hpp"
+#include "circuit/prims/fused_rows.hpp"
+#include "device_test_util.hpp"
+#include "prim_test_util.hpp"
+#include "scoped_env.hpp"
+
+namespace kiln {
+namespace {
+
+struct Case {
+  Circuit circuit;
+  std::vector<ValueId> outputs;
+  std::vector<HostTensor> bindings;
+};
+
+// y = layernorm(x) (rows of n), z = bf16(y) w (w: n x 24); with `f32_reader`, also y + x, and y
+// requested.
+Case norm_then_matmul(int64_t n, bool f32_reader) {
+  Case k;
+  Circuit& c = k.circuit;
+  const ValueId x = c.add_external({Shape{6, n}, DType::f32}, ValueRole::Input, "x");
+  const ValueId g = c.add_external({Shape{n}, DType::f32}, ValueRole::Input, "g");
+  const ValueId beta = c.add_external({Shape{n}, DType::f32}, ValueRole::Input, "beta");
+  const ValueId w = c.add_external({Shape{n, 24}, DType::f32}, ValueRole::Input, "w");
+  Builder b(c, "test");
+  const ValueId y = composite::layernorm(b, x, g, beta);
+  k.outputs = {b.matmul(b.cast(y, DType::bf16), b.cast(w, DType::bf16))};
+  if (f32_reader) k.outputs.insert(k.outputs.end(), {b.add(y, x), y});
+  for (const ValueId v : {x, g, beta, w})
+    k.bindings.push_back(testing::random_tensor({c.info(v).shape, DType::f32}, 30 + static_cast<uint64_t>(v)));
+  return k;
+}
+
+size_t casts_of_rows(const Circuit& c) {
+  size_t n = 0;
+  for (const Op& op : c.ops())
+    if (op.is(PrimId::cast) && op.params.dtype == DType::bf16) {
+      const int32_t p = c.value(op.inputs[0]).producer;
+      n += p >= 0 && c.ops()[static_cast<size_t>(p)].is(PrimId::fused_rows);
+    }
+  return n;
+}
+
+TEST(AbsorbCasts, RowOutputsCastForMatmulsAreStoredAsBf16ByTheirOp) {
+  for (const int64_t n : {int64_t{37}, int64_t{3000}})
+    for (const bool f32_reader : {false, true}) {
+      SCOPED_TRACE("rows of " + std::to_string(n) + (f32_reader ? ", the f32 output also read" : ""));
+      Case k = norm_then_matmul(n, f32_reader);
+      std::vector<ValueId> fused_outs = k.outputs;
+      Circuit f = fuse_rows(fuse_pointwise(cse(k.circuit, fused_outs), fused_outs), fused_outs);
+      ASSERT_EQ(casts_of_rows(f), 1u) << f.dump("fused");
+      std::vector<ValueId> absorbed_outs = fused_outs;
+      const Circuit a = absorb_casts(f, absorbed_outs);
+      EXPECT_EQ(casts_of_rows(a), 0u) << a.dump("absorbed");
+      size_t bf16_outputs = 0, f32_row_outputs = 0;
+      for (const Op& op : a.ops())
+        if (op.is(PrimId::fused_rows))
+          for (ValueId v : op.outputs) {
+            bf16_outputs += a.info(v).dtype == DType::bf16;
+            f32_row_outputs += a.info(v).dtype == DType::f32 && a.info(v).shape == Shape{6, n};
+          }
+      EXPECT_EQ(bf16_outputs, 1u) << a.dump("absorbed");
+      // y dropped when only the cast read it; else y (requested) and y + x (fused into the op).
+      EXPECT_EQ(f32_row_outputs, f32_reader ? 2u : 0u) << a.dump("absorbed");
+      const std::vector<HostTensor> want = execute(f, k.bindings, fused_outs),
+                                    got = execute(a, k.bindings, absorbed_outs);
+      for (size_t o = 0; o < want.size(); ++o)
+        EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
+      // The GPU plan (every pass) on the simulator.
+      std::vector<ValueId> gpu_outs = k.outputs;
+      const Circuit planned = optimize(k.circuit, gpu_outs, {.gpu = true});
+      EXPECT_EQ(casts_of_rows(planned), 0u) << planned.dump("planned");
+      cuda::DeviceProgram dp(planned, gpu_outs, testing::fake_runtime());
+      const std::vector<HostTensor> dev = dp.run(k.bindings);
+      const std::vector<HostTensor> cpu = execute(k.circuit, k.bindings, k.outputs);
+      for (size_t o = 0; o < cpu.size(); ++o)
+        EXPECT_LT(testing::relative_error(dev[o], cpu[o]), 1e-5) << "output " << o;
+    }
+}
+
+// An MLP's first product with bias and GELU whose output is cast for the second (x W1 + b, gelu,
+// cast, times W2), bf16 operands: the GELU epilogue stored as bf16 by the first product's kernel
+// (the pre-activation, requested, stays f32). Sizes inside whole 128-wide tiles (the interior
+// epilogue: bf16 pairs as one 4-byte store) and off them (the checked one), on the mma.sync
+// kernel and on wgmma; on the Eigen executor the same bits as the cast.
+TEST(AbsorbCasts, MatmulEpiloguesCastForMatmulsAreStoredAsBf16ByTheirKernel) {
+  for (const int64_t rows : {int64_t{256}, int64_t{100}})
+    for (const char* wgmma : {"0", "1"}) {
+      SCOPED_TRACE(std::to_string(rows) + " rows, KILN_WGMMA=" + wgmma);
+      testing::ScopedEnv engine("KILN_WGMMA", wgmma);
+      Case k;
+      Circuit& c = k.circuit;
+      const ValueId x = c.add_external({Shape{rows, 64}, DType::f32}, ValueRole::Input, "x");
+      const ValueId w1 = c.add_external({Shape{64, 256}, DType::f32}, ValueRole::Input, "w1");
+      const ValueId b1 = c.add_external({Shape{256}, DType::f32}, ValueRole::Input, "b1");
+      const ValueId w2 = c.add_external({Shape{256, 48}, DType::f32}, ValueRole::Input, "w2");
+      Builder b(c, "test");
+      const ValueId pre = b.add(b.matmul(b.cast(x, DType::bf16), b.cast(w1, DType::bf16)), b1);
+      const ValueId h = b.pointwise(se::gelu(se::in(0)), {pre});
+      k.outputs = {b.matmul(b.cast(h, DType::bf16), b.cast(w2, DType::bf16)), pre};
+      for (const ValueId v : {x, w1, b1, w2})
+        k.bindings.push_back(testing::random_tensor({c.info(v).shape, DType::f32}, 50 + static_cast<uint64_t>(v)));
+      std::vector<ValueId> gpu_outs = k.outputs;
+      const Circuit planned = optimize(k.circuit, gpu_outs, {.gpu = true});
+      size_t bf16_epilogues = 0, casts_of_matmuls = 0;
+      for (const Op& op : planned.ops()) {
+        if (op.is(PrimId::fused_matmul))
+          for (ValueId v : op.outputs) bf16_epilogues += planned.info(v).dtype == DType::bf16;
+        if (op.is(PrimId::cast) && op.params.dtype == DType::bf16) {
+          const int32_t p = planned.value(op.inputs[0]).producer;
+          casts_of_matmuls += p >= 0 && planned.ops()[static_cast<size_t>(p)].is(PrimId::fused_matmul);
+        }
+      }
+      EXPECT_EQ(bf16_epilogues, 1u) << planned.dump("planned");
+      EXPECT_EQ(casts_of_matmuls, 0u) << planned.dump("planned");
+      std::vector<ValueId> unabsorbed_outs = k.outputs;
+      Circuit unabsorbed;
+      {
+        testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
+        unabsorbed = optimize(k.circuit, unabsorbed_outs, {.gpu = true});
+      }
+      const std::vector<HostTensor> want = execute(unabsorbed, k.bindings, unabsorbed_outs),
+                                    got = execute(planned, k.bindings, gpu_outs);
+      for (size_t o = 0; o < want.size(); ++o)
+        EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
+      cuda::DeviceProgram dp(planned, gpu_outs, testing::fake_runtime());
+      EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma m64n" : "mma.sync bf16"), std::string::npos)
+          << dp.dump();
+      const std::vector<HostTensor> dev = dp.run(k.bindings);
+      for (size_t o = 0; o < want.size(); ++o)
+        EXPECT_LT(testing::relative_error(dev[o], want[o]), 1e-5) << "output " << o;
+    }
+}
+
+TEST(AbsorbCasts, TheSwitchKeepsTheCasts) {
+  Case k = norm_then_matmul(37, false);
+  testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
+  std::vector<ValueId> outs = k.outputs;
+  EXPECT_EQ(casts_of_rows(optimize(k.circuit, outs, {.gpu = true})), 1u);
+}
+
+// Params round trip, and the checks: bf16 outputs only in f32 ops.
+TEST(AbsorbCasts, Bf16OutputsRoundTripThroughParamsAndNeedAnF32Op) {
+  RowProgram rp;
+  rp.inputs = 1;
+  rp.domain = Shape{3, 5};
+  rp.output_per_row = {false, false};
+  rp.output_bodies = {se::in(0), se::in(0) * se::c(2.0)};
+  rp.output_bf16 = {false, true};
+  const RowProgram back = RowProgram::from_params(rp.to_params(DType::f32));
+  EXPECT_FALSE(back.stored_bf16(0));
+  EXPECT_TRUE(back.stored_bf16(1));
+  EXPECT_NE(back.describe().find("out1:bf16"), std::string::npos) << back.describe();
+  Circuit c;
+  const ValueId x = c.add_external({Shape{3, 5}, DType::f64}, ValueRole::Input, "x");
+  EXPECT_THROW(c.add_op(PrimId::fused_rows, rp.to_params(DType::f64), {x}), Error);
+  Circuit ok;
+  const ValueId y = ok.add_external({Shape{3, 5}, DType::f32}, ValueRole::Input, "y");
+  const std::vector<ValueId> out = ok.add_op(PrimId::fused_rows, rp.to_params(DType::f32), {y});
+  EXPECT_EQ(ok.info(out[0]).dtype, DType::f32);
+  EXPECT_EQ(ok.info(out[1]).dtype, DType::bf16);
+}
+
+}  // namespace
+}  // namespace kiln

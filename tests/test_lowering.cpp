@@ -577,6 +577,18 @@ TEST(Lowering, GpuMatmulsOnWgmmaMatchEigen) {
   check_wgmma_cases(*rt);
 }
 
+// The kernels of the mma cases and the fused interior cases (bf16 or tf32 operands) under the
+// settings in force; `programs` keeps them alive.
+std::vector<const kir::Kernel*> mma_case_kernels(bool bf16,
+                                                 std::vector<std::unique_ptr<cuda::DeviceProgram>>& programs) {
+  std::vector<const kir::Kernel*> kernels = lowered_kernels(mma_cases(bf16), programs);
+  for (auto& p : fused_interior_programs(bf16, testing::fake_runtime())) {
+    for (const auto& k : p->kernels()) kernels.push_back(k.launch->kernel.get());
+    programs.push_back(std::move(p));
+  }
+  return kernels;
+}
+
 // Both index widths (64-bit: tensors of 2^31 elements and more).
 // Under the tiling the environment sets: the bf16 mma cases and the fused interior cases pass
 // ptxas (sm_80, sm_90) and spill nothing on sm_90; `label` names the setting in the printout.
@@ -588,11 +600,7 @@ void expect_mma_kernels_pass_ptxas(const std::string& label, bool bf16) {
     std::optional<cuda::ForceWideIndices> wide;
     if (wide_indices) wide.emplace();
     std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-    std::vector<const kir::Kernel*> kernels = lowered_kernels(mma_cases(bf16), programs);
-    for (auto& p : fused_interior_programs(bf16, testing::fake_runtime())) {
-      for (const auto& k : p->kernels()) kernels.push_back(k.launch->kernel.get());
-      programs.push_back(std::move(p));
-    }
+    const std::vector<const kir::Kernel*> kernels = mma_case_kernels(bf16, programs);
     std::set<std::string> seen;  // each matmul kernel once (the casts' kernels: other tests)
     for (const kir::Kernel* k : kernels) {
       if (k->name.find("matmul") == std::string::npos || !seen.insert(k->name).second) continue;
@@ -651,11 +659,7 @@ TEST(Lowering, WgmmaKernelsPassPtxasWithoutSpills) {
         std::optional<cuda::ForceWideIndices> wide;
         if (wide_indices) wide.emplace();
         std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-        std::vector<const kir::Kernel*> kernels = lowered_kernels(mma_cases(true), programs);
-        for (auto& p : fused_interior_programs(true, testing::fake_runtime())) {
-          for (const auto& k : p->kernels()) kernels.push_back(k.launch->kernel.get());
-          programs.push_back(std::move(p));
-        }
+        const std::vector<const kir::Kernel*> kernels = mma_case_kernels(true, programs);
         std::set<std::string> seen;
         for (const kir::Kernel* k : kernels) {
           if (!kir::needs_sm90a(*k) || !seen.insert(k->name).second) continue;

@@ -96,54 +96,57 @@ TEST(AbsorbCasts, RowOutputsCastForMatmulsAreStoredAsBf16ByTheirOp) {
 // cast, times W2), bf16 operands: the GELU epilogue stored as bf16 by the first product's kernel
 // (the pre-activation, requested, stays f32). Sizes inside whole 128-wide tiles (the interior
 // epilogue: bf16 pairs as one 4-byte store) and off them (the checked one), on the mma.sync
-// kernel and on wgmma; on the Eigen executor the same bits as the cast.
+// kernel and on wgmma, K = 128 whole or split 2 ways (the last block's epilogue); on the Eigen
+// executor the same bits as the cast.
 TEST(AbsorbCasts, MatmulEpiloguesCastForMatmulsAreStoredAsBf16ByTheirKernel) {
   for (const int64_t rows : {int64_t{256}, int64_t{100}})
-    for (const char* wgmma : {"0", "1"}) {
-      SCOPED_TRACE(std::to_string(rows) + " rows, KILN_WGMMA=" + wgmma);
-      testing::ScopedEnv engine("KILN_WGMMA", wgmma);
-      Case k;
-      Circuit& c = k.circuit;
-      const ValueId x = c.add_external({Shape{rows, 64}, DType::f32}, ValueRole::Input, "x");
-      const ValueId w1 = c.add_external({Shape{64, 256}, DType::f32}, ValueRole::Input, "w1");
-      const ValueId b1 = c.add_external({Shape{256}, DType::f32}, ValueRole::Input, "b1");
-      const ValueId w2 = c.add_external({Shape{256, 48}, DType::f32}, ValueRole::Input, "w2");
-      Builder b(c, "test");
-      const ValueId pre = b.add(b.matmul(b.cast(x, DType::bf16), b.cast(w1, DType::bf16)), b1);
-      const ValueId h = b.pointwise(se::gelu(se::in(0)), {pre});
-      k.outputs = {b.matmul(b.cast(h, DType::bf16), b.cast(w2, DType::bf16)), pre};
-      for (const ValueId v : {x, w1, b1, w2})
-        k.bindings.push_back(testing::random_tensor({c.info(v).shape, DType::f32}, 50 + static_cast<uint64_t>(v)));
-      std::vector<ValueId> gpu_outs = k.outputs;
-      const Circuit planned = optimize(k.circuit, gpu_outs, {.gpu = true});
-      size_t bf16_epilogues = 0, casts_of_matmuls = 0;
-      for (const Op& op : planned.ops()) {
-        if (op.is(PrimId::fused_matmul))
-          for (ValueId v : op.outputs) bf16_epilogues += planned.info(v).dtype == DType::bf16;
-        if (op.is(PrimId::cast) && op.params.dtype == DType::bf16) {
-          const int32_t p = planned.value(op.inputs[0]).producer;
-          casts_of_matmuls += p >= 0 && planned.ops()[static_cast<size_t>(p)].is(PrimId::fused_matmul);
+    for (const char* wgmma : {"0", "1"})
+      for (const char* split : {"0", "2"}) {
+        SCOPED_TRACE(std::to_string(rows) + " rows, KILN_WGMMA=" + wgmma + ", KILN_MMA_SPLIT_K=" + split);
+        testing::ScopedEnv engine("KILN_WGMMA", wgmma), splits("KILN_MMA_SPLIT_K", split);
+        Case k;
+        Circuit& c = k.circuit;
+        const ValueId x = c.add_external({Shape{rows, 128}, DType::f32}, ValueRole::Input, "x");
+        const ValueId w1 = c.add_external({Shape{128, 256}, DType::f32}, ValueRole::Input, "w1");
+        const ValueId b1 = c.add_external({Shape{256}, DType::f32}, ValueRole::Input, "b1");
+        const ValueId w2 = c.add_external({Shape{256, 48}, DType::f32}, ValueRole::Input, "w2");
+        Builder b(c, "test");
+        const ValueId pre = b.add(b.matmul(b.cast(x, DType::bf16), b.cast(w1, DType::bf16)), b1);
+        const ValueId h = b.pointwise(se::gelu(se::in(0)), {pre});
+        k.outputs = {b.matmul(b.cast(h, DType::bf16), b.cast(w2, DType::bf16)), pre};
+        for (const ValueId v : {x, w1, b1, w2})
+          k.bindings.push_back(testing::random_tensor({c.info(v).shape, DType::f32}, 50 + static_cast<uint64_t>(v)));
+        std::vector<ValueId> gpu_outs = k.outputs;
+        const Circuit planned = optimize(k.circuit, gpu_outs, {.gpu = true});
+        size_t bf16_epilogues = 0, casts_of_matmuls = 0;
+        for (const Op& op : planned.ops()) {
+          if (op.is(PrimId::fused_matmul))
+            for (ValueId v : op.outputs) bf16_epilogues += planned.info(v).dtype == DType::bf16;
+          if (op.is(PrimId::cast) && op.params.dtype == DType::bf16) {
+            const int32_t p = planned.value(op.inputs[0]).producer;
+            casts_of_matmuls += p >= 0 && planned.ops()[static_cast<size_t>(p)].is(PrimId::fused_matmul);
+          }
         }
+        EXPECT_EQ(bf16_epilogues, 1u) << planned.dump("planned");
+        EXPECT_EQ(casts_of_matmuls, 0u) << planned.dump("planned");
+        std::vector<ValueId> unabsorbed_outs = k.outputs;
+        Circuit unabsorbed;
+        {
+          testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
+          unabsorbed = optimize(k.circuit, unabsorbed_outs, {.gpu = true});
+        }
+        const std::vector<HostTensor> want = execute(unabsorbed, k.bindings, unabsorbed_outs),
+                                      got = execute(planned, k.bindings, gpu_outs);
+        for (size_t o = 0; o < want.size(); ++o)
+          EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
+        cuda::DeviceProgram dp(planned, gpu_outs, testing::fake_runtime());
+        EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma m64n" : "mma.sync bf16"), std::string::npos)
+            << dp.dump();
+        EXPECT_EQ(dp.dump().find("K split 2 ways") != std::string::npos, split == std::string("2")) << dp.dump();
+        const std::vector<HostTensor> dev = dp.run(k.bindings);
+        for (size_t o = 0; o < want.size(); ++o)
+          EXPECT_LT(testing::relative_error(dev[o], want[o]), 1e-5) << "output " << o;
       }
-      EXPECT_EQ(bf16_epilogues, 1u) << planned.dump("planned");
-      EXPECT_EQ(casts_of_matmuls, 0u) << planned.dump("planned");
-      std::vector<ValueId> unabsorbed_outs = k.outputs;
-      Circuit unabsorbed;
-      {
-        testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
-        unabsorbed = optimize(k.circuit, unabsorbed_outs, {.gpu = true});
-      }
-      const std::vector<HostTensor> want = execute(unabsorbed, k.bindings, unabsorbed_outs),
-                                    got = execute(planned, k.bindings, gpu_outs);
-      for (size_t o = 0; o < want.size(); ++o)
-        EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
-      cuda::DeviceProgram dp(planned, gpu_outs, testing::fake_runtime());
-      EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma m64n" : "mma.sync bf16"), std::string::npos)
-          << dp.dump();
-      const std::vector<HostTensor> dev = dp.run(k.bindings);
-      for (size_t o = 0; o < want.size(); ++o)
-        EXPECT_LT(testing::relative_error(dev[o], want[o]), 1e-5) << "output " << o;
-    }
 }
 
 TEST(AbsorbCasts, TheSwitchKeepsTheCasts) {

@@ -93,8 +93,8 @@ TEST(KernelCounts, GptBlockForwardBackwardAdamWAndStep) {
 // --precision bf16: the matmuls' operands that row kernels and matmul epilogues produce are
 // written as bf16 by those ops, not by cast kernels: per block the two norms' outputs and their
 // input gradients (the next matmuls' dY), the GELU output and its gradient; plus the final
-// norm's forward and the loss's gradient, less the first norm's backward (the embedding's
-// gradient takes no cast).
+// norm's forward and backward and the loss's gradient, less the first norm's backward (the
+// embedding's gradient takes no cast).
 TEST(KernelCounts, Bf16CastsOfRowOutputsAreWrittenByTheirProducers) {
   const size_t all = launches(2, Part::Step, 1.0, false, Precision::bf16);
   size_t without = 0;

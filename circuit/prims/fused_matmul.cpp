@@ -235,7 +235,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
       ctx.fail(fmt::format("epilogue {} reads past in0 and the {} extra inputs", e.str(), f.extras));
   std::vector<ValueInfo> outs;
   for (size_t r = 0; r < f.epilogues.size(); ++r) {
-    if (f.stored_bf16(r) && p.dtype != DType::f32) ctx.fail(fmt::format("epilogue {} is bf16 in an f64 op", r));
+    if (f.stored_bf16(r) && p.dtype != DType::f32) ctx.fail(fmt::format("epilogue {} is stored as bf16, which needs an f32 op", r));
     outs.push_back(ValueInfo{f.out_shape, f.stored_bf16(r) ? DType::bf16 : p.dtype});
   }
   if (f.a_row_sums) {

@@ -97,11 +97,13 @@ kir::Kernel wgmma_kernel(const Case& c) {
   const uint32_t threads = 128 * c.groups, a_bytes = c.rows_a() * kTileK * 2, b_bytes = c.n * kTileK * 2;
   Reg sa = b.shared_addr(b.shared_array("a", a_bytes, 1024));
   Reg sb = b.shared_addr(b.shared_array("b", b_bytes, 1024));
-  for (auto [src, dst, bytes] : {std::tuple{pa, sa, a_bytes}, std::tuple{pb, sb, b_bytes}})
-    b.for_(tid, imm_u32(bytes / 4), imm_u32(threads), [&](Reg w) {
+  for (const auto& copy : {std::tuple{pa, sa, a_bytes}, std::tuple{pb, sb, b_bytes}}) {
+    const Reg src = std::get<0>(copy), dst = std::get<1>(copy);  // plain variables: the lambda captures them (clang 14)
+    b.for_(tid, imm_u32(std::get<2>(copy) / 4), imm_u32(threads), [&](Reg w) {
       b.st(Space::shared, Type::u32, b.mad(Type::u32, w, imm_u32(4), dst),
            b.ld(Space::global, Type::u32, b.address(src, w, 4)));
     });
+  }
   if (!c.no_proxy_fence) b.fence_proxy_async();
   b.bar();
   const uint32_t n_acc = c.n / 2;

@@ -489,10 +489,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       at = scaled_add(b, it, col, f.out_col, at);
       for (size_t r = 0; r < f.epilogues.size(); ++r) {
         Reg v = f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
-        if (f.stored_bf16(r))  // rounded to nearest even, as a cast to bf16
-          b.st(Space::global, Type::bf16, b.address(p_out[r], at, 2), b.cvt(Type::bf16, v));
-        else
-          b.st(Space::global, Type::f32, b.address(p_out[r], at, 4), v);
+        store_from_f32(b, f.stored_bf16(r) ? DType::bf16 : DType::f32, p_out[r], at, v);  // bf16: as a cast rounds
       }
     });
   };

@@ -49,15 +49,6 @@ bool is_softmax_pair(const RowProgram& rp, int j) {
          e.args()[0].args()[1] == se::in(rp.inputs + j);
 }
 
-// Output o's element `index` = value: f32, or rounded to bf16 (to nearest even, as a cast)
-// where the program stores it so.
-void store_output(KernelBuilder& b, const RowProgram& rp, size_t o, Reg base, Reg index, Reg value) {
-  if (rp.stored_bf16(o))
-    b.st(Space::global, Type::bf16, b.address(base, index, 2), b.cvt(Type::bf16, value));
-  else
-    b.st(Space::global, Type::f32, b.address(base, index, 4), value);
-}
-
 // No reductions and only element outputs: a multi-output elementwise kernel (grid-stride
 // loop, one thread per element, every output stored at the element).
 LoweredOp lower_element_group(const Circuit& c, const Op& op, const RowProgram& rp) {
@@ -88,7 +79,8 @@ LoweredOp lower_element_group(const Circuit& c, const Op& op, const RowProgram& 
       vals[static_cast<size_t>(k)] = load_as_f32(b, info.dtype, in_params[static_cast<size_t>(k)], at);
     }
     for (size_t o = 0; o < rp.output_bodies.size(); ++o)
-      store_output(b, rp, o, out_params[o], i, emit_scalar_exp(b, rp.output_bodies[o], vals));
+      store_from_f32(b, rp.stored_bf16(o) ? DType::bf16 : DType::f32, out_params[o], i,
+                     emit_scalar_exp(b, rp.output_bodies[o], vals));
   });
   LoweredOp r;
   r.launches.push_back(
@@ -235,14 +227,16 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
                  Reg at = b.add(it, row_start, col);
                  for (size_t o = 0; o < rp.output_bodies.size(); ++o)
                    if (!rp.output_per_row[o])
-                     store_output(b, rp, o, outputs[o], at, emit_scalar_exp(b, rp.output_bodies[o], ops));
+                     store_from_f32(b, rp.stored_bf16(o) ? DType::bf16 : DType::f32, outputs[o], at,
+                                    emit_scalar_exp(b, rp.output_bodies[o], ops));
                });
     }
     if (!per_row_bodies.empty())
       b.if_(b.setp(Cmp::eq, lane, imm_u32(0)), [&] {
         for (size_t o = 0; o < rp.output_bodies.size(); ++o)
           if (rp.output_per_row[o])
-            store_output(b, rp, o, outputs[o], row_i, emit_scalar_exp(b, rp.output_bodies[o], vals));
+            store_from_f32(b, rp.stored_bf16(o) ? DType::bf16 : DType::f32, outputs[o], row_i,
+                           emit_scalar_exp(b, rp.output_bodies[o], vals));
       });
   });
   LoweredOp r;

@@ -57,9 +57,10 @@ std::vector<int64_t> broadcast_strides(const Shape& in, const Shape& out);
 
 // Loads element `index` of a buffer of dtype dt as f32 (i32 is converted).
 Reg load_as_f32(KernelBuilder& b, DType dt, Reg base, Reg index);
-// Stores an f32 value into element `index` of a buffer of dtype dt (i32: rounds toward zero).
+// Stores an f32 value into element `index` of a buffer of dtype dt (i32: rounds toward zero;
+// bf16: to nearest even, as a cast).
 void store_from_f32(KernelBuilder& b, DType dt, Reg base, Reg index, Reg value);
-kir::Type kir_type(DType dt);  // f32 -> f32, i32 -> s32; others throw
+kir::Type kir_type(DType dt);  // f32 -> f32, i32 -> s32, bf16 -> bf16; others throw
 
 // A value expression evaluated in f32 over registers `inputs` (in0, in1, ...); shared subtrees
 // are emitted once. Accuracy: exact IEEE for + - * / sqrt; exp (and sigmoid, tanh, gelu, silu

@@ -747,24 +747,22 @@ TEST(Lowering, Bf16MmaInstructionsPerThread) {
     ADD_FAILURE() << "no matmul kernel ran";
     return 0.0;
   };
-  for_each_mma_tiling([&](const MmaTilingCase& t) {
+  // One tiling's counts: a k step's from K = 768 and K = 768 - tile_k, the rest outside the loop.
+  auto report = [&](const char* kernel, const MmaTilingCase& t, int64_t tile_k) {
     const double tn = std::string(t.tile) == "128x256" ? 256 : 128, threads = 256 * (256.0 * 256.0 / (128 * tn));
-    const double full = executed(768) / threads, step = full - executed(736) / threads;
+    const double full = executed(768) / threads, step = full - executed(768 - tile_k) / threads;
     std::printf(
-        "bf16 mma %s, %s stages: %.0f instructions a thread per k step of 32, %.0f outside the loop (K = 768: "
+        "bf16 %s %s, %s stages: %.0f instructions a thread per k step of %lld, %.0f outside the loop (K = 768: "
         "%.0f)\n",
-        t.tile, t.stages, step, full - 24 * step, full);
-  });
-  // wgmma: k steps of 64 (K = 768 - 704), its products one instruction a k16 slice a warpgroup.
+        kernel, t.tile, t.stages, step, static_cast<long long>(tile_k), full - static_cast<double>(768 / tile_k) * step,
+        full);
+  };
+  for_each_mma_tiling([&](const MmaTilingCase& t) { report("mma", t, 32); });
+  // wgmma: k steps of 64, its products one instruction a k16 slice a warpgroup.
   testing::ScopedEnv wgmma("KILN_WGMMA", "1");
   for (const MmaTilingCase& t : kWgmmaTilings) {
     testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages);
-    const double tn = std::string(t.tile) == "128x256" ? 256 : 128, threads = 256 * (256.0 * 256.0 / (128 * tn));
-    const double full = executed(768) / threads, step = full - executed(704) / threads;
-    std::printf(
-        "bf16 wgmma %s, %s stages: %.0f instructions a thread per k step of 64, %.0f outside the loop (K = 768: "
-        "%.0f)\n",
-        t.tile, t.stages, step, full - 12 * step, full);
+    report("wgmma", t, 64);
   }
 }
 

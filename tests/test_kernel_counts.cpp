@@ -94,16 +94,21 @@ TEST(KernelCounts, GptBlockForwardBackwardAdamWAndStep) {
 // written as bf16 by those ops, not by cast kernels: per block the two norms' outputs and their
 // input gradients (the next matmuls' dY), the GELU output and its gradient; plus the final
 // norm's forward and backward and the loss's gradient, less the first norm's backward (the
-// embedding's gradient takes no cast).
-TEST(KernelCounts, Bf16CastsOfRowOutputsAreWrittenByTheirProducers) {
+// embedding's gradient takes no cast). The loss's gradient (rows of the vocabulary, 65: not
+// 16-byte rows of bf16) is also written padded by the loss's row kernel (absorb_padding), where
+// a concat copied it into padded rows, with zeros from a fill and its cast: 3 launches.
+TEST(KernelCounts, Bf16MatmulOperandsAreWrittenByTheirProducers) {
   const size_t all = launches(2, Part::Step, 1.0, false, Precision::bf16);
-  size_t without = 0;
-  {
-    testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
-    without = launches(2, Part::Step, 1.0, false, Precision::bf16);
-  }
-  std::printf("2-layer bf16 step: %zu launches, %zu without absorb_casts\n", all, without);
-  EXPECT_EQ(without - all, 2u * 6u + 2u);
+  auto without = [](const char* pass) {
+    testing::ScopedEnv off("KILN_DISABLE_PASSES", pass);
+    return launches(2, Part::Step, 1.0, false, Precision::bf16);
+  };
+  const size_t without_padding = without("absorb_padding"), without_casts = without("absorb_casts");
+  std::printf("2-layer bf16 step: %zu launches, %zu without absorb_padding, %zu without absorb_casts\n", all,
+              without_padding, without_casts);
+  EXPECT_EQ(without_padding - all, 3u);
+  // Without absorb_casts the concat reads a cast kernel's output, which absorb_padding leaves.
+  EXPECT_EQ(without_casts - all, 2u * 6u + 2u + 3u);
 }
 
 TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
@@ -112,12 +117,13 @@ TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
   std::string every_pass;
   // Every pass of the pipeline but cse (a GPT step records no duplicate work for it to find),
   // pad_bf16_rows (a layout pass: it adds a concat where it pads; an f32 step has no bf16 casts)
-  // and absorb_casts (no bf16 casts in an f32 step either; tested below in bf16).
+  // and absorb_casts and absorb_padding (no bf16 casts or padding in an f32 step either; tested
+  // above in bf16).
   for (const PassInfo& p : pipeline_passes()) {
     const std::string pass = p.name;
     if (pass == "cse") continue;
     every_pass += (every_pass.empty() ? "" : ",") + pass;
-    if (pass == "pad_bf16_rows" || pass == "absorb_casts") continue;
+    if (pass == "pad_bf16_rows" || pass == "absorb_casts" || pass == "absorb_padding") continue;
     {
       testing::ScopedEnv off("KILN_DISABLE_PASSES", pass);
       without[pass] = launches(1, Part::Step);

@@ -8,6 +8,7 @@
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/options.hpp"
 #include "circuit/passes/absorb_casts.hpp"
+#include "circuit/passes/absorb_padding.hpp"
 #include "circuit/passes/cleanup.hpp"
 #include "circuit/passes/fusion.hpp"
 #include "circuit/passes/pad_bf16_rows.hpp"
@@ -19,7 +20,7 @@ namespace {
 Circuit forward_assigns(const Circuit& c, std::vector<ValueId>&) { return forward_assigned_values(c); }
 
 // In pipeline order. Switching cse off leaves dead-code elimination in its place.
-constexpr std::array<PassInfo, 11> kPasses = {{
+constexpr std::array<PassInfo, 12> kPasses = {{
     {"cse", false, "common-subexpression elimination (off: dead-code elimination only)", cse},
     {"simplify_row_indexing", false, "gathers by 0..R-1 read the table itself", simplify_row_indexing},
     {"forward_assigns", false, "readers of an assign read the assigned value", forward_assigns},
@@ -32,6 +33,8 @@ constexpr std::array<PassInfo, 11> kPasses = {{
     {"fuse_matmul", true, "matmuls read through views, with prologues and epilogues (fused_matmul)", fuse_matmul},
     {"fuse_rows", false, "row reductions with the ops around them (fused_rows)", fuse_rows},
     {"absorb_casts", true, "casts to bf16 of fused_rows outputs become outputs stored as bf16", absorb_casts},
+    {"absorb_padding", true, "zero columns concatenated after fused_rows outputs are written by the op (padded rows)",
+     absorb_padding},
     {"merge_multi_tensor", true, "per-parameter update work in one op (multi_tensor)", merge_multi_tensor},
 }};
 

@@ -26,6 +26,12 @@ Shape RowProgram::row_shape() const {
   return s;
 }
 
+Shape RowProgram::padded_domain(size_t o) const {
+  Shape s = domain;
+  s[s.rank() - 1] += padding(o);
+  return s;
+}
+
 Params RowProgram::to_params(DType dtype) const {
   Params p;
   p.dtype = dtype;
@@ -34,9 +40,9 @@ Params RowProgram::to_params(DType dtype) const {
   p.ints.push_back(static_cast<int64_t>(reduction_kinds.size()));
   for (ReduceKind k : reduction_kinds) p.ints.push_back(static_cast<int64_t>(k));
   p.ints.push_back(static_cast<int64_t>(output_per_row.size()));
-  // Per output: bit 0 per row, bit 1 stored as bf16.
+  // Per output: bit 0 per row, bit 1 stored as bf16, the padding from bit 2 on.
   for (size_t o = 0; o < output_per_row.size(); ++o)
-    p.ints.push_back((output_per_row[o] ? 1 : 0) | (stored_bf16(o) ? 2 : 0));
+    p.ints.push_back((output_per_row[o] ? 1 : 0) | (stored_bf16(o) ? 2 : 0) | padding(o) << 2);
   p.bodies = reduction_bodies;
   p.bodies.insert(p.bodies.end(), output_bodies.begin(), output_bodies.end());
   return p;
@@ -63,10 +69,11 @@ RowProgram RowProgram::from_params(const Params& p) {
   const int64_t nout = next();
   for (int64_t i = 0; i < nout; ++i) {
     const int64_t flags = next();
-    if (flags < 0 || flags > 3)
+    if (flags < 0 || ((flags & 1) != 0 && flags >> 2 != 0))
       throw Error("fused_rows: malformed params (output flags " + std::to_string(flags) + ")");
     rp.output_per_row.push_back((flags & 1) != 0);
     rp.output_bf16.push_back((flags & 2) != 0);
+    rp.output_pad.push_back(flags >> 2);
   }
   if (at != p.ints.size() || p.bodies.size() != static_cast<size_t>(nred + nout) || rank < 1)
     throw Error("fused_rows: malformed params");
@@ -81,8 +88,8 @@ std::string RowProgram::describe() const {
   for (size_t j = 0; j < reduction_bodies.size(); ++j)
     s += fmt::format(" r{}={}{{{}}}", j, kinds[static_cast<int>(reduction_kinds[j])], reduction_bodies[j].str());
   for (size_t o = 0; o < output_bodies.size(); ++o)
-    s += fmt::format(" out{}{}{}={{{}}}", o, output_per_row[o] ? "[per row]" : "", stored_bf16(o) ? ":bf16" : "",
-                     output_bodies[o].str());
+    s += fmt::format(" out{}{}{}{}={{{}}}", o, output_per_row[o] ? "[per row]" : "", stored_bf16(o) ? ":bf16" : "",
+                     padding(o) > 0 ? fmt::format("+{} zero columns", padding(o)) : "", output_bodies[o].str());
   return s;
 }
 
@@ -131,7 +138,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
           ctx.fail(fmt::format("per-row output {} reads input {} {}, which varies along the row", o, k,
                                in[static_cast<size_t>(k)].shape.str()));
     if (rp.stored_bf16(o) && p.dtype != DType::f32) ctx.fail(fmt::format("output {} is stored as bf16, which needs an f32 op", o));
-    out.push_back({rp.output_per_row[o] ? rp.row_shape() : rp.domain, rp.stored_bf16(o) ? DType::bf16 : p.dtype});
+    out.push_back({rp.output_per_row[o] ? rp.row_shape() : rp.padded_domain(o), rp.stored_bf16(o) ? DType::bf16 : p.dtype});
   }
   if (out.empty()) ctx.fail("has no outputs");
   return out;
@@ -171,17 +178,28 @@ std::vector<HostTensor> run(const Op& op, const std::vector<const HostTensor*>& 
   const Shape row_shape = rp.row_shape();
   std::vector<HostTensor> reds;
   for (size_t j = 0; j < rp.reduction_bodies.size(); ++j) reds.push_back(bufs.scratch(dt, row_shape));
-  // bf16 outputs are computed into scratch in T (f32) and rounded when the rows are done.
+  // bf16 and padded outputs are computed into scratch in T (f32) and stored (rounded, each row
+  // followed by its zero columns) when the rows are done.
   std::vector<HostTensor> outs;
+  auto via_scratch = [&](size_t o) { return rp.stored_bf16(o) || rp.padding(o) > 0; };
   for (size_t o = 0; o < rp.output_bodies.size(); ++o)
-    outs.push_back(rp.stored_bf16(o) ? bufs.scratch(dt, bufs.info(o).shape) : bufs.output(o));
+    outs.push_back(via_scratch(o) ? bufs.scratch(dt, rp.output_per_row[o] ? row_shape : rp.domain) : bufs.output(o));
   auto finish = [&] {
     for (size_t o = 0; o < rp.output_bodies.size(); ++o)
-      if (rp.stored_bf16(o)) {
+      if (via_scratch(o)) {
         HostTensor stored = bufs.output(o);
+        const int64_t width = outs[o].shape()[outs[o].shape().rank() - 1], pitch = width + rp.padding(o);
         const T* from = outs[o].data<T>();
-        Bf16* to = stored.data<Bf16>();
-        for (int64_t i = 0; i < stored.numel(); ++i) to[i] = f32_to_bf16(static_cast<float>(from[i]));
+        auto store = [&](auto* to, auto convert) {
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t i = 0; i < width; ++i) to[r * pitch + i] = convert(from[r * width + i]);
+            for (int64_t i = width; i < pitch; ++i) to[r * pitch + i] = convert(T(0));
+          }
+        };
+        if (rp.stored_bf16(o))
+          store(stored.data<Bf16>(), [](T x) { return f32_to_bf16(static_cast<float>(x)); });
+        else
+          store(stored.data<T>(), [](T x) { return x; });
         outs[o] = stored;
       }
     return outs;

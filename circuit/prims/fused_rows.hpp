@@ -5,8 +5,9 @@
 // Reductions r_0, r_1, ... run in order along the last axis: r_j = kind_j over the row of
 // body_j, where a body reads in_k (op input k at the element) for k < inputs and
 // in_{inputs + i} (reduction i < j of the element's row). Then each output is written: a row
-// output has the domain's shape, a per-row output the shape (rows..., 1) and a body that
-// reads only per-row values (reductions and inputs that do not vary along the row).
+// output has the domain's shape (rows..., n + its padding, the padding's columns 0), a per-row
+// output the shape (rows..., 1) and a body that reads only per-row values (reductions and
+// inputs that do not vary along the row).
 // Intermediates of the rows are never written to memory: the GPU kernel and the CPU reference
 // for long rows recompute them in each phase; the CPU reference for rows that fit a block
 // computes each once per chunk of rows (circuit/prims/row_chunks.hpp).
@@ -30,10 +31,16 @@ struct RowProgram {
   // op's dtype. Empty: none. bf16 outputs need an f32 op.
   std::vector<bool> output_bf16;
   bool stored_bf16(size_t o) const { return o < output_bf16.size() && output_bf16[o]; }
+  // Per row output: zero columns stored after each row's n (a row pitch of n + pad: the 16-byte
+  // rows of a bf16 matmul operand, pad_bf16_rows; absorb_padding). Empty: none. Per-row outputs
+  // take none.
+  std::vector<int64_t> output_pad;
+  int64_t padding(size_t o) const { return o < output_pad.size() ? output_pad[o] : 0; }
 
   int64_t n() const { return domain[domain.rank() - 1]; }
   int64_t rows() const { return row_shape().numel(); }  // rows of length 0 too
   Shape row_shape() const;                              // (rows..., 1)
+  Shape padded_domain(size_t o) const;                  // row output o's shape: (rows..., n + padding(o))
 
   Params to_params(DType dtype) const;
   static RowProgram from_params(const Params& p);  // throws kiln::Error on malformed params

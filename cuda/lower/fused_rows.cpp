@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 
 #include "circuit/ir/error.hpp"
 #include "cuda/lower/elementwise.hpp"
@@ -92,13 +93,17 @@ LoweredOp lower_element_group(const Circuit& c, const Op& op, const RowProgram& 
 
 LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
   const RowProgram rp = RowProgram::from_params(op.params);
-  bool per_row = false;
-  for (bool p : rp.output_per_row) per_row = per_row || p;
-  if (rp.reduction_bodies.empty() && !per_row) return lower_element_group(c, op, rp);
+  bool per_row = false, padded = false;
+  for (size_t o = 0; o < rp.output_bodies.size(); ++o) {
+    per_row = per_row || rp.output_per_row[o];
+    padded = padded || rp.padding(o) > 0;
+  }
+  if (rp.reduction_bodies.empty() && !per_row && !padded) return lower_element_group(c, op, rp);
   const int64_t rows = rp.rows(), n = rp.n();
   if (rows > 0x7fffffffLL) fail(op.prim->name, op.scope, "more than 2^31 - 1 rows");
   int64_t largest = rp.domain.numel();
   for (ValueId in : op.inputs) largest = std::max(largest, c.info(in).shape.numel());
+  for (ValueId out : op.outputs) largest = std::max(largest, c.info(out).shape.numel());
   const Type it = index_type(largest);
   const int nin = rp.inputs, nred = static_cast<int>(rp.reduction_bodies.size());
   const std::vector<int64_t> row_dims(rp.domain.dims().begin(), rp.domain.dims().end() - 1);
@@ -221,15 +226,25 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
     for (size_t o = 0; o < rp.output_bodies.size(); ++o)
       (rp.output_per_row[o] ? per_row_bodies : row_bodies).push_back(&rp.output_bodies[o]);
     if (!row_bodies.empty()) {
-      Reg row_start = b.mul(it, row_i, imm_index(it, n));
+      // Each row output's row at row * (n + its padding), then its zero columns.
+      std::map<int64_t, Reg> row_start;
+      for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+        if (!rp.output_per_row[o] && !row_start.count(rp.padding(o)))
+          row_start[rp.padding(o)] = b.mul(it, row_i, imm_index(it, n + rp.padding(o)));
+      auto stored = [&](size_t o) { return rp.stored_bf16(o) ? DType::bf16 : DType::f32; };
       over_row([&](Reg col) { return operands_at(col, row_bodies); },
                [&](Reg col, const std::vector<Reg>& ops) {
-                 Reg at = b.add(it, row_start, col);
                  for (size_t o = 0; o < rp.output_bodies.size(); ++o)
                    if (!rp.output_per_row[o])
-                     store_from_f32(b, rp.stored_bf16(o) ? DType::bf16 : DType::f32, outputs[o], at,
+                     store_from_f32(b, stored(o), outputs[o], b.add(it, row_start.at(rp.padding(o)), col),
                                     emit_scalar_exp(b, rp.output_bodies[o], ops));
                });
+      for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+        if (rp.padding(o) > 0)
+          b.for_(lane_i, imm_index(it, rp.padding(o)), imm_index(it, 32), [&](Reg col) {
+            Reg at = b.add(it, row_start.at(rp.padding(o)), b.add(it, col, imm_index(it, n)));
+            store_from_f32(b, stored(o), outputs[o], at, b.mov(Type::f32, imm_f32(0.0f)));
+          });
     }
     if (!per_row_bodies.empty())
       b.if_(b.setp(Cmp::eq, lane, imm_u32(0)), [&] {

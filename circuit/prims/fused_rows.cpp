@@ -137,8 +137,10 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
         if (e.depends_on(k) && varies_along_row(in[static_cast<size_t>(k)].shape, rp.domain))
           ctx.fail(fmt::format("per-row output {} reads input {} {}, which varies along the row", o, k,
                                in[static_cast<size_t>(k)].shape.str()));
-    if (rp.stored_bf16(o) && p.dtype != DType::f32) ctx.fail(fmt::format("output {} is stored as bf16, which needs an f32 op", o));
-    out.push_back({rp.output_per_row[o] ? rp.row_shape() : rp.padded_domain(o), rp.stored_bf16(o) ? DType::bf16 : p.dtype});
+    if (rp.stored_bf16(o) && p.dtype != DType::f32)
+      ctx.fail(fmt::format("output {} is stored as bf16, which needs an f32 op", o));
+    out.push_back(
+        {rp.output_per_row[o] ? rp.row_shape() : rp.padded_domain(o), rp.stored_bf16(o) ? DType::bf16 : p.dtype});
   }
   if (out.empty()) ctx.fail("has no outputs");
   return out;

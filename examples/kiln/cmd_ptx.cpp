@@ -35,13 +35,13 @@ struct KernelRow {
 
 int cmd_ptx(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_model_flags({{"out", "directory to write the kernels to (required)"},
+         with_precision_flag(with_model_flags({{"out", "directory to write the kernels to (required)"},
                            {"batch", "sequences per step (default 16)"},
                            {"sm", "target architecture: 80 or 90 (default 90)"},
                            {"bank-conflicts",
                             "also run the step in the SIMT simulator and report each kernel's shared-memory bank "
                             "conflicts per launch (slow: use a small config)"}},
-                          true),
+                          true)),
          "usage: kiln ptx --out DIR [options]\n\nWrites the PTX of every kernel of one training step (AdamW) "
          "and an index.",
          with_model_switches({"bank-conflicts"}));
@@ -49,6 +49,7 @@ int cmd_ptx(const std::vector<std::string>& argv) {
     a.print_help();
     return 0;
   }
+  apply_precision_flag(a);
   const std::filesystem::path out = a.required("out");
   const int sm = static_cast<int>(a.integer("sm", 90));
   const int64_t batch = a.integer("batch", 16, 1);

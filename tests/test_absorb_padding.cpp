@@ -4,8 +4,8 @@
 // (13, 45) and rows longer than its block (3000), padded by 3 columns and by 40 (more than a
 // warp's lanes): the concat gone, and the same values as the concat's on the Eigen executor
 // (bit for bit, buffers poisoned) and in the simulator (whose fresh memory reads as NaN: a zero
-// column left unwritten fails). Then the pipeline: a bf16 matmul over rows of 61, which
-// pad_bf16_rows pads to 64, has no concat left and matches the CPU; the switch keeps the concat.
+// column left unwritten fails). A cast after the padding keeps it. Then the pipeline: a bf16 matmul over rows of 61,
+// which pad_bf16_rows pads to 64, has no concat left and matches the CPU; the switch keeps the concat.
 #include <gtest/gtest.h>
 
 #include "circuit/exec/executor.hpp"
@@ -78,6 +78,35 @@ TEST(AbsorbPadding, ZeroColumnsAfterARowOutputAreWrittenByItsOp) {
       EXPECT_LT(testing::relative_error(dev[0], want[0]), 1.0 / 256);
       EXPECT_LT(testing::relative_error(dev[1], want[1]), 1e-5);
     }
+  set_poison_buffers(false);
+}
+
+// Padding first, then the cast (f32 zeros concatenated before the cast): absorb_casts gives the
+// op's bf16 copy the f32 output's padding (after the op's other output, y + x), the same values
+// as the unabsorbed ops.
+TEST(AbsorbPadding, ACastOfPaddedRowsIsPaddedToo) {
+  set_poison_buffers(true);
+  Case k;
+  Circuit& c = k.circuit;
+  const ValueId x = c.add_external({Shape{6, 45}, DType::f32}, ValueRole::Input, "x");
+  const ValueId g = c.add_external({Shape{45}, DType::f32}, ValueRole::Input, "g");
+  const ValueId beta = c.add_external({Shape{45}, DType::f32}, ValueRole::Input, "beta");
+  Builder b(c, "test");
+  const ValueId y = composite::layernorm(b, x, g, beta);
+  const ValueId padded_y = b.concat({y, b.fill(Shape{6, 3}, DType::f32, 0.0)}, 1);
+  k.outputs = {b.cast(padded_y, DType::bf16), b.add(y, x)};
+  for (const ValueId v : {x, g, beta})
+    k.bindings.push_back(testing::random_tensor({c.info(v).shape, DType::f32}, 80 + static_cast<uint64_t>(v)));
+  std::vector<ValueId> fused_outs = k.outputs;
+  const Circuit f = fuse_rows(fuse_pointwise(cse(k.circuit, fused_outs), fused_outs), fused_outs);
+  std::vector<ValueId> outs = fused_outs;
+  const Circuit padded = absorb_padding(f, outs);
+  const Circuit a = absorb_casts(padded, outs);
+  EXPECT_EQ(testing::count_prim(a, PrimId::concat), 0u) << a.dump("absorbed");
+  EXPECT_EQ(testing::count_prim(a, PrimId::cast), 0u) << a.dump("absorbed");
+  EXPECT_NE(a.dump("absorbed").find(":bf16+3 zero columns"), std::string::npos) << a.dump("absorbed");
+  const std::vector<HostTensor> want = execute(f, k.bindings, fused_outs), got = execute(a, k.bindings, outs);
+  for (size_t o = 0; o < want.size(); ++o) EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
   set_poison_buffers(false);
 }
 

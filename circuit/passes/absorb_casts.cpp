@@ -28,11 +28,12 @@ bool absorbable(const Circuit& c, const Op& op) {
              FusedMatmul::from_params(p.params).epilogues.size();
 }
 
-// An op's outputs as its program keeps them: fused_rows outputs (with per-row flags) or
-// fused_matmul epilogues (its row sums, last, are not among them).
+// An op's outputs as its program keeps them: fused_rows outputs (with per-row flags and
+// padding) or fused_matmul epilogues (its row sums, last, are not among them).
 struct Outputs {
   std::vector<ScalarExp> bodies;
   std::vector<bool> per_row, bf16;
+  std::vector<int64_t> pad;
 };
 
 }  // namespace
@@ -61,11 +62,17 @@ Circuit absorb_casts(const Circuit& c, std::vector<ValueId>& outputs) {
     Outputs old, now;
     if (rows) {
       rp = RowProgram::from_params(producer.params);
-      old = {rp.output_bodies, rp.output_per_row, {}};
-      for (size_t o = 0; o < rp.output_bodies.size(); ++o) old.bf16.push_back(rp.stored_bf16(o));
+      old = {rp.output_bodies, rp.output_per_row, {}, {}};
+      for (size_t o = 0; o < rp.output_bodies.size(); ++o) {
+        old.bf16.push_back(rp.stored_bf16(o));
+        old.pad.push_back(rp.padding(o));
+      }
     } else {
       fm = FusedMatmul::from_params(producer.params);
-      old = {fm.epilogues, std::vector<bool>(fm.epilogues.size(), false), {}};
+      old = {fm.epilogues,
+             std::vector<bool>(fm.epilogues.size(), false),
+             {},
+             std::vector<int64_t>(fm.epilogues.size(), 0)};
       for (size_t r = 0; r < fm.epilogues.size(); ++r) old.bf16.push_back(fm.stored_bf16(r));
     }
     MergedOp m{producer.prim->id, {}, producer.inputs, {}};
@@ -73,6 +80,7 @@ Circuit absorb_casts(const Circuit& c, std::vector<ValueId>& outputs) {
       now.bodies.push_back(old.bodies[o]);
       now.per_row.push_back(old.per_row[o]);
       now.bf16.push_back(bf16);
+      now.pad.push_back(old.pad[o]);  // a cast of padded rows is padded the same
       m.replaces.push_back(stands_for);
     };
     // The outputs something other than the group's casts reads (or that are requested).
@@ -94,6 +102,7 @@ Circuit absorb_casts(const Circuit& c, std::vector<ValueId>& outputs) {
       rp.output_bodies = now.bodies;
       rp.output_per_row = now.per_row;
       rp.output_bf16 = now.bf16;
+      rp.output_pad = now.pad;
       m.params = rp.to_params(producer.params.dtype);
     } else {
       fm.epilogues = now.bodies;

@@ -53,7 +53,8 @@ std::vector<ColumnSum> find_sums(const Circuit& c, const std::vector<std::vector
     s.domain = c.info(v).shape;
     s.inputs = {v};
     for (ValueId x : {op.inputs[0], v})
-      for (int32_t r : readers[static_cast<size_t>(x)]) s.matmul_reads_input = s.matmul_reads_input || ops[static_cast<size_t>(r)].is(PrimId::matmul);
+      for (int32_t r : readers[static_cast<size_t>(x)])
+        s.matmul_reads_input = s.matmul_reads_input || ops[static_cast<size_t>(r)].is(PrimId::matmul);
     // The pointwise producer only this sum reads (through the reshape, if any) joins the body.
     const int32_t q = c.value(v).producer;
     const bool sole = reshape < 0 ? only_reader(v, static_cast<int32_t>(i))

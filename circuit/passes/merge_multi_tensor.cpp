@@ -39,7 +39,8 @@ bool work_of(const Circuit& c, int32_t i, const std::vector<int>& readers, const
     const RowProgram rp = RowProgram::from_params(op.params);
     if (!rp.reduction_bodies.empty()) return false;
     for (size_t o = 0; o < rp.output_per_row.size(); ++o)
-      if (rp.output_per_row[o] || rp.stored_bf16(o)) return false;  // multi_tensor stores one dtype
+      // multi_tensor stores one dtype, every output in the domain's shape
+      if (rp.output_per_row[o] || rp.stored_bf16(o) || rp.padding(o) > 0) return false;
     domain = rp.domain;
     *w = {{i}, false, rp.output_bodies, op.inputs, op.outputs, ""};
   } else if (p == PrimId::reduce_all && ReduceParams::of(op).kind == ReduceKind::Sum) {

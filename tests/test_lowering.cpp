@@ -11,6 +11,7 @@
 
 #include <limits>
 #include <map>
+#include <numbers>
 #include <optional>
 #include <set>
 
@@ -244,6 +245,50 @@ TEST(Lowering, F64IsAClearError) {
     EXPECT_NE(std::string(e.what()).find("f64"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("pointwise"), std::string::npos) << e.what();
   }
+}
+
+// GELU (tanh form) and its gradient in the kernels, element by element against f64 over x in
+// [-20, 20] and special values. The f64 values are taken in the sigmoid form (x s, s =
+// sigmoid(2 u)), which has no cancellation: the tanh form's 1 + tanh(u) keeps no correct digit
+// of GELU(-5) = -2.3e-7 in f32 (the kernels' tanh form failed this test, first at x = -9.94: a
+// gradient of 0 for -1.02e-35). Bound: 1e-5
+// relative, plus 1e-7 of s for the gradient (a sum of terms of size s that crosses 0 near x =
+// -0.75), plus 1e-35 (e = 2^z overflows f32 from z = 128 on, where s becomes 0: results of
+// magnitude under about 1e-35 may be 0).
+TEST(Lowering, GeluAndItsGradientMatchF64ElementByElement) {
+  std::vector<float> xs;
+  for (int i = -20000; i <= 20000; ++i) xs.push_back(static_cast<float>(i) * 1e-3f);
+  for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-7f, -1e-7f, 1e30f, -1e30f}) xs.push_back(x);
+  Circuit c;
+  const ValueId x = c.add_external({Shape{static_cast<int64_t>(xs.size())}, DType::f32}, ValueRole::Input, "x");
+  Builder b(c, "test");
+  const std::vector<ValueId> outs = {b.pointwise(se::gelu(se::in(0)), {x}), b.pointwise(se::gelu_grad(se::in(0)), {x})};
+  HostTensor in = HostTensor::zeros(DType::f32, c.info(x).shape);
+  for (size_t i = 0; i < xs.size(); ++i) in.set(static_cast<int64_t>(i), xs[i]);
+  cuda::DeviceProgram dp(c, outs, testing::fake_runtime());
+  const std::vector<HostTensor> got = dp.run({in});
+  const double k = std::sqrt(2.0 / std::numbers::pi);
+  double worst[2] = {0, 0};
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i], e = std::exp(-2.0 * k * (v + 0.044715 * v * v * v));
+    const double s = 1.0 / (1.0 + e), one_minus_s = std::isinf(e) ? 1.0 : e / (1.0 + e);
+    const double want[2] = {v * s, s + v * s * one_minus_s * 2.0 * k * (1.0 + 3.0 * 0.044715 * v * v)};
+    const double scale[2] = {0.0, 1e-7 * s};
+    for (int o = 0; o < 2; ++o) {
+      const double g = got[static_cast<size_t>(o)].get(static_cast<int64_t>(i));
+      const double err = std::abs(g - want[o]), bound = 1e-5 * std::abs(want[o]) + scale[o] + 1e-35;
+      worst[o] = std::max(worst[o], err / bound);
+      ASSERT_LE(err, bound) << (o == 0 ? "gelu" : "gelu_grad") << "(" << v << ") = " << g << ", f64 " << want[o];
+    }
+  }
+  std::printf("gelu, gelu_grad: worst error %.3f and %.3f of the bound\n", worst[0], worst[1]);
+  // x = +-inf: GELU gives inf and NaN (0.5 x (1 + tanh u) at -inf is -inf * 0), as the reference.
+  HostTensor inf = HostTensor::zeros(DType::f32, c.info(x).shape);
+  inf.set(0, std::numeric_limits<double>::infinity());
+  inf.set(1, -std::numeric_limits<double>::infinity());
+  const std::vector<HostTensor> at_inf = dp.run({inf});
+  EXPECT_EQ(at_inf[0].get(0), std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(at_inf[0].get(1)));
 }
 
 TEST(Lowering, KernelsAreNamedByTheirStructureAndPrintIdentically) {

@@ -221,6 +221,59 @@ TEST(Lowering, Bf16CastIsExactOnAlignedAndUnalignedBuffers) {
   }
 }
 
+// column_sums over rows of a multiple of 4 takes the quad kernel (16-byte loads of four
+// columns) where the inputs are 16-byte aligned and four 4-byte loads where one is not (a view
+// may start anywhere): launched here with the row input aligned and 4 bytes on, over 600 rows
+// split into chunks, the two give the same bits, within f32's error of an f64 sum.
+TEST(Lowering, ColumnSumsOnQuadsGiveTheSameBitsOnUnalignedInputs) {
+  cuda::Runtime& rt = testing::fake_runtime();
+  Circuit c;
+  const ValueId x = c.add_external({Shape{2, 300, 12}, DType::f32}, ValueRole::Input, "x");
+  const ValueId w = c.add_external({Shape{2, 300, 1}, DType::f32}, ValueRole::Input, "w");
+  const ColumnSumsParams p{Shape{2, 300, 12}, {se::in(0) * se::in(1), se::in(0)}, DType::f32};
+  c.add_op(PrimId::column_sums, p.to_params(), {x, w});
+  const cuda::LoweredOp lo = cuda::lower(c, 0);
+  ASSERT_EQ(lo.launches.size(), 1u);
+  const cuda::Launch& l = lo.launches[0];
+  EXPECT_EQ(l.kernel->name.rfind("kiln_column_sums_quads", 0), 0u) << l.kernel->name;
+  EXPECT_NE(lo.summary.find("last block adds its chunks"), std::string::npos) << lo.summary;
+  ASSERT_EQ(lo.scratch_bytes.size(), 2u);
+  std::vector<float> xs(600 * 12), ws(600);
+  for (size_t i = 0; i < xs.size(); ++i)
+    xs[i] = std::ldexp(1.0f + static_cast<float>(i % 89) / 89.0f, static_cast<int>(i % 7) - 3);
+  for (size_t i = 0; i < ws.size(); ++i) ws[i] = 0.5f + static_cast<float>(i % 13) / 13.0f;
+  cuda::LoadedKernel k = rt.load(*l.kernel);
+  std::vector<std::vector<float>> results;
+  for (size_t shift : {0, 1}) {
+    cuda::CUdeviceptr dx = rt.alloc((xs.size() + 1) * 4), dw = rt.alloc(ws.size() * 4), d0 = rt.alloc(12 * 4),
+                      d1 = rt.alloc(12 * 4), part = rt.alloc(lo.scratch_bytes[0]),
+                      counters = rt.alloc(lo.scratch_bytes[1]);
+    rt.upload(dx + 4 * shift, xs.data(), xs.size() * 4);
+    rt.upload(dw, ws.data(), ws.size() * 4);
+    rt.memset_zero(counters, lo.scratch_bytes[1]);
+    rt.launch(k, {l.grid.x, l.grid.y, l.grid.z}, {l.block.x, l.block.y, l.block.z},
+              {dx + 4 * shift, dw, d0, d1, part, counters});
+    rt.synchronize();
+    std::vector<float> out(24);
+    rt.download(out.data(), d0, 48);
+    rt.download(out.data() + 12, d1, 48);
+    for (cuda::CUdeviceptr d : {dx, dw, d0, d1, part, counters}) rt.free(d);
+    results.push_back(out);
+  }
+  for (size_t j = 0; j < 24; ++j) EXPECT_EQ(results[0][j], results[1][j]) << "sum " << j / 12 << ", column " << j % 12;
+  for (size_t col = 0; col < 12; ++col) {
+    double weighted = 0, plain = 0, magnitude = 0;
+    for (size_t r = 0; r < 600; ++r) {
+      weighted += static_cast<double>(xs[r * 12 + col]) * ws[r];
+      plain += xs[r * 12 + col];
+      magnitude += std::abs(static_cast<double>(xs[r * 12 + col]));
+    }
+    // f32 accumulation: at most rows 2^-24 sum |x| (as reduce), with |w| < 1.5.
+    EXPECT_NEAR(results[0][col], weighted, 600 * std::ldexp(1.5 * magnitude, -24)) << "column " << col;
+    EXPECT_NEAR(results[0][12 + col], plain, 600 * std::ldexp(magnitude, -24)) << "column " << col;
+  }
+}
+
 TEST(Lowering, BadIndexOnTheDeviceIsAnErrorNamingTheOp) {
   std::vector<InputSpec> specs = {f32({5, 3}), i32({4}, 0, 5)};
   testing::Harness h(specs, [](Builder& b, const std::vector<ValueId>& x) { return b.gather_rows(x[0], x[1]); });

@@ -63,8 +63,9 @@ void store_from_f32(KernelBuilder& b, DType dt, Reg base, Reg index, Reg value);
 kir::Type kir_type(DType dt);  // f32 -> f32, i32 -> s32, bf16 -> bf16; others throw
 
 // A value expression evaluated in f32 over registers `inputs` (in0, in1, ...); shared subtrees
-// are emitted once. Accuracy: exact IEEE for + - * / sqrt; exp (and sigmoid, tanh, gelu, silu
-// built on it) within ~3 ulp; log within 2.5e-6 relative; pow within |y log2 x| 2^-22.6
+// are emitted once. Accuracy: exact IEEE for + - * / sqrt; exp (and sigmoid, tanh, silu built
+// on it) within ~3 ulp; gelu and its gradient within 1e-5 relative (of s = sigmoid(2u) for the
+// gradient: util.cpp); log within 2.5e-6 relative; pow within |y log2 x| 2^-22.6
 // relative; sin/cos through sin/cos.approx after reduction to [-pi, pi] (absolute error
 // ~1e-6 for |x| < 100). The .cpp states each derivation.
 Reg emit_scalar_exp(KernelBuilder& b, const ScalarExp& e, const std::vector<Reg>& inputs);

@@ -3,10 +3,12 @@
 // in a second case, also read in f32 by a residual add and requested), over rows that fit the CPU reference's chunks
 // (37) and rows longer than its block (3000): no cast left, the f32 output kept only where read, and the results bit
 // for bit the unabsorbed circuit's on the Eigen executor (the same rounding: to nearest even), and in the simulator
-// within the f32 matmul tolerance; the disable switch keeps the casts.
+// within the f32 matmul tolerance; the disable switch keeps the casts. Attention's bf16 copies
+// of its outputs, in every kernel family, bit for bit the rounding of its f32 outputs.
 #include <gtest/gtest.h>
 
 #include "circuit/exec/executor.hpp"
+#include "circuit/ir/bf16.hpp"
 #include "circuit/ir/error.hpp"
 #include "circuit/passes/absorb_casts.hpp"
 #include "circuit/passes/cleanup.hpp"
@@ -14,6 +16,7 @@
 #include "circuit/passes/pipeline.hpp"
 #include "circuit/prims/composites.hpp"
 #include "circuit/prims/fused_rows.hpp"
+#include "circuit/prims/prim_params.hpp"
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 #include "scoped_env.hpp"
@@ -147,6 +150,75 @@ TEST(AbsorbCasts, MatmulEpiloguesCastForMatmulsAreStoredAsBf16ByTheirKernel) {
         for (size_t o = 0; o < want.size(); ++o)
           EXPECT_LT(testing::relative_error(dev[o], want[o]), 1e-5) << "output " << o;
       }
+}
+
+// Attention's bf16 copies (AttentionParams::bf16_copies): forward and backward of each kernel
+// family, each copy the f32 output rounded to nearest even, bit for bit, on the Eigen executor
+// and in the simulator (whose f32 outputs agree with Eigen's at 1e-5, as without copies):
+// bf16 operands on the tensor-core kernels (q, k, v packed as the GPT's (B, T, 3 H d), and
+// grouped queries with three gradients), f32 operands on the tiled FFMA kernels (head size 8)
+// and on the warp-per-row ones (head size 6).
+TEST(AbsorbCasts, AttentionWritesBf16CopiesOfItsOutputs) {
+  struct Config {
+    const char* name;
+    AttentionParams a;
+    std::vector<Shape> qkv;  // one packed input, or q, k, v
+    const char* kernel;      // in the device program's summary
+  };
+  const Config configs[] = {
+      {"packed, bf16 operands", {true, 0.2, true, 2, 1, 1.0, false, true, true}, {Shape{2, 67, 3 * 2 * 32}}, "mma"},
+      {"grouped, bf16 operands",
+       {true, 0.3, false, 0, 2, 1.0, false, true, true},
+       {Shape{2, 4, 40, 16}, Shape{2, 2, 40, 16}, Shape{2, 2, 40, 16}},
+       "mma"},
+      {"f32, head size 8",
+       {false, 0.4, false, 0, 1, 1.0, false, false, true},
+       {Shape{3, 37, 8}, Shape{3, 45, 8}, Shape{3, 45, 8}},
+       "a thread per"},
+      {"f32, head size 6",
+       {true, 0.4, false, 0, 1, 1.0, false, false, true},
+       {Shape{3, 37, 6}, Shape{3, 37, 6}, Shape{3, 37, 6}},
+       "a warp per query row"},
+  };
+  for (const Config& cfg : configs) {
+    SCOPED_TRACE(cfg.name);
+    for (const PrimId prim : {PrimId::attention, PrimId::attention_grad}) {
+      SCOPED_TRACE(prim == PrimId::attention ? "forward" : "backward");
+      Circuit c;
+      std::vector<ValueId> in;
+      for (const Shape& sh : cfg.qkv) in.push_back(c.add_external({sh, DType::f32}, ValueRole::Input));
+      // The backward's o, lse and do: the forward's shapes (any values).
+      if (prim == PrimId::attention_grad) {
+        Circuit probe;
+        std::vector<ValueId> pin;
+        for (const Shape& sh : cfg.qkv) pin.push_back(probe.add_external({sh, DType::f32}, ValueRole::Input));
+        AttentionParams plain = cfg.a;
+        plain.bf16_copies = false;
+        const std::vector<ValueId> fwd = probe.add_op(PrimId::attention, plain.to_params(), pin);
+        for (ValueId v : {fwd[0], fwd[1], fwd[0]})
+          in.push_back(c.add_external({probe.info(v).shape, DType::f32}, ValueRole::Input));
+      }
+      const std::vector<ValueId> outs = c.add_op(prim, cfg.a.to_params(), in);
+      const size_t main = prim == PrimId::attention ? 1 : outs.size() / 2, f32_outs = outs.size() - main;
+      std::vector<HostTensor> bindings;
+      for (ValueId v : in)
+        bindings.push_back(testing::random_tensor({c.info(v).shape, DType::f32}, 60 + static_cast<uint64_t>(v)));
+      const std::vector<HostTensor> cpu = execute(c, bindings, outs);
+      cuda::DeviceProgram dp(c, outs, testing::fake_runtime());
+      EXPECT_NE(dp.dump().find(cfg.kernel), std::string::npos) << dp.dump();
+      const std::vector<HostTensor> dev = dp.run(bindings);
+      for (size_t o = 0; o < f32_outs; ++o) EXPECT_LT(testing::relative_error(dev[o], cpu[o]), 1e-5) << "output " << o;
+      for (size_t k = 0; k < main; ++k)
+        for (const auto* side : {&cpu, &dev}) {
+          const HostTensor &f32 = (*side)[k], &copy = (*side)[f32_outs + k];
+          ASSERT_EQ(copy.dtype(), DType::bf16);
+          ASSERT_EQ(copy.shape(), f32.shape());
+          for (int64_t e = 0; e < f32.numel(); ++e)
+            ASSERT_EQ(copy.data<Bf16>()[e].bits, f32_to_bf16(f32.data<float>()[e]).bits)
+                << (side == &cpu ? "CPU" : "GPU") << " copy " << k << ", element " << e;
+        }
+    }
+  }
 }
 
 TEST(AbsorbCasts, TheSwitchKeepsTheCasts) {

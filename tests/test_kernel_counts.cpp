@@ -90,13 +90,13 @@ TEST(KernelCounts, GptBlockForwardBackwardAdamWAndStep) {
   EXPECT_LE(step4_guarded, step4);
 }
 
-// --precision bf16: the matmuls' operands that row kernels and matmul epilogues produce are
-// written as bf16 by those ops, not by cast kernels: per block the two norms' outputs and their
-// input gradients (the next matmuls' dY), the GELU output and its gradient; plus the final
-// norm's forward and backward and the loss's gradient, less the first norm's backward (the
-// embedding's gradient takes no cast). The loss's gradient (rows of the vocabulary, 65: not
-// 16-byte rows of bf16) is also written padded by the loss's row kernel (absorb_padding), where
-// a concat copied it into padded rows, with zeros from a fill and its cast: 3 launches.
+// --precision bf16: the matmuls' operands that row kernels, matmul epilogues and attention
+// produce are written as bf16 by those ops, not by cast kernels: per block the two norms' outputs
+// and their input gradients (the next matmuls' dY), the GELU output and its gradient, the
+// attention output and the QKV gradient; plus the final norm's forward and backward and the
+// loss's gradient, less the first norm's backward (the embedding's gradient takes no cast). The loss's gradient (rows
+// of the vocabulary, 65: not 16-byte rows of bf16) is also written padded by the loss's row kernel (absorb_padding),
+// where a concat copied it into padded rows, with zeros from a fill and its cast: 3 launches.
 TEST(KernelCounts, Bf16MatmulOperandsAreWrittenByTheirProducers) {
   const size_t all = launches(2, Part::Step, 1.0, false, Precision::bf16);
   auto without = [](const char* pass) {
@@ -108,7 +108,7 @@ TEST(KernelCounts, Bf16MatmulOperandsAreWrittenByTheirProducers) {
               without_padding, without_casts);
   EXPECT_EQ(without_padding - all, 3u);
   // Without absorb_casts the concat reads a cast kernel's output, which absorb_padding leaves.
-  EXPECT_EQ(without_casts - all, 2u * 6u + 2u + 3u);
+  EXPECT_EQ(without_casts - all, 2u * 8u + 2u + 3u);
 }
 
 TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {

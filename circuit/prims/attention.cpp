@@ -30,6 +30,10 @@
 // them too, at its products' casts): the fused results are as close to exact as the unfused ones
 // or closer (tests/test_fuse_attention.cpp measures both against f64).
 //
+// With bf16 copies (f32 ops; absorb_casts) each op also returns its main outputs (o; dq, dk, dv or
+// the packed gradient) rounded to bf16 to nearest even, after its outputs: what the casts in front
+// of the matmuls that read them gave.
+//
 // With dropout (keep < 1) both ops take (key, offset) after q, k, v (and the mask): attention(q, k, v, key,
 // offset), attention_grad(q, k, v, key, offset, o, lse, do[, dlse]). With F the kept entries'
 // factor (1 / keep, or 0 where dropped; AttentionParams says which bits): o = (softmax(s) * F) v,
@@ -211,12 +215,14 @@ Shape like_q(const Shape& q, bool heads_inside, int64_t cols, bool lse) {
 
 // Checks q, k, v (the first three inputs of both Prims); returns the params' view.
 AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
-  if (p.ints.size() != 6 || p.reals.size() != 2)
-    ctx.fail("params must be {causal, heads_inside, packed_heads, kv_groups, mask, bf16}, {scale, keep}");
-  const AttentionParams a{p.ints[0] != 0, p.reals[0], p.ints[1] != 0, p.ints[2],
-                          p.ints[3],      p.reals[1], p.ints[4] != 0, p.ints[5] != 0};
+  if (p.ints.size() != 7 || p.reals.size() != 2)
+    ctx.fail("params must be {causal, heads_inside, packed_heads, kv_groups, mask, bf16, bf16_copies}, {scale, keep}");
+  const AttentionParams a{p.ints[0] != 0, p.reals[0],     p.ints[1] != 0, p.ints[2],     p.ints[3],
+                          p.reals[1],     p.ints[4] != 0, p.ints[5] != 0, p.ints[6] != 0};
   if (a.bf16 && in[0].dtype != DType::f32)
     ctx.fail(std::string("bf16 operands need f32 q, k and v, received ") + dtype_name(in[0].dtype));
+  if (a.bf16_copies && in[0].dtype != DType::f32)
+    ctx.fail(std::string("bf16 copies of the outputs need f32 q, k and v, received ") + dtype_name(in[0].dtype));
   if (a.kv_groups < 1) ctx.fail("kv_groups must be >= 1, received " + std::to_string(a.kv_groups));
   if (!(a.keep > 0.0 && a.keep <= 1.0))
     ctx.fail("the dropout keep probability must lie in (0, 1], received " + std::to_string(a.keep));
@@ -260,7 +266,7 @@ AttentionParams check_qkv(const ShapeCtx& ctx, const std::vector<ValueInfo>& in,
 
 // A packed op's inputs seen as q, k, v (then the rest): checks the packed input's shape.
 std::vector<ValueInfo> unpacked(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
-  const int64_t heads = p.ints.size() == 6 ? p.ints[2] : 0;
+  const int64_t heads = p.ints.size() == 7 ? p.ints[2] : 0;
   if (heads <= 0) return in;
   if (p.ints[1] == 0) ctx.fail("packed q, k and v need heads_inside");
   if (in.empty()) ctx.fail("takes the packed q, k and v");
@@ -305,8 +311,26 @@ std::vector<ValueInfo> forward_shape(const ShapeCtx& ctx, const std::vector<Valu
   if (in.size() != check_mask_and_stream(ctx, in, a))
     ctx.fail(fmt::format("takes q, k, v{}{}", a.mask ? ", the mask" : "", a.dropout() ? ", key and offset" : ""));
   const int64_t dv = rows_of(in[2].shape, a.heads_inside).cols;
-  return {{like_q(in[0].shape, a.heads_inside, dv, false), in[0].dtype},
-          {like_q(in[0].shape, a.heads_inside, 1, true), in[0].dtype}};
+  std::vector<ValueInfo> out{{like_q(in[0].shape, a.heads_inside, dv, false), in[0].dtype},
+                             {like_q(in[0].shape, a.heads_inside, 1, true), in[0].dtype}};
+  if (a.bf16_copies) out.push_back({out[0].shape, DType::bf16});
+  return out;
+}
+
+// The bf16 copies of outputs [0, main) after them (bf16_copies).
+std::vector<ValueInfo> with_copies(std::vector<ValueInfo> out, size_t main) {
+  for (size_t i = 0; i < main; ++i) out.push_back({out[i].shape, DType::bf16});
+  return out;
+}
+std::vector<HostTensor> with_copies(std::vector<HostTensor> out, size_t main, EvalBuffers& bufs) {
+  for (size_t i = 0; i < main; ++i) {
+    HostTensor copy = bufs.output(out.size());
+    const float* from = out[i].data<float>();
+    Bf16* to = copy.data<Bf16>();
+    for (int64_t e = 0; e < copy.numel(); ++e) to[e] = f32_to_bf16(from[e]);
+    out.push_back(copy);
+  }
+  return out;
 }
 
 std::vector<ValueInfo> backward_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& packed, const Params& p) {
@@ -326,8 +350,8 @@ std::vector<ValueInfo> backward_shape(const ShapeCtx& ctx, const std::vector<Val
     if (!(in[i] == *want[i - rest]))
       ctx.fail(fmt::format("{} must be {} {}, received {} {}", names[i - rest], dtype_name(want[i - rest]->dtype),
                            want[i - rest]->shape.str(), dtype_name(in[i].dtype), in[i].shape.str()));
-  if (p.ints[2] > 0) return {packed[0]};  // the gradient of the packed input
-  return {in[0], in[1], in[2]};
+  if (p.ints[2] > 0) return a.bf16_copies ? with_copies({packed[0]}, 1) : std::vector<ValueInfo>{packed[0]};
+  return a.bf16_copies ? with_copies({in[0], in[1], in[2]}, 3) : std::vector<ValueInfo>{in[0], in[1], in[2]};
 }
 
 template <class T>
@@ -515,7 +539,7 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
       }
     });
   });
-  return {o, lse};
+  return a.bf16_copies ? with_copies({o, lse}, 1, bufs) : std::vector<HostTensor>{o, lse};
 }
 
 std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
@@ -583,8 +607,9 @@ std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const Host
       }
     });
   });
-  if (a.packed_heads > 0) return {dq};
-  return {dq, dk, dvt};
+  std::vector<HostTensor> out{dq};
+  if (a.packed_heads == 0) out.insert(out.end(), {dk, dvt});
+  return a.bf16_copies ? with_copies(out, out.size(), bufs) : out;
 }
 
 std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
@@ -594,14 +619,17 @@ std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g
   std::vector<ValueId> inputs = op.inputs;  // q, k, v, or the packed q, k, v (then key, offset)
   for (ValueId x : {o, op.outputs[1], d_o}) inputs.push_back(x);
   if (g[1] != kNoValue) inputs.push_back(g[1]);
-  std::vector<ValueId> grads = b.circuit().add_op(PrimId::attention_grad, op.params, inputs, b.scope());
+  AttentionParams a = AttentionParams::of(op);
+  a.bf16_copies = false;  // the gradients' f32 values only
+  std::vector<ValueId> grads = b.circuit().add_op(PrimId::attention_grad, a.to_params(), inputs, b.scope());
   grads.resize(op.inputs.size(), kNoValue);  // none for the dropout stream
   return grads;
 }
 
 std::string describe(const Params& p) {
-  return fmt::format("{}{}{}{}{}scale={}{}", p.ints[0] != 0 ? "causal " : "", p.ints[5] != 0 ? "bf16 operands " : "",
-                     p.ints[4] != 0 ? "additive mask " : "", p.ints[1] != 0 ? "(B, T, H, d) " : "",
+  return fmt::format("{}{}{}{}{}{}scale={}{}", p.ints[0] != 0 ? "causal " : "", p.ints[5] != 0 ? "bf16 operands " : "",
+                     p.ints[6] != 0 ? "bf16 copies of the outputs " : "", p.ints[4] != 0 ? "additive mask " : "",
+                     p.ints[1] != 0 ? "(B, T, H, d) " : "",
                      p.ints[2] > 0   ? fmt::format("packed qkv of {} heads ", p.ints[2])
                      : p.ints[3] > 1 ? fmt::format("{} query heads a kv head ", p.ints[3])
                                      : std::string(),
@@ -612,13 +640,15 @@ std::string describe(const Params& p) {
 
 AttentionParams AttentionParams::of(const Op& op) {
   require_view_of(op, {PrimId::attention, PrimId::attention_grad}, "AttentionParams");
-  return {op.params.ints.at(0) != 0, op.params.reals.at(0), op.params.ints.at(1) != 0, op.params.ints.at(2),
-          op.params.ints.at(3),      op.params.reals.at(1), op.params.ints.at(4) != 0, op.params.ints.at(5) != 0};
+  return {op.params.ints.at(0) != 0, op.params.reals.at(0),     op.params.ints.at(1) != 0,
+          op.params.ints.at(2),      op.params.ints.at(3),      op.params.reals.at(1),
+          op.params.ints.at(4) != 0, op.params.ints.at(5) != 0, op.params.ints.at(6) != 0};
 }
 
 Params AttentionParams::to_params() const {
   Params p;
-  p.ints = {causal ? 1 : 0, heads_inside ? 1 : 0, packed_heads, kv_groups, mask ? 1 : 0, bf16 ? 1 : 0};
+  p.ints = {causal ? 1 : 0, heads_inside ? 1 : 0, packed_heads,       kv_groups,
+            mask ? 1 : 0,   bf16 ? 1 : 0,         bf16_copies ? 1 : 0};
   p.reals = {scale, keep};
   return p;
 }

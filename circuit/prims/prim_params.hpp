@@ -112,7 +112,8 @@ struct ColumnSumsParams {
   Params to_params() const;
 };
 
-// attention, attention_grad {causal, heads_inside, packed_heads, kv_groups, mask, bf16}, {scale, keep}. heads_inside: q, k, v,
+// attention, attention_grad {causal, heads_inside, packed_heads, kv_groups, mask, bf16, bf16_copies},
+// {scale, keep}. heads_inside: q, k, v,
 // o and their gradients are (B, T, H, d), as a projection's output split into heads is before
 // its permute; otherwise (..., T, d) with the heads among the batch dims. packed_heads H > 0
 // (heads inside only): q, k and v are one input, a fused projection's (B, T, 3 H d) output with
@@ -125,6 +126,9 @@ struct ColumnSumsParams {
 // Tq, Tk), or (B, H, Tq, Tk) with heads inside.
 // bf16 (f32 q, k, v only): bf16 operands, for the bf16 precision policy's chain: the ops read q,
 // k, v and do rounded to bf16 and compute in f32 from there (circuit/prims/attention.cpp).
+// bf16_copies (f32 ops only; absorb_casts): after its outputs the op also writes each main output
+// (attention: o; attention_grad: dq, dk, dv, or the packed gradient) rounded to bf16 as a cast
+// rounds, for the matmuls that read them under the bf16 policy.
 // keep < 1: dropout on the probabilities, which the ops take two more inputs for (key, offset,
 // right after q, k, v and the mask): probability (i, j) of batch entry e is kept, times 1 / keep, where a
 // random Bernoulli(keep) tensor of the probabilities' shape drawn with (key, offset) holds 1 at
@@ -138,6 +142,7 @@ struct AttentionParams {
   double keep = 1.0;
   bool mask = false;
   bool bf16 = false;
+  bool bf16_copies = false;
   bool dropout() const { return keep < 1.0; }
   static AttentionParams of(const Op& op);
   Params to_params() const;

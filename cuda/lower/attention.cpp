@@ -100,6 +100,7 @@ Sizes sizes_of(const Circuit& c, const Op& op) {
     s.rest += 1;
   }
   s.bf16 = a.bf16;
+  s.copies = a.bf16_copies;
   s.keep = a.keep;
   if (a.dropout()) s.rest += 2;
   const Shape& q = c.info(op.inputs[0]).shape;
@@ -134,6 +135,15 @@ std::vector<ArgRef> qkv_args(const Sizes& s) {
 }
 ArgRef after_qkv(const Sizes& s, int i) { return {ArgRef::Kind::Input, s.rest + i}; }
 ArgRef gradient_of(const Sizes& s, int piece) { return {ArgRef::Kind::Output, s.packed ? 0 : piece}; }
+// The bf16 copy of a gradient: after the gradients (one output packed, else three).
+ArgRef gradient_copy_of(const Sizes& s, int piece) { return {ArgRef::Kind::Output, s.packed ? 1 : 3 + piece}; }
+// A copy's parameter, declared after the launch's buffers (before the mask and stream); invalid
+// without copies.
+Reg copy_param(KernelBuilder& b, const Sizes& s, const char* name, ArgRef output, std::vector<ArgRef>& args) {
+  if (!s.copies) return {};
+  args.push_back(output);
+  return b.param(name, Type::u64);
+}
 
 // The additive mask in a kernel (its address; invalid without one), declared after the launch's
 // buffers and before the stream.
@@ -246,6 +256,7 @@ ForwardParams forward_params(KernelBuilder& b, const Sizes& s) {
   f.q = b.param("q", Type::u64), f.k = b.param("k", Type::u64), f.v = b.param("v", Type::u64);
   f.o = b.param("o", Type::u64), f.lse = b.param("lse", Type::u64);
   f.args = with(qkv_args(s), {kOut0, {ArgRef::Kind::Output, 1}});
+  f.o_copy = copy_param(b, s, "o_bf16", {ArgRef::Kind::Output, 2}, f.args);
   f.mask = mask_param(b, s, f.args);
   f.stream = stream_params(b, s, f.args);
   return f;
@@ -260,6 +271,7 @@ GradQParams grad_q_params(KernelBuilder& b, const Sizes& s, bool has_dlse) {
   if (has_dlse) g.args.push_back(after_qkv(s, 3));
   g.args.push_back(kOut0);
   g.args.push_back({ArgRef::Kind::Scratch, 0});
+  g.dq_copy = copy_param(b, s, "dq_bf16", gradient_copy_of(s, 0), g.args);
   g.mask = mask_param(b, s, g.args);
   g.stream = stream_params(b, s, g.args);
   return g;
@@ -271,6 +283,8 @@ GradKvParams grad_kv_params(KernelBuilder& b, const Sizes& s) {
   g.dk = b.param("dk", Type::u64), g.dv = b.param("dv", Type::u64);
   g.args = with(qkv_args(s),
                 {after_qkv(s, 1), after_qkv(s, 2), {ArgRef::Kind::Scratch, 0}, gradient_of(s, 1), gradient_of(s, 2)});
+  g.dk_copy = copy_param(b, s, "dk_bf16", gradient_copy_of(s, 1), g.args);
+  g.dv_copy = copy_param(b, s, "dv_bf16", gradient_copy_of(s, 2), g.args);
   g.mask = mask_param(b, s, g.args);
   g.stream = stream_params(b, s, g.args);
   return g;
@@ -320,14 +334,15 @@ std::vector<Reg> load_row(KernelBuilder& b, const Sizes& s, Reg base, Reg first,
   return out;
 }
 
-void store_row(KernelBuilder& b, const Sizes& s, Reg base, Reg first, Reg lane, int64_t n, const std::vector<Reg>& x,
-               float factor = 1.0f) {
+void store_row(KernelBuilder& b, const Sizes& s, Reg base, Reg copy, Reg first, Reg lane, int64_t n,
+               const std::vector<Reg>& x, float factor = 1.0f) {
   Reg lane_it = s.it == Type::u32 ? lane : b.cvt(Type::u64, lane);
   for (int64_t j = 0; 32 * j < n; ++j) {
     Reg at = b.add(s.it, first, b.add(s.it, lane_it, imm_index(s.it, 32 * j)));
     auto store = [&] {
       Reg v = factor == 1.0f ? x[static_cast<size_t>(j)] : b.mul(Type::f32, x[static_cast<size_t>(j)], imm_f32(factor));
       b.st(Space::global, Type::f32, b.address(base, at, 4), v);
+      store_copy(b, copy, at, v);
     };
     if (32 * (j + 1) <= n)
       store();
@@ -351,6 +366,10 @@ void accumulate(KernelBuilder& b, std::vector<Reg>& acc, Reg w, const std::vecto
 }
 
 Reg exp_of(KernelBuilder& b, Reg x) { return emit_scalar_exp(b, se::exp(se::in(0)), {x}); }
+
+void store_copy(KernelBuilder& b, Reg copy, Reg at, Reg x) {
+  if (copy.valid()) store_from_f32(b, DType::bf16, copy, at, x);
+}
 
 // Rows [entry * t, entry * t + t) for a row index of `t` rows an entry: the row's entry, and its
 // position within the entry.
@@ -428,12 +447,16 @@ std::vector<Reg> load_own_row(KernelBuilder& b, const Sizes& s, Reg base, Reg fi
       out.push_back(loaded(b, s, x, operand, factor));
   return out;
 }
-void store_own_row(KernelBuilder& b, Reg base, Reg first, const std::vector<Reg>& x, float factor = 1.0f) {
+void store_own_row(KernelBuilder& b, Reg base, Reg copy, Reg first, const std::vector<Reg>& x, float factor = 1.0f) {
   for (size_t c4 = 0; c4 < x.size(); c4 += 4) {
-    std::vector<Operand> v;
+    std::vector<Reg> v;
     for (size_t e = 0; e < 4; ++e)
       v.push_back(factor == 1.0f ? x[c4 + e] : b.mul(Type::f32, x[c4 + e], imm_f32(factor)));
-    b.st_vec(Space::global, Type::f32, b.address(base, first, 4), v, static_cast<int64_t>(4 * c4));
+    b.st_vec(Space::global, Type::f32, b.address(base, first, 4), {v[0], v[1], v[2], v[3]},
+             static_cast<int64_t>(4 * c4));
+    if (copy.valid())
+      for (size_t e = 0; e < 4; ++e)
+        store_copy(b, copy, b.add(first.type, first, imm_index(first.type, static_cast<int64_t>(c4 + e))), v[e]);
   }
 }
 // sum_c x[c] * row[c] over a shared row of x.size() floats at byte offset `at` of `smem`.
@@ -563,9 +586,11 @@ LoweredOp lower_attention_tiled(const AttentionParams& a, const Sizes& s) {
     Reg inv = b.div(Type::f32, imm_f32(1.0f), l);
     Reg first = row_first(b, s, entry, i, s.tq, s.dv);
     for (int64_t c4 = 0; c4 < s.dv; c4 += 4) {
-      std::vector<Operand> x;
+      std::vector<Reg> x;
       for (int64_t e = 0; e < 4; ++e) x.push_back(b.mul(Type::f32, acc[static_cast<size_t>(c4 + e)], inv));
-      b.st_vec(Space::global, Type::f32, b.address(o, first, 4), x, 4 * c4);
+      b.st_vec(Space::global, Type::f32, b.address(o, first, 4), {x[0], x[1], x[2], x[3]}, 4 * c4);
+      for (int64_t e = 0; e < 4 && f.o_copy.valid(); ++e)
+        store_copy(b, f.o_copy, b.add(s.it, first, imm_index(s.it, c4 + e)), x[static_cast<size_t>(e)]);
     }
     b.st(Space::global, Type::f32, b.address(lse, row, 4),
          b.add(Type::f32, m, emit_scalar_exp(b, se::log(se::in(0)), {l})));
@@ -612,7 +637,7 @@ LoweredOp lower_attention(const Circuit& c, const Op& op) {
     });
     Reg inv = b.div(Type::f32, imm_f32(1.0f), l);
     for (Reg& x : acc) x = b.mul(Type::f32, x, inv);
-    store_row(b, s, o, row_first(b, s, entry, i, s.tq, s.dv), w.lane, s.dv, acc);
+    store_row(b, s, o, f.o_copy, row_first(b, s, entry, i, s.tq, s.dv), w.lane, s.dv, acc);
     b.if_(b.setp(Cmp::eq, w.lane, imm_u32(0)), [&] {
       Reg log_l = emit_scalar_exp(b, se::log(se::in(0)), {l});
       b.st(Space::global, Type::f32, b.address(lse, w.row, 4), b.add(Type::f32, m, log_l));
@@ -684,7 +709,7 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
         axpy_shared(b, acc, ds, k_row, 0);
       });
     });
-    b.if_(valid, [&] { store_own_row(b, dq, row_first(b, s, entry, i, s.tq, s.d, s.q), acc, scale); });
+    b.if_(valid, [&] { store_own_row(b, dq, g.dq_copy, row_first(b, s, entry, i, s.tq, s.d, s.q), acc, scale); });
     const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows),
                          1};
     lo.launches.push_back(
@@ -758,8 +783,8 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
       });
     });
     b.if_(valid, [&] {
-      store_own_row(b, dk, row_first(b, s, entry, j, s.tk, s.d, s.k), acc_k, scale);
-      store_own_row(b, dv, row_first(b, s, entry, j, s.tk, s.dv, s.v), acc_v);
+      store_own_row(b, dk, g.dk_copy, row_first(b, s, entry, j, s.tk, s.d, s.k), acc_k, scale);
+      store_own_row(b, dv, g.dv_copy, row_first(b, s, entry, j, s.tk, s.dv, s.v), acc_v);
     });
     const sim::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups),
                          static_cast<uint32_t>((s.tk + kTileRows - 1) / kTileRows), 1};
@@ -814,7 +839,7 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
         Reg ds = b.mul(Type::f32, p, b.sub(Type::f32, dp, row_d));
         accumulate(b, acc, ds, kj);
       });
-      store_row(b, s, dq, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, acc, scale);
+      store_row(b, s, dq, g.dq_copy, row_first(b, s, entry, i, s.tq, s.d, s.q), w.lane, s.d, acc, scale);
     });
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q", grid_for(rows), {32 * kWarps, 1, 1}, g.args));
   }
@@ -851,8 +876,8 @@ LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
           accumulate(b, acc_k, ds, qi);
         });
       });
-      store_row(b, s, dk, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d, acc_k, scale);
-      store_row(b, s, dv, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv, acc_v);
+      store_row(b, s, dk, g.dk_copy, row_first(b, s, entry, j, s.tk, s.d, s.k), w.lane, s.d, acc_k, scale);
+      store_row(b, s, dv, g.dv_copy, row_first(b, s, entry, j, s.tk, s.dv, s.v), w.lane, s.dv, acc_v);
     });
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv", grid_for(rows), {32 * kWarps, 1, 1}, g.args));
   }

@@ -38,8 +38,9 @@ struct Sizes {
   int mask_input = 3;
   std::vector<int64_t> mask_batch, mask_strides;
   int64_t mask_row_stride = 0, mask_col_stride = 0;
-  bool bf16 = false;  // q, k, v and do read rounded to bf16 (product_operand)
-  double keep = 1.0;  // < 1: dropout, with the stream's key and offset inputs at `stream`
+  bool bf16 = false;    // q, k, v and do read rounded to bf16 (product_operand)
+  bool copies = false;  // each main output also stored rounded to bf16 (AttentionParams::bf16_copies)
+  double keep = 1.0;    // < 1: dropout, with the stream's key and offset inputs at `stream`
   int stream = 3;
   int rest = 3;  // the input index of o (attention_grad)
   Type it;       // index type
@@ -58,15 +59,16 @@ struct Stream {
 
 // The buffer parameters of each launch (registers) and where their addresses come from, the
 // same for both kernel families.
+// A main output's bf16 copy (`copies`) is the register after its name (invalid without copies).
 struct ForwardParams {
-  Reg q, k, v, o, lse, mask;
+  Reg q, k, v, o, o_copy, lse, mask;
   Stream stream;
   std::vector<ArgRef> args;
 };
 ForwardParams forward_params(KernelBuilder& b, const Sizes& s);
 
 struct GradQParams {
-  Reg q, k, v, o, lse, d_o, dlse, dq, dd;  // dlse: invalid without one; dd: D, scratch
+  Reg q, k, v, o, lse, d_o, dlse, dq, dq_copy, dd;  // dlse: invalid without one; dd: D, scratch
   Reg mask;
   Stream stream;
   std::vector<ArgRef> args;
@@ -74,7 +76,7 @@ struct GradQParams {
 GradQParams grad_q_params(KernelBuilder& b, const Sizes& s, bool has_dlse);
 
 struct GradKvParams {
-  Reg q, k, v, lse, d_o, dd, dk, dv, mask;
+  Reg q, k, v, lse, d_o, dd, dk, dk_copy, dv, dv_copy, mask;
   Stream stream;
   std::vector<ArgRef> args;
 };
@@ -110,6 +112,10 @@ Reg row_first(KernelBuilder& b, const Sizes& s, Operand entry, Operand pos, int6
 
 // e^x, accurate to about 3 ulp (emit_scalar_exp).
 Reg exp_of(KernelBuilder& b, Reg x);
+
+// Stores value x of a main output at element `at` of its bf16 copy, rounded as a cast rounds;
+// nothing when `copy` is invalid (no copies).
+void store_copy(KernelBuilder& b, Reg copy, Reg at, Reg x);
 
 // The tensor-core kernels (attention_mma.cpp): whether they take an op of these sizes, and
 // its forward and backward launches.

@@ -290,19 +290,24 @@ Reg quad_sum(KernelBuilder& b, Reg x) {
 }
 
 // Stores rows row_lo and row_lo + 8 (those below t) of accumulator tiles acc (n columns), times
-// `factor`, to `base` as a tensor of t rows an entry (piece: where it lies with heads inside).
-void store_rows(KernelBuilder& b, const Sizes& s, const Lanes& l, Reg base, const Piece& piece, Reg entry, Reg row_lo,
-                int64_t t, int64_t n, const std::vector<Acc>& acc, const std::array<Reg, 2>& factor) {
+// `factor`, to `base` as a tensor of t rows an entry (piece: where it lies with heads inside),
+// and to its bf16 copy `copy` where valid (a column pair as one packed 4-byte store: the pair
+// starts at an even column of rows of even length).
+void store_rows(KernelBuilder& b, const Sizes& s, const Lanes& l, Reg base, Reg copy, const Piece& piece, Reg entry,
+                Reg row_lo, int64_t t, int64_t n, const std::vector<Acc>& acc, const std::array<Reg, 2>& factor) {
   for (uint32_t h = 0; h < 2; ++h) {
     Reg row = b.add(Type::u32, row_lo, imm_u32(8 * h));
     b.if_(b.setp(Cmp::lt, row, imm_u32(static_cast<uint32_t>(t))), [&] {
       Reg first = b.add(s.it, row_first(b, s, entry, in_index_type(b, s, row), t, n, piece),
                         in_index_type(b, s, b.shl(Type::u32, l.t, imm_u32(1))));
       Reg at = b.address(base, first, 4);
-      for (size_t nt = 0; nt < acc.size(); ++nt)
-        b.st_vec(Space::global, Type::f32, at,
-                 {b.mul(Type::f32, acc[nt][2 * h], factor[h]), b.mul(Type::f32, acc[nt][2 * h + 1], factor[h])},
-                 static_cast<int64_t>(4 * 8 * nt));
+      Reg copy_at = copy.valid() ? b.address(copy, first, 2) : Reg{};
+      for (size_t nt = 0; nt < acc.size(); ++nt) {
+        Reg x0 = b.mul(Type::f32, acc[nt][2 * h], factor[h]), x1 = b.mul(Type::f32, acc[nt][2 * h + 1], factor[h]);
+        b.st_vec(Space::global, Type::f32, at, {x0, x1}, static_cast<int64_t>(4 * 8 * nt));
+        if (copy.valid())
+          b.st(Space::global, Type::u32, copy_at, b.pack_bf16x2(x0, x1), static_cast<int64_t>(2 * 8 * nt));
+      }
     });
   }
 }
@@ -426,7 +431,7 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
     b.set(l_run[h], quad_sum(b, l_run[h]));
     inv[h] = b.div(Type::f32, imm_f32(1.0f), l_run[h]);
   }
-  store_rows(b, s, l, f.o, Piece{}, entry, row_lo, s.tq, s.dv, acc, inv);
+  store_rows(b, s, l, f.o, f.o_copy, Piece{}, entry, row_lo, s.tq, s.dv, acc, inv);
   b.if_(b.setp(Cmp::eq, l.t, imm_u32(0)), [&] {
     for (uint32_t h = 0; h < 2; ++h) {
       Reg row = b.add(Type::u32, row_lo, imm_u32(8 * h));
@@ -536,7 +541,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
         }
       product_from_acc(b, dq, dp, k_trans, pd, s.d);
     });
-    store_rows(b, s, l, g.dq, s.q, entry, row_lo, s.tq, s.d, dq,
+    store_rows(b, s, l, g.dq, g.dq_copy, s.q, entry, row_lo, s.tq, s.d, dq,
                {b.mov(Type::f32, imm_f32(scale)), b.mov(Type::f32, imm_f32(scale))});
     const sim::Dim3 grid{static_cast<uint32_t>(s.entries), qb.tiles, 1};
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q_mma", grid, {bl.threads(), 1, 1}, g.args));
@@ -632,9 +637,9 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
         product_from_acc(b, dk, dp, q_trans, pd, s.d);
       });
     });
-    store_rows(b, s, l, g.dk, s.k, entry, key_lo, s.tk, s.d, dk,
+    store_rows(b, s, l, g.dk, g.dk_copy, s.k, entry, key_lo, s.tk, s.d, dk,
                {b.mov(Type::f32, imm_f32(scale)), b.mov(Type::f32, imm_f32(scale))});
-    store_rows(b, s, l, g.dv, s.v, entry, key_lo, s.tk, s.dv, dv,
+    store_rows(b, s, l, g.dv, g.dv_copy, s.v, entry, key_lo, s.tk, s.dv, dv,
                {b.mov(Type::f32, imm_f32(1.0f)), b.mov(Type::f32, imm_f32(1.0f))});
     const sim::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups), tiles, 1};
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv_mma", grid, {bl.threads(), 1, 1}, g.args));

@@ -173,6 +173,22 @@ BuildFn bf16_packed_attention_grad_of(bool causal, double scale, int64_t heads) 
     return b.circuit().add_op(PrimId::attention_grad, bf16_layout_params(causal, scale, heads, 1), x)[0];
   };
 }
+// The same ops writing bf16 copies of their main outputs (AttentionParams::bf16_copies): the f32
+// outputs compared here (tests/test_absorb_casts.cpp checks the copies bit for bit); the
+// kernels with the copies' stores pass ptxas with every case.
+BuildFn with_bf16_copies(PrimId prim, bool bf16, int64_t packed_heads, bool causal, double scale) {
+  return [=](Builder& b, const std::vector<ValueId>& x) {
+    const Params p =
+        AttentionParams{causal, scale, packed_heads > 0, packed_heads, 1, 1.0, false, bf16, true}.to_params();
+    std::vector<ValueId> r = b.circuit().add_op(prim, p, x);
+    if (prim == PrimId::attention_grad) {
+      r.resize(r.size() / 2);
+      for (ValueId& v : r) v = b.reshape(v, Shape{b.info(v).shape.numel()});
+      return b.concat(r, 0);
+    }
+    return b.add(packed_heads > 0 ? b.permute(r[0], {0, 2, 1, 3}) : r[0], r[1]);
+  };
+}
 BuildFn bf16_grouped_attention_of(bool causal, double scale, int64_t groups) {
   return [=](Builder& b, const std::vector<ValueId>& x) {
     std::vector<ValueId> r = b.circuit().add_op(PrimId::attention, bf16_layout_params(causal, scale, 0, groups), x);
@@ -415,6 +431,28 @@ void attention_cases(FamilyCases& c) {
                         {f32({2, 67, 3 * 2 * 32}), f32({2, 67, 2, 32}), f32({2, 2, 67, 1}, 0, 3), f32({2, 67, 2, 32})},
                         bf16_packed_attention_grad_of(true, 0.2, 2),
                         1e-5});
+  c.lowering.push_back({"attention_bf16_mma_packed_copies",
+                        {f32({2, 67, 3 * 2 * 32})},
+                        with_bf16_copies(PrimId::attention, true, 2, true, 0.2),
+                        1e-5});
+  c.lowering.push_back({"attention_grad_bf16_mma_packed_copies",
+                        {f32({2, 67, 3 * 2 * 32}), f32({2, 67, 2, 32}), f32({2, 2, 67, 1}, 0, 3), f32({2, 67, 2, 32})},
+                        with_bf16_copies(PrimId::attention_grad, true, 2, true, 0.2),
+                        1e-5});
+  c.lowering.push_back({"attention_tiled_copies",
+                        {f32({3, 37, 8}), f32({3, 45, 8}), f32({3, 45, 8})},
+                        with_bf16_copies(PrimId::attention, false, 0, false, 0.4),
+                        1e-5});
+  c.lowering.push_back(
+      {"attention_grad_tiled_copies",
+       {f32({3, 37, 8}), f32({3, 45, 8}), f32({3, 45, 8}), f32({3, 37, 8}), f32({3, 37, 1}, 0, 3), f32({3, 37, 8})},
+       with_bf16_copies(PrimId::attention_grad, false, 0, false, 0.4),
+       1e-5});
+  c.lowering.push_back(
+      {"attention_grad_warp_rows_copies",
+       {f32({3, 37, 6}), f32({3, 37, 6}), f32({3, 37, 6}), f32({3, 37, 6}), f32({3, 37, 1}, 0, 3), f32({3, 37, 6})},
+       with_bf16_copies(PrimId::attention_grad, false, 0, true, 0.4),
+       1e-5});
   c.lowering.push_back({"attention_bf16_mma_grouped",
                         {f32({2, 4, 45, 32}), f32({2, 2, 45, 32}), f32({2, 2, 45, 32})},
                         bf16_grouped_attention_of(true, 0.35, 2),

@@ -221,6 +221,50 @@ TEST(AbsorbCasts, AttentionWritesBf16CopiesOfItsOutputs) {
   }
 }
 
+// The pass over attention: an unpacked attention_grad (grouped queries, d == dv, so that copies
+// mapped to the wrong gradient would still fit) whose dq and dv are cast directly and dk through a
+// reshape that an f32 add also reads, and an attention whose o is cast through a reshape: every
+// cast becomes the op's copy (or the same reshape of it), the results the casts' bits on the
+// Eigen executor. With dv read in f32 only, the attention_grad keeps its casts.
+TEST(AbsorbCasts, AttentionCastsBecomeTheOpsCopies) {
+  for (const bool dv_cast : {true, false}) {
+    SCOPED_TRACE(dv_cast ? "every gradient cast" : "dv not cast");
+    Case k;
+    Circuit& c = k.circuit;
+    const Shape q_shape{2, 4, 20, 16}, kv_shape{2, 2, 20, 16};
+    std::vector<ValueId> in;
+    for (const Shape& sh : {q_shape, kv_shape, kv_shape, q_shape, Shape{2, 4, 20, 1}, q_shape})
+      in.push_back(c.add_external({sh, DType::f32}, ValueRole::Input));
+    Builder b(c, "test");
+    const Params p = AttentionParams{true, 0.3, false, 0, 2, 1.0, false, true}.to_params();
+    const std::vector<ValueId> fwd = c.add_op(PrimId::attention, p, {in[0], in[1], in[2]});
+    const std::vector<ValueId> g = c.add_op(PrimId::attention_grad, p, in);
+    const ValueId dk_rows = b.reshape(g[1], Shape{2, 2, 320});
+    k.outputs = {b.cast(b.reshape(fwd[0], Shape{2, 4, 320}), DType::bf16),
+                 fwd[1],
+                 b.cast(g[0], DType::bf16),
+                 b.cast(dk_rows, DType::bf16),
+                 b.add(dk_rows, dk_rows),
+                 dv_cast ? b.cast(g[2], DType::bf16) : b.add(g[2], g[2])};
+    for (size_t i = 0; i < in.size(); ++i)
+      k.bindings.push_back(testing::random_tensor({c.info(in[i]).shape, DType::f32}, 90 + i));
+    std::vector<ValueId> outs = k.outputs;
+    const Circuit a = absorb_casts(c, outs);
+    size_t casts = 0, copying = 0;
+    for (const Op& op : a.ops()) {
+      casts += op.is(PrimId::cast);
+      copying += (op.is(PrimId::attention) || op.is(PrimId::attention_grad)) && AttentionParams::of(op).bf16_copies;
+    }
+    EXPECT_EQ(casts, dv_cast ? 0u : 2u) << a.dump("absorbed");
+    EXPECT_EQ(copying, dv_cast ? 2u : 1u) << a.dump("absorbed");
+    const std::vector<HostTensor> want = execute(c, k.bindings, k.outputs), got = execute(a, k.bindings, outs);
+    for (size_t o = 0; o < want.size(); ++o) {
+      ASSERT_EQ(got[o].dtype(), want[o].dtype()) << "output " << o;
+      EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
+    }
+  }
+}
+
 TEST(AbsorbCasts, TheSwitchKeepsTheCasts) {
   Case k = norm_then_matmul(37, false);
   testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");

@@ -107,7 +107,27 @@ TEST(AbsorbPadding, ACastOfPaddedRowsIsPaddedToo) {
   EXPECT_NE(a.dump("absorbed").find(":bf16+3 zero columns"), std::string::npos) << a.dump("absorbed");
   const std::vector<HostTensor> want = execute(f, k.bindings, fused_outs), got = execute(a, k.bindings, outs);
   for (size_t o = 0; o < want.size(); ++o) EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
+  // The f32 padded rows (before the cast's absorption) in the simulator: zero columns exact.
+  std::vector<ValueId> padded_outs = fused_outs;
+  const Circuit f32_padded = absorb_padding(f, padded_outs);
+  cuda::DeviceProgram dp(f32_padded, padded_outs, testing::fake_runtime());
+  const std::vector<HostTensor> dev = dp.run(k.bindings);
+  for (size_t o = 0; o < want.size(); ++o) EXPECT_LT(testing::relative_error(dev[o], want[o]), 1.0 / 256) << o;
+  for (int64_t r = 0; r < 6; ++r)
+    for (int64_t i = 45; i < 48; ++i) EXPECT_EQ(dev[0].get(r * 48 + i), 0.0) << "row " << r << ", " << i;
   set_poison_buffers(false);
+}
+
+// Zeros of -0 are not the kernels' +0 columns: such a concat stays.
+TEST(AbsorbPadding, NegativeZerosAreNotAbsorbed) {
+  Case k = padded_norm(13, 3);
+  Circuit& c = k.circuit;
+  Builder b(c, "test");
+  const ValueId y_bf16 = c.ops()[static_cast<size_t>(c.value(k.outputs[0]).producer)].inputs[0];
+  k.outputs[0] = b.concat({y_bf16, b.cast(b.fill(Shape{6, 3}, DType::f32, -0.0), DType::bf16)}, 1);
+  std::vector<ValueId> outs = k.outputs;
+  const Circuit f = absorb_casts(fuse_rows(fuse_pointwise(cse(c, outs), outs), outs), outs);
+  EXPECT_EQ(testing::count_prim(absorb_padding(f, outs), PrimId::concat), 1u);
 }
 
 // z = bf16(layernorm(x)) bf16(w) with rows of 61 (122 bytes: pad_bf16_rows pads them to 64).

@@ -10,7 +10,8 @@
 #      of 10 traced steps), once with the bf16 casts kept as kernels (absorb_casts off), and
 #      PyTorch eager with autocast bf16 once.
 # A tiling is TILE:STAGES[:SPLIT[:wgmma]] (128x128:2:0 is the default when no variable is set;
-# SPLIT is 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which takes 3 or 4 stages).
+# TILE is 128x128, 128x256 or auto (per product: 128x256 where its grid fills the SMs); SPLIT is
+# 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which takes 3 or 4 stages).
 # About 6 minutes on an H100 when nothing times out (give the device call 600 s; each step has
 # its own timeout, so a hang costs at most 90-200 s). Everything is also written to
 # $OUT/mma-tilings.log (default ./mma-tilings.log).
@@ -20,7 +21,7 @@ run="$bundle/run"
 log=${OUT:-.}/mma-tilings.log
 shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,768x768x8192,8192x50257x768,8192x3072x768}
 gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 128x128:4 128x256:4 128x128:4:auto 128x128:4:0:wgmma 128x256:4:0:wgmma 128x256:3:0:wgmma}
-step_tilings=${KILN_STEP_TILINGS:-128x128:2 128x128:4:auto 128x128:4:0:wgmma 128x256:4:0:wgmma}
+step_tilings=${KILN_STEP_TILINGS:-128x128:2 auto:4:auto 128x128:4:0:wgmma auto:4:0:wgmma}
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
 with_tiling() {  # TILE:STAGES[:SPLIT[:wgmma]], then a command
   local tile stages split engine

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "circuit/exec/executor.hpp"
 #include "circuit/ir/error.hpp"
@@ -616,6 +617,38 @@ TEST(Lowering, Bf16MmaSplitsKWhereTheGridLeavesSmsIdle) {
     testing::ScopedEnv setting("KILN_MMA_SPLIT_K", forced);
     d = dump_of({40, 0}, {0, 24}, false, true);
     EXPECT_EQ(d.find("K split"), std::string::npos) << d;
+  }
+}
+
+// KILN_MMA_TILE=auto: 128x256 tiles where their grid fills an H100's 132 SMs (a 4096^2
+// product: 512 blocks; GPT-2's MLP up projection, 8192 x 3072: 768), 128x128 where it would not
+// (GPT-2's QKV weight gradient, 768 x 2304: 54 blocks of 128x256; a 64 x 64 product), on mma.sync
+// and on wgmma. Lowered only (no run) where large; the small one runs against Eigen.
+TEST(Lowering, Bf16MmaTileAutoTakes128x256WhereItsGridFillsTheSms) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv tile("KILN_MMA_TILE", "auto");
+  for (const char* wgmma : {"0", "1"}) {
+    SCOPED_TRACE(std::string("KILN_WGMMA=") + wgmma);
+    testing::ScopedEnv engine("KILN_WGMMA", wgmma);
+    auto dump_of = [](Shape a, Shape b, bool run) {
+      testing::Harness h({f32(std::move(a)), f32(std::move(b))}, [](Builder& bld, const std::vector<ValueId>& x) {
+        return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16));
+      });
+      cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+      if (run) {
+        const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+        EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+      }
+      return dp.dump();
+    };
+    for (const auto& [a, b, wide] :
+         {std::tuple{Shape{4096, 256}, Shape{256, 4096}, true}, std::tuple{Shape{8192, 768}, Shape{768, 3072}, true},
+          std::tuple{Shape{768, 8192}, Shape{8192, 2304}, false}}) {
+      const std::string d = dump_of(a, b, false);
+      EXPECT_NE(d.find(wide ? "tile 128x256" : "tile 128x128"), std::string::npos) << d;
+    }
+    const std::string d = dump_of({64, 40}, {40, 64}, true);
+    EXPECT_NE(d.find("tile 128x128"), std::string::npos) << d;
   }
 }
 

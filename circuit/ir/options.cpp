@@ -44,7 +44,9 @@ constexpr std::array<Variable, 30> kVariables = {{
     {"KILN_MMA_STAGES",
      "cp.async stages of the mma.sync matmul kernel (bf16, tf32), 2-4 (default 2; wgmma: 3-4, default 4)"},
     {"KILN_WGMMA", "1: bf16 matmuls on sm_90a's wgmma (H100/H200 only; default 0, mma.sync)"},
-    {"KILN_MMA_TILE", "block tile of the mma.sync matmul kernel (bf16, tf32), 128x128 (default) or 128x256"},
+    {"KILN_MMA_TILE",
+     "block tile of the mma.sync matmul kernel (bf16, tf32), 128x128 (default), 128x256, or auto (128x256 where its "
+     "grid fills the SMs)"},
     {"KILN_MMA_SPLIT_K", "mma.sync matmuls (bf16, tf32) split K across blocks: 0 (default), auto, or 2-4"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
@@ -140,9 +142,10 @@ int mma_stages() {
 int mma_tile_n() {
   const std::string v = text("KILN_MMA_TILE");
   if (v.empty()) return 0;
+  if (v == "auto") return -1;
   if (v != "128x128" && v != "128x256")
-    throw Error("KILN_MMA_TILE: expected 128x128 or 128x256 (the bf16 matmul kernel's block tile), received '" + v +
-                "'");
+    throw Error("KILN_MMA_TILE: expected 128x128, 128x256 or auto (the bf16 matmul kernel's block tile), received '" +
+                v + "'");
   return v == "128x128" ? 128 : 256;
 }
 

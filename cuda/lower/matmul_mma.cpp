@@ -33,11 +33,12 @@ std::optional<MmaStage> stage_of(const Circuit& c, ValueId stored, const MatmulO
 
 }  // namespace
 
-MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input) {
+MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_256) {
   MmaTiling t;
   t.input = input;
   t.wgmma = input == MmaInput::bf16 && options::wgmma();
-  if (const int tn = options::mma_tile_n(); tn != 0) t.tn = tn;
+  if (const int tn = options::mma_tile_n(); tn > 0) t.tn = tn;
+  if (options::mma_tile_n() < 0) t.tn = blocks_256 >= kAssumedSms ? 256 : 128;
   if (const int stages = options::mma_stages(); stages != 0) t.stages = stages;
   if (t.wgmma) t.stages = options::mma_stages() == 0 ? 4 : std::max(t.stages, 3);
   const int64_t limit = t.wgmma ? kir::kMaxSharedBytesSm90a : kir::kMaxSharedBytes;

@@ -72,8 +72,10 @@ struct MmaTiling {
 // with the stages cut to what fits in kir::kMaxSharedBytes (128x256 tiles with both operands
 // staged [k][row]: 3 of 4). With KILN_WGMMA=1 and bf16 input: wgmma, 4 stages unless set (2 is
 // raised to 3: the pipeline keeps one step's products in flight while it refills the stage
-// before), within kir::kMaxSharedBytesSm90a.
-MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input);
+// before), within kir::kMaxSharedBytesSm90a. KILN_MMA_TILE=auto takes 128x256 tiles for a
+// product of `blocks_256` such blocks (batch included) where they fill kAssumedSms (one block an
+// SM: a wave), and 128x128 for smaller grids, which 128x256 would leave SMs idle in.
+MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_256);
 // The bytes of shared memory the kernel declares: its stages, and for wgmma 1024 more, so that
 // the stages can start at a 1024-byte boundary (the swizzle's atoms) whatever the window gives.
 int64_t mma_shared_bytes(const std::array<MmaStage, 2>& layout, const MmaTiling& tiling);

@@ -1,5 +1,5 @@
-// absorb_casts (absorb_casts.hpp): casts to bf16 of fused_rows outputs and fused_matmul
-// epilogues written by the op itself.
+// absorb_casts (absorb_casts.hpp): casts to bf16 of fused_rows outputs, fused_matmul epilogues
+// and attention outputs written by the op itself.
 #include "circuit/passes/absorb_casts.hpp"
 
 #include <algorithm>
@@ -38,87 +38,6 @@ struct Outputs {
   std::vector<bool> per_row, bf16;
   std::vector<int64_t> pad;
 };
-
-Circuit absorb_row_and_matmul_casts(const Circuit& c, std::vector<ValueId>& outputs);
-
-// A cast f32 -> bf16 that reads v, directly or through one reshape: the cast op's index, or -1.
-struct CastOf {
-  int32_t cast = -1, reshape = -1;
-};
-CastOf bf16_cast_of(const Circuit& c, ValueId v, const std::vector<std::vector<int32_t>>& readers) {
-  auto is_bf16_cast = [&](int32_t i) {
-    const Op& op = c.ops()[static_cast<size_t>(i)];
-    return op.is(PrimId::cast) && op.params.dtype == DType::bf16;
-  };
-  for (int32_t r : readers[static_cast<size_t>(v)]) {
-    if (is_bf16_cast(r)) return {r, -1};
-    const Op& op = c.ops()[static_cast<size_t>(r)];
-    if (op.is(PrimId::reshape))
-      for (int32_t rr : readers[static_cast<size_t>(op.outputs[0])])
-        if (is_bf16_cast(rr)) return {rr, r};
-  }
-  return {};
-}
-
-// The attention ops' part: an f32 attention (attention_grad) op each of whose main outputs (o;
-// the gradients) a cast to bf16 reads, directly or through a reshape, writes bf16 copies of them
-// (AttentionParams::bf16_copies), and each such cast becomes the copy (or the same reshape of
-// it). The f32 outputs stay: attention_grad reads o, the bias sum the gradient.
-Circuit absorb_attention_casts(const Circuit& c, std::vector<ValueId>& outputs) {
-  const std::vector<std::vector<int32_t>> readers = value_readers(c);
-  std::map<int32_t, std::vector<CastOf>> absorbing;  // attention op -> the cast of each main output
-  for (size_t i = 0; i < c.ops().size(); ++i) {
-    const Op& op = c.ops()[i];
-    if (!op.is(PrimId::attention) && !op.is(PrimId::attention_grad)) continue;
-    if (c.info(op.outputs[0]).dtype != DType::f32) continue;
-    if (AttentionParams::of(op).bf16_copies) continue;
-    const size_t main = op.is(PrimId::attention) ? 1 : op.outputs.size();
-    std::vector<CastOf> casts;
-    for (size_t o = 0; o < main; ++o) casts.push_back(bf16_cast_of(c, op.outputs[o], readers));
-    if (std::all_of(casts.begin(), casts.end(), [](const CastOf& k) { return k.cast >= 0; }))
-      absorbing[static_cast<int32_t>(i)] = casts;
-  }
-  if (absorbing.empty()) return c;
-  std::map<int32_t, std::pair<ValueId, int32_t>> copy_for_cast;  // cast op -> (its copy, the reshape or -1)
-  Rebuild r(c);
-  for (size_t i = 0; i < c.ops().size(); ++i) {
-    const Op& op = c.ops()[i];
-    if (auto it = absorbing.find(static_cast<int32_t>(i)); it != absorbing.end()) {
-      AttentionParams a = AttentionParams::of(op);
-      a.bf16_copies = true;
-      const std::vector<ValueId> outs = r.out().add_op(op.prim->id, a.to_params(), r.at(op.inputs), op.scope);
-      r.out().set_absorbed(r.out().ops().size() - 1, op.absorbed + static_cast<int>(it->second.size()));
-      r.out().set_phase(r.out().ops().size() - 1, op.phase);
-      for (size_t k = 0; k < op.outputs.size(); ++k) r.map(op.outputs[k], outs[k]);
-      for (size_t k = 0; k < it->second.size(); ++k)
-        copy_for_cast[it->second[k].cast] = {outs[op.outputs.size() + k], it->second[k].reshape};
-      continue;
-    }
-    if (auto it = copy_for_cast.find(static_cast<int32_t>(i)); it != copy_for_cast.end()) {
-      const auto [copy, reshape] = it->second;
-      if (reshape < 0) {
-        r.map(op.outputs[0], copy);
-      } else {
-        r.out().set_recording_phase(op.phase);
-        Builder b(r.out(), op.scope);
-        r.map(op.outputs[0], b.reshape(copy, c.info(op.outputs[0]).shape));
-      }
-      continue;
-    }
-    r.copy(op);
-  }
-  Circuit absorbed = r.finish(outputs);
-  return dce(absorbed, outputs);  // the reshapes only the casts read
-}
-
-}  // namespace
-
-Circuit absorb_casts(const Circuit& c, std::vector<ValueId>& outputs) {
-  Circuit rows_and_matmuls = absorb_row_and_matmul_casts(c, outputs);
-  return absorb_attention_casts(rows_and_matmuls, outputs);
-}
-
-namespace {
 
 Circuit absorb_row_and_matmul_casts(const Circuit& c, std::vector<ValueId>& outputs) {
   // Per producing op (index), the casts (indices) that read its outputs.
@@ -197,6 +116,81 @@ Circuit absorb_row_and_matmul_casts(const Circuit& c, std::vector<ValueId>& outp
   return contract_groups(c, groups, merge, outputs, "absorb_casts");
 }
 
+// A cast f32 -> bf16 that reads v, directly or through one reshape: the cast op's index, or -1.
+struct CastOf {
+  int32_t cast = -1, reshape = -1;
+};
+CastOf bf16_cast_of(const Circuit& c, ValueId v, const std::vector<std::vector<int32_t>>& readers) {
+  auto is_bf16_cast = [&](int32_t i) {
+    const Op& op = c.ops()[static_cast<size_t>(i)];
+    return op.is(PrimId::cast) && op.params.dtype == DType::bf16;
+  };
+  for (int32_t r : readers[static_cast<size_t>(v)]) {
+    if (is_bf16_cast(r)) return {r, -1};
+    const Op& op = c.ops()[static_cast<size_t>(r)];
+    if (op.is(PrimId::reshape))
+      for (int32_t rr : readers[static_cast<size_t>(op.outputs[0])])
+        if (is_bf16_cast(rr)) return {rr, r};
+  }
+  return {};
+}
+
+// The attention ops' part: an f32 attention (attention_grad) op each of whose main outputs (o;
+// the gradients) a cast to bf16 reads, directly or through a reshape, writes bf16 copies of them
+// (AttentionParams::bf16_copies), and each such cast becomes the copy (or the same reshape of
+// it). The f32 outputs stay: attention_grad reads o, the bias sum the gradient.
+Circuit absorb_attention_casts(const Circuit& c, std::vector<ValueId>& outputs) {
+  const std::vector<std::vector<int32_t>> readers = value_readers(c);
+  std::map<int32_t, std::vector<CastOf>> absorbing;  // attention op -> the cast of each main output
+  for (size_t i = 0; i < c.ops().size(); ++i) {
+    const Op& op = c.ops()[i];
+    if (!op.is(PrimId::attention) && !op.is(PrimId::attention_grad)) continue;
+    if (c.info(op.outputs[0]).dtype != DType::f32) continue;
+    if (AttentionParams::of(op).bf16_copies) continue;
+    const size_t main = op.is(PrimId::attention) ? 1 : op.outputs.size();
+    std::vector<CastOf> casts;
+    for (size_t o = 0; o < main; ++o) casts.push_back(bf16_cast_of(c, op.outputs[o], readers));
+    if (std::all_of(casts.begin(), casts.end(), [](const CastOf& k) { return k.cast >= 0; }))
+      absorbing[static_cast<int32_t>(i)] = casts;
+  }
+  if (absorbing.empty()) return c;
+  std::map<int32_t, std::pair<ValueId, int32_t>> copy_for_cast;  // cast op -> (its copy, the reshape or -1)
+  Rebuild r(c);
+  for (size_t i = 0; i < c.ops().size(); ++i) {
+    const Op& op = c.ops()[i];
+    if (auto it = absorbing.find(static_cast<int32_t>(i)); it != absorbing.end()) {
+      AttentionParams a = AttentionParams::of(op);
+      a.bf16_copies = true;
+      const std::vector<ValueId> outs = r.out().add_op(op.prim->id, a.to_params(), r.at(op.inputs), op.scope);
+      r.out().set_absorbed(r.out().ops().size() - 1, op.absorbed + static_cast<int>(it->second.size()));
+      r.out().set_phase(r.out().ops().size() - 1, op.phase);
+      for (size_t k = 0; k < op.outputs.size(); ++k) r.map(op.outputs[k], outs[k]);
+      for (size_t k = 0; k < it->second.size(); ++k)
+        copy_for_cast[it->second[k].cast] = {outs[op.outputs.size() + k], it->second[k].reshape};
+      continue;
+    }
+    if (auto it = copy_for_cast.find(static_cast<int32_t>(i)); it != copy_for_cast.end()) {
+      const auto [copy, reshape] = it->second;
+      if (reshape < 0) {
+        r.map(op.outputs[0], copy);
+      } else {
+        r.out().set_recording_phase(op.phase);
+        Builder b(r.out(), op.scope);
+        r.map(op.outputs[0], b.reshape(copy, c.info(op.outputs[0]).shape));
+      }
+      continue;
+    }
+    r.copy(op);
+  }
+  Circuit absorbed = r.finish(outputs);
+  return dce(absorbed, outputs);  // the reshapes only the casts read
+}
+
 }  // namespace
+
+Circuit absorb_casts(const Circuit& c, std::vector<ValueId>& outputs) {
+  Circuit rows_and_matmuls = absorb_row_and_matmul_casts(c, outputs);
+  return absorb_attention_casts(rows_and_matmuls, outputs);
+}
 
 }  // namespace kiln

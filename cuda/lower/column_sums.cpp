@@ -1,4 +1,6 @@
-// Lowering of column_sums (circuit/prims/column_sums.cpp): a thread per column walks the rows in
+// Lowering of column_sums (circuit/prims/column_sums.cpp). Rows of a multiple of 4 whose inputs
+// allow it take the quad kernel (lower_column_sums_quads, below: four columns a lane, 16-byte
+// loads, a block's warps on alternate rows). Otherwise a thread per column walks the rows in
 // order, evaluates every body at each element (each input read at its broadcast address) and
 // keeps one f32 accumulator per body. With many rows the rows are split into chunks across
 // blocks (grid: column tiles x chunks), each writing its partial sums, and the last block of a

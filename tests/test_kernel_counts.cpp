@@ -32,8 +32,9 @@ size_t launches_of(const Plan& plan) {
 // Launches of one realization of `part` for a GPT of `layers` blocks (tiny widths, no
 // dropout, gradient clipping at `clip` unless 0; with `guarded`, AdamW skips non-finite steps
 // as the Trainer's does): the largest plan it builds.
+// (With `stats`, also the plan's step statistics.)
 size_t launches(int64_t layers, Part part, double clip = 1.0, bool guarded = false,
-                Precision precision = Precision::f32) {
+                Precision precision = Precision::f32, StepStats* stats = nullptr) {
   ScopedPrecision policy(precision);
   models::GPTConfig cfg = testing::tiny_gpt_config(layers);
   cfg.dropout = 0;
@@ -56,6 +57,7 @@ size_t launches(int64_t layers, Part part, double clip = 1.0, bool guarded = fal
   engine.realize();
   const Plan* plan = engine.plan_cache().largest();
   const size_t n = plan ? launches_of(*plan) : 0;
+  if (stats && plan) *stats = measure_step(*plan);
   engine.plan_cache().set_gpu_target(false);
   return n;
 }
@@ -111,19 +113,41 @@ TEST(KernelCounts, Bf16MatmulOperandsAreWrittenByTheirProducers) {
   EXPECT_EQ(without_casts - all, 2u * 8u + 2u + 3u);
 }
 
+// --precision bf16: the c_fc bias gradient (the column sums of the MLP's GELU gradient, which
+// the c_proj input-gradient product makes) is summed by that product in 128-row blocks
+// (matmul_column_sums): the f32 GELU gradient (2 sequences x 8 tokens x 64 a layer here) is
+// neither written nor read back; a row of block sums a sequence (the product's batch) is, and
+// the launches stay.
+TEST(KernelCounts, Bf16BiasGradientsOfMatmulEpiloguesAreSummedByTheMatmul) {
+  StepStats with, without;
+  const size_t all = launches(2, Part::Step, 1.0, false, Precision::bf16, &with);
+  size_t off = 0;
+  {
+    testing::ScopedEnv disable("KILN_DISABLE_PASSES", "matmul_column_sums");
+    off = launches(2, Part::Step, 1.0, false, Precision::bf16, &without);
+  }
+  EXPECT_EQ(all, off);
+  const double per_layer = (16 - 2) * 64 * 4;  // tokens less the block sums' two rows, x hidden x f32
+  std::printf("2-layer bf16 step: %.0f bytes written (%.0f without matmul_column_sums), %.0f read (%.0f)\n",
+              with.bytes_written, without.bytes_written, with.bytes_read, without.bytes_read);
+  EXPECT_EQ(without.bytes_written - with.bytes_written, 2 * per_layer);
+  EXPECT_EQ(without.bytes_read - with.bytes_read, 2 * per_layer);
+}
+
 TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
   const size_t all = launches(1, Part::Step);
   std::map<std::string, size_t> without;
   std::string every_pass;
   // Every pass of the pipeline but cse (a GPT step records no duplicate work for it to find),
   // pad_bf16_rows (a layout pass: it adds a concat where it pads; an f32 step has no bf16 casts)
-  // and absorb_casts and absorb_padding (no bf16 casts or padding in an f32 step either; tested
-  // above in bf16).
+  // and absorb_casts, absorb_padding and matmul_column_sums (no bf16 casts, padding or stored
+  // epilogue summed in an f32 step either; tested above in bf16).
   for (const PassInfo& p : pipeline_passes()) {
     const std::string pass = p.name;
     if (pass == "cse") continue;
     every_pass += (every_pass.empty() ? "" : ",") + pass;
-    if (pass == "pad_bf16_rows" || pass == "absorb_casts" || pass == "absorb_padding") continue;
+    if (pass == "pad_bf16_rows" || pass == "absorb_casts" || pass == "absorb_padding" || pass == "matmul_column_sums")
+      continue;
     {
       testing::ScopedEnv off("KILN_DISABLE_PASSES", pass);
       without[pass] = launches(1, Part::Step);

@@ -11,6 +11,7 @@
 #include "circuit/passes/absorb_padding.hpp"
 #include "circuit/passes/cleanup.hpp"
 #include "circuit/passes/fusion.hpp"
+#include "circuit/passes/matmul_column_sums.hpp"
 #include "circuit/passes/pad_bf16_rows.hpp"
 
 namespace kiln {
@@ -20,7 +21,7 @@ namespace {
 Circuit forward_assigns(const Circuit& c, std::vector<ValueId>&) { return forward_assigned_values(c); }
 
 // In pipeline order. Switching cse off leaves dead-code elimination in its place.
-constexpr std::array<PassInfo, 12> kPasses = {{
+constexpr std::array<PassInfo, 13> kPasses = {{
     {"cse", false, "common-subexpression elimination (off: dead-code elimination only)", cse},
     {"simplify_row_indexing", false, "gathers by 0..R-1 read the table itself", simplify_row_indexing},
     {"forward_assigns", false, "readers of an assign read the assigned value", forward_assigns},
@@ -37,6 +38,9 @@ constexpr std::array<PassInfo, 12> kPasses = {{
      absorb_casts},
     {"absorb_padding", true, "zero columns concatenated after fused_rows outputs are written by the op (padded rows)",
      absorb_padding},
+    {"matmul_column_sums", true,
+     "column sums of a matmul epilogue become 128-row block sums the matmul writes (the epilogue not stored)",
+     matmul_column_sums},
     {"merge_multi_tensor", true, "per-parameter update work in one op (multi_tensor)", merge_multi_tensor},
 }};
 

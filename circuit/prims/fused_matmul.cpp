@@ -8,6 +8,8 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include <algorithm>
+
 #include "circuit/ir/bf16.hpp"
 #include "circuit/ir/prim.hpp"
 #include "circuit/prims/body_eval.hpp"
@@ -31,6 +33,13 @@ std::string view_text(const MatmulOperand& v) {
 }
 
 }  // namespace
+
+Shape FusedMatmul::block_sums_shape() const {
+  std::vector<int64_t> d = batch;
+  d.push_back((m + kBlockSumRows - 1) / kBlockSumRows);
+  d.push_back(n);
+  return Shape(d);
+}
 
 Shape FusedMatmul::logical() const {
   std::vector<int64_t> d = batch;
@@ -70,9 +79,9 @@ FusedMatmul FusedMatmul::plain(const Shape& a, const Shape& b, bool ta, bool tb)
 
 // ints: {nb, batch (nb), m, n, k, then per operand {offset, batch strides (nb), row, k},
 //        out rank, out shape, out batch strides (nb), out row, out col, extras,
-//        a_row_sums, then (with it) row sums rank and shape, then (where any epilogue is
-//        stored as bf16) a 0/1 flag per epilogue};
-// bodies: {a's prologue, b's prologue, epilogues...}.
+//        a_row_sums, block_sums, then (with a_row_sums) row sums rank and shape, then (where any
+//        epilogue is stored as bf16) a 0/1 flag per epilogue};
+// bodies: {a's prologue, b's prologue, epilogues..., (with block_sums) its body}.
 Params FusedMatmul::to_params(DType dtype) const {
   Params p;
   p.dtype = dtype;
@@ -88,7 +97,7 @@ Params FusedMatmul::to_params(DType dtype) const {
   v.push_back(out_shape.rank());
   v.insert(v.end(), out_shape.dims().begin(), out_shape.dims().end());
   v.insert(v.end(), out_batch.begin(), out_batch.end());
-  v.insert(v.end(), {out_row, out_col, extras, a_row_sums ? 1 : 0});
+  v.insert(v.end(), {out_row, out_col, extras, a_row_sums ? 1 : 0, block_sums ? 1 : 0});
   if (a_row_sums) {
     v.push_back(row_sums_shape.rank());
     v.insert(v.end(), row_sums_shape.dims().begin(), row_sums_shape.dims().end());
@@ -100,6 +109,7 @@ Params FusedMatmul::to_params(DType dtype) const {
     for (size_t r = 0; r < epilogues.size(); ++r) v.push_back(stored_bf16(r) ? 1 : 0);
   p.bodies = {a.prologue, b.prologue};
   p.bodies.insert(p.bodies.end(), epilogues.begin(), epilogues.end());
+  if (block_sums) p.bodies.push_back(block_sums_body);
   return p;
 }
 
@@ -122,8 +132,9 @@ FusedMatmul FusedMatmul::from_params(const Params& p) {
   if (out_rank < 0) throw Error("fused_matmul: malformed params");
   f.out_shape = Shape(take(v, at, static_cast<size_t>(out_rank)));
   f.out_batch = take(v, at, nb);
-  const std::vector<int64_t> tail = take(v, at, 4);
+  const std::vector<int64_t> tail = take(v, at, 5);
   f.out_row = tail[0], f.out_col = tail[1], f.extras = static_cast<int>(tail[2]), f.a_row_sums = tail[3] != 0;
+  f.block_sums = tail[4] != 0;
   if (f.a_row_sums) {
     const int64_t rank = take(v, at, 1)[0];
     if (rank < 0) throw Error("fused_matmul: malformed params");
@@ -131,7 +142,9 @@ FusedMatmul FusedMatmul::from_params(const Params& p) {
   }
   f.a.prologue = p.bodies[0];
   f.b.prologue = p.bodies[1];
-  f.epilogues.assign(p.bodies.begin() + 2, p.bodies.end());
+  if (f.block_sums && p.bodies.size() < 4) throw Error("fused_matmul: malformed params (no block sums body)");
+  f.epilogues.assign(p.bodies.begin() + 2, p.bodies.end() - (f.block_sums ? 1 : 0));
+  if (f.block_sums) f.block_sums_body = p.bodies.back();
   if (at < v.size())
     for (int64_t flag : take(v, at, f.epilogues.size())) {
       if (flag != 0 && flag != 1) throw Error("fused_matmul: malformed params (epilogue dtype flag)");
@@ -149,6 +162,9 @@ std::string FusedMatmul::describe() const {
   for (size_t r = 0; r < epilogues.size(); ++r)
     s += fmt::format(" out{}{}={{{}}}", r, stored_bf16(r) ? ":bf16" : "", epilogues[r].str());
   if (a_row_sums) s += fmt::format(" out{}=row sums of a {}", epilogues.size(), row_sums_shape.str());
+  if (block_sums)
+    s += fmt::format(" out{}=sums of {{{}}} over {} rows {}", epilogues.size(), block_sums_body.str(), kBlockSumRows,
+                     block_sums_shape().str());
   return s;
 }
 
@@ -235,8 +251,15 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
       ctx.fail(fmt::format("epilogue {} reads past in0 and the {} extra inputs", e.str(), f.extras));
   std::vector<ValueInfo> outs;
   for (size_t r = 0; r < f.epilogues.size(); ++r) {
-    if (f.stored_bf16(r) && p.dtype != DType::f32) ctx.fail(fmt::format("epilogue {} is stored as bf16, which needs an f32 op", r));
+    if (f.stored_bf16(r) && p.dtype != DType::f32)
+      ctx.fail(fmt::format("epilogue {} is stored as bf16, which needs an f32 op", r));
     outs.push_back(ValueInfo{f.out_shape, f.stored_bf16(r) ? DType::bf16 : p.dtype});
+  }
+  if (f.block_sums) {
+    if (f.a_row_sums) ctx.fail("takes row sums of a or block sums, not both");
+    if (f.block_sums_body.num_inputs() > 1 + f.extras)
+      ctx.fail(
+          fmt::format("block sums body {} reads past in0 and the {} extra inputs", f.block_sums_body.str(), f.extras));
   }
   if (f.a_row_sums) {
     const int64_t want = Shape(f.batch).numel() * f.m;
@@ -244,6 +267,7 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
       ctx.fail(fmt::format("row sums of a {} must have batch x m = {} elements", f.row_sums_shape.str(), want));
     outs.push_back(ValueInfo{f.row_sums_shape, p.dtype});
   }
+  if (f.block_sums) outs.push_back(ValueInfo{f.block_sums_shape(), p.dtype});
   return outs;
 }
 
@@ -332,6 +356,20 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
       HostTensor sums = bufs.output(f.epilogues.size());
       Eigen::Map<const RowMat<T>> A(a.data<T>(), Shape(f.batch).numel() * f.m, f.k);
       Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>(sums.data<T>(), A.rows()) = A.rowwise().sum();
+      outs.push_back(std::move(sums));
+    }
+    if (f.block_sums) {  // the body over the logical domain, then each column's 128-row blocks
+      HostTensor value = bufs.scratch(op.params.dtype, logical);
+      ref::run_all(ref::BodyRunner<T>(f.block_sums_body, body_inputs, logical), value.data<T>(), logical.numel());
+      HostTensor sums = bufs.output(f.epilogues.size());
+      const int64_t blocks = f.block_sums_shape()[f.block_sums_shape().rank() - 2];
+      const T* src = value.data<T>();
+      T* dst = sums.data<T>();
+      std::fill(dst, dst + sums.numel(), T(0));
+      for (int64_t e = 0; e < entries; ++e)
+        for (int64_t row = 0; row < f.m; ++row)
+          for (int64_t j = 0; j < f.n; ++j)
+            dst[(e * blocks + row / FusedMatmul::kBlockSumRows) * f.n + j] += src[(e * f.m + row) * f.n + j];
       outs.push_back(std::move(sums));
     }
   });

@@ -16,6 +16,11 @@
 // With `a_row_sums`, one more output (last, shape `row_sums_shape`, batch * m elements in
 // (batch..., m) order) holds sum over k of prologue(A(batch, m, k)): a linear layer's bias
 // gradient, which is the row sum of the weight-gradient product's A operand (dY^T).
+// With `block_sums` (not with a_row_sums), one more output (last) of shape (batch..., ceil(m /
+// kBlockSumRows), n) holds at (batch, i, j) the sum over rows m in [kBlockSumRows i, kBlockSumRows
+// (i + 1)) of block_sums_body at (batch, m, j), read as the epilogues are: a bias gradient (the
+// column sums of an epilogue) summed where the product is made, 128 rows at a time, so that the
+// epilogue itself need not be stored (matmul_column_sums).
 #pragma once
 
 #include <string>
@@ -47,6 +52,10 @@ struct FusedMatmul {
   int64_t out_row = 0, out_col = 0;
   bool a_row_sums = false;
   Shape row_sums_shape;
+  bool block_sums = false;
+  ScalarExp block_sums_body = se::in(0);
+  static constexpr int64_t kBlockSumRows = 128;
+  Shape block_sums_shape() const;  // (batch..., ceil(m / kBlockSumRows), n)
 
   Shape logical() const;  // (batch..., m, n)
   // The program of matmul(a, b, ta, tb) on inputs of these shapes (shapes already checked).

@@ -78,8 +78,10 @@ bool forced_tf32 = false;
 
 // bf16 operands take the tensor cores whenever the tiles are large, whatever KILN_ALLOW_TF32 says:
 // a bf16 value is a tf32 value, so the tf32 mma multiplies them exactly (as a bf16 mma would).
-Tiling choose_tiling(int64_t m, int64_t n, int64_t batch, bool bf16_operands) {
+// Block sums (FusedMatmul::block_sums, 128-row blocks) take 128-row tiles whatever the grid.
+Tiling choose_tiling(int64_t m, int64_t n, int64_t batch, bool bf16_operands, bool block_sums) {
   const bool tf32 = forced_tf32 || options::allow_tf32() || bf16_operands;
+  if (block_sums) return tf32 ? kTf32Tile : kLargeTile;
   const int forced = forced_tile != 0 ? forced_tile : options::matmul_tile();
   if (forced != 0) return forced == 128 ? (tf32 ? kTf32Tile : kLargeTile) : kSmallTile;
   const int64_t large_blocks = (m + 127) / 128 * ((n + 127) / 128) * batch;
@@ -269,8 +271,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                             ? choose_mma_tiling(*mma_stages, mma_input, (M + 127) / 128 * ((N + 255) / 256) * batch)
                             : MmaTiling{};
   // The mma tiles' accumulators: pm x pn = 128 x tn / 256 a thread, as 4 x tn / 32 products of 16x8.
-  const Tiling tile =
-      cp_async_mma ? Tiling{128, mma.tn, 8, mma.tn / 16, true, 8} : choose_tiling(M, N, batch, bf16_values);
+  const Tiling tile = cp_async_mma ? Tiling{128, mma.tn, 8, mma.tn / 16, true, 8}
+                                   : choose_tiling(M, N, batch, bf16_values, f.block_sums);
   const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
   // Split-K: `splits` blocks per output tile (grid z = batch x splits), block s over k in
   // [s k_split, min((s + 1) k_split, K)) with k_split a whole number of steps; each writes its
@@ -295,8 +297,10 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   Reg pa = b.param("a", Type::u64), pb = b.param("b", Type::u64);
   // Extra inputs the epilogues read; each one's strides against the logical domain.
   std::vector<int> read_extras;
+  std::vector<ScalarExp> bodies = f.epilogues;  // every body the kernel evaluates
+  if (f.block_sums) bodies.push_back(f.block_sums_body);
   for (int j = 0; j < f.extras; ++j)
-    for (const ScalarExp& e : f.epilogues)
+    for (const ScalarExp& e : bodies)
       if (e.depends_on(1 + j)) {
         read_extras.push_back(j);
         break;
@@ -306,6 +310,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   std::vector<Reg> p_out;
   for (size_t r = 0; r < f.epilogues.size(); ++r) p_out.push_back(b.param("c" + std::to_string(r), Type::u64));
   Reg p_sums = f.a_row_sums ? b.param("row_sums", Type::u64) : Reg{};
+  Reg p_block_sums = f.block_sums ? b.param("block_sums", Type::u64) : Reg{};
   Reg p_partials = splits > 1 ? b.param("partials", Type::u64) : Reg{};
   Reg p_counters = splits > 1 ? b.param("tile_counters", Type::u64) : Reg{};
 
@@ -476,8 +481,15 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       b.bar();
     });
   }
-  // Epilogue: per element in bounds, the extras at its logical coordinates, then each output.
-  auto store_element = [&](Reg value, Reg row, Reg col) {
+  // The block sums body's value from the epilogues' values (the same body: not evaluated twice).
+  auto block_sum_value = [&](const std::vector<Reg>& values, const std::vector<Reg>& inputs) {
+    for (size_t r = 0; r < f.epilogues.size(); ++r)
+      if (f.epilogues[r] == f.block_sums_body) return values[r];
+    return emit_scalar_exp(b, f.block_sums_body, inputs);
+  };
+  // Epilogue: per element in bounds, the extras at its logical coordinates, then each output;
+  // with block sums the element's block sums body is added to `partial`.
+  auto store_element = [&](Reg value, Reg row, Reg col, Reg partial) {
     Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
     b.if_(ok, [&] {
       std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras), value);
@@ -489,10 +501,13 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       }
       Reg at = scaled_add(b, it, row, f.out_row, out_off);
       at = scaled_add(b, it, col, f.out_col, at);
+      std::vector<Reg> values;
       for (size_t r = 0; r < f.epilogues.size(); ++r) {
-        Reg v = f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
-        store_from_f32(b, f.stored_bf16(r) ? DType::bf16 : DType::f32, p_out[r], at, v);  // bf16: as a cast rounds
+        values.push_back(f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs));
+        store_from_f32(b, f.stored_bf16(r) ? DType::bf16 : DType::f32, p_out[r], at,
+                       values.back());  // bf16: as a cast rounds
       }
+      if (f.block_sums) b.assign(kir::Opc::Add, partial, {partial, block_sum_value(values, inputs)});
     });
   };
   // Tensor-core tiles: acc[(mi * n_tiles + ni) * 4 + i] sits at row row0 + mi * 16 + 8 (i / 2),
@@ -511,10 +526,50 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
              b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
   };
   auto out_bytes = [&](size_t r) { return f.stored_bf16(r) ? 2 : 4; };  // output r's element
+  // Block sums: the thread's partial sums of its columns over its rows, added in the epilogue
+  // (tensor-core tiles: per n-tile and column of the pair, acc's index e at (e / 4 % n_tiles) * 2
+  // + e % 2; FFMA tiles: its pn columns).
+  std::vector<Reg> partials;
+  if (f.block_sums)
+    for (int i = 0; i < (tile.tf32 ? 2 * n_tiles : tile.pn); ++i) partials.push_back(b.mov(Type::f32, imm_f32(0.0f)));
+  auto partial_of_acc = [&](size_t e) {
+    return f.block_sums ? partials[(e / 4 % static_cast<size_t>(n_tiles)) * 2 + e % 2] : Reg{};
+  };
+  // Adds the block's partial sums through shared memory (the stages or tiles, free once every
+  // warp is past the main loop): `writes` (value, column in the tile) of the threads `writer`
+  // picks (all where invalid) go to row `slot` of `slots` rows of tn floats; then thread t < tn
+  // adds column t's rows in order and stores block (batch, ctaid.y)'s sum of column n0 + t.
+  auto store_block_sums = [&](int64_t slots, Reg slot, const std::vector<std::pair<Reg, Reg>>& writes, Reg writer) {
+    b.bar();
+    auto write = [&] {
+      for (const std::pair<Reg, Reg>& w : writes)
+        b.st(
+            Space::shared, Type::f32,
+            b.mad(Type::u32, b.mad(Type::u32, slot, imm_u32(static_cast<uint32_t>(tile.tn)), w.second), imm_u32(4), as),
+            w.first);
+    };
+    if (writer.valid())
+      b.if_(writer, write);
+    else
+      write();
+    b.bar();
+    Reg column = b.add(it, n0, widen(tid));
+    b.if_(b.and_(Type::pred, b.setp(Cmp::lt, tid, imm_u32(static_cast<uint32_t>(tile.tn))),
+                 b.setp(Cmp::lt, column, imm_index(it, N))),
+          [&] {
+            Reg at = b.mad(Type::u32, tid, imm_u32(4), as);
+            Reg total = b.ld(Space::shared, Type::f32, at);
+            for (int64_t sl = 1; sl < slots; ++sl)
+              b.assign(kir::Opc::Add, total, {total, b.ld(Space::shared, Type::f32, at, sl * tile.tn * 4)});
+            Reg block = b.mad(it, z, imm_index(it, (M + tile.tm - 1) / tile.tm), widen(b.sreg(SReg::ctaid_y)));
+            b.st(Space::global, Type::f32, b.address(p_block_sums, b.mad(it, block, imm_index(it, N), column), 4),
+                 total);
+          });
+  };
   auto epilogue = [&] {
     if (tile.tf32) {
       auto store_checked = [&] {
-        for_each_accumulator([&](size_t e, Reg row, Reg col) { store_element(acc[e], row, col); });
+        for_each_accumulator([&](size_t e, Reg row, Reg col) { store_element(acc[e], row, col, partial_of_acc(e)); });
       };
       // Blocks wholly inside c (all but the last row and column of tiles) store without bounds
       // checks: each output and extra is addressed once, every element at an immediate byte offset
@@ -564,9 +619,16 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                   if (fresh) slot->second = b.ld(Space::global, Type::f32, extra_addr[static_cast<size_t>(x)], at);
                   inputs[static_cast<size_t>(1 + x)] = slot->second;
                 }
-                for (size_t r = 0; r < f.epilogues.size(); ++r)
+                std::vector<Reg> of_j;
+                for (size_t r = 0; r < f.epilogues.size(); ++r) {
                   values[r][static_cast<size_t>(j)] =
                       f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
+                  of_j.push_back(values[r][static_cast<size_t>(j)]);
+                }
+                if (f.block_sums) {
+                  Reg& partial = partials[static_cast<size_t>(ni * 2 + j)];
+                  b.assign(kir::Opc::Add, partial, {partial, block_sum_value(of_j, inputs)});
+                }
               }
               for (size_t r = 0; r < f.epilogues.size(); ++r) {
                 const int64_t e = out_bytes(r), at = e * (dr * f.out_row + ni * 8 * f.out_col);
@@ -601,7 +663,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       for (int i = 0; i < tile.pm; ++i)
         for (int j = 0; j < tile.pn; ++j)
           store_element(acc[static_cast<size_t>(i * tile.pn + j)], b.add(it, row0, imm_index(it, thread_offset(i))),
-                        b.add(it, col0, imm_index(it, thread_offset(j))));
+                        b.add(it, col0, imm_index(it, thread_offset(j))),
+                        f.block_sums ? partials[static_cast<size_t>(j)] : Reg{});
     }
   };
   if (splits > 1) {
@@ -621,6 +684,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     after_last_block(b, b.address(p_counters, tile_index, 4), static_cast<uint32_t>(splits), [&] {
       Reg first = b.address(p_partials, b.mul(it, z, imm_index(it, splits * M * N)), 4);
       const int64_t tile_elements = int64_t{tile.tm} * tile.tn;
+      // Thread t walks column t % tn (tn divides the block's threads): one partial sum.
+      Reg split_partial = f.block_sums ? b.mov(Type::f32, imm_f32(0.0f)) : Reg{};
       b.for_(widen(tid), imm_index(it, tile_elements), imm_index(it, kThreads), [&](Reg e) {
         Reg row = b.add(it, m0, b.div(it, e, imm_index(it, tile.tn)));
         Reg col = b.add(it, n0, b.rem(it, e, imm_index(it, tile.tn)));
@@ -632,11 +697,40 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
               guarded_load(b, Type::f32, b.address(first, b.add(it, at, imm_index(it, sp * M * N)), 4), 1, ok)[0]);
         Reg total = b.mov(Type::f32, parts[0]);
         for (size_t sp = 1; sp < parts.size(); ++sp) b.assign(kir::Opc::Add, total, {total, parts[sp]});
-        store_element(total, row, col);
+        store_element(total, row, col, split_partial);
       });
+      if (f.block_sums) {
+        const auto tn = static_cast<uint32_t>(tile.tn);
+        store_block_sums(kThreads / tile.tn, b.div(Type::u32, tid, imm_u32(tn)),
+                         {{split_partial, b.rem(Type::u32, tid, imm_u32(tn))}}, Reg{});
+      }
     });
   } else {
     epilogue();
+    if (f.block_sums && tile.tf32) {
+      // Lanes g = lane / 4 hold rows g and g + 8 of the same columns: the warp's sums over g
+      // (xor 4, 8, 16) in lanes 0-3, one row of sums a warp (wgmma: a warp of 16 rows of every
+      // column) or a warp row of 64 (mma.sync: warps 64 rows apart hold the same columns).
+      for (Reg& p : partials)
+        for (uint32_t off : {4u, 8u, 16u})
+          b.assign(kir::Opc::Add, p, {p, b.shfl(kir::ShflMode::bfly, p, imm_u32(off))});
+      std::vector<std::pair<Reg, Reg>> writes;
+      for (int ni = 0; ni < n_tiles; ++ni)
+        for (int j = 0; j < 2; ++j)
+          writes.emplace_back(partials[static_cast<size_t>(ni * 2 + j)],
+                              b.add(Type::u32, b.add(Type::u32, warp_n, b.shl(Type::u32, q, imm_u32(1))),
+                                    imm_u32(static_cast<uint32_t>(8 * ni + j))));
+      const bool per_warp = mma.wgmma;
+      store_block_sums(per_warp ? kThreads / 32 : tile.tm / kWarpTileM,
+                       per_warp ? b.shr(Type::u32, tid, imm_u32(5)) : b.div(Type::u32, warp_m, imm_u32(kWarpTileM)),
+                       writes, b.setp(Cmp::eq, g, imm_u32(0)));
+    } else if (f.block_sums) {  // FFMA tiles: thread (tx, ty)'s columns tx * 4 + thread_offset(j), a row per ty
+      std::vector<std::pair<Reg, Reg>> writes;
+      for (int j = 0; j < tile.pn; ++j)
+        writes.emplace_back(partials[static_cast<size_t>(j)], b.add(Type::u32, b.mul(Type::u32, tx, imm_u32(kQuadrant)),
+                                                                    imm_u32(static_cast<uint32_t>(thread_offset(j)))));
+      store_block_sums(kThreads / (tile.tn / tile.pn), ty, writes, Reg{});
+    }
   }
   if (f.a_row_sums) {
     Reg row = b.add(it, m0, widen(tid));
@@ -648,7 +742,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   std::vector<ArgRef> args{{ArgRef::Kind::Input, 0}, {ArgRef::Kind::Input, 1}};
   for (int j : read_extras) args.push_back({ArgRef::Kind::Input, 2 + j});
   for (size_t r = 0; r < f.epilogues.size(); ++r) args.push_back({ArgRef::Kind::Output, static_cast<int>(r)});
-  if (f.a_row_sums) args.push_back({ArgRef::Kind::Output, static_cast<int>(f.epilogues.size())});
+  if (f.a_row_sums || f.block_sums) args.push_back({ArgRef::Kind::Output, static_cast<int>(f.epilogues.size())});
   LoweredOp lo;
   if (splits > 1) {
     args.push_back({ArgRef::Kind::Scratch, 0});
@@ -689,6 +783,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                                 launch_text(lo.launches.back()))
                   : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs{}, {}", op.prim->name, tile.tm, tile.tn,
                                 kTileK, kThreads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));
+  if (f.block_sums) lo.summary += ", with the 128-row block sums of an epilogue";
   return lo;
 }
 

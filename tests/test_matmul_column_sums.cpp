@@ -2,11 +2,12 @@
 // bias gradient (the column sums of an epilogue, dY = (x w) * gelu_grad(pre)) that a matmul also
 // reads (as bf16) becomes 128-row block sums the matmul kernel writes, the f32 epilogue no longer
 // stored. The optimized circuit against the recorded one on the Eigen executor (the block sums'
-// reference) and in the simulator, over 300 rows (two whole blocks and a partial one) or 128 and
-// 200 columns (a partial column tile), on each kernel the product can take: bf16 mma.sync in both
-// tilings, wgmma in both, split-K (the last block's epilogue); f32 on the FFMA tiles and the tf32
-// kernel. The sums' order differs from the column sums': f32 tolerances. Every kernel passes
-// ptxas.
+// reference) and in the simulator, over 300 rows (two whole blocks and a partial one; or a batch
+// of 2 x 150) or 128, and 200 columns (a partial column tile), on each kernel the product can
+// take: bf16 mma.sync in both tilings, wgmma in both, split-K on either (the last block's
+// epilogue); f32 on the FFMA tiles and on both tf32 kernels, against an f64 sum of each block.
+// The sums' order differs from the column sums': f32 tolerances. Every kernel passes ptxas. An
+// epilogue that is its op's only one is kept.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,19 +30,27 @@ struct Case {
   std::vector<HostTensor> bindings;
 };
 
-// dy = (x w) * gelu_grad(pre) over (rows, 200); outputs: dy's column sums, and dy w2 (bf16
-// operands when `bf16`, f32 otherwise).
-Case bias_gradient(int64_t rows, int64_t k, bool bf16) {
+// dy = (x w) * gelu_grad(pre) over (rows, 200), or (2, rows / 2, 200) with `batched` (the
+// matmul's batch: z); outputs: dy's column sums (over dy seen as rows of 200, as a linear
+// layer's bias gradient is recorded), and dy w2 (bf16 operands when `bf16`, f32 otherwise).
+Case bias_gradient(int64_t rows, int64_t k, bool bf16, bool batched = false) {
   Case c;
   Circuit& g = c.circuit;
-  const ValueId x = g.add_external({Shape{rows, k}, DType::f32}, ValueRole::Input, "x");
+  const Shape lead = batched ? Shape{2, rows / 2} : Shape{rows};
+  auto with_last = [&](int64_t n) {
+    std::vector<int64_t> d = lead.dims();
+    d.push_back(n);
+    return Shape(d);
+  };
+  const ValueId x = g.add_external({with_last(k), DType::f32}, ValueRole::Input, "x");
   const ValueId w = g.add_external({Shape{k, 200}, DType::f32}, ValueRole::Input, "w");
-  const ValueId pre = g.add_external({Shape{rows, 200}, DType::f32}, ValueRole::Input, "pre");
+  const ValueId pre = g.add_external({with_last(200), DType::f32}, ValueRole::Input, "pre");
   const ValueId w2 = g.add_external({Shape{200, 24}, DType::f32}, ValueRole::Input, "w2");
   Builder b(g, "test");
   auto operand = [&](ValueId v) { return bf16 ? b.cast(v, DType::bf16) : v; };
   const ValueId dy = b.pointwise(se::in(0) * se::gelu_grad(se::in(1)), {b.matmul(operand(x), operand(w)), pre});
-  c.outputs = {b.reduce(ReduceKind::Sum, dy, 0), b.matmul(operand(dy), operand(w2))};
+  c.outputs = {b.reduce(ReduceKind::Sum, batched ? b.reshape(dy, Shape{rows, 200}) : dy, 0),
+               b.matmul(operand(dy), operand(w2))};
   for (const ValueId v : {x, w, pre, w2})
     c.bindings.push_back(testing::random_tensor({g.info(v).shape, DType::f32}, 40 + static_cast<uint64_t>(v)));
   return c;
@@ -64,18 +73,21 @@ TEST(MatmulColumnSums, ABiasGradientIsSummedByTheMatmulThatMakesIt) {
     bool bf16;
     int64_t rows, k;
     const char *tile, *wgmma, *split, *kernel;
+    bool batched = false;
   };
   const Setting settings[] = {
       {"bf16 mma.sync 128x128", true, 300, 64, "128x128", "0", "0", "mma.sync bf16"},
       {"bf16 mma.sync 128x256", true, 128, 64, "128x256", "0", "0", "mma.sync bf16"},
+      {"bf16 mma.sync, batch 2 x 150 rows", true, 300, 64, "128x128", "0", "0", "mma.sync bf16", true},
       {"bf16 wgmma 128x256", true, 300, 64, "128x256", "1", "0", "wgmma m64n256"},
       {"bf16 wgmma 128x128", true, 300, 64, "128x128", "1", "0", "wgmma m64n128"},
+      {"bf16 wgmma split 2", true, 300, 256, "128x128", "1", "2", "K split 2 ways"},
       {"bf16 mma.sync split 2", true, 300, 256, "128x128", "0", "2", "K split 2 ways"},
   };
   for (const Setting& s : settings) {
     SCOPED_TRACE(s.name);
     testing::ScopedEnv tile("KILN_MMA_TILE", s.tile), wgmma("KILN_WGMMA", s.wgmma), split("KILN_MMA_SPLIT_K", s.split);
-    Case k = bias_gradient(s.rows, s.k, s.bf16);
+    Case k = bias_gradient(s.rows, s.k, s.bf16, s.batched);
     const std::vector<HostTensor> want = execute(k.circuit, k.bindings, k.outputs);
     std::vector<ValueId> outs = k.outputs;
     const Circuit planned = optimize(k.circuit, outs, {.gpu = true});
@@ -98,13 +110,15 @@ TEST(MatmulColumnSums, ABiasGradientIsSummedByTheMatmulThatMakesIt) {
 
 // The f32 kernels' block sums (an f32 step sums its bias gradients as row sums of the weight
 // gradient's operand instead; these ops are built directly): the FFMA tiles (128x128 taken for
-// block sums whatever the grid: 64x64 otherwise here) and the tf32 cp.async kernel, with and
-// without the summed epilogue also stored.
+// block sums whatever the grid: 64x64 otherwise here), the tf32 cp.async kernel, and the tf32
+// kernel that stages tiles through registers (an operand with a prologue), with and without the
+// summed epilogue also stored.
 TEST(MatmulColumnSums, BlockSumsOnTheF32Kernels) {
-  for (const char* tf32 : {"0", "1"})
+  for (const char* tf32 : {"0", "1", "prologue"})
     for (const bool stored : {false, true}) {
       SCOPED_TRACE(std::string("KILN_ALLOW_TF32=") + tf32 + (stored ? ", the epilogue stored too" : ""));
-      testing::ScopedEnv allow("KILN_ALLOW_TF32", tf32);
+      const bool prologue = tf32 == std::string("prologue");
+      testing::ScopedEnv allow("KILN_ALLOW_TF32", prologue ? "1" : tf32);
       Circuit c;
       const ValueId x = c.add_external({Shape{300, 64}, DType::f32}, ValueRole::Input, "x");
       const ValueId w = c.add_external({Shape{64, 200}, DType::f32}, ValueRole::Input, "w");
@@ -114,21 +128,22 @@ TEST(MatmulColumnSums, BlockSumsOnTheF32Kernels) {
       f.block_sums = true;
       f.block_sums_body = se::in(0) * se::gelu_grad(se::in(1));
       f.epilogues = {stored ? f.block_sums_body : se::in(0) + se::in(1)};
+      if (prologue) f.a.prologue = se::in(0) * se::c(0.5);
       const std::vector<ValueId> outs = c.add_op(PrimId::fused_matmul, f.to_params(DType::f32), {x, w, pre});
       std::vector<HostTensor> bindings;
       for (const ValueId v : {x, w, pre})
         bindings.push_back(testing::random_tensor({c.info(v).shape, DType::f32}, 20 + static_cast<uint64_t>(v)));
       const std::vector<HostTensor> cpu = execute(c, bindings, outs);
       cuda::DeviceProgram dp(c, outs, testing::fake_runtime());
-      EXPECT_NE(
-          dp.dump().find(tf32 == std::string("1") ? "fragments rounded to tf32" : "tile 128x128x16, 256 threads x 8x8"),
-          std::string::npos)
-          << dp.dump();
+      const char* kernel = prologue                   ? "mma.sync tf32 on warp tiles"
+                           : tf32 == std::string("1") ? "fragments rounded to tf32"
+                                                      : "tile 128x128x16, 256 threads x 8x8";
+      EXPECT_NE(dp.dump().find(kernel), std::string::npos) << dp.dump();
       std::vector<const kir::Kernel*> kernels;
       for (const auto& kl : dp.kernels()) kernels.push_back(kl.launch->kernel.get());
       testing::expect_ptxas_accepts(kernels);
       const std::vector<HostTensor> dev = dp.run(bindings);
-      const double tolerance = tf32 == std::string("1") ? 1e-3 : 1e-5;  // tf32's operand rounding
+      const double tolerance = tf32 == std::string("0") ? 1e-5 : 1e-3;  // tf32's operand rounding
       for (size_t o = 0; o < cpu.size(); ++o) EXPECT_LT(testing::relative_error(dev[o], cpu[o]), tolerance) << o;
       // The reference's block sums: each 128-row block's column sums of the body, from f64.
       double worst = 0;
@@ -137,7 +152,8 @@ TEST(MatmulColumnSums, BlockSumsOnTheF32Kernels) {
           double sum = 0, magnitude = 0;
           for (int64_t r = 128 * blk; r < std::min<int64_t>(300, 128 * (blk + 1)); ++r) {
             double acc = 0;
-            for (int64_t k = 0; k < 64; ++k) acc += bindings[0].get(r * 64 + k) * bindings[1].get(k * 200 + j);
+            for (int64_t k = 0; k < 64; ++k)
+              acc += bindings[0].get(r * 64 + k) * (prologue ? 0.5 : 1.0) * bindings[1].get(k * 200 + j);
             const double v = acc * se::gelu_grad(se::in(0)).eval(std::vector<double>{bindings[2].get(r * 200 + j)});
             sum += v;
             magnitude += std::abs(v);
@@ -146,6 +162,27 @@ TEST(MatmulColumnSums, BlockSumsOnTheF32Kernels) {
         }
       EXPECT_LT(worst, 1e-5);
     }
+}
+
+// The summed epilogue as the matmul's only one (a product's column sums and nothing else: the
+// bias gradient of a layer whose dY a matmul makes and nothing else reads): it stays (an op has
+// one epilogue at least), and the sums are the matmul's.
+TEST(MatmulColumnSums, AnOnlyEpilogueIsKept) {
+  Case k;
+  const ValueId x = k.circuit.add_external({Shape{64, 300}, DType::f32}, ValueRole::Input, "x");
+  const ValueId w = k.circuit.add_external({Shape{64, 200}, DType::f32}, ValueRole::Input, "w");
+  Builder b(k.circuit, "test");
+  // x read through a transpose (a view fuse_matmul folds: a fused_matmul whose one epilogue is in0).
+  const ValueId xt = b.permute(b.cast(x, DType::bf16), {1, 0});
+  k.outputs = {b.reduce(ReduceKind::Sum, b.matmul(xt, b.cast(w, DType::bf16)), 0)};
+  for (const ValueId v : {x, w})
+    k.bindings.push_back(testing::random_tensor({k.circuit.info(v).shape, DType::f32}, 60 + static_cast<uint64_t>(v)));
+  const std::vector<HostTensor> want = execute(k.circuit, k.bindings, k.outputs);
+  std::vector<ValueId> outs = k.outputs;
+  const Circuit planned = optimize(k.circuit, outs, {.gpu = true});
+  EXPECT_EQ(block_summing(planned), std::make_pair(size_t{1}, size_t{2})) << planned.dump("planned");
+  cuda::DeviceProgram dp(planned, outs, testing::fake_runtime());
+  EXPECT_LT(testing::relative_error(dp.run(k.bindings)[0], want[0]), 1e-5);
 }
 
 TEST(MatmulColumnSums, TheSwitchKeepsTheColumnSumsOfTheStoredEpilogue) {

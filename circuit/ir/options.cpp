@@ -45,8 +45,8 @@ constexpr std::array<Variable, 30> kVariables = {{
      "cp.async stages of the mma.sync matmul kernel (bf16, tf32), 2-4 (default 2; wgmma: 3-4, default 4)"},
     {"KILN_WGMMA", "1: bf16 matmuls on sm_90a's wgmma (H100/H200 only; default 0, mma.sync)"},
     {"KILN_MMA_TILE",
-     "block tile of the mma.sync matmul kernel (bf16, tf32), 128x128 (default), 128x256, or auto (128x256 where its "
-     "grid fills the SMs)"},
+     "block tile of the tensor-core matmul kernel (mma.sync bf16 and tf32, wgmma), 128x128 (default), 128x256, or "
+     "auto (128x256 where its grid fills the SMs)"},
     {"KILN_MMA_SPLIT_K", "mma.sync matmuls (bf16, tf32) split K across blocks: 0 (default), auto, or 2-4"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},

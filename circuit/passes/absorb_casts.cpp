@@ -108,7 +108,7 @@ Circuit absorb_row_and_matmul_casts(const Circuit& c, std::vector<ValueId>& outp
     } else {
       fm.epilogues = now.bodies;
       fm.epilogue_bf16 = now.bf16;
-      if (fm.a_row_sums) m.replaces.push_back(producer.outputs.back());  // after the epilogues, as before
+      if (fm.a_row_sums || fm.block_sums) m.replaces.push_back(producer.outputs.back());  // after the epilogues
       m.params = fm.to_params(producer.params.dtype);
     }
     return m;

@@ -64,7 +64,9 @@ Circuit matmul_column_sums(const Circuit& c, std::vector<ValueId>& outputs) {
       FusedMatmul f = FusedMatmul::from_params(op.params);
       f.block_sums = true;
       f.block_sums_body = f.epilogues[e];
-      const bool keep = requested[static_cast<size_t>(x)] || readers[static_cast<size_t>(x)].size() > 1;
+      // Dropped where nothing else reads it, unless it is the only epilogue (an op has one).
+      const bool keep =
+          requested[static_cast<size_t>(x)] || readers[static_cast<size_t>(x)].size() > 1 || f.epilogues.size() == 1;
       std::vector<ValueId> kept = op.outputs;  // the old outputs the new op's outputs stand for, in order
       if (!keep) {
         f.epilogues.erase(f.epilogues.begin() + static_cast<std::ptrdiff_t>(e));

@@ -12,11 +12,12 @@
 
 namespace kiln {
 
-// Each column_sums of one plain sum (body in0) over an f32 fused_matmul epilogue stored in the
+// A column_sums of one plain sum (body in0) over an f32 fused_matmul epilogue stored in the
 // logical layout (batch..., m, n) becomes the column sums of the matmul's block sums of that
-// epilogue's body; the epilogue's output is dropped where nothing else reads it (and it is not
-// requested). The sums are the same up to the order of the additions. Run after fuse_columns,
-// fuse_matmul and absorb_casts (which moves the matmul operands' reads to the bf16 copies).
+// epilogue's body (the first such column_sums of each matmul); the epilogue's output is dropped
+// where nothing else reads it, it is not requested and it is not the op's only epilogue. The sums are the same up to
+// the order of the additions. Run after fuse_columns, fuse_matmul and absorb_casts (which moves the matmul operands'
+// reads to the bf16 copies).
 Circuit matmul_column_sums(const Circuit& c, std::vector<ValueId>& outputs);
 
 }  // namespace kiln

@@ -6,9 +6,9 @@
 //
 // Tiled in shared memory: a block of 256 threads (16 x 16) computes a tile of c over K in steps
 // of 16, each thread a block of accumulators in registers: 64x64 tiles with 4x4 per thread, or,
-// where the grid has blocks enough to fill the GPU in whole waves (choose_tiling), 128x128 tiles
-// with 8x8 per thread (twice the FFMAs per shared-memory load). A thread's rows are 4x4 quadrants 64 apart
-// (ty*4 + 64q + i), so that its operands are 16-byte vectors and a quarter-warp's fragment loads
+// where the grid has blocks enough to fill the GPU in whole waves or the op has block sums
+// (choose_tiling), 128x128 tiles with 8x8 per thread (twice the FFMAs per shared-memory load). A thread's rows are 4x4
+// quadrants 64 apart (ty*4 + 64q + i), so that its operands are 16-byte vectors and a quarter-warp's fragment loads
 // read 128 contiguous bytes: no bank conflict. Tiles are loaded through the operand views (the
 // lanes of a warp on 32 rows of one k, so that tile stores meet no bank conflict; see
 // TileLoader) and zero-filled outside the matrix, so no size needs to be a multiple of the tile;
@@ -709,8 +709,9 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     epilogue();
     if (f.block_sums && tile.tf32) {
       // Lanes g = lane / 4 hold rows g and g + 8 of the same columns: the warp's sums over g
-      // (xor 4, 8, 16) in lanes 0-3, one row of sums a warp (wgmma: a warp of 16 rows of every
-      // column) or a warp row of 64 (mma.sync: warps 64 rows apart hold the same columns).
+      // (a butterfly over xor 4, 8, 16 leaves them in every lane; lanes 0-3 write them), one row
+      // of sums a warp (wgmma: a warp of 16 rows of every column) or a warp row of 64 (mma.sync:
+      // warps 64 rows apart hold the same columns).
       for (Reg& p : partials)
         for (uint32_t off : {4u, 8u, 16u})
           b.assign(kir::Opc::Add, p, {p, b.shfl(kir::ShflMode::bfly, p, imm_u32(off))});

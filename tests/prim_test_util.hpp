@@ -45,6 +45,13 @@ inline double relative_error(const HostTensor& got, const HostTensor& want) {
 
 using BuildFn = std::function<ValueId(Builder&, const std::vector<ValueId>&)>;
 
+// A circuit a test builds by hand, the outputs it requests and its inputs' values.
+struct CircuitCase {
+  Circuit circuit;
+  std::vector<ValueId> outputs;
+  std::vector<HostTensor> bindings;
+};
+
 // A circuit with one external per spec, the output built by `build`, and bound random inputs.
 struct Harness {
   Circuit circuit;

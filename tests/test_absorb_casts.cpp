@@ -24,11 +24,7 @@
 namespace kiln {
 namespace {
 
-struct Case {
-  Circuit circuit;
-  std::vector<ValueId> outputs;
-  std::vector<HostTensor> bindings;
-};
+using Case = testing::CircuitCase;
 
 // y = layernorm(x) (rows of n), z = bf16(y) w (w: n x 24); with `f32_reader`, also y + x, and y
 // requested.

@@ -24,11 +24,7 @@
 namespace kiln {
 namespace {
 
-struct Case {
-  Circuit circuit;
-  std::vector<ValueId> outputs;
-  std::vector<HostTensor> bindings;
-};
+using Case = testing::CircuitCase;
 
 // y = layernorm(x) over rows of n (6 rows); outputs: concat(bf16(y), zeros (6, pad)) along the
 // rows, and y + x in f32 (a second row output of the same op, not padded).

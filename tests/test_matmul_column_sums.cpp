@@ -24,11 +24,7 @@
 namespace kiln {
 namespace {
 
-struct Case {
-  Circuit circuit;
-  std::vector<ValueId> outputs;
-  std::vector<HostTensor> bindings;
-};
+using Case = testing::CircuitCase;
 
 // dy = (x w) * gelu_grad(pre) over (rows, 200), or (2, rows / 2, 200) with `batched` (the
 // matmul's batch: z); outputs: dy's column sums (over dy seen as rows of 200, as a linear

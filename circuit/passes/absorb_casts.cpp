@@ -48,12 +48,7 @@ Circuit absorb_row_and_matmul_casts(const Circuit& c, std::vector<ValueId>& outp
   const std::vector<std::vector<int32_t>> readers = value_readers(c);
   std::vector<bool> requested(c.num_values(), false);
   for (ValueId o : outputs) requested[static_cast<size_t>(o)] = true;
-  std::vector<std::vector<int32_t>> groups;
-  for (const auto& [producer, casts] : casts_of) {
-    std::vector<int32_t> group{producer};
-    group.insert(group.end(), casts.begin(), casts.end());
-    groups.push_back(std::move(group));
-  }
+  const std::vector<std::vector<int32_t>> groups = producer_groups(casts_of);
   auto merge = [&](size_t g) {
     const std::vector<int32_t>& group = groups[g];
     const Op& producer = c.ops()[static_cast<size_t>(group[0])];
@@ -161,9 +156,8 @@ Circuit absorb_attention_casts(const Circuit& c, std::vector<ValueId>& outputs) 
     if (auto it = absorbing.find(static_cast<int32_t>(i)); it != absorbing.end()) {
       AttentionParams a = AttentionParams::of(op);
       a.bf16_copies = true;
-      const std::vector<ValueId> outs = r.out().add_op(op.prim->id, a.to_params(), r.at(op.inputs), op.scope);
+      const std::vector<ValueId> outs = r.emit(op, a.to_params(), r.at(op.inputs));
       r.out().set_absorbed(r.out().ops().size() - 1, op.absorbed + static_cast<int>(it->second.size()));
-      r.out().set_phase(r.out().ops().size() - 1, op.phase);
       for (size_t k = 0; k < op.outputs.size(); ++k) r.map(op.outputs[k], outs[k]);
       for (size_t k = 0; k < it->second.size(); ++k)
         copy_for_cast[it->second[k].cast] = {outs[op.outputs.size() + k], it->second[k].reshape};

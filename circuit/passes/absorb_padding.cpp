@@ -55,12 +55,7 @@ Circuit absorb_padding(const Circuit& c, std::vector<ValueId>& outputs) {
     if (padded_output(c, c.ops()[i], readers, requested) >= 0)
       concats_of[c.value(c.ops()[i].inputs[0]).producer].push_back(static_cast<int32_t>(i));
   if (concats_of.empty()) return c;
-  std::vector<std::vector<int32_t>> groups;
-  for (const auto& [producer, concats] : concats_of) {
-    std::vector<int32_t> group{producer};
-    group.insert(group.end(), concats.begin(), concats.end());
-    groups.push_back(std::move(group));
-  }
+  const std::vector<std::vector<int32_t>> groups = producer_groups(concats_of);
   auto merge = [&](size_t g) {
     const std::vector<int32_t>& group = groups[g];
     const Op& producer = c.ops()[static_cast<size_t>(group[0])];

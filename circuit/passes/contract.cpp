@@ -46,10 +46,25 @@ std::vector<ValueId> Rebuild::at(const std::vector<ValueId>& ids) const {
 }
 
 void Rebuild::copy(const Op& op, const Params* params) {
-  std::vector<ValueId> outs = out_.add_op(op.prim->id, params ? *params : op.params, at(op.inputs), op.scope);
-  out_.set_absorbed(out_.ops().size() - 1, op.absorbed);
-  out_.set_phase(out_.ops().size() - 1, op.phase);
+  const std::vector<ValueId> outs = emit(op, params ? *params : op.params, at(op.inputs));
   for (size_t k = 0; k < outs.size(); ++k) map(op.outputs[k], outs[k]);
+}
+
+std::vector<ValueId> Rebuild::emit(const Op& like, const Params& params, const std::vector<ValueId>& inputs) {
+  std::vector<ValueId> outs = out_.add_op(like.prim->id, params, inputs, like.scope);
+  out_.set_absorbed(out_.ops().size() - 1, like.absorbed);
+  out_.set_phase(out_.ops().size() - 1, like.phase);
+  return outs;
+}
+
+std::vector<std::vector<int32_t>> producer_groups(const std::map<int32_t, std::vector<int32_t>>& joining) {
+  std::vector<std::vector<int32_t>> groups;
+  for (const auto& [producer, members] : joining) {
+    std::vector<int32_t> group{producer};
+    group.insert(group.end(), members.begin(), members.end());
+    groups.push_back(std::move(group));
+  }
+  return groups;
 }
 
 Circuit Rebuild::finish(std::vector<ValueId>& outputs) {

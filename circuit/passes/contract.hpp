@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ class Rebuild {
   // Appends op with `params` (its own where not given), its scope, phase and absorbed count,
   // and maps its outputs.
   void copy(const Op& op, const Params* params = nullptr);
+  // Appends an op of `like`'s Prim, scope, phase and absorbed count with `params` and `inputs`
+  // (ids of the result); maps nothing: its outputs may differ from like's (a rewritten op).
+  std::vector<ValueId> emit(const Op& like, const Params& params, const std::vector<ValueId>& inputs);
   // The result; `outputs` (ids of `from`) are mapped. Verifies the circuit.
   Circuit finish(std::vector<ValueId>& outputs);
 
@@ -51,6 +55,10 @@ struct MergedOp {
   std::vector<ValueId> inputs;
   std::vector<ValueId> replaces;
 };
+
+// Groups of ops for contract_groups: per producing op (index), the ops that join it (indices,
+// ascending), each group the producer followed by them.
+std::vector<std::vector<int32_t>> producer_groups(const std::map<int32_t, std::vector<int32_t>>& joining);
 
 // Rebuilds c with each group of ops (indices into c.ops(), one or more each, disjoint) replaced
 // by the op merge(group index) describes, every op emitted in a topological order of the

@@ -73,10 +73,7 @@ Circuit matmul_column_sums(const Circuit& c, std::vector<ValueId>& outputs) {
         if (e < f.epilogue_bf16.size()) f.epilogue_bf16.erase(f.epilogue_bf16.begin() + static_cast<std::ptrdiff_t>(e));
         kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(e));
       }
-      const std::vector<ValueId> outs =
-          r.out().add_op(PrimId::fused_matmul, f.to_params(DType::f32), r.at(op.inputs), op.scope);
-      r.out().set_absorbed(r.out().ops().size() - 1, op.absorbed);
-      r.out().set_phase(r.out().ops().size() - 1, op.phase);
+      const std::vector<ValueId> outs = r.emit(op, f.to_params(DType::f32), r.at(op.inputs));
       for (size_t k = 0; k < kept.size(); ++k) r.map(kept[k], outs[k]);
       block_sums[it->second] = outs.back();
       continue;
@@ -84,10 +81,7 @@ Circuit matmul_column_sums(const Circuit& c, std::vector<ValueId>& outputs) {
     if (auto it = block_sums.find(static_cast<int32_t>(i)); it != block_sums.end()) {
       ColumnSumsParams cp = ColumnSumsParams::of(op);
       cp.domain = r.out().info(it->second).shape;
-      const std::vector<ValueId> outs = r.out().add_op(PrimId::column_sums, cp.to_params(), {it->second}, op.scope);
-      r.out().set_absorbed(r.out().ops().size() - 1, op.absorbed);
-      r.out().set_phase(r.out().ops().size() - 1, op.phase);
-      r.map(op.outputs[0], outs[0]);
+      r.map(op.outputs[0], r.emit(op, cp.to_params(), {it->second})[0]);
       continue;
     }
     r.copy(op);

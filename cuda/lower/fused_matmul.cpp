@@ -528,9 +528,9 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   auto out_bytes = [&](size_t r) { return f.stored_bf16(r) ? 2 : 4; };  // output r's element
   // Block sums: the thread's partial sums of its columns over its rows, added in the epilogue
   // (tensor-core tiles: per n-tile and column of the pair, acc's index e at (e / 4 % n_tiles) * 2
-  // + e % 2; FFMA tiles: its pn columns).
+  // + e % 2; FFMA tiles: its pn columns). Split-K's last block keeps one of its own.
   std::vector<Reg> partials;
-  if (f.block_sums)
+  if (f.block_sums && splits == 1)
     for (int i = 0; i < (tile.tf32 ? 2 * n_tiles : tile.pn); ++i) partials.push_back(b.mov(Type::f32, imm_f32(0.0f)));
   auto partial_of_acc = [&](size_t e) {
     return f.block_sums ? partials[(e / 4 % static_cast<size_t>(n_tiles)) * 2 + e % 2] : Reg{};

@@ -603,48 +603,64 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
           at = b.mad(it, col0, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
           extra_addr[static_cast<size_t>(x)] = b.address(extra_base[static_cast<size_t>(x)], at, 4);
         }
+        // Extra x's element at (dr, dc) from the thread's first: loaded once.
+        auto extra_at = [&](int x, int64_t dr, int64_t dc) {
+          const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+          const int64_t at = 4 * (dr * st[static_cast<size_t>(nb)] + dc * st[static_cast<size_t>(nb + 1)]);
+          auto [slot, fresh] = loaded[static_cast<size_t>(x)].try_emplace(at);
+          if (fresh) slot->second = b.ld(Space::global, Type::f32, extra_addr[static_cast<size_t>(x)], at);
+          return slot->second;
+        };
+        // Units (mi, ni, half): rows g and g + 8 of a 16x8 product, two columns each. The extras
+        // of kUnitsAhead units are loaded before the first of their stores: ptxas does not move a
+        // load above a store that may alias it, so loads placed between stores each wait their
+        // full latency (one product's GELU-gradient epilogue took 280 us for 160 of main loop).
+        constexpr int kUnitsAhead = 8;
+        std::vector<std::array<int, 3>> units;
         for (int mi = 0; mi < m_tiles; ++mi)
           for (int ni = 0; ni < n_tiles; ++ni)
-            for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of the 16x8 product
-              const int64_t dr = mi * 16 + 8 * half;
-              std::vector<std::array<Reg, 2>> values(f.epilogues.size());
-              for (int j = 0; j < 2; ++j) {
-                const int64_t dc = ni * 8 + j;
-                std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras),
-                                        acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + 2 * half + j)]);
-                for (int x : read_extras) {
-                  const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-                  const int64_t at = 4 * (dr * st[static_cast<size_t>(nb)] + dc * st[static_cast<size_t>(nb + 1)]);
-                  auto [slot, fresh] = loaded[static_cast<size_t>(x)].try_emplace(at);
-                  if (fresh) slot->second = b.ld(Space::global, Type::f32, extra_addr[static_cast<size_t>(x)], at);
-                  inputs[static_cast<size_t>(1 + x)] = slot->second;
-                }
-                std::vector<Reg> of_j;
-                for (size_t r = 0; r < f.epilogues.size(); ++r) {
-                  values[r][static_cast<size_t>(j)] =
-                      f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
-                  of_j.push_back(values[r][static_cast<size_t>(j)]);
-                }
-                if (f.block_sums) {
-                  Reg& partial = partials[static_cast<size_t>(ni * 2 + j)];
-                  b.assign(kir::Opc::Add, partial, {partial, block_sum_value(of_j, inputs)});
-                }
-              }
+            for (int half = 0; half < 2; ++half) units.push_back({mi, ni, half});
+        for (size_t u0 = 0; u0 < units.size(); u0 += kUnitsAhead) {
+          const size_t u1 = std::min(units.size(), u0 + kUnitsAhead);
+          for (size_t u = u0; u < u1; ++u)
+            for (int j = 0; j < 2; ++j)
+              for (int x : read_extras) extra_at(x, units[u][0] * 16 + 8 * units[u][2], units[u][1] * 8 + j);
+          for (size_t u = u0; u < u1; ++u) {
+            const auto [mi, ni, half] = units[u];
+            const int64_t dr = mi * 16 + 8 * half;
+            std::vector<std::array<Reg, 2>> values(f.epilogues.size());
+            for (int j = 0; j < 2; ++j) {
+              const int64_t dc = ni * 8 + j;
+              std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras),
+                                      acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + 2 * half + j)]);
+              for (int x : read_extras) inputs[static_cast<size_t>(1 + x)] = extra_at(x, dr, dc);
+              std::vector<Reg> of_j;
               for (size_t r = 0; r < f.epilogues.size(); ++r) {
-                const int64_t e = out_bytes(r), at = e * (dr * f.out_row + ni * 8 * f.out_col);
-                if (f.stored_bf16(r) && pairs) {  // a pair of bf16: one 4-byte store
-                  b.st(Space::global, Type::u32, out_addr[r], b.pack_bf16x2(values[r][0], values[r][1]), at);
-                } else if (f.stored_bf16(r)) {
-                  b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][0]), at);
-                  b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][1]), at + e * f.out_col);
-                } else if (pairs) {
-                  b.st_vec(Space::global, Type::f32, out_addr[r], {values[r][0], values[r][1]}, at);
-                } else {
-                  b.st(Space::global, Type::f32, out_addr[r], values[r][0], at);
-                  b.st(Space::global, Type::f32, out_addr[r], values[r][1], at + e * f.out_col);
-                }
+                values[r][static_cast<size_t>(j)] =
+                    f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
+                of_j.push_back(values[r][static_cast<size_t>(j)]);
+              }
+              if (f.block_sums) {
+                Reg& partial = partials[static_cast<size_t>(ni * 2 + j)];
+                b.assign(kir::Opc::Add, partial, {partial, block_sum_value(of_j, inputs)});
               }
             }
+            for (size_t r = 0; r < f.epilogues.size(); ++r) {
+              const int64_t e = out_bytes(r), at = e * (dr * f.out_row + ni * 8 * f.out_col);
+              if (f.stored_bf16(r) && pairs) {  // a pair of bf16: one 4-byte store
+                b.st(Space::global, Type::u32, out_addr[r], b.pack_bf16x2(values[r][0], values[r][1]), at);
+              } else if (f.stored_bf16(r)) {
+                b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][0]), at);
+                b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][1]), at + e * f.out_col);
+              } else if (pairs) {
+                b.st_vec(Space::global, Type::f32, out_addr[r], {values[r][0], values[r][1]}, at);
+              } else {
+                b.st(Space::global, Type::f32, out_addr[r], values[r][0], at);
+                b.st(Space::global, Type::f32, out_addr[r], values[r][1], at + e * f.out_col);
+              }
+            }
+          }
+        }
       };
       if (farthest > std::numeric_limits<int32_t>::max()) {
         store_checked();

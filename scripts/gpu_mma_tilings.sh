@@ -9,9 +9,12 @@
 #   3. GPT-2 small's bf16 step at the tilings in KILN_STEP_TILINGS (two turns, alternated; medians
 #      of 10 traced steps), once with the bf16 casts kept as kernels (absorb_casts off), and
 #      PyTorch eager with autocast bf16 once.
-# A tiling is TILE:STAGES[:SPLIT[:wgmma]] (128x128:2:0 is the default when no variable is set;
-# TILE is 128x128, 128x256 or auto (per product: 128x256 where its grid fills the SMs); SPLIT is
-# 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which takes 3 or 4 stages).
+# A tiling is TILE:STAGES[:SPLIT[:wgmma]] (TILE is 128x128, 128x256, auto (per product: 128x256
+# where its grid fills the SMs) or auto-shortk (auto, but wgmma products with K <= 1024 on
+# 128x128 tiles of 3 stages); SPLIT is 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which takes 3 or
+# 4 stages), or "default": no variable set (on an H100: wgmma, auto tiles, 4 stages, no split).
+# KILN_GEMM_TILINGS, KILN_TF32_TILINGS ("" skips them) and KILN_STEP_TILINGS replace the lists,
+# KILN_TILINGS_TESTS the tests' gtest filter.
 # About 6 minutes on an H100 when nothing times out (give the device call 600 s; each step has
 # its own timeout, so a hang costs at most 90-200 s). Everything is also written to
 # $OUT/mma-tilings.log (default ./mma-tilings.log).
@@ -21,10 +24,17 @@ run="$bundle/run"
 log=${OUT:-.}/mma-tilings.log
 shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,768x768x8192,8192x50257x768,8192x3072x768}
 gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 128x128:4 128x256:4 128x128:4:auto 128x128:4:0:wgmma 128x256:4:0:wgmma 128x256:3:0:wgmma}
-step_tilings=${KILN_STEP_TILINGS:-128x128:2 auto:4:auto 128x128:4:0:wgmma auto:4:0:wgmma}
+tf32_tilings=${KILN_TF32_TILINGS-128x128:2 128x128:4}
+step_tilings=${KILN_STEP_TILINGS:-128x128:2 auto:4:auto 128x128:4:0:wgmma default}
+tests=${KILN_TILINGS_TESTS:-Wgmma.Gpu*:Lowering.GpuMatmulsOnWgmmaMatchEigen:Lowering.GpuMatmulsOnMmaMatchEigen:GpuGpt.*}
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
-with_tiling() {  # TILE:STAGES[:SPLIT[:wgmma]], then a command
+with_tiling() {  # TILE:STAGES[:SPLIT[:wgmma]] or default, then a command
   local tile stages split engine
+  if [ "$1" = default ]; then
+    shift
+    env -u KILN_MMA_TILE -u KILN_MMA_STAGES -u KILN_MMA_SPLIT_K -u KILN_WGMMA "$@"
+    return
+  fi
   IFS=: read -r tile stages split engine <<<"$1"
   shift
   KILN_MMA_TILE=$tile KILN_MMA_STAGES=$stages KILN_MMA_SPLIT_K=${split:-0} KILN_WGMMA=$([ "$engine" = wgmma ] && echo 1 || echo 0) "$@"
@@ -32,14 +42,14 @@ with_tiling() {  # TILE:STAGES[:SPLIT[:wgmma]], then a command
 {
   echo "== tests"
   KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE=1 timeout 200 "$run" \
-    "$bundle/bin/kiln_tests" --gtest_filter='Wgmma.Gpu*:Lowering.GpuMatmulsOnWgmmaMatchEigen:Lowering.GpuMatmulsOnMmaMatchEigen:GpuGpt.*' 2>&1 |
+    "$bundle/bin/kiln_tests" --gtest_filter="$tests" 2>&1 |
     grep -E '^\[  (FAILED|PASSED)|Failure|rror' | head -n 20
   for tiling in $gemm_tilings; do
     echo "== kiln gemm bf16, $tiling"
     with_tiling "$tiling" timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 \
       --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
   done
-  for tiling in 128x128:2 128x128:4; do
+  for tiling in $tf32_tilings; do
     echo "== kiln gemm tf32 (f32 operands, KILN_ALLOW_TF32=1), $tiling"
     with_tiling "$tiling" env KILN_ALLOW_TF32=1 timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda \
       --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'

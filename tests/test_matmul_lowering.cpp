@@ -652,6 +652,33 @@ TEST(Lowering, Bf16MmaTileAutoTakes128x256WhereItsGridFillsTheSms) {
   }
 }
 
+// KILN_WGMMA and KILN_MMA_TILE unset: mma.sync at 128x128 unless the lowering is for an sm_90
+// GPU (a WgmmaByDefault alive: device programs of a real H100 hold one), which takes wgmma with
+// auto tiles (128x256 for GPT-2's MLP up projection, 768 blocks); KILN_WGMMA decides either way.
+TEST(Lowering, Bf16MatmulsTakeWgmmaWithAutoTilesWhenLoweredForSm90) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv tile("KILN_MMA_TILE", "");
+  auto dump_of = [] {
+    testing::Harness h({f32({8192, 768}), f32({768, 3072})}, [](Builder& bld, const std::vector<ValueId>& x) {
+      return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16));
+    });
+    return cuda::DeviceProgram(h.circuit, {h.output}, testing::fake_runtime()).dump();
+  };
+  for (const char* setting : {"", "0", "1"}) {
+    SCOPED_TRACE(std::string("KILN_WGMMA=") + setting);
+    testing::ScopedEnv engine("KILN_WGMMA", setting);
+    for (const bool sm90 : {false, true}) {
+      SCOPED_TRACE(sm90 ? "WgmmaByDefault" : "no target");
+      std::optional<cuda::WgmmaByDefault> target;
+      if (sm90) target.emplace();
+      const bool wgmma = std::string(setting) == "1" || (sm90 && std::string(setting).empty());
+      const std::string d = dump_of();
+      EXPECT_NE(d.find(wgmma ? "wgmma m64n256k16" : "mma.sync bf16"), std::string::npos) << d;
+      EXPECT_NE(d.find(wgmma ? "tile 128x256" : "tile 128x128"), std::string::npos) << d;
+    }
+  }
+}
+
 void expect_matmul_kernels_pass_ptxas_without_spills() {
   cuda::ForceMatmulTile large(128);
   std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;

@@ -43,10 +43,13 @@ constexpr std::array<Variable, 30> kVariables = {{
     {"KILN_BF16_MMA", "0: GPU matmuls of bf16 operands on widened tiles instead of bf16 mma.sync (default 1)"},
     {"KILN_MMA_STAGES",
      "cp.async stages of the mma.sync matmul kernel (bf16, tf32), 2-4 (default 2; wgmma: 3-4, default 4)"},
-    {"KILN_WGMMA", "1: bf16 matmuls on sm_90a's wgmma (H100/H200 only; default 0, mma.sync)"},
+    {"KILN_WGMMA",
+     "1: bf16 matmuls on sm_90a's wgmma (H100/H200 only), 0: on mma.sync (default: wgmma on an sm_90 GPU, mma.sync "
+     "elsewhere and on the fake driver)"},
     {"KILN_MMA_TILE",
-     "block tile of the tensor-core matmul kernel (mma.sync bf16 and tf32, wgmma), 128x128 (default), 128x256, or "
-     "auto (128x256 where its grid fills the SMs)"},
+     "block tile of the tensor-core matmul kernel (mma.sync bf16 and tf32, wgmma), 128x128 (default on mma.sync), "
+     "128x256, auto (128x256 where its grid fills the SMs; default on wgmma), or auto-shortk (auto, but wgmma "
+     "products with K <= 1024 on 128x128 tiles of 3 stages, two blocks an SM)"},
     {"KILN_MMA_SPLIT_K", "mma.sync matmuls (bf16, tf32) split K across blocks: 0 (default), auto, or 2-4"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
@@ -143,9 +146,12 @@ int mma_tile_n() {
   const std::string v = text("KILN_MMA_TILE");
   if (v.empty()) return 0;
   if (v == "auto") return -1;
+  if (v == "auto-shortk") return -2;
   if (v != "128x128" && v != "128x256")
-    throw Error("KILN_MMA_TILE: expected 128x128, 128x256 or auto (the bf16 matmul kernel's block tile), received '" +
-                v + "'");
+    throw Error(
+        "KILN_MMA_TILE: expected 128x128, 128x256, auto or auto-shortk (the bf16 matmul kernel's block tile), "
+        "received '" +
+        v + "'");
   return v == "128x128" ? 128 : 256;
 }
 
@@ -159,9 +165,10 @@ int mma_split_k() {
   return std::stoi(v);
 }
 
-bool wgmma() {
+std::optional<bool> wgmma() {
   const std::string v = text("KILN_WGMMA");
-  if (v.empty() || v == "0") return false;
+  if (v.empty()) return std::nullopt;
+  if (v == "0") return false;
   if (v == "1") return true;
   throw Error("KILN_WGMMA: expected 0 or 1 (bf16 matmuls on sm_90a's wgmma), received '" + v + "'");
 }

@@ -33,14 +33,15 @@ std::optional<bool> force_bf16_mma(std::optional<bool> on);
 bool attention_mma();  // KILN_ATTENTION_MMA: "1" (the default) or "0"
 int mma_stages();      // KILN_MMA_STAGES: the mma kernel's cp.async stages, 2-4; 0 when unset (2)
 // KILN_MMA_TILE: the mma kernel's block tile, 128x128 or 128x256: its columns; 0 when unset,
-// -1 for auto (chosen per product: cuda/lower/matmul_mma.hpp).
+// -1 for auto, -2 for auto-shortk (chosen per product: cuda/lower/matmul_mma.hpp).
 int mma_tile_n();
 // KILN_MMA_SPLIT_K: the mma kernel's split of K across blocks: 0 when unset or "0" (none),
 // -1 for "auto" (per shape, where the grid leaves SMs idle), or 2-4 (that many wherever K allows).
 int mma_split_k();
 // KILN_WGMMA: "1" puts the bf16 mma kernel's products on sm_90a's wgmma (its kernels then load on
-// sm_90 devices only); "0" or unset: mma.sync.
-bool wgmma();
+// sm_90 devices only), "0" on mma.sync; nothing when unset (the lowering's target decides:
+// cuda::WgmmaByDefault).
+std::optional<bool> wgmma();
 
 struct Variable {
   const char* name;

@@ -60,6 +60,20 @@ LoweredOp lower(const Circuit& c, int op_index);
 // stop_gradient: 0; assign: 1, its new contents), or -1. Independent of dtypes.
 int alias_input(PrimId prim);
 
+// While one is alive on this thread, the lowering is for an sm_90 GPU (H100, H200): bf16 matmuls
+// take sm_90a's wgmma where KILN_WGMMA is unset (on an H100, GPT-2 small's bf16 step took 36 ms
+// on wgmma against 45 on mma.sync). Without one (sm_80, the fake driver, most tests): mma.sync,
+// which every GPU kiln supports runs. Device programs for a real sm_90 device and `kiln ptx --sm
+// 90` hold one while they lower.
+class WgmmaByDefault {
+ public:
+  WgmmaByDefault();
+  ~WgmmaByDefault();
+  WgmmaByDefault(const WgmmaByDefault&) = delete;
+  WgmmaByDefault& operator=(const WgmmaByDefault&) = delete;
+  static bool active();  // one is alive on this thread
+};
+
 // One line per Prim for `kiln prims`: how it lowers ("" when it has no lowering).
 std::string lowering_summary(PrimId prim);
 

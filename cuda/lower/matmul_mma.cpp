@@ -33,14 +33,27 @@ std::optional<MmaStage> stage_of(const Circuit& c, ValueId stored, const MatmulO
 
 }  // namespace
 
-MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_256) {
+namespace {
+thread_local int wgmma_by_default = 0;  // WgmmaByDefault objects alive on this thread
+}
+
+WgmmaByDefault::WgmmaByDefault() { ++wgmma_by_default; }
+WgmmaByDefault::~WgmmaByDefault() { --wgmma_by_default; }
+bool WgmmaByDefault::active() { return wgmma_by_default > 0; }
+
+MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_256, int64_t K) {
   MmaTiling t;
   t.input = input;
-  t.wgmma = input == MmaInput::bf16 && options::wgmma();
-  if (const int tn = options::mma_tile_n(); tn > 0) t.tn = tn;
-  if (options::mma_tile_n() < 0) t.tn = blocks_256 >= kAssumedSms ? 256 : 128;
+  t.wgmma = input == MmaInput::bf16 && options::wgmma().value_or(WgmmaByDefault::active());
+  const int tile = options::mma_tile_n();
+  if (tile > 0) t.tn = tile;
+  if (tile < 0 || (tile == 0 && t.wgmma)) t.tn = blocks_256 >= kAssumedSms ? 256 : 128;
   if (const int stages = options::mma_stages(); stages != 0) t.stages = stages;
   if (t.wgmma) t.stages = options::mma_stages() == 0 ? 4 : std::max(t.stages, 3);
+  if (tile == -2 && t.wgmma && K <= kShortK) {
+    t.tn = 128;
+    t.stages = 3;
+  }
   const int64_t limit = t.wgmma ? kir::kMaxSharedBytesSm90a : kir::kMaxSharedBytes;
   while (t.stages > (t.wgmma ? 3 : 2) && mma_shared_bytes(layout, t) > limit) --t.stages;
   return t;

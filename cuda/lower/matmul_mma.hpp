@@ -70,12 +70,18 @@ struct MmaTiling {
 
 // KILN_MMA_TILE and KILN_MMA_STAGES (128x128, 2 stages when unset: what was measured on a GPU),
 // with the stages cut to what fits in kir::kMaxSharedBytes (128x256 tiles with both operands
-// staged [k][row]: 3 of 4). With KILN_WGMMA=1 and bf16 input: wgmma, 4 stages unless set (2 is
-// raised to 3: the pipeline keeps one step's products in flight while it refills the stage
-// before), within kir::kMaxSharedBytesSm90a. KILN_MMA_TILE=auto takes 128x256 tiles for a
-// product of `blocks_256` such blocks (batch included) where they fill kAssumedSms (one block an
-// SM: a wave), and 128x128 for smaller grids, which 128x256 would leave SMs idle in.
-MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_256);
+// staged [k][row]: 3 of 4). With wgmma (KILN_WGMMA=1, or unset under a WgmmaByDefault) and bf16
+// input: 4 stages unless set (2 is raised to 3: the pipeline keeps one step's products in flight
+// while it refills the stage before), within kir::kMaxSharedBytesSm90a, and auto tiles unless
+// set. KILN_MMA_TILE=auto takes 128x256 tiles for a product of `blocks_256` such blocks (batch
+// included) where they fill kAssumedSms (one block an SM: a wave), and 128x128 for smaller grids,
+// which 128x256 would leave SMs idle in. (H100, GPT-2 small's bf16 step: mma.sync 45.5 ms at
+// 128x128:2, 47.6 at auto:4 with split-K auto; wgmma 37.5 at 128x128:4, 36.0 at auto:4.)
+// KILN_MMA_TILE=auto-shortk (to be measured): auto, but wgmma products with K <= kShortK take
+// 128x128 tiles of 3 stages, two blocks an SM (97 KiB of shared memory each), so that one
+// block's loads before its first product and its epilogue's stores overlap the other's products.
+constexpr int64_t kShortK = 1024;
+MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_256, int64_t K);
 // The bytes of shared memory the kernel declares: its stages, and for wgmma 1024 more, so that
 // the stages can start at a 1024-byte boundary (the swizzle's atoms) whatever the window gives.
 int64_t mma_shared_bytes(const std::array<MmaStage, 2>& layout, const MmaTiling& tiling);

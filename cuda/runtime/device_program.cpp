@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "circuit/exec/executor.hpp"
 #include "circuit/exec/liveness.hpp"
@@ -82,6 +83,10 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
   circuit_.verify();
   const auto& ops = circuit_.ops();
   std::vector<int> alias_input;
+  // A real H100 or H200 gets sm_90a's wgmma kernels (the fake driver, though it says sm_90, keeps
+  // whatever the caller chose: mma.sync unless a WgmmaByDefault is alive or KILN_WGMMA=1).
+  std::optional<WgmmaByDefault> sm90;
+  if (rt_.sm() == 90 && !rt_.fake()) sm90.emplace();
   for (size_t i = 0; i < ops.size(); ++i) {
     lowered_.push_back(lower(circuit_, static_cast<int>(i)));
     const LoweredOp& l = lowered_.back();

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "args.hpp"
 #include "circuit/ir/error.hpp"
@@ -35,13 +36,14 @@ struct KernelRow {
 
 int cmd_ptx(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_precision_flag(with_model_flags({{"out", "directory to write the kernels to (required)"},
-                           {"batch", "sequences per step (default 16)"},
-                           {"sm", "target architecture: 80 or 90 (default 90)"},
-                           {"bank-conflicts",
-                            "also run the step in the SIMT simulator and report each kernel's shared-memory bank "
-                            "conflicts per launch (slow: use a small config)"}},
-                          true)),
+         with_precision_flag(
+             with_model_flags({{"out", "directory to write the kernels to (required)"},
+                               {"batch", "sequences per step (default 16)"},
+                               {"sm", "target architecture: 80 or 90 (default 90)"},
+                               {"bank-conflicts",
+                                "also run the step in the SIMT simulator and report each kernel's shared-memory bank "
+                                "conflicts per launch (slow: use a small config)"}},
+                              true)),
          "usage: kiln ptx --out DIR [options]\n\nWrites the PTX of every kernel of one training step (AdamW) "
          "and an index.",
          with_model_switches({"bank-conflicts"}));
@@ -52,6 +54,10 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   apply_precision_flag(a);
   const std::filesystem::path out = a.required("out");
   const int sm = static_cast<int>(a.integer("sm", 90));
+  if (sm != 80 && sm != 90) throw Error(fmt::format("kiln ptx: --sm takes 80 or 90, received {}", sm));
+  // The kernels that device would run (and that the fake driver then runs for --bank-conflicts).
+  std::optional<cuda::WgmmaByDefault> sm90;
+  if (sm == 90) sm90.emplace();
   const int64_t batch = a.integer("batch", 16, 1);
   std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a);
   models::CausalLM& model = *model_ptr;

@@ -15,9 +15,9 @@
 # 4 stages), or "default": no variable set (on an H100: wgmma, auto tiles, 4 stages, no split).
 # KILN_GEMM_TILINGS, KILN_TF32_TILINGS ("" skips them) and KILN_STEP_TILINGS replace the lists,
 # KILN_TILINGS_TESTS the tests' gtest filter.
-# About 6 minutes on an H100 when nothing times out (give the device call 600 s; each step has
-# its own timeout, so a hang costs at most 90-200 s). Everything is also written to
-# $OUT/mma-tilings.log (default ./mma-tilings.log).
+# About 2 minutes on an H100 with the default lists (122 s on 2026-11-27; give the device call
+# 300 s or more: each step has its own timeout, so a hang costs at most 90-200 s). Everything is
+# also written to $OUT/mma-tilings.log (default ./mma-tilings.log).
 set -uo pipefail
 bundle=${1:-gpu-bundle}
 run="$bundle/run"

@@ -232,9 +232,13 @@ TEST(DataParallel, ADeadOrHungRankStopsTheJobWithinTheTimeout) {
   KILN_REQUIRE_MPI_OR_SKIP();
   const fs::path dir = workdir("fault");
   for (const char* signal : {"KILL", "STOP", "TERM"}) {
-    // Rank 1 sends itself the signal 3 s into a long run (exec keeps its PID).
-    const std::string rank_command = std::string("sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (sleep 3; kill -") +
-                                     signal + " $$) & fi; exec " + train_command(dir, signal) + " --steps 100000'";
+    // Rank 1 sends itself the signal a second after the job's first step is logged (at most 20 s
+    // of waiting), well into a long run (exec keeps its PID). A fixed delay from the start let a
+    // loaded machine's slow start-up take the signal before the handlers were installed.
+    const std::string rank_command =
+        std::string("sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then (i=0; while [ $i -lt 100 ] && ! grep -q ") +
+        "\"step *1/\" fault.log; do sleep 0.2; i=$((i + 1)); done; sleep 1; kill -" + signal + " $$) & fi; exec " +
+        train_command(dir, signal) + " --steps 100000'";
     auto [status, secs] =
         run("cd '" + dir.string() + "' && " + mpirun(2, "KILN_COLLECTIVE_TIMEOUT=5") + rank_command, dir / "fault.log");
     const std::string log = read(dir / "fault.log");

@@ -28,7 +28,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 31> kVariables = {{
+constexpr std::array<Variable, 30> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -50,8 +50,6 @@ constexpr std::array<Variable, 31> kVariables = {{
      "block tile of the tensor-core matmul kernel (mma.sync bf16 and tf32, wgmma), 128x128 (default on mma.sync), "
      "128x256, auto (128x256 where its grid fills the SMs; default on wgmma), or auto-shortk (auto, but wgmma "
      "products with K <= 1024 on 128x128 tiles of 3 stages, two blocks an SM)"},
-    {"KILN_ROW_REGISTERS",
-     "GPU row kernels: registers a lane may keep a row's inputs in, 0-255 (default 96; 0: every pass reads memory)"},
     {"KILN_MMA_SPLIT_K", "mma.sync matmuls (bf16, tf32) split K across blocks: 0 (default), auto, or 2-4"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
@@ -155,18 +153,6 @@ int mma_tile_n() {
         "received '" +
         v + "'");
   return v == "128x128" ? 128 : 256;
-}
-
-int row_registers() {
-  const std::string v = text("KILN_ROW_REGISTERS");
-  if (v.empty()) return 96;
-  try {
-    size_t used = 0;
-    const int r = std::stoi(v, &used);
-    if (used == v.size() && r >= 0 && r <= 255) return r;
-  } catch (const std::exception&) {
-  }
-  throw Error("KILN_ROW_REGISTERS: expected 0-255 (registers a lane keeps a row's inputs in), received '" + v + "'");
 }
 
 int mma_split_k() {

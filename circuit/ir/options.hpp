@@ -35,9 +35,6 @@ int mma_stages();      // KILN_MMA_STAGES: the mma kernel's cp.async stages, 2-4
 // KILN_MMA_TILE: the mma kernel's block tile, 128x128 or 128x256: its columns; 0 when unset,
 // -1 for auto, -2 for auto-shortk (chosen per product: cuda/lower/matmul_mma.hpp).
 int mma_tile_n();
-// KILN_ROW_REGISTERS: registers a lane of a GPU row kernel may keep the row's inputs in (0-255;
-// 96 when unset; 0: every pass over the row reads memory): cuda/lower/fused_rows.cpp.
-int row_registers();
 // KILN_MMA_SPLIT_K: the mma kernel's split of K across blocks: 0 when unset or "0" (none),
 // -1 for "auto" (per shape, where the grid leaves SMs idle), or 2-4 (that many wherever K allows).
 int mma_split_k();

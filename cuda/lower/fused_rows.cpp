@@ -5,19 +5,15 @@
 // butterfly leaves the row's value in every lane (a max followed by the sum of exp(x - max),
 // a softmax's statistics, in one pass: is_softmax_pair); a last pass over the row writes the row
 // outputs, and lane 0 writes the per-row outputs. Inputs that do not vary along the row are
-// loaded once per row; where the inputs that differ from row to row fit KILN_ROW_REGISTERS, they
-// too are loaded once, and every pass reads registers. Nothing but the outputs is written to
-// memory. The row index is
+// loaded once per row. Nothing but the outputs is written to memory. The row index is
 // uniform across a warp, so the guard on it never splits a warp before a shuffle.
 #include "circuit/prims/fused_rows.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
 
 #include "circuit/ir/error.hpp"
-#include "circuit/ir/options.hpp"
 #include "cuda/lower/elementwise.hpp"
 #include "cuda/lower/families.hpp"
 
@@ -39,7 +35,6 @@ struct RowInput {
   DType dtype;
   Reg row_base;        // element offset of the row's first element (broadcast addressing)
   int64_t col_stride;  // 0 when the input does not vary along the row
-  bool per_row;        // differs from row to row (a layer norm's gamma does not)
 };
 
 // Reductions j and j + 1 are max{x} and sum{exp(x - r_j)} of the same x (a softmax's, the loss
@@ -98,7 +93,7 @@ LoweredOp lower_element_group(const Circuit& c, const Op& op, const RowProgram& 
 
 LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
   const RowProgram rp = RowProgram::from_params(op.params);
-  bool per_row = false, padded = false;  // some output per row; some output padded
+  bool per_row = false, padded = false;
   for (size_t o = 0; o < rp.output_bodies.size(); ++o) {
     per_row = per_row || rp.output_per_row[o];
     padded = padded || rp.padding(o) > 0;
@@ -118,7 +113,7 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
   std::vector<RowInput> inputs;
   for (int k = 0; k < nin; ++k) {
     inputs.push_back(
-        {b.param("in" + std::to_string(k), Type::u64), c.info(op.inputs[static_cast<size_t>(k)]).dtype, {}, 0, false});
+        {b.param("in" + std::to_string(k), Type::u64), c.info(op.inputs[static_cast<size_t>(k)]).dtype, {}, 0});
     args.push_back({ArgRef::Kind::Input, k});
   }
   std::vector<Reg> outputs;
@@ -129,8 +124,7 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
   Reg tid = b.sreg(SReg::tid_x);
   Reg lane = b.and_(Type::u32, tid, imm_u32(31));
   Reg row = b.mad(Type::u32, b.sreg(SReg::ctaid_x), imm_u32(kRowsPerBlock), b.shr(Type::u32, tid, imm_u32(5)));
-  int softmax_pairs = 0;     // reductions taken two in one pass (is_softmax_pair)
-  bool rows_cached = false;  // the row's inputs kept in registers (KILN_ROW_REGISTERS)
+  int softmax_pairs = 0;  // reductions taken two in one pass (is_softmax_pair)
   b.if_(b.setp(Cmp::lt, row, imm_u32(static_cast<uint32_t>(rows))), [&] {
     Reg row_i = it == Type::u32 ? row : b.cvt(Type::u64, row);
     Reg lane_i = it == Type::u32 ? lane : b.cvt(Type::u64, lane);
@@ -151,73 +145,26 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
       in.col_stride = strides.back();
       strides.pop_back();
       in.row_base = linear_offset(b, coords, strides, 0);
-      in.per_row = std::any_of(strides.begin(), strides.end(), [](int64_t st) { return st != 0; });
       if (in.col_stride == 0) vals[static_cast<size_t>(k)] = load_as_f32(b, in.dtype, in.param, in.row_base);
     }
-    // Cached rows (KILN_ROW_REGISTERS): cached[k][u] holds input k at the lane's column lane + 32 u
-    // (past the row's end: its last column, never used).
-    const int64_t per_lane = (n + 31) / 32;
-    std::vector<std::vector<Reg>> cached(static_cast<size_t>(nin));
-    int64_t cached_registers = 0;
-    for (int k = 0; k < nin; ++k)
-      if (used(k) && inputs[static_cast<size_t>(k)].col_stride != 0 && inputs[static_cast<size_t>(k)].per_row)
-        cached_registers += per_lane;
-    // Rows whose inputs that differ from row to row take at most KILN_ROW_REGISTERS registers a
-    // lane (96 unless set; a layer norm's backward over 768 columns: 3 such inputs, 72) are loaded
-    // once, all before the first use, and every pass reads registers: each pass over memory had
-    // cost an L2 re-read and its address arithmetic (H100, GPT-2 small: layer norms at 55-69 us
-    // for about 37 us of bytes at full bandwidth).
-    const bool cache_rows = cached_registers > 0 && cached_registers <= options::row_registers();
-    rows_cached = cache_rows;
-    std::vector<Reg> lane_columns;  // lane + 32 u
-    if (cache_rows) {
-      for (int64_t u = 0; u < per_lane; ++u) lane_columns.push_back(b.add(it, lane_i, imm_index(it, 32 * u)));
-      for (int k = 0; k < nin; ++k) {
-        const RowInput& in = inputs[static_cast<size_t>(k)];
-        if (!used(k) || in.col_stride == 0 || !in.per_row) continue;
-        for (int64_t u = 0; u < per_lane; ++u) {
-          Reg col = lane_columns[static_cast<size_t>(u)];
-          if (32 * (u + 1) > n) col = b.min(it, col, imm_index(it, n - 1));
-          cached[static_cast<size_t>(k)].push_back(
-              load_as_f32(b, in.dtype, in.param, b.mad(it, col, imm_index(it, in.col_stride), in.row_base)));
-        }
-      }
-    }
-    // The operands of `bodies` at column `col` (the lane's column lane + 32 u): inputs that vary
-    // along the row from the cache, or loaded there.
-    auto operands_at = [&](Reg col, int64_t u, const std::vector<const ScalarExp*>& bodies) {
+    // The operands of `bodies` at column `col`: row-varying inputs loaded there.
+    auto operands_at = [&](Reg col, const std::vector<const ScalarExp*>& bodies) {
       std::vector<Reg> ops = vals;
       for (int k = 0; k < nin; ++k) {
         const RowInput& in = inputs[static_cast<size_t>(k)];
         bool read = false;
         for (const ScalarExp* e : bodies) read = read || e->depends_on(k);
         if (!read || in.col_stride == 0) continue;
-        if (!cached[static_cast<size_t>(k)].empty()) {
-          ops[static_cast<size_t>(k)] = cached[static_cast<size_t>(k)][static_cast<size_t>(u)];
-          continue;
-        }
         Reg idx = b.mad(it, col, imm_index(it, in.col_stride), in.row_base);
         ops[static_cast<size_t>(k)] = load_as_f32(b, in.dtype, in.param, idx);
       }
       return ops;
     };
-    // A pass over the row: the lane's columns lane, lane + 32, ... in order, use(col, operands of
-    // `bodies` there) each. Cached rows: unrolled over the lane's columns. Otherwise kUnroll
-    // columns' loads are issued before their uses (one at a time a lane waited on each load:
-    // about 1 TB/s on an H100). The order of the uses is the same either way (the same sums).
-    auto over_row = [&](const std::vector<const ScalarExp*>& bodies,
+    // A pass over the row: the lane's columns lane, lane + 32, ... in order, use(col, load(col))
+    // each; kUnroll columns' loads are issued before their uses (one at a time a lane waited on
+    // each load: about 1 TB/s on an H100), the order of the uses unchanged (the same sums).
+    auto over_row = [&](const std::function<std::vector<Reg>(Reg)>& load,
                         const std::function<void(Reg, const std::vector<Reg>&)>& use) {
-      if (cache_rows) {
-        for (int64_t u = 0; u < per_lane; ++u) {
-          Reg col = lane_columns[static_cast<size_t>(u)];
-          if (32 * (u + 1) > n)  // inputs not cached are loaded only inside the row
-            b.if_(b.setp(Cmp::lt, col, imm_index(it, n)), [&] { use(col, operands_at(col, u, bodies)); });
-          else
-            use(col, operands_at(col, u, bodies));
-        }
-        return;
-      }
-      auto load = [&](Reg col) { return operands_at(col, -1, bodies); };
       const int64_t step = 32 * kUnroll, whole = n / step * step;
       if (whole > 0)
         b.for_(imm_index(it, 0), imm_index(it, whole), imm_index(it, step), [&](Reg first) {
@@ -244,14 +191,15 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
         // either way (0 / 0), its log-sum-exp -inf here.
         Reg m = b.mov(Type::f32, imm_f32(-INFINITY)), sum = b.mov(Type::f32, imm_f32(0.0f));
         const ScalarExp factor = se::exp(-se::abs(se::in(0) - se::in(1)));
-        over_row({&body}, [&](Reg, const std::vector<Reg>& ops) {
-          Reg x = emit_scalar_exp(b, body, ops);
-          Reg t = b.selp(Type::f32, imm_f32(0.0f), emit_scalar_exp(b, factor, {x, m}),
-                         b.setp(Cmp::eq, x, imm_f32(-INFINITY)));
-          Reg up = b.setp(Cmp::gt, x, m);
-          b.set(sum, b.selp(Type::f32, b.fma(Type::f32, sum, t, imm_f32(1.0f)), b.add(Type::f32, sum, t), up));
-          b.set(m, reduce_combine(b, ReduceKind::Max, m, x));
-        });
+        over_row([&](Reg col) { return operands_at(col, {&body}); },
+                 [&](Reg, const std::vector<Reg>& ops) {
+                   Reg x = emit_scalar_exp(b, body, ops);
+                   Reg t = b.selp(Type::f32, imm_f32(0.0f), emit_scalar_exp(b, factor, {x, m}),
+                                  b.setp(Cmp::eq, x, imm_f32(-INFINITY)));
+                   Reg up = b.setp(Cmp::gt, x, m);
+                   b.set(sum, b.selp(Type::f32, b.fma(Type::f32, sum, t, imm_f32(1.0f)), b.add(Type::f32, sum, t), up));
+                   b.set(m, reduce_combine(b, ReduceKind::Max, m, x));
+                 });
         for (uint32_t off = 16; off >= 1; off /= 2) {
           Reg mo = b.shfl(kir::ShflMode::bfly, m, imm_u32(off)), so = b.shfl(kir::ShflMode::bfly, sum, imm_u32(off));
           Reg mn = reduce_combine(b, ReduceKind::Max, m, mo);
@@ -268,9 +216,10 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
         continue;
       }
       Reg acc = b.mov(Type::f32, reduce_identity(kind));
-      over_row({&body}, [&](Reg, const std::vector<Reg>& ops) {
-        b.set(acc, reduce_combine(b, kind, acc, emit_scalar_exp(b, body, ops)));
-      });
+      over_row([&](Reg col) { return operands_at(col, {&body}); },
+               [&](Reg, const std::vector<Reg>& ops) {
+                 b.set(acc, reduce_combine(b, kind, acc, emit_scalar_exp(b, body, ops)));
+               });
       vals[static_cast<size_t>(nin + j)] = reduce_finalize(b, kind, warp_reduce(b, kind, acc), n);
     }
     std::vector<const ScalarExp*> row_bodies, per_row_bodies;
@@ -283,12 +232,13 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
         if (!rp.output_per_row[o] && !row_start.count(rp.padding(o)))
           row_start[rp.padding(o)] = b.mul(it, row_i, imm_index(it, n + rp.padding(o)));
       auto stored = [&](size_t o) { return rp.stored_bf16(o) ? DType::bf16 : DType::f32; };
-      over_row(row_bodies, [&](Reg col, const std::vector<Reg>& ops) {
-        for (size_t o = 0; o < rp.output_bodies.size(); ++o)
-          if (!rp.output_per_row[o])
-            store_from_f32(b, stored(o), outputs[o], b.add(it, row_start.at(rp.padding(o)), col),
-                           emit_scalar_exp(b, rp.output_bodies[o], ops));
-      });
+      over_row([&](Reg col) { return operands_at(col, row_bodies); },
+               [&](Reg col, const std::vector<Reg>& ops) {
+                 for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+                   if (!rp.output_per_row[o])
+                     store_from_f32(b, stored(o), outputs[o], b.add(it, row_start.at(rp.padding(o)), col),
+                                    emit_scalar_exp(b, rp.output_bodies[o], ops));
+               });
       for (size_t o = 0; o < rp.output_bodies.size(); ++o)
         if (rp.padding(o) > 0)
           b.for_(lane_i, imm_index(it, rp.padding(o)), imm_index(it, 32), [&](Reg col) {
@@ -310,7 +260,6 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
       finish_launch(b, "kiln_fused_rows", {std::max(blocks, 1u), 1, 1}, {32 * kRowsPerBlock, 1, 1}, std::move(args)));
   r.summary = "fused rows: " + std::to_string(nred) + " reductions" +
               (softmax_pairs > 0 ? " (a max and its sum of exponentials in one pass)" : "") + ", " +
-              (rows_cached ? "rows' inputs loaded once into registers, " : "") +
               std::to_string(rp.output_bodies.size()) + " outputs, a warp per row of " + std::to_string(n) + ", " +
               launch_text(r.launches.back());
   return r;

@@ -14,9 +14,8 @@ void fused_rows_cases(FamilyCases& c) {
   // fused_rows: an i32 mask and inputs broadcast along rows and columns; max, sum and mean
   // reductions (the later ones reading the earlier); rows (37) not a multiple of the 8 rows a
   // block takes, row length (45) not a multiple of the warp. Output 0 is per element, 1 per row.
-  // The "_wide" pair: rows of 300. Both widths keep input 0 (the one input that differs from row
-  // to row) in registers (KILN_ROW_REGISTERS), the last of a lane's columns past the row's end for
-  // some lanes.
+  // The "_wide" pair: rows of 300, two whole trips of the lanes' 4-column unrolled loop and a
+  // remainder of 44.
   for (int64_t width : {45, 300})
     for (int which : {0, 1}) {
       const std::string name = std::string(which == 0 ? "fused_rows_row_output" : "fused_rows_per_row_output") +
@@ -41,11 +40,9 @@ void fused_rows_cases(FamilyCases& c) {
   // A softmax's statistics (max, then sum of exp(x - max)), which the kernel takes in one pass
   // with a running max: scores spread over +-60 (the sum is rescaled each time a lane's max
   // grows), about half of them -inf (masked; rows that start with runs of them, where -inf -
-  // -inf must not turn into NaN), rows of 2000 (two inputs of 63 columns a lane: more than the
-  // kernel keeps in registers, so passes over memory, 15 unrolled trips and a remainder), of 1000
-  // (kept in registers), of 45, and of 20 (lanes 20-31 see no element: their running max stays
-  // -inf and adds nothing).
-  for (int64_t width : {20, 45, 1000, 2000})
+  // -inf must not turn into NaN), rows of 1000 (7 unrolled trips and a remainder), of 45, and of
+  // 20 (lanes 20-31 see no element: their running max stays -inf and adds nothing).
+  for (int64_t width : {20, 45, 1000})
     c.lowering.push_back(
         {"fused_rows_online_softmax_" + std::to_string(width),
          {f32({19, width}, -2.0, 2.0), i32({19, width}, 0, 2)},

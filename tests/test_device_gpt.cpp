@@ -14,9 +14,9 @@
 #include "core/engine.hpp"
 #include "cuda/lower/fused_matmul.hpp"
 #include "device_test_util.hpp"
-#include "scoped_env.hpp"
 #include "gpt_reference_util.hpp"
 #include "ptxas_skip.hpp"
+#include "scoped_env.hpp"
 #include "train/adamw.hpp"
 #include "train/hdf5_file.hpp"
 #include "train/trainer.hpp"
@@ -197,11 +197,13 @@ TEST(FakeGpuGpt, Bf16TrainingStepsOnWidenedTilesMatchTheCpu) {
   widened_bf16_training_steps_match_cpu(testing::fake_runtime());
 }
 
-// The same with the bf16 mma.sync kernel (ldmatrix, cp.async; the default) on every matmul whose
-// operands qualify: the activations' casts are then kernels, so that the matmuls read stored bf16.
-// `kernel`: the summary of the kernel that must run them ("wgmma m64n" with KILN_WGMMA=1).
-void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt, const std::string& kernel = "mma.sync bf16") {
+// The same with the bf16 mma.sync kernel (ldmatrix, cp.async; the default but on a real sm_90
+// device) on every matmul whose operands qualify: the activations' casts are then kernels, so that
+// the matmuls read stored bf16. With `wgmma` (the default on a real H100 or H200): sm_90a's wgmma.
+void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt, bool wgmma) {
   cuda::ForceBf16Mma force;  // whatever KILN_BF16_MMA says
+  testing::ScopedEnv engine("KILN_WGMMA", wgmma ? "1" : "0");
+  const std::string kernel = wgmma ? "wgmma m64n" : "mma.sync bf16";
   Engine::current().plan_cache().clear();
   training_steps_match_cpu(rt, testing::tiny_gpt_config(2), 2, Precision::bf16);
   size_t bf16_mma_kernels = 0;
@@ -218,24 +220,22 @@ void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt, const std::string& ker
   Engine::current().plan_cache().clear();
 }
 
-TEST(FakeGpuGpt, Bf16MmaTrainingStepsMatchTheCpu) { bf16_mma_training_steps_match_cpu(testing::fake_runtime()); }
+TEST(FakeGpuGpt, Bf16MmaTrainingStepsMatchTheCpu) { bf16_mma_training_steps_match_cpu(testing::fake_runtime(), false); }
 
 TEST(GpuGpt, Bf16MmaTrainingStepsMatchTheCpu) {
   KILN_GPU_OR_SKIP(rt);
-  bf16_mma_training_steps_match_cpu(*rt);
+  bf16_mma_training_steps_match_cpu(*rt, false);
 }
 
-// The same on sm_90a's wgmma (KILN_WGMMA=1): the simulator here, an H100 or H200 in the GPU tier.
+// The same on sm_90a's wgmma: the simulator here, an H100 or H200 in the GPU tier.
 TEST(FakeGpuGpt, Bf16WgmmaTrainingStepsMatchTheCpu) {
-  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
-  bf16_mma_training_steps_match_cpu(testing::fake_runtime(), "wgmma m64n");
+  bf16_mma_training_steps_match_cpu(testing::fake_runtime(), true);
 }
 
 TEST(GpuGpt, Bf16WgmmaTrainingStepsMatchTheCpu) {
   KILN_GPU_OR_SKIP(rt);
   if (rt->sm() != 90) GTEST_SKIP() << "wgmma needs sm_90a; this GPU is sm_" << rt->sm();
-  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
-  bf16_mma_training_steps_match_cpu(*rt, "wgmma m64n");
+  bf16_mma_training_steps_match_cpu(*rt, true);
 }
 
 TEST(GpuGpt, Bf16TrainingStepsOnWidenedTilesMatchTheCpu) {

@@ -276,9 +276,11 @@ bool both_rows_contiguous(const std::string& name) {
 }
 
 // The mma cases on `rt` under every tiling, and split-K under two; `bf16` as mma_cases. The tf32
-// kernel runs with tf32 allowed (cuda::ForceTf32Matmuls).
+// kernel runs with tf32 allowed (cuda::ForceTf32Matmuls); bf16 on mma.sync also where a real
+// H100 would take wgmma by default.
 void check_mma_cases(cuda::Runtime& rt, bool bf16) {
   cuda::ForceBf16Mma on;
+  testing::ScopedEnv engine("KILN_WGMMA", "0");
   std::optional<cuda::ForceTf32Matmuls> tf32;
   if (!bf16) tf32.emplace();
   const double tolerance = bf16 ? 1e-5 : kTf32Tolerance;
@@ -649,6 +651,28 @@ TEST(Lowering, Bf16MmaTileAutoTakes128x256WhereItsGridFillsTheSms) {
     }
     const std::string d = dump_of({64, 40}, {40, 64}, true);
     EXPECT_NE(d.find("tile 128x128"), std::string::npos) << d;
+  }
+}
+
+// KILN_MMA_TILE=waves (matmul_mma.hpp: wave_tile_n): the tile of fewer whole waves of 132
+// blocks, a 128x256 wave counted 1.6. GPT-2's MLP weight gradient 768 x 3072 (144 blocks of
+// 128x128: two waves; 72 of 128x256: one) takes 128x256, which auto does not; 768 x 768 (36 or
+// 18 blocks, a wave either way), 1024^2 (64 or 32) and 8192 x 768 (384 or 192 blocks: three
+// waves or two, 3 < 3.2) take 128x128; 4096^2 (1024 or 512: eight waves or four) 128x256.
+TEST(Lowering, Bf16MmaTileWavesTakesTheTileOfFewerWaves) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv tile("KILN_MMA_TILE", "waves"), engine("KILN_WGMMA", "1");
+  auto dump_of = [](Shape a, Shape b) {
+    testing::Harness h({f32(std::move(a)), f32(std::move(b))}, [](Builder& bld, const std::vector<ValueId>& x) {
+      return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16));
+    });
+    return cuda::DeviceProgram(h.circuit, {h.output}, testing::fake_runtime()).dump();
+  };
+  for (const auto& [m, n, wide] :
+       {std::tuple{768, 3072, true}, std::tuple{768, 768, false}, std::tuple{1024, 1024, false},
+        std::tuple{8192, 768, false}, std::tuple{4096, 4096, true}}) {
+    const std::string d = dump_of({m, 64}, {64, n});
+    EXPECT_NE(d.find(wide ? "tile 128x256" : "tile 128x128"), std::string::npos) << m << " x " << n << "\n" << d;
   }
 }
 

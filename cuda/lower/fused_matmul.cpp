@@ -268,7 +268,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   }
   const bool cp_async_mma = mma_stages.has_value();  // the cp.async mma kernel, either input
   const MmaTiling mma = cp_async_mma
-                            ? choose_mma_tiling(*mma_stages, mma_input, (M + 127) / 128 * ((N + 255) / 256) * batch, K)
+                            ? choose_mma_tiling(*mma_stages, mma_input, (M + 127) / 128 * ((N + 127) / 128) * batch,
+                                                (M + 127) / 128 * ((N + 255) / 256) * batch)
                             : MmaTiling{};
   // The mma tiles' accumulators: pm x pn = 128 x tn / 256 a thread, as 4 x tn / 32 products of 16x8.
   const Tiling tile = cp_async_mma ? Tiling{128, mma.tn, 8, mma.tn / 16, true, 8}

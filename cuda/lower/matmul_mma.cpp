@@ -41,7 +41,13 @@ WgmmaByDefault::WgmmaByDefault() { ++wgmma_by_default; }
 WgmmaByDefault::~WgmmaByDefault() { --wgmma_by_default; }
 bool WgmmaByDefault::active() { return wgmma_by_default > 0; }
 
-MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_256, int64_t K) {
+int wave_tile_n(int64_t blocks_128, int64_t blocks_256) {
+  auto waves = [](int64_t blocks) { return (blocks + kAssumedSms - 1) / kAssumedSms; };
+  return 8 * waves(blocks_256) < 5 * waves(blocks_128) ? 256 : 128;  // 1.6 x the waves of 128x256
+}
+
+MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_128,
+                            int64_t blocks_256) {
   MmaTiling t;
   t.input = input;
   t.wgmma = input == MmaInput::bf16 && options::wgmma().value_or(WgmmaByDefault::active());
@@ -50,10 +56,7 @@ MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput inpu
   if (tile < 0 || (tile == 0 && t.wgmma)) t.tn = blocks_256 >= kAssumedSms ? 256 : 128;
   if (const int stages = options::mma_stages(); stages != 0) t.stages = stages;
   if (t.wgmma) t.stages = options::mma_stages() == 0 ? 4 : std::max(t.stages, 3);
-  if (tile == -2 && t.wgmma && K <= kShortK) {
-    t.tn = 128;
-    t.stages = 3;
-  }
+  if (tile == -2) t.tn = wave_tile_n(blocks_128, blocks_256);
   const int64_t limit = t.wgmma ? kir::kMaxSharedBytesSm90a : kir::kMaxSharedBytes;
   while (t.stages > (t.wgmma ? 3 : 2) && mma_shared_bytes(layout, t) > limit) --t.stages;
   return t;

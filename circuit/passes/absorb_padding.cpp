@@ -18,12 +18,10 @@ namespace {
 // True if v is all +0: a fill of +0 or a cast of one (the kernels' zero columns are +0).
 bool is_zeros(const Circuit& c, ValueId v) {
   const int32_t producer = c.value(v).producer;
-  if (producer < 0) return false;
-  const Op& op = c.ops()[static_cast<size_t>(producer)];
-  if (op.is(PrimId::cast)) return is_zeros(c, op.inputs[0]);
-  if (!op.is(PrimId::fill)) return false;
-  const double value = FillParams::of(op).value;
-  return value == 0.0 && !std::signbit(value);
+  if (producer >= 0 && c.ops()[static_cast<size_t>(producer)].is(PrimId::cast))
+    return is_zeros(c, c.ops()[static_cast<size_t>(producer)].inputs[0]);
+  const std::optional<FillParams> fill = FillParams::producing(c, v);
+  return fill && fill->value == 0.0 && !std::signbit(fill->value);
 }
 
 // The output index in its fused_rows producer of the value that concat `op` pads, or -1 where

@@ -561,8 +561,8 @@ class Matcher {
            iota->params.index == ix::ge(ix::coord(0), ix::coord(1));
   }
   bool is_fill(ValueId v, double value) const {
-    const Op* fill = producer(v, PrimId::fill);
-    return fill && c_.info(v).shape.numel() == 1 && FillParams::of(*fill).value == value;
+    const std::optional<FillParams> fill = FillParams::producing(c_, v);
+    return fill && c_.info(v).shape.numel() == 1 && fill->value == value;
   }
 
   const Circuit& c_;

@@ -23,15 +23,6 @@ struct FusedOp {
 
 bool is_pointwise(const Op& op) { return op.is(PrimId::pointwise); }
 
-// The value of a float fill, or nothing.
-std::optional<double> fill_value(const Circuit& c, ValueId v) {
-  const int32_t p = c.value(v).producer;
-  if (p < 0) return std::nullopt;
-  const Op& op = c.ops()[static_cast<size_t>(p)];
-  if (!op.is(PrimId::fill) || (op.params.dtype != DType::f32 && op.params.dtype != DType::f64)) return std::nullopt;
-  return FillParams::of(op).value;
-}
-
 // A pointwise op over float fills only is a fill of its result (constant folding: the seed of
 // a loss's gradient times the mean's 1 / n), evaluated in f64 and rounded once to the dtype.
 std::optional<Params> folded_fill(const Circuit& c, const Op& op, const FusedOp& f) {
@@ -39,7 +30,7 @@ std::optional<Params> folded_fill(const Circuit& c, const Op& op, const FusedOp&
   if (!is_pointwise(op) || (out.dtype != DType::f32 && out.dtype != DType::f64)) return std::nullopt;
   std::vector<double> values;
   for (ValueId in : f.inputs) {
-    const std::optional<double> v = fill_value(c, in);
+    const std::optional<double> v = FillParams::float_value(c, in);
     if (!v) return std::nullopt;
     values.push_back(*v);
   }

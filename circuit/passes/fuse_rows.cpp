@@ -37,13 +37,6 @@ Role role_of(const Circuit& c, const Op& op, Shape* shape) {
   return Role::None;
 }
 
-bool is_float_fill(const Circuit& c, ValueId v) {
-  const int32_t p = c.value(v).producer;
-  if (p < 0) return false;
-  const Op& op = c.ops()[static_cast<size_t>(p)];
-  return op.is(PrimId::fill) && (op.params.dtype == DType::f32 || op.params.dtype == DType::f64);
-}
-
 class RowFuser {
  public:
   RowFuser(const Circuit& c, const std::vector<ValueId>& outputs) : c_(c), ops_(c.ops()) {
@@ -221,7 +214,8 @@ Params RowFuser::program_of(const Group& g, std::vector<ValueId>& inputs, std::v
   auto is_member_value = [&](ValueId v) { return members.count(c_.value(v).producer) > 0; };
   for (int32_t m : g.members)
     for (ValueId in : ops_[static_cast<size_t>(m)].inputs)
-      if (!is_member_value(in) && !is_float_fill(c_, in) && std::find(inputs.begin(), inputs.end(), in) == inputs.end())
+      if (!is_member_value(in) && !FillParams::float_value(c_, in) &&
+          std::find(inputs.begin(), inputs.end(), in) == inputs.end())
         inputs.push_back(in);
   RowProgram rp;
   rp.inputs = static_cast<int>(inputs.size());
@@ -229,7 +223,7 @@ Params RowFuser::program_of(const Group& g, std::vector<ValueId>& inputs, std::v
   std::map<ValueId, ScalarExp> e;
   auto expr = [&](ValueId v) -> ScalarExp {
     if (auto it = e.find(v); it != e.end()) return it->second;
-    if (is_float_fill(c_, v)) return se::c(FillParams::of(ops_[static_cast<size_t>(c_.value(v).producer)]).value);
+    if (const std::optional<double> value = FillParams::float_value(c_, v)) return se::c(*value);
     auto at = std::find(inputs.begin(), inputs.end(), v);
     return se::in(static_cast<int>(at - inputs.begin()));
   };

@@ -63,6 +63,18 @@ FillParams FillParams::of(const Op& op) {
   return {Shape(op.params.ints), op.params.reals.at(0), op.params.dtype};
 }
 
+std::optional<FillParams> FillParams::producing(const Circuit& c, ValueId v) {
+  const int32_t p = c.value(v).producer;
+  if (p < 0 || !c.ops()[static_cast<size_t>(p)].is(PrimId::fill)) return std::nullopt;
+  return of(c.ops()[static_cast<size_t>(p)]);
+}
+
+std::optional<double> FillParams::float_value(const Circuit& c, ValueId v) {
+  const std::optional<FillParams> fill = producing(c, v);
+  if (!fill || (fill->dtype != DType::f32 && fill->dtype != DType::f64)) return std::nullopt;
+  return fill->value;
+}
+
 Params FillParams::to_params() const {
   Params p;
   p.ints = shape.dims();

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <vector>
 
 #include "circuit/ir/prim.hpp"
@@ -100,6 +101,12 @@ struct FillParams {
   double value = 0.0;
   DType dtype = DType::f32;
   static FillParams of(const Op& op);
+  // The fill that produces v, or nothing (an external, another Prim's output). Passes that fold
+  // constants ask this; they check the dtype and value they can take.
+  static std::optional<FillParams> producing(const Circuit& c, ValueId v);
+  // The value of an f32 or f64 fill that produces v (a constant a scalar expression can take),
+  // or nothing.
+  static std::optional<double> float_value(const Circuit& c, ValueId v);
   Params to_params() const;
 };
 

@@ -25,7 +25,7 @@ for tile in ${KILN_GEMM_TILES:-auto 64 128}; do
 done
 echo "== kiln gemm, KILN_ALLOW_TF32=1"
 KILN_ALLOW_TF32=1 "$run" "$bundle/bin/kiln" bench --device cuda --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
-echo "== kiln gemm, --precision bf16 (mma.sync bf16, ldmatrix, cp.async)"
+echo "== kiln gemm, --precision bf16 (the bf16 tensor-core kernel: wgmma on an H100/H200, mma.sync elsewhere)"
 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
 echo "== kiln gemm, --precision bf16, KILN_BF16_MMA=0 (bf16 widened in f32 tiles)"
 KILN_BF16_MMA=0 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'

@@ -658,7 +658,8 @@ TEST(Lowering, Bf16MmaTileAutoTakes128x256WhereItsGridFillsTheSms) {
 // blocks, a 128x256 wave counted 1.6. GPT-2's MLP weight gradient 768 x 3072 (144 blocks of
 // 128x128: two waves; 72 of 128x256: one) takes 128x256, which auto does not; 768 x 768 (36 or
 // 18 blocks, a wave either way), 1024^2 (64 or 32) and 8192 x 768 (384 or 192 blocks: three
-// waves or two, 3 < 3.2) take 128x128; 4096^2 (1024 or 512: eight waves or four) 128x256.
+// waves or two, 3 < 3.2) take 128x128; 4096^2 (1024 or 512: eight waves or four) 128x256. On
+// mma.sync (two 128x128 blocks an SM) waves is auto: 768 x 3072 takes 128x128.
 TEST(Lowering, Bf16MmaTileWavesTakesTheTileOfFewerWaves) {
   cuda::ForceBf16Mma on;
   testing::ScopedEnv tile("KILN_MMA_TILE", "waves"), engine("KILN_WGMMA", "1");
@@ -674,6 +675,10 @@ TEST(Lowering, Bf16MmaTileWavesTakesTheTileOfFewerWaves) {
     const std::string d = dump_of({m, 64}, {64, n});
     EXPECT_NE(d.find(wide ? "tile 128x256" : "tile 128x128"), std::string::npos) << m << " x " << n << "\n" << d;
   }
+  testing::ScopedEnv mma("KILN_WGMMA", "0");
+  const std::string d = dump_of({768, 64}, {64, 3072});
+  EXPECT_NE(d.find("mma.sync bf16"), std::string::npos) << d;
+  EXPECT_NE(d.find("tile 128x128"), std::string::npos) << d;
 }
 
 // KILN_WGMMA and KILN_MMA_TILE unset: mma.sync at 128x128 unless the lowering is for an sm_90

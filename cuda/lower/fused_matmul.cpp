@@ -612,7 +612,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
           if (fresh) slot->second = b.ld(Space::global, Type::f32, extra_addr[static_cast<size_t>(x)], at);
           return slot->second;
         };
-        // Units (mi, ni, half): rows g and g + 8 of a 16x8 product, two columns each. The extras
+        // Units (mi, ni, half): row g + 8 half of a 16x8 product, two columns. The extras
         // of kUnitsAhead units are loaded before the first of their stores: ptxas does not move a
         // load above a store that may alias it, so loads placed between stores each wait their
         // full latency (one product's GELU-gradient epilogue took 280 us for 160 of main loop).

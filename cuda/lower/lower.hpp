@@ -63,7 +63,7 @@ int alias_input(PrimId prim);
 // While one is alive on this thread, the lowering is for an sm_90 GPU (H100, H200): bf16 matmuls
 // take sm_90a's wgmma where KILN_WGMMA is unset (on an H100, GPT-2 small's bf16 step took 36 ms
 // on wgmma against 45 on mma.sync). Without one (sm_80, the fake driver, most tests): mma.sync,
-// which every GPU kiln supports runs. Device programs for a real sm_90 device and `kiln ptx --sm
+// which runs on every GPU kiln supports. Device programs for a real sm_90 device and `kiln ptx --sm
 // 90` hold one while they lower.
 class WgmmaByDefault {
  public:

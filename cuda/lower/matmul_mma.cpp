@@ -56,7 +56,8 @@ MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput inpu
   if (tile < 0 || (tile == 0 && t.wgmma)) t.tn = blocks_256 >= kAssumedSms ? 256 : 128;
   if (const int stages = options::mma_stages(); stages != 0) t.stages = stages;
   if (t.wgmma) t.stages = options::mma_stages() == 0 ? 4 : std::max(t.stages, 3);
-  if (tile == -2) t.tn = wave_tile_n(blocks_128, blocks_256);
+  if (tile == -2)  // waves: wgmma's rule; mma.sync (two 128x128 blocks an SM) takes auto's
+    t.tn = t.wgmma ? wave_tile_n(blocks_128, blocks_256) : blocks_256 >= kAssumedSms ? 256 : 128;
   const int64_t limit = t.wgmma ? kir::kMaxSharedBytesSm90a : kir::kMaxSharedBytes;
   while (t.stages > (t.wgmma ? 3 : 2) && mma_shared_bytes(layout, t) > limit) --t.stages;
   return t;

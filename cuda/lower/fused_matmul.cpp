@@ -11,7 +11,7 @@
 // quadrants 64 apart (ty*4 + 64q + i), so that its operands are 16-byte vectors and a quarter-warp's fragment loads
 // read 128 contiguous bytes: no bank conflict. Tiles are loaded through the operand views (the
 // lanes of a warp on 32 rows of one k, so that tile stores meet no bank conflict; see
-// TileLoader) and zero-filled outside the matrix, so no size needs to be a multiple of the tile;
+// TileLoader, matmul_tiles.hpp) and zero-filled outside the matrix, so no size needs to be a multiple of the tile;
 // a prologue is applied as each element is loaded. The next tile's global loads are issued
 // before the current tile's FFMAs (held in registers, stored to shared memory after the
 // barrier), so their latency hides behind the arithmetic. Batch dims: grid z walks the logical
@@ -41,6 +41,7 @@
 #include "cuda/lower/families.hpp"
 #include "cuda/lower/fused_matmul.hpp"
 #include "cuda/lower/matmul_mma.hpp"
+#include "cuda/lower/matmul_tiles.hpp"
 
 namespace kiln::cuda {
 
@@ -52,7 +53,7 @@ using kir::SReg;
 
 namespace {
 
-constexpr int kTileK = 16, kThreads = 256, kQuadrant = 4, kQuadrantSpacing = 64;
+constexpr int kTileK = kMatmulTileK, kThreads = kMatmulThreads, kQuadrant = 4, kQuadrantSpacing = 64;
 // A block's tile of c (tm x tn) and each thread's share (pm x pn, in 4x4 quadrants).
 // tf32: tensor cores (mma.sync m16n8k8) instead of FFMAs: 8 warps as 2 x 4, each a 64x32 tile
 // of c (4 x 4 products of 16x8), 64 accumulators a thread; shared-memory rows padded by 8
@@ -90,143 +91,6 @@ Tiling choose_tiling(int64_t m, int64_t n, int64_t batch, bool bf16_operands, bo
       static_cast<double>(large_blocks) >= kLargeTileMinWaveFill * static_cast<double>(waves * kAssumedSms);
   if (!(large_blocks >= kLargeTileMinBlocks && fills_waves)) return kSmallTile;
   return tf32 ? kTf32Tile : kLargeTile;
-}
-
-// One operand tile: element (row r, k) of the operand's [rows x K] view, stored in shared
-// memory as tile[k][r] (tm floats a k) so that a thread's 4 consecutive rows are one 16-byte
-// vector. Stores to a tile must spread a warp's 32 lanes over 32 banks, i.e. over 32 rows of
-// one k:
-//  - an operand with unit stride along its rows: lane l takes row l % tm of k l / tm (as many
-//    slots as it takes), and the lanes' loads coalesce;
-//  - otherwise (k_groups): thread t takes row t % tm and groups of 4 consecutive k from
-//    4 (t / tm), one group every 4 * 256 / tm k, with one 16-byte load where those 4 are
-//    contiguous and 16-byte aligned (vector_k), else 4 scalar loads of one row. (Lanes that
-//    walked along k one float each put 16 lanes of a warp on one bank: a 16-way conflict on
-//    every tile store.)
-// `values` are the registers that carry a fetched tile, as loaded, to its store in shared
-// memory, and `oks` whether each was inside the matrix: the prologue, the widening of bf16 and
-// the rounding to tf32 are applied as the tile is stored, after the current tile's arithmetic,
-// so that nothing waits for the loads before it (applied as they were loaded, a bf16 rounding
-// prologue made a weight-gradient kernel 2.3x slower on an H200).
-struct TileLoader {
-  Reg base;  // the operand's batch base address
-  const MatmulOperand* view = nullptr;
-  bool k_groups = false, vector_k = false;
-  int64_t rows = 0, depth = 0;      // the operand's M (or N) and K
-  int tm = 0;                       // rows of the tile
-  int pitch = 0;                    // floats from one k's row to the next in shared memory
-  bool tf32 = false;                // values rounded to tf32 for mma.sync
-  DType dtype = DType::f32;         // of the operand in global memory: f32, or bf16 (widened on load)
-  std::vector<Reg> tile_r, tile_k;  // per load slot: row and k within the tile (index type)
-  std::vector<Reg> row_ok;          // per load slot: row0 + r < rows
-  std::vector<Reg> smem_addr;       // per load slot: shared address of tile[k][r]
-  std::vector<Reg> values;          // per load slot: 1 value (along rows) or 4 (k groups), as loaded
-  std::vector<Reg> oks;             // per value: inside the matrix
-  int per_slot() const { return k_groups ? 4 : 1; }
-};
-
-bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
-  bool ok = v.k_stride == 1 && depth % 4 == 0 && v.row_stride % 4 == 0 && v.offset % 4 == 0;
-  for (int64_t s : v.batch) ok = ok && s % 4 == 0;
-  return ok;
-}
-
-TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, DType dtype, int64_t rows,
-                       int64_t depth, int tm, int pitch, bool tf32, Reg row0, Reg tid, Reg smem) {
-  const bool along_rows = view.k_stride != 1 && view.row_stride == 1;
-  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth),
-               rows, depth, tm,          pitch,
-               tf32, dtype, {},          {},
-               {},   {},    {},          {}};
-  auto add_slot = [&](Reg r, Reg k) {
-    t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
-    t.tile_k.push_back(it == Type::u32 ? k : b.cvt(Type::u64, k));
-    t.row_ok.push_back(b.setp(Cmp::lt, t.tile_r.back(), imm_index(it, rows)));
-    t.smem_addr.push_back(
-        b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(static_cast<uint32_t>(pitch)), r), imm_u32(4), smem));
-    for (int j = 0; j < t.per_slot(); ++j) {
-      t.values.push_back(b.mov(kir_type(dtype), kir::Operand::imm(kir_type(dtype), 0)));
-      t.oks.push_back(b.setp(Cmp::eq, imm_u32(0), imm_u32(0)));
-    }
-  };
-  const auto tm32 = static_cast<uint32_t>(tm);
-  if (t.k_groups) {
-    Reg r = b.rem(Type::u32, tid, imm_u32(tm32));
-    Reg k = b.mul(Type::u32, b.div(Type::u32, tid, imm_u32(tm32)), imm_u32(4));
-    const int groups = tm * kTileK / (4 * kThreads), group_stride = 4 * kThreads / tm;
-    for (int g = 0; g < groups; ++g)
-      add_slot(r, g == 0 ? k : b.add(Type::u32, k, imm_u32(static_cast<uint32_t>(g * group_stride))));
-    return t;
-  }
-  for (int s = 0; s < tm * kTileK / kThreads; ++s) {
-    Reg l = b.add(Type::u32, tid, imm_u32(static_cast<uint32_t>(s * kThreads)));
-    add_slot(b.rem(Type::u32, l, imm_u32(tm32)), b.div(Type::u32, l, imm_u32(tm32)));
-  }
-  return t;
-}
-
-// A global load of `vec` elements of `type` (f32 or bf16) into registers preset to 0, where `ok`
-// holds.
-std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Reg ok) {
-  kir::Instr ld;
-  ld.op = kir::Opc::Ld;
-  ld.type = type;
-  ld.space = Space::global;
-  ld.vec = vec;
-  for (int j = 0; j < vec; ++j) ld.dsts.push_back(b.mov(type, kir::Operand::imm(type, 0)));
-  ld.srcs = {addr};
-  b.emit(ld, ok);
-  return ld.dsts;
-}
-
-// The f32 value a tile holds for x as loaded (where `ok`): the prologue applied, 0 outside the
-// matrix whatever the prologue makes of 0; in tf32 tiles rounded to tf32 (mma.sync would
-// otherwise drop the low bits: truncation, twice the error). A bf16 x is widened to f32 (exact;
-// bf16 operands take no prologue), and is then a tf32 value already.
-Reg tile_value(KernelBuilder& b, const TileLoader& t, Reg x, Reg ok) {
-  if (x.type == Type::bf16) return b.cvt(Type::f32, x);
-  if (t.view->prologue != se::in(0))
-    x = b.selp(Type::f32, emit_scalar_exp(b, t.view->prologue, {x}), imm_f32(0.0f), ok);
-  if (t.tf32 && t.view->prologue != se::round_bf16(se::in(0))) x = b.unary(kir::Opc::RoundTf32, Type::f32, x);
-  return x;
-}
-
-// Loads the tile at k0 from global memory into t.values.
-void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
-  const MatmulOperand& v = *t.view;
-  auto element = [&](Reg r, Reg kg) {  // address of element (r, kg)
-    Reg k_part = v.k_stride == 1 ? kg : b.mul(it, kg, imm_index(it, v.k_stride));
-    return b.address(t.base, scaled_add(b, it, r, v.row_stride, k_part), static_cast<int>(dtype_size(t.dtype)));
-  };
-  for (size_t slot = 0; slot < t.tile_r.size(); ++slot) {
-    Reg k_slot = b.add(it, k0, t.tile_k[slot]);
-    if (t.vector_k) {  // K is a multiple of 4: a group of 4 k lies wholly inside the matrix or outside
-      Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, k_slot, imm_index(it, t.depth)));
-      const std::vector<Reg> x = guarded_load(b, kir_type(t.dtype), element(t.tile_r[slot], k_slot), 4, ok);
-      for (size_t j = 0; j < 4; ++j) {
-        b.set(t.values[4 * slot + j], x[j]);
-        b.set(t.oks[4 * slot + j], ok);
-      }
-      continue;
-    }
-    for (int j = 0; j < t.per_slot(); ++j) {
-      Reg kg = j == 0 ? k_slot : b.add(it, k_slot, imm_index(it, j));
-      Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
-      Reg x = guarded_load(b, kir_type(t.dtype), element(t.tile_r[slot], kg), 1, ok)[0];
-      const size_t at = static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j);
-      b.set(t.values[at], x);
-      b.set(t.oks[at], ok);
-    }
-  }
-}
-
-// Stores the fetched tile into shared memory (k groups: k j of a slot is a pitch further).
-void store_tile(KernelBuilder& b, const TileLoader& t) {
-  for (size_t slot = 0; slot < t.smem_addr.size(); ++slot)
-    for (int j = 0; j < t.per_slot(); ++j) {
-      const size_t at = static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j);
-      b.st(Space::shared, Type::f32, t.smem_addr[slot], tile_value(b, t, t.values[at], t.oks[at]), 4 * j * t.pitch);
-    }
 }
 
 }  // namespace

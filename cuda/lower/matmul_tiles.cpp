@@ -1,0 +1,117 @@
+// The FFMA-tile matmul kernel's operand tiles (matmul_tiles.hpp).
+#include "cuda/lower/matmul_tiles.hpp"
+
+#include "cuda/lower/elementwise.hpp"
+
+namespace kiln::cuda {
+
+using kir::Cmp;
+using kir::imm_f32;
+using kir::imm_u32;
+using kir::Space;
+
+namespace {
+
+bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
+  bool ok = v.k_stride == 1 && depth % 4 == 0 && v.row_stride % 4 == 0 && v.offset % 4 == 0;
+  for (int64_t s : v.batch) ok = ok && s % 4 == 0;
+  return ok;
+}
+
+// The f32 value a tile holds for x as loaded (where `ok`): the prologue applied, 0 outside the
+// matrix whatever the prologue makes of 0; in tf32 tiles rounded to tf32 (mma.sync would
+// otherwise drop the low bits: truncation, twice the error). A bf16 x is widened to f32 (exact;
+// bf16 operands take no prologue), and is then a tf32 value already.
+Reg tile_value(KernelBuilder& b, const TileLoader& t, Reg x, Reg ok) {
+  if (x.type == Type::bf16) return b.cvt(Type::f32, x);
+  if (t.view->prologue != se::in(0))
+    x = b.selp(Type::f32, emit_scalar_exp(b, t.view->prologue, {x}), imm_f32(0.0f), ok);
+  if (t.tf32 && t.view->prologue != se::round_bf16(se::in(0))) x = b.unary(kir::Opc::RoundTf32, Type::f32, x);
+  return x;
+}
+
+}  // namespace
+
+TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, DType dtype, int64_t rows,
+                       int64_t depth, int tm, int pitch, bool tf32, Reg row0, Reg tid, Reg smem) {
+  const bool along_rows = view.k_stride != 1 && view.row_stride == 1;
+  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth),
+               rows, depth, tm,          pitch,
+               tf32, dtype, {},          {},
+               {},   {},    {},          {}};
+  auto add_slot = [&](Reg r, Reg k) {
+    t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
+    t.tile_k.push_back(it == Type::u32 ? k : b.cvt(Type::u64, k));
+    t.row_ok.push_back(b.setp(Cmp::lt, t.tile_r.back(), imm_index(it, rows)));
+    t.smem_addr.push_back(
+        b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(static_cast<uint32_t>(pitch)), r), imm_u32(4), smem));
+    for (int j = 0; j < t.per_slot(); ++j) {
+      t.values.push_back(b.mov(kir_type(dtype), kir::Operand::imm(kir_type(dtype), 0)));
+      t.oks.push_back(b.setp(Cmp::eq, imm_u32(0), imm_u32(0)));
+    }
+  };
+  const auto tm32 = static_cast<uint32_t>(tm);
+  if (t.k_groups) {
+    Reg r = b.rem(Type::u32, tid, imm_u32(tm32));
+    Reg k = b.mul(Type::u32, b.div(Type::u32, tid, imm_u32(tm32)), imm_u32(4));
+    const int groups = tm * kMatmulTileK / (4 * kMatmulThreads), group_stride = 4 * kMatmulThreads / tm;
+    for (int g = 0; g < groups; ++g)
+      add_slot(r, g == 0 ? k : b.add(Type::u32, k, imm_u32(static_cast<uint32_t>(g * group_stride))));
+    return t;
+  }
+  for (int s = 0; s < tm * kMatmulTileK / kMatmulThreads; ++s) {
+    Reg l = b.add(Type::u32, tid, imm_u32(static_cast<uint32_t>(s * kMatmulThreads)));
+    add_slot(b.rem(Type::u32, l, imm_u32(tm32)), b.div(Type::u32, l, imm_u32(tm32)));
+  }
+  return t;
+}
+
+std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Reg ok) {
+  kir::Instr ld;
+  ld.op = kir::Opc::Ld;
+  ld.type = type;
+  ld.space = Space::global;
+  ld.vec = vec;
+  for (int j = 0; j < vec; ++j) ld.dsts.push_back(b.mov(type, kir::Operand::imm(type, 0)));
+  ld.srcs = {addr};
+  b.emit(ld, ok);
+  return ld.dsts;
+}
+
+void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
+  const MatmulOperand& v = *t.view;
+  auto element = [&](Reg r, Reg kg) {  // address of element (r, kg)
+    Reg k_part = v.k_stride == 1 ? kg : b.mul(it, kg, imm_index(it, v.k_stride));
+    return b.address(t.base, scaled_add(b, it, r, v.row_stride, k_part), static_cast<int>(dtype_size(t.dtype)));
+  };
+  for (size_t slot = 0; slot < t.tile_r.size(); ++slot) {
+    Reg k_slot = b.add(it, k0, t.tile_k[slot]);
+    if (t.vector_k) {  // K is a multiple of 4: a group of 4 k lies wholly inside the matrix or outside
+      Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, k_slot, imm_index(it, t.depth)));
+      const std::vector<Reg> x = guarded_load(b, kir_type(t.dtype), element(t.tile_r[slot], k_slot), 4, ok);
+      for (size_t j = 0; j < 4; ++j) {
+        b.set(t.values[4 * slot + j], x[j]);
+        b.set(t.oks[4 * slot + j], ok);
+      }
+      continue;
+    }
+    for (int j = 0; j < t.per_slot(); ++j) {
+      Reg kg = j == 0 ? k_slot : b.add(it, k_slot, imm_index(it, j));
+      Reg ok = b.and_(Type::pred, t.row_ok[slot], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
+      Reg x = guarded_load(b, kir_type(t.dtype), element(t.tile_r[slot], kg), 1, ok)[0];
+      const size_t at = static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j);
+      b.set(t.values[at], x);
+      b.set(t.oks[at], ok);
+    }
+  }
+}
+
+void store_tile(KernelBuilder& b, const TileLoader& t) {
+  for (size_t slot = 0; slot < t.smem_addr.size(); ++slot)
+    for (int j = 0; j < t.per_slot(); ++j) {
+      const size_t at = static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j);
+      b.st(Space::shared, Type::f32, t.smem_addr[slot], tile_value(b, t, t.values[at], t.oks[at]), 4 * j * t.pitch);
+    }
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,65 @@
+// The FFMA-tile matmul kernel's operand tiles (fused_matmul.cpp): a tile of an operand fetched
+// through its view into registers, then stored to shared memory with its prologue applied.
+// Internal to cuda/lower/.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "circuit/prims/fused_matmul.hpp"
+#include "cuda/lower/util.hpp"
+
+namespace kiln::cuda {
+
+constexpr int kMatmulTileK = 16;     // k a step of the FFMA-tile kernel
+constexpr int kMatmulThreads = 256;  // threads a block (16 x 16)
+
+// One operand tile: element (row r, k) of the operand's [rows x K] view, stored in shared
+// memory as tile[k][r] (tm floats a k) so that a thread's 4 consecutive rows are one 16-byte
+// vector. Stores to a tile must spread a warp's 32 lanes over 32 banks, i.e. over 32 rows of
+// one k:
+//  - an operand with unit stride along its rows: lane l takes row l % tm of k l / tm (as many
+//    slots as it takes), and the lanes' loads coalesce;
+//  - otherwise (k_groups): thread t takes row t % tm and groups of 4 consecutive k from
+//    4 (t / tm), one group every 4 * 256 / tm k, with one 16-byte load where those 4 are
+//    contiguous and 16-byte aligned (vector_k), else 4 scalar loads of one row. (Lanes that
+//    walked along k one float each put 16 lanes of a warp on one bank: a 16-way conflict on
+//    every tile store.)
+// `values` are the registers that carry a fetched tile, as loaded, to its store in shared
+// memory, and `oks` whether each was inside the matrix: the prologue, the widening of bf16 and
+// the rounding to tf32 are applied as the tile is stored, after the current tile's arithmetic,
+// so that nothing waits for the loads before it (applied as they were loaded, a bf16 rounding
+// prologue made a weight-gradient kernel 2.3x slower on an H200).
+struct TileLoader {
+  Reg base;  // the operand's batch base address
+  const MatmulOperand* view = nullptr;
+  bool k_groups = false, vector_k = false;
+  int64_t rows = 0, depth = 0;      // the operand's M (or N) and K
+  int tm = 0;                       // rows of the tile
+  int pitch = 0;                    // floats from one k's row to the next in shared memory
+  bool tf32 = false;                // values rounded to tf32 for mma.sync
+  DType dtype = DType::f32;         // of the operand in global memory: f32, or bf16 (widened on load)
+  std::vector<Reg> tile_r, tile_k;  // per load slot: row and k within the tile (index type)
+  std::vector<Reg> row_ok;          // per load slot: row0 + r < rows
+  std::vector<Reg> smem_addr;       // per load slot: shared address of tile[k][r]
+  std::vector<Reg> values;          // per load slot: 1 value (along rows) or 4 (k groups), as loaded
+  std::vector<Reg> oks;             // per value: inside the matrix
+  int per_slot() const { return k_groups ? 4 : 1; }
+};
+
+// The loader of operand `view` (stored as `dtype` at `base`, `rows` x `depth` = K) for a tile of
+// `tm` rows from row0 at shared address `smem` (`pitch` floats a k; tf32: values rounded).
+TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, DType dtype, int64_t rows,
+                       int64_t depth, int tm, int pitch, bool tf32, Reg row0, Reg tid, Reg smem);
+
+// A global load of `vec` elements of `type` (f32 or bf16) into registers preset to 0, where `ok`
+// holds.
+std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Reg ok);
+
+// Loads the tile at k0 from global memory into t.values.
+void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0);
+
+// Stores the fetched tile into shared memory (k groups: k j of a slot is a pitch further).
+void store_tile(KernelBuilder& b, const TileLoader& t);
+
+}  // namespace kiln::cuda

@@ -654,7 +654,7 @@ TEST(Lowering, Bf16MmaTileAutoTakes128x256WhereItsGridFillsTheSms) {
   }
 }
 
-// KILN_MMA_TILE=waves (matmul_mma.hpp: wave_tile_n): the tile of fewer whole waves of 132
+// KILN_MMA_TILE=waves (matmul_mma.cpp: wave_tile_n): the tile of fewer whole waves of 132
 // blocks, a 128x256 wave counted 1.6. GPT-2's MLP weight gradient 768 x 3072 (144 blocks of
 // 128x128: two waves; 72 of 128x256: one) takes 128x256, which auto does not; 768 x 768 (36 or
 // 18 blocks, a wave either way), 1024^2 (64 or 32) and 8192 x 768 (384 or 192 blocks: three

@@ -11,8 +11,8 @@
 // quadrants 64 apart (ty*4 + 64q + i), so that its operands are 16-byte vectors and a quarter-warp's fragment loads
 // read 128 contiguous bytes: no bank conflict. Tiles are loaded through the operand views (the
 // lanes of a warp on 32 rows of one k, so that tile stores meet no bank conflict; see
-// TileLoader, matmul_tiles.hpp) and zero-filled outside the matrix, so no size needs to be a multiple of the tile;
-// a prologue is applied as each element is loaded. The next tile's global loads are issued
+// TileLoader, matmul_tiles.hpp) and zero-filled outside the matrix, so no size needs to be a
+// multiple of the tile; a prologue is applied as each element is loaded. The next tile's global loads are issued
 // before the current tile's FFMAs (held in registers, stored to shared memory after the
 // barrier), so their latency hides behind the arithmetic. Batch dims: grid z walks the logical
 // batch, each operand and output with its own batch strides (0 where an operand broadcasts). FFMA
@@ -476,23 +476,26 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
           if (fresh) slot->second = b.ld(Space::global, Type::f32, extra_addr[static_cast<size_t>(x)], at);
           return slot->second;
         };
-        // Units (mi, ni, half): row g + 8 half of a 16x8 product, two columns. The extras
+        // Units: row g + dr (dr = 16 mi + 8 half) of the 16x8 product (mi, ni), two columns. The extras
         // of kUnitsAhead units are loaded before the first of their stores: ptxas does not move a
         // load above a store that may alias it, so loads placed between stores each wait their
         // full latency (one product's GELU-gradient epilogue took 280 us for 160 of main loop).
         constexpr int kUnitsAhead = 8;
-        std::vector<std::array<int, 3>> units;
+        struct Unit {
+          int mi, ni, half;
+          int64_t dr;
+        };
+        std::vector<Unit> units;
         for (int mi = 0; mi < m_tiles; ++mi)
           for (int ni = 0; ni < n_tiles; ++ni)
-            for (int half = 0; half < 2; ++half) units.push_back({mi, ni, half});
+            for (int half = 0; half < 2; ++half) units.push_back({mi, ni, half, mi * 16 + 8 * half});
         for (size_t u0 = 0; u0 < units.size(); u0 += kUnitsAhead) {
           const size_t u1 = std::min(units.size(), u0 + kUnitsAhead);
           for (size_t u = u0; u < u1; ++u)
             for (int j = 0; j < 2; ++j)
-              for (int x : read_extras) extra_at(x, units[u][0] * 16 + 8 * units[u][2], units[u][1] * 8 + j);
+              for (int x : read_extras) extra_at(x, units[u].dr, units[u].ni * 8 + j);
           for (size_t u = u0; u < u1; ++u) {
-            const auto [mi, ni, half] = units[u];
-            const int64_t dr = mi * 16 + 8 * half;
+            const auto [mi, ni, half, dr] = units[u];
             std::vector<std::array<Reg, 2>> values(f.epilogues.size());
             for (int j = 0; j < 2; ++j) {
               const int64_t dc = ni * 8 + j;

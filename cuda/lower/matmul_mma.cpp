@@ -34,30 +34,41 @@ std::optional<MmaStage> stage_of(const Circuit& c, ValueId stored, const MatmulO
 }  // namespace
 
 namespace {
+
 thread_local int wgmma_by_default = 0;  // WgmmaByDefault objects alive on this thread
-}
 
-WgmmaByDefault::WgmmaByDefault() { ++wgmma_by_default; }
-WgmmaByDefault::~WgmmaByDefault() { --wgmma_by_default; }
-bool WgmmaByDefault::active() { return wgmma_by_default > 0; }
-
+// KILN_MMA_TILE=waves on wgmma (to be timed in GPT-2's step): the tile whose grid takes fewer
+// whole waves of kAssumedSms blocks, a wave of 128x256 blocks costing 1.6 of 128x128 ones (H100,
+// 4096^3 on wgmma: 63 against 39 us a wave); at 4 stages either tile takes one block an SM.
+// GPT-2's MLP weight gradients, 768 x 3072 over 8192 tokens: 72 blocks of 128x256 (one wave,
+// 1.6) against 144 of 128x128 (two waves, 2), so 128x256, which took 0.098 ms against 0.135
+// alone; auto takes 128x128 (72 blocks do not fill the SMs). On mma.sync, whose 128x128 blocks
+// fit two an SM, waves takes auto's tile. Returns the tile's columns.
 int wave_tile_n(int64_t blocks_128, int64_t blocks_256) {
   auto waves = [](int64_t blocks) { return (blocks + kAssumedSms - 1) / kAssumedSms; };
   return 8 * waves(blocks_256) < 5 * waves(blocks_128) ? 256 : 128;  // 1.6 x the waves of 128x256
 }
+
+}  // namespace
+
+WgmmaByDefault::WgmmaByDefault() { ++wgmma_by_default; }
+WgmmaByDefault::~WgmmaByDefault() { --wgmma_by_default; }
+bool WgmmaByDefault::active() { return wgmma_by_default > 0; }
 
 MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_128,
                             int64_t blocks_256) {
   MmaTiling t;
   t.input = input;
   t.wgmma = input == MmaInput::bf16 && options::wgmma().value_or(WgmmaByDefault::active());
-  const int tile = options::mma_tile_n();
-  if (tile > 0) t.tn = tile;
-  if (tile < 0 || (tile == 0 && t.wgmma)) t.tn = blocks_256 >= kAssumedSms ? 256 : 128;
+  const int tile = options::mma_tile_n();  // > 0 a size, -1 auto, -2 waves, 0 unset
+  if (tile > 0)
+    t.tn = tile;
+  else if (tile == -2 && t.wgmma)
+    t.tn = wave_tile_n(blocks_128, blocks_256);
+  else if (tile < 0 || t.wgmma)  // auto (waves on mma.sync, whose 128x128 blocks fit two an SM, too)
+    t.tn = blocks_256 >= kAssumedSms ? 256 : 128;
   if (const int stages = options::mma_stages(); stages != 0) t.stages = stages;
   if (t.wgmma) t.stages = options::mma_stages() == 0 ? 4 : std::max(t.stages, 3);
-  if (tile == -2)  // waves: wgmma's rule; mma.sync (two 128x128 blocks an SM) takes auto's
-    t.tn = t.wgmma ? wave_tile_n(blocks_128, blocks_256) : blocks_256 >= kAssumedSms ? 256 : 128;
   const int64_t limit = t.wgmma ? kir::kMaxSharedBytesSm90a : kir::kMaxSharedBytes;
   while (t.stages > (t.wgmma ? 3 : 2) && mma_shared_bytes(layout, t) > limit) --t.stages;
   return t;

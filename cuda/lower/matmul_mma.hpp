@@ -77,17 +77,10 @@ struct MmaTiling {
 // included) where they fill kAssumedSms (one block an SM: a wave), and 128x128 for smaller grids,
 // which 128x256 would leave SMs idle in. (H100, GPT-2 small's bf16 step: mma.sync 45.5 ms at
 // 128x128:2, 47.6 at auto:4 with split-K auto; wgmma 37.5 at 128x128:4, 36.0 at auto:4.)
-// `blocks_128` and `blocks_256`: the product's blocks (batch included) in 128x128 and 128x256 tiles.
+// KILN_MMA_TILE=waves: see wave_tile_n (matmul_mma.cpp). `blocks_128` and `blocks_256`: the
+// product's blocks (batch included) in 128x128 and 128x256 tiles.
 MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_128,
                             int64_t blocks_256);
-// KILN_MMA_TILE=waves on wgmma (to be timed in GPT-2's step): the tile whose grid takes fewer
-// whole waves of kAssumedSms blocks, a wave of 128x256 blocks costing 1.6 of 128x128 ones (H100,
-// 4096^3 on wgmma: 63 against 39 us a wave); at 4 stages either tile takes one block an SM.
-// GPT-2's MLP weight gradients, 768 x 3072 over 8192 tokens: 72 blocks of 128x256 (one wave,
-// 1.6) against 144 of 128x128 (two waves, 2), so 128x256, which took 0.098 ms against 0.135
-// alone; auto takes 128x128 (72 blocks do not fill the SMs). On mma.sync, whose 128x128 blocks
-// fit two an SM, waves takes auto's tile. Returns the tile's columns.
-int wave_tile_n(int64_t blocks_128, int64_t blocks_256);
 // The bytes of shared memory the kernel declares: its stages, and for wgmma 1024 more, so that
 // the stages can start at a 1024-byte boundary (the swizzle's atoms) whatever the window gives.
 int64_t mma_shared_bytes(const std::array<MmaStage, 2>& layout, const MmaTiling& tiling);

@@ -1,10 +1,10 @@
 // absorb_casts (circuit/passes/absorb_casts.hpp): casts to bf16 of fused_rows outputs and
-// fused_matmul epilogues become outputs of the op stored as bf16. A layer norm whose output is cast for a matmul (and,
-// in a second case, also read in f32 by a residual add and requested), over rows that fit the CPU reference's chunks
-// (37) and rows longer than its block (3000): no cast left, the f32 output kept only where read, and the results bit
-// for bit the unabsorbed circuit's on the Eigen executor (the same rounding: to nearest even), and in the simulator
-// within the f32 matmul tolerance; the disable switch keeps the casts. Attention's bf16 copies
-// of its outputs, in every kernel family, bit for bit the rounding of its f32 outputs.
+// fused_matmul epilogues (a bare product's too) become outputs of the op stored as bf16. A layer norm whose output is
+// cast for a matmul (and, in a second case, also read in f32 by a residual add and requested), over rows that fit the
+// CPU reference's chunks (37) and rows longer than its block (3000): no cast left, the f32 output kept only where read,
+// and the results bit for bit the unabsorbed circuit's on the Eigen executor (the same rounding: to nearest even), and
+// in the simulator within the f32 matmul tolerance; the disable switch keeps the casts. Attention's bf16 copies of its
+// outputs, in every kernel family, bit for bit the rounding of its f32 outputs.
 #include <gtest/gtest.h>
 
 #include "circuit/exec/executor.hpp"
@@ -142,6 +142,57 @@ TEST(AbsorbCasts, MatmulEpiloguesCastForMatmulsAreStoredAsBf16ByTheirKernel) {
         EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma m64n" : "mma.sync bf16"), std::string::npos)
             << dp.dump();
         EXPECT_EQ(dp.dump().find("K split 2 ways") != std::string::npos, split == std::string("2")) << dp.dump();
+        const std::vector<HostTensor> dev = dp.run(k.bindings);
+        for (size_t o = 0; o < want.size(); ++o)
+          EXPECT_LT(testing::relative_error(dev[o], want[o]), 1e-5) << "output " << o;
+      }
+}
+
+// A product with no epilogue whose f32 value is only cast to bf16 (bf16(a b), as `kiln bench
+// --gemm` stores it, or as cuBLAS returns a bf16 product): one fused_matmul kernel that writes
+// the bf16 product and no f32 one, with no cast kernel after it; with the f32 product also
+// requested, both. The same bits as the cast on the Eigen executor; in the simulator within the
+// f32 matmul tolerance, on mma.sync and on wgmma, inside whole tiles (256 x 128) and off them.
+TEST(AbsorbCasts, AProductOnlyCastToBf16IsStoredAsBf16ByItsKernel) {
+  for (const int64_t rows : {int64_t{256}, int64_t{100}})
+    for (const char* wgmma : {"0", "1"})
+      for (const bool f32_requested : {false, true}) {
+        SCOPED_TRACE(std::to_string(rows) + " rows, KILN_WGMMA=" + wgmma + (f32_requested ? ", f32 requested" : ""));
+        testing::ScopedEnv engine("KILN_WGMMA", wgmma);
+        Case k;
+        Circuit& c = k.circuit;
+        const ValueId x = c.add_external({Shape{rows, 64}, DType::bf16}, ValueRole::Input, "x");
+        const ValueId w = c.add_external({Shape{64, 128}, DType::bf16}, ValueRole::Input, "w");
+        Builder b(c, "test");
+        const ValueId product = b.matmul(x, w);
+        k.outputs = {b.cast(product, DType::bf16)};
+        if (f32_requested) k.outputs.push_back(product);
+        for (const ValueId v : {x, w})
+          k.bindings.push_back(testing::random_tensor({c.info(v).shape, DType::bf16}, 70 + static_cast<uint64_t>(v)));
+        std::vector<ValueId> gpu_outs = k.outputs;
+        const Circuit planned = optimize(k.circuit, gpu_outs, {.gpu = true});
+        size_t bf16_outputs = 0, f32_outputs = 0;
+        for (const Op& op : planned.ops())
+          if (op.is(PrimId::fused_matmul))
+            for (ValueId v : op.outputs) (planned.info(v).dtype == DType::bf16 ? bf16_outputs : f32_outputs) += 1;
+        EXPECT_EQ(planned.ops().size(), 1u) << planned.dump("planned");
+        EXPECT_EQ(bf16_outputs, 1u) << planned.dump("planned");
+        EXPECT_EQ(f32_outputs, f32_requested ? 1u : 0u) << planned.dump("planned");
+        std::vector<ValueId> unabsorbed_outs = k.outputs;
+        Circuit unabsorbed;
+        {
+          testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
+          unabsorbed = optimize(k.circuit, unabsorbed_outs, {.gpu = true});
+        }
+        const std::vector<HostTensor> want = execute(unabsorbed, k.bindings, unabsorbed_outs),
+                                      got = execute(planned, k.bindings, gpu_outs);
+        for (size_t o = 0; o < want.size(); ++o) {
+          ASSERT_EQ(got[o].dtype(), want[o].dtype()) << "output " << o;
+          EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
+        }
+        cuda::DeviceProgram dp(planned, gpu_outs, testing::fake_runtime());
+        EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma m64n" : "mma.sync bf16"), std::string::npos)
+            << dp.dump();
         const std::vector<HostTensor> dev = dp.run(k.bindings);
         for (size_t o = 0; o < want.size(); ++o)
           EXPECT_LT(testing::relative_error(dev[o], want[o]), 1e-5) << "output " << o;

@@ -17,7 +17,7 @@ std::vector<std::vector<int64_t>> parse_shape_list(const std::string& spec, cons
                                                    const std::string& expected);
 
 // The median device-work time (Engine::stats().last_work_ms) of `runs` runs of `step`, after three
-// warm-up runs; each run reads back its first output.
+// warm-up runs; each run reads back its first output, if it has any.
 double median_work_ms(TracedStep& step, int64_t runs);
 
 }  // namespace kiln::cli

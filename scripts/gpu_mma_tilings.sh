@@ -9,24 +9,27 @@
 #   3. GPT-2 small's bf16 step at the tilings in KILN_STEP_TILINGS (two turns, alternated; medians
 #      of 10 traced steps), once with the bf16 casts kept as kernels (absorb_casts off), and
 #      PyTorch eager with autocast bf16 once.
-# A tiling is TILE:STAGES[:SPLIT[:wgmma]] (TILE is 128x128, 128x256, auto (per product: 128x256
+# A tiling is TILE:STAGES[:SPLIT[:wgmma]] (TILE is 128x128, 128x256, 192x256 (wgmma: three
+# warpgroups), auto (per product: 128x256
 # where its grid fills the SMs) or waves (per product: the tile of fewer whole waves, a 128x256
 # wave counted 1.6 of a 128x128 one); SPLIT is 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which
 # takes 3 or 4 stages), or "default": no variable set (on an H100: wgmma, auto tiles, 4 stages,
 # no split).
 # KILN_GEMM_TILINGS, KILN_TF32_TILINGS ("" skips them) and KILN_STEP_TILINGS replace the lists,
 # KILN_TILINGS_TESTS the tests' gtest filter.
-# About 2 minutes on an H100 with the default lists (122 s on 2026-11-27; give the device call
-# 300 s or more: each step has its own timeout, so a hang costs at most 90-200 s). Everything is
-# also written to $OUT/mma-tilings.log (default ./mma-tilings.log).
+# About 2-3 minutes on an H100 with the default lists (122 s on 2026-11-27 with one step tiling
+# fewer; give the device call 300 s or more: each step has its own timeout, so a hang costs at
+# most 90-200 s). Everything is also written to $OUT/mma-tilings.log (default ./mma-tilings.log).
+# `kiln bench --gemm` is host-timed (launch to synchronize) and torch's CUDA events bracket one
+# call: for kernel against kernel, scripts/gpu_gemm_kernels.py times both under ncu.
 set -uo pipefail
 bundle=${1:-gpu-bundle}
 run="$bundle/run"
 log=${OUT:-.}/mma-tilings.log
 shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,768x768x8192,8192x50257x768,8192x3072x768}
-gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 128x128:4 default 128x128:4:0:wgmma 128x256:4:0:wgmma waves:4:0:wgmma}
+gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 default 128x128:4:0:wgmma 128x256:4:0:wgmma 192x256:4:0:wgmma waves:4:0:wgmma}
 tf32_tilings=${KILN_TF32_TILINGS-128x128:2 128x128:4}
-step_tilings=${KILN_STEP_TILINGS:-128x128:2 default waves:4:0:wgmma}
+step_tilings=${KILN_STEP_TILINGS:-128x128:2 default waves:4:0:wgmma 192x256:4:0:wgmma}
 tests=${KILN_TILINGS_TESTS:-Wgmma.Gpu*:Lowering.GpuMatmulsOnWgmmaMatchEigen:Lowering.GpuMatmulsOnMmaMatchEigen:GpuGpt.*}
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
 with_tiling() {  # TILE:STAGES[:SPLIT[:wgmma]] or default, then a command

@@ -77,6 +77,8 @@ TEST(MatmulColumnSums, ABiasGradientIsSummedByTheMatmulThatMakesIt) {
       {"bf16 mma.sync, batch 2 x 150 rows", true, 300, 64, "128x128", "0", "0", "mma.sync bf16", true},
       {"bf16 wgmma 128x256", true, 300, 64, "128x256", "1", "0", "wgmma m64n256"},
       {"bf16 wgmma 128x128", true, 300, 64, "128x128", "1", "0", "wgmma m64n128"},
+      // 192x256 asked for: the summing product keeps 128-row tiles (its sums are of 128-row blocks).
+      {"bf16 wgmma 192x256 asked for", true, 300, 64, "192x256", "1", "0", "tile 128x256x64, 256 threads"},
       {"bf16 wgmma split 2", true, 300, 256, "128x128", "1", "2", "K split 2 ways"},
       {"bf16 mma.sync split 2", true, 300, 256, "128x128", "0", "2", "K split 2 ways"},
   };

@@ -437,11 +437,13 @@ TEST(Lowering, GpuMatmulsOnMmaMatchEigen) {
 }
 
 // The bf16 cases on sm_90a's wgmma (KILN_WGMMA=1; matmul_mma.hpp): every tiling it takes (3
-// and 4 stages, the largest 128x256 tiles in 4 stages taking 193 KiB), split-K (3 stages: a
-// wait for every group but none; 4: all but one), the fused
-// interior epilogues and the sliced operands' zero-fill; K of 1 to 4 steps of 64. The same bf16
-// values multiplied exactly on both sides: 1e-5, as mma.sync's.
-constexpr MmaTilingCase kWgmmaTilings[] = {{"128x128", "3"}, {"128x128", "4"}, {"128x256", "3"}, {"128x256", "4"}};
+// and 4 stages, 128x256 tiles in 4 stages taking 193 KiB, 192x256 tiles of three warpgroups in 4
+// taking 225 KiB), split-K (3 stages: a wait for every group but none; 4: all but one; none in
+// 192-row tiles, whatever KILN_MMA_SPLIT_K says), the fused interior epilogues and the sliced
+// operands' zero-fill; K of 1 to 4 steps of 64. The same bf16 values multiplied exactly on both
+// sides: 1e-5, as mma.sync's.
+constexpr MmaTilingCase kWgmmaTilings[] = {
+    {"128x128", "3"}, {"128x128", "4"}, {"128x256", "3"}, {"128x256", "4"}, {"192x256", "4"}};
 void check_wgmma_cases(cuda::Runtime& rt) {
   cuda::ForceBf16Mma on;
   testing::ScopedEnv wgmma("KILN_WGMMA", "1");
@@ -451,7 +453,9 @@ void check_wgmma_cases(cuda::Runtime& rt) {
       SCOPED_TRACE(std::string(t.tile) + ", " + t.stages + " stages, split " + split);
       testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages),
           splits("KILN_MMA_SPLIT_K", split);
-      const std::string summary = std::string("tile ") + t.tile + "x64, 256 threads, wgmma m64n" + (t.tile + 4) + "k16";
+      const bool three_groups = t.tile == std::string("192x256");
+      const std::string summary = std::string("tile ") + t.tile + "x64, " + (three_groups ? "384" : "256") +
+                                  " threads, wgmma m64n" + (t.tile + 4) + "k16";
       for (const LoweringCase& lc : mma_cases(true)) {
         SCOPED_TRACE(lc.name);
         std::string dump;
@@ -459,7 +463,7 @@ void check_wgmma_cases(cuda::Runtime& rt) {
         EXPECT_NE(dump.find(summary), std::string::npos) << dump;
         EXPECT_NE(dump.find(std::string(t.stages) + " cp.async stages"), std::string::npos) << dump;
         if (split == std::string("2") && lc.name.ends_with("k200")) {
-          EXPECT_NE(dump.find("K split 2 ways"), std::string::npos) << dump;
+          EXPECT_EQ(dump.find("K split 2 ways") != std::string::npos, !three_groups) << dump;
         }
       }
       check_fused_interior_cases(rt, true, 1e-5, "wgmma m64n");
@@ -679,6 +683,40 @@ TEST(Lowering, Bf16MmaTileWavesTakesTheTileOfFewerWaves) {
   const std::string d = dump_of({768, 64}, {64, 3072});
   EXPECT_NE(d.find("mma.sync bf16"), std::string::npos) << d;
   EXPECT_NE(d.find("tile 128x128"), std::string::npos) << d;
+}
+
+// KILN_MMA_TILE=192x256: on wgmma, three warpgroups (384 threads, declared to ptxas as the
+// block's size so that it keeps to 168 registers) over 192-row tiles, 4 stages of 56 KiB; split-K
+// is not taken in them. On mma.sync: 128x256. (Values: check_wgmma_cases.)
+TEST(Lowering, Bf16MmaTile192x256TakesThreeWarpgroupsOnWgmma) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv tile("KILN_MMA_TILE", "192x256"), split("KILN_MMA_SPLIT_K", "2");
+  testing::Harness h({f32({400, 128}), f32({128, 520})}, [](Builder& bld, const std::vector<ValueId>& x) {
+    return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16));
+  });
+  for (const char* wgmma : {"1", "0"}) {
+    testing::ScopedEnv engine("KILN_WGMMA", wgmma);
+    const cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+    const std::string d = dp.dump();
+    if (wgmma == std::string("1")) {
+      EXPECT_NE(d.find("tile 192x256x64, 384 threads, wgmma m64n256k16 bf16 on three warpgroups"), std::string::npos)
+          << d;
+      EXPECT_NE(d.find("4 cp.async stages"), std::string::npos) << d;
+      EXPECT_NE(d.find("grid 3x3x1, block 384"), std::string::npos) << d;
+      EXPECT_EQ(d.find("K split"), std::string::npos) << d;
+      size_t matmuls = 0;  // the other kernels: the operands' casts
+      for (const auto& kl : dp.kernels()) {
+        const kir::Kernel& k = *kl.launch->kernel;
+        if (k.name.find("matmul") == std::string::npos) continue;
+        ++matmuls;
+        EXPECT_EQ(k.max_threads, 384);
+        EXPECT_NE(kir::print_ptx(k, 90).find(".maxntid 384, 1, 1"), std::string::npos);
+      }
+      EXPECT_EQ(matmuls, 1u);
+    } else {
+      EXPECT_NE(d.find("tile 128x256x32, 256 threads, mma.sync bf16"), std::string::npos) << d;
+    }
+  }
 }
 
 // KILN_WGMMA and KILN_MMA_TILE unset: mma.sync at 128x128 unless the lowering is for an sm_90

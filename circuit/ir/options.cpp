@@ -48,8 +48,9 @@ constexpr std::array<Variable, 30> kVariables = {{
      "elsewhere and on the fake driver)"},
     {"KILN_MMA_TILE",
      "block tile of the tensor-core matmul kernel (mma.sync bf16 and tf32, wgmma), 128x128 (default on mma.sync), "
-     "128x256, auto (128x256 where its grid fills the SMs; default on wgmma), or waves (wgmma: the tile "
-     "whose grid takes fewer whole waves of the SMs, a 128x256 wave counted 1.6 of a 128x128 one; mma.sync: auto)"},
+     "128x256, 192x256 (wgmma: three warpgroups, for products without split-K or block sums; else 128x256), auto "
+     "(128x256 where its grid fills the SMs; default on wgmma), or waves (wgmma: the tile whose grid takes fewer "
+     "whole waves of the SMs, a 128x256 wave counted 1.6 of a 128x128 one; mma.sync: auto)"},
     {"KILN_MMA_SPLIT_K", "mma.sync matmuls (bf16, tf32) split K across blocks: 0 (default), auto, or 2-4"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
@@ -147,13 +148,15 @@ int mma_tile_n() {
   if (v.empty()) return 0;
   if (v == "auto") return -1;
   if (v == "waves") return -2;
-  if (v != "128x128" && v != "128x256")
+  if (v != "128x128" && v != "128x256" && v != "192x256")
     throw Error(
-        "KILN_MMA_TILE: expected 128x128, 128x256, auto or waves (the bf16 matmul kernel's block tile), "
+        "KILN_MMA_TILE: expected 128x128, 128x256, 192x256, auto or waves (the bf16 matmul kernel's block tile), "
         "received '" +
         v + "'");
   return v == "128x128" ? 128 : 256;
 }
+
+int mma_tile_m() { return text("KILN_MMA_TILE") == "192x256" ? 192 : 128; }
 
 int mma_split_k() {
   const std::string v = text("KILN_MMA_SPLIT_K");

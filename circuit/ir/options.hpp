@@ -32,9 +32,11 @@ bool bf16_mma();                             // KILN_BF16_MMA: "1" (the default)
 std::optional<bool> force_bf16_mma(std::optional<bool> on);
 bool attention_mma();  // KILN_ATTENTION_MMA: "1" (the default) or "0"
 int mma_stages();      // KILN_MMA_STAGES: the mma kernel's cp.async stages, 2-4; 0 when unset (2)
-// KILN_MMA_TILE: the mma kernel's block tile, 128x128 or 128x256: its columns; 0 when unset,
-// -1 for auto, -2 for waves (chosen per product: cuda/lower/matmul_mma.hpp).
+// KILN_MMA_TILE: the mma kernel's block tile, 128x128, 128x256 or 192x256: its columns; 0 when
+// unset, -1 for auto, -2 for waves (chosen per product: cuda/lower/matmul_mma.hpp).
 int mma_tile_n();
+int mma_tile_m();  // its rows: 192 for 192x256, else 128
+
 // KILN_MMA_SPLIT_K: the mma kernel's split of K across blocks: 0 when unset or "0" (none),
 // -1 for "auto" (per shape, where the grid leaves SMs idle), or 2-4 (that many wherever K allows).
 int mma_split_k();

@@ -230,6 +230,9 @@ struct Kernel {
   std::vector<Stmt> body;
   int32_t num_regs[kNumTypes] = {};  // registers allocated per type
   int32_t num_labels = 0;
+  // The block's threads where it declares them (.maxntid; 0: not declared), so that ptxas keeps
+  // each thread's registers within the register file's 65536 / max_threads.
+  int32_t max_threads = 0;
   int64_t shared_bytes() const;  // total, each array at its alignment, in declaration order
   int64_t shared_offset(int array) const;
   // The bytes a launch must pass as dynamic shared memory: shared_bytes() above

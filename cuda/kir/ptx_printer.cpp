@@ -129,7 +129,9 @@ class Printer {
     for (size_t i = 0; i < k_.params.size(); ++i)
       out_ += std::string("\t.param .") + move_type(k_.params[i].type) + " " + param_name(static_cast<int>(i)) +
               (i + 1 < k_.params.size() ? ",\n" : "\n");
-    out_ += ")\n{\n";
+    out_ += ")\n";
+    if (k_.max_threads > 0) out_ += ".maxntid " + std::to_string(k_.max_threads) + ", 1, 1\n";
+    out_ += "{\n";
     for (int t = 0; t < kNumTypes; ++t) {
       if (k_.num_regs[t] <= 0) continue;
       out_ += std::string("\t.reg .") + move_type(static_cast<Type>(t)) + " " + kRegPrefix[t] + "<" +

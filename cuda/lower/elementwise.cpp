@@ -61,6 +61,9 @@ Launch elementwise_launch(const std::string& prefix, const Shape& domain, std::v
 Launch finish_launch(KernelBuilder& b, const std::string& prefix, sim::Dim3 grid, sim::Dim3 block,
                      std::vector<ArgRef> args) {
   kir::Kernel k = b.finish();
+  // Blocks of up to 256 threads fit the register file at ptxas's limit of 255 registers a thread;
+  // larger ones declare their size so that ptxas keeps within it.
+  if (block.count() > 256) k.max_threads = static_cast<int32_t>(block.count());
   k.name = kernel_name(prefix, kernel_hash(k));
   return Launch{std::make_shared<const kir::Kernel>(std::move(k)), grid, block, std::move(args)};
 }

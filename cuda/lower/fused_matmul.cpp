@@ -131,12 +131,14 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     mma_stages = mma_stage_layouts(c, op, f, MmaInput::tf32);
   }
   const bool cp_async_mma = mma_stages.has_value();  // the cp.async mma kernel, either input
-  const MmaTiling mma = cp_async_mma
-                            ? choose_mma_tiling(*mma_stages, mma_input, (M + 127) / 128 * ((N + 127) / 128) * batch,
-                                                (M + 127) / 128 * ((N + 255) / 256) * batch)
-                            : MmaTiling{};
-  // The mma tiles' accumulators: pm x pn = 128 x tn / 256 a thread, as 4 x tn / 32 products of 16x8.
-  const Tiling tile = cp_async_mma ? Tiling{128, mma.tn, 8, mma.tn / 16, true, 8}
+  MmaTiling mma = cp_async_mma ? choose_mma_tiling(*mma_stages, mma_input, (M + 127) / 128 * ((N + 127) / 128) * batch,
+                                                   (M + 127) / 128 * ((N + 255) / 256) * batch)
+                               : MmaTiling{};
+  if (f.block_sums) mma.tm = 128;  // the sums are of 128-row blocks
+  const int threads = cp_async_mma ? mma.threads() : kThreads;
+  // The mma tiles' accumulators: pm x pn = tm x tn / threads a thread (128 x tn / 256, or 128 in
+  // 192x256 tiles), as 4 x tn / 32 products of 16x8 (mma.sync) or one m64n{tn} product (wgmma).
+  const Tiling tile = cp_async_mma ? Tiling{mma.tm, mma.tn, 8, mma.tn / 16, true, 8}
                                    : choose_tiling(M, N, batch, bf16_values, f.block_sums);
   const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
   // Split-K: `splits` blocks per output tile (grid z = batch x splits), block s over k in
@@ -570,7 +572,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       const int64_t tile_elements = int64_t{tile.tm} * tile.tn;
       // Thread t walks column t % tn (tn divides the block's threads): one partial sum.
       Reg split_partial = f.block_sums ? b.mov(Type::f32, imm_f32(0.0f)) : Reg{};
-      b.for_(widen(tid), imm_index(it, tile_elements), imm_index(it, kThreads), [&](Reg e) {
+      b.for_(widen(tid), imm_index(it, tile_elements), imm_index(it, threads), [&](Reg e) {
         Reg row = b.add(it, m0, b.div(it, e, imm_index(it, tile.tn)));
         Reg col = b.add(it, n0, b.rem(it, e, imm_index(it, tile.tn)));
         Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
@@ -585,7 +587,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       });
       if (f.block_sums) {
         const auto tn = static_cast<uint32_t>(tile.tn);
-        store_block_sums(kThreads / tile.tn, b.div(Type::u32, tid, imm_u32(tn)),
+        store_block_sums(threads / tile.tn, b.div(Type::u32, tid, imm_u32(tn)),
                          {{split_partial, b.rem(Type::u32, tid, imm_u32(tn))}}, Reg{});
       }
     });
@@ -606,7 +608,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                               b.add(Type::u32, b.add(Type::u32, warp_n, b.shl(Type::u32, q, imm_u32(1))),
                                     imm_u32(static_cast<uint32_t>(8 * ni + j))));
       const bool per_warp = mma.wgmma;
-      store_block_sums(per_warp ? kThreads / 32 : tile.tm / kWarpTileM,
+      store_block_sums(per_warp ? threads / 32 : tile.tm / kWarpTileM,
                        per_warp ? b.shr(Type::u32, tid, imm_u32(5)) : b.div(Type::u32, warp_m, imm_u32(kWarpTileM)),
                        writes, b.setp(Cmp::eq, g, imm_u32(0)));
     } else if (f.block_sums) {  // FFMA tiles: thread (tx, ty)'s columns tx * 4 + thread_offset(j), a row per ty
@@ -614,7 +616,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       for (int j = 0; j < tile.pn; ++j)
         writes.emplace_back(partials[static_cast<size_t>(j)], b.add(Type::u32, b.mul(Type::u32, tx, imm_u32(kQuadrant)),
                                                                     imm_u32(static_cast<uint32_t>(thread_offset(j)))));
-      store_block_sums(kThreads / (tile.tn / tile.pn), ty, writes, Reg{});
+      store_block_sums(threads / (tile.tn / tile.pn), ty, writes, Reg{});
     }
   }
   if (f.a_row_sums) {
@@ -638,13 +640,13 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   }
   lo.launches.push_back(finish_launch(
       b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch * splits)},
-      {kThreads, 1, 1}, std::move(args)));
+      {static_cast<uint32_t>(threads), 1, 1}, std::move(args)));
   const char* operands = bf16_values ? ", bf16 operands" : "";
   if (mma.wgmma)
     lo.summary = fmt::format(
-        "{}: tile {}x{}x{}, {} threads, wgmma m64n{}k16 bf16 on two warpgroups, operands in 128-byte swizzled "
+        "{}: tile {}x{}x{}, {} threads, wgmma m64n{}k16 bf16 on {} warpgroups, operands in 128-byte swizzled "
         "stages ({}, {}), {} cp.async stages{}, {}",
-        op.prim->name, tile.tm, tile.tn, mma.tile_k(), kThreads, tile.tn,
+        op.prim->name, tile.tm, tile.tn, mma.tile_k(), threads, tile.tn, tile.tm == 128 ? "two" : "three",
         (*mma_stages)[0] == MmaStage::row_k ? "a K-major" : "a MN-major",
         (*mma_stages)[1] == MmaStage::row_k ? "b K-major" : "b MN-major", mma.stages,
         splits > 1 ? fmt::format(", K split {} ways ({} each, partials added in order by each tile's last block)",
@@ -654,7 +656,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   else if (cp_async_mma)
     lo.summary = fmt::format(
         "{}: tile {}x{}x{}, {} threads, mma.sync {} on warp tiles {}x{}, {}, {} cp.async stages{}, {}", op.prim->name,
-        tile.tm, tile.tn, mma.tile_k(), kThreads, mma_input == MmaInput::bf16 ? "bf16" : "tf32", kWarpTileM,
+        tile.tm, tile.tn, mma.tile_k(), threads, mma_input == MmaInput::bf16 ? "bf16" : "tf32", kWarpTileM,
         tile.tn / kWarpsN, mma_input == MmaInput::bf16 ? "ldmatrix" : "fragments rounded to tf32 in registers",
         mma.stages,
         splits > 1 ? fmt::format(", K split {} ways ({} each, partials added in order by each tile's last block)",
@@ -664,10 +666,10 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   else
     lo.summary =
         tile.tf32 ? fmt::format("{}: tile {}x{}x{}, {} threads, mma.sync tf32 on warp tiles {}x{}{}, {}", op.prim->name,
-                                tile.tm, tile.tn, kTileK, kThreads, kWarpTileM, tile.tn / kWarpsN, operands,
+                                tile.tm, tile.tn, kTileK, threads, kWarpTileM, tile.tn / kWarpsN, operands,
                                 launch_text(lo.launches.back()))
                   : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs{}, {}", op.prim->name, tile.tm, tile.tn,
-                                kTileK, kThreads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));
+                                kTileK, threads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));
   if (f.block_sums) lo.summary += ", with the 128-row block sums of an epilogue";
   return lo;
 }

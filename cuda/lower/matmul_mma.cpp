@@ -67,6 +67,7 @@ MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput inpu
     t.tn = wave_tile_n(blocks_128, blocks_256);
   else if (tile < 0 || t.wgmma)  // auto (waves on mma.sync, whose 128x128 blocks fit two an SM, too)
     t.tn = blocks_256 >= kAssumedSms ? 256 : 128;
+  if (t.wgmma && options::mma_tile_m() == 192) t.tm = 192;
   if (const int stages = options::mma_stages(); stages != 0) t.stages = stages;
   if (t.wgmma) t.stages = options::mma_stages() == 0 ? 4 : std::max(t.stages, 3);
   const int64_t limit = t.wgmma ? kir::kMaxSharedBytesSm90a : kir::kMaxSharedBytes;
@@ -76,13 +77,14 @@ MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput inpu
 
 int64_t mma_shared_bytes(const std::array<MmaStage, 2>& layout, const MmaTiling& tiling) {
   const int64_t stages =
-      int64_t{tiling.stages} * (tiling.stage_bytes(layout[0], 128) + tiling.stage_bytes(layout[1], tiling.tn));
+      int64_t{tiling.stages} * (tiling.stage_bytes(layout[0], tiling.tm) + tiling.stage_bytes(layout[1], tiling.tn));
   return tiling.wgmma ? stages + 1024 : stages;
 }
 
 int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling) {
   const int64_t steps = (K + tiling.tile_k() - 1) / tiling.tile_k();
   const int setting = options::mma_split_k();
+  if (tiling.tm != 128) return 1;  // the last block's walk of the tile takes tn | threads: 128-row tiles
   if (setting > 0) return std::min<int64_t>(setting, steps);
   if (setting == 0) return 1;
   // Blocks an SM holds: two 128x128 mma.sync blocks; wgmma's as many as its 227 KiB take.
@@ -113,7 +115,11 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
   const MmaInput input = tiling.input;
   const int tile_k = tiling.tile_k();
   const uint32_t e = element_bytes(input), chunk_elements = 16 / e;
-  const std::array<int, 2> tile_rows{128, tiling.tn};
+  const std::array<int, 2> tile_rows{tiling.tm, tiling.tn};
+  // The threads that copy each operand's chunks: all of them for a (4 a thread whatever the
+  // rows: a warpgroup per 64 rows), the first 256 for b (4 or 8 a thread, as in 128-row tiles).
+  const std::array<uint32_t, 2> copiers{static_cast<uint32_t>(tiling.threads()), kMmaThreads};
+  const bool b_by_some = copiers[1] < static_cast<uint32_t>(tiling.threads());
   const std::array<uint32_t, 2> pitch{stage_pitch_bytes(layout[0], tile_rows[0], input),
                                       stage_pitch_bytes(layout[1], tile_rows[1], input)},
       bytes{tiling.stage_bytes(layout[0], tile_rows[0]), tiling.stage_bytes(layout[1], tile_rows[1])};
@@ -124,7 +130,8 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
                  b.mul(Type::u32, b.xor_(Type::u32, chunk, flip), imm_u32(16)));
   };
   // Stage loads: operand o's rows x tile_k tile is rows x kc chunks of 16 bytes (ce = 8 bf16 or
-  // 4 f32 elements, kc = tile_k / ce: 4, or 8 for wgmma); thread t copies chunks t, t + 256, ...
+  // 4 f32 elements, kc = tile_k / ce: 4, or 8 for wgmma); thread t copies chunks t, t + T, ... (T:
+  // the operand's copiers)
   // [row][k]: chunk c is row c / kc, k ce (c % kc) .. + ce - 1. [k][row]: chunk c is k c / (rows
   // / ce), rows ce (c % (rows / ce)) .. + ce - 1. Elements past the matrix are zero-filled (the
   // copy reads only the bytes inside it). stage[o]: the byte offset of the stage filled;
@@ -138,9 +145,9 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
   // chunk 0's at k = 0 (fast_src) plus k0 and s times chunk_stride: immediates.
   std::function<Reg(size_t, Reg, Reg)> chunk_at;
   const auto k_chunks = static_cast<uint32_t>(tile_k) / chunk_elements;
-  auto chunks_per_thread = [&](size_t o) { return static_cast<uint32_t>(tile_rows[o]) * k_chunks / kMmaThreads; };
+  auto chunks_per_thread = [&](size_t o) { return static_cast<uint32_t>(tile_rows[o]) * k_chunks / copiers[o]; };
   auto chunk_coordinates = [&](size_t o, uint32_t s) {  // (row, k chunk or k) of a thread's chunk s
-    Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(s * kMmaThreads));
+    Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(s * copiers[o]));
     const auto row_chunks = static_cast<uint32_t>(tile_rows[o]) / chunk_elements;
     const auto k_shift = static_cast<uint32_t>(std::countr_zero(k_chunks));  // k_chunks: 4 or 8
     if (layout[o] == MmaStage::row_k)
@@ -151,17 +158,17 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
   // Bytes from a thread's chunk s to its chunk s + 1, and from k to k + 1, in the stored operand.
   auto chunk_stride = [&](size_t o) {
     const int64_t row_chunks = tile_rows[o] / chunk_elements;
-    return layout[o] == MmaStage::row_k ? int64_t{kMmaThreads / k_chunks} * view[o]->row_stride * e
-                                        : int64_t{kMmaThreads} / row_chunks * view[o]->k_stride * e;
+    return layout[o] == MmaStage::row_k ? int64_t{copiers[o] / k_chunks} * view[o]->row_stride * e
+                                        : int64_t{copiers[o]} / row_chunks * view[o]->k_stride * e;
   };
   auto k_stride_bytes = [&](size_t o) { return layout[o] == MmaStage::row_k ? int64_t{e} : view[o]->k_stride * e; };
   // Stage bytes from a thread's chunk s to its chunk s + 1: the rows or k they are apart times
   // the layout's bytes for one, the swizzles being the same for both ([row][k]: (row / 2) % 4 or
-  // row % 8, rows 64 or 32 apart; wgmma's [k][row]: k % 8, k 16 or 8 apart).
+  // row % 8, rows 64, 48 or 32 apart; wgmma's [k][row]: k % 8, k 16 or 8 apart).
   auto dst_stride = [&](size_t o) -> uint32_t {
     const uint32_t row_chunks = static_cast<uint32_t>(tile_rows[o]) / chunk_elements;
-    if (layout[o] == MmaStage::row_k) return kMmaThreads / k_chunks * static_cast<uint32_t>(tile_k) * e;
-    const uint32_t k_apart = kMmaThreads / row_chunks;
+    if (layout[o] == MmaStage::row_k) return copiers[o] / k_chunks * static_cast<uint32_t>(tile_k) * e;
+    const uint32_t k_apart = copiers[o] / row_chunks;
     return tiling.wgmma ? k_apart / 8 * static_cast<uint32_t>(tile_rows[o]) / 64 * 1024 : k_apart * pitch[o];
   };
   std::array<Reg, 2> fast_dst;
@@ -180,27 +187,38 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
       rows_inside = o == 0 ? inside : b.and_(Type::pred, rows_inside, inside);
     }
   };
+  // Emits operand o's copies `copy` for the threads that copy it (b in 192-row tiles: the first 256).
+  Reg copies_b;
+  if (b_by_some) copies_b = b.setp(Cmp::lt, tid, imm_u32(copiers[1]));
+  auto by_copiers = [&](size_t o, const std::function<void()>& copy) {
+    if (o == 1 && b_by_some)
+      b.if_(copies_b, copy);
+    else
+      copy();
+  };
   auto issue_slow = [&](Reg k0, std::array<Reg, 2> stage) {
     for (size_t o = 0; o < 2; ++o) {
-      for (uint32_t s = 0; s < chunks_per_thread(o); ++s) {
-        const bool row_k = layout[o] == MmaStage::row_k;
-        auto [r, kc] = chunk_coordinates(o, s);
-        Reg grow = b.add(it, row0[o], widen(r));
-        Reg gk = b.add(it, k0, widen(row_k ? b.mul(Type::u32, kc, imm_u32(chunk_elements)) : kc));
-        Reg ok =
-            b.and_(Type::pred, b.setp(Cmp::lt, grow, imm_index(it, rows[o])), b.setp(Cmp::lt, gk, imm_index(it, K)));
-        // The chunk's elements inside the matrix, e bytes each: min(K - gk, ce) along k, min(rows
-        // - grow, ce) along rows; the copy zero-fills the rest.
-        Reg left = row_k ? b.min(it, b.sub(it, imm_index(it, K), gk), imm_index(it, chunk_elements))
-                         : b.min(it, b.sub(it, imm_index(it, rows[o]), grow), imm_index(it, chunk_elements));
-        if (it != Type::u32) left = b.cvt(Type::u32, left);
-        Reg copied = b.selp(Type::u32, b.mul(Type::u32, left, imm_u32(e)), imm_u32(0), ok);
-        Reg at =
-            row_k ? scaled_add(b, it, grow, view[o]->row_stride, gk) : scaled_add(b, it, gk, view[o]->k_stride, grow);
-        Reg src = b.selp(Type::u64, b.address(base[o], at, static_cast<int>(e)), base[o], ok);
-        Reg dst = b.add(Type::u32, chunk_at(o, r, kc), smem[o]);
-        b.cp_async(b.add(Type::u32, dst, stage[o]), src, 16, copied);
-      }
+      by_copiers(o, [&] {
+        for (uint32_t s = 0; s < chunks_per_thread(o); ++s) {
+          const bool row_k = layout[o] == MmaStage::row_k;
+          auto [r, kc] = chunk_coordinates(o, s);
+          Reg grow = b.add(it, row0[o], widen(r));
+          Reg gk = b.add(it, k0, widen(row_k ? b.mul(Type::u32, kc, imm_u32(chunk_elements)) : kc));
+          Reg ok =
+              b.and_(Type::pred, b.setp(Cmp::lt, grow, imm_index(it, rows[o])), b.setp(Cmp::lt, gk, imm_index(it, K)));
+          // The chunk's elements inside the matrix, e bytes each: min(K - gk, ce) along k, min(rows
+          // - grow, ce) along rows; the copy zero-fills the rest.
+          Reg left = row_k ? b.min(it, b.sub(it, imm_index(it, K), gk), imm_index(it, chunk_elements))
+                           : b.min(it, b.sub(it, imm_index(it, rows[o]), grow), imm_index(it, chunk_elements));
+          if (it != Type::u32) left = b.cvt(Type::u32, left);
+          Reg copied = b.selp(Type::u32, b.mul(Type::u32, left, imm_u32(e)), imm_u32(0), ok);
+          Reg at =
+              row_k ? scaled_add(b, it, grow, view[o]->row_stride, gk) : scaled_add(b, it, gk, view[o]->k_stride, grow);
+          Reg src = b.selp(Type::u64, b.address(base[o], at, static_cast<int>(e)), base[o], ok);
+          Reg dst = b.add(Type::u32, chunk_at(o, r, kc), smem[o]);
+          b.cp_async(b.add(Type::u32, dst, stage[o]), src, 16, copied);
+        }
+      });
     }
   };
   auto issue = [&](Reg k0, std::array<Reg, 2> stage) {
@@ -210,15 +228,17 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
         inside,
         [&] {
           Reg k64 = it == Type::u64 ? k0 : b.cvt(Type::u64, k0);
-          for (size_t o = 0; o < 2; ++o) {
-            Reg src = b.mad(Type::u64, k64, kir::imm_u64(static_cast<uint64_t>(k_stride_bytes(o))), fast_src[o]);
-            Reg dst = b.add(Type::u32, fast_dst[o], stage[o]);
-            for (uint32_t s = 0; s < chunks_per_thread(o); ++s) {
-              Reg from = s == 0 ? src : b.add(Type::u64, src, kir::imm_u64(static_cast<uint64_t>(s * chunk_stride(o))));
-              Reg to = s == 0 ? dst : b.add(Type::u32, dst, imm_u32(s * dst_stride(o)));
-              b.cp_async(to, from, 16, imm_u32(16));
-            }
-          }
+          for (size_t o = 0; o < 2; ++o)
+            by_copiers(o, [&] {
+              Reg src = b.mad(Type::u64, k64, kir::imm_u64(static_cast<uint64_t>(k_stride_bytes(o))), fast_src[o]);
+              Reg dst = b.add(Type::u32, fast_dst[o], stage[o]);
+              for (uint32_t s = 0; s < chunks_per_thread(o); ++s) {
+                Reg from =
+                    s == 0 ? src : b.add(Type::u64, src, kir::imm_u64(static_cast<uint64_t>(s * chunk_stride(o))));
+                Reg to = s == 0 ? dst : b.add(Type::u32, dst, imm_u32(s * dst_stride(o)));
+                b.cp_async(to, from, 16, imm_u32(16));
+              }
+            });
         },
         [&] { issue_slow(k0, stage); });
   };

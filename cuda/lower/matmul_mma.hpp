@@ -20,7 +20,7 @@ constexpr int kMmaThreads = 256;  // a block: 8 warps
 // The cp.async mma.sync kernel: bf16 operands (on unless KILN_BF16_MMA=0; m16n8k16, k steps of
 // 32, fragments by ldmatrix) or f32 operands on tf32 tensor cores (KILN_ALLOW_TF32=1; m16n8k8,
 // k steps of 16, fragments by scalar shared loads rounded to tf32 in registers). Block tiles of
-// 128x128 or 128x256 (KILN_MMA_TILE), 2-4 shared stages (KILN_MMA_STAGES) filled by cp.async
+// 128x128 or 128x256 (KILN_MMA_TILE; wgmma also 192x256), 2-4 shared stages (KILN_MMA_STAGES) filled by cp.async
 // (16-byte chunks, zero-filled past the matrix), 8 warps as 2 x 4, warp tiles of 64 x (tn / 4)
 // (64x32: the tf32 FFMA-tile kernel's warps and accumulator layout). Each operand's stage is laid
 // out as it is stored (MmaStage): k contiguous (x W^T, dY W^T) as [row][k]; rows contiguous (x W
@@ -51,16 +51,18 @@ constexpr uint32_t stage_bytes(MmaStage s, int rows, MmaInput in) {
 // through matrix descriptors: [row][k] stages K-major (8-row atoms of 1024 bytes, row r's 16-byte
 // chunk c at chunk position c ^ (r % 8)), [k][row] stages MN-major (atoms of 64 rows x 8 k, atom
 // (p along rows, q along k) at 1024 p + 1024 rows / 64 q, k row j's chunk c at c ^ j). Either is
-// 128 bytes a row of the tile. Two warpgroups, each one m64n{tn}k16 product a k16 slice on its 64
-// rows of the tile.
+// 128 bytes a row of the tile. A warpgroup per 64 rows of the tile (two, or three in 192x256
+// tiles), each one m64n{tn}k16 product a k16 slice on its rows.
 constexpr uint32_t kWgmmaTileK = 64;
 constexpr uint32_t wgmma_stage_bytes(int rows) { return static_cast<uint32_t>(rows) * 128; }
 
 struct MmaTiling {
   MmaInput input = MmaInput::bf16;
-  int tn = 128;                                 // the block tile's columns (its rows are 128)
-  int stages = 2;                               // cp.async stages
-  bool wgmma = false;                           // products on wgmma (bf16, sm_90a) instead of mma.sync
+  int tm = 128;        // the block tile's rows: 128, or 192 (wgmma, 256 columns)
+  int tn = 128;        // the block tile's columns
+  int stages = 2;      // cp.async stages
+  bool wgmma = false;  // products on wgmma (bf16, sm_90a) instead of mma.sync
+  int threads() const { return wgmma ? tm / 64 * 128 : kMmaThreads; }  // a warpgroup per 64 rows
   int warp_n_tiles() const { return tn / 32; }  // mma.sync: 16x8 products along n in a warp's tile
   int tile_k() const { return wgmma ? static_cast<int>(kWgmmaTileK) : mma_tile_k(input); }
   uint32_t stage_bytes(MmaStage s, int rows) const {
@@ -77,8 +79,12 @@ struct MmaTiling {
 // included) where they fill kAssumedSms (one block an SM: a wave), and 128x128 for smaller grids,
 // which 128x256 would leave SMs idle in. (H100, GPT-2 small's bf16 step: mma.sync 45.5 ms at
 // 128x128:2, 47.6 at auto:4 with split-K auto; wgmma 37.5 at 128x128:4, 36.0 at auto:4.)
-// KILN_MMA_TILE=waves: see wave_tile_n (matmul_mma.cpp). `blocks_128` and `blocks_256`: the
-// product's blocks (batch included) in 128x128 and 128x256 tiles.
+// KILN_MMA_TILE=waves: see wave_tile_n (matmul_mma.cpp). KILN_MMA_TILE=192x256 (wgmma; else
+// 128x256): three warpgroups of 128 threads, 4 stages of 56 KiB; each step's 48 KiB of operands
+// in 128x256 tiles feed 4.2 MFLOP (85 FLOP a byte read from L2), 192x256's 56 KiB 6.3 MFLOP (110).
+// Products with block sums keep 128 rows (the caller sees to it), and choose_splits takes no split
+// of K in 192-row tiles. `blocks_128` and
+// `blocks_256`: the product's blocks (batch included) in 128x128 and 128x256 tiles.
 MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_128,
                             int64_t blocks_256);
 // The bytes of shared memory the kernel declares: its stages, and for wgmma 1024 more, so that
@@ -100,7 +106,7 @@ std::optional<std::array<MmaStage, 2>> mma_stage_layouts(const Circuit& c, const
                                                          MmaInput input);
 
 // The mma kernel's main loop (mma_stage_layouts): operand o's rows row0[o] .. + rows_o - 1
-// (128 for a, tiling.tn for b) of rows[o], over k in [k_begin, k_end) in steps of tiling.tile_k()
+// (tiling.tm for a, tiling.tn for b) of rows[o], over k in [k_begin, k_end) in steps of tiling.tile_k()
 // (K in all; a split of K ends at a step boundary or at K, so the copies' zero-fill at K is the
 // only one a step needs), into acc: for mma.sync as the tf32 kernel lays it out (acc[(mi *
 // warp_n_tiles + ni) * 4 + i]: the 16x8 product (mi, ni) of warp tile (warp_m, warp_n)); for

@@ -163,6 +163,7 @@ uint64_t kernel_hash(const kir::Kernel& k) {
     h = hash_combine(h, fnv1a64(a.name));
     h = hash_combine(hash_combine(h, static_cast<uint64_t>(a.bytes)), static_cast<uint64_t>(a.align));
   }
+  if (k.max_threads > 0) h = hash_combine(h, static_cast<uint64_t>(k.max_threads));
   return hash_stmts(hash_combine(h, k.body.size()), k.body);
 }
 

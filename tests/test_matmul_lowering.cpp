@@ -77,10 +77,11 @@ std::vector<LoweringCase> interior_matmul_cases(bool bf16) {
                          return bld.add(bld.matmul(operand(bld, x[0]), operand(bld, x[1])), x[2]);
                        },
                        tolerance},
-          // A batch of 2 (each batch's output a 128 x 136 block further on: the pair stores'
-          // alignment holds through the batch offset) with a bias.
+          // A batch of 2 (each batch's output a 130 x 136 block further on: the pair stores'
+          // alignment holds through the batch offset) with a bias; b batched too, so that the
+          // batch stays in grid z (a shared b would fold it into the rows).
           LoweringCase{prefix + "batched",
-                       {f32({2, 130, 48}), f32({48, 136}), f32({136})},
+                       {f32({2, 130, 48}), f32({2, 48, 136}), f32({136})},
                        [operand](Builder& bld, const std::vector<ValueId>& x) {
                          return bld.add(bld.matmul(operand(bld, x[0]), operand(bld, x[1])), x[2]);
                        },
@@ -683,6 +684,49 @@ TEST(Lowering, Bf16MmaTileWavesTakesTheTileOfFewerWaves) {
   const std::string d = dump_of({768, 64}, {64, 3072});
   EXPECT_NE(d.find("mma.sync bf16"), std::string::npos) << d;
   EXPECT_NE(d.find("tile 128x128"), std::string::npos) << d;
+}
+
+// fold_batch_into_rows (fused_matmul.cpp): x W + bias + r over [3, 70, C] activations (the rows
+// continue from one batch item into the next in x, r and the output; W and the bias shared) is
+// one product of 210 rows: 64x64 FFMA tiles in a 3 x 4 grid (unfolded: 3 x 2 x 3), 128x128
+// mma.sync and wgmma tiles in 2 x 2 (2 x 1 x 3), 192x256 wgmma tiles in 1 x 2. Batched W, or an
+// extra that differs per item but not per row, keeps the batch in grid z. The GPU plan (the
+// epilogue fused) against Eigen in the simulator.
+TEST(Lowering, BatchDimsTheRowsContinueThroughFoldIntoTheRows) {
+  auto check = [](bool bf16, bool batched_w, bool item_bias) {
+    testing::Harness h({f32({3, 70, 40}), f32(batched_w ? Shape{3, 40, 136} : Shape{40, 136}),
+                        f32(item_bias ? Shape{3, 1, 136} : Shape{136}), f32({3, 70, 136})},
+                       [bf16](Builder& bld, const std::vector<ValueId>& x) {
+                         auto operand = [&](ValueId v) { return bf16 ? bld.cast(v, DType::bf16) : v; };
+                         return bld.add(bld.add(bld.matmul(operand(x[0]), operand(x[1])), x[2]), x[3]);
+                       });
+    std::vector<ValueId> outs{h.output};
+    const Circuit planned = optimize(h.circuit, outs, {.gpu = true});
+    cuda::DeviceProgram dp(planned, outs, testing::fake_runtime());
+    EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], execute(h.circuit, h.bindings, {h.output})[0]), 1e-5)
+        << dp.dump();
+    EXPECT_NE(dp.dump().find("fused_matmul"), std::string::npos) << dp.dump();
+    return dp.dump();
+  };
+  struct Setting {
+    const char *name, *wgmma, *tile;
+    bool bf16;
+    const char *folded, *unfolded;
+  };
+  for (const Setting& s : {Setting{"f32 FFMA", "0", "", false, "grid 3x4x1, block 256", "grid 3x2x3, block 256"},
+                           Setting{"bf16 mma.sync", "0", "128x128", true, "grid 2x2x1, block 256", "grid 2x1x3, block 256"},
+                           Setting{"bf16 wgmma", "1", "128x128", true, "grid 2x2x1, block 256", "grid 2x1x3, block 256"},
+                           Setting{"bf16 wgmma 192x256", "1", "192x256", true, "grid 1x2x1, block 384",
+                                   "grid 1x1x3, block 384"}}) {
+    SCOPED_TRACE(s.name);
+    cuda::ForceBf16Mma on;
+    testing::ScopedEnv engine("KILN_WGMMA", s.wgmma), tile("KILN_MMA_TILE", s.tile);
+    for (const auto& [batched_w, item_bias] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+      SCOPED_TRACE(std::string(batched_w ? "batched W" : "") + (item_bias ? "a bias per item" : ""));
+      const std::string dump = check(s.bf16, batched_w, item_bias);
+      EXPECT_NE(dump.find(batched_w || item_bias ? s.unfolded : s.folded), std::string::npos) << dump;
+    }
+  }
 }
 
 // KILN_MMA_TILE=192x256: on wgmma, three warpgroups (384 threads, declared to ptxas as the

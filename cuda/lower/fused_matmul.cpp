@@ -14,8 +14,9 @@
 // TileLoader, matmul_tiles.hpp) and zero-filled outside the matrix, so no size needs to be a
 // multiple of the tile; a prologue is applied as each element is loaded. The next tile's global loads are issued
 // before the current tile's FFMAs (held in registers, stored to shared memory after the
-// barrier), so their latency hides behind the arithmetic. Batch dims: grid z walks the logical
-// batch, each operand and output with its own batch strides (0 where an operand broadcasts). FFMA
+// barrier), so their latency hides behind the arithmetic. Batch dims: those the rows continue
+// through with b shared are folded into the rows (fold_batch_into_rows); grid z walks the rest,
+// each operand and output with its own batch strides (0 where an operand broadcasts). FFMA
 // in f32, or with KILN_ALLOW_TF32=1 tf32 tensor cores (mma.sync) on the 128x128 tiles. An
 // operand stored in bf16 is loaded as bf16 (half the bytes) and widened to f32 in the tiles;
 // where both carry bf16 values (stored, or f32 read through a rounding to bf16) their products
@@ -106,7 +107,36 @@ ForceBf16Mma::~ForceBf16Mma() { options::force_bf16_mma(saved_option_); }
 ForceTf32Matmuls::ForceTf32Matmuls() : saved_(forced_tf32) { forced_tf32 = true; }
 ForceTf32Matmuls::~ForceTf32Matmuls() { forced_tf32 = saved_; }
 
-LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul& f, const char* prefix) {
+namespace {
+
+// Batch dims along which the rows of a, of the output and of every extra continue (each item's
+// rows right after the previous item's), with b the same for every item, as in a linear layer's x
+// W over [B, T, C] activations: folded into the rows, innermost first. One product of B T rows
+// then fills its row tiles across items instead of rounding each item's T rows up to whole tiles
+// (T = 64 filled half of each 128-row tile; 1024 rows take 6 tiles of 192 for 5.33). Not with
+// row sums or block sums, which are laid out per item. `extra_strides`: each extra's strides
+// against the logical domain, folded the same.
+FusedMatmul fold_batch_into_rows(FusedMatmul f, std::vector<std::vector<int64_t>>& extra_strides) {
+  if (f.a_row_sums || f.block_sums) return f;
+  while (!f.batch.empty()) {
+    const size_t d = f.batch.size() - 1;
+    bool folds = f.a.batch[d] == f.m * f.a.row_stride && f.b.batch[d] == 0 && f.out_batch[d] == f.m * f.out_row;
+    for (const std::vector<int64_t>& st : extra_strides) folds = folds && st[d] == f.m * st[d + 1];
+    if (!folds) break;
+    f.m *= f.batch[d];
+    for (std::vector<int64_t>* strides : {&f.batch, &f.a.batch, &f.b.batch, &f.out_batch}) strides->pop_back();
+    for (std::vector<int64_t>& st : extra_strides) st.erase(st.begin() + static_cast<std::ptrdiff_t>(d));
+  }
+  return f;
+}
+
+}  // namespace
+
+LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul& program, const char* prefix) {
+  std::vector<std::vector<int64_t>> extra_strides;  // per extra, against the logical domain
+  for (int j = 0; j < program.extras; ++j)
+    extra_strides.push_back(broadcast_strides(c.info(op.inputs[static_cast<size_t>(2 + j)]).shape, program.logical()));
+  const FusedMatmul f = fold_batch_into_rows(program, extra_strides);
   const int64_t M = f.m, N = f.n, K = f.k;
   const Shape logical = f.logical();
   const Shape batch_shape(f.batch);
@@ -200,11 +230,9 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   Reg a_base = b.address(pa, batch_offset(f.a.batch, f.a.offset), static_cast<int>(dtype_size(a_dtype)));
   Reg b_base = b.address(pb, batch_offset(f.b.batch, f.b.offset), static_cast<int>(dtype_size(b_dtype)));
   Reg out_off = batch_offset(f.out_batch, 0);
-  std::vector<std::vector<int64_t>> extra_strides(static_cast<size_t>(f.extras));
   std::vector<Reg> extra_base(static_cast<size_t>(f.extras));
   for (int j : read_extras) {
     const auto ju = static_cast<size_t>(j);
-    extra_strides[ju] = broadcast_strides(c.info(op.inputs[2 + ju]).shape, logical);
     std::vector<int64_t> batch_part(extra_strides[ju].begin(), extra_strides[ju].begin() + nb);
     extra_base[ju] = b.address(p_extra[ju], batch_offset(batch_part, 0), 4);
   }

@@ -8,7 +8,8 @@
 
 namespace kiln::cuda {
 
-// Lowers op (of c) as the program `f` describes; kernels are named `prefix` and a hash.
+// Lowers op (of c) as the program `f` describes (batch dims that the rows continue through folded
+// into the rows); kernels are named `prefix` and a hash.
 LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul& f, const char* prefix);
 
 // Tests: every matmul kernel takes tiles of `size` (64 or 128) for the guard's lifetime,

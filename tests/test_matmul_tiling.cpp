@@ -1,0 +1,227 @@
+// Which tiles, grids and splits of K the GPU matmul kernels take (cuda/lower/matmul_mma.cpp's
+// choose_mma_tiling and choose_splits, fused_matmul.cpp's fold_batch_into_rows): split-K auto,
+// KILN_MMA_TILE auto, waves and 192x256, the wgmma default of an sm_90 lowering, and batch dims
+// folded into the rows. Each checks the kernels' summaries; the small products also run in the
+// SIMT simulator against the Eigen executor (the kernels' values under every tiling:
+// test_matmul_lowering.cpp).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "circuit/exec/executor.hpp"
+#include "circuit/passes/pipeline.hpp"
+#include "cuda/kir/ptx_printer.hpp"
+#include "cuda/lower/fused_matmul.hpp"
+#include "cuda/lower/lower.hpp"
+#include "cuda/runtime/device_program.hpp"
+#include "device_test_util.hpp"
+#include "prim_cases.hpp"
+#include "prim_test_util.hpp"
+#include "scoped_env.hpp"
+
+namespace kiln {
+namespace {
+
+using testing::f32;
+
+// KILN_MMA_SPLIT_K=auto splits K where the grid fills less than half the SMs' block slots, as
+// many ways as fit (up to 4, each range 8 steps or more): GPT-2 small's attention-projection
+// weight gradient (768 x 768 outputs over 8192 tokens: 36 blocks) 4 ways, a 64 x 64 x 512
+// product 2 ways (16 steps), a 4096^2 product not at all. Lowered only (no run) where large.
+TEST(Lowering, Bf16MmaSplitsKWhereTheGridLeavesSmsIdle) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv split("KILN_MMA_SPLIT_K", "auto");
+  auto dump_of = [](Shape a, Shape b, bool ta, bool run) {
+    testing::Harness h({f32(std::move(a)), f32(std::move(b))}, [ta](Builder& bld, const std::vector<ValueId>& x) {
+      return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), ta, false);
+    });
+    cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+    if (run) {
+      const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+      EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+    }
+    return dp.dump();
+  };
+  std::string d = dump_of({8192, 768}, {8192, 768}, true, false);
+  EXPECT_NE(d.find("K split 4 ways (2048 each"), std::string::npos) << d;
+  d = dump_of({64, 512}, {512, 64}, false, true);
+  EXPECT_NE(d.find("K split 2 ways (256 each"), std::string::npos) << d;
+  d = dump_of({4096, 1024}, {1024, 4096}, false, false);
+  EXPECT_NE(d.find("mma.sync bf16"), std::string::npos) << d;
+  EXPECT_EQ(d.find("K split"), std::string::npos) << d;
+  // K = 0, split forced or not: no split, zeros stored.
+  for (const char* forced : {"auto", "2"}) {
+    testing::ScopedEnv setting("KILN_MMA_SPLIT_K", forced);
+    d = dump_of({40, 0}, {0, 24}, false, true);
+    EXPECT_EQ(d.find("K split"), std::string::npos) << d;
+  }
+}
+
+// KILN_MMA_TILE=auto: 128x256 tiles where their grid fills an H100's 132 SMs (a 4096^2
+// product: 512 blocks; GPT-2's MLP up projection, 8192 x 3072: 768), 128x128 where it would not
+// (GPT-2's QKV weight gradient, 768 x 2304: 54 blocks of 128x256; a 64 x 64 product), on mma.sync
+// and on wgmma. Lowered only (no run) where large; the small one runs against Eigen.
+TEST(Lowering, Bf16MmaTileAutoTakes128x256WhereItsGridFillsTheSms) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv tile("KILN_MMA_TILE", "auto");
+  for (const char* wgmma : {"0", "1"}) {
+    SCOPED_TRACE(std::string("KILN_WGMMA=") + wgmma);
+    testing::ScopedEnv engine("KILN_WGMMA", wgmma);
+    auto dump_of = [](Shape a, Shape b, bool run) {
+      testing::Harness h({f32(std::move(a)), f32(std::move(b))}, [](Builder& bld, const std::vector<ValueId>& x) {
+        return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16));
+      });
+      cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+      if (run) {
+        const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+        EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+      }
+      return dp.dump();
+    };
+    for (const auto& [a, b, wide] :
+         {std::tuple{Shape{4096, 256}, Shape{256, 4096}, true}, std::tuple{Shape{8192, 768}, Shape{768, 3072}, true},
+          std::tuple{Shape{768, 8192}, Shape{8192, 2304}, false}}) {
+      const std::string d = dump_of(a, b, false);
+      EXPECT_NE(d.find(wide ? "tile 128x256" : "tile 128x128"), std::string::npos) << d;
+    }
+    const std::string d = dump_of({64, 40}, {40, 64}, true);
+    EXPECT_NE(d.find("tile 128x128"), std::string::npos) << d;
+  }
+}
+
+// KILN_MMA_TILE=waves (matmul_mma.cpp: wave_tile_n): the tile of fewer whole waves of 132
+// blocks, a 128x256 wave counted 1.6. GPT-2's MLP weight gradient 768 x 3072 (144 blocks of
+// 128x128: two waves; 72 of 128x256: one) takes 128x256, which auto does not; 768 x 768 (36 or
+// 18 blocks, a wave either way), 1024^2 (64 or 32) and 8192 x 768 (384 or 192 blocks: three
+// waves or two, 3 < 3.2) take 128x128; 4096^2 (1024 or 512: eight waves or four) 128x256. On
+// mma.sync (two 128x128 blocks an SM) waves is auto: 768 x 3072 takes 128x128.
+TEST(Lowering, Bf16MmaTileWavesTakesTheTileOfFewerWaves) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv tile("KILN_MMA_TILE", "waves"), engine("KILN_WGMMA", "1");
+  auto dump_of = [](Shape a, Shape b) {
+    testing::Harness h({f32(std::move(a)), f32(std::move(b))}, [](Builder& bld, const std::vector<ValueId>& x) {
+      return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16));
+    });
+    return cuda::DeviceProgram(h.circuit, {h.output}, testing::fake_runtime()).dump();
+  };
+  for (const auto& [m, n, wide] :
+       {std::tuple{768, 3072, true}, std::tuple{768, 768, false}, std::tuple{1024, 1024, false},
+        std::tuple{8192, 768, false}, std::tuple{4096, 4096, true}}) {
+    const std::string d = dump_of({m, 64}, {64, n});
+    EXPECT_NE(d.find(wide ? "tile 128x256" : "tile 128x128"), std::string::npos) << m << " x " << n << "\n" << d;
+  }
+  testing::ScopedEnv mma("KILN_WGMMA", "0");
+  const std::string d = dump_of({768, 64}, {64, 3072});
+  EXPECT_NE(d.find("mma.sync bf16"), std::string::npos) << d;
+  EXPECT_NE(d.find("tile 128x128"), std::string::npos) << d;
+}
+
+// fold_batch_into_rows (fused_matmul.cpp): x W + bias + r over [3, 70, C] activations (the rows
+// continue from one batch item into the next in x, r and the output; W and the bias shared) is
+// one product of 210 rows: 64x64 FFMA tiles in a 3 x 4 grid (unfolded: 3 x 2 x 3), 128x128
+// mma.sync and wgmma tiles in 2 x 2 (2 x 1 x 3), 192x256 wgmma tiles in 1 x 2. Batched W, or an
+// extra that differs per item but not per row, keeps the batch in grid z. The GPU plan (the
+// epilogue fused) against Eigen in the simulator.
+TEST(Lowering, BatchDimsTheRowsContinueThroughFoldIntoTheRows) {
+  auto check = [](bool bf16, bool batched_w, bool item_bias) {
+    testing::Harness h({f32({3, 70, 40}), f32(batched_w ? Shape{3, 40, 136} : Shape{40, 136}),
+                        f32(item_bias ? Shape{3, 1, 136} : Shape{136}), f32({3, 70, 136})},
+                       [bf16](Builder& bld, const std::vector<ValueId>& x) {
+                         auto operand = [&](ValueId v) { return bf16 ? bld.cast(v, DType::bf16) : v; };
+                         return bld.add(bld.add(bld.matmul(operand(x[0]), operand(x[1])), x[2]), x[3]);
+                       });
+    std::vector<ValueId> outs{h.output};
+    const Circuit planned = optimize(h.circuit, outs, {.gpu = true});
+    cuda::DeviceProgram dp(planned, outs, testing::fake_runtime());
+    EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], execute(h.circuit, h.bindings, {h.output})[0]), 1e-5)
+        << dp.dump();
+    EXPECT_NE(dp.dump().find("fused_matmul"), std::string::npos) << dp.dump();
+    return dp.dump();
+  };
+  struct Setting {
+    const char *name, *wgmma, *tile;
+    bool bf16;
+    const char *folded, *unfolded;
+  };
+  for (const Setting& s :
+       {Setting{"f32 FFMA", "0", "", false, "grid 3x4x1, block 256", "grid 3x2x3, block 256"},
+        Setting{"bf16 mma.sync", "0", "128x128", true, "grid 2x2x1, block 256", "grid 2x1x3, block 256"},
+        Setting{"bf16 wgmma", "1", "128x128", true, "grid 2x2x1, block 256", "grid 2x1x3, block 256"},
+        Setting{"bf16 wgmma 192x256", "1", "192x256", true, "grid 1x2x1, block 384", "grid 1x1x3, block 384"}}) {
+    SCOPED_TRACE(s.name);
+    cuda::ForceBf16Mma on;
+    testing::ScopedEnv engine("KILN_WGMMA", s.wgmma), tile("KILN_MMA_TILE", s.tile);
+    for (const auto& [batched_w, item_bias] :
+         {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+      SCOPED_TRACE(std::string(batched_w ? "batched W" : "") + (item_bias ? "a bias per item" : ""));
+      const std::string dump = check(s.bf16, batched_w, item_bias);
+      EXPECT_NE(dump.find(batched_w || item_bias ? s.unfolded : s.folded), std::string::npos) << dump;
+    }
+  }
+}
+
+// KILN_MMA_TILE=192x256: on wgmma, three warpgroups (384 threads, declared to ptxas as the
+// block's size so that it keeps to 168 registers) over 192-row tiles, 4 stages of 56 KiB; split-K
+// is not taken in them. On mma.sync: 128x256. (Values: check_wgmma_cases.)
+TEST(Lowering, Bf16MmaTile192x256TakesThreeWarpgroupsOnWgmma) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv tile("KILN_MMA_TILE", "192x256"), split("KILN_MMA_SPLIT_K", "2");
+  testing::Harness h({f32({400, 128}), f32({128, 520})}, [](Builder& bld, const std::vector<ValueId>& x) {
+    return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16));
+  });
+  for (const char* wgmma : {"1", "0"}) {
+    testing::ScopedEnv engine("KILN_WGMMA", wgmma);
+    const cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+    const std::string d = dp.dump();
+    if (wgmma == std::string("1")) {
+      EXPECT_NE(d.find("tile 192x256x64, 384 threads, wgmma m64n256k16 bf16 on three warpgroups"), std::string::npos)
+          << d;
+      EXPECT_NE(d.find("4 cp.async stages"), std::string::npos) << d;
+      EXPECT_NE(d.find("grid 3x3x1, block 384"), std::string::npos) << d;
+      EXPECT_EQ(d.find("K split"), std::string::npos) << d;
+      size_t matmuls = 0;  // the other kernels: the operands' casts
+      for (const auto& kl : dp.kernels()) {
+        const kir::Kernel& k = *kl.launch->kernel;
+        if (k.name.find("matmul") == std::string::npos) continue;
+        ++matmuls;
+        EXPECT_EQ(k.max_threads, 384);
+        EXPECT_NE(kir::print_ptx(k, 90).find(".maxntid 384, 1, 1"), std::string::npos);
+      }
+      EXPECT_EQ(matmuls, 1u);
+    } else {
+      EXPECT_NE(d.find("tile 128x256x32, 256 threads, mma.sync bf16"), std::string::npos) << d;
+    }
+  }
+}
+
+// KILN_WGMMA and KILN_MMA_TILE unset: mma.sync at 128x128 unless the lowering is for an sm_90
+// GPU (a WgmmaByDefault alive: device programs of a real H100 hold one), which takes wgmma with
+// auto tiles (128x256 for GPT-2's MLP up projection, 768 blocks); KILN_WGMMA decides either way.
+TEST(Lowering, Bf16MatmulsTakeWgmmaWithAutoTilesWhenLoweredForSm90) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv tile("KILN_MMA_TILE", "");
+  auto dump_of = [] {
+    testing::Harness h({f32({8192, 768}), f32({768, 3072})}, [](Builder& bld, const std::vector<ValueId>& x) {
+      return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16));
+    });
+    return cuda::DeviceProgram(h.circuit, {h.output}, testing::fake_runtime()).dump();
+  };
+  for (const char* setting : {"", "0", "1"}) {
+    SCOPED_TRACE(std::string("KILN_WGMMA=") + setting);
+    testing::ScopedEnv engine("KILN_WGMMA", setting);
+    for (const bool sm90 : {false, true}) {
+      SCOPED_TRACE(sm90 ? "WgmmaByDefault" : "no target");
+      std::optional<cuda::WgmmaByDefault> target;
+      if (sm90) target.emplace();
+      const bool wgmma = std::string(setting) == "1" || (sm90 && std::string(setting).empty());
+      const std::string d = dump_of();
+      EXPECT_NE(d.find(wgmma ? "wgmma m64n256k16" : "mma.sync bf16"), std::string::npos) << d;
+      EXPECT_NE(d.find(wgmma ? "tile 128x256" : "tile 128x128"), std::string::npos) << d;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln

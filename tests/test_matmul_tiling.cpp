@@ -121,13 +121,25 @@ TEST(Lowering, Bf16MmaTileWavesTakesTheTileOfFewerWaves) {
 // fold_batch_into_rows (fused_matmul.cpp): x W + bias + r over [3, 70, C] activations (the rows
 // continue from one batch item into the next in x, r and the output; W and the bias shared) is
 // one product of 210 rows: 64x64 FFMA tiles in a 3 x 4 grid (unfolded: 3 x 2 x 3), 128x128
-// mma.sync and wgmma tiles in 2 x 2 (2 x 1 x 3), 192x256 wgmma tiles in 1 x 2. Batched W, or an
-// extra that differs per item but not per row, keeps the batch in grid z. The GPU plan (the
-// epilogue fused) against Eigen in the simulator.
+// mma.sync and wgmma tiles in 2 x 2 (2 x 1 x 3), 192x256 wgmma tiles in 1 x 2. A batched W, or a
+// bias per item, keeps the batch in grid z; over [2, 3, 70, C] with a bias per outer item the
+// inner dim folds and the outer stays (z = 2); a dim of size 1 ([3, 1, 70, C]) goes. The GPU plan
+// (the epilogue fused) against Eigen in the simulator.
 TEST(Lowering, BatchDimsTheRowsContinueThroughFoldIntoTheRows) {
-  auto check = [](bool bf16, bool batched_w, bool item_bias) {
-    testing::Harness h({f32({3, 70, 40}), f32(batched_w ? Shape{3, 40, 136} : Shape{40, 136}),
-                        f32(item_bias ? Shape{3, 1, 136} : Shape{136}), f32({3, 70, 136})},
+  struct Shapes {
+    const char* name;
+    Shape x, w, bias;
+    int64_t z;  // grid z expected (1: folded whole)
+  };
+  const Shapes cases[] = {{"folded", {3, 70, 40}, {40, 136}, {136}, 1},
+                          {"batched W", {3, 70, 40}, {3, 40, 136}, {136}, 3},
+                          {"a bias per item", {3, 70, 40}, {40, 136}, {3, 1, 136}, 3},
+                          {"inner dim folded", {2, 3, 70, 40}, {40, 136}, {2, 1, 1, 136}, 2},
+                          {"a dim of size 1", {3, 1, 70, 40}, {40, 136}, {136}, 1}};
+  auto check = [](const Shapes& s, bool bf16) {
+    Shape out = s.x;
+    out[out.rank() - 1] = 136;
+    testing::Harness h({f32(s.x), f32(s.w), f32(s.bias), f32(out)},
                        [bf16](Builder& bld, const std::vector<ValueId>& x) {
                          auto operand = [&](ValueId v) { return bf16 ? bld.cast(v, DType::bf16) : v; };
                          return bld.add(bld.add(bld.matmul(operand(x[0]), operand(x[1])), x[2]), x[3]);
@@ -143,21 +155,23 @@ TEST(Lowering, BatchDimsTheRowsContinueThroughFoldIntoTheRows) {
   struct Setting {
     const char *name, *wgmma, *tile;
     bool bf16;
-    const char *folded, *unfolded;
+    int64_t grid_x, folded_y, item_y, block;  // the grid: x, y folded (210 rows) or per item (70)
   };
-  for (const Setting& s :
-       {Setting{"f32 FFMA", "0", "", false, "grid 3x4x1, block 256", "grid 3x2x3, block 256"},
-        Setting{"bf16 mma.sync", "0", "128x128", true, "grid 2x2x1, block 256", "grid 2x1x3, block 256"},
-        Setting{"bf16 wgmma", "1", "128x128", true, "grid 2x2x1, block 256", "grid 2x1x3, block 256"},
-        Setting{"bf16 wgmma 192x256", "1", "192x256", true, "grid 1x2x1, block 384", "grid 1x1x3, block 384"}}) {
-    SCOPED_TRACE(s.name);
+  for (const Setting& t :
+       {Setting{"f32 FFMA", "0", "", false, 3, 4, 2, 256}, Setting{"bf16 mma.sync", "0", "128x128", true, 2, 2, 1, 256},
+        Setting{"bf16 wgmma", "1", "128x128", true, 2, 2, 1, 256},
+        Setting{"bf16 wgmma 192x256", "1", "192x256", true, 1, 2, 1, 384}}) {
+    SCOPED_TRACE(t.name);
     cuda::ForceBf16Mma on;
-    testing::ScopedEnv engine("KILN_WGMMA", s.wgmma), tile("KILN_MMA_TILE", s.tile);
-    for (const auto& [batched_w, item_bias] :
-         {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
-      SCOPED_TRACE(std::string(batched_w ? "batched W" : "") + (item_bias ? "a bias per item" : ""));
-      const std::string dump = check(s.bf16, batched_w, item_bias);
-      EXPECT_NE(dump.find(batched_w || item_bias ? s.unfolded : s.folded), std::string::npos) << dump;
+    testing::ScopedEnv engine("KILN_WGMMA", t.wgmma), tile("KILN_MMA_TILE", t.tile);
+    for (const Shapes& s : cases) {
+      SCOPED_TRACE(s.name);
+      const bool folded = s.z != 3;  // the 70 rows of the three items are one product's
+      const std::string grid = "grid " + std::to_string(t.grid_x) + "x" +
+                               std::to_string(folded ? t.folded_y : t.item_y) + "x" + std::to_string(s.z) + ", block " +
+                               std::to_string(t.block);
+      const std::string dump = check(s, t.bf16);
+      EXPECT_NE(dump.find(grid), std::string::npos) << grid << "\n" << dump;
     }
   }
 }

@@ -48,7 +48,7 @@ constexpr std::array<Variable, 30> kVariables = {{
      "elsewhere and on the fake driver)"},
     {"KILN_MMA_TILE",
      "block tile of the tensor-core matmul kernel (mma.sync bf16 and tf32, wgmma), 128x128 (default on mma.sync), "
-     "128x256, 192x256 (wgmma: three warpgroups, for products without split-K or block sums; else 128x256), auto "
+     "128x256, 192x256 (wgmma: three warpgroups, no split of K; products with block sums and mma.sync: 128x256), auto "
      "(128x256 where its grid fills the SMs; default on wgmma), or waves (wgmma: the tile whose grid takes fewer "
      "whole waves of the SMs, a 128x256 wave counted 1.6 of a 128x128 one; mma.sync: auto)"},
     {"KILN_MMA_SPLIT_K", "mma.sync matmuls (bf16, tf32) split K across blocks: 0 (default), auto, or 2-4"},

@@ -62,8 +62,14 @@ Launch finish_launch(KernelBuilder& b, const std::string& prefix, sim::Dim3 grid
                      std::vector<ArgRef> args) {
   kir::Kernel k = b.finish();
   // Blocks of up to 256 threads fit the register file at ptxas's limit of 255 registers a thread;
-  // larger ones declare their size so that ptxas keeps within it.
-  if (block.count() > 256) k.max_threads = static_cast<int32_t>(block.count());
+  // larger ones declare their size so that ptxas keeps within it (.maxntid N, 1, 1: the lowerings'
+  // blocks are one-dimensional; a larger block of more dimensions is refused here).
+  if (block.count() > 256) {
+    if (block.y != 1 || block.z != 1)
+      throw Error(prefix + ": a block of more than 256 threads must be one-dimensional, not " +
+                  std::to_string(block.x) + "x" + std::to_string(block.y) + "x" + std::to_string(block.z));
+    k.max_threads = static_cast<int32_t>(block.x);
+  }
   k.name = kernel_name(prefix, kernel_hash(k));
   return Launch{std::make_shared<const kir::Kernel>(std::move(k)), grid, block, std::move(args)};
 }

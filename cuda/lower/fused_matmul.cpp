@@ -114,14 +114,20 @@ namespace {
 // W over [B, T, C] activations: folded into the rows, innermost first. One product of B T rows
 // then fills its row tiles across items instead of rounding each item's T rows up to whole tiles
 // (T = 64 filled half of each 128-row tile; 1024 rows take 6 tiles of 192 for 5.33). Not with
-// row sums or block sums, which are laid out per item. `extra_strides`: each extra's strides
-// against the logical domain, folded the same.
+// row sums or block sums, which are laid out per item, nor past rows that 64-row tiles would
+// count beyond the grid's 65535 (grid z takes the batch then). Dims of size 1 index nothing and
+// go. `extra_strides`: each extra's strides against the logical domain, folded the same.
 FusedMatmul fold_batch_into_rows(FusedMatmul f, std::vector<std::vector<int64_t>>& extra_strides) {
   if (f.a_row_sums || f.block_sums) return f;
+  constexpr int64_t kMostRows = int64_t{65535} * 64;
   while (!f.batch.empty()) {
     const size_t d = f.batch.size() - 1;
-    bool folds = f.a.batch[d] == f.m * f.a.row_stride && f.b.batch[d] == 0 && f.out_batch[d] == f.m * f.out_row;
-    for (const std::vector<int64_t>& st : extra_strides) folds = folds && st[d] == f.m * st[d + 1];
+    bool folds = f.batch[d] == 1;
+    if (!folds) {
+      folds = f.a.batch[d] == f.m * f.a.row_stride && f.b.batch[d] == 0 && f.out_batch[d] == f.m * f.out_row &&
+              f.m * f.batch[d] <= kMostRows;
+      for (const std::vector<int64_t>& st : extra_strides) folds = folds && st[d] == f.m * st[d + 1];
+    }
     if (!folds) break;
     f.m *= f.batch[d];
     for (std::vector<int64_t>* strides : {&f.batch, &f.a.batch, &f.b.batch, &f.out_batch}) strides->pop_back();

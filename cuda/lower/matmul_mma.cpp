@@ -140,7 +140,7 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
   //
   // Steps of blocks whose tiles lie wholly inside both matrices (rows and k) take a fast path
   // instead: every chunk is whole, and chunk s of a thread is its chunk 0 moved by whole rows
-  // ([row][k]: 256 / kc rows; [k][row]: 256 / (rows / ce) k), the same in every step: its stage
+  // ([row][k]: T / kc rows; [k][row]: T / (rows / ce) k), the same in every step: its stage
   // offset is chunk 0's (fast_dst, from before the loop) plus s times dst_stride, and its source
   // chunk 0's at k = 0 (fast_src) plus k0 and s times chunk_stride: immediates.
   std::function<Reg(size_t, Reg, Reg)> chunk_at;

@@ -604,6 +604,11 @@ void expect_matmul_kernels_pass_ptxas_without_spills() {
     const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
     EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
     EXPECT_LE(r.registers, 255) << k->name;
+    // Plain products (no prologue or epilogue) fit two blocks of 256 threads an SM: 128 registers
+    // (an operand loaded along its rows once took 8 registers of address and bounds a slot: 139).
+    if (k->name.starts_with("kiln_matmul_")) {
+      EXPECT_LE(r.registers, 128) << k->name;
+    }
   }
 }
 

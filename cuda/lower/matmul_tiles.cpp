@@ -1,6 +1,11 @@
 // The FFMA-tile matmul kernel's operand tiles (matmul_tiles.hpp).
 #include "cuda/lower/matmul_tiles.hpp"
 
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "circuit/ir/error.hpp"
 #include "cuda/lower/elementwise.hpp"
 
 namespace kiln::cuda {
@@ -35,20 +40,30 @@ Reg tile_value(KernelBuilder& b, const TileLoader& t, Reg x, Reg ok) {
 TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, DType dtype, int64_t rows,
                        int64_t depth, int tm, int pitch, bool tf32, Reg row0, Reg tid, Reg smem) {
   const bool along_rows = view.k_stride != 1 && view.row_stride == 1;
-  TileLoader t{base, &view, !along_rows, !along_rows && aligned_k_groups(view, depth),
-               rows, depth, tm,          pitch,
-               tf32, dtype, {},          {},
-               {},   {},    {},          {}};
+  TileLoader t;
+  t.base = base;
+  t.view = &view;
+  t.k_groups = !along_rows;
+  t.vector_k = !along_rows && aligned_k_groups(view, depth);
+  t.rows = rows;
+  t.depth = depth;
+  t.tm = tm;
+  t.pitch = pitch;
+  t.tf32 = tf32;
+  t.dtype = dtype;
+  auto add_values = [&] {
+    for (int j = 0; j < t.per_slot(); ++j) {
+      t.values.push_back(b.mov(kir_type(dtype), kir::Operand::imm(kir_type(dtype), 0)));
+      t.oks.push_back(b.setp(Cmp::eq, imm_u32(0), imm_u32(0)));
+    }
+  };
   auto add_slot = [&](Reg r, Reg k) {
     t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
     t.tile_k.push_back(it == Type::u32 ? k : b.cvt(Type::u64, k));
     t.row_ok.push_back(b.setp(Cmp::lt, t.tile_r.back(), imm_index(it, rows)));
     t.smem_addr.push_back(
         b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(static_cast<uint32_t>(pitch)), r), imm_u32(4), smem));
-    for (int j = 0; j < t.per_slot(); ++j) {
-      t.values.push_back(b.mov(kir_type(dtype), kir::Operand::imm(kir_type(dtype), 0)));
-      t.oks.push_back(b.setp(Cmp::eq, imm_u32(0), imm_u32(0)));
-    }
+    add_values();
   };
   const auto tm32 = static_cast<uint32_t>(tm);
   if (t.k_groups) {
@@ -59,19 +74,21 @@ TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand&
       add_slot(r, g == 0 ? k : b.add(Type::u32, k, imm_u32(static_cast<uint32_t>(g * group_stride))));
     return t;
   }
-  for (int s = 0; s < tm * kMatmulTileK / kMatmulThreads; ++s) {
-    Reg l = b.add(Type::u32, tid, imm_u32(static_cast<uint32_t>(s * kMatmulThreads)));
-    add_slot(b.rem(Type::u32, l, imm_u32(tm32)), b.div(Type::u32, l, imm_u32(tm32)));
-  }
+  if (kMatmulThreads % tm != 0)
+    throw Error("make_loader: tiles of " + std::to_string(tm) + " rows do not divide a block");
+  t.k_step = kMatmulThreads / tm;
+  add_slot(b.rem(Type::u32, tid, imm_u32(tm32)), b.div(Type::u32, tid, imm_u32(tm32)));
+  for (int s = 1; s < tm * kMatmulTileK / kMatmulThreads; ++s) add_values();
   return t;
 }
 
-std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Reg ok) {
+std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Reg ok, int64_t offset) {
   kir::Instr ld;
   ld.op = kir::Opc::Ld;
   ld.type = type;
   ld.space = Space::global;
   ld.vec = vec;
+  ld.offset = offset;
   for (int j = 0; j < vec; ++j) ld.dsts.push_back(b.mov(type, kir::Operand::imm(type, 0)));
   ld.srcs = {addr};
   b.emit(ld, ok);
@@ -84,6 +101,22 @@ void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
     Reg k_part = v.k_stride == 1 ? kg : b.mul(it, kg, imm_index(it, v.k_stride));
     return b.address(t.base, scaled_add(b, it, r, v.row_stride, k_part), static_cast<int>(dtype_size(t.dtype)));
   };
+  if (!t.k_groups) {  // along rows: slot s is slot 0's element k_step s further along k
+    Reg k_first = b.add(it, k0, t.tile_k[0]);
+    Reg first = element(t.tile_r[0], k_first);
+    const int64_t slot_bytes = t.k_step * v.k_stride * static_cast<int64_t>(dtype_size(t.dtype));
+    for (size_t s = 0; s < t.values.size(); ++s) {
+      const auto ks = static_cast<int64_t>(s);
+      Reg kg = s == 0 ? k_first : b.add(it, k_first, imm_index(it, ks * t.k_step));
+      Reg ok = b.and_(Type::pred, t.row_ok[0], b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
+      // The byte offset as an immediate where it fits PTX's 32 bits, else the address.
+      const bool fits = std::abs(ks * slot_bytes) <= std::numeric_limits<int32_t>::max();
+      Reg at = fits || s == 0 ? first : element(t.tile_r[0], kg);
+      b.set(t.values[s], guarded_load(b, kir_type(t.dtype), at, 1, ok, fits ? ks * slot_bytes : 0)[0]);
+      b.set(t.oks[s], ok);
+    }
+    return;
+  }
   for (size_t slot = 0; slot < t.tile_r.size(); ++slot) {
     Reg k_slot = b.add(it, k0, t.tile_k[slot]);
     if (t.vector_k) {  // K is a multiple of 4: a group of 4 k lies wholly inside the matrix or outside
@@ -107,6 +140,12 @@ void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
 }
 
 void store_tile(KernelBuilder& b, const TileLoader& t) {
+  if (!t.k_groups) {  // along rows: slot s is k_step s rows of the tile further on
+    for (size_t s = 0; s < t.values.size(); ++s)
+      b.st(Space::shared, Type::f32, t.smem_addr[0], tile_value(b, t, t.values[s], t.oks[s]),
+           4 * static_cast<int64_t>(s) * t.k_step * t.pitch);
+    return;
+  }
   for (size_t slot = 0; slot < t.smem_addr.size(); ++slot)
     for (int j = 0; j < t.per_slot(); ++j) {
       const size_t at = static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j);

@@ -18,8 +18,10 @@ constexpr int kMatmulThreads = 256;  // threads a block (16 x 16)
 // memory as tile[k][r] (tm floats a k) so that a thread's 4 consecutive rows are one 16-byte
 // vector. Stores to a tile must spread a warp's 32 lanes over 32 banks, i.e. over 32 rows of
 // one k:
-//  - an operand with unit stride along its rows: lane l takes row l % tm of k l / tm (as many
-//    slots as it takes), and the lanes' loads coalesce;
+//  - an operand with unit stride along its rows: thread t takes row t % tm of k t / tm, and of
+//    each k 256 / tm further (as many slots as it takes), and the lanes' loads coalesce. Every
+//    slot is on the thread's one row, k_step apart: the registers are slot 0's (row, k, bounds,
+//    shared address), and the other slots sit at immediate offsets from its addresses;
 //  - otherwise (k_groups): thread t takes row t % tm and groups of 4 consecutive k from
 //    4 (t / tm), one group every 4 * 256 / tm k, with one 16-byte load where those 4 are
 //    contiguous and 16-byte aligned (vector_k), else 4 scalar loads of one row. (Lanes that
@@ -39,9 +41,10 @@ struct TileLoader {
   int pitch = 0;                    // floats from one k's row to the next in shared memory
   bool tf32 = false;                // values rounded to tf32 for mma.sync
   DType dtype = DType::f32;         // of the operand in global memory: f32, or bf16 (widened on load)
-  std::vector<Reg> tile_r, tile_k;  // per load slot: row and k within the tile (index type)
-  std::vector<Reg> row_ok;          // per load slot: row0 + r < rows
-  std::vector<Reg> smem_addr;       // per load slot: shared address of tile[k][r]
+  std::vector<Reg> tile_r, tile_k;  // per load slot (along rows: slot 0's): row and k within the tile (index type)
+  std::vector<Reg> row_ok;          // per load slot (along rows: slot 0's): row0 + r < rows
+  std::vector<Reg> smem_addr;       // per load slot (along rows: slot 0's): shared address of tile[k][r]
+  int64_t k_step = 0;               // along rows: k from one slot to the next
   std::vector<Reg> values;          // per load slot: 1 value (along rows) or 4 (k groups), as loaded
   std::vector<Reg> oks;             // per value: inside the matrix
   int per_slot() const { return k_groups ? 4 : 1; }
@@ -52,9 +55,9 @@ struct TileLoader {
 TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, DType dtype, int64_t rows,
                        int64_t depth, int tm, int pitch, bool tf32, Reg row0, Reg tid, Reg smem);
 
-// A global load of `vec` elements of `type` (f32 or bf16) into registers preset to 0, where `ok`
-// holds.
-std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Reg ok);
+// A global load of `vec` elements of `type` (f32 or bf16) at addr + offset bytes into registers
+// preset to 0, where `ok` holds.
+std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Reg ok, int64_t offset = 0);
 
 // Loads the tile at k0 from global memory into t.values.
 void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0);

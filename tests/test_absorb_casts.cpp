@@ -54,6 +54,18 @@ size_t casts_of_rows(const Circuit& c) {
   return n;
 }
 
+// The case's GPU plan with absorb_casts off, run on the Eigen executor: what the plan with it
+// must give bit for bit.
+std::vector<HostTensor> unabsorbed_results(const Case& k) {
+  std::vector<ValueId> outs = k.outputs;
+  Circuit unabsorbed;
+  {
+    testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
+    unabsorbed = optimize(k.circuit, outs, {.gpu = true});
+  }
+  return execute(unabsorbed, k.bindings, outs);
+}
+
 TEST(AbsorbCasts, RowOutputsCastForMatmulsAreStoredAsBf16ByTheirOp) {
   for (const int64_t n : {int64_t{37}, int64_t{3000}})
     for (const bool f32_reader : {false, true}) {
@@ -128,14 +140,7 @@ TEST(AbsorbCasts, MatmulEpiloguesCastForMatmulsAreStoredAsBf16ByTheirKernel) {
         }
         EXPECT_EQ(bf16_epilogues, 1u) << planned.dump("planned");
         EXPECT_EQ(casts_of_matmuls, 0u) << planned.dump("planned");
-        std::vector<ValueId> unabsorbed_outs = k.outputs;
-        Circuit unabsorbed;
-        {
-          testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
-          unabsorbed = optimize(k.circuit, unabsorbed_outs, {.gpu = true});
-        }
-        const std::vector<HostTensor> want = execute(unabsorbed, k.bindings, unabsorbed_outs),
-                                      got = execute(planned, k.bindings, gpu_outs);
+        const std::vector<HostTensor> want = unabsorbed_results(k), got = execute(planned, k.bindings, gpu_outs);
         for (size_t o = 0; o < want.size(); ++o)
           EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
         cuda::DeviceProgram dp(planned, gpu_outs, testing::fake_runtime());
@@ -178,14 +183,7 @@ TEST(AbsorbCasts, AProductOnlyCastToBf16IsStoredAsBf16ByItsKernel) {
         EXPECT_EQ(planned.ops().size(), 1u) << planned.dump("planned");
         EXPECT_EQ(bf16_outputs, 1u) << planned.dump("planned");
         EXPECT_EQ(f32_outputs, f32_requested ? 1u : 0u) << planned.dump("planned");
-        std::vector<ValueId> unabsorbed_outs = k.outputs;
-        Circuit unabsorbed;
-        {
-          testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
-          unabsorbed = optimize(k.circuit, unabsorbed_outs, {.gpu = true});
-        }
-        const std::vector<HostTensor> want = execute(unabsorbed, k.bindings, unabsorbed_outs),
-                                      got = execute(planned, k.bindings, gpu_outs);
+        const std::vector<HostTensor> want = unabsorbed_results(k), got = execute(planned, k.bindings, gpu_outs);
         for (size_t o = 0; o < want.size(); ++o) {
           ASSERT_EQ(got[o].dtype(), want[o].dtype()) << "output " << o;
           EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;

@@ -325,11 +325,12 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
     }
     // A lone matmul gains where something casts its f32 product to bf16: as a fused_matmul its
     // kernel can store the bf16 copy itself (absorb_casts), without a pass of its own.
-    bool cast_to_bf16 = false;
-    for (int32_t r : readers[static_cast<size_t>(op.outputs[0])])
-      cast_to_bf16 = cast_to_bf16 || (ops[static_cast<size_t>(r)].is(PrimId::cast) &&
-                                      ops[static_cast<size_t>(r)].params.dtype == DType::bf16 &&
-                                      c.info(op.outputs[0]).dtype == DType::f32);
+    const std::vector<int32_t>& product_readers = readers[static_cast<size_t>(op.outputs[0])];
+    const bool cast_to_bf16 = c.info(op.outputs[0]).dtype == DType::f32 &&
+                              std::any_of(product_readers.begin(), product_readers.end(), [&](int32_t r) {
+                                const Op& reader = ops[static_cast<size_t>(r)];
+                                return reader.is(PrimId::cast) && reader.params.dtype == DType::bf16;
+                              });
     if (g.members.size() == 1 && !reads_through && !cast_to_bf16) continue;  // nothing gained: the matmul stays
     for (int32_t m : g.members) taken[static_cast<size_t>(m)] = true;
     groups.push_back(std::move(g));

@@ -29,7 +29,7 @@ constexpr std::array<PassInfo, 13> kPasses = {{
      fuse_attention},
     {"fuse_pointwise", false, "chains of pointwise ops become one", fuse_pointwise},
     {"fuse_columns", true, "sums over the token axes absorb their producers (column_sums)", fuse_columns},
-    {"pad_bf16_rows", true, "casts to bf16 that matmuls read get rows of a multiple of 8 (16-byte chunks)",
+    {"pad_bf16_rows", true, "bf16 casts and buffers that matmuls read get rows of a multiple of 8 (16-byte chunks)",
      pad_bf16_rows},
     {"fuse_matmul", true, "matmuls read through views, with prologues and epilogues (fused_matmul)", fuse_matmul},
     {"fuse_rows", false, "row reductions with the ops around them (fused_rows)", fuse_rows},

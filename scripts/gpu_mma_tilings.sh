@@ -14,7 +14,7 @@
 # where its grid fills the SMs) or waves (per product: the tile of fewer whole waves, a 128x256
 # wave counted 1.6 of a 128x128 one); SPLIT is 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which
 # takes 3 or 4 stages), or "default": no variable set (on an H100: wgmma, auto tiles, 4 stages,
-# no split).
+# split-K auto).
 # KILN_GEMM_TILINGS, KILN_TF32_TILINGS ("" skips them) and KILN_STEP_TILINGS replace the lists,
 # KILN_TILINGS_TESTS the tests' gtest filter.
 # About 2-3 minutes on an H100 with the default lists (122 s on 2026-11-27 with one step tiling

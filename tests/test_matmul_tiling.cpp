@@ -59,6 +59,39 @@ TEST(Lowering, Bf16MmaSplitsKWhereTheGridLeavesSmsIdle) {
   }
 }
 
+// KILN_MMA_SPLIT_K unset: auto on wgmma, none on mma.sync. The attention projection's weight
+// gradient (768 x 768 outputs over 8192 tokens: 36 blocks of 128x128, one an SM on wgmma) splits
+// 3 ways on wgmma, not at all on mma.sync; a 64 x 64 x 1024 product (16 steps of 64) splits 2 ways
+// on wgmma and runs against Eigen.
+TEST(Lowering, Bf16MmaSplitsKByDefaultOnWgmmaOnly) {
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv split("KILN_MMA_SPLIT_K", "");
+  for (const char* wgmma : {"1", "0"}) {
+    SCOPED_TRACE(std::string("KILN_WGMMA=") + wgmma);
+    testing::ScopedEnv engine("KILN_WGMMA", wgmma);
+    const bool on_wgmma = wgmma == std::string("1");
+    auto dump_of = [](Shape a, Shape b, bool ta, bool run) {
+      testing::Harness h({f32(std::move(a)), f32(std::move(b))}, [ta](Builder& bld, const std::vector<ValueId>& x) {
+        return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), ta, false);
+      });
+      cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+      if (run) {
+        const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+        EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+      }
+      return dp.dump();
+    };
+    std::string d = dump_of({8192, 768}, {8192, 768}, true, false);
+    EXPECT_NE(d.find(on_wgmma ? "wgmma" : "mma.sync bf16"), std::string::npos) << d;
+    EXPECT_EQ(d.find("K split 3 ways (2752 each") != std::string::npos, on_wgmma) << d;
+    EXPECT_EQ(d.find("K split") != std::string::npos, on_wgmma) << d;
+    if (on_wgmma) {
+      d = dump_of({64, 1024}, {1024, 64}, false, true);
+      EXPECT_NE(d.find("K split 2 ways (512 each"), std::string::npos) << d;
+    }
+  }
+}
+
 // KILN_MMA_TILE=auto: 128x256 tiles where their grid fills an H100's 132 SMs (a 4096^2
 // product: 512 blocks; GPT-2's MLP up projection, 8192 x 3072: 768), 128x128 where it would not
 // (GPT-2's QKV weight gradient, 768 x 2304: 54 blocks of 128x256; a 64 x 64 product), on mma.sync

@@ -51,7 +51,8 @@ constexpr std::array<Variable, 30> kVariables = {{
      "128x256, 192x256 (wgmma: three warpgroups, no split of K; products with block sums and mma.sync: 128x256), auto "
      "(128x256 where its grid fills the SMs; default on wgmma), or waves (wgmma: the tile whose grid takes fewer "
      "whole waves of the SMs, a 128x256 wave counted 1.6 of a 128x128 one; mma.sync: auto)"},
-    {"KILN_MMA_SPLIT_K", "mma.sync matmuls (bf16, tf32) split K across blocks: 0 (default), auto, or 2-4"},
+    {"KILN_MMA_SPLIT_K",
+     "tensor-core matmuls (bf16, tf32) split K across blocks: 0, auto, or 2-4 (default: auto on wgmma, 0 on mma.sync)"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
     {"KILN_GPU_COLLECTIVES", "data parallel on GPUs: nccl or host (default: NCCL where it loads)"},
@@ -158,9 +159,10 @@ int mma_tile_n() {
 
 int mma_tile_m() { return text("KILN_MMA_TILE") == "192x256" ? 192 : 128; }
 
-int mma_split_k() {
+std::optional<int> mma_split_k() {
   const std::string v = text("KILN_MMA_SPLIT_K");
-  if (v.empty() || v == "0") return 0;
+  if (v.empty()) return std::nullopt;
+  if (v == "0") return 0;
   if (v == "auto") return -1;
   if (v != "2" && v != "3" && v != "4")
     throw Error("KILN_MMA_SPLIT_K: expected 0, auto, 2, 3 or 4 (blocks sharing a matmul tile's K), received '" + v +

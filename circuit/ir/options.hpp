@@ -37,9 +37,10 @@ int mma_stages();      // KILN_MMA_STAGES: the mma kernel's cp.async stages, 2-4
 int mma_tile_n();
 int mma_tile_m();  // its rows: 192 for 192x256, else 128
 
-// KILN_MMA_SPLIT_K: the mma kernel's split of K across blocks: 0 when unset or "0" (none),
-// -1 for "auto" (per shape, where the grid leaves SMs idle), or 2-4 (that many wherever K allows).
-int mma_split_k();
+// KILN_MMA_SPLIT_K: the mma kernel's split of K across blocks: 0 for "0" (none), -1 for "auto"
+// (per shape, where the grid leaves SMs idle), or 2-4 (that many wherever K allows); nothing
+// when unset (the kernel's engine decides: cuda/lower/matmul_mma.hpp).
+std::optional<int> mma_split_k();
 // KILN_WGMMA: "1" puts the bf16 mma kernel's products on sm_90a's wgmma (its kernels then load on
 // sm_90 devices only), "0" on mma.sync; nothing when unset (the lowering's target decides:
 // cuda::WgmmaByDefault).

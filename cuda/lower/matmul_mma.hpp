@@ -91,7 +91,8 @@ MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput inpu
 // the stages can start at a 1024-byte boundary (the swizzle's atoms) whatever the window gives.
 int64_t mma_shared_bytes(const std::array<MmaStage, 2>& layout, const MmaTiling& tiling);
 
-// Split-K (KILN_MMA_SPLIT_K): blocks that share an output tile, each over a range of K. "auto":
+// Split-K (KILN_MMA_SPLIT_K; unset: auto on wgmma, none on mma.sync): blocks that share an
+// output tile, each over a range of K. "auto":
 // where the grid's `blocks` fill fewer than half the block slots of the SMs (mma.sync: two blocks
 // an SM in 128x128 tiles, one in 128x256; wgmma: as many as fit its shared memory, one or two; a
 // weight gradient of 768 x 768 outputs over 8192 tokens has 36

@@ -422,8 +422,9 @@ TEST(Lowering, Bf16CastsReadOtherwiseAreNotPadded) {
 
 // pad_bf16_rows: an input stored in bf16 with rows of 61 or 50 elements (no 16-byte chunks) that
 // only matmuls read is copied into rows of 64 or 56 just before its first reader, so the product
-// runs on the mma kernel: a with k contiguous (x w), b stored [k][n] (a b, as `kiln bench --gemm`
-// stores the LM head's 768 x 50257), and a b cast to bf16, which its kernel stores at rows of 50.
+// runs on the mma kernel (mma.sync and wgmma): a with k contiguous (x w), b stored [k][n] (a b, as
+// `kiln bench --gemm` stores the LM head's 768 x 50257), and a b cast to bf16, which its kernel
+// stores at rows of 50.
 // Against the Eigen executor on the same bf16 inputs: f32 sums in another order, 1e-5; the
 // bf16 product may round an element the other way, a relative 2^-8 at most.
 TEST(Lowering, Bf16InputsThatMatmulsReadArePaddedToWholeChunks) {
@@ -452,11 +453,16 @@ TEST(Lowering, Bf16InputsThatMatmulsReadArePaddedToWholeChunks) {
     std::vector<ValueId> gpu_outs{h.output};
     const Circuit optimized = optimize(h.circuit, gpu_outs, {.gpu = true});
     EXPECT_EQ(testing::count_prim(optimized, PrimId::slice), 0u) << optimized.dump("optimized");
-    cuda::DeviceProgram dp(optimized, gpu_outs, testing::fake_runtime());
-    EXPECT_NE(dp.dump().find("mma.sync bf16"), std::string::npos) << dp.dump();
-    const HostTensor got = dp.run(h.bindings)[0];
-    ASSERT_EQ(got.dtype(), want.dtype());
-    EXPECT_LT(testing::relative_error(got, want), pc.bf16_product ? std::ldexp(1.0, -8) : 1e-5);
+    for (const char* wgmma : {"0", "1"}) {
+      SCOPED_TRACE(std::string("KILN_WGMMA=") + wgmma);
+      testing::ScopedEnv engine("KILN_WGMMA", wgmma);
+      cuda::DeviceProgram dp(optimized, gpu_outs, testing::fake_runtime());
+      EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma" : "mma.sync bf16"), std::string::npos)
+          << dp.dump();
+      const HostTensor got = dp.run(h.bindings)[0];
+      ASSERT_EQ(got.dtype(), want.dtype());
+      EXPECT_LT(testing::relative_error(got, want), pc.bf16_product ? std::ldexp(1.0, -8) : 1e-5);
+    }
   }
 }
 

@@ -1,6 +1,7 @@
-// What the attention lowerings share (cuda/lower/attention.cpp: the FFMA kernels and the choice
-// between kernel families; cuda/lower/attention_mma.cpp: the tensor-core kernels): the op's
-// sizes and layout, each launch's buffer parameters, and row addressing.
+// What the attention lowerings share (defined in cuda/lower/attention_kernels.cpp; used by
+// cuda/lower/attention.cpp: the FFMA kernels and the choice between kernel families, and by
+// cuda/lower/attention_mma.cpp: the tensor-core kernels): the op's sizes and layout, each
+// launch's buffer parameters, and row addressing.
 #pragma once
 
 #include <cstdint>
@@ -100,6 +101,7 @@ Reg stream_element(KernelBuilder& b, const Sizes& s, Reg row, Operand key);
 std::vector<Reg> stream_words(KernelBuilder& b, const Stream& st, Reg element);
 Reg kept(KernelBuilder& b, const Sizes& s, Reg bits);
 Reg factor_of(KernelBuilder& b, const Sizes& s, Reg keep);
+Reg stream_bits(KernelBuilder& b, const Sizes& s, const Stream& st, Reg row, Operand key);  // element's word
 Reg dropout_factor(KernelBuilder& b, const Sizes& s, const Stream& st, Reg row, Operand key);
 
 // A u32 launch index (tid, ctaid) in the index type.

@@ -277,6 +277,8 @@ class KernelBuilder {
   Reg param(const std::string& name, Type t);
   // Declares a shared array; returns its index (use shared_addr to get its offset).
   int shared_array(const std::string& name, int64_t bytes, int32_t align = 16);
+  // Declares the block's thread count (Kernel::max_threads) for ptxas's register allocation.
+  void declare_block_threads(int32_t threads) { k_.max_threads = threads; }
   Reg shared_addr(int array);
   Reg sreg(SReg s);
 

@@ -63,7 +63,12 @@ Launch finish_launch(KernelBuilder& b, const std::string& prefix, sim::Dim3 grid
   kir::Kernel k = b.finish();
   // Blocks of up to 256 threads fit the register file at ptxas's limit of 255 registers a thread;
   // larger ones declare their size so that ptxas keeps within it (.maxntid N, 1, 1: the lowerings'
-  // blocks are one-dimensional; a larger block of more dimensions is refused here).
+  // blocks are one-dimensional; a larger block of more dimensions is refused here). A lowering
+  // may declare a smaller block too (declare_block_threads): it must be this one.
+  if (k.max_threads > 0 && (block.y != 1 || block.z != 1 || static_cast<uint32_t>(k.max_threads) != block.x))
+    throw Error(prefix + ": the kernel declares blocks of " + std::to_string(k.max_threads) +
+                " threads, launched with " + std::to_string(block.x) + "x" + std::to_string(block.y) + "x" +
+                std::to_string(block.z));
   if (block.count() > 256) {
     if (block.y != 1 || block.z != 1)
       throw Error(prefix + ": a block of more than 256 threads must be one-dimensional, not " +

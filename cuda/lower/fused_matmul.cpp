@@ -244,6 +244,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   }
 
   const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
+  // The register-staged tiles (f32 FFMA, tf32 without cp.async): one buffer an operand; the FFMA
+  // tiles take two, so that a step stores the next tile into the other buffer and waits at one
+  // barrier instead of two (the loop unrolled by two: each half's buffer at immediate offsets).
+  const int64_t a_buffer_bytes = 4 * kTileK * pitch_a, b_buffer_bytes = 4 * kTileK * pitch_b;
+  const int ffma_buffers = tile.tf32 ? 1 : 2;
   // cp.async mma: mma.stages stages per operand (wgmma: both in one array, from its first
   // 1024-byte boundary); else one f32 tile each.
   Reg as, bs;
@@ -252,10 +257,10 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     as = b.and_(Type::u32, b.add(Type::u32, tiles, imm_u32(1023)), imm_u32(~1023u));
     bs = b.add(Type::u32, as, imm_u32(static_cast<uint32_t>(mma.stages) * mma.stage_bytes((*mma_stages)[0], tile.tm)));
   } else {
-    as = b.shared_addr(b.shared_array(
-        "a_tile", cp_async_mma ? mma.stages * mma.stage_bytes((*mma_stages)[0], tile.tm) : 4 * kTileK * pitch_a));
-    bs = b.shared_addr(b.shared_array(
-        "b_tile", cp_async_mma ? mma.stages * mma.stage_bytes((*mma_stages)[1], tile.tn) : 4 * kTileK * pitch_b));
+    as = b.shared_addr(b.shared_array("a_tile", cp_async_mma ? mma.stages * mma.stage_bytes((*mma_stages)[0], tile.tm)
+                                                             : ffma_buffers * a_buffer_bytes));
+    bs = b.shared_addr(b.shared_array("b_tile", cp_async_mma ? mma.stages * mma.stage_bytes((*mma_stages)[1], tile.tn)
+                                                             : ffma_buffers * b_buffer_bytes));
   }
   TileLoader la, lb;
   if (!cp_async_mma) {
@@ -347,31 +352,26 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   } else {
     fetch_tile(b, it, la, b.mov(it, imm_index(it, 0)));
     fetch_tile(b, it, lb, b.mov(it, imm_index(it, 0)));
-    b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kTileK), [&](Reg k0) {
-      store_tile(b, la);
-      store_tile(b, lb);
-      b.bar();
-      if (f.a_row_sums)
-        b.if_(sums_here, [&] {
-          for (int kk = 0; kk < kTileK; ++kk)
-            b.assign(kir::Opc::Add, row_sum, {row_sum, b.ld(Space::shared, Type::f32, row_sum_smem, 4 * kk * pitch_a)});
-        });
-      // The next tile's loads are in flight during this tile's FFMAs (zero past K: no load).
-      Reg next = b.add(it, k0, imm_index(it, kTileK));
-      fetch_tile(b, it, la, next);
-      fetch_tile(b, it, lb, next);
-      if (tile.tf32) {
-        for (int kk = 0; kk < kTileK; kk += 8) mma_step(kk);
-        b.bar();
-        return;
-      }
+    // Row sums of the tile in buffer `buffer` (its k in order).
+    auto add_row_sums = [&](int64_t buffer) {
+      if (!f.a_row_sums) return;
+      b.if_(sums_here, [&] {
+        for (int kk = 0; kk < kTileK; ++kk)
+          b.assign(kir::Opc::Add, row_sum,
+                   {row_sum, b.ld(Space::shared, Type::f32, row_sum_smem, buffer * a_buffer_bytes + 4 * kk * pitch_a)});
+      });
+    };
+    // The FFMAs of the tile in buffer `buffer`: per k, the thread's pm values of a and pn of b.
+    auto ffma_tile = [&](int64_t buffer) {
       for (int kk = 0; kk < kTileK; ++kk) {
         std::vector<Reg> av, bv;
         for (int q = 0; q < tile.pm / kQuadrant; ++q)
-          for (Reg r : b.ld_vec(Space::shared, Type::f32, a_frag, 4, 4 * (kk * tile.tm + q * kQuadrantSpacing)))
+          for (Reg r : b.ld_vec(Space::shared, Type::f32, a_frag, 4,
+                                buffer * a_buffer_bytes + 4 * (kk * tile.tm + q * kQuadrantSpacing)))
             av.push_back(r);
         for (int q = 0; q < tile.pn / kQuadrant; ++q)
-          for (Reg r : b.ld_vec(Space::shared, Type::f32, b_frag, 4, 4 * (kk * tile.tn + q * kQuadrantSpacing)))
+          for (Reg r : b.ld_vec(Space::shared, Type::f32, b_frag, 4,
+                                buffer * b_buffer_bytes + 4 * (kk * tile.tn + q * kQuadrantSpacing)))
             bv.push_back(r);
         for (int i = 0; i < tile.pm; ++i)
           for (int j = 0; j < tile.pn; ++j)
@@ -379,8 +379,40 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                 kir::Opc::Fma, acc[static_cast<size_t>(i * tile.pn + j)],
                 {av[static_cast<size_t>(i)], bv[static_cast<size_t>(j)], acc[static_cast<size_t>(i * tile.pn + j)]});
       }
+    };
+    if (tile.tf32) {  // one buffer: store, barrier, the products, barrier
+      b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kTileK), [&](Reg k0) {
+        store_tile(b, la);
+        store_tile(b, lb);
+        b.bar();
+        add_row_sums(0);
+        // The next tile's loads are in flight during this tile's products (zero past K: no load).
+        Reg next = b.add(it, k0, imm_index(it, kTileK));
+        fetch_tile(b, it, la, next);
+        fetch_tile(b, it, lb, next);
+        for (int kk = 0; kk < kTileK; kk += 8) mma_step(kk);
+        b.bar();
+      });
+    } else {  // two buffers: the tile at k0 in `buffer`, the next one stored into the other
+      store_tile(b, la);
+      store_tile(b, lb);
       b.bar();
-    });
+      auto step = [&](Reg k0, int64_t buffer) {
+        Reg next = b.add(it, k0, imm_index(it, kTileK));
+        fetch_tile(b, it, la, next);  // in flight during this tile's FFMAs (zero past K: no load)
+        fetch_tile(b, it, lb, next);
+        add_row_sums(buffer);
+        ffma_tile(buffer);
+        store_tile(b, la, (1 - buffer) * a_buffer_bytes);
+        store_tile(b, lb, (1 - buffer) * b_buffer_bytes);
+        b.bar();  // the next tile stored, and every read of this buffer done before it is refilled
+      };
+      b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, 2 * kTileK), [&](Reg k0) {
+        step(k0, 0);
+        Reg k1 = b.add(it, k0, imm_index(it, kTileK));
+        b.if_(b.setp(Cmp::lt, k1, imm_index(it, K)), [&] { step(k1, 1); });
+      });
+    }
   }
   // The block sums body's value from the epilogues' values (the same body: not evaluated twice).
   auto block_sum_value = [&](const std::vector<Reg>& values, const std::vector<Reg>& inputs) {
@@ -672,6 +704,9 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                         static_cast<size_t>(batch * grid_m * grid_n) * 4};
     lo.zeroed_scratch = {1};
   }
+  // The FFMA kernel declares its 256 threads: ptxas then allocates fewer registers (the 128x128
+  // tiles' two-buffer loop: 123 against 131 undeclared), which keeps two blocks an SM.
+  if (!cp_async_mma && !tile.tf32) b.declare_block_threads(threads);
   lo.launches.push_back(finish_launch(
       b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch * splits)},
       {static_cast<uint32_t>(threads), 1, 1}, std::move(args)));

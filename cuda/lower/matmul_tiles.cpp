@@ -139,17 +139,18 @@ void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
   }
 }
 
-void store_tile(KernelBuilder& b, const TileLoader& t) {
+void store_tile(KernelBuilder& b, const TileLoader& t, int64_t offset) {
   if (!t.k_groups) {  // along rows: slot s is k_step s rows of the tile further on
     for (size_t s = 0; s < t.values.size(); ++s)
       b.st(Space::shared, Type::f32, t.smem_addr[0], tile_value(b, t, t.values[s], t.oks[s]),
-           4 * static_cast<int64_t>(s) * t.k_step * t.pitch);
+           offset + 4 * static_cast<int64_t>(s) * t.k_step * t.pitch);
     return;
   }
   for (size_t slot = 0; slot < t.smem_addr.size(); ++slot)
     for (int j = 0; j < t.per_slot(); ++j) {
       const size_t at = static_cast<size_t>(t.per_slot()) * slot + static_cast<size_t>(j);
-      b.st(Space::shared, Type::f32, t.smem_addr[slot], tile_value(b, t, t.values[at], t.oks[at]), 4 * j * t.pitch);
+      b.st(Space::shared, Type::f32, t.smem_addr[slot], tile_value(b, t, t.values[at], t.oks[at]),
+           offset + 4 * j * t.pitch);
     }
 }
 

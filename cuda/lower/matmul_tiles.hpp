@@ -62,7 +62,8 @@ std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Re
 // Loads the tile at k0 from global memory into t.values.
 void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0);
 
-// Stores the fetched tile into shared memory (k groups: k j of a slot is a pitch further).
-void store_tile(KernelBuilder& b, const TileLoader& t);
+// Stores the fetched tile into shared memory (k groups: k j of a slot is a pitch further),
+// `offset` bytes past the loader's tile (the second of two tile buffers).
+void store_tile(KernelBuilder& b, const TileLoader& t, int64_t offset = 0);
 
 }  // namespace kiln::cuda

@@ -11,8 +11,10 @@
 #include <utility>
 
 #include "circuit/exec/executor.hpp"
+#include "circuit/ir/error.hpp"
 #include "circuit/passes/pipeline.hpp"
 #include "cuda/kir/ptx_printer.hpp"
+#include "cuda/lower/elementwise.hpp"
 #include "cuda/lower/fused_matmul.hpp"
 #include "cuda/lower/lower.hpp"
 #include "cuda/runtime/device_program.hpp"
@@ -268,6 +270,46 @@ TEST(Lowering, Bf16MatmulsTakeWgmmaWithAutoTilesWhenLoweredForSm90) {
       EXPECT_NE(d.find(wgmma ? "tile 128x256" : "tile 128x128"), std::string::npos) << d;
     }
   }
+}
+
+// The f32 FFMA kernel keeps two buffers a tile operand (128x128: 2 x 2 x 8 KiB) and waits at one
+// barrier a k step of 16 (one before the loop, one in each half of the loop unrolled by two), and
+// it declares its 256 threads to ptxas (.maxntid). K = 48 (three steps: the second half of the
+// last pass skipped) and K = 64 run against Eigen.
+TEST(Lowering, FfmaMatmulsKeepTwoTileBuffersAndDeclareTheirBlock) {
+  cuda::ForceMatmulTile large(128);
+  for (int64_t k : {48, 64}) {
+    SCOPED_TRACE(k);
+    testing::Harness h({f32({256, k}), f32({k, 256})},
+                       [](Builder& bld, const std::vector<ValueId>& x) { return bld.matmul(x[0], x[1]); });
+    cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+    size_t matmuls = 0;
+    for (const auto& kl : dp.kernels()) {
+      const kir::Kernel& kernel = *kl.launch->kernel;
+      if (!kernel.name.starts_with("kiln_matmul_")) continue;
+      ++matmuls;
+      EXPECT_EQ(kernel.max_threads, 256);
+      EXPECT_EQ(kernel.shared_bytes(), 32768);
+      const std::string ptx = kir::print_ptx(kernel, 90);
+      EXPECT_NE(ptx.find(".maxntid 256, 1, 1"), std::string::npos);
+      size_t barriers = 0;
+      for (size_t at = ptx.find("bar.sync"); at != std::string::npos; at = ptx.find("bar.sync", at + 1)) ++barriers;
+      EXPECT_EQ(barriers, 3u) << ptx;
+    }
+    EXPECT_EQ(matmuls, 1u) << dp.dump();
+    const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+    EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+  }
+}
+
+// A lowering that declares its block (KernelBuilder::declare_block_threads) must launch that block.
+TEST(Lowering, ADeclaredBlockMustBeTheLaunchedOne) {
+  kir::KernelBuilder b("declared_block");
+  b.declare_block_threads(128);
+  EXPECT_THROW(cuda::finish_launch(b, "kiln_declared", {1, 1, 1}, {256, 1, 1}, {}), Error);
+  kir::KernelBuilder same("declared_block");
+  same.declare_block_threads(128);
+  EXPECT_EQ(cuda::finish_launch(same, "kiln_declared", {1, 1, 1}, {128, 1, 1}, {}).kernel->max_threads, 128);
 }
 
 }  // namespace

@@ -11,8 +11,8 @@ the kernels alone, the same way for both: one process per shape and dtype on eac
 
 - kiln: the kernels of `kiln bench --gemm M x N x K` that run every step, as the product's
   `kiln_(fused_)?matmul` kernel does (it stores the product into a resident tensor: bf16 under
-  --precision bf16), each kernel's median summed: with b's rows not 16-byte aligned (n = 50257)
-  a step also copies b into padded rows.
+  --precision bf16), each at its median times its launches a step, summed: with b's rows not
+  16-byte aligned (n = 50257) a step also copies b into padded rows.
 - cuBLAS: every kernel of `bench_torch_gemm.py` but torch.randn's, summed and divided by the calls
   (3 warm-up + runs): cuBLAS may take more than one kernel a product (a split-K reduction).
 
@@ -68,16 +68,18 @@ def profile(ncu, report, command, timeout):
 
 
 def per_step_ms(rows):
-    """(ms, kernels) of one step of kiln's product: each kernel that runs as often as the product's
-    (not the operands' set-up) at its median, summed."""
-    steps = sum(1 for name, _ in rows if re.match(r"kiln_(fused_)?matmul", name))
-    if not steps:
-        return float("nan"), 0
+    """(ms, kernels) of one step of kiln's product: the kernels that run at least as often as the
+    product's (not the operands' set-up), each at its median times its launches a step (kernels are
+    named by their code: a square product pads a and b with one kernel, two launches a step)."""
     times = {}
     for name, t in rows:
         times.setdefault(name, []).append(t)
+    steps = max((len(ts) for name, ts in times.items() if re.match(r"kiln_(fused_)?matmul", name)), default=0)
+    if not steps:
+        return float("nan"), 0
     every_step = [ts for ts in times.values() if len(ts) >= steps]
-    return sum(statistics.median(ts) for ts in every_step), len(every_step)
+    return (sum(statistics.median(ts) * round(len(ts) / steps) for ts in every_step),
+            sum(round(len(ts) / steps) for ts in every_step))
 
 
 def main():

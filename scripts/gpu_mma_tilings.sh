@@ -14,7 +14,7 @@
 # where its grid fills the SMs) or waves (per product: the tile of fewer whole waves, a 128x256
 # wave counted 1.6 of a 128x128 one); SPLIT is 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which
 # takes 3 or 4 stages), or "default": no variable set (on an H100: wgmma, auto tiles, 4 stages,
-# split-K auto).
+# split-K auto; `auto:4:0:wgmma` is the same without the split).
 # KILN_GEMM_TILINGS, KILN_TF32_TILINGS ("" skips them) and KILN_STEP_TILINGS replace the lists,
 # KILN_TILINGS_TESTS the tests' gtest filter.
 # About 2-3 minutes on an H100 with the default lists (122 s on 2026-11-27 with one step tiling
@@ -27,9 +27,9 @@ bundle=${1:-gpu-bundle}
 run="$bundle/run"
 log=${OUT:-.}/mma-tilings.log
 shapes=${KILN_GEMM_SHAPES:-1024,4096,8192x2304x768,8192x768x3072,768x3072x8192,768x768x8192,8192x50257x768,8192x3072x768}
-gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 default 128x128:4:0:wgmma 128x256:4:0:wgmma 192x256:4:0:wgmma waves:4:0:wgmma}
+gemm_tilings=${KILN_GEMM_TILINGS:-128x128:2 default auto:4:0:wgmma 128x128:4:0:wgmma 128x256:4:0:wgmma 192x256:4:0:wgmma waves:4:auto:wgmma}
 tf32_tilings=${KILN_TF32_TILINGS-128x128:2 128x128:4}
-step_tilings=${KILN_STEP_TILINGS:-128x128:2 default waves:4:0:wgmma 192x256:4:0:wgmma}
+step_tilings=${KILN_STEP_TILINGS:-128x128:2 default waves:4:auto:wgmma 192x256:4:0:wgmma}
 tests=${KILN_TILINGS_TESTS:-Wgmma.Gpu*:Lowering.GpuMatmulsOnWgmmaMatchEigen:Lowering.GpuMatmulsOnMmaMatchEigen:GpuGpt.*}
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
 with_tiling() {  # TILE:STAGES[:SPLIT[:wgmma]] or default, then a command

@@ -421,26 +421,50 @@ TEST(Lowering, Bf16CastsReadOtherwiseAreNotPadded) {
 }
 
 // pad_bf16_rows: an input stored in bf16 with rows of 61 or 50 elements (no 16-byte chunks) that
-// only matmuls read is copied into rows of 64 or 56 just before its first reader, so the product
-// runs on the mma kernel (mma.sync and wgmma): a with k contiguous (x w), b stored [k][n] (a b, as
-// `kiln bench --gemm` stores the LM head's 768 x 50257), and a b cast to bf16, which its kernel
-// stores at rows of 50.
-// Against the Eigen executor on the same bf16 inputs: f32 sums in another order, 1e-5; the
-// bf16 product may round an element the other way, a relative 2^-8 at most.
+// only matmuls read, 64 times an element or more, is copied once into rows of 64 or 56 just
+// before its first reader, so the products run on the mma kernel (mma.sync and wgmma): a with k
+// contiguous (x w, 64 columns of w); b stored [k][n] (a b over 64 rows of a, as `kiln bench
+// --gemm` stores the LM head's 768 x 50257); that b with a bf16 product, which its kernel stores
+// at rows of 50; x read through a reshape ((2, 32, 61) as (64, 61)); x read twice by one product
+// (x x^T); and x read by two products (x w1 + x w2). Against the Eigen executor on the same bf16
+// inputs: f32 sums in another order, 1e-5; the bf16 product may round an element the other way,
+// a relative 2^-8 at most.
 TEST(Lowering, Bf16InputsThatMatmulsReadArePaddedToWholeChunks) {
+  using testing::InputSpec;
   struct PadCase {
     const char* name;
-    Shape a, b;
-    bool bf16_product;
+    std::vector<InputSpec> inputs;
+    BuildFn build;
+    bool bf16_product = false;
   };
-  for (const PadCase& pc :
-       {PadCase{"a_rows_of_61", {40, 61}, {61, 32}, false}, PadCase{"b_rows_of_50", {40, 16}, {16, 50}, false},
-        PadCase{"b_rows_of_50_bf16_product", {40, 16}, {16, 50}, true}}) {
+  const std::vector<PadCase> cases{
+      {"a_rows_of_61",
+       {{{40, 61}, DType::bf16}, {{61, 64}, DType::bf16}},
+       [](Builder& bld, const std::vector<ValueId>& x) { return bld.matmul(x[0], x[1]); }},
+      {"b_rows_of_50",
+       {{{64, 16}, DType::bf16}, {{16, 50}, DType::bf16}},
+       [](Builder& bld, const std::vector<ValueId>& x) { return bld.matmul(x[0], x[1]); }},
+      {"b_rows_of_50_bf16_product",
+       {{{64, 16}, DType::bf16}, {{16, 50}, DType::bf16}},
+       [](Builder& bld, const std::vector<ValueId>& x) { return bld.cast(bld.matmul(x[0], x[1]), DType::bf16); },
+       true},
+      {"a_through_a_reshape",
+       {{{2, 32, 61}, DType::bf16}, {{61, 64}, DType::bf16}},
+       [](Builder& bld, const std::vector<ValueId>& x) {
+         return bld.matmul(bld.reshape(x[0], Shape{64, 61}), x[1]);
+       }},
+      {"x_x_transposed",
+       {{{64, 61}, DType::bf16}},
+       [](Builder& bld, const std::vector<ValueId>& x) { return bld.matmul(x[0], x[0], false, true); }},
+      {"x_read_by_two_products",
+       {{{40, 61}, DType::bf16}, {{61, 32}, DType::bf16}, {{61, 32}, DType::bf16}},
+       [](Builder& bld, const std::vector<ValueId>& x) {
+         return bld.add(bld.matmul(x[0], x[1]), bld.matmul(x[0], x[2]));
+       }},
+  };
+  for (const PadCase& pc : cases) {
     SCOPED_TRACE(pc.name);
-    testing::Harness h({{pc.a, DType::bf16}, {pc.b, DType::bf16}}, [&pc](Builder& bld, const std::vector<ValueId>& x) {
-      const ValueId p = bld.matmul(x[0], x[1]);
-      return pc.bf16_product ? bld.cast(p, DType::bf16) : p;
-    });
+    testing::Harness h(pc.inputs, pc.build);
     const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
     {
       cuda::ForceBf16Mma widened(false);
@@ -457,8 +481,7 @@ TEST(Lowering, Bf16InputsThatMatmulsReadArePaddedToWholeChunks) {
       SCOPED_TRACE(std::string("KILN_WGMMA=") + wgmma);
       testing::ScopedEnv engine("KILN_WGMMA", wgmma);
       cuda::DeviceProgram dp(optimized, gpu_outs, testing::fake_runtime());
-      EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma" : "mma.sync bf16"), std::string::npos)
-          << dp.dump();
+      EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma" : "mma.sync bf16"), std::string::npos) << dp.dump();
       const HostTensor got = dp.run(h.bindings)[0];
       ASSERT_EQ(got.dtype(), want.dtype());
       EXPECT_LT(testing::relative_error(got, want), pc.bf16_product ? std::ldexp(1.0, -8) : 1e-5);
@@ -466,16 +489,17 @@ TEST(Lowering, Bf16InputsThatMatmulsReadArePaddedToWholeChunks) {
   }
 }
 
-// An input with such rows is left as it is where something else reads it (a cast to f32), where it is a
-// requested output, or where it is a persistent buffer that an assign writes (the assign reads
-// its old version).
+// An input with such rows is left as it is where something else reads it (a cast to f32), where it
+// is a requested output, where it is a persistent buffer that an assign writes (the assign reads
+// its old version), or where the products use it fewer than 64 times an element (x of 24 x 61
+// against 32 or 63 columns of w; w of 61 x 63 against x's 24 rows).
 TEST(Lowering, Bf16InputsReadOtherwiseAreNotPadded) {
   cuda::ForceBf16Mma on;
-  auto concats = [](ValueRole role, bool widened_too, bool request_input, bool assign) {
+  auto concats = [](ValueRole role, bool widened_too, bool request_input, bool assign, int64_t n = 64) {
     Circuit c;
     Builder bld(c);
     const ValueId x = c.add_external({Shape{24, 61}, DType::bf16}, role, "x");
-    const ValueId w = c.add_external({Shape{61, 32}, DType::bf16}, ValueRole::Input, "w");
+    const ValueId w = c.add_external({Shape{61, n}, DType::bf16}, ValueRole::Input, "w");
     std::vector<ValueId> outs{bld.matmul(x, w)};
     if (widened_too) outs.push_back(bld.cast(x, DType::f32));
     if (request_input) outs.push_back(x);
@@ -487,6 +511,8 @@ TEST(Lowering, Bf16InputsReadOtherwiseAreNotPadded) {
   EXPECT_EQ(concats(ValueRole::Input, true, false, false), 0u);
   EXPECT_EQ(concats(ValueRole::Input, false, true, false), 0u);
   EXPECT_EQ(concats(ValueRole::Persistent, false, false, true), 0u);
+  EXPECT_EQ(concats(ValueRole::Input, false, false, false, 32), 0u);  // x used 32 times an element
+  EXPECT_EQ(concats(ValueRole::Input, false, false, false, 63), 0u);  // x 63 times; w (rows of 63) 24 times
 }
 
 TEST(Lowering, MatmulsOnBf16MmaMatchEigen) { check_mma_cases(testing::fake_runtime(), true); }

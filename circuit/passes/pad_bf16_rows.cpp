@@ -47,13 +47,37 @@ bool padded(const Circuit& c, const Op& op, const std::vector<std::vector<int32_
   return unaligned_bf16_rows(c, out) && read_by_matmuls_only(c, out, readers, requested);
 }
 
+// The multiply-adds the matmuls reading v (directly or through reshapes) do per element of v:
+// M for x W's W, N for its x, times the batch items that share v.
+double matmul_uses(const Circuit& c, ValueId v, const std::vector<std::vector<int32_t>>& readers) {
+  double uses = 0;
+  for (int32_t i : readers[static_cast<size_t>(v)]) {
+    const Op& r = c.ops()[static_cast<size_t>(i)];
+    if (r.is(PrimId::reshape)) {
+      uses += matmul_uses(c, r.outputs[0], readers);
+      continue;
+    }
+    const Shape& a = c.info(r.inputs[0]).shape;
+    const int64_t k = r.params.ints[0] != 0 ? a[a.rank() - 2] : a[a.rank() - 1];
+    uses += static_cast<double>(c.info(r.outputs[0]).shape.numel()) * static_cast<double>(k) /
+            static_cast<double>(std::max<int64_t>(1, c.info(v).shape.numel()));
+  }
+  return uses;
+}
+
 // An input or persistent buffer in bf16 with unaligned rows that only matmuls read (not a buffer
-// an assign writes: the assign reads it). Its padded copy costs a pass over it, 4 bytes an
-// element, where the product does 2 M FLOPs an element: worth it from M of about 40 (f32 FFMA
-// tiles against tensor cores), and a product of fewer rows is small whichever kernel runs it.
+// an assign writes: the assign reads it), where they do enough with it. Its padded copy costs a
+// pass over it, 4 bytes an element, and lives from the first reader to the last; the products
+// do 2 FLOPs an element a use. From 64 uses (x W's W over 64 rows of x) the copy pays for itself
+// many times over (widened FFMA tiles against tensor cores: break-even near 40); below that a
+// product (a decode step's one row against the LM head) reads the operand about once and stays
+// on the kernel that reads it in place.
+constexpr double kMinPaddedUses = 64;
+
 bool padded_external(const Circuit& c, ValueId v, const std::vector<std::vector<int32_t>>& readers,
                      const std::vector<bool>& requested) {
-  return c.value(v).producer < 0 && unaligned_bf16_rows(c, v) && read_by_matmuls_only(c, v, readers, requested);
+  return c.value(v).producer < 0 && unaligned_bf16_rows(c, v) && read_by_matmuls_only(c, v, readers, requested) &&
+         matmul_uses(c, v, readers) >= kMinPaddedUses;
 }
 
 }  // namespace

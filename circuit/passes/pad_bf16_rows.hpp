@@ -13,8 +13,9 @@ namespace kiln {
 // n = 50257), whose readers are all matmuls, is written padded: the cast, then concat with
 // zeros (a fill cast to bf16) to (..., round_up(n, 8)), then a slice back to (..., n) that
 // fuse_matmul folds into the matmuls' views (rows 16-byte aligned, the padding never read).
-// An input or persistent buffer stored in bf16 with such rows, which only matmuls read, is
-// copied the same way (the concat is then a kernel of its own: one pass over the operand).
+// An input or persistent buffer stored in bf16 with such rows, which only matmuls read and use
+// 64 times an element or more (x W's W over 64 rows of x or more), is copied the same way (the
+// concat is then a kernel of its own: one pass over the operand).
 // Runs only while the bf16 mma kernel is on (KILN_BF16_MMA) and fuse_matmul is not disabled; a
 // requested output is left as it is, and so is a value that anything but a matmul (or a
 // reshape keeping the last dim that only matmuls read) reads. Run before fuse_matmul.

@@ -2,7 +2,8 @@
 // resident c in the operands' type (f32; or bf16 under --precision bf16, rounded from the f32
 // accumulators by the product's own kernel, as cuBLAS returns a bf16 product), traced once and
 // replayed. Each run's time is the engine's device-work time (first launch to the synchronize
-// after the last, host-timed): the product's one kernel, and the launch and synchronize around it.
+// after the last, host-timed): the product's one kernel, and the launch and synchronize around it
+// (on a GPU, bf16 b rows that are not 16-byte aligned, n = 50257, add a copy into padded rows).
 #include "bench_gemm.hpp"
 
 #include <algorithm>

@@ -11,8 +11,8 @@
 #      PyTorch eager with autocast bf16 once.
 # A tiling is TILE:STAGES[:SPLIT[:wgmma]] (TILE is 128x128, 128x256, 192x256 (wgmma: three
 # warpgroups), auto (per product: 128x256
-# where its grid fills the SMs) or waves (per product: the tile of fewer whole waves, a 128x256
-# wave counted 1.6 of a 128x128 one); SPLIT is 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which
+# where its grid fills the SMs) or waves (per product: the tile of least time in whole waves, a
+# 128x256 wave counted 1.6 of a 128x128 one, a 192x256 one 2.4); SPLIT is 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which
 # takes 3 or 4 stages), or "default": no variable set (on an H100: wgmma, auto tiles, 4 stages,
 # split-K auto; `auto:4:0:wgmma` is the same without the split).
 # KILN_GEMM_TILINGS, KILN_TF32_TILINGS ("" skips them) and KILN_STEP_TILINGS replace the lists,

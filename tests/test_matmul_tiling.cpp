@@ -6,6 +6,7 @@
 // test_matmul_lowering.cpp).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "cuda/lower/elementwise.hpp"
 #include "cuda/lower/fused_matmul.hpp"
 #include "cuda/lower/lower.hpp"
+#include "cuda/lower/matmul_mma.hpp"
 #include "cuda/runtime/device_program.hpp"
 #include "device_test_util.hpp"
 #include "prim_cases.hpp"
@@ -126,11 +128,13 @@ TEST(Lowering, Bf16MmaTileAutoTakes128x256WhereItsGridFillsTheSms) {
   }
 }
 
-// KILN_MMA_TILE=waves (matmul_mma.cpp: wave_tile_n): the tile of fewer whole waves of 132
-// blocks, a 128x256 wave counted 1.6. GPT-2's MLP weight gradient 768 x 3072 (144 blocks of
-// 128x128: two waves; 72 of 128x256: one) takes 128x256, which auto does not; 768 x 768 (36 or
-// 18 blocks, a wave either way), 1024^2 (64 or 32) and 8192 x 768 (384 or 192 blocks: three
-// waves or two, 3 < 3.2) take 128x128; 4096^2 (1024 or 512: eight waves or four) 128x256. On
+// KILN_MMA_TILE=waves (matmul_mma.cpp: wave_tile): the tile of the least time in whole waves of
+// 132 blocks, a 128x256 wave counted 1.6 and a 192x256 one 2.4. GPT-2's MLP weight gradient 768 x
+// 3072 (144 blocks of 128x128: two waves; 72 of 128x256: one; 48 of 192x256: one) takes 128x256,
+// which auto does not; 768 x 768 (36, 18 or 12 blocks: a wave each) and 1024^2 take 128x128;
+// 4096^2 (1024, 512 or 352 blocks: 8, 4 or 3 waves: 8, 6.4, 7.2) 128x256; 8192 x 768 (384, 192 or
+// 129 blocks: 3, 3.2 or 2.4) and 8192 x 2304 (9, 8 or 7.2) 192x256; 8192 x 3072 (12, 9.6 or 9.6:
+// a tie) 128x256. Without 192-row tiles (block sums: blocks_192 = 0) 8192 x 768 takes 128x128. On
 // mma.sync (two 128x128 blocks an SM) waves is auto: 768 x 3072 takes 128x128.
 TEST(Lowering, Bf16MmaTileWavesTakesTheTileOfFewerWaves) {
   cuda::ForceBf16Mma on;
@@ -141,12 +145,17 @@ TEST(Lowering, Bf16MmaTileWavesTakesTheTileOfFewerWaves) {
     });
     return cuda::DeviceProgram(h.circuit, {h.output}, testing::fake_runtime()).dump();
   };
-  for (const auto& [m, n, wide] :
-       {std::tuple{768, 3072, true}, std::tuple{768, 768, false}, std::tuple{1024, 1024, false},
-        std::tuple{8192, 768, false}, std::tuple{4096, 4096, true}}) {
+  for (const auto& [m, n, want] : {std::tuple{768, 3072, "tile 128x256"}, std::tuple{768, 768, "tile 128x128"},
+                                   std::tuple{1024, 1024, "tile 128x128"}, std::tuple{4096, 4096, "tile 128x256"},
+                                   std::tuple{8192, 768, "tile 192x256"}, std::tuple{8192, 2304, "tile 192x256"},
+                                   std::tuple{8192, 3072, "tile 128x256"}}) {
     const std::string d = dump_of({m, 64}, {64, n});
-    EXPECT_NE(d.find(wide ? "tile 128x256" : "tile 128x128"), std::string::npos) << m << " x " << n << "\n" << d;
+    EXPECT_NE(d.find(want), std::string::npos) << m << " x " << n << "\n" << d;
   }
+  const std::array<cuda::MmaStage, 2> layout{cuda::MmaStage::row_k, cuda::MmaStage::row_k};
+  const cuda::MmaTiling no_192 = cuda::choose_mma_tiling(layout, cuda::MmaInput::bf16, 384, 192, 0);
+  EXPECT_EQ(no_192.tm, 128);
+  EXPECT_EQ(no_192.tn, 128);
   testing::ScopedEnv mma("KILN_WGMMA", "0");
   const std::string d = dump_of({768, 64}, {64, 3072});
   EXPECT_NE(d.find("mma.sync bf16"), std::string::npos) << d;

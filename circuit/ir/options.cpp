@@ -50,7 +50,7 @@ constexpr std::array<Variable, 30> kVariables = {{
      "block tile of the tensor-core matmul kernel (mma.sync bf16 and tf32, wgmma), 128x128 (default on mma.sync), "
      "128x256, 192x256 (wgmma: three warpgroups, no split of K; products with block sums and mma.sync: 128x256), auto "
      "(128x256 where its grid fills the SMs; default on wgmma), or waves (wgmma: the tile whose grid takes fewer "
-     "whole waves of the SMs, a 128x256 wave counted 1.6 of a 128x128 one; mma.sync: auto)"},
+     "whole waves of the SMs, a 128x256 wave counted 1.6 of a 128x128 one and a 192x256 one 2.4; mma.sync: auto)"},
     {"KILN_MMA_SPLIT_K",
      "tensor-core matmuls (bf16, tf32) split K across blocks: 0, auto, or 2-4 (default: auto on wgmma, 0 on mma.sync)"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},

@@ -168,7 +168,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   }
   const bool cp_async_mma = mma_stages.has_value();  // the cp.async mma kernel, either input
   MmaTiling mma = cp_async_mma ? choose_mma_tiling(*mma_stages, mma_input, (M + 127) / 128 * ((N + 127) / 128) * batch,
-                                                   (M + 127) / 128 * ((N + 255) / 256) * batch)
+                                                   (M + 127) / 128 * ((N + 255) / 256) * batch,
+                                                   f.block_sums ? 0 : (M + 191) / 192 * ((N + 255) / 256) * batch)
                                : MmaTiling{};
   if (f.block_sums) mma.tm = 128;  // the sums are of 128-row blocks
   const int threads = cp_async_mma ? mma.threads() : kThreads;

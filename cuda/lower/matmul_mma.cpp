@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <bit>
 #include <functional>
+#include <tuple>
+#include <utility>
 
 #include "circuit/ir/options.hpp"
 #include "cuda/lower/util.hpp"
@@ -37,16 +39,26 @@ namespace {
 
 thread_local int wgmma_by_default = 0;  // WgmmaByDefault objects alive on this thread
 
-// KILN_MMA_TILE=waves on wgmma (to be timed in GPT-2's step): the tile whose grid takes fewer
-// whole waves of kAssumedSms blocks, a wave of 128x256 blocks costing 1.6 of 128x128 ones (H100,
-// 4096^3 on wgmma: 63 against 39 us a wave); at 4 stages either tile takes one block an SM.
-// GPT-2's MLP weight gradients, 768 x 3072 over 8192 tokens: 72 blocks of 128x256 (one wave,
-// 1.6) against 144 of 128x128 (two waves, 2), so 128x256, which took 0.098 ms against 0.135
-// alone; auto takes 128x128 (72 blocks do not fill the SMs). On mma.sync, whose 128x128 blocks
-// fit two an SM, waves takes auto's tile. Returns the tile's columns.
-int wave_tile_n(int64_t blocks_128, int64_t blocks_256) {
+// KILN_MMA_TILE=waves on wgmma (to be timed in GPT-2's step): the tile whose grid takes the
+// least time in whole waves of kAssumedSms blocks (at 4 stages each tile takes one block an SM),
+// a wave of 128x256 blocks costing 1.6 of 128x128 ones (H100, 4096^3 on wgmma: 63 against 39 us
+// a wave) and one of 192x256 blocks 2.4 (their 1.5x the product at 128x256's rate a FLOP, not
+// yet timed; their higher FLOP a byte of L2 would make it less). Ties keep the smaller tile.
+// - GPT-2's MLP weight gradients, 768 x 3072 over 8192 tokens: 72 blocks of 128x256 (one wave,
+//   1.6) against 144 of 128x128 (two waves, 2) and 48 of 192x256 (2.4), so 128x256, which took
+//   0.098 ms against 0.135 alone; auto takes 128x128 (72 blocks do not fill the SMs).
+// - GPT-2's x W of 8192 x 768 outputs: 129 blocks of 192x256 (one wave, 2.4) against 192 of
+//   128x256 (two, 3.2) and 384 of 128x128 (three, 3); its QKV (8192 x 2304): 387 blocks of
+//   192x256 (three waves, 7.2) against 576 of 128x256 (five, 8).
+// `blocks_192` 0: no 192-row tiles (products with block sums). On mma.sync, whose 128x128 blocks
+// fit two an SM, waves takes auto's tile. Returns the tile's rows and columns.
+std::pair<int, int> wave_tile(int64_t blocks_128, int64_t blocks_256, int64_t blocks_192) {
   auto waves = [](int64_t blocks) { return (blocks + kAssumedSms - 1) / kAssumedSms; };
-  return 8 * waves(blocks_256) < 5 * waves(blocks_128) ? 256 : 128;  // 1.6 x the waves of 128x256
+  std::pair<int, int> tile{128, 128};
+  int64_t cost = 10 * waves(blocks_128);  // tenths of a 128x128 wave
+  if (16 * waves(blocks_256) < cost) tile = {128, 256}, cost = 16 * waves(blocks_256);
+  if (blocks_192 > 0 && 24 * waves(blocks_192) < cost) tile = {192, 256};
+  return tile;
 }
 
 }  // namespace
@@ -56,7 +68,7 @@ WgmmaByDefault::~WgmmaByDefault() { --wgmma_by_default; }
 bool WgmmaByDefault::active() { return wgmma_by_default > 0; }
 
 MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_128,
-                            int64_t blocks_256) {
+                            int64_t blocks_256, int64_t blocks_192) {
   MmaTiling t;
   t.input = input;
   t.wgmma = input == MmaInput::bf16 && options::wgmma().value_or(WgmmaByDefault::active());
@@ -64,7 +76,7 @@ MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput inpu
   if (tile > 0)
     t.tn = tile;
   else if (tile == -2 && t.wgmma)
-    t.tn = wave_tile_n(blocks_128, blocks_256);
+    std::tie(t.tm, t.tn) = wave_tile(blocks_128, blocks_256, blocks_192);
   else if (tile < 0 || t.wgmma)  // auto (waves on mma.sync, whose 128x128 blocks fit two an SM, too)
     t.tn = blocks_256 >= kAssumedSms ? 256 : 128;
   if (t.wgmma && options::mma_tile_m() == 192) t.tm = 192;

@@ -79,14 +79,14 @@ struct MmaTiling {
 // included) where they fill kAssumedSms (one block an SM: a wave), and 128x128 for smaller grids,
 // which 128x256 would leave SMs idle in. (H100, GPT-2 small's bf16 step: mma.sync 45.5 ms at
 // 128x128:2, 47.6 at auto:4 with split-K auto; wgmma 37.5 at 128x128:4, 36.0 at auto:4.)
-// KILN_MMA_TILE=waves: see wave_tile_n (matmul_mma.cpp). KILN_MMA_TILE=192x256 (wgmma; else
+// KILN_MMA_TILE=waves: see wave_tile (matmul_mma.cpp). KILN_MMA_TILE=192x256 (wgmma; else
 // 128x256): three warpgroups of 128 threads, 4 stages of 56 KiB; each step's 48 KiB of operands
 // in 128x256 tiles feed 4.2 MFLOP (85 FLOP a byte read from L2), 192x256's 56 KiB 6.3 MFLOP (110).
 // Products with block sums keep 128 rows (the caller sees to it), and choose_splits takes no split
-// of K in 192-row tiles. `blocks_128` and
-// `blocks_256`: the product's blocks (batch included) in 128x128 and 128x256 tiles.
+// of K in 192-row tiles. `blocks_128`, `blocks_256` and `blocks_192`: the product's blocks (batch
+// included) in 128x128, 128x256 and 192x256 tiles (0: no 192-row tiles, as for block sums).
 MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_128,
-                            int64_t blocks_256);
+                            int64_t blocks_256, int64_t blocks_192);
 // The bytes of shared memory the kernel declares: its stages, and for wgmma 1024 more, so that
 // the stages can start at a 1024-byte boundary (the swizzle's atoms) whatever the window gives.
 int64_t mma_shared_bytes(const std::array<MmaStage, 2>& layout, const MmaTiling& tiling);

@@ -349,11 +349,39 @@ void check_mma_cases(cuda::Runtime& rt, bool bf16) {
   EXPECT_EQ(dump.find("mma.sync bf16"), std::string::npos) << dump;
 }
 
+// pad_bf16_rows on h's circuit: no concat while bf16 operands are widened into f32 tiles; with
+// the mma kernel on, one concat, no slice left after the GPU pipeline (folded into the views),
+// and the products on mma.sync and on wgmma against the Eigen executor within `tolerance`.
+void expect_padded_once_onto_tensor_cores(const testing::Harness& h, double tolerance) {
+  const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+  {
+    cuda::ForceBf16Mma widened(false);
+    std::vector<ValueId> outs{h.output};
+    EXPECT_EQ(testing::count_prim(pad_bf16_rows(h.circuit, outs), PrimId::concat), 0u);
+  }
+  cuda::ForceBf16Mma on;
+  std::vector<ValueId> outs{h.output};
+  const Circuit padded = pad_bf16_rows(h.circuit, outs);
+  EXPECT_EQ(testing::count_prim(padded, PrimId::concat), 1u) << padded.dump("padded");
+  std::vector<ValueId> gpu_outs{h.output};
+  const Circuit optimized = optimize(h.circuit, gpu_outs, {.gpu = true});
+  EXPECT_EQ(testing::count_prim(optimized, PrimId::slice), 0u) << optimized.dump("optimized");
+  for (const char* wgmma : {"0", "1"}) {
+    SCOPED_TRACE(std::string("KILN_WGMMA=") + wgmma);
+    testing::ScopedEnv engine("KILN_WGMMA", wgmma);
+    cuda::DeviceProgram dp(optimized, gpu_outs, testing::fake_runtime());
+    EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma" : "mma.sync bf16"), std::string::npos) << dp.dump();
+    const HostTensor got = dp.run(h.bindings)[0];
+    ASSERT_EQ(got.dtype(), want.dtype());
+    EXPECT_LT(testing::relative_error(got, want), tolerance);
+  }
+}
+
 // pad_bf16_rows: a bf16 cast of rows of 61 elements (122 bytes, no 16-byte chunks) that matmuls
 // read is written into rows of 64 and read through a slice, so the products run on the mma
 // kernel: x w (a with k contiguous), x^T dy (a with rows contiguous), and x^T dy with x cast as
-// (2, 12, 61) and reshaped to (24, 61) first (as a batch's logits are). With KILN_BF16_MMA=0 the
-// pass changes nothing.
+// (2, 12, 61) and reshaped to (24, 61) first (as a batch's logits are); on mma.sync and wgmma.
+// With KILN_BF16_MMA=0 the pass changes nothing.
 TEST(Lowering, Bf16CastsThatMatmulsReadArePaddedToWholeChunks) {
   for (int variant : {0, 1, 2}) {
     SCOPED_TRACE(variant);
@@ -364,22 +392,7 @@ TEST(Lowering, Bf16CastsThatMatmulsReadArePaddedToWholeChunks) {
                          if (variant == 2) a = bld.reshape(a, Shape{24, 61});
                          return bld.matmul(a, bld.cast(x[1], DType::bf16), variant != 0);
                        });
-    const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
-    {
-      cuda::ForceBf16Mma widened(false);
-      std::vector<ValueId> outs{h.output};
-      EXPECT_EQ(testing::count_prim(pad_bf16_rows(h.circuit, outs), PrimId::concat), 0u);
-    }
-    cuda::ForceBf16Mma on;
-    std::vector<ValueId> outs{h.output};
-    const Circuit padded = pad_bf16_rows(h.circuit, outs);
-    EXPECT_EQ(testing::count_prim(padded, PrimId::concat), 1u) << padded.dump("padded");
-    std::vector<ValueId> gpu_outs{h.output};
-    const Circuit optimized = optimize(h.circuit, gpu_outs, {.gpu = true});
-    EXPECT_EQ(testing::count_prim(optimized, PrimId::slice), 0u) << optimized.dump("optimized");
-    cuda::DeviceProgram dp(optimized, gpu_outs, testing::fake_runtime());
-    EXPECT_NE(dp.dump().find("mma.sync bf16"), std::string::npos) << dp.dump();
-    EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+    expect_padded_once_onto_tensor_cores(h, 1e-5);
   }
 }
 
@@ -465,27 +478,7 @@ TEST(Lowering, Bf16InputsThatMatmulsReadArePaddedToWholeChunks) {
   for (const PadCase& pc : cases) {
     SCOPED_TRACE(pc.name);
     testing::Harness h(pc.inputs, pc.build);
-    const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
-    {
-      cuda::ForceBf16Mma widened(false);
-      std::vector<ValueId> outs{h.output};
-      EXPECT_EQ(testing::count_prim(pad_bf16_rows(h.circuit, outs), PrimId::concat), 0u);
-    }
-    cuda::ForceBf16Mma on;
-    std::vector<ValueId> outs{h.output};
-    EXPECT_EQ(testing::count_prim(pad_bf16_rows(h.circuit, outs), PrimId::concat), 1u);
-    std::vector<ValueId> gpu_outs{h.output};
-    const Circuit optimized = optimize(h.circuit, gpu_outs, {.gpu = true});
-    EXPECT_EQ(testing::count_prim(optimized, PrimId::slice), 0u) << optimized.dump("optimized");
-    for (const char* wgmma : {"0", "1"}) {
-      SCOPED_TRACE(std::string("KILN_WGMMA=") + wgmma);
-      testing::ScopedEnv engine("KILN_WGMMA", wgmma);
-      cuda::DeviceProgram dp(optimized, gpu_outs, testing::fake_runtime());
-      EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma" : "mma.sync bf16"), std::string::npos) << dp.dump();
-      const HostTensor got = dp.run(h.bindings)[0];
-      ASSERT_EQ(got.dtype(), want.dtype());
-      EXPECT_LT(testing::relative_error(got, want), pc.bf16_product ? std::ldexp(1.0, -8) : 1e-5);
-    }
+    expect_padded_once_onto_tensor_cores(h, pc.bf16_product ? std::ldexp(1.0, -8) : 1e-5);
   }
 }
 

@@ -30,6 +30,20 @@ namespace {
 
 using testing::f32;
 
+// The lowered plan of cast(a, bf16) cast(b, bf16) (a transposed where `ta`), run against Eigen
+// in the simulator where `run`; its dump.
+std::string split_dump(Shape a, Shape b, bool ta, bool run) {
+  testing::Harness h({f32(std::move(a)), f32(std::move(b))}, [ta](Builder& bld, const std::vector<ValueId>& x) {
+    return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), ta, false);
+  });
+  cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+  if (run) {
+    const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+    EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+  }
+  return dp.dump();
+}
+
 // KILN_MMA_SPLIT_K=auto splits K where the grid fills less than half the SMs' block slots, as
 // many ways as fit (up to 4, each range 8 steps or more): GPT-2 small's attention-projection
 // weight gradient (768 x 768 outputs over 8192 tokens: 36 blocks) 4 ways, a 64 x 64 x 512
@@ -37,28 +51,17 @@ using testing::f32;
 TEST(Lowering, Bf16MmaSplitsKWhereTheGridLeavesSmsIdle) {
   cuda::ForceBf16Mma on;
   testing::ScopedEnv split("KILN_MMA_SPLIT_K", "auto");
-  auto dump_of = [](Shape a, Shape b, bool ta, bool run) {
-    testing::Harness h({f32(std::move(a)), f32(std::move(b))}, [ta](Builder& bld, const std::vector<ValueId>& x) {
-      return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), ta, false);
-    });
-    cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
-    if (run) {
-      const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
-      EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
-    }
-    return dp.dump();
-  };
-  std::string d = dump_of({8192, 768}, {8192, 768}, true, false);
+  std::string d = split_dump({8192, 768}, {8192, 768}, true, false);
   EXPECT_NE(d.find("K split 4 ways (2048 each"), std::string::npos) << d;
-  d = dump_of({64, 512}, {512, 64}, false, true);
+  d = split_dump({64, 512}, {512, 64}, false, true);
   EXPECT_NE(d.find("K split 2 ways (256 each"), std::string::npos) << d;
-  d = dump_of({4096, 1024}, {1024, 4096}, false, false);
+  d = split_dump({4096, 1024}, {1024, 4096}, false, false);
   EXPECT_NE(d.find("mma.sync bf16"), std::string::npos) << d;
   EXPECT_EQ(d.find("K split"), std::string::npos) << d;
   // K = 0, split forced or not: no split, zeros stored.
   for (const char* forced : {"auto", "2"}) {
     testing::ScopedEnv setting("KILN_MMA_SPLIT_K", forced);
-    d = dump_of({40, 0}, {0, 24}, false, true);
+    d = split_dump({40, 0}, {0, 24}, false, true);
     EXPECT_EQ(d.find("K split"), std::string::npos) << d;
   }
 }
@@ -74,23 +77,12 @@ TEST(Lowering, Bf16MmaSplitsKByDefaultOnWgmmaOnly) {
     SCOPED_TRACE(std::string("KILN_WGMMA=") + wgmma);
     testing::ScopedEnv engine("KILN_WGMMA", wgmma);
     const bool on_wgmma = wgmma == std::string("1");
-    auto dump_of = [](Shape a, Shape b, bool ta, bool run) {
-      testing::Harness h({f32(std::move(a)), f32(std::move(b))}, [ta](Builder& bld, const std::vector<ValueId>& x) {
-        return bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), ta, false);
-      });
-      cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
-      if (run) {
-        const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
-        EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
-      }
-      return dp.dump();
-    };
-    std::string d = dump_of({8192, 768}, {8192, 768}, true, false);
+    std::string d = split_dump({8192, 768}, {8192, 768}, true, false);
     EXPECT_NE(d.find(on_wgmma ? "wgmma" : "mma.sync bf16"), std::string::npos) << d;
     EXPECT_EQ(d.find("K split 3 ways (2752 each") != std::string::npos, on_wgmma) << d;
     EXPECT_EQ(d.find("K split") != std::string::npos, on_wgmma) << d;
     if (on_wgmma) {
-      d = dump_of({64, 1024}, {1024, 64}, false, true);
+      d = split_dump({64, 1024}, {1024, 64}, false, true);
       EXPECT_NE(d.find("K split 2 ways (512 each"), std::string::npos) << d;
     }
   }

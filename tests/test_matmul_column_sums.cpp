@@ -29,7 +29,7 @@ using Case = testing::CircuitCase;
 // dy = (x w) * gelu_grad(pre) over (rows, 200), or (2, rows / 2, 200) with `batched` (the
 // matmul's batch: z); outputs: dy's column sums (over dy seen as rows of 200, as a linear
 // layer's bias gradient is recorded), and dy w2 (bf16 operands when `bf16`, f32 otherwise).
-Case bias_gradient(int64_t rows, int64_t k, bool bf16, bool batched = false) {
+Case bias_gradient(int64_t rows, int64_t k, bool bf16, bool batched = false, int64_t n = 200) {
   Case c;
   Circuit& g = c.circuit;
   const Shape lead = batched ? Shape{2, rows / 2} : Shape{rows};
@@ -39,13 +39,13 @@ Case bias_gradient(int64_t rows, int64_t k, bool bf16, bool batched = false) {
     return Shape(d);
   };
   const ValueId x = g.add_external({with_last(k), DType::f32}, ValueRole::Input, "x");
-  const ValueId w = g.add_external({Shape{k, 200}, DType::f32}, ValueRole::Input, "w");
-  const ValueId pre = g.add_external({with_last(200), DType::f32}, ValueRole::Input, "pre");
-  const ValueId w2 = g.add_external({Shape{200, 24}, DType::f32}, ValueRole::Input, "w2");
+  const ValueId w = g.add_external({Shape{k, n}, DType::f32}, ValueRole::Input, "w");
+  const ValueId pre = g.add_external({with_last(n), DType::f32}, ValueRole::Input, "pre");
+  const ValueId w2 = g.add_external({Shape{n, 24}, DType::f32}, ValueRole::Input, "w2");
   Builder b(g, "test");
   auto operand = [&](ValueId v) { return bf16 ? b.cast(v, DType::bf16) : v; };
   const ValueId dy = b.pointwise(se::in(0) * se::gelu_grad(se::in(1)), {b.matmul(operand(x), operand(w)), pre});
-  c.outputs = {b.reduce(ReduceKind::Sum, batched ? b.reshape(dy, Shape{rows, 200}) : dy, 0),
+  c.outputs = {b.reduce(ReduceKind::Sum, batched ? b.reshape(dy, Shape{rows, n}) : dy, 0),
                b.matmul(operand(dy), operand(w2))};
   for (const ValueId v : {x, w, pre, w2})
     c.bindings.push_back(testing::random_tensor({g.info(v).shape, DType::f32}, 40 + static_cast<uint64_t>(v)));
@@ -104,6 +104,28 @@ TEST(MatmulColumnSums, ABiasGradientIsSummedByTheMatmulThatMakesIt) {
       EXPECT_LT(testing::relative_error(dev[o], want[o]), 1e-5) << "output " << o << " (simulator)";
     }
   }
+}
+
+// KILN_MMA_TILE=waves on wgmma would take 192x256 tiles for 8192 x 768 outputs (one wave of 129
+// blocks), but a summing product keeps 128-row tiles: here 128x128 (three waves of 384 blocks
+// against two of 192 at 128x256: 3 < 3.2). Lowered only (8192 rows are slow to simulate).
+TEST(MatmulColumnSums, WavesKeepTheSummingProductOn128RowTiles) {
+  testing::ScopedEnv tile("KILN_MMA_TILE", "waves"), wgmma("KILN_WGMMA", "1");
+  Case k = bias_gradient(8192, 64, true, false, 768);
+  std::vector<ValueId> outs = k.outputs;
+  const Circuit planned = optimize(k.circuit, outs, {.gpu = true});
+  ASSERT_EQ(block_summing(planned).first, 1u) << planned.dump("planned");
+  cuda::DeviceProgram dp(planned, outs, testing::fake_runtime());
+  const std::string d = dp.dump();
+  size_t summing = 0;
+  for (size_t at = d.find("block sums"); at != std::string::npos; at = d.find("block sums", at + 1)) {
+    const size_t line = d.rfind('\n', at) + 1;
+    const std::string text = d.substr(line, d.find('\n', at) - line);
+    if (text.find("fused_matmul:") == std::string::npos) continue;
+    ++summing;
+    EXPECT_NE(text.find("tile 128x128x64"), std::string::npos) << text;
+  }
+  EXPECT_EQ(summing, 1u) << d;
 }
 
 // The f32 kernels' block sums (an f32 step sums its bias gradients as row sums of the weight

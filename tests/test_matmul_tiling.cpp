@@ -275,11 +275,12 @@ TEST(Lowering, Bf16MatmulsTakeWgmmaWithAutoTilesWhenLoweredForSm90) {
 
 // The f32 FFMA kernel keeps two buffers a tile operand (128x128: 2 x 2 x 8 KiB) and waits at one
 // barrier a k step of 16 (one before the loop, one in each half of the loop unrolled by two), and
-// it declares its 256 threads to ptxas (.maxntid). K = 48 (three steps: the second half of the
-// last pass skipped) and K = 64 run against Eigen.
+// it declares its 256 threads to ptxas (.maxntid). K = 0 (no step: zeros), 8 (one partial
+// step), 40 and 48 (three steps: the second half of the last pass skipped) and 64 run against
+// Eigen. (Row sums read the buffers too: the fused_matmul prim cases with K = 70 and 45.)
 TEST(Lowering, FfmaMatmulsKeepTwoTileBuffersAndDeclareTheirBlock) {
   cuda::ForceMatmulTile large(128);
-  for (int64_t k : {48, 64}) {
+  for (int64_t k : {0, 8, 40, 48, 64}) {
     SCOPED_TRACE(k);
     testing::Harness h({f32({256, k}), f32({k, 256})},
                        [](Builder& bld, const std::vector<ValueId>& x) { return bld.matmul(x[0], x[1]); });

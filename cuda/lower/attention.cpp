@@ -24,7 +24,6 @@
 // keys in key order.
 #include <cmath>
 
-#include "circuit/ir/error.hpp"
 #include "circuit/prims/prim_params.hpp"
 #include "cuda/lower/attention_kernels.hpp"
 #include "cuda/lower/elementwise.hpp"

@@ -1,7 +1,7 @@
 // What the attention lowerings share (defined in cuda/lower/attention_kernels.cpp; used by
 // cuda/lower/attention.cpp: the FFMA kernels and the choice between kernel families, and by
 // cuda/lower/attention_mma.cpp: the tensor-core kernels): the op's sizes and layout, each
-// launch's buffer parameters, and row addressing.
+// launch's buffer parameters, masks, the dropout stream's bits, and row addressing.
 #pragma once
 
 #include <cstdint>

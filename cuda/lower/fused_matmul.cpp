@@ -251,7 +251,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   const int64_t a_buffer_bytes = 4 * kTileK * pitch_a, b_buffer_bytes = 4 * kTileK * pitch_b;
   const int ffma_buffers = tile.tf32 ? 1 : 2;
   // cp.async mma: mma.stages stages per operand (wgmma: both in one array, from its first
-  // 1024-byte boundary); else one f32 tile each.
+  // 1024-byte boundary); else ffma_buffers f32 tiles each.
   Reg as, bs;
   if (mma.wgmma) {
     Reg tiles = b.shared_addr(b.shared_array("tiles", mma_shared_bytes(*mma_stages, mma), 1024));

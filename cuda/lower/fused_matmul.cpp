@@ -351,8 +351,18 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     mma_main_loop(b, it, {a_base, b_base}, {&f.a, &f.b}, *mma_stages, mma, {M, N}, K, k_begin, k_end, {m0, n0}, tid,
                   {as, bs}, warp_m, warp_n, acc);
   } else {
+    // Loaders that copy by cp.async (TileLoader::async) commit a group a fetch and wait for it
+    // before the barrier after which the tile is read.
+    const bool async_tiles = la.async || lb.async;
+    auto commit = [&] {
+      if (async_tiles) b.cp_async_commit();
+    };
+    auto landed = [&] {
+      if (async_tiles) b.cp_async_wait(0);
+    };
     fetch_tile(b, it, la, b.mov(it, imm_index(it, 0)));
     fetch_tile(b, it, lb, b.mov(it, imm_index(it, 0)));
+    commit();
     // Row sums of the tile in buffer `buffer` (its k in order).
     auto add_row_sums = [&](int64_t buffer) {
       if (!f.a_row_sums) return;
@@ -385,27 +395,34 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kTileK), [&](Reg k0) {
         store_tile(b, la);
         store_tile(b, lb);
+        landed();
         b.bar();
         add_row_sums(0);
         // The next tile's loads are in flight during this tile's products (zero past K: no load).
         Reg next = b.add(it, k0, imm_index(it, kTileK));
         fetch_tile(b, it, la, next);
         fetch_tile(b, it, lb, next);
+        commit();
         for (int kk = 0; kk < kTileK; kk += 8) mma_step(kk);
         b.bar();
       });
     } else {  // two buffers: the tile at k0 in `buffer`, the next one stored into the other
       store_tile(b, la);
       store_tile(b, lb);
+      landed();
       b.bar();
       auto step = [&](Reg k0, int64_t buffer) {
         Reg next = b.add(it, k0, imm_index(it, kTileK));
-        fetch_tile(b, it, la, next);  // in flight during this tile's FFMAs (zero past K: no load)
-        fetch_tile(b, it, lb, next);
+        // In flight during this tile's FFMAs (zero past K: no load); async loaders copy into the
+        // other buffer, which every warp finished reading before the last barrier.
+        fetch_tile(b, it, la, next, (1 - buffer) * a_buffer_bytes);
+        fetch_tile(b, it, lb, next, (1 - buffer) * b_buffer_bytes);
+        commit();
         add_row_sums(buffer);
         ffma_tile(buffer);
         store_tile(b, la, (1 - buffer) * a_buffer_bytes);
         store_tile(b, lb, (1 - buffer) * b_buffer_bytes);
+        landed();
         b.bar();  // the next tile stored, and every read of this buffer done before it is refilled
       };
       b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, 2 * kTileK), [&](Reg k0) {

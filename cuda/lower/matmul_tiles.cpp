@@ -35,6 +35,16 @@ Reg tile_value(KernelBuilder& b, const TileLoader& t, Reg x, Reg ok) {
   return x;
 }
 
+// Whether an operand read along its rows can be copied by cp.async into FFMA tiles: f32 as
+// multiplied (no prologue, no tf32 rounding), every 4-row chunk 16-byte aligned (buffers start at
+// 16-byte boundaries), and a tile's chunks a whole number of each thread's.
+bool async_copyable(const MatmulOperand& v, DType dtype, int tm, int pitch, bool tf32) {
+  bool ok = dtype == DType::f32 && v.prologue == se::in(0) && !tf32 && v.k_stride % 4 == 0 && v.offset % 4 == 0 &&
+            pitch % 4 == 0 && tm * kMatmulTileK / 4 % kMatmulThreads == 0 && kMatmulThreads % (tm / 4) == 0;
+  for (int64_t s : v.batch) ok = ok && s % 4 == 0;
+  return ok;
+}
+
 }  // namespace
 
 TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand& view, DType dtype, int64_t rows,
@@ -74,6 +84,23 @@ TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand&
       add_slot(r, g == 0 ? k : b.add(Type::u32, k, imm_u32(static_cast<uint32_t>(g * group_stride))));
     return t;
   }
+  if (async_copyable(view, dtype, tm, pitch, tf32)) {
+    t.async = true;
+    const uint32_t row_chunks = tm32 / 4;
+    t.k_step = kMatmulThreads / row_chunks;
+    t.slots = tm * kMatmulTileK / 4 / kMatmulThreads;
+    Reg r = b.mul(Type::u32, b.rem(Type::u32, tid, imm_u32(row_chunks)), imm_u32(4));
+    Reg k = b.div(Type::u32, tid, imm_u32(row_chunks));
+    t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
+    t.tile_k.push_back(it == Type::u32 ? k : b.cvt(Type::u64, k));
+    t.smem_addr.push_back(
+        b.mad(Type::u32, b.mad(Type::u32, k, imm_u32(static_cast<uint32_t>(pitch)), r), imm_u32(4), smem));
+    // The rows of the thread's chunk inside the matrix, in bytes (0 to 16): the copy's source size.
+    Reg left = b.min(it, b.sub(it, imm_index(it, rows), t.tile_r[0]), imm_index(it, 4));  // where row < rows
+    Reg bytes = b.mul(Type::u32, it == Type::u32 ? left : b.cvt(Type::u32, left), imm_u32(4));
+    t.row_ok.push_back(b.selp(Type::u32, bytes, imm_u32(0), b.setp(Cmp::lt, t.tile_r[0], imm_index(it, rows))));
+    return t;
+  }
   if (kMatmulThreads % tm != 0)
     throw Error("make_loader: tiles of " + std::to_string(tm) + " rows do not divide a block");
   t.k_step = kMatmulThreads / tm;
@@ -95,12 +122,25 @@ std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Re
   return ld.dsts;
 }
 
-void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
+void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0, int64_t offset) {
   const MatmulOperand& v = *t.view;
   auto element = [&](Reg r, Reg kg) {  // address of element (r, kg)
     Reg k_part = v.k_stride == 1 ? kg : b.mul(it, kg, imm_index(it, v.k_stride));
     return b.address(t.base, scaled_add(b, it, r, v.row_stride, k_part), static_cast<int>(dtype_size(t.dtype)));
   };
+  if (t.async) {  // slot s: slot 0's chunk k_step s further along k, as many rows further in the tile
+    Reg k_first = b.add(it, k0, t.tile_k[0]);
+    for (int s = 0; s < t.slots; ++s) {
+      Reg kg = s == 0 ? k_first : b.add(it, k_first, imm_index(it, int64_t{s} * t.k_step));
+      Reg inside = b.setp(Cmp::lt, kg, imm_index(it, t.depth));
+      Reg bytes = b.selp(Type::u32, t.row_ok[0], imm_u32(0), inside);
+      Reg src = b.selp(Type::u64, element(t.tile_r[0], kg), t.base, inside);  // a valid address either way
+      Reg dst = b.add(Type::u32, t.smem_addr[0],
+                      imm_u32(static_cast<uint32_t>(offset + 4 * int64_t{s} * t.k_step * t.pitch)));
+      b.cp_async(dst, src, 16, bytes);
+    }
+    return;
+  }
   if (!t.k_groups) {  // along rows: slot s is slot 0's element k_step s further along k
     Reg k_first = b.add(it, k0, t.tile_k[0]);
     Reg first = element(t.tile_r[0], k_first);
@@ -140,7 +180,8 @@ void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0) {
 }
 
 void store_tile(KernelBuilder& b, const TileLoader& t, int64_t offset) {
-  if (!t.k_groups) {  // along rows: slot s is k_step s rows of the tile further on
+  if (t.async) return;  // fetch_tile copied it
+  if (!t.k_groups) {    // along rows: slot s is k_step s rows of the tile further on
     for (size_t s = 0; s < t.values.size(); ++s)
       b.st(Space::shared, Type::f32, t.smem_addr[0], tile_value(b, t, t.values[s], t.oks[s]),
            offset + 4 * static_cast<int64_t>(s) * t.k_step * t.pitch);

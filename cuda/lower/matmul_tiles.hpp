@@ -32,17 +32,28 @@ constexpr int kMatmulThreads = 256;  // threads a block (16 x 16)
 // the rounding to tf32 are applied as the tile is stored, after the current tile's arithmetic,
 // so that nothing waits for the loads before it (applied as they were loaded, a bf16 rounding
 // prologue made a weight-gradient kernel 2.3x slower on an H200).
+// An f32 operand with unit stride along its rows, no prologue and 16-byte aligned chunks of 4
+// rows, in FFMA tiles (not tf32), is instead copied by cp.async (`async`), stored as it is laid
+// out ([k][row] both), 16 bytes a copy: thread t takes chunk t % (tm / 4) of k t / (tm / 4), and
+// the k 1024 / tm further on (k_step) as its other slots; zero-filled past the matrix. No
+// registers carry it: ptxas placed the loads of register-staged tiles after 700-1024 of a k
+// step's 1024 FFMAs (docs/BENCHMARKS.md), which left their latency unhidden; a copy is issued
+// where the PTX puts it. The caller commits the copies as a group and waits for it before the
+// barrier that precedes their reading.
 struct TileLoader {
   Reg base;  // the operand's batch base address
   const MatmulOperand* view = nullptr;
   bool k_groups = false, vector_k = false;
+  bool async = false;               // copied by cp.async into shared memory (see above)
   int64_t rows = 0, depth = 0;      // the operand's M (or N) and K
   int tm = 0;                       // rows of the tile
   int pitch = 0;                    // floats from one k's row to the next in shared memory
   bool tf32 = false;                // values rounded to tf32 for mma.sync
   DType dtype = DType::f32;         // of the operand in global memory: f32, or bf16 (widened on load)
   std::vector<Reg> tile_r, tile_k;  // per load slot (along rows: slot 0's): row and k within the tile (index type)
-  std::vector<Reg> row_ok;          // per load slot (along rows: slot 0's): row0 + r < rows
+  int slots = 0;                    // load slots (async: the thread's chunks)
+  std::vector<Reg> row_ok;          // per load slot (along rows: slot 0's): row0 + r < rows (async: the
+                                    // bytes of slot 0's chunk inside the matrix, u32)
   std::vector<Reg> smem_addr;       // per load slot (along rows: slot 0's): shared address of tile[k][r]
   int64_t k_step = 0;               // along rows: k from one slot to the next
   std::vector<Reg> values;          // per load slot: 1 value (along rows) or 4 (k groups), as loaded
@@ -59,11 +70,13 @@ TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand&
 // preset to 0, where `ok` holds.
 std::vector<Reg> guarded_load(KernelBuilder& b, Type type, Reg addr, int vec, Reg ok, int64_t offset = 0);
 
-// Loads the tile at k0 from global memory into t.values.
-void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0);
+// Loads the tile at k0 from global memory into t.values; an async loader copies it straight into
+// its shared tile, `offset` bytes past the loader's (the buffer store_tile would be given).
+void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0, int64_t offset = 0);
 
 // Stores the fetched tile into shared memory (k groups: k j of a slot is a pitch further),
-// `offset` bytes past the loader's tile (the second of two tile buffers).
+// `offset` bytes past the loader's tile (the second of two tile buffers). Nothing for an async
+// loader, whose fetch wrote it.
 void store_tile(KernelBuilder& b, const TileLoader& t, int64_t offset = 0);
 
 }  // namespace kiln::cuda

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On a GPU machine, from the repository root, with a bundle made as gpu-check.sh's header says:
+# why kiln's GEMM kernels stall, in Nsight Compute's words, beside cuBLAS's on the same shapes.
+#   OUT=$OUT bash scripts/gpu_gemm_stalls.sh [gpu-bundle]
+# For each case (KILN_STALL_CASES, default below: dtype:shape), one launch of kiln's product
+# kernel (`kiln bench --gemm`, default tiling) and one of torch.matmul's, each under ncu with the
+# sections that say where the time goes: SpeedOfLight and ComputeWorkloadAnalysis (the tensor or
+# FMA pipe's share), Occupancy, SchedulerStats (issue slots), WarpStateStats (cycles a warp waits
+# per instruction, by reason) and SourceCounters (the instructions the warps wait at most).
+# The questions it answers (docs/BENCHMARKS.md, "SASS of the two matmul kernels"):
+#  - bf16 wgmma: each k step of 64 runs `fence.proxy.async` (SASS: MEMBAR.ALL.CTA then
+#    FENCE.VIEW.ASYNC.S) before its barrier. If the membar waits for the next step's copies still
+#    in flight, the pipeline is one step deep whatever the stages: Stall Membar at the top of the
+#    warp states, at the MEMBAR's line in SourceCounters.
+#  - f32 FFMA: ptxas moves the next tile's global loads from the top of a k step to after about
+#    700-800 of its 1024 FFMAs; Stall Long Scoreboard at the tile's shared stores would say that
+#    their latency is not hidden.
+# About 1-2 minutes on an H100 (ncu replays each kernel once per section pass). Everything is
+# written to $OUT/gemm-stalls.log (default ./gemm-stalls.log).
+set -uo pipefail
+bundle=${1:-gpu-bundle}
+run="$bundle/run"
+log=${OUT:-.}/gemm-stalls.log
+cases=${KILN_STALL_CASES:-bf16:4096 bf16:8192x2304x768 f32:4096}
+ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section SchedulerStats
+  --section WarpStateStats --section SourceCounters)
+{
+  for c in $cases; do
+    IFS=: read -r dtype shape <<<"$c"
+    echo "== kiln $dtype $shape (default tiling)"
+    timeout 240 "$ncu" --target-processes all -k 'regex:kiln_(fused_)?matmul' --launch-skip 2 --launch-count 1 \
+      "${sections[@]}" "$run" "$bundle/bin/kiln" bench --device cuda --precision "$dtype" --gemm "$shape" --steps 4 2>&1 |
+      grep -vE '^==PROF==|^gemm'
+    echo "== cuBLAS $dtype $shape (torch.matmul)"
+    timeout 240 "$ncu" --target-processes all -k 'regex:gemm|nvjet|xmma|cutlass' \
+      --launch-skip 2 --launch-count 1 "${sections[@]}" \
+      python3 scripts/bench_torch_gemm.py "$shape" --dtypes "$dtype" --runs 3 2>&1 | grep -vE '^==PROF==|^gemm'
+  done
+} 2>&1 | tee "$log"

@@ -275,7 +275,8 @@ TEST(Lowering, Bf16MatmulsTakeWgmmaWithAutoTilesWhenLoweredForSm90) {
 
 // The f32 FFMA kernel keeps two buffers a tile operand (128x128: 2 x 2 x 8 KiB) and waits at one
 // barrier a k step of 16 (one before the loop, one in each half of the loop unrolled by two), and
-// it declares its 256 threads to ptxas (.maxntid). K = 0 (no step: zeros), 8 (one partial
+// it declares its 256 threads to ptxas (.maxntid) and, in 128x128 tiles, the two blocks an SM it
+// is built for (.minnctapersm 2; 64x64 tiles do not ask). K = 0 (no step: zeros), 8 (one partial
 // step), 40 and 48 (three steps: the second half of the last pass skipped) and 64 run against
 // Eigen. (Row sums read the buffers too: the fused_matmul prim cases with K = 70 and 45.)
 TEST(Lowering, FfmaMatmulsKeepTwoTileBuffersAndDeclareTheirBlock) {
@@ -293,7 +294,7 @@ TEST(Lowering, FfmaMatmulsKeepTwoTileBuffersAndDeclareTheirBlock) {
       EXPECT_EQ(kernel.max_threads, 256);
       EXPECT_EQ(kernel.shared_bytes(), 32768);
       const std::string ptx = kir::print_ptx(kernel, 90);
-      EXPECT_NE(ptx.find(".maxntid 256, 1, 1"), std::string::npos);
+      EXPECT_NE(ptx.find(".maxntid 256, 1, 1\n.minnctapersm 2\n"), std::string::npos) << ptx.substr(0, 600);
       size_t barriers = 0;
       for (size_t at = ptx.find("bar.sync"); at != std::string::npos; at = ptx.find("bar.sync", at + 1)) ++barriers;
       EXPECT_EQ(barriers, 3u) << ptx;
@@ -301,6 +302,15 @@ TEST(Lowering, FfmaMatmulsKeepTwoTileBuffersAndDeclareTheirBlock) {
     EXPECT_EQ(matmuls, 1u) << dp.dump();
     const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
     EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+  }
+  cuda::ForceMatmulTile small(64);
+  testing::Harness h({f32({64, 32}), f32({32, 64})},
+                     [](Builder& bld, const std::vector<ValueId>& x) { return bld.matmul(x[0], x[1]); });
+  cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+  for (const auto& kl : dp.kernels()) {
+    const std::string ptx = kir::print_ptx(*kl.launch->kernel, 90);
+    EXPECT_NE(ptx.find(".maxntid 256, 1, 1"), std::string::npos);
+    EXPECT_EQ(ptx.find(".minnctapersm"), std::string::npos);
   }
 }
 

@@ -233,6 +233,9 @@ struct Kernel {
   // The block's threads where it declares them (.maxntid; 0: not declared), so that ptxas keeps
   // each thread's registers within the register file's 65536 / max_threads.
   int32_t max_threads = 0;
+  // Blocks an SM must hold at once where the kernel asks for them (.minnctapersm, with .maxntid;
+  // 0: not asked): ptxas then keeps each thread within 65536 / (max_threads x this) registers.
+  int32_t min_blocks_per_sm = 0;
   int64_t shared_bytes() const;  // total, each array at its alignment, in declaration order
   int64_t shared_offset(int array) const;
   // The bytes a launch must pass as dynamic shared memory: shared_bytes() above
@@ -279,6 +282,8 @@ class KernelBuilder {
   int shared_array(const std::string& name, int64_t bytes, int32_t align = 16);
   // Declares the block's thread count (Kernel::max_threads) for ptxas's register allocation.
   void declare_block_threads(int32_t threads) { k_.max_threads = threads; }
+  // Asks ptxas for `blocks` blocks an SM (Kernel::min_blocks_per_sm); needs declare_block_threads.
+  void declare_min_blocks_per_sm(int32_t blocks) { k_.min_blocks_per_sm = blocks; }
   Reg shared_addr(int array);
   Reg sreg(SReg s);
 

@@ -131,6 +131,8 @@ class Printer {
               (i + 1 < k_.params.size() ? ",\n" : "\n");
     out_ += ")\n";
     if (k_.max_threads > 0) out_ += ".maxntid " + std::to_string(k_.max_threads) + ", 1, 1\n";
+    if (k_.max_threads > 0 && k_.min_blocks_per_sm > 0)
+      out_ += ".minnctapersm " + std::to_string(k_.min_blocks_per_sm) + "\n";
     out_ += "{\n";
     for (int t = 0; t < kNumTypes; ++t) {
       if (k_.num_regs[t] <= 0) continue;

@@ -723,8 +723,19 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     lo.zeroed_scratch = {1};
   }
   // The FFMA kernel declares its 256 threads: ptxas then allocates fewer registers (the 128x128
-  // tiles' two-buffer loop: 123 against 131 undeclared), which keeps two blocks an SM.
-  if (!cp_async_mma && !tile.tf32) b.declare_block_threads(threads);
+  // tiles' two-buffer loop: 123 against 131 undeclared), which keeps two blocks an SM. 128x128
+  // tiles also ask for those two blocks (.minnctapersm 2): told its budget of 128 registers,
+  // ptxas spends it on issuing the next tile's loads earlier instead of keeping under it by
+  // moving them to the step's end (GPT-2's f32 x W^T products: 113 registers with every load
+  // after the last FFMA of the step, 128 with them after 706-768 of 1024; docs/BENCHMARKS.md).
+  // Not 64x64 tiles: at 63 registers four blocks fit an SM, which the same hint would let ptxas
+  // trade for 72. Not with a prologue or row sums either: the prim case with both (and two
+  // epilogues) takes 149 registers, and held to 128 it spills (972 bytes).
+  if (!cp_async_mma && !tile.tf32) {
+    b.declare_block_threads(threads);
+    const bool lean = f.a.prologue == se::in(0) && f.b.prologue == se::in(0) && !f.a_row_sums;
+    if (tile.tm == 128 && lean) b.declare_min_blocks_per_sm(2);
+  }
   lo.launches.push_back(finish_launch(
       b, prefix, {static_cast<uint32_t>(grid_n), static_cast<uint32_t>(grid_m), static_cast<uint32_t>(batch * splits)},
       {static_cast<uint32_t>(threads), 1, 1}, std::move(args)));

@@ -12,9 +12,9 @@
 #    FENCE.VIEW.ASYNC.S) before its barrier. If the membar waits for the next step's copies still
 #    in flight, the pipeline is one step deep whatever the stages: Stall Membar at the top of the
 #    warp states, at the MEMBAR's line in SourceCounters.
-#  - f32 FFMA: ptxas moves the next tile's global loads from the top of a k step to after about
-#    700-800 of its 1024 FFMAs; Stall Long Scoreboard at the tile's shared stores would say that
-#    their latency is not hidden.
+#  - f32 FFMA: ptxas issues A's next-tile loads after about 660-680 of a k step's 1024 FFMAs (B,
+#    stored [k][n], is copied by cp.async at the step's top); Stall Long Scoreboard at A's shared
+#    stores would say that their latency is not hidden.
 # About 1-2 minutes on an H100 (ncu replays each kernel once per section pass). Everything is
 # written to $OUT/gemm-stalls.log (default ./gemm-stalls.log).
 set -uo pipefail
@@ -22,7 +22,8 @@ bundle=${1:-gpu-bundle}
 run="$bundle/run"
 log=${OUT:-.}/gemm-stalls.log
 cases=${KILN_STALL_CASES:-bf16:4096 bf16:8192x2304x768 f32:4096}
-ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+[ -n "$ncu" ] || { echo "gpu_gemm_stalls: ncu not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"; exit 1; }
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section SchedulerStats
   --section WarpStateStats --section SourceCounters)
 {
@@ -35,6 +36,6 @@ sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section Occ
     echo "== cuBLAS $dtype $shape (torch.matmul)"
     timeout 240 "$ncu" --target-processes all -k 'regex:gemm|nvjet|xmma|cutlass' \
       --launch-skip 2 --launch-count 1 "${sections[@]}" \
-      python3 scripts/bench_torch_gemm.py "$shape" --dtypes "$dtype" --runs 3 2>&1 | grep -vE '^==PROF==|^gemm'
+      python3 scripts/bench_torch_gemm.py "$shape" --dtypes "$dtype" --runs 3 2>&1 | grep -vE '^==PROF==|^(torch )?gemm'
   done
 } 2>&1 | tee "$log"

@@ -10,8 +10,9 @@ backward branch and its target; the innermost ones unless --all-loops) the instr
 by kind. Counted from the loop's first instruction to its branch, both paths of a branch inside
 it included (a slow edge path is counted too: read the fast path's mix off the kinds that only
 it has). Also prints:
-  - where the loop's global loads (LDG) sit among its FFMAs (the FFMAs before each, as a share of
-    the loop's): ptxas schedules loads issued at the top of a k step in PTX as late as it likes;
+  - where the loop's global loads (LDG) and cp.async copies (LDGSTS) sit among the FFMAs of each
+    k step (the FFMAs before each): ptxas schedules loads issued at the top of a k step in PTX
+    as late as it likes;
   - the memory barriers (MEMBAR) a fence puts in the loop.
 The PTX ISA says what the PTX means; this says what the hardware runs. Nothing here is timed.
 """
@@ -59,16 +60,19 @@ def kind(text):
 
 
 def sass_of(ptx, ptxas, cuobjdump):
-    target = re.search(r"^\.target\s+(\S+)", open(ptx).read(), re.M).group(1)
+    target = re.search(r"^\.target\s+(\w+)", open(ptx).read(), re.M).group(1)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
-        subprocess.run([ptxas, f"-arch={target}", "-o", cubin, ptx], check=True, capture_output=True, text=True)
+        done = subprocess.run([ptxas, f"-arch={target}", "-o", cubin, ptx], capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"sass_loops: ptxas rejected {ptx}:\n{done.stderr}")
         text = subprocess.run([cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True).stdout
     return [(int(m.group(1), 16), m.group(2)) for m in map(LINE.match, text.splitlines()) if m]
 
 
 def loops(code, innermost):
-    """(start, end) index ranges of the loops: a branch to an earlier address and that address."""
+    """(start, end) index ranges of the loops: a branch to an earlier address and that address
+    (addresses are one function's: kiln writes a kernel a file)."""
     at = {addr: i for i, (addr, _) in enumerate(code)}
     found = []
     for i, (addr, text) in enumerate(code):
@@ -87,18 +91,23 @@ def report(ptx, code, ranges):
         kinds = collections.Counter(kind(t) for t in body)
         mix = ", ".join(f"{k} {n}" for k, n in kinds.most_common())
         print(f"{name} loop 0x{code[start][0]:x}-0x{code[end][0]:x}: {len(body)} instructions: {mix}")
-        # Per k step (the stretch up to each barrier): the FFMAs issued before each global load.
-        segment, ffmas, loads = 0, 0, []
+        # Per k step (the stretch up to each barrier): the FFMAs issued before each global load
+        # and each cp.async copy.
+        segment, ffmas, loads, copies = 0, 0, [], []
         for t in body:
             k = kind(t)
             if k == "FFMA":
                 ffmas += 1
             elif k in ("LDG", "LDG.64", "LDG.128"):
                 loads.append(ffmas)
+            elif k.startswith("LDGSTS"):
+                copies.append(ffmas)
             elif k == "BAR":
                 if ffmas and loads:
                     print(f"  step {segment}: global loads after FFMA # {loads} of its {ffmas}")
-                segment, ffmas, loads = segment + 1, 0, []
+                if ffmas and copies:
+                    print(f"  step {segment}: cp.async copies after FFMA # {copies} of its {ffmas}")
+                segment, ffmas, loads, copies = segment + 1, 0, [], []
         for t in body:
             if kind(t) == "MEMBAR":
                 print(f"  {t}")

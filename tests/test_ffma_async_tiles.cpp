@@ -10,6 +10,7 @@
 
 #include "circuit/exec/executor.hpp"
 #include "circuit/passes/pipeline.hpp"
+#include "circuit/prims/fused_matmul.hpp"
 #include "cuda/kir/ptx_printer.hpp"
 #include "cuda/lower/fused_matmul.hpp"
 #include "cuda/runtime/device_program.hpp"
@@ -28,27 +29,40 @@ size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
-// Runs `build` over inputs of `shapes` in the simulator against Eigen (f32: 1e-5) and returns the
-// cp.async copies its one FFMA matmul kernel issues (in PTX: per operand copied, its chunks a
-// thread, at the prologue's fetch and at each half of the loop unrolled by two).
-size_t async_copies(const std::vector<Shape>& shapes, const testing::BuildFn& build) {
-  std::vector<testing::InputSpec> specs;
-  for (const Shape& s : shapes) specs.push_back(f32(s));
-  testing::Harness h(specs, build);
+struct MatmulKernel {
+  size_t copies = 0;             // cp.async copies in its PTX
+  bool asks_two_blocks = false;  // .minnctapersm 2
+};
+
+// Runs `build` over `inputs` after the GPU pipeline (slices and prologues folded into the
+// matmul's views) in the simulator against Eigen (1e-5) and describes its one matmul kernel: the
+// copies it issues (per operand copied, its chunks a thread, at the prologue's fetch and at each
+// half of the loop unrolled by two).
+MatmulKernel matmul_kernel(const std::vector<testing::InputSpec>& inputs, const testing::BuildFn& build) {
+  testing::Harness h(inputs, build);
   std::vector<ValueId> outs{h.output};
-  const Circuit optimized = optimize(h.circuit, outs, {.gpu = true});  // slices and prologues into the views
+  const Circuit optimized = optimize(h.circuit, outs, {.gpu = true});
   cuda::DeviceProgram dp(optimized, outs, testing::fake_runtime());
-  size_t copies = 0, matmuls = 0;
+  MatmulKernel r;
+  size_t matmuls = 0;
   for (const auto& kl : dp.kernels()) {
     const kir::Kernel& kernel = *kl.launch->kernel;
     if (kernel.name.find("matmul") == std::string::npos) continue;
     ++matmuls;
-    copies += count(kir::print_ptx(kernel, 90), "cp.async.cg.shared.global");
+    const std::string ptx = kir::print_ptx(kernel, 90);
+    r.copies += count(ptx, "cp.async.cg.shared.global");
+    r.asks_two_blocks = ptx.find(".minnctapersm 2") != std::string::npos;
   }
   EXPECT_EQ(matmuls, 1u) << dp.dump();
   const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
   EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
-  return copies;
+  return r;
+}
+
+size_t async_copies(const std::vector<Shape>& shapes, const testing::BuildFn& build) {
+  std::vector<testing::InputSpec> specs;
+  for (const Shape& s : shapes) specs.push_back(f32(s));
+  return matmul_kernel(specs, build).copies;
 }
 
 ValueId product(Builder& b, const std::vector<ValueId>& x) { return b.matmul(x[0], x[1]); }
@@ -72,9 +86,10 @@ TEST(Lowering, FfmaTilesCopyOperandsStoredAlongTheirRowsByCpAsync) {
   }
 }
 
-// A view of fewer rows than its k stride (a slice of W's columns, folded into the operand's view)
-// ends in a chunk of 2 rows: the copy reads those 8 bytes and zero-fills the rest.
-TEST(Lowering, FfmaAsyncTilesZeroFillAPartialChunk) {
+// A view of fewer rows than its k stride (a slice of W's columns, folded into the operand's
+// view) ends in a chunk of 2 rows, whose 8 bytes are copied. (Bytes past them would only feed
+// output columns that are never stored: this checks the rows copied, not the zero fill.)
+TEST(Lowering, FfmaAsyncTilesCopyThePartialChunkOfAView) {
   cuda::ForceMatmulTile forced(128);
   EXPECT_EQ(
       async_copies({{70, 40}, {40, 128}},
@@ -82,22 +97,45 @@ TEST(Lowering, FfmaAsyncTilesZeroFillAPartialChunk) {
       6u);
 }
 
+// Row sums of a copied a (a weight gradient's dY^T X with its bias gradient, K = 70: the sums
+// read the copied tiles, zero past K) against Eigen. Row sums keep the kernel from asking for two
+// blocks an SM (they cost registers).
+TEST(Lowering, FfmaAsyncTilesFeedTheRowSumsOfA) {
+  cuda::ForceMatmulTile forced(128);
+  const MatmulKernel k = matmul_kernel({f32({70, 72}), f32({70, 136})}, [](Builder& b, const std::vector<ValueId>& x) {
+    FusedMatmul f = FusedMatmul::plain(Shape{70, 72}, Shape{70, 136}, true, false);
+    f.a_row_sums = true;
+    f.row_sums_shape = Shape{72};
+    std::vector<ValueId> outs = b.circuit().add_op("fused_matmul", f.to_params(DType::f32), x, b.scope());
+    return b.concat({b.reshape(outs[0], Shape{72 * 136}), outs[1]}, 0);
+  });
+  EXPECT_EQ(k.copies, 12u);
+  EXPECT_FALSE(k.asks_two_blocks);
+}
+
 // Operands the copies cannot take keep the register-staged loads: rows not 16-byte chunks (n =
-// 138), a prologue (exp(W)), and bf16 operands (widened to f32 as they are stored).
+// 138), a view starting 2 floats into its rows (a slice from column 2), a prologue (exp(W), which
+// also keeps the kernel from asking for two blocks an SM), and operands stored as bf16 (64x64
+// FFMA tiles, with the bf16 mma kernel off: widened to f32 as they are stored).
 TEST(Lowering, FfmaTilesStageOtherOperandsThroughRegisters) {
   cuda::ForceMatmulTile forced(128);
-  cuda::ForceBf16Mma widened(false);
+  const MatmulKernel plain = matmul_kernel({f32({70, 40}), f32({40, 136})}, product);
+  EXPECT_TRUE(plain.asks_two_blocks);
   EXPECT_EQ(async_copies({{70, 40}, {40, 138}}, product), 0u);
-  EXPECT_EQ(async_copies({{70, 40}, {40, 136}},
-                         [](Builder& b, const std::vector<ValueId>& x) {
-                           return b.matmul(x[0], b.pointwise(se::exp(se::in(0)), {x[1]}));
-                         }),
-            0u);
-  EXPECT_EQ(async_copies({{70, 40}, {40, 136}},
-                         [](Builder& b, const std::vector<ValueId>& x) {
-                           return b.matmul(b.cast(x[0], DType::bf16), b.cast(x[1], DType::bf16));
-                         }),
-            0u);
+  EXPECT_EQ(
+      async_copies({{70, 40}, {40, 132}},
+                   [](Builder& b, const std::vector<ValueId>& x) { return b.matmul(x[0], b.slice(x[1], 1, 2, 130)); }),
+      0u);
+  const MatmulKernel prologue =
+      matmul_kernel({f32({70, 40}), f32({40, 136})}, [](Builder& b, const std::vector<ValueId>& x) {
+        return b.matmul(x[0], b.pointwise(se::exp(se::in(0)), {x[1]}));
+      });
+  EXPECT_EQ(prologue.copies, 0u);
+  EXPECT_FALSE(prologue.asks_two_blocks);
+  cuda::ForceMatmulTile small(64);
+  cuda::ForceBf16Mma widened(false);
+  const testing::InputSpec x{Shape{70, 40}, DType::bf16, -2, 2}, w{Shape{40, 136}, DType::bf16, -2, 2};
+  EXPECT_EQ(matmul_kernel({x, w}, product).copies, 0u);
 }
 
 }  // namespace

@@ -375,6 +375,42 @@ TEST(Lowering, SoftmaxStatisticsTakeOnePass) {
   EXPECT_EQ(found, 3);
 }
 
+// A row kernel evaluates the parts of its bodies that are the same along a row once a row, before
+// the pass that reads them (hoist_uniform, fused_rows.cpp): a layer norm's rsqrt(var + eps),
+// which the third reduction's pass and the output pass both read (one sqrt.rn each: 2 in the
+// kernel, where each pass's 4 unrolled columns and its tail took one, 10), and var / (v + eps)
+// of a per-row input v (one division; with the two 1 / sqrt and the two means' / n, 5 in all).
+// Rows of 300: the unrolled columns and the tail. Against Eigen.
+TEST(Lowering, RowKernelsEvaluateRowUniformPartsOncePerRow) {
+  testing::Harness h({f32({6, 300}), f32({6, 1}, 0.5, 2)}, [](Builder& b, const std::vector<ValueId>& x) {
+    ValueId mean = b.reduce(ReduceKind::Mean, x[0], 1);
+    ValueId d = b.sub(x[0], mean);
+    ValueId var = b.reduce(ReduceKind::Mean, b.mul(d, d), 1);
+    ValueId y = b.mul(d, b.pointwise(se::rsqrt(se::in(0) + se::c(1e-5)), {var}));
+    ValueId scale = b.pointwise(se::in(0) / (se::in(1) + se::c(1e-5)), {var, x[1]});
+    ValueId z = b.reduce(ReduceKind::Sum, b.mul(y, scale), 1);
+    return b.concat({b.reshape(y, Shape{1800}), b.reshape(z, Shape{6})}, 0);
+  });
+  std::vector<ValueId> outs{h.output};
+  const Circuit optimized = optimize(h.circuit, outs, {.gpu = true});
+  cuda::DeviceProgram dp(optimized, outs, testing::fake_runtime());
+  size_t row_kernels = 0;
+  for (const auto& kl : dp.kernels()) {
+    const kir::Kernel& k = *kl.launch->kernel;
+    if (!k.name.starts_with("kiln_fused_rows")) continue;
+    ++row_kernels;
+    const std::string ptx = kir::print_ptx(k, 90);
+    size_t sqrts = 0, divisions = 0;
+    for (size_t at = ptx.find("sqrt.rn.f32"); at != std::string::npos; at = ptx.find("sqrt.rn.f32", at + 1)) ++sqrts;
+    for (size_t at = ptx.find("div.rn.f32"); at != std::string::npos; at = ptx.find("div.rn.f32", at + 1)) ++divisions;
+    EXPECT_EQ(sqrts, 2u) << ptx;
+    EXPECT_EQ(divisions, 5u) << ptx;
+  }
+  EXPECT_EQ(row_kernels, 1u) << optimized.dump("optimized");
+  const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+  EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5);
+}
+
 // The tensor-core attention kernels (attention_mma.cpp): the staged tiles' stores (8 bytes a
 // lane), the ldmatrix rows (16 bytes a lane, rows padded to 144 bytes at head size 64) and the
 // lse/D rows, forward and both backward launches, causal over two tiles, at head sizes 64, 128

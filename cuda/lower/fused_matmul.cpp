@@ -13,8 +13,9 @@
 // lanes of a warp on 32 rows of one k, so that tile stores meet no bank conflict; see
 // TileLoader, matmul_tiles.hpp) and zero-filled outside the matrix, so no size needs to be a
 // multiple of the tile; a prologue is applied as each element is loaded. The next tile's global loads are issued
-// before the current tile's FFMAs (held in registers, stored to shared memory after the
-// barrier), so their latency hides behind the arithmetic. Batch dims: those the rows continue
+// before the current tile's FFMAs (held in registers and stored to shared memory after them, or
+// for an f32 operand stored along its rows copied there by cp.async), so their latency hides
+// behind the arithmetic. Batch dims: those the rows continue
 // through with b shared are folded into the rows (fold_batch_into_rows); grid z walks the rest,
 // each operand and output with its own batch strides (0 where an operand broadcasts). FFMA
 // in f32, or with KILN_ALLOW_TF32=1 tf32 tensor cores (mma.sync) on the 128x128 tiles. An
@@ -66,12 +67,12 @@ struct Tiling {
 };
 constexpr Tiling kSmallTile{64, 64, 4, 4}, kLargeTile{128, 128, 8, 8}, kTf32Tile{128, 128, 8, 8, true, 8};
 constexpr int kWarpTileM = 64, kWarpsN = 4;  // a warp's tile is kWarpTileM x (tn / kWarpsN)
-// 128x128 tiles take 120-170 registers a thread (ptxas, sm_90; capping them at 128 for two
-// blocks an SM spills), so one block runs on an SM at a time and the grid runs in waves of one
-// block per SM. They are taken where their grid fills at least kLargeTileMinWaveFill of the
-// waves it needs: measured on an H100 (docs/BENCHMARKS.md), 128x128 tiles are about 10% faster
-// than 64x64 on full waves, but a grid of 144 blocks (1.09 waves) ran at 0.74x the 64x64 rate.
-// The lowering does not know the device; kAssumedSms is an H100's count.
+// 128x128 tiles take 120-150 registers a thread (ptxas, sm_90); those without a prologue or row
+// sums ask for two blocks an SM (.minnctapersm 2, 128 registers; see the end of
+// lower_matmul_program), the others may run one an SM. They are taken where their grid fills at least
+// kLargeTileMinWaveFill of the waves it needs: measured on an H100 (docs/BENCHMARKS.md), 128x128 tiles are about 10%
+// faster than 64x64 on full waves, but a grid of 144 blocks (1.09 waves) ran at 0.74x the 64x64 rate. The lowering does
+// not know the device; kAssumedSms is an H100's count.
 constexpr int64_t kLargeTileMinBlocks = 128;
 constexpr double kLargeTileMinWaveFill = 0.8;
 
@@ -245,7 +246,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   }
 
   const int pitch_a = tile.tm + tile.pitch_pad, pitch_b = tile.tn + tile.pitch_pad;
-  // The register-staged tiles (f32 FFMA, tf32 without cp.async): one buffer an operand; the FFMA
+  // The FFMA-kernel tiles (f32 FFMA, tf32 without the cp.async mma kernel; staged through
+  // registers, or copied by cp.async: TileLoader): one buffer an operand for tf32; the FFMA
   // tiles take two, so that a step stores the next tile into the other buffer and waits at one
   // barrier instead of two (the loop unrolled by two: each half's buffer at immediate offsets).
   const int64_t a_buffer_bytes = 4 * kTileK * pitch_a, b_buffer_bytes = 4 * kTileK * pitch_b;
@@ -392,17 +394,18 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       }
     };
     if (tile.tf32) {  // one buffer: store, barrier, the products, barrier
+      // (No copies here: they would land in the buffer the products read. make_loader gives tf32
+      // tiles none.)
+      if (async_tiles) throw Error("fused_matmul: cp.async tiles in the single-buffer tf32 loop");
       b.for_(imm_index(it, 0), imm_index(it, K), imm_index(it, kTileK), [&](Reg k0) {
         store_tile(b, la);
         store_tile(b, lb);
-        landed();
         b.bar();
         add_row_sums(0);
         // The next tile's loads are in flight during this tile's products (zero past K: no load).
         Reg next = b.add(it, k0, imm_index(it, kTileK));
         fetch_tile(b, it, la, next);
         fetch_tile(b, it, lb, next);
-        commit();
         for (int kk = 0; kk < kTileK; kk += 8) mma_step(kk);
         b.bar();
       });
@@ -727,7 +730,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   // tiles also ask for those two blocks (.minnctapersm 2): told its budget of 128 registers,
   // ptxas spends it on issuing the next tile's loads earlier instead of keeping under it by
   // moving them to the step's end (GPT-2's f32 x W^T products: 113 registers with every load
-  // after the last FFMA of the step, 128 with them after 706-768 of 1024; docs/BENCHMARKS.md).
+  // after the last FFMA of the step, 128 with the last one after FFMA 768 of 1024 and 715 in the
+  // other half of the loop; docs/BENCHMARKS.md).
   // Not 64x64 tiles: at 63 registers four blocks fit an SM, which the same hint would let ptxas
   // trade for 72. Not with a prologue or row sums either: the prim case with both (and two
   // epilogues) takes 149 registers, and held to 128 it spills (972 bytes).

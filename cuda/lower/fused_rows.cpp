@@ -9,9 +9,11 @@
 // uniform across a warp, so the guard on it never splits a warp before a shuffle.
 #include "circuit/prims/fused_rows.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
+#include <unordered_map>
 
 #include "circuit/ir/error.hpp"
 #include "cuda/lower/elementwise.hpp"
@@ -48,6 +50,39 @@ bool is_softmax_pair(const RowProgram& rp, int j) {
   return e.op() == ExpOp::Exp && e.args()[0].op() == ExpOp::Sub &&
          e.args()[0].args()[0] == rp.reduction_bodies[static_cast<size_t>(j)] &&
          e.args()[0].args()[1] == se::in(rp.inputs + j);
+}
+
+// The part of a pass's bodies that is the same all along a row, taken out of the pass: each
+// largest subtree that reads inputs and only inputs `uniform` says are (per-row inputs, the
+// reductions already made) becomes input base + i, hoisted[i] being that subtree (structurally
+// equal ones once), which the kernel evaluates once a row before the pass. The same operations
+// on the same values: the same bits. (A layer norm's backward evaluated rsqrt(var + eps) and a
+// division by var + eps at every element of its rows, twice.) `memo` keeps a subtree the bodies
+// share shared (emit_scalar_exp evaluates a shared node once).
+ScalarExp hoist_uniform(const ScalarExp& e, const std::function<bool(int)>& uniform, int base,
+                        std::vector<ScalarExp>& hoisted, std::unordered_map<const ScalarExp::Node*, ScalarExp>& memo) {
+  if (e.op() == ExpOp::Const || e.op() == ExpOp::Input) return e;
+  if (auto it = memo.find(e.node()); it != memo.end()) return it->second;
+  bool reads = false, all_uniform = true;
+  for (int k = 0; k < e.num_inputs(); ++k)
+    if (e.depends_on(k)) {
+      reads = true;
+      all_uniform = all_uniform && uniform(k);
+    }
+  ScalarExp r;
+  if (reads && all_uniform) {
+    auto at = std::find(hoisted.begin(), hoisted.end(), e);
+    if (at == hoisted.end()) at = hoisted.insert(hoisted.end(), e);
+    r = ScalarExp::input(base + static_cast<int>(at - hoisted.begin()));
+  } else {
+    std::vector<ScalarExp> a;
+    for (const ScalarExp& x : e.args()) a.push_back(hoist_uniform(x, uniform, base, hoisted, memo));
+    r = a.size() == 1   ? ScalarExp::unary(e.op(), a[0])
+        : a.size() == 2 ? ScalarExp::binary(e.op(), a[0], a[1])
+                        : ScalarExp::select(a[0], a[1], a[2]);
+  }
+  memo.emplace(e.node(), r);
+  return r;
 }
 
 // No reductions and only element outputs: a multi-output elementwise kernel (grid-stride
@@ -160,6 +195,19 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
       }
       return ops;
     };
+    // `bodies` of a pass made after `reductions` reductions, their row-uniform parts
+    // (hoist_uniform) evaluated here, once a row, into new entries of vals.
+    auto hoisted_pass = [&](const std::vector<ScalarExp>& bodies, int reductions) {
+      auto uniform = [&](int k) {
+        return k < nin ? inputs[static_cast<size_t>(k)].col_stride == 0 : k < nin + reductions;
+      };
+      std::vector<ScalarExp> hoisted, out;
+      std::unordered_map<const ScalarExp::Node*, ScalarExp> memo;
+      const int base = static_cast<int>(vals.size());
+      for (const ScalarExp& e : bodies) out.push_back(hoist_uniform(e, uniform, base, hoisted, memo));
+      for (const ScalarExp& h : hoisted) vals.push_back(emit_scalar_exp(b, h, vals));
+      return out;
+    };
     // A pass over the row: the lane's columns lane, lane + 32, ... in order, use(col, load(col))
     // each; kUnroll columns' loads are issued before their uses (one at a time a lane waited on
     // each load: about 1 TB/s on an H100), the order of the uses unchanged (the same sums).
@@ -215,16 +263,29 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
         ++j;
         continue;
       }
+      const ScalarExp per_column = hoisted_pass({body}, j)[0];
       Reg acc = b.mov(Type::f32, reduce_identity(kind));
-      over_row([&](Reg col) { return operands_at(col, {&body}); },
+      over_row([&](Reg col) { return operands_at(col, {&per_column}); },
                [&](Reg, const std::vector<Reg>& ops) {
-                 b.set(acc, reduce_combine(b, kind, acc, emit_scalar_exp(b, body, ops)));
+                 b.set(acc, reduce_combine(b, kind, acc, emit_scalar_exp(b, per_column, ops)));
                });
       vals[static_cast<size_t>(nin + j)] = reduce_finalize(b, kind, warp_reduce(b, kind, acc), n);
     }
+    // The row outputs' bodies with their row-uniform parts evaluated once (per-row outputs are
+    // evaluated once a row anyway).
+    std::vector<ScalarExp> per_column(rp.output_bodies.size());
+    {
+      std::vector<ScalarExp> row_outputs;
+      for (size_t o = 0; o < rp.output_bodies.size(); ++o)
+        if (!rp.output_per_row[o]) row_outputs.push_back(rp.output_bodies[o]);
+      const std::vector<ScalarExp> hoisted = hoisted_pass(row_outputs, nred);
+      for (size_t o = 0, i = 0; o < rp.output_bodies.size(); ++o)
+        if (!rp.output_per_row[o]) per_column[o] = hoisted[i++];
+    }
     std::vector<const ScalarExp*> row_bodies, per_row_bodies;
     for (size_t o = 0; o < rp.output_bodies.size(); ++o)
-      (rp.output_per_row[o] ? per_row_bodies : row_bodies).push_back(&rp.output_bodies[o]);
+      (rp.output_per_row[o] ? per_row_bodies : row_bodies)
+          .push_back(rp.output_per_row[o] ? &rp.output_bodies[o] : &per_column[o]);
     if (!row_bodies.empty()) {
       // Each row output's row at row * (n + its padding), then its zero columns.
       std::map<int64_t, Reg> row_start;
@@ -237,7 +298,7 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
                  for (size_t o = 0; o < rp.output_bodies.size(); ++o)
                    if (!rp.output_per_row[o])
                      store_from_f32(b, stored(o), outputs[o], b.add(it, row_start.at(rp.padding(o)), col),
-                                    emit_scalar_exp(b, rp.output_bodies[o], ops));
+                                    emit_scalar_exp(b, per_column[o], ops));
                });
       for (size_t o = 0; o < rp.output_bodies.size(); ++o)
         if (rp.padding(o) > 0)

@@ -88,7 +88,7 @@ TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand&
     t.async = true;
     const uint32_t row_chunks = tm32 / 4;
     t.k_step = kMatmulThreads / row_chunks;
-    t.slots = tm * kMatmulTileK / 4 / kMatmulThreads;
+    t.async_chunks = tm * kMatmulTileK / 4 / kMatmulThreads;
     Reg r = b.mul(Type::u32, b.rem(Type::u32, tid, imm_u32(row_chunks)), imm_u32(4));
     Reg k = b.div(Type::u32, tid, imm_u32(row_chunks));
     t.tile_r.push_back(b.add(it, row0, it == Type::u32 ? r : b.cvt(Type::u64, r)));
@@ -98,7 +98,7 @@ TileLoader make_loader(KernelBuilder& b, Type it, Reg base, const MatmulOperand&
     // The rows of the thread's chunk inside the matrix, in bytes (0 to 16): the copy's source size.
     Reg left = b.min(it, b.sub(it, imm_index(it, rows), t.tile_r[0]), imm_index(it, 4));  // where row < rows
     Reg bytes = b.mul(Type::u32, it == Type::u32 ? left : b.cvt(Type::u32, left), imm_u32(4));
-    t.row_ok.push_back(b.selp(Type::u32, bytes, imm_u32(0), b.setp(Cmp::lt, t.tile_r[0], imm_index(it, rows))));
+    t.chunk_bytes = b.selp(Type::u32, bytes, imm_u32(0), b.setp(Cmp::lt, t.tile_r[0], imm_index(it, rows)));
     return t;
   }
   if (kMatmulThreads % tm != 0)
@@ -128,13 +128,16 @@ void fetch_tile(KernelBuilder& b, Type it, const TileLoader& t, Reg k0, int64_t 
     Reg k_part = v.k_stride == 1 ? kg : b.mul(it, kg, imm_index(it, v.k_stride));
     return b.address(t.base, scaled_add(b, it, r, v.row_stride, k_part), static_cast<int>(dtype_size(t.dtype)));
   };
-  if (t.async) {  // slot s: slot 0's chunk k_step s further along k, as many rows further in the tile
+  if (t.async) {  // chunk s: chunk 0 moved k_step s along k, in the operand and in the tile
     Reg k_first = b.add(it, k0, t.tile_k[0]);
-    for (int s = 0; s < t.slots; ++s) {
+    Reg first = element(t.tile_r[0], k_first);
+    const int64_t chunk_stride = t.k_step * v.k_stride * 4;  // bytes from one chunk to the next
+    for (int s = 0; s < t.async_chunks; ++s) {
       Reg kg = s == 0 ? k_first : b.add(it, k_first, imm_index(it, int64_t{s} * t.k_step));
-      Reg inside = b.setp(Cmp::lt, kg, imm_index(it, t.depth));
-      Reg bytes = b.selp(Type::u32, t.row_ok[0], imm_u32(0), inside);
-      Reg src = b.selp(Type::u64, element(t.tile_r[0], kg), t.base, inside);  // a valid address either way
+      Reg bytes = b.selp(Type::u32, t.chunk_bytes, imm_u32(0), b.setp(Cmp::lt, kg, imm_index(it, t.depth)));
+      Reg at = s == 0 ? first : b.add(Type::u64, first, kir::imm_u64(static_cast<uint64_t>(s * chunk_stride)));
+      // Nothing is read where no byte is copied; the base keeps the address inside the buffer.
+      Reg src = b.selp(Type::u64, at, t.base, b.setp(Cmp::ne, bytes, imm_u32(0)));
       Reg dst = b.add(Type::u32, t.smem_addr[0],
                       imm_u32(static_cast<uint32_t>(offset + 4 * int64_t{s} * t.k_step * t.pitch)));
       b.cp_async(dst, src, 16, bytes);

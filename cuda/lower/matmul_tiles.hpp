@@ -1,5 +1,6 @@
 // The FFMA-tile matmul kernel's operand tiles (fused_matmul.cpp): a tile of an operand fetched
-// through its view into registers, then stored to shared memory with its prologue applied.
+// through its view into registers, then stored to shared memory with its prologue applied; or,
+// for an f32 operand stored along its rows, copied into shared memory by cp.async.
 // Internal to cuda/lower/.
 #pragma once
 
@@ -51,9 +52,9 @@ struct TileLoader {
   bool tf32 = false;                // values rounded to tf32 for mma.sync
   DType dtype = DType::f32;         // of the operand in global memory: f32, or bf16 (widened on load)
   std::vector<Reg> tile_r, tile_k;  // per load slot (along rows: slot 0's): row and k within the tile (index type)
-  int slots = 0;                    // load slots (async: the thread's chunks)
-  std::vector<Reg> row_ok;          // per load slot (along rows: slot 0's): row0 + r < rows (async: the
-                                    // bytes of slot 0's chunk inside the matrix, u32)
+  int async_chunks = 0;             // async: the thread's chunks a tile
+  std::vector<Reg> row_ok;          // per load slot (along rows: slot 0's): row0 + r < rows
+  Reg chunk_bytes;                  // async: the bytes of the thread's chunks inside the rows (u32, 0-16)
   std::vector<Reg> smem_addr;       // per load slot (along rows: slot 0's): shared address of tile[k][r]
   int64_t k_step = 0;               // along rows: k from one slot to the next
   std::vector<Reg> values;          // per load slot: 1 value (along rows) or 4 (k groups), as loaded

@@ -164,7 +164,8 @@ uint64_t kernel_hash(const kir::Kernel& k) {
     h = hash_combine(hash_combine(h, static_cast<uint64_t>(a.bytes)), static_cast<uint64_t>(a.align));
   }
   if (k.max_threads > 0) h = hash_combine(h, static_cast<uint64_t>(k.max_threads));
-  if (k.min_blocks_per_sm > 0) h = hash_combine(h, 0x6d696e00u + static_cast<uint64_t>(k.min_blocks_per_sm));
+  if (k.max_threads > 0 && k.min_blocks_per_sm > 0)  // printed only with .maxntid
+    h = hash_combine(h, 0x6d696e00u + static_cast<uint64_t>(k.min_blocks_per_sm));
   return hash_stmts(hash_combine(h, k.body.size()), k.body);
 }
 

@@ -57,31 +57,44 @@ bool is_softmax_pair(const RowProgram& rp, int j) {
 // reductions already made) becomes input base + i, hoisted[i] being that subtree (structurally
 // equal ones once), which the kernel evaluates once a row before the pass. The same operations
 // on the same values: the same bits. (A layer norm's backward evaluated rsqrt(var + eps) and a
-// division by var + eps at every element of its rows, twice.) `memo` keeps a subtree the bodies
-// share shared (emit_scalar_exp evaluates a shared node once).
-ScalarExp hoist_uniform(const ScalarExp& e, const std::function<bool(int)>& uniform, int base,
-                        std::vector<ScalarExp>& hoisted, std::unordered_map<const ScalarExp::Node*, ScalarExp>& memo) {
+// division by var + eps at every element of its rows, twice.) Each node is classified once,
+// from its children (`reads`), and rewritten once (`memo`: a subtree the bodies share stays
+// shared, as emit_scalar_exp evaluates a shared node once).
+enum class Reads { nothing, uniform, varying };
+struct HoistState {
+  std::function<bool(int)> uniform;
+  int base = 0;
+  std::vector<ScalarExp> hoisted;
+  std::unordered_map<const ScalarExp::Node*, Reads> reads;
+  std::unordered_map<const ScalarExp::Node*, ScalarExp> memo;
+};
+
+Reads reads_of(const ScalarExp& e, HoistState& st) {
+  if (e.op() == ExpOp::Const) return Reads::nothing;
+  if (e.op() == ExpOp::Input) return st.uniform(e.input_index()) ? Reads::uniform : Reads::varying;
+  if (auto it = st.reads.find(e.node()); it != st.reads.end()) return it->second;
+  Reads r = Reads::nothing;
+  for (const ScalarExp& a : e.args()) r = std::max(r, reads_of(a, st));
+  st.reads.emplace(e.node(), r);
+  return r;
+}
+
+ScalarExp hoist_uniform(const ScalarExp& e, HoistState& st) {
   if (e.op() == ExpOp::Const || e.op() == ExpOp::Input) return e;
-  if (auto it = memo.find(e.node()); it != memo.end()) return it->second;
-  bool reads = false, all_uniform = true;
-  for (int k = 0; k < e.num_inputs(); ++k)
-    if (e.depends_on(k)) {
-      reads = true;
-      all_uniform = all_uniform && uniform(k);
-    }
+  if (auto it = st.memo.find(e.node()); it != st.memo.end()) return it->second;
   ScalarExp r;
-  if (reads && all_uniform) {
-    auto at = std::find(hoisted.begin(), hoisted.end(), e);
-    if (at == hoisted.end()) at = hoisted.insert(hoisted.end(), e);
-    r = ScalarExp::input(base + static_cast<int>(at - hoisted.begin()));
+  if (reads_of(e, st) == Reads::uniform) {
+    auto at = std::find(st.hoisted.begin(), st.hoisted.end(), e);
+    if (at == st.hoisted.end()) at = st.hoisted.insert(st.hoisted.end(), e);
+    r = ScalarExp::input(st.base + static_cast<int>(at - st.hoisted.begin()));
   } else {
     std::vector<ScalarExp> a;
-    for (const ScalarExp& x : e.args()) a.push_back(hoist_uniform(x, uniform, base, hoisted, memo));
+    for (const ScalarExp& x : e.args()) a.push_back(hoist_uniform(x, st));
     r = a.size() == 1   ? ScalarExp::unary(e.op(), a[0])
         : a.size() == 2 ? ScalarExp::binary(e.op(), a[0], a[1])
                         : ScalarExp::select(a[0], a[1], a[2]);
   }
-  memo.emplace(e.node(), r);
+  st.memo.emplace(e.node(), r);
   return r;
 }
 
@@ -198,14 +211,14 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
     // `bodies` of a pass made after `reductions` reductions, their row-uniform parts
     // (hoist_uniform) evaluated here, once a row, into new entries of vals.
     auto hoisted_pass = [&](const std::vector<ScalarExp>& bodies, int reductions) {
-      auto uniform = [&](int k) {
+      HoistState st;
+      st.uniform = [&](int k) {
         return k < nin ? inputs[static_cast<size_t>(k)].col_stride == 0 : k < nin + reductions;
       };
-      std::vector<ScalarExp> hoisted, out;
-      std::unordered_map<const ScalarExp::Node*, ScalarExp> memo;
-      const int base = static_cast<int>(vals.size());
-      for (const ScalarExp& e : bodies) out.push_back(hoist_uniform(e, uniform, base, hoisted, memo));
-      for (const ScalarExp& h : hoisted) vals.push_back(emit_scalar_exp(b, h, vals));
+      st.base = static_cast<int>(vals.size());
+      std::vector<ScalarExp> out;
+      for (const ScalarExp& e : bodies) out.push_back(hoist_uniform(e, st));
+      for (const ScalarExp& h : st.hoisted) vals.push_back(emit_scalar_exp(b, h, vals));
       return out;
     };
     // A pass over the row: the lane's columns lane, lane + 32, ... in order, use(col, load(col))

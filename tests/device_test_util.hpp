@@ -1,5 +1,6 @@
 // Helpers for the tests of the GPU back end: one fake-driver runtime for the whole test binary
-// (kernels run in the SIMT simulator), a small GPT config, and the ptxas check of kernels.
+// (kernels run in the SIMT simulator), a small GPT config, the ptxas check of kernels, and a
+// count of an instruction in a kernel's text.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -60,6 +61,13 @@ inline models::GPTConfig tiny_gpt_config(int64_t layers) {
   c.n_embd = 16;
   c.dropout = 0.1;
   return c;
+}
+
+// How many times `what` occurs in `text` (an instruction in a kernel's PTX, say).
+inline size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
 }
 
 // Every kernel given passes ptxas for sm_80 and sm_90 (once per distinct kernel name).

@@ -23,12 +23,6 @@ namespace {
 
 using testing::f32;
 
-size_t count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 struct MatmulKernel {
   size_t copies = 0;             // cp.async copies in its PTX
   bool asks_two_blocks = false;  // .minnctapersm 2
@@ -50,7 +44,7 @@ MatmulKernel matmul_kernel(const std::vector<testing::InputSpec>& inputs, const 
     if (kernel.name.find("matmul") == std::string::npos) continue;
     ++matmuls;
     const std::string ptx = kir::print_ptx(kernel, 90);
-    r.copies += count(ptx, "cp.async.cg.shared.global");
+    r.copies += testing::occurrences(ptx, "cp.async.cg.shared.global");
     r.asks_two_blocks = ptx.find(".minnctapersm 2") != std::string::npos;
   }
   EXPECT_EQ(matmuls, 1u) << dp.dump();

@@ -400,11 +400,8 @@ TEST(Lowering, RowKernelsEvaluateRowUniformPartsOncePerRow) {
     if (!k.name.starts_with("kiln_fused_rows")) continue;
     ++row_kernels;
     const std::string ptx = kir::print_ptx(k, 90);
-    size_t sqrts = 0, divisions = 0;
-    for (size_t at = ptx.find("sqrt.rn.f32"); at != std::string::npos; at = ptx.find("sqrt.rn.f32", at + 1)) ++sqrts;
-    for (size_t at = ptx.find("div.rn.f32"); at != std::string::npos; at = ptx.find("div.rn.f32", at + 1)) ++divisions;
-    EXPECT_EQ(sqrts, 2u) << ptx;
-    EXPECT_EQ(divisions, 5u) << ptx;
+    EXPECT_EQ(testing::occurrences(ptx, "sqrt.rn.f32"), 2u) << ptx;
+    EXPECT_EQ(testing::occurrences(ptx, "div.rn.f32"), 5u) << ptx;
   }
   EXPECT_EQ(row_kernels, 1u) << optimized.dump("optimized");
   const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];

@@ -295,9 +295,7 @@ TEST(Lowering, FfmaMatmulsKeepTwoTileBuffersAndDeclareTheirBlock) {
       EXPECT_EQ(kernel.shared_bytes(), 32768);
       const std::string ptx = kir::print_ptx(kernel, 90);
       EXPECT_NE(ptx.find(".maxntid 256, 1, 1\n.minnctapersm 2\n"), std::string::npos) << ptx.substr(0, 600);
-      size_t barriers = 0;
-      for (size_t at = ptx.find("bar.sync"); at != std::string::npos; at = ptx.find("bar.sync", at + 1)) ++barriers;
-      EXPECT_EQ(barriers, 3u) << ptx;
+      EXPECT_EQ(testing::occurrences(ptx, "bar.sync"), 3u) << ptx;
     }
     EXPECT_EQ(matmuls, 1u) << dp.dump();
     const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];

@@ -17,10 +17,16 @@ using kir::Space;
 
 namespace {
 
-bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
-  bool ok = v.k_stride == 1 && depth % 4 == 0 && v.row_stride % 4 == 0 && v.offset % 4 == 0;
+// Whether every run of 4 elements of `v` that starts at a multiple of 4 along its contiguous
+// dim, the other dim stepping by `stride`, starts 16 bytes aligned (f32, buffers 16-byte aligned).
+bool aligned_chunks(const MatmulOperand& v, int64_t stride) {
+  bool ok = stride % 4 == 0 && v.offset % 4 == 0;
   for (int64_t s : v.batch) ok = ok && s % 4 == 0;
   return ok;
+}
+
+bool aligned_k_groups(const MatmulOperand& v, int64_t depth) {
+  return v.k_stride == 1 && depth % 4 == 0 && aligned_chunks(v, v.row_stride);
 }
 
 // The f32 value a tile holds for x as loaded (where `ok`): the prologue applied, 0 outside the
@@ -39,10 +45,8 @@ Reg tile_value(KernelBuilder& b, const TileLoader& t, Reg x, Reg ok) {
 // multiplied (no prologue, no tf32 rounding), every 4-row chunk 16-byte aligned (buffers start at
 // 16-byte boundaries), and a tile's chunks a whole number of each thread's.
 bool async_copyable(const MatmulOperand& v, DType dtype, int tm, int pitch, bool tf32) {
-  bool ok = dtype == DType::f32 && v.prologue == se::in(0) && !tf32 && v.k_stride % 4 == 0 && v.offset % 4 == 0 &&
-            pitch % 4 == 0 && tm * kMatmulTileK / 4 % kMatmulThreads == 0 && kMatmulThreads % (tm / 4) == 0;
-  for (int64_t s : v.batch) ok = ok && s % 4 == 0;
-  return ok;
+  return dtype == DType::f32 && v.prologue == se::in(0) && !tf32 && aligned_chunks(v, v.k_stride) && pitch % 4 == 0 &&
+         tm * kMatmulTileK / 4 % kMatmulThreads == 0 && kMatmulThreads % (tm / 4) == 0;
 }
 
 }  // namespace

@@ -33,6 +33,13 @@ sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section Occ
     timeout 240 "$ncu" --target-processes all -k 'regex:kiln_(fused_)?matmul' --launch-skip 2 --launch-count 1 \
       "${sections[@]}" "$run" "$bundle/bin/kiln" bench --device cuda --precision "$dtype" --gemm "$shape" --steps 4 2>&1 |
       grep -vE '^==PROF==|^gemm'
+    # The sections print the top stall reason only: every reason's cycles per issued instruction,
+    # largest first (the 2026-11-28 sitting named LG throttle at 31% and could say no more).
+    echo "-- kiln $dtype $shape: stall reasons, cycles a warp waits per issued instruction"
+    timeout 120 "$ncu" --target-processes all -k 'regex:kiln_(fused_)?matmul' --launch-skip 2 --launch-count 1 \
+      --metrics 'regex:^smsp__average_warps?_(latency_)?issue_stalled_.*' "$run" "$bundle/bin/kiln" bench \
+      --device cuda --precision "$dtype" --gemm "$shape" --steps 4 2>&1 | grep issue_stalled |
+      awk '{ print $NF, $1 }' | sort -g -r | head -n 12
     echo "== cuBLAS $dtype $shape (torch.matmul)"
     timeout 240 "$ncu" --target-processes all -k 'regex:gemm|nvjet|xmma|cutlass' \
       --launch-skip 2 --launch-count 1 "${sections[@]}" \

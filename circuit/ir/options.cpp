@@ -28,7 +28,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 30> kVariables = {{
+constexpr std::array<Variable, 31> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -53,6 +53,9 @@ constexpr std::array<Variable, 30> kVariables = {{
      "whole waves of the SMs, a 128x256 wave counted 1.6 of a 128x128 one and a 192x256 one 2.4; mma.sync: auto)"},
     {"KILN_MMA_SPLIT_K",
      "tensor-core matmuls (bf16, tf32) split K across blocks: 0, auto, or 2-4 (default: auto on wgmma, 0 on mma.sync)"},
+    {"KILN_MMA_STAGED_STORES",
+     "wgmma matmuls store interior tiles through shared memory: odd (outputs whose rows start at odd elements, the "
+     "default), all (also rows of whole 16-byte chunks, 16 bytes a store), or 0 (never)"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
     {"KILN_GPU_COLLECTIVES", "data parallel on GPUs: nccl or host (default: NCCL where it loads)"},
@@ -176,6 +179,17 @@ std::optional<bool> wgmma() {
   if (v == "0") return false;
   if (v == "1") return true;
   throw Error("KILN_WGMMA: expected 0 or 1 (bf16 matmuls on sm_90a's wgmma), received '" + v + "'");
+}
+
+StagedStores mma_staged_stores() {
+  const std::string v = text("KILN_MMA_STAGED_STORES");
+  if (v.empty() || v == "odd") return StagedStores::odd_rows;
+  if (v == "all") return StagedStores::all;
+  if (v == "0") return StagedStores::none;
+  throw Error(
+      "KILN_MMA_STAGED_STORES: expected odd, all or 0 (wgmma matmul tiles stored through shared memory), "
+      "received '" +
+      v + "'");
 }
 
 bool attention_mma() {

@@ -45,6 +45,11 @@ std::optional<int> mma_split_k();
 // sm_90 devices only), "0" on mma.sync; nothing when unset (the lowering's target decides:
 // cuda::WgmmaByDefault).
 std::optional<bool> wgmma();
+// KILN_MMA_STAGED_STORES: which wgmma matmul outputs go out through shared memory
+// (cuda/lower/matmul_staged_stores.hpp): those whose rows start at odd elements (the default),
+// all whose columns are unit-stride, or none.
+enum class StagedStores { none, odd_rows, all };
+StagedStores mma_staged_stores();
 
 struct Variable {
   const char* name;

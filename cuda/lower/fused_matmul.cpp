@@ -43,6 +43,7 @@
 #include "cuda/lower/families.hpp"
 #include "cuda/lower/fused_matmul.hpp"
 #include "cuda/lower/matmul_mma.hpp"
+#include "cuda/lower/matmul_staged_stores.hpp"
 #include "cuda/lower/matmul_tiles.hpp"
 
 namespace kiln::cuda {
@@ -520,6 +521,31 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                  total);
           });
   };
+  // Tensor-core tiles whose output columns are unit-stride, with rows and batch items of even
+  // stride, store a column pair as one store (each output buffer's alignment checked at run time).
+  // wgmma tiles whose rows cannot (an odd stride: GPT-2's logits) store their interior blocks
+  // through shared memory where the tiles fit in the stages (matmul_staged_stores.hpp); with
+  // KILN_MMA_STAGED_STORES=all the others too, 16 bytes a store, where every output's rows and
+  // batch items start at 16-byte boundaries (each buffer's checked at run time).
+  bool pairs = f.out_col == 1 && f.out_row % 2 == 0;
+  for (int64_t st : f.out_batch) pairs = pairs && st % 2 == 0;
+  std::vector<uint32_t> bytes;
+  for (size_t r = 0; r < f.epilogues.size(); ++r) bytes.push_back(static_cast<uint32_t>(out_bytes(r)));
+  bool whole_chunks = f.out_col == 1;
+  for (uint32_t e : bytes) {
+    whole_chunks = whole_chunks && f.out_row * e % 16 == 0;
+    for (int64_t st : f.out_batch) whole_chunks = whole_chunks && st * e % 16 == 0;
+  }
+  const options::StagedStores staging = options::mma_staged_stores();
+  std::optional<StagedStores> staged;
+  const bool odd_rows = f.out_col == 1 && !pairs;
+  if (mma.wgmma && ((staging != options::StagedStores::none && odd_rows) ||
+                    (staging == options::StagedStores::all && pairs && whole_chunks))) {
+    const int64_t stages_bytes =
+        mma.stages * (mma.stage_bytes((*mma_stages)[0], tile.tm) + mma.stage_bytes((*mma_stages)[1], tile.tn));
+    staged = StagedStores::plan(tile.tm, tile.tn, threads, bytes, pairs && whole_chunks, stages_bytes, f.out_row);
+  }
+  const bool staged_chunks = staged && pairs && whole_chunks;
   auto epilogue = [&] {
     if (tile.tf32) {
       auto store_checked = [&] {
@@ -543,9 +569,9 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
         const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
         farthest = std::max(farthest, reach(st[static_cast<size_t>(nb)], st[static_cast<size_t>(nb + 1)]));
       }
-      bool pairs = f.out_col == 1 && f.out_row % 2 == 0;
-      for (int64_t st : f.out_batch) pairs = pairs && st % 2 == 0;
       auto store_interior = [&] {
+        if (staged)
+          staged->begin(b, as, b.add(Type::u32, warp_m, g), b.add(Type::u32, warp_n, b.shl(Type::u32, q, imm_u32(1))));
         Reg out_at = scaled_add(b, it, col0, f.out_col, scaled_add(b, it, row0, f.out_row, out_off));
         std::vector<Reg> out_addr;
         for (size_t r = 0; r < p_out.size(); ++r) out_addr.push_back(b.address(p_out[r], out_at, out_bytes(r)));
@@ -604,7 +630,9 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
             }
             for (size_t r = 0; r < f.epilogues.size(); ++r) {
               const int64_t e = out_bytes(r), at = e * (dr * f.out_row + ni * 8 * f.out_col);
-              if (f.stored_bf16(r) && pairs) {  // a pair of bf16: one 4-byte store
+              if (staged) {
+                staged->put(b, r, dr, ni * 8, values[r]);
+              } else if (f.stored_bf16(r) && pairs) {  // a pair of bf16: one 4-byte store
                 b.st(Space::global, Type::u32, out_addr[r], b.pack_bf16x2(values[r][0], values[r][1]), at);
               } else if (f.stored_bf16(r)) {
                 b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][0]), at);
@@ -618,16 +646,24 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
             }
           }
         }
+        if (staged) {
+          Reg tile_at = b.add(it, n0, scaled_add(b, it, m0, f.out_row, out_off));  // element (0, 0)
+          std::vector<Reg> tiles;
+          for (size_t r = 0; r < p_out.size(); ++r) tiles.push_back(b.address(p_out[r], tile_at, out_bytes(r)));
+          staged->copy_out(b, it, tid, tiles);
+        }
       };
       if (farthest > std::numeric_limits<int32_t>::max()) {
         store_checked();
       } else {
         Reg inside = b.and_(Type::pred, b.setp(Cmp::le, b.add(it, m0, imm_index(it, tile.tm)), imm_index(it, M)),
                             b.setp(Cmp::le, b.add(it, n0, imm_index(it, tile.tn)), imm_index(it, N)));
+        const int64_t alignment = staged_chunks ? 16 : pairs ? 8 : 1;  // of each output buffer
         for (Reg p : p_out)
-          if (pairs)
-            inside = b.and_(Type::pred, inside,
-                            b.setp(Cmp::eq, b.and_(Type::u64, p, imm_index(Type::u64, 7)), imm_index(Type::u64, 0)));
+          if (alignment > 1)
+            inside = b.and_(
+                Type::pred, inside,
+                b.setp(Cmp::eq, b.and_(Type::u64, p, imm_index(Type::u64, alignment - 1)), imm_index(Type::u64, 0)));
         b.if_(inside, store_interior, store_checked);
       }
     } else {
@@ -772,6 +808,9 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                                 launch_text(lo.launches.back()))
                   : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs{}, {}", op.prim->name, tile.tm, tile.tn,
                                 kTileK, threads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));
+  if (staged)
+    lo.summary += staged_chunks ? ", interior tiles stored through shared memory 16 bytes a store"
+                                : ", interior tiles stored through shared memory a row a warp";
   if (f.block_sums) lo.summary += ", with the 128-row block sums of an epilogue";
   return lo;
 }

@@ -40,11 +40,14 @@ def find_tool(name):
         print(f"installing nvidia-cuda-cuobjdump from PyPI into {venv} (once)", file=sys.stderr)
         if not os.path.exists(os.path.join(venv, "bin", "pip")):
             subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", "nvidia-cuda-cuobjdump"], check=True)
+        # The cu13 cuobjdump disassembles through nvdisasm, a wheel of its own.
+        subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", "nvidia-cuda-cuobjdump",
+                        "nvidia-cuda-nvdisasm"], check=True)
         found = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "nvidia", "*", "bin", name))
     if not found:
         sys.exit(f"sass_loops: {name} not found (PATH, /usr/local/cuda/bin, {venv})")
-    os.chmod(found[0], 0o755)  # wheels may not keep the mode
+    for tool in [found[0]] + glob.glob(os.path.join(os.path.dirname(found[0]), "nvdisasm")):
+        os.chmod(tool, 0o755)  # wheels may not keep the mode
     return found[0]
 
 
@@ -66,7 +69,8 @@ def sass_of(ptx, ptxas, cuobjdump):
         done = subprocess.run([ptxas, f"-arch={target}", "-o", cubin, ptx], capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"sass_loops: ptxas rejected {ptx}:\n{done.stderr}")
-        text = subprocess.run([cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True).stdout
+        env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
+        text = subprocess.run([cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True, env=env).stdout
     return [(int(m.group(1), 16), m.group(2)) for m in map(LINE.match, text.splitlines()) if m]
 
 

@@ -419,10 +419,30 @@ void check_wgmma_cases(cuda::Runtime& rt) {
 
 TEST(Lowering, MatmulsOnWgmmaMatchEigen) { check_wgmma_cases(testing::fake_runtime()); }
 
+// KILN_WGMMA_PRODUCTS_FIRST=1: each step issues its products before refilling step i - 2's stage;
+// the same cases, every tiling (the summary says the order was taken).
+void check_wgmma_cases_products_first(cuda::Runtime& rt) {
+  testing::ScopedEnv first("KILN_WGMMA_PRODUCTS_FIRST", "1");
+  check_wgmma_cases(rt);
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
+  std::string dump;
+  check_case(mma_cases(true).front(), rt, &dump);
+  EXPECT_NE(dump.find("a step's products issued before its copies"), std::string::npos) << dump;
+}
+
+TEST(Lowering, MatmulsOnWgmmaWithProductsFirstMatchEigen) { check_wgmma_cases_products_first(testing::fake_runtime()); }
+
 TEST(Lowering, GpuMatmulsOnWgmmaMatchEigen) {
   KILN_GPU_OR_SKIP(rt);
   if (rt->sm() != 90) GTEST_SKIP() << "wgmma needs sm_90a; this GPU is sm_" << rt->sm();
   check_wgmma_cases(*rt);
+}
+
+TEST(Lowering, GpuMatmulsOnWgmmaWithProductsFirstMatchEigen) {
+  KILN_GPU_OR_SKIP(rt);
+  if (rt->sm() != 90) GTEST_SKIP() << "wgmma needs sm_90a; this GPU is sm_" << rt->sm();
+  check_wgmma_cases_products_first(*rt);
 }
 
 // The kernels of the mma cases and the fused interior cases (bf16 or tf32 operands) under the

@@ -50,6 +50,9 @@ std::optional<bool> wgmma();
 // all whose columns are unit-stride, or none.
 enum class StagedStores { none, odd_rows, all };
 StagedStores mma_staged_stores();
+// KILN_WGMMA_PRODUCTS_FIRST: "1" issues each k step's wgmma products before its cp.async copies
+// of a later step (cuda/lower/matmul_mma.cpp); "0" or unset: copies first.
+bool wgmma_products_first();
 
 struct Variable {
   const char* name;

@@ -808,6 +808,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                                 launch_text(lo.launches.back()))
                   : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs{}, {}", op.prim->name, tile.tm, tile.tn,
                                 kTileK, threads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));
+  if (mma.wgmma && options::wgmma_products_first()) lo.summary += ", a step's products issued before its copies";
   if (staged)
     lo.summary += staged_chunks ? ", interior tiles stored through shared memory 16 bytes a store"
                                 : ", interior tiles stored through shared memory a row a warp";

@@ -28,7 +28,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 32> kVariables = {{
+constexpr std::array<Variable, 33> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -72,6 +72,7 @@ constexpr std::array<Variable, 32> kVariables = {{
     {"KILN_FUZZ_VERBOSE", "scripts: libFuzzer's full output"},
     {"KILN_BUNDLE", "scripts: the build bundle gpu-check runs"},
     {"KILN_CHECK_*", "scripts: gpu-check's corpus, reference and stage time limits"},
+    {"KILN_AB_*", "scripts: gpu_env_ab.sh's tests, GEMM shapes and f32 step"},
 }};
 
 // A name ending in '*' stands for every name with that prefix.
@@ -183,11 +184,11 @@ std::optional<bool> wgmma() {
   throw Error("KILN_WGMMA: expected 0 or 1 (bf16 matmuls on sm_90a's wgmma), received '" + v + "'");
 }
 
-StagedStores mma_staged_stores() {
+MmaStaging mma_staging() {
   const std::string v = text("KILN_MMA_STAGED_STORES");
-  if (v.empty() || v == "odd") return StagedStores::odd_rows;
-  if (v == "all") return StagedStores::all;
-  if (v == "0") return StagedStores::none;
+  if (v.empty() || v == "odd") return MmaStaging::odd_rows;
+  if (v == "all") return MmaStaging::all;
+  if (v == "0") return MmaStaging::none;
   throw Error(
       "KILN_MMA_STAGED_STORES: expected odd, all or 0 (wgmma matmul tiles stored through shared memory), "
       "received '" +

@@ -46,10 +46,10 @@ std::optional<int> mma_split_k();
 // cuda::WgmmaByDefault).
 std::optional<bool> wgmma();
 // KILN_MMA_STAGED_STORES: which wgmma matmul outputs go out through shared memory
-// (cuda/lower/matmul_staged_stores.hpp): those whose rows start at odd elements (the default),
-// all whose columns are unit-stride, or none.
-enum class StagedStores { none, odd_rows, all };
-StagedStores mma_staged_stores();
+// (cuda/lower/matmul_staged_stores.hpp): those whose rows start at odd elements (the default);
+// with "all" those too whose rows and batch items are whole 16-byte chunks; with "0" none.
+enum class MmaStaging { none, odd_rows, all };
+MmaStaging mma_staging();
 // KILN_WGMMA_PRODUCTS_FIRST: "1" issues each k step's wgmma products before its cp.async copies
 // of a later step (cuda/lower/matmul_mma.cpp); "0" or unset: copies first.
 bool wgmma_products_first();

@@ -536,16 +536,18 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     whole_chunks = whole_chunks && f.out_row * e % 16 == 0;
     for (int64_t st : f.out_batch) whole_chunks = whole_chunks && st * e % 16 == 0;
   }
-  const options::StagedStores staging = options::mma_staged_stores();
+  const options::MmaStaging staging = options::mma_staging();
   std::optional<StagedStores> staged;
   const bool odd_rows = f.out_col == 1 && !pairs;
-  if (mma.wgmma && ((staging != options::StagedStores::none && odd_rows) ||
-                    (staging == options::StagedStores::all && pairs && whole_chunks))) {
+  if (mma.wgmma && splits == 1 &&
+      ((staging != options::MmaStaging::none && odd_rows) ||
+       (staging == options::MmaStaging::all && pairs && whole_chunks))) {
     const int64_t stages_bytes =
         mma.stages * (mma.stage_bytes((*mma_stages)[0], tile.tm) + mma.stage_bytes((*mma_stages)[1], tile.tn));
     staged = StagedStores::plan(tile.tm, tile.tn, threads, bytes, pairs && whole_chunks, stages_bytes, f.out_row);
   }
   const bool staged_chunks = staged && pairs && whole_chunks;
+  bool staging_emitted = false;  // the kernel's interior blocks store through the staged tiles
   auto epilogue = [&] {
     if (tile.tf32) {
       auto store_checked = [&] {
@@ -569,12 +571,16 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
         const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
         farthest = std::max(farthest, reach(st[static_cast<size_t>(nb)], st[static_cast<size_t>(nb + 1)]));
       }
-      auto store_interior = [&] {
-        if (staged)
-          staged->begin(b, as, b.add(Type::u32, warp_m, g), b.add(Type::u32, warp_n, b.shl(Type::u32, q, imm_u32(1))));
-        Reg out_at = scaled_add(b, it, col0, f.out_col, scaled_add(b, it, row0, f.out_row, out_off));
+      // `staging`: through the staged tiles (staged), else each pair or element to global memory.
+      auto store_interior = [&](bool staging) {
         std::vector<Reg> out_addr;
-        for (size_t r = 0; r < p_out.size(); ++r) out_addr.push_back(b.address(p_out[r], out_at, out_bytes(r)));
+        if (staging) {
+          staged->begin(b, as, b.add(Type::u32, warp_m, g), b.add(Type::u32, warp_n, b.shl(Type::u32, q, imm_u32(1))));
+          staging_emitted = true;
+        } else {
+          Reg out_at = scaled_add(b, it, col0, f.out_col, scaled_add(b, it, row0, f.out_row, out_off));
+          for (size_t r = 0; r < p_out.size(); ++r) out_addr.push_back(b.address(p_out[r], out_at, out_bytes(r)));
+        }
         std::vector<Reg> extra_addr(static_cast<size_t>(f.extras));
         std::vector<std::map<int64_t, Reg>> loaded(static_cast<size_t>(f.extras));  // by byte offset
         for (int x : read_extras) {
@@ -630,7 +636,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
             }
             for (size_t r = 0; r < f.epilogues.size(); ++r) {
               const int64_t e = out_bytes(r), at = e * (dr * f.out_row + ni * 8 * f.out_col);
-              if (staged) {
+              if (staging) {
                 staged->put(b, r, dr, ni * 8, values[r]);
               } else if (f.stored_bf16(r) && pairs) {  // a pair of bf16: one 4-byte store
                 b.st(Space::global, Type::u32, out_addr[r], b.pack_bf16x2(values[r][0], values[r][1]), at);
@@ -646,7 +652,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
             }
           }
         }
-        if (staged) {
+        if (staging) {
           Reg tile_at = b.add(it, n0, scaled_add(b, it, m0, f.out_row, out_off));  // element (0, 0)
           std::vector<Reg> tiles;
           for (size_t r = 0; r < p_out.size(); ++r) tiles.push_back(b.address(p_out[r], tile_at, out_bytes(r)));
@@ -658,13 +664,28 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       } else {
         Reg inside = b.and_(Type::pred, b.setp(Cmp::le, b.add(it, m0, imm_index(it, tile.tm)), imm_index(it, M)),
                             b.setp(Cmp::le, b.add(it, n0, imm_index(it, tile.tn)), imm_index(it, N)));
-        const int64_t alignment = staged_chunks ? 16 : pairs ? 8 : 1;  // of each output buffer
-        for (Reg p : p_out)
-          if (alignment > 1)
-            inside = b.and_(
-                Type::pred, inside,
-                b.setp(Cmp::eq, b.and_(Type::u64, p, imm_index(Type::u64, alignment - 1)), imm_index(Type::u64, 0)));
-        b.if_(inside, store_interior, store_checked);
+        // Every output buffer aligned to `bytes` (1: no condition).
+        auto aligned = [&](int64_t bytes) {
+          Reg all = b.setp(Cmp::eq, imm_u32(0), imm_u32(0));
+          if (bytes > 1)
+            for (Reg p : p_out)
+              all = b.and_(
+                  Type::pred, all,
+                  b.setp(Cmp::eq, b.and_(Type::u64, p, imm_index(Type::u64, bytes - 1)), imm_index(Type::u64, 0)));
+          return all;
+        };
+        auto unstaged = [&] {
+          b.if_(
+              b.and_(Type::pred, inside, aligned(pairs ? 8 : 1)), [&] { store_interior(false); }, store_checked);
+        };
+        if (!staged)
+          unstaged();
+        else if (!staged_chunks)  // odd rows: no alignment beyond the element's
+          b.if_(
+              inside, [&] { store_interior(true); }, store_checked);
+        else  // 16-byte copies where every buffer allows them, else pairs
+          b.if_(
+              b.and_(Type::pred, inside, aligned(16)), [&] { store_interior(true); }, unstaged);
       }
     } else {
       Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kQuadrant))));
@@ -809,7 +830,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                   : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs{}, {}", op.prim->name, tile.tm, tile.tn,
                                 kTileK, threads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));
   if (mma.wgmma && options::wgmma_products_first()) lo.summary += ", a step's products issued before its copies";
-  if (staged)
+  if (staging_emitted)
     lo.summary += staged_chunks ? ", interior tiles stored through shared memory 16 bytes a store"
                                 : ", interior tiles stored through shared memory a row a warp";
   if (f.block_sums) lo.summary += ", with the 128-row block sums of an epilogue";

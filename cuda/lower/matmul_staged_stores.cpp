@@ -28,7 +28,7 @@ std::optional<StagedStores> StagedStores::plan(int tm, int tn, int threads, cons
     const uint32_t access = chunks ? 16 : e;
     const int per_row = tn * static_cast<int>(e) / static_cast<int>(access);  // accesses a row
     const int lanes = std::min(32, per_row);                                  // a warp's lanes on one row
-    if (per_row % lanes != 0 || tm % (warps * (32 / lanes)) != 0) return std::nullopt;
+    if (per_row % lanes != 0 || 32 % lanes != 0 || tm % (warps * (32 / lanes)) != 0) return std::nullopt;
     s.outputs_.push_back({e, access, pitch, static_cast<uint32_t>(used), lanes});
     used += int64_t{tm} * pitch;
     reach = std::max(reach, (int64_t{tm} * out_row + tn) * e);

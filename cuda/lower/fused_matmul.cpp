@@ -571,10 +571,10 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
         const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
         farthest = std::max(farthest, reach(st[static_cast<size_t>(nb)], st[static_cast<size_t>(nb + 1)]));
       }
-      // `staging`: through the staged tiles (staged), else each pair or element to global memory.
-      auto store_interior = [&](bool staging) {
+      // `through_shared`: by the staged tiles (staged), else each pair or element to global memory.
+      auto store_interior = [&](bool through_shared) {
         std::vector<Reg> out_addr;
-        if (staging) {
+        if (through_shared) {
           staged->begin(b, as, b.add(Type::u32, warp_m, g), b.add(Type::u32, warp_n, b.shl(Type::u32, q, imm_u32(1))));
           staging_emitted = true;
         } else {
@@ -636,7 +636,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
             }
             for (size_t r = 0; r < f.epilogues.size(); ++r) {
               const int64_t e = out_bytes(r), at = e * (dr * f.out_row + ni * 8 * f.out_col);
-              if (staging) {
+              if (through_shared) {
                 staged->put(b, r, dr, ni * 8, values[r]);
               } else if (f.stored_bf16(r) && pairs) {  // a pair of bf16: one 4-byte store
                 b.st(Space::global, Type::u32, out_addr[r], b.pack_bf16x2(values[r][0], values[r][1]), at);
@@ -652,7 +652,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
             }
           }
         }
-        if (staging) {
+        if (through_shared) {
           Reg tile_at = b.add(it, n0, scaled_add(b, it, m0, f.out_row, out_off));  // element (0, 0)
           std::vector<Reg> tiles;
           for (size_t r = 0; r < p_out.size(); ++r) tiles.push_back(b.address(p_out[r], tile_at, out_bytes(r)));
@@ -664,9 +664,9 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       } else {
         Reg inside = b.and_(Type::pred, b.setp(Cmp::le, b.add(it, m0, imm_index(it, tile.tm)), imm_index(it, M)),
                             b.setp(Cmp::le, b.add(it, n0, imm_index(it, tile.tn)), imm_index(it, N)));
-        // Every output buffer aligned to `bytes` (1: no condition).
-        auto aligned = [&](int64_t bytes) {
-          Reg all = b.setp(Cmp::eq, imm_u32(0), imm_u32(0));
+        // Inside, with every output buffer aligned to `bytes` (1: no condition).
+        auto inside_aligned = [&](int64_t bytes) {
+          Reg all = inside;
           if (bytes > 1)
             for (Reg p : p_out)
               all = b.and_(
@@ -676,7 +676,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
         };
         auto unstaged = [&] {
           b.if_(
-              b.and_(Type::pred, inside, aligned(pairs ? 8 : 1)), [&] { store_interior(false); }, store_checked);
+              inside_aligned(pairs ? 8 : 1), [&] { store_interior(false); }, store_checked);
         };
         if (!staged)
           unstaged();
@@ -685,7 +685,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
               inside, [&] { store_interior(true); }, store_checked);
         else  // 16-byte copies where every buffer allows them, else pairs
           b.if_(
-              b.and_(Type::pred, inside, aligned(16)), [&] { store_interior(true); }, unstaged);
+              inside_aligned(16), [&] { store_interior(true); }, unstaged);
       }
     } else {
       Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kQuadrant))));

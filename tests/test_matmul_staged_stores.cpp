@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "circuit/exec/executor.hpp"
 #include "circuit/passes/pipeline.hpp"
@@ -30,6 +31,17 @@ using testing::f32;
 
 constexpr const char* kStaged = "interior tiles stored through shared memory a row a warp";
 constexpr const char* kStagedChunks = "interior tiles stored through shared memory 16 bytes a store";
+
+// The wgmma tilings the staged tiles are checked at (tile, stages).
+constexpr std::pair<const char*, const char*> kTilings[] = {{"128x128", "3"}, {"128x256", "4"}, {"192x256", "4"}};
+
+// x W^T + bias on bf16 operands; cast to bf16 where `bf16_out` (the matmul stores it as bf16).
+testing::BuildFn linear(bool bf16_out) {
+  return [bf16_out](Builder& bld, const std::vector<ValueId>& x) {
+    ValueId y = bld.add(bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), false, true), x[2]);
+    return bf16_out ? bld.cast(y, DType::bf16) : y;
+  };
+}
 
 struct StagedRun {
   std::string dump;
@@ -68,13 +80,7 @@ StagedRun run_against_eigen(cuda::Runtime& rt, const std::vector<testing::InputS
 void check_staged_stores(cuda::Runtime& rt) {
   cuda::ForceBf16Mma on;
   testing::ScopedEnv wgmma("KILN_WGMMA", "1"), split("KILN_MMA_SPLIT_K", "0");
-  auto linear = [](bool bf16_out) {
-    return [bf16_out](Builder& bld, const std::vector<ValueId>& x) {
-      ValueId y = bld.add(bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), false, true), x[2]);
-      return bf16_out ? bld.cast(y, DType::bf16) : y;
-    };
-  };
-  for (const auto& [tile, stages] : {std::pair{"128x128", "3"}, {"128x256", "4"}, {"192x256", "4"}}) {
+  for (const auto& [tile, stages] : kTilings) {
     SCOPED_TRACE(std::string(tile) + ", " + stages + " stages");
     testing::ScopedEnv t("KILN_MMA_TILE", tile), s("KILN_MMA_STAGES", stages);
     for (const bool bf16_out : {false, true}) {
@@ -125,7 +131,7 @@ TEST(Lowering, WgmmaStagedStoreKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
   cuda::ForceBf16Mma on;
   testing::ScopedEnv wgmma("KILN_WGMMA", "1"), split("KILN_MMA_SPLIT_K", "0");
-  for (const auto& [tile, stages] : {std::pair{"128x128", "3"}, {"128x256", "4"}, {"192x256", "4"}})
+  for (const auto& [tile, stages] : kTilings)
     for (const bool chunks : {false, true})
       for (const bool bf16_out : {false, true})
         for (const bool wide_indices : {false, true}) {
@@ -135,12 +141,7 @@ TEST(Lowering, WgmmaStagedStoreKernelsPassPtxasWithoutSpills) {
           std::optional<cuda::ForceWideIndices> wide;
           if (wide_indices) wide.emplace();
           const int64_t n = chunks ? 304 : 301;
-          testing::Harness h(
-              {f32({260, 64}), f32({n, 64}), f32({n})}, [bf16_out](Builder& bld, const std::vector<ValueId>& x) {
-                ValueId y = bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), false, true);
-                y = bld.add(y, x[2]);
-                return bf16_out ? bld.cast(y, DType::bf16) : y;
-              });
+          testing::Harness h({f32({260, 64}), f32({n, 64}), f32({n})}, linear(bf16_out));
           std::vector<ValueId> outs{h.output};
           const Circuit optimized = optimize(h.circuit, outs, {.gpu = true});
           cuda::DeviceProgram dp(optimized, outs, testing::fake_runtime());

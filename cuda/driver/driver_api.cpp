@@ -126,6 +126,10 @@ std::optional<Driver> load_cuda_driver(std::string* why, const char* library) {
     a.cuStreamEndCapture = nullptr;
     a.cuGraphAddChildGraphNode = nullptr;
   }
+  std::string no_tensor_maps;
+  Resolver tensor_maps{lib, library, &no_tensor_maps};
+  tensor_maps("cuTensorMapEncodeTiled", a.cuTensorMapEncodeTiled);
+  if (!tensor_maps.ok) a.cuTensorMapEncodeTiled = nullptr;
   d.description = "CUDA driver (libcuda.so.1)";
   return d;
 }

@@ -97,6 +97,26 @@ struct CudaMemsetNodeParams {
   size_t height = 1;
 };
 
+// CUtensorMap: 128 opaque bytes that cuTensorMapEncodeTiled fills (the driver needs 64-byte
+// alignment; cuda.h declares 128), and the
+// enumerations kiln passes it (CUtensorMapDataType, ...Interleave, ...Swizzle, ...L2promotion,
+// ...FloatOOBfill).
+struct alignas(128) CUtensorMap {
+  uint64_t opaque[16];
+};
+constexpr int CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0;
+constexpr int CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1;
+constexpr int CU_TENSOR_MAP_DATA_TYPE_UINT32 = 2;
+constexpr int CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6;
+constexpr int CU_TENSOR_MAP_DATA_TYPE_FLOAT32 = 7;
+constexpr int CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9;
+constexpr int CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
+constexpr int CU_TENSOR_MAP_SWIZZLE_NONE = 0;
+constexpr int CU_TENSOR_MAP_SWIZZLE_128B = 3;
+constexpr int CU_TENSOR_MAP_L2_PROMOTION_NONE = 0;
+constexpr int CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3;
+constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;  // zeros outside the tensor
+
 // One pointer per entry point kiln uses; the comment names the versioned symbol loaded.
 struct DriverApi {
   CUresult (*cuInit)(unsigned flags);
@@ -147,6 +167,11 @@ struct DriverApi {
   CUresult (*cuStreamEndCapture)(CUstream stream, CUgraph* graph);
   CUresult (*cuGraphAddChildGraphNode)(CUgraphNode* node, CUgraph graph, const CUgraphNode* dependencies,
                                        size_t num_dependencies, CUgraph child);
+  // Tensor maps for the tensor copy engine (CUDA 12.0 and up; null with an older driver).
+  CUresult (*cuTensorMapEncodeTiled)(CUtensorMap* map, int data_type, uint32_t rank, void* address,
+                                     const uint64_t* dims, const uint64_t* strides, const uint32_t* box,
+                                     const uint32_t* element_strides, int interleave, int swizzle, int l2_promotion,
+                                     int oob_fill);
 };
 constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
 constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;

@@ -18,6 +18,7 @@
 
 #include "circuit/ir/error.hpp"
 #include "cuda/kir/kir.hpp"
+#include "cuda/sim/tensor_map.hpp"
 
 namespace kiln::cuda {
 
@@ -756,6 +757,55 @@ void observe_kernel(const std::string& ptx, const kir::Kernel& kernel) {
   d.observed.emplace(ptx, std::move(observed));
 }
 
+// Checks the arguments as the real driver documents them and writes the fields into the map in
+// the simulator's layout (cuda/sim/tensor_map.hpp). Modelled: the data types kiln copies, element
+// strides of 1, no interleave, no swizzle or the 128-byte one, zeros outside the tensor.
+CUresult fake_cuTensorMapEncodeTiled(CUtensorMap* map, int data_type, uint32_t rank, void* address,
+                                     const uint64_t* dims, const uint64_t* strides, const uint32_t* box,
+                                     const uint32_t* element_strides, int interleave, int swizzle, int l2_promotion,
+                                     int oob_fill) {
+  return entry("cuTensorMapEncodeTiled", [&](FakeDevice&) {
+    auto bad = [](const std::string& why) { return fail(CUDA_ERROR_INVALID_VALUE, "cuTensorMapEncodeTiled: " + why); };
+    if (map == nullptr || reinterpret_cast<uintptr_t>(map) % sim::kTensorMapAlign)
+      return bad("the map must be 64-byte aligned host memory");
+    if (rank < 1 || rank > sim::kTensorMapMaxRank) return bad(fmt::format("rank {} (1 to 5)", rank));
+    if (dims == nullptr || box == nullptr || element_strides == nullptr || (rank > 1 && strides == nullptr))
+      return bad("null dimension, stride, box or element-stride array");
+    sim::TensorMap m;
+    switch (data_type) {
+      case CU_TENSOR_MAP_DATA_TYPE_UINT8: m.element_bytes = 1; break;
+      case CU_TENSOR_MAP_DATA_TYPE_UINT16:
+      case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+      case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: m.element_bytes = 2; break;
+      case CU_TENSOR_MAP_DATA_TYPE_UINT32:
+      case CU_TENSOR_MAP_DATA_TYPE_FLOAT32: m.element_bytes = 4; break;
+      default: return bad(fmt::format("data type {} (the fake models uint8/16/32, f16, bf16 and f32)", data_type));
+    }
+    if (interleave != CU_TENSOR_MAP_INTERLEAVE_NONE || oob_fill != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+      return bad("the fake models no interleave and zeros outside the tensor only");
+    if (swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && swizzle != CU_TENSOR_MAP_SWIZZLE_128B)
+      return bad(fmt::format("swizzle {} (the fake models none and 128 bytes)", swizzle));
+    if (l2_promotion < CU_TENSOR_MAP_L2_PROMOTION_NONE || l2_promotion > CU_TENSOR_MAP_L2_PROMOTION_L2_256B)
+      return bad(fmt::format("L2 promotion {}", l2_promotion));
+    m.address = reinterpret_cast<uint64_t>(address);
+    m.rank = rank;
+    m.swizzle = swizzle == CU_TENSOR_MAP_SWIZZLE_128B ? sim::TensorSwizzle::b128 : sim::TensorSwizzle::none;
+    m.strides[0] = m.element_bytes;
+    for (uint32_t d = 0; d < rank; ++d) {
+      m.dims[d] = dims[d];
+      m.box[d] = box[d];
+      if (d > 0) m.strides[d] = strides[d - 1];
+      if (element_strides[d] < 1 || element_strides[d] > 8)
+        return bad(fmt::format("element stride {} in dimension {} (1 to 8)", element_strides[d], d));
+      if (d > 0 && element_strides[d] != 1) return bad("the fake models element strides of 1 only");
+    }
+    if (const std::string why = sim::tensor_map_problem(m); !why.empty()) return bad(why);
+    const auto bytes = sim::encode_tensor_map(m);
+    std::memcpy(map->opaque, bytes.data(), bytes.size());
+    return CUDA_SUCCESS;
+  });
+}
+
 }  // namespace
 
 Driver fake_driver() {
@@ -771,7 +821,7 @@ Driver fake_driver() {
                 fake_cuGraphInstantiateWithFlags, fake_cuGraphLaunch, fake_cuGraphExecDestroy, fake_cuGraphDestroy,
                 // No stream capture: its work finishes inside each call, and collectives
                 // run between graph replays (cuda/runtime/collective.hpp).
-                nullptr, nullptr, nullptr, nullptr, nullptr};
+                nullptr, nullptr, nullptr, nullptr, nullptr, fake_cuTensorMapEncodeTiled};
   d.description = "kiln fake driver (SIMT simulator)";
   d.observe_kernel = observe_kernel;
   d.fake = true;

@@ -45,7 +45,8 @@ const char* opc_name(Opc op) {
       "shared.addr", "ld",  "st",  "atom.add", "bar.sync", "shfl.sync", "ret",  "membar.gl",
       "mma.sync", "cvt.rna.tf32", "ldmatrix", "cp.async", "cp.async.commit_group", "cp.async.wait_group",
       "cvt.rn.bf16x2", "wgmma.mma_async", "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group",
-      "fence.proxy.async"};
+      "fence.proxy.async", "mbarrier.init", "fence.mbarrier_init", "mbarrier.arrive.expect_tx",
+      "mbarrier.try_wait.parity", "cp.async.bulk.tensor"};
   // clang-format on
   return kNames[static_cast<int>(op)];
 }
@@ -321,6 +322,27 @@ struct Checker {
         if (exit_seen)
           fail(in, "a thread may have exited before this wgmma.wait_group (guard the work with an if instead)");
         break;
+      case Opc::MbarrierInit:
+      case Opc::MbarrierArriveExpectTx:
+      case Opc::MbarrierWait:
+        nsrc(2);
+        type_is(in, in.srcs[0], Type::u32, "barrier address (shared)");
+        type_is(in, in.srcs[1], Type::u32,
+                in.op == Opc::MbarrierInit   ? "arrival count"
+                : in.op == Opc::MbarrierWait ? "phase parity"
+                                             : "expected bytes");
+        if (!in.dsts.empty()) fail(in, "mbarrier operations here write no register");
+        break;
+      case Opc::FenceMbarrierInit: nsrc(0); break;
+      case Opc::TensorCopy:
+        if (in.vec < 1 || in.vec > 5) fail(in, "a tensor copy has 1 to 5 coordinates");
+        nsrc(3 + static_cast<size_t>(in.vec));
+        type_is(in, in.srcs[0], Type::u32, "shared destination");
+        type_is(in, in.srcs[1], Type::u64, "tensor map address");
+        type_is(in, in.srcs[2], Type::u32, "barrier address (shared)");
+        for (size_t i = 3; i < in.srcs.size(); ++i) type_is(in, in.srcs[i], Type::s32, "coordinate");
+        if (!in.dsts.empty()) fail(in, "a tensor copy writes no register");
+        break;
       case Opc::PackBf16x2:
         nsrc(2);
         if (in.type != Type::u32) fail(in, "cvt.rn.bf16x2 packs into a u32");
@@ -339,6 +361,8 @@ struct Checker {
               (s.instr.op == Opc::Mma || s.instr.op == Opc::RoundTf32 || s.instr.op == Opc::PackBf16x2))
             fail(s.instr, "mma.sync, cvt.rna.tf32 and cvt.rn.bf16x2 are printed as blocks: no guard (use an if)");
           if (s.guard.valid() && s.instr.op == Opc::Ldmatrix) fail(s.instr, "ldmatrix needs the whole warp: no guard");
+          if (s.guard.valid() && s.instr.op == Opc::MbarrierWait)
+            fail(s.instr, "an mbarrier wait is printed as a loop: no guard (use an if)");
           if (s.guard.valid() && (s.instr.op == Opc::Wgmma || s.instr.op == Opc::WgmmaFence ||
                                   s.instr.op == Opc::WgmmaCommit || s.instr.op == Opc::WgmmaWait))
             fail(s.instr, "wgmma and its fence and group operations need the whole warpgroup: no guard");
@@ -374,7 +398,8 @@ bool needs_sm90a(const Kernel& k) {
       if (s.kind == Stmt::Kind::Instr) {
         const Opc op = s.instr.op;
         if (op == Opc::Wgmma || op == Opc::WgmmaFence || op == Opc::WgmmaCommit || op == Opc::WgmmaWait ||
-            op == Opc::FenceProxyAsync)
+            op == Opc::FenceProxyAsync || op == Opc::MbarrierInit || op == Opc::FenceMbarrierInit ||
+            op == Opc::MbarrierArriveExpectTx || op == Opc::MbarrierWait || op == Opc::TensorCopy)
           return true;
       } else if (any(s.body) || any(s.else_body)) {
         return true;
@@ -698,6 +723,52 @@ void KernelBuilder::wgmma_wait(int pending_groups) {
 void KernelBuilder::fence_proxy_async() {
   Instr in;
   in.op = Opc::FenceProxyAsync;
+  emit(std::move(in));
+}
+
+void KernelBuilder::mbarrier_init(Operand barrier, Operand arrivals) {
+  Instr in;
+  in.op = Opc::MbarrierInit;
+  in.type = Type::u64;
+  in.space = Space::shared;
+  in.srcs = {barrier, arrivals};
+  emit(std::move(in));
+}
+
+void KernelBuilder::fence_mbarrier_init() {
+  Instr in;
+  in.op = Opc::FenceMbarrierInit;
+  emit(std::move(in));
+}
+
+void KernelBuilder::mbarrier_arrive_expect_tx(Operand barrier, Operand bytes) {
+  Instr in;
+  in.op = Opc::MbarrierArriveExpectTx;
+  in.type = Type::u64;
+  in.space = Space::shared;
+  in.srcs = {barrier, bytes};
+  emit(std::move(in));
+}
+
+void KernelBuilder::mbarrier_wait(Operand barrier, Operand parity) {
+  Instr in;
+  in.op = Opc::MbarrierWait;
+  in.type = Type::u64;
+  in.space = Space::shared;
+  in.srcs = {barrier, parity};
+  in.offset = k_.num_labels++;
+  emit(std::move(in));
+}
+
+void KernelBuilder::tensor_copy(Operand shared_dst, Operand tensor_map, Operand barrier,
+                                const std::vector<Operand>& coords) {
+  Instr in;
+  in.op = Opc::TensorCopy;
+  in.type = Type::u32;
+  in.space = Space::shared;
+  in.vec = static_cast<int32_t>(coords.size());
+  in.srcs = {shared_dst, tensor_map, barrier};
+  in.srcs.insert(in.srcs.end(), coords.begin(), coords.end());
   emit(std::move(in));
 }
 

@@ -163,6 +163,29 @@ enum class Opc : uint8_t {
   // fence.proxy.async.shared::cta: this thread's earlier shared writes are seen by Wgmma's reads
   // that a barrier orders after it (sm_90 and up: such kernels also print for sm_90a only).
   FenceProxyAsync,
+  // sm_90's transaction barriers and tensor copies (kernels with them print for sm_90a only).
+  // An mbarrier is 8 bytes of shared memory that counts arrivals and expected bytes per phase:
+  // a phase completes once its `count` arrivals have come and every byte it expects has landed;
+  // then the next phase begins, numbered one higher (phases alternate in parity).
+  MbarrierInit,  // mbarrier.init.shared::cta.b64 [a], b: the barrier at shared a (u32, 8-aligned), b (u32) arrivals a
+                 // phase
+  // fence.mbarrier_init.release.cluster: this thread's earlier inits are seen by the tensor
+  // copies (the async proxy) that complete on those barriers.
+  FenceMbarrierInit,
+  // mbarrier.arrive.expect_tx.shared::cta.b64 _, [a], b: one arrival on the barrier at a, whose
+  // current phase now also waits for b (u32) more bytes.
+  MbarrierArriveExpectTx,
+  // Waits until the phase of parity b (u32, 0 or 1) of the barrier at a has completed
+  // (mbarrier.try_wait.parity.shared::cta.b64 in a loop; `offset` numbers the loop's label). Bytes
+  // that tensor copies completing on that phase wrote are then seen by this thread.
+  MbarrierWait,
+  // cp.async.bulk.tensor.{vec}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes: the box
+  // of the tensor map at global b (u64, a CUtensorMap of 128 bytes, 64-byte aligned) whose
+  // first element has coordinates srcs[3..3+vec) (s32, innermost first; elements outside the
+  // tensor read as zero) lands at shared a (u32; 128-byte aligned, 1024 with the 128-byte
+  // swizzle), laid out as the map says, and its bytes count against the current phase of the
+  // barrier at shared c (u32) once they land. One thread issues it.
+  TensorCopy,
 };
 const char* opc_name(Opc op);
 
@@ -244,8 +267,8 @@ struct Kernel {
   int64_t static_shared_bytes() const { return dynamic_shared_bytes() > 0 ? 0 : shared_bytes(); }  // declared static
 };
 
-// Whether a kernel uses instructions of sm_90a only (Wgmma, its fence and group operations, and
-// FenceProxyAsync):
+// Whether a kernel uses instructions of sm_90a only (Wgmma, its fence and group operations,
+// FenceProxyAsync, mbarriers and tensor copies):
 // it prints for sm_90a and loads on sm_90 devices only.
 bool needs_sm90a(const Kernel& k);
 // kMaxSharedBytesSm90a for those, else kMaxSharedBytes.
@@ -338,6 +361,13 @@ class KernelBuilder {
   void wgmma_commit();
   void wgmma_wait(int pending_groups);
   void fence_proxy_async();
+  // Opc::MbarrierInit and the other mbarrier operations, and Opc::TensorCopy (`coords`: 1 to 5
+  // s32 coordinates, innermost first).
+  void mbarrier_init(Operand barrier, Operand arrivals);
+  void fence_mbarrier_init();
+  void mbarrier_arrive_expect_tx(Operand barrier, Operand bytes);
+  void mbarrier_wait(Operand barrier, Operand parity);
+  void tensor_copy(Operand shared_dst, Operand tensor_map, Operand barrier, const std::vector<Operand>& coords);
   // D = A B + C for the warp (every lane must take part): a[4], b[2] (f32 for tf32, u32 packed
   // pairs for bf16/f16), c[4] f32; returns D's 4 f32 registers of this lane.
   std::vector<Reg> mma(MmaShape shape, const std::vector<Operand>& a, const std::vector<Operand>& b,

@@ -161,7 +161,7 @@ class Printer {
         case Stmt::Kind::Instr: {
           std::string guard = s.guard.valid() ? (s.negate ? "@!" : "@") + reg(s.guard) + " " : "";
           if (s.instr.op == Opc::Mma || s.instr.op == Opc::RoundTf32 || s.instr.op == Opc::PackBf16x2 ||
-              s.instr.op == Opc::Wgmma)
+              s.instr.op == Opc::Wgmma || s.instr.op == Opc::MbarrierWait)
             out_ += "\t" + instr(s.instr) + "\n";  // a braced block of its own (no guard: check() refuses one)
           else
             line(guard + instr(s.instr));
@@ -309,6 +309,24 @@ class Printer {
       case Opc::WgmmaCommit: return "wgmma.commit_group.sync.aligned";
       case Opc::WgmmaWait: return "wgmma.wait_group.sync.aligned " + std::to_string(in.offset);
       case Opc::FenceProxyAsync: return "fence.proxy.async.shared::cta";
+      case Opc::MbarrierInit: return "mbarrier.init.shared::cta.b64 [" + opnd(in.srcs[0]) + "], " + opnd(in.srcs[1]);
+      case Opc::FenceMbarrierInit: return "fence.mbarrier_init.release.cluster";
+      case Opc::MbarrierArriveExpectTx:
+        return "mbarrier.arrive.expect_tx.shared::cta.b64 _, [" + opnd(in.srcs[0]) + "], " + opnd(in.srcs[1]);
+      case Opc::MbarrierWait: {
+        // try_wait suspends the thread for a while where the phase is still incomplete: the loop
+        // spins only across those suspensions.
+        const std::string l = "$L__mbar" + std::to_string(in.offset);
+        return "{\n\t.reg .pred %mbar_done;\n" + l + ":\n\tmbarrier.try_wait.parity.shared::cta.b64 %mbar_done, [" +
+               opnd(in.srcs[0]) + "], " + opnd(in.srcs[1]) + ";\n\t@!%mbar_done bra " + l + ";\n\t}";
+      }
+      case Opc::TensorCopy: {
+        std::string c;
+        for (size_t i = 3; i < in.srcs.size(); ++i) c += (i > 3 ? ", " : "") + opnd(in.srcs[i]);
+        return "cp.async.bulk.tensor." + std::to_string(in.vec) +
+               "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [" + opnd(in.srcs[0]) + "], [" +
+               opnd(in.srcs[1]) + ", {" + c + "}], [" + opnd(in.srcs[2]) + "]";
+      }
       case Opc::Mma: {
         // ptxas takes A and B only in .b32 registers (not .u32 or .f32 ones): they are moved into
         // .b32 registers of a scope of their own.
@@ -339,7 +357,8 @@ std::string print_ptx(const Kernel& k, int sm) {
                 " (supported: 80, 90)");
   check(k);
   if (needs_sm90a(k) && sm != 90)
-    throw Error("print_ptx: kernel " + k.name + " uses wgmma, which only sm_90a has (asked for sm_" +
+    throw Error("print_ptx: kernel " + k.name +
+                " uses wgmma, mbarriers or tensor copies, which only sm_90a has here (asked for sm_" +
                 std::to_string(sm) + ")");
   return Printer(k).kernel(sm);
 }

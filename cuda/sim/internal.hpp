@@ -63,6 +63,10 @@ enum class Code : uint16_t {
   // descriptors' slots; vslots from b: the n / 2 accumulators); its fence, commit and wait (imm:
   // groups left pending); fence.proxy.async.
   Wgmma, WgmmaFence, WgmmaCommit, WgmmaWait, FenceProxyAsync,
+  // mbarriers (a = the barrier's shared address; b = arrivals, expected bytes or parity) and
+  // tensor copies (a = shared destination, b = the tensor map's global address, c = the barrier;
+  // vslots from imm: the aux coordinates).
+  MbarrierInit, FenceMbarrierInit, MbarrierArriveExpectTx, MbarrierWait, TensorCopy,
 };
 // clang-format on
 
@@ -86,7 +90,8 @@ class SimKernel {
   std::vector<uint64_t> init;     // initial register file
   std::vector<kir::Type> param_types;
   int64_t shared_bytes = 0;
-  bool uses_wgmma = false;  // the executor tracks wgmma state and shared writes' proxy fences
+  bool uses_wgmma = false;      // the executor tracks wgmma state and shared writes' proxy fences
+  bool uses_mbarriers = false;  // ... and mbarrier phases and the bytes tensor copies wrote
 };
 
 // "0x7f0000000100": addresses in error messages (memory.cpp).

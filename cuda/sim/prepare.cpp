@@ -334,6 +334,30 @@ class Flattener {
         op.code = Code::FenceProxyAsync;
         out_.uses_wgmma = true;
         break;
+      case Opc::MbarrierInit:
+      case Opc::MbarrierArriveExpectTx:
+      case Opc::MbarrierWait:
+        op.code = in.op == Opc::MbarrierInit             ? Code::MbarrierInit
+                  : in.op == Opc::MbarrierArriveExpectTx ? Code::MbarrierArriveExpectTx
+                                                         : Code::MbarrierWait;
+        op.a = slot(in.srcs[0]);
+        op.b = slot(in.srcs[1]);
+        out_.uses_mbarriers = true;
+        break;
+      case Opc::FenceMbarrierInit:
+        op.code = Code::FenceMbarrierInit;
+        out_.uses_mbarriers = true;
+        break;
+      case Opc::TensorCopy:
+        op.code = Code::TensorCopy;
+        op.a = slot(in.srcs[0]);
+        op.b = slot(in.srcs[1]);
+        op.c = slot(in.srcs[2]);
+        op.aux = static_cast<uint8_t>(in.vec);
+        op.imm = static_cast<int64_t>(out_.vslots.size());
+        for (size_t i = 3; i < in.srcs.size(); ++i) out_.vslots.push_back(slot(in.srcs[i]));
+        out_.uses_mbarriers = true;
+        break;
       case Opc::Mma:
         op.code = Code::Mma;
         op.aux = static_cast<uint8_t>(in.mma);

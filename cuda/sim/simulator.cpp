@@ -22,6 +22,7 @@
 #include "circuit/ir/bf16.hpp"
 #include "circuit/ir/error.hpp"
 #include "cuda/sim/internal.hpp"
+#include "cuda/sim/tensor_map.hpp"
 
 namespace kiln::sim {
 
@@ -29,7 +30,7 @@ using kir::Type;
 
 namespace {
 
-enum class State : uint8_t { ready, at_bar, at_shfl, exited };
+enum class State : uint8_t { ready, at_bar, at_shfl, at_mbarrier, exited };
 enum class Access : uint8_t { read, write, atomic };
 
 constexpr uint32_t kWarp = 32;
@@ -154,6 +155,18 @@ struct WarpgroupWgmma {
   std::map<uint32_t, std::vector<uint32_t>> expected;
 };
 
+// An mbarrier of a block (kir::Opc::MbarrierInit): the arrivals and bytes its current phase still
+// waits for (bytes may run ahead of their expect_tx, below zero), the phases completed, and the
+// threads waiting for a phase.
+struct Mbarrier {
+  uint32_t count = 0, pending = 0, phase = 0;
+  int64_t tx = 0;
+  uint32_t init_pc = 0;
+  int16_t init_thread = -1;
+  bool fenced = false;  // fence.mbarrier_init by its initializing thread since the init
+  std::vector<uint32_t> waiters;
+};
+
 // One resident block: its threads' registers and states, its shared memory and the race
 // detectors' records.
 struct BlockRun {
@@ -199,6 +212,13 @@ struct BlockRun {
   std::vector<int16_t> proxy_writer;
   std::vector<uint32_t> proxy_seq;
   std::vector<uint32_t> proxy_pc;
+  // mbarriers (kernels that use them): the block's barriers by shared address, the threads
+  // waiting at one, per thread the phases of each barrier it has seen complete, and per shared
+  // byte the barrier (its address + 1; 0: none) and phase of the tensor copy that wrote it.
+  std::map<uint32_t, Mbarrier> mbarriers;
+  uint32_t at_mbarrier = 0;
+  std::vector<std::map<uint32_t, uint32_t>> phases_seen;
+  std::vector<uint32_t> copy_barrier, copy_phase, copy_pc;
 };
 
 std::atomic<uint64_t> launches{0};
@@ -253,6 +273,12 @@ class Executor {
         b.proxy_writer.resize(b.shared.size());
         b.proxy_seq.resize(b.shared.size());
         b.proxy_pc.resize(b.shared.size());
+      }
+      if (k.uses_mbarriers) {
+        b.phases_seen.resize(nthreads_);
+        b.copy_barrier.resize(b.shared.size());
+        b.copy_phase.resize(b.shared.size());
+        b.copy_pc.resize(b.shared.size());
       }
       b.stores.resize(nthreads_);
       b.shared_runs.resize(size_t{nthreads_} * static_cast<size_t>(shared_ops_));
@@ -334,6 +360,12 @@ class Executor {
       std::fill(b.proxy_fences.begin(), b.proxy_fences.end(), 0);
       std::fill(b.proxy_writer.begin(), b.proxy_writer.end(), -1);
     }
+    if (k_.uses_mbarriers) {
+      b.mbarriers.clear();
+      b.at_mbarrier = 0;
+      for (auto& seen : b.phases_seen) seen.clear();
+      std::fill(b.copy_barrier.begin(), b.copy_barrier.end(), 0);
+    }
     if (b.any_async) {
       for (auto& g : b.async_groups) g.clear();
       for (auto& o : b.async_open) o.clear();
@@ -368,6 +400,7 @@ class Executor {
       }
       if (!b.ready.empty()) return true;
       flush_requests(b);
+      if (b.at_mbarrier > 0) fail_mbarrier_deadlock();
       if (b.at_bar == 0) return false;  // all exited
       complete_barrier();
       return true;
@@ -721,6 +754,12 @@ class Executor {
         if (b.seen[t] && b.seen[t].get() != last) join(*all, *(last = b.seen[t].get()));
       for (uint32_t t = 0; t < nthreads_; ++t) b.seen[t] = all;
     }
+    if (k_.uses_mbarriers) {  // what any thread saw of the barriers' phases, every thread has seen
+      std::map<uint32_t, uint32_t> all;
+      for (const auto& seen : b.phases_seen)
+        for (const auto& [at, phases] : seen) all[at] = std::max(all[at], phases);
+      for (auto& seen : b.phases_seen) seen = all;
+    }
     b.at_bar = 0;
     ++b.barriers;
     b.epoch = ++epochs_;
@@ -844,9 +883,165 @@ class Executor {
                std::string("shared ") + what + " of byte " + hex_address(addr + i) +
                    " that a cp.async has not written yet (its thread has not waited for the group with "
                    "cp.async.wait_group, or this thread read it without a barrier after that wait)");
+    if (k_.uses_mbarriers) check_copy_seen(t, pc, addr, bytes, what, kind);
     if (options_.check_races) check_race(t, pc, addr, bytes, kind);
     if (count && options_.count_bank_conflicts) gather_request(t, pc, addr, bytes);
     return cur_->shared.data() + addr;
+  }
+
+  // Shared bytes that a tensor copy wrote are seen by the threads that waited for the mbarrier
+  // phase it completed on (or by a bar.sync after such a wait): an access by any other thread
+  // is a race. A write then makes them ordinary bytes again.
+  void check_copy_seen(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes, const char* what, Access kind) {
+    BlockRun& b = *cur_;
+    for (uint32_t i = addr; i < addr + bytes; ++i) {
+      const uint32_t bar = b.copy_barrier[i];
+      if (bar == 0) continue;
+      const auto& seen = b.phases_seen[t];
+      const auto it = seen.find(bar - 1);
+      if (it == seen.end() || it->second <= b.copy_phase[i])
+        fail(t, pc,
+             std::string("shared ") + what + " of byte " + hex_address(i) + " that a tensor copy (" +
+                 k_.text[b.copy_pc[i]] + ") writes in phase " + std::to_string(b.copy_phase[i]) +
+                 " of the mbarrier at " + hex_address(bar - 1) + ", which this thread has not waited for");
+      if (kind != Access::read) b.copy_barrier[i] = 0;
+    }
+  }
+
+  Mbarrier& mbarrier(uint32_t t, uint32_t pc, uint32_t at, const char* what) {
+    auto it = cur_->mbarriers.find(at);
+    if (it == cur_->mbarriers.end())
+      fail(t, pc, std::string(what) + " on shared " + hex_address(at) + ", where no mbarrier.init made a barrier");
+    return it->second;
+  }
+
+  void init_mbarrier(uint32_t t, uint32_t pc, uint32_t at, uint32_t count) {
+    std::byte* p = shared(t, pc, at, 8, "mbarrier.init", Access::write);
+    if (count == 0 || count >= (1u << 20))
+      fail(t, pc, "mbarrier.init with " + std::to_string(count) + " arrivals (1 to 2^20 - 1)");
+    if (auto it = cur_->mbarriers.find(at); it != cur_->mbarriers.end() && !it->second.waiters.empty())
+      fail(t, pc, "mbarrier.init of the barrier at " + hex_address(at) + " while threads wait on it");
+    std::fill(p, p + 8, std::byte{0});
+    Mbarrier& m = cur_->mbarriers[at] = Mbarrier{};
+    m.count = m.pending = count;
+    m.init_pc = pc;
+    m.init_thread = static_cast<int16_t>(t);
+  }
+
+  void arrive_expect_tx(uint32_t t, uint32_t pc, uint32_t at, uint32_t bytes) {
+    shared(t, pc, at, 8, "mbarrier arrival", Access::atomic);
+    Mbarrier& m = mbarrier(t, pc, at, "mbarrier.arrive.expect_tx");
+    if (m.pending == 0)
+      fail(t, pc,
+           "mbarrier.arrive.expect_tx: the barrier at " + hex_address(at) + " has had its " + std::to_string(m.count) +
+               " arrivals this phase");
+    m.tx += bytes;
+    --m.pending;
+    settle(t, pc, m);
+  }
+
+  // A phase whose arrivals and bytes are all in completes: its waiters run again (and now pass).
+  void settle(uint32_t t, uint32_t pc, Mbarrier& m) {
+    BlockRun& b = *cur_;
+    if (m.pending != 0 || m.tx > 0) return;
+    if (m.tx < 0)
+      fail(t, pc, "more bytes landed on an mbarrier than its phase's arrivals expect (expect_tx too small)");
+    ++m.phase;
+    m.pending = m.count;
+    for (uint32_t w : m.waiters) {
+      b.state[w] = State::ready;
+      b.ready.push_back(w);
+      --b.at_mbarrier;
+    }
+    m.waiters.clear();
+  }
+
+  // mbarrier.try_wait.parity in a loop: true when the phase of that parity has completed (the
+  // current one has the other parity), else the thread waits for the next completion.
+  bool wait_mbarrier(uint32_t t, uint32_t pc, uint32_t at, uint32_t parity) {
+    BlockRun& b = *cur_;
+    shared(t, pc, at, 8, "mbarrier wait", Access::atomic);
+    Mbarrier& m = mbarrier(t, pc, at, "mbarrier.try_wait.parity");
+    if ((m.phase & 1) != (parity & 1)) {
+      uint32_t& seen = b.phases_seen[t][at];
+      seen = std::max(seen, m.phase);
+      return true;
+    }
+    b.state[t] = State::at_mbarrier;
+    ++b.at_mbarrier;
+    m.waiters.push_back(t);
+    return false;
+  }
+
+  // cp.async.bulk.tensor: the box is read now and lands at once; its bytes count against the
+  // barrier's current phase, and only threads that wait for that phase may touch them.
+  void tensor_copy(uint32_t t, uint32_t pc, const Op& op, const uint64_t* r) {
+    BlockRun& b = *cur_;
+    const auto dst = static_cast<uint32_t>(r[op.a]);
+    const uint64_t map_at = r[op.b];
+    const auto bar = static_cast<uint32_t>(r[op.c]);
+    const std::byte* raw = global(t, pc, map_at, kTensorMapBytes, "tensor map read", kTensorMapAlign);
+    const std::optional<TensorMap> map = decode_tensor_map(raw);
+    if (!map)
+      fail(t, pc,
+           "the tensor map at " + hex_address(map_at) + " is not one cuTensorMapEncodeTiled (the fake driver's) made");
+    if (map->rank != op.aux)
+      fail(t, pc,
+           "a tensor copy with " + std::to_string(op.aux) + " coordinates of a map of rank " +
+               std::to_string(map->rank));
+    Mbarrier& m = mbarrier(t, pc, bar, "cp.async.bulk.tensor");
+    if (!m.fenced)
+      fail(t, pc,
+           "cp.async.bulk.tensor completes on the mbarrier at " + hex_address(bar) +
+               ", whose init no fence.mbarrier_init followed");
+    const uint32_t align = map->swizzle == TensorSwizzle::b128 ? 1024 : 128;
+    const uint64_t bytes = map->box_bytes();
+    if (dst % align || dst + bytes > b.shared.size())
+      fail(t, pc,
+           "a tensor copy of " + std::to_string(bytes) + " bytes to shared " + hex_address(dst) + " (" +
+               std::to_string(align) + "-byte aligned, within the block's " + std::to_string(b.shared.size()) + ")");
+    std::array<int64_t, kTensorMapMaxRank> origin{};
+    for (uint32_t d = 0; d < map->rank; ++d)
+      origin[d] = static_cast<int32_t>(static_cast<uint32_t>(r[k_.vslots[static_cast<size_t>(op.imm) + d]]));
+    if (options_.check_races) check_race(t, pc, dst, static_cast<uint32_t>(bytes), Access::write, false);
+    const uint32_t eb = map->element_bytes;
+    std::array<uint32_t, kTensorMapMaxRank> index{};
+    const uint64_t rows = bytes / (uint64_t{map->box[0]} * eb);
+    for (uint64_t row = 0; row < rows; ++row) {
+      uint64_t rest = row, base = map->address;
+      bool inside = true;
+      for (uint32_t d = 1; d < map->rank; ++d) {
+        index[d] = static_cast<uint32_t>(rest % map->box[d]);
+        rest /= map->box[d];
+        const int64_t c = origin[d] + index[d];
+        inside = inside && c >= 0 && static_cast<uint64_t>(c) < map->dims[d];
+        base += static_cast<uint64_t>(c) * map->strides[d];
+      }
+      // The row's elements inside the tensor along dimension 0: [lo, hi) of the box.
+      const int64_t lo = std::clamp<int64_t>(-origin[0], 0, map->box[0]);
+      const int64_t hi = std::clamp<int64_t>(static_cast<int64_t>(map->dims[0]) - origin[0], 0, map->box[0]);
+      const std::byte* src = nullptr;
+      if (inside && lo < hi) {
+        const uint64_t from = base + static_cast<uint64_t>(origin[0] + lo) * eb,
+                       n = static_cast<uint64_t>(hi - lo) * eb;
+        src = global(t, pc, from, static_cast<uint32_t>(n), "tensor copy read", eb);
+        if (options_.check_races) check_global_read(t, pc, from, static_cast<uint32_t>(n));
+      }
+      for (uint32_t x = 0; x < map->box[0]; ++x) {
+        index[0] = x;
+        const uint32_t at = dst + map->box_offset(index);
+        const bool in = src && x >= lo && x < hi;
+        for (uint32_t i = 0; i < eb; ++i) {
+          b.shared[at + i] = in ? src[(x - lo) * eb + i] : std::byte{0};
+          b.copy_barrier[at + i] = bar + 1;
+          b.copy_phase[at + i] = m.phase;
+          b.copy_pc[at + i] = pc;
+          if (k_.uses_wgmma) b.proxy_writer[at + i] = -1;  // the async proxy wrote it: no fence needed
+        }
+      }
+    }
+    m.tx -= static_cast<int64_t>(bytes);
+    settle(t, pc, m);
   }
 
   // cp.async: the source is read now (checked as a global load), the destination is reserved
@@ -940,7 +1135,9 @@ class Executor {
     }
   }
 
-  void check_race(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes, Access kind) {
+  // `record` false: checks a write without recording it (a tensor copy's, which other threads
+  // then see through its mbarrier, not a bar.sync).
+  void check_race(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes, Access kind, bool record = true) {
     const auto me = static_cast<int16_t>(t);
     auto other = [me](const int16_t(&ids)[2]) {
       return ids[0] >= 0 && ids[0] != me ? 0 : ids[1] >= 0 && ids[1] != me ? 1 : -1;
@@ -964,6 +1161,7 @@ class Executor {
         if (int i = other(s.atomic); i >= 0) fail_race(t, pc, kind, a, s.atomic[i], s.atomic_pc[i], Access::atomic);
       if (kind != Access::read)
         if (int i = other(s.reader); i >= 0) fail_race(t, pc, kind, a, s.reader[i], s.reader_pc[i], Access::read);
+      if (!record) continue;
       switch (kind) {
         case Access::read: add(s.reader, s.reader_pc); break;
         case Access::atomic: add(s.atomic, s.atomic_pc); break;
@@ -1042,6 +1240,12 @@ class Executor {
       msg += "; lanes " + std::to_string(end - first) + "-31 do not exist (the block has " + std::to_string(nthreads_) +
              " threads)";
     throw Error(msg);
+  }
+
+  [[noreturn]] void fail_mbarrier_deadlock() const {
+    throw Error("simulator: deadlock " + where() +
+                ": threads wait for mbarrier phases that cannot complete (arrivals or " +
+                "bytes missing): " + groups(0, nthreads_));
   }
 
   [[noreturn]] void fail_divergent_barrier() const {
@@ -1147,6 +1351,20 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
       case Code::FenceProxyAsync:
         if (k_.uses_wgmma) ++blk.proxy_fences[t];
         break;
+      case Code::MbarrierInit:
+        init_mbarrier(t, pc, static_cast<uint32_t>(r[op.a]), static_cast<uint32_t>(r[op.b]));
+        break;
+      case Code::FenceMbarrierInit:
+        for (auto& [at, m] : blk.mbarriers)
+          if (m.init_thread == static_cast<int16_t>(t)) m.fenced = true;
+        break;
+      case Code::MbarrierArriveExpectTx:
+        arrive_expect_tx(t, pc, static_cast<uint32_t>(r[op.a]), static_cast<uint32_t>(r[op.b]));
+        break;
+      case Code::MbarrierWait:
+        if (!wait_mbarrier(t, pc, static_cast<uint32_t>(r[op.a]), static_cast<uint32_t>(r[op.b]))) goto stop;
+        break;
+      case Code::TensorCopy: tensor_copy(t, pc, op, r); break;
       case Code::Mov: r[op.d] = r[op.a]; break;
       case Code::Selp: r[op.d] = r[op.c] ? r[op.a] : r[op.b]; break;
       case Code::LdParam: r[op.d] = params_[static_cast<size_t>(op.imm)]; break;

@@ -16,6 +16,9 @@
 //    the writer is the releasing thread), the releasing thread runs membar.gl and then an atomic
 //    on some word; a thread whose atomic reads that word, after its own later membar.gl (and, for
 //    the other threads of its block, a bar.sync after that), sees everything released there.
+// sm_90's mbarriers and tensor copies: a wait blocks until its phase completes (threads left
+// waiting for phases that cannot complete are reported as a deadlock), and bytes a tensor copy
+// wrote may be touched only by threads that waited for the phase it completed on.
 // Approximate instructions (ex2, lg2, rcp, rsqrt, tanh, sin, cos) are evaluated within the
 // error the PTX ISA documents for them.
 #pragma once

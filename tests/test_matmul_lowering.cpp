@@ -374,7 +374,10 @@ TEST(Lowering, GpuMatmulsOnMmaMatchEigen) {
 // sides: 1e-5, as mma.sync's.
 constexpr MmaTilingCase kWgmmaTilings[] = {
     {"128x128", "3"}, {"128x128", "4"}, {"128x256", "3"}, {"128x256", "4"}, {"192x256", "4"}};
-void check_wgmma_cases(cuda::Runtime& rt) {
+// `tensor_copies`: KILN_WGMMA_TENSOR_COPIES=1 is set, so every case but the one with a batch
+// (bf16_mma_batched_a_rows: the other batched case folds its batch into the rows) fills its
+// stages by tensor copies.
+void check_wgmma_cases(cuda::Runtime& rt, bool tensor_copies = false) {
   cuda::ForceBf16Mma on;
   testing::ScopedEnv wgmma("KILN_WGMMA", "1");
   for (const MmaTilingCase& t : kWgmmaTilings)
@@ -391,7 +394,10 @@ void check_wgmma_cases(cuda::Runtime& rt) {
         std::string dump;
         check_case(lc, rt, &dump);
         EXPECT_NE(dump.find(summary), std::string::npos) << dump;
-        EXPECT_NE(dump.find(std::string(t.stages) + " cp.async stages"), std::string::npos) << dump;
+        const bool copied = tensor_copies && lc.name != "bf16_mma_batched_a_rows";
+        EXPECT_NE(dump.find(std::string(t.stages) + (copied ? " tensor-copy stages" : " cp.async stages")),
+                  std::string::npos)
+            << dump;
         if (split == std::string("2") && lc.name.ends_with("k200")) {
           EXPECT_EQ(dump.find("K split 2 ways") != std::string::npos, !three_groups) << dump;
         }
@@ -432,6 +438,23 @@ void check_wgmma_cases_products_first(cuda::Runtime& rt) {
 }
 
 TEST(Lowering, MatmulsOnWgmmaWithProductsFirstMatchEigen) { check_wgmma_cases_products_first(testing::fake_runtime()); }
+
+// KILN_WGMMA_TENSOR_COPIES=1: the same cases, every tiling and split, with each stage filled by
+// one tensor copy an operand (or a 64-row box) on its mbarrier; elements past the matrix (edge
+// tiles, K = 37 or 200) land as zeros.
+void check_wgmma_cases_tensor_copies(cuda::Runtime& rt) {
+  testing::ScopedEnv copies("KILN_WGMMA_TENSOR_COPIES", "1");
+  check_wgmma_cases(rt, true);
+}
+
+TEST(Lowering, MatmulsOnWgmmaWithTensorCopiesMatchEigen) { check_wgmma_cases_tensor_copies(testing::fake_runtime()); }
+
+TEST(Lowering, GpuMatmulsOnWgmmaWithTensorCopiesMatchEigen) {
+  KILN_GPU_OR_SKIP(rt);
+  if (rt->sm() != 90) GTEST_SKIP() << "wgmma needs sm_90a; this GPU is sm_" << rt->sm();
+  if (!rt->api().cuTensorMapEncodeTiled) GTEST_SKIP() << "the driver has no cuTensorMapEncodeTiled";
+  check_wgmma_cases_tensor_copies(*rt);
+}
 
 TEST(Lowering, GpuMatmulsOnWgmmaMatchEigen) {
   KILN_GPU_OR_SKIP(rt);
@@ -541,6 +564,33 @@ TEST(Lowering, WgmmaKernelsPassPtxasWithoutSpills) {
         }
         EXPECT_FALSE(seen.empty());
       }
+}
+
+// The same with KILN_WGMMA_TENSOR_COPIES=1 (4 stages, u32 indices): the kernels that copy by
+// tensor copies among them, none spilling or serialized.
+TEST(Lowering, WgmmaTensorCopyKernelsPassPtxasWithoutSpills) {
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  cuda::ForceBf16Mma on;
+  testing::ScopedEnv wgmma("KILN_WGMMA", "1"), copies("KILN_WGMMA_TENSOR_COPIES", "1"), stages("KILN_MMA_STAGES", "4");
+  for (const char* tiling : {"128x128", "128x256", "192x256"})
+    for (const char* split : {"0", "2"}) {
+      testing::ScopedEnv tile("KILN_MMA_TILE", tiling), splits("KILN_MMA_SPLIT_K", split);
+      std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
+      std::set<std::string> seen;
+      int copying = 0;
+      for (const kir::Kernel* k : mma_case_kernels(true, programs)) {
+        if (!kir::needs_sm90a(*k) || !seen.insert(k->name).second) continue;
+        const std::string ptx = kir::print_ptx(*k, 90);
+        copying += ptx.find("cp.async.bulk.tensor.2d") != std::string::npos;
+        const cuda::PtxasResult r = cuda::run_ptxas(ptx, 90);
+        EXPECT_TRUE(r.ok) << k->name << ": " << r.log;
+        EXPECT_EQ(r.spill_stores + r.spill_loads, 0) << k->name << ": " << r.log;
+        EXPECT_EQ(r.log.find("serialized"), std::string::npos) << k->name << ": " << r.log;
+        std::printf("%s wgmma tensor copies %s, split %s: %d registers, %lld bytes shared\n", k->name.c_str(), tiling,
+                    split, r.registers, static_cast<long long>(k->shared_bytes()));
+      }
+      EXPECT_GT(copying, 0) << tiling;
+    }
 }
 
 void expect_matmul_kernels_pass_ptxas_without_spills() {

@@ -28,7 +28,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 33> kVariables = {{
+constexpr std::array<Variable, 34> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -58,6 +58,9 @@ constexpr std::array<Variable, 33> kVariables = {{
      "default), all (also rows of whole 16-byte chunks, 16 bytes a store), or 0 (never)"},
     {"KILN_WGMMA_PRODUCTS_FIRST",
      "1: wgmma matmuls issue a k step's products before its copies of a later step (default 0: copies first)"},
+    {"KILN_WGMMA_TENSOR_COPIES",
+     "1: wgmma matmuls without a batch fill their stages by tensor copies (cp.async.bulk.tensor) instead of cp.async "
+     "(default 0)"},
     {"KILN_ATTENTION_MMA", "0: GPU attention of bf16 operands on FFMA kernels instead of bf16 mma.sync (default 1)"},
     {"KILN_COLLECTIVE_TIMEOUT", "data parallel: seconds a collective waits for the other ranks (default 300)"},
     {"KILN_GPU_COLLECTIVES", "data parallel on GPUs: nccl or host (default: NCCL where it loads)"},
@@ -200,6 +203,13 @@ bool wgmma_products_first() {
   if (v.empty() || v == "0") return false;
   if (v == "1") return true;
   throw Error("KILN_WGMMA_PRODUCTS_FIRST: expected 0 or 1, received '" + v + "'");
+}
+
+bool wgmma_tensor_copies() {
+  const std::string v = text("KILN_WGMMA_TENSOR_COPIES");
+  if (v.empty() || v == "0") return false;
+  if (v == "1") return true;
+  throw Error("KILN_WGMMA_TENSOR_COPIES: expected 0 or 1, received '" + v + "'");
 }
 
 bool attention_mma() {

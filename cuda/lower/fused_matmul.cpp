@@ -199,6 +199,10 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   for (ValueId v : op.inputs) largest = std::max(largest, c.info(v).shape.numel());
   const Type it = index_type(largest);
 
+  // wgmma stages filled by tensor copies (opt-in, products without a batch): the operands' maps
+  // are parameters after the others.
+  const bool tensor_copies = cp_async_mma && use_wgmma_tensor_copies(mma, nb > 0, M, N, K);
+
   KernelBuilder b(prefix);
   Reg pa = b.param("a", Type::u64), pb = b.param("b", Type::u64);
   // Extra inputs the epilogues read; each one's strides against the logical domain.
@@ -219,6 +223,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   Reg p_block_sums = f.block_sums ? b.param("block_sums", Type::u64) : Reg{};
   Reg p_partials = splits > 1 ? b.param("partials", Type::u64) : Reg{};
   Reg p_counters = splits > 1 ? b.param("tile_counters", Type::u64) : Reg{};
+  WgmmaTensorCopies copies;
+  if (tensor_copies) copies.maps = {b.param("a_map", Type::u64), b.param("b_map", Type::u64)};
 
   Reg tid = b.sreg(SReg::tid_x);
   auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
@@ -260,6 +266,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
     Reg tiles = b.shared_addr(b.shared_array("tiles", mma_shared_bytes(*mma_stages, mma), 1024));
     as = b.and_(Type::u32, b.add(Type::u32, tiles, imm_u32(1023)), imm_u32(~1023u));
     bs = b.add(Type::u32, as, imm_u32(static_cast<uint32_t>(mma.stages) * mma.stage_bytes((*mma_stages)[0], tile.tm)));
+    if (tensor_copies)
+      copies.barriers = b.shared_addr(b.shared_array("stage_barriers", 8 * static_cast<int64_t>(mma.stages), 8));
   } else {
     as = b.shared_addr(b.shared_array("a_tile", cp_async_mma ? mma.stages * mma.stage_bytes((*mma_stages)[0], tile.tm)
                                                              : ffma_buffers * a_buffer_bytes));
@@ -352,7 +360,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       k_end = b.min(it, b.add(it, first, imm_index(it, k_split)), imm_index(it, K));
     }
     mma_main_loop(b, it, {a_base, b_base}, {&f.a, &f.b}, *mma_stages, mma, {M, N}, K, k_begin, k_end, {m0, n0}, tid,
-                  {as, bs}, warp_m, warp_n, acc);
+                  {as, bs}, warp_m, warp_n, acc, tensor_copies ? &copies : nullptr);
   } else {
     // Loaders that copy by cp.async (TileLoader::async) commit a group a fetch and wait for it
     // before the barrier after which the tile is read.
@@ -782,6 +790,12 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                         static_cast<size_t>(batch * grid_m * grid_n) * 4};
     lo.zeroed_scratch = {1};
   }
+  if (tensor_copies) {
+    args.push_back({ArgRef::Kind::TensorMap, 0});
+    args.push_back({ArgRef::Kind::TensorMap, 1});
+    lo.tensor_maps = {wgmma_tensor_map(0, f.a, (*mma_stages)[0], mma, M, K),
+                      wgmma_tensor_map(1, f.b, (*mma_stages)[1], mma, N, K)};
+  }
   // The FFMA kernel declares its 256 threads: ptxas then allocates fewer registers (the 128x128
   // tiles' two-buffer loop: 123 against 131 undeclared), which keeps two blocks an SM. 128x128
   // tiles also ask for those two blocks (.minnctapersm 2): told its budget of 128 registers,
@@ -804,10 +818,11 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   if (mma.wgmma)
     lo.summary = fmt::format(
         "{}: tile {}x{}x{}, {} threads, wgmma m64n{}k16 bf16 on {} warpgroups, operands in 128-byte swizzled "
-        "stages ({}, {}), {} cp.async stages{}, {}",
+        "stages ({}, {}), {} {} stages{}, {}",
         op.prim->name, tile.tm, tile.tn, mma.tile_k(), threads, tile.tn, tile.tm == 128 ? "two" : "three",
         (*mma_stages)[0] == MmaStage::row_k ? "a K-major" : "a MN-major",
         (*mma_stages)[1] == MmaStage::row_k ? "b K-major" : "b MN-major", mma.stages,
+        tensor_copies ? "tensor-copy" : "cp.async",
         splits > 1 ? fmt::format(", K split {} ways ({} each, partials added in order by each tile's last block)",
                                  splits, k_split)
                    : std::string(),
@@ -829,7 +844,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                                 launch_text(lo.launches.back()))
                   : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs{}, {}", op.prim->name, tile.tm, tile.tn,
                                 kTileK, threads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));
-  if (mma.wgmma && options::wgmma_products_first()) lo.summary += ", a step's products issued before its copies";
+  if (mma.wgmma && !tensor_copies && options::wgmma_products_first())
+    lo.summary += ", a step's products issued before its copies";
   if (staging_emitted)
     lo.summary += staged_chunks ? ", interior tiles stored through shared memory 16 bytes a store"
                                 : ", interior tiles stored through shared memory a row a warp";

@@ -21,8 +21,24 @@ struct ArgRef {
     Output,   // the op's output `index`
     Scratch,  // the op's temporary buffer `index` (LoweredOp::scratch_bytes)
     Status,   // the program's status words (u32[2]): index errors found on the device
+    // the global address of the tensor map LoweredOp::tensor_maps[index], which the program
+    // encodes over its input's buffer before the launches
+    TensorMap,
   } kind = Kind::Input;
   int index = 0;
+};
+
+// A tensor map for cp.async.bulk.tensor (kir::Opc::TensorCopy): input `input`'s elements from
+// `offset` on as a tensor of dims (innermost first) with byte strides for dims 1.., and the box a
+// copy moves, in 128-byte swizzled rows or plain ones. Elements outside the tensor read as zero.
+struct TensorMapArg {
+  int input = 0;
+  uint32_t element_bytes = 2;
+  int64_t offset = 0;  // elements
+  std::vector<uint64_t> dims;
+  std::vector<uint64_t> strides;  // bytes, one a dimension after the first
+  std::vector<uint32_t> box;
+  bool swizzle_128 = true;
 };
 
 struct Launch {
@@ -44,7 +60,8 @@ struct LoweredOp {
   // program adds its mean over the ranks: in place on output 0 after the launches (NCCL), or from
   // input 0 into output 0 instead of them (host staged).
   bool mean_over_ranks = false;
-  std::string summary;  // "matmul tile 64x64x16, 256 threads"
+  std::vector<TensorMapArg> tensor_maps;  // those ArgRef::Kind::TensorMap names
+  std::string summary;                    // "matmul tile 64x64x16, 256 threads"
 };
 
 // Status word 0 counts index errors; word 1 holds one offending index. A kernel that checks

@@ -113,6 +113,31 @@ int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling) {
   return std::clamp<int64_t>(std::min(slots / std::max<int64_t>(blocks, 1), steps / 8), 1, 4);
 }
 
+bool use_wgmma_tensor_copies(const MmaTiling& tiling, bool batched, int64_t M, int64_t N, int64_t K) {
+  constexpr int64_t kMostCoordinate = int64_t{1} << 31;  // the copies' coordinates are s32
+  return tiling.wgmma && options::wgmma_tensor_copies() && !batched && K > 0 && M + 256 < kMostCoordinate &&
+         N + 256 < kMostCoordinate && K + kWgmmaTileK < kMostCoordinate;
+}
+
+TensorMapArg wgmma_tensor_map(int o, const MatmulOperand& v, MmaStage layout, const MmaTiling& tiling, int64_t rows,
+                              int64_t K) {
+  TensorMapArg m;
+  m.input = o;
+  m.element_bytes = 2;
+  m.offset = v.offset;
+  const auto tile_rows = static_cast<uint32_t>(o == 0 ? tiling.tm : tiling.tn);
+  if (layout == MmaStage::row_k) {
+    m.dims = {static_cast<uint64_t>(K), static_cast<uint64_t>(rows)};
+    m.strides = {static_cast<uint64_t>(v.row_stride) * 2};
+    m.box = {kWgmmaTileK, tile_rows};
+  } else {
+    m.dims = {static_cast<uint64_t>(rows), static_cast<uint64_t>(K)};
+    m.strides = {static_cast<uint64_t>(v.k_stride) * 2};
+    m.box = {64, kWgmmaTileK};
+  }
+  return m;
+}
+
 std::optional<std::array<MmaStage, 2>> mma_stage_layouts(const Circuit& c, const Op& op, const FusedMatmul& f,
                                                          MmaInput input) {
   if ((input == MmaInput::bf16 && !options::bf16_mma()) || f.a_row_sums) return std::nullopt;
@@ -124,7 +149,7 @@ std::optional<std::array<MmaStage, 2>> mma_stage_layouts(const Circuit& c, const
 void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::array<const MatmulOperand*, 2> view,
                    std::array<MmaStage, 2> layout, const MmaTiling& tiling, std::array<int64_t, 2> rows, int64_t K,
                    kir::Operand k_begin, kir::Operand k_end, std::array<Reg, 2> row0, Reg tid, std::array<Reg, 2> smem,
-                   Reg warp_m, Reg warp_n, std::vector<Reg>& acc) {
+                   Reg warp_m, Reg warp_n, std::vector<Reg>& acc, const WgmmaTensorCopies* tensor_copies) {
   auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
   const MmaInput input = tiling.input;
   const int tile_k = tiling.tile_k();
@@ -292,7 +317,7 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
       Reg chunk = b.xor_(Type::u32, b.and_(Type::u32, b.shr(Type::u32, r, imm_u32(3)), imm_u32(7)), j);
       return b.add(Type::u32, atom, b.mad(Type::u32, j, imm_u32(128), b.shl(Type::u32, chunk, imm_u32(4))));
     };
-    prepare_fast_copies();
+    if (!tensor_copies) prepare_fast_copies();
     // Descriptors (PTX ISA, sm_90): start >> 4 in bits 0-13, leading byte offset >> 4 in 16-29,
     // stride byte offset >> 4 in 32-45, 128-byte swizzle (1) in 62-63. K-major: SBO 1024 from one
     // 8-row atom to the next, LBO unused (16, as CUTLASS gives it), a k16 slice 32 bytes on.
@@ -300,14 +325,19 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
     // those on. Warpgroup w's A rows start 64 rows on: 8 K-major atoms, or one MN-major atom.
     // Stage and slice offsets are added to the start field: shared addresses stay under 2^18, so
     // it never carries into the next.
+    // With tensor copies an MN-major stage is its 64-row boxes one after another (wgmma_tensor_map):
+    // LBO 8192 from one box to the next, SBO 1024 between 8-k atoms of a box.
     Reg group = b.shr(Type::u32, tid, imm_u32(7));
     std::array<Reg, 2> desc;
     std::array<uint32_t, 2> slice;
     for (size_t o = 0; o < 2; ++o) {
       const bool k_major = layout[o] == MmaStage::row_k;
-      const uint32_t sbo = k_major ? 1024 : static_cast<uint32_t>(tile_rows[o]) / 64 * 1024, lbo = k_major ? 16 : 1024;
+      const uint32_t sbo = k_major || tensor_copies ? 1024 : static_cast<uint32_t>(tile_rows[o]) / 64 * 1024,
+                     lbo = k_major         ? 16
+                           : tensor_copies ? 8192
+                                           : 1024;
       slice[o] = k_major ? 32 : 2 * sbo;
-      Reg start = o == 0 ? b.mad(Type::u32, group, imm_u32(k_major ? 8192 : 1024), smem[o]) : smem[o];
+      Reg start = o == 0 ? b.mad(Type::u32, group, imm_u32(k_major || tensor_copies ? 8192 : 1024), smem[o]) : smem[o];
       Reg field = b.cvt(Type::u64, b.shr(Type::u32, start, imm_u32(4)));
       desc[o] = b.or_(Type::u64, field,
                       kir::imm_u64(uint64_t{1} << 62 | uint64_t{sbo >> 4} << 32 | uint64_t{lbo >> 4} << 16));
@@ -318,6 +348,81 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
     // own copies (D - 1 younger groups may stay in flight), fences them for wgmma's async proxy,
     // meets the barrier, refills, and issues its four k16 products as one group.
     const uint32_t ahead_steps = stages - 2;
+    auto products = [&] {
+      std::array<Reg, 2> at;
+      for (size_t o = 0; o < 2; ++o)
+        at[o] = b.add(Type::u64, desc[o], b.cvt(Type::u64, b.shr(Type::u32, read[o], imm_u32(4))));
+      b.wgmma_fence();
+      for (uint32_t j = 0; j < kWgmmaTileK / 16; ++j) {
+        std::array<kir::Operand, 2> d{at[0], at[1]};
+        if (j > 0)
+          for (size_t o = 0; o < 2; ++o) d[o] = b.add(Type::u64, at[o], kir::imm_u64(j * slice[o] >> 4));
+        b.wgmma(tiling.tn, d[0], layout[0] == MmaStage::k_row, d[1], layout[1] == MmaStage::k_row, acc);
+      }
+      b.wgmma_commit();
+    };
+    if (tensor_copies) {
+      // Tensor copies: thread 0 fills each stage with one copy an operand (an MN-major one: one a
+      // 64-row box), all completing on the stage's mbarrier, which it told to expect the stage's
+      // bytes; elements past the matrix (rows or K) land as zeros. Every thread waits for the
+      // stage's phase (stage s's n-th fill is phase n, waited for with parity n % 2), then meets
+      // the barrier after which every warpgroup is done with step i - 2's stage, which thread 0
+      // then refills. No fence.proxy.async: tensor copies and wgmma both go through the async proxy.
+      const uint32_t stage_bytes = bytes[0] + bytes[1];
+      Reg leader = b.setp(Cmp::eq, tid, imm_u32(0));
+      b.if_(leader, [&] {
+        for (uint32_t s = 0; s < stages; ++s)
+          b.mbarrier_init(b.add(Type::u32, tensor_copies->barriers, imm_u32(8 * s)), imm_u32(1));
+        b.fence_mbarrier_init();
+      });
+      b.bar();
+      std::array<Reg, 2> row32;
+      for (size_t o = 0; o < 2; ++o) row32[o] = b.cvt(Type::s32, row0[o]);
+      auto fill = [&](Reg k0, std::array<Reg, 2> stage, Reg barrier) {
+        b.if_(leader, [&] {
+          b.mbarrier_arrive_expect_tx(barrier, imm_u32(stage_bytes));
+          Reg k32 = b.cvt(Type::s32, k0);
+          for (size_t o = 0; o < 2; ++o) {
+            Reg dst = b.add(Type::u32, smem[o], stage[o]);
+            if (layout[o] == MmaStage::row_k) {
+              b.tensor_copy(dst, tensor_copies->maps[o], barrier, {k32, row32[o]});
+              continue;
+            }
+            for (int p = 0; p < tile_rows[o] / 64; ++p)
+              b.tensor_copy(p == 0 ? dst : b.add(Type::u32, dst, imm_u32(8192 * static_cast<uint32_t>(p))),
+                            tensor_copies->maps[o], barrier,
+                            {p == 0 ? row32[o] : b.add(Type::s32, row32[o], kir::imm_s32(64 * p)), k32});
+          }
+        });
+      };
+      auto barrier_of = [&](uint32_t s) { return b.add(Type::u32, tensor_copies->barriers, imm_u32(8 * s)); };
+      for (uint32_t s = 0; s < ahead_steps; ++s)
+        if_step(int64_t{s} * tile_k, [&] { fill(k_at(int64_t{s} * tile_k), offsets(s), barrier_of(s)); });
+      const std::array<Reg, 2> write = offsets(ahead_steps);
+      Reg read_barrier = barrier_of(0), write_barrier = barrier_of(ahead_steps), parity = b.mov(Type::u32, imm_u32(0));
+      auto next_barrier = [&](Reg at) {
+        Reg next = b.add(Type::u32, at, imm_u32(8));
+        Reg wraps = b.setp(Cmp::eq, next, b.add(Type::u32, tensor_copies->barriers, imm_u32(8 * stages)));
+        b.set(at, b.selp(Type::u32, tensor_copies->barriers, next, wraps));
+        return wraps;
+      };
+      b.for_(k_begin, k_end, imm_index(it, tile_k), [&](Reg k0) {
+        b.mbarrier_wait(read_barrier, parity);
+        b.bar();
+        Reg ahead = b.add(it, k0, imm_index(it, int64_t{ahead_steps} * tile_k));
+        b.if_(b.setp(Cmp::lt, ahead, k_end), [&] { fill(ahead, write, write_barrier); });
+        products();
+        b.wgmma_wait(1);
+        advance(read);
+        advance(write);
+        Reg flipped = b.xor_(Type::u32, parity, imm_u32(1));
+        Reg wrapped = next_barrier(read_barrier);  // the next fill of stage 0 is the next phase
+        b.set(parity, b.selp(Type::u32, flipped, parity, wrapped));
+        next_barrier(write_barrier);
+      });
+      b.wgmma_wait(0);
+      return;
+    }
     for (uint32_t s = 0; s < ahead_steps; ++s) {
       if_step(int64_t{s} * tile_k, [&] { issue(k_at(int64_t{s} * tile_k), offsets(s)); });
       b.cp_async_commit();  // possibly empty
@@ -338,17 +443,7 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
         b.cp_async_commit();  // possibly empty: one group a step
       };
       if (!products_first) refill();
-      std::array<Reg, 2> at;
-      for (size_t o = 0; o < 2; ++o)
-        at[o] = b.add(Type::u64, desc[o], b.cvt(Type::u64, b.shr(Type::u32, read[o], imm_u32(4))));
-      b.wgmma_fence();
-      for (uint32_t j = 0; j < kWgmmaTileK / 16; ++j) {
-        std::array<kir::Operand, 2> d{at[0], at[1]};
-        if (j > 0)
-          for (size_t o = 0; o < 2; ++o) d[o] = b.add(Type::u64, at[o], kir::imm_u64(j * slice[o] >> 4));
-        b.wgmma(tiling.tn, d[0], layout[0] == MmaStage::k_row, d[1], layout[1] == MmaStage::k_row, acc);
-      }
-      b.wgmma_commit();
+      products();
       if (products_first) refill();
       b.wgmma_wait(1);
       advance(read);

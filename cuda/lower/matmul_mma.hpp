@@ -100,6 +100,21 @@ int64_t mma_shared_bytes(const std::array<MmaStage, 2>& layout, const MmaTiling&
 // K. Forced: that many, at most one a step of K. Returns the splits (1: none).
 int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling);
 
+// KILN_WGMMA_TENSOR_COPIES=1: wgmma's stages filled by the tensor copy engine instead of
+// cp.async, for products without a batch whose sizes fit the copies' s32 coordinates. `maps`: the
+// operands' tensor maps (wgmma_tensor_map), `barriers`: the shared address of one mbarrier a stage
+// (8 bytes each). An MN-major stage is then its 64-row boxes one after another (8192 bytes each:
+// 8 atoms of 8 k) instead of 64-row atoms interleaved along k.
+struct WgmmaTensorCopies {
+  std::array<Reg, 2> maps;
+  Reg barriers;
+};
+bool use_wgmma_tensor_copies(const MmaTiling& tiling, bool batched, int64_t M, int64_t N, int64_t K);
+// The tensor map of operand `o` (0: a, rows M; 1: b, rows N) read through view v in `layout`: a
+// K-major stage is one box of 64 k x the tile's rows, an MN-major one boxes of 64 rows x 64 k.
+TensorMapArg wgmma_tensor_map(int o, const MatmulOperand& v, MmaStage layout, const MmaTiling& tiling, int64_t rows,
+                              int64_t K);
+
 // Both operands' stage layouts for `input` (operands stored in its type, k or rows contiguous,
 // 16-byte aligned chunks, no prologue, no row sums; bf16: KILN_BF16_MMA not 0), or nothing where
 // the kernel does not apply.
@@ -117,6 +132,6 @@ std::optional<std::array<MmaStage, 2>> mma_stage_layouts(const Circuit& c, const
 void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::array<const MatmulOperand*, 2> view,
                    std::array<MmaStage, 2> layout, const MmaTiling& tiling, std::array<int64_t, 2> rows, int64_t K,
                    kir::Operand k_begin, kir::Operand k_end, std::array<Reg, 2> row0, Reg tid, std::array<Reg, 2> smem,
-                   Reg warp_m, Reg warp_n, std::vector<Reg>& acc);
+                   Reg warp_m, Reg warp_n, std::vector<Reg>& acc, const WgmmaTensorCopies* tensor_copies = nullptr);
 
 }  // namespace kiln::cuda

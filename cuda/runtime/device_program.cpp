@@ -96,6 +96,9 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
       for (const auto& a : launch.args)
         if (a.kind == ArgRef::Kind::Status && slot < 0) slot = status_slots_++;
     status_slot_.push_back(slot);
+    for (const auto& launch : l.launches)
+      for (const auto& a : launch.args)
+        if (a.kind == ArgRef::Kind::TensorMap) tensor_maps_.emplace_back();
     std::vector<LoadedKernel> loaded;
     for (const auto& launch : l.launches) loaded.push_back(rt_.load(*launch.kernel));
     loaded_.push_back(std::move(loaded));
@@ -118,6 +121,7 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
   static_memory_ = !rt_.exact_block_sizes();
   plan_workspace();
   use_graphs_ = static_memory_ && rt_.graphs_supported() && options::cuda_graphs();
+  if (!tensor_maps_.empty()) tensor_maps_at_ = rt_.alloc(tensor_maps_.size() * sizeof(CUtensorMap));
 }
 
 DeviceProgram::~DeviceProgram() {
@@ -125,6 +129,7 @@ DeviceProgram::~DeviceProgram() {
   try {
     for (CachedGraph& g : graphs_) rt_.destroy(g.graph);
     rt_.free(workspace_);
+    if (tensor_maps_at_) rt_.free(tensor_maps_at_);
   } catch (...) {  // a destructor frees what it can
   }
 }
@@ -254,6 +259,7 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
     commands.push_back(std::move(c));
   };
   zero(-1, status, status_bytes(status_slots_));
+  size_t maps = 0;  // tensor maps encoded so far
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const LoweredOp& l = lowered_[i];
@@ -296,6 +302,16 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
             case ArgRef::Kind::Status:
               c.args.push_back(status + static_cast<CUdeviceptr>(status_slot_[i]) * kStatusWords * 4);
               break;
+            case ArgRef::Kind::TensorMap: {
+              const TensorMapArg& m = l.tensor_maps[static_cast<size_t>(a.index)];
+              const CUdeviceptr at =
+                  ptr(op.inputs[static_cast<size_t>(m.input)]) + static_cast<CUdeviceptr>(m.offset) * m.element_bytes;
+              tensor_maps_[maps] =
+                  rt_.encode_tensor_map(fmt::format("op {} ({}): input {}'s tensor map", i, op.prim->name, m.input), at,
+                                        m.element_bytes, m.dims, m.strides, m.box, m.swizzle_128);
+              c.args.push_back(tensor_maps_at_ + maps++ * sizeof(CUtensorMap));
+              break;
+            }
           }
         }
         commands.push_back(std::move(c));
@@ -317,6 +333,7 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
     }
     for (ValueId dead : free_after_[i]) buf.release(dead);
   }
+  if (maps > 0) rt_.upload(tensor_maps_at_, tensor_maps_.data(), maps * sizeof(CUtensorMap));
   const auto started = std::chrono::steady_clock::now();
   const int64_t launches = execute(commands);
   if (has_collectives_ && device_world())

@@ -98,7 +98,11 @@ class DeviceProgram {
   // uploads them in one copy: their first byte, and a host buffer to pack them in.
   size_t inputs_offset_ = 0;
   std::vector<uint64_t> staging_;
-  CUdeviceptr workspace_ = 0;                // allocated by the first run, freed with the program
+  CUdeviceptr workspace_ = 0;  // allocated by the first run, freed with the program
+  // The launches' tensor maps (ArgRef::Kind::TensorMap), in the order the commands take them:
+  // encoded each run over that run's buffers, uploaded in one copy before the commands run.
+  std::vector<CUtensorMap> tensor_maps_;
+  CUdeviceptr tensor_maps_at_ = 0;           // allocated with the program when it has any
   std::weak_ptr<const void> runtime_alive_;  // a program may outlive its runtime (a test's)
   // Replay as CUDA graphs (static memory plan, a driver with graphs, KILN_CUDA_GRAPHS not 0):
   // the graphs of the latest command lists, at most two (a step's resident tensors alternate

@@ -242,6 +242,32 @@ void Runtime::check(CUresult r, const std::string& what) const {
   throw Error(message);
 }
 
+CUtensorMap Runtime::encode_tensor_map(const std::string& what, CUdeviceptr address, uint32_t element_bytes,
+                                       const std::vector<uint64_t>& dims, const std::vector<uint64_t>& strides,
+                                       const std::vector<uint32_t>& box, bool swizzle_128) const {
+  enter();
+  if (!driver_.api.cuTensorMapEncodeTiled)
+    throw Error(what + ": the CUDA driver has no cuTensorMapEncodeTiled (CUDA 12.0 or later has it)");
+  const int type = element_bytes == 1   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                   : element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_UINT32;
+  const std::vector<uint32_t> ones(dims.size(), 1);
+  auto list = [](const auto& values) {
+    std::string s;
+    for (const auto& v : values) s += (s.empty() ? "" : ", ") + std::to_string(v);
+    return s;
+  };
+  CUtensorMap map{};
+  check(driver_.api.cuTensorMapEncodeTiled(&map, type, static_cast<uint32_t>(dims.size()),
+                                           reinterpret_cast<void*>(static_cast<uintptr_t>(address)), dims.data(),
+                                           strides.data(), box.data(), ones.data(), CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                           swizzle_128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+        fmt::format("{}: cuTensorMapEncodeTiled (address {:#x}, dims [{}], strides [{}], box [{}])", what, address,
+                    list(dims), list(strides), list(box)));
+  return map;
+}
+
 void Runtime::enter() const {
   if (!lost_.empty()) throw Error(lost_);
   thread_local CUcontext current = nullptr;  // what this thread last made current through a runtime

@@ -110,6 +110,14 @@ class Runtime {
   // points at it and lives as long as the runtime.
   LoadedKernel load(const kir::Kernel& k);
 
+  // A tensor map for cp.async.bulk.tensor (cuTensorMapEncodeTiled) over the global `address`:
+  // dims innermost first, byte strides for dims 1.., the box a copy moves, in 128-byte swizzled
+  // rows or plain ones, zeros outside the tensor. Throws naming `what` where the driver lacks the
+  // entry point (CUDA 12.0) or refuses the arguments.
+  CUtensorMap encode_tensor_map(const std::string& what, CUdeviceptr address, uint32_t element_bytes,
+                                const std::vector<uint64_t>& dims, const std::vector<uint64_t>& strides,
+                                const std::vector<uint32_t>& box, bool swizzle_128) const;
+
   // Packs `args` (one raw value per kernel parameter, in the parameter's type; a 32-bit one takes
   // the low 32 bits) into one buffer with natural alignment and launches; checks the launch's
   // result (with the fake driver, a fault the simulator found fails the launch itself).

@@ -47,6 +47,7 @@ struct Case {
   bool swizzle = false;
   std::vector<std::vector<int32_t>> origins;  // per copy, the box's first element
   // Planted misuses, each of which the simulator must report.
+  bool no_map_fence = false;             // no fence.proxy.tensormap before the map's first use
   bool barrier_instead_of_wait = false;  // a bar.sync, not the mbarrier, before the box is read
   bool expect_too_much = false;          // expect_tx names 16 bytes more than the box
   bool no_init_fence = false;            // no fence.mbarrier_init after the init
@@ -113,6 +114,7 @@ kir::Kernel copy_kernel(const Case& c) {
   Reg tid = b.sreg(kir::SReg::tid_x), sbox = b.shared_addr(box), sbar = b.shared_addr(bar);
   Reg first = b.setp(Cmp::eq, tid, imm_u32(0));
   b.if_(first, [&] {
+    if (!c.no_map_fence) b.fence_proxy_tensormap(map);
     b.mbarrier_init(sbar, imm_u32(1));
     if (!c.no_init_fence) b.fence_mbarrier_init();
   });
@@ -232,11 +234,11 @@ TEST(TensorCopy, KernelsPassPtxasForSm90aOnly) {
 }
 
 // The misuses, each reported: a read of the box by threads that did not wait for its phase (a
-// bar.sync after the copy's issue instead); a
-// phase expecting more bytes than land (every waiter waits forever); a copy completing on a
-// barrier whose init was not fenced; the second box waited for with the first phase's parity
-// (which has already completed: the wait passes before the bytes land); and the second copy
-// issued while other threads may still read the first box.
+// bar.sync after the copy's issue instead); a map in global memory used without the tensor-map
+// proxy fence; a phase expecting more bytes than land (every waiter waits forever); a copy
+// completing on a barrier whose init was not fenced; the second box waited for with the first
+// phase's parity (which has already completed: the wait passes before the bytes land); and the
+// second copy issued while other threads may still read the first box.
 TEST(TensorCopy, SimulatorReportsMisuses) {
   const Case base = known_answer_cases().front();
   sim::DeviceMemory mem;
@@ -270,6 +272,9 @@ TEST(TensorCopy, SimulatorReportsMisuses) {
   Case c = base;
   c.barrier_instead_of_wait = true;
   sim::testing::expect_error([&] { run(c); }, {"that a tensor copy", "which this thread has not waited for"});
+  c = base;
+  c.no_map_fence = true;
+  sim::testing::expect_error([&] { run(c); }, {"no fence.proxy.tensormap::generic.acquire"});
   c = base;
   c.expect_too_much = true;
   sim::testing::expect_error([&] { run(c); }, {"deadlock", "mbarrier phases that cannot complete"});

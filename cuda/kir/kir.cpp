@@ -46,7 +46,7 @@ const char* opc_name(Opc op) {
       "mma.sync", "cvt.rna.tf32", "ldmatrix", "cp.async", "cp.async.commit_group", "cp.async.wait_group",
       "cvt.rn.bf16x2", "wgmma.mma_async", "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group",
       "fence.proxy.async", "mbarrier.init", "fence.mbarrier_init", "mbarrier.arrive.expect_tx",
-      "mbarrier.try_wait.parity", "cp.async.bulk.tensor"};
+      "mbarrier.try_wait.parity", "cp.async.bulk.tensor", "fence.proxy.tensormap"};
   // clang-format on
   return kNames[static_cast<int>(op)];
 }
@@ -334,6 +334,10 @@ struct Checker {
         if (!in.dsts.empty()) fail(in, "mbarrier operations here write no register");
         break;
       case Opc::FenceMbarrierInit: nsrc(0); break;
+      case Opc::FenceProxyTensormap:
+        nsrc(1);
+        type_is(in, in.srcs[0], Type::u64, "tensor map address");
+        break;
       case Opc::TensorCopy:
         if (in.vec < 1 || in.vec > 5) fail(in, "a tensor copy has 1 to 5 coordinates");
         nsrc(3 + static_cast<size_t>(in.vec));
@@ -399,7 +403,8 @@ bool needs_sm90a(const Kernel& k) {
         const Opc op = s.instr.op;
         if (op == Opc::Wgmma || op == Opc::WgmmaFence || op == Opc::WgmmaCommit || op == Opc::WgmmaWait ||
             op == Opc::FenceProxyAsync || op == Opc::MbarrierInit || op == Opc::FenceMbarrierInit ||
-            op == Opc::MbarrierArriveExpectTx || op == Opc::MbarrierWait || op == Opc::TensorCopy)
+            op == Opc::MbarrierArriveExpectTx || op == Opc::MbarrierWait || op == Opc::TensorCopy ||
+            op == Opc::FenceProxyTensormap)
           return true;
       } else if (any(s.body) || any(s.else_body)) {
         return true;
@@ -769,6 +774,14 @@ void KernelBuilder::tensor_copy(Operand shared_dst, Operand tensor_map, Operand 
   in.vec = static_cast<int32_t>(coords.size());
   in.srcs = {shared_dst, tensor_map, barrier};
   in.srcs.insert(in.srcs.end(), coords.begin(), coords.end());
+  emit(std::move(in));
+}
+
+void KernelBuilder::fence_proxy_tensormap(Operand tensor_map) {
+  Instr in;
+  in.op = Opc::FenceProxyTensormap;
+  in.type = Type::u64;
+  in.srcs = {tensor_map};
   emit(std::move(in));
 }
 

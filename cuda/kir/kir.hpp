@@ -186,6 +186,10 @@ enum class Opc : uint8_t {
   // swizzle), laid out as the map says, and its bytes count against the current phase of the
   // barrier at shared c (u32) once they land. One thread issues it.
   TensorCopy,
+  // fence.proxy.tensormap::generic.acquire.sys [a], 128: the tensor map at global a (u64), written
+  // through the generic proxy (a copy from the host), is seen by this thread's tensor copies
+  // (PTX 8.3: kernels with it print for that ISA).
+  FenceProxyTensormap,
 };
 const char* opc_name(Opc op);
 
@@ -368,6 +372,7 @@ class KernelBuilder {
   void mbarrier_arrive_expect_tx(Operand barrier, Operand bytes);
   void mbarrier_wait(Operand barrier, Operand parity);
   void tensor_copy(Operand shared_dst, Operand tensor_map, Operand barrier, const std::vector<Operand>& coords);
+  void fence_proxy_tensormap(Operand tensor_map);
   // D = A B + C for the warp (every lane must take part): a[4], b[2] (f32 for tf32, u32 packed
   // pairs for bf16/f16), c[4] f32; returns D's 4 f32 registers of this lane.
   std::vector<Reg> mma(MmaShape shape, const std::vector<Operand>& a, const std::vector<Operand>& b,

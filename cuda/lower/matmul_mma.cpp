@@ -371,6 +371,7 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
       const uint32_t stage_bytes = bytes[0] + bytes[1];
       Reg leader = b.setp(Cmp::eq, tid, imm_u32(0));
       b.if_(leader, [&] {
+        for (size_t o = 0; o < 2; ++o) b.fence_proxy_tensormap(tensor_copies->maps[o]);  // copied from the host
         for (uint32_t s = 0; s < stages; ++s)
           b.mbarrier_init(b.add(Type::u32, tensor_copies->barriers, imm_u32(8 * s)), imm_u32(1));
         b.fence_mbarrier_init();

@@ -66,7 +66,7 @@ enum class Code : uint16_t {
   // mbarriers (a = the barrier's shared address; b = arrivals, expected bytes or parity) and
   // tensor copies (a = shared destination, b = the tensor map's global address, c = the barrier;
   // vslots from imm: the aux coordinates).
-  MbarrierInit, FenceMbarrierInit, MbarrierArriveExpectTx, MbarrierWait, TensorCopy,
+  MbarrierInit, FenceMbarrierInit, MbarrierArriveExpectTx, MbarrierWait, TensorCopy, FenceProxyTensormap,
 };
 // clang-format on
 

@@ -348,6 +348,11 @@ class Flattener {
         op.code = Code::FenceMbarrierInit;
         out_.uses_mbarriers = true;
         break;
+      case Opc::FenceProxyTensormap:
+        op.code = Code::FenceProxyTensormap;
+        op.a = slot(in.srcs[0]);
+        out_.uses_mbarriers = true;
+        break;
       case Opc::TensorCopy:
         op.code = Code::TensorCopy;
         op.a = slot(in.srcs[0]);

@@ -218,6 +218,7 @@ struct BlockRun {
   std::map<uint32_t, Mbarrier> mbarriers;
   uint32_t at_mbarrier = 0;
   std::vector<std::map<uint32_t, uint32_t>> phases_seen;
+  std::vector<std::vector<uint64_t>> maps_fenced;  // per thread: tensor maps it ran fence.proxy.tensormap on
   std::vector<uint32_t> copy_barrier, copy_phase, copy_pc;
 };
 
@@ -276,6 +277,7 @@ class Executor {
       }
       if (k.uses_mbarriers) {
         b.phases_seen.resize(nthreads_);
+        b.maps_fenced.resize(nthreads_);
         b.copy_barrier.resize(b.shared.size());
         b.copy_phase.resize(b.shared.size());
         b.copy_pc.resize(b.shared.size());
@@ -364,6 +366,7 @@ class Executor {
       b.mbarriers.clear();
       b.at_mbarrier = 0;
       for (auto& seen : b.phases_seen) seen.clear();
+      for (auto& fenced : b.maps_fenced) fenced.clear();
       std::fill(b.copy_barrier.begin(), b.copy_barrier.end(), 0);
     }
     if (b.any_async) {
@@ -982,6 +985,11 @@ class Executor {
     const auto bar = static_cast<uint32_t>(r[op.c]);
     const std::byte* raw = global(t, pc, map_at, kTensorMapBytes, "tensor map read", kTensorMapAlign);
     const std::optional<TensorMap> map = decode_tensor_map(raw);
+    const auto& fenced = b.maps_fenced[t];
+    if (std::find(fenced.begin(), fenced.end(), map_at) == fenced.end())
+      fail(t, pc,
+           "the tensor map at " + hex_address(map_at) +
+               " in global memory is used with no fence.proxy.tensormap::generic.acquire by this thread first");
     if (!map)
       fail(t, pc,
            "the tensor map at " + hex_address(map_at) + " is not one cuTensorMapEncodeTiled (the fake driver's) made");
@@ -1365,6 +1373,7 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
         if (!wait_mbarrier(t, pc, static_cast<uint32_t>(r[op.a]), static_cast<uint32_t>(r[op.b]))) goto stop;
         break;
       case Code::TensorCopy: tensor_copy(t, pc, op, r); break;
+      case Code::FenceProxyTensormap: blk.maps_fenced[t].push_back(r[op.a]); break;
       case Code::Mov: r[op.d] = r[op.a]; break;
       case Code::Selp: r[op.d] = r[op.c] ? r[op.a] : r[op.b]; break;
       case Code::LdParam: r[op.d] = params_[static_cast<size_t>(op.imm)]; break;

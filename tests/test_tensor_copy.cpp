@@ -14,14 +14,19 @@
 #include <string>
 #include <vector>
 
+#include "circuit/exec/executor.hpp"
 #include "cuda/driver/driver_api.hpp"
 #include "cuda/kir/kir.hpp"
 #include "cuda/kir/ptx_printer.hpp"
 #include "cuda/kir/ptxas.hpp"
+#include "cuda/lower/fused_matmul.hpp"
+#include "cuda/runtime/device_program.hpp"
 #include "cuda/runtime/runtime.hpp"
 #include "cuda/sim/tensor_map.hpp"
 #include "device_test_util.hpp"
+#include "prim_cases.hpp"
 #include "ptxas_skip.hpp"
+#include "scoped_env.hpp"
 #include "sim_test_util.hpp"
 
 namespace kiln::cuda {
@@ -293,6 +298,33 @@ TEST(TensorCopy, SimulatorReportsMisuses) {
   const std::vector<std::byte> junk(sim::kTensorMapBytes, std::byte{7});
   mem.write(dmap, junk.data(), junk.size());
   sim::testing::expect_error([&] { run(base); }, {"is not one cuTensorMapEncodeTiled"});
+}
+
+// A device program encodes its tensor maps over each run's buffers, again only where one moved:
+// the fake runtime reuses a freed block of the same size, so the bf16 casts' outputs stay put
+// from run to run, until blocks of their sizes are held between runs. The product is right
+// every time (KILN_WGMMA_TENSOR_COPIES=1: a's and b's maps).
+TEST(TensorCopy, DeviceProgramsEncodeMapsWhereBuffersMoved) {
+  ForceBf16Mma on;
+  testing::ScopedEnv wgmma("KILN_WGMMA", "1"), copies("KILN_WGMMA_TENSOR_COPIES", "1");
+  testing::Harness h({testing::f32({130, 64}), testing::f32({77, 64})}, [](Builder& b, const std::vector<ValueId>& x) {
+    return b.matmul(b.cast(x[0], DType::bf16), b.cast(x[1], DType::bf16), false, true);
+  });
+  const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+  Runtime& rt = testing::fake_runtime();
+  DeviceProgram dp(h.circuit, {h.output}, rt);
+  ASSERT_NE(dp.dump().find("tensor-copy stages"), std::string::npos) << dp.dump();
+  const int64_t before = rt.stats().tensor_maps_encoded;
+  auto run = [&](int64_t encoded, const char* what) {
+    EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), 1e-5) << what;
+    EXPECT_EQ(rt.stats().tensor_maps_encoded - before, encoded) << what;
+  };
+  run(2, "first run");
+  run(2, "second run, the same buffers");
+  std::vector<CUdeviceptr> held{rt.alloc(130 * 64 * 2), rt.alloc(77 * 64 * 2)};  // the casts' blocks
+  run(4, "third run, both operands elsewhere");
+  run(4, "fourth run, the same buffers as the third");
+  for (CUdeviceptr p : held) rt.free(p);
 }
 
 // The fake driver refuses what the real one documents as invalid, naming the rule.

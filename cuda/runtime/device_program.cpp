@@ -122,6 +122,7 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
   plan_workspace();
   use_graphs_ = static_memory_ && rt_.graphs_supported() && options::cuda_graphs();
   if (!tensor_maps_.empty()) tensor_maps_at_ = rt_.alloc(tensor_maps_.size() * sizeof(CUtensorMap));
+  tensor_map_over_.assign(tensor_maps_.size(), 0);
 }
 
 DeviceProgram::~DeviceProgram() {
@@ -306,9 +307,14 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
               const TensorMapArg& m = l.tensor_maps[static_cast<size_t>(a.index)];
               const CUdeviceptr at =
                   ptr(op.inputs[static_cast<size_t>(m.input)]) + static_cast<CUdeviceptr>(m.offset) * m.element_bytes;
-              tensor_maps_[maps] =
-                  rt_.encode_tensor_map(fmt::format("op {} ({}): input {}'s tensor map", i, op.prim->name, m.input), at,
-                                        m.element_bytes, m.dims, m.strides, m.box, m.swizzle_128);
+              if (tensor_map_over_[maps] != at) {  // else the map encoded over the same buffer in an earlier run
+                tensor_maps_current_ = false;
+                tensor_map_over_[maps] = 0;  // until encoded
+                tensor_maps_[maps] =
+                    rt_.encode_tensor_map(fmt::format("op {} ({}): input {}'s tensor map", i, op.prim->name, m.input),
+                                          at, m.element_bytes, m.dims, m.strides, m.box, m.swizzle_128);
+                tensor_map_over_[maps] = at;
+              }
               c.args.push_back(tensor_maps_at_ + maps++ * sizeof(CUtensorMap));
               break;
             }
@@ -333,7 +339,10 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
     }
     for (ValueId dead : free_after_[i]) buf.release(dead);
   }
-  if (maps > 0) rt_.upload(tensor_maps_at_, tensor_maps_.data(), maps * sizeof(CUtensorMap));
+  if (maps > 0 && !tensor_maps_current_) {
+    rt_.upload(tensor_maps_at_, tensor_maps_.data(), maps * sizeof(CUtensorMap));
+    tensor_maps_current_ = true;
+  }
   const auto started = std::chrono::steady_clock::now();
   const int64_t launches = execute(commands);
   if (has_collectives_ && device_world())

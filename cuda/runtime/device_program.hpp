@@ -100,8 +100,12 @@ class DeviceProgram {
   std::vector<uint64_t> staging_;
   CUdeviceptr workspace_ = 0;  // allocated by the first run, freed with the program
   // The launches' tensor maps (ArgRef::Kind::TensorMap), in the order the commands take them:
-  // encoded each run over that run's buffers, uploaded in one copy before the commands run.
+  // encoded over each run's buffers (again only where a buffer moved: tensor_map_over_ holds the
+  // address each was encoded over, 0 for none), uploaded in one copy before the commands run
+  // where the device's copy is not current.
   std::vector<CUtensorMap> tensor_maps_;
+  std::vector<CUdeviceptr> tensor_map_over_;
+  bool tensor_maps_current_ = false;
   CUdeviceptr tensor_maps_at_ = 0;           // allocated with the program when it has any
   std::weak_ptr<const void> runtime_alive_;  // a program may outlive its runtime (a test's)
   // Replay as CUDA graphs (static memory plan, a driver with graphs, KILN_CUDA_GRAPHS not 0):

@@ -244,7 +244,7 @@ void Runtime::check(CUresult r, const std::string& what) const {
 
 CUtensorMap Runtime::encode_tensor_map(const std::string& what, CUdeviceptr address, uint32_t element_bytes,
                                        const std::vector<uint64_t>& dims, const std::vector<uint64_t>& strides,
-                                       const std::vector<uint32_t>& box, bool swizzle_128) const {
+                                       const std::vector<uint32_t>& box, bool swizzle_128) {
   enter();
   if (!driver_.api.cuTensorMapEncodeTiled)
     throw Error(what + ": the CUDA driver has no cuTensorMapEncodeTiled (CUDA 12.0 or later has it)");
@@ -265,6 +265,7 @@ CUtensorMap Runtime::encode_tensor_map(const std::string& what, CUdeviceptr addr
                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
         fmt::format("{}: cuTensorMapEncodeTiled (address {:#x}, dims [{}], strides [{}], box [{}])", what, address,
                     list(dims), list(strides), list(box)));
+  ++stats_.tensor_maps_encoded;
   return map;
 }
 

@@ -43,6 +43,7 @@ struct RuntimeStats {
   size_t bytes_in_use = 0, peak_bytes_in_use = 0;
   size_t bytes_uploaded = 0, bytes_downloaded = 0;  // host <-> device copies
   int64_t uploads = 0, downloads = 0;               // ... and how many (each a driver call)
+  int64_t tensor_maps_encoded = 0;                  // cuTensorMapEncodeTiled calls
 };
 
 // A loaded kernel: the driver function and the IR it was printed from (its parameter types
@@ -116,7 +117,7 @@ class Runtime {
   // entry point (CUDA 12.0) or refuses the arguments.
   CUtensorMap encode_tensor_map(const std::string& what, CUdeviceptr address, uint32_t element_bytes,
                                 const std::vector<uint64_t>& dims, const std::vector<uint64_t>& strides,
-                                const std::vector<uint32_t>& box, bool swizzle_128) const;
+                                const std::vector<uint32_t>& box, bool swizzle_128);
 
   // Packs `args` (one raw value per kernel parameter, in the parameter's type; a 32-bit one takes
   // the low 32 bits) into one buffer with natural alignment and launches; checks the launch's

@@ -20,7 +20,7 @@ fi
 [ $# -gt 0 ] || { echo "usage: gpu_env_ab.sh [BUNDLE] SETTING [SETTING ...]"; exit 2; }
 run="$bundle/run"
 log=${OUT:-.}/env-ab.log
-tests=${KILN_AB_TESTS:-Lowering.GpuMatmulsOnWgmma*:Lowering.GpuWgmmaStoresOddRowsThroughSharedMemory}
+tests=${KILN_AB_TESTS:-Lowering.GpuMatmulsOnWgmma*:Lowering.GpuWgmmaStoresOddRowsThroughSharedMemory:TensorCopy.Gpu*}
 gemms=${KILN_AB_GEMMS:-bf16:8192x50257x768,8192x2304x768,8192x768x3072,8192x3072x768,4096 f32:8192x50257x768,4096}
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
 with_setting() {  # SETTING, then a command

@@ -234,6 +234,7 @@ TEST(TensorCopy, KernelsPassPtxasForSm90aOnly) {
     const PtxasResult r = run_ptxas(ptx, 90);
     EXPECT_TRUE(r.ok) << k.name << ":\n" << r.log << "\n" << ptx;
     EXPECT_NE(ptx.find("cp.async.bulk.tensor." + std::to_string(c.dims.size()) + "d"), std::string::npos);
+    EXPECT_NE(ptx.find("trap;"), std::string::npos) << "a wait that never completes must not hang the GPU";
     EXPECT_THROW(kir::print_ptx(k, 80), Error) << k.name << " printed for sm_80";
   }
 }

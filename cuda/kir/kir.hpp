@@ -176,8 +176,9 @@ enum class Opc : uint8_t {
   // current phase now also waits for b (u32) more bytes.
   MbarrierArriveExpectTx,
   // Waits until the phase of parity b (u32, 0 or 1) of the barrier at a has completed
-  // (mbarrier.try_wait.parity.shared::cta.b64 in a loop; `offset` numbers the loop's label). Bytes
-  // that tensor copies completing on that phase wrote are then seen by this thread.
+  // (mbarrier.try_wait.parity.shared::cta.b64 in a loop; `offset` numbers the loop's label; on a
+  // GPU the kernel traps after 2^28 tries rather than hang). Bytes that tensor copies completing
+  // on that phase wrote are then seen by this thread.
   MbarrierWait,
   // cp.async.bulk.tensor.{vec}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes: the box
   // of the tensor map at global b (u64, a CUtensorMap of 128 bytes, 64-byte aligned) whose

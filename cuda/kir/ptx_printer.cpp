@@ -14,6 +14,9 @@ namespace kiln::kir {
 
 namespace {
 
+// An mbarrier wait's tries (each a suspension of the thread) before the kernel traps.
+constexpr uint32_t kMbarrierTries = 1u << 28;
+
 // The extern array a kernel's shared arrays are carved from when they need dynamic shared memory.
 constexpr const char* kDynamicShared = "kiln_dynamic_shared";
 
@@ -327,10 +330,15 @@ class Printer {
         return "mbarrier.arrive.expect_tx.shared::cta.b64 _, [" + opnd(in.srcs[0]) + "], " + opnd(in.srcs[1]);
       case Opc::MbarrierWait: {
         // try_wait suspends the thread for a while where the phase is still incomplete: the loop
-        // spins only across those suspensions.
+        // spins only across those suspensions. After kMbarrierTries of them the kernel traps, so
+        // that a phase that never completes (a lost copy, a wrong parity) fails the launch instead
+        // of hanging the GPU; a real wait takes microseconds.
         const std::string l = "$L__mbar" + std::to_string(in.offset);
-        return "{\n\t.reg .pred %mbar_done;\n" + l + ":\n\tmbarrier.try_wait.parity.shared::cta.b64 %mbar_done, [" +
-               opnd(in.srcs[0]) + "], " + opnd(in.srcs[1]) + ";\n\t@!%mbar_done bra " + l + ";\n\t}";
+        return "{\n\t.reg .pred %mbar_done;\n\t.reg .b32 %mbar_tries;\n\tmov.b32 %mbar_tries, 0;\n" + l +
+               ":\n\tmbarrier.try_wait.parity.shared::cta.b64 %mbar_done, [" + opnd(in.srcs[0]) + "], " +
+               opnd(in.srcs[1]) + ";\n\t@%mbar_done bra " + l + "_done;\n\tadd.u32 %mbar_tries, %mbar_tries, 1;\n\t" +
+               "setp.lt.u32 %mbar_done, %mbar_tries, " + std::to_string(kMbarrierTries) + ";\n\t@%mbar_done bra " + l +
+               ";\n\ttrap;\n" + l + "_done:\n\t}";
       }
       case Opc::TensorCopy: {
         std::string c;

@@ -770,6 +770,7 @@ KILN_SAME_AS_CUDA_H(CU_JIT_INPUT_PTX);
 KILN_SAME_AS_CUDA_H(CU_FUNC_ATTRIBUTE_NUM_REGS);
 KILN_SAME_AS_CUDA_H(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES);
 KILN_SAME_AS_CUDA_H(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
+#if CUDA_VERSION >= 12000  // tensor maps came with CUDA 12.0
 KILN_SAME_AS_CUDA_H(CU_TENSOR_MAP_DATA_TYPE_UINT8);
 KILN_SAME_AS_CUDA_H(CU_TENSOR_MAP_DATA_TYPE_UINT16);
 KILN_SAME_AS_CUDA_H(CU_TENSOR_MAP_DATA_TYPE_UINT32);
@@ -782,9 +783,11 @@ KILN_SAME_AS_CUDA_H(CU_TENSOR_MAP_SWIZZLE_128B);
 KILN_SAME_AS_CUDA_H(CU_TENSOR_MAP_L2_PROMOTION_NONE);
 KILN_SAME_AS_CUDA_H(CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 KILN_SAME_AS_CUDA_H(CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-#undef KILN_SAME_AS_CUDA_H
+// cuda.h declares 128-byte alignment from CUDA 13, 64 before (what the driver needs).
 static_assert(sizeof(kiln::cuda::CUtensorMap) == sizeof(::CUtensorMap) &&
-              alignof(kiln::cuda::CUtensorMap) == alignof(::CUtensorMap));
+              alignof(kiln::cuda::CUtensorMap) >= alignof(::CUtensorMap));
+#endif
+#undef KILN_SAME_AS_CUDA_H
 static_assert(sizeof(kiln::cuda::CUdeviceptr) == sizeof(::CUdeviceptr));
 static_assert(sizeof(kiln::cuda::CUdevice) == sizeof(::CUdevice));
 static_assert(sizeof(kiln::cuda::CUresult) == sizeof(::CUresult));

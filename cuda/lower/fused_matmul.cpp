@@ -201,7 +201,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
 
   // wgmma stages filled by tensor copies (opt-in, products without a batch): the operands' maps
   // are parameters after the others.
-  const bool tensor_copies = cp_async_mma && use_wgmma_tensor_copies(mma, nb > 0, M, N, K);
+  const bool tensor_copies = cp_async_mma && use_wgmma_tensor_copies(mma, nb > 0, {&f.a, &f.b}, *mma_stages, M, N, K);
 
   KernelBuilder b(prefix);
   Reg pa = b.param("a", Type::u64), pb = b.param("b", Type::u64);

@@ -113,8 +113,11 @@ int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling) {
   return std::clamp<int64_t>(std::min(slots / std::max<int64_t>(blocks, 1), steps / 8), 1, 4);
 }
 
-bool use_wgmma_tensor_copies(const MmaTiling& tiling, bool batched, int64_t M, int64_t N, int64_t K) {
+bool use_wgmma_tensor_copies(const MmaTiling& tiling, bool batched, std::array<const MatmulOperand*, 2> view,
+                             std::array<MmaStage, 2> layout, int64_t M, int64_t N, int64_t K) {
   constexpr int64_t kMostCoordinate = int64_t{1} << 31;  // the copies' coordinates are s32
+  for (size_t o = 0; o < 2; ++o)
+    if ((layout[o] == MmaStage::row_k ? view[o]->row_stride : view[o]->k_stride) <= 0) return false;
   return tiling.wgmma && options::wgmma_tensor_copies() && !batched && K > 0 && M + 256 < kMostCoordinate &&
          N + 256 < kMostCoordinate && K + kWgmmaTileK < kMostCoordinate;
 }

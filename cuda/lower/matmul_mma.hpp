@@ -109,7 +109,10 @@ struct WgmmaTensorCopies {
   std::array<Reg, 2> maps;
   Reg barriers;
 };
-bool use_wgmma_tensor_copies(const MmaTiling& tiling, bool batched, int64_t M, int64_t N, int64_t K);
+// Whether to: wgmma tiling, the option set, no batch, sizes within s32 coordinates, and each
+// operand's outer stride positive (a broadcast operand, stride 0, is no tensor a map describes).
+bool use_wgmma_tensor_copies(const MmaTiling& tiling, bool batched, std::array<const MatmulOperand*, 2> view,
+                             std::array<MmaStage, 2> layout, int64_t M, int64_t N, int64_t K);
 // The tensor map of operand `o` (0: a, rows M; 1: b, rows N) read through view v in `layout`: a
 // K-major stage is one box of 64 k x the tile's rows, an MN-major one boxes of 64 rows x 64 k.
 TensorMapArg wgmma_tensor_map(int o, const MatmulOperand& v, MmaStage layout, const MmaTiling& tiling, int64_t rows,

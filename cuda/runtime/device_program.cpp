@@ -98,7 +98,7 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
     status_slot_.push_back(slot);
     for (const auto& launch : l.launches)
       for (const auto& a : launch.args)
-        if (a.kind == ArgRef::Kind::TensorMap) tensor_maps_.emplace_back();
+        if (a.kind == ArgRef::Kind::TensorMap) tensor_maps_.resize(tensor_maps_.size() + 2);  // two entries a map
     std::vector<LoadedKernel> loaded;
     for (const auto& launch : l.launches) loaded.push_back(rt_.load(*launch.kernel));
     loaded_.push_back(std::move(loaded));
@@ -123,6 +123,7 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
   use_graphs_ = static_memory_ && rt_.graphs_supported() && options::cuda_graphs();
   if (!tensor_maps_.empty()) tensor_maps_at_ = rt_.alloc(tensor_maps_.size() * sizeof(CUtensorMap));
   tensor_map_over_.assign(tensor_maps_.size(), 0);
+  tensor_map_last_.assign(tensor_maps_.size() / 2, 0);
 }
 
 DeviceProgram::~DeviceProgram() {
@@ -307,15 +308,20 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
               const TensorMapArg& m = l.tensor_maps[static_cast<size_t>(a.index)];
               const CUdeviceptr at =
                   ptr(op.inputs[static_cast<size_t>(m.input)]) + static_cast<CUdeviceptr>(m.offset) * m.element_bytes;
-              if (tensor_map_over_[maps] != at) {  // else the map encoded over the same buffer in an earlier run
+              // The entry encoded over this buffer in an earlier run, else the one not used last.
+              const size_t first = 2 * maps;
+              size_t entry = tensor_map_over_[first] == at ? first : first + 1;
+              if (tensor_map_over_[entry] != at) {
+                entry = first + 1 - tensor_map_last_[maps];
                 tensor_maps_current_ = false;
-                tensor_map_over_[maps] = 0;  // until encoded
-                tensor_maps_[maps] =
+                tensor_map_over_[entry] = 0;  // until encoded
+                tensor_maps_[entry] =
                     rt_.encode_tensor_map(fmt::format("op {} ({}): input {}'s tensor map", i, op.prim->name, m.input),
                                           at, m.element_bytes, m.dims, m.strides, m.box, m.swizzle_128);
-                tensor_map_over_[maps] = at;
+                tensor_map_over_[entry] = at;
               }
-              c.args.push_back(tensor_maps_at_ + maps++ * sizeof(CUtensorMap));
+              tensor_map_last_[maps++] = static_cast<uint8_t>(entry - first);
+              c.args.push_back(tensor_maps_at_ + entry * sizeof(CUtensorMap));
               break;
             }
           }
@@ -340,7 +346,7 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
     for (ValueId dead : free_after_[i]) buf.release(dead);
   }
   if (maps > 0 && !tensor_maps_current_) {
-    rt_.upload(tensor_maps_at_, tensor_maps_.data(), maps * sizeof(CUtensorMap));
+    rt_.upload(tensor_maps_at_, tensor_maps_.data(), 2 * maps * sizeof(CUtensorMap));
     tensor_maps_current_ = true;
   }
   const auto started = std::chrono::steady_clock::now();

@@ -99,12 +99,15 @@ class DeviceProgram {
   size_t inputs_offset_ = 0;
   std::vector<uint64_t> staging_;
   CUdeviceptr workspace_ = 0;  // allocated by the first run, freed with the program
-  // The launches' tensor maps (ArgRef::Kind::TensorMap), in the order the commands take them:
-  // encoded over each run's buffers (again only where a buffer moved: tensor_map_over_ holds the
-  // address each was encoded over, 0 for none), uploaded in one copy before the commands run
-  // where the device's copy is not current.
+  // The launches' tensor maps (ArgRef::Kind::TensorMap), in the order the commands take them,
+  // two entries each: a step's assigned resident tensors alternate between two buffers, so each
+  // map is encoded over a buffer once and then found again (tensor_map_over_: the address each
+  // entry was encoded over, 0 for none; tensor_map_last_: the entry a map took last run, the
+  // other one being replaced by a new buffer). Uploaded in one copy before the commands run where
+  // the device's copy is not current.
   std::vector<CUtensorMap> tensor_maps_;
   std::vector<CUdeviceptr> tensor_map_over_;
+  std::vector<uint8_t> tensor_map_last_;
   bool tensor_maps_current_ = false;
   CUdeviceptr tensor_maps_at_ = 0;           // allocated with the program when it has any
   std::weak_ptr<const void> runtime_alive_;  // a program may outlive its runtime (a test's)

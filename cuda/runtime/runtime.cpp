@@ -246,8 +246,14 @@ CUtensorMap Runtime::encode_tensor_map(const std::string& what, CUdeviceptr addr
                                        const std::vector<uint64_t>& dims, const std::vector<uint64_t>& strides,
                                        const std::vector<uint32_t>& box, bool swizzle_128) {
   enter();
-  if (!driver_.api.cuTensorMapEncodeTiled)
-    throw Error(what + ": the CUDA driver has no cuTensorMapEncodeTiled (CUDA 12.0 or later has it)");
+  // Kernels with tensor copies print PTX 8.3 (the tensor-map fence), which a CUDA 12.3 driver
+  // compiles first.
+  if (!driver_.api.cuTensorMapEncodeTiled || driver_version_ < 12030)
+    throw Error(fmt::format("{}: tensor copies need a CUDA 12.3 or later driver (this one: {}.{}{})", what,
+                            driver_version_ / 1000, driver_version_ % 1000 / 10,
+                            driver_.api.cuTensorMapEncodeTiled ? "" : ", without cuTensorMapEncodeTiled"));
+  if (element_bytes != 1 && element_bytes != 2 && element_bytes != 4)
+    throw Error(fmt::format("{}: tensor maps of {}-byte elements are not supported", what, element_bytes));
   const int type = element_bytes == 1   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                    : element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16
                                         : CU_TENSOR_MAP_DATA_TYPE_UINT32;

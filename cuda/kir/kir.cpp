@@ -455,6 +455,16 @@ Reg KernelBuilder::emit_op(Opc op, Type t, std::vector<Operand> srcs, Type dst_t
   return d;
 }
 
+void KernelBuilder::emit_effect(Opc op, std::vector<Operand> srcs, Type t, Space space, int64_t offset) {
+  Instr in;
+  in.op = op;
+  in.type = t;
+  in.space = space;
+  in.offset = offset;
+  in.srcs = std::move(srcs);
+  emit(std::move(in));
+}
+
 Reg KernelBuilder::param(const std::string& name, Type t) {
   k_.params.push_back({name, t});
   Instr in;
@@ -621,11 +631,7 @@ Reg KernelBuilder::atom_add(Space s, Type t, Operand addr, Operand value, int64_
   return d;
 }
 
-void KernelBuilder::bar() {
-  Instr in;
-  in.op = Opc::Bar;
-  emit(std::move(in));
-}
+void KernelBuilder::bar() { emit_effect(Opc::Bar); }
 
 Reg KernelBuilder::shfl(ShflMode m, Operand value, Operand lane_or_delta, Operand clamp) {
   Instr in;
@@ -678,17 +684,10 @@ void KernelBuilder::cp_async(Operand shared_dst, Operand global_src, int bytes, 
   emit(std::move(in));
 }
 
-void KernelBuilder::cp_async_commit() {
-  Instr in;
-  in.op = Opc::CpAsyncCommit;
-  emit(std::move(in));
-}
+void KernelBuilder::cp_async_commit() { emit_effect(Opc::CpAsyncCommit); }
 
 void KernelBuilder::cp_async_wait(int pending_groups) {
-  Instr in;
-  in.op = Opc::CpAsyncWait;
-  in.offset = pending_groups;
-  emit(std::move(in));
+  emit_effect(Opc::CpAsyncWait, {}, Type::u32, Space::global, pending_groups);
 }
 
 void KernelBuilder::wgmma(int n, Operand desc_a, bool a_mn_major, Operand desc_b, bool b_mn_major,
@@ -706,63 +705,28 @@ void KernelBuilder::wgmma(int n, Operand desc_a, bool a_mn_major, Operand desc_b
   emit(std::move(in));
 }
 
-void KernelBuilder::wgmma_fence() {
-  Instr in;
-  in.op = Opc::WgmmaFence;
-  emit(std::move(in));
-}
+void KernelBuilder::wgmma_fence() { emit_effect(Opc::WgmmaFence); }
 
-void KernelBuilder::wgmma_commit() {
-  Instr in;
-  in.op = Opc::WgmmaCommit;
-  emit(std::move(in));
-}
+void KernelBuilder::wgmma_commit() { emit_effect(Opc::WgmmaCommit); }
 
 void KernelBuilder::wgmma_wait(int pending_groups) {
-  Instr in;
-  in.op = Opc::WgmmaWait;
-  in.offset = pending_groups;
-  emit(std::move(in));
+  emit_effect(Opc::WgmmaWait, {}, Type::u32, Space::global, pending_groups);
 }
 
-void KernelBuilder::fence_proxy_async() {
-  Instr in;
-  in.op = Opc::FenceProxyAsync;
-  emit(std::move(in));
-}
+void KernelBuilder::fence_proxy_async() { emit_effect(Opc::FenceProxyAsync); }
 
 void KernelBuilder::mbarrier_init(Operand barrier, Operand arrivals) {
-  Instr in;
-  in.op = Opc::MbarrierInit;
-  in.type = Type::u64;
-  in.space = Space::shared;
-  in.srcs = {barrier, arrivals};
-  emit(std::move(in));
+  emit_effect(Opc::MbarrierInit, {barrier, arrivals}, Type::u64, Space::shared);
 }
 
-void KernelBuilder::fence_mbarrier_init() {
-  Instr in;
-  in.op = Opc::FenceMbarrierInit;
-  emit(std::move(in));
-}
+void KernelBuilder::fence_mbarrier_init() { emit_effect(Opc::FenceMbarrierInit); }
 
 void KernelBuilder::mbarrier_arrive_expect_tx(Operand barrier, Operand bytes) {
-  Instr in;
-  in.op = Opc::MbarrierArriveExpectTx;
-  in.type = Type::u64;
-  in.space = Space::shared;
-  in.srcs = {barrier, bytes};
-  emit(std::move(in));
+  emit_effect(Opc::MbarrierArriveExpectTx, {barrier, bytes}, Type::u64, Space::shared);
 }
 
 void KernelBuilder::mbarrier_wait(Operand barrier, Operand parity) {
-  Instr in;
-  in.op = Opc::MbarrierWait;
-  in.type = Type::u64;
-  in.space = Space::shared;
-  in.srcs = {barrier, parity};
-  in.offset = k_.num_labels++;
-  emit(std::move(in));
+  emit_effect(Opc::MbarrierWait, {barrier, parity}, Type::u64, Space::shared, k_.num_labels++);  // its loop's label
 }
 
 void KernelBuilder::tensor_copy(Operand shared_dst, Operand tensor_map, Operand barrier,
@@ -778,28 +742,16 @@ void KernelBuilder::tensor_copy(Operand shared_dst, Operand tensor_map, Operand 
 }
 
 void KernelBuilder::fence_proxy_tensormap(Operand tensor_map) {
-  Instr in;
-  in.op = Opc::FenceProxyTensormap;
-  in.type = Type::u64;
-  in.srcs = {tensor_map};
-  emit(std::move(in));
+  emit_effect(Opc::FenceProxyTensormap, {tensor_map}, Type::u64);
 }
 
 Reg KernelBuilder::pack_bf16x2(Operand lo, Operand hi) {
   return emit_op(Opc::PackBf16x2, Type::u32, {lo, hi}, Type::u32);
 }
 
-void KernelBuilder::ret() {
-  Instr in;
-  in.op = Opc::Ret;
-  emit(std::move(in));
-}
+void KernelBuilder::ret() { emit_effect(Opc::Ret); }
 
-void KernelBuilder::membar() {
-  Instr in;
-  in.op = Opc::Membar;
-  emit(std::move(in));
-}
+void KernelBuilder::membar() { emit_effect(Opc::Membar); }
 
 void KernelBuilder::if_(Reg cond, const std::function<void()>& then_body, const std::function<void()>& else_body) {
   Stmt s;

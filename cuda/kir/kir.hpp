@@ -397,6 +397,9 @@ class KernelBuilder {
 
  private:
   Reg emit_op(Opc op, Type t, std::vector<Operand> srcs, Type dst_type);
+  // An instruction that writes no register (barriers, fences, waits, commits).
+  void emit_effect(Opc op, std::vector<Operand> srcs = {}, Type t = Type::u32, Space space = Space::global,
+                   int64_t offset = 0);
   Kernel k_;
   std::vector<std::vector<Stmt>*> stack_;  // innermost open body last
 };

@@ -372,11 +372,11 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
       // the barrier after which every warpgroup is done with step i - 2's stage, which thread 0
       // then refills. No fence.proxy.async: tensor copies and wgmma both go through the async proxy.
       const uint32_t stage_bytes = bytes[0] + bytes[1];
+      auto barrier_of = [&](uint32_t s) { return b.add(Type::u32, tensor_copies->barriers, imm_u32(8 * s)); };
       Reg leader = b.setp(Cmp::eq, tid, imm_u32(0));
       b.if_(leader, [&] {
         for (size_t o = 0; o < 2; ++o) b.fence_proxy_tensormap(tensor_copies->maps[o]);  // copied from the host
-        for (uint32_t s = 0; s < stages; ++s)
-          b.mbarrier_init(b.add(Type::u32, tensor_copies->barriers, imm_u32(8 * s)), imm_u32(1));
+        for (uint32_t s = 0; s < stages; ++s) b.mbarrier_init(barrier_of(s), imm_u32(1));
         b.fence_mbarrier_init();
       });
       b.bar();
@@ -399,7 +399,6 @@ void mma_main_loop(KernelBuilder& b, Type it, std::array<Reg, 2> base, std::arra
           }
         });
       };
-      auto barrier_of = [&](uint32_t s) { return b.add(Type::u32, tensor_copies->barriers, imm_u32(8 * s)); };
       for (uint32_t s = 0; s < ahead_steps; ++s)
         if_step(int64_t{s} * tile_k, [&] { fill(k_at(int64_t{s} * tile_k), offsets(s), barrier_of(s)); });
       const std::array<Reg, 2> write = offsets(ahead_steps);

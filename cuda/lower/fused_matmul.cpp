@@ -42,6 +42,7 @@
 #include "cuda/lower/elementwise.hpp"
 #include "cuda/lower/families.hpp"
 #include "cuda/lower/fused_matmul.hpp"
+#include "cuda/lower/matmul_epilogue.hpp"
 #include "cuda/lower/matmul_mma.hpp"
 #include "cuda/lower/matmul_staged_stores.hpp"
 #include "cuda/lower/matmul_tiles.hpp"
@@ -56,18 +57,11 @@ using kir::SReg;
 
 namespace {
 
-constexpr int kTileK = kMatmulTileK, kThreads = kMatmulThreads, kQuadrant = 4, kQuadrantSpacing = 64;
-// A block's tile of c (tm x tn) and each thread's share (pm x pn, in 4x4 quadrants).
-// tf32: tensor cores (mma.sync m16n8k8) instead of FFMAs: 8 warps as 2 x 4, each a 64x32 tile
-// of c (4 x 4 products of 16x8), 64 accumulators a thread; shared-memory rows padded by 8
-// floats so that a warp's fragment loads (lanes on 8 rows of 4 k) meet no bank conflict.
-struct Tiling {
-  int tm, tn, pm, pn;
-  bool tf32 = false;
-  int pitch_pad = 0;  // floats after each k's row of a tile in shared memory
-};
+constexpr int kTileK = kMatmulTileK, kThreads = kMatmulThreads;
+constexpr int kQuadrant = kMatmulQuadrant, kQuadrantSpacing = kMatmulQuadrantSpacing;
+constexpr int kWarpTileM = kMatmulWarpTileM, kWarpsN = kMatmulWarpsN;
+using Tiling = MatmulTiling;
 constexpr Tiling kSmallTile{64, 64, 4, 4}, kLargeTile{128, 128, 8, 8}, kTf32Tile{128, 128, 8, 8, true, 8};
-constexpr int kWarpTileM = 64, kWarpsN = 4;  // a warp's tile is kWarpTileM x (tn / kWarpsN)
 // 128x128 tiles take 120-150 registers a thread (ptxas, sm_90); those without a prologue or row
 // sums ask for two blocks an SM (.minnctapersm 2, 128 registers; see the end of
 // lower_matmul_program), the others may run one an SM. They are taken where their grid fills at least
@@ -283,7 +277,6 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   // acc[i * pn + j]: row ty*4 + i (quadrants of 4 rows 64 apart), column tx*4 + j (likewise).
   std::vector<Reg> acc;
   for (int e = 0; e < tile.pm * tile.pn; ++e) acc.push_back(b.mov(Type::f32, imm_f32(0.0f)));
-  auto thread_offset = [&](int i) { return (i % kQuadrant) + kQuadrantSpacing * (i / kQuadrant); };
   // FFMA tiles: thread (tx, ty) of 16 x 16; its fragments' shared addresses.
   Reg tx, ty, a_frag, b_frag;
   if (!tile.tf32) {
@@ -444,333 +437,38 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       });
     }
   }
-  // The block sums body's value from the epilogues' values (the same body: not evaluated twice).
-  auto block_sum_value = [&](const std::vector<Reg>& values, const std::vector<Reg>& inputs) {
-    for (size_t r = 0; r < f.epilogues.size(); ++r)
-      if (f.epilogues[r] == f.block_sums_body) return values[r];
-    return emit_scalar_exp(b, f.block_sums_body, inputs);
-  };
-  // Epilogue: per element in bounds, the extras at its logical coordinates, then each output;
-  // with block sums the element's block sums body is added to `partial`.
-  auto store_element = [&](Reg value, Reg row, Reg col, Reg partial) {
-    Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
-    b.if_(ok, [&] {
-      std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras), value);
-      for (int x : read_extras) {
-        const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-        Reg at = b.mul(it, row, imm_index(it, st[static_cast<size_t>(nb)]));
-        at = b.mad(it, col, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
-        inputs[static_cast<size_t>(1 + x)] = load_as_f32(b, DType::f32, extra_base[static_cast<size_t>(x)], at);
-      }
-      Reg at = scaled_add(b, it, row, f.out_row, out_off);
-      at = scaled_add(b, it, col, f.out_col, at);
-      std::vector<Reg> values;
-      for (size_t r = 0; r < f.epilogues.size(); ++r) {
-        values.push_back(f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs));
-        store_from_f32(b, f.stored_bf16(r) ? DType::bf16 : DType::f32, p_out[r], at,
-                       values.back());  // bf16: as a cast rounds
-      }
-      if (f.block_sums) b.assign(kir::Opc::Add, partial, {partial, block_sum_value(values, inputs)});
-    });
-  };
-  // Tensor-core tiles: acc[(mi * n_tiles + ni) * 4 + i] sits at row row0 + mi * 16 + 8 (i / 2),
-  // column col0 + ni * 8 + i % 2; for_each_accumulator(fn) calls fn(index, row, column) for each.
-  const int n_tiles = mma.wgmma ? tile.tn / 8 : tile.tn / kWarpsN / 8;
-  Reg row0, col0;
-  if (tile.tf32) {
-    row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
-    col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
-  }
-  auto for_each_accumulator = [&](const std::function<void(size_t, Reg, Reg)>& fn) {
-    for (int mi = 0; mi < m_tiles; ++mi)
-      for (int ni = 0; ni < n_tiles; ++ni)
-        for (int i = 0; i < 4; ++i)
-          fn(static_cast<size_t>((mi * n_tiles + ni) * 4 + i), b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
-             b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
-  };
-  auto out_bytes = [&](size_t r) { return f.stored_bf16(r) ? 2 : 4; };  // output r's element
-  // Block sums: the thread's partial sums of its columns over its rows, added in the epilogue
-  // (tensor-core tiles: per n-tile and column of the pair, acc's index e at (e / 4 % n_tiles) * 2
-  // + e % 2; FFMA tiles: its pn columns). Split-K's last block keeps one of its own.
-  std::vector<Reg> partials;
-  if (f.block_sums && splits == 1)
-    for (int i = 0; i < (tile.tf32 ? 2 * n_tiles : tile.pn); ++i) partials.push_back(b.mov(Type::f32, imm_f32(0.0f)));
-  auto partial_of_acc = [&](size_t e) {
-    return f.block_sums ? partials[(e / 4 % static_cast<size_t>(n_tiles)) * 2 + e % 2] : Reg{};
-  };
-  // Adds the block's partial sums through shared memory (the stages or tiles, free once every
-  // warp is past the main loop): `writes` (value, column in the tile) of the threads `writer`
-  // picks (all where invalid) go to row `slot` of `slots` rows of tn floats; then thread t < tn
-  // adds column t's rows in order and stores block (batch, ctaid.y)'s sum of column n0 + t.
-  auto store_block_sums = [&](int64_t slots, Reg slot, const std::vector<std::pair<Reg, Reg>>& writes, Reg writer) {
-    b.bar();
-    auto write = [&] {
-      for (const std::pair<Reg, Reg>& w : writes)
-        b.st(
-            Space::shared, Type::f32,
-            b.mad(Type::u32, b.mad(Type::u32, slot, imm_u32(static_cast<uint32_t>(tile.tn)), w.second), imm_u32(4), as),
-            w.first);
-    };
-    if (writer.valid())
-      b.if_(writer, write);
-    else
-      write();
-    b.bar();
-    Reg column = b.add(it, n0, widen(tid));
-    b.if_(b.and_(Type::pred, b.setp(Cmp::lt, tid, imm_u32(static_cast<uint32_t>(tile.tn))),
-                 b.setp(Cmp::lt, column, imm_index(it, N))),
-          [&] {
-            Reg at = b.mad(Type::u32, tid, imm_u32(4), as);
-            Reg total = b.ld(Space::shared, Type::f32, at);
-            for (int64_t sl = 1; sl < slots; ++sl)
-              b.assign(kir::Opc::Add, total, {total, b.ld(Space::shared, Type::f32, at, sl * tile.tn * 4)});
-            Reg block = b.mad(it, z, imm_index(it, (M + tile.tm - 1) / tile.tm), widen(b.sreg(SReg::ctaid_y)));
-            b.st(Space::global, Type::f32, b.address(p_block_sums, b.mad(it, block, imm_index(it, N), column), 4),
-                 total);
-          });
-  };
-  // Tensor-core tiles whose output columns are unit-stride, with rows and batch items of even
-  // stride, store a column pair as one store (each output buffer's alignment checked at run time).
-  // wgmma tiles whose rows cannot (an odd stride: GPT-2's logits) store their interior blocks
-  // through shared memory where the tiles fit in the stages (matmul_staged_stores.hpp); with
-  // KILN_MMA_STAGED_STORES=all the others too, 16 bytes a store, where every output's rows and
-  // batch items start at 16-byte boundaries (each buffer's checked at run time).
-  bool pairs = f.out_col == 1 && f.out_row % 2 == 0;
-  for (int64_t st : f.out_batch) pairs = pairs && st % 2 == 0;
-  std::vector<uint32_t> bytes;
-  for (size_t r = 0; r < f.epilogues.size(); ++r) bytes.push_back(static_cast<uint32_t>(out_bytes(r)));
-  bool whole_chunks = f.out_col == 1;
-  for (uint32_t e : bytes) {
-    whole_chunks = whole_chunks && f.out_row * e % 16 == 0;
-    for (int64_t st : f.out_batch) whole_chunks = whole_chunks && st * e % 16 == 0;
-  }
-  const options::MmaStaging staging = options::mma_staging();
-  std::optional<StagedStores> staged;
-  const bool odd_rows = f.out_col == 1 && !pairs;
-  if (mma.wgmma && splits == 1 &&
-      ((staging != options::MmaStaging::none && odd_rows) ||
-       (staging == options::MmaStaging::all && pairs && whole_chunks))) {
-    const int64_t stages_bytes =
-        mma.stages * (mma.stage_bytes((*mma_stages)[0], tile.tm) + mma.stage_bytes((*mma_stages)[1], tile.tn));
-    staged = StagedStores::plan(tile.tm, tile.tn, threads, bytes, pairs && whole_chunks, stages_bytes, f.out_row);
-  }
-  const bool staged_chunks = staged && pairs && whole_chunks;
-  bool staging_emitted = false;  // the kernel's interior blocks store through the staged tiles
-  auto epilogue = [&] {
-    if (tile.tf32) {
-      auto store_checked = [&] {
-        for_each_accumulator([&](size_t e, Reg row, Reg col) { store_element(acc[e], row, col, partial_of_acc(e)); });
-      };
-      // Blocks wholly inside c (all but the last row and column of tiles) store without bounds
-      // checks: each output and extra is addressed once, every element at an immediate byte offset
-      // from the thread's first (row0, col0), and where columns are unit-stride and rows of even
-      // stride a column pair (c0 c1, c2 c3) goes out as one 8-byte store, or for an output
-      // stored as bf16 one 4-byte store of the rounded pair (each output buffer's alignment
-      // checked at run time). Each distinct extra element (a bias: one per column) is loaded
-      // once. The offsets (counted in 4-byte elements: bf16's are half) must fit PTX's 32-bit
-      // immediates and the strides be non-negative.
-      const int64_t last_row = (m_tiles - 1) * 16 + 8, last_col = (n_tiles - 1) * 8 + 1;
-      auto reach = [&](int64_t row_stride, int64_t col_stride) {
-        return row_stride < 0 || col_stride < 0 ? std::numeric_limits<int64_t>::max()
-                                                : 4 * (last_row * row_stride + last_col * col_stride);
-      };
-      int64_t farthest = reach(f.out_row, f.out_col);
-      for (int x : read_extras) {
-        const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-        farthest = std::max(farthest, reach(st[static_cast<size_t>(nb)], st[static_cast<size_t>(nb + 1)]));
-      }
-      // `through_shared`: by the staged tiles (staged), else each pair or element to global memory.
-      auto store_interior = [&](bool through_shared) {
-        std::vector<Reg> out_addr;
-        if (through_shared) {
-          staged->begin(b, as, b.add(Type::u32, warp_m, g), b.add(Type::u32, warp_n, b.shl(Type::u32, q, imm_u32(1))));
-          staging_emitted = true;
-        } else {
-          Reg out_at = scaled_add(b, it, col0, f.out_col, scaled_add(b, it, row0, f.out_row, out_off));
-          for (size_t r = 0; r < p_out.size(); ++r) out_addr.push_back(b.address(p_out[r], out_at, out_bytes(r)));
-        }
-        std::vector<Reg> extra_addr(static_cast<size_t>(f.extras));
-        std::vector<std::map<int64_t, Reg>> loaded(static_cast<size_t>(f.extras));  // by byte offset
-        for (int x : read_extras) {
-          const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-          Reg at = b.mul(it, row0, imm_index(it, st[static_cast<size_t>(nb)]));
-          at = b.mad(it, col0, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
-          extra_addr[static_cast<size_t>(x)] = b.address(extra_base[static_cast<size_t>(x)], at, 4);
-        }
-        // Extra x's element at (dr, dc) from the thread's first: loaded once.
-        auto extra_at = [&](int x, int64_t dr, int64_t dc) {
-          const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-          const int64_t at = 4 * (dr * st[static_cast<size_t>(nb)] + dc * st[static_cast<size_t>(nb + 1)]);
-          auto [slot, fresh] = loaded[static_cast<size_t>(x)].try_emplace(at);
-          if (fresh) slot->second = b.ld(Space::global, Type::f32, extra_addr[static_cast<size_t>(x)], at);
-          return slot->second;
-        };
-        // Units: row g + dr (dr = 16 mi + 8 half) of the 16x8 product (mi, ni), two columns. The extras
-        // of kUnitsAhead units are loaded before the first of their stores: ptxas does not move a
-        // load above a store that may alias it, so loads placed between stores each wait their
-        // full latency (one product's GELU-gradient epilogue took 280 us for 160 of main loop).
-        constexpr int kUnitsAhead = 8;
-        struct Unit {
-          int mi, ni, half;
-          int64_t dr;
-        };
-        std::vector<Unit> units;
-        for (int mi = 0; mi < m_tiles; ++mi)
-          for (int ni = 0; ni < n_tiles; ++ni)
-            for (int half = 0; half < 2; ++half) units.push_back({mi, ni, half, mi * 16 + 8 * half});
-        for (size_t u0 = 0; u0 < units.size(); u0 += kUnitsAhead) {
-          const size_t u1 = std::min(units.size(), u0 + kUnitsAhead);
-          for (size_t u = u0; u < u1; ++u)
-            for (int j = 0; j < 2; ++j)
-              for (int x : read_extras) extra_at(x, units[u].dr, units[u].ni * 8 + j);
-          for (size_t u = u0; u < u1; ++u) {
-            const auto [mi, ni, half, dr] = units[u];
-            std::vector<std::array<Reg, 2>> values(f.epilogues.size());
-            for (int j = 0; j < 2; ++j) {
-              const int64_t dc = ni * 8 + j;
-              std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras),
-                                      acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + 2 * half + j)]);
-              for (int x : read_extras) inputs[static_cast<size_t>(1 + x)] = extra_at(x, dr, dc);
-              std::vector<Reg> of_j;
-              for (size_t r = 0; r < f.epilogues.size(); ++r) {
-                values[r][static_cast<size_t>(j)] =
-                    f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
-                of_j.push_back(values[r][static_cast<size_t>(j)]);
-              }
-              if (f.block_sums) {
-                Reg& partial = partials[static_cast<size_t>(ni * 2 + j)];
-                b.assign(kir::Opc::Add, partial, {partial, block_sum_value(of_j, inputs)});
-              }
-            }
-            for (size_t r = 0; r < f.epilogues.size(); ++r) {
-              const int64_t e = out_bytes(r), at = e * (dr * f.out_row + ni * 8 * f.out_col);
-              if (through_shared) {
-                staged->put(b, r, dr, ni * 8, values[r]);
-              } else if (f.stored_bf16(r) && pairs) {  // a pair of bf16: one 4-byte store
-                b.st(Space::global, Type::u32, out_addr[r], b.pack_bf16x2(values[r][0], values[r][1]), at);
-              } else if (f.stored_bf16(r)) {
-                b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][0]), at);
-                b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][1]), at + e * f.out_col);
-              } else if (pairs) {
-                b.st_vec(Space::global, Type::f32, out_addr[r], {values[r][0], values[r][1]}, at);
-              } else {
-                b.st(Space::global, Type::f32, out_addr[r], values[r][0], at);
-                b.st(Space::global, Type::f32, out_addr[r], values[r][1], at + e * f.out_col);
-              }
-            }
-          }
-        }
-        if (through_shared) {
-          Reg tile_at = b.add(it, n0, scaled_add(b, it, m0, f.out_row, out_off));  // element (0, 0)
-          std::vector<Reg> tiles;
-          for (size_t r = 0; r < p_out.size(); ++r) tiles.push_back(b.address(p_out[r], tile_at, out_bytes(r)));
-          staged->copy_out(b, it, tid, tiles);
-        }
-      };
-      if (farthest > std::numeric_limits<int32_t>::max()) {
-        store_checked();
-      } else {
-        Reg inside = b.and_(Type::pred, b.setp(Cmp::le, b.add(it, m0, imm_index(it, tile.tm)), imm_index(it, M)),
-                            b.setp(Cmp::le, b.add(it, n0, imm_index(it, tile.tn)), imm_index(it, N)));
-        // Inside, with every output buffer aligned to `bytes` (1: no condition).
-        auto inside_aligned = [&](int64_t bytes) {
-          Reg all = inside;
-          if (bytes > 1)
-            for (Reg p : p_out)
-              all = b.and_(
-                  Type::pred, all,
-                  b.setp(Cmp::eq, b.and_(Type::u64, p, imm_index(Type::u64, bytes - 1)), imm_index(Type::u64, 0)));
-          return all;
-        };
-        auto unstaged = [&] {
-          b.if_(
-              inside_aligned(pairs ? 8 : 1), [&] { store_interior(false); }, store_checked);
-        };
-        if (!staged)
-          unstaged();
-        else if (!staged_chunks)  // odd rows: no alignment beyond the element's
-          b.if_(
-              inside, [&] { store_interior(true); }, store_checked);
-        else  // 16-byte copies where every buffer allows them, else pairs
-          b.if_(
-              inside_aligned(16), [&] { store_interior(true); }, unstaged);
-      }
-    } else {
-      Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kQuadrant))));
-      Reg col0 = b.add(it, n0, widen(b.mul(Type::u32, tx, imm_u32(kQuadrant))));
-      for (int i = 0; i < tile.pm; ++i)
-        for (int j = 0; j < tile.pn; ++j)
-          store_element(acc[static_cast<size_t>(i * tile.pn + j)], b.add(it, row0, imm_index(it, thread_offset(i))),
-                        b.add(it, col0, imm_index(it, thread_offset(j))),
-                        f.block_sums ? partials[static_cast<size_t>(j)] : Reg{});
-    }
-  };
-  if (splits > 1) {
-    // Partials [batch][split][M][N]: this block's at grid z, its accumulators in bounds.
-    Reg mine = b.address(p_partials, b.mul(it, grid_z, imm_index(it, M * N)), 4);
-    for_each_accumulator([&](size_t e, Reg row, Reg col) {
-      Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
-      b.if_(ok,
-            [&] { b.st(Space::global, Type::f32, b.address(mine, b.mad(it, row, imm_index(it, N), col), 4), acc[e]); });
-    });
-    Reg tile_index = b.mad(it, b.mad(it, z, imm_index(it, grid_m), widen(b.sreg(SReg::ctaid_y))), imm_index(it, grid_n),
-                           widen(b.sreg(SReg::ctaid_x)));
-    // The last block walks the tile a thread per column (consecutive threads on consecutive
-    // columns: coalesced), each element's partials loaded together and added in split order,
-    // then the epilogue: a loop, not the unrolled accumulators, so that nothing but one element
-    // is live (unrolled over the accumulators, 128x256 tiles took 255 registers and spilled).
-    after_last_block(b, b.address(p_counters, tile_index, 4), static_cast<uint32_t>(splits), [&] {
-      Reg first = b.address(p_partials, b.mul(it, z, imm_index(it, splits * M * N)), 4);
-      const int64_t tile_elements = int64_t{tile.tm} * tile.tn;
-      // Thread t walks column t % tn (tn divides the block's threads): one partial sum.
-      Reg split_partial = f.block_sums ? b.mov(Type::f32, imm_f32(0.0f)) : Reg{};
-      b.for_(widen(tid), imm_index(it, tile_elements), imm_index(it, threads), [&](Reg e) {
-        Reg row = b.add(it, m0, b.div(it, e, imm_index(it, tile.tn)));
-        Reg col = b.add(it, n0, b.rem(it, e, imm_index(it, tile.tn)));
-        Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
-        Reg at = b.mad(it, row, imm_index(it, N), col);
-        std::vector<Reg> parts;
-        for (int64_t sp = 0; sp < splits; ++sp)
-          parts.push_back(
-              guarded_load(b, Type::f32, b.address(first, b.add(it, at, imm_index(it, sp * M * N)), 4), 1, ok)[0]);
-        Reg total = b.mov(Type::f32, parts[0]);
-        for (size_t sp = 1; sp < parts.size(); ++sp) b.assign(kir::Opc::Add, total, {total, parts[sp]});
-        store_element(total, row, col, split_partial);
-      });
-      if (f.block_sums) {
-        const auto tn = static_cast<uint32_t>(tile.tn);
-        store_block_sums(threads / tile.tn, b.div(Type::u32, tid, imm_u32(tn)),
-                         {{split_partial, b.rem(Type::u32, tid, imm_u32(tn))}}, Reg{});
-      }
-    });
-  } else {
-    epilogue();
-    if (f.block_sums && tile.tf32) {
-      // Lanes g = lane / 4 hold rows g and g + 8 of the same columns: the warp's sums over g
-      // (a butterfly over xor 4, 8, 16 leaves them in every lane; lanes 0-3 write them), one row
-      // of sums a warp (wgmma: a warp of 16 rows of every column) or a warp row of 64 (mma.sync:
-      // warps 64 rows apart hold the same columns).
-      for (Reg& p : partials)
-        for (uint32_t off : {4u, 8u, 16u})
-          b.assign(kir::Opc::Add, p, {p, b.shfl(kir::ShflMode::bfly, p, imm_u32(off))});
-      std::vector<std::pair<Reg, Reg>> writes;
-      for (int ni = 0; ni < n_tiles; ++ni)
-        for (int j = 0; j < 2; ++j)
-          writes.emplace_back(partials[static_cast<size_t>(ni * 2 + j)],
-                              b.add(Type::u32, b.add(Type::u32, warp_n, b.shl(Type::u32, q, imm_u32(1))),
-                                    imm_u32(static_cast<uint32_t>(8 * ni + j))));
-      const bool per_warp = mma.wgmma;
-      store_block_sums(per_warp ? threads / 32 : tile.tm / kWarpTileM,
-                       per_warp ? b.shr(Type::u32, tid, imm_u32(5)) : b.div(Type::u32, warp_m, imm_u32(kWarpTileM)),
-                       writes, b.setp(Cmp::eq, g, imm_u32(0)));
-    } else if (f.block_sums) {  // FFMA tiles: thread (tx, ty)'s columns tx * 4 + thread_offset(j), a row per ty
-      std::vector<std::pair<Reg, Reg>> writes;
-      for (int j = 0; j < tile.pn; ++j)
-        writes.emplace_back(partials[static_cast<size_t>(j)], b.add(Type::u32, b.mul(Type::u32, tx, imm_u32(kQuadrant)),
-                                                                    imm_u32(static_cast<uint32_t>(thread_offset(j)))));
-      store_block_sums(threads / (tile.tn / tile.pn), ty, writes, Reg{});
-    }
-  }
+  const MatmulEpilogueEmitted stored = emit_matmul_epilogue({b,
+                                                             it,
+                                                             f,
+                                                             read_extras,
+                                                             extra_strides,
+                                                             extra_base,
+                                                             out_off,
+                                                             p_out,
+                                                             p_block_sums,
+                                                             p_partials,
+                                                             p_counters,
+                                                             tile,
+                                                             mma,
+                                                             mma_stages,
+                                                             threads,
+                                                             splits,
+                                                             grid_m,
+                                                             grid_n,
+                                                             z,
+                                                             grid_z,
+                                                             m0,
+                                                             n0,
+                                                             tid,
+                                                             as,
+                                                             tx,
+                                                             ty,
+                                                             warp_m,
+                                                             warp_n,
+                                                             g,
+                                                             q,
+                                                             m_tiles,
+                                                             acc});
   if (f.a_row_sums) {
     Reg row = b.add(it, m0, widen(tid));
     b.if_(b.and_(Type::pred, sums_here, b.setp(Cmp::lt, row, imm_index(it, M))), [&] {
@@ -846,9 +544,9 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                                 kTileK, threads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));
   if (mma.wgmma && !tensor_copies && options::wgmma_products_first())
     lo.summary += ", a step's products issued before its copies";
-  if (staging_emitted)
-    lo.summary += staged_chunks ? ", interior tiles stored through shared memory 16 bytes a store"
-                                : ", interior tiles stored through shared memory a row a warp";
+  if (stored.staged)
+    lo.summary += stored.staged_chunks ? ", interior tiles stored through shared memory 16 bytes a store"
+                                       : ", interior tiles stored through shared memory a row a warp";
   if (f.block_sums) lo.summary += ", with the 128-row block sums of an epilogue";
   return lo;
 }

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Checks that a refactor of the lowering changed no generated kernel: writes the PTX of one
-# training step in 16 configurations (f32, bf16, tf32; sm_80 and sm_90; the opt-in matmul
+# training step in 19 configurations (f32, bf16, tf32; sm_80 and sm_90; the opt-in matmul
 # settings; Llama; GPT-2 small) with two `kiln` binaries and compares them byte for byte.
 #
 #   scripts/ptx_unchanged.sh OLD_KILN NEW_KILN [WORK_DIR]
@@ -9,7 +9,17 @@
 # linked statically). About 6 minutes a binary on 2 cores; ONLY=REGEX runs the configurations
 # whose names match. Exit status 1 where any kernel differs.
 set -euo pipefail
+if (($# < 2)); then
+  echo "usage: $0 OLD_KILN NEW_KILN [WORK_DIR (new, or the default's, which is replaced)]" >&2
+  exit 2
+fi
 old=$1 new=$2 work=${3:-/tmp/kiln-ptx-unchanged}
+if [[ $# -ge 3 && -e $work ]]; then
+  echo "$work exists: name a new directory" >&2
+  exit 2
+fi
+# Only each configuration's own settings: none of the caller's KILN_* variables.
+while read -r name; do unset "$name"; done < <(compgen -e | grep '^KILN_' || true)
 small=(--layers 1 --embd 192 --heads 3 --block 128 --batch 4 --vocab-size 101)
 llama=(--model llama --layers 1 --embd 192 --heads 4 --block 64 --batch 4 --vocab-size 77)
 gpt2=(--layers 1 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
@@ -31,10 +41,13 @@ configs=(
   "gpt2_f32||${gpt2[*]} --precision f32"
   "gpt2_bf16||${gpt2[*]} --precision bf16"
   "gpt2_bf16_tensor_copies|KILN_WGMMA_TENSOR_COPIES=1|${gpt2[*]} --precision bf16"
+  "bf16_192x256|KILN_MMA_TILE=192x256|${small[*]} --precision bf16"
+  "bf16_80_3_stages|KILN_MMA_STAGES=3|${small[*]} --precision bf16 --sm 80"
+  "bf16_80_split_k|KILN_MMA_SPLIT_K=2|${small[*]} --precision bf16 --sm 80"
 )
 rm -rf "$work"
 mkdir -p "$work/old" "$work/new" "$work/logs"
-differ=0
+differ=0 compared=0
 for c in "${configs[@]}"; do
   IFS='|' read -r name envs opts <<< "$c"
   [[ $name =~ ${ONLY:-.} ]] || continue
@@ -45,11 +58,20 @@ for c in "${configs[@]}"; do
     env $envs "$bin" ptx --out "$work/$side/$name" $opts > "$work/logs/$side.$name.log" 2>&1 ||
       { echo "kiln ptx failed for $name ($side): see $work/logs/$side.$name.log"; exit 2; }
   done
-  if diff -rq "$work/old/$name" "$work/new/$name" > /dev/null; then
-    echo "same      $name ($(ls "$work/old/$name" | wc -l) files)"
+  files=$(find "$work/old/$name" -name '*.ptx' | wc -l)
+  if ((files == 0)); then
+    echo "no kernels written for $name: see $work/logs/old.$name.log"
+    differ=1
+  elif diff -rq "$work/old/$name" "$work/new/$name" > /dev/null; then
+    echo "same      $name ($files kernels)"
+    compared=$((compared + 1))
   else
     echo "DIFFERENT $name: diff -r $work/old/$name $work/new/$name"
     differ=1
   fi
 done
+if ((compared == 0 && differ == 0)); then
+  echo "no configuration compared (ONLY=${ONLY:-} matches none)"
+  exit 2
+fi
 exit $differ

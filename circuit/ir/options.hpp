@@ -51,10 +51,10 @@ std::optional<bool> wgmma();
 enum class MmaStaging { none, odd_rows, all };
 MmaStaging mma_staging();
 // KILN_WGMMA_PRODUCTS_FIRST: "1" issues each k step's wgmma products before its cp.async copies
-// of a later step (cuda/lower/matmul_mma.cpp); "0" or unset: copies first.
+// of a later step (cuda/lower/matmul_mma_loop.cpp); "0" or unset: copies first.
 bool wgmma_products_first();
 // KILN_WGMMA_TENSOR_COPIES: "1" fills the wgmma matmul's stages with the tensor copy engine
-// (cp.async.bulk.tensor on an mbarrier a stage; cuda/lower/matmul_mma.cpp) where the product has
+// (cp.async.bulk.tensor on an mbarrier a stage; cuda/lower/matmul_mma_loop.cpp) where the product has
 // no batch; "0" or unset: cp.async copies by every thread.
 bool wgmma_tensor_copies();
 

@@ -1,5 +1,5 @@
 // pad_bf16_rows: a layout pass for the GPU's bf16 mma matmul kernel, which copies its operands
-// to shared memory in 16-byte chunks (cuda/lower/fused_matmul.cpp) and so needs every row of a
+// to shared memory in 16-byte chunks (cuda/lower/matmul_mma_loop.cpp) and so needs every row of a
 // stored bf16 operand to start on a 16-byte boundary (a row length that is a multiple of 8).
 #pragma once
 

@@ -687,7 +687,7 @@ void KernelBuilder::cp_async(Operand shared_dst, Operand global_src, int bytes, 
 void KernelBuilder::cp_async_commit() { emit_effect(Opc::CpAsyncCommit); }
 
 void KernelBuilder::cp_async_wait(int pending_groups) {
-  emit_effect(Opc::CpAsyncWait, {}, Type::u32, Space::global, pending_groups);
+  emit_effect(Opc::CpAsyncWait, {}, Type::u32, Space::global, /*offset=*/pending_groups);
 }
 
 void KernelBuilder::wgmma(int n, Operand desc_a, bool a_mn_major, Operand desc_b, bool b_mn_major,
@@ -710,7 +710,7 @@ void KernelBuilder::wgmma_fence() { emit_effect(Opc::WgmmaFence); }
 void KernelBuilder::wgmma_commit() { emit_effect(Opc::WgmmaCommit); }
 
 void KernelBuilder::wgmma_wait(int pending_groups) {
-  emit_effect(Opc::WgmmaWait, {}, Type::u32, Space::global, pending_groups);
+  emit_effect(Opc::WgmmaWait, {}, Type::u32, Space::global, /*offset=*/pending_groups);
 }
 
 void KernelBuilder::fence_proxy_async() { emit_effect(Opc::FenceProxyAsync); }

@@ -397,7 +397,8 @@ class KernelBuilder {
 
  private:
   Reg emit_op(Opc op, Type t, std::vector<Operand> srcs, Type dst_type);
-  // An instruction that writes no register (barriers, fences, waits, commits).
+  // Barriers, fences, commits, waits and mbarrier operations: instructions with no destination
+  // and no vector width (a wait's pending groups and an mbarrier wait's label go in `offset`).
   void emit_effect(Opc op, std::vector<Operand> srcs = {}, Type t = Type::u32, Space space = Space::global,
                    int64_t offset = 0);
   Kernel k_;

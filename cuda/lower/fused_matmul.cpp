@@ -23,7 +23,7 @@
 // where both carry bf16 values (stored, or f32 read through a rounding to bf16) their products
 // are exact in both kernels and large tiles take the tensor cores. Operands both stored as they
 // are multiplied (16-byte aligned chunks, k or rows contiguous, no prologue, no row sums) run a
-// third kernel instead, fed from 2-4 cp.async stages (matmul_mma.cpp): bf16 mma.sync with
+// third kernel instead, fed from 2-4 cp.async stages (matmul_mma.cpp, matmul_mma_loop.cpp): bf16 mma.sync with
 // ldmatrix unless KILN_BF16_MMA=0, and with KILN_ALLOW_TF32=1 f32 operands on tf32 mma.sync
 // (unless 64x64 tiles are forced). Row sums of A (a bias gradient) come out of the blocks of the
 // first tile column, from the tiles in shared memory.
@@ -31,10 +31,8 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include <algorithm>
 #include <array>
-#include <functional>
-#include <limits>
-#include <map>
 #include <optional>
 
 #include "circuit/ir/error.hpp"
@@ -44,7 +42,6 @@
 #include "cuda/lower/fused_matmul.hpp"
 #include "cuda/lower/matmul_epilogue.hpp"
 #include "cuda/lower/matmul_mma.hpp"
-#include "cuda/lower/matmul_staged_stores.hpp"
 #include "cuda/lower/matmul_tiles.hpp"
 
 namespace kiln::cuda {
@@ -437,38 +434,38 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
       });
     }
   }
-  const MatmulEpilogueEmitted stored = emit_matmul_epilogue({b,
-                                                             it,
-                                                             f,
-                                                             read_extras,
-                                                             extra_strides,
-                                                             extra_base,
-                                                             out_off,
-                                                             p_out,
-                                                             p_block_sums,
-                                                             p_partials,
-                                                             p_counters,
-                                                             tile,
-                                                             mma,
-                                                             mma_stages,
-                                                             threads,
-                                                             splits,
-                                                             grid_m,
-                                                             grid_n,
-                                                             z,
-                                                             grid_z,
-                                                             m0,
-                                                             n0,
-                                                             tid,
-                                                             as,
-                                                             tx,
-                                                             ty,
-                                                             warp_m,
-                                                             warp_n,
-                                                             g,
-                                                             q,
-                                                             m_tiles,
-                                                             acc});
+  const MatmulEpilogueEmitted stored = emit_matmul_epilogue({.b = b,
+                                                             .it = it,
+                                                             .f = f,
+                                                             .read_extras = read_extras,
+                                                             .extra_strides = extra_strides,
+                                                             .extra_base = extra_base,
+                                                             .out_off = out_off,
+                                                             .p_out = p_out,
+                                                             .p_block_sums = p_block_sums,
+                                                             .p_partials = p_partials,
+                                                             .p_counters = p_counters,
+                                                             .tile = tile,
+                                                             .mma = mma,
+                                                             .mma_stages = mma_stages,
+                                                             .threads = threads,
+                                                             .splits = splits,
+                                                             .grid_m = grid_m,
+                                                             .grid_n = grid_n,
+                                                             .z = z,
+                                                             .grid_z = grid_z,
+                                                             .m0 = m0,
+                                                             .n0 = n0,
+                                                             .tid = tid,
+                                                             .as = as,
+                                                             .tx = tx,
+                                                             .ty = ty,
+                                                             .warp_m = warp_m,
+                                                             .warp_n = warp_n,
+                                                             .g = g,
+                                                             .q = q,
+                                                             .m_tiles = m_tiles,
+                                                             .acc = acc});
   if (f.a_row_sums) {
     Reg row = b.add(it, m0, widen(tid));
     b.if_(b.and_(Type::pred, sums_here, b.setp(Cmp::lt, row, imm_index(it, M))), [&] {
@@ -544,7 +541,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                                 kTileK, threads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));
   if (mma.wgmma && !tensor_copies && options::wgmma_products_first())
     lo.summary += ", a step's products issued before its copies";
-  if (stored.staged)
+  if (stored.staged_emitted)
     lo.summary += stored.staged_chunks ? ", interior tiles stored through shared memory 16 bytes a store"
                                        : ", interior tiles stored through shared memory a row a warp";
   if (f.block_sums) lo.summary += ", with the 128-row block sums of an epilogue";

@@ -1,6 +1,7 @@
 // The matmul kernel's epilogue: see matmul_epilogue.hpp.
 #include "cuda/lower/matmul_epilogue.hpp"
 
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <map>

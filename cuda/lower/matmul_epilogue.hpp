@@ -11,24 +11,10 @@
 
 #include "circuit/prims/fused_matmul.hpp"
 #include "cuda/lower/matmul_mma.hpp"
+#include "cuda/lower/matmul_tiles.hpp"
 #include "cuda/lower/util.hpp"
 
 namespace kiln::cuda {
-
-// A block's tile of c (tm x tn) and each thread's share (pm x pn, in 4x4 quadrants).
-// tf32: tensor cores (mma.sync m16n8k8) instead of FFMAs: 8 warps as 2 x 4, each a 64x32 tile
-// of c (4 x 4 products of 16x8), 64 accumulators a thread; shared-memory rows padded by 8
-// floats so that a warp's fragment loads (lanes on 8 rows of 4 k) meet no bank conflict. (The
-// cp.async mma kernels' tiles are tensor-core tiles too: tf32 set.)
-struct MatmulTiling {
-  int tm, tn, pm, pn;
-  bool tf32 = false;
-  int pitch_pad = 0;  // floats after each k's row of a tile in shared memory
-};
-// FFMA tiles: a thread's rows (and columns) are quadrants of 4, 64 apart.
-constexpr int kMatmulQuadrant = 4, kMatmulQuadrantSpacing = 64;
-// mma.sync tiles: a warp's tile is kMatmulWarpTileM x (tn / kMatmulWarpsN).
-constexpr int kMatmulWarpTileM = 64, kMatmulWarpsN = 4;
 
 // What the epilogue reads of the kernel built before it (registers of `b`; `it` the index type).
 struct MatmulEpilogueInputs {
@@ -42,7 +28,9 @@ struct MatmulEpilogueInputs {
   const std::vector<Reg>& p_out;                           // per epilogue body: its output's address
   Reg p_block_sums, p_partials, p_counters;                // where the op has them
   MatmulTiling tile;
-  const MmaTiling& mma;  // the cp.async mma kernel's (wgmma: the staged stores' stages)
+  // The cp.async mma kernel's tiling and stage layouts (a default MmaTiling and nothing for the
+  // FFMA kernels); read where mma.wgmma: the staged stores go into the free stages.
+  const MmaTiling& mma;
   const std::optional<std::array<MmaStage, 2>>& mma_stages;
   int threads;
   int64_t splits, grid_m, grid_n;
@@ -57,8 +45,8 @@ struct MatmulEpilogueInputs {
 
 // How the epilogue stored its interior tiles, for the kernel's summary.
 struct MatmulEpilogueEmitted {
-  bool staged = false;         // through shared memory (matmul_staged_stores.hpp)
-  bool staged_chunks = false;  // 16 bytes a store (else a row a warp)
+  bool staged_emitted = false;  // through shared memory (matmul_staged_stores.hpp)
+  bool staged_chunks = false;   // 16 bytes a store (else a row a warp)
 };
 
 MatmulEpilogueEmitted emit_matmul_epilogue(const MatmulEpilogueInputs& in);

@@ -1,5 +1,6 @@
-// The cp.async mma.sync matmul kernel's pieces (matmul_mma.cpp), which the matmul lowering
-// (fused_matmul.cpp) puts around its prologue and epilogue. Internal to cuda/lower/.
+// The tensor-core matmul kernel's pieces (its choices: matmul_mma.cpp; its main loop:
+// matmul_mma_loop.cpp), which the matmul lowering (fused_matmul.cpp) puts between its prologue
+// and its epilogue (matmul_epilogue.cpp). Internal to cuda/lower/.
 #pragma once
 
 #include <array>

@@ -3,14 +3,12 @@
 // KILN_WGMMA_TENSOR_COPIES=1, by the tensor copy engine); products by mma.sync (bf16 fragments by
 // ldmatrix into m16n8k16, tf32 fragments by scalar loads rounded in registers into m16n8k8; both
 // into the tf32 FFMA-tile kernel's accumulator layout) or by wgmma from the stages.
-#include <algorithm>
 #include <bit>
 #include <functional>
 #include <utility>
 
 #include "circuit/ir/options.hpp"
 #include "cuda/lower/matmul_mma.hpp"
-#include "cuda/lower/util.hpp"
 
 namespace kiln::cuda {
 
@@ -78,13 +76,29 @@ class MmaLoop {
   // / ce), rows ce (c % (rows / ce)) .. + ce - 1. Elements past the matrix are zero-filled (the
   // copy reads only the bytes inside it). stage[o]: the byte offset of the stage filled;
   // chunk_at(o, r, kc): the chunk's offset in the stage ([row][k]: kc its chunk of the row;
-  // [k][row]: kc its k).
+  // [k][row]: kc its k), by the stage layouts of mma.sync or of wgmma.
   //
   // Steps of blocks whose tiles lie wholly inside both matrices (rows and k) take a fast path
   // instead: every chunk is whole, and chunk s of a thread is its chunk 0 moved by whole rows
   // ([row][k]: T / kc rows; [k][row]: T / (rows / ce) k), the same in every step: its stage
   // offset is chunk 0's (fast_dst, from before the loop) plus s times dst_stride, and its source
   // chunk 0's at k = 0 (fast_src) plus k0 and s times chunk_stride: immediates.
+  Reg chunk_at(size_t o, Reg r, Reg kc) {
+    if (!tiling.wgmma)  // [row][k]: swizzled; [k][row]: k row kc at kc pitch
+      return layout[o] == MmaStage::row_k ? swizzled(r, kc)
+                                          : b.mad(Type::u32, kc, imm_u32(pitch[o]), b.mul(Type::u32, r, imm_u32(e)));
+    if (layout[o] == MmaStage::row_k)  // K-major: row r at 128 r, chunk kc at kc ^ (r % 8)
+      return b.mad(Type::u32, r, imm_u32(128),
+                   b.shl(Type::u32, b.xor_(Type::u32, kc, b.and_(Type::u32, r, imm_u32(7))), imm_u32(4)));
+    // MN-major: rows r .. r + 7 (a chunk) of k row kc, in atom (r / 64, kc / 8) at 1024 (r / 64)
+    // + sbo (kc / 8), its k row kc % 8 at 128 (kc % 8), chunk (r % 64) / 8 at that ^ (kc % 8).
+    const uint32_t sbo = static_cast<uint32_t>(tile_rows[o]) / 64 * 1024;
+    Reg j = b.and_(Type::u32, kc, imm_u32(7));
+    Reg atom = b.mad(Type::u32, b.shr(Type::u32, r, imm_u32(6)), imm_u32(1024),
+                     b.mul(Type::u32, b.shr(Type::u32, kc, imm_u32(3)), imm_u32(sbo)));
+    Reg chunk = b.xor_(Type::u32, b.and_(Type::u32, b.shr(Type::u32, r, imm_u32(3)), imm_u32(7)), j);
+    return b.add(Type::u32, atom, b.mad(Type::u32, j, imm_u32(128), b.shl(Type::u32, chunk, imm_u32(4))));
+  }
   uint32_t chunks_per_thread(size_t o) const { return static_cast<uint32_t>(tile_rows[o]) * k_chunks / copiers[o]; }
   std::pair<Reg, Reg> chunk_coordinates(size_t o, uint32_t s) {  // (row, k chunk or k) of a thread's chunk s
     Reg chunk = s == 0 ? tid : b.add(Type::u32, tid, imm_u32(s * copiers[o]));
@@ -200,6 +214,8 @@ class MmaLoop {
   }
   Reg k_at(int64_t ahead) { return ahead == 0 ? b.mov(it, k_begin) : b.add(it, k_begin, imm_index(it, ahead)); }
 
+  // wgmma: steps whose stages are filled ahead of the one computed on.
+  uint32_t ahead_steps() const { return stages - 2; }
   void wgmma_products();
   void wgmma_on_cp_async();
   void wgmma_on_tensor_copies(const WgmmaTensorCopies& copies);
@@ -219,6 +235,8 @@ class MmaLoop {
   const Reg warp_m, warp_n;
   std::vector<Reg>& acc;
 
+  // Derived from the arguments above; the initializers read only members declared before them
+  // (keep this order).
   const MmaInput input;
   const int tile_k;
   const uint32_t e, chunk_elements;
@@ -231,7 +249,6 @@ class MmaLoop {
   const uint32_t k_chunks;
   const uint32_t stages;
 
-  std::function<Reg(size_t, Reg, Reg)> chunk_at;  // the layout's: see chunk_coordinates
   std::array<Reg, 2> fast_dst, fast_src;
   Reg rows_inside;
   Reg copies_b;                     // b_by_some: the threads that copy b
@@ -241,19 +258,6 @@ class MmaLoop {
 };
 
 void MmaLoop::wgmma(const WgmmaTensorCopies* tensor_copies) {
-  chunk_at = [&](size_t o, Reg r, Reg kc) {
-    if (layout[o] == MmaStage::row_k)  // K-major: row r at 128 r, chunk kc at kc ^ (r % 8)
-      return b.mad(Type::u32, r, imm_u32(128),
-                   b.shl(Type::u32, b.xor_(Type::u32, kc, b.and_(Type::u32, r, imm_u32(7))), imm_u32(4)));
-    // MN-major: rows r .. r + 7 (a chunk) of k row kc, in atom (r / 64, kc / 8) at 1024 (r / 64)
-    // + sbo (kc / 8), its k row kc % 8 at 128 (kc % 8), chunk (r % 64) / 8 at that ^ (kc % 8).
-    const uint32_t sbo = static_cast<uint32_t>(tile_rows[o]) / 64 * 1024;
-    Reg j = b.and_(Type::u32, kc, imm_u32(7));
-    Reg atom = b.mad(Type::u32, b.shr(Type::u32, r, imm_u32(6)), imm_u32(1024),
-                     b.mul(Type::u32, b.shr(Type::u32, kc, imm_u32(3)), imm_u32(sbo)));
-    Reg chunk = b.xor_(Type::u32, b.and_(Type::u32, b.shr(Type::u32, r, imm_u32(3)), imm_u32(7)), j);
-    return b.add(Type::u32, atom, b.mad(Type::u32, j, imm_u32(128), b.shl(Type::u32, chunk, imm_u32(4))));
-  };
   if (!tensor_copies) prepare_fast_copies();
   // Descriptors (PTX ISA, sm_90): start >> 4 in bits 0-13, leading byte offset >> 4 in 16-29,
   // stride byte offset >> 4 in 32-45, 128-byte swizzle (1) in 62-63. K-major: SBO 1024 from one
@@ -277,6 +281,12 @@ void MmaLoop::wgmma(const WgmmaTensorCopies* tensor_copies) {
     desc[o] =
         b.or_(Type::u64, field, kir::imm_u64(uint64_t{1} << 62 | uint64_t{sbo >> 4} << 32 | uint64_t{lbo >> 4} << 16));
   }
+  // S stages, steps D = S - 2 ahead (ahead_steps): a step's products stay in flight
+  // (wgmma.wait_group 1) until the next step's are issued, so the stage refilled at step i is
+  // step i - 2's, which every warpgroup is done with once all have passed step i's barrier. Step
+  // i waits for its own copies (on cp.async: D - 1 younger groups may stay in flight, and fences
+  // them for wgmma's async proxy), meets the barrier, refills, and issues its four k16 products
+  // as one group.
   if (tensor_copies)
     wgmma_on_tensor_copies(*tensor_copies);
   else
@@ -298,13 +308,7 @@ void MmaLoop::wgmma_products() {
   b.wgmma_commit();
 }
 
-// S stages, steps D = S - 2 ahead: a step's products stay in flight (wgmma.wait_group 1) until
-// the next step's are issued, so the stage refilled at step i is step i - 2's, which every
-// warpgroup is done with once all have passed step i's barrier. Step i waits for its own copies
-// (on cp.async: D - 1 younger groups may stay in flight, and fences them for wgmma's async
-// proxy), meets the barrier, refills, and issues its four k16 products as one group.
 void MmaLoop::wgmma_on_tensor_copies(const WgmmaTensorCopies& copies) {
-  const uint32_t ahead_steps = stages - 2;
   // Tensor copies: thread 0 fills each stage with one copy an operand (an MN-major one: one a
   // 64-row box), all completing on the stage's mbarrier, which it told to expect the stage's
   // bytes; elements past the matrix (rows or K) land as zeros. Every thread waits for the
@@ -338,10 +342,10 @@ void MmaLoop::wgmma_on_tensor_copies(const WgmmaTensorCopies& copies) {
       }
     });
   };
-  for (uint32_t s = 0; s < ahead_steps; ++s)
+  for (uint32_t s = 0; s < ahead_steps(); ++s)
     if_step(int64_t{s} * tile_k, [&] { fill(k_at(int64_t{s} * tile_k), offsets(s), barrier_of(s)); });
-  const std::array<Reg, 2> write = offsets(ahead_steps);
-  Reg read_barrier = barrier_of(0), write_barrier = barrier_of(ahead_steps), parity = b.mov(Type::u32, imm_u32(0));
+  const std::array<Reg, 2> write = offsets(ahead_steps());
+  Reg read_barrier = barrier_of(0), write_barrier = barrier_of(ahead_steps()), parity = b.mov(Type::u32, imm_u32(0));
   auto next_barrier = [&](Reg at) {
     Reg next = b.add(Type::u32, at, imm_u32(8));
     Reg wraps = b.setp(Cmp::eq, next, b.add(Type::u32, copies.barriers, imm_u32(8 * stages)));
@@ -351,7 +355,7 @@ void MmaLoop::wgmma_on_tensor_copies(const WgmmaTensorCopies& copies) {
   b.for_(k_begin, k_end, imm_index(it, tile_k), [&](Reg k0) {
     b.mbarrier_wait(read_barrier, parity);
     b.bar();
-    Reg ahead = b.add(it, k0, imm_index(it, int64_t{ahead_steps} * tile_k));
+    Reg ahead = b.add(it, k0, imm_index(it, int64_t{ahead_steps()} * tile_k));
     b.if_(b.setp(Cmp::lt, ahead, k_end), [&] { fill(ahead, write, write_barrier); });
     wgmma_products();
     b.wgmma_wait(1);
@@ -366,8 +370,7 @@ void MmaLoop::wgmma_on_tensor_copies(const WgmmaTensorCopies& copies) {
 }
 
 void MmaLoop::wgmma_on_cp_async() {
-  const uint32_t ahead_steps = stages - 2;
-  for (uint32_t s = 0; s < ahead_steps; ++s) {
+  for (uint32_t s = 0; s < ahead_steps(); ++s) {
     if_step(int64_t{s} * tile_k, [&] { issue(k_at(int64_t{s} * tile_k), offsets(s)); });
     b.cp_async_commit();  // possibly empty
   }
@@ -376,13 +379,13 @@ void MmaLoop::wgmma_on_cp_async() {
   // not queue behind 12 copies a thread (128x256 tiles) when the global-memory instruction
   // queue is full (LG throttle: 31% of the stall cycles at 8192 x 2304 x 768 on an H100).
   const bool products_first = options::wgmma_products_first();
-  const std::array<Reg, 2> write = offsets(ahead_steps);  // the stage refilled
+  const std::array<Reg, 2> write = offsets(ahead_steps());  // the stage refilled
   b.for_(k_begin, k_end, imm_index(it, tile_k), [&](Reg k0) {
-    b.cp_async_wait(static_cast<int>(ahead_steps) - 1);
+    b.cp_async_wait(static_cast<int>(ahead_steps()) - 1);
     b.fence_proxy_async();
     b.bar();
     auto refill = [&] {
-      Reg ahead = b.add(it, k0, imm_index(it, int64_t{ahead_steps} * tile_k));
+      Reg ahead = b.add(it, k0, imm_index(it, int64_t{ahead_steps()} * tile_k));
       b.if_(b.setp(Cmp::lt, ahead, k_end), [&] { issue(ahead, write); });
       b.cp_async_commit();  // possibly empty: one group a step
     };
@@ -398,10 +401,6 @@ void MmaLoop::wgmma_on_cp_async() {
 }
 
 void MmaLoop::mma_sync() {
-  chunk_at = [&](size_t o, Reg r, Reg kc) {
-    return layout[o] == MmaStage::row_k ? swizzled(r, kc)
-                                        : b.mad(Type::u32, kc, imm_u32(pitch[o]), b.mul(Type::u32, r, imm_u32(e)));
-  };
   prepare_fast_copies();
   Reg lane = b.and_(Type::u32, tid, imm_u32(31));
   const auto n_tiles = static_cast<size_t>(tiling.warp_n_tiles());

@@ -1,13 +1,13 @@
-// The wgmma matmul kernel's stores through shared memory (fused_matmul.cpp), for outputs whose
-// rows start at odd elements (an odd row stride: GPT-2's logits, rows of 50257 floats). The
-// accumulators hold column pairs; where a pair cannot go out as one store, each element went out
-// alone, and a warp's store instruction then wrote 8 rows a few elements each: on an H100 the LM
-// head's forward product (8192 x 50257 x 768, f32 out) took 3.8 ms against 2.0-2.2 ms for the same
-// product at 50264 or 50304 columns. Staged, each output's tile is written into shared memory in
-// the accumulators' layout (the stages are free once the main loop is over), then copied out a
-// row a warp: lane l takes columns l, l + 32, ..., so that every store instruction writes 32
-// consecutive elements of one row. The values are the same bits: rounded to the output's type as
-// they are staged, then moved. Internal to cuda/lower/.
+// The wgmma matmul kernel's stores through shared memory (its epilogue: matmul_epilogue.cpp), for
+// outputs whose rows start at odd elements (an odd row stride: GPT-2's logits, rows of 50257
+// floats). The accumulators hold column pairs; where a pair cannot go out as one store, each
+// element went out alone, and a warp's store instruction then wrote 8 rows a few elements each: on
+// an H100 the LM head's forward product (8192 x 50257 x 768, f32 out) took 3.8 ms against 2.0-2.2
+// ms for the same product at 50264 or 50304 columns. Staged, each output's tile is written into
+// shared memory in the accumulators' layout (the stages are free once the main loop is over), then
+// copied out a row a warp: lane l takes columns l, l + 32, ..., so that every store instruction
+// writes 32 consecutive elements of one row. The values are the same bits: rounded to the output's
+// type as they are staged, then moved. Internal to cuda/lower/.
 #pragma once
 
 #include <array>

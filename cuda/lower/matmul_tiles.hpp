@@ -1,6 +1,7 @@
-// The FFMA-tile matmul kernel's operand tiles (fused_matmul.cpp): a tile of an operand fetched
-// through its view into registers, then stored to shared memory with its prologue applied; or,
-// for an f32 operand stored along its rows, copied into shared memory by cp.async.
+// The matmul kernel's tiling (MatmulTiling), and the FFMA-tile kernel's operand tiles
+// (fused_matmul.cpp): a tile of an operand fetched through its view into registers, then stored
+// to shared memory with its prologue applied; or, for an f32 operand stored along its rows,
+// copied into shared memory by cp.async.
 // Internal to cuda/lower/.
 #pragma once
 
@@ -14,6 +15,21 @@ namespace kiln::cuda {
 
 constexpr int kMatmulTileK = 16;     // k a step of the FFMA-tile kernel
 constexpr int kMatmulThreads = 256;  // threads a block (16 x 16)
+
+// A block's tile of c (tm x tn) and each thread's share (pm x pn, in 4x4 quadrants).
+// tf32: tensor cores (mma.sync m16n8k8) instead of FFMAs: 8 warps as 2 x 4, each a 64x32 tile
+// of c (4 x 4 products of 16x8), 64 accumulators a thread; shared-memory rows padded by 8
+// floats so that a warp's fragment loads (lanes on 8 rows of 4 k) meet no bank conflict. (The
+// cp.async mma kernels' tiles are tensor-core tiles too: tf32 set.)
+struct MatmulTiling {
+  int tm, tn, pm, pn;
+  bool tf32 = false;
+  int pitch_pad = 0;  // floats after each k's row of a tile in shared memory
+};
+// FFMA tiles: a thread's rows (and columns) are quadrants of 4, 64 apart.
+constexpr int kMatmulQuadrant = 4, kMatmulQuadrantSpacing = 64;
+// mma.sync tiles: a warp's tile is kMatmulWarpTileM x (tn / kMatmulWarpsN).
+constexpr int kMatmulWarpTileM = 64, kMatmulWarpsN = 4;
 
 // One operand tile: element (row r, k) of the operand's [rows x K] view, stored in shared
 // memory as tile[k][r] (tm floats a k) so that a thread's 4 consecutive rows are one 16-byte

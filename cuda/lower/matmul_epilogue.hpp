@@ -34,12 +34,13 @@ struct MatmulEpilogueInputs {
   const std::optional<std::array<MmaStage, 2>>& mma_stages;
   int threads;
   int64_t splits, grid_m, grid_n;
-  Reg z, grid_z;        // the batch item; grid z (z x splits + the split)
-  Reg m0, n0, tid, as;  // the tile's first row and column, the thread, the a tiles (free now)
-  Reg tx, ty;           // FFMA tiles: the thread's place in 16 x 16
-  Reg warp_m, warp_n;   // tensor-core tiles: the warp's first row and column in the tile,
-  Reg g, q;             // and the lane's group (lane / 4) and place in it (lane % 4)
-  int m_tiles;          // 16-row products a warp (mma.sync 4, wgmma 1)
+  Reg z, grid_z;       // the batch item; grid z (z x splits + the split)
+  Reg m0, n0, tid;     // the tile's first row and column, the thread
+  Reg as;              // the shared tiles' base (wgmma: both operands' stages), free now
+  Reg tx, ty;          // FFMA tiles: the thread's place in 16 x 16
+  Reg warp_m, warp_n;  // tensor-core tiles: the warp's first row and column in the tile,
+  Reg g, q;            // and the lane's group (lane / 4) and place in it (lane % 4)
+  int m_tiles;         // 16-row products a warp (mma.sync 4, wgmma 1)
   const std::vector<Reg>& acc;
 };
 

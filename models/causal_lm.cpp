@@ -68,11 +68,11 @@ std::string bound(double b) { return b == 2147483648.0 ? "2^31" : fmt::format("{
 }  // namespace
 
 ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes& attributes,
-                                 const std::string& source) {
+                                 const std::string& source, bool allow_defaults) {
   ModelAttributes out;
   for (const AttributeSpec& s : arch.attributes) {
     if (!attributes.has(s.name)) {
-      if (!s.has_default)
+      if (!s.has_default || !allow_defaults)
         throw Error(fmt::format("{}: attribute '{}' of the {} config is missing", source, s.name, arch.name));
       out.set(s.name, s.default_value);
       continue;

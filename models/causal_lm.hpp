@@ -87,7 +87,8 @@ const Architecture& architecture(const std::string& name);
 std::unique_ptr<CausalLM> make_model(const std::string& architecture, const ModelAttributes& attributes,
                                      const std::string& source = "model config");
 // The attributes checked and completed with defaults; errors name `source` and the attribute.
+// Without `allow_defaults` every attribute must be given (files of a format that writes them all).
 ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes& attributes,
-                                 const std::string& source);
+                                 const std::string& source, bool allow_defaults = true);
 
 }  // namespace kiln::models

@@ -20,6 +20,7 @@
 
 #include "circuit/ir/error.hpp"
 #include "circuit/ir/host_tensor.hpp"
+#include "core/engine.hpp"
 #include "models/gpt.hpp"
 #include "train/adamw.hpp"
 #include "train/batch_file.hpp"
@@ -272,9 +273,9 @@ TEST(HostileFiles, NonFiniteWeightsAndImplausibleConfigsAreRefused) {
     models::GPT old_reader(small_config());
     set_int_attribute(path, "format_version", 1);
     load_weights(path, old_reader);  // a version-1 file (before checksums) still loads
+    set_int_attribute(path, "format_version", 4);
+    expect_error([&] { load_weights(path, old_reader); }, {"format_version 4", "versions 1 to 3"});
     set_int_attribute(path, "format_version", 3);
-    expect_error([&] { load_weights(path, old_reader); }, {"format_version 3", "versions 1 to 2"});
-    set_int_attribute(path, "format_version", 2);
   }
   models::GPT target(small_config());
   const std::vector<double> before = weights_of(target);
@@ -316,6 +317,92 @@ TEST(HostileFiles, CheckpointFieldsOutOfRangeAreRefused) {
   fresh();
   set_first_element(path, "exp_avg/transformer/wte/weight", std::nanf(""));
   expect_error(load, {"'exp_avg/transformer/wte/weight'", "non-finite"});
+  std::filesystem::remove(path);
+}
+
+// From format_version 3 on every config attribute is required; older files keep their defaults.
+TEST(StrictFiles, ConfigAttributesAreRequiredFromFormatVersion3) {
+  const std::string path = tmp_file("whole_config.h5");
+  save_weights(path, models::GPT(small_config()), nullptr);
+  delete_attribute(path, "dropout");
+  expect_error([&] { read_weights_config(path); }, {path, "format_version 3", "'dropout'", "missing"});
+  expect_error([&] { load_model(path); }, {"'dropout'", "missing"});
+  set_int_attribute(path, "format_version", 2);
+  EXPECT_EQ(read_weights_config(path).dropout, 0.0) << "a version-2 file without dropout takes the default";
+  set_int_attribute(path, "format_version", 3);
+  delete_attribute(path, "architecture");
+  expect_error([&] { read_weights_config(path); }, {"format_version 3", "'architecture' is missing"});
+
+  const std::string ckpt = tmp_file("whole_config.ckpt.h5");
+  models::GPT model(small_config());
+  optim::AdamW opt(model.parameters(), {});
+  save_checkpoint(ckpt, model, opt, Tokenizer::byte_level(), {3, 7});
+  delete_attribute(ckpt, "dropout");
+  expect_error([&] { read_checkpoint_model(ckpt); }, {ckpt, "format_version 3", "'dropout'", "missing"});
+  expect_error([&] { load_checkpoint(ckpt, model, opt); }, {"'dropout'", "missing"});
+  set_int_attribute(ckpt, "format_version", 2);
+  load_checkpoint(ckpt, model, opt);  // a version-2 checkpoint without dropout still resumes
+  std::filesystem::remove(path);
+  std::filesystem::remove(ckpt);
+}
+
+TEST(StrictFiles, ACheckpointsRandomCounterCannotBeNegative) {
+  const std::string path = tmp_file("counter.ckpt.h5");
+  models::GPT model(small_config());
+  optim::AdamW opt(model.parameters(), {});
+  save_checkpoint(path, model, opt, Tokenizer::byte_level(), {3, 7});
+  set_int_attribute(path, "rng_counter", -1);
+  const std::vector<double> before = weights_of(model);
+  expect_error([&] { load_checkpoint(path, model, opt); }, {path, "'rng_counter' is -1", "at least 0"});
+  EXPECT_EQ(weights_of(model), before) << "a refused checkpoint changed the model";
+  delete_attribute(path, "rng_counter");
+  expect_error([&] { load_checkpoint(path, model, opt); }, {"'rng_counter' is missing"});
+  std::filesystem::remove(path);
+}
+
+// A dataset no parameter reads: refused by a strict load (naming it), loaded around by a
+// non-strict one, which reports it; tied names (lm_head/weight) are not unexpected.
+TEST(StrictFiles, DatasetsNoParameterReadsAreRefusedUnlessNonStrict) {
+  const std::string path = tmp_file("extra.h5");
+  manual_seed(11);
+  models::GPT saved(small_config());
+  save_weights(path, saved, nullptr);
+  h5::File::open_write(path).write("transformer/h/7/mlp/c_fc/weight", HostTensor::zeros(DType::f32, Shape{2, 2}));
+  manual_seed(12);
+  models::GPT target(small_config());
+  const std::vector<double> before = weights_of(target);
+  expect_error([&] { load_weights(path, target); },
+               {path, "unexpected: transformer/h/7/mlp/c_fc/weight", "strict = false"});
+  EXPECT_EQ(weights_of(target), before) << "a refused file changed the model";
+  const LoadReport report = load_weights(path, target, {.strict = false});
+  EXPECT_EQ(report.unexpected, std::vector<std::string>{"transformer/h/7/mlp/c_fc/weight"});
+  EXPECT_TRUE(report.missing.empty());
+  EXPECT_EQ(weights_of(target), weights_of(saved));
+
+  // Missing parameters: a deeper model loads the layers the file has and keeps its own others.
+  models::GPTConfig two = small_config();
+  two.n_layer = 2;
+  std::filesystem::remove(path);
+  save_weights(path, saved, nullptr);
+  models::GPT deeper(two);
+  const HostTensor own = deeper.named_parameters().back().second.to_host();  // not in the file
+  expect_error([&] { load_weights(path, deeper); }, {"missing: transformer.h.1.ln_1.weight (dataset 'transformer/h/1/ln_1/weight')"});
+  const LoadReport partial = load_weights(path, deeper, {.strict = false});
+  EXPECT_EQ(partial.missing.size(), 12u) << partial.str();  // one block's parameters
+  EXPECT_TRUE(partial.unexpected.empty()) << partial.str();
+  EXPECT_EQ(deeper.named_parameters().front().second.to_host().get(0),
+            saved.named_parameters().front().second.to_host().get(0));
+  std::filesystem::remove(path);
+}
+
+TEST(StrictFiles, ACheckpointWithADatasetNoParameterReadsIsRefused) {
+  const std::string path = tmp_file("extra.ckpt.h5");
+  models::GPT model(small_config());
+  optim::AdamW opt(model.parameters(), {});
+  save_checkpoint(path, model, opt, Tokenizer::byte_level(), {3, 7});
+  h5::File::open_write(path).write("exp_avg/transformer/h/5/attn/c_attn/weight", HostTensor::zeros(DType::f32, Shape{3}));
+  expect_error([&] { load_checkpoint(path, model, opt); },
+               {path, "dataset 'exp_avg/transformer/h/5/attn/c_attn/weight' belongs to no parameter"});
   std::filesystem::remove(path);
 }
 

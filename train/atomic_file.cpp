@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "circuit/ir/error.hpp"
 
@@ -41,12 +40,20 @@ void replace_file_atomically(const std::string& path, const std::function<void(c
   fsync_path(std::filesystem::absolute(path).parent_path().string());
 }
 
-void write_file_atomically(const std::string& path, const std::string& bytes) {
+void write_file_atomically(const std::string& path, std::string_view bytes) {
   replace_file_atomically(path, [&](const std::string& tmp) {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) throw Error("cannot write '" + tmp + "' (for '" + path + "'): " + std::strerror(errno));
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) throw Error("cannot create '" + tmp + "' (for '" + path + "'): " + std::strerror(errno));
+    int err = 0;
+    for (size_t done = 0; done < bytes.size() && err == 0;) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno != EINTR) err = errno;
+      if (n > 0) done += static_cast<size_t>(n);
+    }
+    if (::close(fd) != 0 && err == 0) err = errno;
+    if (err != 0)
+      throw Error("writing '" + path + "' failed: " + std::strerror(err) +
+                  (err == ENOSPC || err == EDQUOT ? " (is the disk full?)" : ""));
   });
 }
 

@@ -6,11 +6,12 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 
 namespace kiln {
 
 void replace_file_atomically(const std::string& path, const std::function<void(const std::string& tmp)>& write);
 // `bytes` as the whole file.
-void write_file_atomically(const std::string& path, const std::string& bytes);
+void write_file_atomically(const std::string& path, std::string_view bytes);
 
 }  // namespace kiln

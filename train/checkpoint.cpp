@@ -80,6 +80,7 @@ CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model
                 model.architecture());
   auto params = model.named_parameters();
   std::vector<std::pair<Tensor, HostTensor>> loaded;
+  std::vector<std::string> read;
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string ds = dataset_path(params[i].first);
     for (const auto& [group, target] : {std::pair<std::string, Tensor>{"model/", params[i].second},
@@ -97,7 +98,15 @@ CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model
             throw Error("checkpoint '" + path + "': dataset '" + group + ds + "' holds a negative second moment (" +
                         std::to_string(h.get(e)) + ") at element " + std::to_string(e));
       loaded.emplace_back(target, h);
+      read.push_back(group + ds);
     }
+  }
+  if (const std::vector<std::string> unread = unread_datasets(f, read); !unread.empty()) {
+    std::string names;
+    for (const std::string& n : unread) names += (names.empty() ? "'" : ", '") + n + "'";
+    throw Error("checkpoint '" + path + "': " + (unread.size() > 1 ? "datasets " : "dataset ") + names +
+                (unread.size() > 1 ? " belong" : " belongs") + " to no parameter of this " + model.architecture() +
+                " model");
   }
   CheckpointState state;
   state.step = f.read_int_attribute("step");
@@ -105,11 +114,15 @@ CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model
     throw Error("checkpoint '" + path + "': step " + std::to_string(state.step) + " is not a step count");
   state.data_seed = static_cast<uint64_t>(f.read_int_attribute("data_seed"));
   const auto rng_seed = static_cast<uint64_t>(f.read_int_attribute("rng_seed"));
-  const auto rng_counter = static_cast<uint64_t>(f.read_int_attribute("rng_counter"));
+  // Seeds are any 64-bit pattern (stored as int64); a counter counts random draws from 0.
+  const int64_t rng_counter = f.read_int_attribute("rng_counter");
+  if (rng_counter < 0)
+    throw Error("checkpoint '" + path + "': attribute 'rng_counter' is " + std::to_string(rng_counter) +
+                "; it counts the random values drawn and must be at least 0");
   for (const auto& [t, h] : loaded) Engine::current().write_persistent(*t.impl(), h);
   opt.set_steps(state.step);
   Engine::current().manual_seed(rng_seed);
-  Engine::current().set_random_counter(rng_counter);
+  Engine::current().set_random_counter(static_cast<uint64_t>(rng_counter));
   return state;
 }
 

@@ -15,8 +15,9 @@
 
 namespace kiln {
 
-// 2: checksummed datasets and metadata, as weights version 2 (1: neither; still read).
-constexpr int64_t kCheckpointFormatVersion = 2;
+// 3: every config attribute required, as weights version 3 (2: checksummed datasets and
+// metadata; 1: neither; both still read).
+constexpr int64_t kCheckpointFormatVersion = 3;
 
 struct CheckpointState {
   int64_t step = 0;        // steps completed

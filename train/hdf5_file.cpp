@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -75,7 +77,93 @@ File File::create(const std::string& path) {
   return File(id, path);
 }
 
-File::File(File&& o) noexcept : id_(o.id_), path_(std::move(o.path_)) { o.id_ = -1; }
+// The core driver's buffer, allocated through these callbacks so that closing the file hands it
+// to kiln instead of freeing it. HDF5 copies the callbacks' user data with the access property
+// list: every copy is this one object, owned by the File.
+struct MemoryImage {
+  void* bytes = nullptr;
+  size_t capacity = 0;
+  bool closed = false;  // the file was closed and `bytes` is ours to write and free
+  ~MemoryImage() { std::free(bytes); }
+};
+
+namespace {
+void* image_malloc(size_t size, H5FD_file_image_op_t, void* udata) {
+  auto* image = static_cast<MemoryImage*>(udata);
+  std::free(image->bytes);
+  image->bytes = std::malloc(size);
+  image->capacity = image->bytes ? size : 0;
+  return image->bytes;
+}
+void* image_memcpy(void* dest, const void* src, size_t size, H5FD_file_image_op_t, void*) {
+  return std::memcpy(dest, src, size);
+}
+void* image_realloc(void* ptr, size_t size, H5FD_file_image_op_t, void* udata) {
+  auto* image = static_cast<MemoryImage*>(udata);
+  void* grown = std::realloc(ptr, size);
+  if (!grown) return nullptr;  // HDF5 reports the failure; `ptr` is still the buffer
+  image->bytes = grown;
+  image->capacity = size;
+  return grown;
+}
+herr_t image_free(void* ptr, H5FD_file_image_op_t op, void* udata) {
+  auto* image = static_cast<MemoryImage*>(udata);
+  if (op == H5FD_FILE_IMAGE_OP_FILE_CLOSE && ptr == image->bytes) {
+    image->closed = true;  // kept: close_to_image writes it out
+    return 0;
+  }
+  if (ptr == image->bytes) image->bytes = nullptr, image->capacity = 0;
+  std::free(ptr);
+  return 0;
+}
+void* image_udata_copy(void* udata) { return udata; }
+herr_t image_udata_free(void*) { return 0; }
+
+// The end-of-file address in a version 2 or 3 superblock with 8-byte offsets (HDF5 File Format
+// Specification, "Superblock"): signature (8 bytes), version, offset and length sizes, flags,
+// base address (8), extension address (8), then this field. 0 where the bytes are not such a
+// superblock.
+uint64_t superblock_end_of_file(const unsigned char* bytes, size_t size) {
+  static const unsigned char kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  if (size < 48 || std::memcmp(bytes, kSignature, 8) != 0 || (bytes[8] != 2 && bytes[8] != 3) || bytes[9] != 8)
+    return 0;
+  uint64_t eof = 0;
+  for (int i = 7; i >= 0; --i) eof = (eof << 8) | bytes[28 + i];  // little-endian
+  return eof;
+}
+}  // namespace
+
+File::File(long long id, std::string path) : id_(id), path_(std::move(path)) {}
+
+File File::create_in_memory(const std::string& path) {
+  quiet();
+  auto image = std::make_unique<MemoryImage>();
+  Handle fapl{H5Pcreate(H5P_FILE_ACCESS), H5Pclose};
+  H5Pset_libver_bounds(fapl.id, H5F_LIBVER_V110, H5F_LIBVER_LATEST);
+  H5FD_file_image_callbacks_t callbacks{image_malloc,     image_memcpy,     image_realloc, image_free,
+                                        image_udata_copy, image_udata_free, image.get()};
+  // Grown 16 MiB at a time (realloc of large blocks remaps pages rather than copying them).
+  if (fapl.id < 0 || H5Pset_fapl_core(fapl.id, size_t{16} << 20, /*backing_store=*/0) < 0 ||
+      H5Pset_file_image_callbacks(fapl.id, &callbacks) < 0)
+    throw Error("HDF5 file '" + path + "': cannot set up the in-memory driver");
+  // The name is only a label: without a backing store the core driver opens nothing on disk.
+  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id);
+  if (id < 0) throw Error("cannot create HDF5 file '" + path + "' in memory");
+  File f(id, path);
+  f.image_ = std::move(image);
+  return f;
+}
+
+std::string_view File::close_to_image() {
+  close();  // in memory: fails only where memory ran out
+  if (!image_ || !image_->closed) fail("the file in memory was not handed back on closing");
+  const auto* bytes = static_cast<const unsigned char*>(image_->bytes);
+  const uint64_t size = superblock_end_of_file(bytes, image_->capacity);
+  if (size == 0 || size > image_->capacity) fail("the file in memory does not start with the superblock kiln writes");
+  return {static_cast<const char*>(image_->bytes), static_cast<size_t>(size)};
+}
+
+File::File(File&& o) noexcept : id_(o.id_), path_(std::move(o.path_)), image_(std::move(o.image_)) { o.id_ = -1; }
 
 File::~File() {
   if (id_ >= 0) H5Fclose(static_cast<hid_t>(id_));
@@ -90,11 +178,9 @@ void File::close() {
 }
 
 void write_atomically(const std::string& path, const std::function<void(File&)>& fill) {
-  replace_file_atomically(path, [&](const std::string& tmp) {
-    File f = File::create(tmp);
-    fill(f);
-    f.close();
-  });
+  File f = File::create_in_memory(path);
+  fill(f);
+  write_file_atomically(path, f.close_to_image());
 }
 
 void File::fail(const std::string& what) const { throw Error("HDF5 file '" + path_ + "': " + what); }
@@ -190,6 +276,36 @@ void File::write(const std::string& path, const HostTensor& t) {
   if (ds.id < 0) fail("cannot create dataset '" + path + "' (does it exist already?)");
   if (t.numel() > 0 && H5Dwrite(ds.id, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) < 0)
     fail("writing dataset '" + path + "' failed");
+}
+
+namespace {
+// H5Lvisit's callback: records each hard link to a dataset with its object's address (HDF5 1.10)
+// or token (1.12 and later) as the key.
+#if H5_VERSION_GE(1, 12, 0)
+herr_t record_dataset(hid_t group, const char* name, const H5L_info2_t* info, void* out) {
+  if (info->type != H5L_TYPE_HARD) return 0;
+  std::string key(reinterpret_cast<const char*>(&info->u.token), sizeof(info->u.token));
+#else
+herr_t record_dataset(hid_t group, const char* name, const H5L_info_t* info, void* out) {
+  if (info->type != H5L_TYPE_HARD) return 0;
+  std::string key = std::to_string(info->u.address);
+#endif
+  Handle object{H5Oopen(group, name, H5P_DEFAULT), H5Oclose};
+  if (object.id >= 0 && H5Iget_type(object.id) == H5I_DATASET)
+    (*static_cast<std::map<std::string, std::string>*>(out))[name] = std::move(key);
+  return 0;
+}
+}  // namespace
+
+std::map<std::string, std::string> File::datasets() const {
+  std::map<std::string, std::string> out;
+#if H5_VERSION_GE(1, 12, 0)
+  const herr_t rc = H5Lvisit2(static_cast<hid_t>(id_), H5_INDEX_NAME, H5_ITER_INC, record_dataset, &out);
+#else
+  const herr_t rc = H5Lvisit(static_cast<hid_t>(id_), H5_INDEX_NAME, H5_ITER_INC, record_dataset, &out);
+#endif
+  if (rc < 0) fail("cannot list its datasets: the file is corrupt or truncated");
+  return out;
 }
 
 void File::hard_link(const std::string& target, const std::string& link) {

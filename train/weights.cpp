@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 
 #include "circuit/ir/error.hpp"
 #include "train/hdf5_file.hpp"
@@ -24,7 +26,36 @@ void check_format(const h5::File& f) {
     throw Error("'" + f.path() + "' has format_version " + std::to_string(v) + "; this kiln reads versions 1 to " +
                 std::to_string(kWeightsFormatVersion));
 }
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
 }  // namespace
+
+std::string LoadReport::str() const {
+  if (empty()) return "none";
+  std::string out;
+  std::vector<std::string> missing_datasets;
+  for (const std::string& name : missing) missing_datasets.push_back(name + " (dataset '" + dataset_path(name) + "')");
+  if (!missing.empty()) out += "missing: " + joined(missing_datasets);
+  if (!unexpected.empty()) out += std::string(out.empty() ? "" : "; ") + "unexpected: " + joined(unexpected);
+  return out;
+}
+
+std::vector<std::string> unread_datasets(const h5::File& f, const std::vector<std::string>& read) {
+  const std::map<std::string, std::string> all = f.datasets();
+  std::set<std::string> read_objects;
+  for (const std::string& name : read) {
+    auto it = all.find(name);
+    if (it != all.end()) read_objects.insert(it->second);
+  }
+  std::vector<std::string> out;
+  for (const auto& [name, object] : all)
+    if (!read_objects.count(object) && name.rfind("tokenizer/", 0) != 0) out.push_back(name);
+  return out;
+}
 
 void write_model_spec(h5::File& f, const models::CausalLM& model) {
   const models::Architecture& arch = models::architecture(model.architecture());
@@ -39,6 +70,12 @@ void write_model_spec(h5::File& f, const models::CausalLM& model) {
 }
 
 ModelSpec read_model_spec(const h5::File& f) {
+  // Both kinds of file carry format_version (their readers check its range first).
+  const int64_t version = f.read_int_attribute("format_version");
+  const bool whole_config = version >= kFormatWithWholeConfig;
+  const std::string source = "'" + f.path() + "' (written as format_version " + std::to_string(version) + ")";
+  if (whole_config && !f.has_attribute("architecture"))
+    throw Error(source + ": attribute 'architecture' is missing");
   ModelSpec spec;
   spec.architecture = f.has_attribute("architecture") ? f.read_string_attribute("architecture") : "gpt";
   const models::Architecture* arch = nullptr;
@@ -53,7 +90,7 @@ ModelSpec read_model_spec(const h5::File& f) {
   for (const models::AttributeSpec& s : arch->attributes)
     if (f.has_attribute(s.name))
       read.set(s.name, s.integer ? static_cast<double>(f.read_int_attribute(s.name)) : f.read_real_attribute(s.name));
-  spec.attributes = models::check_attributes(*arch, read, "'" + f.path() + "'");
+  spec.attributes = models::check_attributes(*arch, read, source, /*allow_defaults=*/!whole_config);
   return spec;
 }
 
@@ -143,10 +180,12 @@ ModelSpec read_model_spec(const std::string& path) {
   return read_model_spec(f);
 }
 
-std::unique_ptr<models::CausalLM> load_model(const std::string& path) {
+std::unique_ptr<models::CausalLM> load_model(const std::string& path, const LoadOptions& options,
+                                             LoadReport* report) {
   const ModelSpec spec = read_model_spec(path);
   std::unique_ptr<models::CausalLM> model = models::make_model(spec.architecture, spec.attributes, "'" + path + "'");
-  load_weights(path, *model);
+  LoadReport found = load_weights(path, *model, options);
+  if (report) *report = std::move(found);
   return model;
 }
 
@@ -157,15 +196,19 @@ models::GPTConfig read_weights_config(const std::string& path) {
   return models::GPTConfig::from_attributes(spec.attributes);
 }
 
-void load_weights(const std::string& path, nn::Module& model) {
+LoadReport load_weights(const std::string& path, nn::Module& model, const LoadOptions& options) {
   h5::File f = h5::File::open_read(path);
   check_format(f);
   // Read and check every dataset before touching the model.
+  LoadReport report;
+  std::vector<std::string> read;
   std::vector<std::pair<Tensor, HostTensor>> loaded;
   for (const auto& [name, p] : model.named_parameters()) {
     std::string ds = dataset_path(name);
-    if (!f.exists(ds))
-      throw Error("weights file '" + path + "': dataset '" + ds + "' for parameter '" + name + "' is missing");
+    if (!f.exists(ds)) {
+      report.missing.push_back(name);
+      continue;
+    }
     DType dt = f.dataset_dtype(ds);
     if (dt != DType::f32)
       throw Error("weights file '" + path + "': dataset '" + ds + "' is " + dtype_name(dt) + ", expected float32");
@@ -175,8 +218,14 @@ void load_weights(const std::string& path, nn::Module& model) {
                   name + "' needs " + p.shape().str());
     loaded.emplace_back(p, f.read(ds));
     require_finite(loaded.back().second, path, ds);
+    read.push_back(ds);
   }
+  report.unexpected = unread_datasets(f, read);
+  if (options.strict && !report.empty())
+    throw Error("weights file '" + path + "' does not match the model parameter for parameter (" + report.str() +
+                "); load it with LoadOptions{.strict = false} (the CLI's --non-strict) to load the parameters it has");
   for (const auto& [p, values] : loaded) Engine::current().write_persistent(*p.impl(), values);
+  return report;
 }
 
 std::optional<Tokenizer> load_tokenizer(const std::string& path) {

@@ -6,18 +6,22 @@
 // shape or dtype, or another format is an error naming it, never a partly loaded model.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
-
-#include <memory>
+#include <vector>
 
 #include "models/gpt.hpp"
 #include "train/tokenizer.hpp"
 
 namespace kiln {
 
-// 2: datasets with Fletcher-32 checksums in files with metadata checksums (1: neither; still read).
-constexpr int64_t kWeightsFormatVersion = 2;
+// 3: every config attribute and the architecture required (2: datasets with Fletcher-32
+// checksums in files with metadata checksums, and 1, neither: both still read, missing config
+// attributes taking their defaults as they always did).
+constexpr int64_t kWeightsFormatVersion = 3;
+// The first weights and checkpoint format in which no config attribute may be missing.
+constexpr int64_t kFormatWithWholeConfig = 3;
 
 // A model as a file describes it: its architecture and checked config attributes.
 struct ModelSpec {
@@ -26,13 +30,31 @@ struct ModelSpec {
 };
 // Reads and checks the format attributes, the architecture and its config.
 ModelSpec read_model_spec(const std::string& path);
-// Builds the model a weights file describes and loads its weights into it.
-std::unique_ptr<models::CausalLM> load_model(const std::string& path);
 // A GPT file's config (an error naming the architecture for any other model).
 models::GPTConfig read_weights_config(const std::string& path);
-// Loads every parameter of `model` from the file by name (converted to the model's dtype); any
-// Module, registered model or not.
-void load_weights(const std::string& path, nn::Module& model);
+// How load_weights treats a file whose datasets do not match the module's parameters one for one.
+struct LoadOptions {
+  // Strict (the default, as PyTorch's load_state_dict(strict=True)): a parameter without a
+  // dataset, or a dataset no parameter reads (outside tokenizer/), is an error naming each one.
+  // Non-strict: the parameters the file holds are loaded, the others keep their values.
+  bool strict = true;
+};
+// What a load found that did not match: filled either way (a strict load that finds anything
+// throws, naming the same lists).
+struct LoadReport {
+  std::vector<std::string> missing;     // parameter names without a dataset in the file
+  std::vector<std::string> unexpected;  // dataset paths that no parameter reads
+  bool empty() const { return missing.empty() && unexpected.empty(); }
+  std::string str() const;  // "missing: a, b; unexpected: c" (or "none")
+};
+// Loads the parameters of `model` from the file by name (converted to the model's dtype); any
+// Module, registered model or not. Shapes and dtypes must match, strict or not; everything is
+// checked before the model changes.
+LoadReport load_weights(const std::string& path, nn::Module& model, const LoadOptions& options = {});
+// Builds the model a weights file describes and loads its weights into it; `report` (when given)
+// receives what a non-strict load found.
+std::unique_ptr<models::CausalLM> load_model(const std::string& path, const LoadOptions& options = {},
+                                             LoadReport* report = nullptr);
 // Writes the model's parameters, architecture, config and (when given) tokenizer: attribute
 // tokenizer = "char" | "byte", and for "char" an int32 dataset tokenizer/vocab of code points in
 // id order. Tied parameters' other names are hard links.
@@ -56,6 +78,10 @@ void require_finite(const HostTensor& t, const std::string& file, const std::str
 // from the file's config attributes).
 void write_tokenizer(h5::File& f, const Tokenizer& tokenizer, int64_t vocab_size);
 std::optional<Tokenizer> read_tokenizer(const h5::File& f);
+
+// The dataset paths of `f` that are neither in `read` nor other names (hard links) of one in it,
+// outside the tokenizer's group: what a strict load refuses.
+std::vector<std::string> unread_datasets(const h5::File& f, const std::vector<std::string>& read);
 
 // "transformer.h.0.ln_1.weight" -> "transformer/h/0/ln_1/weight".
 std::string dataset_path(const std::string& parameter_name);

@@ -16,10 +16,12 @@ int cmd_dump(const std::vector<std::string>& argv) {
          {{"weights", "weights file (required)"},
           {"batch", "HDF5 file with int32 datasets x and y of shape [B, T] (required)"},
           {"out", "HDF5 file to write (required)"},
-          {"dtype", "f32 (default) or f64"}},
+          {"dtype", "f32 (default) or f64"},
+          {"non-strict", kNonStrictHelp}},
          "usage: kiln dump --weights model.h5 --batch batch.h5 --out dump.h5 [--dtype f32|f64]\n\n"
          "Runs forward and backward once (dropout off, no optimizer step) and writes logits [B, T, V],\n"
-         "loss (scalar) and grads/<parameter path> for every parameter, in the weights file's layouts.");
+         "loss (scalar) and grads/<parameter path> for every parameter, in the weights file's layouts.",
+         {"non-strict"});
   if (a.help()) {
     a.print_help();
     return 0;
@@ -27,7 +29,7 @@ int cmd_dump(const std::vector<std::string>& argv) {
   std::string dt = a.str("dtype", "f32");
   if (dt != "f32" && dt != "f64") throw Error("--dtype must be f32 or f64, received '" + dt + "'");
   std::string path = a.required("weights");
-  std::unique_ptr<models::CausalLM> model_ptr = load_model(path);
+  std::unique_ptr<models::CausalLM> model_ptr = load_model_as_flagged(path, a);
   models::CausalLM& model = *model_ptr;
   model.eval();
   model.to(dt == "f64" ? DType::f64 : DType::f32);

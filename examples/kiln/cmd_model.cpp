@@ -17,8 +17,8 @@
 namespace kiln::cli {
 
 namespace {
-std::unique_ptr<models::CausalLM> load_model_for_inference(const std::string& path) {
-  std::unique_ptr<models::CausalLM> model = kiln::load_model(path);
+std::unique_ptr<models::CausalLM> load_model_for_inference(const std::string& path, const Args& a) {
+  std::unique_ptr<models::CausalLM> model = load_model_as_flagged(path, a);
   model->eval();
   return model;
 }
@@ -45,6 +45,13 @@ std::map<std::string, std::string> with_model_flags(std::map<std::string, std::s
   options["block"] = "context length (default 64)";
   if (vocab_size) options["vocab-size"] = "vocabulary size (default 65)";
   return options;
+}
+
+std::unique_ptr<models::CausalLM> load_model_as_flagged(const std::string& path, const Args& a) {
+  LoadReport report;
+  std::unique_ptr<models::CausalLM> model = kiln::load_model(path, {.strict = !a.has("non-strict")}, &report);
+  if (!report.empty()) std::fprintf(stderr, "kiln: loaded '%s' non-strictly (%s)\n", path.c_str(), report.str().c_str());
+  return model;
 }
 
 std::set<std::string> with_model_switches(std::set<std::string> switches) {
@@ -128,10 +135,11 @@ int cmd_sample(const std::vector<std::string>& argv) {
           {"tokens", "tokens to generate (default 200)"},
           {"temperature", "sampling temperature > 0 (default 0.8)"},
           {"seed", "sampling seed (default 1)"},
-          {"no-kv-cache", "run the model on the whole window for every token instead of one cached step"}},
+          {"no-kv-cache", "run the model on the whole window for every token instead of one cached step"},
+          {"non-strict", kNonStrictHelp}},
          "usage: kiln sample --weights model.h5 [options]\n\nGenerates text from a trained model (GPT or Llama), one "
          "decode step per token with a key/value cache,\nand reports tokens per second on standard error.",
-         {"no-kv-cache"});
+         {"no-kv-cache", "non-strict"});
   if (a.help()) {
     a.print_help();
     return 0;
@@ -143,7 +151,7 @@ int cmd_sample(const std::vector<std::string>& argv) {
   o.kv_cache = !a.has("no-kv-cache");
   std::string path = a.required("weights");
   Tokenizer tok = require_tokenizer(path);
-  auto model = load_model_for_inference(path);
+  auto model = load_model_for_inference(path, a);
   std::string prompt = a.str("prompt", "\n");
   const auto t0 = std::chrono::steady_clock::now();
   const std::string text = sample_text(*model, tok, prompt, o);
@@ -156,16 +164,18 @@ int cmd_sample(const std::vector<std::string>& argv) {
 
 int cmd_eval(const std::vector<std::string>& argv) {
   Args a(
-      argv, {{"weights", "weights file (required)"}, {"data", "text file (required)"}},
+      argv,
+      {{"weights", "weights file (required)"}, {"data", "text file (required)"}, {"non-strict", kNonStrictHelp}},
       "usage: kiln eval --weights model.h5 --data FILE\n\nPrints the mean loss in nats per token over non-overlapping\n"
-      "block-long windows of the file (a last partial window is dropped).");
+      "block-long windows of the file (a last partial window is dropped).",
+      {"non-strict"});
   if (a.help()) {
     a.print_help();
     return 0;
   }
   std::string path = a.required("weights");
   Tokenizer tok = require_tokenizer(path);
-  auto model = load_model_for_inference(path);
+  auto model = load_model_for_inference(path, a);
   std::vector<int32_t> ids = tok.encode(read_corpus(a.required("data")));
   const int64_t block = model->block_size();
   const int64_t windows = ids.size() > 0 ? static_cast<int64_t>((ids.size() - 1) / static_cast<size_t>(block)) : 0;

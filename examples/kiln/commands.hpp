@@ -22,6 +22,13 @@ std::map<std::string, std::string> with_model_flags(std::map<std::string, std::s
 // The model options that take no value (--tie-embeddings), added to a command's own switches.
 std::set<std::string> with_model_switches(std::set<std::string> switches = {});
 std::unique_ptr<models::CausalLM> model_from_flags(const Args& a, int64_t vocab_size = 0, double dropout = 0);
+// --non-strict (sample, eval, dump): the model a weights file describes, loaded strictly unless
+// the flag is given (then the parameters the file holds are loaded and what did not match is
+// reported on standard error).
+constexpr const char* kNonStrictHelp =
+    "load a file whose datasets do not match the model one for one (PyTorch's strict=False): the parameters it "
+    "holds are loaded, the missing and unexpected ones reported";
+std::unique_ptr<models::CausalLM> load_model_as_flagged(const std::string& path, const Args& a);
 // Checks the model flags (architecture and sizes) without building anything.
 void check_model_flags(const Args& a);
 // --threads N (CPU threads, fixed; without it kiln chooses, up to OMP_NUM_THREADS or the cores,

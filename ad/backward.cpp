@@ -1,9 +1,8 @@
 // Reverse-mode sweep over a Circuit (see backward.hpp).
-#include "ad/backward.hpp"
-
 #include <algorithm>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/ad/backward.hpp>
+#include <kiln/circuit/ir/error.hpp>
 
 namespace kiln::ad {
 

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "circuit/prims/builder.hpp"
+#include <kiln/circuit/prims/builder.hpp>
 
 namespace kiln::ad {
 

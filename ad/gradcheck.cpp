@@ -1,15 +1,14 @@
 // Central-difference gradient checks of Circuits in f64.
-#include "ad/gradcheck.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
-#include "ad/backward.hpp"
-#include "circuit/exec/executor.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/prims/philox.hpp"
+#include <kiln/ad/backward.hpp>
+#include <kiln/ad/gradcheck.hpp>
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/philox.hpp>
 
 namespace kiln::ad {
 
@@ -28,7 +27,8 @@ std::vector<int64_t> elements_to_check(int64_t n, int64_t k, uint64_t seed, size
   if (k <= 0 || k >= n) return all;
   for (int64_t i = 0; i < k; ++i) {  // partial Fisher-Yates
     const uint64_t r = philox_bits(seed, 11 + static_cast<uint32_t>(tensor), static_cast<uint64_t>(i));
-    std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(i + static_cast<int64_t>(r % static_cast<uint64_t>(n - i)))]);
+    std::swap(all[static_cast<size_t>(i)],
+              all[static_cast<size_t>(i + static_cast<int64_t>(r % static_cast<uint64_t>(n - i)))]);
   }
   all.resize(static_cast<size_t>(k));
   std::sort(all.begin(), all.end());
@@ -86,8 +86,8 @@ GradCheckResult check_gradients(const Circuit& c, ValueId output, const std::vec
   // observed noise (1-3 eps |f| / h) and far below what a wrong rule changes.
   constexpr double kRoundingMargin = 100.0;
   const double f_scale = std::max(1.0, std::fabs(forward.run(binds)[0].get(0)));
-  const double noise_per_unit_step = kRoundingMargin * std::numeric_limits<double>::epsilon() * f_scale *
-                                     (opts.richardson ? 3.0 : 1.0);
+  const double noise_per_unit_step =
+      kRoundingMargin * std::numeric_limits<double>::epsilon() * f_scale * (opts.richardson ? 3.0 : 1.0);
   GradCheckResult res;
   size_t next = 0;
   int64_t total_checked = 0;
@@ -125,7 +125,8 @@ GradCheckResult check_gradients(const Circuit& c, ValueId output, const std::vec
       const double d = numeric - a.get(i);
       diff += d * d;
       norm += a.get(i) * a.get(i);
-      if (std::fabs(d) > worst) worst = std::fabs(d), e.worst_index = i, e.worst_analytic = a.get(i), e.worst_numeric = numeric;
+      if (std::fabs(d) > worst)
+        worst = std::fabs(d), e.worst_index = i, e.worst_analytic = a.get(i), e.worst_numeric = numeric;
       ++e.checked;
     }
     binds[slot] = saved;
@@ -140,9 +141,9 @@ GradCheckResult check_gradients(const Circuit& c, ValueId output, const std::vec
     std::snprintf(line, sizeof line,
                   "%-44s %-14s %8lld elements  rel. error %.2e (tolerance %.0e) %-6s worst [%lld]: analytic %.6e "
                   "numeric %.6e%s\n",
-                  e.name.c_str(), e.shape.str().c_str(), static_cast<long long>(e.checked), e.rel_error,
-                  opts.tolerance, e.ok ? "ok" : "FAILED", static_cast<long long>(e.worst_index), e.worst_analytic,
-                  e.worst_numeric, e.near_zero ? "  (gradient at rounding level: compared absolutely)" : "");
+                  e.name.c_str(), e.shape.str().c_str(), static_cast<long long>(e.checked), e.rel_error, opts.tolerance,
+                  e.ok ? "ok" : "FAILED", static_cast<long long>(e.worst_index), e.worst_analytic, e.worst_numeric,
+                  e.near_zero ? "  (gradient at rounding level: compared absolutely)" : "");
     res.report += line;
     res.entries.push_back(std::move(e));
   }

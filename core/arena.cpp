@@ -1,7 +1,7 @@
 // ArenaSet: contiguous per-(kind, dtype) storage with views.
-#include "core/arena.hpp"
-
 #include <cstring>
+
+#include <kiln/core/arena.hpp>
 
 namespace kiln {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/host_tensor.hpp"
+#include <kiln/circuit/ir/host_tensor.hpp>
 
 namespace kiln {
 

@@ -1,13 +1,12 @@
 // Device parsing and availability.
-#include "core/device.hpp"
-
 #include <cstdlib>
 #include <memory>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/options.hpp"
-#include "cuda/driver/fake_driver.hpp"
-#include "cuda/runtime/runtime.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/core/device.hpp>
+#include <kiln/cuda/driver/fake_driver.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
 
 namespace kiln {
 

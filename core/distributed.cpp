@@ -1,14 +1,13 @@
 // Data parallelism at the Tensor level: gradient buckets and the parameters' broadcast.
-#include "core/distributed.hpp"
-
 #include <spdlog/spdlog.h>
 
 #include <map>
 
-#include "circuit/comm/communicator.hpp"
-#include "circuit/ir/options.hpp"
-#include "core/engine.hpp"
-#include "cuda/runtime/collective.hpp"
+#include <kiln/circuit/comm/communicator.hpp>
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/core/distributed.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/cuda/runtime/collective.hpp>
 
 namespace kiln {
 

@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "core/device.hpp"
-#include "core/tensor.hpp"
+#include <kiln/core/device.hpp>
+#include <kiln/core/tensor.hpp>
 
 namespace kiln {
 

@@ -1,12 +1,11 @@
 // Engine: the thread's engine, its device, seed and scopes. What it does is split by
 // responsibility: recording (engine_record.cpp), running steps and traces (engine_run.cpp),
 // persistent storage (engine_storage.cpp).
-#include "core/engine.hpp"
-
 #include <spdlog/cfg/env.h>
 #include <spdlog/spdlog.h>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
 
 namespace kiln {
 

@@ -12,13 +12,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "circuit/prims/builder.hpp"
-#include "core/arena.hpp"
-#include "core/device.hpp"
-#include "core/plan_cache.hpp"
-#include "core/precision.hpp"
-#include "core/process_counters.hpp"
-#include "core/tensor.hpp"
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/core/arena.hpp>
+#include <kiln/core/device.hpp>
+#include <kiln/core/plan_cache.hpp>
+#include <kiln/core/precision.hpp>
+#include <kiln/core/process_counters.hpp>
+#include <kiln/core/tensor.hpp>
 
 namespace kiln {
 

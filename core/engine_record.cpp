@@ -2,9 +2,9 @@
 // gradients (the reverse sweep appends to the recording), and moving a recording out and back.
 #include <algorithm>
 
-#include "ad/backward.hpp"
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
+#include <kiln/ad/backward.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
 
 namespace kiln {
 

@@ -5,9 +5,9 @@
 #include <chrono>
 #include <cstdio>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/options.hpp"
-#include "core/engine.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/core/engine.hpp>
 
 namespace kiln {
 
@@ -149,7 +149,8 @@ void Engine::replay(Trace& trace) {
     execute(*trace.plan, binds, trace.rec.external_slot, live);
     stats_.last_counters = ProcessCounters::now() - before;
   } catch (const Error& e) {
-    throw Error(std::string(e.what()) + " (the replayed step is discarded: persistent tensors keep their values from "
+    throw Error(std::string(e.what()) +
+                " (the replayed step is discarded: persistent tensors keep their values from "
                 "before it)");
   }
   last_plan_ = trace.plan;

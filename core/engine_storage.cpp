@@ -2,8 +2,8 @@
 // dtype moves, and host reads and writes that see the device's newer copies.
 #include <cstring>
 
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
 
 namespace kiln {
 

@@ -1,10 +1,9 @@
 // gradcheck: record f in a recording of its own, then check the Circuit.
-#include "core/gradcheck.hpp"
-
 #include <map>
 
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/gradcheck.hpp>
 
 namespace kiln {
 
@@ -14,8 +13,7 @@ namespace {
 // `named` is null and check_parameters, else those `named` lists, by its names.
 ad::GradCheckResult run_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                                   const std::vector<HostTensor>& inputs, const ad::GradCheckOptions& opts,
-                                  bool check_parameters,
-                                  const std::vector<std::pair<std::string, Tensor>>* named) {
+                                  bool check_parameters, const std::vector<std::pair<std::string, Tensor>>* named) {
   Engine& e = Engine::current();
   std::map<int32_t, std::string> wanted;  // parameter slot -> name
   if (named)

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "ad/gradcheck.hpp"
-#include "core/tensor.hpp"
+#include <kiln/ad/gradcheck.hpp>
+#include <kiln/core/tensor.hpp>
 
 namespace kiln {
 

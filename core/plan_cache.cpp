@@ -1,9 +1,8 @@
 // PlanCache: structural lookup, pass pipeline on a miss, LRU eviction.
-#include "core/plan_cache.hpp"
-
 #include <spdlog/spdlog.h>
 
-#include "circuit/passes/pipeline.hpp"
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/core/plan_cache.hpp>
 
 namespace kiln {
 

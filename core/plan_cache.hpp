@@ -6,8 +6,8 @@
 #include <list>
 #include <memory>
 
-#include "circuit/exec/executor.hpp"
-#include "cuda/runtime/device_program.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
 
 namespace kiln {
 

@@ -1,7 +1,6 @@
 // Precision names.
-#include "core/precision.hpp"
-
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/precision.hpp>
 
 namespace kiln {
 

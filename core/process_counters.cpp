@@ -1,9 +1,8 @@
 // ProcessCounters (see process_counters.hpp).
-#include "core/process_counters.hpp"
-
 #include <sys/resource.h>
 
-#include "circuit/ir/host_tensor.hpp"
+#include <kiln/circuit/ir/host_tensor.hpp>
+#include <kiln/core/process_counters.hpp>
 
 namespace kiln {
 

@@ -1,11 +1,10 @@
 // Step statistics (see step_stats.hpp).
-#include "core/step_stats.hpp"
-
 #include <spdlog/fmt/fmt.h>
 
-#include "circuit/exec/liveness.hpp"
-#include "circuit/ir/error.hpp"
-#include "cuda/lower/lower.hpp"
+#include <kiln/circuit/exec/liveness.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/step_stats.hpp>
+#include <kiln/cuda/lower/lower.hpp>
 
 namespace kiln {
 

@@ -7,7 +7,7 @@
 #include <array>
 #include <string>
 
-#include "core/plan_cache.hpp"
+#include <kiln/core/plan_cache.hpp>
 
 namespace kiln {
 

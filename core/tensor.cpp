@@ -1,9 +1,8 @@
 // Tensor operations: each records one or a few ops through the current engine's Builder.
-#include "core/tensor.hpp"
-
-#include "circuit/ir/error.hpp"
-#include "circuit/prims/composites.hpp"
-#include "core/engine.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/composites.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/tensor.hpp>
 
 namespace kiln {
 
@@ -164,7 +163,8 @@ Tensor square(const Tensor& x) { return unary(x, se::in(0) * se::in(0)); }
 Tensor sin(const Tensor& x) { return unary(x, se::sin(se::in(0))); }
 Tensor cos(const Tensor& x) { return unary(x, se::cos(se::in(0))); }
 Tensor clamp(const Tensor& x, double lo, double hi) {
-  if (!(lo <= hi)) throw Error("clamp: expected lo <= hi, received lo " + std::to_string(lo) + ", hi " + std::to_string(hi));
+  if (!(lo <= hi))
+    throw Error("clamp: expected lo <= hi, received lo " + std::to_string(lo) + ", hi " + std::to_string(hi));
   const ScalarExp v = se::in(0);
   return unary(x, se::select(se::lt(v, se::c(lo)), se::c(lo), se::select(se::gt(v, se::c(hi)), se::c(hi), v)));
 }

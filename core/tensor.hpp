@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/host_tensor.hpp"
-#include "circuit/ir/scalar_exp.hpp"
-#include "circuit/ir/types.hpp"
+#include <kiln/circuit/ir/host_tensor.hpp>
+#include <kiln/circuit/ir/scalar_exp.hpp>
+#include <kiln/circuit/ir/types.hpp>
 
 namespace kiln {
 

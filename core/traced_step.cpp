@@ -1,9 +1,8 @@
 // TracedStep: trace once through the engine, then replay with substituted input bindings.
-#include "core/traced_step.hpp"
-
 #include <algorithm>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/traced_step.hpp>
 
 namespace kiln {
 

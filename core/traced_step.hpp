@@ -12,7 +12,7 @@
 #include <functional>
 #include <vector>
 
-#include "core/engine.hpp"
+#include <kiln/core/engine.hpp>
 
 namespace kiln {
 

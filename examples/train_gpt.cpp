@@ -3,11 +3,11 @@
 //   ./train_gpt [text file or directory] [steps]
 #include <spdlog/spdlog.h>
 
-#include "train/adamw.hpp"
-#include "train/dataset.hpp"
-#include "train/sample.hpp"
-#include "train/schedule.hpp"
-#include "train/weights.hpp"
+#include <kiln/train/adamw.hpp>
+#include <kiln/train/dataset.hpp>
+#include <kiln/train/sample.hpp>
+#include <kiln/train/schedule.hpp>
+#include <kiln/train/weights.hpp>
 
 using namespace kiln;
 

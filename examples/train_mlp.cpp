@@ -7,10 +7,10 @@
 #include <cmath>
 #include <string>
 
-#include "circuit/prims/philox.hpp"
-#include "core/engine.hpp"
-#include "core/tensor.hpp"
-#include "train/sgd.hpp"
+#include <kiln/circuit/prims/philox.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/tensor.hpp>
+#include <kiln/train/sgd.hpp>
 
 using namespace kiln;
 

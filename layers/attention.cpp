@@ -1,9 +1,8 @@
 // Causal self-attention.
-#include "layers/attention.hpp"
-
 #include <cmath>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/layers/attention.hpp>
 
 namespace kiln::nn {
 
@@ -24,8 +23,8 @@ Tensor CausalSelfAttention::decode(const Tensor& x, const Tensor& position, KVCa
     throw Error("CausalSelfAttention.decode: expected one token x (B, 1, " + std::to_string(n_embd) + "), received " +
                 x.shape().str());
   const int64_t b = x.shape()[0], hs = n_embd / n_head;
-  std::vector<Tensor> qkv = split(c_attn->forward(x), 2, {n_embd, n_embd, n_embd});  // 3 x (B, 1, C)
-  auto heads = [&](const Tensor& y) { return reshape(y, {b, n_head, 1, hs}); };         // T = 1: no permute
+  std::vector<Tensor> qkv = split(c_attn->forward(x), 2, {n_embd, n_embd, n_embd});           // 3 x (B, 1, C)
+  auto heads = [&](const Tensor& y) { return reshape(y, {b, n_head, 1, hs}); };               // T = 1: no permute
   Tensor y = cached_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), position, cache);  // (B, H, 1, hs)
   return c_proj->forward(reshape(y, {b, 1, n_embd}));
 }

@@ -4,9 +4,9 @@
 // future positions masked before the softmax; c_proj: Linear(C, C).
 #pragma once
 
-#include "layers/dropout.hpp"
-#include "layers/kv_cache.hpp"
-#include "layers/linear.hpp"
+#include <kiln/layers/dropout.hpp>
+#include <kiln/layers/kv_cache.hpp>
+#include <kiln/layers/linear.hpp>
 
 namespace kiln::nn {
 

@@ -1,9 +1,8 @@
 // Dropout.
-#include "layers/dropout.hpp"
-
 #include <string>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/layers/dropout.hpp>
 
 namespace kiln::nn {
 

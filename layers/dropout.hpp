@@ -3,7 +3,7 @@
 // Shape contract: x: any -> the same shape.
 #pragma once
 
-#include "layers/module.hpp"
+#include <kiln/layers/module.hpp>
 
 namespace kiln::nn {
 

@@ -1,5 +1,5 @@
 // Embedding layer.
-#include "layers/embedding.hpp"
+#include <kiln/layers/embedding.hpp>
 
 namespace kiln::nn {
 

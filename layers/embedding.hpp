@@ -3,7 +3,7 @@
 // run-time error naming it.
 #pragma once
 
-#include "layers/module.hpp"
+#include <kiln/layers/module.hpp>
 
 namespace kiln::nn {
 

@@ -1,5 +1,5 @@
 // The gated MLP (SwiGLU).
-#include "layers/gated_mlp.hpp"
+#include <kiln/layers/gated_mlp.hpp>
 
 namespace kiln::nn {
 

@@ -3,7 +3,7 @@
 // Shape contract: x (..., dim) -> (..., dim); hidden width `hidden`.
 #pragma once
 
-#include "layers/linear.hpp"
+#include <kiln/layers/linear.hpp>
 
 namespace kiln::nn {
 

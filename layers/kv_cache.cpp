@@ -1,11 +1,10 @@
 // The key/value cache and one step of cached attention.
-#include "layers/kv_cache.hpp"
-
 #include <cmath>
 #include <limits>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/scalar_exp.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/scalar_exp.hpp>
+#include <kiln/layers/kv_cache.hpp>
 
 namespace kiln::nn {
 
@@ -29,8 +28,8 @@ Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
   const int64_t b = cs[0], hkv = cs[1], len = cs[2], hs = cs[3], h = q.shape()[1];
   if (k.shape() != Shape{b, hkv, 1, hs} || v.shape() != k.shape() || q.shape() != Shape{b, h, 1, hs} || h % hkv != 0)
     throw Error("cached_attention: expected q (" + std::to_string(b) + ", H, 1, " + std::to_string(hs) + ") and k, v " +
-                Shape{b, hkv, 1, hs}.str() + " for a cache " + cs.str() + ", received q " + q.shape().str() +
-                ", k " + k.shape().str() + ", v " + v.shape().str());
+                Shape{b, hkv, 1, hs}.str() + " for a cache " + cs.str() + ", received q " + q.shape().str() + ", k " +
+                k.shape().str() + ", v " + v.shape().str());
   // Slot t of the cache takes this token's k, v where t == position.
   const Tensor slots = reshape(cast(arange(len), q.dtype()), {1, 1, len, 1});
   const ScalarExp write = se::select(se::eq(se::in(0), se::in(1)), se::in(2), se::in(3));

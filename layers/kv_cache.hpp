@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "core/tensor.hpp"
+#include <kiln/core/tensor.hpp>
 
 namespace kiln::nn {
 
@@ -16,8 +16,7 @@ class KVCache {
   struct Layer {
     Tensor k, v;
   };
-  KVCache(int64_t layers, int64_t batch, int64_t kv_heads, int64_t max_len, int64_t head_dim,
-          DType dtype = DType::f32);
+  KVCache(int64_t layers, int64_t batch, int64_t kv_heads, int64_t max_len, int64_t head_dim, DType dtype = DType::f32);
   Layer& layer(size_t i) { return layers_.at(i); }
   int64_t max_len() const { return max_len_; }
   DType dtype() const { return layers_.front().k.dtype(); }

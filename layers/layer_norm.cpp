@@ -1,5 +1,5 @@
 // LayerNorm.
-#include "layers/layer_norm.hpp"
+#include <kiln/layers/layer_norm.hpp>
 
 namespace kiln::nn {
 

@@ -2,7 +2,7 @@
 // variance, as PyTorch). Shape contract: x: (..., dim) -> (..., dim); weight = 1, bias = 0.
 #pragma once
 
-#include "layers/module.hpp"
+#include <kiln/layers/module.hpp>
 
 namespace kiln::nn {
 

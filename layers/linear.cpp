@@ -1,7 +1,6 @@
 // Linear layer.
-#include "layers/linear.hpp"
-
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/layers/linear.hpp>
 
 namespace kiln::nn {
 

@@ -2,7 +2,7 @@
 // PyTorch stores it, bias: (out). Initialized N(0, init_std^2), bias zero.
 #pragma once
 
-#include "layers/module.hpp"
+#include <kiln/layers/module.hpp>
 
 namespace kiln::nn {
 

@@ -1,5 +1,5 @@
 // The transformer MLP.
-#include "layers/mlp.hpp"
+#include <kiln/layers/mlp.hpp>
 
 namespace kiln::nn {
 

@@ -2,8 +2,8 @@
 // Shape contract: x: (..., C) -> (..., C).
 #pragma once
 
-#include "layers/dropout.hpp"
-#include "layers/linear.hpp"
+#include <kiln/layers/dropout.hpp>
+#include <kiln/layers/linear.hpp>
 
 namespace kiln::nn {
 

@@ -1,9 +1,8 @@
 // Module: parameter registry, dotted names, train/eval, dtype conversion.
-#include "layers/module.hpp"
-
 #include <algorithm>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/layers/module.hpp>
 
 namespace kiln::nn {
 

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/engine.hpp"
-#include "core/tensor.hpp"
+#include <kiln/core/engine.hpp>
+#include <kiln/core/tensor.hpp>
 
 namespace kiln::nn {
 

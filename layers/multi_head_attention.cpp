@@ -1,9 +1,8 @@
 // Multi-head attention with grouped-query heads and rotary embeddings.
-#include "layers/multi_head_attention.hpp"
-
 #include <cmath>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/layers/multi_head_attention.hpp>
 
 namespace kiln::nn {
 

@@ -9,9 +9,9 @@
 #include <array>
 #include <optional>
 
-#include "layers/kv_cache.hpp"
-#include "layers/linear.hpp"
-#include "layers/rotary.hpp"
+#include <kiln/layers/kv_cache.hpp>
+#include <kiln/layers/linear.hpp>
+#include <kiln/layers/rotary.hpp>
 
 namespace kiln::nn {
 

@@ -1,7 +1,6 @@
 // RMSNorm.
-#include "layers/rms_norm.hpp"
-
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/layers/rms_norm.hpp>
 
 namespace kiln::nn {
 

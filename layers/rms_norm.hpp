@@ -2,7 +2,7 @@
 // mean subtraction, no bias). Shape contract: x: (..., dim) -> (..., dim); weight (dim) = 1.
 #pragma once
 
-#include "layers/module.hpp"
+#include <kiln/layers/module.hpp>
 
 namespace kiln::nn {
 

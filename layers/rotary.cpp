@@ -1,10 +1,9 @@
 // Rotary position embeddings.
-#include "layers/rotary.hpp"
-
 #include <cmath>
 
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/layers/rotary.hpp>
 
 namespace kiln::nn {
 

@@ -8,7 +8,7 @@
 
 #include <utility>
 
-#include "core/tensor.hpp"
+#include <kiln/core/tensor.hpp>
 
 namespace kiln::nn {
 

@@ -1,12 +1,11 @@
 // CausalLM, model attributes and their checks.
-#include "models/causal_lm.hpp"
-
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/models/causal_lm.hpp>
 
 namespace kiln::models {
 
@@ -67,8 +66,8 @@ namespace {
 std::string bound(double b) { return b == 2147483648.0 ? "2^31" : fmt::format("{}", b); }
 }  // namespace
 
-ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes& attributes,
-                                 const std::string& source, bool allow_defaults) {
+ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes& attributes, const std::string& source,
+                                 bool allow_defaults) {
   ModelAttributes out;
   for (const AttributeSpec& s : arch.attributes) {
     if (!attributes.has(s.name)) {
@@ -79,16 +78,15 @@ ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes
     }
     const double v = attributes.get(s.name);
     if (s.integer && !(v >= s.min && v < s.max && v == std::floor(v)))
-      throw Error(fmt::format("{}: attribute '{}' is {}; it must lie in [{}, {}) and be a whole number", source,
-                              s.name, v, bound(s.min), bound(s.max)));
+      throw Error(fmt::format("{}: attribute '{}' is {}; it must lie in [{}, {}) and be a whole number", source, s.name,
+                              v, bound(s.min), bound(s.max)));
     if (!s.integer && !(v >= s.min && v < s.max))
       throw Error(fmt::format("{}: attribute '{}' is {}; it must lie in [{}, {})", source, s.name, v, bound(s.min),
                               bound(s.max)));
     out.set(s.name, v);
   }
   for (const auto& [name, v] : attributes.items())
-    if (!out.has(name))
-      throw Error(fmt::format("{}: the {} config has no attribute '{}'", source, arch.name, name));
+    if (!out.has(name)) throw Error(fmt::format("{}: the {} config has no attribute '{}'", source, arch.name, name));
   return out;
 }
 

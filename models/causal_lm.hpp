@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "layers/kv_cache.hpp"
-#include "layers/module.hpp"
+#include <kiln/layers/kv_cache.hpp>
+#include <kiln/layers/module.hpp>
 
 namespace kiln::models {
 
@@ -88,7 +88,7 @@ std::unique_ptr<CausalLM> make_model(const std::string& architecture, const Mode
                                      const std::string& source = "model config");
 // The attributes checked and completed with defaults; errors name `source` and the attribute.
 // Without `allow_defaults` every attribute must be given (files of a format that writes them all).
-ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes& attributes,
-                                 const std::string& source, bool allow_defaults = true);
+ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes& attributes, const std::string& source,
+                                 bool allow_defaults = true);
 
 }  // namespace kiln::models

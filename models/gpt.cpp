@@ -1,9 +1,8 @@
 // GPT model (GPT-2 architecture).
-#include "models/gpt.hpp"
-
 #include <cmath>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/models/gpt.hpp>
 
 namespace kiln::models {
 
@@ -114,6 +113,5 @@ Tensor GPT::forward(const Tensor& idx) const {
   Scope s("lm_head");
   return matmul(x, lm_head_->weight, false, true);  // (B, T, V)
 }
-
 
 }  // namespace kiln::models

@@ -4,11 +4,11 @@
 // Shape contract: idx: i32 (B, T) with T <= block_size -> logits (B, T, vocab_size).
 #pragma once
 
-#include "layers/attention.hpp"
-#include "layers/embedding.hpp"
-#include "layers/layer_norm.hpp"
-#include "layers/mlp.hpp"
-#include "models/causal_lm.hpp"
+#include <kiln/layers/attention.hpp>
+#include <kiln/layers/embedding.hpp>
+#include <kiln/layers/layer_norm.hpp>
+#include <kiln/layers/mlp.hpp>
+#include <kiln/models/causal_lm.hpp>
 
 namespace kiln::models {
 

@@ -1,8 +1,7 @@
 // Llama model.
-#include "models/llama.hpp"
-
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/host_tensor.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/host_tensor.hpp>
+#include <kiln/models/llama.hpp>
 
 namespace kiln::models {
 
@@ -74,7 +73,8 @@ Llama::Llama(const LlamaConfig& c) : config_(c) {
                 std::to_string(16 * c.parameter_count() / (1 << 30)) + " GiB to train, more than this machine's " +
                 std::to_string(physical / (1 << 30)) + " GiB");
   model_ = register_module("model", std::make_shared<Body>());
-  model_->embed_tokens = model_->register_module("embed_tokens", std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd));
+  model_->embed_tokens =
+      model_->register_module("embed_tokens", std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd));
   model_->layers = model_->register_module("layers", std::make_shared<nn::ModuleList<LlamaDecoderLayer>>());
   for (int64_t i = 0; i < c.n_layer; ++i) model_->layers->push_back(std::make_shared<LlamaDecoderLayer>(c));
   model_->norm = model_->register_module("norm", std::make_shared<nn::RMSNorm>(c.n_embd, c.norm_eps));

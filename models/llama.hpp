@@ -6,24 +6,24 @@
 // Shape contract: idx: i32 (B, T) with T <= block_size -> logits (B, T, vocab_size).
 #pragma once
 
-#include "layers/embedding.hpp"
-#include "layers/gated_mlp.hpp"
-#include "layers/multi_head_attention.hpp"
-#include "layers/rms_norm.hpp"
-#include "models/causal_lm.hpp"
+#include <kiln/layers/embedding.hpp>
+#include <kiln/layers/gated_mlp.hpp>
+#include <kiln/layers/multi_head_attention.hpp>
+#include <kiln/layers/rms_norm.hpp>
+#include <kiln/models/causal_lm.hpp>
 
 namespace kiln::models {
 
 struct LlamaConfig {
   int64_t vocab_size = 65;
-  int64_t block_size = 64;   // the longest sequence (transformers: max_position_embeddings)
+  int64_t block_size = 64;  // the longest sequence (transformers: max_position_embeddings)
   int64_t n_layer = 4;
   int64_t n_head = 4;
-  int64_t n_kv_head = 2;     // divides n_head
-  int64_t n_embd = 128;      // transformers: hidden_size
-  int64_t ffn_hidden = 0;    // transformers: intermediate_size; 0: 8/3 n_embd rounded up to 32
+  int64_t n_kv_head = 2;   // divides n_head
+  int64_t n_embd = 128;    // transformers: hidden_size
+  int64_t ffn_hidden = 0;  // transformers: intermediate_size; 0: 8/3 n_embd rounded up to 32
   double rope_theta = 10000.0;
-  double norm_eps = 1e-5;    // transformers: rms_norm_eps
+  double norm_eps = 1e-5;  // transformers: rms_norm_eps
   bool tie_embeddings = false;
   int64_t hidden() const { return ffn_hidden > 0 ? ffn_hidden : (8 * n_embd / 3 + 31) / 32 * 32; }
   double parameter_count() const;

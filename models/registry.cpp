@@ -1,7 +1,7 @@
 // The registered architectures: their config attributes (with the ranges a file's values must
 // lie in) and constructors.
-#include "models/gpt.hpp"
-#include "models/llama.hpp"
+#include <kiln/models/gpt.hpp>
+#include <kiln/models/llama.hpp>
 
 namespace kiln::models {
 
@@ -9,12 +9,13 @@ const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> list = [] {
     const AttributeSpec size_vocab{"vocab_size"}, size_block{"block_size"}, size_layers{"n_layer"},
         size_heads{"n_head"}, size_embd{"n_embd"};
-    Architecture gpt{"gpt", "GPT-2 (learned positions, LayerNorm, GELU MLP, tied lm_head; nanoGPT names)",
-                     {size_vocab, size_block, size_layers, size_heads, size_embd,
-                      AttributeSpec{"dropout", false, 0, 1, true, 0.0}},
-                     [](const ModelAttributes& a) -> std::unique_ptr<CausalLM> {
-                       return std::make_unique<GPT>(GPTConfig::from_attributes(a));
-                     }};
+    Architecture gpt{
+        "gpt",
+        "GPT-2 (learned positions, LayerNorm, GELU MLP, tied lm_head; nanoGPT names)",
+        {size_vocab, size_block, size_layers, size_heads, size_embd, AttributeSpec{"dropout", false, 0, 1, true, 0.0}},
+        [](const ModelAttributes& a) -> std::unique_ptr<CausalLM> {
+          return std::make_unique<GPT>(GPTConfig::from_attributes(a));
+        }};
     Architecture llama{"llama",
                        "Llama (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU; Hugging Face names)",
                        {size_vocab, size_block, size_layers, size_heads, AttributeSpec{"n_kv_head"}, size_embd,

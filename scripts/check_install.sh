@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Checks kiln as a dependency of another CMake project (CI tier): installs the build in ./build
-# into a temporary prefix and builds examples/external against it with find_package alone; then
-# builds examples/external with kiln's source added (add_subdirectory; FetchContent does the
-# same), as a shared library, and checks its SONAME. Each program runs: it checks its gradients,
-# trains, and writes a weights file. Needs scripts/setup.sh's build (the README's test command).
+# into a temporary prefix; compiles every installed header alone with only the prefix's include/
+# on the path; checks that the installed CMake files name no library by an absolute path; moves
+# ./build aside and builds examples/external (LANGUAGES CXX, <kiln/kiln.hpp> alone) against the
+# prefix with find_package alone; then builds examples/external with kiln's source added
+# (add_subdirectory; FetchContent does the same), as a shared library, and checks its SONAME. Each
+# program runs: it checks its gradients, draws its data, trains in a replayed step, and writes an
+# HDF5 data file and a weights file. Needs scripts/setup.sh's build (the README's test command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f build/CMakeCache.txt ] || { echo "check_install: no ./build (run scripts/setup.sh first)" >&2; exit 2; }
@@ -16,11 +19,34 @@ cmake --build build -j"$jobs" --target kiln kiln_cli >/dev/null
 cmake --install build --prefix "$work/prefix" >/dev/null
 "$work/prefix/bin/kiln" --version
 
-echo "--- examples/external with find_package(kiln)"
-# Only the prefix is named: no kiln include path, library or flag is given by hand.
+echo "--- every installed header compiles alone (-I prefix/include only)"
+headers=$(cd "$work/prefix/include" && find kiln -name '*.hpp' | sort)
+export KILN_PREFIX_INCLUDE="$work/prefix/include"
+failed=$(printf '%s\n' $headers | xargs -P "$jobs" -I{} sh -c \
+  'echo "#include <{}>" | g++ -std=c++20 -fsyntax-only -I"$KILN_PREFIX_INCLUDE" -x c++ - 2>/dev/null || echo "{}"')
+if [ -n "$failed" ]; then
+  echo "check_install: installed headers that do not compile alone:" >&2
+  printf '  %s\n' $failed >&2
+  exit 1
+fi
+echo "$(printf '%s\n' $headers | wc -l) headers, each compiled alone"
+
+echo "--- the installed CMake files name no library by an absolute path"
+if grep -nE '(^|[;" ])/[^;" ]*\.(so|a)([.;" ]|$)' "$work"/prefix/lib*/cmake/kiln/*.cmake; then
+  echo "check_install: the installed package names libraries by absolute paths (above)" >&2
+  exit 1
+fi
+
+echo "--- examples/external with find_package(kiln), ./build moved aside"
+# Only the prefix is named: no kiln include path, library or flag is given by hand, and the build
+# tree is gone while the user's project builds and runs.
+mv build build.moved-aside
+trap 'mv build.moved-aside build; rm -rf "$work"' EXIT
 cmake -S examples/external -B "$work/installed" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$work/installed" -j"$jobs" >/dev/null
 "$work/installed/tiny_regression" "$work/installed.h5"
+mv build.moved-aside build
+trap 'rm -rf "$work"' EXIT
 if grep -q -- '-march' "$work/installed/CMakeFiles/tiny_regression.dir/flags.make"; then
   echo "check_install: an architecture flag leaked into the user's build:" >&2
   grep -- '-march' "$work/installed/CMakeFiles/tiny_regression.dir/flags.make" >&2

@@ -10,13 +10,14 @@
 #include <set>
 #include <string>
 
-#include "core/engine.hpp"
-#include "cuda/driver/fake_driver.hpp"
-#include "cuda/kir/ptx_printer.hpp"
-#include "cuda/kir/ptxas.hpp"
-#include "cuda/runtime/device_program.hpp"
-#include "cuda/runtime/runtime.hpp"
-#include "models/gpt.hpp"
+#include <kiln/core/engine.hpp>
+#include <kiln/cuda/driver/fake_driver.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
+#include <kiln/cuda/kir/ptxas.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
+#include <kiln/models/gpt.hpp>
+
 #include "prim_test_util.hpp"
 
 namespace kiln::testing {

@@ -11,11 +11,12 @@
 #include <filesystem>
 #include <memory>
 
-#include "core/engine.hpp"
-#include "models/gpt.hpp"
+#include <kiln/core/engine.hpp>
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/hdf5_file.hpp>
+#include <kiln/train/weights.hpp>
+
 #include "prim_test_util.hpp"
-#include "train/hdf5_file.hpp"
-#include "train/weights.hpp"
 
 namespace kiln::testing {
 

@@ -8,8 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "circuit/exec/executor.hpp"
-#include "cuda/runtime/device_program.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_cases.hpp"
 #include "prim_test_util.hpp"

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/philox.hpp"
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/philox.hpp>
 
 namespace kiln::testing {
 

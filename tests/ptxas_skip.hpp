@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "cuda/kir/ptxas.hpp"
+#include <kiln/cuda/kir/ptxas.hpp>
 
 #define KILN_REQUIRE_PTXAS_OR_SKIP()                                                                    \
   do {                                                                                                  \

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/sim/simulator.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/sim/simulator.hpp>
 
 namespace kiln::sim::testing {
 

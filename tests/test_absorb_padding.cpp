@@ -8,15 +8,16 @@
 // which pad_bf16_rows pads to 64, has no concat left and matches the CPU; the switch keeps the concat.
 #include <gtest/gtest.h>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/passes/absorb_casts.hpp"
-#include "circuit/passes/absorb_padding.hpp"
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/passes/pipeline.hpp"
-#include "circuit/prims/composites.hpp"
-#include "circuit/prims/fused_rows.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/absorb_casts.hpp>
+#include <kiln/circuit/passes/absorb_padding.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/circuit/prims/composites.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 #include "scoped_env.hpp"

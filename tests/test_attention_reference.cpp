@@ -7,9 +7,10 @@
 #include <cmath>
 #include <limits>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
+
 #include "prim_test_util.hpp"
 
 namespace kiln {

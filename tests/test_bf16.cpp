@@ -8,10 +8,10 @@
 #include <cmath>
 #include <random>
 
-#include "circuit/ir/bf16.hpp"
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
-#include "cuda/sim/internal.hpp"
+#include <kiln/circuit/ir/bf16.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/cuda/sim/internal.hpp>
 
 namespace kiln {
 namespace {
@@ -80,7 +80,8 @@ TEST(Bf16, CastAndDataMovementKeepTheRoundedValues) {
   for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(hv[i], bf16_round(v[i])) << i;
   for (int64_t a = 0; a < 2; ++a)
     for (int64_t b = 0; b < 3; ++b)
-      for (int64_t c = 0; c < 4; ++c) EXPECT_EQ(mv[static_cast<size_t>(c * 6 + a * 3 + b)], hv[static_cast<size_t>(a * 12 + b * 4 + c)]);
+      for (int64_t c = 0; c < 4; ++c)
+        EXPECT_EQ(mv[static_cast<size_t>(c * 6 + a * 3 + b)], hv[static_cast<size_t>(a * 12 + b * 4 + c)]);
   for (size_t r = 0; r < 3; ++r)
     for (size_t i = 0; i < 24; ++i) EXPECT_EQ(tv[r * 24 + i], hv[i]);
   // Elements read straight from the bf16 tensor are the rounded values too.
@@ -110,7 +111,8 @@ TEST(Bf16, MatmulAccumulatesExactProductsOfRoundedOperandsInF32) {
       for (int64_t j = 0; j < n; ++j) {
         double rounded = 0, exact = 0;
         for (int64_t p = 0; p < k; ++p) {
-          const double x = av[static_cast<size_t>((e * m + i) * k + p)], y = bv[static_cast<size_t>((e * n + j) * k + p)];
+          const double x = av[static_cast<size_t>((e * m + i) * k + p)],
+                       y = bv[static_cast<size_t>((e * n + j) * k + p)];
           rounded += bf16_round(x) * bf16_round(y);
           exact += x * y;
         }
@@ -121,8 +123,8 @@ TEST(Bf16, MatmulAccumulatesExactProductsOfRoundedOperandsInF32) {
       }
   err_rounded = std::sqrt(err_rounded / norm);
   err_exact = std::sqrt(err_exact / norm);
-  std::printf("bf16 matmul: error against f64 of the rounded operands %.3g, of the exact operands %.3g\n",
-              err_rounded, err_exact);
+  std::printf("bf16 matmul: error against f64 of the rounded operands %.3g, of the exact operands %.3g\n", err_rounded,
+              err_exact);
   EXPECT_LT(err_rounded, 1e-5);
   EXPECT_GT(err_exact, 2e-4);
   EXPECT_LT(err_exact, 8e-3);

@@ -6,14 +6,15 @@
 #include <filesystem>
 #include <fstream>
 
-#include "circuit/ir/error.hpp"
-#include "models/llama.hpp"
-#include "train/bpe.hpp"
-#include "train/checkpoint.hpp"
-#include "train/dataset.hpp"
-#include "train/token_file.hpp"
-#include "train/trainer.hpp"
-#include "train/weights.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/models/llama.hpp>
+#include <kiln/train/bpe.hpp>
+#include <kiln/train/checkpoint.hpp>
+#include <kiln/train/dataset.hpp>
+#include <kiln/train/token_file.hpp>
+#include <kiln/train/trainer.hpp>
+#include <kiln/train/weights.hpp>
+
 #include "training_test_util.hpp"
 
 namespace kiln {
@@ -32,8 +33,8 @@ void expect_error(const std::function<void()>& f, const std::string& text) {
 
 std::string corpus() {
   std::string s;
-  const char* words[] = {"the ", "quick ", "brown ", "fox ", "naïve ", "café ", "日本語 ", "it's ", "  ", "\t",
-                         "123 ", "4.5 ", "!! ", "x\ny ", "Zürich "};
+  const char* words[] = {"the ", "quick ", "brown ", "fox ", "naïve ", "café ", "日本語 ", "it's ",
+                         "  ",   "\t",     "123 ",   "4.5 ", "!! ",    "x\ny ", "Zürich "};
   for (int i = 0; i < 3000; ++i) s += words[(i * 7 + i / 5) % 15];
   return s;
 }
@@ -84,8 +85,8 @@ TEST(Bpe, StoredInTheWeightsFile) {
 }
 
 void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                               static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::vector<unsigned char> le(const std::vector<uint32_t>& values, size_t width) {

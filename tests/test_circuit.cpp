@@ -6,10 +6,11 @@
 #include <cstdlib>
 #include <functional>
 
-#include "ad/gradcheck.hpp"
-#include "circuit/exec/executor.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/passes/cleanup.hpp"
+#include <kiln/ad/gradcheck.hpp>
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+
 #include "prim_test_util.hpp"
 
 namespace kiln {

@@ -4,6 +4,7 @@
 // (GpuCollective.*) NCCL over one rank inside a step's CUDA graph.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,17 +13,18 @@
 #include <string>
 #include <thread>
 
-#include "circuit/comm/communicator.hpp"
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
-#include "cuda/driver/fake_driver.hpp"
-#include "cuda/driver/nccl_api.hpp"
-#include "cuda/runtime/collective.hpp"
-#include "cuda/runtime/device_program.hpp"
+#include <kiln/circuit/comm/communicator.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/cuda/driver/fake_driver.hpp>
+#include <kiln/cuda/driver/nccl_api.hpp>
+#include <kiln/cuda/runtime/collective.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+
 #include "device_test_util.hpp"
-#include "models/gpt.hpp"
 #include "prim_test_util.hpp"
-#include "train/adamw.hpp"
 
 namespace kiln {
 namespace {
@@ -200,6 +202,76 @@ TEST(FakeGpuCollective, NcclNeedsStreamCapture) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("stream capture"), std::string::npos) << e.what();
   }
+}
+
+// NCCL's set-up and its first all-reduce block until every rank has come: with a table of entry
+// points whose call hangs (a rank that never starts), connecting ends in an error naming the
+// call at the timeout, and the communicator the late call still makes is aborted, not used.
+struct FakeNccl {
+  static inline std::atomic<int> init_ms{0}, all_reduce_ms{0}, aborts{0}, all_reduces{0};
+  static cuda::NcclComm comm() { return reinterpret_cast<cuda::NcclComm>(0x1000); }
+  static cuda::Nccl table() {
+    cuda::Nccl n;
+    n.library = "fake";
+    n.version = 22809;
+    n.api.ncclGetUniqueId = [](cuda::NcclUniqueId*) { return cuda::NCCL_SUCCESS; };
+    n.api.ncclCommInitRank = [](cuda::NcclComm* c, int, cuda::NcclUniqueId, int) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(init_ms.load()));
+      *c = comm();
+      return cuda::NCCL_SUCCESS;
+    };
+    n.api.ncclCommDestroy = [](cuda::NcclComm) { return cuda::NCCL_SUCCESS; };
+    n.api.ncclCommAbort = [](cuda::NcclComm) {
+      ++aborts;
+      return cuda::NCCL_SUCCESS;
+    };
+    n.api.ncclCommGetAsyncError = [](cuda::NcclComm, cuda::NcclResult* r) {
+      *r = cuda::NCCL_SUCCESS;
+      return cuda::NCCL_SUCCESS;
+    };
+    n.api.ncclGetErrorString = [](cuda::NcclResult) { return "fake"; };
+    n.api.ncclAllReduce = [](const void*, void*, size_t, int, int, cuda::NcclComm, cuda::CUstream) {
+      ++all_reduces;
+      std::this_thread::sleep_for(std::chrono::milliseconds(all_reduce_ms.load()));
+      return cuda::NCCL_SUCCESS;
+    };
+    return n;
+  }
+};
+
+void expect_connect_times_out(const std::string& call) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    cuda::connect_nccl_library(FakeNccl::table(), testing::fake_runtime(), world(), 0.3);
+    FAIL() << "connecting returned although " << call << " hung";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(call), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("KILN_COLLECTIVE_TIMEOUT"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+}
+
+TEST(FakeGpuCollective, NcclSetUpAndFirstCallEndAtTheTimeout) {
+  FakeNccl::aborts = 0;
+  // Both quick: connected, one first all-reduce made.
+  FakeNccl::init_ms = 0;
+  FakeNccl::all_reduce_ms = 0;
+  FakeNccl::all_reduces = 0;
+  EXPECT_EQ(cuda::connect_nccl_library(FakeNccl::table(), testing::fake_runtime(), world(), 5)->size(), 1);
+  EXPECT_EQ(FakeNccl::all_reduces.load(), 1);
+  EXPECT_EQ(FakeNccl::aborts.load(), 0);
+  // A set-up that outlasts the timeout; its late communicator is aborted by the helper.
+  FakeNccl::init_ms = 1200;
+  expect_connect_times_out("ncclCommInitRank (rank 0 of 1) did not finish within 0.3 s");
+  for (int i = 0; i < 40 && FakeNccl::aborts.load() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(FakeNccl::aborts.load(), 1) << "the communicator made after the timeout was not aborted";
+  // A first all-reduce that outlasts it: the communicator is aborted at once.
+  FakeNccl::init_ms = 0;
+  FakeNccl::all_reduce_ms = 1200;
+  expect_connect_times_out("the first all-reduce (rank 0 of 1) did not finish");
+  EXPECT_EQ(FakeNccl::aborts.load(), 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));  // the helper's sleep ends
 }
 
 // NCCL over one rank on the GPU: the first run goes launch by launch (NCCL sets up on its first

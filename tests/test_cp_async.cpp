@@ -9,9 +9,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/driver/driver_api.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/runtime/runtime.hpp"
+#include <kiln/cuda/driver/driver_api.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
+
 #include "device_test_util.hpp"
 #include "ptxas_skip.hpp"
 
@@ -25,8 +26,8 @@ using kir::Type;
 
 constexpr int kThreads = 32;
 int slot_of(int t) { return (t * 7 + 5) % kThreads; }  // where thread t's copies land
-int src16(int t) { return t % 17; }                     // bytes of the 16-byte copy read from the source
-int src8(int t) { return (t * 3) % 9; }                 // of the 8-byte copy
+int src16(int t) { return t % 17; }                    // bytes of the 16-byte copy read from the source
+int src8(int t) { return (t * 3) % 9; }                // of the 8-byte copy
 
 // in: kThreads x 4 u32 (16 bytes a thread) then kThreads x 2 u32; out: per thread the 4 + 2 words
 // of slot t of both areas.
@@ -52,7 +53,8 @@ kir::Kernel cp_async_kernel() {
   b.cp_async_wait(0);
   b.bar();
   Reg mine8 = b.mad(Type::u32, t, imm_u32(8), a8);
-  for (int w = 0; w < 2; ++w) b.st(Space::global, Type::u32, out, b.ld(Space::shared, Type::u32, mine8, 4 * w), 16 + 4 * w);
+  for (int w = 0; w < 2; ++w)
+    b.st(Space::global, Type::u32, out, b.ld(Space::shared, Type::u32, mine8, 4 * w), 16 + 4 * w);
   return b.finish();
 }
 
@@ -83,7 +85,8 @@ void expect_cp_async_known_answers(Runtime& rt) {
       const size_t base = first ? static_cast<size_t>(writer) * 4 : static_cast<size_t>(kThreads * 4 + writer * 2);
       uint32_t want = 0;
       for (int j = 0; j < 4; ++j) want |= byte_of(base, bytes_read, (first ? w : w - 4) * 4 + j) << (8 * j);
-      ASSERT_EQ(out[static_cast<size_t>(t * 6 + w)], want) << "thread " << t << " word " << w << " (writer " << writer << ")";
+      ASSERT_EQ(out[static_cast<size_t>(t * 6 + w)], want)
+          << "thread " << t << " word " << w << " (writer " << writer << ")";
     }
   }
 }

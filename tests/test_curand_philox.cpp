@@ -19,10 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/philox.hpp"
-#include "cuda/runtime/device_program.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/philox.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
+
 #include "device_test_util.hpp"
 
 namespace kiln {
@@ -34,7 +35,7 @@ constexpr uint64_t kInterleavedStreams = 65536;
 class Curand {
  public:
   static Curand* load() {
-    static Curand* lib = [] () -> Curand* {
+    static Curand* lib = []() -> Curand* {
       for (const char* name : {"libcurand.so.10", "libcurand.so", "/usr/local/cuda/lib64/libcurand.so.10",
                                "/usr/local/cuda/lib64/libcurand.so"})
         if (void* handle = dlopen(name, RTLD_NOW | RTLD_LOCAL)) return new Curand(handle);
@@ -73,12 +74,12 @@ class Curand {
   int (*destroy_)(void*);
 };
 
-#define KILN_CURAND_OR_SKIP(lib)                                                                          \
-  const Curand* lib = Curand::load();                                                                     \
-  if (!lib) {                                                                                             \
-    const char* required = std::getenv("KILN_REQUIRE_CURAND");                                            \
-    if (required && std::string(required) == "1")                                                         \
-      FAIL() << "libcurand (CUDA toolkit) not found, and KILN_REQUIRE_CURAND=1: CI requires it";          \
+#define KILN_CURAND_OR_SKIP(lib)                                                                             \
+  const Curand* lib = Curand::load();                                                                        \
+  if (!lib) {                                                                                                \
+    const char* required = std::getenv("KILN_REQUIRE_CURAND");                                               \
+    if (required && std::string(required) == "1")                                                            \
+      FAIL() << "libcurand (CUDA toolkit) not found, and KILN_REQUIRE_CURAND=1: CI requires it";             \
     GTEST_SKIP() << "libcurand (CUDA toolkit) not found (set KILN_REQUIRE_CURAND=1 to make this a failure)"; \
   }
 
@@ -101,8 +102,12 @@ TEST(CurandPhilox, HostStreamsAgreeBitForBit) {
     uint64_t seed, offset;
   };
   // Offsets past 2^34 reach counter words above 2^16 blocks; past 2^50, the counter's high word.
-  const Stream streams[] = {{0, 0},          {42, 0}, {0xdeadbeefcafef00dULL, 0}, {7, 4 * 65536 * 3 + 8},
-                            {7, (1ULL << 34) + 12}, {0xffffffff00000001ULL, (1ULL << 52) + 4 * 65535}};
+  const Stream streams[] = {{0, 0},
+                            {42, 0},
+                            {0xdeadbeefcafef00dULL, 0},
+                            {7, 4 * 65536 * 3 + 8},
+                            {7, (1ULL << 34) + 12},
+                            {0xffffffff00000001ULL, (1ULL << 52) + 4 * 65535}};
   constexpr size_t kValues = size_t{1} << 16;
   for (const Stream& s : streams) {
     const std::vector<uint32_t> want = curand->generate(s.seed, s.offset, kValues);
@@ -166,8 +171,7 @@ TEST(CurandPhilox, SimulatedRandomKernelAgreesWithCurand) {
     ASSERT_EQ(got[static_cast<size_t>(e)], philox_bits(seed, stream, static_cast<uint64_t>(e)) >> 8) << "element " << e;
   for (const uint64_t block : {uint64_t{1}, uint64_t{777}, uint64_t{kLong / 4 - 1}}) {
     const std::vector<uint32_t> want = curand->generate(seed, curand_position(stream, 4 * block), 4);
-    for (uint64_t w = 0; w < 4; ++w)
-      ASSERT_EQ(got[4 * block + w], want[w] >> 8) << "element " << 4 * block + w;
+    for (uint64_t w = 0; w < 4; ++w) ASSERT_EQ(got[4 * block + w], want[w] >> 8) << "element " << 4 * block + w;
   }
 }
 

@@ -15,15 +15,16 @@
 #include <string>
 #include <vector>
 
-#include "circuit/comm/communicator.hpp"
-#include "circuit/exec/executor.hpp"
-#include "circuit/ir/error.hpp"
-#include "core/distributed.hpp"
-#include "core/engine.hpp"
-#include "models/gpt.hpp"
+#include <kiln/circuit/comm/communicator.hpp>
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/distributed.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+#include <kiln/train/weights.hpp>
+
 #include "prim_test_util.hpp"
-#include "train/adamw.hpp"
-#include "train/weights.hpp"
 
 namespace kiln {
 namespace {

@@ -10,17 +10,18 @@
 #include <filesystem>
 #include <thread>
 
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
-#include "cuda/lower/fused_matmul.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/train/adamw.hpp>
+#include <kiln/train/hdf5_file.hpp>
+#include <kiln/train/trainer.hpp>
+#include <kiln/train/weights.hpp>
+
 #include "device_test_util.hpp"
 #include "gpt_reference_util.hpp"
 #include "ptxas_skip.hpp"
 #include "scoped_env.hpp"
-#include "train/adamw.hpp"
-#include "train/hdf5_file.hpp"
-#include "train/trainer.hpp"
-#include "train/weights.hpp"
 
 namespace kiln {
 namespace {

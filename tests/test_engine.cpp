@@ -8,11 +8,11 @@
 #include <limits>
 #include <thread>
 
-#include "circuit/ir/error.hpp"
-#include "core/device.hpp"
-#include "core/engine.hpp"
-#include "core/gradcheck.hpp"
-#include "train/sgd.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/device.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/gradcheck.hpp>
+#include <kiln/train/sgd.hpp>
 
 namespace kiln {
 namespace {
@@ -284,9 +284,7 @@ TEST(UserGradcheck, NamesParametersChecksSubsetsAndRefusesToCheckNothing) {
 TEST(UserGradcheck, AZeroGradientPassesAtRoundingLevel) {
   Tensor w = Tensor::parameter("w", host({0.7}, Shape{1}, DType::f64));
   Tensor b = Tensor::parameter("b", host({0.2}, Shape{1}, DType::f64));
-  auto f = [&](const std::vector<Tensor>& in) {
-    return sum(exp(in[0] + w) * exp(-w)) + sum(tanh(in[0] + b));
-  };
+  auto f = [&](const std::vector<Tensor>& in) { return sum(exp(in[0] + w) * exp(-w)) + sum(tanh(in[0] + b)); };
   const HostTensor x = host({-0.9, 0.3, 0.7, -0.1, 0.9, -0.3}, Shape{6});
   ad::GradCheckResult r = gradcheck(f, {x}, {{"w", w}, {"b", b}});
   EXPECT_TRUE(r.ok) << r.report;

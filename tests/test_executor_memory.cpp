@@ -8,14 +8,15 @@
 
 #include <cmath>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/prims/builder.hpp"
-#include "core/process_counters.hpp"
-#include "core/traced_step.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/core/process_counters.hpp>
+#include <kiln/core/traced_step.hpp>
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+
 #include "device_test_util.hpp"
-#include "models/gpt.hpp"
-#include "train/adamw.hpp"
 
 namespace kiln {
 namespace {

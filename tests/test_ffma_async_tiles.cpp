@@ -8,12 +8,13 @@
 
 #include <string>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/passes/pipeline.hpp"
-#include "circuit/prims/fused_matmul.hpp"
-#include "cuda/kir/ptx_printer.hpp"
-#include "cuda/lower/fused_matmul.hpp"
-#include "cuda/runtime/device_program.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
+#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_cases.hpp"
 #include "prim_test_util.hpp"

@@ -10,18 +10,19 @@
 #include <functional>
 #include <limits>
 
-#include "ad/backward.hpp"
-#include "circuit/exec/executor.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/prims/composites.hpp"
-#include "circuit/prims/prim_params.hpp"
-#include "core/engine.hpp"
+#include <kiln/ad/backward.hpp>
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/prims/composites.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/layers/multi_head_attention.hpp>
+#include <kiln/models/gpt.hpp>
+#include <kiln/models/llama.hpp>
+
 #include "device_test_util.hpp"
-#include "layers/multi_head_attention.hpp"
-#include "models/gpt.hpp"
-#include "models/llama.hpp"
 #include "prim_test_util.hpp"
 #include "scoped_env.hpp"
 

@@ -5,11 +5,12 @@
 // reads another (directly or through other ops) is not joined with it.
 #include <gtest/gtest.h>
 
-#include "ad/backward.hpp"
-#include "circuit/exec/executor.hpp"
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/prims/composites.hpp"
+#include <kiln/ad/backward.hpp>
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/prims/composites.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 

@@ -10,12 +10,13 @@
 #include <cstdlib>
 #include <limits>
 
-#include "ad/backward.hpp"
-#include "circuit/exec/executor.hpp"
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/prims/composites.hpp"
-#include "circuit/prims/fused_rows.hpp"
+#include <kiln/ad/backward.hpp>
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/prims/composites.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 #include "scoped_env.hpp"

@@ -6,9 +6,10 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/fusion.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 

@@ -8,8 +8,9 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <kiln/train/adamw.hpp>
+
 #include "gpt_reference_util.hpp"
-#include "train/adamw.hpp"
 
 namespace kiln {
 namespace {

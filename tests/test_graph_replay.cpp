@@ -7,13 +7,14 @@
 
 #include <cstdlib>
 
-#include "circuit/ir/error.hpp"
-#include "core/traced_step.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/traced_step.hpp>
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+#include <kiln/train/sgd.hpp>
+
 #include "device_test_util.hpp"
-#include "models/gpt.hpp"
 #include "scoped_env.hpp"
-#include "train/adamw.hpp"
-#include "train/sgd.hpp"
 
 namespace kiln {
 namespace {

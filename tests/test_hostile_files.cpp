@@ -18,16 +18,16 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/host_tensor.hpp"
-#include "core/engine.hpp"
-#include "models/gpt.hpp"
-#include "train/adamw.hpp"
-#include "train/batch_file.hpp"
-#include "train/checkpoint.hpp"
-#include "train/hdf5_file.hpp"
-#include "train/tokenizer.hpp"
-#include "train/weights.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/host_tensor.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+#include <kiln/train/batch_file.hpp>
+#include <kiln/train/checkpoint.hpp>
+#include <kiln/train/hdf5_file.hpp>
+#include <kiln/train/tokenizer.hpp>
+#include <kiln/train/weights.hpp>
 
 namespace kiln {
 namespace {
@@ -386,7 +386,8 @@ TEST(StrictFiles, DatasetsNoParameterReadsAreRefusedUnlessNonStrict) {
   save_weights(path, saved, nullptr);
   models::GPT deeper(two);
   const HostTensor own = deeper.named_parameters().back().second.to_host();  // not in the file
-  expect_error([&] { load_weights(path, deeper); }, {"missing: transformer.h.1.ln_1.weight (dataset 'transformer/h/1/ln_1/weight')"});
+  expect_error([&] { load_weights(path, deeper); },
+               {"missing: transformer.h.1.ln_1.weight (dataset 'transformer/h/1/ln_1/weight')"});
   const LoadReport partial = load_weights(path, deeper, {.strict = false});
   EXPECT_EQ(partial.missing.size(), 12u) << partial.str();  // one block's parameters
   EXPECT_TRUE(partial.unexpected.empty()) << partial.str();
@@ -400,7 +401,8 @@ TEST(StrictFiles, ACheckpointWithADatasetNoParameterReadsIsRefused) {
   models::GPT model(small_config());
   optim::AdamW opt(model.parameters(), {});
   save_checkpoint(path, model, opt, Tokenizer::byte_level(), {3, 7});
-  h5::File::open_write(path).write("exp_avg/transformer/h/5/attn/c_attn/weight", HostTensor::zeros(DType::f32, Shape{3}));
+  h5::File::open_write(path).write("exp_avg/transformer/h/5/attn/c_attn/weight",
+                                   HostTensor::zeros(DType::f32, Shape{3}));
   expect_error([&] { load_checkpoint(path, model, opt); },
                {path, "dataset 'exp_avg/transformer/h/5/attn/c_attn/weight' belongs to no parameter"});
   std::filesystem::remove(path);
@@ -533,7 +535,8 @@ TEST(HostileFiles, BatchFilesAreCheckedAgainstTheModel) {
   write(good, good);
   EXPECT_EQ(read_batch_file(path, c.block_size, c.vocab_size).y.shape(), (Shape{2, 3}));
   write(good, ids({1, 2, 3, 4, 10, 6}, Shape{2, 3}));
-  expect_error([&] { read_batch_file(path, c.block_size, c.vocab_size); }, {path, "'y'", "token id 10 at [1, 1]", "[0, 10)"});
+  expect_error([&] { read_batch_file(path, c.block_size, c.vocab_size); },
+               {path, "'y'", "token id 10 at [1, 1]", "[0, 10)"});
   write(ids({1, -7, 3, 4, 5, 6}, Shape{2, 3}), good);
   expect_error([&] { read_batch_file(path, c.block_size, c.vocab_size); }, {"'x'", "token id -7 at [0, 1]"});
   write(ids({1, 2, 3, 4, 5, 6, 7, 8, 9, 1}, Shape{2, 5}), good);

@@ -8,14 +8,15 @@
 #include <cstdlib>
 #include <map>
 
-#include "circuit/passes/pipeline.hpp"
-#include "core/engine.hpp"
-#include "core/step_stats.hpp"
-#include "cuda/lower/lower.hpp"
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/step_stats.hpp>
+#include <kiln/cuda/lower/lower.hpp>
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+
 #include "device_test_util.hpp"
-#include "models/gpt.hpp"
 #include "scoped_env.hpp"
-#include "train/adamw.hpp"
 
 namespace kiln {
 namespace {

@@ -5,17 +5,17 @@
 
 #include <cmath>
 
-#include "circuit/ir/error.hpp"
-#include "core/gradcheck.hpp"
-#include "layers/attention.hpp"
-#include "layers/dropout.hpp"
-#include "layers/embedding.hpp"
-#include "layers/layer_norm.hpp"
-#include "layers/gated_mlp.hpp"
-#include "layers/mlp.hpp"
-#include "layers/multi_head_attention.hpp"
-#include "layers/rms_norm.hpp"
-#include "layers/rotary.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/gradcheck.hpp>
+#include <kiln/layers/attention.hpp>
+#include <kiln/layers/dropout.hpp>
+#include <kiln/layers/embedding.hpp>
+#include <kiln/layers/gated_mlp.hpp>
+#include <kiln/layers/layer_norm.hpp>
+#include <kiln/layers/mlp.hpp>
+#include <kiln/layers/multi_head_attention.hpp>
+#include <kiln/layers/rms_norm.hpp>
+#include <kiln/layers/rotary.hpp>
 
 namespace kiln::nn {
 namespace {
@@ -327,7 +327,8 @@ TEST(ModuleApi, AnAxisOutOfRangeSaysWhichAxesExist) {
     FAIL();
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("axis 2 is out of range for an input of shape [2, 3] (axes run from -2 to 1)"), std::string::npos) << m;
+    EXPECT_NE(m.find("axis 2 is out of range for an input of shape [2, 3] (axes run from -2 to 1)"), std::string::npos)
+        << m;
     EXPECT_EQ(m.find("builder"), std::string::npos) << m;
   }
   Engine::current().realize();

@@ -15,9 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/driver/driver_api.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/runtime/runtime.hpp"
+#include <kiln/cuda/driver/driver_api.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
+
 #include "device_test_util.hpp"
 #include "ptxas_skip.hpp"
 
@@ -98,7 +99,7 @@ TEST(Ldmatrix, GpuKnownAnswers) {
 
 // --- ldmatrix feeding mma.sync -----------------------------------------------------------------
 uint16_t bf16_of(int v) { return static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(v)) >> 16); }
-int a_value(int r, int c) { return (r * 7 + c * 3) % 9 - 4; }  // A: 16 x 16
+int a_value(int r, int c) { return (r * 7 + c * 3) % 9 - 4; }   // A: 16 x 16
 int b_value(int r, int c) { return (r * 5 + c * 11) % 7 - 3; }  // B: 16 x 8
 
 // Shared memory: A row-major (16 rows of 32 bytes), then B row-major (16 rows of 16 bytes). Lane
@@ -115,11 +116,13 @@ kir::Kernel ldmatrix_mma_kernel() {
   Reg wa = b.mul(Type::u32, lane, imm_u32(4)), wb = b.mul(Type::u32, lane, imm_u32(2));
   for (int w = 0; w < 4; ++w) {
     Reg word = b.add(Type::u32, wa, imm_u32(static_cast<uint32_t>(w)));
-    b.st(Space::shared, Type::u32, b.mad(Type::u32, word, imm_u32(4), sa), b.ld(Space::global, Type::u32, b.address(pa, word, 4)));
+    b.st(Space::shared, Type::u32, b.mad(Type::u32, word, imm_u32(4), sa),
+         b.ld(Space::global, Type::u32, b.address(pa, word, 4)));
   }
   for (int w = 0; w < 2; ++w) {
     Reg word = b.add(Type::u32, wb, imm_u32(static_cast<uint32_t>(w)));
-    b.st(Space::shared, Type::u32, b.mad(Type::u32, word, imm_u32(4), sb), b.ld(Space::global, Type::u32, b.address(pb, word, 4)));
+    b.st(Space::shared, Type::u32, b.mad(Type::u32, word, imm_u32(4), sb),
+         b.ld(Space::global, Type::u32, b.address(pb, word, 4)));
   }
   b.bar();
   Reg a_row = b.add(Type::u32, b.rem(Type::u32, lane, imm_u32(8)),
@@ -130,8 +133,8 @@ kir::Kernel ldmatrix_mma_kernel() {
   const std::vector<Reg> fa = b.ldmatrix(4, false, a_addr);
   const std::vector<Reg> fb = b.ldmatrix(2, true, b_addr);
   const kir::Operand zero = kir::imm_f32(0.0f);
-  const std::vector<Reg> d = b.mma(kir::MmaShape::m16n8k16_bf16, {fa[0], fa[1], fa[2], fa[3]}, {fb[0], fb[1]},
-                                   {zero, zero, zero, zero});
+  const std::vector<Reg> d =
+      b.mma(kir::MmaShape::m16n8k16_bf16, {fa[0], fa[1], fa[2], fa[3]}, {fb[0], fb[1]}, {zero, zero, zero, zero});
   Reg at = b.address(pd, b.mul(Type::u32, lane, imm_u32(4)), 4);
   for (int i = 0; i < 4; ++i) b.st(Space::global, Type::f32, at, d[static_cast<size_t>(i)], 4 * i);
   return b.finish();

@@ -8,17 +8,18 @@
 #include <filesystem>
 #include <set>
 
-#include "circuit/ir/error.hpp"
-#include "core/gradcheck.hpp"
-#include "layers/rms_norm.hpp"
-#include "models/llama.hpp"
-#include "core/engine.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/gradcheck.hpp>
+#include <kiln/layers/rms_norm.hpp>
+#include <kiln/models/llama.hpp>
+#include <kiln/train/checkpoint.hpp>
+#include <kiln/train/hdf5_file.hpp>
+#include <kiln/train/sample.hpp>
+#include <kiln/train/trainer.hpp>
+#include <kiln/train/weights.hpp>
+
 #include "device_test_util.hpp"
-#include "train/checkpoint.hpp"
-#include "train/hdf5_file.hpp"
-#include "train/sample.hpp"
-#include "train/trainer.hpp"
-#include "train/weights.hpp"
 #include "training_test_util.hpp"
 
 namespace kiln {
@@ -173,9 +174,8 @@ TinyRun train_llama(int64_t steps, const std::string& checkpoint, const std::str
   Tokenizer tok = Tokenizer::char_level(text);
   TextDataset data(tok.encode(text), 21);
   manual_seed(resume.empty() ? 21 : 999);
-  std::unique_ptr<models::CausalLM> model = resume.empty()
-                                                ? std::make_unique<models::Llama>(tiny_llama(tok.vocab_size()))
-                                                : read_checkpoint_model(resume);
+  std::unique_ptr<models::CausalLM> model =
+      resume.empty() ? std::make_unique<models::Llama>(tiny_llama(tok.vocab_size())) : read_checkpoint_model(resume);
   TrainOptions o;
   o.batch = 4, o.steps = steps, o.lr = lr, o.warmup = 2, o.eval_interval = 0, o.eval_batches = 2;
   o.log_interval = 1000, o.checkpoint_interval = 0, o.checkpoint = checkpoint, o.stop_at = stop_at;

@@ -15,19 +15,20 @@
 #include <optional>
 #include <set>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/ir/bf16.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/prim.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/passes/pipeline.hpp"
-#include "circuit/prims/fused_matmul.hpp"
-#include "circuit/prims/fused_rows.hpp"
-#include "circuit/prims/multi_tensor.hpp"
-#include "circuit/prims/prim_params.hpp"
-#include "cuda/lower/fused_matmul.hpp"
-#include "cuda/lower/util.hpp"
-#include "cuda/runtime/runtime.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/ir/bf16.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
+#include <kiln/circuit/prims/multi_tensor.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/util.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
+
 #include "device_test_util.hpp"
 #include "lowering_test_util.hpp"
 #include "prim_cases.hpp"

@@ -13,10 +13,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/passes/pipeline.hpp"
-#include "circuit/prims/fused_matmul.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/circuit/prims/fused_matmul.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 #include "scoped_env.hpp"

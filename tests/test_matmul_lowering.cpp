@@ -13,13 +13,14 @@
 #include <set>
 #include <tuple>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/passes/pipeline.hpp"
-#include "cuda/lower/fused_matmul.hpp"
-#include "cuda/lower/util.hpp"
-#include "cuda/runtime/runtime.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/util.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
+
 #include "device_test_util.hpp"
 #include "lowering_test_util.hpp"
 #include "prim_cases.hpp"

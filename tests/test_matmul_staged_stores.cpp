@@ -10,14 +10,15 @@
 #include <string>
 #include <utility>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/passes/pipeline.hpp"
-#include "cuda/driver/fake_driver.hpp"
-#include "cuda/kir/ptx_printer.hpp"
-#include "cuda/kir/ptxas.hpp"
-#include "cuda/lower/fused_matmul.hpp"
-#include "cuda/lower/util.hpp"
-#include "cuda/runtime/device_program.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/cuda/driver/fake_driver.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
+#include <kiln/cuda/kir/ptxas.hpp>
+#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/util.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_cases.hpp"
 #include "prim_test_util.hpp"

@@ -11,15 +11,16 @@
 #include <tuple>
 #include <utility>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/passes/pipeline.hpp"
-#include "cuda/kir/ptx_printer.hpp"
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/fused_matmul.hpp"
-#include "cuda/lower/lower.hpp"
-#include "cuda/lower/matmul_mma.hpp"
-#include "cuda/runtime/device_program.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/lower.hpp>
+#include <kiln/cuda/lower/matmul_mma.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_cases.hpp"
 #include "prim_test_util.hpp"

@@ -7,10 +7,11 @@
 
 #include <random>
 
-#include "circuit/exec/memory_plan.hpp"
+#include <kiln/circuit/exec/memory_plan.hpp>
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+
 #include "device_test_util.hpp"
-#include "models/gpt.hpp"
-#include "train/adamw.hpp"
 
 namespace kiln {
 namespace {

@@ -13,10 +13,11 @@
 #include <limits>
 #include <vector>
 
-#include "cuda/driver/driver_api.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/kir/ptx_printer.hpp"
-#include "cuda/runtime/runtime.hpp"
+#include <kiln/cuda/driver/driver_api.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
+
 #include "device_test_util.hpp"
 #include "ptxas_skip.hpp"
 

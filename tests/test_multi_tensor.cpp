@@ -5,11 +5,12 @@
 // launches that fit the kernel parameter space.
 #include <gtest/gtest.h>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/prims/multi_tensor.hpp"
-#include "cuda/lower/lower.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/prims/multi_tensor.hpp>
+#include <kiln/cuda/lower/lower.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
 

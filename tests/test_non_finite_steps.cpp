@@ -7,9 +7,10 @@
 #include <limits>
 #include <memory>
 
-#include "core/traced_step.hpp"
+#include <kiln/core/traced_step.hpp>
+#include <kiln/train/adamw.hpp>
+
 #include "device_test_util.hpp"
-#include "train/adamw.hpp"
 
 namespace kiln {
 namespace {

@@ -4,10 +4,11 @@
 
 #include <algorithm>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/options.hpp"
-#include "circuit/passes/pipeline.hpp"
-#include "circuit/prims/builder.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+
 #include "scoped_env.hpp"
 
 namespace kiln {
@@ -57,7 +58,8 @@ TEST(Options, TheBf16MmaSwitchIsOnByDefaultAndTakesOnlyZeroOrOne) {
     options::bf16_mma();
     ADD_FAILURE() << "accepted KILN_BF16_MMA=yes";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("KILN_BF16_MMA: expected 0 or 1, received 'yes'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("KILN_BF16_MMA: expected 0 or 1, received 'yes'"), std::string::npos)
+        << e.what();
   }
 }
 

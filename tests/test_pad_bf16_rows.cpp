@@ -8,11 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/passes/pad_bf16_rows.hpp"
-#include "circuit/passes/pipeline.hpp"
-#include "cuda/lower/fused_matmul.hpp"
-#include "cuda/runtime/device_program.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/passes/pad_bf16_rows.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_cases.hpp"
 #include "prim_test_util.hpp"

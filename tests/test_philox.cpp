@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "circuit/prims/philox.hpp"
+#include <kiln/circuit/prims/philox.hpp>
 
 namespace kiln {
 namespace {

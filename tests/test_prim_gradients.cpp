@@ -6,13 +6,14 @@
 
 #include <set>
 
-#include "ad/backward.hpp"
-#include "ad/gradcheck.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/prims/composites.hpp"
-#include "circuit/prims/fused_matmul.hpp"
-#include "circuit/prims/fused_rows.hpp"
-#include "circuit/prims/multi_tensor.hpp"
+#include <kiln/ad/backward.hpp>
+#include <kiln/ad/gradcheck.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/composites.hpp>
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
+#include <kiln/circuit/prims/multi_tensor.hpp>
+
 #include "prim_cases.hpp"
 #include "prim_test_util.hpp"
 

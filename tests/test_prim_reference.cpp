@@ -10,12 +10,13 @@
 #include <numbers>
 #include <span>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/prims/composites.hpp"
-#include "circuit/prims/fused_matmul.hpp"
-#include "circuit/prims/fused_rows.hpp"
-#include "circuit/prims/multi_tensor.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/composites.hpp>
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
+#include <kiln/circuit/prims/multi_tensor.hpp>
+
 #include "prim_test_util.hpp"
 
 namespace kiln {

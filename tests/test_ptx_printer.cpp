@@ -6,10 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/kir/ptx_printer.hpp"
-#include "cuda/kir/ptxas.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
+#include <kiln/cuda/kir/ptxas.hpp>
+
 #include "ptxas_skip.hpp"
 
 namespace kiln::kir {

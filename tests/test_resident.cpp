@@ -4,11 +4,12 @@
 // leaving the device brings every updated tensor home.
 #include <gtest/gtest.h>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+#include <kiln/train/sgd.hpp>
+
 #include "device_test_util.hpp"
-#include "models/gpt.hpp"
-#include "train/adamw.hpp"
-#include "train/sgd.hpp"
 
 namespace kiln {
 namespace {

@@ -15,13 +15,14 @@
 #include <thread>
 #include <vector>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/driver/driver_api.hpp"
-#include "cuda/driver/fake_driver.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/kir/ptx_printer.hpp"
-#include "cuda/kir/ptxas.hpp"
-#include "cuda/runtime/runtime.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/driver/driver_api.hpp>
+#include <kiln/cuda/driver/fake_driver.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
+#include <kiln/cuda/kir/ptxas.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
+
 #include "device_test_util.hpp"
 #include "ptxas_skip.hpp"
 

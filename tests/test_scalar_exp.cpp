@@ -8,8 +8,8 @@
 #include <numbers>
 #include <vector>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/scalar_exp.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/scalar_exp.hpp>
 
 namespace kiln {
 namespace {

@@ -17,10 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/kir/ptx_printer.hpp"
-#include "cuda/sim/simulator.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
+#include <kiln/cuda/sim/simulator.hpp>
+
 #include "sim_test_util.hpp"
 
 namespace kiln::sim {

@@ -14,15 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "circuit/exec/executor.hpp"
-#include "cuda/driver/driver_api.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/kir/ptx_printer.hpp"
-#include "cuda/kir/ptxas.hpp"
-#include "cuda/lower/fused_matmul.hpp"
-#include "cuda/runtime/device_program.hpp"
-#include "cuda/runtime/runtime.hpp"
-#include "cuda/sim/tensor_map.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/cuda/driver/driver_api.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
+#include <kiln/cuda/kir/ptxas.hpp>
+#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
+#include <kiln/cuda/sim/tensor_map.hpp>
+
 #include "device_test_util.hpp"
 #include "prim_cases.hpp"
 #include "ptxas_skip.hpp"

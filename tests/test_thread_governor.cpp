@@ -6,10 +6,11 @@
 
 #include <functional>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/exec/thread_governor.hpp"
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/exec/thread_governor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+
 #include "device_test_util.hpp"
 
 namespace kiln {

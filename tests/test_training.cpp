@@ -12,17 +12,18 @@
 #include <functional>
 #include <optional>
 
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
-#include "core/gradcheck.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/gradcheck.hpp>
+#include <kiln/train/checkpoint.hpp>
+#include <kiln/train/hdf5_file.hpp>
+#include <kiln/train/metrics_log.hpp>
+#include <kiln/train/sample.hpp>
+#include <kiln/train/schedule.hpp>
+#include <kiln/train/trainer.hpp>
+#include <kiln/train/weights.hpp>
+
 #include "scoped_env.hpp"
-#include "train/checkpoint.hpp"
-#include "train/hdf5_file.hpp"
-#include "train/metrics_log.hpp"
-#include "train/sample.hpp"
-#include "train/schedule.hpp"
-#include "train/trainer.hpp"
-#include "train/weights.hpp"
 #include "training_test_util.hpp"
 
 namespace kiln {

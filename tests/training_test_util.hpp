@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "layers/module.hpp"
+#include <kiln/layers/module.hpp>
 
 namespace kiln::testing {
 

@@ -1,13 +1,12 @@
 // AdamW update recorded as pointwise ops over the persistent buffers.
-#include "train/adamw.hpp"
-
 #include <cmath>
 #include <limits>
 #include <map>
 
-#include "circuit/ir/error.hpp"
-#include "core/distributed.hpp"
-#include "core/engine.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/distributed.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/train/adamw.hpp>
 
 namespace kiln::optim {
 

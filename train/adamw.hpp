@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "core/tensor.hpp"
+#include <kiln/core/tensor.hpp>
 
 namespace kiln::optim {
 

@@ -1,6 +1,4 @@
 // Atomic file replacement.
-#include "train/atomic_file.hpp"
-
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -10,7 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/atomic_file.hpp>
 
 namespace kiln {
 

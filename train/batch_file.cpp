@@ -1,8 +1,7 @@
 // Batch files: read, then checked against the model they are for.
-#include "train/batch_file.hpp"
-
-#include "circuit/ir/error.hpp"
-#include "train/hdf5_file.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/batch_file.hpp>
+#include <kiln/train/hdf5_file.hpp>
 
 namespace kiln {
 

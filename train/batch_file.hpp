@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "circuit/ir/host_tensor.hpp"
+#include <kiln/circuit/ir/host_tensor.hpp>
 
 namespace kiln {
 

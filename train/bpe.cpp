@@ -1,11 +1,10 @@
 // Byte-level BPE: pre-tokenization, training, encoding, and the tokenizer.json export.
-#include "train/bpe.hpp"
-
 #include <algorithm>
 #include <cstdio>
 #include <map>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/bpe.hpp>
 
 namespace kiln {
 
@@ -16,7 +15,9 @@ bool is_letter(unsigned char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && 
 bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 bool is_other(unsigned char c) { return !is_space(c) && !is_letter(c) && !is_digit(c); }
 
-uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
 
 // GPT-2's byte-to-character map: printable bytes stand for themselves, the others for U+0100..
 std::vector<int32_t> byte_chars() {
@@ -189,11 +190,15 @@ std::string BpeModel::hf_tokenizer_json() const {
   const std::vector<int32_t> chars = byte_chars();
   // The pattern of pretokenize(), as a JSON string (backslashes doubled).
   const std::string ws = "\\\\t\\\\n\\\\x0B\\\\f\\\\r ";
-  const std::string pattern = " ?[A-Za-z]+| ?[0-9]+| ?[^" + ws + "A-Za-z0-9]+|[" + ws + "]+(?![^" + ws + "])|[" + ws + "]+";
-  const std::string byte_level = R"({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false})";
-  std::string j = "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n  \"added_tokens\": [],\n";
+  const std::string pattern =
+      " ?[A-Za-z]+| ?[0-9]+| ?[^" + ws + "A-Za-z0-9]+|[" + ws + "]+(?![^" + ws + "])|[" + ws + "]+";
+  const std::string byte_level =
+      R"({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false})";
+  std::string j =
+      "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n  \"added_tokens\": [],\n";
   j += "  \"normalizer\": null,\n";
-  j += "  \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"" +
+  j += "  \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+       "{\"Regex\": \"" +
        pattern + "\"}, \"behavior\": \"Isolated\", \"invert\": false}, " + byte_level + "]},\n";
   j += "  \"post_processor\": null,\n  \"decoder\": " + byte_level + ",\n";
   j += "  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, \"continuing_subword_prefix\": null, "

@@ -1,10 +1,9 @@
 // Checkpoint save (atomic) and load (all-or-nothing).
-#include "train/checkpoint.hpp"
-
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
-#include "train/hdf5_file.hpp"
-#include "train/weights.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/train/checkpoint.hpp>
+#include <kiln/train/hdf5_file.hpp>
+#include <kiln/train/weights.hpp>
 
 namespace kiln {
 

@@ -9,9 +9,9 @@
 #include <optional>
 #include <string>
 
-#include "models/gpt.hpp"
-#include "train/adamw.hpp"
-#include "train/tokenizer.hpp"
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+#include <kiln/train/tokenizer.hpp>
 
 namespace kiln {
 

@@ -1,13 +1,12 @@
 // Corpus reading and batch sampling.
-#include "train/dataset.hpp"
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/prims/philox.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/philox.hpp>
+#include <kiln/train/dataset.hpp>
 
 namespace kiln {
 

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.hpp"
-#include "train/token_file.hpp"
-#include "train/tokenizer.hpp"
+#include <kiln/core/tensor.hpp>
+#include <kiln/train/token_file.hpp>
+#include <kiln/train/tokenizer.hpp>
 
 namespace kiln {
 

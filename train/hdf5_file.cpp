@@ -1,6 +1,4 @@
 // HDF5 C API wrapper (see hdf5_file.hpp).
-#include "train/hdf5_file.hpp"
-
 #include <hdf5.h>
 
 #include <algorithm>
@@ -10,8 +8,9 @@
 #include <limits>
 #include <vector>
 
-#include "circuit/ir/error.hpp"
-#include "train/atomic_file.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/atomic_file.hpp>
+#include <kiln/train/hdf5_file.hpp>
 
 namespace kiln::h5 {
 

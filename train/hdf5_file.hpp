@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "circuit/ir/host_tensor.hpp"
+#include <kiln/circuit/ir/host_tensor.hpp>
 
 namespace kiln::h5 {
 

@@ -1,9 +1,9 @@
 // InterruptGuard (see interrupt.hpp).
-#include "train/interrupt.hpp"
-
 #include <signal.h>
 
 #include <atomic>
+
+#include <kiln/train/interrupt.hpp>
 
 namespace kiln {
 

@@ -1,6 +1,4 @@
 // MetricsLog: JSON lines out, and a reader for exactly the lines it writes.
-#include "train/metrics_log.hpp"
-
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -9,7 +7,8 @@
 #include <fstream>
 #include <map>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/metrics_log.hpp>
 
 namespace kiln {
 
@@ -50,7 +49,8 @@ std::map<std::string, std::optional<double>> parse_object(const std::string& s, 
     if (i < s.size() && s[i] == '"') {
       const std::string value = string();
       if (key != "event" || value != "start")
-        throw Error(fmt::format("unexpected \"{}\": \"{}\" (the only string field is \"event\": \"start\")", key, value));
+        throw Error(
+            fmt::format("unexpected \"{}\": \"{}\" (the only string field is \"event\": \"start\")", key, value));
       is_start = true;
     } else if (s.compare(i, 4, "null") == 0) {
       fields[key] = std::nullopt;
@@ -124,10 +124,12 @@ std::vector<MetricsRecord> read_metrics(const std::string& path) {
       if (step == fields.end() || !step->second || *step->second < 0 || *step->second != std::floor(*step->second))
         throw Error("no \"step\" (a count from 0)");
       r.step = static_cast<int64_t>(*step->second);
-      const std::map<std::string, std::optional<double>*> known = {
-          {"loss", &r.loss},         {"lr", &r.lr},
-          {"grad_norm", &r.grad_norm}, {"ms_per_step", &r.ms_per_step},
-          {"tokens_per_s", &r.tokens_per_s}, {"val_loss", &r.val_loss}};
+      const std::map<std::string, std::optional<double>*> known = {{"loss", &r.loss},
+                                                                   {"lr", &r.lr},
+                                                                   {"grad_norm", &r.grad_norm},
+                                                                   {"ms_per_step", &r.ms_per_step},
+                                                                   {"tokens_per_s", &r.tokens_per_s},
+                                                                   {"val_loss", &r.val_loss}};
       for (const auto& [key, value] : fields) {
         if (key == "step" || (is_start && (key == "steps" || key == "tokens_per_step"))) continue;
         auto k = known.find(key);

@@ -1,9 +1,9 @@
 // ProgressLine: "\r" + text + erase-to-end-of-line on stdout.
-#include "train/progress_line.hpp"
-
 #include <unistd.h>
 
 #include <cstdio>
+
+#include <kiln/train/progress_line.hpp>
 
 namespace kiln {
 

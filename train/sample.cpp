@@ -1,10 +1,9 @@
 // Autoregressive sampling, with a key/value cache where the model has one.
-#include "train/sample.hpp"
-
 #include <cmath>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/prims/philox.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/philox.hpp>
+#include <kiln/train/sample.hpp>
 
 namespace kiln {
 

@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "models/gpt.hpp"
-#include "train/tokenizer.hpp"
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/tokenizer.hpp>
 
 namespace kiln {
 

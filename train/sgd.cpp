@@ -1,8 +1,7 @@
 // SGD with momentum over the engine's persistent tensors.
-#include "train/sgd.hpp"
-
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/train/sgd.hpp>
 
 namespace kiln::optim {
 

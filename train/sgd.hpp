@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "core/tensor.hpp"
+#include <kiln/core/tensor.hpp>
 
 namespace kiln::optim {
 

@@ -1,6 +1,4 @@
 // Memory-mapped token files.
-#include "train/token_file.hpp"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -8,7 +6,8 @@
 
 #include <cstring>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/token_file.hpp>
 
 namespace kiln {
 
@@ -57,13 +56,14 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenD
     const size_t width = version == 1 ? 2 : 4;
     if (count < 0 || (f->map_bytes_ - header) / width != static_cast<size_t>(count) ||
         (f->map_bytes_ - header) % width != 0)
-      throw Error("token file '" + path + "': its llm.c header says " + std::to_string(count) + " tokens, the file holds " +
-                  std::to_string(f->map_bytes_ - header) + " bytes of " + std::to_string(width) + "-byte tokens");
+      throw Error("token file '" + path + "': its llm.c header says " + std::to_string(count) +
+                  " tokens, the file holds " + std::to_string(f->map_bytes_ - header) + " bytes of " +
+                  std::to_string(width) + "-byte tokens");
   }
   const size_t width = f->dtype_ == TokenDType::U16 ? 2 : 4;
   if ((f->map_bytes_ - header) % width != 0)
-    throw Error("token file '" + path + "': " + std::to_string(f->map_bytes_ - header) + " bytes are no whole number of " +
-                std::to_string(width) + "-byte tokens (is --token-dtype right?)");
+    throw Error("token file '" + path + "': " + std::to_string(f->map_bytes_ - header) +
+                " bytes are no whole number of " + std::to_string(width) + "-byte tokens (is --token-dtype right?)");
   f->tokens_ = bytes + header;
   f->count_ = (f->map_bytes_ - header) / width;
   return f;

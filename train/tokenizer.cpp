@@ -1,11 +1,10 @@
 // Char and byte tokenizers, UTF-8 coding.
-#include "train/tokenizer.hpp"
-
 #include <algorithm>
 #include <cstdio>
 #include <set>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/tokenizer.hpp>
 
 namespace kiln {
 

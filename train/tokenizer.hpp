@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "train/bpe.hpp"
+#include <kiln/train/bpe.hpp>
 
 namespace kiln {
 

@@ -1,6 +1,4 @@
 // Trainer: the loop, progress lines, validation and checkpoints.
-#include "train/trainer.hpp"
-
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -9,17 +7,18 @@
 #include <cmath>
 #include <memory>
 
-#include "circuit/comm/communicator.hpp"
-#include "circuit/ir/error.hpp"
-#include "core/distributed.hpp"
-#include "core/engine.hpp"
-#include "core/step_stats.hpp"
-#include "core/traced_step.hpp"
-#include "train/checkpoint.hpp"
-#include "train/interrupt.hpp"
-#include "train/metrics_log.hpp"
-#include "train/progress_line.hpp"
-#include "train/schedule.hpp"
+#include <kiln/circuit/comm/communicator.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/distributed.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/step_stats.hpp>
+#include <kiln/core/traced_step.hpp>
+#include <kiln/train/checkpoint.hpp>
+#include <kiln/train/interrupt.hpp>
+#include <kiln/train/metrics_log.hpp>
+#include <kiln/train/progress_line.hpp>
+#include <kiln/train/schedule.hpp>
+#include <kiln/train/trainer.hpp>
 
 namespace kiln {
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "models/gpt.hpp"
-#include "train/adamw.hpp"
-#include "train/dataset.hpp"
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+#include <kiln/train/dataset.hpp>
 
 namespace kiln {
 

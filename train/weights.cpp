@@ -1,13 +1,12 @@
 // Loading and saving kiln weights files.
-#include "train/weights.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
 
-#include "circuit/ir/error.hpp"
-#include "train/hdf5_file.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/hdf5_file.hpp>
+#include <kiln/train/weights.hpp>
 
 namespace kiln {
 
@@ -74,8 +73,7 @@ ModelSpec read_model_spec(const h5::File& f) {
   const int64_t version = f.read_int_attribute("format_version");
   const bool whole_config = version >= kFormatWithWholeConfig;
   const std::string source = "'" + f.path() + "' (written as format_version " + std::to_string(version) + ")";
-  if (whole_config && !f.has_attribute("architecture"))
-    throw Error(source + ": attribute 'architecture' is missing");
+  if (whole_config && !f.has_attribute("architecture")) throw Error(source + ": attribute 'architecture' is missing");
   ModelSpec spec;
   spec.architecture = f.has_attribute("architecture") ? f.read_string_attribute("architecture") : "gpt";
   const models::Architecture* arch = nullptr;
@@ -175,13 +173,13 @@ ModelSpec read_model_spec(const std::string& path) {
   h5::File f = h5::File::open_read(path);
   check_format(f);
   if (!f.has_attribute("architecture") && !f.has_attribute("vocab_size"))
-    throw Error("'" + path + "' holds the weights of a module, not of a model (no architecture or config): load them "
+    throw Error("'" + path +
+                "' holds the weights of a module, not of a model (no architecture or config): load them "
                 "with load_weights into a module of the same structure");
   return read_model_spec(f);
 }
 
-std::unique_ptr<models::CausalLM> load_model(const std::string& path, const LoadOptions& options,
-                                             LoadReport* report) {
+std::unique_ptr<models::CausalLM> load_model(const std::string& path, const LoadOptions& options, LoadReport* report) {
   const ModelSpec spec = read_model_spec(path);
   std::unique_ptr<models::CausalLM> model = models::make_model(spec.architecture, spec.attributes, "'" + path + "'");
   LoadReport found = load_weights(path, *model, options);
@@ -191,8 +189,7 @@ std::unique_ptr<models::CausalLM> load_model(const std::string& path, const Load
 
 models::GPTConfig read_weights_config(const std::string& path) {
   const ModelSpec spec = read_model_spec(path);
-  if (spec.architecture != "gpt")
-    throw Error("'" + path + "' holds a " + spec.architecture + " model, not a gpt");
+  if (spec.architecture != "gpt") throw Error("'" + path + "' holds a " + spec.architecture + " model, not a gpt");
   return models::GPTConfig::from_attributes(spec.attributes);
 }
 

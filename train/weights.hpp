@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "models/gpt.hpp"
-#include "train/tokenizer.hpp"
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/tokenizer.hpp>
 
 namespace kiln {
 

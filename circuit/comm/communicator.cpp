@@ -1,8 +1,8 @@
 // The single-process communicator and the current one.
-#include "circuit/comm/communicator.hpp"
-
 #include <cstdlib>
 #include <cstring>
+
+#include <kiln/circuit/comm/communicator.hpp>
 
 namespace kiln {
 namespace {

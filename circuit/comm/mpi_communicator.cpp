@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <thread>
 
-#include "circuit/comm/communicator.hpp"
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/comm/communicator.hpp>
+#include <kiln/circuit/ir/error.hpp>
 
 #if KILN_HAVE_MPI
 #define OMPI_SKIP_MPICXX 1  // the C API only (the C++ bindings need a library of their own)

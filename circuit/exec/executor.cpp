@@ -1,6 +1,4 @@
 // Program: verification, the static memory plan, constants and the run loop of the Eigen executor.
-#include "circuit/exec/executor.hpp"
-
 #include <malloc.h>
 #include <omp.h>
 #include <xmmintrin.h>
@@ -15,10 +13,11 @@
 #include <string>
 #include <utility>
 
-#include "circuit/exec/liveness.hpp"
-#include "circuit/exec/memory_plan.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/options.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/exec/liveness.hpp>
+#include <kiln/circuit/exec/memory_plan.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/options.hpp>
 
 namespace kiln {
 

@@ -9,9 +9,9 @@
 #include <atomic>
 #include <vector>
 
-#include "circuit/exec/thread_governor.hpp"
-#include "circuit/ir/circuit.hpp"
-#include "circuit/ir/eval_buffers.hpp"
+#include <kiln/circuit/exec/thread_governor.hpp>
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/ir/eval_buffers.hpp>
 
 namespace kiln {
 

@@ -1,7 +1,7 @@
 // Buffer lifetimes (see liveness.hpp).
-#include "circuit/exec/liveness.hpp"
-
 #include <algorithm>
+
+#include <kiln/circuit/exec/liveness.hpp>
 
 namespace kiln {
 

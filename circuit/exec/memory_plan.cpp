@@ -1,9 +1,9 @@
 // Static memory plan (see memory_plan.hpp).
-#include "circuit/exec/memory_plan.hpp"
-
 #include <algorithm>
 #include <map>
 #include <numeric>
+
+#include <kiln/circuit/exec/memory_plan.hpp>
 
 namespace kiln {
 

@@ -1,12 +1,11 @@
 // ThreadGovernor (see thread_governor.hpp).
-#include "circuit/exec/thread_governor.hpp"
-
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/options.hpp"
+#include <kiln/circuit/exec/thread_governor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/options.hpp>
 
 namespace kiln {
 

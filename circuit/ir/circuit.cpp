@@ -1,10 +1,9 @@
 // Circuit construction, verification, structural hashing/equality and the text dump.
-#include "circuit/ir/circuit.hpp"
-
 #include <unordered_map>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/hash.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/hash.hpp>
 
 namespace kiln {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/prim.hpp"
+#include <kiln/circuit/ir/prim.hpp>
 
 namespace kiln {
 

@@ -1,10 +1,9 @@
 // EvalBuffers: planned outputs and the scratch pool of an op's reference.
-#include "circuit/ir/eval_buffers.hpp"
-
 #include <cstring>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/prim.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/eval_buffers.hpp>
+#include <kiln/circuit/ir/prim.hpp>
 
 namespace kiln {
 

@@ -10,7 +10,7 @@
 #include <typeinfo>
 #include <vector>
 
-#include "circuit/ir/host_tensor.hpp"
+#include <kiln/circuit/ir/host_tensor.hpp>
 
 namespace kiln {
 

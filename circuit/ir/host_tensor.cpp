@@ -1,13 +1,12 @@
 // HostTensor storage and element access.
-#include "circuit/ir/host_tensor.hpp"
-
 #include <unistd.h>
 
 #include <atomic>
 #include <limits>
 
-#include "circuit/ir/bf16.hpp"
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/bf16.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/host_tensor.hpp>
 
 namespace kiln {
 

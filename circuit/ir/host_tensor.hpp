@@ -7,7 +7,7 @@
 #include <cstring>
 #include <memory>
 
-#include "circuit/ir/types.hpp"
+#include <kiln/circuit/ir/types.hpp>
 
 namespace kiln {
 

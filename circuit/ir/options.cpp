@@ -1,13 +1,12 @@
 // Parsing of the KILN_* environment variables.
-#include "circuit/ir/options.hpp"
-
 #include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <sstream>
 #include <utility>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/options.hpp>
 
 extern char** environ;
 

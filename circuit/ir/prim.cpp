@@ -1,13 +1,12 @@
 // Prim names, registry lookups, Params equality and hashing, and the error helpers given to shape
 // rules. The registry is filled by circuit/prims/registry.cpp.
-#include "circuit/ir/prim.hpp"
-
 #include <bit>
 #include <cstring>
 #include <filesystem>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/hash.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/hash.hpp>
+#include <kiln/circuit/ir/prim.hpp>
 
 namespace kiln {
 

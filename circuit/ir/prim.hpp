@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/eval_buffers.hpp"
-#include "circuit/ir/host_tensor.hpp"
-#include "circuit/ir/prim_id.hpp"
-#include "circuit/ir/scalar_exp.hpp"
-#include "circuit/ir/types.hpp"
+#include <kiln/circuit/ir/eval_buffers.hpp>
+#include <kiln/circuit/ir/host_tensor.hpp>
+#include <kiln/circuit/ir/prim_id.hpp>
+#include <kiln/circuit/ir/scalar_exp.hpp>
+#include <kiln/circuit/ir/types.hpp>
 
 namespace kiln {
 

@@ -1,8 +1,6 @@
 // ScalarExp and IndexExp: immutable expression trees with cached structural hashes, and their
 // reference evaluation, printing, symbolic differentiation, exact-only simplification and
 // substitution.
-#include "circuit/ir/scalar_exp.hpp"
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -12,9 +10,10 @@
 #include <numbers>
 #include <unordered_map>
 
-#include "circuit/ir/bf16.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/hash.hpp"
+#include <kiln/circuit/ir/bf16.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/hash.hpp>
+#include <kiln/circuit/ir/scalar_exp.hpp>
 
 namespace kiln {
 
@@ -42,10 +41,10 @@ void ix_check(bool ok, const std::string& msg) {
 // ScalarExp
 
 const char* exp_op_name(ExpOp op) {
-  static constexpr const char* names[] = {"const",   "input", "neg",       "exp",  "log",   "sqrt", "rsqrt", "tanh",
-                                          "sigmoid", "gelu",  "gelu_grad", "silu", "sin",   "cos",  "abs",   "round_bf16", "add",
-                                          "sub",     "mul",   "div",       "pow",  "max",   "min",  "lt",    "le",
-                                          "gt",      "ge",    "eq",        "ne",   "select"};
+  static constexpr const char* names[] = {
+      "const",     "input", "neg", "exp", "log", "sqrt",       "rsqrt", "tanh", "sigmoid", "gelu",
+      "gelu_grad", "silu",  "sin", "cos", "abs", "round_bf16", "add",   "sub",  "mul",     "div",
+      "pow",       "max",   "min", "lt",  "le",  "gt",         "ge",    "eq",   "ne",      "select"};
   static_assert(std::size(names) == static_cast<size_t>(ExpOp::Select) + 1);
   const auto i = static_cast<size_t>(op);
   return i < std::size(names) ? names[i] : "?";

@@ -1,9 +1,8 @@
 // Shape and DType helpers.
-#include "circuit/ir/types.hpp"
-
 #include <algorithm>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/types.hpp>
 
 namespace kiln {
 

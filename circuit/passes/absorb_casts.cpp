@@ -1,16 +1,15 @@
 // absorb_casts (absorb_casts.hpp): casts to bf16 of fused_rows outputs, fused_matmul epilogues
 // and attention outputs written by the op itself.
-#include "circuit/passes/absorb_casts.hpp"
-
 #include <algorithm>
 #include <map>
 
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/contract.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/fused_matmul.hpp"
-#include "circuit/prims/fused_rows.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/passes/absorb_casts.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/contract.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 

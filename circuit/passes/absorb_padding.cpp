@@ -1,15 +1,14 @@
 // absorb_padding (absorb_padding.hpp): zero columns concatenated after fused_rows outputs written
 // by the op itself.
-#include "circuit/passes/absorb_padding.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <map>
 
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/contract.hpp"
-#include "circuit/prims/fused_rows.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/passes/absorb_padding.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/contract.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 

@@ -1,13 +1,12 @@
 // DCE, CSE, assign forwarding and ordered scatter sums over Circuits.
-#include "circuit/passes/cleanup.hpp"
-
 #include <algorithm>
 #include <string>
 #include <unordered_map>
 
-#include "circuit/ir/hash.hpp"
-#include "circuit/passes/contract.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/hash.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/contract.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 

@@ -1,11 +1,10 @@
 // Contraction of op groups into single ops, with a topological re-ordering (Kahn's algorithm).
-#include "circuit/passes/contract.hpp"
-
 #include <algorithm>
 #include <queue>
 #include <set>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/contract.hpp>
 
 namespace kiln {
 

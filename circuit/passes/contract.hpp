@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/circuit.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
 
 namespace kiln {
 

@@ -5,11 +5,11 @@
 // never write dy * xhat.
 #include <algorithm>
 
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/contract.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/contract.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 namespace {

@@ -7,12 +7,12 @@
 #include <map>
 #include <optional>
 
-#include "circuit/ir/options.hpp"
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/contract.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/prims/fused_matmul.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/contract.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 namespace {

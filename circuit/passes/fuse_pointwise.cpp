@@ -4,10 +4,10 @@
 #include <optional>
 #include <sstream>
 
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/contract.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/contract.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 

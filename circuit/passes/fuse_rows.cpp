@@ -5,12 +5,12 @@
 #include <numeric>
 #include <set>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/contract.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/prims/fused_rows.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/contract.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 namespace {

@@ -1,14 +1,13 @@
 // matmul_column_sums (matmul_column_sums.hpp): column sums of matmul epilogues as block sums the
 // matmul kernel writes.
-#include "circuit/passes/matmul_column_sums.hpp"
-
 #include <algorithm>
 #include <map>
 
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/contract.hpp"
-#include "circuit/prims/fused_matmul.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/contract.hpp>
+#include <kiln/circuit/passes/matmul_column_sums.hpp>
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 

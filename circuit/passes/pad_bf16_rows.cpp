@@ -1,14 +1,13 @@
 // pad_bf16_rows (pad_bf16_rows.hpp): casts to bf16 and bf16 buffers that matmuls read, written
 // into rows padded to a multiple of 8 elements.
-#include "circuit/passes/pad_bf16_rows.hpp"
-
 #include <algorithm>
 #include <string>
 
-#include "circuit/ir/options.hpp"
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/contract.hpp"
-#include "circuit/prims/builder.hpp"
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/contract.hpp>
+#include <kiln/circuit/passes/pad_bf16_rows.hpp>
+#include <kiln/circuit/prims/builder.hpp>
 
 namespace kiln {
 

@@ -1,18 +1,17 @@
 // The ordered pass list and the KILN_DISABLE_PASSES switch.
-#include "circuit/passes/pipeline.hpp"
-
 #include <algorithm>
 #include <array>
 #include <string>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/options.hpp"
-#include "circuit/passes/absorb_casts.hpp"
-#include "circuit/passes/absorb_padding.hpp"
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/passes/matmul_column_sums.hpp"
-#include "circuit/passes/pad_bf16_rows.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/passes/absorb_casts.hpp>
+#include <kiln/circuit/passes/absorb_padding.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/passes/matmul_column_sums.hpp>
+#include <kiln/circuit/passes/pad_bf16_rows.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
 
 namespace kiln {
 

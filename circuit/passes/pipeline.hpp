@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "circuit/ir/circuit.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
 
 namespace kiln {
 

@@ -9,10 +9,10 @@
 
 #include <algorithm>
 
-#include "circuit/comm/communicator.hpp"
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/eigen_util.hpp"
-#include "circuit/prims/families.hpp"
+#include <kiln/circuit/comm/communicator.hpp>
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/eigen_util.hpp>
+#include <kiln/circuit/prims/families.hpp>
 
 namespace kiln {
 namespace {

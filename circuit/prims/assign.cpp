@@ -5,8 +5,8 @@
 // write to the buffer only after every op of the run has succeeded (a failed step changes no
 // buffer); until then the new version is the value itself, which is what the reference
 // returns. It has no VJP rule: differentiating through a buffer update fails loudly.
-#include "circuit/ir/circuit.hpp"
-#include "circuit/prims/families.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/prims/families.hpp>
 
 namespace kiln {
 namespace {

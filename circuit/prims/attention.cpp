@@ -54,13 +54,13 @@
 #include <limits>
 #include <type_traits>
 
-#include "circuit/ir/bf16.hpp"
-#include "circuit/ir/circuit.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/eigen_util.hpp"
-#include "circuit/prims/families.hpp"
-#include "circuit/prims/philox.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/bf16.hpp>
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/eigen_util.hpp>
+#include <kiln/circuit/prims/families.hpp>
+#include <kiln/circuit/prims/philox.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 namespace {

@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "circuit/ir/scalar_exp.hpp"
-#include "circuit/prims/eigen_util.hpp"
+#include <kiln/circuit/ir/scalar_exp.hpp>
+#include <kiln/circuit/prims/eigen_util.hpp>
 
 namespace kiln::ref {
 

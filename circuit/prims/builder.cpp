@@ -1,5 +1,5 @@
 // Builder helpers: each packs Params for one Prim and appends the op.
-#include "circuit/prims/builder.hpp"
+#include <kiln/circuit/prims/builder.hpp>
 
 namespace kiln {
 

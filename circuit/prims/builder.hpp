@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/circuit.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 

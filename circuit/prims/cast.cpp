@@ -5,11 +5,11 @@
 // stop_gradient needs no rule, since its input is marked non-differentiable.
 #include <type_traits>
 
-#include "circuit/ir/bf16.hpp"
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/eigen_util.hpp"
-#include "circuit/prims/families.hpp"
+#include <kiln/circuit/ir/bf16.hpp>
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/eigen_util.hpp>
+#include <kiln/circuit/prims/families.hpp>
 
 namespace kiln {
 namespace {
@@ -24,10 +24,14 @@ std::vector<ValueInfo> cast_shape(const ShapeCtx& ctx, const std::vector<ValueIn
 // lowering converts i32 through f32 too (it runs no f64).
 template <class D, class S>
 D convert(S v) {
-  if constexpr (std::is_same_v<S, Bf16> && std::is_same_v<D, Bf16>) return v;
-  else if constexpr (std::is_same_v<S, Bf16>) return static_cast<D>(bf16_to_f32(v));
-  else if constexpr (std::is_same_v<D, Bf16>) return f32_to_bf16(static_cast<float>(v));
-  else return static_cast<D>(v);
+  if constexpr (std::is_same_v<S, Bf16> && std::is_same_v<D, Bf16>)
+    return v;
+  else if constexpr (std::is_same_v<S, Bf16>)
+    return static_cast<D>(bf16_to_f32(v));
+  else if constexpr (std::is_same_v<D, Bf16>)
+    return f32_to_bf16(static_cast<float>(v));
+  else
+    return static_cast<D>(v);
 }
 
 std::vector<HostTensor> cast_eval(const Op&, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {

@@ -7,11 +7,11 @@
 // axes of body r. Reference: each body evaluated over the domain, then Eigen column sums.
 #include <spdlog/fmt/fmt.h>
 
-#include "circuit/ir/circuit.hpp"
-#include "circuit/prims/body_eval.hpp"
-#include "circuit/prims/eigen_util.hpp"
-#include "circuit/prims/families.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/prims/body_eval.hpp>
+#include <kiln/circuit/prims/eigen_util.hpp>
+#include <kiln/circuit/prims/families.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 namespace {

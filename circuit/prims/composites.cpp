@@ -1,9 +1,8 @@
 // Composite functions recorded as Prims (see composites.hpp for the shape contracts).
-#include "circuit/prims/composites.hpp"
-
 #include <limits>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/composites.hpp>
 
 namespace kiln::composite {
 

@@ -3,7 +3,7 @@
 // cross-entropy one row kernel on the GPU). Shape contracts in each comment.
 #pragma once
 
-#include "circuit/prims/builder.hpp"
+#include <kiln/circuit/prims/builder.hpp>
 
 namespace kiln::composite {
 

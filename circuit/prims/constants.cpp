@@ -5,10 +5,10 @@
 // Neither has inputs, so neither needs a VJP rule.
 #include <spdlog/fmt/fmt.h>
 
-#include "circuit/ir/circuit.hpp"
-#include "circuit/prims/eigen_util.hpp"
-#include "circuit/prims/families.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/prims/eigen_util.hpp>
+#include <kiln/circuit/prims/families.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 namespace {

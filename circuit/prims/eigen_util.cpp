@@ -1,5 +1,5 @@
 // Broadcast and bf16 helpers for the Eigen references.
-#include "circuit/prims/eigen_util.hpp"
+#include <kiln/circuit/prims/eigen_util.hpp>
 
 namespace kiln::ref {
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/bf16.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/host_tensor.hpp"
+#include <kiln/circuit/ir/bf16.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/host_tensor.hpp>
 
 namespace kiln::ref {
 

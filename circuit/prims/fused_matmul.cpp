@@ -4,16 +4,15 @@
 // gathered through its view and prologue into a contiguous (batch..., rows, K) tensor, one
 // Eigen GEMM per batch entry accumulates, then each epilogue runs as a pointwise body over
 // (accumulator, extras) and is stored through the output layout.
-#include "circuit/prims/fused_matmul.hpp"
-
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
 
-#include "circuit/ir/bf16.hpp"
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/body_eval.hpp"
-#include "circuit/prims/families.hpp"
+#include <kiln/circuit/ir/bf16.hpp>
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/body_eval.hpp>
+#include <kiln/circuit/prims/families.hpp>
+#include <kiln/circuit/prims/fused_matmul.hpp>
 
 namespace kiln {
 

@@ -5,18 +5,17 @@
 // longer rows one at a time, each reduction body visiting the row block by block and reducing
 // it in order, then each output body. Nothing of a row but its reductions is kept between
 // phases there.
-#include "circuit/prims/fused_rows.hpp"
-
 #include <spdlog/fmt/fmt.h>
 
 #include <limits>
 #include <memory>
 
-#include "circuit/ir/bf16.hpp"
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/body_eval.hpp"
-#include "circuit/prims/families.hpp"
-#include "circuit/prims/row_chunks.hpp"
+#include <kiln/circuit/ir/bf16.hpp>
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/body_eval.hpp>
+#include <kiln/circuit/prims/families.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
+#include <kiln/circuit/prims/row_chunks.hpp>
 
 namespace kiln {
 

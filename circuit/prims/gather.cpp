@@ -11,11 +11,11 @@
 // g for src; gather_last -> select(v == idx, g, 0) over S + (V) as one pointwise op (v an
 // iota, idx cast to x's float type: exact below 2^24), so fusion folds it into its consumer
 // and no one-hot is written; indices and one_hot have no gradient.
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/eigen_util.hpp"
-#include "circuit/prims/families.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/eigen_util.hpp>
+#include <kiln/circuit/prims/families.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 namespace {

@@ -2,13 +2,12 @@
 // (see circuit/prims/multi_tensor.hpp for the program and shape contract). The merge pass that
 // builds it runs after AD, so the Prim has no VJP rule. Reference: each group is evaluated as
 // the pointwise (or pointwise + reduce_all) ops it replaces would be.
-#include "circuit/prims/multi_tensor.hpp"
-
 #include <spdlog/fmt/fmt.h>
 
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/body_eval.hpp"
-#include "circuit/prims/families.hpp"
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/body_eval.hpp>
+#include <kiln/circuit/prims/families.hpp>
+#include <kiln/circuit/prims/multi_tensor.hpp>
 
 namespace kiln {
 

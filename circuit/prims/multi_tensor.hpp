@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "circuit/prims/builder.hpp"
+#include <kiln/circuit/prims/builder.hpp>
 
 namespace kiln {
 

@@ -1,7 +1,7 @@
 // Philox4x32-10 counter-based RNG and kiln's stream layout on top of it: the host reference
 // that every backend's random bits must match. Round function and key schedule follow
 // Random123 (Salmon et al., SC'11).
-#include "circuit/prims/philox.hpp"
+#include <kiln/circuit/prims/philox.hpp>
 
 namespace kiln {
 

@@ -7,10 +7,10 @@
 
 #include <cmath>
 
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/body_eval.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/families.hpp"
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/body_eval.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/families.hpp>
 
 namespace kiln {
 namespace {

@@ -1,10 +1,9 @@
 // The checks shared by the typed parameter views; each view itself is defined beside its family.
-#include "circuit/prims/prim_params.hpp"
-
 #include <string>
 
-#include "circuit/ir/circuit.hpp"
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 

@@ -10,7 +10,7 @@
 #include <optional>
 #include <vector>
 
-#include "circuit/ir/prim.hpp"
+#include <kiln/circuit/ir/prim.hpp>
 
 namespace kiln {
 

@@ -11,12 +11,12 @@
 #include <algorithm>
 #include <cmath>
 
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/eigen_util.hpp"
-#include "circuit/prims/families.hpp"
-#include "circuit/prims/philox.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/eigen_util.hpp>
+#include <kiln/circuit/prims/families.hpp>
+#include <kiln/circuit/prims/philox.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 namespace {

@@ -7,11 +7,11 @@
 #include <cmath>
 #include <limits>
 
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/eigen_util.hpp"
-#include "circuit/prims/families.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/eigen_util.hpp>
+#include <kiln/circuit/prims/families.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 namespace {

@@ -2,9 +2,9 @@
 // refusing to start with a PrimId no family registered.
 #include <string>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/families.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/families.hpp>
 
 namespace kiln {
 

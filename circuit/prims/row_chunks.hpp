@@ -17,8 +17,8 @@
 #include <limits>
 #include <vector>
 
-#include "circuit/prims/body_eval.hpp"
-#include "circuit/prims/fused_rows.hpp"
+#include <kiln/circuit/prims/body_eval.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
 
 namespace kiln::ref {
 

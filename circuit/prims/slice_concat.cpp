@@ -5,11 +5,11 @@
 // VJPs: slice -> concat of zeros around g; concat -> the matching slice of g for each input;
 // split -> one concat of the pieces' gradients (zeros for pieces that get none), where
 // separate slices would each pad with zeros and the sweep would add the padded copies.
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/eigen_util.hpp"
-#include "circuit/prims/families.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/eigen_util.hpp>
+#include <kiln/circuit/prims/families.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 namespace {

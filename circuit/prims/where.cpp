@@ -3,10 +3,10 @@
 // out: broadcast(cond, a, b) shape, a's dtype. It is a Prim of its own (not a pointwise
 // select) because cond may have another dtype than a and b.
 // VJP: a gets where(cond, g, 0), b gets where(cond, 0, g); cond has no gradient.
-#include "circuit/ir/prim.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/eigen_util.hpp"
-#include "circuit/prims/families.hpp"
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/eigen_util.hpp>
+#include <kiln/circuit/prims/families.hpp>
 
 namespace kiln {
 namespace {

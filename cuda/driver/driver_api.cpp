@@ -1,9 +1,9 @@
 // Loads the real CUDA driver at run time: dlopen("libcuda.so.1") and dlsym of every entry point
 // of the DriverApi table (versioned symbols where cuda.h maps a name to one), so that kiln builds
 // and runs without libcuda and uses it where a driver is installed.
-#include "cuda/driver/driver_api.hpp"
-
 #include <dlfcn.h>
+
+#include <kiln/cuda/driver/driver_api.hpp>
 
 namespace kiln::cuda {
 

@@ -1,8 +1,6 @@
 // The fake driver: every DriverApi entry point implemented over one process-wide fake device
 // whose memory is the simulator's DeviceMemory. Each call checks its arguments as the real driver
 // would (and a little more), logs why it fails, and launched kernels run in the SIMT simulator.
-#include "cuda/driver/fake_driver.hpp"
-
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
@@ -16,9 +14,10 @@
 #include <set>
 #include <string_view>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/sim/tensor_map.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/driver/fake_driver.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/sim/tensor_map.hpp>
 
 namespace kiln::cuda {
 

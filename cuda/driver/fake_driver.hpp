@@ -12,8 +12,8 @@
 #include <map>
 #include <string>
 
-#include "cuda/driver/driver_api.hpp"
-#include "cuda/sim/simulator.hpp"
+#include <kiln/cuda/driver/driver_api.hpp>
+#include <kiln/cuda/sim/simulator.hpp>
 
 namespace kiln::cuda {
 

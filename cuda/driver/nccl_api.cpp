@@ -1,9 +1,9 @@
 // Loads NCCL at run time (see nccl_api.hpp).
-#include "cuda/driver/nccl_api.hpp"
-
 #include <dlfcn.h>
 
 #include <cstdlib>
+
+#include <kiln/cuda/driver/nccl_api.hpp>
 
 namespace kiln::cuda {
 

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "cuda/driver/driver_api.hpp"
+#include <kiln/cuda/driver/driver_api.hpp>
 
 namespace kiln::cuda {
 

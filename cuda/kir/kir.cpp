@@ -1,10 +1,9 @@
 // Kernel IR: type helpers, the builder and the structural checker.
-#include "cuda/kir/kir.hpp"
-
 #include <bit>
 #include <cstring>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/kir/kir.hpp>
 
 namespace kiln::kir {
 

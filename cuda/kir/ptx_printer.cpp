@@ -1,14 +1,13 @@
 // The PTX printer: prints checked kernel IR as PTX text, one IR statement to one PTX line (plus
 // the labels and branches of structured control flow). Every spelling is fixed by the IR alone,
 // so the same IR always prints the same bytes.
-#include "cuda/kir/ptx_printer.hpp"
-
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <functional>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
 
 namespace kiln::kir {
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "cuda/kir/kir.hpp"
+#include <kiln/cuda/kir/kir.hpp>
 
 namespace kiln::kir {
 

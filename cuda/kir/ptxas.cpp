@@ -1,7 +1,5 @@
 // Runs ptxas as a child process (posix_spawn, no shell) on a temporary file and parses the
 // resource usage out of its -v log.
-#include "cuda/kir/ptxas.hpp"
-
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -17,7 +15,8 @@
 #include <sstream>
 #include <vector>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/kir/ptxas.hpp>
 
 extern char** environ;
 

@@ -2,8 +2,8 @@
 // The device program then adds the process's device collective (cuda/runtime/collective.hpp):
 // NCCL in place on the copy, or the host-staged one from the input into the output instead of
 // the copy. In one process with no device collective, the copy is the op.
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

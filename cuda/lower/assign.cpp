@@ -1,6 +1,6 @@
 // Lowering of assign (circuit/prims/assign.cpp): no kernel. Its result is input 1's buffer, the
 // new contents, which the device program commits to the target after the step succeeds.
-#include "cuda/lower/families.hpp"
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

@@ -24,10 +24,10 @@
 // keys in key order.
 #include <cmath>
 
-#include "circuit/prims/prim_params.hpp"
-#include "cuda/lower/attention_kernels.hpp"
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/cuda/lower/attention_kernels.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

@@ -1,13 +1,12 @@
 // What the attention lowerings share (attention_kernels.hpp): the op's sizes and layout, each
 // launch's buffer parameters, masks, the dropout stream's bits, and row addressing.
-#include "cuda/lower/attention_kernels.hpp"
-
 #include <algorithm>
 #include <cmath>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/prims/prim_params.hpp"
-#include "cuda/lower/elementwise.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/cuda/lower/attention_kernels.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
 
 namespace kiln::cuda::attention_detail {
 

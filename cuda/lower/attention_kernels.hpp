@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "circuit/ir/circuit.hpp"
-#include "circuit/prims/prim_params.hpp"
-#include "cuda/lower/lower.hpp"
-#include "cuda/lower/util.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/cuda/lower/lower.hpp>
+#include <kiln/cuda/lower/util.hpp>
 
 namespace kiln::cuda::attention_detail {
 

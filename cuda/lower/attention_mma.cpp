@@ -25,9 +25,9 @@
 #include <cmath>
 #include <functional>
 
-#include "circuit/ir/options.hpp"
-#include "cuda/lower/attention_kernels.hpp"
-#include "cuda/lower/elementwise.hpp"
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/cuda/lower/attention_kernels.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
 
 namespace kiln::cuda::attention_detail {
 

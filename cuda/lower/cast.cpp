@@ -5,8 +5,8 @@
 // 4-byte load in flight, ran at about 570 GB/s on an H100.
 #include <string>
 
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

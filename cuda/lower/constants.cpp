@@ -1,8 +1,8 @@
 // Lowering of fill and iota (circuit/prims/constants.cpp): an elementwise constant, or an index
 // expression of each element's coordinates (in s64 where the domain needs it).
-#include "circuit/prims/prim_params.hpp"
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

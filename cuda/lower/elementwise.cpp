@@ -2,14 +2,13 @@
 // input elements lower to (pointwise, where, cast, the element-moving shape ops, fill, iota,
 // one_hot, random): a grid-stride loop over an index domain, per operand an affine map from the
 // domain's coordinates to an element offset, and a value function.
-#include "cuda/lower/elementwise.hpp"
-
 #include <cmath>
 #include <functional>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
 
 namespace kiln::cuda {
 

@@ -4,8 +4,8 @@
 
 #include <functional>
 
-#include "circuit/prims/builder.hpp"
-#include "cuda/lower/util.hpp"
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/cuda/lower/util.hpp>
 
 namespace kiln::cuda {
 

@@ -5,7 +5,7 @@
 
 #include <array>
 
-#include "cuda/lower/lower.hpp"
+#include <kiln/cuda/lower/lower.hpp>
 
 namespace kiln::cuda {
 

@@ -27,22 +27,21 @@
 // ldmatrix unless KILN_BF16_MMA=0, and with KILN_ALLOW_TF32=1 f32 operands on tf32 mma.sync
 // (unless 64x64 tiles are forced). Row sums of A (a bias gradient) come out of the blocks of the
 // first tile column, from the tiles in shared memory.
-#include "circuit/prims/fused_matmul.hpp"
-
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
 #include <array>
 #include <optional>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/options.hpp"
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
-#include "cuda/lower/fused_matmul.hpp"
-#include "cuda/lower/matmul_epilogue.hpp"
-#include "cuda/lower/matmul_mma.hpp"
-#include "cuda/lower/matmul_tiles.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
+#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/matmul_epilogue.hpp>
+#include <kiln/cuda/lower/matmul_mma.hpp>
+#include <kiln/cuda/lower/matmul_tiles.hpp>
 
 namespace kiln::cuda {
 

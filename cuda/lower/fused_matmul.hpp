@@ -3,8 +3,8 @@
 
 #include <optional>
 
-#include "circuit/prims/fused_matmul.hpp"
-#include "cuda/lower/lower.hpp"
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/cuda/lower/lower.hpp>
 
 namespace kiln::cuda {
 

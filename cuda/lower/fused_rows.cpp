@@ -7,17 +7,16 @@
 // outputs, and lane 0 writes the per-row outputs. Inputs that do not vary along the row are
 // loaded once per row. Nothing but the outputs is written to memory. The row index is
 // uniform across a warp, so the guard on it never splits a warp before a shuffle.
-#include "circuit/prims/fused_rows.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
 #include <unordered_map>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

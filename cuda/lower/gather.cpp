@@ -9,9 +9,9 @@
 //                     reference's; only D threads work, each through all S rows.
 // An index outside [0, V) (or [0, rows)) is counted in the status words and its element
 // skipped; the program turns a nonzero count into an error naming the op, as the reference.
-#include "circuit/prims/prim_params.hpp"
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

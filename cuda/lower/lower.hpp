@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/circuit.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/sim/simulator.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/sim/simulator.hpp>
 
 namespace kiln::cuda {
 

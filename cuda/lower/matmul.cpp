@@ -2,9 +2,9 @@
 // FusedMatmul::plain describes, the transposes folded into the operands' strides.
 #include <spdlog/fmt/fmt.h>
 
-#include "circuit/prims/prim_params.hpp"
-#include "cuda/lower/families.hpp"
-#include "cuda/lower/fused_matmul.hpp"
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/cuda/lower/families.hpp>
+#include <kiln/cuda/lower/fused_matmul.hpp>
 
 namespace kiln::cuda {
 

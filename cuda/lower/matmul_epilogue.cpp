@@ -1,15 +1,14 @@
 // The matmul kernel's epilogue: see matmul_epilogue.hpp.
-#include "cuda/lower/matmul_epilogue.hpp"
-
 #include <algorithm>
 #include <functional>
 #include <limits>
 #include <map>
 
-#include "circuit/ir/options.hpp"
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/matmul_staged_stores.hpp"
-#include "cuda/lower/matmul_tiles.hpp"
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/matmul_epilogue.hpp>
+#include <kiln/cuda/lower/matmul_staged_stores.hpp>
+#include <kiln/cuda/lower/matmul_tiles.hpp>
 
 namespace kiln::cuda {
 

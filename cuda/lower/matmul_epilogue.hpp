@@ -9,10 +9,10 @@
 #include <optional>
 #include <vector>
 
-#include "circuit/prims/fused_matmul.hpp"
-#include "cuda/lower/matmul_mma.hpp"
-#include "cuda/lower/matmul_tiles.hpp"
-#include "cuda/lower/util.hpp"
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/cuda/lower/matmul_mma.hpp>
+#include <kiln/cuda/lower/matmul_tiles.hpp>
+#include <kiln/cuda/lower/util.hpp>
 
 namespace kiln::cuda {
 

@@ -1,14 +1,13 @@
 // The tensor-core matmul kernel's choices (matmul_mma.hpp): which operands it takes and their
 // stage layouts, its tiling, stages and K splits, and the operands' tensor maps. Its main loop is
 // matmul_mma_loop.cpp.
-#include "cuda/lower/matmul_mma.hpp"
-
 #include <algorithm>
 #include <tuple>
 #include <utility>
 
-#include "circuit/ir/options.hpp"
-#include "cuda/lower/util.hpp"
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/cuda/lower/matmul_mma.hpp>
+#include <kiln/cuda/lower/util.hpp>
 
 namespace kiln::cuda {
 

@@ -8,9 +8,9 @@
 #include <optional>
 #include <vector>
 
-#include "circuit/prims/fused_matmul.hpp"
-#include "cuda/lower/lower.hpp"
-#include "cuda/lower/util.hpp"
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/cuda/lower/lower.hpp>
+#include <kiln/cuda/lower/util.hpp>
 
 namespace kiln::cuda {
 

@@ -7,8 +7,8 @@
 #include <functional>
 #include <utility>
 
-#include "circuit/ir/options.hpp"
-#include "cuda/lower/matmul_mma.hpp"
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/cuda/lower/matmul_mma.hpp>
 
 namespace kiln::cuda {
 

@@ -1,7 +1,7 @@
 // StagedStores (matmul_staged_stores.hpp): the wgmma matmul kernel's stores through shared memory.
-#include "cuda/lower/matmul_staged_stores.hpp"
-
 #include <limits>
+
+#include <kiln/cuda/lower/matmul_staged_stores.hpp>
 
 namespace kiln::cuda {
 

@@ -15,7 +15,7 @@
 #include <optional>
 #include <vector>
 
-#include "cuda/lower/util.hpp"
+#include <kiln/cuda/lower/util.hpp>
 
 namespace kiln::cuda {
 

@@ -1,12 +1,11 @@
 // The FFMA-tile matmul kernel's operand tiles (matmul_tiles.hpp).
-#include "cuda/lower/matmul_tiles.hpp"
-
 #include <cstdlib>
 #include <limits>
 #include <string>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/lower/elementwise.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/matmul_tiles.hpp>
 
 namespace kiln::cuda {
 

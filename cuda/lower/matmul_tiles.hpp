@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "circuit/prims/fused_matmul.hpp"
-#include "cuda/lower/util.hpp"
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/cuda/lower/util.hpp>
 
 namespace kiln::cuda {
 

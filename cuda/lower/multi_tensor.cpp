@@ -11,13 +11,12 @@
 //   n * 2^-24 * sum |x|, as reduce_all.
 // Kernel parameters are limited to 4 KB (PTX ISA 7.8), so the groups are split into chunks of
 // at most kMaxAddresses buffer addresses, one launch (two for sums) per chunk.
-#include "circuit/prims/multi_tensor.hpp"
-
 #include <algorithm>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/multi_tensor.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

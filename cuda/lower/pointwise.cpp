@@ -1,6 +1,6 @@
 // Lowering of pointwise (circuit/prims/pointwise.cpp): its body in f32, broadcasting as addressing.
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

@@ -12,11 +12,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/prim_params.hpp"
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

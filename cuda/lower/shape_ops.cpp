@@ -1,8 +1,8 @@
 // Lowering of the shape ops (circuit/prims/shape_ops.cpp): reshape shares its input's buffer (no
 // kernel); permute and broadcast are one copy through strided addressing.
-#include "circuit/prims/prim_params.hpp"
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

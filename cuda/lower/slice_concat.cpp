@@ -3,9 +3,9 @@
 // its coordinate along the axis falls in; a split one launch storing each element into its piece.
 #include <functional>
 
-#include "circuit/prims/prim_params.hpp"
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

@@ -1,10 +1,10 @@
 // Lowering dispatch: the table every family registers into, and the lookups on it.
 #include <string>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/lower/families.hpp"
-#include "cuda/lower/lower.hpp"
-#include "cuda/lower/util.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/lower/families.hpp>
+#include <kiln/cuda/lower/lower.hpp>
+#include <kiln/cuda/lower/util.hpp>
 
 namespace kiln::cuda {
 

@@ -1,7 +1,5 @@
 // Code-generation helpers shared by the lowerings: index arithmetic, grid-stride loops, value
 // and index expressions in kernel IR, and Philox4x32-10.
-#include "cuda/lower/util.hpp"
-
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
@@ -9,8 +7,9 @@
 #include <numbers>
 #include <unordered_map>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/hash.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/hash.hpp>
+#include <kiln/cuda/lower/util.hpp>
 
 namespace kiln::cuda {
 

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/circuit.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/lower/lower.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/lower/lower.hpp>
 
 namespace kiln::cuda {
 

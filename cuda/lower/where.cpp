@@ -1,6 +1,6 @@
 // Lowering of where (circuit/prims/where.cpp): an elementwise select, operands broadcast.
-#include "cuda/lower/elementwise.hpp"
-#include "cuda/lower/families.hpp"
+#include <kiln/cuda/lower/elementwise.hpp>
+#include <kiln/cuda/lower/families.hpp>
 
 namespace kiln::cuda {
 

@@ -1,18 +1,18 @@
 // Device collectives: the host-staged one over a CPU communicator and the NCCL one (see
 // collective.hpp).
-#include "cuda/runtime/collective.hpp"
-
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <future>
+#include <mutex>
 #include <thread>
 #include <vector>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/options.hpp"
-#include "cuda/driver/nccl_api.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/cuda/driver/nccl_api.hpp>
+#include <kiln/cuda/runtime/collective.hpp>
 
 namespace kiln::cuda {
 
@@ -55,6 +55,8 @@ class NcclCollective final : public DeviceCollective {
     if (comm_) nccl_.api.ncclCommDestroy(comm_);
   }
   int size() const override { return size_; }
+  // The communicator was aborted by its owner's caller (a first all-reduce past the timeout).
+  void forget_aborted() { comm_ = nullptr; }
   std::string backend() const override {
     return fmt::format("NCCL {}.{}.{} ({})", nccl_.version / 10000, nccl_.version / 100 % 100, nccl_.version % 100,
                        nccl_.library);
@@ -158,20 +160,102 @@ std::shared_ptr<DeviceCollective> connect_nccl(Runtime& rt, Communicator& comm, 
   std::string why;
   std::optional<Nccl> nccl = load_nccl(&why);
   if (!nccl) throw Error("NCCL: " + why);
+  return connect_nccl_library(std::move(*nccl), rt, comm, timeout_s);
+}
+
+namespace {
+
+// What a blocking NCCL call returned: its result and the communicator it made, if any.
+struct NcclOutcome {
+  NcclResult result = NCCL_SUCCESS;
+  NcclComm made = nullptr;
+};
+
+// An NCCL call that blocks until every rank has come (the communicator's set-up, the first
+// all-reduce), on a helper thread watched for timeout_s. On the timeout, `on_timeout` runs and
+// its message is thrown; a communicator the call still makes afterwards is aborted by the helper
+// (a late or hung rank's half-made state is never used). The helper shares only `state` with
+// this frame, which may be gone when it returns.
+NcclOutcome call_within(const NcclApi& api, double timeout_s, const std::function<NcclOutcome()>& call,
+                        const std::function<std::string()>& on_timeout) {
+  struct State {
+    std::mutex m;
+    bool abandoned = false;
+    NcclOutcome outcome;
+  };
+  auto state = std::make_shared<State>();
+  wait_within(
+      [state, call, abort = api.ncclCommAbort] {
+        const NcclOutcome outcome = call();
+        std::lock_guard<std::mutex> lock(state->m);
+        if (state->abandoned && outcome.made) abort(outcome.made);
+        if (!state->abandoned) state->outcome = outcome;
+      },
+      timeout_s, [] {},
+      [&] {
+        std::lock_guard<std::mutex> lock(state->m);
+        state->abandoned = true;
+        throw Error(on_timeout());
+      });
+  std::lock_guard<std::mutex> lock(state->m);
+  return state->outcome;
+}
+
+}  // namespace
+
+std::shared_ptr<DeviceCollective> connect_nccl_library(Nccl nccl, Runtime& rt, Communicator& comm, double timeout_s) {
   NcclUniqueId id{};
   if (comm.rank() == 0) {
-    const NcclResult r = nccl->api.ncclGetUniqueId(&id);
-    if (r != NCCL_SUCCESS)
-      throw Error(fmt::format("NCCL: ncclGetUniqueId failed: {}", nccl->api.ncclGetErrorString(r)));
+    const NcclResult r = nccl.api.ncclGetUniqueId(&id);
+    if (r != NCCL_SUCCESS) throw Error(fmt::format("NCCL: ncclGetUniqueId failed: {}", nccl.api.ncclGetErrorString(r)));
   }
   comm.broadcast(&id, sizeof id, 0);
+  const NcclApi api = nccl.api;
+  const int size = comm.size(), rank = comm.rank();
+  const std::string who = fmt::format("rank {} of {}", rank, size);
+  const std::string hint =
+      fmt::format("within {:g} s (a rank died or never started; KILN_COLLECTIVE_TIMEOUT sets the limit)", timeout_s);
+  // The helpers make rt's context current on their own thread (NCCL works on the calling
+  // thread's device); rt is the process's runtime, which outlives them.
+  const NcclOutcome init = call_within(
+      api, timeout_s,
+      [api, size, id, rank, &rt] {
+        rt.make_current();
+        NcclOutcome out;
+        out.result = api.ncclCommInitRank(&out.made, size, id, rank);
+        return out;
+      },
+      [&] { return fmt::format("NCCL: ncclCommInitRank ({}) did not finish {}", who, hint); });
+  if (init.result != NCCL_SUCCESS)
+    throw Error(fmt::format("NCCL: ncclCommInitRank ({}) failed: {}", who, api.ncclGetErrorString(init.result)));
+  const NcclComm c = init.made;
+  auto collective = std::make_shared<NcclCollective>(std::move(nccl), c, size, timeout_s);
+  // The first all-reduce opens the connections between ranks and blocks until the others reach
+  // theirs: run here, outside any graph, in place on four floats, within the timeout.
   rt.make_current();
-  NcclComm c = nullptr;
-  const NcclResult r = nccl->api.ncclCommInitRank(&c, comm.size(), id, comm.rank());
-  if (r != NCCL_SUCCESS)
-    throw Error(fmt::format("NCCL: ncclCommInitRank (rank {} of {}) failed: {}", comm.rank(), comm.size(),
-                            nccl->api.ncclGetErrorString(r)));
-  return std::make_shared<NcclCollective>(std::move(*nccl), c, comm.size(), timeout_s);
+  const CUdeviceptr probe = rt.alloc(4 * sizeof(float));
+  const std::vector<float> zeros(4, 0.0f);
+  rt.upload(probe, zeros.data(), zeros.size() * sizeof(float));
+  // On the timeout the probe stays allocated: the aborted all-reduce may still be reading it.
+  const NcclOutcome first = call_within(
+      api, timeout_s,
+      [api, c, probe, sync = rt.detached_synchronize(), &rt] {
+        rt.make_current();
+        NcclOutcome out;
+        out.result = api.ncclAllReduce(reinterpret_cast<const void*>(probe), reinterpret_cast<void*>(probe), 4,
+                                       NCCL_FLOAT32, NCCL_AVG, c, nullptr);
+        if (out.result == NCCL_SUCCESS) sync();
+        return out;
+      },
+      [&] {
+        api.ncclCommAbort(c);  // ends the all-reduce's wait and frees the device
+        collective->forget_aborted();
+        return fmt::format("NCCL: the first all-reduce ({}) did not finish {}", who, hint);
+      });
+  rt.free(probe);
+  if (first.result != NCCL_SUCCESS)
+    throw Error(fmt::format("NCCL: the first all-reduce ({}) failed: {}", who, api.ncclGetErrorString(first.result)));
+  return collective;
 }
 
 std::shared_ptr<DeviceCollective> connect_device_collective(Runtime& rt, Communicator& comm, double timeout_s) {

@@ -13,8 +13,9 @@
 #include <memory>
 #include <string>
 
-#include "circuit/comm/communicator.hpp"
-#include "cuda/runtime/runtime.hpp"
+#include <kiln/circuit/comm/communicator.hpp>
+#include <kiln/cuda/driver/nccl_api.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
 
 namespace kiln::cuda {
 
@@ -59,8 +60,14 @@ uint64_t device_world_generation();
 std::shared_ptr<DeviceCollective> host_staged_collective(Communicator& comm);
 // An NCCL communicator over comm's ranks on rt's device: rank 0's unique id reaches the others
 // by comm.broadcast. Throws kiln::Error naming what is missing (libnccl, stream capture) or
-// what NCCL said. Collectives wait at most `timeout_s` in synchronize (then NCCL is aborted).
+// what NCCL said. Every wait is bounded by `timeout_s`: the communicator's set-up and its first
+// all-reduce (which opens the connections between ranks; both block until every rank has come)
+// run on helper threads and end in an error when they outlast it, and the collectives wait at
+// most that long in synchronize (then NCCL is aborted).
 std::shared_ptr<DeviceCollective> connect_nccl(Runtime& rt, Communicator& comm, double timeout_s);
+// connect_nccl past its checks of the driver, with the library given: a loaded libnccl, or a
+// test's table of entry points.
+std::shared_ptr<DeviceCollective> connect_nccl_library(Nccl nccl, Runtime& rt, Communicator& comm, double timeout_s);
 // What `kiln train` installs for a data-parallel run on the GPU: KILN_GPU_COLLECTIVES=nccl or
 // host forces one; unset, NCCL where it loads on every rank (agreed through comm), else host
 // staged with a warning saying why.

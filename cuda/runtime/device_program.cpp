@@ -1,7 +1,5 @@
 // DeviceProgram: lowering of a whole Circuit, buffer liveness (aliases share their root's
 // buffer), the launch loop, the index-error status check and the commit of assigned buffers.
-#include "cuda/runtime/device_program.hpp"
-
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
@@ -10,13 +8,14 @@
 #include <cstring>
 #include <optional>
 
-#include "circuit/exec/executor.hpp"
-#include "circuit/exec/liveness.hpp"
-#include "circuit/exec/memory_plan.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/options.hpp"
-#include "cuda/lower/util.hpp"
-#include "cuda/runtime/collective.hpp"
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/exec/liveness.hpp>
+#include <kiln/circuit/exec/memory_plan.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/cuda/lower/util.hpp>
+#include <kiln/cuda/runtime/collective.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
 
 namespace kiln::cuda {
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "circuit/ir/circuit.hpp"
-#include "cuda/lower/lower.hpp"
-#include "cuda/runtime/resident.hpp"
-#include "cuda/runtime/runtime.hpp"
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/cuda/lower/lower.hpp>
+#include <kiln/cuda/runtime/resident.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
 
 namespace kiln::cuda {
 

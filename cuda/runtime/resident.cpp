@@ -1,11 +1,10 @@
 // ResidentBuffers: the device side of persistent tensors and which copy is newer.
-#include "cuda/runtime/resident.hpp"
-
 #include <algorithm>
 #include <string>
 #include <utility>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/runtime/resident.hpp>
 
 namespace kiln::cuda {
 

@@ -11,8 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "circuit/ir/host_tensor.hpp"
-#include "cuda/runtime/runtime.hpp"
+#include <kiln/circuit/ir/host_tensor.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
 
 namespace kiln::cuda {
 

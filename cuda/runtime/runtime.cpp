@@ -1,8 +1,6 @@
 // The CUDA runtime over a Driver table: device and context setup, the caching memory arena, the
 // module cache (memory, then cubins on disk written atomically and checked on read, then the
 // driver's PTX JIT), and launches with parameters packed into one buffer.
-#include "cuda/runtime/runtime.hpp"
-
 #include <fcntl.h>
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -20,12 +18,13 @@
 #include <sstream>
 #include <string_view>
 
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/hash.hpp"
-#include "circuit/ir/options.hpp"
-#include "cuda/driver/fake_driver.hpp"
-#include "cuda/kir/ptx_printer.hpp"
-#include "cuda/runtime/collective.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/hash.hpp>
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/cuda/driver/fake_driver.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
+#include <kiln/cuda/runtime/collective.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
 
 namespace kiln::cuda {
 

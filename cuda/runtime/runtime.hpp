@@ -12,9 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cuda/driver/driver_api.hpp"
-#include "cuda/kir/kir.hpp"
-#include "cuda/sim/simulator.hpp"
+#include <kiln/cuda/driver/driver_api.hpp>
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/sim/simulator.hpp>
 
 namespace kiln::cuda {
 

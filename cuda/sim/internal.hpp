@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/kir/kir.hpp"
-#include "cuda/sim/simulator.hpp"
+#include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/sim/simulator.hpp>
 
 namespace kiln::sim {
 

@@ -7,8 +7,8 @@
 #include <limits>
 #include <string>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/sim/internal.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/sim/internal.hpp>
 
 namespace kiln::sim {
 

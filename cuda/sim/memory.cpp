@@ -6,8 +6,8 @@
 #include <iterator>
 #include <string>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/sim/internal.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/sim/internal.hpp>
 
 namespace kiln::sim {
 

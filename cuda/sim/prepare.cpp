@@ -4,8 +4,8 @@
 #include <map>
 #include <utility>
 
-#include "circuit/ir/error.hpp"
-#include "cuda/sim/internal.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/sim/internal.hpp>
 
 namespace kiln::sim {
 

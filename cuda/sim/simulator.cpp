@@ -3,8 +3,6 @@
 // threads in a random order to their next bar.sync, shfl.sync or exit); a block's
 // synchronizations complete once none of its threads can run. Checks global and shared accesses,
 // divergence, and shared- and global-memory races (the ordering model is in simulator.hpp).
-#include "cuda/sim/simulator.hpp"
-
 #include <xmmintrin.h>
 
 #include <algorithm>
@@ -19,10 +17,11 @@
 #include <unordered_map>
 #include <utility>
 
-#include "circuit/ir/bf16.hpp"
-#include "circuit/ir/error.hpp"
-#include "cuda/sim/internal.hpp"
-#include "cuda/sim/tensor_map.hpp"
+#include <kiln/circuit/ir/bf16.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/cuda/sim/internal.hpp>
+#include <kiln/cuda/sim/simulator.hpp>
+#include <kiln/cuda/sim/tensor_map.hpp>
 
 namespace kiln::sim {
 

@@ -28,7 +28,7 @@
 #include <memory>
 #include <vector>
 
-#include "cuda/kir/kir.hpp"
+#include <kiln/cuda/kir/kir.hpp>
 
 namespace kiln::sim {
 

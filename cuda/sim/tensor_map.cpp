@@ -1,8 +1,8 @@
-#include "cuda/sim/tensor_map.hpp"
-
 #include <spdlog/fmt/fmt.h>
 
 #include <cstring>
+
+#include <kiln/cuda/sim/tensor_map.hpp>
 
 namespace kiln::sim {
 

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
 
 namespace kiln::cli {
 

@@ -8,10 +8,11 @@
 #include <cstdio>
 #include <vector>
 
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/traced_step.hpp>
+
 #include "bench_shapes.hpp"
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
-#include "core/traced_step.hpp"
 
 namespace kiln::cli {
 

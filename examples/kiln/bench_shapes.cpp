@@ -3,9 +3,9 @@
 
 #include <algorithm>
 
-#include "circuit/ir/error.hpp"
-#include "core/engine.hpp"
-#include "core/traced_step.hpp"
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/traced_step.hpp>
 
 namespace kiln::cli {
 

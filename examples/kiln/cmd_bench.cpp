@@ -14,19 +14,20 @@
 #include <memory>
 #include <vector>
 
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/exec/thread_governor.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/cpu_gemm.hpp>
+#include <kiln/core/device.hpp>
+#include <kiln/core/distributed.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/traced_step.hpp>
+#include <kiln/train/adamw.hpp>
+
 #include "args.hpp"
 #include "bench_attention.hpp"
 #include "bench_gemm.hpp"
-#include "circuit/exec/executor.hpp"
-#include "circuit/exec/thread_governor.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/cpu_gemm.hpp"
 #include "commands.hpp"
-#include "core/device.hpp"
-#include "core/distributed.hpp"
-#include "core/engine.hpp"
-#include "core/traced_step.hpp"
-#include "train/adamw.hpp"
 
 namespace kiln::cli {
 

@@ -2,12 +2,13 @@
 // with other frameworks (logits, loss, and the gradient of every parameter).
 #include <cstdio>
 
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/batch_file.hpp>
+#include <kiln/train/hdf5_file.hpp>
+#include <kiln/train/weights.hpp>
+
 #include "args.hpp"
-#include "circuit/ir/error.hpp"
 #include "commands.hpp"
-#include "train/batch_file.hpp"
-#include "train/hdf5_file.hpp"
-#include "train/weights.hpp"
 
 namespace kiln::cli {
 

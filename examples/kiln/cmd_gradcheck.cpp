@@ -2,26 +2,28 @@
 // as a table (name, shape, elements, norm-relative error, worst element).
 #include <cstdio>
 
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/gradcheck.hpp>
+
 #include "args.hpp"
-#include "circuit/ir/error.hpp"
 #include "commands.hpp"
-#include "core/engine.hpp"
-#include "core/gradcheck.hpp"
 
 namespace kiln::cli {
 
 int cmd_gradcheck(const std::vector<std::string>& argv) {
-  Args a(argv,
-         with_model_flags({{"batch", "sequences (default 2)"},
-                           {"seed", "seed for the weights and the batch (default 1)"},
-                           {"elements", "check this many elements per tensor, a seeded subset (default: all)"},
-                           {"step", "relative central-difference step (default 1e-4, with Richardson extrapolation)"},
-                           {"tolerance", "norm-relative tolerance per tensor (default 1e-6)"}},
-                          true),
-         "usage: kiln gradcheck [--model gpt|llama] [options]\n\nChecks the gradient of a small model's loss with respect "
-         "to every parameter against central\ndifferences in f64 and prints one line per parameter. Defaults: 2 layers, "
-         "16 wide, 2 heads\n(1 key/value head), block 8, vocabulary 11.",
-         with_model_switches());
+  Args a(
+      argv,
+      with_model_flags({{"batch", "sequences (default 2)"},
+                        {"seed", "seed for the weights and the batch (default 1)"},
+                        {"elements", "check this many elements per tensor, a seeded subset (default: all)"},
+                        {"step", "relative central-difference step (default 1e-4, with Richardson extrapolation)"},
+                        {"tolerance", "norm-relative tolerance per tensor (default 1e-6)"}},
+                       true),
+      "usage: kiln gradcheck [--model gpt|llama] [options]\n\nChecks the gradient of a small model's loss with respect "
+      "to every parameter against central\ndifferences in f64 and prints one line per parameter. Defaults: 2 layers, "
+      "16 wide, 2 heads\n(1 key/value head), block 8, vocabulary 11.",
+      with_model_switches());
   if (a.help()) {
     a.print_help();
     return 0;
@@ -40,8 +42,9 @@ int cmd_gradcheck(const std::vector<std::string>& argv) {
     default_to("kv-heads", "1");
     default_to("ffn-hidden", "24");
   }
-  const Args sized(args, with_model_flags({{"batch", ""}, {"seed", ""}, {"elements", ""}, {"step", ""}, {"tolerance", ""}}, true),
-                   "", with_model_switches());
+  const Args sized(
+      args, with_model_flags({{"batch", ""}, {"seed", ""}, {"elements", ""}, {"step", ""}, {"tolerance", ""}}, true),
+      "", with_model_switches());
   ad::GradCheckOptions opts;
   opts.elements_per_tensor = a.integer("elements", 0, 0);
   opts.step = a.real("step", opts.step, 0.0, 1.0, false);

@@ -2,17 +2,18 @@
 #include <chrono>
 #include <cstdio>
 
+#include <kiln/circuit/exec/thread_governor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/precision.hpp>
+#include <kiln/models/llama.hpp>
+#include <kiln/train/atomic_file.hpp>
+#include <kiln/train/dataset.hpp>
+#include <kiln/train/sample.hpp>
+#include <kiln/train/weights.hpp>
+
 #include "args.hpp"
-#include "circuit/exec/thread_governor.hpp"
-#include "circuit/ir/error.hpp"
 #include "commands.hpp"
-#include "core/engine.hpp"
-#include "core/precision.hpp"
-#include "models/llama.hpp"
-#include "train/atomic_file.hpp"
-#include "train/dataset.hpp"
-#include "train/sample.hpp"
-#include "train/weights.hpp"
 
 namespace kiln::cli {
 
@@ -50,7 +51,8 @@ std::map<std::string, std::string> with_model_flags(std::map<std::string, std::s
 std::unique_ptr<models::CausalLM> load_model_as_flagged(const std::string& path, const Args& a) {
   LoadReport report;
   std::unique_ptr<models::CausalLM> model = kiln::load_model(path, {.strict = !a.has("non-strict")}, &report);
-  if (!report.empty()) std::fprintf(stderr, "kiln: loaded '%s' non-strictly (%s)\n", path.c_str(), report.str().c_str());
+  if (!report.empty())
+    std::fprintf(stderr, "kiln: loaded '%s' non-strictly (%s)\n", path.c_str(), report.str().c_str());
   return model;
 }
 
@@ -164,8 +166,7 @@ int cmd_sample(const std::vector<std::string>& argv) {
 
 int cmd_eval(const std::vector<std::string>& argv) {
   Args a(
-      argv,
-      {{"weights", "weights file (required)"}, {"data", "text file (required)"}, {"non-strict", kNonStrictHelp}},
+      argv, {{"weights", "weights file (required)"}, {"data", "text file (required)"}, {"non-strict", kNonStrictHelp}},
       "usage: kiln eval --weights model.h5 --data FILE\n\nPrints the mean loss in nats per token over non-overlapping\n"
       "block-long windows of the file (a last partial window is dropped).",
       {"non-strict"});
@@ -243,7 +244,8 @@ int cmd_init(const std::vector<std::string>& argv) {
   Args a(argv,
          with_model_flags({{"out", "weights file to write (required)"}, {"seed", "initialization seed (default 1337)"}},
                           true),
-         "usage: kiln init --out model.h5 [options]\n\nWrites freshly initialized weights of a GPT (GPT-2 initialization) or "
+         "usage: kiln init --out model.h5 [options]\n\nWrites freshly initialized weights of a GPT (GPT-2 "
+         "initialization) or "
          "a Llama.",
          with_model_switches());
   if (a.help()) {

@@ -3,11 +3,12 @@
 
 #include <filesystem>
 
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/atomic_file.hpp>
+
 #include "args.hpp"
-#include "circuit/ir/error.hpp"
 #include "commands.hpp"
 #include "svg_plot.hpp"
-#include "train/atomic_file.hpp"
 
 namespace kiln::cli {
 
@@ -35,7 +36,8 @@ int cmd_plot(const std::vector<std::string>& argv) {
     a.print_help();
     return 0;
   }
-  if (files.empty()) throw Error("no metrics log given (usage: kiln plot METRICS.jsonl [MORE.jsonl ...] --out curves.svg)");
+  if (files.empty())
+    throw Error("no metrics log given (usage: kiln plot METRICS.jsonl [MORE.jsonl ...] --out curves.svg)");
   std::vector<PlotRun> runs;
   for (const std::string& f : files) {
     std::string label = std::filesystem::path(f).filename().string();

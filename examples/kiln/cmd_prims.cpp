@@ -3,10 +3,11 @@
 // pass pipeline in order, by the names KILN_DISABLE_PASSES takes.
 #include <cstdio>
 
-#include "circuit/ir/prim.hpp"
-#include "circuit/passes/pipeline.hpp"
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/cuda/lower/lower.hpp>
+
 #include "commands.hpp"
-#include "cuda/lower/lower.hpp"
 
 namespace kiln::cli {
 

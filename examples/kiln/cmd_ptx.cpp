@@ -12,16 +12,17 @@
 #include <map>
 #include <optional>
 
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/cuda/driver/fake_driver.hpp>
+#include <kiln/cuda/kir/ptx_printer.hpp>
+#include <kiln/cuda/kir/ptxas.hpp>
+#include <kiln/cuda/lower/lower.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
+#include <kiln/train/adamw.hpp>
+
 #include "args.hpp"
-#include "circuit/ir/error.hpp"
 #include "commands.hpp"
-#include "core/engine.hpp"
-#include "cuda/driver/fake_driver.hpp"
-#include "cuda/kir/ptx_printer.hpp"
-#include "cuda/kir/ptxas.hpp"
-#include "cuda/lower/lower.hpp"
-#include "cuda/runtime/runtime.hpp"
-#include "train/adamw.hpp"
 
 namespace kiln::cli {
 

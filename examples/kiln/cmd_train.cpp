@@ -7,20 +7,21 @@
 #include <limits>
 #include <optional>
 
+#include <kiln/circuit/comm/communicator.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/core/device.hpp>
+#include <kiln/core/distributed.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/train/atomic_file.hpp>
+#include <kiln/train/checkpoint.hpp>
+#include <kiln/train/sample.hpp>
+#include <kiln/train/token_file.hpp>
+#include <kiln/train/trainer.hpp>
+#include <kiln/train/weights.hpp>
+
 #include "args.hpp"
-#include "circuit/comm/communicator.hpp"
-#include "circuit/ir/error.hpp"
-#include "circuit/ir/options.hpp"
 #include "commands.hpp"
-#include "core/device.hpp"
-#include "core/distributed.hpp"
-#include "core/engine.hpp"
-#include "train/atomic_file.hpp"
-#include "train/checkpoint.hpp"
-#include "train/sample.hpp"
-#include "train/token_file.hpp"
-#include "train/trainer.hpp"
-#include "train/weights.hpp"
 
 namespace kiln::cli {
 

@@ -3,13 +3,12 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
-#include <memory>
-
-#include "models/causal_lm.hpp"
+#include <kiln/models/causal_lm.hpp>
 
 namespace kiln::cli {
 

@@ -6,10 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "circuit/comm/communicator.hpp"
-#include "circuit/ir/options.hpp"
+#include <kiln/circuit/comm/communicator.hpp>
+#include <kiln/circuit/ir/options.hpp>
+#include <kiln/version.hpp>
+
 #include "commands.hpp"
-#include "kiln/version.hpp"
 
 namespace {
 

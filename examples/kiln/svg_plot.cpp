@@ -8,7 +8,7 @@
 #include <limits>
 #include <optional>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
 
 namespace kiln::cli {
 
@@ -44,7 +44,8 @@ std::vector<double> ticks(const Range& r, int count) {
       break;
     }
   std::vector<double> out;
-  for (double v = std::ceil(r.lo / step) * step; v <= r.hi + 1e-9 * step; v += step) out.push_back(std::fabs(v) < 1e-12 * step ? 0 : v);
+  for (double v = std::ceil(r.lo / step) * step; v <= r.hi + 1e-9 * step; v += step)
+    out.push_back(std::fabs(v) < 1e-12 * step ? 0 : v);
   return out;
 }
 
@@ -74,9 +75,10 @@ struct Panel {
   double px(double step) const { return x0 + (step - xs.lo) / (xs.hi - xs.lo) * w; }
   double py(double v) const { return y0 + h - (v - ys.lo) / (ys.hi - ys.lo) * h; }
   std::string frame(const std::string& y_title, const std::string& x_title) const {
-    std::string s = fmt::format(R"svg(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="white" stroke="#444"/>)svg"
-                                "\n",
-                                x0, y0, w, h);
+    std::string s =
+        fmt::format(R"svg(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="white" stroke="#444"/>)svg"
+                    "\n",
+                    x0, y0, w, h);
     for (double t : ticks(ys, 6))
       s += fmt::format(R"svg(<line x1="{0:.1f}" x2="{1:.1f}" y1="{2:.1f}" y2="{2:.1f}" stroke="#e3e3e3"/>)svg"
                        R"svg(<text x="{3:.1f}" y="{4:.1f}" text-anchor="end">{5}</text>)svg"
@@ -87,9 +89,10 @@ struct Panel {
                        R"svg(<text x="{0:.1f}" y="{3:.1f}" text-anchor="middle">{4}</text>)svg"
                        "\n",
                        px(t), y0, y0 + h, y0 + h + 16, label_of(t));
-    s += fmt::format(R"svg(<text x="{:.1f}" y="{:.1f}" text-anchor="middle" transform="rotate(-90 {:.1f} {:.1f})">{}</text>)svg"
-                     "\n",
-                     x0 - 52, y0 + h / 2, x0 - 52, y0 + h / 2, escape(y_title));
+    s += fmt::format(
+        R"svg(<text x="{:.1f}" y="{:.1f}" text-anchor="middle" transform="rotate(-90 {:.1f} {:.1f})">{}</text>)svg"
+        "\n",
+        x0 - 52, y0 + h / 2, x0 - 52, y0 + h / 2, escape(y_title));
     if (!x_title.empty())
       s += fmt::format(R"svg(<text x="{:.1f}" y="{:.1f}" text-anchor="middle">{}</text>)svg"
                        "\n",
@@ -100,9 +103,10 @@ struct Panel {
   std::string curve(const std::vector<std::pair<double, double>>& points, const std::string& style) const {
     std::string s, run;
     auto flush = [&] {
-      if (!run.empty()) s += fmt::format(R"svg(<polyline fill="none" {} points="{}"/>)svg"
-                                         "\n",
-                                         style, run);
+      if (!run.empty())
+        s += fmt::format(R"svg(<polyline fill="none" {} points="{}"/>)svg"
+                         "\n",
+                         style, run);
       run.clear();
     };
     for (const auto& [x, y] : points) {
@@ -179,22 +183,24 @@ std::string training_curves_svg(const std::vector<PlotRun>& runs, const std::str
     const Curves& c = curves[i];
     svg += loss_panel.curve(c.loss, fmt::format(R"svg(stroke="{}" stroke-opacity="0.25" stroke-width="1")svg", colour));
     svg += loss_panel.curve(smoothed(c.loss), fmt::format(R"svg(stroke="{}" stroke-width="2")svg", colour));
-    svg += loss_panel.curve(c.val, fmt::format(R"svg(stroke="{}" stroke-width="1.5" stroke-dasharray="6 4")svg", colour));
+    svg +=
+        loss_panel.curve(c.val, fmt::format(R"svg(stroke="{}" stroke-width="1.5" stroke-dasharray="6 4")svg", colour));
     for (const auto& [x, y] : c.val)
       if (std::isfinite(y))
-        svg += fmt::format(R"svg(<circle cx="{:.1f}" cy="{:.1f}" r="3.5" fill="white" stroke="{}" stroke-width="1.5"/>)svg"
-                           "\n",
-                           loss_panel.px(x), loss_panel.py(y), colour);
+        svg +=
+            fmt::format(R"svg(<circle cx="{:.1f}" cy="{:.1f}" r="3.5" fill="white" stroke="{}" stroke-width="1.5"/>)svg"
+                        "\n",
+                        loss_panel.px(x), loss_panel.py(y), colour);
     if (!lrs.empty()) svg += lr_panel.curve(c.lr, fmt::format(R"svg(stroke="{}" stroke-width="1.5")svg", colour));
     // The legend, top right inside the loss panel.
     const double ly = kTop + 18 + 34 * static_cast<double>(i), lx = kLeft + plot_w - 250;
-    svg += fmt::format(R"svg(<line x1="{0:.1f}" x2="{1:.1f}" y1="{2:.1f}" y2="{2:.1f}" stroke="{3}" stroke-width="2"/>)svg"
-                       R"svg(<text x="{4:.1f}" y="{5:.1f}">{6}</text>)svg"
-                       R"svg(<line x1="{0:.1f}" x2="{1:.1f}" y1="{7:.1f}" y2="{7:.1f}" stroke="{3}" stroke-width="1.5" stroke-dasharray="6 4"/>)svg"
-                       R"svg(<text x="{4:.1f}" y="{8:.1f}" fill="#555">validation</text>)svg"
-                       "\n",
-                       lx, lx + 24, ly, colour, lx + 30, ly + 4, escape(runs[i].label + ": training (average)"), ly + 15,
-                       ly + 19);
+    svg += fmt::format(
+        R"svg(<line x1="{0:.1f}" x2="{1:.1f}" y1="{2:.1f}" y2="{2:.1f}" stroke="{3}" stroke-width="2"/>)svg"
+        R"svg(<text x="{4:.1f}" y="{5:.1f}">{6}</text>)svg"
+        R"svg(<line x1="{0:.1f}" x2="{1:.1f}" y1="{7:.1f}" y2="{7:.1f}" stroke="{3}" stroke-width="1.5" stroke-dasharray="6 4"/>)svg"
+        R"svg(<text x="{4:.1f}" y="{8:.1f}" fill="#555">validation</text>)svg"
+        "\n",
+        lx, lx + 24, ly, colour, lx + 30, ly + 4, escape(runs[i].label + ": training (average)"), ly + 15, ly + 19);
   }
   svg += "</svg>\n";
   return svg;

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "train/metrics_log.hpp"
+#include <kiln/train/metrics_log.hpp>
 
 namespace kiln::cli {
 

@@ -6,14 +6,14 @@
 #include <cmath>
 #include <numbers>
 
-#include "ad/backward.hpp"
-#include "circuit/exec/executor.hpp"
-#include "circuit/passes/cleanup.hpp"
-#include "circuit/passes/fusion.hpp"
-#include "circuit/prims/builder.hpp"
-#include "circuit/prims/composites.hpp"
-#include "core/engine.hpp"
-#include "train/sgd.hpp"
+#include <kiln/ad/backward.hpp>
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
+#include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/composites.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/train/sgd.hpp>
 
 using namespace kiln;
 

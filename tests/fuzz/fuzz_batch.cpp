@@ -1,8 +1,9 @@
 // Fuzz target: a batch file (train/batch_file.hpp) for a GPT of vocabulary 65 and block 16, as
 // `kiln dump --batch` reads it; an accepted batch then runs forward through the model.
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/batch_file.hpp>
+
 #include "fuzz_input.hpp"
-#include "models/gpt.hpp"
-#include "train/batch_file.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kiln;

@@ -3,10 +3,11 @@
 // config.
 #include <cmath>
 
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+#include <kiln/train/checkpoint.hpp>
+
 #include "fuzz_input.hpp"
-#include "models/gpt.hpp"
-#include "train/adamw.hpp"
-#include "train/checkpoint.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kiln;

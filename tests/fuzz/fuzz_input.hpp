@@ -14,7 +14,7 @@
 #include <fstream>
 #include <string>
 
-#include "circuit/ir/error.hpp"
+#include <kiln/circuit/ir/error.hpp>
 
 namespace kiln::fuzz {
 

@@ -1,8 +1,9 @@
 // Fuzz target: a corpus file through the text loader, as `kiln train --data` takes it: read,
 // tokenized at the character level, split, and a batch drawn from each split.
+#include <kiln/train/dataset.hpp>
+#include <kiln/train/tokenizer.hpp>
+
 #include "fuzz_input.hpp"
-#include "train/dataset.hpp"
-#include "train/tokenizer.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kiln;

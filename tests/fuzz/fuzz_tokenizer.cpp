@@ -4,8 +4,9 @@
 // bytes for the byte tokenizer.
 #include <cstring>
 
+#include <kiln/train/tokenizer.hpp>
+
 #include "fuzz_input.hpp"
-#include "train/tokenizer.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kiln;

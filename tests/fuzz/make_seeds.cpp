@@ -5,12 +5,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/engine.hpp"
-#include "models/gpt.hpp"
-#include "train/adamw.hpp"
-#include "train/checkpoint.hpp"
-#include "train/hdf5_file.hpp"
-#include "train/weights.hpp"
+#include <kiln/core/engine.hpp>
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/adamw.hpp>
+#include <kiln/train/checkpoint.hpp>
+#include <kiln/train/hdf5_file.hpp>
+#include <kiln/train/weights.hpp>
 
 namespace fs = std::filesystem;
 using namespace kiln;

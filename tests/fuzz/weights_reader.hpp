@@ -5,10 +5,11 @@
 #include <cmath>
 #include <string>
 
+#include <kiln/models/gpt.hpp>
+#include <kiln/train/tokenizer.hpp>
+#include <kiln/train/weights.hpp>
+
 #include "fuzz_input.hpp"
-#include "models/gpt.hpp"
-#include "train/tokenizer.hpp"
-#include "train/weights.hpp"
 
 namespace kiln::fuzz {
 

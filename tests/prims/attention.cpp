@@ -1,7 +1,8 @@
 // The cases of attention and attention_grad (circuit/prims/attention.cpp, cuda/lower/attention.cpp).
 #include <limits>
 
-#include "circuit/prims/prim_params.hpp"
+#include <kiln/circuit/prims/prim_params.hpp>
+
 #include "prim_cases.hpp"
 
 namespace kiln::testing {

@@ -1,5 +1,5 @@
 // The cases of the composites (circuit/prims/composites.cpp): gradients through the Prims they are made of.
-#include "circuit/prims/composites.hpp"
+#include <kiln/circuit/prims/composites.hpp>
 
 #include "prim_cases.hpp"
 

@@ -1,6 +1,6 @@
 // The cases of fused_matmul (circuit/prims/fused_matmul.cpp, cuda/lower/fused_matmul.cpp); no VJP: built after
 // differentiation.
-#include "circuit/prims/fused_matmul.hpp"
+#include <kiln/circuit/prims/fused_matmul.hpp>
 
 #include "prim_cases.hpp"
 
@@ -63,8 +63,9 @@ void fused_matmul_cases(FamilyCases& c) {
                           f.epilogues = {se::in(0) + se::in(1)};
                           f.a_row_sums = true;
                           f.row_sums_shape = Shape{67};
-                          std::vector<ValueId> outs = b.circuit().add_op(
-                              "fused_matmul", f.to_params(DType::f32), {x[0], b.cast(x[1], DType::bf16), x[2]}, b.scope());
+                          std::vector<ValueId> outs =
+                              b.circuit().add_op("fused_matmul", f.to_params(DType::f32),
+                                                 {x[0], b.cast(x[1], DType::bf16), x[2]}, b.scope());
                           return b.concat({b.reshape(outs[0], Shape{67 * 91}), outs[1]}, 0);
                         },
                         1e-5});

@@ -1,8 +1,8 @@
 // The cases of fused_rows (circuit/prims/fused_rows.cpp, cuda/lower/fused_rows.cpp); no VJP: built after
 // differentiation.
-#include "circuit/prims/fused_rows.hpp"
-
 #include <cmath>
+
+#include <kiln/circuit/prims/fused_rows.hpp>
 
 #include "prim_cases.hpp"
 

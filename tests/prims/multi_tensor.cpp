@@ -1,6 +1,6 @@
 // The cases of multi_tensor (circuit/prims/multi_tensor.cpp, cuda/lower/multi_tensor.cpp); no VJP: built after
 // differentiation.
-#include "circuit/prims/multi_tensor.hpp"
+#include <kiln/circuit/prims/multi_tensor.hpp>
 
 #include "prim_cases.hpp"
 

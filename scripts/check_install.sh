@@ -32,6 +32,8 @@ fi
 echo "$(printf '%s\n' $headers | wc -l) headers, each compiled alone"
 
 echo "--- the installed CMake files name no library by an absolute path"
+cmake_files=("$work"/prefix/lib*/cmake/kiln/kilnTargets*.cmake)
+[ -f "${cmake_files[0]}" ] || { echo "check_install: no kilnTargets*.cmake under $work/prefix/lib*/cmake/kiln" >&2; exit 1; }
 if grep -nE '(^|[;" ])/[^;" ]*\.(so|a)([.;" ]|$)' "$work"/prefix/lib*/cmake/kiln/*.cmake; then
   echo "check_install: the installed package names libraries by absolute paths (above)" >&2
   exit 1
@@ -40,6 +42,7 @@ fi
 echo "--- examples/external with find_package(kiln), ./build moved aside"
 # Only the prefix is named: no kiln include path, library or flag is given by hand, and the build
 # tree is gone while the user's project builds and runs.
+[ ! -e build.moved-aside ] || { echo "check_install: build.moved-aside exists (a killed run?): restore it as build" >&2; exit 1; }
 mv build build.moved-aside
 trap 'mv build.moved-aside build; rm -rf "$work"' EXIT
 cmake -S examples/external -B "$work/installed" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null

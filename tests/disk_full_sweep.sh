@@ -7,13 +7,13 @@
 #   - on 0 the new file is complete (kiln reads it back);
 #   - no temporary file is left beside it.
 # At least one size must fail and one succeed, so that the sweep spans the boundary.
-# Mounting needs root: without it the test is skipped (exit 77) unless KILN_REQUIRE_TMPFS is set
+# Mounting needs root: without it the test is skipped (exit 77) unless KILN_REQUIRE_TMPFS=1
 # (.ci/run sets it), which makes the skip a failure.
 #
 #   tests/disk_full_sweep.sh path/to/kiln [work dir]
 set -uo pipefail
 kiln=$1
-work=$(mktemp -d "${2:-${TMPDIR:-/tmp}}/kiln-disk-full.XXXXXX")
+work=$(mktemp -d "${2:-${TMPDIR:-/tmp}}/kiln-disk-full.XXXXXX") || exit 1
 mnt=$work/mnt
 mkdir -p "$mnt"
 cleanup() {
@@ -24,7 +24,7 @@ trap cleanup EXIT
 
 skip() {
   echo "DiskFullSweep skipped: $1"
-  [ -n "${KILN_REQUIRE_TMPFS:-}" ] && { echo "KILN_REQUIRE_TMPFS is set: a skip is a failure" >&2; exit 1; }
+  [ "${KILN_REQUIRE_TMPFS:-}" = 1 ] && { echo "KILN_REQUIRE_TMPFS=1: a skip is a failure" >&2; exit 1; }
   exit 77
 }
 [ "$(id -u)" -eq 0 ] || skip "mounting a tmpfs needs root"

@@ -38,7 +38,12 @@ class Curand {
     static Curand* lib = []() -> Curand* {
       for (const char* name : {"libcurand.so.10", "libcurand.so", "/usr/local/cuda/lib64/libcurand.so.10",
                                "/usr/local/cuda/lib64/libcurand.so"})
-        if (void* handle = dlopen(name, RTLD_NOW | RTLD_LOCAL)) return new Curand(handle);
+        if (void* handle = dlopen(name, RTLD_NOW | RTLD_LOCAL)) {
+          auto* lib = new Curand(handle);
+          if (lib->create_ && lib->set_seed_ && lib->set_offset_ && lib->generate_ && lib->destroy_) return lib;
+          ADD_FAILURE() << name << " lacks an entry point of the host generator";
+          return nullptr;
+        }
       return nullptr;
     }();
     return lib;

@@ -20,7 +20,9 @@ void fsync_path(const std::string& path) {
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  if (rc != 0) throw Error("fsync of '" + path + "' failed: " + std::strerror(err));
+  if (rc != 0)
+    throw Error("fsync of '" + path + "' failed: " + std::strerror(err) +
+                (err == ENOSPC || err == EDQUOT ? " (is the disk full?)" : ""));
 }
 }  // namespace
 
@@ -47,6 +49,7 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
     for (size_t done = 0; done < bytes.size() && err == 0;) {
       const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
       if (n < 0 && errno != EINTR) err = errno;
+      if (n == 0) err = EIO;  // no progress and no error: never loop on it
       if (n > 0) done += static_cast<size_t>(n);
     }
     if (::close(fd) != 0 && err == 0) err = errno;

@@ -2,6 +2,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -87,7 +88,10 @@ struct MemoryImage {
 };
 
 namespace {
-void* image_malloc(size_t size, H5FD_file_image_op_t, void* udata) {
+void* image_malloc(size_t size, H5FD_file_image_op_t op, void* udata) {
+  // FILE_OPEN would read an existing file into memory: kiln only creates files in memory (and
+  // H5Fcreate's tentative open of the name, refused here, then creates without reading).
+  if (op == H5FD_FILE_IMAGE_OP_FILE_OPEN) return nullptr;
   auto* image = static_cast<MemoryImage*>(udata);
   std::free(image->bytes);
   image->bytes = std::malloc(size);
@@ -99,6 +103,7 @@ void* image_memcpy(void* dest, const void* src, size_t size, H5FD_file_image_op_
 }
 void* image_realloc(void* ptr, size_t size, H5FD_file_image_op_t, void* udata) {
   auto* image = static_cast<MemoryImage*>(udata);
+  if (ptr == nullptr && image->bytes != nullptr) return nullptr;  // one buffer a file, never two
   void* grown = std::realloc(ptr, size);
   if (!grown) return nullptr;  // HDF5 reports the failure; `ptr` is still the buffer
   image->bytes = grown;
@@ -139,14 +144,20 @@ File File::create_in_memory(const std::string& path) {
   auto image = std::make_unique<MemoryImage>();
   Handle fapl{H5Pcreate(H5P_FILE_ACCESS), H5Pclose};
   H5Pset_libver_bounds(fapl.id, H5F_LIBVER_V110, H5F_LIBVER_LATEST);
+  // Closing closes every object still open, so that the close hands the buffer back.
+  H5Pset_fclose_degree(fapl.id, H5F_CLOSE_STRONG);
   H5FD_file_image_callbacks_t callbacks{image_malloc,     image_memcpy,     image_realloc, image_free,
                                         image_udata_copy, image_udata_free, image.get()};
   // Grown 16 MiB at a time (realloc of large blocks remaps pages rather than copying them).
   if (fapl.id < 0 || H5Pset_fapl_core(fapl.id, size_t{16} << 20, /*backing_store=*/0) < 0 ||
       H5Pset_file_image_callbacks(fapl.id, &callbacks) < 0)
     throw Error("HDF5 file '" + path + "': cannot set up the in-memory driver");
-  // The name is only a label: without a backing store the core driver opens nothing on disk.
-  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id);
+  // The name is only a label, of no file on disk: without a backing store the core driver
+  // creates nothing there (H5Fcreate's tentative open would read a file of that name). It is
+  // unique to the call: HDF5 refuses to create a file of the name of one still open.
+  static std::atomic<uint64_t> files{0};
+  const std::string label = "kiln-in-memory-" + std::to_string(files++) + ":" + path;
+  hid_t id = H5Fcreate(label.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id);
   if (id < 0) throw Error("cannot create HDF5 file '" + path + "' in memory");
   File f(id, path);
   f.image_ = std::move(image);
@@ -154,7 +165,7 @@ File File::create_in_memory(const std::string& path) {
 }
 
 std::string_view File::close_to_image() {
-  close();  // in memory: fails only where memory ran out
+  close();  // in memory: fails only where memory ran out (then ~File keeps the buffer alive)
   if (!image_ || !image_->closed) fail("the file in memory was not handed back on closing");
   const auto* bytes = static_cast<const unsigned char*>(image_->bytes);
   const uint64_t size = superblock_end_of_file(bytes, image_->capacity);
@@ -165,7 +176,9 @@ std::string_view File::close_to_image() {
 File::File(File&& o) noexcept : id_(o.id_), path_(std::move(o.path_)), image_(std::move(o.image_)) { o.id_ = -1; }
 
 File::~File() {
-  if (id_ >= 0) H5Fclose(static_cast<hid_t>(id_));
+  // A close that failed leaves HDF5 holding the file, and the core driver its buffer: that buffer
+  // (with the callbacks' user data) must then outlive this object.
+  if (id_ >= 0 && H5Fclose(static_cast<hid_t>(id_)) < 0 && image_) (void)image_.release();
 }
 
 void File::close() {
@@ -173,7 +186,9 @@ void File::close() {
   const hid_t id = static_cast<hid_t>(id_);
   id_ = -1;
   const bool flushed = H5Fflush(id, H5F_SCOPE_GLOBAL) >= 0;
-  if (H5Fclose(id) < 0 || !flushed) fail("writing it out failed (is the disk full?)");
+  const bool closed = H5Fclose(id) >= 0;
+  if (!closed && image_) (void)image_.release();  // HDF5 still holds it (see ~File)
+  if (!closed || !flushed) fail("writing it out failed (is the disk full?)");
 }
 
 void write_atomically(const std::string& path, const std::function<void(File&)>& fill) {
@@ -283,7 +298,10 @@ namespace {
 #if H5_VERSION_GE(1, 12, 0)
 herr_t record_dataset(hid_t group, const char* name, const H5L_info2_t* info, void* out) {
   if (info->type != H5L_TYPE_HARD) return 0;
-  std::string key(reinterpret_cast<const char*>(&info->u.token), sizeof(info->u.token));
+  char* token = nullptr;  // the token as HDF5 prints it: its raw bytes may hold padding
+  if (H5Otoken_to_str(group, &info->u.token, &token) < 0 || !token) return 0;
+  std::string key(token);
+  H5free_memory(token);
 #else
 herr_t record_dataset(hid_t group, const char* name, const H5L_info_t* info, void* out) {
   if (info->type != H5L_TYPE_HARD) return 0;

@@ -1,9 +1,10 @@
 // The kiln weights file (HDF5; docs/FORMAT.md): one float32 dataset per parameter at its dotted
 // name with '.' -> '/', PyTorch layouts, tied parameters' other names as hard links (a GPT's
 // lm_head/weight to transformer/wte/weight), root attributes format = "kiln-weights",
-// format_version, architecture ("gpt", "llama"; a file without one is a GPT) and the model's
-// config attributes. Loading checks everything before it changes the model: a missing dataset, a wrong
-// shape or dtype, or another format is an error naming it, never a partly loaded model.
+// format_version, architecture ("gpt", "llama"; a file of version 1 or 2 without one is a GPT)
+// and the model's config attributes. Loading checks everything before it changes the model: a
+// wrong shape or dtype, another format, and (strictly) a missing or unexpected dataset are
+// errors naming them, never a partly loaded model; a non-strict load loads what matches.
 #pragma once
 
 #include <memory>

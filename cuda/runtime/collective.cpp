@@ -55,8 +55,9 @@ class NcclCollective final : public DeviceCollective {
     if (comm_) nccl_.api.ncclCommDestroy(comm_);
   }
   int size() const override { return size_; }
-  // The communicator was aborted by its owner's caller (a first all-reduce past the timeout).
-  void forget_aborted() { comm_ = nullptr; }
+  // Forgets the communicator, which a helper thread may still be using (a first all-reduce past
+  // the timeout): the destructor leaves it alone.
+  void abandon() { comm_ = nullptr; }
   std::string backend() const override {
     return fmt::format("NCCL {}.{}.{} ({})", nccl_.version / 10000, nccl_.version / 100 % 100, nccl_.version % 100,
                        nccl_.library);
@@ -173,9 +174,10 @@ struct NcclOutcome {
 
 // An NCCL call that blocks until every rank has come (the communicator's set-up, the first
 // all-reduce), on a helper thread watched for timeout_s. On the timeout, `on_timeout` runs and
-// its message is thrown; a communicator the call still makes afterwards is aborted by the helper
-// (a late or hung rank's half-made state is never used). The helper shares only `state` with
-// this frame, which may be gone when it returns.
+// its message is thrown; a communicator the call made is aborted, here when it came back before
+// the timeout was noticed, else by the helper when it does (a late rank's half-made state is
+// never used). The helper shares only `state` and copies with this frame, which may be gone when
+// it returns.
 NcclOutcome call_within(const NcclApi& api, double timeout_s, const std::function<NcclOutcome()>& call,
                         const std::function<std::string()>& on_timeout) {
   struct State {
@@ -195,6 +197,7 @@ NcclOutcome call_within(const NcclApi& api, double timeout_s, const std::functio
       [&] {
         std::lock_guard<std::mutex> lock(state->m);
         state->abandoned = true;
+        if (state->outcome.made) api.ncclCommAbort(state->outcome.made);  // came back just now
         throw Error(on_timeout());
       });
   std::lock_guard<std::mutex> lock(state->m);
@@ -216,11 +219,11 @@ std::shared_ptr<DeviceCollective> connect_nccl_library(Nccl nccl, Runtime& rt, C
   const std::string hint =
       fmt::format("within {:g} s (a rank died or never started; KILN_COLLECTIVE_TIMEOUT sets the limit)", timeout_s);
   // The helpers make rt's context current on their own thread (NCCL works on the calling
-  // thread's device); rt is the process's runtime, which outlives them.
+  // thread's device).
   const NcclOutcome init = call_within(
       api, timeout_s,
-      [api, size, id, rank, &rt] {
-        rt.make_current();
+      [api, size, id, rank, make_current = rt.detached_make_current()] {
+        make_current();
         NcclOutcome out;
         out.result = api.ncclCommInitRank(&out.made, size, id, rank);
         return out;
@@ -236,11 +239,11 @@ std::shared_ptr<DeviceCollective> connect_nccl_library(Nccl nccl, Runtime& rt, C
   const CUdeviceptr probe = rt.alloc(4 * sizeof(float));
   const std::vector<float> zeros(4, 0.0f);
   rt.upload(probe, zeros.data(), zeros.size() * sizeof(float));
-  // On the timeout the probe stays allocated: the aborted all-reduce may still be reading it.
+  // On the timeout the probe stays allocated: the abandoned all-reduce may still be reading it.
   const NcclOutcome first = call_within(
       api, timeout_s,
-      [api, c, probe, sync = rt.detached_synchronize(), &rt] {
-        rt.make_current();
+      [api, c, probe, sync = rt.detached_synchronize(), make_current = rt.detached_make_current()] {
+        make_current();
         NcclOutcome out;
         out.result = api.ncclAllReduce(reinterpret_cast<const void*>(probe), reinterpret_cast<void*>(probe), 4,
                                        NCCL_FLOAT32, NCCL_AVG, c, nullptr);
@@ -248,8 +251,10 @@ std::shared_ptr<DeviceCollective> connect_nccl_library(Nccl nccl, Runtime& rt, C
         return out;
       },
       [&] {
-        api.ncclCommAbort(c);  // ends the all-reduce's wait and frees the device
-        collective->forget_aborted();
+        // NCCL's calls on one communicator are not thread-safe and the helper may still be inside
+        // this one: the communicator is left to it (and to the process's exit), neither aborted
+        // nor destroyed here.
+        collective->abandon();
         return fmt::format("NCCL: the first all-reduce ({}) did not finish {}", who, hint);
       });
   rt.free(probe);

@@ -516,6 +516,13 @@ std::function<void()> Runtime::detached_synchronize() const {
   };
 }
 
+std::function<void()> Runtime::detached_make_current() const {
+  enter();
+  return [set_current = driver_.api.cuCtxSetCurrent, context = context_] {
+    if (set_current(context) != CUDA_SUCCESS) throw Error("cuCtxSetCurrent failed on a helper thread");
+  };
+}
+
 CUgraphNode Runtime::add_collective_node(CUgraph graph, CUgraphNode after, const DeviceCommand& c, size_t i) {
   const std::string what = fmt::format("graph node {}: a collective over {} bytes at {:#x}", i, c.bytes, c.dst);
   if (!capture_supported()) throw Error(what + ": the driver lacks stream capture");

@@ -131,6 +131,10 @@ class Runtime {
   // started it (cuda/runtime/collective.hpp's wait_within); throws on a driver error, after
   // which the caller's own synchronize() reports it properly.
   std::function<void()> detached_synchronize() const;
+  // Makes the runtime's context current on the calling thread, touching no state of the runtime
+  // (the same copies), for such a helper thread before it calls a library that works on the
+  // current context (NCCL).
+  std::function<void()> detached_make_current() const;
 
   // CUDA graphs, when the driver has them: `commands` recorded as one graph (a chain: each node
   // after the one before) and launched with one call. Every address is baked in.

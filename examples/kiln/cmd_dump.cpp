@@ -19,7 +19,7 @@ int cmd_dump(const std::vector<std::string>& argv) {
           {"out", "HDF5 file to write (required)"},
           {"dtype", "f32 (default) or f64"},
           {"non-strict", kNonStrictHelp}},
-         "usage: kiln dump --weights model.h5 --batch batch.h5 --out dump.h5 [--dtype f32|f64]\n\n"
+         "usage: kiln dump --weights model.h5 --batch batch.h5 --out dump.h5 [--dtype f32|f64] [--non-strict]\n\n"
          "Runs forward and backward once (dropout off, no optimizer step) and writes logits [B, T, V],\n"
          "loss (scalar) and grads/<parameter path> for every parameter, in the weights file's layouts.",
          {"non-strict"});

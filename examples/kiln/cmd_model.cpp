@@ -165,11 +165,12 @@ int cmd_sample(const std::vector<std::string>& argv) {
 }
 
 int cmd_eval(const std::vector<std::string>& argv) {
-  Args a(
-      argv, {{"weights", "weights file (required)"}, {"data", "text file (required)"}, {"non-strict", kNonStrictHelp}},
-      "usage: kiln eval --weights model.h5 --data FILE\n\nPrints the mean loss in nats per token over non-overlapping\n"
-      "block-long windows of the file (a last partial window is dropped).",
-      {"non-strict"});
+  Args a(argv,
+         {{"weights", "weights file (required)"}, {"data", "text file (required)"}, {"non-strict", kNonStrictHelp}},
+         "usage: kiln eval --weights model.h5 --data FILE [--non-strict]\n\nPrints the mean loss in nats per token "
+         "over non-overlapping\n"
+         "block-long windows of the file (a last partial window is dropped).",
+         {"non-strict"});
   if (a.help()) {
     a.print_help();
     return 0;

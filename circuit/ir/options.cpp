@@ -27,7 +27,7 @@ std::string text(const char* name) {
   return v ? v : "";
 }
 
-constexpr std::array<Variable, 34> kVariables = {{
+constexpr std::array<Variable, 36> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_DISABLE_PASSES", "comma-separated passes to switch off (kiln prims lists them)"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
@@ -68,6 +68,8 @@ constexpr std::array<Variable, 34> kVariables = {{
     {"KILN_REQUIRE_GPU", "tests: fail instead of skipping when no GPU is usable"},
     {"KILN_REQUIRE_PTXAS", "tests: fail instead of skipping when ptxas is missing"},
     {"KILN_REQUIRE_REFERENCE", "tests: fail instead of skipping without the PyTorch reference"},
+    {"KILN_REQUIRE_TMPFS", "tests: DiskFullSweep fails instead of skipping where it cannot mount a tmpfs"},
+    {"KILN_REQUIRE_CURAND", "tests: fail instead of skipping without the CUDA toolkit's libcurand"},
     {"KILN_BENCH_VENV", "scripts: the PyTorch virtual environment for benchmarks"},
     {"KILN_BENCH_TURNS", "scripts: turns of kiln and PyTorch each in bench_cpu_vs_torch.sh (default 4)"},
     {"KILN_EXTRA_PACKAGES", "scripts: extra Debian packages for setup.sh"},

@@ -55,6 +55,7 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"token-dtype", "--tokens: uint16 (default) or uint32 (an llm.c header says which itself)"},
               {"seed", "seed for initialization, batches and sampling (default 1337)"},
               {"eval-every", "steps between validation losses (default 250)"},
+              {"sample-tokens", "tokens of the sample printed at the end (default 300; 0: none)"},
               {"device", "auto (default), cpu or cuda"},
               {"stats", "log each step's kernels (forward/backward/update), bytes, host time and peak memory"},
               {"deterministic",
@@ -109,6 +110,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.grad_accum = a.integer("grad-accum", 1, 1);
   o.steps = a.integer("steps", 2000, 1);
   o.stop_at = a.integer("stop-at", 0, 0);
+  const int64_t sample_tokens = a.integer("sample-tokens", 300, 0);
   o.lr = a.real("lr", 2e-3, 0.0, std::numeric_limits<double>::infinity(), false);
   o.min_lr = o.lr / 10;
   o.warmup = a.integer("warmup", 100, 0);
@@ -178,11 +180,11 @@ int cmd_train(const std::vector<std::string>& argv) {
     write_file_atomically(json, tok->bpe_model().hf_tokenizer_json());
     spdlog::info("tokenizer written to {} (Hugging Face tokenizers' format)", json);
   }
-  if (!tok) return 0;  // no tokenizer: nothing to sample text with
+  if (!tok || sample_tokens == 0) return 0;  // no tokenizer: nothing to sample text with
   model.eval();
   SampleOptions so;
   so.seed = seed;
-  so.tokens = 300;
+  so.tokens = sample_tokens;
   so.temperature = 0.8;
   std::printf("---- sample ----\n%s\n----------------\n", sample_text(model, *tok, "\n", so).c_str());
   return 0;

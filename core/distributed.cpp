@@ -4,7 +4,7 @@
 #include <map>
 
 #include <kiln/circuit/comm/communicator.hpp>
-#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/ir/settings.hpp>
 #include <kiln/core/distributed.hpp>
 #include <kiln/core/engine.hpp>
 #include <kiln/cuda/runtime/collective.hpp>
@@ -44,9 +44,10 @@ std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, int64_t bu
   return out;
 }
 
-void connect_device_collective_if_needed(Device device) {
-  if (device != Device::CUDA || (world().size() == 1 && options::gpu_collectives().empty())) return;
-  cuda::set_device_world(cuda::connect_device_collective(*cuda_runtime(), world(), options::collective_timeout()));
+void connect_device_collective_if_needed(const DeviceSelection& device, cuda::CollectiveChoice choice) {
+  if (device.device != Device::CUDA || (world().size() == 1 && choice == cuda::CollectiveChoice::automatic)) return;
+  cuda::set_device_world(
+      cuda::connect_device_collective(*device.runtime, world(), settings().collective_timeout, choice));
   spdlog::info("data parallel on the GPU: gradients averaged through {}", cuda::device_world()->backend());
 }
 

@@ -6,6 +6,7 @@
 
 #include <kiln/core/device.hpp>
 #include <kiln/core/tensor.hpp>
+#include <kiln/cuda/runtime/collective.hpp>
 
 namespace kiln {
 
@@ -15,10 +16,12 @@ namespace kiln {
 // device collective is installed (cuda::set_device_world).
 std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, int64_t bucket_elements = int64_t{1} << 22);
 
-// Steps on the GPU with several ranks (or with KILN_GPU_COLLECTIVES set, in one process) get a
-// device collective to average their gradients (cuda/runtime/collective.hpp: NCCL where it loads,
-// else through host memory); logs which. Nothing for the CPU, or one process left alone.
-void connect_device_collective_if_needed(Device device);
+// Steps on the GPU with several ranks (or with a collective chosen, in one process) get a device
+// collective to average their gradients (cuda/runtime/collective.hpp: NCCL where it loads, else
+// through host memory, unless `choice` forces one); logs which. Nothing for the CPU, or one
+// process left alone.
+void connect_device_collective_if_needed(const DeviceSelection& device,
+                                         cuda::CollectiveChoice choice = cuda::CollectiveChoice::automatic);
 
 // Makes every rank's values of `params` rank 0's (at the start of a run; host copies, now).
 void broadcast_from_rank0(const std::vector<Tensor>& params);

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/settings.hpp>
 #include <kiln/core/engine.hpp>
 
 namespace kiln {
@@ -18,6 +19,7 @@ Engine::Engine() {
   rec_.epoch = next_epoch_++;
   static const bool logging_configured = [] {
     spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug shows plan builds
+    for (const std::string& w : removed_variable_warnings()) spdlog::warn("{}", w);
     return true;
   }();
   (void)logging_configured;
@@ -39,7 +41,7 @@ void Engine::set_device(Device d, cuda::Runtime* runtime) {
   if (rt && !resident_) resident_ = std::make_unique<cuda::ResidentBuffers>(*rt);
   runtime_ = rt;
   device_ = d;
-  cache_.set_gpu_target(d == Device::CUDA);
+  target_ = with_device_of(target_, rt ? cuda::device_target(*rt) : cpu_target());
 }
 
 void Engine::manual_seed(uint64_t seed) {

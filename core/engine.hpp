@@ -104,12 +104,26 @@ class Engine {
   // --- settings and state -----------------------------------------------------------------
   void manual_seed(uint64_t seed);
   // Where realize() runs steps. CUDA runs them through `runtime` (default: cuda_runtime());
-  // throws kiln::Error when there is none.
+  // throws kiln::Error when there is none. The Target's device fields become the device's (its
+  // sm, fake or real, the CPU's features); its choices stay.
   void set_device(Device d, cuda::Runtime* runtime = nullptr);
   Device device() const { return device_; }
-  // Deterministic mode (off by default): GPU steps use no float atomics, so a run, and a run
-  // resumed from a checkpoint, repeats bit for bit. Costs the embedding gradient's parallelism.
-  void set_deterministic(bool on) { cache_.set_deterministic(on); }
+  // What plans are made for from now on (circuit/ir/target.hpp): part of every plan's key. A
+  // CUDA Target while the device is the CPU plans for the GPU (its passes) and runs the plans on
+  // the CPU executor: `kiln ptx` and the kernel-count tests look at GPU plans that way.
+  void set_target(const Target& t) { target_ = t; }
+  const Target& target() const { return target_; }
+  // The passes switched off from now on (circuit/passes/pipeline.hpp); part of every plan's key.
+  void set_pipeline(PipelineOptions p) {
+    check_pipeline_options(p);
+    pipeline_ = std::move(p);
+  }
+  const PipelineOptions& pipeline() const { return pipeline_; }
+  // Deterministic mode (off by default; Target::deterministic): GPU steps use no float atomics
+  // (scatter sums in source order; every other reduction is already a fixed tree) and CPU steps
+  // a fixed thread count, so a run, and a run resumed from a checkpoint, repeats bit for bit.
+  // Costs the embedding gradient's parallelism.
+  void set_deterministic(bool on) { target_.deterministic = on; }
   // The precision policy of the matmuls recorded from now on (core/precision.hpp).
   void set_precision(Precision p) { precision_ = p; }
   Precision precision() const { return precision_; }
@@ -185,6 +199,8 @@ class Engine {
   bool tracing_ = false;
   int traced_realizations_ = 0;
   Trace trace_;
+  Target target_ = cpu_target();
+  PipelineOptions pipeline_;
   Device device_ = Device::CPU;
   cuda::Runtime* runtime_ = nullptr;
   // On the GPU: device copies of persistent tensors, kept between steps.

@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include <kiln/circuit/ir/error.hpp>
-#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/ir/settings.hpp>
 #include <kiln/core/engine.hpp>
 
 namespace kiln {
@@ -48,18 +48,18 @@ void Engine::realize() {
   Recording rec = take_recording();
   try {
     uint64_t hash = rec.circuit.structural_hash();
-    std::shared_ptr<const Plan> plan = cache_.find(hash, rec.circuit, requested);
+    std::shared_ptr<const Plan> plan = cache_.find(hash, rec.circuit, requested, target_, pipeline_);
     double plan_ms = 0;
     if (plan) {
       ++stats_.cache_hits;
     } else {
       auto tp = std::chrono::steady_clock::now();
-      plan = cache_.build(hash, rec.circuit, requested);
+      plan = cache_.build(hash, rec.circuit, requested, target_, pipeline_);
       plan_ms = ms_since(tp);
       ++stats_.plans_built;
       spdlog::debug("plan built: {} recorded ops -> {} ops in {:.2f} ms ({} plans cached)", plan->recorded_ops,
                     plan->optimized_ops, plan_ms, cache_.size());
-      if (options::dump_circuits())
+      if (settings().dump_circuits)
         std::fprintf(stderr, "%s%s", rec.circuit.dump("recorded (forward, backward, updates)").c_str(),
                      plan->program->circuit().dump("optimized (CSE, DCE, fusion)").c_str());
     }
@@ -89,10 +89,11 @@ void Engine::execute(const Plan& plan, const std::vector<HostTensor>& binds, con
     // A plan lowered for another runtime (a test's fake device, then the GPU) is lowered again.
     if (!plan.device || &plan.device->runtime() != runtime_ || !plan.device->runtime_alive()) {
       auto tl = std::chrono::steady_clock::now();
-      plan.device = std::make_unique<cuda::DeviceProgram>(plan.program->circuit(), plan.program->outputs(), *runtime_);
+      plan.device = std::make_unique<cuda::DeviceProgram>(plan.program->circuit(), plan.program->outputs(), *runtime_,
+                                                          plan.target);
       spdlog::debug("plan lowered for {}: {} kernels in {:.1f} ms", runtime_->device_name(),
                     plan.device->kernels().size(), ms_since(tl));
-      if (options::dump_circuits()) std::fprintf(stderr, "%s", plan.device->dump().c_str());
+      if (settings().dump_circuits) std::fprintf(stderr, "%s", plan.device->dump().c_str());
     }
     results = plan.device->run(binds, cuda::Residency{resident_.get(), external_slot});
   } else {
@@ -134,10 +135,12 @@ Engine::Trace Engine::end_trace() {
 
 void Engine::replay(Trace& trace) {
   realize();
-  if (trace.device != device_ || trace.runtime != runtime_ || trace.plan->deterministic != cache_.deterministic())
-    throw Error(std::string("traced step: traced on ") + device_name(trace.device) +
-                (trace.plan->deterministic ? " (deterministic)" : "") + ", the engine is now on " +
-                device_name(device_) + (cache_.deterministic() ? " (deterministic)" : "") + "; trace it again");
+  if (trace.device != device_ || trace.runtime != runtime_ || trace.plan->target != target_ ||
+      trace.plan->pipeline != pipeline_)
+    throw Error(std::string("traced step: traced on ") + device_name(trace.device) + ", the engine is now on " +
+                device_name(device_) + "; trace it again (the trace's Target: " + trace.plan->target.str() +
+                "; the engine's: " + target_.str() + (trace.plan->pipeline != pipeline_ ? ", other passes off" : "") +
+                ")");
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::shared_ptr<TensorImpl>> live;
   for (const auto& w : trace.results) live.push_back(w.lock());

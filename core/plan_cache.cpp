@@ -1,16 +1,16 @@
 // PlanCache: structural lookup, pass pipeline on a miss, LRU eviction.
 #include <spdlog/spdlog.h>
 
-#include <kiln/circuit/passes/pipeline.hpp>
 #include <kiln/core/plan_cache.hpp>
 
 namespace kiln {
 
 std::shared_ptr<const Plan> PlanCache::find(uint64_t hash, const Circuit& recorded,
-                                            const std::vector<ValueId>& requested) {
+                                            const std::vector<ValueId>& requested, const Target& target,
+                                            const PipelineOptions& pipeline) {
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     const Plan& p = *it->plan;
-    if (it->hash != hash || p.for_gpu != gpu_ || p.deterministic != deterministic_ || p.requested != requested ||
+    if (it->hash != hash || p.target != target || p.pipeline != pipeline || p.requested != requested ||
         !p.recorded.structurally_equal(recorded))
       continue;
     entries_.splice(entries_.begin(), entries_, it);
@@ -33,19 +33,20 @@ const Plan* PlanCache::largest() const {
 }
 
 std::shared_ptr<const Plan> PlanCache::build(uint64_t hash, const Circuit& recorded,
-                                             const std::vector<ValueId>& requested) {
+                                             const std::vector<ValueId>& requested, const Target& target,
+                                             const PipelineOptions& pipeline) {
   recorded.verify();  // ordering of buffer reads and writes, before passes could hide it
   std::vector<ValueId> outputs = requested;
-  Circuit optimized = optimize(recorded, outputs, PipelineOptions{.gpu = gpu_, .deterministic = deterministic_});
+  Circuit optimized = optimize(recorded, outputs, target, pipeline);
   auto plan = std::make_shared<Plan>();
   plan->recorded = recorded;
   plan->requested = requested;
+  plan->target = target;
+  plan->pipeline = pipeline;
   plan->recorded_ops = recorded.ops().size();
-  plan->for_gpu = gpu_;
-  plan->deterministic = deterministic_;
   plan->optimized_ops = optimized.ops().size();
   plan->program = std::make_unique<Program>(std::move(optimized), std::move(outputs));
-  plan->program->set_adaptive_threads(!deterministic_);  // a deterministic run keeps its team size
+  plan->program->set_adaptive_threads(!target.deterministic);  // a deterministic run keeps its team size
   entries_.push_front(Entry{hash, std::move(plan)});
   if (entries_.size() > capacity_) {
     spdlog::debug("plan cache full ({} plans): evicting the least recently used", capacity_);

@@ -31,8 +31,8 @@ StepStats measure_step(const Plan& plan) {
     for (ValueId out : op.outputs) s.bytes_written += static_cast<double>(bytes_of(c.info(out)));
     if (!s.lowered) continue;
     try {
-      // No WgmmaByDefault: a matmul is one launch on wgmma or mma.sync alike, split or not.
-      s.launches[static_cast<size_t>(op.phase)] += cuda::lower(c, static_cast<int>(i)).launches.size();
+      // Lowered for the plan's Target (on the CPU: the default choices, as a GPU would take).
+      s.launches[static_cast<size_t>(op.phase)] += cuda::lower(c, static_cast<int>(i), plan.target).launches.size();
     } catch (const Error&) {
       s.lowered = false;  // a dtype the GPU does not run
     }

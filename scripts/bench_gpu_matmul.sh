@@ -3,12 +3,13 @@
 # (gpu-bundle/ with bin/kiln, bin/kiln_tests and reference/): checks kiln's matmul kernels on the
 # device (both tilings against Eigen, the GPT steps against PyTorch), then times them beside
 # cuBLAS through PyTorch on the same shapes, and a GPT-2-small step beside PyTorch eager, in one
-# sitting; f32, tf32 (KILN_ALLOW_TF32=1) and bf16 (--precision bf16, against autocast; and with
-# KILN_BF16_MMA=0, bf16 widened in f32 tiles). Prints
+# sitting; f32, tf32 (--tf32) and bf16 (--precision bf16, against autocast; and with
+# --matmul bf16-mma=off, bf16 widened in f32 tiles). Prints
 # the lines to copy into docs/BENCHMARKS.md, and causal attention forward + backward (kiln fused
 # and unfused, PyTorch's scaled_dot_product_attention and the written-out chain).
-# KILN_GEMM_TILES picks the f32 tilings timed (default: auto 64 128); KILN_ATTENTION_SHAPES the
-# attention shapes (BxHxTxD; default GPT-2 small's and the default config's).
+# KILN_GEMM_TILES picks the f32 tilings timed (default: auto 64 128; auto is kiln's choice, 64 and
+# 128 are given as --matmul simt-tile=N); KILN_ATTENTION_SHAPES the attention shapes (BxHxTxD;
+# default GPT-2 small's and the default config's; unfused: --passes -fuse_attention).
 set -uo pipefail
 bundle=${1:-gpu-bundle}
 run="$bundle/run"
@@ -20,28 +21,31 @@ KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE
   2>&1 | grep -E '^\[  (FAILED|PASSED)|Failure' | head -n 20
 for tile in ${KILN_GEMM_TILES:-auto 64 128}; do
   echo "== kiln gemm, tiles: $tile"
-  env KILN_MATMUL_TILE=${tile/auto/} "$run" "$bundle/bin/kiln" bench --device cuda \
+  tile_opts=()
+  [ "$tile" = auto ] || tile_opts=(--matmul "simt-tile=$tile")
+  "$run" "$bundle/bin/kiln" bench --device cuda ${tile_opts[@]+"${tile_opts[@]}"} \
     --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
 done
-echo "== kiln gemm, KILN_ALLOW_TF32=1"
-KILN_ALLOW_TF32=1 "$run" "$bundle/bin/kiln" bench --device cuda --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
+echo "== kiln gemm, --tf32"
+"$run" "$bundle/bin/kiln" bench --device cuda --tf32 --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
 echo "== kiln gemm, --precision bf16 (the bf16 tensor-core kernel: wgmma on an H100/H200, mma.sync elsewhere)"
 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
-echo "== kiln gemm, --precision bf16, KILN_BF16_MMA=0 (bf16 widened in f32 tiles)"
-KILN_BF16_MMA=0 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
+echo "== kiln gemm, --precision bf16, --matmul bf16-mma=off (bf16 widened in f32 tiles)"
+"$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --matmul bf16-mma=off --gemm "$shapes" --steps 20 2>&1 |
+  grep -E '^gemm|rror'
 echo "== torch gemm"
 python3 scripts/bench_torch_gemm.py "$shapes" --dtypes f32,tf32,bf16 2>&1 | grep -E 'gemm|rror'
 echo "== GPT-2 small step"
-for tf32 in 0 1; do
-  echo "-- kiln, KILN_ALLOW_TF32=$tf32"
-  env KILN_ALLOW_TF32=$tf32 "$run" "$bundle/bin/kiln" bench --device cuda "${gpt2[@]}" --steps 10 2>&1 \
+for tf32 in "" --tf32; do
+  echo "-- kiln, ${tf32:-f32 (TF32 off)}"
+  "$run" "$bundle/bin/kiln" bench --device cuda "${gpt2[@]}" ${tf32:+"$tf32"} --steps 10 2>&1 \
     | grep -E 'step \(traced|FLOPs|rror'
 done
 echo "-- kiln, --precision bf16"
 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 2>&1 \
   | grep -E 'step \(traced|FLOPs|rror'
-echo "-- kiln, --precision bf16, KILN_BF16_MMA=0"
-KILN_BF16_MMA=0 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 2>&1 \
+echo "-- kiln, --precision bf16, --matmul bf16-mma=off"
+"$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 --matmul bf16-mma=off "${gpt2[@]}" --steps 10 2>&1 \
   | grep -E 'step \(traced|FLOPs|rror'
 echo "-- PyTorch eager, f32, TF32, then autocast bf16"
 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile 2>&1 | grep -E 'step|rror'
@@ -50,7 +54,7 @@ python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile --autoca
 echo "== attention, forward + backward (kiln fused, kiln unfused, PyTorch)"
 att=${KILN_ATTENTION_SHAPES:-8x12x1024x64,16x4x64x32}
 "$run" "$bundle/bin/kiln" bench --device cuda --attention "$att" --steps 20 2>&1 | grep -E '^attention|rror'
-KILN_DISABLE_PASSES=fuse_attention "$run" "$bundle/bin/kiln" bench --device cuda --attention "$att" --steps 20 2>&1 \
+"$run" "$bundle/bin/kiln" bench --device cuda --attention "$att" --passes -fuse_attention --steps 20 2>&1 \
   | grep -E '^attention|rror'
 python3 scripts/bench_torch_attention.py "$att" 2>&1 | grep -E 'attention|rror'
 echo "== default config step"

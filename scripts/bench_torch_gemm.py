@@ -2,7 +2,7 @@
 
     python3 scripts/bench_torch_gemm.py 1024,4096,8192x2304x768 [--dtypes f32,bf16] [--runs 20]
 
-f32 with TF32 off (as kiln's f32 matmuls); tf32: f32 with TF32 on (as KILN_ALLOW_TF32=1); bf16:
+f32 with TF32 off (as kiln's f32 matmuls); tf32: f32 with TF32 on (as `kiln bench --tf32`); bf16:
 bf16 operands with f32 accumulation (torch's default for bf16 matmuls). Median of CUDA-event times after a warm-up,
 on random data (never zeros).
 """

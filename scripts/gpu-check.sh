@@ -28,10 +28,10 @@
 #              nvidia-smi sampled twice a second (memory, clocks, power)
 #   nccl       data parallelism's device collective over one rank: NCCL loaded (the toolkit's
 #              libnccl, else PyTorch's pip copy, else KILN_NCCL_LIBRARY), the GpuCollective tests,
-#              the default config trained with NCCL inside its step graphs against without it
-#              (--deterministic: identical weights), and kiln bench with it
+#              the default config trained with NCCL inside its step graphs (--collectives nccl)
+#              against without it (--deterministic: identical weights), and kiln bench with it
 #   agree      a mid-size config (4096 rows per step): two --deterministic GPU runs and one with
-#              KILN_CUDA_GRAPHS=0 must give identical weights; a GPU and a CPU run of the same
+#              --no-cuda-graphs must give identical weights; a GPU and a CPU run of the same
 #              20 steps must give close weights and losses
 #   torch      scripts/bench_torch_gpt.py on the default config and on GPT-2 small (eager and
 #              torch.compile, f32), and GPT-2 small eager with TF32 matmuls for reference
@@ -454,7 +454,7 @@ stage_agree() {
   local d=$work/agree label
   run det-a 150 "${kiln[@]}" train --device cuda --deterministic --steps 60 "${cfg[@]}" --out "$d/det-a.h5"
   run det-b 150 "${kiln[@]}" train --device cuda --deterministic --steps 60 "${cfg[@]}" --out "$d/det-b.h5"
-  run det-nographs 150 env KILN_CUDA_GRAPHS=0 "${kiln[@]}" train --device cuda --deterministic --steps 60 \
+  run det-nographs 150 "${kiln[@]}" train --device cuda --deterministic --no-cuda-graphs --steps 60 \
     "${cfg[@]}" --out "$d/det-c.h5"
   run gpu-20 120 "${kiln[@]}" train --device cuda --steps 20 "${cfg[@]}" --out "$d/gpu.h5"
   run cpu-20 300 "${kiln[@]}" train --device cpu --steps 20 "${cfg[@]}" --out "$d/cpu.h5"
@@ -509,7 +509,7 @@ stage_nccl() {
   local d=$work/nccl
   mkdir -p "$d"
   run nccl-plain 120 "${kiln[@]}" train --device cuda --deterministic --steps 40 --data "$corpus" --out "$d/plain.h5"
-  run nccl-train 120 env KILN_GPU_COLLECTIVES=nccl "${kiln[@]}" train --device cuda --deterministic --steps 40 \
+  run nccl-train 120 "${kiln[@]}" train --device cuda --deterministic --collectives nccl --steps 40 \
     --data "$corpus" --out "$d/nccl.h5"
   key 'data parallel|step +40/40 +loss|rror' "$out" 6
   # The reported losses too: the averaged loss is the bucket's last element.
@@ -520,15 +520,15 @@ stage_nccl() {
   [ -n "$lp" ] && [ "$lp" = "$ln" ] || failures+=("nccl-train: step 40 loss $ln, without NCCL $lp")
   run nccl-exact 60 python3 "$work/compare_weights.py" exact "$d/plain.h5" "$d/nccl.h5"
   comparison "40 deterministic steps, NCCL over one rank in the step graphs against none (must be identical):"
-  run nccl-bench 120 env KILN_GPU_COLLECTIVES=nccl "${kiln[@]}" bench --device cuda --steps 20
+  run nccl-bench 120 "${kiln[@]}" bench --device cuda --collectives nccl --steps 20
   key '^config|^step \(|rror' "$out"
 }
 
 stage_bench() {
   run bench 120 "${kiln[@]}" bench --device cuda --steps 20
   key '^config|^step \(|^matmul FLOPs|rror' "$out"
-  run bench-no-graphs 120 env KILN_CUDA_GRAPHS=0 "${kiln[@]}" bench --device cuda --steps 20
-  echo "KILN_CUDA_GRAPHS=0 (kernel by kernel):" >> "$work/keys/bench.txt"
+  run bench-no-graphs 120 "${kiln[@]}" bench --device cuda --no-cuda-graphs --steps 20
+  echo "--no-cuda-graphs (kernel by kernel):" >> "$work/keys/bench.txt"
   key '^step \(|rror' "$out"
 }
 
@@ -620,10 +620,10 @@ stage_profile() {
   fi
   # The first matmul kernels of the default config: throughput, occupancy, shared-memory
   # wavefronts and bank conflicts (the operand tiles' stores).
-  run ncu-matmul 240 env KILN_CUDA_GRAPHS=0 "$ncu" --target-processes all --clock-control none \
+  run ncu-matmul 240 "$ncu" --target-processes all --clock-control none \
     --kernel-name regex:'kiln_(fused_)?matmul' --launch-count 6 \
     --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis_Tables --section LaunchStats \
-    "${kiln[@]}" bench --device cuda --steps 1
+    "${kiln[@]}" bench --device cuda --no-cuda-graphs --steps 1
   echo "matmul kernels of the default config under ncu:" >> "$work/keys/profile.txt"
   key 'kiln_(fused_)?matmul|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per Thread|Shared (Load|Store)|[Bb]ank' "$out" 80
 }

@@ -6,7 +6,7 @@
 #   1. the GPU tier (lowering cases, mma known answers, runtime, GPT steps, graph replay), and
 #      the column-sums cases 30 times;
 #   2. GPT-2 small's bf16 training step: mma attention against FFMA attention
-#      (KILN_ATTENTION_MMA=0), and against bin/kiln_base, alternated;
+#      (--attention-path simt), and against bin/kiln_base (no options), alternated;
 #   3. causal attention forward + backward alone, bf16 operands, mma against FFMA, beside
 #      PyTorch's scaled_dot_product_attention in bf16;
 #   4. ncu: the kernel times of one bf16 GPT-2 step, grouped by kind;
@@ -23,11 +23,12 @@ gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 
 att=8x12x1024x64,16x4x64x32
 cs=/usr/local/cuda/bin/compute-sanitizer
 ncu=/usr/local/cuda/bin/ncu
-step() {  # label, env..., then kiln or kiln_base
-  local label=$1
-  shift
+step() {  # label, kiln or kiln_base, then options for its bench
+  local label=$1 bin=$2
+  shift 2
   echo "-- $label"
-  timeout 60 env "$@" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 2>&1 | grep -E 'step \(traced|rror'
+  timeout 60 "$run" "$bundle/bin/$bin" bench --device cuda --precision bf16 "${gpt2[@]}" --steps 10 "$@" 2>&1 |
+    grep -E 'step \(traced|rror'
 }
 {
   echo "== tests"
@@ -39,15 +40,15 @@ step() {  # label, env..., then kiln or kiln_base
     grep -cE '^\[  PASSED' | sed 's/$/ of 30 repeats passed/'
   echo "== GPT-2 small, bf16 step"
   for turn in 1 2; do
-    step "mma attention" KILN_ATTENTION_MMA=1 "${kiln[@]}"
-    step "FFMA attention (KILN_ATTENTION_MMA=0)" KILN_ATTENTION_MMA=0 "${kiln[@]}"
-    [ -x "$bundle/bin/kiln_base" ] && step "kiln_base" "$run" "$bundle/bin/kiln_base"
+    step "mma attention (--attention-path mma)" kiln --attention-path mma
+    step "FFMA attention (--attention-path simt)" kiln --attention-path simt
+    [ -x "$bundle/bin/kiln_base" ] && step "kiln_base" kiln_base
   done
   echo "== attention alone, bf16 products"
-  for mma in 1 0; do
-    echo "-- KILN_ATTENTION_MMA=$mma"
-    KILN_ATTENTION_MMA=$mma timeout 60 "${kiln[@]}" bench --device cuda --precision bf16 --attention "$att" --steps 20 2>&1 |
-      grep -E '^attention|rror'
+  for path in mma simt; do
+    echo "-- --attention-path $path"
+    timeout 60 "${kiln[@]}" bench --device cuda --precision bf16 --attention "$att" --attention-path "$path" \
+      --steps 20 2>&1 | grep -E '^attention|rror'
   done
   timeout 60 python3 scripts/bench_torch_attention.py "$att" --bf16 2>&1 | grep -E 'attention|rror'
   echo "== ncu, one bf16 GPT-2 step"
@@ -63,9 +64,9 @@ step() {  # label, env..., then kiln or kiln_base
       grep -E 'SUMMARY|^\[  (FAILED|PASSED)' | head -n 4
   done
   echo "== default config, 300 bf16 steps"
-  for mma in 1 0; do
-    echo "-- KILN_ATTENTION_MMA=$mma"
-    KILN_ATTENTION_MMA=$mma timeout 60 "${kiln[@]}" train --device cuda --precision bf16 --steps 300 \
-      --data "$bundle/data" --out "/tmp/attention-check-$mma.h5" 2>&1 | grep -E 'final validation|rror'
+  for path in mma simt; do
+    echo "-- --attention-path $path"
+    timeout 60 "${kiln[@]}" train --device cuda --precision bf16 --attention-path "$path" --steps 300 \
+      --data "$bundle/data" --out "/tmp/attention-check-$path.h5" 2>&1 | grep -E 'final validation|rror'
   done
 } 2>&1 | tee "$log"

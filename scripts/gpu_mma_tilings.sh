@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # On a GPU machine, from the repository root, with a bundle made as gpu-check.sh's header says:
-# one sitting that picks the bf16 mma matmul kernel's tiling (KILN_MMA_TILE x KILN_MMA_STAGES x
-# KILN_MMA_SPLIT_K) and its products' instruction (mma.sync, or sm_90a's wgmma: KILN_WGMMA):
+# one sitting that picks the bf16 mma matmul kernel's tiling (`--matmul` tile, stages and
+# split-k) and its products' instruction (mma.sync, or sm_90a's wgmma: `--matmul wgmma=on|off`):
 #   1. the GPU tier's wgmma known answers, its mma and wgmma matmul cases (bf16 and tf32, every
 #      tiling against Eigen) and GPT steps;
 #   2. kiln's GEMM alone at each tiling (bf16 operands, b stored [k][n]; and f32 operands on tf32
 #      at two tilings), and cuBLAS bf16 and tf32 through PyTorch on the same shapes;
 #   3. GPT-2 small's bf16 step at the tilings in KILN_STEP_TILINGS (two turns, alternated; medians
-#      of 10 traced steps), once with the bf16 casts kept as kernels (absorb_casts off), and
+#      of 10 traced steps), once with the bf16 casts kept as kernels (--passes -absorb_casts), and
 #      PyTorch eager with autocast bf16 once.
-# A tiling is TILE:STAGES[:SPLIT[:wgmma]] (TILE is 128x128, 128x256, 192x256 (wgmma: three
-# warpgroups), auto (per product: 128x256
-# where its grid fills the SMs) or waves (per product: the tile of least time in whole waves, a
-# 128x256 wave counted 1.6 of a 128x128 one, a 192x256 one 2.4); SPLIT is 0, auto or 2-4; wgmma sets KILN_WGMMA=1, which
-# takes 3 or 4 stages), or "default": no variable set (on an H100: wgmma, auto tiles, 4 stages,
-# split-K auto; `auto:4:0:wgmma` is the same without the split).
+# A tiling is TILE:STAGES[:SPLIT[:wgmma]], passed to kiln as one option,
+# `--matmul tile=TILE,stages=STAGES,split-k=SPLIT,wgmma=on|off`: TILE is 128x128, 128x256,
+# 192x256 (wgmma: three warpgroups), auto (per product: 128x256 where its grid fills the SMs) or
+# waves (per product: the tile of least time in whole waves, a 128x256 wave counted 1.6 of a
+# 128x128 one, a 192x256 one 2.4); SPLIT is 0 (when left out), auto or 2-4; a trailing wgmma gives
+# wgmma=on (3 or 4 stages), none wgmma=off. "default" passes no --matmul (on an H100: wgmma, auto
+# tiles, 4 stages, split-K auto; `auto:4:0:wgmma` is the same without the split).
 # KILN_GEMM_TILINGS, KILN_TF32_TILINGS ("" skips them) and KILN_STEP_TILINGS replace the lists,
 # KILN_TILINGS_TESTS the tests' gtest filter.
 # About 2-3 minutes on an H100 with the default lists (122 s on 2026-11-27 with one step tiling
@@ -32,45 +33,46 @@ tf32_tilings=${KILN_TF32_TILINGS-128x128:2 128x128:4}
 step_tilings=${KILN_STEP_TILINGS:-128x128:2 default waves:4:auto:wgmma 192x256:4:0:wgmma}
 tests=${KILN_TILINGS_TESTS:-Wgmma.Gpu*:Lowering.GpuMatmulsOnWgmmaMatchEigen:Lowering.GpuMatmulsOnMmaMatchEigen:GpuGpt.*}
 gpt2=(--layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
-with_tiling() {  # TILE:STAGES[:SPLIT[:wgmma]] or default, then a command
+tiling=()
+tiling_options() {  # TILE:STAGES[:SPLIT[:wgmma]]: its --matmul option into tiling; default: none
   local tile stages split engine
-  if [ "$1" = default ]; then
-    shift
-    env -u KILN_MMA_TILE -u KILN_MMA_STAGES -u KILN_MMA_SPLIT_K -u KILN_WGMMA "$@"
-    return
-  fi
+  tiling=()
+  [ "$1" = default ] && return
   IFS=: read -r tile stages split engine <<<"$1"
-  shift
-  KILN_MMA_TILE=$tile KILN_MMA_STAGES=$stages KILN_MMA_SPLIT_K=${split:-0} KILN_WGMMA=$([ "$engine" = wgmma ] && echo 1 || echo 0) "$@"
+  tiling=(--matmul "tile=$tile,stages=$stages,split-k=${split:-0},wgmma=$([ "$engine" = wgmma ] && echo on || echo off)")
 }
 {
   echo "== tests"
   KILN_REQUIRE_GPU=1 KILN_REFERENCE_DIR="$bundle/reference" KILN_REQUIRE_REFERENCE=1 timeout 200 "$run" \
     "$bundle/bin/kiln_tests" --gtest_filter="$tests" 2>&1 |
     grep -E '^\[  (FAILED|PASSED)|Failure|rror' | head -n 20
-  for tiling in $gemm_tilings; do
-    echo "== kiln gemm bf16, $tiling"
-    with_tiling "$tiling" timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 \
+  for t in $gemm_tilings; do
+    echo "== kiln gemm bf16, $t"
+    tiling_options "$t"
+    timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 ${tiling[@]+"${tiling[@]}"} \
       --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
   done
-  for tiling in $tf32_tilings; do
-    echo "== kiln gemm tf32 (f32 operands, KILN_ALLOW_TF32=1), $tiling"
-    with_tiling "$tiling" env KILN_ALLOW_TF32=1 timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda \
+  for t in $tf32_tilings; do
+    echo "== kiln gemm tf32 (f32 operands, --tf32), $t"
+    tiling_options "$t"
+    timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda --tf32 ${tiling[@]+"${tiling[@]}"} \
       --gemm "$shapes" --steps 20 2>&1 | grep -E '^gemm|rror'
   done
   echo "== torch gemm bf16, tf32"
   timeout 120 python3 scripts/bench_torch_gemm.py "$shapes" --dtypes bf16,tf32 2>&1 | grep -E 'gemm|rror'
   echo "== GPT-2 small bf16 step"
   for turn in 1 2; do
-    for tiling in $step_tilings; do
-      echo "-- $tiling"
-      with_tiling "$tiling" timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" \
-        --steps 10 2>&1 | grep -E 'step \(traced|rror'
+    for t in $step_tilings; do
+      echo "-- $t"
+      tiling_options "$t"
+      timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" \
+        ${tiling[@]+"${tiling[@]}"} --steps 10 2>&1 | grep -E 'step \(traced|rror'
     done
   done
-  echo "-- 128x128:2 with the casts kept as kernels (KILN_DISABLE_PASSES=absorb_casts)"
-  with_tiling 128x128:2 env KILN_DISABLE_PASSES=absorb_casts timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda \
-    --precision bf16 "${gpt2[@]}" --steps 10 2>&1 | grep -E 'step \(traced|rror'
+  echo "-- 128x128:2 with the casts kept as kernels (--passes -absorb_casts)"
+  tiling_options 128x128:2
+  timeout 90 "$run" "$bundle/bin/kiln" bench --device cuda --precision bf16 "${gpt2[@]}" "${tiling[@]}" \
+    --passes -absorb_casts --steps 10 2>&1 | grep -E 'step \(traced|rror'
   echo "-- PyTorch eager, autocast bf16"
   timeout 120 python3 scripts/bench_torch_gpt.py "${gpt2[@]}" --steps 10 --no-compile --autocast-bf16 2>&1 |
     grep -E 'step|rror'

@@ -8,6 +8,10 @@
 # Build OLD_KILN from the commit before the change (copy build/examples/kiln aside first: it is
 # linked statically). About 6 minutes a binary on 2 cores; ONLY=REGEX runs the configurations
 # whose names match. Exit status 1 where any kernel differs.
+#
+# A configuration's choices are `kiln ptx` options (--matmul, --tf32); a binary from before those
+# options existed (whose `kiln ptx --help` has no --matmul) gets the same choices as the KILN_*
+# variables it read instead, so that the kernels of the two ways can be compared.
 set -euo pipefail
 if (($# < 2)); then
   echo "usage: $0 OLD_KILN NEW_KILN [WORK_DIR (new, or the default's, which is replaced)]" >&2
@@ -23,39 +27,42 @@ while read -r name; do unset "$name"; done < <(compgen -e | grep '^KILN_' || tru
 small=(--layers 1 --embd 192 --heads 3 --block 128 --batch 4 --vocab-size 101)
 llama=(--model llama --layers 1 --embd 192 --heads 4 --block 64 --batch 4 --vocab-size 77)
 gpt2=(--layers 1 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8)
-# name | environment | options
+# name | choices as options | the same as variables (binaries before the options) | model options
 configs=(
-  "f32_90||${small[*]} --precision f32"
-  "f32_80||${small[*]} --precision f32 --sm 80"
-  "bf16_90||${small[*]} --precision bf16"
-  "bf16_80||${small[*]} --precision bf16 --sm 80"
-  "bf16_tensor_copies|KILN_WGMMA_TENSOR_COPIES=1|${small[*]} --precision bf16"
-  "bf16_staged_all|KILN_MMA_STAGED_STORES=all|${small[*]} --precision bf16"
-  "bf16_staged_none|KILN_MMA_STAGED_STORES=0|${small[*]} --precision bf16"
-  "bf16_products_first|KILN_WGMMA_PRODUCTS_FIRST=1|${small[*]} --precision bf16"
-  "bf16_no_mma|KILN_BF16_MMA=0|${small[*]} --precision bf16"
-  "tf32_90|KILN_ALLOW_TF32=1|${small[*]} --precision f32"
-  "tf32_80|KILN_ALLOW_TF32=1|${small[*]} --precision f32 --sm 80"
-  "llama_f32||${llama[*]} --precision f32"
-  "llama_bf16||${llama[*]} --precision bf16"
-  "gpt2_f32||${gpt2[*]} --precision f32"
-  "gpt2_bf16||${gpt2[*]} --precision bf16"
-  "gpt2_bf16_tensor_copies|KILN_WGMMA_TENSOR_COPIES=1|${gpt2[*]} --precision bf16"
-  "bf16_192x256|KILN_MMA_TILE=192x256|${small[*]} --precision bf16"
-  "bf16_80_3_stages|KILN_MMA_STAGES=3|${small[*]} --precision bf16 --sm 80"
-  "bf16_80_split_k|KILN_MMA_SPLIT_K=2|${small[*]} --precision bf16 --sm 80"
+  "f32_90|||${small[*]} --precision f32"
+  "f32_80|||${small[*]} --precision f32 --sm 80"
+  "bf16_90|||${small[*]} --precision bf16"
+  "bf16_80|||${small[*]} --precision bf16 --sm 80"
+  "bf16_tensor_copies|--matmul tensor-copies=on|KILN_WGMMA_TENSOR_COPIES=1|${small[*]} --precision bf16"
+  "bf16_staged_all|--matmul staged-stores=all|KILN_MMA_STAGED_STORES=all|${small[*]} --precision bf16"
+  "bf16_staged_none|--matmul staged-stores=none|KILN_MMA_STAGED_STORES=0|${small[*]} --precision bf16"
+  "bf16_products_first|--matmul products-first=on|KILN_WGMMA_PRODUCTS_FIRST=1|${small[*]} --precision bf16"
+  "bf16_no_mma|--matmul bf16-mma=off|KILN_BF16_MMA=0|${small[*]} --precision bf16"
+  "tf32_90|--tf32|KILN_ALLOW_TF32=1|${small[*]} --precision f32"
+  "tf32_80|--tf32|KILN_ALLOW_TF32=1|${small[*]} --precision f32 --sm 80"
+  "llama_f32|||${llama[*]} --precision f32"
+  "llama_bf16|||${llama[*]} --precision bf16"
+  "gpt2_f32|||${gpt2[*]} --precision f32"
+  "gpt2_bf16|||${gpt2[*]} --precision bf16"
+  "gpt2_bf16_tensor_copies|--matmul tensor-copies=on|KILN_WGMMA_TENSOR_COPIES=1|${gpt2[*]} --precision bf16"
+  "bf16_192x256|--matmul tile=192x256|KILN_MMA_TILE=192x256|${small[*]} --precision bf16"
+  "bf16_80_3_stages|--matmul stages=3|KILN_MMA_STAGES=3|${small[*]} --precision bf16 --sm 80"
+  "bf16_80_split_k|--matmul split-k=2|KILN_MMA_SPLIT_K=2|${small[*]} --precision bf16 --sm 80"
 )
+takes_options() { "$1" ptx --help 2>&1 | grep -q -- '--matmul'; }
 rm -rf "$work"
 mkdir -p "$work/old" "$work/new" "$work/logs"
 differ=0 compared=0
 for c in "${configs[@]}"; do
-  IFS='|' read -r name envs opts <<< "$c"
+  IFS='|' read -r name choices envs opts <<< "$c"
   [[ $name =~ ${ONLY:-.} ]] || continue
   for side in old new; do
     bin=$old
     [[ $side == new ]] && bin=$new
-    # shellcheck disable=SC2086 # envs and opts are word lists
-    env $envs "$bin" ptx --out "$work/$side/$name" $opts > "$work/logs/$side.$name.log" 2>&1 ||
+    as_options=$choices as_variables=
+    takes_options "$bin" || as_options='' as_variables=$envs
+    # shellcheck disable=SC2086 # the variables and options are word lists
+    env $as_variables "$bin" ptx --out "$work/$side/$name" $opts $as_options > "$work/logs/$side.$name.log" 2>&1 ||
       { echo "kiln ptx failed for $name ($side): see $work/logs/$side.$name.log"; exit 2; }
   done
   files=$(find "$work/old/$name" -name '*.ptx' | wc -l)

@@ -3,7 +3,7 @@
 # by scripts/build_sanitized.sh). A tier of .ci/run. Every test of host code runs here (readers,
 # writers, executor, passes, layers, training, the CLI, the runtime and simulator behind the fake
 # driver); the lowering cases that run kernels by the thousand in the SIMT simulator
-# (Lowering.*, EveryPrim/LoweringTest.*, MatmulColumnSums.*, the PtxCommand* CLI runs) are
+# (Lowering.*, EveryPrim/LoweringTest.*, EveryTarget/LoweringPtxasTest.*, MatmulColumnSums.*, the PtxCommand* CLI runs) are
 # two thirds of the plain suite's time and run once, in the plain tier (scripts/test.sh).
 #
 #   bash scripts/test_sanitized.sh            # build and run every test
@@ -13,4 +13,4 @@ cd "$(dirname "$0")/.."
 bash scripts/build_sanitized.sh
 # Leak checks off: runtimes kept for the process (the CUDA runtime, plan caches) are not leaks.
 ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-sanitized --output-on-failure \
-  -j"$(nproc)" -E '^(Lowering\.|EveryPrim/LoweringTest\.|MatmulColumnSums\.|PtxCommand)' "$@"
+  -j"$(nproc)" -E '^(Lowering\.|EveryPrim/LoweringTest\.|EveryTarget/LoweringPtxasTest\.|MatmulColumnSums\.|PtxCommand)' "$@"

@@ -20,7 +20,7 @@
 
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
-#include "scoped_env.hpp"
+#include "scoped_target.hpp"
 
 namespace kiln {
 namespace {
@@ -60,10 +60,7 @@ size_t casts_of_rows(const Circuit& c) {
 std::vector<HostTensor> unabsorbed_results(const Case& k) {
   std::vector<ValueId> outs = k.outputs;
   Circuit unabsorbed;
-  {
-    testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
-    unabsorbed = optimize(k.circuit, outs, {.gpu = true});
-  }
+  { unabsorbed = optimize(k.circuit, outs, cuda_target(90, /*fake=*/true), PipelineOptions{{"absorb_casts"}}); }
   return execute(unabsorbed, k.bindings, outs);
 }
 
@@ -94,7 +91,7 @@ TEST(AbsorbCasts, RowOutputsCastForMatmulsAreStoredAsBf16ByTheirOp) {
         EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
       // The GPU plan (every pass) on the simulator.
       std::vector<ValueId> gpu_outs = k.outputs;
-      const Circuit planned = optimize(k.circuit, gpu_outs, {.gpu = true});
+      const Circuit planned = optimize(k.circuit, gpu_outs, cuda_target(90, /*fake=*/true));
       EXPECT_EQ(casts_of_rows(planned), 0u) << planned.dump("planned");
       cuda::DeviceProgram dp(planned, gpu_outs, testing::fake_runtime());
       const std::vector<HostTensor> dev = dp.run(k.bindings);
@@ -112,10 +109,11 @@ TEST(AbsorbCasts, RowOutputsCastForMatmulsAreStoredAsBf16ByTheirOp) {
 // executor the same bits as the cast.
 TEST(AbsorbCasts, MatmulEpiloguesCastForMatmulsAreStoredAsBf16ByTheirKernel) {
   for (const int64_t rows : {int64_t{256}, int64_t{100}})
-    for (const char* wgmma : {"0", "1"})
+    for (const char* wgmma : {"off", "on"})
       for (const char* split : {"0", "2"}) {
-        SCOPED_TRACE(std::to_string(rows) + " rows, KILN_WGMMA=" + wgmma + ", KILN_MMA_SPLIT_K=" + split);
-        testing::ScopedEnv engine("KILN_WGMMA", wgmma), splits("KILN_MMA_SPLIT_K", split);
+        SCOPED_TRACE(std::to_string(rows) + " rows, wgmma=" + wgmma + ", split-k=" + split);
+        const Target target =
+            testing::with_matmul(cuda_target(90, /*fake=*/true), std::string("wgmma=") + wgmma + ",split-k=" + split);
         Case k;
         Circuit& c = k.circuit;
         const ValueId x = c.add_external({Shape{rows, 128}, DType::f32}, ValueRole::Input, "x");
@@ -129,7 +127,7 @@ TEST(AbsorbCasts, MatmulEpiloguesCastForMatmulsAreStoredAsBf16ByTheirKernel) {
         for (const ValueId v : {x, w1, b1, w2})
           k.bindings.push_back(testing::random_tensor({c.info(v).shape, DType::f32}, 50 + static_cast<uint64_t>(v)));
         std::vector<ValueId> gpu_outs = k.outputs;
-        const Circuit planned = optimize(k.circuit, gpu_outs, {.gpu = true});
+        const Circuit planned = optimize(k.circuit, gpu_outs, target);
         size_t bf16_epilogues = 0, casts_of_matmuls = 0;
         for (const Op& op : planned.ops()) {
           if (op.is(PrimId::fused_matmul))
@@ -144,8 +142,8 @@ TEST(AbsorbCasts, MatmulEpiloguesCastForMatmulsAreStoredAsBf16ByTheirKernel) {
         const std::vector<HostTensor> want = unabsorbed_results(k), got = execute(planned, k.bindings, gpu_outs);
         for (size_t o = 0; o < want.size(); ++o)
           EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
-        cuda::DeviceProgram dp(planned, gpu_outs, testing::fake_runtime());
-        EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma m64n" : "mma.sync bf16"), std::string::npos)
+        cuda::DeviceProgram dp(planned, gpu_outs, testing::fake_runtime(), target);
+        EXPECT_NE(dp.dump().find(wgmma == std::string("on") ? "wgmma m64n" : "mma.sync bf16"), std::string::npos)
             << dp.dump();
         EXPECT_EQ(dp.dump().find("K split 2 ways") != std::string::npos, split == std::string("2")) << dp.dump();
         const std::vector<HostTensor> dev = dp.run(k.bindings);
@@ -161,10 +159,10 @@ TEST(AbsorbCasts, MatmulEpiloguesCastForMatmulsAreStoredAsBf16ByTheirKernel) {
 // f32 matmul tolerance, on mma.sync and on wgmma, inside whole tiles (256 x 128) and off them.
 TEST(AbsorbCasts, AProductOnlyCastToBf16IsStoredAsBf16ByItsKernel) {
   for (const int64_t rows : {int64_t{256}, int64_t{100}})
-    for (const char* wgmma : {"0", "1"})
+    for (const char* wgmma : {"off", "on"})
       for (const bool f32_requested : {false, true}) {
-        SCOPED_TRACE(std::to_string(rows) + " rows, KILN_WGMMA=" + wgmma + (f32_requested ? ", f32 requested" : ""));
-        testing::ScopedEnv engine("KILN_WGMMA", wgmma);
+        SCOPED_TRACE(std::to_string(rows) + " rows, wgmma=" + wgmma + (f32_requested ? ", f32 requested" : ""));
+        const Target target = testing::with_matmul(cuda_target(90, /*fake=*/true), std::string("wgmma=") + wgmma);
         Case k;
         Circuit& c = k.circuit;
         const ValueId x = c.add_external({Shape{rows, 64}, DType::bf16}, ValueRole::Input, "x");
@@ -176,7 +174,7 @@ TEST(AbsorbCasts, AProductOnlyCastToBf16IsStoredAsBf16ByItsKernel) {
         for (const ValueId v : {x, w})
           k.bindings.push_back(testing::random_tensor({c.info(v).shape, DType::bf16}, 70 + static_cast<uint64_t>(v)));
         std::vector<ValueId> gpu_outs = k.outputs;
-        const Circuit planned = optimize(k.circuit, gpu_outs, {.gpu = true});
+        const Circuit planned = optimize(k.circuit, gpu_outs, target);
         size_t bf16_outputs = 0, f32_outputs = 0;
         for (const Op& op : planned.ops())
           if (op.is(PrimId::fused_matmul))
@@ -189,8 +187,8 @@ TEST(AbsorbCasts, AProductOnlyCastToBf16IsStoredAsBf16ByItsKernel) {
           ASSERT_EQ(got[o].dtype(), want[o].dtype()) << "output " << o;
           EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << "output " << o;
         }
-        cuda::DeviceProgram dp(planned, gpu_outs, testing::fake_runtime());
-        EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma m64n" : "mma.sync bf16"), std::string::npos)
+        cuda::DeviceProgram dp(planned, gpu_outs, testing::fake_runtime(), target);
+        EXPECT_NE(dp.dump().find(wgmma == std::string("on") ? "wgmma m64n" : "mma.sync bf16"), std::string::npos)
             << dp.dump();
         const std::vector<HostTensor> dev = dp.run(k.bindings);
         for (size_t o = 0; o < want.size(); ++o)
@@ -313,9 +311,9 @@ TEST(AbsorbCasts, AttentionCastsBecomeTheOpsCopies) {
 
 TEST(AbsorbCasts, TheSwitchKeepsTheCasts) {
   Case k = norm_then_matmul(37, false);
-  testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_casts");
   std::vector<ValueId> outs = k.outputs;
-  EXPECT_EQ(casts_of_rows(optimize(k.circuit, outs, {.gpu = true})), 1u);
+  EXPECT_EQ(casts_of_rows(optimize(k.circuit, outs, cuda_target(90, /*fake=*/true), PipelineOptions{{"absorb_casts"}})),
+            1u);
 }
 
 // Params round trip, and the checks: bf16 outputs only in f32 ops.

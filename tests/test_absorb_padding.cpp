@@ -20,7 +20,6 @@
 
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
-#include "scoped_env.hpp"
 
 namespace kiln {
 namespace {
@@ -45,7 +44,7 @@ Case padded_norm(int64_t n, int64_t pad) {
 }
 
 TEST(AbsorbPadding, ZeroColumnsAfterARowOutputAreWrittenByItsOp) {
-  set_poison_buffers(true);
+  set_poison_buffers(true);  // as the whole suite runs (tests/test_environment.cpp)
   for (const int64_t n : {int64_t{13}, int64_t{45}, int64_t{3000}})
     for (const int64_t pad : {int64_t{3}, int64_t{40}}) {
       SCOPED_TRACE("rows of " + std::to_string(n) + " padded by " + std::to_string(pad));
@@ -75,14 +74,13 @@ TEST(AbsorbPadding, ZeroColumnsAfterARowOutputAreWrittenByItsOp) {
       EXPECT_LT(testing::relative_error(dev[0], want[0]), 1.0 / 256);
       EXPECT_LT(testing::relative_error(dev[1], want[1]), 1e-5);
     }
-  set_poison_buffers(false);
 }
 
 // Padding first, then the cast (f32 zeros concatenated before the cast): absorb_casts gives the
 // op's bf16 copy the f32 output's padding (after the op's other output, y + x), the same values
 // as the unabsorbed ops.
 TEST(AbsorbPadding, ACastOfPaddedRowsIsPaddedToo) {
-  set_poison_buffers(true);
+  set_poison_buffers(true);  // as the whole suite runs (tests/test_environment.cpp)
   Case k;
   Circuit& c = k.circuit;
   const ValueId x = c.add_external({Shape{6, 45}, DType::f32}, ValueRole::Input, "x");
@@ -112,7 +110,6 @@ TEST(AbsorbPadding, ACastOfPaddedRowsIsPaddedToo) {
   for (size_t o = 0; o < want.size(); ++o) EXPECT_LT(testing::relative_error(dev[o], want[o]), 1.0 / 256) << o;
   for (int64_t r = 0; r < 6; ++r)
     for (int64_t i = 45; i < 48; ++i) EXPECT_EQ(dev[0].get(r * 48 + i), 0.0) << "row " << r << ", " << i;
-  set_poison_buffers(false);
 }
 
 // Zeros of -0 are not the kernels' +0 columns: such a concat stays.
@@ -146,7 +143,7 @@ Case norm_then_matmul_of_odd_rows() {
 TEST(AbsorbPadding, TheGpuPipelinePadsOddBf16RowsInTheirProducer) {
   Case k = norm_then_matmul_of_odd_rows();
   std::vector<ValueId> outs = k.outputs;
-  const Circuit planned = optimize(k.circuit, outs, {.gpu = true});
+  const Circuit planned = optimize(k.circuit, outs, cuda_target(90, /*fake=*/true));
   EXPECT_EQ(testing::count_prim(planned, PrimId::concat), 0u) << planned.dump("planned");
   EXPECT_NE(planned.dump("planned").find(":bf16+3 zero columns"), std::string::npos) << planned.dump("planned");
   cuda::DeviceProgram dp(planned, outs, testing::fake_runtime());
@@ -154,9 +151,11 @@ TEST(AbsorbPadding, TheGpuPipelinePadsOddBf16RowsInTheirProducer) {
   const std::vector<HostTensor> dev = dp.run(k.bindings);
   const std::vector<HostTensor> cpu = execute(k.circuit, k.bindings, k.outputs);
   EXPECT_LT(testing::relative_error(dev[0], cpu[0]), 1e-5);
-  testing::ScopedEnv off("KILN_DISABLE_PASSES", "absorb_padding");
   std::vector<ValueId> kept = k.outputs;
-  EXPECT_EQ(testing::count_prim(optimize(k.circuit, kept, {.gpu = true}), PrimId::concat), 1u);
+  EXPECT_EQ(testing::count_prim(
+                optimize(k.circuit, kept, cuda_target(90, /*fake=*/true), PipelineOptions{{"absorb_padding"}}),
+                PrimId::concat),
+            1u);
 }
 
 // Params round trip, and the checks: no padding on a per-row output.

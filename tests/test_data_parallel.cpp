@@ -183,22 +183,22 @@ TEST(DataParallel, AResumedRunMayChangeTheNumberOfRanks) {
   fs::remove_all(dir);
 }
 
-// GPUs across ranks, on the fake driver (KILN_FAKE_CUDA=1: kernels in the simulator): 2 ranks
+// GPUs across ranks, on the fake driver (--device sim: kernels in the simulator): 2 ranks
 // whose gradients are averaged by the device collective (through host memory and MPI: the fake
 // driver has no stream capture for NCCL) train as one process on the same global batch.
 TEST(DataParallel, FakeGpuRanksTrainAsOneProcess) {
   KILN_REQUIRE_MPI_OR_SKIP();
   const fs::path dir = workdir("fakegpu");
   auto command = [&](const std::string& tag) {
-    return std::string(kCli) + " train --device cuda --data '" + (dir / "corpus.txt").string() +
+    return std::string(kCli) + " train --device sim --data '" + (dir / "corpus.txt").string() +
            "' --layers 1 --heads 2 --embd 16 --block 8 --batch 4 --steps 4 --warmup 2 --eval-every 0 --threads 1 "
            "--sample-tokens 0 "  // 300 tokens on the simulator take 100 s under ASan, near mpirun's limit
            "--out '" +
            (dir / (tag + ".h5")).string() + "' --metrics '" + (dir / (tag + ".jsonl")).string() + "'";
   };
-  auto [os, osecs] = run("KILN_FAKE_CUDA=1 " + command("one"), dir / "one.log");
+  auto [os, osecs] = run(command("one"), dir / "one.log");
   ASSERT_EQ(os, 0) << read(dir / "one.log");
-  auto [ts, tsecs] = run(mpirun(2, "KILN_FAKE_CUDA=1") + command("two"), dir / "two.log");
+  auto [ts, tsecs] = run(mpirun(2) + command("two"), dir / "two.log");
   ASSERT_EQ(ts, 0) << read(dir / "two.log");
   EXPECT_NE(read(dir / "two.log").find("gradients averaged through host memory and MPI"), std::string::npos)
       << read(dir / "two.log");

@@ -21,7 +21,7 @@
 #include "device_test_util.hpp"
 #include "gpt_reference_util.hpp"
 #include "ptxas_skip.hpp"
-#include "scoped_env.hpp"
+#include "scoped_target.hpp"
 
 namespace kiln {
 namespace {
@@ -183,15 +183,13 @@ TEST(FakeGpuGpt, StepsAtSizesThatSplitRowsAcrossBlocksMatchTheCpu) {
   training_steps_match_cpu(testing::fake_runtime(), c, 5);
 }
 
-// Mixed precision with KILN_BF16_MMA=0: the same two steps with bf16 matmul operands (casts
+// Mixed precision with bf16-mma=off: the same two steps with bf16 matmul operands (casts
 // folded into the matmuls as roundings, the matmul kernels widening bf16 tiles to f32) agree
 // with the CPU's bf16 steps as closely as f32 steps do: both round the same f32 values to bf16
 // and multiply them exactly.
 void widened_bf16_training_steps_match_cpu(cuda::Runtime& rt) {
-  cuda::ForceBf16Mma widened(false);
-  Engine::current().plan_cache().clear();
+  testing::ScopedTarget widened(testing::matmul("bf16-mma=off"));
   training_steps_match_cpu(rt, testing::tiny_gpt_config(2), 2, Precision::bf16);
-  Engine::current().plan_cache().clear();
 }
 
 TEST(FakeGpuGpt, Bf16TrainingStepsOnWidenedTilesMatchTheCpu) {
@@ -202,14 +200,12 @@ TEST(FakeGpuGpt, Bf16TrainingStepsOnWidenedTilesMatchTheCpu) {
 // device) on every matmul whose operands qualify: the activations' casts are then kernels, so that
 // the matmuls read stored bf16. With `wgmma` (the default on a real H100 or H200): sm_90a's wgmma.
 void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt, bool wgmma) {
-  cuda::ForceBf16Mma force;  // whatever KILN_BF16_MMA says
-  testing::ScopedEnv engine("KILN_WGMMA", wgmma ? "1" : "0");
+  testing::ScopedTarget on(testing::matmul(wgmma ? "bf16-mma=on,wgmma=on" : "bf16-mma=on,wgmma=off"));
   const std::string kernel = wgmma ? "wgmma m64n" : "mma.sync bf16";
-  Engine::current().plan_cache().clear();
   training_steps_match_cpu(rt, testing::tiny_gpt_config(2), 2, Precision::bf16);
   size_t bf16_mma_kernels = 0;
   for (const Plan* p : Engine::current().plan_cache().plans())
-    if (p->device)
+    if (p->device && p->target.matmul == Engine::current().target().matmul)  // this function's plans
       for (size_t at = p->device->dump().find(kernel); at != std::string::npos;
            at = p->device->dump().find(kernel, at + 1))
         ++bf16_mma_kernels;
@@ -218,7 +214,6 @@ void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt, bool wgmma) {
   // and the LM head's three, whose logits' gradient (rows of 13) pad_bf16_rows pads to 16.
   EXPECT_GE(bf16_mma_kernels, 27u);
   std::printf("matmuls on the bf16 mma kernel: %zu\n", bf16_mma_kernels);
-  Engine::current().plan_cache().clear();
 }
 
 TEST(FakeGpuGpt, Bf16MmaTrainingStepsMatchTheCpu) { bf16_mma_training_steps_match_cpu(testing::fake_runtime(), false); }
@@ -278,7 +273,6 @@ TEST(FakeGpuEngine, ACachedPlanRunsOnTheCurrentRuntimeAndAFailedSwitchChangesNot
 
 void every_kernel_of_a_training_step_passes_ptxas(Precision precision) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
-  Engine::current().plan_cache().clear();  // only this step's plans are checked
   ScopedPrecision policy(precision);
   const models::GPTConfig c = testing::tiny_gpt_config(1);
   manual_seed(3);
@@ -292,7 +286,7 @@ void every_kernel_of_a_training_step_passes_ptxas(Precision precision) {
   opt.step(1.0);
   std::vector<const kir::Kernel*> kernels;
   for (const Plan* p : Engine::current().plan_cache().plans())
-    if (p->device)
+    if (p->device && p->target.gpu())  // lowered: this step's (the CPU's plans are never lowered)
       for (const auto& k : p->device->kernels()) kernels.push_back(k.launch->kernel.get());
   ASSERT_GT(kernels.size(), 20u);
   testing::expect_ptxas_accepts(kernels);

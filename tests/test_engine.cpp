@@ -12,7 +12,10 @@
 #include <kiln/core/device.hpp>
 #include <kiln/core/engine.hpp>
 #include <kiln/core/gradcheck.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
 #include <kiln/train/sgd.hpp>
+
+#include "scoped_target.hpp"
 
 namespace kiln {
 namespace {
@@ -69,12 +72,64 @@ TEST(EnginePlanCache, BoundedAndConfirmedByEquality) {
     ValueId x = cs[static_cast<size_t>(i)].add_external({Shape{2}, DType::f32}, ValueRole::Input);
     Builder b(cs[static_cast<size_t>(i)]);
     outs = {b.scale(x, i + 1.0)};
-    cache.build(7, cs[static_cast<size_t>(i)], outs);  // same (forced) hash for all three
+    cache.build(7, cs[static_cast<size_t>(i)], outs, cpu_target(), {});  // same (forced) hash for all three
   }
   EXPECT_EQ(cache.size(), 2u);
-  EXPECT_EQ(cache.find(7, cs[0], outs), nullptr);  // evicted
-  EXPECT_NE(cache.find(7, cs[2], outs), nullptr);
-  EXPECT_NE(cache.find(7, cs[1], outs), nullptr);  // a colliding hash is told apart by equality
+  EXPECT_EQ(cache.find(7, cs[0], outs, cpu_target(), {}), nullptr);  // evicted
+  EXPECT_NE(cache.find(7, cs[2], outs, cpu_target(), {}), nullptr);
+  EXPECT_NE(cache.find(7, cs[1], outs, cpu_target(), {}), nullptr);  // a colliding hash is told apart by equality
+}
+
+// The Target and the pipeline's options are part of a plan's key: the same step under another
+// Target (a device, a matmul policy, tf32, determinism) or with a pass off is another plan, and
+// each is found again under its own.
+TEST(EnginePlanCache, TwoTargetsGiveTwoPlans) {
+  PlanCache cache;
+  Circuit c;
+  ValueId x = c.add_external({Shape{2}, DType::f32}, ValueRole::Input);
+  Builder b(c);
+  const std::vector<ValueId> outs{b.scale(x, 2.0)};
+  Target tf32 = cpu_target(), gpu = cuda_target(90, /*fake=*/true), tiles = gpu, exact = gpu;
+  tf32.tf32 = true;
+  tiles.matmul = parse_matmul_policy("tile=128x256");
+  exact.deterministic = true;
+  const std::vector<Target> targets{cpu_target(), tf32, gpu, tiles, exact};
+  for (const Target& t : targets) {
+    EXPECT_EQ(cache.find(1, c, outs, t, {}), nullptr) << t.str();
+    cache.build(1, c, outs, t, {});
+  }
+  EXPECT_EQ(cache.size(), targets.size());
+  for (const Target& t : targets) {
+    const std::shared_ptr<const Plan> p = cache.find(1, c, outs, t, {});
+    ASSERT_NE(p, nullptr) << t.str();
+    EXPECT_EQ(p->target, t);
+  }
+  EXPECT_EQ(cache.find(1, c, outs, gpu, PipelineOptions{{"cse"}}), nullptr);
+  cache.build(1, c, outs, gpu, PipelineOptions{{"cse"}});
+  EXPECT_EQ(cache.size(), targets.size() + 1);
+}
+
+// Through the engine: a step recorded under another Target builds a plan, and the first Target's
+// plan is found again when the engine goes back to it.
+TEST(EnginePlanCache, TheEnginesTargetKeysItsPlans) {
+  Engine& e = Engine::current();
+  Tensor x = Tensor::from_vector({1, 2}, Shape{2});
+  (x * 5.0).to_vector();
+  const uint64_t built = e.stats().plans_built;
+  {
+    testing::ScopedTarget tf32([](Target& t) { t.tf32 = true; });
+    (x * 5.0).to_vector();
+    EXPECT_EQ(e.stats().plans_built, built + 1);
+    EXPECT_TRUE(e.last_plan()->target.tf32);
+  }
+  (x * 5.0).to_vector();
+  EXPECT_EQ(e.stats().plans_built, built + 1);  // the first plan, found again
+  EXPECT_FALSE(e.last_plan()->target.tf32);
+  {
+    testing::ScopedPipeline no_cse("-cse");
+    (x * 5.0).to_vector();
+    EXPECT_EQ(e.stats().plans_built, built + 2);
+  }
 }
 
 TEST(EngineAssign, ReadsBeforeAnAssignSeeTheOldValue) {
@@ -219,22 +274,39 @@ TEST(EngineSeeding, ManualSeedReproducesRandomTensors) {
 // is the CPU (the CTest CliHelpAndBadInput hides a GPU with CUDA_VISIBLE_DEVICES to check the
 // error there too).
 TEST(EngineDevice, CudaIsTheGpuOrAClearError) {
-  EXPECT_EQ(parse_device("cpu"), Device::CPU);
+  EXPECT_EQ(parse_device("cpu").device, Device::CPU);
   EXPECT_THROW(parse_device("gpu"), Error);
   if (cuda_available()) {
-    EXPECT_EQ(parse_device("cuda"), Device::CUDA);
-    EXPECT_EQ(parse_device("auto"), Device::CUDA);
+    EXPECT_EQ(parse_device("cuda").device, Device::CUDA);
+    EXPECT_EQ(parse_device("auto").device, Device::CUDA);
     return;
   }
   const char* required = std::getenv("KILN_REQUIRE_GPU");
   EXPECT_FALSE(required && std::string(required) == "1") << "KILN_REQUIRE_GPU=1 but no usable GPU";
-  EXPECT_EQ(parse_device("auto"), Device::CPU);
+  EXPECT_EQ(parse_device("auto").device, Device::CPU);
   try {
     parse_device("cuda");
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no usable GPU"), std::string::npos);
   }
+}
+
+// sim: the CUDA back end on the fake driver, wherever kiln runs; the engine's Target is then the
+// simulated device's (its sm, fake), and the CPU's again after.
+TEST(EngineDevice, SimIsTheCudaBackEndOnTheSimulator) {
+  const DeviceSelection sim = parse_device("sim");
+  ASSERT_EQ(sim.device, Device::CUDA);
+  ASSERT_NE(sim.runtime, nullptr);
+  EXPECT_TRUE(sim.simulated());
+  Engine& e = Engine::current();
+  e.set_device(sim.device, sim.runtime);
+  EXPECT_TRUE(e.target().gpu());
+  EXPECT_TRUE(e.target().fake);
+  EXPECT_EQ(e.target().sm, sim.runtime->sm());
+  EXPECT_EQ((Tensor::from_vector({1, 2}, Shape{2}) * 2.0).to_vector(), (std::vector<double>{2, 4}));
+  e.set_device(Device::CPU);
+  EXPECT_FALSE(e.target().gpu());
 }
 
 TEST(UserGradcheck, PassesForACorrectFunctionAndChecksParameters) {

@@ -24,7 +24,7 @@
 
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
-#include "scoped_env.hpp"
+#include "scoped_target.hpp"
 
 namespace kiln {
 namespace {
@@ -319,12 +319,11 @@ TEST(FuseAttention, APlantedWrongGradientIsCaught) {
 template <class Model>
 const Circuit& step_plan(Model& model, int64_t t) {
   Engine& engine = Engine::current();
-  engine.plan_cache().clear();
   Tensor x = Tensor::from_host(HostTensor::zeros(DType::i32, Shape{2, t}));
   Tensor loss = model.loss(x, x);
   loss.backward();
   engine.realize();
-  return engine.plan_cache().largest()->program->circuit();
+  return engine.last_plan()->program->circuit();
 }
 
 // With and without dropout on the attention probabilities (the model's attn_dropout), and with
@@ -357,7 +356,7 @@ TEST(FuseAttention, GptStepsCarryFusedAttentionInEveryLayer) {
           EXPECT_EQ(a.bf16, precision == Precision::bf16);
         }
     }
-    testing::ScopedEnv off("KILN_DISABLE_PASSES", "fuse_attention");
+    testing::ScopedPipeline off("-fuse_attention");
     const Circuit& c = step_plan(model, t);
     EXPECT_EQ(count_prim(c, PrimId::attention), 0u);
     EXPECT_GT(square_values(c, t, t), 0u);
@@ -400,12 +399,11 @@ TEST(FuseAttention, NonCausalMultiHeadAttentionIsFused) {
   manual_seed(3);
   nn::MultiHeadAttention layer(o);
   Engine& engine = Engine::current();
-  engine.plan_cache().clear();
   Tensor x = Tensor::from_host(testing::random_tensor({Shape{2, 5, 16}, DType::f32}, 4));
   Tensor y = layer.forward(x);
   sum(y * y).backward();
   engine.realize();
-  const Circuit& c = engine.plan_cache().largest()->program->circuit();
+  const Circuit& c = engine.last_plan()->program->circuit();
   EXPECT_EQ(count_prim(c, PrimId::attention), 1u) << c.dump();
   EXPECT_EQ(count_prim(c, PrimId::attention_grad), 1u);
 }
@@ -428,7 +426,6 @@ TEST(FuseAttention, MultiHeadAttentionWithAPaddingMaskIsFused) {
     const Tensor mask = Tensor::from_host(pad);
     auto run = [&] {
       Engine& engine = Engine::current();
-      engine.plan_cache().clear();
       layer.zero_grad();
       Tensor y = layer.forward(x, mask);
       sum(y * y).backward();
@@ -436,14 +433,14 @@ TEST(FuseAttention, MultiHeadAttentionWithAPaddingMaskIsFused) {
       return std::make_pair(y.to_host(), layer.q_proj->weight.grad().to_host());
     };
     const auto [y, grad] = run();
-    const Circuit& c = Engine::current().plan_cache().largest()->program->circuit();
+    const Circuit& c = Engine::current().last_plan()->program->circuit();
     EXPECT_EQ(count_prim(c, PrimId::attention), 1u) << c.dump();
     for (const Op& op : c.ops()) {
       if (op.is(PrimId::attention)) {
         EXPECT_TRUE(AttentionParams::of(op).mask);
       }
     }
-    testing::ScopedEnv off("KILN_DISABLE_PASSES", "fuse_attention");
+    testing::ScopedPipeline off("-fuse_attention");
     const auto [y_plain, grad_plain] = run();
     EXPECT_LT(testing::relative_error(y, y_plain), 1e-5);
     EXPECT_LT(testing::relative_error(grad, grad_plain), 1e-5);

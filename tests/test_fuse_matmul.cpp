@@ -36,7 +36,7 @@ size_t moves(const Circuit& c) {
 Circuit expect_fused_matches(const Built& u, DType dt, bool with_rows, const std::string& what) {
   std::vector<ValueId> plain_outs = u.outs, fused_outs = u.outs;
   Circuit plain = fuse_pointwise(cse(u.c, plain_outs), plain_outs);
-  Circuit fused = fuse_matmul(fuse_pointwise(cse(u.c, fused_outs), fused_outs), fused_outs);
+  Circuit fused = fuse_matmul(fuse_pointwise(cse(u.c, fused_outs), fused_outs), fused_outs, cpu_target());
   if (with_rows) fused = fuse_rows(fused, fused_outs);
   auto fresh = [&] { return u.fresh_binds(); };
   auto want = execute(plain, fresh(), plain_outs), got = execute(fused, fresh(), fused_outs);

@@ -19,7 +19,6 @@
 
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
-#include "scoped_env.hpp"
 
 namespace kiln {
 namespace {
@@ -225,7 +224,7 @@ TEST(FusedRows, RowsOfLengthZeroGetTheirReductions) {
   rp.reduction_bodies = {se::in(0), se::in(0), se::in(0)};
   rp.output_per_row = {true, true, true, false};
   rp.output_bodies = {se::in(1), se::in(2), se::in(3), se::in(0)};
-  testing::ScopedEnv poison("KILN_POISON_BUFFERS", "1");
+  set_poison_buffers(true);  // as in the whole suite (tests/test_environment.cpp)
   // The CPU reference in f64, the GPU kernel in the simulator in f32.
   for (DType dt : {DType::f64, DType::f32}) {
     const char* where = dt == DType::f64 ? "CPU" : "simulator";

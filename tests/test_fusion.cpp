@@ -1,6 +1,6 @@
 // T2 for pointwise fusion: legality (what may and may not be absorbed), equivalence of fused and
 // unfused circuits on random graphs (Eigen executor in f64 and f32, and the SIMT simulator),
-// the KILN_DISABLE_PASSES switch (kernel counts of GPT steps: test_kernel_counts.cpp).
+// the pipeline's switches (PipelineOptions::disabled) (kernel counts of GPT steps: test_kernel_counts.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -16,7 +16,7 @@
 #include <kiln/train/adamw.hpp>
 
 #include "device_test_util.hpp"
-#include "scoped_env.hpp"
+#include "scoped_target.hpp"
 
 namespace kiln {
 namespace {
@@ -26,13 +26,14 @@ enum class Part { Forward, ForwardBackward, AdamW, Step };
 size_t launches_of(const Plan& plan) {
   size_t n = 0;
   const Circuit& c = plan.program->circuit();
-  for (size_t i = 0; i < c.ops().size(); ++i) n += cuda::lower(c, static_cast<int>(i)).launches.size();
+  for (size_t i = 0; i < c.ops().size(); ++i) n += cuda::lower(c, static_cast<int>(i), plan.target).launches.size();
   return n;
 }
 
 // Launches of one realization of `part` for a GPT of `layers` blocks (tiny widths, no
 // dropout, gradient clipping at `clip` unless 0; with `guarded`, AdamW skips non-finite steps
-// as the Trainer's does): the largest plan it builds.
+// as the Trainer's does): the plan of its last realization, made for a (fake) sm_90 GPU on the
+// CPU, the plan a GPU run gets; nothing runs there.
 // (With `stats`, also the plan's step statistics.)
 size_t launches(int64_t layers, Part part, double clip = 1.0, bool guarded = false,
                 Precision precision = Precision::f32, StepStats* stats = nullptr) {
@@ -46,20 +47,15 @@ size_t launches(int64_t layers, Part part, double clip = 1.0, bool guarded = fal
   optim::AdamW opt(model.parameters(), adamw);
   Tensor x = Tensor::from_host(HostTensor::zeros(DType::i32, Shape{2, 8}));
   Engine& engine = Engine::current();
-  engine.plan_cache().clear();
-  engine.plan_cache().set_gpu_target(true);  // counts of the plan a GPU run gets; nothing runs there
+  testing::ScopedTarget gpu([](Target& t) { t = with_device_of(t, cuda_target(90, /*fake=*/true)); });
   Tensor loss = model.loss(x, x);
   if (part != Part::Forward) loss.backward();
-  if (part == Part::AdamW) {  // the update alone, in a realization of its own
-    engine.realize();
-    engine.plan_cache().clear();
-  }
+  if (part == Part::AdamW) engine.realize();  // the update alone, in a realization of its own
   if (part == Part::AdamW || part == Part::Step) opt.step(clip, part == Part::Step ? loss : Tensor());
   engine.realize();
-  const Plan* plan = engine.plan_cache().largest();
+  const Plan* plan = engine.last_plan();
   const size_t n = plan ? launches_of(*plan) : 0;
   if (stats && plan) *stats = measure_step(*plan);
-  engine.plan_cache().set_gpu_target(false);
   return n;
 }
 
@@ -103,7 +99,7 @@ TEST(KernelCounts, GptBlockForwardBackwardAdamWAndStep) {
 TEST(KernelCounts, Bf16MatmulOperandsAreWrittenByTheirProducers) {
   const size_t all = launches(2, Part::Step, 1.0, false, Precision::bf16);
   auto without = [](const char* pass) {
-    testing::ScopedEnv off("KILN_DISABLE_PASSES", pass);
+    testing::ScopedPipeline off(std::string("-") + pass);
     return launches(2, Part::Step, 1.0, false, Precision::bf16);
   };
   const size_t without_padding = without("absorb_padding"), without_casts = without("absorb_casts");
@@ -124,7 +120,7 @@ TEST(KernelCounts, Bf16BiasGradientsOfMatmulEpiloguesAreSummedByTheMatmul) {
   const size_t all = launches(2, Part::Step, 1.0, false, Precision::bf16, &with);
   size_t off = 0;
   {
-    testing::ScopedEnv disable("KILN_DISABLE_PASSES", "matmul_column_sums");
+    testing::ScopedPipeline disable("-matmul_column_sums");
     off = launches(2, Part::Step, 1.0, false, Precision::bf16, &without);
   }
   EXPECT_EQ(all, off);
@@ -146,18 +142,18 @@ TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
   for (const PassInfo& p : pipeline_passes()) {
     const std::string pass = p.name;
     if (pass == "cse") continue;
-    every_pass += (every_pass.empty() ? "" : ",") + pass;
+    every_pass += (every_pass.empty() ? "-" : ",-") + pass;
     if (pass == "pad_bf16_rows" || pass == "absorb_casts" || pass == "absorb_padding" || pass == "matmul_column_sums")
       continue;
     {
-      testing::ScopedEnv off("KILN_DISABLE_PASSES", pass);
+      testing::ScopedPipeline off("-" + pass);
       without[pass] = launches(1, Part::Step);
     }
     EXPECT_GT(without[pass], all) << "switching off " << pass << " should cost launches";
   }
   size_t none = 0;
   {
-    testing::ScopedEnv off("KILN_DISABLE_PASSES", every_pass);
+    testing::ScopedPipeline off(every_pass);
     none = launches(1, Part::Step);
   }
   std::printf(
@@ -189,12 +185,12 @@ TEST(DeterministicMode, AGptStepHasNoFloatAtomics) {
   for (bool deterministic : {false, true}) {
     engine.set_deterministic(deterministic);
     launches(1, Part::Step);
-    const Plan* plan = engine.plan_cache().largest();
+    const Plan* plan = engine.last_plan();
     ASSERT_NE(plan, nullptr);
-    EXPECT_EQ(plan->deterministic, deterministic);
+    EXPECT_EQ(plan->target.deterministic, deterministic);
     const Circuit& c = plan->program->circuit();
     for (size_t i = 0; i < c.ops().size(); ++i)
-      for (const cuda::Launch& l : cuda::lower(c, static_cast<int>(i)).launches)
+      for (const cuda::Launch& l : cuda::lower(c, static_cast<int>(i), plan->target).launches)
         atomics[deterministic] += float_atomics(l.kernel->body);
   }
   engine.set_deterministic(false);

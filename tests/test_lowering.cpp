@@ -34,7 +34,6 @@
 #include "prim_cases.hpp"
 #include "prim_test_util.hpp"
 #include "ptxas_skip.hpp"
-#include "scoped_env.hpp"
 
 namespace kiln {
 namespace {
@@ -49,25 +48,27 @@ using testing::LoweringCase;
 
 std::vector<LoweringCase> cases() { return testing::all_prim_cases().lowering; }
 
-// Runs every case; returns the kernels they generated (for ptxas).
-class LoweringTest : public ::testing::TestWithParam<LoweringCase> {};
+// Every case on every Target of testing::case_targets().
+using TargetCase = std::tuple<LoweringCase, testing::NamedTarget>;
+class LoweringTest : public ::testing::TestWithParam<TargetCase> {};
 
-TEST_P(LoweringTest, SimulatorMatchesEigen) { check_case(GetParam(), testing::fake_runtime()); }
+TEST_P(LoweringTest, MatchesEigen) { testing::check_case_on(std::get<0>(GetParam()), std::get<1>(GetParam()).target); }
 
-// The same with every lowering on its 64-bit index path (taken on a GPU by tensors of 2^31
-// elements and more, which no test can afford).
-TEST_P(LoweringTest, SimulatorMatchesEigenWithWideIndices) {
-  cuda::ForceWideIndices wide;
-  check_case(GetParam(), testing::fake_runtime());
-}
+INSTANTIATE_TEST_SUITE_P(EveryPrim, LoweringTest,
+                         ::testing::Combine(::testing::ValuesIn(cases()), ::testing::ValuesIn(testing::case_targets())),
+                         [](const ::testing::TestParamInfo<TargetCase>& i) {
+                           return std::get<0>(i.param).name + "_on_" + std::get<1>(i.param).name;
+                         });
 
-// T5: the same kernels on a real GPU.
-TEST_P(LoweringTest, GpuMatchesEigen) {
+// T5: the same kernels on a real GPU (its own Target).
+class GpuLoweringTest : public ::testing::TestWithParam<LoweringCase> {};
+
+TEST_P(GpuLoweringTest, GpuMatchesEigen) {
   KILN_GPU_OR_SKIP(rt);
   check_case(GetParam(), *rt);
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryPrim, LoweringTest, ::testing::ValuesIn(cases()),
+INSTANTIATE_TEST_SUITE_P(EveryPrim, GpuLoweringTest, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<LoweringCase>& i) { return i.param.name; });
 
 TEST(Lowering, EveryRegisteredPrimHasALoweringAndACase) {
@@ -83,22 +84,37 @@ TEST(Lowering, EveryRegisteredPrimHasALoweringAndACase) {
   }
 }
 
-// Every kernel of every case passes ptxas (sm_80 and sm_90).
-void expect_every_case_passes_ptxas() {
-  std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-  testing::expect_ptxas_accepts(lowered_kernels(cases(), programs));
+// Every kernel of every case, lowered for each CUDA Target of the list, passes ptxas (sm_80 and
+// sm_90; wgmma's kernels sm_90a only). Kernels are named by their structure, so those a Target
+// shares with sm_80's lowering (most of sm_90's) are not checked twice.
+class LoweringPtxasTest : public ::testing::TestWithParam<testing::NamedTarget> {};
+
+TEST_P(LoweringPtxasTest, EveryCaseKernelPassesPtxas) {
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  std::vector<std::unique_ptr<cuda::DeviceProgram>> programs, sm80_programs;
+  std::vector<const kir::Kernel*> kernels = lowered_kernels(cases(), programs, GetParam().target);
+  if (GetParam().name != "sm80") {
+    std::set<std::string> sm80;
+    for (const kir::Kernel* k : lowered_kernels(cases(), sm80_programs, cuda_target(80, /*fake=*/true)))
+      sm80.insert(k->name);
+    std::erase_if(kernels, [&](const kir::Kernel* k) { return sm80.count(k->name) > 0; });
+  }
+  if (GetParam().target.wgmma()) {  // the bf16 cases' products on wgmma among them
+    EXPECT_TRUE(std::any_of(kernels.begin(), kernels.end(), [](const kir::Kernel* k) { return kir::needs_sm90a(*k); }));
+  }
+  std::printf("%zu kernels of their own for %s\n", kernels.size(), GetParam().name.c_str());
+  testing::expect_ptxas_accepts(kernels);
 }
 
-TEST(Lowering, EveryCaseKernelPassesPtxas) {
-  KILN_REQUIRE_PTXAS_OR_SKIP();
-  expect_every_case_passes_ptxas();
+std::vector<testing::NamedTarget> cuda_case_targets() {
+  std::vector<testing::NamedTarget> out;
+  for (const testing::NamedTarget& t : testing::case_targets())
+    if (t.target.gpu()) out.push_back(t);
+  return out;
 }
 
-TEST(Lowering, EveryCaseKernelPassesPtxasWithWideIndices) {
-  KILN_REQUIRE_PTXAS_OR_SKIP();
-  cuda::ForceWideIndices wide;
-  expect_every_case_passes_ptxas();
-}
+INSTANTIATE_TEST_SUITE_P(EveryTarget, LoweringPtxasTest, ::testing::ValuesIn(cuda_case_targets()),
+                         [](const ::testing::TestParamInfo<testing::NamedTarget>& i) { return i.param.name; });
 
 // The attention kernels at the shapes models give them (heads inside: (B, T, H, d)): GPT-2
 // small's head size 64 and the default GPT's 32 take the tiled forward, 128 the warp-per-row
@@ -124,7 +140,7 @@ TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
       grad_in.insert(grad_in.end(), {f[0], f[1], x[3]});
       c.add_op(PrimId::attention_grad, p, grad_in);
       for (int op = 0; op < 2; ++op)
-        for (const cuda::Launch& l : cuda::lower(c, op).launches)
+        for (const cuda::Launch& l : cuda::lower(c, op, cuda::device_target(testing::fake_runtime())).launches)
           for (int sm : {80, 90}) {
             const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*l.kernel, sm), sm);
             EXPECT_TRUE(r.ok) << r.log;
@@ -138,8 +154,11 @@ TEST(Lowering, AttentionKernelsAtModelShapesPassPtxasWithoutSpills) {
 // Attention with bf16 operands, with or without a mask and no dropout, at head sizes 16-64
 // (multiples of 16) runs on the tensor-core kernels (attention_mma.cpp): GPT-2 small's
 // (8, 1024, 12, 64) and the default GPT's (16, 64, 4, 32), heads inside. They pass ptxas for sm_80 and sm_90 without
-// spills (registers printed for docs/BENCHMARKS.md); KILN_ATTENTION_MMA=0 keeps the FFMA kernels.
-std::vector<std::string> bf16_attention_kernels(const Shape& shape, bool check_ptxas, bool mask = false) {
+// spills (registers printed for docs/BENCHMARKS.md); --attention-path simt keeps the FFMA kernels.
+std::vector<std::string> bf16_attention_kernels(const Shape& shape, bool check_ptxas, bool mask = false,
+                                                AttentionPath path = AttentionPath::mma) {
+  Target target = cuda::device_target(testing::fake_runtime());
+  target.attention = path;
   Circuit c;
   std::vector<ValueId> x;
   for (int i = 0; i < 4; ++i) x.push_back(c.add_external({shape, DType::f32}, ValueRole::Input));
@@ -152,7 +171,7 @@ std::vector<std::string> bf16_attention_kernels(const Shape& shape, bool check_p
   c.add_op(PrimId::attention_grad, p, grad_in);
   std::vector<std::string> names;
   for (int op = 0; op < 2; ++op)
-    for (const cuda::Launch& l : cuda::lower(c, op).launches) {
+    for (const cuda::Launch& l : cuda::lower(c, op, target).launches) {
       names.push_back(l.kernel->name);
       if (!check_ptxas) continue;
       for (int sm : {80, 90}) {
@@ -176,8 +195,8 @@ TEST(Lowering, Bf16AttentionRunsOnTensorCores) {
     EXPECT_EQ(names[0].rfind("kiln_attention_mma", 0), 0u) << names[0];
     EXPECT_EQ(names[1].rfind("kiln_attention_grad_q_mma", 0), 0u) << names[1];
     EXPECT_EQ(names[2].rfind("kiln_attention_grad_kv_mma", 0), 0u) << names[2];
-    testing::ScopedEnv off("KILN_ATTENTION_MMA", "0");
-    for (const std::string& n : bf16_attention_kernels(shape, false)) EXPECT_EQ(n.find("_mma"), std::string::npos) << n;
+    for (const std::string& n : bf16_attention_kernels(shape, false, false, AttentionPath::simt))
+      EXPECT_EQ(n.find("_mma"), std::string::npos) << n;
   }
 }
 
@@ -198,7 +217,7 @@ TEST(Lowering, Bf16CastIsExactOnAlignedAndUnalignedBuffers) {
     Params p;
     p.dtype = DType::bf16;
     c.add_op(PrimId::cast, p, {x});
-    const cuda::LoweredOp lo = cuda::lower(c, 0);
+    const cuda::LoweredOp lo = cuda::lower(c, 0, cuda::device_target(testing::fake_runtime()));
     ASSERT_EQ(lo.launches.size(), 1u);
     const cuda::Launch& l = lo.launches[0];
     EXPECT_EQ(l.kernel->name.rfind("kiln_cast_bf16x8", 0), 0u) << l.kernel->name;
@@ -233,7 +252,7 @@ TEST(Lowering, ColumnSumsOnQuadsGiveTheSameBitsOnUnalignedInputs) {
   const ValueId w = c.add_external({Shape{2, 300, 1}, DType::f32}, ValueRole::Input, "w");
   const ColumnSumsParams p{Shape{2, 300, 12}, {se::in(0) * se::in(1), se::in(0)}, DType::f32};
   c.add_op(PrimId::column_sums, p.to_params(), {x, w});
-  const cuda::LoweredOp lo = cuda::lower(c, 0);
+  const cuda::LoweredOp lo = cuda::lower(c, 0, cuda::device_target(testing::fake_runtime()));
   ASSERT_EQ(lo.launches.size(), 1u);
   const cuda::Launch& l = lo.launches[0];
   EXPECT_EQ(l.kernel->name.rfind("kiln_column_sums_quads", 0), 0u) << l.kernel->name;
@@ -349,10 +368,13 @@ TEST(Lowering, KernelsAreNamedByTheirStructureAndPrintIdentically) {
   auto build = [](Builder& b, const std::vector<ValueId>& x) { return b.matmul(x[0], x[1]); };
   testing::Harness h1({f32({9, 10}), f32({10, 11})}, build), h2({f32({9, 10}), f32({10, 11})}, build),
       h3({f32({9, 10}), f32({10, 12})}, build);
-  auto name = [](const testing::Harness& h) { return cuda::lower(h.circuit, 0).launches[0].kernel->name; };
+  auto name = [](const testing::Harness& h) {
+    return cuda::lower(h.circuit, 0, cuda::device_target(testing::fake_runtime())).launches[0].kernel->name;
+  };
   EXPECT_EQ(name(h1), name(h2));
   EXPECT_NE(name(h1), name(h3));
-  auto k1 = cuda::lower(h1.circuit, 0).launches[0].kernel, k2 = cuda::lower(h2.circuit, 0).launches[0].kernel;
+  auto k1 = cuda::lower(h1.circuit, 0, cuda::device_target(testing::fake_runtime())).launches[0].kernel,
+       k2 = cuda::lower(h2.circuit, 0, cuda::device_target(testing::fake_runtime())).launches[0].kernel;
   EXPECT_EQ(kir::print_ptx(*k1, 90), kir::print_ptx(*k2, 90));
 }
 
@@ -393,8 +415,8 @@ TEST(Lowering, RowKernelsEvaluateRowUniformPartsOncePerRow) {
     return b.concat({b.reshape(y, Shape{1800}), b.reshape(z, Shape{6})}, 0);
   });
   std::vector<ValueId> outs{h.output};
-  const Circuit optimized = optimize(h.circuit, outs, {.gpu = true});
-  cuda::DeviceProgram dp(optimized, outs, testing::fake_runtime());
+  const Circuit optimized = optimize(h.circuit, outs, cuda_target(90, /*fake=*/true));
+  cuda::DeviceProgram dp(optimized, outs, testing::fake_runtime(), cuda_target(90, /*fake=*/true));
   size_t row_kernels = 0;
   for (const auto& kl : dp.kernels()) {
     const kir::Kernel& k = *kl.launch->kernel;

@@ -20,7 +20,7 @@
 
 #include "device_test_util.hpp"
 #include "prim_test_util.hpp"
-#include "scoped_env.hpp"
+#include "scoped_target.hpp"
 
 namespace kiln {
 namespace {
@@ -73,28 +73,29 @@ TEST(MatmulColumnSums, ABiasGradientIsSummedByTheMatmulThatMakesIt) {
     bool batched = false;
   };
   const Setting settings[] = {
-      {"bf16 mma.sync 128x128", true, 300, 64, "128x128", "0", "0", "mma.sync bf16"},
-      {"bf16 mma.sync 128x256", true, 128, 64, "128x256", "0", "0", "mma.sync bf16"},
-      {"bf16 mma.sync, batch 2 x 150 rows", true, 300, 64, "128x128", "0", "0", "mma.sync bf16", true},
-      {"bf16 wgmma 128x256", true, 300, 64, "128x256", "1", "0", "wgmma m64n256"},
-      {"bf16 wgmma 128x128", true, 300, 64, "128x128", "1", "0", "wgmma m64n128"},
+      {"bf16 mma.sync 128x128", true, 300, 64, "128x128", "off", "0", "mma.sync bf16"},
+      {"bf16 mma.sync 128x256", true, 128, 64, "128x256", "off", "0", "mma.sync bf16"},
+      {"bf16 mma.sync, batch 2 x 150 rows", true, 300, 64, "128x128", "off", "0", "mma.sync bf16", true},
+      {"bf16 wgmma 128x256", true, 300, 64, "128x256", "on", "0", "wgmma m64n256"},
+      {"bf16 wgmma 128x128", true, 300, 64, "128x128", "on", "0", "wgmma m64n128"},
       // 192x256 asked for: the summing product keeps 128-row tiles (its sums are of 128-row blocks).
-      {"bf16 wgmma 192x256 asked for", true, 300, 64, "192x256", "1", "0", "tile 128x256x64, 256 threads"},
-      {"bf16 wgmma split 2", true, 300, 256, "128x128", "1", "2", "K split 2 ways"},
-      {"bf16 mma.sync split 2", true, 300, 256, "128x128", "0", "2", "K split 2 ways"},
+      {"bf16 wgmma 192x256 asked for", true, 300, 64, "192x256", "on", "0", "tile 128x256x64, 256 threads"},
+      {"bf16 wgmma split 2", true, 300, 256, "128x128", "on", "2", "K split 2 ways"},
+      {"bf16 mma.sync split 2", true, 300, 256, "128x128", "off", "2", "K split 2 ways"},
   };
   for (const Setting& s : settings) {
     SCOPED_TRACE(s.name);
-    testing::ScopedEnv tile("KILN_MMA_TILE", s.tile), wgmma("KILN_WGMMA", s.wgmma), split("KILN_MMA_SPLIT_K", s.split);
+    const Target target = testing::with_matmul(
+        cuda_target(90, /*fake=*/true), std::string("tile=") + s.tile + ",wgmma=" + s.wgmma + ",split-k=" + s.split);
     Case k = bias_gradient(s.rows, s.k, s.bf16, s.batched);
     const std::vector<HostTensor> want = execute(k.circuit, k.bindings, k.outputs);
     std::vector<ValueId> outs = k.outputs;
-    const Circuit planned = optimize(k.circuit, outs, {.gpu = true});
+    const Circuit planned = optimize(k.circuit, outs, target);
     // One matmul sums; its f32 epilogue is gone (bf16: the copy and the sums; f32: dy, which the
     // second product reads, and the sums).
     EXPECT_EQ(block_summing(planned), std::make_pair(size_t{1}, size_t{2})) << planned.dump("planned");
     const std::vector<HostTensor> cpu = execute(planned, k.bindings, outs);
-    cuda::DeviceProgram dp(planned, outs, testing::fake_runtime());
+    cuda::DeviceProgram dp(planned, outs, testing::fake_runtime(), target);
     EXPECT_NE(dp.dump().find(s.kernel), std::string::npos) << dp.dump();
     std::vector<const kir::Kernel*> kernels;
     for (const auto& kl : dp.kernels()) kernels.push_back(kl.launch->kernel.get());
@@ -107,16 +108,16 @@ TEST(MatmulColumnSums, ABiasGradientIsSummedByTheMatmulThatMakesIt) {
   }
 }
 
-// KILN_MMA_TILE=waves on wgmma would take 192x256 tiles for 8192 x 768 outputs (one wave of 129
+// tile=waves on wgmma would take 192x256 tiles for 8192 x 768 outputs (one wave of 129
 // blocks), but a summing product keeps 128-row tiles: here 128x128 (three waves of 384 blocks
 // against two of 192 at 128x256: 3 < 3.2). Lowered only (8192 rows are slow to simulate).
 TEST(MatmulColumnSums, WavesKeepTheSummingProductOn128RowTiles) {
-  testing::ScopedEnv tile("KILN_MMA_TILE", "waves"), wgmma("KILN_WGMMA", "1");
+  const Target target = testing::with_matmul(cuda_target(90, /*fake=*/true), "tile=waves,wgmma=on");
   Case k = bias_gradient(8192, 64, true, false, 768);
   std::vector<ValueId> outs = k.outputs;
-  const Circuit planned = optimize(k.circuit, outs, {.gpu = true});
+  const Circuit planned = optimize(k.circuit, outs, target);
   ASSERT_EQ(block_summing(planned).first, 1u) << planned.dump("planned");
-  cuda::DeviceProgram dp(planned, outs, testing::fake_runtime());
+  cuda::DeviceProgram dp(planned, outs, testing::fake_runtime(), target);
   const std::string d = dp.dump();
   size_t summing = 0;
   for (size_t at = d.find("block sums"); at != std::string::npos; at = d.find("block sums", at + 1)) {
@@ -137,9 +138,10 @@ TEST(MatmulColumnSums, WavesKeepTheSummingProductOn128RowTiles) {
 TEST(MatmulColumnSums, BlockSumsOnTheF32Kernels) {
   for (const char* tf32 : {"0", "1", "prologue"})
     for (const bool stored : {false, true}) {
-      SCOPED_TRACE(std::string("KILN_ALLOW_TF32=") + tf32 + (stored ? ", the epilogue stored too" : ""));
+      SCOPED_TRACE(std::string("tf32 ") + tf32 + (stored ? ", the epilogue stored too" : ""));
       const bool prologue = tf32 == std::string("prologue");
-      testing::ScopedEnv allow("KILN_ALLOW_TF32", prologue ? "1" : tf32);
+      Target target = cuda::device_target(testing::fake_runtime());
+      target.tf32 = prologue || tf32 == std::string("1");
       Circuit c;
       const ValueId x = c.add_external({Shape{300, 64}, DType::f32}, ValueRole::Input, "x");
       const ValueId w = c.add_external({Shape{64, 200}, DType::f32}, ValueRole::Input, "w");
@@ -155,7 +157,7 @@ TEST(MatmulColumnSums, BlockSumsOnTheF32Kernels) {
       for (const ValueId v : {x, w, pre})
         bindings.push_back(testing::random_tensor({c.info(v).shape, DType::f32}, 20 + static_cast<uint64_t>(v)));
       const std::vector<HostTensor> cpu = execute(c, bindings, outs);
-      cuda::DeviceProgram dp(c, outs, testing::fake_runtime());
+      cuda::DeviceProgram dp(c, outs, testing::fake_runtime(), target);
       const char* kernel = prologue                   ? "mma.sync tf32 on warp tiles"
                            : tf32 == std::string("1") ? "fragments rounded to tf32"
                                                       : "tile 128x128x16, 256 threads x 8x8";
@@ -200,7 +202,7 @@ TEST(MatmulColumnSums, AnOnlyEpilogueIsKept) {
     k.bindings.push_back(testing::random_tensor({k.circuit.info(v).shape, DType::f32}, 60 + static_cast<uint64_t>(v)));
   const std::vector<HostTensor> want = execute(k.circuit, k.bindings, k.outputs);
   std::vector<ValueId> outs = k.outputs;
-  const Circuit planned = optimize(k.circuit, outs, {.gpu = true});
+  const Circuit planned = optimize(k.circuit, outs, cuda_target(90, /*fake=*/true));
   EXPECT_EQ(block_summing(planned), std::make_pair(size_t{1}, size_t{2})) << planned.dump("planned");
   cuda::DeviceProgram dp(planned, outs, testing::fake_runtime());
   EXPECT_LT(testing::relative_error(dp.run(k.bindings)[0], want[0]), 1e-5);
@@ -208,9 +210,11 @@ TEST(MatmulColumnSums, AnOnlyEpilogueIsKept) {
 
 TEST(MatmulColumnSums, TheSwitchKeepsTheColumnSumsOfTheStoredEpilogue) {
   Case k = bias_gradient(300, 64, true);
-  testing::ScopedEnv off("KILN_DISABLE_PASSES", "matmul_column_sums");
   std::vector<ValueId> outs = k.outputs;
-  EXPECT_EQ(block_summing(optimize(k.circuit, outs, {.gpu = true})).first, 0u);
+  EXPECT_EQ(
+      block_summing(optimize(k.circuit, outs, cuda_target(90, /*fake=*/true), PipelineOptions{{"matmul_column_sums"}}))
+          .first,
+      0u);
 }
 
 // Params round trip; block sums are not taken with row sums of a.

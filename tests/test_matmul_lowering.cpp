@@ -26,7 +26,7 @@
 #include "prim_cases.hpp"
 #include "prim_test_util.hpp"
 #include "ptxas_skip.hpp"
-#include "scoped_env.hpp"
+#include "scoped_target.hpp"
 
 namespace kiln {
 namespace {
@@ -96,29 +96,31 @@ std::vector<LoweringCase> interior_matmul_cases(bool bf16) {
                        tolerance}};
 }
 
-// The interior cases after fuse_matmul, lowered on `rt`: one program each, in case order.
-std::vector<std::unique_ptr<cuda::DeviceProgram>> fused_interior_programs(bool bf16, cuda::Runtime& rt) {
+// The interior cases after fuse_matmul, lowered for `target` on `rt`: one program each, in case
+// order.
+std::vector<std::unique_ptr<cuda::DeviceProgram>> fused_interior_programs(bool bf16, cuda::Runtime& rt,
+                                                                          const Target& target) {
   std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
   for (const LoweringCase& lc : interior_matmul_cases(bf16)) {
     testing::Harness h(lc.inputs, lc.build, 7);
     std::vector<ValueId> outs{h.output};
-    const Circuit fused = fuse_matmul(h.circuit, outs);
+    const Circuit fused = fuse_matmul(h.circuit, outs, target);
     for (const Op& op : fused.ops()) {  // the transposed case's output is stored through its view
       if (op.is(PrimId::fused_matmul) && lc.name.find("transposed_out") != std::string::npos) {
         EXPECT_EQ(FusedMatmul::from_params(op.params).out_col, 136) << fused.dump("fused");
       }
     }
-    programs.push_back(std::make_unique<cuda::DeviceProgram>(fused, outs, rt));
+    programs.push_back(std::make_unique<cuda::DeviceProgram>(fused, outs, rt, target));
   }
   return programs;
 }
 
 // The interior cases, fused, against Eigen: each program's dump must show `summary` (the kernel
 // asked for) and `kernel`, and the matmul's epilogue (no separate pointwise kernel).
-void check_fused_interior_cases(cuda::Runtime& rt, bool bf16, double tolerance, const std::string& summary,
-                                const std::string& kernel = "") {
+void check_fused_interior_cases(cuda::Runtime& rt, const Target& target, bool bf16, double tolerance,
+                                const std::string& summary, const std::string& kernel = "") {
   const std::vector<LoweringCase> lcs = interior_matmul_cases(bf16);
-  const std::vector<std::unique_ptr<cuda::DeviceProgram>> programs = fused_interior_programs(bf16, rt);
+  const std::vector<std::unique_ptr<cuda::DeviceProgram>> programs = fused_interior_programs(bf16, rt, target);
   for (size_t i = 0; i < lcs.size(); ++i) {
     SCOPED_TRACE(lcs[i].name);
     testing::Harness h(lcs[i].inputs, lcs[i].build, 7);
@@ -136,23 +138,21 @@ void check_fused_interior_cases(cuda::Runtime& rt, bool bf16, double tolerance, 
 // kernel off, always take the tf32 tensor cores on widened tiles), and each case is checked
 // against Eigen at `tolerance` (0: the case's own).
 void check_forced_matmul_cases(cuda::Runtime& rt, bool tf32, double tolerance, const std::string& summary) {
-  cuda::ForceMatmulTile large(128);
-  cuda::ForceBf16Mma widened(false);
-  std::optional<cuda::ForceTf32Matmuls> tensor_cores;
-  if (tf32) tensor_cores.emplace();
+  Target target = testing::with_matmul(cuda::device_target(rt), "simt-tile=128,bf16-mma=off");
+  target.tf32 = tf32;
   const std::vector<LoweringCase> mm = matmul_cases();
   EXPECT_GE(mm.size(), 9u);
   for (LoweringCase lc : mm) {
     SCOPED_TRACE(lc.name);
     if (tolerance > 0) lc.tolerance = tolerance;
     std::string dump;
-    check_case(lc, rt, &dump);
+    check_case(lc, rt, target, &dump);
     // bf16 operands take the tensor cores on large tiles whatever is allowed for f32.
     const bool bf16 = lc.name.find("bf16") != std::string::npos;
     EXPECT_NE(dump.find(bf16 ? "mma.sync tf32" : summary), std::string::npos) << dump;
   }
   // The interior cases' operands are aligned f32: with tf32 the cp.async kernel takes them.
-  check_fused_interior_cases(rt, false, tolerance > 0 ? tolerance : 1e-5, tf32 ? "rounded to tf32" : summary);
+  check_fused_interior_cases(rt, target, false, tolerance > 0 ? tolerance : 1e-5, tf32 ? "rounded to tf32" : summary);
 }
 const char* const kLargeFfmaSummary = "tile 128x128x16, 256 threads x 8x8";
 
@@ -166,7 +166,7 @@ TEST(Lowering, GpuMatmulCasesWithLargeTilesMatchEigen) {
   check_forced_matmul_cases(*rt, false, 0, kLargeFfmaSummary);
 }
 
-// The tf32 tensor-core kernel (KILN_ALLOW_TF32=1) within kTf32Tolerance. Measured on these cases:
+// The tf32 tensor-core kernel (Target::tf32) within kTf32Tolerance. Measured on these cases:
 // 2.6e-4 (6.9e-4 before the rounding, when mma.sync truncated).
 
 TEST(Lowering, MatmulCasesOnTf32TensorCoresMatchEigen) {
@@ -181,9 +181,9 @@ TEST(Lowering, GpuMatmulCasesOnTf32TensorCoresMatchEigen) {
 // The cp.async mma.sync kernel: operands stored with k contiguous ([row][k] stages) or with rows
 // contiguous ([k][row] stages); sizes off the 128x128 tile, K of 1, 2, 3 and 7 steps of 32 (a
 // partial last one: with 4 stages 7 steps wrap around the stages twice), a batch broadcasting b,
-// an epilogue with a bias. `bf16`: the operands cast to bf16 (KILN_BF16_MMA=1, the default;
+// an epilogue with a bias. `bf16`: the operands cast to bf16 (bf16-mma=on, the default;
 // ldmatrix), both sides multiplying the same bf16 values exactly: 1e-5, as f32. Else f32
-// operands for the tf32 kernel (KILN_ALLOW_TF32=1; fragments rounded to tf32): kTf32Tolerance.
+// operands for the tf32 kernel (Target::tf32; fragments rounded to tf32): kTf32Tolerance.
 // Chunks partly past the matrix: the sliced cases below. A b whose rows are not 16-byte aligned
 // must take the widened-tile kernel instead.
 std::vector<LoweringCase> mma_cases(bool bf16) {
@@ -211,19 +211,24 @@ std::vector<LoweringCase> mma_cases(bool bf16) {
           mm("a_rows_k200", {200, 40}, {200, 72}, true, false, true)};
 }
 
-// Every tiling the bf16 mma kernel takes (KILN_MMA_TILE, KILN_MMA_STAGES): `check` runs under each.
+// Every tiling the bf16 mma kernel takes (MatmulPolicy tile and stages): `check` runs under each,
+// with `base` taking the tiling.
 struct MmaTilingCase {
   const char* tile;
   const char* stages;
+  // `base` with this tiling (and `more`, further --matmul items).
+  Target on(const Target& base, const std::string& more = "") const {
+    return testing::with_matmul(base,
+                                std::string("tile=") + tile + ",stages=" + stages + (more.empty() ? "" : ",") + more);
+  }
 };
 constexpr MmaTilingCase kMmaTilings[] = {{"128x128", "2"}, {"128x128", "3"}, {"128x128", "4"},
                                          {"128x256", "2"}, {"128x256", "3"}, {"128x256", "4"}};
 template <class Check>
-void for_each_mma_tiling(Check check) {
+void for_each_mma_tiling(const Target& base, Check check) {
   for (const MmaTilingCase& t : kMmaTilings) {
     SCOPED_TRACE(std::string(t.tile) + ", " + t.stages + " stages");
-    testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages);
-    check(t);
+    check(t, t.on(base));
   }
 }
 
@@ -243,15 +248,16 @@ bool names_mma_tiling(const std::string& dump, const MmaTilingCase& t, bool both
 // the copies zero-fill the rest. a^T b with b 60 (f32: 62) of 64 columns: the last chunk of 8
 // (4) rows of b's [k][row] stages has 4 (2) inside. a b with a 61 of 64 columns: the last chunk
 // of 8 (4) k of a's [row][k] stages has 5 (1) inside (K = 61). `bf16` as mma_cases.
-void check_mma_sliced_cases(cuda::Runtime& rt, bool bf16, const std::string& kernel = "") {
+void check_mma_sliced_cases(cuda::Runtime& rt, const Target& target, bool bf16, const std::string& kernel = "") {
   const std::string summary = !kernel.empty() ? kernel : bf16 ? "mma.sync bf16" : "rounded to tf32";
-  auto check_sliced = [&rt, bf16, summary](const std::string& name, std::vector<InputSpec> inputs, BuildFn build) {
+  auto check_sliced = [&rt, &target, bf16, summary](const std::string& name, std::vector<InputSpec> inputs,
+                                                    BuildFn build) {
     SCOPED_TRACE(name);
     testing::Harness h(std::move(inputs), std::move(build), 7);
     const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
     std::vector<ValueId> outs{h.output};
-    const Circuit fused = fuse_matmul(h.circuit, outs);
-    cuda::DeviceProgram dp(fused, outs, rt);
+    const Circuit fused = fuse_matmul(h.circuit, outs, target);
+    cuda::DeviceProgram dp(fused, outs, rt, target);
     EXPECT_NE(dp.dump().find(summary), std::string::npos) << dp.dump();
     EXPECT_EQ(testing::count_prim(fused, PrimId::slice), 0u) << fused.dump("fused");
     EXPECT_LT(testing::relative_error(dp.run(h.bindings)[0], want), bf16 ? 1e-5 : kTf32Tolerance);
@@ -278,44 +284,42 @@ bool both_rows_contiguous(const std::string& name) {
 }
 
 // The mma cases on `rt` under every tiling, and split-K under two; `bf16` as mma_cases. The tf32
-// kernel runs with tf32 allowed (cuda::ForceTf32Matmuls); bf16 on mma.sync also where a real
-// H100 would take wgmma by default.
-void check_mma_cases(cuda::Runtime& rt, bool bf16) {
-  cuda::ForceBf16Mma on;
-  testing::ScopedEnv engine("KILN_WGMMA", "0");
-  std::optional<cuda::ForceTf32Matmuls> tf32;
-  if (!bf16) tf32.emplace();
+// kernel runs with tf32 allowed (Target::tf32); bf16 on mma.sync also where a real H100 would
+// take wgmma by default. `wide_indices`: on the kernel's 64-bit index path.
+void check_mma_cases(cuda::Runtime& rt, bool bf16, bool wide_indices = false) {
+  Target base = testing::with_matmul(cuda::device_target(rt), "bf16-mma=on,wgmma=off");
+  base.tf32 = !bf16;
+  base.wide_indices = wide_indices;
   const double tolerance = bf16 ? 1e-5 : kTf32Tolerance;
-  for_each_mma_tiling([&](const MmaTilingCase& t) {
+  for_each_mma_tiling(base, [&](const MmaTilingCase& t, const Target& target) {
     for (const LoweringCase& lc : mma_cases(bf16)) {
       SCOPED_TRACE(lc.name);
       std::string dump;
-      check_case(lc, rt, &dump);
+      check_case(lc, rt, target, &dump);
       EXPECT_TRUE(names_mma_tiling(dump, t, both_rows_contiguous(lc.name), bf16)) << dump;
     }
-    check_fused_interior_cases(rt, bf16, tolerance, std::string("tile ") + t.tile + (bf16 ? "x32" : "x16"),
+    check_fused_interior_cases(rt, target, bf16, tolerance, std::string("tile ") + t.tile + (bf16 ? "x32" : "x16"),
                                bf16 ? "mma.sync bf16" : "rounded to tf32");
-    check_mma_sliced_cases(rt, bf16);
+    check_mma_sliced_cases(rt, target, bf16);
   });
-  // Split-K (KILN_MMA_SPLIT_K): K in 2 or 3 ranges across blocks, their partials added by each
+  // Split-K (MatmulPolicy::split_k): K in 2 or 3 ranges across blocks, their partials added by each
   // tile's last block; batches, every layout, K of 2-7 steps (k200: ranges of 96, 96 and 8 in
   // bf16), and the epilogues after the sum. The sums' order differs from one block's: the same
   // tolerances.
   for (const char* split : {"2", "3"})
     for (const MmaTilingCase& t : {MmaTilingCase{"128x128", "3"}, MmaTilingCase{"128x256", "2"}}) {
       SCOPED_TRACE(std::string("split ") + split + ", " + t.tile + ", " + t.stages + " stages");
-      testing::ScopedEnv splits("KILN_MMA_SPLIT_K", split), tile("KILN_MMA_TILE", t.tile),
-          stages("KILN_MMA_STAGES", t.stages);
+      const Target target = t.on(base, std::string("split-k=") + split);
       for (const LoweringCase& lc : mma_cases(bf16)) {
         SCOPED_TRACE(lc.name);
         std::string dump;
-        check_case(lc, rt, &dump);
+        check_case(lc, rt, target, &dump);
         if (lc.name.find("k200") != std::string::npos || lc.name.ends_with("_mma_batched")) {  // K of 7 and 2 steps
           EXPECT_NE(dump.find("K split"), std::string::npos) << dump;
         }
       }
-      check_fused_interior_cases(rt, bf16, tolerance, "K split", bf16 ? "mma.sync bf16" : "rounded to tf32");
-      check_mma_sliced_cases(rt, bf16);
+      check_fused_interior_cases(rt, target, bf16, tolerance, "K split", bf16 ? "mma.sync bf16" : "rounded to tf32");
+      check_mma_sliced_cases(rt, target, bf16);
     }
   if (!bf16) {
     // Every element 1 + 3 * 2^-12: tf32 (10 mantissa bits) rounds it to 1 + 2^-10 and truncation
@@ -331,7 +335,7 @@ void check_mma_cases(cuda::Runtime& rt, bool bf16) {
         },
         kTf32Tolerance};
     std::string dump;
-    check_case(rounding, rt, &dump);
+    check_case(rounding, rt, base, &dump);
     EXPECT_NE(dump.find("rounded to tf32"), std::string::npos) << dump;
     return;
   }
@@ -344,7 +348,7 @@ void check_mma_cases(cuda::Runtime& rt, bool bf16) {
                          },
                          1e-5};
   std::string dump;
-  check_case(unaligned, rt, &dump);
+  check_case(unaligned, rt, base, &dump);
   EXPECT_EQ(dump.find("mma.sync bf16"), std::string::npos) << dump;
 }
 
@@ -356,9 +360,8 @@ TEST(Lowering, MatmulsOnTf32MmaMatchEigen) { check_mma_cases(testing::fake_runti
 
 // The same on the kernel's 64-bit index path.
 TEST(Lowering, MatmulsOnMmaMatchEigenWithWideIndices) {
-  cuda::ForceWideIndices wide;
-  check_mma_cases(testing::fake_runtime(), true);
-  check_mma_cases(testing::fake_runtime(), false);
+  check_mma_cases(testing::fake_runtime(), true, true);
+  check_mma_cases(testing::fake_runtime(), false, true);
 }
 
 TEST(Lowering, GpuMatmulsOnMmaMatchEigen) {
@@ -367,33 +370,33 @@ TEST(Lowering, GpuMatmulsOnMmaMatchEigen) {
   check_mma_cases(*rt, false);
 }
 
-// The bf16 cases on sm_90a's wgmma (KILN_WGMMA=1; matmul_mma.hpp): every tiling it takes (3
+// The bf16 cases on sm_90a's wgmma (wgmma=on; matmul_mma.hpp): every tiling it takes (3
 // and 4 stages, 128x256 tiles in 4 stages taking 193 KiB, 192x256 tiles of three warpgroups in 4
 // taking 225 KiB), split-K (3 stages: a wait for every group but none; 4: all but one; none in
-// 192-row tiles, whatever KILN_MMA_SPLIT_K says), the fused interior epilogues and the sliced
+// 192-row tiles, whatever split-k says), the fused interior epilogues and the sliced
 // operands' zero-fill; K of 1 to 4 steps of 64. The same bf16 values multiplied exactly on both
 // sides: 1e-5, as mma.sync's.
 constexpr MmaTilingCase kWgmmaTilings[] = {
     {"128x128", "3"}, {"128x128", "4"}, {"128x256", "3"}, {"128x256", "4"}, {"192x256", "4"}};
-// `tensor_copies`: KILN_WGMMA_TENSOR_COPIES=1 is set, so every case but the one with a batch
+// `more`: further --matmul items. With tensor-copies=on every case but the one with a batch
 // (bf16_mma_batched_a_rows: the other batched case folds its batch into the rows) fills its
 // stages by tensor copies.
-void check_wgmma_cases(cuda::Runtime& rt, bool tensor_copies = false) {
-  cuda::ForceBf16Mma on;
-  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
+void check_wgmma_cases(cuda::Runtime& rt, const std::string& more = "") {
+  const bool tensor_copies = more.find("tensor-copies=on") != std::string::npos;
+  const Target base =
+      testing::with_matmul(cuda::device_target(rt), "bf16-mma=on,wgmma=on" + (more.empty() ? "" : "," + more));
   for (const MmaTilingCase& t : kWgmmaTilings)
     for (const char* split : {"0", "2"}) {
       if (split == std::string("2") && t.tile == std::string("128x256") && t.stages == std::string("3")) continue;
       SCOPED_TRACE(std::string(t.tile) + ", " + t.stages + " stages, split " + split);
-      testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages),
-          splits("KILN_MMA_SPLIT_K", split);
+      const Target target = t.on(base, std::string("split-k=") + split);
       const bool three_groups = t.tile == std::string("192x256");
       const std::string summary = std::string("tile ") + t.tile + "x64, " + (three_groups ? "384" : "256") +
                                   " threads, wgmma m64n" + (t.tile + 4) + "k16";
       for (const LoweringCase& lc : mma_cases(true)) {
         SCOPED_TRACE(lc.name);
         std::string dump;
-        check_case(lc, rt, &dump);
+        check_case(lc, rt, target, &dump);
         EXPECT_NE(dump.find(summary), std::string::npos) << dump;
         const bool copied = tensor_copies && lc.name != "bf16_mma_batched_a_rows";
         EXPECT_NE(dump.find(std::string(t.stages) + (copied ? " tensor-copy stages" : " cp.async stages")),
@@ -403,8 +406,8 @@ void check_wgmma_cases(cuda::Runtime& rt, bool tensor_copies = false) {
           EXPECT_EQ(dump.find("K split 2 ways") != std::string::npos, !three_groups) << dump;
         }
       }
-      check_fused_interior_cases(rt, true, 1e-5, "wgmma m64n");
-      check_mma_sliced_cases(rt, true, "wgmma m64n");
+      check_fused_interior_cases(rt, target, true, 1e-5, "wgmma m64n");
+      check_mma_sliced_cases(rt, target, true, "wgmma m64n");
       // A grid of 3 x 3 tiles or more (the cases above have one or two a dimension): whole-tile
       // blocks next to edge ones, with a weight-gradient layout (both operands [k][row]; rows of
       // 296 bf16: whole 16-byte chunks).
@@ -418,7 +421,7 @@ void check_wgmma_cases(cuda::Runtime& rt, bool tensor_copies = false) {
                                 1e-5};
         SCOPED_TRACE(wide.name);
         std::string dump;
-        check_case(wide, rt, &dump);
+        check_case(wide, rt, target, &dump);
         EXPECT_NE(dump.find(summary), std::string::npos) << dump;
       }
     }
@@ -426,27 +429,22 @@ void check_wgmma_cases(cuda::Runtime& rt, bool tensor_copies = false) {
 
 TEST(Lowering, MatmulsOnWgmmaMatchEigen) { check_wgmma_cases(testing::fake_runtime()); }
 
-// KILN_WGMMA_PRODUCTS_FIRST=1: each step issues its products before refilling step i - 2's stage;
-// the same cases, every tiling (the summary says the order was taken).
+// products-first=on: each step issues its products before refilling step i - 2's stage; the same
+// cases, every tiling (the summary says the order was taken).
 void check_wgmma_cases_products_first(cuda::Runtime& rt) {
-  testing::ScopedEnv first("KILN_WGMMA_PRODUCTS_FIRST", "1");
-  check_wgmma_cases(rt);
-  cuda::ForceBf16Mma on;
-  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
+  check_wgmma_cases(rt, "products-first=on");
   std::string dump;
-  check_case(mma_cases(true).front(), rt, &dump);
+  check_case(mma_cases(true).front(), rt,
+             testing::with_matmul(cuda::device_target(rt), "bf16-mma=on,wgmma=on,products-first=on"), &dump);
   EXPECT_NE(dump.find("a step's products issued before its copies"), std::string::npos) << dump;
 }
 
 TEST(Lowering, MatmulsOnWgmmaWithProductsFirstMatchEigen) { check_wgmma_cases_products_first(testing::fake_runtime()); }
 
-// KILN_WGMMA_TENSOR_COPIES=1: the same cases, every tiling and split, with each stage filled by
-// one tensor copy an operand (or a 64-row box) on its mbarrier; elements past the matrix (edge
-// tiles, K = 37 or 200) land as zeros.
-void check_wgmma_cases_tensor_copies(cuda::Runtime& rt) {
-  testing::ScopedEnv copies("KILN_WGMMA_TENSOR_COPIES", "1");
-  check_wgmma_cases(rt, true);
-}
+// tensor-copies=on: the same cases, every tiling and split, with each stage filled by one tensor
+// copy an operand (or a 64-row box) on its mbarrier; elements past the matrix (edge tiles, K = 37
+// or 200) land as zeros.
+void check_wgmma_cases_tensor_copies(cuda::Runtime& rt) { check_wgmma_cases(rt, "tensor-copies=on"); }
 
 TEST(Lowering, MatmulsOnWgmmaWithTensorCopiesMatchEigen) { check_wgmma_cases_tensor_copies(testing::fake_runtime()); }
 
@@ -469,12 +467,12 @@ TEST(Lowering, GpuMatmulsOnWgmmaWithProductsFirstMatchEigen) {
   check_wgmma_cases_products_first(*rt);
 }
 
-// The kernels of the mma cases and the fused interior cases (bf16 or tf32 operands) under the
-// settings in force; `programs` keeps them alive.
-std::vector<const kir::Kernel*> mma_case_kernels(bool bf16,
-                                                 std::vector<std::unique_ptr<cuda::DeviceProgram>>& programs) {
-  std::vector<const kir::Kernel*> kernels = lowered_kernels(mma_cases(bf16), programs);
-  for (auto& p : fused_interior_programs(bf16, testing::fake_runtime())) {
+// The kernels of the mma cases and the fused interior cases (bf16 or tf32 operands) lowered for
+// `target`; `programs` keeps them alive.
+std::vector<const kir::Kernel*> mma_case_kernels(bool bf16, std::vector<std::unique_ptr<cuda::DeviceProgram>>& programs,
+                                                 const Target& target) {
+  std::vector<const kir::Kernel*> kernels = lowered_kernels(mma_cases(bf16), programs, target);
+  for (auto& p : fused_interior_programs(bf16, testing::fake_runtime(), target)) {
     for (const auto& k : p->kernels()) kernels.push_back(k.launch->kernel.get());
     programs.push_back(std::move(p));
   }
@@ -482,17 +480,16 @@ std::vector<const kir::Kernel*> mma_case_kernels(bool bf16,
 }
 
 // Both index widths (64-bit: tensors of 2^31 elements and more).
-// Under the tiling the environment sets: the bf16 mma cases and the fused interior cases pass
-// ptxas (sm_80, sm_90) and spill nothing on sm_90; `label` names the setting in the printout.
-void expect_mma_kernels_pass_ptxas(const std::string& label, bool bf16) {
+// Lowered for `target`: the bf16 mma cases and the fused interior cases pass ptxas (sm_80,
+// sm_90) and spill nothing on sm_90; `label` names the setting in the printout.
+void expect_mma_kernels_pass_ptxas(const std::string& label, bool bf16, Target target) {
   for (bool wide_indices : {false, true}) {
     // 64-bit indices: with the default tiling and the split ones only (ptxas's time)
     if (wide_indices && label.find("128x128, 2") == std::string::npos && label.find("K split") == std::string::npos)
       continue;
-    std::optional<cuda::ForceWideIndices> wide;
-    if (wide_indices) wide.emplace();
+    target.wide_indices = wide_indices;
     std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-    const std::vector<const kir::Kernel*> kernels = mma_case_kernels(bf16, programs);
+    const std::vector<const kir::Kernel*> kernels = mma_case_kernels(bf16, programs, target);
     std::set<std::string> seen;  // each matmul kernel once (the casts' kernels: other tests)
     for (const kir::Kernel* k : kernels) {
       if (k->name.find("matmul") == std::string::npos || !seen.insert(k->name).second) continue;
@@ -514,24 +511,20 @@ void expect_mma_kernels_pass_ptxas(const std::string& label, bool bf16) {
 // Every tiling, and K split 2 ways in the two tile sizes.
 TEST(Lowering, MmaKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
-  cuda::ForceBf16Mma on;
-  for_each_mma_tiling([](const MmaTilingCase& t) {
-    expect_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages", true);
+  Target base = testing::with_matmul(cuda::device_target(testing::fake_runtime()), "bf16-mma=on");
+  for_each_mma_tiling(base, [](const MmaTilingCase& t, const Target& target) {
+    expect_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages", true, target);
   });
-  for (const MmaTilingCase& t : {MmaTilingCase{"128x128", "4"}, MmaTilingCase{"128x256", "3"}}) {
-    testing::ScopedEnv split("KILN_MMA_SPLIT_K", "2"), tile("KILN_MMA_TILE", t.tile),
-        stages("KILN_MMA_STAGES", t.stages);
-    expect_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages, K split 2 ways", true);
-  }
+  for (const MmaTilingCase& t : {MmaTilingCase{"128x128", "4"}, MmaTilingCase{"128x256", "3"}})
+    expect_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages, K split 2 ways", true,
+                                  t.on(base, "split-k=2"));
   // tf32 (f32 operands in the stages): the default tiling, the largest, and a split.
-  cuda::ForceTf32Matmuls tf32;
-  expect_mma_kernels_pass_ptxas("128x128, 2 stages", false);
+  base.tf32 = true;
+  expect_mma_kernels_pass_ptxas("128x128, 2 stages", false, base);
   for (const MmaTilingCase& t : {MmaTilingCase{"128x256", "4"}, MmaTilingCase{"128x128", "3"}}) {
-    testing::ScopedEnv split("KILN_MMA_SPLIT_K", t.tile == std::string("128x128") ? "2" : "0"),
-        tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages);
-    expect_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages" +
-                                      (t.tile == std::string("128x128") ? ", K split 2 ways" : ""),
-                                  false);
+    const bool split = t.tile == std::string("128x128");
+    expect_mma_kernels_pass_ptxas(std::string(t.tile) + ", " + t.stages + " stages" + (split ? ", K split 2 ways" : ""),
+                                  false, t.on(base, split ? "split-k=2" : "split-k=0"));
   }
 }
 
@@ -540,18 +533,15 @@ TEST(Lowering, MmaKernelsPassPtxasWithoutSpills) {
 // touched between them). Registers printed for docs/BENCHMARKS.md.
 TEST(Lowering, WgmmaKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
-  cuda::ForceBf16Mma on;
-  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
+  const Target base = testing::with_matmul(cuda::device_target(testing::fake_runtime()), "bf16-mma=on,wgmma=on");
   for (const MmaTilingCase& t : kWgmmaTilings)
     for (const char* split : {"0", "2"})
       for (bool wide_indices : {false, true}) {
         if (wide_indices && t.stages == std::string("3")) continue;
-        testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages),
-            splits("KILN_MMA_SPLIT_K", split);
-        std::optional<cuda::ForceWideIndices> wide;
-        if (wide_indices) wide.emplace();
+        Target target = t.on(base, std::string("split-k=") + split);
+        target.wide_indices = wide_indices;
         std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-        const std::vector<const kir::Kernel*> kernels = mma_case_kernels(true, programs);
+        const std::vector<const kir::Kernel*> kernels = mma_case_kernels(true, programs, target);
         std::set<std::string> seen;
         for (const kir::Kernel* k : kernels) {
           if (!kir::needs_sm90a(*k) || !seen.insert(k->name).second) continue;
@@ -567,19 +557,19 @@ TEST(Lowering, WgmmaKernelsPassPtxasWithoutSpills) {
       }
 }
 
-// The same with KILN_WGMMA_TENSOR_COPIES=1 (4 stages, u32 indices): the kernels that copy by
+// The same with tensor-copies=on (4 stages, u32 indices): the kernels that copy by
 // tensor copies among them, none spilling or serialized.
 TEST(Lowering, WgmmaTensorCopyKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
-  cuda::ForceBf16Mma on;
-  testing::ScopedEnv wgmma("KILN_WGMMA", "1"), copies("KILN_WGMMA_TENSOR_COPIES", "1"), stages("KILN_MMA_STAGES", "4");
   for (const char* tiling : {"128x128", "128x256", "192x256"})
     for (const char* split : {"0", "2"}) {
-      testing::ScopedEnv tile("KILN_MMA_TILE", tiling), splits("KILN_MMA_SPLIT_K", split);
+      const Target target = testing::with_matmul(
+          cuda::device_target(testing::fake_runtime()),
+          std::string("bf16-mma=on,wgmma=on,tensor-copies=on,stages=4,tile=") + tiling + ",split-k=" + split);
       std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
       std::set<std::string> seen;
       int copying = 0;
-      for (const kir::Kernel* k : mma_case_kernels(true, programs)) {
+      for (const kir::Kernel* k : mma_case_kernels(true, programs, target)) {
         if (!kir::needs_sm90a(*k) || !seen.insert(k->name).second) continue;
         const std::string ptx = kir::print_ptx(*k, 90);
         copying += ptx.find("cp.async.bulk.tensor.2d") != std::string::npos;
@@ -594,10 +584,11 @@ TEST(Lowering, WgmmaTensorCopyKernelsPassPtxasWithoutSpills) {
     }
 }
 
-void expect_matmul_kernels_pass_ptxas_without_spills() {
-  cuda::ForceMatmulTile large(128);
+void expect_matmul_kernels_pass_ptxas_without_spills(bool tf32) {
+  Target target = testing::with_matmul(cuda::device_target(testing::fake_runtime()), "simt-tile=128");
+  target.tf32 = tf32;
   std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
-  const std::vector<const kir::Kernel*> kernels = lowered_kernels(matmul_cases(), programs);
+  const std::vector<const kir::Kernel*> kernels = lowered_kernels(matmul_cases(), programs, target);
   testing::expect_ptxas_accepts(kernels);
   for (const kir::Kernel* k : kernels) {
     const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*k, 90), 90);
@@ -613,13 +604,12 @@ void expect_matmul_kernels_pass_ptxas_without_spills() {
 
 TEST(Lowering, MatmulKernelsWithLargeTilesPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
-  expect_matmul_kernels_pass_ptxas_without_spills();
+  expect_matmul_kernels_pass_ptxas_without_spills(false);
 }
 
 TEST(Lowering, MatmulKernelsOnTf32TensorCoresPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
-  cuda::ForceTf32Matmuls tf32;
-  expect_matmul_kernels_pass_ptxas_without_spills();
+  expect_matmul_kernels_pass_ptxas_without_spills(true);
 }
 
 // The matmul kernel's shared memory, counted in the simulator: tile stores and the 16-byte
@@ -630,15 +620,15 @@ TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
   // chunks, which the cp.async kernel needs, in any layout).
   for (int tile : {64, 128, 129})
     for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
-      cuda::ForceMatmulTile forced(tile == 129 ? 128 : tile);
-      std::optional<cuda::ForceTf32Matmuls> tf32;
-      if (tile == 129) tf32.emplace();
+      Target target = testing::with_matmul(cuda::device_target(testing::fake_runtime()),
+                                           "simt-tile=" + std::to_string(tile == 129 ? 128 : tile));
+      target.tf32 = tile == 129;
       const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
       const int64_t m = tile == 129 ? 94 : 96, n = tile == 129 ? 70 : 72, k = tile == 129 ? 78 : 80;
       const Shape a = ta ? Shape{k, m} : Shape{m, k}, b = tb ? Shape{n, k} : Shape{k, n};
       testing::Harness h({f32(a), f32(b)},
                          [&](Builder& bl, const std::vector<ValueId>& x) { return bl.matmul(x[0], x[1], ta, tb); });
-      cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+      cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime(), target);
       cuda::fake_driver_count_bank_conflicts(true);
       dp.run(h.bindings);
       const auto stats = cuda::fake_driver_kernel_stats();
@@ -657,7 +647,7 @@ TEST(Lowering, MatmulSharedMemoryHasNoBankConflicts) {
 // The same for the cp.async mma kernel: cp.async stores and ldmatrix rows (16 bytes a lane) of
 // [row][k] stages (k-contiguous operands) and [k][row] stages (.trans; ta/tb flip them); with
 // f32 operands (tf32), the scalar fragment loads (lanes on 8 rows of 4 k).
-void expect_no_mma_bank_conflicts(bool bf16, const std::string& kernel = "") {
+void expect_no_mma_bank_conflicts(const Target& target, bool bf16, const std::string& kernel = "") {
   for (auto [ta_, tb_] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
     const bool ta = ta_, tb = tb_;  // plain variables: the lambda below captures them (clang 14)
     const Shape a = ta ? Shape{80, 96} : Shape{96, 80}, b = tb ? Shape{72, 80} : Shape{80, 72};
@@ -665,7 +655,7 @@ void expect_no_mma_bank_conflicts(bool bf16, const std::string& kernel = "") {
       if (!bf16) return bl.matmul(x[0], x[1], ta, tb);
       return bl.matmul(bl.cast(x[0], DType::bf16), bl.cast(x[1], DType::bf16), ta, tb);
     });
-    cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime());
+    cuda::DeviceProgram dp(h.circuit, {h.output}, testing::fake_runtime(), target);
     ASSERT_NE(dp.dump().find(!kernel.empty() ? kernel
                              : bf16          ? "mma.sync bf16"
                                              : "rounded to tf32"),
@@ -685,22 +675,20 @@ void expect_no_mma_bank_conflicts(bool bf16, const std::string& kernel = "") {
 }
 
 TEST(Lowering, MmaSharedMemoryHasNoBankConflicts) {
-  cuda::ForceBf16Mma on;
-  for_each_mma_tiling([](const MmaTilingCase&) { expect_no_mma_bank_conflicts(true); });
-  cuda::ForceTf32Matmuls tf32;  // f32 operands: stages of the same shape, scalar fragment loads
-  for_each_mma_tiling([](const MmaTilingCase&) { expect_no_mma_bank_conflicts(false); });
+  Target base = testing::with_matmul(cuda::device_target(testing::fake_runtime()), "bf16-mma=on");
+  for_each_mma_tiling(base, [](const MmaTilingCase&, const Target& t) { expect_no_mma_bank_conflicts(t, true); });
+  base.tf32 = true;  // f32 operands: stages of the same shape, scalar fragment loads
+  for_each_mma_tiling(base, [](const MmaTilingCase&, const Target& t) { expect_no_mma_bank_conflicts(t, false); });
 }
 
 // wgmma's stages: the cp.async stores into the 128-byte swizzled layouts (8 consecutive chunks of
 // a K-major row, or of an MN-major atom's k row, on the 32 banks). wgmma's own reads are not
 // counted: the hardware reads the canonical layouts as a whole.
 TEST(Lowering, WgmmaStagesHaveNoBankConflicts) {
-  cuda::ForceBf16Mma on;
-  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
+  const Target base = testing::with_matmul(cuda::device_target(testing::fake_runtime()), "bf16-mma=on,wgmma=on");
   for (const MmaTilingCase& t : kWgmmaTilings) {
     SCOPED_TRACE(std::string(t.tile) + ", " + t.stages + " stages");
-    testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages);
-    expect_no_mma_bank_conflicts(true, "wgmma m64n");
+    expect_no_mma_bank_conflicts(t.on(base), true, "wgmma m64n");
   }
 }
 
@@ -709,15 +697,14 @@ TEST(Lowering, WgmmaStagesHaveNoBankConflicts) {
 // first stages, the epilogue), for a GPT-like fused product (bias and GELU) of 256 x 256 x K
 // whose blocks all lie inside c. A step's count is the difference between K = 768 and K = 736.
 TEST(Lowering, Bf16MmaInstructionsPerThread) {
-  cuda::ForceBf16Mma on;
-  auto executed = [](int64_t k) {  // by all threads of all blocks
+  auto executed = [](const Target& target, int64_t k) {  // by all threads of all blocks
     testing::Harness h({f32({256, k}), f32({256, k}), f32({256})}, [](Builder& bld, const std::vector<ValueId>& x) {
       ValueId y = bld.matmul(bld.cast(x[0], DType::bf16), bld.cast(x[1], DType::bf16), false, true);
       return bld.pointwise(se::gelu(se::in(0)), {bld.add(y, x[2])});
     });
     std::vector<ValueId> outs{h.output};
-    Circuit fused = fuse_matmul(h.circuit, outs);  // renumbers outs: before they are passed on
-    cuda::DeviceProgram dp(std::move(fused), outs, testing::fake_runtime());
+    Circuit fused = fuse_matmul(h.circuit, outs, target);  // renumbers outs: before they are passed on
+    cuda::DeviceProgram dp(std::move(fused), outs, testing::fake_runtime(), target);
     cuda::fake_driver_count_bank_conflicts(true);
     dp.run(h.bindings);
     const auto stats = cuda::fake_driver_kernel_stats();
@@ -728,22 +715,19 @@ TEST(Lowering, Bf16MmaInstructionsPerThread) {
     return 0.0;
   };
   // One tiling's counts: a k step's from K = 768 and K = 768 - tile_k, the rest outside the loop.
-  auto report = [&](const char* kernel, const MmaTilingCase& t, int64_t tile_k) {
+  auto report = [&](const char* kernel, const MmaTilingCase& t, const Target& target, int64_t tile_k) {
     const double tn = std::string(t.tile) == "128x256" ? 256 : 128, threads = 256 * (256.0 * 256.0 / (128 * tn));
-    const double full = executed(768) / threads, step = full - executed(768 - tile_k) / threads;
+    const double full = executed(target, 768) / threads, step = full - executed(target, 768 - tile_k) / threads;
     std::printf(
         "bf16 %s %s, %s stages: %.0f instructions a thread per k step of %lld, %.0f outside the loop (K = 768: "
         "%.0f)\n",
         kernel, t.tile, t.stages, step, static_cast<long long>(tile_k), full - static_cast<double>(768 / tile_k) * step,
         full);
   };
-  for_each_mma_tiling([&](const MmaTilingCase& t) { report("mma", t, 32); });
+  const Target base = testing::with_matmul(cuda::device_target(testing::fake_runtime()), "bf16-mma=on");
+  for_each_mma_tiling(base, [&](const MmaTilingCase& t, const Target& target) { report("mma", t, target, 32); });
   // wgmma: k steps of 64, its products one instruction a k16 slice a warpgroup.
-  testing::ScopedEnv wgmma("KILN_WGMMA", "1");
-  for (const MmaTilingCase& t : kWgmmaTilings) {
-    testing::ScopedEnv tile("KILN_MMA_TILE", t.tile), stages("KILN_MMA_STAGES", t.stages);
-    report("wgmma", t, 64);
-  }
+  for (const MmaTilingCase& t : kWgmmaTilings) report("wgmma", t, t.on(base, "wgmma=on"), 64);
 }
 
 }  // namespace

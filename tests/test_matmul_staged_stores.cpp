@@ -23,7 +23,7 @@
 #include "prim_cases.hpp"
 #include "prim_test_util.hpp"
 #include "ptxas_skip.hpp"
-#include "scoped_env.hpp"
+#include "scoped_target.hpp"
 
 namespace kiln {
 namespace {
@@ -52,12 +52,12 @@ struct StagedRun {
 // `build` over `inputs` after the GPU pipeline, on `rt`, against Eigen (1e-5: both sides multiply
 // the same bf16 values); the program's dump and the matmul kernels' shared-memory bank conflicts
 // (simulator only).
-StagedRun run_against_eigen(cuda::Runtime& rt, const std::vector<testing::InputSpec>& inputs,
+StagedRun run_against_eigen(cuda::Runtime& rt, const Target& target, const std::vector<testing::InputSpec>& inputs,
                             const testing::BuildFn& build) {
   testing::Harness h(inputs, build);
   std::vector<ValueId> outs{h.output};
-  const Circuit optimized = optimize(h.circuit, outs, {.gpu = true});
-  cuda::DeviceProgram dp(optimized, outs, rt);
+  const Circuit optimized = optimize(h.circuit, outs, target);
+  cuda::DeviceProgram dp(optimized, outs, rt, target);
   StagedRun r{dp.dump()};
   const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
   const bool simulated = &rt == &testing::fake_runtime();
@@ -79,45 +79,44 @@ StagedRun run_against_eigen(cuda::Runtime& rt, const std::vector<testing::InputS
 // items are 130 x 301 blocks apart (the rows folded: the staged rows run across items). And the
 // same product with 304 columns, whose pairs go out as one store each: not staged.
 void check_staged_stores(cuda::Runtime& rt) {
-  cuda::ForceBf16Mma on;
-  testing::ScopedEnv wgmma("KILN_WGMMA", "1"), split("KILN_MMA_SPLIT_K", "0");
   for (const auto& [tile, stages] : kTilings) {
     SCOPED_TRACE(std::string(tile) + ", " + stages + " stages");
-    testing::ScopedEnv t("KILN_MMA_TILE", tile), s("KILN_MMA_STAGES", stages);
+    const std::string tiling = std::string("bf16-mma=on,wgmma=on,split-k=0,tile=") + tile + ",stages=" + stages;
+    const Target target = testing::with_matmul(cuda::device_target(rt), tiling);
     for (const bool bf16_out : {false, true}) {
       SCOPED_TRACE(bf16_out ? "bf16 out" : "f32 out");
-      const StagedRun r = run_against_eigen(rt, {f32({260, 64}), f32({301, 64}), f32({301})}, linear(bf16_out));
+      const StagedRun r = run_against_eigen(rt, target, {f32({260, 64}), f32({301, 64}), f32({301})}, linear(bf16_out));
       EXPECT_NE(r.dump.find(kStaged), std::string::npos) << r.dump;
       EXPECT_EQ(r.bank_conflicts, 0) << r.dump;
       const StagedRun batched =
-          run_against_eigen(rt, {f32({2, 130, 64}), f32({301, 64}), f32({301})}, linear(bf16_out));
+          run_against_eigen(rt, target, {f32({2, 130, 64}), f32({301, 64}), f32({301})}, linear(bf16_out));
       EXPECT_NE(batched.dump.find(kStaged), std::string::npos) << batched.dump;
     }
-    const StagedRun even = run_against_eigen(rt, {f32({260, 64}), f32({304, 64}), f32({304})}, linear(false));
+    const StagedRun even = run_against_eigen(rt, target, {f32({260, 64}), f32({304, 64}), f32({304})}, linear(false));
     EXPECT_EQ(even.dump.find("through shared memory"), std::string::npos) << even.dump;
     if (tile != std::string("192x256")) {  // K split 2 ways: the last block's epilogue, a loop, stores unstaged
-      testing::ScopedEnv split2("KILN_MMA_SPLIT_K", "2");
-      const StagedRun r = run_against_eigen(rt, {f32({260, 192}), f32({301, 192}), f32({301})}, linear(false));
+      const StagedRun r = run_against_eigen(rt, testing::with_matmul(target, "split-k=2"),
+                                            {f32({260, 192}), f32({301, 192}), f32({301})}, linear(false));
       EXPECT_NE(r.dump.find("K split 2 ways"), std::string::npos) << r.dump;
       EXPECT_EQ(r.dump.find("through shared memory"), std::string::npos) << r.dump;
     }
     {
-      testing::ScopedEnv off("KILN_MMA_STAGED_STORES", "0");
-      const StagedRun r = run_against_eigen(rt, {f32({260, 64}), f32({301, 64}), f32({301})}, linear(false));
+      const StagedRun r = run_against_eigen(rt, testing::with_matmul(target, "staged-stores=none"),
+                                            {f32({260, 64}), f32({301, 64}), f32({301})}, linear(false));
       EXPECT_EQ(r.dump.find("through shared memory"), std::string::npos) << r.dump;
     }
-    // KILN_MMA_STAGED_STORES=all: rows of 304 (whole 16-byte chunks in f32 and in bf16) copied out
-    // 16 bytes a store, batched too; odd rows as before.
-    testing::ScopedEnv all("KILN_MMA_STAGED_STORES", "all");
+    // staged-stores=all: rows of 304 (whole 16-byte chunks in f32 and in bf16) copied out 16
+    // bytes a store, batched too; odd rows as before.
+    const Target all = testing::with_matmul(target, "staged-stores=all");
     for (const bool bf16_out : {false, true}) {
       SCOPED_TRACE(bf16_out ? "all, bf16 out" : "all, f32 out");
-      const StagedRun r = run_against_eigen(rt, {f32({260, 64}), f32({304, 64}), f32({304})}, linear(bf16_out));
+      const StagedRun r = run_against_eigen(rt, all, {f32({260, 64}), f32({304, 64}), f32({304})}, linear(bf16_out));
       EXPECT_NE(r.dump.find(kStagedChunks), std::string::npos) << r.dump;
       EXPECT_EQ(r.bank_conflicts, 0) << r.dump;
       const StagedRun batched =
-          run_against_eigen(rt, {f32({2, 130, 64}), f32({2, 304, 64}), f32({304})}, linear(bf16_out));
+          run_against_eigen(rt, all, {f32({2, 130, 64}), f32({2, 304, 64}), f32({304})}, linear(bf16_out));
       EXPECT_NE(batched.dump.find(kStagedChunks), std::string::npos) << batched.dump;
-      const StagedRun odd = run_against_eigen(rt, {f32({260, 64}), f32({301, 64}), f32({301})}, linear(bf16_out));
+      const StagedRun odd = run_against_eigen(rt, all, {f32({260, 64}), f32({301, 64}), f32({301})}, linear(bf16_out));
       EXPECT_NE(odd.dump.find(kStaged), std::string::npos) << odd.dump;
     }
   }
@@ -126,26 +125,24 @@ void check_staged_stores(cuda::Runtime& rt) {
 TEST(Lowering, WgmmaStoresOddRowsThroughSharedMemory) { check_staged_stores(testing::fake_runtime()); }
 
 // The staged kernels at each wgmma tiling, f32 and bf16 out, odd rows (and with
-// KILN_MMA_STAGED_STORES=all rows of whole chunks; 64-bit indices at 128x256), pass ptxas for
+// staged-stores=all rows of whole chunks; 64-bit indices at 128x256), pass ptxas for
 // sm_90a without spills.
 TEST(Lowering, WgmmaStagedStoreKernelsPassPtxasWithoutSpills) {
   KILN_REQUIRE_PTXAS_OR_SKIP();
-  cuda::ForceBf16Mma on;
-  testing::ScopedEnv wgmma("KILN_WGMMA", "1"), split("KILN_MMA_SPLIT_K", "0");
   for (const auto& [tile, stages] : kTilings)
     for (const bool chunks : {false, true})
       for (const bool bf16_out : {false, true})
         for (const bool wide_indices : {false, true}) {
           if (wide_indices && tile != std::string("128x256")) continue;
-          testing::ScopedEnv t("KILN_MMA_TILE", tile), s("KILN_MMA_STAGES", stages),
-              mode("KILN_MMA_STAGED_STORES", chunks ? "all" : "odd");
-          std::optional<cuda::ForceWideIndices> wide;
-          if (wide_indices) wide.emplace();
+          Target target = testing::with_matmul(cuda::device_target(testing::fake_runtime()),
+                                               std::string("bf16-mma=on,wgmma=on,split-k=0,tile=") + tile +
+                                                   ",stages=" + stages + ",staged-stores=" + (chunks ? "all" : "odd"));
+          target.wide_indices = wide_indices;
           const int64_t n = chunks ? 304 : 301;
           testing::Harness h({f32({260, 64}), f32({n, 64}), f32({n})}, linear(bf16_out));
           std::vector<ValueId> outs{h.output};
-          const Circuit optimized = optimize(h.circuit, outs, {.gpu = true});
-          cuda::DeviceProgram dp(optimized, outs, testing::fake_runtime());
+          const Circuit optimized = optimize(h.circuit, outs, target);
+          cuda::DeviceProgram dp(optimized, outs, testing::fake_runtime(), target);
           ASSERT_NE(dp.dump().find(chunks ? kStagedChunks : kStaged), std::string::npos) << dp.dump();
           for (const auto& kl : dp.kernels()) {
             const kir::Kernel& k = *kl.launch->kernel;

@@ -97,7 +97,6 @@ TEST(MemoryPlan, APlannedWorkspaceRunsTrainingStepsToTheBitOfSeparateBuffers) {
     return r;
   };
   Run separate = train(testing::fake_runtime()), planned = train(planned_rt);
-  Engine::current().plan_cache().clear();  // its plans were lowered for planned_rt, which goes now
   EXPECT_EQ(planned.losses, separate.losses);
   EXPECT_EQ(separate.workspace, 0u);
   EXPECT_GE(planned.workspace, planned.peak_live);

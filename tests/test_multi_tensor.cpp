@@ -172,7 +172,7 @@ TEST(MergeMultiTensor, ManyGroupsSplitIntoLaunchesThatFitTheParameterSpace) {
   mp.group_inputs = 2;
   mp.bodies = {se::in(0) + se::in(1)};
   c.add_op("multi_tensor", mp.to_params(DType::f32), in);
-  cuda::LoweredOp l = cuda::lower(c, 0);
+  cuda::LoweredOp l = cuda::lower(c, 0, cuda::device_target(testing::fake_runtime()));
   ASSERT_EQ(l.launches.size(), 2u);
   size_t params = 0;
   for (const cuda::Launch& launch : l.launches) {

@@ -1,11 +1,13 @@
-// The KILN_* variables (circuit/ir/options.hpp) and the pass pipeline's switch
-// (circuit/passes/pipeline.hpp): malformed values and unknown names are reported, not ignored.
+// kiln's settings (circuit/ir/settings.hpp), the Target's parsed choices (circuit/ir/target.hpp)
+// and the pass pipeline's switches (circuit/passes/pipeline.hpp): malformed values and unknown
+// names are reported, not ignored, and a variable kiln no longer reads is named with its option.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
 #include <kiln/circuit/ir/error.hpp>
-#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/ir/settings.hpp>
+#include <kiln/circuit/ir/target.hpp>
 #include <kiln/circuit/passes/pipeline.hpp>
 #include <kiln/circuit/prims/builder.hpp>
 
@@ -18,49 +20,95 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-TEST(Options, AMisspeltKilnVariableIsReportedAndKnownOnesAreNot) {
+// The message of the kiln::Error that `f` throws, or "" when it throws none.
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Settings, AMisspeltKilnVariableIsReportedAndKnownOnesAreNot) {
   testing::ScopedEnv typo("KILN_NUM_THRAEDS", "1");
   testing::ScopedEnv known("KILN_PROFILE", "5");
   testing::ScopedEnv script("KILN_CHECK_LIMIT_GPT2", "900");  // gpu-check's KILN_CHECK_* family
-  const std::vector<std::string> unknown = options::unknown_variables();
+  const std::vector<std::string> unknown = unknown_variables();
   EXPECT_TRUE(contains(unknown, "KILN_NUM_THRAEDS"));
   EXPECT_FALSE(contains(unknown, "KILN_PROFILE"));
   EXPECT_FALSE(contains(unknown, "KILN_CHECK_LIMIT_GPT2"));
 }
 
-TEST(Options, AMalformedThreadCountNamesTheVariableAndTheRange) {
+TEST(Settings, AMalformedThreadCountNamesTheVariableAndTheRange) {
   for (const char* bad : {"zero", "0", "4097", "2x"}) {
     testing::ScopedEnv threads("KILN_NUM_THREADS", bad);
-    try {
-      options::num_threads();
-      ADD_FAILURE() << "accepted KILN_NUM_THREADS=" << bad;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("KILN_NUM_THREADS: expected a thread count from 1 to 4096"),
-                std::string::npos)
-          << e.what();
-    }
+    EXPECT_NE(error_of([] { settings(); }).find("KILN_NUM_THREADS: expected a thread count from 1 to 4096"),
+              std::string::npos)
+        << bad;
   }
   testing::ScopedEnv threads("KILN_NUM_THREADS", "3");
-  EXPECT_EQ(options::num_threads(), 3);
+  EXPECT_EQ(settings().num_threads, 3);
 }
 
-TEST(Options, TheBf16MmaSwitchIsOnByDefaultAndTakesOnlyZeroOrOne) {
-  {
-    testing::ScopedEnv unset("KILN_BF16_MMA", "");  // as if unset
-    EXPECT_TRUE(options::bf16_mma());
-  }
-  {
-    testing::ScopedEnv off("KILN_BF16_MMA", "0");
-    EXPECT_FALSE(options::bf16_mma());
-  }
-  testing::ScopedEnv bad("KILN_BF16_MMA", "yes");
-  try {
-    options::bf16_mma();
-    ADD_FAILURE() << "accepted KILN_BF16_MMA=yes";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("KILN_BF16_MMA: expected 0 or 1, received 'yes'"), std::string::npos)
-        << e.what();
-  }
+// A removed tuning variable still set is not unknown: it gets a warning naming the option that
+// replaced it (and it changes nothing).
+TEST(Settings, ARemovedVariableNamesTheOptionThatReplacedIt) {
+  testing::ScopedEnv tile("KILN_MMA_TILE", "128x256"), fake("KILN_FAKE_CUDA", "1");
+  EXPECT_FALSE(contains(unknown_variables(), "KILN_MMA_TILE"));
+  const std::vector<std::string> warnings = removed_variable_warnings();
+  auto warned = [&](const std::string& text) {
+    return std::any_of(warnings.begin(), warnings.end(), [&](const std::string& w) { return w.find(text) == 0; });
+  };
+  EXPECT_TRUE(warned("KILN_MMA_TILE is no longer read: use --matmul tile=")) << ::testing::PrintToString(warnings);
+  EXPECT_TRUE(warned("KILN_FAKE_CUDA is no longer read: use --device sim")) << ::testing::PrintToString(warnings);
+  EXPECT_EQ(cpu_target().matmul, MatmulPolicy{});
+}
+
+// --matmul KEY=VALUE,...: each key into the policy, the rest left as it was; a bad key or value
+// is an error naming the key and what it takes. The policy prints back in the same syntax.
+TEST(TargetOptions, MatmulPolicyParsesValidatesAndPrintsBack) {
+  const MatmulPolicy p = parse_matmul_policy("tile=192x256,stages=4,split-k=auto,wgmma=on,staged-stores=all");
+  EXPECT_EQ(p.tile_m, 192);
+  EXPECT_EQ(p.tile_n, 256);
+  EXPECT_EQ(p.stages, 4);
+  EXPECT_EQ(p.split_k, -1);
+  EXPECT_EQ(p.wgmma, true);
+  EXPECT_EQ(p.staged_stores, MmaStaging::all);
+  EXPECT_EQ(parse_matmul_policy(matmul_policy_str(p)), p);
+  const MatmulPolicy q = parse_matmul_policy("simt-tile=64,bf16-mma=off,products-first=on,tensor-copies=on", p);
+  EXPECT_EQ(q.tile_n, 256);  // kept from p
+  EXPECT_EQ(q.simt_tile, 64);
+  EXPECT_FALSE(q.bf16_mma);
+  EXPECT_TRUE(q.products_first && q.tensor_copies);
+  EXPECT_EQ(parse_matmul_policy(matmul_policy_str(q)), q);
+  EXPECT_EQ(matmul_policy_str(MatmulPolicy{}), "");
+  EXPECT_NE(error_of([] { parse_matmul_policy("tile=100x100"); }).find("--matmul tile: expected 128x128"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_matmul_policy("stages=5"); }).find("--matmul stages: expected 2, 3 or 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_matmul_policy("wgmma=1"); }).find("--matmul wgmma: expected on or off, received '1'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_matmul_policy("tiles=128x128"); }).find("--matmul: unknown key 'tiles'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_matmul_policy("tile"); }).find("expected KEY=VALUE"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_attention_path("ffma"); }).find("--attention-path: expected mma or simt"),
+            std::string::npos);
+}
+
+// The device decides wgmma where the policy does not: a real sm_90 GPU takes it, the fake driver
+// (which reports sm_90) and sm_80 do not; the policy decides either way.
+TEST(TargetOptions, WgmmaIsTheDefaultOfARealSm90Only) {
+  EXPECT_TRUE(cuda_target(90, false).wgmma());
+  EXPECT_FALSE(cuda_target(90, true).wgmma());
+  EXPECT_FALSE(cuda_target(80, false).wgmma());
+  Target off = cuda_target(90, false), on = cuda_target(80, false);
+  off.matmul.wgmma = false;
+  on.matmul.wgmma = true;
+  EXPECT_FALSE(off.wgmma());
+  EXPECT_TRUE(on.wgmma());
+  EXPECT_NE(on.str().find("cuda sm_80 wgmma"), std::string::npos) << on.str();
 }
 
 // exp(tanh(x)): two pointwise ops that fuse_pointwise makes one (and, without it, fuse_rows).
@@ -76,23 +124,20 @@ TEST(Pipeline, DisablingAPassByNameSkipsIt) {
   std::vector<ValueId> outputs;
   Circuit c = chain(outputs);
   std::vector<ValueId> fused_outputs = outputs;
-  EXPECT_EQ(optimize(c, fused_outputs, {}).ops().size(), 1u);
-  testing::ScopedEnv off("KILN_DISABLE_PASSES", "cse,fuse_pointwise,fuse_rows");
-  EXPECT_EQ(optimize(c, outputs, {}).ops().size(), 2u);
+  EXPECT_EQ(optimize(c, fused_outputs, cpu_target()).ops().size(), 1u);
+  EXPECT_EQ(optimize(c, outputs, cpu_target(), parse_pipeline_options("-cse,-fuse_pointwise,-fuse_rows")).ops().size(),
+            2u);
 }
 
 TEST(Pipeline, AnUnknownPassNameIsAnErrorListingTheKnownOnes) {
   std::vector<ValueId> outputs;
   Circuit c = chain(outputs);
-  testing::ScopedEnv off("KILN_DISABLE_PASSES", "fuse_pointwse");
-  try {
-    optimize(c, outputs, {});
-    FAIL() << "a misspelt pass name was ignored";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("no pass is named 'fuse_pointwse'"), std::string::npos) << what;
+  for (const std::string& what : {error_of([] { parse_pipeline_options("-fuse_pointwse"); }),
+                                  error_of([&] { optimize(c, outputs, cpu_target(), {{"fuse_pointwse"}}); })}) {
+    EXPECT_NE(what.find("--passes: no pass is named 'fuse_pointwse'"), std::string::npos) << what;
     for (const PassInfo& p : pipeline_passes()) EXPECT_NE(what.find(p.name), std::string::npos) << what;
   }
+  EXPECT_NE(error_of([] { parse_pipeline_options("fuse_rows"); }).find("with a leading '-'"), std::string::npos);
 }
 
 TEST(Pipeline, GpuOnlyPassesRunOnlyForGpuPlans) {
@@ -104,8 +149,8 @@ TEST(Pipeline, GpuOnlyPassesRunOnlyForGpuPlans) {
   Builder b(c);
   std::vector<ValueId> cpu_outputs = {b.add(b.matmul(x, w), bias)};
   std::vector<ValueId> gpu_outputs = cpu_outputs;
-  EXPECT_EQ(optimize(c, cpu_outputs, {.gpu = false}).ops().size(), 2u);
-  EXPECT_EQ(optimize(c, gpu_outputs, {.gpu = true}).ops().size(), 1u);
+  EXPECT_EQ(optimize(c, cpu_outputs, cpu_target()).ops().size(), 2u);
+  EXPECT_EQ(optimize(c, gpu_outputs, cuda_target(90, /*fake=*/true)).ops().size(), 1u);
 }
 
 }  // namespace

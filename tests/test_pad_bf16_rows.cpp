@@ -17,7 +17,7 @@
 #include "device_test_util.hpp"
 #include "prim_cases.hpp"
 #include "prim_test_util.hpp"
-#include "scoped_env.hpp"
+#include "scoped_target.hpp"
 
 namespace kiln {
 namespace {
@@ -30,23 +30,23 @@ using testing::f32;
 // and the products on mma.sync and on wgmma against the Eigen executor within `tolerance`.
 void expect_padded_once_onto_tensor_cores(const testing::Harness& h, double tolerance) {
   const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
+  const Target on = cuda::device_target(testing::fake_runtime());
   {
-    cuda::ForceBf16Mma widened(false);
     std::vector<ValueId> outs{h.output};
-    EXPECT_EQ(testing::count_prim(pad_bf16_rows(h.circuit, outs), PrimId::concat), 0u);
+    const Target widened = testing::with_matmul(on, "bf16-mma=off");
+    EXPECT_EQ(testing::count_prim(pad_bf16_rows(h.circuit, outs, widened), PrimId::concat), 0u);
   }
-  cuda::ForceBf16Mma on;
   std::vector<ValueId> outs{h.output};
-  const Circuit padded = pad_bf16_rows(h.circuit, outs);
+  const Circuit padded = pad_bf16_rows(h.circuit, outs, on);
   EXPECT_EQ(testing::count_prim(padded, PrimId::concat), 1u) << padded.dump("padded");
   std::vector<ValueId> gpu_outs{h.output};
-  const Circuit optimized = optimize(h.circuit, gpu_outs, {.gpu = true});
+  const Circuit optimized = optimize(h.circuit, gpu_outs, cuda_target(90, /*fake=*/true));
   EXPECT_EQ(testing::count_prim(optimized, PrimId::slice), 0u) << optimized.dump("optimized");
-  for (const char* wgmma : {"0", "1"}) {
-    SCOPED_TRACE(std::string("KILN_WGMMA=") + wgmma);
-    testing::ScopedEnv engine("KILN_WGMMA", wgmma);
-    cuda::DeviceProgram dp(optimized, gpu_outs, testing::fake_runtime());
-    EXPECT_NE(dp.dump().find(wgmma == std::string("1") ? "wgmma" : "mma.sync bf16"), std::string::npos) << dp.dump();
+  for (const char* wgmma : {"off", "on"}) {
+    SCOPED_TRACE(std::string("wgmma=") + wgmma);
+    cuda::DeviceProgram dp(optimized, gpu_outs, testing::fake_runtime(),
+                           testing::with_matmul(on, std::string("wgmma=") + wgmma));
+    EXPECT_NE(dp.dump().find(wgmma == std::string("on") ? "wgmma" : "mma.sync bf16"), std::string::npos) << dp.dump();
     const HostTensor got = dp.run(h.bindings)[0];
     ASSERT_EQ(got.dtype(), want.dtype());
     EXPECT_LT(testing::relative_error(got, want), tolerance);
@@ -57,7 +57,7 @@ void expect_padded_once_onto_tensor_cores(const testing::Harness& h, double tole
 // read is written into rows of 64 and read through a slice, so the products run on the mma
 // kernel: x w (a with k contiguous), x^T dy (a with rows contiguous), and x^T dy with x cast as
 // (2, 12, 61) and reshaped to (24, 61) first (as a batch's logits are); on mma.sync and wgmma.
-// With KILN_BF16_MMA=0 the pass changes nothing.
+// With bf16-mma=off the pass changes nothing.
 TEST(Lowering, Bf16CastsThatMatmulsReadArePaddedToWholeChunks) {
   for (int variant : {0, 1, 2}) {
     SCOPED_TRACE(variant);
@@ -76,7 +76,6 @@ TEST(Lowering, Bf16CastsThatMatmulsReadArePaddedToWholeChunks) {
 // reader other than a matmul (here a cast back to f32), a reshape that changes the last dim,
 // or the cast being a requested output.
 TEST(Lowering, Bf16CastsReadOtherwiseAreNotPadded) {
-  cuda::ForceBf16Mma on;
   auto concats = [](const BuildFn& build, bool request_cast) {
     Circuit c;
     Builder bld(c);
@@ -84,7 +83,7 @@ TEST(Lowering, Bf16CastsReadOtherwiseAreNotPadded) {
                            c.add_external({Shape{61, 32}, DType::f32}, ValueRole::Input, "w")};
     std::vector<ValueId> outs{build(bld, x)};
     if (request_cast) outs.push_back(c.ops()[0].outputs[0]);  // the first op: x's cast
-    return testing::count_prim(pad_bf16_rows(c, outs), PrimId::concat);
+    return testing::count_prim(pad_bf16_rows(c, outs, cpu_target()), PrimId::concat);
   };
   EXPECT_EQ(concats(
                 [](Builder& bld, const std::vector<ValueId>& x) {
@@ -163,7 +162,6 @@ TEST(Lowering, Bf16InputsThatMatmulsReadArePaddedToWholeChunks) {
 // its old version), or where the products use it fewer than 64 times an element (x of 24 x 61
 // against 32 or 63 columns of w; w of 61 x 63 against x's 24 rows).
 TEST(Lowering, Bf16InputsReadOtherwiseAreNotPadded) {
-  cuda::ForceBf16Mma on;
   auto concats = [](ValueRole role, bool widened_too, bool request_input, bool assign, int64_t n = 64) {
     Circuit c;
     Builder bld(c);
@@ -173,7 +171,7 @@ TEST(Lowering, Bf16InputsReadOtherwiseAreNotPadded) {
     if (widened_too) outs.push_back(bld.cast(x, DType::f32));
     if (request_input) outs.push_back(x);
     if (assign) outs.push_back(bld.assign(x, bld.cast(bld.fill({24, 61}, DType::f32, 1.0), DType::bf16)));
-    return testing::count_prim(pad_bf16_rows(c, outs), PrimId::concat);
+    return testing::count_prim(pad_bf16_rows(c, outs, cpu_target()), PrimId::concat);
   };
   EXPECT_EQ(concats(ValueRole::Input, false, false, false), 1u);
   EXPECT_EQ(concats(ValueRole::Persistent, false, false, false), 1u);  // a frozen bf16 parameter

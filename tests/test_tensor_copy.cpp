@@ -27,7 +27,7 @@
 #include "device_test_util.hpp"
 #include "prim_cases.hpp"
 #include "ptxas_skip.hpp"
-#include "scoped_env.hpp"
+#include "scoped_target.hpp"
 #include "sim_test_util.hpp"
 
 namespace kiln::cuda {
@@ -305,16 +305,15 @@ TEST(TensorCopy, SimulatorReportsMisuses) {
 // A device program encodes its tensor maps over each run's buffers, again only where one moved:
 // the fake runtime reuses a freed block of the same size, so the bf16 casts' outputs stay put
 // from run to run, until blocks of their sizes are held between runs. The product is right
-// every time (KILN_WGMMA_TENSOR_COPIES=1: a's and b's maps).
+// every time (tensor-copies=on: a's and b's maps).
 TEST(TensorCopy, DeviceProgramsEncodeMapsWhereBuffersMoved) {
-  ForceBf16Mma on;
-  testing::ScopedEnv wgmma("KILN_WGMMA", "1"), copies("KILN_WGMMA_TENSOR_COPIES", "1");
   testing::Harness h({testing::f32({130, 64}), testing::f32({77, 64})}, [](Builder& b, const std::vector<ValueId>& x) {
     return b.matmul(b.cast(x[0], DType::bf16), b.cast(x[1], DType::bf16), false, true);
   });
   const HostTensor want = execute(h.circuit, h.bindings, {h.output})[0];
   Runtime& rt = testing::fake_runtime();
-  DeviceProgram dp(h.circuit, {h.output}, rt);
+  DeviceProgram dp(h.circuit, {h.output}, rt,
+                   testing::with_matmul(device_target(rt), "bf16-mma=on,wgmma=on,tensor-copies=on"));
   ASSERT_NE(dp.dump().find("tensor-copy stages"), std::string::npos) << dp.dump();
   const int64_t before = rt.stats().tensor_maps_encoded;
   auto run = [&](int64_t encoded, const char* what) {

@@ -123,7 +123,12 @@ struct SgdStep {
 TEST(TracedStep, KeepsItsPlanWhenTheCacheForgetsIt) {
   SgdStep s;
   TracedStep trace({s.x}, [&] { return s.record(); });
-  Engine::current().plan_cache().clear();
+  // Steps of other shapes fill the cache until it has evicted the traced step's plan.
+  PlanCache& cache = Engine::current().plan_cache();
+  const Plan* traced = cache.plans().front();
+  for (int64_t n = 1; n <= static_cast<int64_t>(cache.capacity()); ++n)
+    (Tensor::from_host(HostTensor::zeros(DType::f64, Shape{n})) * 3.0).to_vector();
+  for (const Plan* p : cache.plans()) ASSERT_NE(p, traced);
   s.opt.set_lr(0.5);  // seen by the replay: w -= 0.5 * x^2 w
   trace.run({f64({2, 2, 2})});
   // After the first run w = 0.9 * (1, 2, 3); the replay's gradient is x^2 w = 4 w, so w -= 2 w.

@@ -23,7 +23,7 @@
 #include <kiln/train/trainer.hpp>
 #include <kiln/train/weights.hpp>
 
-#include "scoped_env.hpp"
+#include "scoped_target.hpp"
 #include "training_test_util.hpp"
 
 namespace kiln {
@@ -287,7 +287,7 @@ TEST(MetricsLogFile, NullForNonFiniteAndErrorsNameTheLine) {
   const std::string log = tmp_path("metrics_nan.jsonl");
   {
     MetricsLog m(log, false);
-    m.start(0, 3, 8);
+    m.start(0, 3, 8, "cpu f32");
     m.train_step(1, std::nan(""), 1e-3, std::numeric_limits<double>::infinity(), 2.5, 3200);
   }
   std::vector<MetricsRecord> r = read_metrics(log);
@@ -396,10 +396,16 @@ TEST(Training, LossFallsOnGeneratedText) {
   EXPECT_LT(tail, 0.6 * head) << head << " -> " << tail;
 }
 
+// Fused ops in the training step's plan (the largest) for the engine's Target and passes.
 size_t fused_ops_in_step() {
+  const Engine& engine = Engine::current();
+  const Plan* step = nullptr;
+  for (const Plan* p : Engine::current().plan_cache().plans())
+    if (p->target == engine.target() && p->pipeline == engine.pipeline() &&
+        (!step || p->optimized_ops > step->optimized_ops))
+      step = p;
   size_t n = 0;
-  for (const Op& op : Engine::current().plan_cache().largest()->program->circuit().ops())
-    n += op.is(PrimId::fused_rows) || op.absorbed > 0;
+  for (const Op& op : step->program->circuit().ops()) n += op.is(PrimId::fused_rows) || op.absorbed > 0;
   return n;
 }
 
@@ -416,27 +422,24 @@ size_t fused_ops_in_step() {
 void fused_and_unfused_runs_give_the_same_losses(Precision precision, double bound, size_t early_steps,
                                                  double early_bound) {
   ScopedPrecision policy(precision);
-  std::optional<testing::ScopedEnv> no_attention_fusion;
-  if (precision == Precision::bf16) no_attention_fusion.emplace("KILN_DISABLE_PASSES", "fuse_attention");
-  PlanCache& cache = Engine::current().plan_cache();
-  cache.clear();
+  std::optional<testing::ScopedPipeline> no_attention_fusion;
+  if (precision == Precision::bf16) no_attention_fusion.emplace("-fuse_attention");
   TrainRun cpu = train_tiny(100, "", "", 0, 1e-2);
   EXPECT_GT(fused_ops_in_step(), 10u);
-  cache.clear();
-  cache.set_gpu_target(true);
-  TrainRun gpu = train_tiny(100, "", "", 0, 1e-2);
-  EXPECT_GT(fused_ops_in_step(), 10u);
-  cache.set_gpu_target(false);
+  TrainRun gpu;
+  {
+    // The GPU's passes; the plans run on the CPU executor.
+    testing::ScopedTarget gpu_plans([](Target& t) { t = with_device_of(t, cuda_target(90, /*fake=*/true)); });
+    gpu = train_tiny(100, "", "", 0, 1e-2);
+    EXPECT_GT(fused_ops_in_step(), 10u);
+  }
   TrainRun plain;
   {
-    testing::ScopedEnv off("KILN_DISABLE_PASSES",
-                           "fuse_attention,fuse_pointwise,fuse_columns,fuse_matmul,fuse_rows,forward_assigns,"
-                           "merge_multi_tensor");
-    cache.clear();
+    testing::ScopedPipeline off(
+        "-fuse_attention,-fuse_pointwise,-fuse_columns,-fuse_matmul,-fuse_rows,-forward_assigns,-merge_multi_tensor");
     plain = train_tiny(100, "", "", 0, 1e-2);
     EXPECT_EQ(fused_ops_in_step(), 0u);
   }
-  cache.clear();
   double worst = 0;
   for (size_t i = 0; i < plain.losses.size(); ++i)
     for (const TrainRun* r : {&cpu, &gpu})

@@ -17,9 +17,9 @@ namespace {
 // infinities.
 std::string number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
 
-// The fields of one flat JSON object of numbers (or null) and at most the string "start"; throws
-// a message saying what is wrong (the caller adds the file and line).
-std::map<std::string, std::optional<double>> parse_object(const std::string& s, bool& is_start) {
+// The fields of one flat JSON object of numbers (or null), "event": "start" and a start line's
+// "target" string; throws a message saying what is wrong (the caller adds the file and line).
+std::map<std::string, std::optional<double>> parse_object(const std::string& s, bool& is_start, std::string& target) {
   std::map<std::string, std::optional<double>> fields;
   size_t i = 0;
   auto skip = [&] {
@@ -48,10 +48,13 @@ std::map<std::string, std::optional<double>> parse_object(const std::string& s, 
     skip();
     if (i < s.size() && s[i] == '"') {
       const std::string value = string();
-      if (key != "event" || value != "start")
-        throw Error(
-            fmt::format("unexpected \"{}\": \"{}\" (the only string field is \"event\": \"start\")", key, value));
-      is_start = true;
+      if (key == "target")
+        target = value;
+      else if (key == "event" && value == "start")
+        is_start = true;
+      else
+        throw Error(fmt::format("unexpected \"{}\": \"{}\" (the string fields are \"event\": \"start\" and \"target\")",
+                                key, value));
     } else if (s.compare(i, 4, "null") == 0) {
       fields[key] = std::nullopt;
       i += 4;
@@ -93,9 +96,11 @@ void MetricsLog::line(const std::string& json) {
     throw Error("cannot write the metrics log '" + path_ + "': " + std::strerror(errno));
 }
 
-void MetricsLog::start(int64_t step, int64_t steps, int64_t tokens_per_step) {
-  line(fmt::format(R"({{"event": "start", "step": {}, "steps": {}, "tokens_per_step": {}}})", step, steps,
-                   tokens_per_step));
+void MetricsLog::start(int64_t step, int64_t steps, int64_t tokens_per_step, const std::string& target) {
+  if (target.find_first_of("\"\\") != std::string::npos)
+    throw Error("metrics log: a Target text holds a quote or backslash: " + target);
+  line(fmt::format(R"({{"event": "start", "step": {}, "steps": {}, "tokens_per_step": {}, "target": "{}"}})", step,
+                   steps, tokens_per_step, target));
 }
 
 void MetricsLog::train_step(int64_t step, double loss, double lr, double grad_norm, double ms_per_step,
@@ -117,8 +122,9 @@ std::vector<MetricsRecord> read_metrics(const std::string& path) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
       bool is_start = false;
-      auto fields = parse_object(text, is_start);
       MetricsRecord r;
+      auto fields = parse_object(text, is_start, r.target);
+      if (!is_start && !r.target.empty()) throw Error("\"target\" on a line that is not a start line");
       r.start = is_start;
       auto step = fields.find("step");
       if (step == fields.end() || !step->second || *step->second < 0 || *step->second != std::floor(*step->second))

@@ -1,6 +1,7 @@
 // The metrics log of a training run: JSON lines (one object per line), written as the run goes
 // and flushed line by line, so that a run cut short keeps every step it finished.
-//   {"event": "start", "step": 0, "steps": 2000, "tokens_per_step": 1024}     a run (or a resume)
+//   {"event": "start", "step": 0, "steps": 2000, "tokens_per_step": 1024, "target": "cpu avx2 fma f32"}
+//                                                            a run (or a resume), and its Target
 //   {"step": 50, "loss": 2.91, "lr": 1e-3, "grad_norm": 0.84, "ms_per_step": 28.1, "tokens_per_s": 36400}
 //   {"step": 250, "val_loss": 2.61}
 // Non-finite numbers are written as null (JSON has no NaN). `kiln plot` draws them.
@@ -23,7 +24,8 @@ class MetricsLog {
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
-  void start(int64_t step, int64_t steps, int64_t tokens_per_step);
+  // `target`: Target::str() of the engine the run trains on (no quotes or backslashes).
+  void start(int64_t step, int64_t steps, int64_t tokens_per_step, const std::string& target);
   void train_step(int64_t step, double loss, double lr, double grad_norm, double ms_per_step, double tokens_per_s);
   void validation(int64_t step, double val_loss);
   const std::string& path() const { return path_; }
@@ -39,6 +41,7 @@ class MetricsLog {
 struct MetricsRecord {
   int64_t step = 0;
   bool start = false;
+  std::string target;  // a start line's Target ("" in logs written before it was recorded)
   std::optional<double> loss, lr, grad_norm, ms_per_step, tokens_per_s, val_loss;
 };
 

@@ -135,8 +135,9 @@ TrainResult Trainer::run() {
   std::unique_ptr<MetricsLog> metrics;
   if (!opts_.metrics_log.empty() && writes) {
     metrics = std::make_unique<MetricsLog>(opts_.metrics_log, /*append=*/step_ > 0);
-    metrics->start(step_, opts_.steps, static_cast<int64_t>(tokens_per_step));
+    metrics->start(step_, opts_.steps, static_cast<int64_t>(tokens_per_step), Engine::current().target().str());
   }
+  if (opts_.stats) spdlog::info("target: {}", Engine::current().target().str());
   ProgressLine live(opts_.live_progress && writes && ProgressLine::stdout_is_terminal());
   while (step_ < end) {
     double lr = warmup_cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);

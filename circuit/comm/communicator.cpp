@@ -1,8 +1,8 @@
 // The single-process communicator and the current one.
-#include <cstdlib>
 #include <cstring>
 
 #include <kiln/circuit/comm/communicator.hpp>
+#include <kiln/circuit/ir/settings.hpp>
 
 namespace kiln {
 namespace {
@@ -30,10 +30,6 @@ Communicator& world() { return *current(); }
 
 void set_world(std::shared_ptr<Communicator> c) { current() = c ? std::move(c) : std::make_shared<SingleProcess>(); }
 
-bool launched_by_mpi_with_several_ranks() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"})
-    if (const char* v = std::getenv(name); v && std::atoi(v) > 1) return true;
-  return false;
-}
+bool launched_by_mpi_with_several_ranks() { return settings().launcher_several_ranks; }
 
 }  // namespace kiln

@@ -4,6 +4,7 @@
 #include <xmmintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,7 +18,7 @@
 #include <kiln/circuit/exec/liveness.hpp>
 #include <kiln/circuit/exec/memory_plan.hpp>
 #include <kiln/circuit/ir/error.hpp>
-#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/ir/settings.hpp>
 
 namespace kiln {
 
@@ -26,7 +27,7 @@ namespace {
 // to stderr at exit with the N costliest (25 when N is not a number above 0). For finding the
 // hot ops of the CPU path; off by default (no clock reads).
 struct Profile {
-  int shown_max = options::profile_top();
+  int shown_max = settings().profile_top;
   bool on = shown_max > 0;
   std::map<std::string, std::pair<double, int64_t>> ms_calls;
   ~Profile() {
@@ -60,8 +61,9 @@ Profile& profile() {
 // threshold set in the environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) is left alone.
 void keep_freed_memory_once() {
   static const bool done = [] {
-    if (!std::getenv("MALLOC_MMAP_THRESHOLD_")) mallopt(M_MMAP_THRESHOLD, 64 << 20);
-    if (!std::getenv("MALLOC_TRIM_THRESHOLD_")) mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    const Settings s = settings();
+    if (!s.malloc_mmap_threshold_set) mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    if (!s.malloc_trim_threshold_set) mallopt(M_TRIM_THRESHOLD, 256 << 20);
     return true;
   }();
   (void)done;
@@ -101,14 +103,11 @@ void check_storage(const Op& op, const std::vector<const HostTensor*>& in, const
       fail("wrote output " + std::to_string(k) + " outside the buffer planned for it");
 }
 
-bool& poison_flag() {
-  static bool on = options::poison_buffers();
-  return on;
-}
+std::atomic<bool> poison_flag{false};
 }  // namespace
 
-void set_poison_buffers(bool on) { poison_flag() = on; }
-bool poison_buffers() { return poison_flag(); }
+void set_poison_buffers(bool on) { poison_flag = on; }
+bool poison_buffers() { return poison_flag; }
 
 Program::Program(Circuit circuit, std::vector<ValueId> outputs)
     : circuit_(std::move(circuit)), outputs_(std::move(outputs)), governor_(omp_get_max_threads()) {

@@ -74,9 +74,10 @@ void check_bindings(const Circuit& c, const std::vector<HostTensor>& bindings, c
 std::vector<HostTensor> execute(const Circuit& c, const std::vector<HostTensor>& bindings,
                                 const std::vector<ValueId>& outputs);
 
-// Tests: fill every planned output and scratch buffer with 0xff bytes before a reference
-// writes it (NaN, or -1 for i32), so that a reference that leaves elements unwritten shows.
-// Off by default; KILN_POISON_BUFFERS=1 turns it on.
+// A debugging aid of the executor (the test suite's main turns it on; `--poison-buffers` too):
+// every Program fills each planned output and scratch buffer with 0xff bytes before a reference
+// writes it (NaN, or -1 for i32), so that a reference that leaves elements unwritten shows. Off
+// by default. It changes what a run costs, never what a plan is.
 void set_poison_buffers(bool on);
 bool poison_buffers();
 

@@ -5,13 +5,13 @@
 
 #include <kiln/circuit/exec/thread_governor.hpp>
 #include <kiln/circuit/ir/error.hpp>
-#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/ir/settings.hpp>
 
 namespace kiln {
 
 namespace {
 int& fixed_threads() {
-  static int n = options::num_threads();
+  static int n = settings().num_threads;
   return n;
 }
 }  // namespace

@@ -7,7 +7,6 @@
 #include <map>
 #include <optional>
 
-#include <kiln/circuit/ir/options.hpp>
 #include <kiln/circuit/passes/cleanup.hpp>
 #include <kiln/circuit/passes/contract.hpp>
 #include <kiln/circuit/passes/fusion.hpp>
@@ -113,7 +112,8 @@ std::optional<View> through_move(const Circuit& c, const Op& op, size_t out, con
 // than a matmul reads (it is written anyway; recomputing it per load would only cost), and
 // before a buffer something assigns (the read would move past the assign).
 View read_through(const Circuit& c, View v, const std::vector<bool>& assigned,
-                  const std::vector<std::vector<int32_t>>& readers, const std::function<bool(int32_t)>& stop) {
+                  const std::vector<std::vector<int32_t>>& readers, const std::function<bool(int32_t)>& stop,
+                  const Target& target) {
   for (;;) {
     const int32_t p = c.value(v.base).producer;
     if (p < 0 || stop(p)) return v;
@@ -129,9 +129,9 @@ View read_through(const Circuit& c, View v, const std::vector<bool>& assigned,
         next->prologue = v.prologue.substitute({op.params.body});
       }
     } else if (op.is(PrimId::cast)) {
-      // Only with KILN_BF16_MMA=0: the GPU's bf16 mma kernel (the default) copies operands
-      // stored in bf16 as they are, so the casts stay ops.
-      if (op.params.dtype == DType::bf16 && c.info(op.inputs[0]).dtype == DType::f32 && !options::bf16_mma()) {
+      // Only without the bf16 mma kernel (--matmul bf16-mma=off): that kernel (the default)
+      // copies operands stored in bf16 as they are, so the casts stay ops.
+      if (op.params.dtype == DType::bf16 && c.info(op.inputs[0]).dtype == DType::f32 && !target.matmul.bf16_mma) {
         next = v;  // a bf16 value takes no prologue, so v's is in0
         next->base = op.inputs[0];
         next->prologue = se::round_bf16(se::in(0));
@@ -150,11 +150,11 @@ View read_through(const Circuit& c, View v, const std::vector<bool>& assigned,
 // logical batch dims of `plain` (the matmul's own program); `base` receives the value it reads.
 MatmulOperand operand_view(const Circuit& c, const Op& op, int which, const FusedMatmul& plain,
                            const std::vector<bool>& assigned, const std::vector<std::vector<int32_t>>& readers,
-                           const std::function<bool(int32_t)>& stop, ValueId& base) {
+                           const std::function<bool(int32_t)>& stop, const Target& target, ValueId& base) {
   const ValueId x = op.inputs[static_cast<size_t>(which)];
   const Shape& s = c.info(x).shape;
   View v{x, 0, s.dims(), s.strides(), se::in(0)};
-  v = read_through(c, v, assigned, readers, stop);
+  v = read_through(c, v, assigned, readers, stop, target);
   base = v.base;
   const MatmulParams mp = MatmulParams::of(op);
   const bool transposed = which == 0 ? mp.transpose_a : mp.transpose_b;
@@ -229,7 +229,7 @@ int32_t row_sums_of_a(const Circuit& c, const std::vector<std::vector<int32_t>>&
 
 }  // namespace
 
-Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
+Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs, const Target& target) {
   const auto& ops = c.ops();
   const std::vector<std::vector<int32_t>> succ = op_successors(c);
   const std::vector<std::vector<int32_t>> readers = value_readers(c);
@@ -249,8 +249,8 @@ Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs) {
     g.f = FusedMatmul::plain(c.info(op.inputs[0]).shape, c.info(op.inputs[1]).shape, mp.transpose_a, mp.transpose_b);
     ValueId a_base, b_base;
     auto taken_op = [&](int32_t o) { return taken[static_cast<size_t>(o)]; };
-    g.f.a = operand_view(c, op, 0, g.f, assigned, readers, taken_op, a_base);
-    g.f.b = operand_view(c, op, 1, g.f, assigned, readers, taken_op, b_base);
+    g.f.a = operand_view(c, op, 0, g.f, assigned, readers, taken_op, target, a_base);
+    g.f.b = operand_view(c, op, 1, g.f, assigned, readers, taken_op, target, b_base);
     g.inputs = {a_base, b_base};
     const bool reads_through = a_base != op.inputs[0] || b_base != op.inputs[1];
     const Shape logical = g.f.logical();

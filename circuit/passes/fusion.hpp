@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/ir/target.hpp>
 
 namespace kiln {
 
@@ -40,8 +41,9 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs);
 // along the last axis reads (a row pattern's part, which fuse_rows computes inside its row
 // kernel instead of reading it back); each absorbed value that
 // something else reads (or a requested output) is an output of the op. A single result that
-// only a permute reads is stored permuted. Deterministic; run after fuse_pointwise.
-Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs);
+// only a permute reads is stored permuted. Deterministic; run after fuse_pointwise. Casts of
+// operands to bf16 become prologues only where the Target's matmul policy has no bf16 mma.
+Circuit fuse_matmul(const Circuit& c, std::vector<ValueId>& outputs, const Target& target);
 
 // Column fusion: each sum along axis 0 of an [N, C] value (through a reshape that keeps C: a sum
 // over the token axes, as a layernorm's parameter gradients and biases' gradients are) whose

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/ir/target.hpp>
 #include <kiln/circuit/passes/cleanup.hpp>
 #include <kiln/circuit/passes/contract.hpp>
 #include <kiln/circuit/passes/pad_bf16_rows.hpp>
@@ -81,10 +81,8 @@ bool padded_external(const Circuit& c, ValueId v, const std::vector<std::vector<
 
 }  // namespace
 
-Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs) {
-  // Without fuse_matmul nothing would fold the slices: the padding would only add kernels.
-  const std::vector<std::string> disabled = options::disabled_passes();
-  if (!options::bf16_mma() || std::find(disabled.begin(), disabled.end(), "fuse_matmul") != disabled.end()) return c;
+Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs, const Target& target) {
+  if (!target.matmul.bf16_mma) return c;
   const std::vector<std::vector<int32_t>> readers = value_readers(c);
   std::vector<bool> requested(c.num_values(), false);
   for (ValueId o : outputs) requested[static_cast<size_t>(o)] = true;

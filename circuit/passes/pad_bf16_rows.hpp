@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/ir/target.hpp>
 
 namespace kiln {
 
@@ -16,9 +17,10 @@ namespace kiln {
 // An input or persistent buffer stored in bf16 with such rows, which only matmuls read and use
 // 64 times an element or more (x W's W over 64 rows of x or more), is copied the same way (the
 // concat is then a kernel of its own: one pass over the operand).
-// Runs only while the bf16 mma kernel is on (KILN_BF16_MMA) and fuse_matmul is not disabled; a
+// Changes nothing where the Target's matmul policy has no bf16 mma kernel; the pipeline skips it
+// where fuse_matmul is off (nothing would fold the slices: the padding would only add kernels). A
 // requested output is left as it is, and so is a value that anything but a matmul (or a
 // reshape keeping the last dim that only matmuls read) reads. Run before fuse_matmul.
-Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs);
+Circuit pad_bf16_rows(const Circuit& c, std::vector<ValueId>& outputs, const Target& target);
 
 }  // namespace kiln

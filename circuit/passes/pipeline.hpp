@@ -1,12 +1,15 @@
 // The pass pipeline: which passes a plan runs, in which order, under which names. A name is
-// what KILN_DISABLE_PASSES takes (comma-separated) to switch a pass off for debugging; an
-// unknown name there is an error listing the known ones.
+// what PipelineOptions::disabled (the CLI's `--passes -NAME,...`) takes to switch a pass off for
+// debugging; an unknown name there is an error listing the known ones.
 #pragma once
 
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/ir/target.hpp>
 
 namespace kiln {
 
@@ -14,20 +17,29 @@ struct PassInfo {
   const char* name;
   bool gpu_only;  // run only for plans the GPU back end lowers
   const char* does;
-  // Rewrites c; `outputs` (values of c) are rewritten to their ids in the result.
-  Circuit (*run)(const Circuit& c, std::vector<ValueId>& outputs);
+  // Rewrites c for `target`; `outputs` (values of c) are rewritten to their ids in the result.
+  Circuit (*run)(const Circuit& c, std::vector<ValueId>& outputs, const Target& target);
 };
 
 // Every switchable pass, in the order the pipeline runs them.
 std::span<const PassInfo> pipeline_passes();
 
+// Part of every plan's key, with the Target.
 struct PipelineOptions {
-  bool gpu = false;            // run the GPU-only passes too
-  bool deterministic = false;  // scatter sums in source order (ordered_scatter_sums)
+  std::vector<std::string> disabled;  // pass names switched off (each a pipeline_passes() name)
+  bool operator==(const PipelineOptions&) const = default;
 };
 
-// Runs the pipeline over `recorded`; `outputs` (values of `recorded` the caller needs) are
-// rewritten to their ids in the result. KILN_DISABLE_PASSES is read once per call.
-Circuit optimize(const Circuit& recorded, std::vector<ValueId>& outputs, const PipelineOptions& options);
+// "-cse,-fuse_rows" (the `--passes` option: each item a pass to switch off, named with a
+// leading '-') into options; throws kiln::Error naming an unknown pass and listing the known.
+PipelineOptions parse_pipeline_options(std::string_view text);
+// Throws the same error for a name in options.disabled that names no pass.
+void check_pipeline_options(const PipelineOptions& options);
+
+// Runs the pipeline over `recorded` for `target`: the GPU-only passes where target.gpu(),
+// scatter sums in source order (ordered_scatter_sums) where target.deterministic. `outputs`
+// (values of `recorded` the caller needs) are rewritten to their ids in the result.
+Circuit optimize(const Circuit& recorded, std::vector<ValueId>& outputs, const Target& target,
+                 const PipelineOptions& options = {});
 
 }  // namespace kiln

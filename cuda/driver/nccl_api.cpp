@@ -3,13 +3,13 @@
 
 #include <cstdlib>
 
+#include <kiln/circuit/ir/settings.hpp>
 #include <kiln/cuda/driver/nccl_api.hpp>
 
 namespace kiln::cuda {
 
 std::optional<Nccl> load_nccl(std::string* why) {
-  const char* env = std::getenv("KILN_NCCL_LIBRARY");
-  const std::string library = env && *env ? env : "libnccl.so.2";
+  const std::string library = settings().nccl_library;
   // Never closed on success: communicators and captured graphs refer to its code.
   void* lib = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {

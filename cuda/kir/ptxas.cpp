@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/settings.hpp>
 #include <kiln/cuda/kir/ptxas.hpp>
 
 extern char** environ;
@@ -72,7 +73,7 @@ int parse_max(const std::string& log, const std::string& pattern, int none) {
 }  // namespace
 
 std::string find_ptxas() {
-  if (const char* path = std::getenv("PATH")) {
+  if (const std::string path = settings().search_path; !path.empty()) {
     std::stringstream dirs(path);
     std::string dir;
     while (std::getline(dirs, dir, ':')) {

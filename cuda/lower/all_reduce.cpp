@@ -9,8 +9,8 @@ namespace kiln::cuda {
 
 namespace {
 
-LoweredOp lower_all_reduce(const Circuit& c, const Op& op) {
-  LoweredOp lo = strided_copy(c, op, c.info(op.inputs[0]).shape.strides());
+LoweredOp lower_all_reduce(const Circuit& c, const Op& op, const Target& target) {
+  LoweredOp lo = strided_copy(c, op, target, c.info(op.inputs[0]).shape.strides());
   lo.mean_over_ranks = true;
   lo.summary = "all_reduce: the device collective's mean over the ranks (one process without one: a copy)";
   return lo;

@@ -357,11 +357,11 @@ LoweredOp lower_attention_tiled(const AttentionParams& a, const Sizes& s) {
                            "a tile at a time, o and the row log-sum-exp written");
 }
 
-LoweredOp lower_attention(const Circuit& c, const Op& op) {
+LoweredOp lower_attention(const Circuit& c, const Op& op, const Target& target) {
   require_gpu_dtypes(c, op);
   const AttentionParams a = AttentionParams::of(op);
-  const Sizes s = sizes_of(c, op);
-  if (mma_attention(a, s)) return lower_attention_mma(a, s);
+  const Sizes s = sizes_of(c, op, target);
+  if (mma_attention(a, s, target)) return lower_attention_mma(a, s);
   if (tiled_forward(s)) return lower_attention_tiled(a, s);
   const int64_t rows = s.entries * s.tq;
   KernelBuilder b("kiln_attention");
@@ -553,11 +553,11 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
   return lo;
 }
 
-LoweredOp lower_attention_grad(const Circuit& c, const Op& op) {
+LoweredOp lower_attention_grad(const Circuit& c, const Op& op, const Target& target) {
   require_gpu_dtypes(c, op);
   const AttentionParams a = AttentionParams::of(op);
-  const Sizes s = sizes_of(c, op);
-  if (mma_attention(a, s)) return lower_attention_grad_mma(op, a, s);
+  const Sizes s = sizes_of(c, op, target);
+  if (mma_attention(a, s, target)) return lower_attention_grad_mma(op, a, s);
   if (tiled_forward(s) && (s.tk + kTileRows - 1) / kTileRows <= 65535) return lower_attention_grad_tiled(op, a, s);
   const bool has_dlse = static_cast<int>(op.inputs.size()) == s.rest + 4;
   const float scale = static_cast<float>(a.scale);

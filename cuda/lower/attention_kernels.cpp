@@ -15,7 +15,7 @@ using kir::imm_f32;
 using kir::imm_u32;
 using kir::Space;
 
-Sizes sizes_of(const Circuit& c, const Op& op) {
+Sizes sizes_of(const Circuit& c, const Op& op, const Target& target) {
   const AttentionParams a = AttentionParams::of(op);
   Sizes s;
   s.heads_inside = a.heads_inside;
@@ -88,7 +88,7 @@ Sizes sizes_of(const Circuit& c, const Op& op) {
   int64_t largest = 0;
   for (ValueId x : op.inputs) largest = std::max(largest, c.info(x).shape.numel());
   for (ValueId x : op.outputs) largest = std::max(largest, c.info(x).shape.numel());
-  s.it = index_type(largest);
+  s.it = index_type(target, largest);
   return s;
 }
 

@@ -47,7 +47,7 @@ struct Sizes {
   Type it;       // index type
 };
 
-Sizes sizes_of(const Circuit& c, const Op& op);
+Sizes sizes_of(const Circuit& c, const Op& op, const Target& target);
 
 // The key/value entry query entry `entry` reads (grouped-query attention: entry / groups).
 Reg kv_entry_of(KernelBuilder& b, const Sizes& s, Reg entry);
@@ -121,7 +121,7 @@ void store_copy(KernelBuilder& b, Reg copy, Reg at, Reg x);
 
 // The tensor-core kernels (attention_mma.cpp): whether they take an op of these sizes, and
 // its forward and backward launches.
-bool mma_attention(const AttentionParams& a, const Sizes& s);
+bool mma_attention(const AttentionParams& a, const Sizes& s, const Target& target);
 LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s);
 LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const Sizes& s);
 

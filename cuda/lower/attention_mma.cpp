@@ -25,7 +25,6 @@
 #include <cmath>
 #include <functional>
 
-#include <kiln/circuit/ir/options.hpp>
 #include <kiln/cuda/lower/attention_kernels.hpp>
 #include <kiln/cuda/lower/elementwise.hpp>
 
@@ -361,10 +360,11 @@ std::string description(const AttentionParams& a, const char* what, const Blocki
 
 }  // namespace
 
-bool mma_attention(const AttentionParams&, const Sizes& s) {
+bool mma_attention(const AttentionParams&, const Sizes& s, const Target& target) {
   auto head_ok = [](int64_t n) { return n >= 16 && n <= 128 && n % 16 == 0; };
-  return options::attention_mma() && s.bf16 && head_ok(s.d) && head_ok(s.dv) && (s.tq + 31) / 32 <= 65535 &&
-         (s.tk + 31) / 32 <= 65535 && s.tq < (int64_t{1} << 31) && s.tk < (int64_t{1} << 31);
+  return target.attention == AttentionPath::mma && s.bf16 && head_ok(s.d) && head_ok(s.dv) &&
+         (s.tq + 31) / 32 <= 65535 && (s.tk + 31) / 32 <= 65535 && s.tq < (int64_t{1} << 31) &&
+         s.tk < (int64_t{1} << 31);
 }
 
 LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {

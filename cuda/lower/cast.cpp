@@ -18,8 +18,8 @@ using kir::Space;
 // f32 -> bf16 over n contiguous elements: element groups of 8 a thread (grid-stride) where both
 // buffers are 16-byte aligned, then the last n % 8 elements one a thread; one a thread
 // throughout where either buffer is not aligned (a view into another buffer).
-Launch packed_bf16_cast(int64_t n) {
-  const Type it = index_type(n);
+Launch packed_bf16_cast(const Target& target, int64_t n) {
+  const Type it = index_type(target, n);
   KernelBuilder b("kiln_cast_bf16x8");
   Reg in = b.param("in", Type::u64), out = b.param("out", Type::u64);
   const int64_t groups = n / 8;
@@ -51,12 +51,12 @@ Launch packed_bf16_cast(int64_t n) {
                        {kElementwiseThreads, 1, 1}, {kIn0, kOut0});
 }
 
-LoweredOp lower_cast(const Circuit& c, const Op& op) {
+LoweredOp lower_cast(const Circuit& c, const Op& op, const Target& target) {
   const ValueInfo& x = c.info(op.inputs[0]);
   const ValueInfo& out = c.info(op.outputs[0]);
   const DType to = out.dtype;
   if (x.dtype == DType::f32 && to == DType::bf16 && x.shape == out.shape)
-    return single_launch(packed_bf16_cast(out.shape.numel()), "cast f32 -> bf16, 8 elements a thread");
+    return single_launch(packed_bf16_cast(target, out.shape.numel()), "cast f32 -> bf16, 8 elements a thread");
   // Between i32 and bf16 through f32, as the host converts (and sm_80 has no cvt between them).
   auto value = [to](KernelBuilder& b, const std::vector<Reg>& in, const std::vector<Reg>&, const std::vector<Reg>&) {
     Reg x = in[0];
@@ -65,9 +65,10 @@ LoweredOp lower_cast(const Circuit& c, const Op& op) {
     if ((x.type == Type::s32 && t == Type::bf16) || (x.type == Type::bf16 && t == Type::s32)) x = b.cvt(Type::f32, x);
     return b.cvt(t, x);
   };
-  return single_launch(elementwise_launch("kiln_cast", out.shape, {kIn0, kOut0}, {access_of(0, x, x.shape.strides())},
-                                          access_of(1, out, out.shape.strides()), value),
-                       std::string("cast ") + dtype_name(x.dtype) + " -> " + dtype_name(to));
+  return single_launch(
+      elementwise_launch(target, "kiln_cast", out.shape, {kIn0, kOut0}, {access_of(0, x, x.shape.strides())},
+                         access_of(1, out, out.shape.strides()), value),
+      std::string("cast ") + dtype_name(x.dtype) + " -> " + dtype_name(to));
 }
 
 }  // namespace

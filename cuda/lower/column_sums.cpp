@@ -67,7 +67,7 @@ bool quads_apply(const Circuit& c, const Op& op, const std::vector<std::vector<i
 // then the warps' in warp order. A fixed order throughout: no float atomics, the same bits on
 // every run. Loads are 16 bytes where every column-varying input is 16-byte aligned (checked at
 // run time: a view may start anywhere), four 4-byte loads otherwise.
-LoweredOp lower_column_sums_quads(const Circuit& c, const Op& op, const ColumnSumsParams& cp,
+LoweredOp lower_column_sums_quads(const Circuit& c, const Op& op, const Target& target, const ColumnSumsParams& cp,
                                   const std::vector<std::vector<int64_t>>& strides) {
   const Shape& domain = cp.domain;
   const std::vector<int64_t> lead(domain.dims().begin(), domain.dims().end() - 1);
@@ -81,7 +81,7 @@ LoweredOp lower_column_sums_quads(const Circuit& c, const Op& op, const ColumnSu
   int64_t largest = domain.numel();
   for (ValueId v : op.inputs) largest = std::max(largest, c.info(v).shape.numel());
   largest = std::max<int64_t>(largest, static_cast<int64_t>(sums) * chunks * cols);
-  const Type it = index_type(largest);
+  const Type it = index_type(target, largest);
 
   KernelBuilder b("kiln_column_sums_quads");
   std::vector<ArgRef> args;
@@ -263,13 +263,13 @@ LoweredOp lower_column_sums_quads(const Circuit& c, const Op& op, const ColumnSu
   return lo;
 }
 
-LoweredOp lower_column_sums(const Circuit& c, const Op& op) {
+LoweredOp lower_column_sums(const Circuit& c, const Op& op, const Target& target) {
   const ColumnSumsParams cp = ColumnSumsParams::of(op);
   {
     std::vector<std::vector<int64_t>> strides;
     for (ValueId v : op.inputs) strides.push_back(broadcast_strides(c.info(v).shape, cp.domain));
     if (quads_apply(c, op, strides, cp.domain[cp.domain.rank() - 1], cp.bodies.size()))
-      return lower_column_sums_quads(c, op, cp, strides);
+      return lower_column_sums_quads(c, op, target, cp, strides);
   }
   const Shape& domain = cp.domain;
   const std::vector<int64_t> lead(domain.dims().begin(), domain.dims().end() - 1);
@@ -285,7 +285,7 @@ LoweredOp lower_column_sums(const Circuit& c, const Op& op) {
   const int64_t chunk_rows = std::max<int64_t>(1, (rows + wanted - 1) / wanted);
   const int64_t chunks = std::max<int64_t>(1, (rows + chunk_rows - 1) / chunk_rows);
   largest = std::max<int64_t>(largest, static_cast<int64_t>(sums) * chunks * cols);
-  const Type it = index_type(largest);
+  const Type it = index_type(target, largest);
 
   KernelBuilder b("kiln_column_sums");
   std::vector<ArgRef> args;

@@ -10,7 +10,7 @@ using kir::imm_f32;
 
 namespace {
 
-LoweredOp lower_fill(const Circuit& c, const Op& op) {
+LoweredOp lower_fill(const Circuit& c, const Op& op, const Target& target) {
   const ValueInfo& out = c.info(op.outputs[0]);
   const DType dt = out.dtype;
   const double v = FillParams::of(op).value;
@@ -19,18 +19,19 @@ LoweredOp lower_fill(const Circuit& c, const Op& op) {
                             : b.mov(Type::s32, kir::imm_s32(static_cast<int32_t>(v)));
   };
   return single_launch(
-      elementwise_launch("kiln_fill", out.shape, {kOut0}, {}, access_of(0, out, out.shape.strides()), value), "fill");
+      elementwise_launch(target, "kiln_fill", out.shape, {kOut0}, {}, access_of(0, out, out.shape.strides()), value),
+      "fill");
 }
 
-LoweredOp lower_iota(const Circuit& c, const Op& op) {
+LoweredOp lower_iota(const Circuit& c, const Op& op, const Target& target) {
   const ValueInfo& out = c.info(op.outputs[0]);
   const DType dt = out.dtype;
   const IndexExp index = op.params.index;
   auto value = [dt, index](KernelBuilder& b, const std::vector<Reg>&, const std::vector<Reg>& coords,
                            const std::vector<Reg>&) { return b.cvt(kir_type(dt), emit_index_exp(b, index, coords)); };
-  return single_launch(
-      elementwise_launch("kiln_iota", out.shape, {kOut0}, {}, access_of(0, out, out.shape.strides()), value, true),
-      "iota " + index.str());
+  return single_launch(elementwise_launch(target, "kiln_iota", out.shape, {kOut0}, {},
+                                          access_of(0, out, out.shape.strides()), value, true),
+                       "iota " + index.str());
 }
 
 }  // namespace

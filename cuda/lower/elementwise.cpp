@@ -23,13 +23,13 @@ bool is_identity(const Access& a, const Shape& domain) { return a.base == 0 && a
 
 }  // namespace
 
-Launch elementwise_launch(const std::string& prefix, const Shape& domain, std::vector<ArgRef> args,
-                          const std::vector<Access>& loads, const Access& store, const ValueFn& value,
-                          bool value_needs_coords) {
+Launch elementwise_launch(const Target& target, const std::string& prefix, const Shape& domain,
+                          std::vector<ArgRef> args, const std::vector<Access>& loads, const Access& store,
+                          const ValueFn& value, bool value_needs_coords) {
   int64_t n = domain.numel(), max_elems = n;
   for (const auto& a : loads) max_elems = std::max(max_elems, a.elements);
   max_elems = std::max(max_elems, store.elements);
-  const Type it = index_type(max_elems);
+  const Type it = index_type(target, max_elems);
   KernelBuilder b(prefix);
   std::vector<Reg> base;
   for (size_t p = 0; p < args.size(); ++p) base.push_back(b.param("p" + std::to_string(p), Type::u64));
@@ -93,21 +93,23 @@ LoweredOp single_launch(Launch l, std::string summary) {
 }
 
 // Copies the input read through `load` into the output written through `store`.
-Launch copy_launch(const std::string& prefix, const Shape& domain, ArgRef from, ArgRef to, Access load, Access store) {
+Launch copy_launch(const Target& target, const std::string& prefix, const Shape& domain, ArgRef from, ArgRef to,
+                   Access load, Access store) {
   load.arg = 0;
   store.arg = 1;
   auto value = [](KernelBuilder&, const std::vector<Reg>& in, const std::vector<Reg>&, const std::vector<Reg>&) {
     return in[0];
   };
-  return elementwise_launch(prefix, domain, {from, to}, {load}, store, value);
+  return elementwise_launch(target, prefix, domain, {from, to}, {load}, store, value);
 }
 
-LoweredOp strided_copy(const Circuit& c, const Op& op, std::vector<int64_t> strides, int64_t base) {
+LoweredOp strided_copy(const Circuit& c, const Op& op, const Target& target, std::vector<int64_t> strides,
+                       int64_t base) {
   const std::string& prim = op.prim->name;  // kernel names
   const ValueInfo& x = c.info(op.inputs[0]);
   const ValueInfo& out = c.info(op.outputs[0]);
-  return single_launch(copy_launch("kiln_" + prim, out.shape, kIn0, kOut0, access_of(0, x, std::move(strides), base),
-                                   access_of(1, out, out.shape.strides())),
+  return single_launch(copy_launch(target, "kiln_" + prim, out.shape, kIn0, kOut0,
+                                   access_of(0, x, std::move(strides), base), access_of(1, out, out.shape.strides())),
                        prim + " as addressing");
 }
 

@@ -26,9 +26,9 @@ using ValueFn = std::function<Reg(KernelBuilder& b, const std::vector<Reg>& load
                                   const std::vector<Reg>& params)>;
 
 // for each element of `domain`: store(value(loads)). One u64 buffer parameter per ArgRef.
-Launch elementwise_launch(const std::string& prefix, const Shape& domain, std::vector<ArgRef> args,
-                          const std::vector<Access>& loads, const Access& store, const ValueFn& value,
-                          bool value_needs_coords = false);
+Launch elementwise_launch(const Target& target, const std::string& prefix, const Shape& domain,
+                          std::vector<ArgRef> args, const std::vector<Access>& loads, const Access& store,
+                          const ValueFn& value, bool value_needs_coords = false);
 
 // Finishes a kernel (checked), names it by prefix and structural hash, and wraps it in a Launch.
 Launch finish_launch(KernelBuilder& b, const std::string& prefix, sim::Dim3 grid, sim::Dim3 block,
@@ -46,10 +46,12 @@ Reg to_store_type(KernelBuilder& b, DType dt, Reg f);
 // A lowering of one launch, its summary followed by the launch's grid and block.
 LoweredOp single_launch(Launch l, std::string summary);
 // Copies input 0 read through `load` into output `to` written through `store` (arg 0 and 1).
-Launch copy_launch(const std::string& prefix, const Shape& domain, ArgRef from, ArgRef to, Access load, Access store);
+Launch copy_launch(const Target& target, const std::string& prefix, const Shape& domain, ArgRef from, ArgRef to,
+                   Access load, Access store);
 // Output 0 (contiguous) = input 0 read with `strides` from `base` over the output's domain:
 // permute, broadcast and slice as pure addressing.
-LoweredOp strided_copy(const Circuit& c, const Op& op, std::vector<int64_t> strides, int64_t base = 0);
+LoweredOp strided_copy(const Circuit& c, const Op& op, const Target& target, std::vector<int64_t> strides,
+                       int64_t base = 0);
 
 // Reduction steps (reduce.cpp), f32: combine two partial values (sum or NaN-propagating
 // max), the identity, a butterfly over the warp after which every lane holds the warp's value

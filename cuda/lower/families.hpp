@@ -11,7 +11,7 @@ namespace kiln::cuda {
 
 class LoweringTable {
  public:
-  using LowerFn = LoweredOp (*)(const Circuit& c, const Op& op);
+  using LowerFn = LoweredOp (*)(const Circuit& c, const Op& op, const Target& target);
   struct Entry {
     LowerFn fn = nullptr;  // nullptr: no kernel, output 0 is input `alias_of`'s buffer
     int alias_of = -1;

@@ -18,13 +18,13 @@
 // behind the arithmetic. Batch dims: those the rows continue
 // through with b shared are folded into the rows (fold_batch_into_rows); grid z walks the rest,
 // each operand and output with its own batch strides (0 where an operand broadcasts). FFMA
-// in f32, or with KILN_ALLOW_TF32=1 tf32 tensor cores (mma.sync) on the 128x128 tiles. An
+// in f32, or with Target::tf32 tf32 tensor cores (mma.sync) on the 128x128 tiles. An
 // operand stored in bf16 is loaded as bf16 (half the bytes) and widened to f32 in the tiles;
 // where both carry bf16 values (stored, or f32 read through a rounding to bf16) their products
 // are exact in both kernels and large tiles take the tensor cores. Operands both stored as they
 // are multiplied (16-byte aligned chunks, k or rows contiguous, no prologue, no row sums) run a
 // third kernel instead, fed from 2-4 cp.async stages (matmul_mma.cpp, matmul_mma_loop.cpp): bf16 mma.sync with
-// ldmatrix unless KILN_BF16_MMA=0, and with KILN_ALLOW_TF32=1 f32 operands on tf32 mma.sync
+// ldmatrix unless the matmul policy says bf16-mma=off, and with Target::tf32 f32 operands on tf32 mma.sync
 // (unless 64x64 tiles are forced). Row sums of A (a bias gradient) come out of the blocks of the
 // first tile column, from the tiles in shared memory.
 #include <spdlog/fmt/fmt.h>
@@ -34,7 +34,6 @@
 #include <optional>
 
 #include <kiln/circuit/ir/error.hpp>
-#include <kiln/circuit/ir/options.hpp>
 #include <kiln/circuit/prims/fused_matmul.hpp>
 #include <kiln/cuda/lower/elementwise.hpp>
 #include <kiln/cuda/lower/families.hpp>
@@ -67,16 +66,13 @@ constexpr Tiling kSmallTile{64, 64, 4, 4}, kLargeTile{128, 128, 8, 8}, kTf32Tile
 constexpr int64_t kLargeTileMinBlocks = 128;
 constexpr double kLargeTileMinWaveFill = 0.8;
 
-int forced_tile = 0;
-bool forced_tf32 = false;
-
-// bf16 operands take the tensor cores whenever the tiles are large, whatever KILN_ALLOW_TF32 says:
+// bf16 operands take the tensor cores whenever the tiles are large, whatever Target::tf32 says:
 // a bf16 value is a tf32 value, so the tf32 mma multiplies them exactly (as a bf16 mma would).
 // Block sums (FusedMatmul::block_sums, 128-row blocks) take 128-row tiles whatever the grid.
-Tiling choose_tiling(int64_t m, int64_t n, int64_t batch, bool bf16_operands, bool block_sums) {
-  const bool tf32 = forced_tf32 || options::allow_tf32() || bf16_operands;
+Tiling choose_tiling(int64_t m, int64_t n, int64_t batch, bool bf16_operands, bool block_sums, const Target& target) {
+  const bool tf32 = target.tf32 || bf16_operands;
   if (block_sums) return tf32 ? kTf32Tile : kLargeTile;
-  const int forced = forced_tile != 0 ? forced_tile : options::matmul_tile();
+  const int forced = target.matmul.simt_tile;
   if (forced != 0) return forced == 128 ? (tf32 ? kTf32Tile : kLargeTile) : kSmallTile;
   const int64_t large_blocks = (m + 127) / 128 * ((n + 127) / 128) * batch;
   const int64_t waves = (large_blocks + kAssumedSms - 1) / kAssumedSms;
@@ -87,17 +83,6 @@ Tiling choose_tiling(int64_t m, int64_t n, int64_t batch, bool bf16_operands, bo
 }
 
 }  // namespace
-
-ForceMatmulTile::ForceMatmulTile(int size) : saved_(forced_tile) {
-  if (size != 64 && size != 128)
-    throw Error("ForceMatmulTile: the tile size is 64 or 128, not " + std::to_string(size));
-  forced_tile = size;
-}
-ForceMatmulTile::~ForceMatmulTile() { forced_tile = saved_; }
-ForceBf16Mma::ForceBf16Mma(bool on) : saved_option_(options::force_bf16_mma(on)) {}
-ForceBf16Mma::~ForceBf16Mma() { options::force_bf16_mma(saved_option_); }
-ForceTf32Matmuls::ForceTf32Matmuls() : saved_(forced_tf32) { forced_tf32 = true; }
-ForceTf32Matmuls::~ForceTf32Matmuls() { forced_tf32 = saved_; }
 
 namespace {
 
@@ -130,7 +115,8 @@ FusedMatmul fold_batch_into_rows(FusedMatmul f, std::vector<std::vector<int64_t>
 
 }  // namespace
 
-LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul& program, const char* prefix) {
+LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul& program, const char* prefix,
+                               const Target& target) {
   std::vector<std::vector<int64_t>> extra_strides;  // per extra, against the logical domain
   for (int j = 0; j < program.extras; ++j)
     extra_strides.push_back(broadcast_strides(c.info(op.inputs[static_cast<size_t>(2 + j)]).shape, program.logical()));
@@ -152,23 +138,23 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
   // 128x128 blocks fit on an SM), so even grids too small for the FFMA kernels' large tiles gain
   // (a weight gradient of 144 blocks: 1.3 ms in 64x64 FFMA tiles on an H100).
   MmaInput mma_input = MmaInput::bf16;
-  std::optional<std::array<MmaStage, 2>> mma_stages = mma_stage_layouts(c, op, f, MmaInput::bf16);
-  const int forced = forced_tile != 0 ? forced_tile : options::matmul_tile();
-  if (!mma_stages && (forced_tf32 || options::allow_tf32()) && forced != 64) {
+  std::optional<std::array<MmaStage, 2>> mma_stages = mma_stage_layouts(c, op, f, MmaInput::bf16, target);
+  if (!mma_stages && target.tf32 && target.matmul.simt_tile != 64) {
     mma_input = MmaInput::tf32;
-    mma_stages = mma_stage_layouts(c, op, f, MmaInput::tf32);
+    mma_stages = mma_stage_layouts(c, op, f, MmaInput::tf32, target);
   }
   const bool cp_async_mma = mma_stages.has_value();  // the cp.async mma kernel, either input
-  MmaTiling mma = cp_async_mma ? choose_mma_tiling(*mma_stages, mma_input, (M + 127) / 128 * ((N + 127) / 128) * batch,
-                                                   (M + 127) / 128 * ((N + 255) / 256) * batch,
-                                                   f.block_sums ? 0 : (M + 191) / 192 * ((N + 255) / 256) * batch)
-                               : MmaTiling{};
+  MmaTiling mma = cp_async_mma
+                      ? choose_mma_tiling(*mma_stages, mma_input, (M + 127) / 128 * ((N + 127) / 128) * batch,
+                                          (M + 127) / 128 * ((N + 255) / 256) * batch,
+                                          f.block_sums ? 0 : (M + 191) / 192 * ((N + 255) / 256) * batch, target)
+                      : MmaTiling{};
   if (f.block_sums) mma.tm = 128;  // the sums are of 128-row blocks
   const int threads = cp_async_mma ? mma.threads() : kThreads;
   // The mma tiles' accumulators: pm x pn = tm x tn / threads a thread (128 x tn / 256, or 128 in
   // 192x256 tiles), as 4 x tn / 32 products of 16x8 (mma.sync) or one m64n{tn} product (wgmma).
   const Tiling tile = cp_async_mma ? Tiling{mma.tm, mma.tn, 8, mma.tn / 16, true, 8}
-                                   : choose_tiling(M, N, batch, bf16_values, f.block_sums);
+                                   : choose_tiling(M, N, batch, bf16_values, f.block_sums, target);
   const int64_t grid_m = (M + tile.tm - 1) / tile.tm, grid_n = (N + tile.tn - 1) / tile.tn;
   // Split-K: `splits` blocks per output tile (grid z = batch x splits), block s over k in
   // [s k_split, min((s + 1) k_split, K)) with k_split a whole number of steps; each writes its
@@ -187,7 +173,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
              " row tiles exceed the grid's y/z limit of 65535");
   int64_t largest = std::max(logical.numel(), splits > 1 ? batch * splits * M * N : 0);  // the partials
   for (ValueId v : op.inputs) largest = std::max(largest, c.info(v).shape.numel());
-  const Type it = index_type(largest);
+  const Type it = index_type(target, largest);
 
   // wgmma stages filled by tensor copies (opt-in, products without a batch): the operands' maps
   // are parameters after the others.
@@ -538,8 +524,7 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
                                 launch_text(lo.launches.back()))
                   : fmt::format("{}: tile {}x{}x{}, {} threads x {}x{} outputs{}, {}", op.prim->name, tile.tm, tile.tn,
                                 kTileK, threads, tile.pm, tile.pn, operands, launch_text(lo.launches.back()));
-  if (mma.wgmma && !tensor_copies && options::wgmma_products_first())
-    lo.summary += ", a step's products issued before its copies";
+  if (mma.wgmma && !tensor_copies && mma.products_first) lo.summary += ", a step's products issued before its copies";
   if (stored.staged_emitted)
     lo.summary += stored.staged_chunks ? ", interior tiles stored through shared memory 16 bytes a store"
                                        : ", interior tiles stored through shared memory a row a warp";
@@ -549,8 +534,8 @@ LoweredOp lower_matmul_program(const Circuit& c, const Op& op, const FusedMatmul
 
 namespace {
 
-LoweredOp lower_fused_matmul(const Circuit& c, const Op& op) {
-  return lower_matmul_program(c, op, FusedMatmul::from_params(op.params), "kiln_fused_matmul");
+LoweredOp lower_fused_matmul(const Circuit& c, const Op& op, const Target& target) {
+  return lower_matmul_program(c, op, FusedMatmul::from_params(op.params), "kiln_fused_matmul", target);
 }
 
 }  // namespace

@@ -99,11 +99,11 @@ ScalarExp hoist_uniform(const ScalarExp& e, HoistState& st) {
 
 // No reductions and only element outputs: a multi-output elementwise kernel (grid-stride
 // loop, one thread per element, every output stored at the element).
-LoweredOp lower_element_group(const Circuit& c, const Op& op, const RowProgram& rp) {
+LoweredOp lower_element_group(const Circuit& c, const Op& op, const Target& target, const RowProgram& rp) {
   const int64_t n = rp.domain.numel();
   int64_t largest = n;
   for (ValueId in : op.inputs) largest = std::max(largest, c.info(in).shape.numel());
-  const Type it = index_type(largest);
+  const Type it = index_type(target, largest);
   KernelBuilder b("kiln_fused_elements");
   std::vector<ArgRef> args;
   std::vector<Reg> in_params, out_params;
@@ -138,20 +138,20 @@ LoweredOp lower_element_group(const Circuit& c, const Op& op, const RowProgram& 
   return r;
 }
 
-LoweredOp lower_fused_rows(const Circuit& c, const Op& op) {
+LoweredOp lower_fused_rows(const Circuit& c, const Op& op, const Target& target) {
   const RowProgram rp = RowProgram::from_params(op.params);
   bool per_row = false, padded = false;
   for (size_t o = 0; o < rp.output_bodies.size(); ++o) {
     per_row = per_row || rp.output_per_row[o];
     padded = padded || rp.padding(o) > 0;
   }
-  if (rp.reduction_bodies.empty() && !per_row && !padded) return lower_element_group(c, op, rp);
+  if (rp.reduction_bodies.empty() && !per_row && !padded) return lower_element_group(c, op, target, rp);
   const int64_t rows = rp.rows(), n = rp.n();
   if (rows > 0x7fffffffLL) fail(op.prim->name, op.scope, "more than 2^31 - 1 rows");
   int64_t largest = rp.domain.numel();
   for (ValueId in : op.inputs) largest = std::max(largest, c.info(in).shape.numel());
   for (ValueId out : op.outputs) largest = std::max(largest, c.info(out).shape.numel());
-  const Type it = index_type(largest);
+  const Type it = index_type(target, largest);
   const int nin = rp.inputs, nred = static_cast<int>(rp.reduction_bodies.size());
   const std::vector<int64_t> row_dims(rp.domain.dims().begin(), rp.domain.dims().end() - 1);
 

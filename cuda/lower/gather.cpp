@@ -21,11 +21,11 @@ using kir::Space;
 
 namespace {
 
-LoweredOp lower_ordered_scatter(const Circuit& c, const Op& op) {
+LoweredOp lower_ordered_scatter(const Circuit& c, const Op& op, const Target& target) {
   const ValueInfo& src = c.info(op.inputs[1]);
   const ValueInfo& out = c.info(op.outputs[0]);
   const int64_t D = out.shape[1], rows = out.shape[0], S = c.info(op.inputs[0]).shape.numel();
-  const Type it = index_type(std::max(src.shape.numel(), out.shape.numel()));
+  const Type it = index_type(target, std::max(src.shape.numel(), out.shape.numel()));
   KernelBuilder b("kiln_scatter_add_rows_ordered");
   Reg p_src = b.param("src", Type::u64), p_idx = b.param("idx", Type::u64), p_out = b.param("out", Type::u64);
   Reg status = b.param("status", Type::u64);
@@ -54,10 +54,10 @@ LoweredOp lower_ordered_scatter(const Circuit& c, const Op& op) {
   return r;
 }
 
-LoweredOp lower_gather_last(const Circuit& c, const Op& op) {
+LoweredOp lower_gather_last(const Circuit& c, const Op& op, const Target& target) {
   const ValueInfo& x = c.info(op.inputs[0]);
   const int64_t V = x.shape[x.shape.rank() - 1], n = c.info(op.outputs[0]).shape.numel();
-  const Type it = index_type(x.shape.numel());
+  const Type it = index_type(target, x.shape.numel());
   KernelBuilder b("kiln_gather_last");
   Reg p_x = b.param("x", Type::u64), p_idx = b.param("idx", Type::u64), p_out = b.param("out", Type::u64);
   Reg status = b.param("status", Type::u64);
@@ -81,16 +81,16 @@ LoweredOp lower_gather_last(const Circuit& c, const Op& op) {
   return r;
 }
 
-LoweredOp lower_gather(const Circuit& c, const Op& op) {
-  if (op.is(PrimId::gather_last)) return lower_gather_last(c, op);
+LoweredOp lower_gather(const Circuit& c, const Op& op, const Target& target) {
+  if (op.is(PrimId::gather_last)) return lower_gather_last(c, op, target);
   const bool gather = op.is(PrimId::gather_rows);
-  if (!gather && ScatterAddRowsParams::of(op).ordered) return lower_ordered_scatter(c, op);
+  if (!gather && ScatterAddRowsParams::of(op).ordered) return lower_ordered_scatter(c, op, target);
   const ValueInfo& data = c.info(op.inputs[gather ? 0 : 1]);  // table or src
   const ValueInfo& out = c.info(op.outputs[0]);
   const int64_t D = out.shape[out.shape.rank() - 1];
   const int64_t rows = gather ? data.shape[0] : out.shape[0];
   const int64_t n = gather ? out.shape.numel() : data.shape.numel();  // elements moved
-  const Type it = index_type(std::max({n, data.shape.numel(), out.shape.numel()}));
+  const Type it = index_type(target, std::max({n, data.shape.numel(), out.shape.numel()}));
   const std::string prefix = gather ? "kiln_gather_rows" : "kiln_scatter_add_rows";
   KernelBuilder b(prefix);
   Reg p_data = b.param("data", Type::u64), p_idx = b.param("idx", Type::u64), p_out = b.param("out", Type::u64);
@@ -129,7 +129,7 @@ LoweredOp lower_gather(const Circuit& c, const Op& op) {
   return r;
 }
 
-LoweredOp lower_one_hot(const Circuit& c, const Op& op) {
+LoweredOp lower_one_hot(const Circuit& c, const Op& op, const Target& target) {
   const ValueInfo& idx = c.info(op.inputs[0]);
   const ValueInfo& out = c.info(op.outputs[0]);
   const int64_t depth = OneHotParams::of(op).depth;
@@ -148,7 +148,7 @@ LoweredOp lower_one_hot(const Circuit& c, const Op& op) {
     Reg hit = b.setp(Cmp::eq, in[0], last_s);
     return to_store_type(b, dt, b.selp(Type::f32, imm_f32(1.0f), imm_f32(0.0f), hit));
   };
-  return single_launch(elementwise_launch("kiln_one_hot", out.shape, {kIn0, kOut0, {ArgRef::Kind::Status, 0}},
+  return single_launch(elementwise_launch(target, "kiln_one_hot", out.shape, {kIn0, kOut0, {ArgRef::Kind::Status, 0}},
                                           {access_of(0, idx, st)}, access_of(1, out, out.shape.strides()), value),
                        "one_hot depth " + std::to_string(depth));
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/ir/target.hpp>
 #include <kiln/cuda/kir/kir.hpp>
 #include <kiln/cuda/sim/simulator.hpp>
 
@@ -69,27 +70,13 @@ struct LoweredOp {
 // the run and raises an error naming the op.
 constexpr int kStatusWords = 2;
 
-// Lowers op `op_index` of `c`. Throws kiln::Error naming the op for what has no lowering (f64
-// and f16/bf16 tensors: the GPU back end runs f32 and i32).
-LoweredOp lower(const Circuit& c, int op_index);
+// Lowers op `op_index` of `c` for `target` (a CUDA Target: its sm, its matmul policy, ...).
+// Throws kiln::Error naming the op for what has no lowering (f64 and f16 tensors).
+LoweredOp lower(const Circuit& c, int op_index, const Target& target);
 
 // The input whose buffer the result of a Prim that launches nothing uses (reshape and
 // stop_gradient: 0; assign: 1, its new contents), or -1. Independent of dtypes.
 int alias_input(PrimId prim);
-
-// While one is alive on this thread, the lowering is for an sm_90 GPU (H100, H200): bf16 matmuls
-// take sm_90a's wgmma where KILN_WGMMA is unset (on an H100, GPT-2 small's bf16 step took 36 ms
-// on wgmma against 45 on mma.sync). Without one (sm_80, the fake driver, most tests): mma.sync,
-// which runs on every GPU kiln supports. Device programs for a real sm_90 device and `kiln ptx --sm
-// 90` hold one while they lower.
-class WgmmaByDefault {
- public:
-  WgmmaByDefault();
-  ~WgmmaByDefault();
-  WgmmaByDefault(const WgmmaByDefault&) = delete;
-  WgmmaByDefault& operator=(const WgmmaByDefault&) = delete;
-  static bool active();  // one is alive on this thread
-};
 
 // One line per Prim for `kiln prims`: how it lowers ("" when it has no lowering).
 std::string lowering_summary(PrimId prim);

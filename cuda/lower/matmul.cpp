@@ -10,11 +10,11 @@ namespace kiln::cuda {
 
 namespace {
 
-LoweredOp lower_matmul(const Circuit& c, const Op& op) {
+LoweredOp lower_matmul(const Circuit& c, const Op& op, const Target& target) {
   const MatmulParams mp = MatmulParams::of(op);
   LoweredOp lo = lower_matmul_program(
       c, op, FusedMatmul::plain(c.info(op.inputs[0]).shape, c.info(op.inputs[1]).shape, mp.transpose_a, mp.transpose_b),
-      "kiln_matmul");
+      "kiln_matmul", target);
   lo.summary =
       fmt::format("matmul ta={} tb={}{}", mp.transpose_a, mp.transpose_b, lo.summary.substr(lo.summary.find(':')));
   return lo;

@@ -4,7 +4,6 @@
 #include <limits>
 #include <map>
 
-#include <kiln/circuit/ir/options.hpp>
 #include <kiln/cuda/lower/elementwise.hpp>
 #include <kiln/cuda/lower/matmul_epilogue.hpp>
 #include <kiln/cuda/lower/matmul_staged_stores.hpp>
@@ -133,7 +132,7 @@ MatmulEpilogueEmitted emit_matmul_epilogue(const MatmulEpilogueInputs& in) {
   // stride, store a column pair as one store (each output buffer's alignment checked at run time).
   // wgmma tiles whose rows cannot (an odd stride: GPT-2's logits) store their interior blocks
   // through shared memory where the tiles fit in the stages (matmul_staged_stores.hpp); with
-  // KILN_MMA_STAGED_STORES=all the others too, 16 bytes a store, where every output's rows and
+  // MatmulPolicy::staged_stores = all the others too, 16 bytes a store, where every output's rows and
   // batch items start at 16-byte boundaries (each buffer's checked at run time).
   bool pairs = f.out_col == 1 && f.out_row % 2 == 0;
   for (int64_t st : f.out_batch) pairs = pairs && st % 2 == 0;
@@ -144,12 +143,11 @@ MatmulEpilogueEmitted emit_matmul_epilogue(const MatmulEpilogueInputs& in) {
     whole_chunks = whole_chunks && f.out_row * e % 16 == 0;
     for (int64_t st : f.out_batch) whole_chunks = whole_chunks && st * e % 16 == 0;
   }
-  const options::MmaStaging staging = options::mma_staging();
+  const MmaStaging staging = mma.staging;
   std::optional<StagedStores> staged;
   const bool odd_rows = f.out_col == 1 && !pairs;
   if (mma.wgmma && splits == 1 &&
-      ((staging != options::MmaStaging::none && odd_rows) ||
-       (staging == options::MmaStaging::all && pairs && whole_chunks))) {
+      ((staging != MmaStaging::none && odd_rows) || (staging == MmaStaging::all && pairs && whole_chunks))) {
     const int64_t stages_bytes =
         mma.stages * (mma.stage_bytes((*mma_stages)[0], tile.tm) + mma.stage_bytes((*mma_stages)[1], tile.tn));
     staged = StagedStores::plan(tile.tm, tile.tn, threads, bytes, pairs && whole_chunks, stages_bytes, f.out_row);

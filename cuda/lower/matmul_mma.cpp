@@ -5,7 +5,6 @@
 #include <tuple>
 #include <utility>
 
-#include <kiln/circuit/ir/options.hpp>
 #include <kiln/cuda/lower/matmul_mma.hpp>
 #include <kiln/cuda/lower/util.hpp>
 
@@ -30,9 +29,7 @@ std::optional<MmaStage> stage_of(const Circuit& c, ValueId stored, const MatmulO
 
 namespace {
 
-thread_local int wgmma_by_default = 0;  // WgmmaByDefault objects alive on this thread
-
-// KILN_MMA_TILE=waves on wgmma (to be timed in GPT-2's step): the tile whose grid takes the
+// tile=waves on wgmma (to be timed in GPT-2's step): the tile whose grid takes the
 // least time in whole waves of kAssumedSms blocks (at 4 stages each tile takes one block an SM),
 // a wave of 128x256 blocks costing 1.6 of 128x128 ones (H100, 4096^3 on wgmma: 63 against 39 us
 // a wave) and one of 192x256 blocks 2.4 (their 1.5x the product at 128x256's rate a FLOP, not
@@ -56,25 +53,28 @@ std::pair<int, int> wave_tile(int64_t blocks_128, int64_t blocks_256, int64_t bl
 
 }  // namespace
 
-WgmmaByDefault::WgmmaByDefault() { ++wgmma_by_default; }
-WgmmaByDefault::~WgmmaByDefault() { --wgmma_by_default; }
-bool WgmmaByDefault::active() { return wgmma_by_default > 0; }
-
 MmaTiling choose_mma_tiling(const std::array<MmaStage, 2>& layout, MmaInput input, int64_t blocks_128,
-                            int64_t blocks_256, int64_t blocks_192) {
+                            int64_t blocks_256, int64_t blocks_192, const Target& target) {
+  const MatmulPolicy& policy = target.matmul;
   MmaTiling t;
   t.input = input;
-  t.wgmma = input == MmaInput::bf16 && options::wgmma().value_or(WgmmaByDefault::active());
-  const int tile = options::mma_tile_n();  // > 0 a size, -1 auto, -2 waves, 0 unset
+  t.wgmma = input == MmaInput::bf16 && target.wgmma();
+  // Unset: auto on wgmma (timed in GPT-2's step on an H100: 33.95 and 33.87 ms against 33.97
+  // and 34.37 unsplit), none on mma.sync (its one timing, with auto tiles, was not separated).
+  t.split_k = policy.split_k.value_or(t.wgmma ? -1 : 0);
+  t.staging = policy.staged_stores;
+  t.products_first = policy.products_first;
+  t.tensor_copies = policy.tensor_copies;
+  const int tile = policy.tile_n;  // > 0 a size, kTileAuto, kTileWaves, 0 unset
   if (tile > 0)
     t.tn = tile;
-  else if (tile == -2 && t.wgmma)
+  else if (tile == MatmulPolicy::kTileWaves && t.wgmma)
     std::tie(t.tm, t.tn) = wave_tile(blocks_128, blocks_256, blocks_192);
   else if (tile < 0 || t.wgmma)  // auto (waves on mma.sync, whose 128x128 blocks fit two an SM, too)
     t.tn = blocks_256 >= kAssumedSms ? 256 : 128;
-  if (t.wgmma && options::mma_tile_m() == 192) t.tm = 192;
-  if (const int stages = options::mma_stages(); stages != 0) t.stages = stages;
-  if (t.wgmma) t.stages = options::mma_stages() == 0 ? 4 : std::max(t.stages, 3);
+  if (t.wgmma && policy.tile_m == 192) t.tm = 192;
+  if (policy.stages != 0) t.stages = policy.stages;
+  if (t.wgmma) t.stages = policy.stages == 0 ? 4 : std::max(t.stages, 3);
   const int64_t limit = t.wgmma ? kir::kMaxSharedBytesSm90a : kir::kMaxSharedBytes;
   while (t.stages > (t.wgmma ? 3 : 2) && mma_shared_bytes(layout, t) > limit) --t.stages;
   return t;
@@ -88,9 +88,7 @@ int64_t mma_shared_bytes(const std::array<MmaStage, 2>& layout, const MmaTiling&
 
 int64_t choose_splits(int64_t blocks, int64_t K, const MmaTiling& tiling) {
   const int64_t steps = (K + tiling.tile_k() - 1) / tiling.tile_k();
-  // Unset: auto on wgmma (timed in GPT-2's step on an H100: 33.95 and 33.87 ms against 33.97
-  // and 34.37 unsplit), none on mma.sync (its one timing, with auto tiles, was not separated).
-  const int setting = options::mma_split_k().value_or(tiling.wgmma ? -1 : 0);
+  const int setting = tiling.split_k;
   if (tiling.tm != 128) return 1;  // the last block's walk of the tile takes tn | threads: 128-row tiles
   if (setting > 0) return std::min<int64_t>(setting, steps);
   if (setting == 0) return 1;
@@ -111,7 +109,7 @@ bool use_wgmma_tensor_copies(const MmaTiling& tiling, bool batched, std::array<c
   constexpr int64_t kMostCoordinate = int64_t{1} << 31;  // the copies' coordinates are s32
   for (size_t o = 0; o < 2; ++o)
     if ((layout[o] == MmaStage::row_k ? view[o]->row_stride : view[o]->k_stride) <= 0) return false;
-  return tiling.wgmma && options::wgmma_tensor_copies() && !batched && K > 0 && M + 256 < kMostCoordinate &&
+  return tiling.wgmma && tiling.tensor_copies && !batched && K > 0 && M + 256 < kMostCoordinate &&
          N + 256 < kMostCoordinate && K + kWgmmaTileK < kMostCoordinate;
 }
 
@@ -135,8 +133,8 @@ TensorMapArg wgmma_tensor_map(int o, const MatmulOperand& v, MmaStage layout, co
 }
 
 std::optional<std::array<MmaStage, 2>> mma_stage_layouts(const Circuit& c, const Op& op, const FusedMatmul& f,
-                                                         MmaInput input) {
-  if ((input == MmaInput::bf16 && !options::bf16_mma()) || f.a_row_sums) return std::nullopt;
+                                                         MmaInput input, const Target& target) {
+  if ((input == MmaInput::bf16 && !target.matmul.bf16_mma) || f.a_row_sums) return std::nullopt;
   const std::optional<MmaStage> a = stage_of(c, op.inputs[0], f.a, input), b = stage_of(c, op.inputs[1], f.b, input);
   if (!a || !b) return std::nullopt;
   return std::array<MmaStage, 2>{*a, *b};

@@ -1,13 +1,12 @@
 // The tensor-core matmul kernel's main loop (mma_main_loop, matmul_mma.hpp): each operand's tile
 // in 2-4 stages laid out as it is stored, filled by cp.async (or on wgmma, with
-// KILN_WGMMA_TENSOR_COPIES=1, by the tensor copy engine); products by mma.sync (bf16 fragments by
+// MatmulPolicy::tensor_copies, by the tensor copy engine); products by mma.sync (bf16 fragments by
 // ldmatrix into m16n8k16, tf32 fragments by scalar loads rounded in registers into m16n8k8; both
 // into the tf32 FFMA-tile kernel's accumulator layout) or by wgmma from the stages.
 #include <bit>
 #include <functional>
 #include <utility>
 
-#include <kiln/circuit/ir/options.hpp>
 #include <kiln/cuda/lower/matmul_mma.hpp>
 
 namespace kiln::cuda {
@@ -374,11 +373,11 @@ void MmaLoop::wgmma_on_cp_async() {
     if_step(int64_t{s} * tile_k, [&] { issue(k_at(int64_t{s} * tile_k), offsets(s)); });
     b.cp_async_commit();  // possibly empty
   }
-  // KILN_WGMMA_PRODUCTS_FIRST=1 issues a step's products before its copies instead of after:
+  // MatmulPolicy::products_first issues a step's products before its copies instead of after:
   // the same stages and waits (the refilled stage is still step i - 2's), but the products do
   // not queue behind 12 copies a thread (128x256 tiles) when the global-memory instruction
   // queue is full (LG throttle: 31% of the stall cycles at 8192 x 2304 x 768 on an H100).
-  const bool products_first = options::wgmma_products_first();
+  const bool products_first = tiling.products_first;
   const std::array<Reg, 2> write = offsets(ahead_steps());  // the stage refilled
   b.for_(k_begin, k_end, imm_index(it, tile_k), [&](Reg k0) {
     b.cp_async_wait(static_cast<int>(ahead_steps()) - 1);

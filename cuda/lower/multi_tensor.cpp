@@ -54,7 +54,7 @@ enum class Addressing { Element, Scalar, PerGroup };
 
 class MultiTensorLowering {
  public:
-  MultiTensorLowering(const Circuit& c, const Op& op)
+  MultiTensorLowering(const Circuit& c, const Op& op, const Target& target)
       : c_(c), op_(op), mp_(MultiTensorProgram::from_params(op.params)) {
     std::vector<ValueInfo> infos;
     for (ValueId in : op.inputs) infos.push_back(c.info(in));
@@ -71,7 +71,7 @@ class MultiTensorLowering {
       groups_.push_back(r);
       largest = std::max(largest, r.n);
     }
-    it_ = index_type(largest);
+    it_ = index_type(target, largest);
     for (int j = 0; j < mp_.group_inputs; ++j) {
       bool element = true, scalar = true;
       for (const GroupRange& r : groups_) {
@@ -273,7 +273,9 @@ class MultiTensorLowering {
   uint32_t blocks_ = 0;  // of every group (and chunk) together: the partials of a sum
 };
 
-LoweredOp lower_multi_tensor(const Circuit& c, const Op& op) { return MultiTensorLowering(c, op).lower(); }
+LoweredOp lower_multi_tensor(const Circuit& c, const Op& op, const Target& target) {
+  return MultiTensorLowering(c, op, target).lower();
+}
 
 }  // namespace
 

@@ -6,7 +6,7 @@ namespace kiln::cuda {
 
 namespace {
 
-LoweredOp lower_pointwise(const Circuit& c, const Op& op) {
+LoweredOp lower_pointwise(const Circuit& c, const Op& op, const Target& target) {
   const ValueInfo& out = c.info(op.outputs[0]);
   std::vector<ArgRef> args;
   std::vector<Access> loads;
@@ -21,7 +21,7 @@ LoweredOp lower_pointwise(const Circuit& c, const Op& op) {
   auto value = [body](KernelBuilder& b, const std::vector<Reg>& in, const std::vector<Reg>&, const std::vector<Reg>&) {
     return emit_scalar_exp(b, body, in);
   };
-  return single_launch(elementwise_launch("kiln_pointwise", out.shape, args, loads, store, value),
+  return single_launch(elementwise_launch(target, "kiln_pointwise", out.shape, args, loads, store, value),
                        "pointwise " + body.str());
 }
 

@@ -17,7 +17,7 @@ using kir::Space;
 
 namespace {
 
-LoweredOp lower_random(const Circuit& c, const Op& op) {
+LoweredOp lower_random(const Circuit& c, const Op& op, const Target& target) {
   const ValueInfo& out = c.info(op.outputs[0]);
   const RandomParams rp = RandomParams::of(op);
   const RandomKind kind = rp.kind;
@@ -73,7 +73,8 @@ LoweredOp lower_random(const Circuit& c, const Op& op) {
   ValueInfo flat_out{flat, out.dtype};
   static const char* kKinds[] = {"uniform", "normal", "bernoulli"};
   return single_launch(
-      elementwise_launch("kiln_random", flat, {kIn0, kIn1, kOut0}, {}, access_of(2, flat_out, {1}), value, true),
+      elementwise_launch(target, "kiln_random", flat, {kIn0, kIn1, kOut0}, {}, access_of(2, flat_out, {1}), value,
+                         true),
       std::string("random ") + kKinds[static_cast<size_t>(kind)] + " (Philox4x32-10, the reference's bits)");
 }
 

@@ -96,9 +96,9 @@ uint32_t block_threads_for(int64_t n) {
 
 const char* kind_text(ReduceKind k) { return k == ReduceKind::Sum ? "sum" : k == ReduceKind::Max ? "max" : "mean"; }
 
-LoweredOp lower_reduce(const Circuit& c, const Op& op) {
+LoweredOp lower_reduce(const Circuit& c, const Op& op, const Target& target) {
   const ValueInfo& x = c.info(op.inputs[0]);
-  const Type it = index_type(x.shape.numel());
+  const Type it = index_type(target, x.shape.numel());
   LoweredOp r;
   const ArgRef in{ArgRef::Kind::Input, 0}, out{ArgRef::Kind::Output, 0}, scratch{ArgRef::Kind::Scratch, 0};
   if (op.is(PrimId::reduce_all)) {

@@ -8,15 +8,15 @@ namespace kiln::cuda {
 
 namespace {
 
-LoweredOp lower_permute(const Circuit& c, const Op& op) {
+LoweredOp lower_permute(const Circuit& c, const Op& op, const Target& target) {
   const std::vector<int64_t> xs = c.info(op.inputs[0]).shape.strides();
   std::vector<int64_t> strides;
   for (int64_t a : PermuteParams::of(op).perm) strides.push_back(xs[static_cast<size_t>(a)]);
-  return strided_copy(c, op, strides);
+  return strided_copy(c, op, target, strides);
 }
 
-LoweredOp lower_broadcast(const Circuit& c, const Op& op) {
-  return strided_copy(c, op, broadcast_strides(c.info(op.inputs[0]).shape, c.info(op.outputs[0]).shape));
+LoweredOp lower_broadcast(const Circuit& c, const Op& op, const Target& target) {
+  return strided_copy(c, op, target, broadcast_strides(c.info(op.inputs[0]).shape, c.info(op.outputs[0]).shape));
 }
 
 }  // namespace

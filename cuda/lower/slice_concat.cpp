@@ -35,13 +35,13 @@ void branch_by_part(KernelBuilder& b, const std::vector<Reg>& coords, size_t axi
   pick(0, ends.size());
 }
 
-LoweredOp lower_slice(const Circuit& c, const Op& op) {
+LoweredOp lower_slice(const Circuit& c, const Op& op, const Target& target) {
   const std::vector<int64_t> xs = c.info(op.inputs[0]).shape.strides();
   const SliceParams sp = SliceParams::of(op);
-  return strided_copy(c, op, xs, sp.start * xs[static_cast<size_t>(sp.axis)]);
+  return strided_copy(c, op, target, xs, sp.start * xs[static_cast<size_t>(sp.axis)]);
 }
 
-LoweredOp lower_concat(const Circuit& c, const Op& op) {
+LoweredOp lower_concat(const Circuit& c, const Op& op, const Target& target) {
   const auto axis = static_cast<size_t>(ConcatParams::of(op).axis);
   const ValueInfo& out = c.info(op.outputs[0]);
   std::vector<ArgRef> args;
@@ -67,7 +67,7 @@ LoweredOp lower_concat(const Circuit& c, const Op& op) {
     return v;
   };
   LoweredOp r;
-  r.launches.push_back(elementwise_launch("kiln_concat", out.shape, args, {},
+  r.launches.push_back(elementwise_launch(target, "kiln_concat", out.shape, args, {},
                                           access_of(static_cast<int>(args.size()) - 1, out, out.shape.strides()), value,
                                           true));
   r.summary =
@@ -75,7 +75,7 @@ LoweredOp lower_concat(const Circuit& c, const Op& op) {
   return r;
 }
 
-LoweredOp lower_split(const Circuit& c, const Op& op) {
+LoweredOp lower_split(const Circuit& c, const Op& op, const Target& target) {
   const auto axis = static_cast<size_t>(SplitParams::of(op).axis);
   const ValueInfo& x = c.info(op.inputs[0]);
   std::vector<Shape> pieces;
@@ -93,7 +93,7 @@ LoweredOp lower_split(const Circuit& c, const Op& op) {
   const Type t = kir_type(x.dtype);
   const int size = static_cast<int>(dtype_size(x.dtype));
   const int64_t n = x.shape.numel();
-  const Type it = index_type(n);
+  const Type it = index_type(target, n);
   KernelBuilder b("kiln_split");
   std::vector<Reg> base;
   for (size_t p = 0; p < args.size(); ++p) base.push_back(b.param("p" + std::to_string(p), Type::u64));

@@ -38,7 +38,7 @@ const LoweringTable& table() {
 
 }  // namespace
 
-LoweredOp lower(const Circuit& c, int op_index) {
+LoweredOp lower(const Circuit& c, int op_index, const Target& target) {
   const Op& op = c.ops().at(static_cast<size_t>(op_index));
   const LoweringTable::Entry& e = table().at(op.prim->id);
   require_gpu_dtypes(c, op);
@@ -48,7 +48,7 @@ LoweredOp lower(const Circuit& c, int op_index) {
     r.summary = e.summary;
     return r;
   }
-  LoweredOp r = e.fn(c, op);
+  LoweredOp r = e.fn(c, op, target);
   if (r.summary.empty()) r.summary = e.summary;
   return r;
 }

@@ -20,16 +20,8 @@ using kir::imm_u32;
 using kir::Opc;
 using kir::SReg;
 
-namespace {
-bool wide_indices_forced = false;
-}  // namespace
-
-ForceWideIndices::ForceWideIndices() : saved_(wide_indices_forced) { wide_indices_forced = true; }
-ForceWideIndices::~ForceWideIndices() { wide_indices_forced = saved_; }
-bool ForceWideIndices::on() { return wide_indices_forced; }
-
-Type index_type(int64_t max_elements) {
-  return max_elements < (int64_t{1} << 31) && !wide_indices_forced ? Type::u32 : Type::u64;
+Type index_type(const Target& target, int64_t max_elements) {
+  return max_elements < (int64_t{1} << 31) && !target.wide_indices ? Type::u32 : Type::u64;
 }
 
 Operand imm_index(Type it, int64_t v) {

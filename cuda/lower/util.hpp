@@ -19,20 +19,9 @@ using kir::Type;
 
 // Element indices are u32 when every buffer a kernel touches has fewer than 2^31 elements,
 // else u64 (the design's rule: 64-bit index arithmetic where buffers can exceed 2^31 bytes).
-Type index_type(int64_t max_elements);
-// Tests: every lowering takes its 64-bit index path (index_type is u64) for the guard's
-// lifetime, so that the s64/u64 addressing of small tensors runs in the simulator and ptxas.
-class ForceWideIndices {
- public:
-  ForceWideIndices();
-  ~ForceWideIndices();
-  ForceWideIndices(const ForceWideIndices&) = delete;
-  ForceWideIndices& operator=(const ForceWideIndices&) = delete;
-  static bool on();
-
- private:
-  bool saved_;
-};
+// Target::wide_indices makes them u64 always (tests: the s64/u64 addressing of small tensors
+// then runs in the simulator and ptxas).
+Type index_type(const Target& target, int64_t max_elements);
 Operand imm_index(Type it, int64_t v);
 // r * stride + x in index type `it`, without the multiply where the stride is 1.
 Reg scaled_add(KernelBuilder& b, Type it, Reg r, int64_t stride, Reg x);

@@ -9,7 +9,7 @@ using kir::imm_f32;
 
 namespace {
 
-LoweredOp lower_where(const Circuit& c, const Op& op) {
+LoweredOp lower_where(const Circuit& c, const Op& op, const Target& target) {
   const ValueInfo& out = c.info(op.outputs[0]);
   std::vector<Access> loads;
   for (int k = 0; k < 3; ++k) {
@@ -20,7 +20,7 @@ LoweredOp lower_where(const Circuit& c, const Op& op) {
     Operand zero = in[0].type == Type::f32 ? imm_f32(0.0f) : kir::imm_s32(0);
     return b.selp(Type::f32, in[1], in[2], b.setp(Cmp::ne, in[0], zero));
   };
-  return single_launch(elementwise_launch("kiln_where", out.shape, {kIn0, kIn1, kIn2, kOut0}, loads,
+  return single_launch(elementwise_launch(target, "kiln_where", out.shape, {kIn0, kIn1, kIn2, kOut0}, loads,
                                           access_of(3, out, out.shape.strides()), value),
                        "where");
 }

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include <kiln/circuit/ir/error.hpp>
-#include <kiln/circuit/ir/options.hpp>
 #include <kiln/cuda/driver/nccl_api.hpp>
 #include <kiln/cuda/runtime/collective.hpp>
 
@@ -263,10 +262,17 @@ std::shared_ptr<DeviceCollective> connect_nccl_library(Nccl nccl, Runtime& rt, C
   return collective;
 }
 
-std::shared_ptr<DeviceCollective> connect_device_collective(Runtime& rt, Communicator& comm, double timeout_s) {
-  const std::string choice = options::gpu_collectives();
-  if (choice == "host") return host_staged_collective(comm);
-  if (choice == "nccl") return connect_nccl(rt, comm, timeout_s);
+CollectiveChoice parse_collective_choice(const std::string& text) {
+  if (text == "auto") return CollectiveChoice::automatic;
+  if (text == "nccl") return CollectiveChoice::nccl;
+  if (text == "host") return CollectiveChoice::host;
+  throw Error("--collectives: expected auto, nccl or host, received '" + text + "'");
+}
+
+std::shared_ptr<DeviceCollective> connect_device_collective(Runtime& rt, Communicator& comm, double timeout_s,
+                                                            CollectiveChoice choice) {
+  if (choice == CollectiveChoice::host) return host_staged_collective(comm);
+  if (choice == CollectiveChoice::nccl) return connect_nccl(rt, comm, timeout_s);
   // Every rank must pick the same backend: NCCL only where it loads on all of them. (A rank
   // whose NCCL then fails to connect throws, and the job ends.)
   std::string why;

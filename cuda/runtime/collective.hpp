@@ -68,9 +68,13 @@ std::shared_ptr<DeviceCollective> connect_nccl(Runtime& rt, Communicator& comm, 
 // connect_nccl past its checks of the driver, with the library given: a loaded libnccl, or a
 // test's table of entry points.
 std::shared_ptr<DeviceCollective> connect_nccl_library(Nccl nccl, Runtime& rt, Communicator& comm, double timeout_s);
-// What `kiln train` installs for a data-parallel run on the GPU: KILN_GPU_COLLECTIVES=nccl or
-// host forces one; unset, NCCL where it loads on every rank (agreed through comm), else host
-// staged with a warning saying why.
-std::shared_ptr<DeviceCollective> connect_device_collective(Runtime& rt, Communicator& comm, double timeout_s);
+// Which device collective a data-parallel run on the GPU takes (`--collectives`): automatic
+// (NCCL where it loads on every rank, agreed through comm, else host staged with a warning
+// saying why), or one of them forced.
+enum class CollectiveChoice { automatic, nccl, host };
+CollectiveChoice parse_collective_choice(const std::string& text);  // "auto" | "nccl" | "host"
+// What `kiln train` installs for a data-parallel run on the GPU.
+std::shared_ptr<DeviceCollective> connect_device_collective(Runtime& rt, Communicator& comm, double timeout_s,
+                                                            CollectiveChoice choice = CollectiveChoice::automatic);
 
 }  // namespace kiln::cuda

@@ -12,7 +12,6 @@
 #include <kiln/circuit/exec/liveness.hpp>
 #include <kiln/circuit/exec/memory_plan.hpp>
 #include <kiln/circuit/ir/error.hpp>
-#include <kiln/circuit/ir/options.hpp>
 #include <kiln/cuda/lower/util.hpp>
 #include <kiln/cuda/runtime/collective.hpp>
 #include <kiln/cuda/runtime/device_program.hpp>
@@ -78,16 +77,15 @@ bool same_work(const DeviceCommand& a, const DeviceCommand& b) {
 }  // namespace
 
 DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runtime& rt)
-    : circuit_(std::move(circuit)), outputs_(std::move(outputs)), rt_(rt) {
+    : DeviceProgram(std::move(circuit), std::move(outputs), rt, device_target(rt)) {}
+
+DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runtime& rt, const Target& target)
+    : circuit_(std::move(circuit)), outputs_(std::move(outputs)), rt_(rt), target_(target) {
   circuit_.verify();
   const auto& ops = circuit_.ops();
   std::vector<int> alias_input;
-  // A real H100 or H200 gets sm_90a's wgmma kernels (the fake driver, though it says sm_90, keeps
-  // whatever the caller chose: mma.sync unless a WgmmaByDefault is alive or KILN_WGMMA=1).
-  std::optional<WgmmaByDefault> sm90;
-  if (rt_.sm() == 90 && !rt_.fake()) sm90.emplace();
   for (size_t i = 0; i < ops.size(); ++i) {
-    lowered_.push_back(lower(circuit_, static_cast<int>(i)));
+    lowered_.push_back(lower(circuit_, static_cast<int>(i), target_));
     const LoweredOp& l = lowered_.back();
     alias_input.push_back(l.alias_of);
     int slot = -1;
@@ -119,7 +117,7 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
   runtime_alive_ = rt_.lifetime();
   static_memory_ = !rt_.exact_block_sizes();
   plan_workspace();
-  use_graphs_ = static_memory_ && rt_.graphs_supported() && options::cuda_graphs();
+  use_graphs_ = static_memory_ && rt_.graphs_supported() && target_.cuda_graphs;
   if (!tensor_maps_.empty()) tensor_maps_at_ = rt_.alloc(tensor_maps_.size() * sizeof(CUtensorMap));
   tensor_map_over_.assign(tensor_maps_.size(), 0);
   tensor_map_last_.assign(tensor_maps_.size() / 2, 0);

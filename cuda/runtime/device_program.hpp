@@ -42,6 +42,9 @@ class DeviceProgram {
   // and status buffer at a fixed offset (circuit/exec/memory_plan.hpp); values assigned to persistent
   // tensors get buffers of their own (they become the tensors' device copies). On a runtime with
   // exact block sizes (the fake driver's bounds checks) every buffer is allocated on its own.
+  // Lowered for `target` (its device fields should be rt's: device_target(rt)); without one, for
+  // rt's device with the default choices.
+  DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runtime& rt, const Target& target);
   DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runtime& rt);
   ~DeviceProgram();
   DeviceProgram(const DeviceProgram&) = delete;
@@ -51,6 +54,7 @@ class DeviceProgram {
 
   const Circuit& circuit() const { return circuit_; }
   Runtime& runtime() const { return rt_; }
+  const Target& target() const { return target_; }
   // False once the runtime it was lowered for is destroyed (another may then take its address).
   bool runtime_alive() const { return !runtime_alive_.expired(); }
   // One entry per launch, in launch order.
@@ -72,6 +76,7 @@ class DeviceProgram {
   Circuit circuit_;
   std::vector<ValueId> outputs_;
   Runtime& rt_;
+  Target target_;
   std::vector<LoweredOp> lowered_;
   std::vector<std::vector<LoadedKernel>> loaded_;  // per op, per launch
   std::vector<ValueId> root_;                      // value -> the value whose buffer it uses
@@ -111,7 +116,7 @@ class DeviceProgram {
   bool tensor_maps_current_ = false;
   CUdeviceptr tensor_maps_at_ = 0;           // allocated with the program when it has any
   std::weak_ptr<const void> runtime_alive_;  // a program may outlive its runtime (a test's)
-  // Replay as CUDA graphs (static memory plan, a driver with graphs, KILN_CUDA_GRAPHS not 0):
+  // Replay as CUDA graphs (static memory plan, a driver with graphs, Target::cuda_graphs):
   // the graphs of the latest command lists, at most two (a step's resident tensors alternate
   // between two address sets), the oldest destroyed first.
   bool use_graphs_ = false;

@@ -20,7 +20,7 @@
 
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/circuit/ir/hash.hpp>
-#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/ir/settings.hpp>
 #include <kiln/cuda/driver/fake_driver.hpp>
 #include <kiln/cuda/kir/ptx_printer.hpp>
 #include <kiln/cuda/runtime/collective.hpp>
@@ -44,15 +44,8 @@ size_t size_class(size_t bytes) {
   return b <= kMiB ? std::bit_ceil(b) : (b + kMiB - 1) / kMiB * kMiB;
 }
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
 std::string default_cache_dir() {
-  if (std::string dir = options::cache_dir(); !dir.empty()) return dir;
-  if (std::string xdg = env("XDG_CACHE_HOME"); !xdg.empty()) return xdg + "/kiln";
-  if (std::string home = env("HOME"); !home.empty()) return home + "/.cache/kiln";
+  if (std::string dir = settings().cache_dir; !dir.empty()) return dir;
   spdlog::warn("neither KILN_CACHE_DIR, XDG_CACHE_HOME nor HOME is set: the module disk cache is off");
   return "off";
 }
@@ -142,24 +135,19 @@ namespace {
 // KILN_CUDA_DEVICE, else the process's rank among those a launcher started on this machine (one
 // GPU per rank under `mpirun -np <GPUs>`), else 0.
 int device_ordinal(int count) {
-  const int chosen = options::cuda_device();
+  const Settings s = settings();
+  const int chosen = s.cuda_device;
   if (chosen >= count)
     throw Error(fmt::format("KILN_CUDA_DEVICE={}: this machine has {} CUDA device(s)", chosen, count));
   if (chosen >= 0) return chosen;
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
-    const char* v = std::getenv(name);
-    char* end = nullptr;
-    const long rank = v && *v ? std::strtol(v, &end, 10) : -1;
-    if (rank >= 0 && *end == '\0') return static_cast<int>(rank % count);
-  }
-  return 0;
+  return s.launcher_local_rank >= 0 ? s.launcher_local_rank % count : 0;
 }
 
 }  // namespace
 
 Runtime::Runtime(Driver driver, RuntimeOptions options) : driver_(std::move(driver)), options_(std::move(options)) {
   if (options_.cache_dir.empty()) options_.cache_dir = default_cache_dir();
-  if (options_.ptx_dump_dir.empty()) options_.ptx_dump_dir = options::ptx_dump_dir();
+  if (options_.ptx_dump_dir.empty()) options_.ptx_dump_dir = settings().ptx_dump_dir;
   const DriverApi& a = driver_.api;
   check(a.cuInit(0), "cuInit");
   int count = 0;
@@ -357,8 +345,8 @@ LoadedKernel Runtime::load(const kir::Kernel& k) {
   enter();
   if (kir::needs_sm90a(k) && sm_ != 90)
     throw Error(
-        fmt::format("kernel '{}' uses wgmma, which only sm_90a (an H100 or H200) has; {} is sm_{} (unset "
-                    "KILN_WGMMA)",
+        fmt::format("kernel '{}' uses wgmma, which only sm_90a (an H100 or H200) has; {} is sm_{} (lower it "
+                    "with --matmul wgmma=off)",
                     k.name, device_name_, sm_));
   std::string ptx = kir::print_ptx(k, ptx_target());
   if (auto it = modules_.find(ptx); it != modules_.end()) {
@@ -623,5 +611,7 @@ void Runtime::destroy(Graph& graph) {
   if (graph.graph) driver_.api.cuGraphDestroy(graph.graph);
   graph = Graph{};
 }
+
+Target device_target(const Runtime& rt) { return cuda_target(rt.sm(), rt.fake()); }
 
 }  // namespace kiln::cuda

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <kiln/circuit/ir/target.hpp>
 #include <kiln/cuda/driver/driver_api.hpp>
 #include <kiln/cuda/kir/kir.hpp>
 #include <kiln/cuda/sim/simulator.hpp>
@@ -199,5 +200,8 @@ class Runtime {
   std::unordered_map<std::string, Module> modules_;  // by PTX text
   std::shared_ptr<const void> lifetime_ = std::make_shared<int>(0);
 };
+
+// The Target of rt's device (its sm, fake or real) with the default choices.
+Target device_target(const Runtime& rt);
 
 }  // namespace kiln::cuda

@@ -8,8 +8,8 @@
 namespace kiln::cli {
 
 // `shapes`: comma-separated "BxHxTxD". Prints one line per shape: the median device time of a
-// forward and backward over `runs` runs (fused by fuse_attention unless KILN_DISABLE_PASSES
-// names it), and the rate of its matmul-equivalent FLOPs (causal: half of 4 B H T^2 D forward,
+// forward and backward over `runs` runs (fused by fuse_attention unless `--passes -fuse_attention`
+// switches it off), and the rate of its matmul-equivalent FLOPs (causal: half of 4 B H T^2 D forward,
 // 8 B H T^2 D backward counted as PyTorch's benchmarks count them).
 int bench_attention(const std::string& shapes, int64_t runs);
 

@@ -86,26 +86,28 @@ class GemmProbe {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_precision_flag(with_thread_flag(
+         with_target_flags(with_precision_flag(with_thread_flag(
              with_model_flags({{"batch", "sequences per step (default 16)"},
                                {"steps", "timed steps (default 20)"},
                                {"dropout", "gpt: dropout probability, attention's included (default 0)"},
-                               {"device", "cpu (default), cuda or auto"},
+                               {"device", "cpu (default), cuda, auto or sim (the CUDA back end on the SIMT simulator)"},
+                               {"collectives",
+                                "auto (default: none in one process), nccl or host: the step averages its gradients "
+                                "through that device collective, as data parallel runs do"},
                                {"gemm",
                                 "time kiln's matmul alone instead: comma-separated N (N^3) or MxNxK "
                                 "shapes, e.g. 1024,4096,8192x2304x768"},
                                {"attention",
                                 "time causal attention forward + backward alone instead: comma-separated "
-                                "BxHxTxD shapes, e.g. 8x12x1024x64 (KILN_DISABLE_PASSES=fuse_attention: "
-                                "unfused)"},
+                                "BxHxTxD shapes, e.g. 8x12x1024x64 (--passes -fuse_attention: unfused)"},
                                {"skip-non-finite",
                                 "guard AdamW's update with the loss's and gradient norm's finiteness, as "
                                 "kiln train does"}},
-                              true))),
+                              true)))),
          "usage: kiln bench [options]\n\nTimes full training steps of a GPT or a Llama (--model llama) (AdamW) on the "
          "CPU or the GPU.\n"
          "GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8",
-         with_model_switches({"skip-non-finite"}));
+         with_target_switches(with_model_switches({"skip-non-finite"})));
   if (a.help()) {
     a.print_help();
     return 0;
@@ -113,9 +115,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
   apply_thread_flag(a);
   apply_precision_flag(a);
   const int64_t batch = a.integer("batch", 16, 1), steps = a.integer("steps", 20, 1);
-  const Device device = parse_device(a.str("device", "cpu"));
-  Engine::current().set_device(device);
-  connect_device_collective_if_needed(device);  // KILN_GPU_COLLECTIVES=nccl: the step with NCCL in its graph
+  const DeviceSelection device = parse_device(a.str("device", "cpu"));
+  Engine::current().set_device(device.device, device.runtime);
+  apply_target_flags(a);
+  // --collectives nccl: the step with NCCL in its graph, in one process
+  connect_device_collective_if_needed(device, cuda::parse_collective_choice(a.str("collectives", "auto")));
   if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps);
   if (a.has("attention")) return bench_attention(a.str("attention", ""), steps);
   manual_seed(1);
@@ -169,14 +173,15 @@ int cmd_bench(const std::vector<std::string>& argv) {
   Timing replayed = time_steps([&] { traced.run({ids, ids})[0].item(); });
   const double per_step = replayed.step_ms / 1000;
   double achieved = flops / per_step / 1e9;
-  std::printf(
-      "config %s L%lld H%lld C%lld T%lld B%lld V%lld, AdamW%s, %s matmuls, on %s\n", model.architecture().c_str(),
-      static_cast<long long>(attrs.get_int("n_layer")), static_cast<long long>(attrs.get_int("n_head")),
-      static_cast<long long>(attrs.get_int("n_embd")), static_cast<long long>(block_size),
-      static_cast<long long>(batch), static_cast<long long>(vocab_size),
-      adamw.skip_non_finite ? " skipping non-finite steps" : "", precision_name(Engine::current().precision()),
-      device == Device::CUDA ? Engine::current().last_plan()->device->runtime().device_name().c_str() : "the CPU");
-  const char* outside = device == Device::CUDA ? "outside the device's work" : "outside the executor";
+  std::printf("config %s L%lld H%lld C%lld T%lld B%lld V%lld, AdamW%s, %s matmuls, on %s\n",
+              model.architecture().c_str(), static_cast<long long>(attrs.get_int("n_layer")),
+              static_cast<long long>(attrs.get_int("n_head")), static_cast<long long>(attrs.get_int("n_embd")),
+              static_cast<long long>(block_size), static_cast<long long>(batch), static_cast<long long>(vocab_size),
+              adamw.skip_non_finite ? " skipping non-finite steps" : "", precision_name(Engine::current().precision()),
+              device.device == Device::CUDA ? Engine::current().last_plan()->device->runtime().device_name().c_str()
+                                            : "the CPU");
+  std::printf("target: %s\n", Engine::current().target().str().c_str());
+  const char* outside = device.device == Device::CUDA ? "outside the device's work" : "outside the executor";
   const auto n = static_cast<double>(steps);
   for (const auto& [how, t] : {std::pair{"recorded every step", recorded}, std::pair{"traced, replayed", replayed}})
     std::printf(
@@ -187,7 +192,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
         static_cast<double>(t.counters.storage_allocations) / n,
         static_cast<double>(t.counters.storage_bytes) / n / 1024);
   std::printf("matmul FLOPs per step (forward + backward): %.3f GFLOP -> %.1f GFLOP/s\n", flops / 1e9, achieved);
-  if (device == Device::CUDA) return 0;
+  if (device.device == Device::CUDA) return 0;
   const Program& program = *Engine::current().last_plan()->program;
   std::printf("CPU workspace: %.2f MiB for a live peak of %.2f MiB of intermediates; %zu ops computed once per plan\n",
               static_cast<double>(program.workspace_bytes()) / (1 << 20),

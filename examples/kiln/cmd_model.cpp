@@ -2,8 +2,10 @@
 #include <chrono>
 #include <cstdio>
 
+#include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/exec/thread_governor.hpp>
 #include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
 #include <kiln/core/engine.hpp>
 #include <kiln/core/precision.hpp>
 #include <kiln/models/llama.hpp>
@@ -80,6 +82,40 @@ void apply_precision_flag(const Args& a) {
   } catch (const Error& e) {
     throw Error(std::string("--precision: ") + e.what());
   }
+}
+
+std::map<std::string, std::string> with_target_flags(std::map<std::string, std::string> options) {
+  options["matmul"] =
+      "GPU matmul kernels' choices, KEY=VALUE,...: tile=128x128|128x256|192x256|auto|waves, stages=2|3|4, "
+      "split-k=0|auto|2|3|4, wgmma=on|off, staged-stores=none|odd|all, products-first=on|off, tensor-copies=on|off, "
+      "simt-tile=64|128, bf16-mma=on|off (default: per device and shape; docs/CLI.md)";
+  options["tf32"] = "GPU f32 matmuls on tf32 tensor cores (10-bit mantissas; default off, as PyTorch)";
+  options["attention-path"] = "GPU bf16 attention on mma (default) or simt (FFMA) kernels";
+  options["passes"] = "-NAME,...: passes switched off (`kiln prims` lists them), e.g. -fuse_attention";
+  options["no-cuda-graphs"] = "GPU: launch kernels one by one instead of replaying the step as a CUDA graph";
+  options["poison-buffers"] =
+      "CPU: fill buffers with NaN / -1 bytes before each op writes them (finds unwritten elements)";
+  return options;
+}
+
+std::set<std::string> with_target_switches(std::set<std::string> switches) {
+  switches.insert({"tf32", "no-cuda-graphs", "poison-buffers"});
+  return switches;
+}
+
+Target target_from_flags(const Args& a, Target t) {
+  if (a.has("matmul")) t.matmul = parse_matmul_policy(a.str("matmul", ""));
+  t.tf32 = a.has("tf32");
+  if (a.has("attention-path")) t.attention = parse_attention_path(a.str("attention-path", ""));
+  t.cuda_graphs = !a.has("no-cuda-graphs");
+  return t;
+}
+
+void apply_target_flags(const Args& a) {
+  Engine& engine = Engine::current();
+  engine.set_target(target_from_flags(a, engine.target()));
+  if (a.has("poison-buffers")) set_poison_buffers(true);
+  if (a.has("passes")) engine.set_pipeline(parse_pipeline_options(a.str("passes", "")));
 }
 
 void apply_thread_flag(const Args& a) {

@@ -1,6 +1,6 @@
 // `kiln prims`: the Prim catalogue, one row per Prim: its family (source file) and whether it
 // has a shape rule, Eigen f32/f64 reference, VJP rule, and a GPU kernel lowering; then the
-// pass pipeline in order, by the names KILN_DISABLE_PASSES takes.
+// pass pipeline in order, by the names `--passes -NAME` takes.
 #include <cstdio>
 
 #include <kiln/circuit/ir/prim.hpp>
@@ -17,7 +17,7 @@ int cmd_prims(const std::vector<std::string>& args) {
         "usage: kiln prims\n\nPrints every registered Prim with the rules it implements.\n"
         "Columns: shape rule, Eigen reference in f32 and f64, VJP rule (\"n/a\": no inputs to\n"
         "differentiate), and how the PTX back end lowers it to kernels. Then the passes a plan\n"
-        "runs, in order, by the names KILN_DISABLE_PASSES takes.\n");
+        "runs, in order, by the names `--passes -NAME` takes.\n");
     return args[0] == "--help" || args[0] == "-h" ? 0 : 2;
   }
   std::printf("%-18s %-18s %-6s %-8s %-8s %-6s %s\n", "prim", "family", "shape", "ref f32", "ref f64", "vjp",
@@ -31,7 +31,7 @@ int cmd_prims(const std::vector<std::string>& args) {
                 lowering.empty() ? "no" : lowering.c_str());
     ++n;
   }
-  std::printf("%d prims\n\npasses, in order (KILN_DISABLE_PASSES=name,... switches them off):\n", n);
+  std::printf("%d prims\n\npasses, in order (--passes -name,... switches them off):\n", n);
   for (const PassInfo& pass : pipeline_passes())
     std::printf("  %-22s %-9s %s\n", pass.name, pass.gpu_only ? "GPU plans" : "all plans", pass.does);
   return 0;

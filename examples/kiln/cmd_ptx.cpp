@@ -10,9 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 
 #include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
 #include <kiln/core/engine.hpp>
 #include <kiln/cuda/driver/fake_driver.hpp>
 #include <kiln/cuda/kir/ptx_printer.hpp>
@@ -37,17 +37,17 @@ struct KernelRow {
 
 int cmd_ptx(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_precision_flag(
+         with_target_flags(with_precision_flag(
              with_model_flags({{"out", "directory to write the kernels to (required)"},
                                {"batch", "sequences per step (default 16)"},
                                {"sm", "target architecture: 80 or 90 (default 90)"},
                                {"bank-conflicts",
                                 "also run the step in the SIMT simulator and report each kernel's shared-memory bank "
                                 "conflicts per launch (slow: use a small config)"}},
-                              true)),
+                              true))),
          "usage: kiln ptx --out DIR [options]\n\nWrites the PTX of every kernel of one training step (AdamW) "
          "and an index.",
-         with_model_switches({"bank-conflicts"}));
+         with_target_switches(with_model_switches({"bank-conflicts"})));
   if (a.help()) {
     a.print_help();
     return 0;
@@ -56,9 +56,12 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   const std::filesystem::path out = a.required("out");
   const int sm = static_cast<int>(a.integer("sm", 90));
   if (sm != 80 && sm != 90) throw Error(fmt::format("kiln ptx: --sm takes 80 or 90, received {}", sm));
-  // The kernels that device would run (and that the fake driver then runs for --bank-conflicts).
-  std::optional<cuda::WgmmaByDefault> sm90;
-  if (sm == 90) sm90.emplace();
+  // The kernels that device would run, the device's defaults settled (wgmma on sm_90) so that
+  // the fake driver runs the same ones for --bank-conflicts.
+  Target target = target_from_flags(a, cuda_target(sm, /*fake=*/false));
+  target.matmul.wgmma = target.wgmma();
+  Engine::current().set_target(target);  // the passes a GPU run would get; the step runs on the CPU
+  if (a.has("passes")) Engine::current().set_pipeline(parse_pipeline_options(a.str("passes", "")));
   const int64_t batch = a.integer("batch", 16, 1);
   std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a);
   models::CausalLM& model = *model_ptr;
@@ -66,7 +69,6 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, model.block_size()});
   for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>(i % model.vocab_size()));
   Tensor x = Tensor::from_host(ids), y = Tensor::from_host(ids);
-  Engine::current().plan_cache().set_gpu_target(true);  // the passes a GPU run would get
   Tensor loss = model.loss(x, y);
   loss.backward();
   opt.step();
@@ -90,7 +92,8 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   }
 
   std::vector<cuda::LoweredOp> lowered;
-  for (size_t i = 0; i < circuit.ops().size(); ++i) lowered.push_back(cuda::lower(circuit, static_cast<int>(i)));
+  for (size_t i = 0; i < circuit.ops().size(); ++i)
+    lowered.push_back(cuda::lower(circuit, static_cast<int>(i), step->target));
   std::map<std::string, KernelRow> kernels;  // by name: one file per distinct kernel
   size_t launches = 0;
   for (size_t i = 0; i < lowered.size(); ++i)

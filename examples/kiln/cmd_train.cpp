@@ -9,7 +9,7 @@
 
 #include <kiln/circuit/comm/communicator.hpp>
 #include <kiln/circuit/ir/error.hpp>
-#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/ir/settings.hpp>
 #include <kiln/core/device.hpp>
 #include <kiln/core/distributed.hpp>
 #include <kiln/core/engine.hpp>
@@ -27,7 +27,7 @@ namespace kiln::cli {
 
 int cmd_train(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_precision_flag(with_thread_flag(with_model_flags(
+         with_target_flags(with_precision_flag(with_thread_flag(with_model_flags(
              {{"data", "text file or directory (default: /usr/share/games/fortunes)"},
               {"out", "weights file to write (default: model.h5)"},
               {"metrics",
@@ -56,7 +56,9 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"seed", "seed for initialization, batches and sampling (default 1337)"},
               {"eval-every", "steps between validation losses (default 250)"},
               {"sample-tokens", "tokens of the sample printed at the end (default 300; 0: none)"},
-              {"device", "auto (default), cpu or cuda"},
+              {"device",
+               "auto (default), cpu, cuda or sim (the CUDA back end on the SIMT simulator: slow, no GPU needed)"},
+              {"collectives", "data parallel on GPUs: auto (default: NCCL where it loads), nccl or host"},
               {"stats", "log each step's kernels (forward/backward/update), bytes, host time and peak memory"},
               {"deterministic",
                "GPU steps without float atomics, CPU steps at a fixed thread count: a run (and a "
@@ -65,10 +67,10 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"skip-non-finite",
                "skip (and count) a step whose loss or gradient norm is not finite instead of stopping, as "
                "PyTorch's GradScaler; 10 in a row still stop"}},
-             true))),
+             true)))),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) or a Llama (--model llama) with AdamW on a "
          "text corpus (char, byte or BPE tokens)\nor on a pre-tokenized token file.",
-         with_model_switches({"stats", "deterministic", "no-trace", "skip-non-finite"}));
+         with_target_switches(with_model_switches({"stats", "deterministic", "no-trace", "skip-non-finite"})));
   if (a.help()) {
     a.print_help();
     return 0;
@@ -78,16 +80,18 @@ int cmd_train(const std::vector<std::string>& argv) {
   // Launched by mpirun/srun as one of several processes: data parallel over them. Rank 0 logs,
   // writes the metrics, checkpoints and weights; the others log warnings and errors only.
   if (launched_by_mpi_with_several_ranks()) {
-    set_world(connect_mpi(options::collective_timeout()));
+    set_world(connect_mpi(settings().collective_timeout));
     if (world().rank() != 0) spdlog::set_level(spdlog::level::warn);
     spdlog::info("data parallel: {} ranks through {}; each step's batch of {} sequences split over them",
                  world().size(), world().backend(), a.integer("batch", 16, 1));
   }
-  Device device = parse_device(a.str("device", "auto"));
-  Engine::current().set_device(device);
-  connect_device_collective_if_needed(device);
+  const DeviceSelection device = parse_device(a.str("device", "auto"));
+  Engine::current().set_device(device.device, device.runtime);
+  apply_target_flags(a);
+  connect_device_collective_if_needed(device, cuda::parse_collective_choice(a.str("collectives", "auto")));
   Engine::current().set_deterministic(a.has("deterministic"));
-  spdlog::info("device: {}, {} matmuls", device_name(device), precision_name(Engine::current().precision()));
+  spdlog::info("device: {}{}, {} matmuls", device_name(device.device), device.simulated() ? " (simulated)" : "",
+               precision_name(Engine::current().precision()));
   const uint64_t seed = static_cast<uint64_t>(a.integer("seed", 1337));
   const std::string tokenizer_kind = a.str("tokenizer", "char");
   if (tokenizer_kind != "char" && tokenizer_kind != "byte" && tokenizer_kind != "bpe")

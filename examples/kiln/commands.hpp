@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <kiln/circuit/ir/target.hpp>
 #include <kiln/models/causal_lm.hpp>
 
 namespace kiln::cli {
@@ -38,6 +39,14 @@ void apply_thread_flag(const Args& a);
 // engine.
 std::map<std::string, std::string> with_precision_flag(std::map<std::string, std::string> options);
 void apply_precision_flag(const Args& a);
+// The lowering Target's choices and the pipeline's options (--matmul KEY=VALUE,..., --tf32,
+// --attention-path mma|simt, --passes -NAME,..., --no-cuda-graphs; --poison-buffers, the executor's debugging aid)
+// added to a command's options and switches, and parsed into `target` and the engine's pipeline options (a bad value is
+// an error naming the option). docs/CLI.md describes them.
+std::map<std::string, std::string> with_target_flags(std::map<std::string, std::string> options);
+std::set<std::string> with_target_switches(std::set<std::string> switches);
+Target target_from_flags(const Args& a, Target target);
+void apply_target_flags(const Args& a);  // to Engine::current(): its Target and pipeline options
 
 int cmd_prims(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);

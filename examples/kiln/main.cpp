@@ -7,7 +7,7 @@
 #include <vector>
 
 #include <kiln/circuit/comm/communicator.hpp>
-#include <kiln/circuit/ir/options.hpp>
+#include <kiln/circuit/ir/settings.hpp>
 #include <kiln/version.hpp>
 
 #include "commands.hpp"
@@ -44,7 +44,7 @@ void usage() {
   std::printf("usage: kiln <command> [options]\n       kiln --version\n\ncommands:\n");
   for (const auto& [name, c] : commands()) std::printf("  %-8s %s\n", name.c_str(), c.summary);
   std::printf("\n`kiln <command> --help` describes a command's options.\n\nenvironment:\n");
-  for (const kiln::options::Variable& v : kiln::options::variables()) std::printf("  %-22s %s\n", v.name, v.meaning);
+  for (const kiln::Variable& v : kiln::variables()) std::printf("  %-22s %s\n", v.name, v.meaning);
 }
 
 }  // namespace
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   // A misspelt variable would otherwise change nothing without a word.
-  for (const std::string& name : kiln::options::unknown_variables())
+  for (const std::string& name : kiln::unknown_variables())
     std::fprintf(stderr, "kiln: warning: %s is set but kiln reads no such variable (`kiln --help` lists them)\n",
                  name.c_str());
   try {

@@ -34,7 +34,11 @@ void matmul_cases(FamilyCases& c) {
                                      {"ta_tb", {45, 67}, {91, 45}, true, true},
                                      {"batched_shared_b", {3, 2, 33, 17}, {17, 70}, false, false},
                                      {"batch_broadcast", {2, 1, 5, 19}, {3, 7, 19}, false, true},
-                                     {"k_larger_than_tile", {9, 130}, {130, 11}, false, false}}) {
+                                     {"k_larger_than_tile", {9, 130}, {130, 11}, false, false},
+                                     // Rows of whole 16-byte chunks: in bf16 the tensor-core kernel's
+                                     // (mma.sync on sm_80, wgmma on a real sm_90: the Targets differ).
+                                     {"whole_chunks", {96, 64}, {64, 80}, false, false},
+                                     {"whole_chunks_ta_tb", {64, 96}, {80, 64}, true, true}}) {
     c.lowering.push_back({"matmul_" + m.name,
                           {f32(m.a), f32(m.b)},
                           [m](Builder& b, const std::vector<ValueId>& x) { return b.matmul(x[0], x[1], m.ta, m.tb); },

@@ -1,0 +1,92 @@
+// The Target: everything that decides how a plan is optimized, lowered and run on one device,
+// made once per device (Engine::set_device) and passed down as a value. Passes and lowering are
+// functions of (circuit, op, Target): none of them reads a global, an environment variable or the
+// engine to find a choice. A Target is part of every plan's key (core/plan_cache.hpp), so plans
+// made for two Targets are two plans.
+//
+// The device fields (kind, sm, fake, cpu) come from the device; the choices (precision policy,
+// matmul policy, attention path, ...) from the user: `kiln train|bench|ptx` options parsed by
+// parse_matmul_policy and friends, or a program's own code. Defaults are kiln's measured choices
+// (docs/BENCHMARKS.md).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace kiln {
+
+// The x86 features the CPU kernels may use (cpuid; all false elsewhere).
+struct CpuFeatures {
+  bool avx2 = false, fma = false, avx512f = false, avx512_bf16 = false, amx_bf16 = false;
+  bool operator==(const CpuFeatures&) const = default;
+};
+CpuFeatures detect_cpu_features();
+
+// Which wgmma matmul outputs go out through shared memory (cuda/lower/matmul_staged_stores.hpp):
+// none; those whose rows start at odd elements (the default); all, also rows and batch items of
+// whole 16-byte chunks.
+enum class MmaStaging { none, odd_rows, all };
+
+// The GPU matmul kernels' choices. Unset fields (0, nullopt) leave the choice to the kernel's
+// rules per shape (cuda/lower/fused_matmul.cpp, matmul_mma.cpp).
+struct MatmulPolicy {
+  int simt_tile = 0;     // the FFMA / tf32-FFMA kernel's square tile: 64 or 128; 0 per shape
+  bool bf16_mma = true;  // bf16 operands on mma tensor cores (false: the FFMA kernel, widened to f32)
+  // The tensor-core (mma.sync, wgmma) kernel's block tile: tile_n > 0 its columns (128 or 256;
+  // tile_m 192 with 256 columns on wgmma), kTileAuto (128x256 where its grid fills the SMs),
+  // kTileWaves (wgmma: fewest whole waves), 0 unset (mma.sync 128x128, wgmma auto).
+  static constexpr int kTileAuto = -1, kTileWaves = -2;
+  int tile_m = 128, tile_n = 0;
+  int stages = 0;              // cp.async stages, 2-4; 0 the kernel's default (2; wgmma 4)
+  std::optional<int> split_k;  // 0 none, -1 auto, 2-4; unset: auto on wgmma, none on mma.sync
+  std::optional<bool> wgmma;   // bf16 products on sm_90a's wgmma; unset: the device decides
+  MmaStaging staged_stores = MmaStaging::odd_rows;
+  bool products_first = false;  // wgmma: a k step's products before its copies of a later step
+  bool tensor_copies = false;   // wgmma without a batch: stages filled by cp.async.bulk.tensor
+  bool operator==(const MatmulPolicy&) const = default;
+};
+
+enum class AttentionPath { mma, simt };  // bf16 attention on mma.sync (default) or FFMA kernels
+
+struct Target {
+  enum class Kind { cpu, cuda };
+  Kind kind = Kind::cpu;
+  int sm = 0;         // CUDA compute capability x 10 (80, 90); 0 on the CPU
+  bool fake = false;  // CUDA on the fake driver: kernels run in the SIMT simulator
+  CpuFeatures cpu;    // the host's (plans run on the CPU executor wherever the device is not CUDA)
+
+  // Precision policy: f32 matmuls round their operands to tf32 on tensor cores (default off, as
+  // PyTorch). bf16 is the model's choice (casts recorded in the circuit), not the Target's.
+  bool tf32 = false;
+  MatmulPolicy matmul;
+  AttentionPath attention = AttentionPath::mma;
+  bool wide_indices = false;   // every kernel indexes with 64 bits (tests of the u64 paths)
+  bool deterministic = false;  // no float atomics; on the CPU a fixed thread count
+  bool cuda_graphs = true;     // replay a step's launches as a CUDA graph where the driver can
+
+  bool operator==(const Target&) const = default;
+  bool gpu() const { return kind == Kind::cuda; }
+  // bf16 matmuls on wgmma: the policy's choice, else a real sm_90 GPU's (the fake driver, though
+  // it reports sm_90, runs mma.sync unless asked: the simulator runs both).
+  bool wgmma() const { return matmul.wgmma.value_or(kind == Kind::cuda && sm == 90 && !fake); }
+  // One line: "cuda sm_90 (fake) f32 matmul{...} attention=mma ..." (--stats, metrics logs).
+  std::string str() const;
+};
+
+// The host's Target: Kind::cpu with its features.
+Target cpu_target();
+// A CUDA device's Target; the choices keep their defaults.
+Target cuda_target(int sm, bool fake);
+// `to` with the device fields of `device` (kind, sm, fake, cpu) and its own choices.
+Target with_device_of(Target to, const Target& device);
+
+// "tile=192x256,stages=4,split-k=auto,..." (the `--matmul` option) applied to `base`. Keys:
+// simt-tile=64|128, bf16-mma=on|off, tile=128x128|128x256|192x256|auto|waves, stages=2|3|4,
+// split-k=0|auto|2|3|4, wgmma=on|off, staged-stores=none|odd|all, products-first=on|off,
+// tensor-copies=on|off. Throws kiln::Error naming the key and what it expects.
+MatmulPolicy parse_matmul_policy(std::string_view text, MatmulPolicy base = {});
+std::string matmul_policy_str(const MatmulPolicy& p);       // the non-default keys, in the same syntax
+AttentionPath parse_attention_path(std::string_view text);  // "mma" | "simt" (`--attention-path`)
+
+}  // namespace kiln

@@ -137,10 +137,13 @@ void Engine::replay(Trace& trace) {
   realize();
   if (trace.device != device_ || trace.runtime != runtime_ || trace.plan->target != target_ ||
       trace.plan->pipeline != pipeline_)
-    throw Error(std::string("traced step: traced on ") + device_name(trace.device) + ", the engine is now on " +
-                device_name(device_) + "; trace it again (the trace's Target: " + trace.plan->target.str() +
-                "; the engine's: " + target_.str() + (trace.plan->pipeline != pipeline_ ? ", other passes off" : "") +
-                ")");
+    throw Error(trace.device != device_ || trace.runtime != runtime_
+                    ? std::string("traced step: traced on ") + device_name(trace.device) + ", the engine is now on " +
+                          device_name(device_) + "; trace it again"
+                    : "traced step: traced for the Target '" + trace.plan->target.str() + "', the engine's is now '" +
+                          target_.str() + "'" +
+                          (trace.plan->pipeline != pipeline_ ? " with other passes switched off" : "") +
+                          "; trace it again");
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::shared_ptr<TensorImpl>> live;
   for (const auto& w : trace.results) live.push_back(w.lock());

@@ -31,7 +31,7 @@ StepStats measure_step(const Plan& plan) {
     for (ValueId out : op.outputs) s.bytes_written += static_cast<double>(bytes_of(c.info(out)));
     if (!s.lowered) continue;
     try {
-      // Lowered for the plan's Target (on the CPU: the default choices, as a GPU would take).
+      // Lowered for the plan's Target (a CPU plan's: its choices, lowered as a GPU would lower them).
       s.launches[static_cast<size_t>(op.phase)] += cuda::lower(c, static_cast<int>(i), plan.target).launches.size();
     } catch (const Error&) {
       s.lowered = false;  // a dtype the GPU does not run

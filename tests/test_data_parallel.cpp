@@ -75,9 +75,10 @@ std::vector<double> losses(const fs::path& metrics) {
   return out;
 }
 
-// kiln train on the corpus in `dir`: a small GPT, 20 steps, a global batch of 6, `threads` threads.
+// kiln train on the corpus in `dir`: a small GPT, 20 steps, a global batch of 6, `threads` threads;
+// its buffers poisoned, as the suite's own (tests/test_environment.cpp).
 std::string train_command(const fs::path& dir, const std::string& tag, int threads = 1) {
-  return std::string(kCli) + " train --data '" + (dir / "corpus.txt").string() +
+  return std::string(kCli) + " train --poison-buffers --data '" + (dir / "corpus.txt").string() +
          "' --layers 2 --heads 2 --embd 32 --block 32 --batch 6 --steps 20 --warmup 5 --eval-every 0 --threads " +
          std::to_string(threads) + " --out '" + (dir / (tag + ".h5")).string() + "' --metrics '" +
          (dir / (tag + ".jsonl")).string() + "'";
@@ -190,7 +191,7 @@ TEST(DataParallel, FakeGpuRanksTrainAsOneProcess) {
   KILN_REQUIRE_MPI_OR_SKIP();
   const fs::path dir = workdir("fakegpu");
   auto command = [&](const std::string& tag) {
-    return std::string(kCli) + " train --device sim --data '" + (dir / "corpus.txt").string() +
+    return std::string(kCli) + " train --device sim --poison-buffers --data '" + (dir / "corpus.txt").string() +
            "' --layers 1 --heads 2 --embd 16 --block 8 --batch 4 --steps 4 --warmup 2 --eval-every 0 --threads 1 "
            "--sample-tokens 0 "  // 300 tokens on the simulator take 100 s under ASan, near mpirun's limit
            "--out '" +

@@ -205,7 +205,8 @@ void bf16_mma_training_steps_match_cpu(cuda::Runtime& rt, bool wgmma) {
   training_steps_match_cpu(rt, testing::tiny_gpt_config(2), 2, Precision::bf16);
   size_t bf16_mma_kernels = 0;
   for (const Plan* p : Engine::current().plan_cache().plans())
-    if (p->device && p->target.matmul == Engine::current().target().matmul)  // this function's plans
+    // This function's plans: its matmul policy, lowered for `rt`.
+    if (p->device && p->target.matmul == Engine::current().target().matmul && &p->device->runtime() == &rt)
       for (size_t at = p->device->dump().find(kernel); at != std::string::npos;
            at = p->device->dump().find(kernel, at + 1))
         ++bf16_mma_kernels;
@@ -284,10 +285,11 @@ void every_kernel_of_a_training_step_passes_ptxas(Precision precision) {
   Tensor loss = model.loss(x, x);
   loss.backward();
   opt.step(1.0);
+  Engine::current().realize();  // the step: one plan
   std::vector<const kir::Kernel*> kernels;
-  for (const Plan* p : Engine::current().plan_cache().plans())
-    if (p->device && p->target.gpu())  // lowered: this step's (the CPU's plans are never lowered)
-      for (const auto& k : p->device->kernels()) kernels.push_back(k.launch->kernel.get());
+  const Plan* step = Engine::current().last_plan();
+  ASSERT_TRUE(step && step->device);
+  for (const auto& k : step->device->kernels()) kernels.push_back(k.launch->kernel.get());
   ASSERT_GT(kernels.size(), 20u);
   testing::expect_ptxas_accepts(kernels);
 }

@@ -14,6 +14,7 @@
 #include <kiln/train/sgd.hpp>
 
 #include "device_test_util.hpp"
+#include "scoped_target.hpp"
 
 namespace kiln {
 namespace {
@@ -199,6 +200,14 @@ TEST(TracedStep, MisuseIsAClearErrorAndTheEngineStaysUsable) {
     testing::OnDevice on(testing::fake_runtime());
     expect_error([&] { trace.run({HostTensor::zeros(DType::f64, Shape{3})}); },
                  "traced on cpu, the engine is now on cuda; trace it again");
+  }
+  {  // the same device, another Target (its plan would be another plan) or passes
+    testing::ScopedTarget tf32([](Target& t) { t.tf32 = true; });
+    expect_error([&] { trace.run({HostTensor::zeros(DType::f64, Shape{3})}); }, "traced for the Target 'cpu");
+  }
+  {
+    testing::ScopedPipeline no_cse("-cse");
+    expect_error([&] { trace.run({HostTensor::zeros(DType::f64, Shape{3})}); }, "with other passes switched off");
   }
   // Still replays after the refusals, and an untraced step runs normally.
   trace.run({HostTensor::zeros(DType::f64, Shape{3})});

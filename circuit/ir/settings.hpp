@@ -7,8 +7,9 @@
 //
 // settings() reads the environment when it is called; its callers call it when they set up (a
 // Program, the CUDA runtime), so a variable set around one part of a program (a test's scope)
-// applies to what that part builds. A malformed value is an error naming the variable and what
-// it expects.
+// applies to what that part builds. A malformed value of any of them is an error naming the
+// variable and what it expects, wherever settings() is called (the CLI reads them first of all,
+// so that the error comes before any work).
 #pragma once
 
 #include <span>
@@ -47,7 +48,7 @@ std::span<const Variable> variables();
 std::vector<std::string> unknown_variables();
 // One warning per variable set in the environment that kiln no longer reads, naming the option
 // that replaced it ("KILN_MMA_TILE is no longer read: use --matmul tile=..."). The library
-// logs them once when the first engine is made; the CLI prints them too.
+// logs them (spdlog, warning) once when the first engine is made.
 std::vector<std::string> removed_variable_warnings();
 
 }  // namespace kiln

@@ -92,6 +92,7 @@ std::map<std::string, std::string> with_target_flags(std::map<std::string, std::
   options["tf32"] = "GPU f32 matmuls on tf32 tensor cores (10-bit mantissas; default off, as PyTorch)";
   options["attention-path"] = "GPU bf16 attention on mma (default) or simt (FFMA) kernels";
   options["passes"] = "-NAME,...: passes switched off (`kiln prims` lists them), e.g. -fuse_attention";
+  options["wide-indices"] = "GPU: every kernel indexes with 64 bits (as tensors of 2^31 elements and more need)";
   options["no-cuda-graphs"] = "GPU: launch kernels one by one instead of replaying the step as a CUDA graph";
   options["poison-buffers"] =
       "CPU: fill buffers with NaN / -1 bytes before each op writes them (finds unwritten elements)";
@@ -99,13 +100,14 @@ std::map<std::string, std::string> with_target_flags(std::map<std::string, std::
 }
 
 std::set<std::string> with_target_switches(std::set<std::string> switches) {
-  switches.insert({"tf32", "no-cuda-graphs", "poison-buffers"});
+  switches.insert({"tf32", "wide-indices", "no-cuda-graphs", "poison-buffers"});
   return switches;
 }
 
 Target target_from_flags(const Args& a, Target t) {
   if (a.has("matmul")) t.matmul = parse_matmul_policy(a.str("matmul", ""));
   t.tf32 = a.has("tf32");
+  t.wide_indices = a.has("wide-indices");
   if (a.has("attention-path")) t.attention = parse_attention_path(a.str("attention-path", ""));
   t.cuda_graphs = !a.has("no-cuda-graphs");
   return t;

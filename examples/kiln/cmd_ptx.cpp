@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 
+#include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/circuit/passes/pipeline.hpp>
 #include <kiln/core/engine.hpp>
@@ -62,6 +63,7 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   target.matmul.wgmma = target.wgmma();
   Engine::current().set_target(target);  // the passes a GPU run would get; the step runs on the CPU
   if (a.has("passes")) Engine::current().set_pipeline(parse_pipeline_options(a.str("passes", "")));
+  if (a.has("poison-buffers")) set_poison_buffers(true);
   const int64_t batch = a.integer("batch", 16, 1);
   std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a);
   models::CausalLM& model = *model_ptr;

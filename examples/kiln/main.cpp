@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kiln: warning: %s is set but kiln reads no such variable (`kiln --help` lists them)\n",
                  name.c_str());
   try {
+    kiln::settings();  // a malformed KILN_* setting is reported before any work
     return it->second.run(std::vector<std::string>(argv + 2, argv + argc));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kiln %s: error: %s\n", argv[1], e.what());

@@ -37,7 +37,7 @@ long whole_number(const char* name, long lo, long hi, long unset, const char* ex
   return parsed;
 }
 
-constexpr std::array<Variable, 20> kVariables = {{
+constexpr std::array<Variable, 29> kVariables = {{
     {"KILN_NUM_THREADS", "fixed CPU thread count (1-4096); unset: adaptive"},
     {"KILN_PROFILE", "time each Prim's reference on the CPU; print the N costliest at exit"},
     {"KILN_DUMP", "print each plan's recorded and optimized Circuit"},
@@ -51,12 +51,21 @@ constexpr std::array<Variable, 20> kVariables = {{
     {"KILN_REQUIRE_REFERENCE", "tests: fail instead of skipping without the PyTorch reference"},
     {"KILN_REQUIRE_TMPFS", "tests: DiskFullSweep fails instead of skipping where it cannot mount a tmpfs"},
     {"KILN_REQUIRE_CURAND", "tests: fail instead of skipping without the CUDA toolkit's libcurand"},
+    {"KILN_REQUIRE_TRANSFORMERS", "tests: KilnMatchesTransformers fails instead of skipping without transformers"},
+    {"KILN_REFERENCE_DIR", "tests: the PyTorch float64 reference's directory (default: ../shared/reference)"},
+    {"KILN_PYTHON", "tests: the Python that has transformers, tokenizers and h5py"},
     {"KILN_BENCH_VENV", "scripts: the PyTorch virtual environment for benchmarks"},
     {"KILN_BENCH_TURNS", "scripts: turns of kiln and PyTorch each in bench_cpu_vs_torch.sh (default 4)"},
     {"KILN_EXTRA_PACKAGES", "scripts: extra Debian packages for setup.sh"},
     {"KILN_FUZZ_VERBOSE", "scripts: libFuzzer's full output"},
     {"KILN_BUNDLE", "scripts: the build bundle gpu-check runs"},
     {"KILN_CHECK_*", "scripts: gpu-check's corpus, reference and stage time limits"},
+    {"KILN_GEMM_*", "scripts: the GEMM libraries, shapes and tilings the benchmark scripts time"},
+    {"KILN_ATTENTION_SHAPES", "scripts: bench_gpu_matmul.sh's attention shapes"},
+    {"KILN_STALL_CASES", "scripts: gpu_gemm_stalls.sh's products"},
+    {"KILN_STEP_TILINGS", "scripts: gpu_mma_tilings.sh's step tilings"},
+    {"KILN_TF32_TILINGS", "scripts: gpu_mma_tilings.sh's tf32 tilings"},
+    {"KILN_TILINGS_TESTS", "scripts: gpu_mma_tilings.sh's gtest filter"},
     {"KILN_AB_*", "scripts: gpu_env_ab.sh's tests, GEMM shapes and f32 step"},
 }};
 

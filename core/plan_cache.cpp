@@ -45,7 +45,7 @@ std::shared_ptr<const Plan> PlanCache::build(uint64_t hash, const Circuit& recor
   plan->pipeline = pipeline;
   plan->recorded_ops = recorded.ops().size();
   plan->optimized_ops = optimized.ops().size();
-  plan->program = std::make_unique<Program>(std::move(optimized), std::move(outputs));
+  plan->program = std::make_unique<Program>(std::move(optimized), std::move(outputs), target);
   plan->program->set_adaptive_threads(!target.deterministic);  // a deterministic run keeps its team size
   entries_.push_front(Entry{hash, std::move(plan)});
   if (entries_.size() > capacity_) {

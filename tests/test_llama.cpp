@@ -20,6 +20,7 @@
 #include <kiln/train/weights.hpp>
 
 #include "device_test_util.hpp"
+#include "scoped_target.hpp"
 #include "training_test_util.hpp"
 
 namespace kiln {
@@ -185,6 +186,20 @@ TinyRun train_llama(int64_t steps, const std::string& checkpoint, const std::str
   r.losses = t.run().losses;
   r.weights = values(*model);
   return r;
+}
+
+// The Llama's bf16 operands (SwiGLU, rotary, RMSNorm around them) held in f32 rounded to bf16
+// on the CPU (bf16_as_rounded_f32) give bit for bit the losses and weights of bf16 storage.
+TEST(Llama, Bf16HeldAsRoundedF32GivesTheBitsOfBf16Storage) {
+  ScopedPrecision policy(Precision::bf16);
+  const TinyRun rounded = train_llama(10, "", "", 0, 1e-2);
+  TinyRun stored;
+  {
+    testing::ScopedPipeline off("-bf16_as_rounded_f32");
+    stored = train_llama(10, "", "", 0, 1e-2);
+  }
+  EXPECT_EQ(rounded.losses, stored.losses);
+  EXPECT_EQ(rounded.weights, stored.weights);
 }
 
 // Mixed precision trains the Llama too (the policy casts every matmul's operands, RMSNorm,

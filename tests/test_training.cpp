@@ -508,6 +508,21 @@ TEST(Training, Bf16PrecisionTracksTheF32LossCurveOver300Steps) {
   EXPECT_LT(bf16.losses.back(), 0.6 * bf16.losses.front());  // and it trained
 }
 
+// On the CPU the bf16 policy's operands are held in f32 rounded to bf16 (bf16_as_rounded_f32, no
+// widening copy per product): 20 steps give bit for bit the losses and weights of plans that
+// store them in bf16 and widen them for each product.
+TEST(Training, Bf16HeldAsRoundedF32GivesTheBitsOfBf16Storage) {
+  ScopedPrecision policy(Precision::bf16);
+  const TrainRun rounded = train_tiny(20, "", "", 0, 1e-2);
+  TrainRun stored;
+  {
+    testing::ScopedPipeline off("-bf16_as_rounded_f32");
+    stored = train_tiny(20, "", "", 0, 1e-2);
+  }
+  EXPECT_EQ(rounded.losses, stored.losses);
+  EXPECT_EQ(rounded.weights, stored.weights);
+}
+
 TEST(Sampling, ReproducibleAndOfTheRequestedLength) {
   std::string text = generated_text(100);
   Tokenizer tok = Tokenizer::char_level(text);

@@ -109,8 +109,11 @@ std::atomic<bool> poison_flag{false};
 void set_poison_buffers(bool on) { poison_flag = on; }
 bool poison_buffers() { return poison_flag; }
 
-Program::Program(Circuit circuit, std::vector<ValueId> outputs)
-    : circuit_(std::move(circuit)), outputs_(std::move(outputs)), governor_(omp_get_max_threads()) {
+Program::Program(Circuit circuit, std::vector<ValueId> outputs, Target target)
+    : circuit_(std::move(circuit)),
+      outputs_(std::move(outputs)),
+      target_(std::move(target)),
+      governor_(omp_get_max_threads()) {
   circuit_.verify();
   const auto& ops = circuit_.ops();
   const size_t n = circuit_.num_values();
@@ -279,7 +282,7 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
       out_info.push_back(circuit_.info(v));
       planned.push_back(planned_[static_cast<size_t>(v)]);
     }
-    EvalBuffers bufs(out_info, planned, &op_state_[i], poison);
+    EvalBuffers bufs(out_info, planned, &op_state_[i], poison, &target_);
     std::vector<HostTensor> out;
     const bool timed = profile().on;
     auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};

@@ -17,8 +17,9 @@ namespace kiln {
 
 class Program {
  public:
-  // `outputs` are the values run() returns, in order.
-  Program(Circuit circuit, std::vector<ValueId> outputs);
+  // `outputs` are the values run() returns, in order. `target`: the Target the circuit was
+  // optimized for; its CPU kernel choices (CpuBf16Products) steer the references.
+  Program(Circuit circuit, std::vector<ValueId> outputs, Target target = cpu_target());
 
   // `bindings` holds one tensor per circuit().externals(), in order; each must match the
   // external's dtype and shape exactly (an error names the value otherwise). Persistent
@@ -29,6 +30,7 @@ class Program {
 
   const Circuit& circuit() const { return circuit_; }
   const std::vector<ValueId>& outputs() const { return outputs_; }
+  const Target& target() const { return target_; }
   // Bytes of the workspace holding every planned intermediate, and the most of them live at
   // once (the least any placement could use).
   size_t workspace_bytes() const { return workspace_bytes_; }
@@ -49,6 +51,7 @@ class Program {
 
   Circuit circuit_;
   std::vector<ValueId> outputs_;
+  Target target_;
   std::vector<ValueId> root_;      // value -> the value whose storage it shares
   std::vector<Storage> storage_;   // per root
   std::vector<size_t> offset_;     // per planned root: its workspace offset

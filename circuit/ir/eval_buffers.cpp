@@ -11,9 +11,14 @@ size_t EvalBuffers::size() const { return infos_.size(); }
 const ValueInfo& EvalBuffers::info(size_t k) const { return infos_[k]; }
 
 EvalBuffers::EvalBuffers(const std::vector<ValueInfo>& infos, std::vector<HostTensor> planned, OpState* state,
-                         bool poison)
-    : infos_(infos), planned_(std::move(planned)), state_(state), poison_(poison) {
+                         bool poison, const Target* target)
+    : infos_(infos), planned_(std::move(planned)), state_(state), poison_(poison), target_(target) {
   planned_.resize(infos_.size());
+}
+
+const Target& EvalBuffers::target() const {
+  static const Target host = cpu_target();
+  return target_ ? *target_ : host;
 }
 
 HostTensor EvalBuffers::output(size_t k) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <kiln/circuit/ir/host_tensor.hpp>
+#include <kiln/circuit/ir/target.hpp>
 
 namespace kiln {
 
@@ -30,12 +31,15 @@ class EvalBuffers {
 
   // `planned` holds one tensor per output, or is empty: an undefined entry (or none) gets a
   // fresh buffer. Without `state`, temporaries are fresh buffers and nothing compiled is kept.
+  // `target` (kept by the caller): the Target the op's plan was made for (the host's without).
   EvalBuffers(const std::vector<ValueInfo>& infos, std::vector<HostTensor> planned = {}, OpState* state = nullptr,
-              bool poison = false);
+              bool poison = false, const Target* target = nullptr);
 
   size_t size() const;
   const ValueInfo& info(size_t k) const;
   const std::vector<ValueInfo>& infos() const { return infos_; }
+  // The plan's Target: the kernel choices a reference has (CpuBf16Products for bf16 matmuls).
+  const Target& target() const;
 
   // Output k's storage, with output k's dtype and shape; contents undefined.
   HostTensor output(size_t k);
@@ -65,6 +69,7 @@ class EvalBuffers {
   OpState local_;  // without an executor's state: the compiled form of this run only
   size_t next_scratch_ = 0;
   bool poison_;
+  const Target* target_;
 };
 
 // Fills a buffer with 0xff bytes: NaN for floats, -1 for integers (an index no gather accepts),

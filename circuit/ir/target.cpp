@@ -30,6 +30,9 @@ CpuFeatures detect_cpu_features() {
 Target cpu_target() {
   Target t;
   t.cpu = detect_cpu_features();
+#if KILN_HAVE_DNNL
+  if (t.cpu.amx_bf16 || t.cpu.avx512_bf16) t.cpu_bf16 = CpuBf16Products::onednn;
+#endif
   return t;
 }
 
@@ -148,6 +151,23 @@ AttentionPath parse_attention_path(std::string_view text) {
   throw Error("--attention-path: expected mma or simt, received '" + std::string(text) + "'");
 }
 
+CpuBf16Products parse_cpu_bf16(std::string_view text) {
+  if (text == "rounded-f32") return CpuBf16Products::rounded_f32;
+  if (text == "onednn") return CpuBf16Products::onednn;
+  throw Error("--cpu-bf16: expected rounded-f32 or onednn, received '" + std::string(text) + "'");
+}
+
+const char* cpu_bf16_name(CpuBf16Products p) { return p == CpuBf16Products::onednn ? "onednn" : "rounded-f32"; }
+
+std::string cpu_bf16_summary(const Target& t, bool* warn) {
+  const bool emulated = t.cpu_bf16 != CpuBf16Products::onednn;
+  if (warn) *warn = emulated;
+  if (!emulated)
+    return t.cpu.amx_bf16 ? "AMX" : t.cpu.avx512_bf16 ? "AVX512-BF16" : "oneDNN without AMX or AVX512-BF16";
+  return std::string("none: bf16 is emulated and slower than f32") +
+         (t.cpu.amx_bf16 || t.cpu.avx512_bf16 ? " (--cpu-bf16 rounded-f32 on a CPU with bf16 arithmetic)" : "");
+}
+
 std::string Target::str() const {
   std::string s;
   if (kind == Kind::cuda) {
@@ -165,6 +185,7 @@ std::string Target::str() const {
   s += tf32 ? " tf32" : " f32";
   if (const std::string m = matmul_policy_str(matmul); !m.empty()) s += " matmul=" + m;
   if (attention == AttentionPath::simt) s += " attention=simt";
+  if (kind == Kind::cpu) s += std::string(" cpu-bf16=") + cpu_bf16_name(cpu_bf16);
   if (wide_indices) s += " wide-indices";
   if (deterministic) s += " deterministic";
   if (!cuda_graphs) s += " no-cuda-graphs";

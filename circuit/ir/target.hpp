@@ -47,7 +47,14 @@ struct MatmulPolicy {
   bool operator==(const MatmulPolicy&) const = default;
 };
 
-enum class AttentionPath { mma, simt };  // bf16 attention on mma.sync (default) or FFMA kernels
+enum class AttentionPath { mma, simt };
+
+// How CPU plans multiply bf16 operands. Each gives the products of the operands rounded to bf16,
+// summed in f32; they differ in the order of the sums only.
+enum class CpuBf16Products {
+  rounded_f32,  // bf16 values held in f32, rounded to bf16 (passes/bf16_as_rounded_f32.hpp); f32 GEMMs
+  onednn,       // bf16 storage; oneDNN's bf16 matmul: AMX tiles or AVX512-BF16 (prims/onednn_matmul.hpp)
+};              // bf16 attention on mma.sync (default) or FFMA kernels
 
 struct Target {
   enum class Kind { cpu, cuda };
@@ -61,6 +68,9 @@ struct Target {
   bool tf32 = false;
   MatmulPolicy matmul;
   AttentionPath attention = AttentionPath::mma;
+  // cpu_target() chooses onednn where the CPU has bf16 arithmetic (AMX-BF16, AVX512-BF16) and kiln
+  // was built with oneDNN, rounded_f32 elsewhere.
+  CpuBf16Products cpu_bf16 = CpuBf16Products::rounded_f32;
   bool wide_indices = false;   // every kernel indexes with 64 bits (tests of the u64 paths)
   bool deterministic = false;  // no float atomics; on the CPU a fixed thread count
   bool cuda_graphs = true;     // replay a step's launches as a CUDA graph where the driver can
@@ -88,5 +98,11 @@ Target with_device_of(Target to, const Target& device);
 MatmulPolicy parse_matmul_policy(std::string_view text, MatmulPolicy base = {});
 std::string matmul_policy_str(const MatmulPolicy& p);       // the non-default keys, in the same syntax
 AttentionPath parse_attention_path(std::string_view text);  // "mma" | "simt" (`--attention-path`)
+CpuBf16Products parse_cpu_bf16(std::string_view text);      // "rounded-f32" | "onednn" (`--cpu-bf16`)
+const char* cpu_bf16_name(CpuBf16Products p);               // the same names
+// What the CPU does with bf16 products, for `kiln train` and `kiln bench` ("CPU bf16: ..."):
+// "AMX" or "AVX512-BF16" (oneDNN's kernels), or for a CPU without bf16 arithmetic (or with
+// rounded-f32 chosen) "none: bf16 is emulated and slower than f32". `warn`: the last.
+std::string cpu_bf16_summary(const Target& t, bool* warn = nullptr);
 
 }  // namespace kiln

@@ -7,6 +7,7 @@
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/circuit/passes/absorb_casts.hpp>
 #include <kiln/circuit/passes/absorb_padding.hpp>
+#include <kiln/circuit/passes/bf16_as_rounded_f32.hpp>
 #include <kiln/circuit/passes/cleanup.hpp>
 #include <kiln/circuit/passes/fusion.hpp>
 #include <kiln/circuit/passes/matmul_column_sums.hpp>
@@ -25,12 +26,14 @@ Circuit any_target(const Circuit& c, std::vector<ValueId>& outputs, const Target
 Circuit forward_assigns(const Circuit& c, std::vector<ValueId>&) { return forward_assigned_values(c); }
 
 // In pipeline order. Switching cse off leaves dead-code elimination in its place.
-constexpr std::array<PassInfo, 13> kPasses = {{
+constexpr std::array<PassInfo, 14> kPasses = {{
     {"cse", false, "common-subexpression elimination (off: dead-code elimination only)", any_target<cse>},
     {"simplify_row_indexing", false, "gathers by 0..R-1 read the table itself", any_target<simplify_row_indexing>},
     {"forward_assigns", false, "readers of an assign read the assigned value", any_target<forward_assigns>},
     {"fuse_attention", false, "attention chains and their backward become attention ops (no (T, T) values)",
      any_target<fuse_attention>},
+    {"bf16_as_rounded_f32", false,
+     "CPU: bf16 operands held in f32 rounded to bf16 (the same f32 products, no widening copies)", bf16_as_rounded_f32},
     {"fuse_pointwise", false, "chains of pointwise ops become one", any_target<fuse_pointwise>},
     {"fuse_columns", true, "sums over the token axes absorb their producers (column_sums)", any_target<fuse_columns>},
     {"pad_bf16_rows", true, "bf16 casts and buffers that matmuls read get rows of a multiple of 8 (16-byte chunks)",

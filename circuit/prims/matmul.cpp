@@ -3,7 +3,9 @@
 // batch dims broadcast (numpy) -> out: (batch..., M, N). Params ints = {ta, tb}. a and b share
 // one dtype: f32 and f64 give a product of that dtype, bf16 an f32 product (f32 accumulation).
 // Reference: one GEMM per batch entry (oneDNN's for f32 where kiln was built with it, Eigen's
-// otherwise); a batched `a` against a 2-D `b` is one GEMM over the flattened rows. VJP: dA = g op(B)^T, dB = op(A)^T g
+// otherwise); a batched `a` against a 2-D `b` is one GEMM over the flattened rows. bf16 operands:
+// exact f32 copies and the f32 GEMM, or where the plan's Target chooses CpuBf16Products::onednn,
+// oneDNN's bf16 matmul primitive (made on the op's first run, kept by the plan). VJP: dA = g op(B)^T, dB = op(A)^T g
 // (with the flags folded in); a gradient for a broadcast batch dim is summed by the reverse sweep.
 #if KILN_HAVE_DNNL
 #include <dnnl.h>
@@ -17,6 +19,7 @@
 #include <kiln/circuit/prims/cpu_gemm.hpp>
 #include <kiln/circuit/prims/eigen_util.hpp>
 #include <kiln/circuit/prims/families.hpp>
+#include <kiln/circuit/prims/onednn_matmul.hpp>
 #include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
@@ -98,6 +101,18 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
   // bf16 operands: exact f32 copies, then the f32 product (every product of two bf16 values is
   // exact in f32, so only the f32 accumulation rounds, as on the tensor cores).
   HostTensor a = *in[0], b = *in[1];
+  bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
+  if (a.dtype() == DType::bf16 && bufs.target().cpu_bf16 == CpuBf16Products::onednn) {
+    HostTensor out = bufs.output(0);
+    if (a.numel() == 0 || b.numel() == 0) {  // an empty sum (K = 0) or an empty product
+      if (out.numel() > 0) std::fill(out.data<float>(), out.data<float>() + out.numel(), 0.0f);
+      return {out};
+    }
+    const OneDnnMatmul& product = bufs.compiled<OneDnnMatmul>(
+        [&] { return OneDnnMatmul(DType::bf16, a.shape(), ta, b.shape(), tb, out.shape()); });
+    product.run(a.raw(), b.raw(), out.data<float>());
+    return {out};
+  }
   if (a.dtype() == DType::bf16) {
     HostTensor a32 = bufs.scratch(DType::f32, a.shape()), b32 = bufs.scratch(DType::f32, b.shape());
     ref::bf16_to_f32_into(a, a32);
@@ -105,7 +120,6 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
     a = a32;
     b = b32;
   }
-  bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
   HostTensor out = bufs.output(0);
   const Shape &as = a.shape(), &bs = b.shape(), &os = out.shape();
   int64_t ra = as[as.rank() - 2], ca = as[as.rank() - 1], rb = bs[bs.rank() - 2], cb = bs[bs.rank() - 1];

@@ -1,9 +1,10 @@
 // bench_gemm: c = a b of random operands resident where the step runs (parameters), stored into a
-// resident c in the operands' type (f32; or bf16 under --precision bf16, rounded from the f32
-// accumulators by the product's own kernel, as cuBLAS returns a bf16 product), traced once and
-// replayed. Each run's time is the engine's device-work time (first launch to the synchronize
-// after the last, host-timed): the product's one kernel, and the launch and synchronize around it
-// (on a GPU, bf16 b rows that are not 16-byte aligned, n = 50257, add a copy into padded rows).
+// resident c in the operands' type (f32; or on the GPU bf16 under --precision bf16, rounded from
+// the f32 accumulators by the product's own kernel, as cuBLAS returns a bf16 product), traced once
+// and replayed. On the CPU, f32 and bf16 products (operands cast in the step, an f32 c) each. Each run's time is the
+// engine's device-work time (first launch to the synchronize after the last, host-timed): the product's one kernel, and
+// the launch and synchronize around it (on a GPU, bf16 b rows that are not 16-byte aligned, n = 50257, add a copy into
+// padded rows).
 #include "bench_gemm.hpp"
 
 #include <algorithm>
@@ -39,31 +40,49 @@ std::vector<GemmShape> parse_shapes(const std::string& spec) {
 
 int bench_gemm(const std::string& spec, int64_t runs) {
   const std::vector<GemmShape> shapes = parse_shapes(spec);
+  const bool gpu = Engine::current().device() == Device::CUDA;
+  // The GPU times the precision asked for; the CPU times f32 and bf16 products side by side.
+  std::vector<bool> bf16_runs{Engine::current().precision() == Precision::bf16};
+  if (!gpu) bf16_runs = {false, true};
+  // The CPU's f32 run multiplies f32 operands even under --precision bf16 (which casts them).
+  ScopedPrecision f32_operands(gpu ? Engine::current().precision() : Precision::f32);
   manual_seed(1);
-  for (const GemmShape& s : shapes) {
-    const std::string tag = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
-    // Under --precision bf16 the operands are stored in bf16 (as the policy's casts leave them),
-    // so that the step times the matmul alone.
-    const bool bf16 = Engine::current().precision() == Precision::bf16;
-    auto operand = [&](const std::string& name, Shape shape) {
-      Tensor init = Tensor::randn(std::move(shape));
-      return Tensor::parameter(name + tag, (bf16 ? cast(init, DType::bf16) : init).to_host(), false);
-    };
-    Tensor a = operand("gemm_a_", {s.m, s.k});
-    Tensor b = operand("gemm_b_", {s.k, s.n});
-    Tensor c = Tensor::state("gemm_c_" + tag, {s.m, s.n}, bf16 ? DType::bf16 : DType::f32);
-    TracedStep step({}, [&] {
-      // No handle of the f32 product stays alive to realize: a live one would be written out.
-      c.assign(bf16 ? cast(matmul(a, b), DType::bf16) : matmul(a, b));
-      Engine::current().realize();
-      return std::vector<Tensor>{};
-    });
-    const double t = median_work_ms(step, runs),
-                 flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
-    std::printf("gemm %lld x %lld x %lld (m n k), %s: %.3f ms median of %lld -> %.1f TFLOP/s\n",
-                static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
-                bf16 ? "bf16 operands" : "f32", t, static_cast<long long>(runs), flops / (t / 1000) / 1e12);
-  }
+  for (const GemmShape& s : shapes)
+    for (const bool bf16 : bf16_runs) {
+      const std::string tag =
+          std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + (bf16 ? "_bf16" : "");
+      // On the GPU, bf16 operands are stored in bf16 (as the policy's casts leave them), so that
+      // the step times the matmul alone. On the CPU they are cast in the step, as a training
+      // step's are (whose rounded_f32 products take the rounding pass, and oneDNN's the casts).
+      const bool stored_bf16 = bf16 && gpu;
+      auto operand = [&](const std::string& name, Shape shape) {
+        Tensor init = Tensor::randn(std::move(shape));
+        return Tensor::parameter(name + tag, (stored_bf16 ? cast(init, DType::bf16) : init).to_host(), false);
+      };
+      Tensor a = operand("gemm_a_", {s.m, s.k});
+      Tensor b = operand("gemm_b_", {s.k, s.n});
+      Tensor c = Tensor::state("gemm_c_" + tag, {s.m, s.n}, stored_bf16 ? DType::bf16 : DType::f32);
+      TracedStep step({}, [&] {
+        // No handle of the f32 product stays alive to realize: a live one would be written out.
+        if (stored_bf16)
+          c.assign(cast(matmul(a, b), DType::bf16));
+        else if (bf16)
+          c.assign(matmul(cast(a, DType::bf16), cast(b, DType::bf16)));
+        else
+          c.assign(matmul(a, b));
+        Engine::current().realize();
+        return std::vector<Tensor>{};
+      });
+      const double t = median_work_ms(step, runs),
+                   flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
+      const std::string what = !bf16 ? "f32"
+                               : gpu ? "bf16 operands"
+                                     : std::string("bf16 operands, cast in the step (cpu-bf16=") +
+                                           cpu_bf16_name(Engine::current().target().cpu_bf16) + ")";
+      std::printf("gemm %lld x %lld x %lld (m n k), %s: %.3f ms median of %lld -> %.3f TFLOP/s\n",
+                  static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), what.c_str(),
+                  t, static_cast<long long>(runs), flops / (t / 1000) / 1e12);
+    }
   return 0;
 }
 

@@ -6,6 +6,7 @@
 // outside the executor when the step is recorded every time and when a traced step is replayed,
 // and the page faults and tensor allocations per step.
 #include <omp.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include <kiln/circuit/exec/thread_governor.hpp>
 #include <kiln/circuit/prims/builder.hpp>
 #include <kiln/circuit/prims/cpu_gemm.hpp>
+#include <kiln/circuit/prims/onednn_matmul.hpp>
 #include <kiln/core/device.hpp>
 #include <kiln/core/distributed.hpp>
 #include <kiln/core/engine.hpp>
@@ -181,6 +183,19 @@ int cmd_bench(const std::vector<std::string>& argv) {
               device.device == Device::CUDA ? Engine::current().last_plan()->device->runtime().device_name().c_str()
                                             : "the CPU");
   std::printf("target: %s\n", Engine::current().target().str().c_str());
+  if (device.device != Device::CUDA) {
+    bool emulated = false;
+    std::string kernel;  // which of oneDNN's kernels a step-sized bf16 product gets (AMX, AVX512-BF16, ...)
+    if (Engine::current().target().cpu_bf16 == CpuBf16Products::onednn)
+      kernel = " (oneDNN kernel " +
+               OneDnnMatmul(DType::bf16, Shape{1024, 768}, false, Shape{768, 768}, false, Shape{1024, 768}).kernel() +
+               ")";
+    std::printf("CPU bf16: %s%s\n", cpu_bf16_summary(Engine::current().target(), &emulated).c_str(), kernel.c_str());
+    if (emulated && Engine::current().precision() == Precision::bf16)
+      spdlog::warn(
+          "CPU bf16: bf16 is emulated on this CPU (operands rounded to bf16, multiplied in f32) and slower "
+          "than f32");
+  }
   const char* outside = device.device == Device::CUDA ? "outside the device's work" : "outside the executor";
   const auto n = static_cast<double>(steps);
   for (const auto& [how, t] : {std::pair{"recorded every step", recorded}, std::pair{"traced, replayed", replayed}})

@@ -1,4 +1,6 @@
 // `kiln sample`, `kiln eval`, `kiln init`: commands over a weights file.
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <cstdio>
 
@@ -6,6 +8,7 @@
 #include <kiln/circuit/exec/thread_governor.hpp>
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/circuit/passes/pipeline.hpp>
+#include <kiln/circuit/prims/onednn_matmul.hpp>
 #include <kiln/core/engine.hpp>
 #include <kiln/core/precision.hpp>
 #include <kiln/models/llama.hpp>
@@ -89,6 +92,9 @@ std::map<std::string, std::string> with_target_flags(std::map<std::string, std::
       "GPU matmul kernels' choices, KEY=VALUE,...: tile=128x128|128x256|192x256|auto|waves, stages=2|3|4, "
       "split-k=0|auto|2|3|4, wgmma=on|off, staged-stores=none|odd|all, products-first=on|off, tensor-copies=on|off, "
       "simt-tile=64|128, bf16-mma=on|off (default: per device and shape; docs/CLI.md)";
+  options["cpu-bf16"] =
+      "CPU bf16 products: onednn (oneDNN's bf16 kernels, AMX or AVX512-BF16; the default where the CPU has them) or "
+      "rounded-f32 (operands rounded to bf16, held and multiplied in f32; the default elsewhere)";
   options["tf32"] = "GPU f32 matmuls on tf32 tensor cores (10-bit mantissas; default off, as PyTorch)";
   options["attention-path"] = "GPU bf16 attention on mma (default) or simt (FFMA) kernels";
   options["passes"] = "-NAME,...: passes switched off (`kiln prims` lists them), e.g. -fuse_attention";
@@ -109,6 +115,13 @@ Target target_from_flags(const Args& a, Target t) {
   t.tf32 = a.has("tf32");
   t.wide_indices = a.has("wide-indices");
   if (a.has("attention-path")) t.attention = parse_attention_path(a.str("attention-path", ""));
+  if (a.has("cpu-bf16")) {
+    t.cpu_bf16 = parse_cpu_bf16(a.str("cpu-bf16", ""));
+    if (t.cpu_bf16 == CpuBf16Products::onednn && !OneDnnMatmul::available(DType::bf16))
+      throw Error(
+          "--cpu-bf16 onednn: oneDNN has no bf16 matmul on this CPU (its bf16 kernels need AVX-512; lscpu lists the "
+          "flags) or kiln was built without oneDNN");
+  }
   t.cuda_graphs = !a.has("no-cuda-graphs");
   return t;
 }
@@ -118,6 +131,15 @@ void apply_target_flags(const Args& a) {
   engine.set_target(target_from_flags(a, engine.target()));
   if (a.has("poison-buffers")) set_poison_buffers(true);
   if (a.has("passes")) engine.set_pipeline(parse_pipeline_options(a.str("passes", "")));
+}
+
+void log_cpu_bf16(const Target& t, Precision precision) {
+  bool emulated = false;
+  const std::string summary = cpu_bf16_summary(t, &emulated);
+  if (emulated && precision == Precision::bf16)
+    spdlog::warn("CPU bf16: {}", summary);
+  else
+    spdlog::info("CPU bf16: {}", summary);
 }
 
 void apply_thread_flag(const Args& a) {

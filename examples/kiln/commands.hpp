@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <kiln/circuit/ir/target.hpp>
+#include <kiln/core/precision.hpp>
 #include <kiln/models/causal_lm.hpp>
 
 namespace kiln::cli {
@@ -47,6 +48,9 @@ std::map<std::string, std::string> with_target_flags(std::map<std::string, std::
 std::set<std::string> with_target_switches(std::set<std::string> switches);
 Target target_from_flags(const Args& a, Target target);
 void apply_target_flags(const Args& a);  // to Engine::current(): its Target and pipeline options
+// "CPU bf16: AMX" (or AVX512-BF16, or "none: bf16 is emulated and slower than f32", a warning
+// under --precision bf16): what a CPU run does with bf16 products.
+void log_cpu_bf16(const Target& t, Precision precision);
 
 int cmd_prims(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);

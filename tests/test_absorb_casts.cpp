@@ -316,6 +316,31 @@ TEST(AbsorbCasts, TheSwitchKeepsTheCasts) {
             1u);
 }
 
+// CPU plans: where the Target's bf16 products are oneDNN's (bf16 storage) the row op writes the
+// bf16 copy, as on the GPU, with the cast's bits on the Eigen executor (its matmul run here by the
+// widened reference); where they are rounded_f32 no cast to bf16 is left to absorb (the rounding
+// is folded into the row op's f32 output instead).
+TEST(AbsorbCasts, CpuPlansThatStoreBf16AbsorbTheCastsToo) {
+  Case k = norm_then_matmul(37, true);
+  Target onednn = cpu_target(), rounded = cpu_target();
+  onednn.cpu_bf16 = CpuBf16Products::onednn;
+  rounded.cpu_bf16 = CpuBf16Products::rounded_f32;
+  std::vector<ValueId> outs = k.outputs;
+  const Circuit stored = optimize(k.circuit, outs, onednn);
+  EXPECT_EQ(casts_of_rows(stored), 0u) << stored.dump("onednn");
+  size_t bf16_row_outputs = 0;
+  for (const Op& op : stored.ops())
+    if (op.is(PrimId::fused_rows))
+      for (ValueId v : op.outputs) bf16_row_outputs += stored.info(v).dtype == DType::bf16;
+  EXPECT_EQ(bf16_row_outputs, 1u) << stored.dump("onednn");
+  const std::vector<HostTensor> want = Program(k.circuit, k.outputs, rounded).run(k.bindings),
+                                got = Program(stored, outs, rounded).run(k.bindings);
+  for (size_t o = 0; o < want.size(); ++o) EXPECT_EQ(testing::relative_error(got[o], want[o]), 0.0) << o;
+  std::vector<ValueId> rounded_outs = k.outputs;
+  const Circuit held = optimize(k.circuit, rounded_outs, rounded);
+  for (const Op& op : held.ops()) EXPECT_FALSE(op.is(PrimId::cast)) << held.dump("rounded_f32");
+}
+
 // Params round trip, and the checks: bf16 outputs only in f32 ops.
 TEST(AbsorbCasts, Bf16OutputsRoundTripThroughParamsAndNeedAnF32Op) {
   RowProgram rp;

@@ -192,6 +192,7 @@ TinyRun train_llama(int64_t steps, const std::string& checkpoint, const std::str
 // on the CPU (bf16_as_rounded_f32) give bit for bit the losses and weights of bf16 storage.
 TEST(Llama, Bf16HeldAsRoundedF32GivesTheBitsOfBf16Storage) {
   ScopedPrecision policy(Precision::bf16);
+  testing::ScopedTarget rounded_products([](Target& t) { t.cpu_bf16 = CpuBf16Products::rounded_f32; });
   const TinyRun rounded = train_llama(10, "", "", 0, 1e-2);
   TinyRun stored;
   {

@@ -299,8 +299,11 @@ TEST(SimulatorBugs, CpAsyncMisuse) {
   expect_error([&] { run(AsyncMisuse::ReadNewestGroup); }, not_landed);
   expect_error([&] { run(AsyncMisuse::ExitWithoutWait); }, {"exits with cp.async copies it never waited for"});
   for (uint64_t seed : {1, 2, 3})
-    expect_error([&] { simulate(async_kernel(AsyncMisuse::NeighbourNoBarrier), {1}, {32}, {in, out}, mem, {.schedule_seed = seed}); },
-                 {"kernel 'cp_async_misuse'", "shared"});
+    expect_error(
+        [&] {
+          simulate(async_kernel(AsyncMisuse::NeighbourNoBarrier), {1}, {32}, {in, out}, mem, {.schedule_seed = seed});
+        },
+        {"kernel 'cp_async_misuse'", "shared"});
   run(AsyncMisuse::Correct);
   const auto v = download<uint32_t>(mem, out, 32);
   for (uint32_t t = 0; t < 32; ++t) ASSERT_EQ(v[t], (t + 1) % 32 * 4) << t;

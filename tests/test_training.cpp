@@ -513,6 +513,7 @@ TEST(Training, Bf16PrecisionTracksTheF32LossCurveOver300Steps) {
 // store them in bf16 and widen them for each product.
 TEST(Training, Bf16HeldAsRoundedF32GivesTheBitsOfBf16Storage) {
   ScopedPrecision policy(Precision::bf16);
+  testing::ScopedTarget rounded_products([](Target& t) { t.cpu_bf16 = CpuBf16Products::rounded_f32; });
   const TrainRun rounded = train_tiny(20, "", "", 0, 1e-2);
   TrainRun stored;
   {

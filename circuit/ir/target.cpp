@@ -30,9 +30,6 @@ CpuFeatures detect_cpu_features() {
 Target cpu_target() {
   Target t;
   t.cpu = detect_cpu_features();
-#if KILN_HAVE_DNNL
-  if (t.cpu.amx_bf16 || t.cpu.avx512_bf16) t.cpu_bf16 = CpuBf16Products::onednn;
-#endif
   return t;
 }
 
@@ -162,10 +159,11 @@ const char* cpu_bf16_name(CpuBf16Products p) { return p == CpuBf16Products::oned
 std::string cpu_bf16_summary(const Target& t, bool* warn) {
   const bool emulated = t.cpu_bf16 != CpuBf16Products::onednn;
   if (warn) *warn = emulated;
-  if (!emulated)
-    return t.cpu.amx_bf16 ? "AMX" : t.cpu.avx512_bf16 ? "AVX512-BF16" : "oneDNN without AMX or AVX512-BF16";
-  return std::string("none: bf16 is emulated and slower than f32") +
-         (t.cpu.amx_bf16 || t.cpu.avx512_bf16 ? " (--cpu-bf16 rounded-f32 on a CPU with bf16 arithmetic)" : "");
+  const char* hardware = t.cpu.amx_bf16 ? "AMX" : t.cpu.avx512_bf16 ? "AVX512-BF16" : nullptr;
+  if (!emulated) return hardware ? hardware : "oneDNN's bf16 kernels without AMX-BF16 or AVX512-BF16";
+  if (!hardware) return "none: bf16 is emulated and slower than f32";
+  return std::string("none used: bf16 is emulated and slower than f32 (the CPU has ") + hardware +
+         ": --cpu-bf16 onednn runs oneDNN's bf16 kernels, not yet the default)";
 }
 
 std::string Target::str() const {

@@ -68,8 +68,8 @@ struct Target {
   bool tf32 = false;
   MatmulPolicy matmul;
   AttentionPath attention = AttentionPath::mma;
-  // cpu_target() chooses onednn where the CPU has bf16 arithmetic (AMX-BF16, AVX512-BF16) and kiln
-  // was built with oneDNN, rounded_f32 elsewhere.
+  // rounded_f32 on every CPU until oneDNN's bf16 kernels have been timed on one with bf16
+  // arithmetic (docs/BENCHMARKS.md); `--cpu-bf16 onednn` asks for them.
   CpuBf16Products cpu_bf16 = CpuBf16Products::rounded_f32;
   bool wide_indices = false;   // every kernel indexes with 64 bits (tests of the u64 paths)
   bool deterministic = false;  // no float atomics; on the CPU a fixed thread count
@@ -101,8 +101,8 @@ AttentionPath parse_attention_path(std::string_view text);  // "mma" | "simt" (`
 CpuBf16Products parse_cpu_bf16(std::string_view text);      // "rounded-f32" | "onednn" (`--cpu-bf16`)
 const char* cpu_bf16_name(CpuBf16Products p);               // the same names
 // What the CPU does with bf16 products, for `kiln train` and `kiln bench` ("CPU bf16: ..."):
-// "AMX" or "AVX512-BF16" (oneDNN's kernels), or for a CPU without bf16 arithmetic (or with
-// rounded-f32 chosen) "none: bf16 is emulated and slower than f32". `warn`: the last.
+// "AMX" or "AVX512-BF16" (oneDNN's kernels chosen), "none: bf16 is emulated and slower than f32"
+// (a CPU without bf16 arithmetic), or "none used: ..." naming what the CPU has. `warn`: emulated.
 std::string cpu_bf16_summary(const Target& t, bool* warn = nullptr);
 
 }  // namespace kiln

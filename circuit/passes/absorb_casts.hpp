@@ -1,8 +1,9 @@
-// absorb_casts: a GPU pass that lets a fused_rows, fused_matmul or attention op write the bf16
-// copy of an output that a cast would otherwise make in a kernel of its own (under --precision
-// bf16 the matmul operands: the layer norms' outputs and input gradients, the loss's gradient
-// rows, the GELU output and its gradient, the attention output and the QKV gradient; the cast
-// read the f32 output back from memory and wrote it again as bf16).
+// absorb_casts: a pass of plans that store bf16 values (the GPU's, and the CPU's whose bf16
+// products are oneDNN's, CpuBf16Products::onednn) that lets a fused_rows, fused_matmul or
+// attention op write the bf16 copy of an output that a cast would otherwise make in a kernel of
+// its own (under --precision bf16 the matmul operands: the layer norms' outputs and input
+// gradients, the loss's gradient rows, the GELU output and its gradient, the attention output and
+// the QKV gradient; the cast read the f32 output back from memory and wrote it again as bf16).
 #pragma once
 
 #include <vector>

@@ -25,6 +25,12 @@ Circuit any_target(const Circuit& c, std::vector<ValueId>& outputs, const Target
 }
 Circuit forward_assigns(const Circuit& c, std::vector<ValueId>&) { return forward_assigned_values(c); }
 
+// Plans that store bf16 values: the GPU's, and the CPU's whose bf16 products are oneDNN's (a CPU
+// plan of rounded_f32 products holds them in f32 and has no cast to bf16 left to absorb).
+Circuit absorb_stored_casts(const Circuit& c, std::vector<ValueId>& outputs, const Target& target) {
+  return target.gpu() || target.cpu_bf16 == CpuBf16Products::onednn ? absorb_casts(c, outputs) : c;
+}
+
 // In pipeline order. Switching cse off leaves dead-code elimination in its place.
 constexpr std::array<PassInfo, 14> kPasses = {{
     {"cse", false, "common-subexpression elimination (off: dead-code elimination only)", any_target<cse>},
@@ -40,9 +46,10 @@ constexpr std::array<PassInfo, 14> kPasses = {{
      pad_bf16_rows},
     {"fuse_matmul", true, "matmuls read through views, with prologues and epilogues (fused_matmul)", fuse_matmul},
     {"fuse_rows", false, "row reductions with the ops around them (fused_rows)", any_target<fuse_rows>},
-    {"absorb_casts", true,
-     "casts to bf16 of fused_rows, fused_matmul and attention outputs become outputs stored as bf16 by those ops",
-     any_target<absorb_casts>},
+    {"absorb_casts", false,
+     "casts to bf16 of fused_rows, fused_matmul and attention outputs become outputs stored as bf16 by those ops "
+     "(plans that store bf16: GPU, CPU with --cpu-bf16 onednn)",
+     absorb_stored_casts},
     {"absorb_padding", true, "zero columns concatenated after fused_rows outputs are written by the op (padded rows)",
      any_target<absorb_padding>},
     {"matmul_column_sums", true,

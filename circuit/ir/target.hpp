@@ -47,14 +47,14 @@ struct MatmulPolicy {
   bool operator==(const MatmulPolicy&) const = default;
 };
 
-enum class AttentionPath { mma, simt };
+enum class AttentionPath { mma, simt };  // bf16 attention on mma.sync (default) or FFMA kernels
 
 // How CPU plans multiply bf16 operands. Each gives the products of the operands rounded to bf16,
 // summed in f32; they differ in the order of the sums only.
 enum class CpuBf16Products {
   rounded_f32,  // bf16 values held in f32, rounded to bf16 (passes/bf16_as_rounded_f32.hpp); f32 GEMMs
   onednn,       // bf16 storage; oneDNN's bf16 matmul: AMX tiles or AVX512-BF16 (prims/onednn_matmul.hpp)
-};              // bf16 attention on mma.sync (default) or FFMA kernels
+};
 
 struct Target {
   enum class Kind { cpu, cuda };

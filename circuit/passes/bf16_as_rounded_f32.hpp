@@ -24,7 +24,8 @@ namespace kiln {
 // Any other op that reads or writes bf16 keeps bf16 values: it reads the f32 form cast to bf16
 // (exact) and its bf16 outputs are cast to f32 where a rewritten op reads them. A bf16 external
 // is cast to f32 before its first rewritten reader; a requested bf16 output stays bf16. The
-// results are bit for bit those of the circuit it was given. Run before the fusion passes.
+// results are bit for bit those of the circuit it was given. Run after fuse_attention (whose
+// pattern reads the casts) and before the other fusion passes.
 Circuit bf16_as_rounded_f32(const Circuit& c, std::vector<ValueId>& outputs, const Target& target);
 
 }  // namespace kiln

@@ -3,10 +3,11 @@
 // batch dims broadcast (numpy) -> out: (batch..., M, N). Params ints = {ta, tb}. a and b share
 // one dtype: f32 and f64 give a product of that dtype, bf16 an f32 product (f32 accumulation).
 // Reference: one GEMM per batch entry (oneDNN's for f32 where kiln was built with it, Eigen's
-// otherwise); a batched `a` against a 2-D `b` is one GEMM over the flattened rows. bf16 operands:
-// exact f32 copies and the f32 GEMM, or where the plan's Target chooses CpuBf16Products::onednn,
-// oneDNN's bf16 matmul primitive (made on the op's first run, kept by the plan). VJP: dA = g op(B)^T, dB = op(A)^T g
-// (with the flags folded in); a gradient for a broadcast batch dim is summed by the reverse sweep.
+// otherwise); a batched `a` against a 2-D `b` is one GEMM over the flattened rows. bf16
+// operands: exact f32 copies and the f32 GEMM, or where the plan's Target chooses
+// CpuBf16Products::onednn, oneDNN's bf16 matmul primitive (made on the op's first run, kept by
+// the plan). VJP: dA = g op(B)^T, dB = op(A)^T g (with the flags folded in); a gradient for a
+// broadcast batch dim is summed by the reverse sweep.
 #if KILN_HAVE_DNNL
 #include <dnnl.h>
 #endif

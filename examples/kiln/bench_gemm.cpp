@@ -1,10 +1,11 @@
 // bench_gemm: c = a b of random operands resident where the step runs (parameters), stored into a
 // resident c in the operands' type (f32; or on the GPU bf16 under --precision bf16, rounded from
 // the f32 accumulators by the product's own kernel, as cuBLAS returns a bf16 product), traced once
-// and replayed. On the CPU, f32 and bf16 products (operands cast in the step, an f32 c) each. Each run's time is the
-// engine's device-work time (first launch to the synchronize after the last, host-timed): the product's one kernel, and
-// the launch and synchronize around it (on a GPU, bf16 b rows that are not 16-byte aligned, n = 50257, add a copy into
-// padded rows).
+// and replayed. On the CPU each shape is timed twice: f32, and bf16 operands cast in the step
+// with an f32 c. Each run's time is the engine's device-work time (first launch to the
+// synchronize after the last, host-timed): the product's one kernel, and the launch and
+// synchronize around it (on a GPU, bf16 b rows that are not 16-byte aligned, n = 50257, add a
+// copy into padded rows).
 #include "bench_gemm.hpp"
 
 #include <algorithm>

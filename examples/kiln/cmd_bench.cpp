@@ -6,7 +6,6 @@
 // outside the executor when the step is recorded every time and when a traced step is replayed,
 // and the page faults and tensor allocations per step.
 #include <omp.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -192,9 +191,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                ")";
     std::printf("CPU bf16: %s%s\n", cpu_bf16_summary(Engine::current().target(), &emulated).c_str(), kernel.c_str());
     if (emulated && Engine::current().precision() == Precision::bf16)
-      spdlog::warn(
-          "CPU bf16: bf16 is emulated on this CPU (operands rounded to bf16, multiplied in f32) and slower "
-          "than f32");
+      log_cpu_bf16(Engine::current().target(), Precision::bf16);  // the same line, as a warning
   }
   const char* outside = device.device == Device::CUDA ? "outside the device's work" : "outside the executor";
   const auto n = static_cast<double>(steps);

@@ -18,12 +18,17 @@
 #   bash scripts/bench_cpu_vs_torch.sh                        # both configs, f32
 #   bash scripts/bench_cpu_vs_torch.sh default                # one of: default wide
 #   bash scripts/bench_cpu_vs_torch.sh --precision bf16 wide  # mixed precision
+#   bash scripts/bench_cpu_vs_torch.sh --precision bf16 --cpu-bf16 onednn  # oneDNN's bf16 kernels
 set -euo pipefail
-precision=f32
-if [ "${1:-}" = --precision ]; then
-  precision=${2:?--precision f32 or bf16}
+precision=f32 cpu_bf16=rounded-f32
+while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do
+  case $1 in
+  --precision) precision=${2:?--precision f32 or bf16} ;;
+  --cpu-bf16) cpu_bf16=${2:?--cpu-bf16 rounded-f32 or onednn} ;;
+  *) echo "bench_cpu_vs_torch.sh: unknown option $1" >&2 && exit 2 ;;
+  esac
   shift 2
-fi
+done
 case $precision in f32 | bf16) ;; *) echo "--precision: expected f32 or bf16, received $precision" >&2 && exit 2 ;; esac
 cd "$(dirname "$0")/.."
 [ -x build/examples/kiln ] || bash scripts/setup.sh
@@ -38,8 +43,10 @@ declare -A flags=(
 declare -A steps=([default]=40 [wide]=12)
 
 kiln_ms() {  # the traced (replayed) step, as training runs it; $3: the precision
-  ./build/examples/kiln bench $1 --steps "$2" --precision "$3" 2>/dev/null |
-    sed -n 's/^step (traced, replayed): \([0-9.]*\) ms.*/\1/p'
+  local out
+  out=$(./build/examples/kiln bench $1 --steps "$2" --precision "$3" --cpu-bf16 "$cpu_bf16" 2>&1) ||
+    { echo "kiln bench failed: $out" >&2 && return 1; }
+  sed -n 's/^step (traced, replayed): \([0-9.]*\) ms.*/\1/p' <<<"$out"
 }
 torch_ms() {  # "eager compile"
   local autocast=""
@@ -55,8 +62,8 @@ peer=PyTorch
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //');" \
   "flags: $(grep -m1 '^flags' /proc/cpuinfo | grep -oE 'avx2|avx512f|avx512_bf16|amx_bf16' | paste -sd' ');" \
-  "precision $precision"
-./build/examples/kiln bench --steps 1 --precision "$precision" 2>/dev/null | grep '^CPU bf16' || true
+  "precision $precision, --cpu-bf16 $cpu_bf16"
+./build/examples/kiln bench --steps 1 --precision "$precision" --cpu-bf16 "$cpu_bf16" 2>/dev/null | grep '^CPU bf16' || true
 for config in ${@:-default wide}; do
   f=${flags[$config]:?unknown config $config (default or wide)}
   n=${steps[$config]}

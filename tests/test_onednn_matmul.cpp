@@ -118,7 +118,7 @@ TEST(OneDnnMatmul, RefusesWhatItCannotRunNamingTheOp) {
 
 // The matmul Prim with bf16 operands under CpuBf16Products::onednn: every layout against the
 // widened f32 GEMM (the same rounded products, summed in another order) and f64 sums of the
-// rounded operands; and the primitive is made once per plan op, not per run.
+// rounded operands; a second run of the plan (its kept primitive) gives the same bits.
 TEST(OneDnnMatmul, Bf16ProductsMatchTheRoundedOperandsSums) {
   if (!OneDnnMatmul::available(DType::bf16))
     GTEST_SKIP() << "no oneDNN bf16 matmul on this CPU (it needs AVX-512; lscpu names the flags)";

@@ -157,10 +157,11 @@ CpuBf16Products parse_cpu_bf16(std::string_view text) {
 const char* cpu_bf16_name(CpuBf16Products p) { return p == CpuBf16Products::onednn ? "onednn" : "rounded-f32"; }
 
 std::string cpu_bf16_summary(const Target& t, bool* warn) {
-  const bool emulated = t.cpu_bf16 != CpuBf16Products::onednn;
-  if (warn) *warn = emulated;
   const char* hardware = t.cpu.amx_bf16 ? "AMX" : t.cpu.avx512_bf16 ? "AVX512-BF16" : nullptr;
-  if (!emulated) return hardware ? hardware : "oneDNN's bf16 kernels without AMX-BF16 or AVX512-BF16";
+  const bool emulated = t.cpu_bf16 != CpuBf16Products::onednn || !hardware;
+  if (warn) *warn = emulated;
+  if (t.cpu_bf16 == CpuBf16Products::onednn)
+    return hardware ? hardware : "oneDNN's, emulated on AVX-512 without AMX-BF16 or AVX512-BF16 (slower than f32)";
   if (!hardware) return "none: bf16 is emulated and slower than f32";
   return std::string("none used: bf16 is emulated and slower than f32 (the CPU has ") + hardware +
          ": --cpu-bf16 onednn runs oneDNN's bf16 kernels, not yet the default)";

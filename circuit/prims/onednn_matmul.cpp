@@ -67,29 +67,29 @@ struct OneDnnMatmul::Impl {
 OneDnnMatmul::OneDnnMatmul(DType operands, const Shape& a, bool ta, const Shape& b, bool tb, const Shape& c) {
   const size_t rank = static_cast<size_t>(c.rank());
   const dnnl::memory::data_type dt = onednn_type(operands);
-  const dnnl::memory::desc ad = operand_desc(a, ta, rank, dt), bd = operand_desc(b, tb, rank, dt),
-                           cd = operand_desc(c, false, rank, dnnl::memory::data_type::f32);
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   auto impl = std::make_unique<Impl>();
-  try {
+  try {  // every oneDNN error becomes kiln's, naming the op and the product
+    const dnnl::memory::desc ad = operand_desc(a, ta, rank, dt), bd = operand_desc(b, tb, rank, dt),
+                             cd = operand_desc(c, false, rank, dnnl::memory::data_type::f32);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
 #if DNNL_VERSION_MAJOR >= 3
     impl->pd = dnnl::matmul::primitive_desc(cpu_engine(), ad, bd, cd, attr);
 #else
     impl->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, cpu_engine());
 #endif
+    impl->primitive = dnnl::matmul(impl->pd);
+    impl->a = dnnl::memory(ad, cpu_engine(), DNNL_MEMORY_NONE);
+    impl->b = dnnl::memory(bd, cpu_engine(), DNNL_MEMORY_NONE);
+    impl->c = dnnl::memory(cd, cpu_engine(), DNNL_MEMORY_NONE);
+    impl->scratch.resize(impl->pd.scratchpad_desc().get_size());
+    impl->scratchpad = dnnl::memory(impl->pd.scratchpad_desc(), cpu_engine(), impl->scratch.data());
+    impl->stream = dnnl::stream(cpu_engine());
   } catch (const dnnl::error& e) {
     throw Error(
         "op 'matmul': oneDNN has no matmul for " + problem(operands, a, ta, b, tb) + " on this CPU (" + e.what() + ")" +
         (operands == DType::bf16 ? ": its bf16 kernels need AVX-512 (--cpu-bf16 rounded-f32 runs without)" : ""));
   }
-  impl->primitive = dnnl::matmul(impl->pd);
-  impl->a = dnnl::memory(ad, cpu_engine(), DNNL_MEMORY_NONE);
-  impl->b = dnnl::memory(bd, cpu_engine(), DNNL_MEMORY_NONE);
-  impl->c = dnnl::memory(cd, cpu_engine(), DNNL_MEMORY_NONE);
-  impl->scratch.resize(impl->pd.scratchpad_desc().get_size());
-  impl->scratchpad = dnnl::memory(impl->pd.scratchpad_desc(), cpu_engine(), impl->scratch.data());
-  impl->stream = dnnl::stream(cpu_engine());
   impl_ = std::move(impl);
 }
 

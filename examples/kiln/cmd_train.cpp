@@ -92,7 +92,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   Engine::current().set_deterministic(a.has("deterministic"));
   spdlog::info("device: {}{}, {} matmuls", device_name(device.device), device.simulated() ? " (simulated)" : "",
                precision_name(Engine::current().precision()));
-  if (device.device != Device::CUDA) log_cpu_bf16(Engine::current().target(), Engine::current().precision());
+  if (device.device != Device::CUDA && Engine::current().precision() == Precision::bf16)
+    log_cpu_bf16(Engine::current().target(), Precision::bf16);
   const uint64_t seed = static_cast<uint64_t>(a.integer("seed", 1337));
   const std::string tokenizer_kind = a.str("tokenizer", "char");
   if (tokenizer_kind != "char" && tokenizer_kind != "byte" && tokenizer_kind != "bpe")

@@ -191,16 +191,7 @@ TinyRun train_llama(int64_t steps, const std::string& checkpoint, const std::str
 // The Llama's bf16 operands (SwiGLU, rotary, RMSNorm around them) held in f32 rounded to bf16
 // on the CPU (bf16_as_rounded_f32) give bit for bit the losses and weights of bf16 storage.
 TEST(Llama, Bf16HeldAsRoundedF32GivesTheBitsOfBf16Storage) {
-  ScopedPrecision policy(Precision::bf16);
-  testing::ScopedTarget rounded_products([](Target& t) { t.cpu_bf16 = CpuBf16Products::rounded_f32; });
-  const TinyRun rounded = train_llama(10, "", "", 0, 1e-2);
-  TinyRun stored;
-  {
-    testing::ScopedPipeline off("-bf16_as_rounded_f32");
-    stored = train_llama(10, "", "", 0, 1e-2);
-  }
-  EXPECT_EQ(rounded.losses, stored.losses);
-  EXPECT_EQ(rounded.weights, stored.weights);
+  testing::expect_rounded_f32_trains_as_bf16_storage([] { return train_llama(10, "", "", 0, 1e-2); });
 }
 
 // Mixed precision trains the Llama too (the policy casts every matmul's operands, RMSNorm,

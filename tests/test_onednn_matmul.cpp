@@ -27,10 +27,8 @@ struct Case {
 std::vector<double> reference(const Case& k, const HostTensor& a, const HostTensor& b, const Shape& c) {
   const int r = c.rank();
   auto at = [&](const HostTensor& x, const Shape& s, bool t, const std::vector<int64_t>& idx, int64_t i, int64_t j) {
-    int64_t off = 0, stride = 1;
     const int64_t rows = t ? j : i, cols = t ? i : j;
-    off = cols + rows * s[s.rank() - 1];
-    stride = s[s.rank() - 1] * s[s.rank() - 2];
+    int64_t off = cols + rows * s[s.rank() - 1], stride = s[s.rank() - 1] * s[s.rank() - 2];
     for (int d = s.rank() - 3; d >= 0; --d) {
       const int64_t n = s[d];
       off += (n == 1 ? 0 : idx[static_cast<size_t>(d + (r - s.rank()))]) * stride;
@@ -58,14 +56,10 @@ std::vector<double> reference(const Case& k, const HostTensor& a, const HostTens
   return out;
 }
 
+// The product's shape: the batch dims broadcast as the Prim's shape rule does, then (M, N).
 Shape product_shape(const Case& k) {
-  const int r = std::max(k.a.rank(), k.b.rank());
-  std::vector<int64_t> dims(static_cast<size_t>(r - 2), 1);
-  for (const Shape* s : {&k.a, &k.b})
-    for (int d = 0; d < s->rank() - 2; ++d) {
-      int64_t& to = dims[static_cast<size_t>(d + (r - s->rank()))];
-      to = std::max(to, (*s)[d]);
-    }
+  auto batch = [](const Shape& s) { return Shape(std::vector<int64_t>(s.dims().begin(), s.dims().end() - 2)); };
+  std::vector<int64_t> dims = broadcast_shapes(batch(k.a), batch(k.b), "matmul").dims();
   dims.push_back(k.ta ? k.a[k.a.rank() - 1] : k.a[k.a.rank() - 2]);
   dims.push_back(k.tb ? k.b[k.b.rank() - 2] : k.b[k.b.rank() - 1]);
   return Shape(dims);

@@ -512,16 +512,7 @@ TEST(Training, Bf16PrecisionTracksTheF32LossCurveOver300Steps) {
 // widening copy per product): 20 steps give bit for bit the losses and weights of plans that
 // store them in bf16 and widen them for each product.
 TEST(Training, Bf16HeldAsRoundedF32GivesTheBitsOfBf16Storage) {
-  ScopedPrecision policy(Precision::bf16);
-  testing::ScopedTarget rounded_products([](Target& t) { t.cpu_bf16 = CpuBf16Products::rounded_f32; });
-  const TrainRun rounded = train_tiny(20, "", "", 0, 1e-2);
-  TrainRun stored;
-  {
-    testing::ScopedPipeline off("-bf16_as_rounded_f32");
-    stored = train_tiny(20, "", "", 0, 1e-2);
-  }
-  EXPECT_EQ(rounded.losses, stored.losses);
-  EXPECT_EQ(rounded.weights, stored.weights);
+  testing::expect_rounded_f32_trains_as_bf16_storage([] { return train_tiny(20, "", "", 0, 1e-2); });
 }
 
 TEST(Sampling, ReproducibleAndOfTheRequestedLength) {

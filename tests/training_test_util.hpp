@@ -1,5 +1,6 @@
 // Helpers the training, model and data tests share: temporary file paths unique to the process,
-// a module's parameter values in order, and generated text with structure a tiny model learns.
+// a module's parameter values in order, generated text with structure a tiny model learns, and
+// the check that CPU bf16 held as rounded f32 trains bit for bit as bf16 storage.
 #pragma once
 
 #include <unistd.h>
@@ -8,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <kiln/core/engine.hpp>
 #include <kiln/layers/module.hpp>
+
+#include "scoped_target.hpp"
 
 namespace kiln::testing {
 
@@ -32,6 +36,20 @@ inline std::string lexicon_text(size_t words) {
   std::string s;
   for (size_t i = 0; i < words; ++i) s += lexicon[(i * 7 + i / 3) % 10];
   return s;
+}
+
+// `train()` (a run returning .losses and .weights) under the bf16 policy gives the same bits with
+// bf16 operands held in f32 rounded to bf16 (bf16_as_rounded_f32) as with bf16 storage widened
+// for each product (the pass off).
+template <class Train>
+void expect_rounded_f32_trains_as_bf16_storage(const Train& train) {
+  ScopedPrecision policy(Precision::bf16);
+  ScopedTarget rounded_products([](Target& t) { t.cpu_bf16 = CpuBf16Products::rounded_f32; });
+  const auto rounded = train();
+  ScopedPipeline off("-bf16_as_rounded_f32");
+  const auto stored = train();
+  EXPECT_EQ(rounded.losses, stored.losses);
+  EXPECT_EQ(rounded.weights, stored.weights);
 }
 
 }  // namespace kiln::testing

@@ -8,6 +8,7 @@
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/circuit/ir/settings.hpp>
 #include <kiln/core/engine.hpp>
+#include <kiln/core/tuning.hpp>
 
 namespace kiln {
 
@@ -54,7 +55,12 @@ void Engine::realize() {
       ++stats_.cache_hits;
     } else {
       auto tp = std::chrono::steady_clock::now();
-      plan = cache_.build(hash, rec.circuit, requested, target_, pipeline_);
+      if (tune_on_new_plans_ && device_ == Device::CPU && !target_.deterministic) {
+        // The plan's kernels the cache lacks are tuned first, and the plan is made with the choices.
+        target_ = tune_missing_kernels(rec.circuit, requested, target_, pipeline_);
+        plan = cache_.find(hash, rec.circuit, requested, target_, pipeline_);
+      }
+      if (!plan) plan = cache_.build(hash, rec.circuit, requested, target_, pipeline_);
       plan_ms = ms_since(tp);
       ++stats_.plans_built;
       spdlog::debug("plan built: {} recorded ops -> {} ops in {:.2f} ms ({} plans cached)", plan->recorded_ops,

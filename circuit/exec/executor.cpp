@@ -168,6 +168,9 @@ Program::Program(Circuit circuit, std::vector<ValueId> outputs, Target target)
   workspace_bytes_ = plan.size;
   peak_live_bytes_ = kiln::peak_live_bytes(blocks);
   op_state_.resize(ops.size());
+  if (!target_.tuned.empty())
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (const KernelChoice* c = target_.tuned.find(kernel_signature(circuit_, ops[i]))) op_state_[i].choice = *c;
 }
 
 int Program::threads() const {
@@ -252,7 +255,8 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
       flag = false;
     }
   } release{running_};
-  omp_set_num_threads(threads());
+  const int team = threads();
+  omp_set_num_threads(team);
   const auto started = std::chrono::steady_clock::now();
   flush_subnormals_once();
   keep_freed_memory_once();
@@ -286,8 +290,13 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
     std::vector<HostTensor> out;
     const bool timed = profile().on;
     auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    // A tuned op may run on fewer threads than the team (a small one pays less to start them).
+    const int op_threads = op_state_[i].choice.threads;
+    const bool fewer = op_threads > 0 && op_threads < team;
+    if (fewer) omp_set_num_threads(op_threads);
     try {
       out = op.prim->eval(op, in, bufs);
+      if (fewer) omp_set_num_threads(team);
       if (timed) {
         std::string key = op.prim->name + " " + (op.prim->describe ? op.prim->describe(op.params) : "") + " -> " +
                           circuit_.info(op.outputs[0]).shape.str();
@@ -296,6 +305,7 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
         ++e.second;
       }
     } catch (const Error& e) {
+      if (fewer) omp_set_num_threads(team);
       std::string msg = e.what();
       if (!op.scope.empty() && msg.find(" in layer ") == std::string::npos) msg += " (in layer '" + op.scope + "')";
       throw Error(msg);

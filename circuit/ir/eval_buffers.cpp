@@ -21,6 +21,8 @@ const Target& EvalBuffers::target() const {
   return target_ ? *target_ : host;
 }
 
+const KernelChoice& EvalBuffers::choice() const { return state_ ? state_->choice : local_.choice; }
+
 HostTensor EvalBuffers::output(size_t k) {
   if (k >= infos_.size())
     throw Error("EvalBuffers: output " + std::to_string(k) + " asked of an op with " + std::to_string(infos_.size()));

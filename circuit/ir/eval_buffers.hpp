@@ -22,11 +22,12 @@ class EvalBuffers {
   // What the executor keeps of one op between runs of a Program, whose op has the same params
   // and input dtypes and shapes on every run: its scratch blocks (the k-th scratch request of a
   // run reuses the k-th block, grown when a request is larger) and what its reference compiled
-  // from the op alone.
+  // from the op alone, and the op's kernel choice (the plan Target's tuned one, else the defaults).
   struct OpState {
     std::vector<HostTensor> blocks;
     std::shared_ptr<void> compiled;
     const std::type_info* compiled_type = nullptr;
+    KernelChoice choice;
   };
 
   // `planned` holds one tensor per output, or is empty: an undefined entry (or none) gets a
@@ -40,6 +41,8 @@ class EvalBuffers {
   const std::vector<ValueInfo>& infos() const { return infos_; }
   // The plan's Target: the kernel choices a reference has (CpuBf16Products for bf16 matmuls).
   const Target& target() const;
+  // This op's kernel choice (KernelChoice: the GEMM, attention's row blocks, row chunks).
+  const KernelChoice& choice() const;
 
   // Output k's storage, with output k's dtype and shape; contents undefined.
   HostTensor output(size_t k);

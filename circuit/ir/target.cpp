@@ -188,6 +188,7 @@ std::string Target::str() const {
   if (wide_indices) s += " wide-indices";
   if (deterministic) s += " deterministic";
   if (!cuda_graphs) s += " no-cuda-graphs";
+  if (!tuned.empty()) s += " tuned=" + std::to_string(tuned.size()) + ":" + tuned.fingerprint();
   return s;
 }
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <string_view>
 
+#include <kiln/circuit/ir/kernel_choice.hpp>
+
 namespace kiln {
 
 // The x86 features the CPU kernels may use (cpuid; all false elsewhere).
@@ -74,13 +76,15 @@ struct Target {
   bool wide_indices = false;   // every kernel indexes with 64 bits (tests of the u64 paths)
   bool deterministic = false;  // no float atomics; on the CPU a fixed thread count
   bool cuda_graphs = true;     // replay a step's launches as a CUDA graph where the driver can
+  // The autotuner's measured choices per kernel (core/tuning.hpp; `--tune`); empty: the defaults.
+  KernelChoices tuned;
 
   bool operator==(const Target&) const = default;
   bool gpu() const { return kind == Kind::cuda; }
   // bf16 matmuls on wgmma: the policy's choice, else a real sm_90 GPU's (the fake driver, though
   // it reports sm_90, runs mma.sync unless asked: the simulator runs both).
   bool wgmma() const { return matmul.wgmma.value_or(kind == Kind::cuda && sm == 90 && !fake); }
-  // One line: "cuda sm_90 (fake) f32 matmul{...} attention=mma ..." (--stats, metrics logs).
+  // One line: "cuda sm_90 (fake) f32 matmul{...} attention=mma ... tuned=12" (--stats, metrics logs).
   std::string str() const;
 };
 

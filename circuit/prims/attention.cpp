@@ -418,15 +418,17 @@ T* rows_at(HostTensor& x, const Rows& r, int64_t e) {
 // (three quarters of the products and exps at T = 64, about half at large T); unmasked attention
 // in one block. 32 rows: on a Zen 5 VM, 8% faster than 16 at 16x4x64x32 (fewer, larger
 // products: 0.58 against 0.63 ms forward and backward) and 10% at 8x6x256x64; 64 is slower.
+// The op's tuned KernelChoice may pick another size (attention_rows).
 constexpr int64_t kCausalRows = 32;
 struct RowBlock {
   int64_t first, rows, keys;  // query rows [first, first + rows) against keys [0, keys)
 };
-std::vector<RowBlock> row_blocks(const AttentionParams& a, int64_t tq, int64_t tk) {
+std::vector<RowBlock> row_blocks(const AttentionParams& a, int64_t tq, int64_t tk, const KernelChoice& choice) {
   if (!a.causal) return {{0, tq, tk}};
+  const int64_t step = choice.attention_rows > 0 ? choice.attention_rows : kCausalRows;
   std::vector<RowBlock> blocks;
-  for (int64_t r0 = 0; r0 < tq; r0 += kCausalRows) {
-    const int64_t r1 = std::min(tq, r0 + kCausalRows);
+  for (int64_t r0 = 0; r0 < tq; r0 += step) {
+    const int64_t r1 = std::min(tq, r0 + step);
     blocks.push_back({r0, r1 - r0, std::min(tk, r1)});
   }
   return blocks;
@@ -519,7 +521,7 @@ std::vector<HostTensor> forward_eval(const Op& op, const std::vector<const HostT
     using T = decltype(t);
     HostTensor scratch = bufs.scratch(in[0]->dtype(), Shape{omp_get_max_threads(), rq.t, rk.t});
     DropoutRow<T> drop(x.dropout, bufs, in[0]->dtype(), rk.t);
-    const std::vector<RowBlock> blocks = row_blocks(a, rq.t, rk.t);
+    const std::vector<RowBlock> blocks = row_blocks(a, rq.t, rk.t, bufs.choice());
     for_each_entry(rq.entries, [&](int64_t e, int thread) {
       const int64_t ek = e / a.kv_groups;
       for (const RowBlock& blk : blocks) {
@@ -561,7 +563,7 @@ std::vector<HostTensor> backward_eval(const Op& op, const std::vector<const Host
     using Col = Eigen::Matrix<T, Eigen::Dynamic, 1>;
     HostTensor scratch = bufs.scratch(in[0]->dtype(), Shape{omp_get_max_threads(), 2, rq.t, rk.t});
     DropoutRow<T> drop(x.dropout, bufs, in[0]->dtype(), rk.t);
-    const std::vector<RowBlock> blocks = row_blocks(a, rq.t, rk.t);
+    const std::vector<RowBlock> blocks = row_blocks(a, rq.t, rk.t, bufs.choice());
     // A key/value entry at a time (its dk and dv sum over the query heads of its group). The
     // blocks run last first: the last one sees every key and writes dk and dv whole (for the
     // group's first head), the others add to the keys they see.

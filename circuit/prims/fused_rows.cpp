@@ -160,7 +160,7 @@ std::vector<HostTensor> run(const Op& op, const std::vector<const HostTensor*>& 
     if (c.rp.n() <= ref::kBlock) {
       std::vector<Shape> shapes;
       for (const HostTensor* x : in_raw) shapes.push_back(x->shape());
-      c.chunks = std::make_unique<ref::RowChunks<T>>(c.rp, shapes);
+      c.chunks = std::make_unique<ref::RowChunks<T>>(c.rp, shapes, bufs.choice().row_chunk);
     }
     return c;
   });

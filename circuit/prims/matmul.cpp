@@ -3,7 +3,8 @@
 // batch dims broadcast (numpy) -> out: (batch..., M, N). Params ints = {ta, tb}. a and b share
 // one dtype: f32 and f64 give a product of that dtype, bf16 an f32 product (f32 accumulation).
 // Reference: one GEMM per batch entry (oneDNN's for f32 where kiln was built with it, Eigen's
-// otherwise); a batched `a` against a 2-D `b` is one GEMM over the flattened rows. bf16
+// otherwise; the op's tuned KernelChoice may pick Eigen's, or oneDNN's matmul primitive for the
+// whole op); a batched `a` against a 2-D `b` is one GEMM over the flattened rows. bf16
 // operands: exact f32 copies and the f32 GEMM, or where the plan's Target chooses
 // CpuBf16Products::onednn, oneDNN's bf16 matmul primitive (made on the op's first run, kept by
 // the plan). VJP: dA = g op(B)^T, dB = op(A)^T g (with the flags folded in); a gradient for a
@@ -66,24 +67,32 @@ std::vector<ValueInfo> shape_rule(const ShapeCtx& ctx, const std::vector<ValueIn
 template <class T>
 using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-// C = op(A) op(B) with A stored as [ra, ca] and B as [rb, cb], all row-major.
+// C = op(A) op(B) with A stored as [ra, ca] and B as [rb, cb], all row-major. `eigen`: Eigen's
+// GEMM even where oneDNN's sgemm is built in.
 template <class T>
-void gemm(const T* a, int64_t ra, int64_t ca, bool ta, const T* b, int64_t rb, int64_t cb, bool tb, T* c) {
+void gemm(const T* a, int64_t ra, int64_t ca, bool ta, const T* b, int64_t rb, int64_t cb, bool tb, T* c,
+          bool eigen) {
 #if KILN_HAVE_DNNL
   if constexpr (std::is_same_v<T, float>) {
-    // oneDNN's row-major sgemm, threaded on the OpenMP pool (one thread inside a parallel region).
-    const int64_t m = ta ? ca : ra, n = tb ? rb : cb, k = ta ? ra : ca;
-    if (m == 0 || n == 0) return;
-    if (k == 0) {  // an empty sum (and leading dimensions oneDNN would refuse)
-      std::fill(c, c + m * n, 0.0f);
+    if (!eigen) {
+      // oneDNN's row-major sgemm, threaded on the OpenMP pool (one thread inside a parallel region).
+      const int64_t m = ta ? ca : ra, n = tb ? rb : cb, k = ta ? ra : ca;
+      if (m == 0 || n == 0) return;
+      if (k == 0) {  // an empty sum (and leading dimensions oneDNN would refuse)
+        std::fill(c, c + m * n, 0.0f);
+        return;
+      }
+      const dnnl_status_t status =
+          dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, ca, b, cb, 0.0f, c, n);
+      if (status != dnnl_success)
+        throw Error("op 'matmul': oneDNN sgemm failed (status " + std::to_string(static_cast<int>(status)) +
+                    ") for " + std::to_string(m) + "x" + std::to_string(k) + " . " + std::to_string(k) + "x" +
+                    std::to_string(n));
       return;
     }
-    const dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, ca, b, cb, 0.0f, c, n);
-    if (status != dnnl_success)
-      throw Error("op 'matmul': oneDNN sgemm failed (status " + std::to_string(static_cast<int>(status)) + ") for " +
-                  std::to_string(m) + "x" + std::to_string(k) + " . " + std::to_string(k) + "x" + std::to_string(n));
-    return;
   }
+#else
+  (void)eigen;
 #endif
   Eigen::Map<const RowMat<T>> A(a, ra, ca), B(b, rb, cb);
   int64_t m = ta ? ca : ra, n = tb ? rb : cb;
@@ -103,14 +112,16 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
   // exact in f32, so only the f32 accumulation rounds, as on the tensor cores).
   HostTensor a = *in[0], b = *in[1];
   bool ta = op.params.ints[0] != 0, tb = op.params.ints[1] != 0;
-  if (a.dtype() == DType::bf16 && bufs.target().cpu_bf16 == CpuBf16Products::onednn) {
+  const KernelChoice::Gemm library = bufs.choice().gemm;
+  if ((a.dtype() == DType::bf16 && bufs.target().cpu_bf16 == CpuBf16Products::onednn) ||
+      (a.dtype() == DType::f32 && library == KernelChoice::Gemm::onednn)) {
     HostTensor out = bufs.output(0);
     if (a.numel() == 0 || b.numel() == 0) {  // an empty sum (K = 0) or an empty product
       if (out.numel() > 0) std::fill(out.data<float>(), out.data<float>() + out.numel(), 0.0f);
       return {out};
     }
     const OneDnnMatmul& product = bufs.compiled<OneDnnMatmul>(
-        [&] { return OneDnnMatmul(DType::bf16, a.shape(), ta, b.shape(), tb, out.shape()); });
+        [&] { return OneDnnMatmul(a.dtype(), a.shape(), ta, b.shape(), tb, out.shape()); });
     product.run(a.raw(), b.raw(), out.data<float>());
     return {out};
   }
@@ -125,12 +136,13 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
   const Shape &as = a.shape(), &bs = b.shape(), &os = out.shape();
   int64_t ra = as[as.rank() - 2], ca = as[as.rank() - 1], rb = bs[bs.rank() - 2], cb = bs[bs.rank() - 1];
   int64_t m = os[os.rank() - 2], n = os[os.rank() - 1];
+  const bool eigen = library == KernelChoice::Gemm::eigen;
   ref::dispatch_float(a.dtype(), "matmul", [&](auto t) {
     using T = decltype(t);
     Shape batch = batch_of(os);
     if (bs.rank() == 2 && !ta) {
       // Rows of every batch entry of a are one tall matrix against the shared b.
-      gemm<T>(a.data<T>(), batch.numel() * ra, ca, false, b.data<T>(), rb, cb, tb, out.data<T>());
+      gemm<T>(a.data<T>(), batch.numel() * ra, ca, false, b.data<T>(), rb, cb, tb, out.data<T>(), eigen);
       return;
     }
     std::vector<int64_t> sa = ref::broadcast_strides(batch_of(as), batch),
@@ -139,7 +151,7 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
     if (entries == 1) {
       // Outside any parallel region, so that Eigen threads the GEMM itself (inside even a
       // one-thread team it runs 7x slower).
-      gemm<T>(a.data<T>(), ra, ca, ta, b.data<T>(), rb, cb, tb, out.data<T>());
+      gemm<T>(a.data<T>(), ra, ca, ta, b.data<T>(), rb, cb, tb, out.data<T>(), eigen);
       return;
     }
     // Many small GEMMs (attention heads): threads take whole batch entries, each GEMM runs on
@@ -154,7 +166,7 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
         ob += i * sb[static_cast<size_t>(d)];
       }
       gemm<T>(a.data<T>() + oa * ra * ca, ra, ca, ta, b.data<T>() + ob * rb * cb, rb, cb, tb,
-              out.data<T>() + e * m * n);
+              out.data<T>() + e * m * n, eigen);
     }
   });
   return {out};

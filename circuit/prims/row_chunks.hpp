@@ -38,8 +38,12 @@ template <class T>
 class RowChunks {
  public:
   // Compiled from the program and the shapes of the op's inputs; rows are at most kBlock long.
-  RowChunks(RowProgram rp, const std::vector<Shape>& input_shapes)
+  // `max_chunk_rows` > 0 (a tuned KernelChoice::row_chunk) caps the rows of a chunk below the
+  // most a block holds (kBlock / row length); a larger cap changes nothing.
+  RowChunks(RowProgram rp, const std::vector<Shape>& input_shapes, int64_t max_chunk_rows = 0)
       : rp_(std::move(rp)), n_(rp_.n()), row_shape_(rp_.row_shape()) {
+    chunk_rows_ = std::max<int64_t>(1, kBlock / std::max<int64_t>(n_, 1));
+    if (max_chunk_rows > 0) chunk_rows_ = std::min(chunk_rows_, max_chunk_rows);
     std::vector<std::pair<ScalarExp, int>> seen;
     for (const ScalarExp& body : rp_.reduction_bodies) {
       reduction_roots_.push_back(compile_body(body, code_, seen));
@@ -59,7 +63,7 @@ class RowChunks {
   }
 
   // Most rows a chunk holds.
-  int64_t chunk_rows() const { return std::max<int64_t>(1, kBlock / std::max<int64_t>(n_, 1)); }
+  int64_t chunk_rows() const { return chunk_rows_; }
 
   // Rows [r0, r1) (at most chunk_rows()) of the bound run: reductions and outputs written.
   // `regs` is the calling thread's, ready (see prepare).
@@ -116,6 +120,7 @@ class RowChunks {
   }
 
  private:
+  int64_t chunk_rows_ = 1;
   struct Place {
     bool uniform = false;           // the same along a row: computed per row
     bool everywhere = false;        // a constant or a scalar input: a block filled once per run

@@ -87,7 +87,7 @@ class GemmProbe {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_target_flags(with_precision_flag(with_thread_flag(
+         with_tune_flag(with_target_flags(with_precision_flag(with_thread_flag(
              with_model_flags({{"batch", "sequences per step (default 16)"},
                                {"steps", "timed steps (default 20)"},
                                {"dropout", "gpt: dropout probability, attention's included (default 0)"},
@@ -104,7 +104,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                                {"skip-non-finite",
                                 "guard AdamW's update with the loss's and gradient norm's finiteness, as "
                                 "kiln train does"}},
-                              true)))),
+                              true))))),
          "usage: kiln bench [options]\n\nTimes full training steps of a GPT or a Llama (--model llama) (AdamW) on the "
          "CPU or the GPU.\n"
          "GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8",
@@ -119,6 +119,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const DeviceSelection device = parse_device(a.str("device", "cpu"));
   Engine::current().set_device(device.device, device.runtime);
   apply_target_flags(a);
+  apply_tune_flag(a);
   // --collectives nccl: the step with NCCL in its graph, in one process
   connect_device_collective_if_needed(device, cuda::parse_collective_choice(a.str("collectives", "auto")));
   if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps);

@@ -27,7 +27,7 @@ namespace kiln::cli {
 
 int cmd_train(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_target_flags(with_precision_flag(with_thread_flag(with_model_flags(
+         with_tune_flag(with_target_flags(with_precision_flag(with_thread_flag(with_model_flags(
              {{"data", "text file or directory (default: /usr/share/games/fortunes)"},
               {"out", "weights file to write (default: model.h5)"},
               {"metrics",
@@ -67,7 +67,7 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"skip-non-finite",
                "skip (and count) a step whose loss or gradient norm is not finite instead of stopping, as "
                "PyTorch's GradScaler; 10 in a row still stop"}},
-             true)))),
+             true))))),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) or a Llama (--model llama) with AdamW on a "
          "text corpus (char, byte or BPE tokens)\nor on a pre-tokenized token file.",
          with_target_switches(with_model_switches({"stats", "deterministic", "no-trace", "skip-non-finite"})));
@@ -88,6 +88,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const DeviceSelection device = parse_device(a.str("device", "auto"));
   Engine::current().set_device(device.device, device.runtime);
   apply_target_flags(a);
+  apply_tune_flag(a, a.has("stats"));
   connect_device_collective_if_needed(device, cuda::parse_collective_choice(a.str("collectives", "auto")));
   Engine::current().set_deterministic(a.has("deterministic"));
   spdlog::info("device: {}{}, {} matmuls", device_name(device.device), device.simulated() ? " (simulated)" : "",

@@ -52,7 +52,13 @@ void apply_target_flags(const Args& a);  // to Engine::current(): its Target and
 // under --precision bf16): what a CPU run does with bf16 products.
 void log_cpu_bf16(const Target& t, Precision precision);
 
+// --tune off|cached|on (core/tuning.hpp) added to a command's options, and applied to the engine's
+// Target (after apply_target_flags); `list_choices` logs every tuned choice (--stats).
+std::map<std::string, std::string> with_tune_flag(std::map<std::string, std::string> options);
+void apply_tune_flag(const Args& a, bool list_choices = false);
+
 int cmd_prims(const std::vector<std::string>& args);
+int cmd_tune(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_sample(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);

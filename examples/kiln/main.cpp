@@ -36,6 +36,7 @@ const std::map<std::string, Command>& commands() {
       {"ptx", {kiln::cli::cmd_ptx, "write the PTX of every kernel of one training step, with an index"}},
       {"plot", {kiln::cli::cmd_plot, "draw training and validation loss curves of metrics logs as an SVG picture"}},
       {"bench", {kiln::cli::cmd_bench, "time full training steps; compare with the machine's GEMM rate"}},
+      {"tune", {kiln::cli::cmd_tune, "measure each kernel's candidates on this device; keep the fastest checked ones"}},
   };
   return table;
 }

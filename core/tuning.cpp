@@ -1,0 +1,507 @@
+// The autotuner: candidates per kernel, verification against the default, timing in turns, and
+// the cache file.
+#include <omp.h>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <kiln/circuit/exec/executor.hpp>
+#include <kiln/circuit/exec/thread_governor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/ir/settings.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
+#include <kiln/circuit/prims/onednn_matmul.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
+#include <kiln/core/json.hpp>
+#include <kiln/core/tuning.hpp>
+#include <kiln/version.hpp>
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+TuneMode parse_tune_mode(std::string_view text) {
+  if (text == "off") return TuneMode::off;
+  if (text == "cached") return TuneMode::cached;
+  if (text == "on") return TuneMode::on;
+  throw Error("--tune: expected off, cached or on, received '" + std::string(text) + "'");
+}
+
+const char* tune_mode_name(TuneMode m) {
+  return m == TuneMode::off ? "off" : m == TuneMode::on ? "on" : "cached";
+}
+
+namespace {
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos) break;
+      std::string name = line.substr(colon + 1);
+      name.erase(0, name.find_first_not_of(" \t"));
+      name.erase(name.find_last_not_of(" \t") + 1);
+      return name;
+    }
+  return "unknown CPU";
+}
+
+}  // namespace
+
+std::string device_identity(const Target& t) {
+  if (t.gpu()) throw Error("tuning: GPU kernels are not tuned yet (kiln tune runs on the CPU device)");
+  std::string id = "cpu " + cpu_model_name();
+  for (auto [on, name] : {std::pair{t.cpu.avx2, "avx2"},
+                          {t.cpu.fma, "fma"},
+                          {t.cpu.avx512f, "avx512f"},
+                          {t.cpu.avx512_bf16, "avx512_bf16"},
+                          {t.cpu.amx_bf16, "amx_bf16"}})
+    if (on) id += std::string(" ") + name;
+  return id;
+}
+
+std::string tuning_file_name(const std::string& identity) {
+  std::string name;
+  for (const char c : identity) {
+    const bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_';
+    if (keep)
+      name += c;
+    else if (!name.empty() && name.back() != '-')
+      name += '-';
+  }
+  while (!name.empty() && name.back() == '-') name.pop_back();
+  return (name.empty() ? "device" : name) + ".json";
+}
+
+std::string user_tuning_path(const Target& t) {
+  const std::string dir = settings().cache_dir;
+  if (dir.empty() || dir == "off") return "";
+  return dir + "/tuning/" + tuning_file_name(device_identity(t));
+}
+
+std::string shipped_tuning_path(const Target& t) {
+  return std::string(KILN_SHIPPED_TUNING_DIR) + "/" + tuning_file_name(device_identity(t));
+}
+
+KernelChoices TuningFile::choices() const {
+  KernelChoices::Map m;
+  for (const TuningEntry& e : entries)
+    if (e.kiln_version == version_string) m[e.kernel] = e.choice;
+  return KernelChoices(std::move(m));
+}
+
+void TuningFile::put(const TuningEntry& e) {
+  for (TuningEntry& old : entries)
+    if (old.kiln_version == e.kiln_version && old.kernel == e.kernel) {
+      old = e;
+      return;
+    }
+  entries.push_back(e);
+}
+
+namespace {
+constexpr const char* kFormat = "kiln tuning 1";
+}
+
+TuningFile read_tuning_file(const std::string& path, const std::string& device) {
+  TuningFile file;
+  file.device = device;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return file;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("tuning file " + path + ": cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  auto bad = [&](const std::string& what) {
+    return Error("tuning file " + path + ": " + what + " (kiln tune --clear removes it)");
+  };
+  json::Value doc;
+  try {
+    doc = json::parse(text.str());
+  } catch (const Error& e) {
+    throw bad(std::string("not valid JSON: ") + e.what());
+  }
+  const json::Value* format = doc.find("format");
+  if (!format || !format->is(json::Value::Kind::string) || format->string != kFormat)
+    throw bad(std::string("not a kiln tuning file (expected \"format\": \"") + kFormat + "\")");
+  const json::Value* dev = doc.find("device");
+  if (!dev || !dev->is(json::Value::Kind::string)) throw bad("no \"device\" string");
+  if (dev->string != device)
+    throw bad("made for another device: \"" + dev->string + "\", this one is \"" + device + "\"");
+  const json::Value* entries = doc.find("entries");
+  if (!entries || !entries->is(json::Value::Kind::array)) throw bad("no \"entries\" array");
+  for (size_t i = 0; i < entries->array.size(); ++i) {
+    const json::Value& e = entries->array[i];
+    const std::string where = "entry " + std::to_string(i);
+    auto text_field = [&](const char* key) {
+      const json::Value* v = e.find(key);
+      if (!v || !v->is(json::Value::Kind::string)) throw bad(where + ": no \"" + key + "\" string");
+      return v->string;
+    };
+    auto number_field = [&](const char* key) {
+      const json::Value* v = e.find(key);
+      if (!v || !v->is(json::Value::Kind::number) || v->number < 0)
+        throw bad(where + ": no \"" + key + "\" number (0 or more)");
+      return v->number;
+    };
+    TuningEntry t;
+    t.kiln_version = text_field("kiln");
+    t.kernel = text_field("kernel");
+    try {
+      t.choice = KernelChoice::parse(text_field("choice"));
+    } catch (const Error& err) {
+      throw bad(where + ": " + err.what());
+    }
+    t.default_ms = number_field("default_ms");
+    t.chosen_ms = number_field("chosen_ms");
+    t.candidates = static_cast<int>(number_field("candidates"));
+    file.put(t);
+  }
+  return file;
+}
+
+void write_tuning_file(const std::string& path, const TuningFile& file) {
+  std::string text = "{\n  \"format\": " + json::quote(kFormat) + ",\n  \"device\": " + json::quote(file.device) +
+                     ",\n  \"entries\": [";
+  for (size_t i = 0; i < file.entries.size(); ++i) {
+    const TuningEntry& e = file.entries[i];
+    text += fmt::format(
+        "{}\n    {{\"kiln\": {}, \"kernel\": {}, \"choice\": {}, \"default_ms\": {:.4f}, \"chosen_ms\": {:.4f}, "
+        "\"candidates\": {}}}",
+        i ? "," : "", json::quote(e.kiln_version), json::quote(e.kernel), json::quote(e.choice.str()), e.default_ms,
+        e.chosen_ms, e.candidates);
+  }
+  text += "\n  ]\n}\n";
+  const fs::path target(path);
+  std::error_code ec;
+  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) {
+      fs::remove(tmp, ec);
+      throw Error("tuning file " + path + ": cannot write " + tmp);
+    }
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw Error("tuning file " + path + ": cannot replace it (" + ec.message() + ")");
+  }
+}
+
+KernelChoices load_tuned_choices(const Target& t, std::string* from) {
+  const std::string device = device_identity(t);
+  std::error_code ec;
+  for (const std::string& path : {user_tuning_path(t), shipped_tuning_path(t)})
+    if (!path.empty() && fs::exists(path, ec)) {
+      if (from) *from = path;
+      return read_tuning_file(path, device).choices();
+    }
+  if (from) from->clear();
+  return {};
+}
+
+KernelChoices without_overridden(const KernelChoices& choices, bool threads_fixed) {
+  if (!threads_fixed) return choices;
+  KernelChoices::Map m;
+  for (auto [kernel, choice] : choices.entries()) {
+    choice.threads = 0;
+    m.emplace(kernel, choice);  // kept as tuned, even where the default is left
+  }
+  return KernelChoices(std::move(m));
+}
+
+std::vector<KernelChoice> cpu_candidates(const Circuit& c, const Op& op, int team) {
+  std::vector<KernelChoice> base{KernelChoice{}};
+  if (op.is(PrimId::matmul) && c.info(op.inputs[0]).dtype == DType::f32) {
+    base.push_back({KernelChoice::Gemm::eigen});
+    if (OneDnnMatmul::available(DType::f32)) base.push_back({KernelChoice::Gemm::onednn});
+  } else if ((op.is(PrimId::attention) || op.is(PrimId::attention_grad)) && AttentionParams::of(op).causal) {
+    for (int rows : {16, 64, 128}) {
+      KernelChoice k;
+      k.attention_rows = rows;
+      base.push_back(k);
+    }
+  } else if (op.is(PrimId::fused_rows)) {
+    const int64_t n = RowProgram::from_params(op.params).n();
+    const int64_t most = n > 0 && n <= 2048 ? 2048 / n : 0;  // the rows a block holds (row_chunks.hpp)
+    for (int64_t rows = most / 2; rows >= 1 && rows >= most / 8; rows /= 2) {
+      KernelChoice k;
+      k.row_chunk = static_cast<int>(rows);
+      base.push_back(k);
+    }
+  }
+  std::vector<KernelChoice> out = base;
+  if (team > 1)
+    for (const KernelChoice& b : base) {
+      KernelChoice k = b;
+      k.threads = 1;
+      out.push_back(k);
+    }
+  return out;
+}
+
+namespace {
+
+// Inputs for a kernel run alone: floats in [0.1, 1) (positive, so that logs, square roots and
+// sums of them are well conditioned), integers 0 (a valid index).
+HostTensor made_up_input(const ValueInfo& info, uint64_t seed) {
+  HostTensor t = HostTensor::zeros(info.dtype, info.shape);
+  if (info.dtype == DType::i32) return t;
+  uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    t.set(i, 0.1 + 0.9 * static_cast<double>(x >> 11) / 9007199254740992.0);
+  }
+  return t;
+}
+
+// The tolerance of a changed summation order for an output of `dtype` (the reference tests').
+double tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return 1e-12;
+    case DType::f32: return 1e-5;
+    case DType::bf16:
+    case DType::f16: return 1e-2;
+    default: return 0;
+  }
+}
+
+// Empty where `got` matches `want` element for element within tolerance; else what differs. A
+// changed summation order moves an element by about eps times the magnitude of its terms, which
+// an output's root mean square stands for where the element itself is small (cancellation, as in
+// a normalization's gradient): the bound is tol * (|element| + rms of the output).
+std::string compare(const std::vector<HostTensor>& want, const std::vector<HostTensor>& got) {
+  for (size_t k = 0; k < want.size(); ++k) {
+    const HostTensor &w = want[k], &g = got[k];
+    double squares = 0;
+    int64_t finite = 0;
+    for (int64_t i = 0; i < w.numel(); ++i)
+      if (std::isfinite(w.get(i))) {
+        squares += w.get(i) * w.get(i);
+        ++finite;
+      }
+    const double rms = finite ? std::sqrt(squares / static_cast<double>(finite)) : 0;
+    const double tol = tolerance(w.dtype());
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      const double a = w.get(i), b = g.get(i);
+      if ((std::isnan(a) && std::isnan(b)) || a == b) continue;
+      if (!(std::abs(a - b) <= tol * (std::abs(a) + rms)))
+        return fmt::format("output {} element {}: {} where the default gives {} (tolerance {:g} x (|{}| + rms {:g}))",
+                           k, i, b, a, tol, a, rms);
+    }
+  }
+  return "";
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// One kernel run alone: a circuit of its op on inputs of its shapes, one Program per candidate.
+struct Kernel {
+  std::string signature;
+  int occurrences = 0;
+  Circuit circuit;
+  std::vector<ValueId> outputs;
+  std::vector<HostTensor> bindings;
+
+  Kernel(const Circuit& c, const Op& op, std::string sig) : signature(std::move(sig)) {
+    std::vector<ValueId> inputs;
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      const ValueInfo& info = c.info(op.inputs[i]);
+      inputs.push_back(circuit.add_external(info, ValueRole::Input));
+      bindings.push_back(made_up_input(info, i + 1));
+    }
+    outputs = circuit.add_op(op.prim->name, op.params, inputs);
+  }
+  std::unique_ptr<Program> program(const Target& plan_target, const KernelChoice& choice) const {
+    Target t = plan_target;
+    t.tuned = KernelChoices({{signature, choice}});
+    auto p = std::make_unique<Program>(circuit, outputs, t);
+    p->set_adaptive_threads(false);
+    return p;
+  }
+};
+
+// Holds the team size fixed while tuning, then restores the caller's setting.
+struct FixedTeam {
+  int saved = fixed_num_threads();
+  explicit FixedTeam(int team) { set_num_threads(team); }
+  ~FixedTeam() { set_num_threads(saved); }
+};
+
+bool tunable(const Op& op) {
+  return !op.prim->side_effect && op.prim->output_aliases < 0 && !op.inputs.empty() &&
+         !op.is(PrimId::all_reduce);
+}
+
+}  // namespace
+
+std::vector<KernelResult> tune_kernels(const Circuit& optimized, const Target& target, const TuneOptions& options,
+                                       const KernelChoices& known) {
+  if (target.gpu()) throw Error("kiln tune: GPU kernels are not tuned yet; tune on the CPU device");
+  const auto started = std::chrono::steady_clock::now();
+  auto elapsed_s = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  };
+  const int team = options.team > 0 ? options.team : fixed_num_threads() > 0 ? fixed_num_threads() : omp_get_max_threads();
+  FixedTeam fixed(team);
+  auto time_run = options.time_run ? options.time_run
+                                   : [](const std::string&, const KernelChoice&, const std::function<void()>& run) {
+                                       const auto t0 = std::chrono::steady_clock::now();
+                                       run();
+                                       return std::chrono::duration<double, std::milli>(
+                                                  std::chrono::steady_clock::now() - t0)
+                                           .count();
+                                     };
+  // Distinct kernels, with how often the plan runs each.
+  std::map<std::string, size_t> first_op;
+  std::map<std::string, int> count;
+  std::vector<std::string> order;
+  for (size_t i = 0; i < optimized.ops().size(); ++i) {
+    const Op& op = optimized.ops()[i];
+    if (!tunable(op)) continue;
+    std::string sig = kernel_signature(optimized, op);
+    if (known.find(sig)) continue;
+    if (!count[sig]++) {
+      first_op[sig] = i;
+      order.push_back(sig);
+    }
+  }
+  // The default's time per kernel, so that the budget goes to the costliest first.
+  std::vector<KernelResult> results;
+  std::vector<std::pair<double, size_t>> cost;  // (estimated ms per step, index in results)
+  for (const std::string& sig : order) {
+    KernelResult r;
+    r.kernel = sig;
+    r.occurrences = count[sig];
+    double ms = 0;
+    try {
+      const Kernel k(optimized, optimized.ops()[first_op[sig]], sig);
+      const auto p = k.program(target, {});
+      p->run(k.bindings);
+      ms = time_run(sig, {}, [&] { p->run(k.bindings); });
+    } catch (const Error& e) {
+      r.skipped = std::string("not runnable alone: ") + e.what();
+    }
+    cost.emplace_back(ms * r.occurrences, results.size());
+    results.push_back(std::move(r));
+  }
+  std::stable_sort(cost.begin(), cost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  size_t done = 0;
+  for (const auto& [estimate, index] : cost) {
+    KernelResult& r = results[index];
+    ++done;
+    if (!r.skipped.empty()) continue;
+    if (elapsed_s() > options.budget_s) {
+      r.skipped = fmt::format("budget of {:.0f} s spent", options.budget_s);
+      continue;
+    }
+    const Op& op = optimized.ops()[first_op[r.kernel]];
+    const Kernel k(optimized, op, r.kernel);
+    struct Run {
+      CandidateResult result;
+      std::unique_ptr<Program> program;
+      std::vector<double> ms;
+    };
+    std::vector<Run> runs;
+    std::vector<HostTensor> want;
+    for (const KernelChoice& choice : cpu_candidates(optimized, op, team)) {
+      Run run{{choice, 0, ""}, nullptr, {}};
+      try {
+        run.program = k.program(target, choice);
+        std::vector<HostTensor> got = run.program->run(k.bindings);
+        if (runs.empty())
+          for (const HostTensor& g : got) want.push_back(g.clone());
+        else
+          run.result.failure = compare(want, got);
+      } catch (const Error& e) {
+        run.result.failure = e.what();
+      }
+      if (runs.empty() && !run.result.failure.empty()) {  // the default itself fails
+        r.skipped = "the default failed: " + run.result.failure;
+        break;
+      }
+      if (!run.result.failure.empty()) run.program.reset();
+      runs.push_back(std::move(run));
+    }
+    if (!r.skipped.empty()) continue;
+    // Runs in turns (every candidate once per round), so that a change of the machine's load
+    // falls on all of them; about 250 ms of each candidate, 9 to 61 rounds.
+    const int rounds = std::clamp(static_cast<int>(250.0 / std::max(estimate / r.occurrences, 1e-3)), 9, 61);
+    for (int round = 0; round < rounds; ++round)
+      for (Run& run : runs)
+        if (run.program) run.ms.push_back(time_run(r.kernel, run.result.choice, [&] { run.program->run(k.bindings); }));
+    for (Run& run : runs) {
+      if (run.program) run.result.ms = median(run.ms);
+      r.candidates.push_back(run.result);
+    }
+    r.default_ms = r.chosen_ms = r.candidates[0].ms;
+    for (const CandidateResult& c : r.candidates)
+      if (c.failure.empty() && c.ms < r.chosen_ms && c.ms < r.default_ms * (1 - kMinGain)) {
+        r.chosen = c.choice;
+        r.chosen_ms = c.ms;
+      }
+    if (options.progress)
+      options.progress(fmt::format("[{}/{}] {:.60}: {} ({:.3f} ms, default {:.3f} ms)", done, cost.size(), r.kernel,
+                                   r.chosen.str(), r.chosen_ms, r.default_ms));
+  }
+  return results;
+}
+
+std::vector<TuningEntry> tuning_entries(const std::vector<KernelResult>& results) {
+  std::vector<TuningEntry> out;
+  for (const KernelResult& r : results) {
+    if (!r.skipped.empty()) continue;
+    int verified = 0;
+    for (const CandidateResult& c : r.candidates) verified += c.failure.empty();
+    out.push_back({version_string, r.kernel, r.chosen, r.default_ms, r.chosen_ms, verified});
+  }
+  return out;
+}
+
+Target tune_missing_kernels(const Circuit& recorded, const std::vector<ValueId>& requested, const Target& target,
+                            const PipelineOptions& pipeline) {
+  std::vector<ValueId> outputs = requested;
+  const Circuit optimized = optimize(recorded, outputs, target, pipeline);
+  const std::string device = device_identity(target), path = user_tuning_path(target);
+  TuningFile file = path.empty() ? TuningFile{device, {}} : read_tuning_file(path, device);
+  KernelChoices::Map known = file.choices().entries();
+  for (const auto& [kernel, choice] : target.tuned.entries()) known[kernel] = choice;
+  TuneOptions options;
+  options.progress = [](const std::string& line) { spdlog::info("tuning {}", line); };
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<TuningEntry> entries = tuning_entries(tune_kernels(optimized, target, options, KernelChoices(known)));
+  for (const TuningEntry& e : entries) {
+    file.put(e);
+    known[e.kernel] = e.choice;
+  }
+  if (!entries.empty()) {
+    if (!path.empty()) write_tuning_file(path, file);
+    spdlog::info("tuned {} kernels in {:.1f} s (--tune on){}", entries.size(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 path.empty() ? std::string("; the cache is off, so nothing was written") : "; choices in " + path);
+  }
+  Target tuned = target;
+  tuned.tuned = without_overridden(KernelChoices(std::move(known)), fixed_num_threads() > 0);
+  return tuned;
+}
+
+}  // namespace kiln

@@ -1,0 +1,117 @@
+// The autotuner: for each distinct kernel of a plan (kernel_signature: Prim, params, dtypes and
+// shapes), the candidates the Target allows (KernelChoice: the f32 GEMM's library, the OpenMP
+// threads an op runs on, causal attention's row blocks, fused-row chunks) are each run alone on
+// inputs made up for them, checked against the default's output within the tolerance of a
+// changed summation order, and timed (medians of runs taken in turns, the team size held fixed);
+// the fastest that beats the default by kMinGain is the choice. Choices are cached per device
+// identity in <cache dir>/tuning/<device>.json (TuningFile), keyed by kiln version and kernel
+// signature; a file shipped in docs/tuning/ for the device serves where the user has none.
+//
+// CPU kernels only, so far: GPU kernels (matmul tiles, stages, split-K, attention blocks) are not
+// candidates yet, and a CUDA Target is refused by tune_kernels.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <kiln/circuit/ir/circuit.hpp>
+#include <kiln/circuit/ir/kernel_choice.hpp>
+#include <kiln/circuit/ir/target.hpp>
+#include <kiln/circuit/passes/pipeline.hpp>
+
+namespace kiln {
+
+// `kiln train|bench --tune`: off (kiln's defaults), cached (the cached choices where present, the
+// defaults elsewhere), on (tunes the kernels the cache lacks before the first step).
+enum class TuneMode { off, cached, on };
+TuneMode parse_tune_mode(std::string_view text);  // throws kiln::Error naming --tune
+const char* tune_mode_name(TuneMode m);
+
+// "cpu AMD EPYC 7B12 avx2 fma": the CPU's model name and the instruction sets kiln's kernels use.
+std::string device_identity(const Target& t);
+// The identity as a file name: letters, digits, '.', '-' (others become '-'), then ".json".
+std::string tuning_file_name(const std::string& identity);
+// <cache dir>/tuning/<file name>, or "" where the cache is off (KILN_CACHE_DIR=off).
+std::string user_tuning_path(const Target& t);
+// The file shipped with kiln for this device kind (docs/tuning/ of the source tree), whether it exists or not.
+std::string shipped_tuning_path(const Target& t);
+
+struct TuningEntry {
+  std::string kiln_version;  // the kiln that measured it: other versions' entries are kept, never applied
+  std::string kernel;        // kernel_signature
+  KernelChoice choice;
+  double default_ms = 0, chosen_ms = 0;  // medians of the default and of the choice
+  int candidates = 0;                    // how many were verified and timed
+};
+
+struct TuningFile {
+  std::string device;  // device_identity
+  std::vector<TuningEntry> entries;
+  // This kiln version's choices, by kernel.
+  KernelChoices choices() const;
+  // Adds or replaces the entry for (kiln_version, kernel).
+  void put(const TuningEntry& e);
+};
+
+// Reads and validates a whole tuning file. A missing file is an empty one for `device`; a file
+// that is not valid JSON, breaks the format, or belongs to another device throws kiln::Error
+// naming the file (never a silent fallback).
+TuningFile read_tuning_file(const std::string& path, const std::string& device);
+// Writes `file` atomically (a temporary beside it, then renamed over it), making its folder.
+void write_tuning_file(const std::string& path, const TuningFile& file);
+
+// The choices a run uses under --tune cached: the user's file where it exists, else the shipped
+// one; `from` gets the path read ("" where neither exists).
+KernelChoices load_tuned_choices(const Target& t, std::string* from = nullptr);
+// `choices` without what explicit options fix: with `threads_fixed` (--threads), no per-op
+// thread counts (the user's team size wins over the tuner's).
+KernelChoices without_overridden(const KernelChoices& choices, bool threads_fixed);
+
+// A candidate's lead over the default below which the default stays (timing noise).
+constexpr double kMinGain = 0.03;
+
+struct TuneOptions {
+  double budget_s = 120;  // kernels not reached within it keep their defaults (reported)
+  int team = 0;           // OpenMP threads held fixed while timing; 0: the run's (fixed count or all)
+  // Times one run of a candidate (which `run` does) in milliseconds. Default: the steady clock.
+  // Tests inject their own, deciding which candidate wins.
+  std::function<double(const std::string& kernel, const KernelChoice& choice, const std::function<void()>& run)>
+      time_run;
+  std::function<void(const std::string& line)> progress;  // one line per kernel tuned
+};
+
+struct CandidateResult {
+  KernelChoice choice;
+  double ms = 0;        // median; 0 where it was not timed
+  std::string failure;  // why it was dropped (a wrong result, an error); empty when verified
+};
+struct KernelResult {
+  std::string kernel;
+  int occurrences = 0;  // ops of the plan with this signature
+  std::vector<CandidateResult> candidates;  // the default first
+  KernelChoice chosen;
+  double default_ms = 0, chosen_ms = 0;
+  std::string skipped;  // why it was not tuned (budget spent, not runnable alone); empty otherwise
+};
+
+// The candidates for one op of `c` on a CPU Target with a team of `team` threads, the default first.
+std::vector<KernelChoice> cpu_candidates(const Circuit& c, const Op& op, int team);
+
+// Tunes the distinct kernels of `optimized` (a plan's circuit, as optimize() made it for `target`)
+// not already in `known`, costliest first, within the budget.
+std::vector<KernelResult> tune_kernels(const Circuit& optimized, const Target& target, const TuneOptions& options,
+                                       const KernelChoices& known = {});
+
+// `--tune on`: the plan of `recorded` (as optimize() makes it for `target`) has its kernels that
+// neither target.tuned nor the device's tuning file holds tuned (default options, progress logged),
+// the file updated; returns `target` with the file's choices and the new ones (less what an
+// explicit thread count fixes).
+Target tune_missing_kernels(const Circuit& recorded, const std::vector<ValueId>& requested, const Target& target,
+                            const PipelineOptions& pipeline);
+
+// The entries of results that were tuned (skipped ones have none), for this kiln version.
+std::vector<TuningEntry> tuning_entries(const std::vector<KernelResult>& results);
+
+}  // namespace kiln

@@ -1,0 +1,209 @@
+// `kiln tune`: the autotuner (core/tuning.hpp) over one training step's kernels, its table, and
+// the device's tuning file (--list, --clear); and the `--tune off|cached|on` option of kiln train
+// and kiln bench.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <tuple>
+
+#include <kiln/circuit/exec/thread_governor.hpp>
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/device.hpp>
+#include <kiln/core/distributed.hpp>
+#include <kiln/core/engine.hpp>
+#include <kiln/core/traced_step.hpp>
+#include <kiln/core/tuning.hpp>
+#include <kiln/train/adamw.hpp>
+
+#include "args.hpp"
+#include "commands.hpp"
+
+namespace kiln::cli {
+
+std::map<std::string, std::string> with_tune_flag(std::map<std::string, std::string> options) {
+  options["tune"] =
+      "kernel choices: cached (default: the device's tuned choices where `kiln tune` measured them, kiln's defaults "
+      "elsewhere), off (kiln's defaults) or on (tune the kernels the cache lacks before the first step)";
+  return options;
+}
+
+void apply_tune_flag(const Args& a, bool list_choices) {
+  const TuneMode mode = parse_tune_mode(a.str("tune", "cached"));
+  Engine& engine = Engine::current();
+  if (mode == TuneMode::off) return;
+  if (engine.target().gpu()) {
+    if (mode == TuneMode::on) spdlog::warn("--tune on: GPU kernels are not tuned yet; kiln's defaults run");
+    return;
+  }
+  if (mode == TuneMode::on && world().size() > 1)
+    throw Error("--tune on: under mpirun every rank uses the tuning file as it is; run `kiln tune` first, or --tune cached");
+  std::string from;
+  Target t = engine.target();
+  t.tuned = without_overridden(load_tuned_choices(t, &from), fixed_num_threads() > 0);
+  engine.set_target(t);
+  engine.set_tune_on_new_plans(mode == TuneMode::on);
+  if (!from.empty())
+    spdlog::info("kernel choices: {} tuned kernels from {}{}", t.tuned.size(), from,
+                 fixed_num_threads() > 0 ? " (per-op thread counts left to --threads)" : "");
+  if (list_choices)
+    for (const auto& [kernel, choice] : t.tuned.entries())
+      if (!choice.is_default()) spdlog::info("  tuned: {} -> {}", kernel, choice.str());
+}
+
+namespace {
+
+std::string shortened(const std::string& s, size_t n) { return s.size() <= n ? s : s.substr(0, n - 3) + "..."; }
+
+int list_file(const Target& t) {
+  const std::string user = user_tuning_path(t), shipped = shipped_tuning_path(t), device = device_identity(t);
+  std::printf("device: %s\n", device.c_str());
+  for (const auto& [what, path] : {std::pair{"your tuning file", user}, std::pair{"shipped with kiln", shipped}}) {
+    if (path.empty()) {
+      std::printf("%s: none (KILN_CACHE_DIR=off)\n", what);
+      continue;
+    }
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+      std::printf("%s: %s (none yet)\n", what, path.c_str());
+      continue;
+    }
+    const TuningFile f = read_tuning_file(path, device);
+    std::printf("%s: %s (%zu entries)\n", what, path.c_str(), f.entries.size());
+    for (const TuningEntry& e : f.entries)
+      std::printf("  kiln %-7s %-90s %-28s %8.3f -> %8.3f ms\n", e.kiln_version.c_str(), shortened(e.kernel, 90).c_str(),
+                  e.choice.str().c_str(), e.default_ms, e.chosen_ms);
+  }
+  return 0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int cmd_tune(const std::vector<std::string>& argv) {
+  Args a(argv,
+         with_target_flags(with_precision_flag(with_thread_flag(
+             with_model_flags({{"batch", "sequences per step (default 16)"},
+                               {"budget", "seconds of tuning at most (default 120); kernels not reached keep the defaults"},
+                               {"device", "cpu (default; GPU kernels are not tuned yet)"},
+                               {"list", "print the device's tuning files (yours and the one shipped with kiln) and exit"},
+                               {"clear", "remove your tuning file for this device and exit"}},
+                              true)))),
+         "usage: kiln tune [model and config options] [--budget SECONDS] | --list | --clear\n\n"
+         "Tunes the kernels of one training step (forward, backward, AdamW) on this device: each kernel's candidates\n"
+         "are checked against kiln's default and timed; the fastest is kept in <cache dir>/tuning/<device>.json,\n"
+         "which kiln train and kiln bench use (--tune cached, their default).",
+         with_target_switches(with_model_switches({"list", "clear"})));
+  if (a.help()) {
+    a.print_help();
+    return 0;
+  }
+  apply_thread_flag(a);
+  apply_precision_flag(a);
+  const DeviceSelection device = parse_device(a.str("device", "cpu"));
+  if (device.device == Device::CUDA)
+    throw Error("--device: GPU kernels are not tuned yet (their candidates run in the simulator only); tune on the cpu");
+  Engine::current().set_device(device.device, device.runtime);
+  apply_target_flags(a);
+  Target untuned = Engine::current().target();
+  untuned.tuned = {};
+  Engine::current().set_target(untuned);
+  if (a.has("list")) return list_file(untuned);
+  if (a.has("clear")) {
+    const std::string path = user_tuning_path(untuned);
+    std::error_code ec;
+    const bool removed = !path.empty() && std::filesystem::remove(path, ec);
+    std::printf("%s %s\n", removed ? "removed" : "nothing to remove at", path.empty() ? "(cache off)" : path.c_str());
+    return 0;
+  }
+  const double budget = a.real("budget", 120.0, 0.0, 1e9);
+  const int64_t batch = a.integer("batch", 16, 1);
+  manual_seed(1);
+  std::unique_ptr<models::CausalLM> model = model_from_flags(a, 0, 0.0);
+  optim::AdamW opt(model->parameters(), optim::AdamWOptions{});
+  HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, model->block_size()});
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 7919) % model->vocab_size()));
+  Tensor x = Tensor::from_host(ids), y = Tensor::from_host(ids);
+  auto step = [&] {
+    Tensor loss = model->loss(x, y);
+    loss.backward();
+    opt.step(0.0, loss);
+    return std::vector<Tensor>{loss};
+  };
+  TracedStep before({x, y}, step);
+  const Circuit& plan = Engine::current().last_plan()->program->circuit();
+  std::fprintf(stderr, "tuning the %zu ops of one step (target: %s), budget %.0f s\n", plan.ops().size(),
+               untuned.str().c_str(), budget);
+  TuneOptions options;
+  options.budget_s = budget;
+  options.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<KernelResult> results = tune_kernels(plan, untuned, options);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::printf("%-72s %5s %10s %10s  %-26s %6s\n", "kernel", "cands", "default ms", "chosen ms", "choice", "gain");
+  double step_default = 0, step_chosen = 0;
+  int skipped = 0, dropped = 0;
+  for (const KernelResult& r : results) {
+    if (!r.skipped.empty()) {
+      ++skipped;
+      continue;
+    }
+    int verified = 0;
+    for (const CandidateResult& c : r.candidates) verified += c.failure.empty();
+    std::printf("%-72s %2d/%-2zu %10.3f %10.3f  %-26s %5.1f%%\n", shortened(r.kernel, 72).c_str(), verified,
+                r.candidates.size(), r.default_ms, r.chosen_ms, r.chosen.str().c_str(),
+                100 * (1 - r.chosen_ms / r.default_ms));
+    for (const CandidateResult& c : r.candidates)
+      if (!c.failure.empty()) {
+        ++dropped;
+        std::printf("    dropped %s: %s\n", c.choice.str().c_str(), shortened(c.failure, 160).c_str());
+      }
+    step_default += r.default_ms * r.occurrences;
+    step_chosen += r.chosen_ms * r.occurrences;
+  }
+  for (const KernelResult& r : results)
+    if (!r.skipped.empty()) std::printf("not tuned: %s: %s\n", shortened(r.kernel, 72).c_str(), r.skipped.c_str());
+  std::printf("%zu kernels in %.1f s (%d not tuned, %d candidates dropped as wrong); their time per step alone: %.2f "
+              "-> %.2f ms\n",
+              results.size(), took, skipped, dropped, step_default, step_chosen);
+
+  const std::string path = user_tuning_path(untuned);
+  TuningFile file = path.empty() ? TuningFile{device_identity(untuned), {}} : read_tuning_file(path, device_identity(untuned));
+  for (const TuningEntry& e : tuning_entries(results)) file.put(e);
+  if (!path.empty()) {
+    write_tuning_file(path, file);
+    std::printf("choices written to %s\n", path.c_str());
+  }
+
+  // The whole step with and without the choices, in turns (medians of 5 steps per turn, 5 turns).
+  Target tuned = untuned;
+  tuned.tuned = without_overridden(file.choices(), fixed_num_threads() > 0);
+  Engine::current().set_target(tuned);
+  TracedStep after({x, y}, step);
+  std::vector<double> off_ms, on_ms;
+  for (int turn = 0; turn < 5; ++turn)
+    for (auto [traced, out, target] : {std::tuple{&before, &off_ms, &untuned}, std::tuple{&after, &on_ms, &tuned}}) {
+      Engine::current().set_target(*target);  // a traced step replays under the Target it was traced for
+      std::vector<double> ms;
+      for (int i = 0; i < 5; ++i) {
+        const auto s0 = std::chrono::steady_clock::now();
+        traced->run({ids, ids})[0].item();
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+      }
+      out->push_back(median(ms));
+    }
+  std::printf("step: %.2f ms untuned (--tune off), %.2f ms tuned: %.3fx (medians of 5 turns of 5 steps, in turns)\n",
+              median(off_ms), median(on_ms), median(on_ms) / median(off_ms));
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -262,11 +262,16 @@ namespace {
 // sums of them are well conditioned), integers 0 (a valid index).
 HostTensor made_up_input(const ValueInfo& info, uint64_t seed) {
   HostTensor t = HostTensor::zeros(info.dtype, info.shape);
-  if (info.dtype == DType::i32) return t;
   uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
+  auto next = [&] {
     x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    t.set(i, 0.1 + 0.9 * static_cast<double>(x >> 11) / 9007199254740992.0);
+    return 0.1 + 0.9 * static_cast<double>(x >> 11) / 9007199254740992.0;
+  };
+  if (info.dtype == DType::f32) {  // the common case, written directly (a step's inputs are megabytes)
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(next());
+  } else if (info.dtype != DType::i32) {
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, next());
   }
   return t;
 }
@@ -314,10 +319,9 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// One kernel run alone: a circuit of its op on inputs of its shapes, one Program per candidate.
+// One kernel run alone on made-up inputs: a circuit of its op, a Program per candidate.
 struct Kernel {
   std::string signature;
-  int occurrences = 0;
   Circuit circuit;
   std::vector<ValueId> outputs;
   std::vector<HostTensor> bindings;
@@ -331,12 +335,12 @@ struct Kernel {
     }
     outputs = circuit.add_op(op.prim->name, op.params, inputs);
   }
-  std::unique_ptr<Program> program(const Target& plan_target, const KernelChoice& choice) const {
+  std::vector<HostTensor> run(const Target& plan_target, const KernelChoice& choice) const {
     Target t = plan_target;
     t.tuned = KernelChoices({{signature, choice}});
-    auto p = std::make_unique<Program>(circuit, outputs, t);
-    p->set_adaptive_threads(false);
-    return p;
+    Program p(circuit, outputs, t);
+    p.set_adaptive_threads(false);
+    return p.run(bindings);
   }
 };
 
@@ -348,131 +352,202 @@ struct FixedTeam {
 };
 
 bool tunable(const Op& op) {
-  return !op.prim->side_effect && op.prim->output_aliases < 0 && !op.inputs.empty() &&
-         !op.is(PrimId::all_reduce);
+  return !op.prim->side_effect && op.prim->output_aliases < 0 && !op.inputs.empty() && !op.is(PrimId::all_reduce);
 }
+
+// The plan as a Program that times its ops, on made-up bindings.
+struct WholeStep {
+  std::unique_ptr<Program> program;
+  explicit WholeStep(const Circuit& c, const std::vector<ValueId>& outputs, const Target& t)
+      : program(std::make_unique<Program>(c, outputs, t)) {
+    program->set_adaptive_threads(false);
+    program->set_record_op_times(true);
+  }
+};
 
 }  // namespace
 
-std::vector<KernelResult> tune_kernels(const Circuit& optimized, const Target& target, const TuneOptions& options,
-                                       const KernelChoices& known) {
+TuneReport tune_kernels(const Circuit& optimized, const Target& target, const TuneOptions& options,
+                        const KernelChoices& known) {
   if (target.gpu()) throw Error("kiln tune: GPU kernels are not tuned yet; tune on the CPU device");
   const auto started = std::chrono::steady_clock::now();
-  auto elapsed_s = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  auto elapsed_ms = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   };
-  const int team = options.team > 0 ? options.team : fixed_num_threads() > 0 ? fixed_num_threads() : omp_get_max_threads();
+  auto say = [&](const std::string& line) {
+    if (options.progress) options.progress(line);
+  };
+  const int team =
+      options.team > 0 ? options.team : fixed_num_threads() > 0 ? fixed_num_threads() : omp_get_max_threads();
   FixedTeam fixed(team);
-  auto time_run = options.time_run ? options.time_run
-                                   : [](const std::string&, const KernelChoice&, const std::function<void()>& run) {
-                                       const auto t0 = std::chrono::steady_clock::now();
-                                       run();
-                                       return std::chrono::duration<double, std::milli>(
-                                                  std::chrono::steady_clock::now() - t0)
-                                           .count();
-                                     };
-  // Distinct kernels, with how often the plan runs each.
-  std::map<std::string, size_t> first_op;
-  std::map<std::string, int> count;
-  std::vector<std::string> order;
-  for (size_t i = 0; i < optimized.ops().size(); ++i) {
-    const Op& op = optimized.ops()[i];
-    if (!tunable(op)) continue;
-    std::string sig = kernel_signature(optimized, op);
+  const auto& ops = optimized.ops();
+
+  // Distinct kernels, the ops of each, and their verified candidates.
+  TuneReport report;
+  std::vector<std::vector<size_t>> kernel_ops;
+  std::vector<std::string> op_kernel(ops.size());
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!tunable(ops[i])) continue;
+    std::string sig = kernel_signature(optimized, ops[i]);
     if (known.find(sig)) continue;
-    if (!count[sig]++) {
-      first_op[sig] = i;
-      order.push_back(sig);
+    op_kernel[i] = sig;
+    auto [it, fresh] = index.emplace(sig, report.kernels.size());
+    if (fresh) {
+      report.kernels.push_back({});
+      report.kernels.back().kernel = sig;
+      kernel_ops.emplace_back();
     }
+    kernel_ops[it->second].push_back(i);
+    ++report.kernels[it->second].occurrences;
   }
-  // The default's time per kernel, so that the budget goes to the costliest first.
-  std::vector<KernelResult> results;
-  std::vector<std::pair<double, size_t>> cost;  // (estimated ms per step, index in results)
-  for (const std::string& sig : order) {
-    KernelResult r;
-    r.kernel = sig;
-    r.occurrences = count[sig];
-    double ms = 0;
-    try {
-      const Kernel k(optimized, optimized.ops()[first_op[sig]], sig);
-      const auto p = k.program(target, {});
-      p->run(k.bindings);
-      ms = time_run(sig, {}, [&] { p->run(k.bindings); });
-    } catch (const Error& e) {
-      r.skipped = std::string("not runnable alone: ") + e.what();
-    }
-    cost.emplace_back(ms * r.occurrences, results.size());
-    results.push_back(std::move(r));
-  }
-  std::stable_sort(cost.begin(), cost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  size_t done = 0;
-  for (const auto& [estimate, index] : cost) {
-    KernelResult& r = results[index];
-    ++done;
-    if (!r.skipped.empty()) continue;
-    if (elapsed_s() > options.budget_s) {
-      r.skipped = fmt::format("budget of {:.0f} s spent", options.budget_s);
-      continue;
-    }
-    const Op& op = optimized.ops()[first_op[r.kernel]];
-    const Kernel k(optimized, op, r.kernel);
-    struct Run {
-      CandidateResult result;
-      std::unique_ptr<Program> program;
-      std::vector<double> ms;
-    };
-    std::vector<Run> runs;
+  say(fmt::format("checking the candidates of {} kernels against the defaults", report.kernels.size()));
+  std::vector<std::vector<KernelChoice>> verified(report.kernels.size());
+  size_t most = 1;  // candidates of the kernel with the most
+  for (size_t k = 0; k < report.kernels.size(); ++k) {
+    KernelResult& r = report.kernels[k];
+    const Op& op = ops[kernel_ops[k][0]];
+    const Kernel alone(optimized, op, r.kernel);
     std::vector<HostTensor> want;
     for (const KernelChoice& choice : cpu_candidates(optimized, op, team)) {
-      Run run{{choice, 0, ""}, nullptr, {}};
+      CandidateResult c{choice, 0, ""};
       try {
-        run.program = k.program(target, choice);
-        std::vector<HostTensor> got = run.program->run(k.bindings);
-        if (runs.empty())
+        std::vector<HostTensor> got = alone.run(target, choice);
+        if (want.empty())
           for (const HostTensor& g : got) want.push_back(g.clone());
         else
-          run.result.failure = compare(want, got);
+          c.failure = compare(want, got);
       } catch (const Error& e) {
-        run.result.failure = e.what();
+        c.failure = e.what();
       }
-      if (runs.empty() && !run.result.failure.empty()) {  // the default itself fails
-        r.skipped = "the default failed: " + run.result.failure;
+      if (r.candidates.empty() && !c.failure.empty()) {
+        r.skipped = "not runnable alone: " + c.failure;
         break;
       }
-      if (!run.result.failure.empty()) run.program.reset();
-      runs.push_back(std::move(run));
+      if (c.failure.empty()) verified[k].push_back(choice);
+      r.candidates.push_back(c);
     }
+    if (!r.skipped.empty()) verified[k].clear();
+    most = std::max(most, verified[k].size());
+  }
+
+  // Program j runs the j-th verified candidate of every kernel that has one (the default elsewhere).
+  std::vector<WholeStep> steps;
+  auto choices_at = [&](size_t j) {
+    KernelChoices::Map m;
+    for (size_t k = 0; k < report.kernels.size(); ++k)
+      if (j < verified[k].size()) m[report.kernels[k].kernel] = verified[k][j];
+    Target t = target;
+    KernelChoices::Map all = known.entries();
+    for (auto& [kernel, choice] : m) all[kernel] = choice;
+    t.tuned = KernelChoices(std::move(all));
+    return t;
+  };
+  std::vector<HostTensor> bindings;
+  for (size_t e = 0; e < optimized.externals().size(); ++e)
+    bindings.push_back(made_up_input(optimized.info(optimized.externals()[e]), 101 + e));
+  std::vector<ValueId> no_outputs;
+  for (size_t j = 0; j < most; ++j) {
+    steps.emplace_back(optimized, no_outputs, choices_at(j));
+    steps.back().program->run(bindings);  // first run: constants, compiled forms, scratch
+  }
+  // Times one run of a step; with an injected clock, the sum of its ops' given times.
+  auto run_step = [&](const Program& p, size_t j, std::vector<std::vector<double>>* per_kernel) {
+    const auto t0 = std::chrono::steady_clock::now();
+    p.run(bindings);
+    const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const std::vector<double>& op_ms = p.last_op_ms();
+    double given = 0;
+    std::vector<double> kernel_ms(report.kernels.size(), 0.0);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (op_kernel[i].empty()) {
+        given += op_ms[i];
+        continue;
+      }
+      const size_t k = index[op_kernel[i]];
+      const KernelChoice& choice = j < verified[k].size() ? verified[k][j] : verified[k].empty() ? KernelChoice{} : verified[k][0];
+      const double ms = options.clock ? options.clock(op_kernel[i], choice, op_ms[i]) : op_ms[i];
+      kernel_ms[k] += ms;
+      given += ms;
+    }
+    if (per_kernel)
+      for (size_t k = 0; k < kernel_ms.size(); ++k)
+        if (j < verified[k].size()) (*per_kernel)[k].push_back(kernel_ms[k]);
+    return options.clock ? given : wall;
+  };
+  // Rounds while the budget lasts (3 at least, 31 at most), each running every Program once,
+  // keeping back the time of the check at the end (2 x 7 steps).
+  say(fmt::format("timing {} candidate steps in rounds, {:.0f} s of the budget spent on checks", most,
+                  elapsed_ms() / 1000));
+  // samples[j][k]: kernel k's time per step under its j-th candidate, one per round.
+  std::vector<std::vector<std::vector<double>>> samples(most, std::vector<std::vector<double>>(report.kernels.size()));
+  double round_ms = 0;
+  while (report.rounds < 31) {
+    const double left_ms = options.budget_s * 1000 - elapsed_ms() - 14 * round_ms / static_cast<double>(most);
+    if (report.rounds >= 3 && left_ms < round_ms) break;
+    const double t0 = elapsed_ms();
+    for (size_t j = 0; j < most; ++j) run_step(*steps[j].program, j, &samples[j]);
+    round_ms = elapsed_ms() - t0;
+    say(fmt::format("round {} ({:.0f} s)", ++report.rounds, elapsed_ms() / 1000));
+  }
+  KernelChoices::Map chosen = known.entries();
+  for (size_t k = 0; k < report.kernels.size(); ++k) {
+    KernelResult& r = report.kernels[k];
     if (!r.skipped.empty()) continue;
-    // Runs in turns (every candidate once per round), so that a change of the machine's load
-    // falls on all of them; about 250 ms of each candidate, 9 to 61 rounds.
-    const int rounds = std::clamp(static_cast<int>(250.0 / std::max(estimate / r.occurrences, 1e-3)), 9, 61);
-    for (int round = 0; round < rounds; ++round)
-      for (Run& run : runs)
-        if (run.program) run.ms.push_back(time_run(r.kernel, run.result.choice, [&] { run.program->run(k.bindings); }));
-    for (Run& run : runs) {
-      if (run.program) run.result.ms = median(run.ms);
-      r.candidates.push_back(run.result);
-    }
+    for (size_t j = 0; j < verified[k].size(); ++j)
+      for (CandidateResult& c : r.candidates)
+        if (c.failure.empty() && c.choice == verified[k][j]) c.ms = median(samples[j][k]);
     r.default_ms = r.chosen_ms = r.candidates[0].ms;
     for (const CandidateResult& c : r.candidates)
       if (c.failure.empty() && c.ms < r.chosen_ms && c.ms < r.default_ms * (1 - kMinGain)) {
         r.chosen = c.choice;
         r.chosen_ms = c.ms;
       }
-    if (options.progress)
-      options.progress(fmt::format("[{}/{}] {:.60}: {} ({:.3f} ms, default {:.3f} ms)", done, cost.size(), r.kernel,
-                                   r.chosen.str(), r.chosen_ms, r.default_ms));
+    chosen[r.kernel] = r.chosen;
   }
-  return results;
+  // The whole step with and without the choices, in turns.
+  Target with = target;
+  with.tuned = KernelChoices(std::move(chosen));
+  WholeStep tuned(optimized, no_outputs, with);
+  tuned.program->run(bindings);
+  std::vector<double> off, on;
+  std::vector<KernelChoice> best(report.kernels.size());
+  for (int turn = 0; turn < 7; ++turn) {
+    off.push_back(run_step(*steps[0].program, 0, nullptr));
+    // The tuned step's ops under their choices: run_step's index is the default's (0), so the
+    // injected clock is asked with each kernel's chosen choice instead.
+    const auto t0 = std::chrono::steady_clock::now();
+    tuned.program->run(bindings);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (options.clock) {
+      ms = 0;
+      for (size_t i = 0; i < ops.size(); ++i)
+        ms += op_kernel[i].empty() ? tuned.program->last_op_ms()[i]
+                                   : options.clock(op_kernel[i], report.kernels[index[op_kernel[i]]].chosen,
+                                                   tuned.program->last_op_ms()[i]);
+    }
+    on.push_back(ms);
+  }
+  report.step_default_ms = median(off);
+  report.step_tuned_ms = median(on);
+  report.kept = report.step_tuned_ms < report.step_default_ms * (1 - kMinGain);
+  std::stable_sort(report.kernels.begin(), report.kernels.end(), [](const KernelResult& a, const KernelResult& b) {
+    return a.default_ms > b.default_ms;
+  });
+  report.seconds = elapsed_ms() / 1000;
+  return report;
 }
 
-std::vector<TuningEntry> tuning_entries(const std::vector<KernelResult>& results) {
+std::vector<TuningEntry> tuning_entries(const TuneReport& report) {
   std::vector<TuningEntry> out;
-  for (const KernelResult& r : results) {
+  for (const KernelResult& r : report.kernels) {
     if (!r.skipped.empty()) continue;
     int verified = 0;
     for (const CandidateResult& c : r.candidates) verified += c.failure.empty();
-    out.push_back({version_string, r.kernel, r.chosen, r.default_ms, r.chosen_ms, verified});
+    if (report.kept)
+      out.push_back({version_string, r.kernel, r.chosen, r.default_ms, r.chosen_ms, verified});
+    else
+      out.push_back({version_string, r.kernel, KernelChoice{}, r.default_ms, r.default_ms, verified});
   }
   return out;
 }
@@ -488,15 +563,18 @@ Target tune_missing_kernels(const Circuit& recorded, const std::vector<ValueId>&
   TuneOptions options;
   options.progress = [](const std::string& line) { spdlog::info("tuning {}", line); };
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<TuningEntry> entries = tuning_entries(tune_kernels(optimized, target, options, KernelChoices(known)));
+  const TuneReport report = tune_kernels(optimized, target, options, KernelChoices(known));
+  const std::vector<TuningEntry> entries = tuning_entries(report);
   for (const TuningEntry& e : entries) {
     file.put(e);
     known[e.kernel] = e.choice;
   }
   if (!entries.empty()) {
     if (!path.empty()) write_tuning_file(path, file);
-    spdlog::info("tuned {} kernels in {:.1f} s (--tune on){}", entries.size(),
+    spdlog::info("tuned {} kernels in {:.1f} s (--tune on): step {:.2f} -> {:.2f} ms, {}{}", entries.size(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 report.step_default_ms, report.step_tuned_ms,
+                 report.kept ? "choices kept" : "not 3% faster: the defaults kept",
                  path.empty() ? std::string("; the cache is off, so nothing was written") : "; choices in " + path);
   }
   Target tuned = target;

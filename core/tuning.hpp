@@ -1,11 +1,17 @@
 // The autotuner: for each distinct kernel of a plan (kernel_signature: Prim, params, dtypes and
 // shapes), the candidates the Target allows (KernelChoice: the f32 GEMM's library, the OpenMP
-// threads an op runs on, causal attention's row blocks, fused-row chunks) are each run alone on
-// inputs made up for them, checked against the default's output within the tolerance of a
-// changed summation order, and timed (medians of runs taken in turns, the team size held fixed);
-// the fastest that beats the default by kMinGain is the choice. Choices are cached per device
-// identity in <cache dir>/tuning/<device>.json (TuningFile), keyed by kiln version and kernel
-// signature; a file shipped in docs/tuning/ for the device serves where the user has none.
+// threads an op runs on, causal attention's row blocks, fused-row chunks) are first each run
+// alone on made-up inputs and checked against the default's output within the tolerance of a
+// changed summation order (a candidate that fails is dropped and reported), then timed within the
+// whole step: one Program of the plan per candidate index (the j-th candidate of every kernel at
+// once), run in turns with the team size held fixed, each op timed where it runs. A kernel
+// alone, its inputs hot in cache and the team awake, is a poor witness of its time in a step (on
+// a 2-core AMD EPYC, oneDNN's matmul primitive was 10-30% faster alone and no faster in the step).
+// The fastest candidate that beats the default by kMinGain (medians) is the kernel's choice; the
+// choices are kept only if the whole step, timed in turns with and without them, gains kMinGain.
+// Choices are cached per device identity in <cache dir>/tuning/<device>.json (TuningFile), keyed
+// by kiln version and kernel signature; a file shipped in docs/tuning/ for the device serves
+// where the user has none.
 //
 // CPU kernels only, so far: GPU kernels (matmul tiles, stages, split-K, attention blocks) are not
 // candidates yet, and a CUDA Target is refused by tune_kernels.
@@ -73,36 +79,43 @@ KernelChoices without_overridden(const KernelChoices& choices, bool threads_fixe
 constexpr double kMinGain = 0.03;
 
 struct TuneOptions {
-  double budget_s = 120;  // kernels not reached within it keep their defaults (reported)
+  double budget_s = 120;  // timing rounds are fitted to it (3 at least)
   int team = 0;           // OpenMP threads held fixed while timing; 0: the run's (fixed count or all)
-  // Times one run of a candidate (which `run` does) in milliseconds. Default: the steady clock.
-  // Tests inject their own, deciding which candidate wins.
-  std::function<double(const std::string& kernel, const KernelChoice& choice, const std::function<void()>& run)>
-      time_run;
-  std::function<void(const std::string& line)> progress;  // one line per kernel tuned
+  // The time the tuner uses for a kernel's ops in one step under `choice`, given the measured one
+  // (identity by default). Tests inject their own, deciding which candidate wins; with one, the
+  // step's time is the sum of its ops' times so given.
+  std::function<double(const std::string& kernel, const KernelChoice& choice, double measured_ms)> clock;
+  std::function<void(const std::string& line)> progress;  // a line per stage and per timing round
 };
 
 struct CandidateResult {
   KernelChoice choice;
-  double ms = 0;        // median; 0 where it was not timed
+  double ms = 0;        // median per step (all the kernel's ops); 0 where it was not timed
   std::string failure;  // why it was dropped (a wrong result, an error); empty when verified
 };
 struct KernelResult {
   std::string kernel;
-  int occurrences = 0;  // ops of the plan with this signature
+  int occurrences = 0;                      // ops of the plan with this signature
   std::vector<CandidateResult> candidates;  // the default first
-  KernelChoice chosen;
-  double default_ms = 0, chosen_ms = 0;
-  std::string skipped;  // why it was not tuned (budget spent, not runnable alone); empty otherwise
+  KernelChoice chosen;                      // the fastest verified candidate, or the default
+  double default_ms = 0, chosen_ms = 0;     // per step
+  std::string skipped;  // why it was not tuned (not runnable alone); empty otherwise
+};
+struct TuneReport {
+  std::vector<KernelResult> kernels;  // costliest first
+  int rounds = 0;                     // timing rounds of the whole step per candidate index
+  double step_default_ms = 0, step_tuned_ms = 0;  // medians of the step in turns, without and with the choices
+  bool kept = false;  // the choices gained kMinGain on the step: else every kernel keeps its default
+  double seconds = 0;
 };
 
 // The candidates for one op of `c` on a CPU Target with a team of `team` threads, the default first.
 std::vector<KernelChoice> cpu_candidates(const Circuit& c, const Op& op, int team);
 
 // Tunes the distinct kernels of `optimized` (a plan's circuit, as optimize() made it for `target`)
-// not already in `known`, costliest first, within the budget.
-std::vector<KernelResult> tune_kernels(const Circuit& optimized, const Target& target, const TuneOptions& options,
-                                       const KernelChoices& known = {});
+// not already in `known`.
+TuneReport tune_kernels(const Circuit& optimized, const Target& target, const TuneOptions& options,
+                        const KernelChoices& known = {});
 
 // `--tune on`: the plan of `recorded` (as optimize() makes it for `target`) has its kernels that
 // neither target.tuned nor the device's tuning file holds tuned (default options, progress logged),
@@ -111,7 +124,8 @@ std::vector<KernelResult> tune_kernels(const Circuit& optimized, const Target& t
 Target tune_missing_kernels(const Circuit& recorded, const std::vector<ValueId>& requested, const Target& target,
                             const PipelineOptions& pipeline);
 
-// The entries of results that were tuned (skipped ones have none), for this kiln version.
-std::vector<TuningEntry> tuning_entries(const std::vector<KernelResult>& results);
+// The entries of a report's tuned kernels (skipped ones have none), for this kiln version: their
+// choices, or the defaults where the report did not keep them.
+std::vector<TuningEntry> tuning_entries(const TuneReport& report);
 
 }  // namespace kiln

@@ -81,7 +81,8 @@ StagedRun run_against_eigen(cuda::Runtime& rt, const Target& target, const std::
 void check_staged_stores(cuda::Runtime& rt) {
   for (const auto& [tile, stages] : kTilings) {
     SCOPED_TRACE(std::string(tile) + ", " + stages + " stages");
-    const std::string tiling = std::string("bf16-mma=on,wgmma=on,split-k=0,tile=") + tile + ",stages=" + stages;
+    const std::string tiling =
+        std::string("bf16-mma=on,wgmma=on,split-k=0,staged-stores=odd,tile=") + tile + ",stages=" + stages;
     const Target target = testing::with_matmul(cuda::device_target(rt), tiling);
     for (const bool bf16_out : {false, true}) {
       SCOPED_TRACE(bf16_out ? "bf16 out" : "f32 out");
@@ -100,9 +101,11 @@ void check_staged_stores(cuda::Runtime& rt) {
       EXPECT_NE(r.dump.find("K split 2 ways"), std::string::npos) << r.dump;
       EXPECT_EQ(r.dump.find("through shared memory"), std::string::npos) << r.dump;
     }
-    {
-      const StagedRun r = run_against_eigen(rt, testing::with_matmul(target, "staged-stores=none"),
-                                            {f32({260, 64}), f32({301, 64}), f32({301})}, linear(false));
+    for (const char* unstaged : {"staged-stores=none", ""}) {  // none, and the default (opt-in until timed on a GPU)
+      Target t = testing::with_matmul(cuda::device_target(rt), std::string("bf16-mma=on,wgmma=on,split-k=0,tile=") +
+                                                                   tile + ",stages=" + stages);
+      if (*unstaged) t = testing::with_matmul(t, unstaged);
+      const StagedRun r = run_against_eigen(rt, t, {f32({260, 64}), f32({301, 64}), f32({301})}, linear(false));
       EXPECT_EQ(r.dump.find("through shared memory"), std::string::npos) << r.dump;
     }
     // staged-stores=all: rows of 304 (whole 16-byte chunks in f32 and in bf16) copied out 16

@@ -43,10 +43,8 @@ struct OneMatmul {
 TuneOptions clock_of(std::function<double(const KernelChoice&)> ms) {
   TuneOptions o;
   o.team = 2;
-  o.time_run = [ms](const std::string&, const KernelChoice& c, const std::function<void()>& run) {
-    run();
-    return ms(c);
-  };
+  o.budget_s = 0;  // the fewest rounds
+  o.clock = [ms](const std::string&, const KernelChoice& c, double) { return ms(c); };
   return o;
 }
 
@@ -56,19 +54,24 @@ TEST(Tuning, TheInjectedClockDecidesTheChoice) {
   ASSERT_GE(candidates.size(), 4u);  // standard, eigen (and onednn), each on the team and on one thread
   EXPECT_TRUE(candidates[0].is_default());
   for (const KernelChoice& winner : candidates) {
-    const auto results = tune_kernels(m.c, cpu_target(), clock_of([&](const KernelChoice& c) {
-                                        return c == winner ? 1.0 : 2.0;
-                                      }));
+    const TuneReport report = tune_kernels(m.c, cpu_target(), clock_of([&](const KernelChoice& c) {
+                                             return c == winner ? 1.0 : 2.0;
+                                           }));
+    const auto& results = report.kernels;
     ASSERT_EQ(results.size(), 1u);
     EXPECT_EQ(results[0].chosen, winner) << winner.str();
     EXPECT_EQ(results[0].candidates.size(), candidates.size());
     for (const CandidateResult& c : results[0].candidates) EXPECT_EQ(c.failure, "") << c.choice.str();
+    // Kept where the step gains: the sum of its ops' times under the clock.
+    EXPECT_EQ(report.kept, !winner.is_default());
+    EXPECT_EQ(tuning_entries(report)[0].choice, winner);
   }
   // A lead below kMinGain is noise: the default stays.
   const auto close = tune_kernels(m.c, cpu_target(), clock_of([](const KernelChoice& c) {
                                     return c.is_default() ? 1.0 : 1.0 - kMinGain / 2;
                                   }));
-  EXPECT_TRUE(close[0].chosen.is_default());
+  EXPECT_TRUE(close.kernels[0].chosen.is_default());
+  EXPECT_FALSE(close.kept);
 }
 
 // Replaces a Prim's reference by wrap(original reference) for the guard's lifetime.
@@ -95,9 +98,10 @@ TEST(Tuning, AWrongCandidateIsDroppedAndNeverChosen) {
     };
   });
   OneMatmul m;
-  const auto results = tune_kernels(m.c, cpu_target(), clock_of([](const KernelChoice& c) {
-                                      return c.gemm == KernelChoice::Gemm::eigen ? 0.1 : 1.0;
-                                    }));
+  const TuneReport report = tune_kernels(m.c, cpu_target(), clock_of([](const KernelChoice& c) {
+                                           return c.gemm == KernelChoice::Gemm::eigen ? 0.1 : 1.0;
+                                         }));
+  const auto& results = report.kernels;
   ASSERT_EQ(results.size(), 1u);
   EXPECT_NE(results[0].chosen.gemm, KernelChoice::Gemm::eigen);
   int dropped = 0;
@@ -110,7 +114,7 @@ TEST(Tuning, AWrongCandidateIsDroppedAndNeverChosen) {
       EXPECT_EQ(c.failure, "");
     }
   EXPECT_EQ(dropped, 2);  // on the team and on one thread
-  EXPECT_TRUE(tuning_entries(results)[0].choice.gemm != KernelChoice::Gemm::eigen);
+  EXPECT_TRUE(tuning_entries(report)[0].choice.gemm != KernelChoice::Gemm::eigen);
 }
 
 // Every candidate of a small GPT step's kernels (GEMM libraries, attention row blocks, fused-row
@@ -132,7 +136,7 @@ TEST(Tuning, EveryCandidateOfAGptStepVerifies) {
   loss.backward();
   opt.step(1e-3, loss);
   const Circuit& plan = Engine::current().last_plan()->program->circuit();
-  const auto results = tune_kernels(plan, cpu_target(), clock_of([](const KernelChoice&) { return 1.0; }));
+  const auto results = tune_kernels(plan, cpu_target(), clock_of([](const KernelChoice&) { return 1.0; })).kernels;
   std::set<std::string> kinds;
   for (const KernelResult& r : results) {
     EXPECT_EQ(r.skipped, "") << r.kernel;

@@ -271,6 +271,7 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
       if (constant_op_[i])
         for (ValueId out : ops[i].outputs) values[static_cast<size_t>(out)] = constants_[static_cast<size_t>(out)];
   const bool poison = poison_buffers();
+  if (record_op_times_) op_ms_.assign(ops.size(), 0.0);
   std::vector<std::pair<ValueId, HostTensor>> commits;  // (persistent external, new contents)
   std::vector<const HostTensor*> in;
   std::vector<ValueInfo> out_info;
@@ -288,7 +289,7 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
     }
     EvalBuffers bufs(out_info, planned, &op_state_[i], poison, &target_);
     std::vector<HostTensor> out;
-    const bool timed = profile().on;
+    const bool timed = profile().on || record_op_times_;
     auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     // A tuned op may run on fewer threads than the team (a small one pays less to start them).
     const int op_threads = op_state_[i].choice.threads;
@@ -297,7 +298,9 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
     try {
       out = op.prim->eval(op, in, bufs);
       if (fewer) omp_set_num_threads(team);
-      if (timed) {
+      if (record_op_times_)
+        op_ms_[i] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (profile().on) {
         std::string key = op.prim->name + " " + (op.prim->describe ? op.prim->describe(op.params) : "") + " -> " +
                           circuit_.info(op.outputs[0]).shape.str();
         auto& e = profile().ms_calls[key];

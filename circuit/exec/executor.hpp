@@ -43,6 +43,10 @@ class Program {
   // of a result: a run that must repeat bit for bit keeps it fixed.
   int threads() const;
   void set_adaptive_threads(bool on) { adaptive_threads_ = on; }
+  // With recording on, each run times every op it computes: last_op_ms()[i] is op i's time in the
+  // last run (0 for ops it did not compute). The autotuner times its candidates within a step so.
+  void set_record_op_times(bool on) { record_op_times_ = on; }
+  const std::vector<double>& last_op_ms() const { return op_ms_; }
   bool adaptive_threads() const { return adaptive_threads_; }
 
  private:
@@ -58,6 +62,8 @@ class Program {
   std::vector<char> constant_op_;  // per op: computed once, on the first run
   size_t workspace_bytes_ = 0, peak_live_bytes_ = 0;
   bool adaptive_threads_ = true;
+  bool record_op_times_ = false;
+  mutable std::vector<double> op_ms_;
 
   // Kept between runs (a run is logically const: the same bindings give the same results).
   mutable HostTensor workspace_;

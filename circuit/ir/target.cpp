@@ -134,7 +134,8 @@ std::string matmul_policy_str(const MatmulPolicy& p) {
   if (p.split_k) items.push_back("split-k=" + (*p.split_k < 0 ? std::string("auto") : std::to_string(*p.split_k)));
   if (p.wgmma) items.push_back(std::string("wgmma=") + (*p.wgmma ? "on" : "off"));
   if (p.staged_stores != d.staged_stores)
-    items.push_back(std::string("staged-stores=") + (p.staged_stores == MmaStaging::none ? "none" : "all"));
+    items.push_back(std::string("staged-stores=") +
+                    (p.staged_stores == MmaStaging::none ? "none" : p.staged_stores == MmaStaging::odd_rows ? "odd" : "all"));
   if (p.products_first) items.push_back("products-first=on");
   if (p.tensor_copies) items.push_back("tensor-copies=on");
   std::string out;

@@ -26,8 +26,8 @@ struct CpuFeatures {
 CpuFeatures detect_cpu_features();
 
 // Which wgmma matmul outputs go out through shared memory (cuda/lower/matmul_staged_stores.hpp):
-// none; those whose rows start at odd elements (the default); all, also rows and batch items of
-// whole 16-byte chunks.
+// none (the default: no GPU has timed the others yet); those whose rows start at odd elements
+// (GPT-2's logits); all, also rows and batch items of whole 16-byte chunks.
 enum class MmaStaging { none, odd_rows, all };
 
 // The GPU matmul kernels' choices. Unset fields (0, nullopt) leave the choice to the kernel's
@@ -43,7 +43,7 @@ struct MatmulPolicy {
   int stages = 0;              // cp.async stages, 2-4; 0 the kernel's default (2; wgmma 4)
   std::optional<int> split_k;  // 0 none, -1 auto, 2-4; unset: auto on wgmma, none on mma.sync
   std::optional<bool> wgmma;   // bf16 products on sm_90a's wgmma; unset: the device decides
-  MmaStaging staged_stores = MmaStaging::odd_rows;
+  MmaStaging staged_stores = MmaStaging::none;
   bool products_first = false;  // wgmma: a k step's products before its copies of a later step
   bool tensor_copies = false;   // wgmma without a batch: stages filled by cp.async.bulk.tensor
   bool operator==(const MatmulPolicy&) const = default;

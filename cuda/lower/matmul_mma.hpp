@@ -66,7 +66,7 @@ struct MmaTiling {
   // auto, 2-4; choose_splits), wgmma's staged stores (matmul_epilogue.cpp), a step's products
   // before its copies (matmul_mma_loop.cpp), stages filled by tensor copies (where they can be).
   int split_k = 0;
-  MmaStaging staging = MmaStaging::odd_rows;
+  MmaStaging staging = MmaStaging::none;
   bool products_first = false, tensor_copies = false;
   int threads() const { return wgmma ? tm / 64 * 128 : kMmaThreads; }  // a warpgroup per 64 rows
   int warp_n_tiles() const { return tn / 32; }  // mma.sync: 16x8 products along n in a warp's tile

@@ -4,19 +4,16 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <tuple>
 
 #include <kiln/circuit/exec/thread_governor.hpp>
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/core/device.hpp>
 #include <kiln/core/distributed.hpp>
 #include <kiln/core/engine.hpp>
-#include <kiln/core/traced_step.hpp>
 #include <kiln/core/tuning.hpp>
 #include <kiln/train/adamw.hpp>
 
@@ -80,12 +77,6 @@ int list_file(const Target& t) {
   }
   return 0;
 }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 }  // namespace
 
 int cmd_tune(const std::vector<std::string>& argv) {
@@ -138,21 +129,19 @@ int cmd_tune(const std::vector<std::string>& argv) {
     opt.step(0.0, loss);
     return std::vector<Tensor>{loss};
   };
-  TracedStep before({x, y}, step);
+  step()[0].item();
   const Circuit& plan = Engine::current().last_plan()->program->circuit();
   std::fprintf(stderr, "tuning the %zu ops of one step (target: %s), budget %.0f s\n", plan.ops().size(),
                untuned.str().c_str(), budget);
   TuneOptions options;
   options.budget_s = budget;
-  options.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<KernelResult> results = tune_kernels(plan, untuned, options);
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  options.progress = [](const std::string& line) { std::fprintf(stderr, "tune: %s\n", line.c_str()); };
+  const TuneReport report = tune_kernels(plan, untuned, options);
 
-  std::printf("%-72s %5s %10s %10s  %-26s %6s\n", "kernel", "cands", "default ms", "chosen ms", "choice", "gain");
-  double step_default = 0, step_chosen = 0;
+  std::printf("%-72s %5s %10s %10s  %-26s %6s\n", "kernel (per step: all its ops)", "cands", "default ms",
+              "chosen ms", "choice", "gain");
   int skipped = 0, dropped = 0;
-  for (const KernelResult& r : results) {
+  for (const KernelResult& r : report.kernels) {
     if (!r.skipped.empty()) {
       ++skipped;
       continue;
@@ -161,57 +150,24 @@ int cmd_tune(const std::vector<std::string>& argv) {
     for (const CandidateResult& c : r.candidates) verified += c.failure.empty();
     std::printf("%-72s %2d/%-2zu %10.3f %10.3f  %-26s %5.1f%%\n", shortened(r.kernel, 72).c_str(), verified,
                 r.candidates.size(), r.default_ms, r.chosen_ms, r.chosen.str().c_str(),
-                100 * (1 - r.chosen_ms / r.default_ms));
+                r.default_ms > 0 ? 100 * (1 - r.chosen_ms / r.default_ms) : 0.0);
     for (const CandidateResult& c : r.candidates)
       if (!c.failure.empty()) {
         ++dropped;
         std::printf("    dropped %s: %s\n", c.choice.str().c_str(), shortened(c.failure, 160).c_str());
       }
-    step_default += r.default_ms * r.occurrences;
-    step_chosen += r.chosen_ms * r.occurrences;
   }
-  for (const KernelResult& r : results)
+  for (const KernelResult& r : report.kernels)
     if (!r.skipped.empty()) std::printf("not tuned: %s: %s\n", shortened(r.kernel, 72).c_str(), r.skipped.c_str());
-  std::printf("%zu kernels in %.1f s (%d not tuned, %d candidates dropped as wrong); their time per step alone: %.2f "
-              "-> %.2f ms\n",
-              results.size(), took, skipped, dropped, step_default, step_chosen);
-
-  // The whole step with and without the choices, in turns (medians of 5 steps per turn, 5 turns):
-  // a kernel faster alone may not be within the step (its inputs come from other kernels' caches,
-  // its threads wake from another library's pool), so the choices are kept only where the step
-  // gains at least kMinGain; elsewhere every kernel keeps kiln's default (recorded as tuned).
-  std::vector<TuningEntry> entries = tuning_entries(results);
-  Target tuned = untuned;
-  KernelChoices::Map chosen;
-  for (const TuningEntry& e : entries) chosen[e.kernel] = e.choice;
-  tuned.tuned = without_overridden(KernelChoices(std::move(chosen)), fixed_num_threads() > 0);
-  Engine::current().set_target(tuned);
-  TracedStep after({x, y}, step);
-  std::vector<double> off_ms, on_ms;
-  for (int turn = 0; turn < 5; ++turn)
-    for (auto [traced, out, target] : {std::tuple{&before, &off_ms, &untuned}, std::tuple{&after, &on_ms, &tuned}}) {
-      Engine::current().set_target(*target);  // a traced step replays under the Target it was traced for
-      std::vector<double> ms;
-      for (int i = 0; i < 5; ++i) {
-        const auto s0 = std::chrono::steady_clock::now();
-        traced->run({ids, ids})[0].item();
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
-      }
-      out->push_back(median(ms));
-    }
-  const double ratio = median(on_ms) / median(off_ms);
-  const bool keep = ratio < 1 - kMinGain;
-  std::printf("step: %.2f ms untuned (--tune off), %.2f ms tuned: %.3fx (medians of 5 turns of 5 steps, in turns)%s\n",
-              median(off_ms), median(on_ms), ratio,
-              keep ? "" : "; not 3% faster: kiln's defaults are kept for every kernel");
-  if (!keep)
-    for (TuningEntry& e : entries) {
-      e.choice = KernelChoice{};
-      e.chosen_ms = e.default_ms;
-    }
+  std::printf("%zu kernels in %.1f s, %d timing rounds (%d not tuned, %d candidates dropped as wrong)\n",
+              report.kernels.size(), report.seconds, report.rounds, skipped, dropped);
+  std::printf("step: %.2f ms with kiln's defaults, %.2f ms with the choices: %.3fx (medians of 7, in turns)%s\n",
+              report.step_default_ms, report.step_tuned_ms, report.step_tuned_ms / report.step_default_ms,
+              report.kept ? "" : "; not 3% faster: kiln's defaults are kept for every kernel");
   const std::string path = user_tuning_path(untuned);
-  TuningFile file = path.empty() ? TuningFile{device_identity(untuned), {}} : read_tuning_file(path, device_identity(untuned));
-  for (const TuningEntry& e : entries) file.put(e);
+  TuningFile file =
+      path.empty() ? TuningFile{device_identity(untuned), {}} : read_tuning_file(path, device_identity(untuned));
+  for (const TuningEntry& e : tuning_entries(report)) file.put(e);
   if (!path.empty()) {
     write_tuning_file(path, file);
     std::printf("choices written to %s\n", path.c_str());

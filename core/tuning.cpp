@@ -24,6 +24,8 @@
 #include <kiln/circuit/prims/onednn_matmul.hpp>
 #include <kiln/circuit/prims/prim_params.hpp>
 #include <kiln/core/json.hpp>
+#include <kiln/cuda/runtime/device_program.hpp>
+#include <kiln/cuda/runtime/runtime.hpp>
 #include <kiln/core/tuning.hpp>
 #include <kiln/version.hpp>
 
@@ -60,8 +62,12 @@ std::string cpu_model_name() {
 
 }  // namespace
 
-std::string device_identity(const Target& t) {
-  if (t.gpu()) throw Error("tuning: GPU kernels are not tuned yet (kiln tune runs on the CPU device)");
+std::string device_identity(const Target& t, const cuda::Runtime* rt) {
+  if (t.gpu()) {
+    if (!rt) throw Error("tuning: a GPU's identity comes from its runtime, and none was given");
+    return "gpu " + rt->device_name() + " sm_" + std::to_string(rt->sm()) + " driver " +
+           std::to_string(rt->driver_version()) + (rt->fake() ? " simulated" : "");
+  }
   std::string id = "cpu " + cpu_model_name();
   for (auto [on, name] : {std::pair{t.cpu.avx2, "avx2"},
                           {t.cpu.fma, "fma"},
@@ -85,14 +91,14 @@ std::string tuning_file_name(const std::string& identity) {
   return (name.empty() ? "device" : name) + ".json";
 }
 
-std::string user_tuning_path(const Target& t) {
+std::string user_tuning_path(const std::string& identity) {
   const std::string dir = settings().cache_dir;
   if (dir.empty() || dir == "off") return "";
-  return dir + "/tuning/" + tuning_file_name(device_identity(t));
+  return dir + "/tuning/" + tuning_file_name(identity);
 }
 
-std::string shipped_tuning_path(const Target& t) {
-  return std::string(KILN_SHIPPED_TUNING_DIR) + "/" + tuning_file_name(device_identity(t));
+std::string shipped_tuning_path(const std::string& identity) {
+  return std::string(KILN_SHIPPED_TUNING_DIR) + "/" + tuning_file_name(identity);
 }
 
 KernelChoices TuningFile::choices() const {
@@ -204,23 +210,23 @@ void write_tuning_file(const std::string& path, const TuningFile& file) {
   }
 }
 
-KernelChoices load_tuned_choices(const Target& t, std::string* from) {
-  const std::string device = device_identity(t);
+KernelChoices load_tuned_choices(const std::string& identity, std::string* from) {
   std::error_code ec;
-  for (const std::string& path : {user_tuning_path(t), shipped_tuning_path(t)})
+  for (const std::string& path : {user_tuning_path(identity), shipped_tuning_path(identity)})
     if (!path.empty() && fs::exists(path, ec)) {
       if (from) *from = path;
-      return read_tuning_file(path, device).choices();
+      return read_tuning_file(path, identity).choices();
     }
   if (from) from->clear();
   return {};
 }
 
-KernelChoices without_overridden(const KernelChoices& choices, bool threads_fixed) {
-  if (!threads_fixed) return choices;
+KernelChoices without_overridden(const KernelChoices& choices, bool threads_fixed, bool matmul_fixed) {
+  if (!threads_fixed && !matmul_fixed) return choices;
   KernelChoices::Map m;
   for (auto [kernel, choice] : choices.entries()) {
-    choice.threads = 0;
+    if (threads_fixed) choice.threads = 0;
+    if (matmul_fixed) choice.matmul.clear();
     m.emplace(kernel, choice);  // kept as tuned, even where the default is left
   }
   return KernelChoices(std::move(m));
@@ -229,8 +235,12 @@ KernelChoices without_overridden(const KernelChoices& choices, bool threads_fixe
 std::vector<KernelChoice> cpu_candidates(const Circuit& c, const Op& op, int team) {
   std::vector<KernelChoice> base{KernelChoice{}};
   if (op.is(PrimId::matmul) && c.info(op.inputs[0]).dtype == DType::f32) {
-    base.push_back({KernelChoice::Gemm::eigen});
-    if (OneDnnMatmul::available(DType::f32)) base.push_back({KernelChoice::Gemm::onednn});
+    for (const auto gemm : {KernelChoice::Gemm::eigen, KernelChoice::Gemm::onednn})
+      if (gemm != KernelChoice::Gemm::onednn || OneDnnMatmul::available(DType::f32)) {
+        KernelChoice k;
+        k.gemm = gemm;
+        base.push_back(k);
+      }
   } else if ((op.is(PrimId::attention) || op.is(PrimId::attention_grad)) && AttentionParams::of(op).causal) {
     for (int rows : {16, 64, 128}) {
       KernelChoice k;
@@ -253,6 +263,27 @@ std::vector<KernelChoice> cpu_candidates(const Circuit& c, const Op& op, int tea
       k.threads = 1;
       out.push_back(k);
     }
+  return out;
+}
+
+std::vector<KernelChoice> gpu_candidates(const Circuit& c, const Op& op, const Target& t) {
+  std::vector<KernelChoice> out{KernelChoice{}};
+  if (!op.is(PrimId::matmul) && !op.is(PrimId::fused_matmul)) return out;
+  std::vector<std::string> keys;
+  if (c.info(op.inputs[0]).dtype == DType::bf16 && t.matmul.bf16_mma) {
+    keys = {"tile=128x128", "tile=128x256", "stages=2", "stages=3", "stages=4"};
+    if (t.wgmma())
+      for (const char* k : {"tile=192x256", "split-k=0", "split-k=2", "staged-stores=odd", "staged-stores=all",
+                            "products-first=on", "tensor-copies=on"})
+        keys.push_back(k);
+  } else {
+    keys = {"simt-tile=64", "simt-tile=128"};
+  }
+  for (const std::string& k : keys) {
+    KernelChoice choice;
+    choice.matmul = k;
+    out.push_back(choice);
+  }
   return out;
 }
 
@@ -291,7 +322,8 @@ double tolerance(DType dtype) {
 // changed summation order moves an element by about eps times the magnitude of its terms, which
 // an output's root mean square stands for where the element itself is small (cancellation, as in
 // a normalization's gradient): the bound is tol * (|element| + rms of the output).
-std::string compare(const std::vector<HostTensor>& want, const std::vector<HostTensor>& got) {
+// `f32_tol` > 0 replaces f32's tolerance (tf32 products round their operands to 10 bits).
+std::string compare(const std::vector<HostTensor>& want, const std::vector<HostTensor>& got, double f32_tol = 0) {
   for (size_t k = 0; k < want.size(); ++k) {
     const HostTensor &w = want[k], &g = got[k];
     double squares = 0;
@@ -302,7 +334,10 @@ std::string compare(const std::vector<HostTensor>& want, const std::vector<HostT
         ++finite;
       }
     const double rms = finite ? std::sqrt(squares / static_cast<double>(finite)) : 0;
-    const double tol = tolerance(w.dtype());
+    if (g.dtype() != w.dtype() || g.shape() != w.shape())
+      return fmt::format("output {}: {}{} where the default gives {}{}", k, dtype_name(g.dtype()), g.shape().str(),
+                         dtype_name(w.dtype()), w.shape().str());
+    const double tol = w.dtype() == DType::f32 && f32_tol > 0 ? f32_tol : tolerance(w.dtype());
     for (int64_t i = 0; i < w.numel(); ++i) {
       const double a = w.get(i), b = g.get(i);
       if ((std::isnan(a) && std::isnan(b)) || a == b) continue;
@@ -365,11 +400,103 @@ struct WholeStep {
   }
 };
 
+// The GPU's tuner: each matmul kernel alone on the runtime, every candidate checked against
+// Eigen's result of the kernel (the CPU executor), then timed by the device in turns.
+TuneReport tune_gpu_kernels(const Circuit& optimized, const Target& target, const TuneOptions& options,
+                            const KernelChoices& known) {
+  if (!options.runtime) throw Error("kiln tune: a GPU Target's kernels are tuned on its runtime, and none was given");
+  cuda::Runtime& rt = *options.runtime;
+  if (rt.fake() && !options.clock)
+    throw Error("kiln tune: the fake driver runs kernels in the SIMT simulator, whose times are not a GPU's; tune on a GPU");
+  const auto started = std::chrono::steady_clock::now();
+  auto elapsed_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
+  TuneReport report;
+  std::map<std::string, size_t> index;
+  std::vector<size_t> first_op;
+  for (size_t i = 0; i < optimized.ops().size(); ++i) {
+    const Op& op = optimized.ops()[i];
+    if (!tunable(op) || gpu_candidates(optimized, op, target).size() < 2) continue;
+    std::string sig = kernel_signature(optimized, op);
+    if (known.find(sig)) continue;
+    auto [it, fresh] = index.emplace(sig, report.kernels.size());
+    if (fresh) {
+      report.kernels.push_back({});
+      report.kernels.back().kernel = sig;
+      first_op.push_back(i);
+    }
+    ++report.kernels[it->second].occurrences;
+  }
+  const int rounds = std::max(1, options.gpu_rounds);
+  for (size_t k = 0; k < report.kernels.size(); ++k) {
+    KernelResult& r = report.kernels[k];
+    if (options.progress)
+      options.progress(fmt::format("[{}/{}] {:.60}", k + 1, report.kernels.size(), r.kernel));
+    if (elapsed_s() > options.budget_s) {
+      r.skipped = fmt::format("budget of {:.0f} s spent", options.budget_s);
+      continue;
+    }
+    const Op& op = optimized.ops()[first_op[k]];
+    const Kernel alone(optimized, op, r.kernel);
+    std::vector<HostTensor> want;
+    try {
+      for (const HostTensor& w : alone.run(cpu_target(), {})) want.push_back(w.clone());
+    } catch (const Error& e) {
+      r.skipped = std::string("no Eigen reference: ") + e.what();
+      continue;
+    }
+    std::vector<std::unique_ptr<cuda::DeviceProgram>> programs;
+    std::vector<std::vector<double>> ms;
+    for (const KernelChoice& choice : gpu_candidates(optimized, op, target)) {
+      CandidateResult c{choice, 0, ""};
+      Target t = target;
+      t.tuned = KernelChoices({{r.kernel, choice}});
+      std::unique_ptr<cuda::DeviceProgram> dp;
+      try {
+        dp = std::make_unique<cuda::DeviceProgram>(alone.circuit, alone.outputs, rt, t);
+        c.failure = compare(want, dp->run(alone.bindings), target.tf32 ? 1e-2 : 0);
+      } catch (const Error& e) {
+        c.failure = e.what();
+      }
+      if (!c.failure.empty()) dp.reset();
+      r.candidates.push_back(c);
+      programs.push_back(std::move(dp));
+      ms.emplace_back();
+    }
+    if (!programs[0]) {
+      r.skipped = "the default failed: " + r.candidates[0].failure;
+      continue;
+    }
+    for (int round = 0; round < rounds; ++round)
+      for (size_t j = 0; j < programs.size(); ++j)
+        if (programs[j]) {
+          programs[j]->run(alone.bindings);
+          const double measured = programs[j]->last_run().device_ms;
+          ms[j].push_back(options.clock ? options.clock(r.kernel, r.candidates[j].choice, measured) : measured);
+        }
+    for (size_t j = 0; j < programs.size(); ++j)
+      if (programs[j]) r.candidates[j].ms = median(ms[j]) * r.occurrences;
+    r.default_ms = r.chosen_ms = r.candidates[0].ms;
+    for (const CandidateResult& c : r.candidates)
+      if (c.failure.empty() && c.ms < r.chosen_ms && c.ms < r.default_ms * (1 - kMinGain)) {
+        r.chosen = c.choice;
+        r.chosen_ms = c.ms;
+      }
+    report.step_default_ms += r.default_ms;
+    report.step_tuned_ms += r.chosen_ms;
+  }
+  report.rounds = rounds;
+  report.kept = true;  // per kernel: a GPU kernel alone reads and writes device memory as in the step
+  std::stable_sort(report.kernels.begin(), report.kernels.end(),
+                   [](const KernelResult& a, const KernelResult& b) { return a.default_ms > b.default_ms; });
+  report.seconds = elapsed_s();
+  return report;
+}
+
 }  // namespace
 
 TuneReport tune_kernels(const Circuit& optimized, const Target& target, const TuneOptions& options,
                         const KernelChoices& known) {
-  if (target.gpu()) throw Error("kiln tune: GPU kernels are not tuned yet; tune on the CPU device");
+  if (target.gpu()) return tune_gpu_kernels(optimized, target, options, known);
   const auto started = std::chrono::steady_clock::now();
   auto elapsed_ms = [&] {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
@@ -556,7 +683,7 @@ Target tune_missing_kernels(const Circuit& recorded, const std::vector<ValueId>&
                             const PipelineOptions& pipeline) {
   std::vector<ValueId> outputs = requested;
   const Circuit optimized = optimize(recorded, outputs, target, pipeline);
-  const std::string device = device_identity(target), path = user_tuning_path(target);
+  const std::string device = device_identity(target), path = user_tuning_path(device);
   TuningFile file = path.empty() ? TuningFile{device, {}} : read_tuning_file(path, device);
   KernelChoices::Map known = file.choices().entries();
   for (const auto& [kernel, choice] : target.tuned.entries()) known[kernel] = choice;

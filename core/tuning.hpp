@@ -13,8 +13,10 @@
 // by kiln version and kernel signature; a file shipped in docs/tuning/ for the device serves
 // where the user has none.
 //
-// CPU kernels only, so far: GPU kernels (matmul tiles, stages, split-K, attention blocks) are not
-// candidates yet, and a CUDA Target is refused by tune_kernels.
+// On a CUDA Target the candidates are the matmul kernels' `--matmul` keys (gpu_candidates), each
+// kernel run alone on the runtime, checked against Eigen's result and timed by the device (the
+// first launch to the synchronize); the choices are kept per kernel (no whole-step check there
+// yet). The attention path and the row kernels' blocks are not candidates yet.
 #pragma once
 
 #include <functional>
@@ -27,6 +29,10 @@
 #include <kiln/circuit/ir/target.hpp>
 #include <kiln/circuit/passes/pipeline.hpp>
 
+namespace kiln::cuda {
+class Runtime;
+}
+
 namespace kiln {
 
 // `kiln train|bench --tune`: off (kiln's defaults), cached (the cached choices where present, the
@@ -35,14 +41,16 @@ enum class TuneMode { off, cached, on };
 TuneMode parse_tune_mode(std::string_view text);  // throws kiln::Error naming --tune
 const char* tune_mode_name(TuneMode m);
 
-// "cpu AMD EPYC 7B12 avx2 fma": the CPU's model name and the instruction sets kiln's kernels use.
-std::string device_identity(const Target& t);
+// "cpu AMD EPYC 7B12 avx2 fma": the CPU's model name and the instruction sets kiln's kernels use;
+// for a CUDA Target, "gpu NVIDIA H100 80GB HBM3 sm_90 driver 12080" from its runtime `rt`
+// (required there).
+std::string device_identity(const Target& t, const cuda::Runtime* rt = nullptr);
 // The identity as a file name: letters, digits, '.', '-' (others become '-'), then ".json".
 std::string tuning_file_name(const std::string& identity);
 // <cache dir>/tuning/<file name>, or "" where the cache is off (KILN_CACHE_DIR=off).
-std::string user_tuning_path(const Target& t);
+std::string user_tuning_path(const std::string& identity);
 // The file shipped with kiln for this device kind (docs/tuning/ of the source tree), whether it exists or not.
-std::string shipped_tuning_path(const Target& t);
+std::string shipped_tuning_path(const std::string& identity);
 
 struct TuningEntry {
   std::string kiln_version;  // the kiln that measured it: other versions' entries are kept, never applied
@@ -70,10 +78,11 @@ void write_tuning_file(const std::string& path, const TuningFile& file);
 
 // The choices a run uses under --tune cached: the user's file where it exists, else the shipped
 // one; `from` gets the path read ("" where neither exists).
-KernelChoices load_tuned_choices(const Target& t, std::string* from = nullptr);
+KernelChoices load_tuned_choices(const std::string& identity, std::string* from = nullptr);
 // `choices` without what explicit options fix: with `threads_fixed` (--threads), no per-op
-// thread counts (the user's team size wins over the tuner's).
-KernelChoices without_overridden(const KernelChoices& choices, bool threads_fixed);
+// thread counts (the user's team size wins over the tuner's); with `matmul_fixed` (--matmul), no
+// per-kernel matmul keys.
+KernelChoices without_overridden(const KernelChoices& choices, bool threads_fixed, bool matmul_fixed = false);
 
 // A candidate's lead over the default below which the default stays (timing noise).
 constexpr double kMinGain = 0.03;
@@ -81,6 +90,10 @@ constexpr double kMinGain = 0.03;
 struct TuneOptions {
   double budget_s = 120;  // timing rounds are fitted to it (3 at least)
   int team = 0;           // OpenMP threads held fixed while timing; 0: the run's (fixed count or all)
+  // A CUDA Target's kernels run, are checked and timed on this runtime (the fake driver's
+  // simulator checks them but never times them: it needs an injected clock).
+  cuda::Runtime* runtime = nullptr;
+  int gpu_rounds = 9;  // GPU: timed runs of each candidate, in turns
   // The time the tuner uses for a kernel's ops in one step under `choice`, given the measured one
   // (identity by default). Tests inject their own, deciding which candidate wins; with one, the
   // step's time is the sum of its ops' times so given.
@@ -105,12 +118,19 @@ struct TuneReport {
   std::vector<KernelResult> kernels;  // costliest first
   int rounds = 0;                     // timing rounds of the whole step per candidate index
   double step_default_ms = 0, step_tuned_ms = 0;  // medians of the step in turns, without and with the choices
-  bool kept = false;  // the choices gained kMinGain on the step: else every kernel keeps its default
+  bool kept = false;  // the choices gained kMinGain on the step (always on the GPU): else every kernel keeps its default
   double seconds = 0;
 };
 
 // The candidates for one op of `c` on a CPU Target with a team of `team` threads, the default first.
 std::vector<KernelChoice> cpu_candidates(const Circuit& c, const Op& op, int team);
+
+// The candidates for one op of `c` lowered for the GPU Target `t`, the default first: for a matmul
+// (plain or fused) each `--matmul` key the kernel honours set one way at a time: the tensor-core
+// kernels' block tile and stages, on wgmma also split-K, staged stores, products first and tensor
+// copies; the FFMA kernel's tile. Every other op: the default only (the attention path and the
+// row kernels' blocks are not candidates yet).
+std::vector<KernelChoice> gpu_candidates(const Circuit& c, const Op& op, const Target& t);
 
 // Tunes the distinct kernels of `optimized` (a plan's circuit, as optimize() made it for `target`)
 // not already in `known`.

@@ -30,6 +30,9 @@
 #              libnccl, else PyTorch's pip copy, else KILN_NCCL_LIBRARY), the GpuCollective tests,
 #              the default config trained with NCCL inside its step graphs (--collectives nccl)
 #              against without it (--deterministic: identical weights), and kiln bench with it
+#   tune       kiln tune --device cuda on GPT-2 small in bf16 and in f32 (each matmul kernel's
+#              candidates checked against Eigen and timed); the tuning file is copied into the
+#              results folder, to be committed as this GPU kind's defaults (docs/tuning/)
 #   agree      a mid-size config (4096 rows per step): two --deterministic GPU runs and one with
 #              --no-cuda-graphs must give identical weights; a GPU and a CPU run of the same
 #              20 steps must give close weights and losses
@@ -61,6 +64,7 @@
 #                 losses, comparisons, sanitizer error counts, kernel time tables)
 #   logs.txt      every stage's log (long logs keep their first 100 and last 300 lines)
 #   logs.tar.gz   the full logs, gtest XML, nvidia-smi samples, Nsight Compute tables
+#   gpu-*.json    the tune stage's tuning file (kiln tune's choices for this GPU)
 # Exit status: 0 when every stage that ran passed, 1 otherwise.
 
 # The stages are called by name (stage_$name), which shellcheck cannot follow.
@@ -71,9 +75,9 @@ umask 022
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 start_time=$(date +%s)
 
-all_stages=(smi tests train bench gpt2 agree nccl torch sanitizer profile)
+all_stages=(smi tests train bench gpt2 agree nccl tune torch sanitizer profile)
 declare -A limit=([smi]=60 [tests]=420 [train]=300 [agree]=360 [nccl]=240 [bench]=180 [gpt2]=480
-                  [torch]=600 [sanitizer]=600 [profile]=600)
+                  [tune]=540 [torch]=600 [sanitizer]=600 [profile]=600)
 for s in "${all_stages[@]}"; do
   v="KILN_CHECK_LIMIT_${s^^}"
   [ -n "${!v:-}" ] && limit[$s]=${!v}
@@ -559,6 +563,20 @@ stage_gpt2() {
   run gpt2 480 "${kiln[@]}" bench --device cuda "${gpt2_flags[@]}" --steps 5
   sampler_stop "$work/logs/gpt2-nvidia-smi.csv"
   key '^config|^step \(|^matmul FLOPs|rror' "$out"
+}
+
+stage_tune() {
+  local cache=$work/tune-cache precision
+  for precision in bf16 f32; do
+    run "tune-$precision" 260 env KILN_CACHE_DIR="$cache" "${kiln[@]}" tune --device cuda "${gpt2_flags[@]}" \
+      --precision "$precision" --budget 200
+    key '^matmul kernels per step|^[0-9]+ kernels in|dropped|^choices written|rror' "$out"
+  done
+  if cp "$cache"/tuning/*.json "$results"/ 2>/dev/null; then
+    note "tuning file: $(cd "$results" && ls ./*.json)"
+  else
+    failures+=("no tuning file written")
+  fi
 }
 
 stage_torch() {

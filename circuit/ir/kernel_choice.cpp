@@ -1,4 +1,5 @@
 // Kernel choices: their text form and the signatures that key them.
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <vector>
@@ -8,6 +9,7 @@
 #include <kiln/circuit/ir/hash.hpp>
 #include <kiln/circuit/ir/kernel_choice.hpp>
 #include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/ir/target.hpp>
 
 namespace kiln {
 
@@ -45,6 +47,7 @@ std::string KernelChoice::str() const {
   if (threads) items.push_back("threads=" + std::to_string(threads));
   if (attention_rows) items.push_back("attention-rows=" + std::to_string(attention_rows));
   if (row_chunk) items.push_back("row-chunk=" + std::to_string(row_chunk));
+  if (!matmul.empty()) items.push_back("matmul=" + matmul);
   std::string out;
   for (const std::string& s : items) out += (out.empty() ? "" : ",") + s;
   return out.empty() ? "default" : out;
@@ -75,11 +78,28 @@ KernelChoice KernelChoice::parse(std::string_view text) {
       c.attention_rows = parse_int(key, v, 1, 1 << 20, "query rows per block, from 1");
     } else if (key == "row-chunk") {
       c.row_chunk = parse_int(key, v, 1, 1 << 20, "rows per chunk, from 1");
+    } else if (key == "matmul") {
+      std::string policy = v;
+      std::replace(policy.begin(), policy.end(), '+', ',');
+      try {
+        (void)parse_matmul_policy(policy);
+      } catch (const Error& e) {
+        throw Error(std::string("kernel choice matmul: ") + e.what());
+      }
+      c.matmul = v;
     } else {
-      throw Error("kernel choice: unknown key '" + key + "' (the keys: gemm, threads, attention-rows, row-chunk)");
+      throw Error("kernel choice: unknown key '" + key +
+                  "' (the keys: gemm, threads, attention-rows, row-chunk, matmul)");
     }
   }
   return c;
+}
+
+MatmulPolicy KernelChoice::matmul_policy(const MatmulPolicy& base) const {
+  if (matmul.empty()) return base;
+  std::string policy = matmul;
+  std::replace(policy.begin(), policy.end(), '+', ',');
+  return parse_matmul_policy(policy, base);
 }
 
 KernelChoices::KernelChoices(Map entries) : map_(std::make_shared<const Map>(std::move(entries))) {}

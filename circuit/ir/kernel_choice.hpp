@@ -15,9 +15,11 @@ namespace kiln {
 
 class Circuit;
 struct Op;
+struct MatmulPolicy;
 
-// One CPU kernel's choices. Every default is kiln's hand-picked choice (docs/BENCHMARKS.md);
-// each candidate gives the default's result up to the order of its sums.
+// One kernel's choices: the CPU references' and the GPU matmul kernels'. Every default is kiln's
+// hand-picked choice (docs/BENCHMARKS.md); each candidate gives the default's result up to the
+// order of its sums.
 struct KernelChoice {
   // f32 matmuls: oneDNN's sgemm (Eigen's GEMM where kiln was built without oneDNN), Eigen's GEMM,
   // or oneDNN's matmul primitive (made once per plan op; one call for a whole batch).
@@ -26,13 +28,19 @@ struct KernelChoice {
   int threads = 0;         // OpenMP threads the op runs on, at most the run's team; 0: the team
   int attention_rows = 0;  // causal attention's query rows per block (16-128); 0: 32
   int row_chunk = 0;       // fused_rows: rows per chunk of the row-block path; 0: 2048 / row length
+  // GPU matmul kernels: `--matmul` keys applied over the Target's MatmulPolicy for this kernel
+  // ("tile=128x256", several joined by '+'); empty: the Target's.
+  std::string matmul;
 
   bool operator==(const KernelChoice&) const = default;
   bool is_default() const { return *this == KernelChoice{}; }
-  // "gemm=eigen,threads=1": the non-default keys; "default" where there are none.
+  // "gemm=eigen,threads=1" or "matmul=tile=128x256+stages=3": the non-default keys; "default"
+  // where there are none.
   std::string str() const;
   // The inverse of str(); throws kiln::Error naming the key and what it expects.
   static KernelChoice parse(std::string_view text);
+  // `base` with this choice's matmul keys applied.
+  MatmulPolicy matmul_policy(const MatmulPolicy& base) const;
 };
 
 // Op signature -> choice, for one device. Immutable and shared by the Targets that hold it;

@@ -2,6 +2,7 @@
 #include <string>
 
 #include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/kernel_choice.hpp>
 #include <kiln/cuda/lower/families.hpp>
 #include <kiln/cuda/lower/lower.hpp>
 #include <kiln/cuda/lower/util.hpp>
@@ -48,6 +49,15 @@ LoweredOp lower(const Circuit& c, int op_index, const Target& target) {
     r.summary = e.summary;
     return r;
   }
+  // A kernel with a tuned matmul choice lowers under the Target's policy with its keys applied.
+  if (!target.tuned.empty())
+    if (const KernelChoice* k = target.tuned.find(kernel_signature(c, op)); k && !k->matmul.empty()) {
+      Target tuned = target;
+      tuned.matmul = k->matmul_policy(target.matmul);
+      LoweredOp r = e.fn(c, op, tuned);
+      if (r.summary.empty()) r.summary = e.summary;
+      return r;
+    }
   LoweredOp r = e.fn(c, op, target);
   if (r.summary.empty()) r.summary = e.summary;
   return r;

@@ -119,7 +119,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const DeviceSelection device = parse_device(a.str("device", "cpu"));
   Engine::current().set_device(device.device, device.runtime);
   apply_target_flags(a);
-  apply_tune_flag(a);
+  apply_tune_flag(a, device.runtime);
   // --collectives nccl: the step with NCCL in its graph, in one process
   connect_device_collective_if_needed(device, cuda::parse_collective_choice(a.str("collectives", "auto")));
   if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps);

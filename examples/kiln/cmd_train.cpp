@@ -88,7 +88,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const DeviceSelection device = parse_device(a.str("device", "auto"));
   Engine::current().set_device(device.device, device.runtime);
   apply_target_flags(a);
-  apply_tune_flag(a, a.has("stats"));
+  apply_tune_flag(a, device.runtime, a.has("stats"));
   connect_device_collective_if_needed(device, cuda::parse_collective_choice(a.str("collectives", "auto")));
   Engine::current().set_deterministic(a.has("deterministic"));
   spdlog::info("device: {}{}, {} matmuls", device_name(device.device), device.simulated() ? " (simulated)" : "",

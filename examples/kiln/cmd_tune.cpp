@@ -29,24 +29,25 @@ std::map<std::string, std::string> with_tune_flag(std::map<std::string, std::str
   return options;
 }
 
-void apply_tune_flag(const Args& a, bool list_choices) {
+void apply_tune_flag(const Args& a, cuda::Runtime* runtime, bool list_choices) {
   const TuneMode mode = parse_tune_mode(a.str("tune", "cached"));
   Engine& engine = Engine::current();
   if (mode == TuneMode::off) return;
-  if (engine.target().gpu()) {
-    if (mode == TuneMode::on) spdlog::warn("--tune on: GPU kernels are not tuned yet; kiln's defaults run");
-    return;
-  }
+  Target t = engine.target();
+  if (t.gpu() && !runtime) return;
+  if (mode == TuneMode::on && t.gpu())
+    spdlog::warn("--tune on: GPU kernels are tuned by `kiln tune --device cuda`; the cached choices run");
   if (mode == TuneMode::on && world().size() > 1)
     throw Error("--tune on: under mpirun every rank uses the tuning file as it is; run `kiln tune` first, or --tune cached");
   std::string from;
-  Target t = engine.target();
-  t.tuned = without_overridden(load_tuned_choices(t, &from), fixed_num_threads() > 0);
+  const bool threads_fixed = fixed_num_threads() > 0, matmul_fixed = a.has("matmul");
+  t.tuned = without_overridden(load_tuned_choices(device_identity(t, runtime), &from), threads_fixed, matmul_fixed);
   engine.set_target(t);
-  engine.set_tune_on_new_plans(mode == TuneMode::on);
+  engine.set_tune_on_new_plans(mode == TuneMode::on && !t.gpu());
   if (!from.empty())
-    spdlog::info("kernel choices: {} tuned kernels from {}{}", t.tuned.size(), from,
-                 fixed_num_threads() > 0 ? " (per-op thread counts left to --threads)" : "");
+    spdlog::info("kernel choices: {} tuned kernels from {}{}{}", t.tuned.size(), from,
+                 threads_fixed ? " (per-op thread counts left to --threads)" : "",
+                 matmul_fixed ? " (matmul kernels left to --matmul)" : "");
   if (list_choices)
     for (const auto& [kernel, choice] : t.tuned.entries())
       if (!choice.is_default()) spdlog::info("  tuned: {} -> {}", kernel, choice.str());
@@ -56,8 +57,8 @@ namespace {
 
 std::string shortened(const std::string& s, size_t n) { return s.size() <= n ? s : s.substr(0, n - 3) + "..."; }
 
-int list_file(const Target& t) {
-  const std::string user = user_tuning_path(t), shipped = shipped_tuning_path(t), device = device_identity(t);
+int list_file(const std::string& device) {
+  const std::string user = user_tuning_path(device), shipped = shipped_tuning_path(device);
   std::printf("device: %s\n", device.c_str());
   for (const auto& [what, path] : {std::pair{"your tuning file", user}, std::pair{"shipped with kiln", shipped}}) {
     if (path.empty()) {
@@ -84,7 +85,9 @@ int cmd_tune(const std::vector<std::string>& argv) {
          with_target_flags(with_precision_flag(with_thread_flag(
              with_model_flags({{"batch", "sequences per step (default 16)"},
                                {"budget", "seconds of tuning at most (default 120); kernels not reached keep the defaults"},
-                               {"device", "cpu (default; GPU kernels are not tuned yet)"},
+                               {"device",
+                                "cpu (default) or cuda (the matmul kernels' choices; sim is refused: the simulator's "
+                                "times are not a GPU's)"},
                                {"list", "print the device's tuning files (yours and the one shipped with kiln) and exit"},
                                {"clear", "remove your tuning file for this device and exit"}},
                               true)))),
@@ -100,16 +103,17 @@ int cmd_tune(const std::vector<std::string>& argv) {
   apply_thread_flag(a);
   apply_precision_flag(a);
   const DeviceSelection device = parse_device(a.str("device", "cpu"));
-  if (device.device == Device::CUDA)
-    throw Error("--device: GPU kernels are not tuned yet (their candidates run in the simulator only); tune on the cpu");
+  if (device.simulated() && !a.has("list") && !a.has("clear"))
+    throw Error("--device sim: the SIMT simulator's times are not a GPU's, so it cannot tune; tune on cpu or cuda");
   Engine::current().set_device(device.device, device.runtime);
   apply_target_flags(a);
   Target untuned = Engine::current().target();
   untuned.tuned = {};
   Engine::current().set_target(untuned);
-  if (a.has("list")) return list_file(untuned);
+  const std::string identity = device_identity(untuned, device.runtime);
+  if (a.has("list")) return list_file(identity);
   if (a.has("clear")) {
-    const std::string path = user_tuning_path(untuned);
+    const std::string path = user_tuning_path(identity);
     std::error_code ec;
     const bool removed = !path.empty() && std::filesystem::remove(path, ec);
     std::printf("%s %s\n", removed ? "removed" : "nothing to remove at", path.empty() ? "(cache off)" : path.c_str());
@@ -135,6 +139,7 @@ int cmd_tune(const std::vector<std::string>& argv) {
                untuned.str().c_str(), budget);
   TuneOptions options;
   options.budget_s = budget;
+  options.runtime = device.runtime;
   options.progress = [](const std::string& line) { std::fprintf(stderr, "tune: %s\n", line.c_str()); };
   const TuneReport report = tune_kernels(plan, untuned, options);
 
@@ -161,12 +166,15 @@ int cmd_tune(const std::vector<std::string>& argv) {
     if (!r.skipped.empty()) std::printf("not tuned: %s: %s\n", shortened(r.kernel, 72).c_str(), r.skipped.c_str());
   std::printf("%zu kernels in %.1f s, %d timing rounds (%d not tuned, %d candidates dropped as wrong)\n",
               report.kernels.size(), report.seconds, report.rounds, skipped, dropped);
-  std::printf("step: %.2f ms with kiln's defaults, %.2f ms with the choices: %.3fx (medians of 7, in turns)%s\n",
-              report.step_default_ms, report.step_tuned_ms, report.step_tuned_ms / report.step_default_ms,
-              report.kept ? "" : "; not 3% faster: kiln's defaults are kept for every kernel");
-  const std::string path = user_tuning_path(untuned);
-  TuningFile file =
-      path.empty() ? TuningFile{device_identity(untuned), {}} : read_tuning_file(path, device_identity(untuned));
+  if (untuned.gpu())
+    std::printf("matmul kernels per step, each alone: %.3f ms with kiln's defaults, %.3f ms with the choices\n",
+                report.step_default_ms, report.step_tuned_ms);
+  else
+    std::printf("step: %.2f ms with kiln's defaults, %.2f ms with the choices: %.3fx (medians of 7, in turns)%s\n",
+                report.step_default_ms, report.step_tuned_ms, report.step_tuned_ms / report.step_default_ms,
+                report.kept ? "" : "; not 3% faster: kiln's defaults are kept for every kernel");
+  const std::string path = user_tuning_path(identity);
+  TuningFile file = path.empty() ? TuningFile{identity, {}} : read_tuning_file(path, identity);
   for (const TuningEntry& e : tuning_entries(report)) file.put(e);
   if (!path.empty()) {
     write_tuning_file(path, file);

@@ -12,6 +12,10 @@
 #include <kiln/core/precision.hpp>
 #include <kiln/models/causal_lm.hpp>
 
+namespace kiln::cuda {
+class Runtime;
+}
+
 namespace kiln::cli {
 
 class Args;
@@ -53,9 +57,11 @@ void apply_target_flags(const Args& a);  // to Engine::current(): its Target and
 void log_cpu_bf16(const Target& t, Precision precision);
 
 // --tune off|cached|on (core/tuning.hpp) added to a command's options, and applied to the engine's
-// Target (after apply_target_flags); `list_choices` logs every tuned choice (--stats).
+// Target (after apply_target_flags; `runtime`: the CUDA device's, whose identity keys its file, or
+// null on the CPU); `list_choices` logs every tuned choice (--stats). An explicit --threads or
+// --matmul wins over the tuned thread counts or matmul keys.
 std::map<std::string, std::string> with_tune_flag(std::map<std::string, std::string> options);
-void apply_tune_flag(const Args& a, bool list_choices = false);
+void apply_tune_flag(const Args& a, cuda::Runtime* runtime, bool list_choices = false);
 
 int cmd_prims(const std::vector<std::string>& args);
 int cmd_tune(const std::vector<std::string>& args);

@@ -97,8 +97,8 @@ std::string user_tuning_path(const std::string& identity) {
   return dir + "/tuning/" + tuning_file_name(identity);
 }
 
-std::string shipped_tuning_path(const std::string& identity) {
-  return std::string(KILN_SHIPPED_TUNING_DIR) + "/" + tuning_file_name(identity);
+std::string shipped_tuning_path(const std::string& identity, const std::string& shipped_dir) {
+  return (shipped_dir.empty() ? std::string(KILN_SHIPPED_TUNING_DIR) : shipped_dir) + "/" + tuning_file_name(identity);
 }
 
 KernelChoices TuningFile::choices() const {
@@ -210,9 +210,9 @@ void write_tuning_file(const std::string& path, const TuningFile& file) {
   }
 }
 
-KernelChoices load_tuned_choices(const std::string& identity, std::string* from) {
+KernelChoices load_tuned_choices(const std::string& identity, std::string* from, const std::string& shipped_dir) {
   std::error_code ec;
-  for (const std::string& path : {user_tuning_path(identity), shipped_tuning_path(identity)})
+  for (const std::string& path : {user_tuning_path(identity), shipped_tuning_path(identity, shipped_dir)})
     if (!path.empty() && fs::exists(path, ec)) {
       if (from) *from = path;
       return read_tuning_file(path, identity).choices();

@@ -49,8 +49,9 @@ std::string device_identity(const Target& t, const cuda::Runtime* rt = nullptr);
 std::string tuning_file_name(const std::string& identity);
 // <cache dir>/tuning/<file name>, or "" where the cache is off (KILN_CACHE_DIR=off).
 std::string user_tuning_path(const std::string& identity);
-// The file shipped with kiln for this device kind (docs/tuning/ of the source tree), whether it exists or not.
-std::string shipped_tuning_path(const std::string& identity);
+// The file shipped with kiln for this device kind (in `shipped_dir`, by default docs/tuning/ of
+// kiln's source tree), whether it exists or not.
+std::string shipped_tuning_path(const std::string& identity, const std::string& shipped_dir = "");
 
 struct TuningEntry {
   std::string kiln_version;  // the kiln that measured it: other versions' entries are kept, never applied
@@ -77,8 +78,9 @@ TuningFile read_tuning_file(const std::string& path, const std::string& device);
 void write_tuning_file(const std::string& path, const TuningFile& file);
 
 // The choices a run uses under --tune cached: the user's file where it exists, else the shipped
-// one; `from` gets the path read ("" where neither exists).
-KernelChoices load_tuned_choices(const std::string& identity, std::string* from = nullptr);
+// one (shipped_tuning_path); `from` gets the path read ("" where neither exists).
+KernelChoices load_tuned_choices(const std::string& identity, std::string* from = nullptr,
+                                 const std::string& shipped_dir = "");
 // `choices` without what explicit options fix: with `threads_fixed` (--threads), no per-op
 // thread counts (the user's team size wins over the tuner's); with `matmul_fixed` (--matmul), no
 // per-kernel matmul keys.

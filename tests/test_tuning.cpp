@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <cstdlib>
 #include <functional>
 #include <set>
 
@@ -17,6 +18,7 @@
 #include <kiln/circuit/prims/builder.hpp>
 #include <kiln/core/engine.hpp>
 #include <kiln/core/json.hpp>
+#include <kiln/core/tensor.hpp>
 #include <kiln/core/tuning.hpp>
 #include <kiln/models/gpt.hpp>
 #include <kiln/train/adamw.hpp>
@@ -244,6 +246,73 @@ TEST(Tuning, CorruptAndForeignFilesAreErrorsNamingTheFile) {
   expect_refused(doc("cpu A", R"({"kiln": "1", "kernel": "k", "choice": "default", "default_ms": -1,
                                 "chosen_ms": 1, "candidates": 1})"),
                  "cpu A", "default_ms");
+}
+
+// The user's file wins; where there is none, the file shipped for the device kind serves.
+TEST(Tuning, TheUsersFileWinsOverTheShippedOne) {
+  const std::string cache = temp_path("cache"), shipped = temp_path("shipped");
+  const char* saved = std::getenv("KILN_CACHE_DIR");
+  const std::string saved_value = saved ? saved : "";
+  ::setenv("KILN_CACHE_DIR", cache.c_str(), 1);
+  const std::string device = "cpu Test CPU avx2";
+  KernelChoice shipped_choice, user_choice;
+  shipped_choice.threads = 1;
+  user_choice.gemm = KernelChoice::Gemm::eigen;
+  write_tuning_file(shipped_tuning_path(device, shipped), {device, {{version_string, "k", shipped_choice, 1, 1, 2}}});
+  std::string from;
+  EXPECT_EQ(*load_tuned_choices(device, &from, shipped).find("k"), shipped_choice);
+  EXPECT_EQ(from, shipped_tuning_path(device, shipped));
+  write_tuning_file(user_tuning_path(device), {device, {{version_string, "k", user_choice, 1, 1, 2}}});
+  EXPECT_EQ(*load_tuned_choices(device, &from, shipped).find("k"), user_choice);
+  EXPECT_EQ(from, cache + "/tuning/" + tuning_file_name(device));
+  EXPECT_EQ(tuning_file_name(device), "cpu-Test-CPU-avx2.json");
+  EXPECT_TRUE(load_tuned_choices("cpu Other", &from, shipped).empty());
+  EXPECT_EQ(from, "");
+  if (saved)
+    ::setenv("KILN_CACHE_DIR", saved_value.c_str(), 1);
+  else
+    ::unsetenv("KILN_CACHE_DIR");
+  fs::remove_all(cache);
+  fs::remove_all(shipped);
+}
+
+// `--tune on`: the engine tunes a new plan's kernels before making it, writes the device's file
+// and plans with the choices; never in deterministic mode.
+TEST(Tuning, TuneOnTunesANewPlanButNeverADeterministicOne) {
+  const std::string cache = temp_path("tune_on");
+  const char* saved = std::getenv("KILN_CACHE_DIR");
+  const std::string saved_value = saved ? saved : "";
+  ::setenv("KILN_CACHE_DIR", cache.c_str(), 1);
+  Engine& engine = Engine::current();
+  const Target saved_target = engine.target();
+  const std::string file = user_tuning_path(device_identity(engine.target()));
+  auto step = [] {
+    HostTensor a = HostTensor::zeros(DType::f32, {48, 40}), b = HostTensor::zeros(DType::f32, {40, 24});
+    for (int64_t i = 0; i < a.numel(); ++i) a.set(i, 0.01 * static_cast<double>(i % 13));
+    for (int64_t i = 0; i < b.numel(); ++i) b.set(i, 0.02 * static_cast<double>(i % 7));
+    return sum(matmul(Tensor::from_host(a), Tensor::from_host(b))).item();
+  };
+  engine.set_tune_on_new_plans(true);
+  engine.set_deterministic(true);
+  const double deterministic = step();
+  EXPECT_FALSE(fs::exists(file));
+  EXPECT_TRUE(engine.target().tuned.empty());
+  engine.set_deterministic(false);
+  const double tuned = step();
+  EXPECT_TRUE(fs::exists(file)) << file;
+  EXPECT_FALSE(engine.target().tuned.empty());
+  EXPECT_NEAR(tuned, deterministic, 1e-4 * std::abs(deterministic));
+  const size_t kernels = read_tuning_file(file, device_identity(engine.target())).entries.size();
+  EXPECT_GE(kernels, 2u);  // the matmul and the sum
+  step();                  // the same plan: nothing tuned again
+  EXPECT_EQ(read_tuning_file(file, device_identity(engine.target())).entries.size(), kernels);
+  engine.set_tune_on_new_plans(false);
+  engine.set_target(saved_target);
+  if (saved)
+    ::setenv("KILN_CACHE_DIR", saved_value.c_str(), 1);
+  else
+    ::unsetenv("KILN_CACHE_DIR");
+  fs::remove_all(cache);
 }
 
 TEST(Tuning, KernelChoicesPrintAndParseBack) {

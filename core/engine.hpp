@@ -112,10 +112,12 @@ class Engine {
   // CUDA Target while the device is the CPU plans for the GPU (its passes) and runs the plans on
   // the CPU executor: `kiln ptx` and the kernel-count tests look at GPU plans that way.
   void set_target(const Target& t) { target_ = t; }
-  // `--tune on` (core/tuning.hpp): before a new plan is made, its CPU kernels that the Target's
-  // tuned choices lack are tuned (and written to the device's tuning file), and the Target takes
-  // the new choices. Never in deterministic mode (its choices stay as they were).
-  void set_tune_on_new_plans(bool on) { tune_on_new_plans_ = on; }
+  // `--tune on` (core/tuning.hpp): before the next plan is made (a run's first step), its CPU
+  // kernels that the Target's tuned choices lack are tuned (and written to the device's tuning
+  // file), and the Target takes the new choices, fixed from then on: later plans (a validation
+  // pass) are made with them and tune nothing, so a traced step's Target never changes under it.
+  // Never in deterministic mode (the request lapses with that plan too).
+  void set_tune_next_plan(bool on) { tune_next_plan_ = on; }
   const Target& target() const { return target_; }
   // The passes switched off from now on (circuit/passes/pipeline.hpp); part of every plan's key.
   void set_pipeline(PipelineOptions p) {
@@ -205,7 +207,7 @@ class Engine {
   Trace trace_;
   Target target_ = cpu_target();
   PipelineOptions pipeline_;
-  bool tune_on_new_plans_ = false;
+  bool tune_next_plan_ = false;
   Device device_ = Device::CPU;
   cuda::Runtime* runtime_ = nullptr;
   // On the GPU: device copies of persistent tensors, kept between steps.

@@ -55,10 +55,13 @@ void Engine::realize() {
       ++stats_.cache_hits;
     } else {
       auto tp = std::chrono::steady_clock::now();
-      if (tune_on_new_plans_ && device_ == Device::CPU && !target_.deterministic) {
+      if (tune_next_plan_) {
         // The plan's kernels the cache lacks are tuned first, and the plan is made with the choices.
-        target_ = tune_missing_kernels(rec.circuit, requested, target_, pipeline_);
-        plan = cache_.find(hash, rec.circuit, requested, target_, pipeline_);
+        tune_next_plan_ = false;
+        if (device_ == Device::CPU && !target_.deterministic) {
+          target_ = tune_missing_kernels(rec.circuit, requested, target_, pipeline_);
+          plan = cache_.find(hash, rec.circuit, requested, target_, pipeline_);
+        }
       }
       if (!plan) plan = cache_.build(hash, rec.circuit, requested, target_, pipeline_);
       plan_ms = ms_since(tp);

@@ -20,6 +20,7 @@
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/circuit/ir/prim.hpp>
 #include <kiln/circuit/ir/settings.hpp>
+#include <kiln/circuit/prims/cpu_gemm.hpp>
 #include <kiln/circuit/prims/fused_rows.hpp>
 #include <kiln/circuit/prims/onednn_matmul.hpp>
 #include <kiln/circuit/prims/prim_params.hpp>
@@ -65,10 +66,13 @@ std::string cpu_model_name() {
 std::string device_identity(const Target& t, const cuda::Runtime* rt) {
   if (t.gpu()) {
     if (!rt) throw Error("tuning: a GPU's identity comes from its runtime, and none was given");
+    // The matmul path is part of it: keys tuned for wgmma mean other kernels on mma.sync or tf32.
     return "gpu " + rt->device_name() + " sm_" + std::to_string(rt->sm()) + " driver " +
-           std::to_string(rt->driver_version()) + (rt->fake() ? " simulated" : "");
+           std::to_string(rt->driver_version()) + (rt->fake() ? " simulated" : "") +
+           (t.wgmma() ? " wgmma" : " mma.sync") + (t.tf32 ? " tf32" : "");
   }
-  std::string id = "cpu " + cpu_model_name();
+  // The GEMM library kiln was built with too: a build without oneDNN has no gemm=onednn.
+  std::string id = std::string("cpu ") + cpu_model_name() + " " + cpu_gemm_library();
   for (auto [on, name] : {std::pair{t.cpu.avx2, "avx2"},
                           {t.cpu.fma, "fma"},
                           {t.cpu.avx512f, "avx512f"},
@@ -172,7 +176,10 @@ TuningFile read_tuning_file(const std::string& path, const std::string& device) 
     }
     t.default_ms = number_field("default_ms");
     t.chosen_ms = number_field("chosen_ms");
-    t.candidates = static_cast<int>(number_field("candidates"));
+    const double candidates = number_field("candidates");
+    if (candidates != std::floor(candidates) || candidates > 1e6)
+      throw bad(where + ": \"candidates\" must be a whole number up to 1000000");
+    t.candidates = static_cast<int>(candidates);
     file.put(t);
   }
   return file;
@@ -208,6 +215,15 @@ void write_tuning_file(const std::string& path, const TuningFile& file) {
     fs::remove(tmp, ec);
     throw Error("tuning file " + path + ": cannot replace it (" + ec.message() + ")");
   }
+}
+
+std::string record_tuning(const std::string& identity, const std::vector<TuningEntry>& entries) {
+  const std::string path = user_tuning_path(identity);
+  if (path.empty()) return "";
+  TuningFile file = read_tuning_file(path, identity);
+  for (const TuningEntry& e : entries) file.put(e);
+  write_tuning_file(path, file);
+  return path;
 }
 
 KernelChoices load_tuned_choices(const std::string& identity, std::string* from, const std::string& shipped_dir) {
@@ -318,22 +334,37 @@ double tolerance(DType dtype) {
   }
 }
 
-// Empty where `got` matches `want` element for element within tolerance; else what differs. A
-// changed summation order moves an element by about eps times the magnitude of its terms, which
-// an output's root mean square stands for where the element itself is small (cancellation, as in
-// a normalization's gradient): the bound is tol * (|element| + rms of the output).
-// `f32_tol` > 0 replaces f32's tolerance (tf32 products round their operands to 10 bits).
-std::string compare(const std::vector<HostTensor>& want, const std::vector<HostTensor>& got, double f32_tol = 0) {
-  for (size_t k = 0; k < want.size(); ++k) {
-    const HostTensor &w = want[k], &g = got[k];
-    double squares = 0;
-    int64_t finite = 0;
-    for (int64_t i = 0; i < w.numel(); ++i)
-      if (std::isfinite(w.get(i))) {
-        squares += w.get(i) * w.get(i);
-        ++finite;
-      }
-    const double rms = finite ? std::sqrt(squares / static_cast<double>(finite)) : 0;
+// The outputs every candidate of a kernel is checked against (the default's on the CPU, Eigen's
+// on the GPU), with each output's root mean square over its finite elements.
+struct Reference {
+  std::vector<HostTensor> outputs;
+  std::vector<double> rms;
+  explicit Reference(const std::vector<HostTensor>& got) {
+    for (const HostTensor& g : got) {
+      outputs.push_back(g.clone());
+      double squares = 0;
+      int64_t finite = 0;
+      for (int64_t i = 0; i < g.numel(); ++i)
+        if (const double x = g.get(i); std::isfinite(x)) {
+          squares += x * x;
+          ++finite;
+        }
+      rms.push_back(finite ? std::sqrt(squares / static_cast<double>(finite)) : 0);
+    }
+  }
+};
+
+// Empty where `got` matches the reference element for element within tolerance; else what
+// differs. A changed summation order moves an element by about eps times the magnitude of its
+// terms, which an output's root mean square stands for where the element itself is small
+// (cancellation, as in a normalization's gradient): the bound is tol * (|element| + rms of the
+// output). `f32_tol` > 0 replaces f32's tolerance (tf32 products round their operands to 10 bits).
+std::string compare(const Reference& ref, const std::vector<HostTensor>& got, double f32_tol = 0) {
+  if (got.size() != ref.outputs.size())
+    return fmt::format("{} outputs where the reference has {}", got.size(), ref.outputs.size());
+  for (size_t k = 0; k < ref.outputs.size(); ++k) {
+    const HostTensor &w = ref.outputs[k], &g = got[k];
+    const double rms = ref.rms[k];
     if (g.dtype() != w.dtype() || g.shape() != w.shape())
       return fmt::format("output {}: {}{} where the default gives {}{}", k, dtype_name(g.dtype()), g.shape().str(),
                          dtype_name(w.dtype()), w.shape().str());
@@ -347,6 +378,18 @@ std::string compare(const std::vector<HostTensor>& want, const std::vector<HostT
     }
   }
   return "";
+}
+
+// The kernel's choice: the fastest verified candidate ahead of the default by kMinGain, else the
+// default (candidates[0]); times per step.
+void choose(KernelResult& r) {
+  r.default_ms = r.chosen_ms = r.candidates[0].ms;
+  r.chosen = KernelChoice{};
+  for (const CandidateResult& c : r.candidates)
+    if (c.failure.empty() && c.ms < r.chosen_ms && c.ms < r.default_ms * (1 - kMinGain)) {
+      r.chosen = c.choice;
+      r.chosen_ms = c.ms;
+    }
 }
 
 double median(std::vector<double> v) {
@@ -437,9 +480,9 @@ TuneReport tune_gpu_kernels(const Circuit& optimized, const Target& target, cons
     }
     const Op& op = optimized.ops()[first_op[k]];
     const Kernel alone(optimized, op, r.kernel);
-    std::vector<HostTensor> want;
+    std::unique_ptr<Reference> want;
     try {
-      for (const HostTensor& w : alone.run(cpu_target(), {})) want.push_back(w.clone());
+      want = std::make_unique<Reference>(alone.run(cpu_target(), {}));
     } catch (const Error& e) {
       r.skipped = std::string("no Eigen reference: ") + e.what();
       continue;
@@ -448,12 +491,19 @@ TuneReport tune_gpu_kernels(const Circuit& optimized, const Target& target, cons
     std::vector<std::vector<double>> ms;
     for (const KernelChoice& choice : gpu_candidates(optimized, op, target)) {
       CandidateResult c{choice, 0, ""};
+      if (!programs.empty() && elapsed_s() > options.budget_s) {  // the default at least
+        c.failure = fmt::format("not run: the budget of {:.0f} s was spent", options.budget_s);
+        r.candidates.push_back(c);
+        programs.emplace_back();
+        ms.emplace_back();
+        continue;
+      }
       Target t = target;
       t.tuned = KernelChoices({{r.kernel, choice}});
       std::unique_ptr<cuda::DeviceProgram> dp;
       try {
         dp = std::make_unique<cuda::DeviceProgram>(alone.circuit, alone.outputs, rt, t);
-        c.failure = compare(want, dp->run(alone.bindings), target.tf32 ? 1e-2 : 0);
+        c.failure = compare(*want, dp->run(alone.bindings), target.tf32 ? 1e-2 : 0);
       } catch (const Error& e) {
         c.failure = e.what();
       }
@@ -475,12 +525,7 @@ TuneReport tune_gpu_kernels(const Circuit& optimized, const Target& target, cons
         }
     for (size_t j = 0; j < programs.size(); ++j)
       if (programs[j]) r.candidates[j].ms = median(ms[j]) * r.occurrences;
-    r.default_ms = r.chosen_ms = r.candidates[0].ms;
-    for (const CandidateResult& c : r.candidates)
-      if (c.failure.empty() && c.ms < r.chosen_ms && c.ms < r.default_ms * (1 - kMinGain)) {
-        r.chosen = c.choice;
-        r.chosen_ms = c.ms;
-      }
+    choose(r);
     report.step_default_ms += r.default_ms;
     report.step_tuned_ms += r.chosen_ms;
   }
@@ -535,15 +580,15 @@ TuneReport tune_kernels(const Circuit& optimized, const Target& target, const Tu
     KernelResult& r = report.kernels[k];
     const Op& op = ops[kernel_ops[k][0]];
     const Kernel alone(optimized, op, r.kernel);
-    std::vector<HostTensor> want;
+    std::unique_ptr<Reference> want;  // the default's outputs
     for (const KernelChoice& choice : cpu_candidates(optimized, op, team)) {
       CandidateResult c{choice, 0, ""};
       try {
         std::vector<HostTensor> got = alone.run(target, choice);
-        if (want.empty())
-          for (const HostTensor& g : got) want.push_back(g.clone());
+        if (!want)
+          want = std::make_unique<Reference>(got);
         else
-          c.failure = compare(want, got);
+          c.failure = compare(*want, got);
       } catch (const Error& e) {
         c.failure = e.what();
       }
@@ -556,6 +601,12 @@ TuneReport tune_kernels(const Circuit& optimized, const Target& target, const Tu
     }
     if (!r.skipped.empty()) verified[k].clear();
     most = std::max(most, verified[k].size());
+  }
+  if (most < 2) {  // nothing to choose between (no kernels, or none with a verified candidate)
+    for (KernelResult& r : report.kernels)
+      if (r.skipped.empty()) r.skipped = "no candidate but the default ran alone";
+    report.seconds = elapsed_ms() / 1000;
+    return report;
   }
 
   // Program j runs the j-th verified candidate of every kernel that has one (the default elsewhere).
@@ -624,12 +675,7 @@ TuneReport tune_kernels(const Circuit& optimized, const Target& target, const Tu
     for (size_t j = 0; j < verified[k].size(); ++j)
       for (CandidateResult& c : r.candidates)
         if (c.failure.empty() && c.choice == verified[k][j]) c.ms = median(samples[j][k]);
-    r.default_ms = r.chosen_ms = r.candidates[0].ms;
-    for (const CandidateResult& c : r.candidates)
-      if (c.failure.empty() && c.ms < r.chosen_ms && c.ms < r.default_ms * (1 - kMinGain)) {
-        r.chosen = c.choice;
-        r.chosen_ms = c.ms;
-      }
+    choose(r);
     chosen[r.kernel] = r.chosen;
   }
   // The whole step with and without the choices, in turns.
@@ -638,7 +684,6 @@ TuneReport tune_kernels(const Circuit& optimized, const Target& target, const Tu
   WholeStep tuned(optimized, no_outputs, with);
   tuned.program->run(bindings);
   std::vector<double> off, on;
-  std::vector<KernelChoice> best(report.kernels.size());
   for (int turn = 0; turn < 7; ++turn) {
     off.push_back(run_step(*steps[0].program, 0, nullptr));
     // The tuned step's ops under their choices: run_step's index is the default's (0), so the
@@ -684,20 +729,16 @@ Target tune_missing_kernels(const Circuit& recorded, const std::vector<ValueId>&
   std::vector<ValueId> outputs = requested;
   const Circuit optimized = optimize(recorded, outputs, target, pipeline);
   const std::string device = device_identity(target), path = user_tuning_path(device);
-  TuningFile file = path.empty() ? TuningFile{device, {}} : read_tuning_file(path, device);
-  KernelChoices::Map known = file.choices().entries();
+  KernelChoices::Map known = path.empty() ? KernelChoices::Map{} : read_tuning_file(path, device).choices().entries();
   for (const auto& [kernel, choice] : target.tuned.entries()) known[kernel] = choice;
   TuneOptions options;
   options.progress = [](const std::string& line) { spdlog::info("tuning {}", line); };
   const auto t0 = std::chrono::steady_clock::now();
   const TuneReport report = tune_kernels(optimized, target, options, KernelChoices(known));
   const std::vector<TuningEntry> entries = tuning_entries(report);
-  for (const TuningEntry& e : entries) {
-    file.put(e);
-    known[e.kernel] = e.choice;
-  }
+  for (const TuningEntry& e : entries) known[e.kernel] = e.choice;
   if (!entries.empty()) {
-    if (!path.empty()) write_tuning_file(path, file);
+    record_tuning(device, entries);
     spdlog::info("tuned {} kernels in {:.1f} s (--tune on): step {:.2f} -> {:.2f} ms, {}{}", entries.size(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                  report.step_default_ms, report.step_tuned_ms,

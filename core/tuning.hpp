@@ -41,11 +41,12 @@ enum class TuneMode { off, cached, on };
 TuneMode parse_tune_mode(std::string_view text);  // throws kiln::Error naming --tune
 const char* tune_mode_name(TuneMode m);
 
-// "cpu AMD EPYC 7B12 avx2 fma": the CPU's model name and the instruction sets kiln's kernels use;
-// for a CUDA Target, "gpu NVIDIA H100 80GB HBM3 sm_90 driver 12080" from its runtime `rt`
-// (required there).
+// "cpu AMD EPYC 7B12 oneDNN avx2 fma": the CPU's model name, the GEMM library of this build and
+// the instruction sets kiln's kernels use; for a CUDA Target, "gpu NVIDIA H100 80GB HBM3 sm_90
+// driver 12080 wgmma" from its runtime `rt` (required there) and the Target's matmul path
+// (wgmma or mma.sync, and tf32).
 std::string device_identity(const Target& t, const cuda::Runtime* rt = nullptr);
-// The identity as a file name: letters, digits, '.', '-' (others become '-'), then ".json".
+// The identity as a file name: letters, digits, '.', '_' (runs of others become one '-'), then ".json".
 std::string tuning_file_name(const std::string& identity);
 // <cache dir>/tuning/<file name>, or "" where the cache is off (KILN_CACHE_DIR=off).
 std::string user_tuning_path(const std::string& identity);
@@ -76,6 +77,11 @@ struct TuningFile {
 TuningFile read_tuning_file(const std::string& path, const std::string& device);
 // Writes `file` atomically (a temporary beside it, then renamed over it), making its folder.
 void write_tuning_file(const std::string& path, const TuningFile& file);
+
+// Adds `entries` to the user's tuning file for `identity` (read and validated first: a corrupt or
+// foreign one is an error, never overwritten) and writes it; returns its path ("" where the cache
+// is off and nothing was written).
+std::string record_tuning(const std::string& identity, const std::vector<TuningEntry>& entries);
 
 // The choices a run uses under --tune cached: the user's file where it exists, else the shipped
 // one (shipped_tuning_path); `from` gets the path read ("" where neither exists).

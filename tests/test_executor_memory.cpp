@@ -18,6 +18,7 @@
 #include <kiln/train/adamw.hpp>
 
 #include "device_test_util.hpp"
+#include "scoped_eval.hpp"
 
 namespace kiln {
 namespace {
@@ -33,21 +34,7 @@ constexpr bool kSanitizedBuild = __has_feature(address_sanitizer);
 constexpr bool kSanitizedBuild = false;
 #endif
 
-// Replaces a Prim's reference by wrap(original reference) for the guard's lifetime.
-class ScopedEval {
- public:
-  ScopedEval(const std::string& prim, const std::function<EvalFn(EvalFn)>& wrap)
-      : def_(PrimRegistry::instance().mutable_find(prim)), saved_(def_.eval) {
-    def_.eval = wrap(saved_);
-  }
-  ~ScopedEval() { def_.eval = saved_; }
-  ScopedEval(const ScopedEval&) = delete;
-  ScopedEval& operator=(const ScopedEval&) = delete;
-
- private:
-  PrimDef& def_;
-  EvalFn saved_;
-};
+using testing::ScopedEval;
 
 // x: f32 [rows, 1024] -> the row sums of a chain of pointwise ops, each 4 MiB at rows 1024.
 struct Chain {

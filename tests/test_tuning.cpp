@@ -7,7 +7,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <cstdlib>
 #include <functional>
 #include <set>
 
@@ -24,10 +23,16 @@
 #include <kiln/train/adamw.hpp>
 #include <kiln/version.hpp>
 
+#include "scoped_env.hpp"
+#include "scoped_eval.hpp"
+#include "scoped_target.hpp"
+
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::ScopedEnv;
+using testing::ScopedEval;
 
 // a [64, 32] x b [32, 48]: one f32 matmul kernel.
 struct OneMatmul {
@@ -76,19 +81,6 @@ TEST(Tuning, TheInjectedClockDecidesTheChoice) {
   EXPECT_FALSE(close.kept);
 }
 
-// Replaces a Prim's reference by wrap(original reference) for the guard's lifetime.
-class ScopedEval {
- public:
-  ScopedEval(const std::string& prim, const std::function<EvalFn(EvalFn)>& wrap)
-      : def_(PrimRegistry::instance().mutable_find(prim)), saved_(def_.eval) {
-    def_.eval = wrap(saved_);
-  }
-  ~ScopedEval() { def_.eval = saved_; }
-
- private:
-  PrimDef& def_;
-  EvalFn saved_;
-};
 
 // Eigen's GEMM planted wrong (one element off by 1e-3 relative): it is the fastest, yet dropped.
 TEST(Tuning, AWrongCandidateIsDroppedAndNeverChosen) {
@@ -251,9 +243,7 @@ TEST(Tuning, CorruptAndForeignFilesAreErrorsNamingTheFile) {
 // The user's file wins; where there is none, the file shipped for the device kind serves.
 TEST(Tuning, TheUsersFileWinsOverTheShippedOne) {
   const std::string cache = temp_path("cache"), shipped = temp_path("shipped");
-  const char* saved = std::getenv("KILN_CACHE_DIR");
-  const std::string saved_value = saved ? saved : "";
-  ::setenv("KILN_CACHE_DIR", cache.c_str(), 1);
+  const ScopedEnv cache_dir("KILN_CACHE_DIR", cache);
   const std::string device = "cpu Test CPU avx2";
   KernelChoice shipped_choice, user_choice;
   shipped_choice.threads = 1;
@@ -268,50 +258,44 @@ TEST(Tuning, TheUsersFileWinsOverTheShippedOne) {
   EXPECT_EQ(tuning_file_name(device), "cpu-Test-CPU-avx2.json");
   EXPECT_TRUE(load_tuned_choices("cpu Other", &from, shipped).empty());
   EXPECT_EQ(from, "");
-  if (saved)
-    ::setenv("KILN_CACHE_DIR", saved_value.c_str(), 1);
-  else
-    ::unsetenv("KILN_CACHE_DIR");
   fs::remove_all(cache);
   fs::remove_all(shipped);
 }
 
-// `--tune on`: the engine tunes a new plan's kernels before making it, writes the device's file
-// and plans with the choices; never in deterministic mode.
-TEST(Tuning, TuneOnTunesANewPlanButNeverADeterministicOne) {
+// `--tune on`: the engine tunes the next plan's kernels before making it, writes the device's
+// file and plans with the choices, fixed from then on (a later plan tunes nothing); a
+// deterministic run tunes nothing (the request lapses).
+TEST(Tuning, TuneOnTunesTheNextPlanOnlyAndNeverADeterministicOne) {
   const std::string cache = temp_path("tune_on");
-  const char* saved = std::getenv("KILN_CACHE_DIR");
-  const std::string saved_value = saved ? saved : "";
-  ::setenv("KILN_CACHE_DIR", cache.c_str(), 1);
+  const ScopedEnv cache_dir("KILN_CACHE_DIR", cache);
+  const testing::ScopedTarget restored([](Target&) {});
   Engine& engine = Engine::current();
-  const Target saved_target = engine.target();
   const std::string file = user_tuning_path(device_identity(engine.target()));
-  auto step = [] {
-    HostTensor a = HostTensor::zeros(DType::f32, {48, 40}), b = HostTensor::zeros(DType::f32, {40, 24});
+  auto step = [](int64_t rows) {
+    HostTensor a = HostTensor::zeros(DType::f32, {rows, 40}), b = HostTensor::zeros(DType::f32, {40, 24});
     for (int64_t i = 0; i < a.numel(); ++i) a.set(i, 0.01 * static_cast<double>(i % 13));
     for (int64_t i = 0; i < b.numel(); ++i) b.set(i, 0.02 * static_cast<double>(i % 7));
     return sum(matmul(Tensor::from_host(a), Tensor::from_host(b))).item();
   };
-  engine.set_tune_on_new_plans(true);
+  engine.set_tune_next_plan(true);
   engine.set_deterministic(true);
-  const double deterministic = step();
+  step(48);
+  engine.set_deterministic(false);
   EXPECT_FALSE(fs::exists(file));
   EXPECT_TRUE(engine.target().tuned.empty());
-  engine.set_deterministic(false);
-  const double tuned = step();
-  EXPECT_TRUE(fs::exists(file)) << file;
-  EXPECT_FALSE(engine.target().tuned.empty());
-  EXPECT_NEAR(tuned, deterministic, 1e-4 * std::abs(deterministic));
-  const size_t kernels = read_tuning_file(file, device_identity(engine.target())).entries.size();
-  EXPECT_GE(kernels, 2u);  // the matmul and the sum
-  step();                  // the same plan: nothing tuned again
-  EXPECT_EQ(read_tuning_file(file, device_identity(engine.target())).entries.size(), kernels);
-  engine.set_tune_on_new_plans(false);
-  engine.set_target(saved_target);
-  if (saved)
-    ::setenv("KILN_CACHE_DIR", saved_value.c_str(), 1);
-  else
-    ::unsetenv("KILN_CACHE_DIR");
+  step(48);  // the request lapsed with the deterministic plan
+  EXPECT_FALSE(fs::exists(file));
+
+  engine.set_tune_next_plan(true);
+  step(52);  // a plan not made yet
+  ASSERT_TRUE(fs::exists(file)) << file;
+  const KernelChoices chosen = engine.target().tuned;
+  EXPECT_FALSE(chosen.empty());
+  EXPECT_GE(read_tuning_file(file, device_identity(engine.target())).entries.size(), 2u);  // the matmul, the sum
+  const auto written = fs::last_write_time(file);
+  step(56);  // a new plan (other shapes): made with the choices, nothing tuned or written
+  EXPECT_EQ(fs::last_write_time(file), written);
+  EXPECT_EQ(engine.target().tuned, chosen);
   fs::remove_all(cache);
 }
 
@@ -327,10 +311,13 @@ TEST(Tuning, KernelChoicesPrintAndParseBack) {
   EXPECT_EQ(KernelChoice::parse(c.str()), c);
   EXPECT_THROW(KernelChoice::parse("gemm=mkl"), Error);
   EXPECT_THROW(KernelChoice::parse("threads=x"), Error);
+  EXPECT_THROW(KernelChoice::parse("threads=1,threads=2"), Error);
+  EXPECT_THROW(KernelChoice::parse("threads=1,"), Error);
+  EXPECT_THROW(KernelChoice::parse(""), Error);
 }
 
-// An explicit thread count (--threads, KILN_NUM_THREADS) wins over tuned per-op thread counts;
-// the other choices stay.
+// An explicit thread count (--threads, KILN_NUM_THREADS) wins over tuned per-op thread counts,
+// an explicit --matmul over tuned matmul keys; the other choices stay.
 TEST(Tuning, AnExplicitThreadCountWinsOverTunedOnes) {
   KernelChoice c;
   c.threads = 1;
@@ -341,6 +328,11 @@ TEST(Tuning, AnExplicitThreadCountWinsOverTunedOnes) {
   ASSERT_NE(fixed.find("k"), nullptr);
   EXPECT_EQ(fixed.find("k")->threads, 0);
   EXPECT_EQ(fixed.find("k")->gemm, KernelChoice::Gemm::onednn);
+  // An explicit --matmul wins over tuned matmul keys.
+  KernelChoice gpu;
+  gpu.matmul = "tile=128x256";
+  const KernelChoices keys = without_overridden(KernelChoices({{"m", gpu}}), false, true);
+  EXPECT_TRUE(keys.find("m")->matmul.empty());
   // The tuned Target is another plan key, and its line says so.
   Target t = cpu_target();
   const Target untuned = t;

@@ -133,11 +133,15 @@ TrainResult Trainer::run() {
   const bool on_gpu = Engine::current().device() == Device::CUDA;
   const int64_t end = opts_.stop_at > 0 ? std::min(opts_.stop_at, opts_.steps) : opts_.steps;
   std::unique_ptr<MetricsLog> metrics;
-  if (!opts_.metrics_log.empty() && writes) {
+  if (!opts_.metrics_log.empty() && writes)
     metrics = std::make_unique<MetricsLog>(opts_.metrics_log, /*append=*/step_ > 0);
-    metrics->start(step_, opts_.steps, static_cast<int64_t>(tokens_per_step), Engine::current().target().str());
-  }
-  if (opts_.stats) spdlog::info("target: {}", Engine::current().target().str());
+  // The Target is named once the first step has run: under `--tune on` that step's plan fixes
+  // the run's kernel choices (Engine::set_tune_next_plan).
+  auto name_target = [&] {
+    if (metrics)
+      metrics->start(first, opts_.steps, static_cast<int64_t>(tokens_per_step), Engine::current().target().str());
+    if (opts_.stats) spdlog::info("target: {}", Engine::current().target().str());
+  };
   ProgressLine live(opts_.live_progress && writes && ProgressLine::stdout_is_terminal());
   while (step_ < end) {
     double lr = warmup_cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
@@ -209,6 +213,7 @@ TrainResult Trainer::run() {
     } else {
       skipped_in_a_row = 0;
     }
+    if (step_ == first) name_target();
     ++step_;
     bool last = step_ == end;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -307,8 +307,7 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
         e.first += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         ++e.second;
       }
-    } catch (const Error& e) {
-      if (fewer) omp_set_num_threads(team);
+    } catch (const Error& e) {  // the team size is restored by `release`
       std::string msg = e.what();
       if (!op.scope.empty() && msg.find(" in layer ") == std::string::npos) msg += " (in layer '" + op.scope + "')";
       throw Error(msg);

@@ -56,6 +56,7 @@ std::string KernelChoice::str() const {
 KernelChoice KernelChoice::parse(std::string_view text) {
   KernelChoice c;
   if (text == "default") return c;
+  std::vector<std::string> seen;
   std::stringstream items{std::string(text)};
   for (std::string item; std::getline(items, item, ',');) {
     const size_t eq = item.find('=');
@@ -63,6 +64,9 @@ KernelChoice KernelChoice::parse(std::string_view text) {
       throw Error("kernel choice: expected KEY=VALUE items separated by commas, or 'default', received '" +
                   std::string(text) + "'");
     const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      throw Error("kernel choice: key '" + key + "' given twice in '" + std::string(text) + "'");
+    seen.push_back(key);
     if (key == "gemm") {
       if (v == "standard")
         c.gemm = Gemm::standard;
@@ -79,19 +83,20 @@ KernelChoice KernelChoice::parse(std::string_view text) {
     } else if (key == "row-chunk") {
       c.row_chunk = parse_int(key, v, 1, 1 << 20, "rows per chunk, from 1");
     } else if (key == "matmul") {
-      std::string policy = v;
-      std::replace(policy.begin(), policy.end(), '+', ',');
+      c.matmul = v;
       try {
-        (void)parse_matmul_policy(policy);
+        (void)c.matmul_policy(MatmulPolicy{});
       } catch (const Error& e) {
         throw Error(std::string("kernel choice matmul: ") + e.what());
       }
-      c.matmul = v;
     } else {
       throw Error("kernel choice: unknown key '" + key +
                   "' (the keys: gemm, threads, attention-rows, row-chunk, matmul)");
     }
   }
+  if (seen.empty() || text.back() == ',')
+    throw Error("kernel choice: expected KEY=VALUE items separated by commas, or 'default', received '" +
+                std::string(text) + "'");
   return c;
 }
 

@@ -16,6 +16,7 @@
 #include <kiln/core/engine.hpp>
 #include <kiln/core/tuning.hpp>
 #include <kiln/train/adamw.hpp>
+#include <kiln/train/trainer.hpp>
 
 #include "args.hpp"
 #include "commands.hpp"
@@ -43,7 +44,7 @@ void apply_tune_flag(const Args& a, cuda::Runtime* runtime, bool list_choices) {
   const bool threads_fixed = fixed_num_threads() > 0, matmul_fixed = a.has("matmul");
   t.tuned = without_overridden(load_tuned_choices(device_identity(t, runtime), &from), threads_fixed, matmul_fixed);
   engine.set_target(t);
-  engine.set_tune_on_new_plans(mode == TuneMode::on && !t.gpu());
+  engine.set_tune_next_plan(mode == TuneMode::on && !t.gpu());
   if (!from.empty())
     spdlog::info("kernel choices: {} tuned kernels from {}{}{}", t.tuned.size(), from,
                  threads_fixed ? " (per-op thread counts left to --threads)" : "",
@@ -121,20 +122,29 @@ int cmd_tune(const std::vector<std::string>& argv) {
   }
   const double budget = a.real("budget", 120.0, 0.0, 1e9);
   const int64_t batch = a.integer("batch", 16, 1);
+  // A corrupt or foreign tuning file is refused now, not after the tuning.
+  if (const std::string path = user_tuning_path(identity); !path.empty()) (void)read_tuning_file(path, identity);
   manual_seed(1);
   std::unique_ptr<models::CausalLM> model = model_from_flags(a, 0, 0.0);
-  optim::AdamW opt(model->parameters(), optim::AdamWOptions{});
+  // kiln train's step with its defaults (trainer.cpp): AdamW's weight decay, beta2 and guard, the
+  // gradient clipped, so that the kernels tuned are the ones training runs.
+  const TrainOptions train;
+  optim::AdamWOptions adamw;
+  adamw.beta2 = train.beta2;
+  adamw.weight_decay = train.weight_decay;
+  adamw.skip_non_finite = true;
+  optim::AdamW opt(model->parameters(), adamw);
   HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, model->block_size()});
   for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 7919) % model->vocab_size()));
   Tensor x = Tensor::from_host(ids), y = Tensor::from_host(ids);
   auto step = [&] {
     Tensor loss = model->loss(x, y);
     loss.backward();
-    opt.step(0.0, loss);
+    opt.step(train.grad_clip, loss);
     return std::vector<Tensor>{loss};
   };
   step()[0].item();
-  const Circuit& plan = Engine::current().last_plan()->program->circuit();
+  const Circuit plan = Engine::current().last_plan()->program->circuit();  // a copy: the engine may drop its plan
   std::fprintf(stderr, "tuning the %zu ops of one step (target: %s), budget %.0f s\n", plan.ops().size(),
                untuned.str().c_str(), budget);
   TuneOptions options;
@@ -173,13 +183,8 @@ int cmd_tune(const std::vector<std::string>& argv) {
     std::printf("step: %.2f ms with kiln's defaults, %.2f ms with the choices: %.3fx (medians of 7, in turns)%s\n",
                 report.step_default_ms, report.step_tuned_ms, report.step_tuned_ms / report.step_default_ms,
                 report.kept ? "" : "; not 3% faster: kiln's defaults are kept for every kernel");
-  const std::string path = user_tuning_path(identity);
-  TuningFile file = path.empty() ? TuningFile{identity, {}} : read_tuning_file(path, identity);
-  for (const TuningEntry& e : tuning_entries(report)) file.put(e);
-  if (!path.empty()) {
-    write_tuning_file(path, file);
+  if (const std::string path = record_tuning(identity, tuning_entries(report)); !path.empty())
     std::printf("choices written to %s\n", path.c_str());
-  }
   return 0;
 }
 

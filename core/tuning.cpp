@@ -732,7 +732,8 @@ Target tune_missing_kernels(const Circuit& recorded, const std::vector<ValueId>&
   KernelChoices::Map known = path.empty() ? KernelChoices::Map{} : read_tuning_file(path, device).choices().entries();
   for (const auto& [kernel, choice] : target.tuned.entries()) known[kernel] = choice;
   TuneOptions options;
-  options.progress = [](const std::string& line) { spdlog::info("tuning {}", line); };
+  options.progress = [](const std::string& line) { spdlog::debug("tuning: {}", line); };
+  spdlog::info("tuning the first step's kernels (--tune on; at most {:.0f} s)", options.budget_s);
   const auto t0 = std::chrono::steady_clock::now();
   const TuneReport report = tune_kernels(optimized, target, options, KernelChoices(known));
   const std::vector<TuningEntry> entries = tuning_entries(report);

@@ -149,6 +149,7 @@ TrainResult Trainer::run() {
     Batch b = shard(data_.train_batch(static_cast<uint64_t>(step_), opts_.batch, block));
     auto ts = std::chrono::steady_clock::now();
     Tensor loss;
+    if (opts_.tune_first_step && step_ == first) Engine::current().set_tune_next_plan(true);
     if (traced) {
       loss = traced->run({b.x.to_host(), b.y.to_host()})[0];
     } else {

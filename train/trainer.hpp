@@ -35,6 +35,9 @@ struct TrainOptions {
   // Record the step once and replay it (core/traced_step.hpp); false records every step anew
   // (the model's C++ code runs each step). The two give the same values to the bit.
   bool traced = true;
+  // `--tune on`: the first step's plan has its kernels tuned before it is made, and the choices
+  // are fixed from then on (Engine::set_tune_next_plan, core/tuning.hpp).
+  bool tune_first_step = false;
   // Called with the step count after each step (and its checkpoint); tests deliver signals here.
   std::function<void(int64_t)> after_step;
   // A step whose loss or gradient norm is not finite is never applied (train/adamw.hpp). By

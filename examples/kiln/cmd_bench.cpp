@@ -119,7 +119,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const DeviceSelection device = parse_device(a.str("device", "cpu"));
   Engine::current().set_device(device.device, device.runtime);
   apply_target_flags(a);
-  apply_tune_flag(a, device.runtime);
+  const TuneMode tune = apply_tune_flag(a, device.runtime);
   // --collectives nccl: the step with NCCL in its graph, in one process
   connect_device_collective_if_needed(device, cuda::parse_collective_choice(a.str("collectives", "auto")));
   if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps);
@@ -170,6 +170,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     t.outside_ms = median(outside_ms);
     return t;
   };
+  Engine::current().set_tune_next_plan(tune == TuneMode::on);  // the first step's plan (--tune on)
   Timing recorded = time_steps([&] { record()[0].item(); });
   TracedStep traced({x, y}, record);
   Timing replayed = time_steps([&] { traced.run({ids, ids})[0].item(); });

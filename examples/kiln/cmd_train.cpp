@@ -88,7 +88,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const DeviceSelection device = parse_device(a.str("device", "auto"));
   Engine::current().set_device(device.device, device.runtime);
   apply_target_flags(a);
-  apply_tune_flag(a, device.runtime, a.has("stats"));
+  const TuneMode tune = apply_tune_flag(a, device.runtime, a.has("stats"));
   connect_device_collective_if_needed(device, cuda::parse_collective_choice(a.str("collectives", "auto")));
   Engine::current().set_deterministic(a.has("deterministic"));
   spdlog::info("device: {}{}, {} matmuls", device_name(device.device), device.simulated() ? " (simulated)" : "",
@@ -126,6 +126,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.checkpoint_interval = a.integer("ckpt-every", 500, 0);
   o.stats = a.has("stats");
   o.traced = !a.has("no-trace");
+  o.tune_first_step = tune == TuneMode::on;
   o.skip_non_finite = a.has("skip-non-finite");
   const std::string out = a.str("out", "model.h5");
   o.metrics_log = a.str("metrics", std::filesystem::path(out).replace_extension(".metrics.jsonl").string());

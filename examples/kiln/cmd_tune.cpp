@@ -30,12 +30,12 @@ std::map<std::string, std::string> with_tune_flag(std::map<std::string, std::str
   return options;
 }
 
-void apply_tune_flag(const Args& a, cuda::Runtime* runtime, bool list_choices) {
+TuneMode apply_tune_flag(const Args& a, cuda::Runtime* runtime, bool list_choices) {
   const TuneMode mode = parse_tune_mode(a.str("tune", "cached"));
   Engine& engine = Engine::current();
-  if (mode == TuneMode::off) return;
+  if (mode == TuneMode::off) return mode;
   Target t = engine.target();
-  if (t.gpu() && !runtime) return;
+  if (t.gpu() && !runtime) return mode;
   if (mode == TuneMode::on && t.gpu())
     spdlog::warn("--tune on: GPU kernels are tuned by `kiln tune --device cuda`; the cached choices run");
   if (mode == TuneMode::on && world().size() > 1)
@@ -44,7 +44,6 @@ void apply_tune_flag(const Args& a, cuda::Runtime* runtime, bool list_choices) {
   const bool threads_fixed = fixed_num_threads() > 0, matmul_fixed = a.has("matmul");
   t.tuned = without_overridden(load_tuned_choices(device_identity(t, runtime), &from), threads_fixed, matmul_fixed);
   engine.set_target(t);
-  engine.set_tune_next_plan(mode == TuneMode::on && !t.gpu());
   if (!from.empty())
     spdlog::info("kernel choices: {} tuned kernels from {}{}{}", t.tuned.size(), from,
                  threads_fixed ? " (per-op thread counts left to --threads)" : "",
@@ -52,6 +51,7 @@ void apply_tune_flag(const Args& a, cuda::Runtime* runtime, bool list_choices) {
   if (list_choices)
     for (const auto& [kernel, choice] : t.tuned.entries())
       if (!choice.is_default()) spdlog::info("  tuned: {} -> {}", kernel, choice.str());
+  return t.gpu() ? TuneMode::cached : mode;  // GPU kernels are tuned by kiln tune only
 }
 
 namespace {

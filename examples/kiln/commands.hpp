@@ -10,6 +10,7 @@
 
 #include <kiln/circuit/ir/target.hpp>
 #include <kiln/core/precision.hpp>
+#include <kiln/core/tuning.hpp>
 #include <kiln/models/causal_lm.hpp>
 
 namespace kiln::cuda {
@@ -59,9 +60,10 @@ void log_cpu_bf16(const Target& t, Precision precision);
 // --tune off|cached|on (core/tuning.hpp) added to a command's options, and applied to the engine's
 // Target (after apply_target_flags; `runtime`: the CUDA device's, whose identity keys its file, or
 // null on the CPU); `list_choices` logs every tuned choice (--stats). An explicit --threads or
-// --matmul wins over the tuned thread counts or matmul keys.
+// --matmul wins over the tuned thread counts or matmul keys. Returns the mode; under `on` the
+// caller asks the engine to tune its first step (Engine::set_tune_next_plan) right before it.
 std::map<std::string, std::string> with_tune_flag(std::map<std::string, std::string> options);
-void apply_tune_flag(const Args& a, cuda::Runtime* runtime, bool list_choices = false);
+TuneMode apply_tune_flag(const Args& a, cuda::Runtime* runtime, bool list_choices = false);
 
 int cmd_prims(const std::vector<std::string>& args);
 int cmd_tune(const std::vector<std::string>& args);

@@ -179,7 +179,7 @@ int cmd_tune(const std::vector<std::string>& argv) {
   if (untuned.gpu())
     std::printf("matmul kernels per step, each alone: %.3f ms with kiln's defaults, %.3f ms with the choices\n",
                 report.step_default_ms, report.step_tuned_ms);
-  else
+  else if (report.step_default_ms > 0)  // 0: nothing was timed (no kernel had a candidate to time)
     std::printf("step: %.2f ms with kiln's defaults, %.2f ms with the choices: %.3fx (medians of 7, in turns)%s\n",
                 report.step_default_ms, report.step_tuned_ms, report.step_tuned_ms / report.step_default_ms,
                 report.kept ? "" : "; not 3% faster: kiln's defaults are kept for every kernel");

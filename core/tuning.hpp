@@ -9,7 +9,7 @@
 // a 2-core AMD EPYC, oneDNN's matmul primitive was 10-30% faster alone and no faster in the step).
 // The fastest candidate that beats the default by kMinGain (medians) is the kernel's choice; the
 // choices are kept only if the whole step, timed in turns with and without them, gains kMinGain.
-// Choices are cached per device identity in <cache dir>/tuning/<device>.json (TuningFile), keyed
+// Choices are cached per device identity in CACHE_DIR/tuning/DEVICE.json (TuningFile), keyed
 // by kiln version and kernel signature; a file shipped in docs/tuning/ for the device serves
 // where the user has none.
 //
@@ -48,7 +48,7 @@ const char* tune_mode_name(TuneMode m);
 std::string device_identity(const Target& t, const cuda::Runtime* rt = nullptr);
 // The identity as a file name: letters, digits, '.', '_' (runs of others become one '-'), then ".json".
 std::string tuning_file_name(const std::string& identity);
-// <cache dir>/tuning/<file name>, or "" where the cache is off (KILN_CACHE_DIR=off).
+// CACHE_DIR/tuning/FILE_NAME (tuning_file_name), or "" where the cache is off (KILN_CACHE_DIR=off).
 std::string user_tuning_path(const std::string& identity);
 // The file shipped with kiln for this device kind (in `shipped_dir`, by default docs/tuning/ of
 // kiln's source tree), whether it exists or not.

@@ -24,7 +24,7 @@ MultiHeadAttention::MultiHeadAttention(const AttentionOptions& options) : o_(opt
     v_proj = register_module("v_proj", std::make_shared<Linear>(o_.dim, kv_dim, o_.bias, o_.init_std));
   }
   o_proj = register_module("o_proj", std::make_shared<Linear>(o_.dim, o_.dim, o_.bias, o_.out_init_std));
-  if (o_.rope_theta > 0) rope_.emplace(head_dim(), o_.rope_theta);
+  if (o_.rope_theta > 0) rope_.emplace(head_dim(), o_.rope_theta, o_.rope_scaling);
 }
 
 std::array<Tensor, 3> MultiHeadAttention::project(const Tensor& x) const {

@@ -23,6 +23,7 @@ struct AttentionOptions {
   bool fused_qkv = false;  // one projection "qkv_proj" giving q, k, v in that order
   bool causal = true;      // position t attends to positions <= t only
   double rope_theta = 0;   // > 0: rotary embeddings on q and k with this base
+  RopeScaling rope_scaling;  // of their frequencies (none by default)
   double init_std = 0.02;  // of the input projections
   double out_init_std = 0.02;
 };

@@ -71,7 +71,7 @@ ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes
   ModelAttributes out;
   for (const AttributeSpec& s : arch.attributes) {
     if (!attributes.has(s.name)) {
-      if (!s.has_default || !allow_defaults)
+      if (!s.has_default || (!allow_defaults && !s.added_after_format_3))
         throw Error(fmt::format("{}: attribute '{}' of the {} config is missing", source, s.name, arch.name));
       out.set(s.name, s.default_value);
       continue;

@@ -69,6 +69,9 @@ struct AttributeSpec {
   double min = 1, max = 2147483648.0;  // integers: a size in [1, 2^31)
   bool has_default = false;
   double default_value = 0;
+  // Added after weights format 3: files that require every attribute may still lack it (written
+  // before it existed), and then it takes its default.
+  bool added_after_format_3 = false;
 };
 
 struct Architecture {

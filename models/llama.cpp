@@ -8,7 +8,9 @@ namespace kiln::models {
 double LlamaConfig::parameter_count() const {
   const double C = static_cast<double>(n_embd), V = static_cast<double>(vocab_size);
   const double kv = static_cast<double>(n_kv_head) * C / static_cast<double>(n_head);
-  const double layer = 2 * C * C + 2 * C * kv + 3 * C * static_cast<double>(hidden()) + 2 * C;
+  const double H = static_cast<double>(hidden());
+  const double layer = 2 * C * C + 2 * C * kv + 3 * C * H + 2 * C + (attention_bias ? 2 * C + 2 * kv : 0) +
+                       (mlp_bias ? 2 * H + C : 0);
   return V * C * (tie_embeddings ? 1 : 2) + static_cast<double>(n_layer) * layer + C;
 }
 
@@ -24,6 +26,12 @@ ModelAttributes LlamaConfig::to_attributes() const {
   a.set("rope_theta", rope_theta);
   a.set("norm_eps", norm_eps);
   a.set("tie_embeddings", tie_embeddings ? 1 : 0);
+  a.set("attention_bias", attention_bias ? 1 : 0);
+  a.set("mlp_bias", mlp_bias ? 1 : 0);
+  a.set("rope_scaling_factor", rope_scaling.factor);
+  a.set("rope_low_freq_factor", rope_scaling.low_freq_factor);
+  a.set("rope_high_freq_factor", rope_scaling.high_freq_factor);
+  a.set("rope_original_max_position", static_cast<double>(rope_scaling.original_max_position));
   return a;
 }
 
@@ -39,14 +47,25 @@ LlamaConfig LlamaConfig::from_attributes(const ModelAttributes& a) {
   c.rope_theta = a.get("rope_theta");
   c.norm_eps = a.get("norm_eps");
   c.tie_embeddings = a.get_int("tie_embeddings") != 0;
+  // Attributes added after format 3 (check_attributes fills their defaults; a bare
+  // ModelAttributes may lack them).
+  auto optional = [&](const char* name, double fallback) { return a.has(name) ? a.get(name) : fallback; };
+  c.attention_bias = optional("attention_bias", 0) != 0;
+  c.mlp_bias = optional("mlp_bias", 0) != 0;
+  c.rope_scaling.factor = optional("rope_scaling_factor", 0);
+  c.rope_scaling.low_freq_factor = optional("rope_low_freq_factor", 1);
+  c.rope_scaling.high_freq_factor = optional("rope_high_freq_factor", 4);
+  c.rope_scaling.original_max_position = static_cast<int64_t>(optional("rope_original_max_position", 8192));
   return c;
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c) {
   nn::AttentionOptions o;
   o.dim = c.n_embd, o.n_heads = c.n_head, o.n_kv_heads = c.n_kv_head, o.rope_theta = c.rope_theta;
+  o.rope_scaling = c.rope_scaling, o.bias = c.attention_bias;
   self_attn = register_module("self_attn", std::make_shared<nn::MultiHeadAttention>(o));
-  mlp = register_module("mlp", std::make_shared<nn::GatedMLP>(c.n_embd, c.hidden()));
+  mlp = register_module("mlp", std::make_shared<nn::GatedMLP>(c.n_embd, c.hidden(), nn::GatedMLP::Activation::SiLU,
+                                                                c.mlp_bias));
   input_layernorm = register_module("input_layernorm", std::make_shared<nn::RMSNorm>(c.n_embd, c.norm_eps));
   post_attention_layernorm =
       register_module("post_attention_layernorm", std::make_shared<nn::RMSNorm>(c.n_embd, c.norm_eps));

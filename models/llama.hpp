@@ -25,6 +25,9 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;  // transformers: rms_norm_eps
   bool tie_embeddings = false;
+  bool attention_bias = false;  // biases on q/k/v/o_proj (transformers: attention_bias)
+  bool mlp_bias = false;        // biases on gate/up/down_proj (transformers: mlp_bias)
+  nn::RopeScaling rope_scaling;  // Llama 3.1's frequency rewrite (transformers: rope type "llama3")
   int64_t hidden() const { return ffn_hidden > 0 ? ffn_hidden : (8 * n_embd / 3 + 31) / 32 * 32; }
   double parameter_count() const;
   ModelAttributes to_attributes() const;

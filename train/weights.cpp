@@ -237,9 +237,12 @@ void write_parameters(h5::File& f, const nn::Module& module) {
   f.write_attribute("format_version", kWeightsFormatVersion);
   for (const auto& [name, p] : module.named_parameters()) {
     HostTensor h = p.to_host();
-    HostTensor f32 = HostTensor::zeros(DType::f32, h.shape());
-    for (int64_t i = 0; i < h.numel(); ++i) f32.set(i, h.get(i));
-    f.write(dataset_path(name), f32);
+    if (h.dtype() != DType::f32) {  // one copy of a tensor at a time: large models are written near 1x
+      HostTensor f32 = HostTensor::zeros(DType::f32, h.shape());
+      for (int64_t i = 0; i < h.numel(); ++i) f32.set(i, h.get(i));
+      h = f32;
+    }
+    f.write(dataset_path(name), h);
   }
 }
 }  // namespace

@@ -74,6 +74,8 @@ int cmd_init(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_gradcheck(const std::vector<std::string>& args);
 int cmd_dump(const std::vector<std::string>& args);
+int cmd_import(const std::vector<std::string>& args);
+int cmd_export(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_ptx(const std::vector<std::string>& args);
 int cmd_plot(const std::vector<std::string>& args);

@@ -1,0 +1,94 @@
+// `kiln import DIR --out model.h5` and `kiln export model.h5 --hf DIR`: Hugging Face model
+// directories (config.json + safetensors) to kiln weights files and back (train/hf_model.hpp).
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/hf_model.hpp>
+#include <kiln/train/progress_line.hpp>
+
+#include "args.hpp"
+#include "commands.hpp"
+
+namespace kiln::cli {
+
+namespace {
+// The command's one positional argument (before or after the options), and the rest for Args.
+std::pair<std::string, std::vector<std::string>> positional(const std::vector<std::string>& argv, const char* what,
+                                                            const std::set<std::string>& switches = {}) {
+  std::vector<std::string> rest;
+  std::string found;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const bool option = argv[i].rfind("--", 0) == 0;
+    if (option) {
+      rest.push_back(argv[i]);
+      // An option's value follows it unless the option is a switch or --help.
+      if (argv[i] != "--help" && !switches.count(argv[i].substr(2)) && i + 1 < argv.size()) rest.push_back(argv[++i]);
+    } else if (found.empty()) {
+      found = argv[i];
+    } else {
+      throw Error(std::string("expected one ") + what + ", received '" + found + "' and '" + argv[i] + "'");
+    }
+  }
+  return {found, rest};
+}
+}  // namespace
+
+int cmd_import(const std::vector<std::string>& argv) {
+  auto [dir, rest] = positional(argv, "model directory");
+  Args a(rest, {{"out", "kiln weights file to write (required)"}},
+         "usage: kiln import DIR --out model.h5\n\n"
+         "Reads a local Hugging Face model directory (config.json and model.safetensors, or the shards\n"
+         "that model.safetensors.index.json lists) of a GPT2LMHeadModel or LlamaForCausalLM, with f32, bf16,\n"
+         "f16 or f64 tensors, and writes it as a kiln weights file (f32). Settings kiln does not implement\n"
+         "are refused by name.");
+  if (a.help()) {
+    a.print_help();
+    return 0;
+  }
+  if (dir.empty()) throw Error("expected a model directory: kiln import DIR --out model.h5");
+  const std::string out = a.required("out");
+  ProgressLine line(ProgressLine::stdout_is_terminal());
+  HfImport imported = import_hf_model(dir, [&](size_t done, size_t total) {
+    line.update("reading tensors: " + std::to_string(done) + "/" + std::to_string(total), done == total);
+  });
+  line.clear();
+  save_weights(out, *imported.model);
+  std::printf("imported %s: %s, %zu parameters from %zu file(s)", dir.c_str(), imported.model->architecture().c_str(),
+              imported.model->num_parameters(), imported.files.size());
+  if (!imported.skipped.empty()) std::printf("; %zu stored buffers or tied copies skipped", imported.skipped.size());
+  std::printf("\nwrote %s\n", out.c_str());
+  if (std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"))
+    std::printf("note: %s/tokenizer.json is not imported (kiln imports weights only for now): the weights file has "
+                "no tokenizer\n",
+                dir.c_str());
+  return 0;
+}
+
+int cmd_export(const std::vector<std::string>& argv) {
+  auto [weights, rest] = positional(argv, "weights file", {"non-strict"});
+  Args a(rest,
+         {{"hf", "Hugging Face model directory to write (required)"},
+          {"dtype", "f32 (default) or bf16: the stored tensors' type"},
+          {"non-strict", kNonStrictHelp}},
+         "usage: kiln export model.h5 --hf DIR [--dtype f32|bf16]\n\n"
+         "Writes DIR/config.json and DIR/model.safetensors, which transformers'\n"
+         "AutoModelForCausalLM.from_pretrained(DIR) loads (GPT2LMHeadModel or LlamaForCausalLM).",
+         {"non-strict"});
+  if (a.help()) {
+    a.print_help();
+    return 0;
+  }
+  if (weights.empty()) throw Error("expected a weights file: kiln export model.h5 --hf DIR");
+  const std::string dt = a.str("dtype", "f32");
+  if (dt != "f32" && dt != "bf16") throw Error("--dtype must be f32 or bf16, received '" + dt + "'");
+  const std::string dir = a.required("hf");
+  std::unique_ptr<models::CausalLM> model = load_model_as_flagged(weights, a);
+  export_hf_model(*model, dir, dt == "f32" ? DType::f32 : DType::bf16);
+  std::printf("wrote %s/config.json and %s/model.safetensors (%s, %zu parameters, %s)\n", dir.c_str(), dir.c_str(),
+              model->architecture().c_str(), model->num_parameters(), dt.c_str());
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -10,6 +10,8 @@
 #include <kiln/train/adamw.hpp>
 #include <kiln/train/checkpoint.hpp>
 #include <kiln/train/hdf5_file.hpp>
+#include <kiln/train/hf_model.hpp>
+#include <kiln/train/safetensors.hpp>
 #include <kiln/train/weights.hpp>
 
 namespace fs = std::filesystem;
@@ -31,7 +33,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const fs::path root = argv[1];
-  for (const char* t : {"weights", "weights_fields", "checkpoint", "batch", "tokenizer", "text"})
+  for (const char* t : {"weights", "weights_fields", "checkpoint", "batch", "tokenizer", "text", "safetensors"})
     fs::create_directories(root / t);
   manual_seed(3);
   const std::string corpus = "ab cab\nbca ✓\n";
@@ -68,6 +70,20 @@ int main(int argc, char** argv) {
 
   write_text(root / "text/fortune", "Q: What's a cat's favourite color?\nA: Purrple.\n%\nÀ bientôt ✓\n");
   write_text(root / "text/short", "abcabcabcabcabcabcabcabc");
+  // safetensors: every float dtype kiln reads and writes, metadata, a scalar and an empty tensor;
+  // and a GPT's weights as `kiln export` writes them.
+  HostTensor values = HostTensor::zeros(DType::f32, Shape{2, 3});
+  for (int64_t i = 0; i < values.numel(); ++i) values.set(i, 0.5 * static_cast<double>(i) - 1);
+  write_safetensors((root / "safetensors/dtypes.safetensors").string(),
+                    {{"a", DType::f32, Shape{2, 3}}, {"b", DType::bf16, Shape{2, 3}}, {"c", DType::f16, Shape{2, 3}},
+                     {"s", DType::f32, Shape{}}, {"e", DType::f32, Shape{0, 4}}},
+                    [&](size_t i) {
+                      return i < 3 ? values : i == 3 ? HostTensor::zeros(DType::f32, Shape{}) : HostTensor::zeros(DType::f32, Shape{0, 4});
+                    },
+                    {{"format", "pt"}});
+  export_hf_model(small, (root / "safetensors/gpt").string(), DType::bf16);
+  fs::rename(root / "safetensors/gpt/model.safetensors", root / "safetensors/gpt.safetensors");
+  fs::remove_all(root / "safetensors/gpt");
   std::printf("seeds written under %s\n", root.c_str());
   return 0;
 }

@@ -21,7 +21,8 @@ int32_t ArenaSet::allocate(ArenaKind kind, DType dtype, const Shape& shape, std:
   if (need > capacity) {
     int64_t grown = std::max(need, 2 * capacity);
     HostTensor bigger = HostTensor::zeros(dtype, Shape{grown});
-    if (a.used) std::memcpy(bigger.raw(), a.storage.raw(), static_cast<size_t>(a.used) * dtype_size(dtype));
+    if (a.used && !a.pristine)
+      std::memcpy(bigger.raw(), a.storage.raw(), static_cast<size_t>(a.used) * dtype_size(dtype));
     a.storage = bigger;
   }
   a.used = need;
@@ -32,16 +33,21 @@ int32_t ArenaSet::allocate(ArenaKind kind, DType dtype, const Shape& shape, std:
 HostTensor ArenaSet::view(int32_t id) const {
   const ArenaSlot& s = slot(id);
   for (const Arena& a : arenas_)
-    if (a.kind == s.kind && a.dtype == s.dtype)
+    if (a.kind == s.kind && a.dtype == s.dtype) {
+      a.pristine = false;  // the caller may write through the view
       return HostTensor::view(
           s.dtype, s.shape,
           static_cast<std::byte*>(a.storage.raw()) + s.offset * static_cast<int64_t>(dtype_size(s.dtype)));
+    }
   return {};
 }
 
 HostTensor ArenaSet::arena_view(ArenaKind kind, DType dtype) const {
   for (const Arena& a : arenas_)
-    if (a.kind == kind && a.dtype == dtype) return HostTensor::view(dtype, Shape{a.used}, a.storage.raw());
+    if (a.kind == kind && a.dtype == dtype) {
+      a.pristine = false;
+      return HostTensor::view(dtype, Shape{a.used}, a.storage.raw());
+    }
   return {};
 }
 

@@ -37,6 +37,10 @@ class ArenaSet {
     DType dtype;
     HostTensor storage;
     int64_t used = 0;
+    // No view of it has been handed out since it was allocated: it holds zeros only, which a
+    // grown arena need not copy (its fresh zero pages then stay untouched: a model of empty
+    // parameters takes no memory).
+    mutable bool pristine = true;
   };
   Arena& arena(ArenaKind kind, DType dtype);
   std::vector<Arena> arenas_;

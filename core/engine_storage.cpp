@@ -20,7 +20,8 @@ Tensor Engine::new_persistent(ArenaKind kind, const std::string& name, const Hos
     return t;
   };
   auto impl = persistent(kind, name);
-  if (init.nbytes()) std::memcpy(arenas_.view(impl->slot).raw(), init.raw(), init.nbytes());
+  // An init without data (nn::EmptyParameters) leaves the slot as allocated: zeros, untouched.
+  if (init.nbytes() && init.raw()) std::memcpy(arenas_.view(impl->slot).raw(), init.raw(), init.nbytes());
   impl->requires_grad = requires_grad;
   owners_[impl->slot] = impl;
   if (requires_grad) impl->grad = persistent(ArenaKind::Grad, name + ".grad");

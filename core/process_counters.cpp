@@ -16,6 +16,11 @@ ProcessCounters ProcessCounters::now() {
   return c;
 }
 
+uint64_t peak_resident_bytes() {
+  rusage u{};
+  return getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<uint64_t>(u.ru_maxrss) * 1024 : 0;  // ru_maxrss is in KiB
+}
+
 ProcessCounters ProcessCounters::operator-(const ProcessCounters& before) const {
   return {minor_faults - before.minor_faults, storage_allocations - before.storage_allocations,
           storage_bytes - before.storage_bytes};

@@ -15,4 +15,7 @@ struct ProcessCounters {
   ProcessCounters operator-(const ProcessCounters& before) const;
 };
 
+// The most memory this process has held resident so far, in bytes (getrusage's ru_maxrss).
+uint64_t peak_resident_bytes();
+
 }  // namespace kiln

@@ -91,11 +91,20 @@ std::optional<Scope> Module::scope() const {
   return std::optional<Scope>(std::in_place, path_, /*absolute=*/true);
 }
 
+namespace {
+thread_local bool empty_parameters = false;
+}
+
+EmptyParameters::EmptyParameters() : previous_(empty_parameters) { empty_parameters = true; }
+EmptyParameters::~EmptyParameters() { empty_parameters = previous_; }
+
 HostTensor normal_init(const Shape& shape, double std, DType dtype) {
+  if (empty_parameters) return HostTensor::view(dtype, shape, nullptr);
   return (Tensor::randn(shape, dtype) * std).to_host();
 }
 
 HostTensor constant_init(const Shape& shape, double value, DType dtype) {
+  if (empty_parameters) return HostTensor::view(dtype, shape, nullptr);
   HostTensor t = HostTensor::zeros(dtype, shape);
   for (int64_t i = 0; i < t.numel(); ++i) t.set(i, value);
   return t;

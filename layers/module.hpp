@@ -91,7 +91,24 @@ class ModuleList : public Module {
   std::vector<std::shared_ptr<M>> items_;
 };
 
+// Parameter initial values: N(0, std), or a constant. Under EmptyParameters both return no data.
 HostTensor normal_init(const Shape& shape, double std, DType dtype = DType::f32);
 HostTensor constant_init(const Shape& shape, double value, DType dtype = DType::f32);
+
+// While alive, the modules this thread makes get parameters without values (PyTorch's meta
+// device, accelerate's init_empty_weights): no random initialization runs, and their slots stay
+// zero pages that take no memory until written. For a model whose values come from elsewhere:
+// kiln import streams a checkpoint's tensors to a weights file through such a model, which
+// supplies the names and shapes only. Its parameters read as zeros.
+class EmptyParameters {
+ public:
+  EmptyParameters();
+  ~EmptyParameters();
+  EmptyParameters(const EmptyParameters&) = delete;
+  EmptyParameters& operator=(const EmptyParameters&) = delete;
+
+ private:
+  bool previous_;
+};
 
 }  // namespace kiln::nn

@@ -40,17 +40,24 @@ nn::KVCache* CausalLM::reusable_kv_cache(int64_t batch) const {
   return kv_cache_.get();
 }
 
-Tensor CausalLM::decode_step(const Tensor&, int64_t, nn::KVCache&) const {
+Tensor CausalLM::decode_step(const Tensor&, const Tensor&, nn::KVCache&) const {
   throw Error("the " + architecture() + " model has no key/value cache (decode_step)");
 }
 
-void check_decode_step(const CausalLM& model, const Tensor& token, int64_t position, const nn::KVCache& cache) {
+Tensor CausalLM::decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const {
+  if (position < 0 || position >= cache.max_len())
+    throw Error(architecture() + ".decode_step: position " + std::to_string(position) + " is outside the cache's [0, " +
+                std::to_string(cache.max_len()) + ")");
+  return decode_step(token, Tensor::from_ints({static_cast<int32_t>(position)}, {1}), cache);
+}
+
+void check_decode_step(const CausalLM& model, const Tensor& token, const Tensor& position) {
   if (token.dtype() != DType::i32 || token.rank() != 2 || token.shape()[1] != 1)
     throw Error(model.architecture() + ".decode_step: expected one token id per sequence, i32 (B, 1), received " +
                 std::string(dtype_name(token.dtype())) + token.shape().str());
-  if (position < 0 || position >= cache.max_len())
-    throw Error(model.architecture() + ".decode_step: position " + std::to_string(position) +
-                " is outside the cache's [0, " + std::to_string(cache.max_len()) + ")");
+  if (position.dtype() != DType::i32 || position.shape() != Shape{1})
+    throw Error(model.architecture() + ".decode_step: expected the position as i32 [1], received " +
+                std::string(dtype_name(position.dtype())) + position.shape().str());
 }
 
 const Architecture& architecture(const std::string& name) {
@@ -67,11 +74,11 @@ std::string bound(double b) { return b == 2147483648.0 ? "2^31" : fmt::format("{
 }  // namespace
 
 ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes& attributes, const std::string& source,
-                                 bool allow_defaults) {
+                                 int64_t file_version) {
   ModelAttributes out;
   for (const AttributeSpec& s : arch.attributes) {
     if (!attributes.has(s.name)) {
-      if (!s.has_default || (!allow_defaults && !s.added_after_format_3))
+      if (!s.has_default || (file_version > 0 && file_version >= s.required_from_version))
         throw Error(fmt::format("{}: attribute '{}' of the {} config is missing", source, s.name, arch.name));
       out.set(s.name, s.default_value);
       continue;

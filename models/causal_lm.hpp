@@ -43,10 +43,13 @@ class CausalLM : public nn::Module {
   virtual std::vector<std::pair<std::string, std::string>> tied_names() const { return {}; }
   // Incremental decoding (sampling with a key/value cache): a cache for `batch` sequences of up to
   // block_size() tokens (null where the model has none), and the logits (B, 1, V) of one token
-  // (B, 1) at `position` (the tokens before it already decoded into the cache), whose keys and
-  // values join the cache. Every step runs one compiled plan: the position is a runtime input.
+  // (B, 1) at `position`, i32 [1] (the tokens before it already decoded into the cache), whose
+  // keys and values join the cache. The position is a tensor, an input of the step like the
+  // token: one recording serves every step (train/sample.cpp traces it once and replays it).
   virtual std::unique_ptr<nn::KVCache> new_kv_cache(int64_t batch) const;
-  virtual Tensor decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const;
+  virtual Tensor decode_step(const Tensor& token, const Tensor& position, nn::KVCache& cache) const;
+  // The same at a position given as a number, first checked to lie inside the cache.
+  Tensor decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const;
   // The model's own cache for `batch` sequences, made on first use and reused by later calls
   // (the engine's persistent storage is never given back, so a cache per call would grow it);
   // null where the model has none. Reuse is safe: a step writes its slot before attending, and
@@ -58,8 +61,9 @@ class CausalLM : public nn::Module {
   mutable int64_t kv_cache_batch_ = 0;
 };
 
-// The checks every decode_step makes: token i32 (B, 1), position inside the cache.
-void check_decode_step(const CausalLM& model, const Tensor& token, int64_t position, const nn::KVCache& cache);
+// The checks every decode_step makes: token i32 (B, 1), position i32 [1] (its value, a runtime
+// input, cannot be checked here: the caller keeps it inside the cache).
+void check_decode_step(const CausalLM& model, const Tensor& token, const Tensor& position);
 
 // One attribute of an architecture's config: integers must be whole; every value lies in
 // [min, max) (reals may allow max itself); an attribute with a default may be absent from a file.
@@ -69,9 +73,10 @@ struct AttributeSpec {
   double min = 1, max = 2147483648.0;  // integers: a size in [1, 2^31)
   bool has_default = false;
   double default_value = 0;
-  // Added after weights format 3: files that require every attribute may still lack it (written
-  // before it existed), and then it takes its default.
-  bool added_after_format_3 = false;
+  // The first weights and checkpoint format_version whose files must hold it (an attribute with a
+  // default that an older file lacks takes the default): 3, when every attribute became required,
+  // or the version that added it.
+  int64_t required_from_version = 3;
 };
 
 struct Architecture {
@@ -90,8 +95,10 @@ const Architecture& architecture(const std::string& name);
 std::unique_ptr<CausalLM> make_model(const std::string& architecture, const ModelAttributes& attributes,
                                      const std::string& source = "model config");
 // The attributes checked and completed with defaults; errors name `source` and the attribute.
-// Without `allow_defaults` every attribute must be given (files of a format that writes them all).
+// `file_version`: the format_version of the file they were read from, whose rules say which
+// attributes must be present (AttributeSpec::required_from_version); 0: not from a file (every
+// attribute with a default may be absent).
 ModelAttributes check_attributes(const Architecture& arch, const ModelAttributes& attributes, const std::string& source,
-                                 bool allow_defaults = true);
+                                 int64_t file_version = 0);
 
 }  // namespace kiln::models

@@ -85,13 +85,13 @@ std::unique_ptr<nn::KVCache> GPT::new_kv_cache(int64_t batch) const {
                                        transformer_->wte->weight.dtype());
 }
 
-Tensor GPT::decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const {
-  check_decode_step(*this, token, position, cache);
+Tensor GPT::decode_step(const Tensor& token, const Tensor& position, nn::KVCache& cache) const {
+  check_decode_step(*this, token, position);
   const Transformer& tr = *transformer_;
   // The position is an input (its row of wpe, its value as a scalar), not a constant: one plan
   // serves every step.
-  Tensor x = tr.wte->forward(token) + tr.wpe->forward(Tensor::from_ints({static_cast<int32_t>(position)}, {1}));
-  const Tensor pos = Tensor::scalar(static_cast<double>(position), x.dtype());
+  Tensor x = tr.wte->forward(token) + tr.wpe->forward(position);
+  const Tensor pos = reshape(cast(position, x.dtype()), Shape{});
   for (size_t i = 0; i < tr.h.size(); ++i) x = tr.h[i]->decode(x, pos, cache.layer(i));
   x = tr.ln_f->forward(x);
   Scope s("lm_head");

@@ -49,7 +49,8 @@ class GPT : public CausalLM {
     return {{"lm_head.weight", "transformer.wte.weight"}};
   }
   std::unique_ptr<nn::KVCache> new_kv_cache(int64_t batch) const override;
-  Tensor decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const override;
+  using CausalLM::decode_step;
+  Tensor decode_step(const Tensor& token, const Tensor& position, nn::KVCache& cache) const override;
   const GPTConfig& config() const { return config_; }
 
  private:

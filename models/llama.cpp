@@ -47,8 +47,8 @@ LlamaConfig LlamaConfig::from_attributes(const ModelAttributes& a) {
   c.rope_theta = a.get("rope_theta");
   c.norm_eps = a.get("norm_eps");
   c.tie_embeddings = a.get_int("tie_embeddings") != 0;
-  // Attributes added after format 3 (check_attributes fills their defaults; a bare
-  // ModelAttributes may lack them).
+  // Attributes of format 4 (check_attributes fills their defaults; a bare ModelAttributes may
+  // lack them).
   auto optional = [&](const char* name, double fallback) { return a.has(name) ? a.get(name) : fallback; };
   c.attention_bias = optional("attention_bias", 0) != 0;
   c.mlp_bias = optional("mlp_bias", 0) != 0;
@@ -114,10 +114,10 @@ std::unique_ptr<nn::KVCache> Llama::new_kv_cache(int64_t batch) const {
                                        model_->embed_tokens->weight.dtype());
 }
 
-Tensor Llama::decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const {
-  check_decode_step(*this, token, position, cache);
+Tensor Llama::decode_step(const Tensor& token, const Tensor& position, nn::KVCache& cache) const {
+  check_decode_step(*this, token, position);
   Tensor x = model_->embed_tokens->forward(token);  // (B, 1, C)
-  const Tensor pos = Tensor::scalar(static_cast<double>(position), x.dtype());
+  const Tensor pos = reshape(cast(position, x.dtype()), Shape{});
   for (size_t i = 0; i < model_->layers->size(); ++i) x = (*model_->layers)[i]->decode(x, pos, cache.layer(i));
   x = model_->norm->forward(x);
   Scope s("lm_head");

@@ -55,7 +55,8 @@ class Llama : public CausalLM {
   int64_t block_size() const override { return config_.block_size; }
   std::vector<std::pair<std::string, std::string>> tied_names() const override;
   std::unique_ptr<nn::KVCache> new_kv_cache(int64_t batch) const override;
-  Tensor decode_step(const Tensor& token, int64_t position, nn::KVCache& cache) const override;
+  using CausalLM::decode_step;
+  Tensor decode_step(const Tensor& token, const Tensor& position, nn::KVCache& cache) const override;
   const LlamaConfig& config() const { return config_; }
 
   struct Body : nn::Module {

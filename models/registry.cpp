@@ -22,13 +22,13 @@ const std::vector<Architecture>& architectures() {
                         AttributeSpec{"ffn_hidden"}, AttributeSpec{"rope_theta", false, 1.0000001, 1e12},
                         AttributeSpec{"norm_eps", false, 0, 1}, AttributeSpec{"tie_embeddings", true, 0, 2},
                         // Hugging Face's attention_bias and mlp_bias, and llama3 rope scaling (a
-                        // factor of 0: none); see LlamaConfig.
-                        AttributeSpec{"attention_bias", true, 0, 2, true, 0, true},
-                        AttributeSpec{"mlp_bias", true, 0, 2, true, 0, true},
-                        AttributeSpec{"rope_scaling_factor", false, 0, 1e6, true, 0, true},
-                        AttributeSpec{"rope_low_freq_factor", false, 0, 1e6, true, 1, true},
-                        AttributeSpec{"rope_high_freq_factor", false, 0, 1e6, true, 4, true},
-                        AttributeSpec{"rope_original_max_position", true, 1, 2147483648.0, true, 8192, true}},
+                        // factor of 0: none; see LlamaConfig): format 4's, absent from older files.
+                        AttributeSpec{"attention_bias", true, 0, 2, true, 0, 4},
+                        AttributeSpec{"mlp_bias", true, 0, 2, true, 0, 4},
+                        AttributeSpec{"rope_scaling_factor", false, 0, 1e6, true, 0, 4},
+                        AttributeSpec{"rope_low_freq_factor", false, 0, 1e6, true, 1, 4},
+                        AttributeSpec{"rope_high_freq_factor", false, 0, 1e6, true, 4, 4},
+                        AttributeSpec{"rope_original_max_position", true, 1, 2147483648.0, true, 8192, 4}},
                        [](const ModelAttributes& a) -> std::unique_ptr<CausalLM> {
                          return std::make_unique<Llama>(LlamaConfig::from_attributes(a));
                        }};

@@ -7,8 +7,9 @@ reads each directory and `kiln dump` runs one batch: kiln's logits, loss and eve
 agree with transformers' on the same weights, as ||kiln - transformers|| / ||transformers||:
 f64 to 1e-9, f32 to 1e-5 (logits, loss) and 1e-4 (gradients). Round trips: kiln -> HF -> kiln is
 bit-exact (every dataset), HF -> kiln -> HF loads with from_pretrained with no missing,
-unexpected or mismatched keys and gives the same logits; a bf16 export loads too. Nothing is
-downloaded.
+unexpected or mismatched keys and gives the same logits; a bf16 export loads too. `kiln train
+--init-from` a GPT-2 directory starts from transformers' validation loss and lowers it. Nothing
+is downloaded.
 
 Exits 77 (skipped) when torch, transformers or h5py is missing.
 
@@ -150,6 +151,37 @@ def round_trips(kiln, work, name, weights, hf_dir, cls, failures):
             failures.append(f"{name}: the bf16 export's config.json does not say bfloat16")
 
 
+def init_from(kiln, work, hf_dir, failures):
+    """`kiln train --init-from DIR` on pre-tokenized data whose validation split (its last tenth) is
+    exactly one block + 1 tokens, so that every validation window is the same: the validation
+    loss before training must equal transformers' loss on that window, and training lowers it."""
+    tokens = os.path.join(work, "init_from.bin")
+    # A random phrase of 5 tokens repeated: something training can learn and validation can see.
+    phrase = np.random.default_rng(11).integers(0, VOCAB, size=5)
+    ids = np.resize(phrase, 10 * (BLOCK + 1)).astype("<u2")
+    ids.tofile(tokens)
+    metrics = os.path.join(work, "init_from.metrics.jsonl")
+    run(kiln, "train", "--init-from", hf_dir, "--tokens", tokens, "--batch", "4", "--steps", "30", "--eval-every", "30",
+        "--lr", "3e-3", "--warmup", "0", "--out", os.path.join(work, "init_from.h5"), "--metrics", metrics,
+        "--sample-tokens", "0")
+    with open(metrics) as f:
+        validation = [r for r in map(json.loads, f) if "val_loss" in r]
+    model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).to(torch.float64).eval()
+    split = len(ids) - len(ids) // 10
+    window = torch.from_numpy(ids[split:].astype(np.int64))
+    with torch.no_grad():
+        logits = model(input_ids=window[None, :-1]).logits[0]
+        reference = torch.nn.functional.cross_entropy(logits, window[1:]).item()
+    first, last = validation[0], validation[-1]
+    error = abs(first["val_loss"] - reference) / reference
+    print(f"init-from: validation loss before training {first['val_loss']:.6f} (step {first['step']}), transformers "
+          f"{reference:.6f} ({error:.1e} relative); after {last['step']} steps {last['val_loss']:.6f}")
+    if first["step"] != 0 or not error < 1e-5:
+        failures.append(f"init-from: the first validation loss {first} is not transformers' {reference} (1e-5)")
+    if not last["val_loss"] < first["val_loss"]:
+        failures.append(f"init-from: training did not lower the validation loss ({first} -> {last})")
+
+
 def gpt2(kiln, work, failures):
     torch.manual_seed(1)
     config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=BLOCK, vocab_size=VOCAB,
@@ -159,6 +191,7 @@ def gpt2(kiln, work, failures):
     model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="eager").to(torch.float64).eval()
     weights = compare(kiln, work, "gpt2", hf_dir, model, failures)
     round_trips(kiln, work, "gpt2", weights, hf_dir, transformers.GPT2LMHeadModel, failures)
+    init_from(kiln, work, hf_dir, failures)
 
 
 def llama(kiln, work, failures, tied, llama3=False, biases=False):

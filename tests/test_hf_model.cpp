@@ -120,6 +120,18 @@ TEST(HfModel, Gpt2Conv1DWeightsArriveTransposed) {
   expect_gpt2_values(*imported.model, "transformer.");
 }
 
+TEST(HfModel, ConvertingStreamsTheSameWeightsFileAsLoadingAndSaving) {
+  const std::string dir = gpt2_dir("gpt2_convert", "transformer.");
+  const std::string path = dir + "/converted.h5";
+  HfImport converted = convert_hf_model(dir, path);
+  // The converted model has empty parameters (names, shapes and config only): zeros.
+  for (const auto& [name, p] : converted.model->named_parameters()) {
+    const HostTensor h = p.to_host();
+    for (int64_t i = 0; i < h.numel(); ++i) ASSERT_EQ(h.get(i), 0.0) << name;
+  }
+  expect_gpt2_values(*load_model(path), "transformer.");
+}
+
 TEST(HfModel, Gpt2ModelCheckpointsWithoutPrefixAndWithBuffersImport) {
   // GPT2Model's names (the official "gpt2" checkpoint) and its causal-mask buffer.
   const std::string dir = fresh_dir("gpt2_bare");

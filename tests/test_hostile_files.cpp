@@ -22,6 +22,7 @@
 #include <kiln/circuit/ir/host_tensor.hpp>
 #include <kiln/core/engine.hpp>
 #include <kiln/models/gpt.hpp>
+#include <kiln/models/llama.hpp>
 #include <kiln/train/adamw.hpp>
 #include <kiln/train/batch_file.hpp>
 #include <kiln/train/checkpoint.hpp>
@@ -308,9 +309,9 @@ TEST(HostileFiles, NonFiniteWeightsAndImplausibleConfigsAreRefused) {
     models::GPT old_reader(small_config());
     set_int_attribute(path, "format_version", 1);
     load_weights(path, old_reader);  // a version-1 file (before checksums) still loads
+    set_int_attribute(path, "format_version", 5);
+    expect_error([&] { load_weights(path, old_reader); }, {"format_version 5", "versions 1 to 4"});
     set_int_attribute(path, "format_version", 4);
-    expect_error([&] { load_weights(path, old_reader); }, {"format_version 4", "versions 1 to 3"});
-    set_int_attribute(path, "format_version", 3);
   }
   models::GPT target(small_config());
   const std::vector<double> before = weights_of(target);
@@ -360,7 +361,7 @@ TEST(StrictFiles, ConfigAttributesAreRequiredFromFormatVersion3) {
   const std::string path = tmp_file("whole_config.h5");
   save_weights(path, models::GPT(small_config()), nullptr);
   delete_attribute(path, "dropout");
-  expect_error([&] { read_weights_config(path); }, {path, "format_version 3", "'dropout'", "missing"});
+  expect_error([&] { read_weights_config(path); }, {path, "format_version 4", "'dropout'", "missing"});
   expect_error([&] { load_model(path); }, {"'dropout'", "missing"});
   set_int_attribute(path, "format_version", 2);
   EXPECT_EQ(read_weights_config(path).dropout, 0.0) << "a version-2 file without dropout takes the default";
@@ -373,12 +374,27 @@ TEST(StrictFiles, ConfigAttributesAreRequiredFromFormatVersion3) {
   optim::AdamW opt(model.parameters(), {});
   save_checkpoint(ckpt, model, opt, Tokenizer::byte_level(), {3, 7});
   delete_attribute(ckpt, "dropout");
-  expect_error([&] { read_checkpoint_model(ckpt); }, {ckpt, "format_version 3", "'dropout'", "missing"});
+  expect_error([&] { read_checkpoint_model(ckpt); }, {ckpt, "format_version 4", "'dropout'", "missing"});
   expect_error([&] { load_checkpoint(ckpt, model, opt); }, {"'dropout'", "missing"});
   set_int_attribute(ckpt, "format_version", 2);
   load_checkpoint(ckpt, model, opt);  // a version-2 checkpoint without dropout still resumes
   std::filesystem::remove(path);
   std::filesystem::remove(ckpt);
+}
+
+// Llama's attributes of format 4 (biases, rope scaling): required in version-4 files, their
+// defaults (none) for a version-3 file, written before they existed.
+TEST(StrictFiles, Format4AttributesAreRequiredFromVersion4Only) {
+  const std::string path = tmp_file("llama_v4.h5");
+  models::LlamaConfig c;
+  c.vocab_size = 11, c.block_size = 4, c.n_layer = 1, c.n_head = 2, c.n_kv_head = 1, c.n_embd = 8;
+  save_weights(path, models::Llama(c), nullptr);
+  delete_attribute(path, "rope_scaling_factor");
+  expect_error([&] { read_model_spec(path); }, {path, "format_version 4", "'rope_scaling_factor'", "missing"});
+  set_int_attribute(path, "format_version", 3);
+  EXPECT_EQ(read_model_spec(path).attributes.get("rope_scaling_factor"), 0.0);
+  load_model(path);
+  std::filesystem::remove(path);
 }
 
 TEST(StrictFiles, ACheckpointsRandomCounterCannotBeNegative) {

@@ -309,5 +309,53 @@ TEST(KVCache, CachedSamplingMatchesWindowedSampling) {
   EXPECT_EQ(utf8_decode(sample_text(model, tok, "the cat", o)).size(), 30u);
 }
 
+// The replayed decode step (traced once per sample_text call) gives the windowed path's tokens
+// at temperature 0 (greedy), for both architectures; every decode step after the first is a
+// replay (no recording, no plan lookup).
+TEST(KVCache, ReplayedGreedyDecodingMatchesTheWindowedPath) {
+  Tokenizer tok = Tokenizer::char_level(generated_text(100));
+  manual_seed(8);
+  models::Llama llama(tiny_llama(tok.vocab_size()));  // block 8
+  models::GPTConfig g;
+  g.vocab_size = tok.vocab_size(), g.block_size = 8, g.n_layer = 2, g.n_head = 2, g.n_embd = 16;
+  models::GPT gpt(g);
+  for (models::CausalLM* model : std::vector<models::CausalLM*>{&llama, &gpt}) {
+    model->eval();
+    SampleOptions o;
+    o.tokens = 6;  // "th" + 6 = 8 tokens: within the block
+    o.temperature = 0;
+    const uint64_t replays = Engine::current().stats().replays;
+    const std::string cached = sample_text(*model, tok, "th", o);
+    // 7 decode steps (2 prompt tokens and 5 drawn ones fed back): one traced, 6 replayed.
+    EXPECT_EQ(Engine::current().stats().replays - replays, 6u) << model->architecture();
+    o.kv_cache = false;
+    EXPECT_EQ(cached, sample_text(*model, tok, "th", o)) << model->architecture();
+  }
+}
+
+// top_k = 1, or a nucleus too small for more than one token, is greedy decoding at any
+// temperature; top_k at least the vocabulary and top_p = 1 change nothing.
+TEST(Sampling, TopKAndTopPKeepTheMostLikelyTokens) {
+  Tokenizer tok = Tokenizer::char_level(generated_text(100));
+  manual_seed(9);
+  models::Llama model(tiny_llama(tok.vocab_size()));
+  model.eval();
+  SampleOptions greedy;
+  greedy.tokens = 20, greedy.temperature = 0;
+  const std::string expected = sample_text(model, tok, "the", greedy);
+  SampleOptions o;
+  o.tokens = 20, o.temperature = 1.5, o.top_k = 1;
+  EXPECT_EQ(sample_text(model, tok, "the", o), expected);
+  o.top_k = 0, o.top_p = 1e-9;
+  EXPECT_EQ(sample_text(model, tok, "the", o), expected);
+  o.top_p = 1.0;
+  const std::string plain = sample_text(model, tok, "the", o);
+  o.top_k = tok.vocab_size();
+  EXPECT_EQ(sample_text(model, tok, "the", o), plain);
+  EXPECT_NE(plain, expected) << "at temperature 1.5 sampling should leave the greedy path";
+  o.top_p = 1.5;
+  EXPECT_THROW(sample_text(model, tok, "the", o), Error);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -15,9 +15,9 @@
 
 namespace kiln {
 
-// 3: every config attribute required, as weights version 3 (2: checksummed datasets and
-// metadata; 1: neither; both still read).
-constexpr int64_t kCheckpointFormatVersion = 3;
+// 4: the config attributes of weights version 4; 3: every config attribute required, as weights
+// version 3 (2: checksummed datasets and metadata; 1: neither; all still read).
+constexpr int64_t kCheckpointFormatVersion = 4;
 
 struct CheckpointState {
   int64_t step = 0;        // steps completed

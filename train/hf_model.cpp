@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -257,53 +258,63 @@ ModelSpec read_hf_config(const std::string& dir) {
   return spec;
 }
 
-HfImport import_hf_model(const std::string& dir, const std::function<void(size_t, size_t)>& progress) {
-  const ModelSpec spec = read_hf_config(dir);
-  const Checkpoint ckpt(dir);
-  HfImport out;
-  for (const SafetensorsFile& f : ckpt.files) out.files.push_back(f.path());
-  out.model = models::make_model(spec.architecture, spec.attributes, "'" + dir + "/config.json'");
-  const std::vector<HfTensorName> names = hf_tensor_names(*out.model);
-  std::map<std::string, Tensor> params;
-  for (const auto& [name, p] : out.model->named_parameters()) params.emplace(name, p);
+namespace {
 
+// Where each of a model's parameters comes from in a directory's checkpoint, every name and shape
+// checked (nothing read yet but a tied copy, compared with what it is tied to).
+struct ImportPlan {
+  struct Source {
+    std::string kiln;  // the parameter's name
+    size_t file;
+    const SafetensorsEntry* entry;
+    bool transposed;
+  };
+  std::vector<Source> sources;  // in the model's parameter order
+  std::vector<std::string> skipped;
+};
+
+ImportPlan plan_import(const std::string& dir, const Checkpoint& ckpt, const models::CausalLM& model) {
+  const std::string architecture = model.architecture();
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, p] : model.named_parameters()) shapes.emplace(name, p.shape());
   // GPT-2 checkpoints made from GPT2Model (the official "gpt2" among them) store the body's
   // tensors without the "transformer." prefix.
   auto stored = [&](const std::string& hf) -> const std::pair<size_t, const SafetensorsEntry*>* {
     auto it = ckpt.tensors.find(hf);
-    if (it == ckpt.tensors.end() && spec.architecture == "gpt" && hf.rfind("transformer.", 0) == 0)
+    if (it == ckpt.tensors.end() && architecture == "gpt" && hf.rfind("transformer.", 0) == 0)
       it = ckpt.tensors.find(hf.substr(12));
     return it == ckpt.tensors.end() ? nullptr : &it->second;
   };
-  std::set<std::string> used;
-  std::vector<std::string> missing;
-  for (const HfTensorName& n : names) {
+  ImportPlan plan;
+  std::string missing;
+  size_t n_missing = 0;
+  for (const HfTensorName& n : hf_tensor_names(model)) {
     const auto* s = stored(n.hf);
-    if (!s) missing.push_back(n.hf);
+    if (!s) {
+      missing += (missing.empty() ? "" : ", ") + n.hf;
+      ++n_missing;
+      continue;
+    }
+    plan.sources.push_back({n.kiln, s->first, s->second, n.transposed});
   }
-  if (!missing.empty()) {
-    std::string list;
-    for (const std::string& m : missing) list += (list.empty() ? "" : ", ") + m;
-    throw Error("'" + dir + "': " + std::to_string(missing.size()) + " parameters are not stored: " + list);
-  }
-  // Every shape is checked before any value is read.
-  for (const HfTensorName& n : names) {
-    const auto& [file, e] = *stored(n.hf);
-    Shape want = params.at(n.kiln).shape();
-    if (n.transposed) want = Shape{want[1], want[0]};
-    if (Shape(e->shape) != want)
-      throw Error("'" + ckpt.files[file].path() + "': tensor '" + e->name + "' has shape " + Shape(e->shape).str() +
-                  "; kiln's " + spec.architecture + " parameter '" + n.kiln + "' needs " + want.str() +
-                  (n.transposed ? " (GPT-2's Conv1D layout [in, out])" : ""));
-    used.insert(e->name);
+  if (n_missing) throw Error("'" + dir + "': " + std::to_string(n_missing) + " parameters are not stored: " + missing);
+  std::set<std::string> used;
+  for (const ImportPlan::Source& src : plan.sources) {
+    Shape want = shapes.at(src.kiln);
+    if (src.transposed) want = Shape{want[1], want[0]};
+    if (Shape(src.entry->shape) != want)
+      throw Error("'" + ckpt.files[src.file].path() + "': tensor '" + src.entry->name + "' has shape " +
+                  Shape(src.entry->shape).str() + "; kiln's " + architecture + " parameter '" + src.kiln + "' needs " +
+                  want.str() + (src.transposed ? " (GPT-2's Conv1D layout [in, out])" : ""));
+    used.insert(src.entry->name);
   }
   // The tensors no parameter reads: known buffers, or a tied head's copy, which must equal the
   // embedding it is tied to; anything else is refused.
-  std::vector<std::pair<std::string, std::string>> tied = out.model->tied_names();
+  const std::vector<std::pair<std::string, std::string>> tied = model.tied_names();
   for (const auto& [name, where] : ckpt.tensors) {
     if (used.count(name)) continue;
-    if (is_known_buffer(spec.architecture, name)) {
-      out.skipped.push_back(name);
+    if (is_known_buffer(architecture, name)) {
+      plan.skipped.push_back(name);
       continue;
     }
     auto alias = std::find_if(tied.begin(), tied.end(), [&](const auto& t) { return t.first == name; });
@@ -314,24 +325,72 @@ HfImport import_hf_model(const std::string& dir, const std::function<void(size_t
       if (a.shape() != b.shape() || std::memcmp(a.raw(), b.raw(), a.nbytes()) != 0)
         throw Error("'" + ckpt.files[file].path() + "': tensor '" + name + "' differs from '" + le->name +
                     "', but the config ties them (tie_word_embeddings)");
-      out.skipped.push_back(name);
+      plan.skipped.push_back(name);
       continue;
     }
     throw Error("'" + ckpt.files[where.first].path() + "': tensor '" + name + "' is not a parameter of kiln's " +
-                spec.architecture + " model (unexpected)");
+                architecture + " model (unexpected)");
   }
-  size_t done = 0;
-  for (const HfTensorName& n : names) {
-    const auto& [file, e] = *stored(n.hf);
-    const SafetensorsFile& f = ckpt.files[file];
-    HostTensor values = f.read_f32(*e);
-    f.release(*e);
-    require_finite(values, f.path(), e->name);
-    if (n.transposed) values = transposed(values);
-    Engine::current().write_persistent(*params.at(n.kiln).impl(), values);
-    if (progress) progress(++done, names.size());
+  return plan;
+}
+
+// A parameter's values, as kiln lays them out.
+HostTensor read_source(const Checkpoint& ckpt, const ImportPlan::Source& src) {
+  const SafetensorsFile& f = ckpt.files[src.file];
+  HostTensor values = f.read_f32(*src.entry);
+  require_finite(values, f.path(), src.entry->name);
+  return src.transposed ? transposed(values) : values;
+}
+
+HfImport import_into(const std::string& dir, const std::function<void(const Checkpoint&, const ImportPlan&, HfImport&)>& load,
+                     bool empty_parameters) {
+  const ModelSpec spec = read_hf_config(dir);
+  const Checkpoint ckpt(dir);
+  HfImport out;
+  for (const SafetensorsFile& f : ckpt.files) out.files.push_back(f.path());
+  {
+    std::optional<nn::EmptyParameters> empty;
+    if (empty_parameters) empty.emplace();
+    out.model = models::make_model(spec.architecture, spec.attributes, "'" + dir + "/config.json'");
   }
+  const ImportPlan plan = plan_import(dir, ckpt, *out.model);
+  out.skipped = plan.skipped;
+  load(ckpt, plan, out);
   return out;
+}
+
+}  // namespace
+
+HfImport import_hf_model(const std::string& dir, const std::function<void(size_t, size_t)>& progress) {
+  return import_into(
+      dir,
+      [&](const Checkpoint& ckpt, const ImportPlan& plan, HfImport& out) {
+        std::map<std::string, Tensor> params;
+        for (const auto& [name, p] : out.model->named_parameters()) params.emplace(name, p);
+        size_t done = 0;
+        for (const ImportPlan::Source& src : plan.sources) {
+          Engine::current().write_persistent(*params.at(src.kiln).impl(), read_source(ckpt, src));
+          if (progress) progress(++done, plan.sources.size());
+        }
+      },
+      /*empty_parameters=*/false);
+}
+
+HfImport convert_hf_model(const std::string& dir, const std::string& out_path,
+                          const std::function<void(size_t, size_t)>& progress) {
+  return import_into(
+      dir,
+      [&](const Checkpoint& ckpt, const ImportPlan& plan, HfImport& out) {
+        std::map<std::string, const ImportPlan::Source*> by_name;
+        for (const ImportPlan::Source& src : plan.sources) by_name[src.kiln] = &src;
+        size_t done = 0;
+        save_weights(out_path, *out.model, [&](const std::string& name, const Tensor&) {
+          HostTensor values = read_source(ckpt, *by_name.at(name));
+          if (progress) progress(++done, plan.sources.size());
+          return values;
+        });
+      },
+      /*empty_parameters=*/true);
 }
 
 void export_hf_model(const models::CausalLM& model, const std::string& dir, DType dtype) {

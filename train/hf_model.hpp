@@ -31,9 +31,16 @@ struct HfImport {
 // Builds the model DIR describes and loads its weights (converted to f32 from F32, BF16, F16 or
 // F64). Strict: every parameter must be stored, every stored tensor must be a parameter or a known
 // buffer, shapes must match; errors name the file and the tensor. `progress(done, total)` is
-// called after each tensor. Each tensor's pages are handed back once read, so the import holds
-// the model plus about one tensor.
+// called after each tensor. The file's pages are handed back as they are read, so the import
+// holds the model plus about one tensor.
 HfImport import_hf_model(const std::string& dir, const std::function<void(size_t, size_t)>& progress = {});
+
+// The same, streamed into a kiln weights file at `out_path` (written atomically) without loading
+// the model: its parameters are empty (nn::EmptyParameters) and one tensor at a time is read,
+// converted and written, so the import holds about the file being written plus one tensor. The
+// returned model has the architecture and config but zeros for values.
+HfImport convert_hf_model(const std::string& dir, const std::string& out_path,
+                          const std::function<void(size_t, size_t)>& progress = {});
 
 // Writes DIR/config.json and DIR/model.safetensors (tensors in `dtype`: f32 or bf16) that
 // transformers' AutoModelForCausalLM.from_pretrained(DIR) loads with no missing, unexpected or

@@ -208,43 +208,47 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
 }
 
 HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
+  size_t element = 0;
+  if (e.dtype == "F32") element = 4;
+  if (e.dtype == "BF16" || e.dtype == "F16") element = 2;
+  if (e.dtype == "F64") element = 8;
+  if (element == 0)
+    throw Error("'" + path_ + "': tensor '" + e.name + "' is " + e.dtype + "; kiln reads F32, BF16, F16 and F64 weights");
   HostTensor out = HostTensor::zeros(DType::f32, Shape(e.shape));
   float* dst = out.data<float>();
   const uint8_t* src = map_ + header_.data_offset + e.begin;
-  const int64_t n = out.numel();
-  // memcpy per element: the data need not be aligned (offsets are any byte count).
-  if (e.dtype == "F32") {
-    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-  } else if (e.dtype == "BF16") {
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t b;
-      std::memcpy(&b, src + 2 * i, 2);
-      dst[i] = bf16_to_f32(Bf16{b});
+  const size_t n = static_cast<size_t>(out.numel());
+  constexpr size_t kBlock = size_t{1} << 20;  // elements per block (4-8 MB of the file)
+  for (size_t first = 0; first < n; first += kBlock) {
+    const size_t count = std::min(kBlock, n - first);
+    const uint8_t* s = src + first * element;
+    // memcpy per element: the data need not be aligned (offsets are any byte count).
+    if (element == 4) {
+      std::memcpy(dst + first, s, count * 4);
+    } else if (element == 8) {
+      for (size_t i = 0; i < count; ++i) {
+        double d;
+        std::memcpy(&d, s + 8 * i, 8);
+        dst[first + i] = static_cast<float>(d);
+      }
+    } else {
+      const bool bf16 = e.dtype == "BF16";
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t b;
+        std::memcpy(&b, s + 2 * i, 2);
+        dst[first + i] = bf16 ? bf16_to_f32(Bf16{b}) : f16_to_f32(b);
+      }
     }
-  } else if (e.dtype == "F16") {
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t b;
-      std::memcpy(&b, src + 2 * i, 2);
-      dst[i] = f16_to_f32(b);
-    }
-  } else if (e.dtype == "F64") {
-    for (int64_t i = 0; i < n; ++i) {
-      double d;
-      std::memcpy(&d, src + 8 * i, 8);
-      dst[i] = static_cast<float>(d);
-    }
-  } else {
-    throw Error("'" + path_ + "': tensor '" + e.name + "' is " + e.dtype + "; kiln reads F32, BF16, F16 and F64 weights");
+    release_pages(s, s + count * element);
   }
   return out;
 }
 
-void SafetensorsFile::release(const SafetensorsEntry& e) const {
-  // madvise works on whole pages: those wholly inside the tensor's bytes.
+void SafetensorsFile::release_pages(const uint8_t* begin, const uint8_t* end) const {
+  // madvise works on whole pages: those wholly inside [begin, end).
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(map_ + header_.data_offset + e.begin);
-  const uintptr_t end = reinterpret_cast<uintptr_t>(map_ + header_.data_offset + e.end);
-  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+  const uintptr_t last = reinterpret_cast<uintptr_t>(end) / page * page;
   if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 

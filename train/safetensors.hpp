@@ -50,13 +50,14 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   const SafetensorsHeader& header() const { return header_; }
   const SafetensorsEntry* find(const std::string& name) const;  // null when absent
-  // The tensor converted to f32 (from F32, BF16, F16 or F64; any other dtype is an error naming it).
+  // The tensor converted to f32 (from F32, BF16, F16 or F64; any other dtype is an error naming
+  // it). The file's pages are handed back to the kernel block by block as they are converted (read
+  // again from the file if touched later): reading a model tensor by tensor keeps a few MB of the
+  // file resident, not the file.
   HostTensor read_f32(const SafetensorsEntry& e) const;
-  // Hands the tensor's pages back to the kernel (they are read again from the file if touched):
-  // reading a model tensor by tensor then keeps about one tensor of the file resident.
-  void release(const SafetensorsEntry& e) const;
 
  private:
+  void release_pages(const uint8_t* begin, const uint8_t* end) const;
   std::string path_;
   const uint8_t* map_ = nullptr;
   size_t size_ = 0;

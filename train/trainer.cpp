@@ -143,6 +143,11 @@ TrainResult Trainer::run() {
     if (opts_.stats) spdlog::info("target: {}", Engine::current().target().str());
   };
   ProgressLine live(opts_.live_progress && writes && ProgressLine::stdout_is_terminal());
+  if (opts_.validate_before_training && step_ == 0) {
+    const double before = val_loss();
+    if (metrics) metrics->validation(0, before);
+    spdlog::info("step {:5d}/{}  validation loss {:.4f} nats/token (before training)", 0, opts_.steps, before);
+  }
   while (step_ < end) {
     double lr = warmup_cosine_lr(step_, opts_.warmup, opts_.steps, opts_.lr, opts_.min_lr);
     opt_.set_lr(lr);

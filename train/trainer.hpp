@@ -27,6 +27,9 @@ struct TrainOptions {
   double weight_decay = 0.1, beta2 = 0.99, grad_clip = 1.0;
   int64_t log_interval = 50;
   int64_t eval_interval = 250;  // 0: only at the end
+  // A new run (not a resumed one) measures the validation loss before its first step too,
+  // logged as step 0: where fine-tuned weights (kiln train --init-from) start from.
+  bool validate_before_training = false;
   int64_t eval_batches = 20;
   std::string checkpoint;  // written every checkpoint_interval steps and at the end
   int64_t checkpoint_interval = 500;

@@ -88,7 +88,7 @@ ModelSpec read_model_spec(const h5::File& f) {
   for (const models::AttributeSpec& s : arch->attributes)
     if (f.has_attribute(s.name))
       read.set(s.name, s.integer ? static_cast<double>(f.read_int_attribute(s.name)) : f.read_real_attribute(s.name));
-  spec.attributes = models::check_attributes(*arch, read, source, /*allow_defaults=*/!whole_config);
+  spec.attributes = models::check_attributes(*arch, read, source, version);
   return spec;
 }
 
@@ -232,24 +232,39 @@ std::optional<Tokenizer> load_tokenizer(const std::string& path) {
 }
 
 namespace {
-void write_parameters(h5::File& f, const nn::Module& module) {
+HostTensor values_as_f32(const Tensor& p) {
+  HostTensor h = p.to_host();
+  if (h.dtype() != DType::f32) {  // one copy of a tensor at a time: large models are written near 1x
+    HostTensor f32 = HostTensor::zeros(DType::f32, h.shape());
+    for (int64_t i = 0; i < h.numel(); ++i) f32.set(i, h.get(i));
+    h = f32;
+  }
+  return h;
+}
+
+void write_parameters(h5::File& f, const nn::Module& module, const ParameterValues& values) {
   f.write_attribute("format", std::string("kiln-weights"));
   f.write_attribute("format_version", kWeightsFormatVersion);
   for (const auto& [name, p] : module.named_parameters()) {
-    HostTensor h = p.to_host();
-    if (h.dtype() != DType::f32) {  // one copy of a tensor at a time: large models are written near 1x
-      HostTensor f32 = HostTensor::zeros(DType::f32, h.shape());
-      for (int64_t i = 0; i < h.numel(); ++i) f32.set(i, h.get(i));
-      h = f32;
-    }
+    const HostTensor h = values(name, p);
+    if (h.dtype() != DType::f32 || h.shape() != p.shape())
+      throw Error("weights file '" + f.path() + "': the values given for '" + name + "' are " + dtype_name(h.dtype()) +
+                  h.shape().str() + ", expected float32" + p.shape().str());
     f.write(dataset_path(name), h);
   }
 }
+
+HostTensor model_values(const std::string&, const Tensor& p) { return values_as_f32(p); }
 }  // namespace
 
 void save_weights(const std::string& path, const models::CausalLM& model, const Tokenizer* tokenizer) {
+  save_weights(path, model, model_values, tokenizer);
+}
+
+void save_weights(const std::string& path, const models::CausalLM& model, const ParameterValues& values,
+                  const Tokenizer* tokenizer) {
   h5::write_atomically(path, [&](h5::File& f) {
-    write_parameters(f, model);
+    write_parameters(f, model, values);
     write_model_spec(f, model);
     for (const auto& [alias, listed] : model.tied_names()) f.hard_link(dataset_path(listed), dataset_path(alias));
     if (tokenizer) write_tokenizer(f, *tokenizer, model.vocab_size());
@@ -257,7 +272,7 @@ void save_weights(const std::string& path, const models::CausalLM& model, const 
 }
 
 void save_module_weights(const std::string& path, const nn::Module& module) {
-  h5::write_atomically(path, [&](h5::File& f) { write_parameters(f, module); });
+  h5::write_atomically(path, [&](h5::File& f) { write_parameters(f, module, model_values); });
 }
 
 }  // namespace kiln

@@ -7,6 +7,7 @@
 // errors naming them, never a partly loaded model; a non-strict load loads what matches.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,10 +18,12 @@
 
 namespace kiln {
 
+// 4: Llama's attention_bias, mlp_bias and rope scaling attributes (a version-3 file lacks them: no
+// biases, no scaling; an older kiln refuses a version-4 file rather than ignore its scaling).
 // 3: every config attribute and the architecture required (2: datasets with Fletcher-32
-// checksums in files with metadata checksums, and 1, neither: both still read, missing config
+// checksums in files with metadata checksums, and 1, neither: all still read, missing config
 // attributes taking their defaults as they always did).
-constexpr int64_t kWeightsFormatVersion = 3;
+constexpr int64_t kWeightsFormatVersion = 4;
 // The first weights and checkpoint format in which no config attribute may be missing.
 constexpr int64_t kFormatWithWholeConfig = 3;
 
@@ -60,6 +63,13 @@ std::unique_ptr<models::CausalLM> load_model(const std::string& path, const Load
 // tokenizer = "char" | "byte", and for "char" an int32 dataset tokenizer/vocab of code points in
 // id order. Tied parameters' other names are hard links.
 void save_weights(const std::string& path, const models::CausalLM& model, const Tokenizer* tokenizer = nullptr);
+// The same with each parameter's values from `values(name, parameter)` (called once per
+// parameter, in named_parameters() order, the result written before the next call) instead of
+// from the model: a model of empty parameters (nn::EmptyParameters) then gives the names, shapes
+// and config, and one tensor at a time is in memory (kiln import).
+using ParameterValues = std::function<HostTensor(const std::string& name, const Tensor& parameter)>;
+void save_weights(const std::string& path, const models::CausalLM& model, const ParameterValues& values,
+                  const Tokenizer* tokenizer = nullptr);
 // Writes any Module's parameters by name, without a config: load_weights reads them back into a
 // module of the same structure.
 void save_module_weights(const std::string& path, const nn::Module& module);

@@ -1,4 +1,5 @@
 // HostTensor storage and element access.
+#include <cstdlib>
 #include <unistd.h>
 
 #include <atomic>
@@ -45,7 +46,12 @@ HostTensor HostTensor::zeros(DType dtype, Shape shape) {
   allocated_count.fetch_add(1, std::memory_order_relaxed);
   allocated_bytes.fetch_add(n, std::memory_order_relaxed);
   // Over-allocate so that the data pointer can be 64-byte aligned (vector loads, cache lines).
-  t.owner_ = std::shared_ptr<std::byte[]>(new std::byte[n + 64]());
+  // calloc, not a zeroing new: large blocks come as fresh zero pages that take no memory until
+  // written, so the slack of a grown arena and a gradient slot never written stay off the
+  // resident set (a zeroing new touched every page).
+  void* block = std::calloc(n + 64, 1);
+  if (!block) throw std::bad_alloc();
+  t.owner_ = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(block), [](std::byte* p) { std::free(p); });
   auto addr = reinterpret_cast<uintptr_t>(t.owner_.get());
   t.data_ = t.owner_.get() + ((64 - addr % 64) % 64);
   return t;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include <kiln/circuit/ir/error.hpp>
+#include <kiln/core/process_counters.hpp>
 #include <kiln/train/hf_model.hpp>
 #include <kiln/train/progress_line.hpp>
 
@@ -50,15 +51,21 @@ int cmd_import(const std::vector<std::string>& argv) {
   if (dir.empty()) throw Error("expected a model directory: kiln import DIR --out model.h5");
   const std::string out = a.required("out");
   ProgressLine line(ProgressLine::stdout_is_terminal());
-  HfImport imported = import_hf_model(dir, [&](size_t done, size_t total) {
-    line.update("reading tensors: " + std::to_string(done) + "/" + std::to_string(total), done == total);
+  HfImport imported = convert_hf_model(dir, out, [&](size_t done, size_t total) {
+    line.update("converting tensors: " + std::to_string(done) + "/" + std::to_string(total), done == total);
   });
   line.clear();
-  save_weights(out, *imported.model);
+  uint64_t stored_bytes = 0;
+  for (const std::string& f : imported.files) stored_bytes += std::filesystem::file_size(f);
   std::printf("imported %s: %s, %zu parameters from %zu file(s)", dir.c_str(), imported.model->architecture().c_str(),
               imported.model->num_parameters(), imported.files.size());
   if (!imported.skipped.empty()) std::printf("; %zu stored buffers or tied copies skipped", imported.skipped.size());
-  std::printf("\nwrote %s\n", out.c_str());
+  // The f32 weights' bytes: what the import writes, and what its memory is measured against.
+  const double weights_bytes = 4.0 * static_cast<double>(imported.model->num_parameters());
+  std::printf("\nwrote %s; peak resident memory %.0f MB, %.2fx the f32 weights' %.0f MB (the checkpoint: %.0f MB)\n",
+              out.c_str(), static_cast<double>(peak_resident_bytes()) / 1e6,
+              static_cast<double>(peak_resident_bytes()) / weights_bytes, weights_bytes / 1e6,
+              static_cast<double>(stored_bytes) / 1e6);
   if (std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"))
     std::printf("note: %s/tokenizer.json is not imported (kiln imports weights only for now): the weights file has "
                 "no tokenizer\n",

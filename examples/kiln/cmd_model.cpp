@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/exec/thread_governor.hpp>
@@ -14,6 +15,7 @@
 #include <kiln/models/llama.hpp>
 #include <kiln/train/atomic_file.hpp>
 #include <kiln/train/dataset.hpp>
+#include <kiln/train/hf_model.hpp>
 #include <kiln/train/sample.hpp>
 #include <kiln/train/weights.hpp>
 
@@ -185,6 +187,36 @@ std::unique_ptr<models::CausalLM> model_from_flags(const Args& a, int64_t vocab_
                             "the model options");
 }
 
+std::unique_ptr<models::CausalLM> load_initial_model(const std::string& path, const Args& a, double dropout) {
+  std::unique_ptr<models::CausalLM> model;
+  if (std::filesystem::is_directory(path)) {
+    model = import_hf_model(path).model;
+  } else {
+    model = load_model(path);
+  }
+  const models::ModelAttributes file = model->attributes();
+  auto refuse = [&](const std::string& flag, const std::string& given, const std::string& held) {
+    throw Error("--" + flag + " " + given + " disagrees with '" + path + "', whose " + model->architecture() +
+                " model has " + held + " (--init-from takes the architecture and config of its weights)");
+  };
+  if (a.has("model") && models::architecture(a.str("model", "")).name != model->architecture())
+    refuse("model", a.str("model", ""), "that architecture");
+  const std::pair<const char*, const char*> sizes[] = {
+      {"vocab-size", "vocab_size"}, {"block", "block_size"},  {"layers", "n_layer"},         {"heads", "n_head"},
+      {"embd", "n_embd"},           {"kv-heads", "n_kv_head"}, {"ffn-hidden", "ffn_hidden"}};
+  for (const auto& [flag, attribute] : sizes)
+    if (a.has(flag) && (!file.has(attribute) || a.integer(flag, 0) != file.get_int(attribute)))
+      refuse(flag, a.str(flag, ""), file.has(attribute) ? std::string(attribute) + " " + std::to_string(file.get_int(attribute)) : std::string("no ") + attribute);
+  if (a.has("rope-theta") && (!file.has("rope_theta") || a.real("rope-theta", 0) != file.get("rope_theta")))
+    refuse("rope-theta", a.str("rope-theta", ""), file.has("rope_theta") ? fmt::format("rope_theta {}", file.get("rope_theta")) : "no rope_theta");
+  if (a.has("tie-embeddings") && (!file.has("tie_embeddings") || file.get_int("tie_embeddings") != 1))
+    refuse("tie-embeddings", "", "an untied head");
+  if (dropout != 0 && (!file.has("dropout") || file.get("dropout") != dropout))
+    refuse("dropout", fmt::format("{}", dropout), file.has("dropout") ? fmt::format("dropout {}", file.get("dropout")) : "no dropout");
+  spdlog::info("init from {}: {}, {} parameters", path, model->architecture(), model->num_parameters());
+  return model;
+}
+
 void check_model_flags(const Args& a) {
   const models::Architecture& arch = models::architecture(a.str("model", "gpt"));
   models::check_attributes(arch, attributes_from_flags(a, arch.name, 0, 0), "the model options");
@@ -195,12 +227,14 @@ int cmd_sample(const std::vector<std::string>& argv) {
          {{"weights", "weights file (required)"},
           {"prompt", "text to continue (default: a newline)"},
           {"tokens", "tokens to generate (default 200)"},
-          {"temperature", "sampling temperature > 0 (default 0.8)"},
+          {"temperature", "sampling temperature >= 0 (default 0.8; 0: always the most likely token)"},
+          {"top-k", "draw among the K most likely tokens only (default 0: all)"},
+          {"top-p", "draw among the fewest most likely tokens whose probability reaches P, in (0, 1] (default 1: all)"},
           {"seed", "sampling seed (default 1)"},
           {"no-kv-cache", "run the model on the whole window for every token instead of one cached step"},
           {"non-strict", kNonStrictHelp}},
          "usage: kiln sample --weights model.h5 [options]\n\nGenerates text from a trained model (GPT or Llama), one "
-         "decode step per token with a key/value cache,\nand reports tokens per second on standard error.",
+         "decode step per token with a key/value cache\n(recorded once, replayed for each token), and reports tokens per second on standard error.",
          {"no-kv-cache", "non-strict"});
   if (a.help()) {
     a.print_help();
@@ -208,7 +242,10 @@ int cmd_sample(const std::vector<std::string>& argv) {
   }
   SampleOptions o;  // options first: a bad value is reported before any file is read
   o.tokens = a.integer("tokens", 200, 0);
-  o.temperature = a.real("temperature", 0.8, 0.0, 1e6, false);
+  o.temperature = a.real("temperature", 0.8, 0.0, 1e6);
+  o.top_k = a.integer("top-k", 0, 0);
+  o.top_p = a.real("top-p", 1.0);
+  if (!(o.top_p > 0 && o.top_p <= 1)) throw Error("--top-p must lie in (0, 1], received " + a.str("top-p", ""));
   o.seed = static_cast<uint64_t>(a.integer("seed", 1));
   o.kv_cache = !a.has("no-kv-cache");
   std::string path = a.required("weights");

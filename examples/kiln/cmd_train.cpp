@@ -36,6 +36,9 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"checkpoint", "checkpoint file, written every --ckpt-every steps and at the end"},
               {"ckpt-every", "steps between checkpoints (default 500)"},
               {"resume", "continue from this checkpoint (its config and tokenizer win)"},
+              {"init-from",
+               "start from these weights: a kiln weights file or a Hugging Face model directory (`kiln import` "
+               "reads it); the architecture, config and tokenizer are the file's, model flags must agree"},
               {"batch", "sequences per step (default 16; under mpirun, over all ranks together)"},
               {"grad-accum",
                "run each rank's share of the batch as N micro-batches within the step, gradients added (default "
@@ -101,11 +104,16 @@ int cmd_train(const std::vector<std::string>& argv) {
     throw Error("--tokenizer must be char, byte or bpe, received '" + tokenizer_kind + "'");
   const int64_t bpe_vocab = a.integer("bpe-vocab", 512, 256);
   const bool pretokenized = a.has("tokens");
+  const std::string init_from = a.str("init-from", "");
+  if (!init_from.empty() && a.has("resume"))
+    throw Error("--init-from starts a run from given weights, --resume continues one from its checkpoint: not both");
+  if (!init_from.empty() && a.has("tokenizer"))
+    throw Error("--init-from takes the tokenizer of its weights: it takes no --tokenizer");
   if (pretokenized && (a.has("data") || a.has("tokenizer")))
     throw Error("--tokens is pre-tokenized data: it takes no --data or --tokenizer");
-  if (!pretokenized && !a.has("resume") && a.has("vocab-size"))
+  if (!pretokenized && !a.has("resume") && init_from.empty() && a.has("vocab-size"))
     throw Error("--vocab-size applies to --tokens only (a text corpus's tokenizer gives the vocabulary)");
-  if (pretokenized && !a.has("resume") && !a.has("vocab-size"))
+  if (pretokenized && !a.has("resume") && init_from.empty() && !a.has("vocab-size"))
     throw Error("--tokens needs --vocab-size: a token file does not say how many ids its tokenizer has");
   const std::string token_dtype = a.str("token-dtype", "uint16");
   if (token_dtype != "uint16" && token_dtype != "uint32")
@@ -128,14 +136,24 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.traced = !a.has("no-trace");
   o.tune_first_step = tune == TuneMode::on;
   o.skip_non_finite = a.has("skip-non-finite");
+  o.validate_before_training = !init_from.empty();
   const std::string out = a.str("out", "model.h5");
   o.metrics_log = a.str("metrics", std::filesystem::path(out).replace_extension(".metrics.jsonl").string());
   const double dropout = a.real("dropout", 0.0, 0.0, 1.0);
-  if (!a.has("resume")) check_model_flags(a);
+  if (!a.has("resume") && init_from.empty()) check_model_flags(a);
   // The tokenizer (none for pre-tokenized data), the model, then the data over its vocabulary.
   std::optional<Tokenizer> tok;
   std::string text;
-  if (a.has("resume")) {
+  std::unique_ptr<models::CausalLM> initial;  // --init-from: the model, its weights loaded
+  if (!init_from.empty()) {
+    initial = load_initial_model(init_from, a, dropout);
+    if (!std::filesystem::is_directory(init_from)) tok = load_tokenizer(init_from);
+    if (!tok && !pretokenized)
+      throw Error("'" + init_from + "' holds no tokenizer" +
+                  (std::filesystem::is_directory(init_from) ? " kiln imports (its tokenizer.json is not read yet)" : "") +
+                  ": train it on pre-tokenized data with --tokens");
+    if (!pretokenized) text = read_corpus(a.str("data", kDefaultCorpus));
+  } else if (a.has("resume")) {
     tok = read_checkpoint_tokenizer_if_any(a.str("resume", ""));
   } else if (!pretokenized) {
     text = read_corpus(a.str("data", kDefaultCorpus));
@@ -154,9 +172,9 @@ int cmd_train(const std::vector<std::string>& argv) {
     }
   }
   manual_seed(seed);
-  std::unique_ptr<models::CausalLM> model_ptr = a.has("resume")
-                                                    ? read_checkpoint_model(a.str("resume", ""))
-                                                    : model_from_flags(a, tok ? tok->vocab_size() : 0, dropout);
+  std::unique_ptr<models::CausalLM> model_ptr = initial               ? std::move(initial)
+                                                : a.has("resume") ? read_checkpoint_model(a.str("resume", ""))
+                                                                  : model_from_flags(a, tok ? tok->vocab_size() : 0, dropout);
   models::CausalLM& model = *model_ptr;
   std::unique_ptr<TextDataset> data_ptr;
   if (pretokenized) {

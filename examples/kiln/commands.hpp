@@ -35,6 +35,10 @@ constexpr const char* kNonStrictHelp =
     "load a file whose datasets do not match the model one for one (PyTorch's strict=False): the parameters it "
     "holds are loaded, the missing and unexpected ones reported";
 std::unique_ptr<models::CausalLM> load_model_as_flagged(const std::string& path, const Args& a);
+// --init-from: the model a kiln weights file or a Hugging Face model directory holds, its weights
+// loaded; every model flag given (and a nonzero `dropout`) must agree with its config, or it is an
+// error naming the flag and both values.
+std::unique_ptr<models::CausalLM> load_initial_model(const std::string& path, const Args& a, double dropout);
 // Checks the model flags (architecture and sizes) without building anything.
 void check_model_flags(const Args& a);
 // --threads N (CPU threads, fixed; without it kiln chooses, up to OMP_NUM_THREADS or the cores,

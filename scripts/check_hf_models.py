@@ -22,10 +22,12 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_against_transformers import datasets_by_name, keep_f64_in_rms_norm_and_softmax, rel  # noqa: E402
+from check_against_transformers import (datasets_by_name, generated_text,  # noqa: E402
+                                        keep_f64_in_rms_norm_and_softmax, rel)
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
+import tokenizers  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
@@ -214,6 +216,80 @@ def llama(kiln, work, failures, tied, llama3=False, biases=False):
     round_trips(kiln, work, name, weights, hf_dir, transformers.LlamaForCausalLM, failures)
 
 
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def byte_level_tokenizer(kind, corpus):
+    """A tokenizer.json as tokenizers makes them: GPT-2's kind (ByteLevel with its own regex, an
+    end-of-text token) or Llama 3's (a Split of its pattern, ByteLevel without one, ignore_merges,
+    a begin-of-text token the post-processor puts first)."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers, processors, trainers
+    if kind == "gpt2":
+        tok = tokenizers.Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        specials = ["<|endoftext|>"]
+    else:
+        tok = tokenizers.Tokenizer(models.BPE(ignore_merges=True))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        specials = ["<|begin_of_text|>", "<|end_of_text|>"]
+    tok.decoder = decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False,
+                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([corpus], trainer)
+    if kind == "llama3":
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])
+    return tok
+
+
+def check_tokenizers(kiln, work, failures):
+    """A tokenizer.json beside the weights is imported: kiln's ids for a mixed-script text (special
+    tokens inside it) are tokenizers' own, and kiln export writes it back for AutoTokenizer."""
+    corpus = generated_text(1, 8000)
+    text = generated_text(2, 3000) + "<|endoftext|> and <|begin_of_text|>, <|end_of_text|>\u00a0x  \n\n  end"
+    text_file = os.path.join(work, "tokenizer_text.txt")
+    with open(text_file, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    for kind in ("gpt2", "llama3"):
+        tok = byte_level_tokenizer(kind, corpus)
+        vocab = tok.get_vocab_size()
+        hf_dir = os.path.join(work, f"tokenizer_{kind}")
+        torch.manual_seed(3)
+        if kind == "gpt2":
+            config = transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, n_positions=BLOCK, vocab_size=vocab)
+            transformers.GPT2LMHeadModel(config).save_pretrained(hf_dir)
+        else:
+            config = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                              num_attention_heads=2, num_key_value_heads=1,
+                                              max_position_embeddings=BLOCK, vocab_size=vocab)
+            transformers.LlamaForCausalLM(config).save_pretrained(hf_dir)
+        tok.save(os.path.join(hf_dir, "tokenizer.json"))
+        weights, ids_file = os.path.join(work, f"tokenizer_{kind}.h5"), os.path.join(work, f"tokenizer_{kind}.ids")
+        run(kiln, "import", hf_dir, "--out", weights)
+        run(kiln, "tokenize", "--weights", weights, "--data", text_file, "--out", ids_file)
+        kiln_ids = np.fromfile(ids_file, dtype="<u2").tolist()
+        hf_ids = tok.encode(text).ids
+        specials = sum(1 for i in hf_ids if tok.id_to_token(i).startswith("<|"))
+        same = kiln_ids == hf_ids
+        print(f"tokenizer.json ({kind}): {len(text)} characters, tokenizers {len(hf_ids)} ids ({specials} special), "
+              f"kiln {len(kiln_ids)}: {'identical' if same else 'DIFFERENT'}")
+        if not same:
+            at = next((i for i, (a, b) in enumerate(zip(hf_ids, kiln_ids)) if a != b), min(len(hf_ids), len(kiln_ids)))
+            failures.append(f"tokenizer {kind}: first difference at token {at}: tokenizers {hf_ids[at:at + 5]} "
+                            f"{[tok.id_to_token(i) for i in hf_ids[at:at + 5]]}, kiln {kiln_ids[at:at + 5]}")
+        # gpt2: the text's <|endoftext|>; llama3: the template's <|begin_of_text|> and the text's two.
+        if specials != {"gpt2": 1, "llama3": 3}[kind]:
+            failures.append(f"tokenizer {kind}: the text's special tokens were not kept ({specials})")
+        out_dir = os.path.join(work, f"tokenizer_{kind}_export")
+        run(kiln, "export", weights, "--hf", out_dir)
+        auto = transformers.AutoTokenizer.from_pretrained(out_dir)
+        if auto(text)["input_ids"] != hf_ids:
+            failures.append(f"tokenizer {kind}: AutoTokenizer on kiln's export encodes differently")
+
+
 def main():
     kiln, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -225,6 +301,7 @@ def main():
     llama(kiln, work, failures, tied=False)
     llama(kiln, work, failures, tied=True)
     llama(kiln, work, failures, tied=False, llama3=True, biases=True)
+    check_tokenizers(kiln, work, failures)
     for f in failures:
         print("FAILED:", f)
     sys.exit(1 if failures else 0)

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake g++ make pkg-config libeigen3-dev nlohmann-json3-dev libhdf5-dev hdf5-tools libspdlog-dev libgtest-dev libbenchmark-dev libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin ${KILN_EXTRA_PACKAGES:-})
+packages=(cmake g++ make pkg-config libeigen3-dev nlohmann-json3-dev libpcre2-dev libhdf5-dev hdf5-tools libspdlog-dev libgtest-dev libbenchmark-dev libdnnl-dev ocl-icd-opencl-dev libopenmpi-dev openmpi-bin ${KILN_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -17,6 +17,7 @@
 #include <kiln/models/llama.hpp>
 #include <kiln/train/atomic_file.hpp>
 #include <kiln/train/hf_model.hpp>
+#include <kiln/train/hf_tokenizer.hpp>
 #include <kiln/train/safetensors.hpp>
 #include <kiln/version.hpp>
 
@@ -342,11 +343,27 @@ HostTensor read_source(const Checkpoint& ckpt, const ImportPlan::Source& src) {
   return src.transposed ? transposed(values) : values;
 }
 
+// DIR/tokenizer.json into `out`, where present and of the byte-level BPE kind.
+void read_tokenizer_json(const std::string& dir, HfImport& out) {
+  const fs::path path = fs::path(dir) / "tokenizer.json";
+  if (!fs::exists(path)) return;
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) throw Error("cannot read '" + path.string() + "'");
+  if (!HfBpeTokenizer::is_byte_level_bpe(text.str())) {
+    out.tokenizer_note = "'" + path.string() + "' is not a byte-level BPE tokenizer (GPT-2's or Llama 3's kind): not imported";
+    return;
+  }
+  out.tokenizer = Tokenizer::hf_bpe(HfBpeTokenizer::from_json(text.str(), "'" + path.string() + "'"));
+}
+
 HfImport import_into(const std::string& dir, const std::function<void(const Checkpoint&, const ImportPlan&, HfImport&)>& load,
                      bool empty_parameters) {
   const ModelSpec spec = read_hf_config(dir);
   const Checkpoint ckpt(dir);
   HfImport out;
+  read_tokenizer_json(dir, out);
   for (const SafetensorsFile& f : ckpt.files) out.files.push_back(f.path());
   {
     std::optional<nn::EmptyParameters> empty;
@@ -384,16 +401,19 @@ HfImport convert_hf_model(const std::string& dir, const std::string& out_path,
         std::map<std::string, const ImportPlan::Source*> by_name;
         for (const ImportPlan::Source& src : plan.sources) by_name[src.kiln] = &src;
         size_t done = 0;
-        save_weights(out_path, *out.model, [&](const std::string& name, const Tensor&) {
-          HostTensor values = read_source(ckpt, *by_name.at(name));
-          if (progress) progress(++done, plan.sources.size());
-          return values;
-        });
+        save_weights(
+            out_path, *out.model,
+            [&](const std::string& name, const Tensor&) {
+              HostTensor values = read_source(ckpt, *by_name.at(name));
+              if (progress) progress(++done, plan.sources.size());
+              return values;
+            },
+            out.tokenizer ? &*out.tokenizer : nullptr);
       },
       /*empty_parameters=*/true);
 }
 
-void export_hf_model(const models::CausalLM& model, const std::string& dir, DType dtype) {
+void export_hf_model(const models::CausalLM& model, const std::string& dir, DType dtype, const Tokenizer* tokenizer) {
   if (dtype != DType::f32 && dtype != DType::bf16)
     throw Error(std::string("kiln export: --dtype must be f32 or bf16, received ") + dtype_name(dtype));
   const models::ModelAttributes a = model.attributes();
@@ -475,6 +495,10 @@ void export_hf_model(const models::CausalLM& model, const std::string& dir, DTyp
                     },
                     {{"format", "pt"}});
   write_file_atomically((fs::path(dir) / "config.json").string(), config.dump(2) + "\n");
+  if (tokenizer) {
+    if (std::optional<std::string> text = tokenizer->hf_tokenizer_json())
+      write_file_atomically((fs::path(dir) / "tokenizer.json").string(), *text);
+  }
 }
 
 }  // namespace kiln

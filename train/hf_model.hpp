@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,10 @@ ModelSpec read_hf_config(const std::string& dir);
 
 struct HfImport {
   std::unique_ptr<models::CausalLM> model;
+  // DIR/tokenizer.json, where present and a byte-level BPE (train/hf_tokenizer.hpp); a tokenizer of
+  // another kind is not imported and `tokenizer_note` says why.
+  std::optional<Tokenizer> tokenizer;
+  std::string tokenizer_note;
   std::vector<std::string> files;    // the safetensors files read
   std::vector<std::string> skipped;  // stored tensors that are not parameters (buffers, a tied lm_head)
 };
@@ -44,8 +49,10 @@ HfImport convert_hf_model(const std::string& dir, const std::string& out_path,
 
 // Writes DIR/config.json and DIR/model.safetensors (tensors in `dtype`: f32 or bf16) that
 // transformers' AutoModelForCausalLM.from_pretrained(DIR) loads with no missing, unexpected or
-// mismatched keys. DIR is created if needed; each file is written atomically.
-void export_hf_model(const models::CausalLM& model, const std::string& dir, DType dtype);
+// mismatched keys, and DIR/tokenizer.json for a BPE tokenizer (kiln's or an imported one), which
+// AutoTokenizer.from_pretrained(DIR) loads. DIR is created if needed; each file is written atomically.
+void export_hf_model(const models::CausalLM& model, const std::string& dir, DType dtype,
+                     const Tokenizer* tokenizer = nullptr);
 
 // One parameter's place in a Hugging Face checkpoint: kiln's name, the stored name, and whether
 // the stored tensor is the transpose (GPT-2's Conv1D [in, out] weights). Exposed for the tests.

@@ -4,6 +4,7 @@
 #include <set>
 
 #include <kiln/circuit/ir/error.hpp>
+#include <kiln/train/hf_tokenizer.hpp>
 #include <kiln/train/tokenizer.hpp>
 
 namespace kiln {
@@ -76,10 +77,18 @@ Tokenizer Tokenizer::bpe(BpeModel model) {
   return t;
 }
 
+Tokenizer Tokenizer::hf_bpe(std::shared_ptr<const HfBpeTokenizer> tokenizer) {
+  Tokenizer t;
+  t.kind_ = Kind::HfBpe;
+  t.hf_ = std::move(tokenizer);
+  return t;
+}
+
 int64_t Tokenizer::vocab_size() const {
   switch (kind_) {
     case Kind::Byte: return 256;
     case Kind::Bpe: return bpe_->vocab_size();
+    case Kind::HfBpe: return hf_->vocab_size();
     case Kind::Char: break;
   }
   return static_cast<int64_t>(vocab_.size());
@@ -88,6 +97,17 @@ int64_t Tokenizer::vocab_size() const {
 const BpeModel& Tokenizer::bpe_model() const {
   if (kind_ != Kind::Bpe) throw Error(std::string("bpe_model: a ") + kind_name() + " tokenizer has no BPE model");
   return *bpe_;
+}
+
+const HfBpeTokenizer& Tokenizer::hf_bpe() const {
+  if (kind_ != Kind::HfBpe) throw Error(std::string("hf_bpe: a ") + kind_name() + " tokenizer is no tokenizer.json");
+  return *hf_;
+}
+
+std::optional<std::string> Tokenizer::hf_tokenizer_json() const {
+  if (kind_ == Kind::Bpe) return bpe_->hf_tokenizer_json();
+  if (kind_ == Kind::HfBpe) return hf_->json();
+  return std::nullopt;
 }
 
 Tokenizer Tokenizer::char_level(const std::string& corpus) {
@@ -112,6 +132,7 @@ Tokenizer Tokenizer::from_vocab(std::vector<int32_t> code_points) {
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   if (kind_ == Kind::Bpe) return bpe_->encode(text);
+  if (kind_ == Kind::HfBpe) return hf_->encode(text);
   if (kind_ == Kind::Byte) {
     std::vector<int32_t> ids;
     for (unsigned char c : text) ids.push_back(c);
@@ -144,6 +165,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   if (kind_ == Kind::Bpe) return bpe_->decode(ids);
+  if (kind_ == Kind::HfBpe) return hf_->decode(ids);
   if (kind_ == Kind::Byte) {
     std::string s;
     for (int32_t id : ids) {

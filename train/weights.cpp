@@ -1,11 +1,13 @@
 // Loading and saving kiln weights files.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/train/hdf5_file.hpp>
+#include <kiln/train/hf_tokenizer.hpp>
 #include <kiln/train/weights.hpp>
 
 namespace kiln {
@@ -101,6 +103,19 @@ void require_finite(const HostTensor& t, const std::string& file, const std::str
 }
 
 void write_tokenizer(h5::File& f, const Tokenizer& tokenizer, int64_t vocab_size) {
+  if (tokenizer.kind() == Tokenizer::Kind::HfBpe) {
+    // A published tokenizer may have fewer ids than the model's (padded) embedding, never more.
+    if (tokenizer.vocab_size() > vocab_size)
+      throw Error("'" + f.path() + "': the tokenizer.json has ids up to " + std::to_string(tokenizer.vocab_size() - 1) +
+                  ", the model's vocab_size is " + std::to_string(vocab_size));
+    f.write_attribute("tokenizer", std::string(tokenizer.kind_name()));
+    const std::string& text = tokenizer.hf_bpe().json();
+    f.write_attribute("tokenizer_json_bytes", static_cast<int64_t>(text.size()));
+    HostTensor packed = HostTensor::zeros(DType::i32, Shape{static_cast<int64_t>((text.size() + 3) / 4)});
+    std::memcpy(packed.raw(), text.data(), text.size());  // the bytes, four to an int32 (HDF5 I/O is typed)
+    f.write("tokenizer/json", packed);
+    return;
+  }
   if (tokenizer.vocab_size() != vocab_size)
     throw Error("'" + f.path() + "': the " + tokenizer.kind_name() + " tokenizer has " +
                 std::to_string(tokenizer.vocab_size()) + " ids, the model's vocab_size is " +
@@ -129,8 +144,25 @@ std::optional<Tokenizer> read_tokenizer(const h5::File& f) {
   // The tokenizer must cover exactly the model's vocabulary: ids the model emits must decode.
   const int64_t vocab_size = read_model_spec(f).attributes.get_int("vocab_size");
   std::string kind = f.read_string_attribute("tokenizer");
-  if (kind != "byte" && kind != "char" && kind != "bpe")
+  if (kind != "byte" && kind != "char" && kind != "bpe" && kind != "hf-bpe")
     throw Error("'" + f.path() + "': unknown tokenizer '" + kind + "'");
+  if (kind == "hf-bpe") {
+    const int64_t bytes = f.read_int_attribute("tokenizer_json_bytes");
+    if (!f.exists("tokenizer/json")) throw Error("'" + f.path() + "': dataset 'tokenizer/json' is missing");
+    const DType dtype = f.dataset_dtype("tokenizer/json");
+    const Shape shape = f.dataset_shape("tokenizer/json");
+    if (bytes < 0 || dtype != DType::i32 || shape != Shape{(bytes + 3) / 4})
+      throw Error("'" + f.path() + "': dataset 'tokenizer/json' must be int32 [" + std::to_string((bytes + 3) / 4) +
+                  "] (tokenizer_json_bytes " + std::to_string(bytes) + ", four to an int32), received " +
+                  dtype_name(dtype) + shape.str());
+    const HostTensor packed = f.read("tokenizer/json");
+    const std::string text(static_cast<const char*>(packed.raw()), static_cast<size_t>(bytes));
+    Tokenizer t = Tokenizer::hf_bpe(HfBpeTokenizer::from_json(text, "'" + f.path() + "': dataset 'tokenizer/json'"));
+    if (t.vocab_size() > vocab_size)
+      throw Error("'" + f.path() + "': the tokenizer.json has ids up to " + std::to_string(t.vocab_size() - 1) +
+                  ", the model's vocab_size is " + std::to_string(vocab_size));
+    return t;
+  }
   if (kind == "bpe") {
     // vocab_size - 256 merges, each a pair of earlier ids (checked by BpeModel::from_merges).
     if (vocab_size == 256 && !f.exists("tokenizer/merges")) return Tokenizer::bpe(BpeModel::from_merges({}));

@@ -42,8 +42,8 @@ int cmd_import(const std::vector<std::string>& argv) {
          "usage: kiln import DIR --out model.h5\n\n"
          "Reads a local Hugging Face model directory (config.json and model.safetensors, or the shards\n"
          "that model.safetensors.index.json lists) of a GPT2LMHeadModel or LlamaForCausalLM, with f32, bf16,\n"
-         "f16 or f64 tensors, and writes it as a kiln weights file (f32). Settings kiln does not implement\n"
-         "are refused by name.");
+         "f16 or f64 tensors, and its tokenizer.json where it is a byte-level BPE, and writes them as a kiln\n"
+         "weights file (f32). Settings kiln does not implement are refused by name.");
   if (a.help()) {
     a.print_help();
     return 0;
@@ -66,10 +66,10 @@ int cmd_import(const std::vector<std::string>& argv) {
               out.c_str(), static_cast<double>(peak_resident_bytes()) / 1e6,
               static_cast<double>(peak_resident_bytes()) / weights_bytes, weights_bytes / 1e6,
               static_cast<double>(stored_bytes) / 1e6);
-  if (std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"))
-    std::printf("note: %s/tokenizer.json is not imported (kiln imports weights only for now): the weights file has "
-                "no tokenizer\n",
-                dir.c_str());
+  if (imported.tokenizer)
+    std::printf("tokenizer: %s/tokenizer.json, byte-level BPE of %lld ids\n", dir.c_str(),
+                static_cast<long long>(imported.tokenizer->vocab_size()));
+  if (!imported.tokenizer_note.empty()) std::printf("note: %s\n", imported.tokenizer_note.c_str());
   return 0;
 }
 
@@ -92,9 +92,12 @@ int cmd_export(const std::vector<std::string>& argv) {
   if (dt != "f32" && dt != "bf16") throw Error("--dtype must be f32 or bf16, received '" + dt + "'");
   const std::string dir = a.required("hf");
   std::unique_ptr<models::CausalLM> model = load_model_as_flagged(weights, a);
-  export_hf_model(*model, dir, dt == "f32" ? DType::f32 : DType::bf16);
-  std::printf("wrote %s/config.json and %s/model.safetensors (%s, %zu parameters, %s)\n", dir.c_str(), dir.c_str(),
-              model->architecture().c_str(), model->num_parameters(), dt.c_str());
+  const std::optional<Tokenizer> tokenizer = load_tokenizer(weights);
+  export_hf_model(*model, dir, dt == "f32" ? DType::f32 : DType::bf16, tokenizer ? &*tokenizer : nullptr);
+  const bool json = tokenizer && tokenizer->hf_tokenizer_json();
+  std::printf("wrote %s/config.json%s and %s/model.safetensors (%s, %zu parameters, %s)\n", dir.c_str(),
+              json ? ", tokenizer.json" : "", dir.c_str(), model->architecture().c_str(), model->num_parameters(),
+              dt.c_str());
   return 0;
 }
 

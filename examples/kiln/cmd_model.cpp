@@ -187,12 +187,17 @@ std::unique_ptr<models::CausalLM> model_from_flags(const Args& a, int64_t vocab_
                             "the model options");
 }
 
-std::unique_ptr<models::CausalLM> load_initial_model(const std::string& path, const Args& a, double dropout) {
+std::unique_ptr<models::CausalLM> load_initial_model(const std::string& path, const Args& a, double dropout,
+                                                     std::optional<Tokenizer>& tokenizer) {
   std::unique_ptr<models::CausalLM> model;
   if (std::filesystem::is_directory(path)) {
-    model = import_hf_model(path).model;
+    HfImport imported = import_hf_model(path);
+    if (!imported.tokenizer_note.empty()) spdlog::warn("{}", imported.tokenizer_note);
+    model = std::move(imported.model);
+    tokenizer = std::move(imported.tokenizer);
   } else {
     model = load_model(path);
+    tokenizer = load_tokenizer(path);
   }
   const models::ModelAttributes file = model->attributes();
   auto refuse = [&](const std::string& flag, const std::string& given, const std::string& held) {
@@ -318,9 +323,9 @@ int cmd_tokenize(const std::vector<std::string>& argv) {
   const std::string path = a.required("weights");
   const Tokenizer tok = require_tokenizer(path);
   if (a.has("json")) {
-    if (tok.kind() != Tokenizer::Kind::Bpe)
-      throw Error("--json: the weights file's tokenizer is " + std::string(tok.kind_name()) + ", not bpe");
-    write_file_atomically(a.str("json", ""), tok.bpe_model().hf_tokenizer_json());
+    const std::optional<std::string> json = tok.hf_tokenizer_json();
+    if (!json) throw Error("--json: the weights file's tokenizer is " + std::string(tok.kind_name()) + ", not bpe");
+    write_file_atomically(a.str("json", ""), *json);
     std::printf("wrote %s (%lld tokens)\n", a.str("json", "").c_str(), static_cast<long long>(tok.vocab_size()));
   }
   if (!a.has("data")) return 0;

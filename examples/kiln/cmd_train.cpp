@@ -146,12 +146,10 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::string text;
   std::unique_ptr<models::CausalLM> initial;  // --init-from: the model, its weights loaded
   if (!init_from.empty()) {
-    initial = load_initial_model(init_from, a, dropout);
-    if (!std::filesystem::is_directory(init_from)) tok = load_tokenizer(init_from);
+    initial = load_initial_model(init_from, a, dropout, tok);
+    if (pretokenized) tok.reset();  // the token file's ids are the data; a tokenizer would only sample
     if (!tok && !pretokenized)
-      throw Error("'" + init_from + "' holds no tokenizer" +
-                  (std::filesystem::is_directory(init_from) ? " kiln imports (its tokenizer.json is not read yet)" : "") +
-                  ": train it on pre-tokenized data with --tokens");
+      throw Error("'" + init_from + "' holds no tokenizer kiln reads: train it on pre-tokenized data with --tokens");
     if (!pretokenized) text = read_corpus(a.str("data", kDefaultCorpus));
   } else if (a.has("resume")) {
     tok = read_checkpoint_tokenizer_if_any(a.str("resume", ""));
@@ -201,9 +199,9 @@ int cmd_train(const std::vector<std::string>& argv) {
   spdlog::info("final validation loss {:.4f} nats/token; weights written to {}; metrics in {} (`kiln plot {}`){}",
                r.val_loss, out, o.metrics_log, o.metrics_log,
                r.skipped_steps > 0 ? fmt::format("; {} steps skipped (non-finite)", r.skipped_steps) : "");
-  if (tok && tok->kind() == Tokenizer::Kind::Bpe) {  // the tokenizer for Hugging Face tools too
+  if (tok && tok->hf_tokenizer_json()) {  // the tokenizer for Hugging Face tools too
     const std::string json = std::filesystem::path(out).replace_extension(".tokenizer.json").string();
-    write_file_atomically(json, tok->bpe_model().hf_tokenizer_json());
+    write_file_atomically(json, *tok->hf_tokenizer_json());
     spdlog::info("tokenizer written to {} (Hugging Face tokenizers' format)", json);
   }
   if (!tok || sample_tokens == 0) return 0;  // no tokenizer: nothing to sample text with

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include <kiln/core/precision.hpp>
 #include <kiln/core/tuning.hpp>
 #include <kiln/models/causal_lm.hpp>
+#include <kiln/train/tokenizer.hpp>
 
 namespace kiln::cuda {
 class Runtime;
@@ -36,9 +38,10 @@ constexpr const char* kNonStrictHelp =
     "holds are loaded, the missing and unexpected ones reported";
 std::unique_ptr<models::CausalLM> load_model_as_flagged(const std::string& path, const Args& a);
 // --init-from: the model a kiln weights file or a Hugging Face model directory holds, its weights
-// loaded; every model flag given (and a nonzero `dropout`) must agree with its config, or it is an
-// error naming the flag and both values.
-std::unique_ptr<models::CausalLM> load_initial_model(const std::string& path, const Args& a, double dropout);
+// loaded, and its tokenizer (none where it has none kiln reads); every model flag given (and a
+// nonzero `dropout`) must agree with its config, or it is an error naming the flag and both values.
+std::unique_ptr<models::CausalLM> load_initial_model(const std::string& path, const Args& a, double dropout,
+                                                     std::optional<Tokenizer>& tokenizer);
 // Checks the model flags (architecture and sizes) without building anything.
 void check_model_flags(const Args& a);
 // --threads N (CPU threads, fixed; without it kiln chooses, up to OMP_NUM_THREADS or the cores,

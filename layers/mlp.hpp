@@ -1,4 +1,5 @@
-// The transformer MLP: Linear(C, 4C), GELU (tanh approximation), Linear(4C, C), dropout.
+// The transformer MLP: Linear(C, H), GELU (tanh approximation), Linear(H, C), dropout; H = 4C
+// unless given (GPT-2's n_inner).
 // Shape contract: x: (..., C) -> (..., C).
 #pragma once
 
@@ -9,7 +10,7 @@ namespace kiln::nn {
 
 class MLP : public Module {
  public:
-  MLP(int64_t n_embd, double dropout = 0.0, double proj_init_std = 0.02);
+  MLP(int64_t n_embd, double dropout = 0.0, double proj_init_std = 0.02, int64_t hidden = 0);  // hidden 0: 4 n_embd
   Tensor forward(const Tensor& x) const;
   std::shared_ptr<Linear> c_fc, c_proj;
   std::shared_ptr<Dropout> drop;

@@ -8,10 +8,10 @@ namespace kiln::models {
 
 Block::Block(const GPTConfig& c) {
   double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
-  ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(c.n_embd));
+  ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(c.n_embd, c.norm_eps));
   attn = register_module("attn", std::make_shared<nn::CausalSelfAttention>(c.n_embd, c.n_head, c.dropout, proj_std));
-  ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(c.n_embd));
-  mlp = register_module("mlp", std::make_shared<nn::MLP>(c.n_embd, c.dropout, proj_std));
+  ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(c.n_embd, c.norm_eps));
+  mlp = register_module("mlp", std::make_shared<nn::MLP>(c.n_embd, c.dropout, proj_std, c.hidden()));
 }
 
 Tensor Block::forward(const Tensor& x) const {
@@ -27,9 +27,10 @@ Tensor Block::decode(const Tensor& x, const Tensor& position, nn::KVCache::Layer
 }
 
 double GPTConfig::parameter_count() const {
-  const double C = static_cast<double>(n_embd);
+  const double C = static_cast<double>(n_embd), H = static_cast<double>(hidden());
+  // Per layer: attention 4C^2 + 4C, MLP 2CH + H + C, two LayerNorms 4C.
   return (static_cast<double>(vocab_size) + static_cast<double>(block_size)) * C +
-         static_cast<double>(n_layer) * (12 * C * C + 13 * C) + 2 * C;
+         static_cast<double>(n_layer) * (4 * C * C + 2 * C * H + 9 * C + H) + 2 * C;
 }
 
 ModelAttributes GPTConfig::to_attributes() const {
@@ -40,6 +41,8 @@ ModelAttributes GPTConfig::to_attributes() const {
   a.set("n_head", static_cast<double>(n_head));
   a.set("n_embd", static_cast<double>(n_embd));
   a.set("dropout", dropout);
+  a.set("ffn_hidden", static_cast<double>(hidden()));
+  a.set("norm_eps", norm_eps);
   return a;
 }
 
@@ -51,6 +54,9 @@ GPTConfig GPTConfig::from_attributes(const ModelAttributes& a) {
   c.n_head = a.get_int("n_head");
   c.n_embd = a.get_int("n_embd");
   c.dropout = a.has("dropout") ? a.get("dropout") : 0.0;
+  // Attributes of format 4 (absent: GPT-2's 4 n_embd and 1e-5).
+  c.ffn_hidden = a.has("ffn_hidden") ? a.get_int("ffn_hidden") : 0;
+  c.norm_eps = a.has("norm_eps") ? a.get("norm_eps") : 1e-5;
   return c;
 }
 
@@ -74,7 +80,7 @@ GPT::GPT(const GPTConfig& c) : config_(c) {
   auto blocks = t.register_module("h", std::make_shared<nn::Module>());
   for (int64_t i = 0; i < c.n_layer; ++i)
     t.h.push_back(blocks->register_module(std::to_string(i), std::make_shared<Block>(c)));
-  t.ln_f = t.register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd));
+  t.ln_f = t.register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd, c.norm_eps));
   lm_head_ = register_module("lm_head", std::make_shared<TiedHead>());
   lm_head_->weight = lm_head_->register_parameter("weight", t.wte->weight);
 }

@@ -19,6 +19,9 @@ struct GPTConfig {
   int64_t n_head = 4;
   int64_t n_embd = 128;
   double dropout = 0.0;
+  int64_t ffn_hidden = 0;  // the MLP's width; 0: 4 n_embd (transformers: n_inner)
+  double norm_eps = 1e-5;  // the LayerNorms' epsilon (transformers: layer_norm_epsilon)
+  int64_t hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
   // The parameter count these sizes give (as a double: it may be astronomically large).
   double parameter_count() const;
   ModelAttributes to_attributes() const;

@@ -12,7 +12,10 @@ const std::vector<Architecture>& architectures() {
     Architecture gpt{
         "gpt",
         "GPT-2 (learned positions, LayerNorm, GELU MLP, tied lm_head; nanoGPT names)",
-        {size_vocab, size_block, size_layers, size_heads, size_embd, AttributeSpec{"dropout", false, 0, 1, true, 0.0}},
+        {size_vocab, size_block, size_layers, size_heads, size_embd, AttributeSpec{"dropout", false, 0, 1, true, 0.0},
+         // GPT-2's n_inner and layer_norm_epsilon: format 4's (ffn_hidden 0 means 4 n_embd).
+         AttributeSpec{"ffn_hidden", true, 0, 2147483648.0, true, 0, 4},
+         AttributeSpec{"norm_eps", false, 0, 1, true, 1e-5, 4}},
         [](const ModelAttributes& a) -> std::unique_ptr<CausalLM> {
           return std::make_unique<GPT>(GPTConfig::from_attributes(a));
         }};

@@ -184,16 +184,16 @@ def init_from(kiln, work, hf_dir, failures):
         failures.append(f"init-from: training did not lower the validation loss ({first} -> {last})")
 
 
-def gpt2(kiln, work, failures):
+def gpt2(kiln, work, failures, name="gpt2", **settings):
     torch.manual_seed(1)
     config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=BLOCK, vocab_size=VOCAB,
-                                     bos_token_id=None, eos_token_id=None)
-    hf_dir = os.path.join(work, "gpt2")
+                                     bos_token_id=None, eos_token_id=None, **settings)
+    hf_dir = os.path.join(work, name)
     transformers.GPT2LMHeadModel(config).save_pretrained(hf_dir)
     model = transformers.GPT2LMHeadModel.from_pretrained(hf_dir, attn_implementation="eager").to(torch.float64).eval()
-    weights = compare(kiln, work, "gpt2", hf_dir, model, failures)
-    round_trips(kiln, work, "gpt2", weights, hf_dir, transformers.GPT2LMHeadModel, failures)
-    init_from(kiln, work, hf_dir, failures)
+    weights = compare(kiln, work, name, hf_dir, model, failures)
+    round_trips(kiln, work, name, weights, hf_dir, transformers.GPT2LMHeadModel, failures)
+    return hf_dir
 
 
 def llama(kiln, work, failures, tied, llama3=False, biases=False):
@@ -297,7 +297,8 @@ def main():
     transformers.logging.set_verbosity_error()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     failures = []
-    gpt2(kiln, work, failures)
+    init_from(kiln, work, gpt2(kiln, work, failures), failures)
+    gpt2(kiln, work, failures, "gpt2_inner", n_inner=48, layer_norm_epsilon=1e-6)
     llama(kiln, work, failures, tied=False)
     llama(kiln, work, failures, tied=True)
     llama(kiln, work, failures, tied=False, llama3=True, biases=True)

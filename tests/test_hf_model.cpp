@@ -198,14 +198,19 @@ TEST(HfModel, SettingsKilnDoesNotImplementAreRefusedByName) {
   const std::string cfg = dir + "/config.json";
   for (const auto& [edit, named] : std::vector<std::pair<std::string, std::string>>{
            {with("\"gelu_new\"", "\"relu\""), "activation_function = \"relu\""},
-           {with("\"n_inner\": null", "\"n_inner\": 8"), "n_inner = 8"},
-           {with("1e-05", "1e-06"), "layer_norm_epsilon"},
            {with("\"attn_pdrop\": 0.0", "\"attn_pdrop\": 0.1"), "attn_pdrop"},
            {with("GPT2LMHeadModel", "MistralForCausalLM"), "'MistralForCausalLM' is not one kiln imports"},
            {with("\"n_embd\": 4", "\"n_embd\": \"four\""), "'n_embd' is \"four\", not a number"}}) {
     write_text(cfg, edit);
     expect_error([&] { import_hf_model(dir); }, {cfg, named});
   }
+  // GPT-2's n_inner and layer_norm_epsilon become the model's MLP width and LayerNorm epsilon.
+  std::string wider = with("\"n_inner\": null", "\"n_inner\": 8");
+  wider.replace(wider.find("1e-05"), 5, "1e-06");
+  write_text(cfg, wider);
+  const ModelSpec gpt = read_hf_config(dir);
+  EXPECT_EQ(gpt.attributes.get("ffn_hidden"), 8.0);
+  EXPECT_EQ(gpt.attributes.get("norm_eps"), 1e-6);
   const std::string llama = R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 6, "max_position_embeddings": 4,
     "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_size": 4, "intermediate_size": 8)";
   for (const auto& [extra, named] : std::vector<std::pair<std::string, std::string>>{

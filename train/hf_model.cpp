@@ -28,7 +28,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr double kGptLayerNormEps = 1e-5;  // kiln's nn::LayerNorm default, GPT-2's layer_norm_epsilon
+constexpr double kGptLayerNormEps = 1e-5;  // GPT-2's layer_norm_epsilon when config.json has none
 
 json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -87,10 +87,6 @@ models::ModelAttributes gpt_attributes(const Config& c) {
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
     c.refuse("activation_function", "kiln's GPT uses GELU's tanh approximation (gelu_new)");
   const double n_embd = c.number("n_embd");
-  if (c.has("n_inner") && c.number("n_inner") != 4 * n_embd)
-    c.refuse("n_inner", "kiln's GPT MLP is 4 x n_embd wide");
-  if (c.number("layer_norm_epsilon", kGptLayerNormEps) != kGptLayerNormEps)
-    c.refuse("layer_norm_epsilon", "kiln's GPT LayerNorm uses 1e-5");
   if (!c.boolean("scale_attn_weights", true)) c.refuse("scale_attn_weights", "kiln scales attention by 1/sqrt(d)");
   if (c.boolean("scale_attn_by_inverse_layer_idx", false))
     c.refuse("scale_attn_by_inverse_layer_idx", "kiln scales attention by 1/sqrt(d) only");
@@ -107,6 +103,8 @@ models::ModelAttributes gpt_attributes(const Config& c) {
   a.set("n_head", c.number("n_head"));
   a.set("n_embd", n_embd);
   a.set("dropout", resid);
+  a.set("ffn_hidden", c.has("n_inner") ? c.number("n_inner") : 4 * n_embd);
+  a.set("norm_eps", c.number("layer_norm_epsilon", kGptLayerNormEps));
   return a;
 }
 
@@ -428,9 +426,9 @@ void export_hf_model(const models::CausalLM& model, const std::string& dir, DTyp
               {"n_layer", a.get_int("n_layer")},
               {"n_head", a.get_int("n_head")},
               {"n_embd", a.get_int("n_embd")},
-              {"n_inner", nullptr},
+              {"n_inner", a.get_int("ffn_hidden")},
               {"activation_function", "gelu_new"},
-              {"layer_norm_epsilon", kGptLayerNormEps},
+              {"layer_norm_epsilon", a.get("norm_eps")},
               {"resid_pdrop", a.get("dropout")},
               {"embd_pdrop", a.get("dropout")},
               {"attn_pdrop", a.get("dropout")},

@@ -18,8 +18,9 @@
 
 namespace kiln {
 
-// 4: Llama's attention_bias, mlp_bias and rope scaling attributes (a version-3 file lacks them: no
-// biases, no scaling; an older kiln refuses a version-4 file rather than ignore its scaling).
+// 4: GPT's ffn_hidden and norm_eps, Llama's attention_bias, mlp_bias and rope scaling attributes
+// (a version-3 file lacks them: 4 n_embd, 1e-5, no biases, no scaling; an older kiln refuses a
+// version-4 file rather than ignore them).
 // 3: every config attribute and the architecture required (2: datasets with Fletcher-32
 // checksums in files with metadata checksums, and 1, neither: all still read, missing config
 // attributes taking their defaults as they always did).

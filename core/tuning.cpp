@@ -15,6 +15,8 @@
 #include <memory>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/exec/thread_governor.hpp>
 #include <kiln/circuit/ir/error.hpp>
@@ -24,7 +26,6 @@
 #include <kiln/circuit/prims/fused_rows.hpp>
 #include <kiln/circuit/prims/onednn_matmul.hpp>
 #include <kiln/circuit/prims/prim_params.hpp>
-#include <kiln/core/json.hpp>
 #include <kiln/cuda/runtime/device_program.hpp>
 #include <kiln/cuda/runtime/runtime.hpp>
 #include <kiln/core/tuning.hpp>
@@ -137,34 +138,36 @@ TuningFile read_tuning_file(const std::string& path, const std::string& device) 
   auto bad = [&](const std::string& what) {
     return Error("tuning file " + path + ": " + what + " (kiln tune --clear removes it)");
   };
-  json::Value doc;
+  nlohmann::json doc;
   try {
-    doc = json::parse(text.str());
-  } catch (const Error& e) {
+    doc = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
     throw bad(std::string("not valid JSON: ") + e.what());
   }
-  const json::Value* format = doc.find("format");
-  if (!format || !format->is(json::Value::Kind::string) || format->string != kFormat)
+  auto string_at = [](const nlohmann::json& object, const char* key) -> const std::string* {
+    if (!object.is_object() || !object.contains(key) || !object[key].is_string()) return nullptr;
+    return object[key].get_ptr<const std::string*>();
+  };
+  const std::string* format = string_at(doc, "format");
+  if (!format || *format != kFormat)
     throw bad(std::string("not a kiln tuning file (expected \"format\": \"") + kFormat + "\")");
-  const json::Value* dev = doc.find("device");
-  if (!dev || !dev->is(json::Value::Kind::string)) throw bad("no \"device\" string");
-  if (dev->string != device)
-    throw bad("made for another device: \"" + dev->string + "\", this one is \"" + device + "\"");
-  const json::Value* entries = doc.find("entries");
-  if (!entries || !entries->is(json::Value::Kind::array)) throw bad("no \"entries\" array");
-  for (size_t i = 0; i < entries->array.size(); ++i) {
-    const json::Value& e = entries->array[i];
+  const std::string* dev = string_at(doc, "device");
+  if (!dev) throw bad("no \"device\" string");
+  if (*dev != device) throw bad("made for another device: \"" + *dev + "\", this one is \"" + device + "\"");
+  if (!doc.contains("entries") || !doc["entries"].is_array()) throw bad("no \"entries\" array");
+  const nlohmann::json& entries = doc["entries"];
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const nlohmann::json& e = entries[i];
     const std::string where = "entry " + std::to_string(i);
     auto text_field = [&](const char* key) {
-      const json::Value* v = e.find(key);
-      if (!v || !v->is(json::Value::Kind::string)) throw bad(where + ": no \"" + key + "\" string");
-      return v->string;
+      const std::string* v = string_at(e, key);
+      if (!v) throw bad(where + ": no \"" + key + "\" string");
+      return *v;
     };
     auto number_field = [&](const char* key) {
-      const json::Value* v = e.find(key);
-      if (!v || !v->is(json::Value::Kind::number) || v->number < 0)
+      if (!e.is_object() || !e.contains(key) || !e[key].is_number() || e[key].get<double>() < 0)
         throw bad(where + ": no \"" + key + "\" number (0 or more)");
-      return v->number;
+      return e[key].get<double>();
     };
     TuningEntry t;
     t.kiln_version = text_field("kiln");
@@ -186,14 +189,15 @@ TuningFile read_tuning_file(const std::string& path, const std::string& device) 
 }
 
 void write_tuning_file(const std::string& path, const TuningFile& file) {
-  std::string text = "{\n  \"format\": " + json::quote(kFormat) + ",\n  \"device\": " + json::quote(file.device) +
+  auto quote = [](const std::string& s) { return nlohmann::json(s).dump(); };
+  std::string text = "{\n  \"format\": " + quote(kFormat) + ",\n  \"device\": " + quote(file.device) +
                      ",\n  \"entries\": [";
   for (size_t i = 0; i < file.entries.size(); ++i) {
     const TuningEntry& e = file.entries[i];
     text += fmt::format(
         "{}\n    {{\"kiln\": {}, \"kernel\": {}, \"choice\": {}, \"default_ms\": {:.4f}, \"chosen_ms\": {:.4f}, "
         "\"candidates\": {}}}",
-        i ? "," : "", json::quote(e.kiln_version), json::quote(e.kernel), json::quote(e.choice.str()), e.default_ms,
+        i ? "," : "", quote(e.kiln_version), quote(e.kernel), quote(e.choice.str()), e.default_ms,
         e.chosen_ms, e.candidates);
   }
   text += "\n  ]\n}\n";

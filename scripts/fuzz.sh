@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(weights weights_fields checkpoint batch tokenizer text safetensors)
+[ ${#targets[@]} -gt 0 ] || targets=(weights weights_fields checkpoint batch tokenizer text safetensors tokenizer_json)
 bash scripts/build_sanitized.sh >/dev/null
 bin=build-sanitized/tests/fuzz
 runs=build-sanitized/fuzz-runs

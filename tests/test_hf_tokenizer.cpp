@@ -70,6 +70,8 @@ TEST(HfTokenizer, SettingsKilnDoesNotRunAreRefusedByName) {
   refused(replaced(json, "\"dropout\": null", "\"dropout\": 0.1"), {"BPE dropout"});
   refused(replaced(json, "\"behavior\": \"Isolated\"", "\"behavior\": \"Removed\""), {"behavior Removed"});
   refused(json.substr(0, json.size() / 2), {source, "not valid JSON"});
+  refused(replaced(json, "\"use_regex\": false", "\"use_regex\": 1"), {source, "a setting of the wrong type"});
+  EXPECT_FALSE(HfBpeTokenizer::is_byte_level_bpe(replaced(json, "\"type\": \"BPE\"", "\"type\": 7")));
   // A pattern PCRE2 cannot compile (a lookbehind of no fixed length) names the pattern.
   const size_t at = json.find("\"Regex\": \"") + 10;
   std::string bad = json;

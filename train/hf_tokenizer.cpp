@@ -78,7 +78,7 @@ struct HfBpeTokenizer::Pattern {
 
 HfBpeTokenizer::~HfBpeTokenizer() = default;
 
-bool HfBpeTokenizer::is_byte_level_bpe(const std::string& json_text) {
+bool HfBpeTokenizer::is_byte_level_bpe_unchecked(const std::string& json_text) {
   const Json doc = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object()) return false;
   if (doc["model"].value("type", "") != "BPE") return false;
@@ -94,7 +94,8 @@ bool HfBpeTokenizer::is_byte_level_bpe(const std::string& json_text) {
   return false;
 }
 
-std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json(const std::string& json_text, const std::string& source) {
+std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const std::string& json_text,
+                                                                        const std::string& source) {
   Json doc;
   try {
     doc = Json::parse(json_text);
@@ -278,6 +279,24 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json(const std::strin
     throw refuse("post_processor " + post_type, "kiln runs TemplateProcessing and ByteLevel");
   }
   return t;
+}
+
+// A setting of an unexpected JSON type (a number where a string belongs) makes nlohmann throw:
+// such a file is no tokenizer of this kind, or a malformed one, named as such.
+bool HfBpeTokenizer::is_byte_level_bpe(const std::string& json_text) {
+  try {
+    return is_byte_level_bpe_unchecked(json_text);
+  } catch (const Json::exception&) {
+    return false;
+  }
+}
+
+std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json(const std::string& json_text, const std::string& source) {
+  try {
+    return from_json_unchecked(json_text, source);
+  } catch (const Json::exception& e) {
+    throw Error(source + ": a setting of the wrong type (" + e.what() + ")");
+  }
 }
 
 std::vector<std::pair<size_t, size_t>> HfBpeTokenizer::split(const std::string& text, size_t begin, size_t end) const {

@@ -39,6 +39,9 @@ class HfBpeTokenizer {
 
  private:
   HfBpeTokenizer() = default;
+  static bool is_byte_level_bpe_unchecked(const std::string& json_text);
+  static std::shared_ptr<const HfBpeTokenizer> from_json_unchecked(const std::string& json_text,
+                                                                   const std::string& source);
   struct Added {
     std::string content;
     int32_t id;

@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const fs::path root = argv[1];
-  for (const char* t : {"weights", "weights_fields", "checkpoint", "batch", "tokenizer", "text", "safetensors"})
+  for (const char* t : {"weights", "weights_fields", "checkpoint", "batch", "tokenizer", "text", "safetensors",
+                        "tokenizer_json"})
     fs::create_directories(root / t);
   manual_seed(3);
   const std::string corpus = "ab cab\nbca ✓\n";
@@ -84,6 +85,9 @@ int main(int argc, char** argv) {
   export_hf_model(small, (root / "safetensors/gpt").string(), DType::bf16);
   fs::rename(root / "safetensors/gpt/model.safetensors", root / "safetensors/gpt.safetensors");
   fs::remove_all(root / "safetensors/gpt");
+  // tokenizer_json: kiln's own BPE as tokenizer.json (GPT-2's and Llama 3's kinds, made by Hugging
+  // Face tokenizers, are committed beside it: gpt2.json, llama3.json).
+  write_text(root / "tokenizer_json/kiln_bpe.json", BpeModel::train(corpus + corpus + "the the cat", 270).hf_tokenizer_json());
   std::printf("seeds written under %s\n", root.c_str());
   return 0;
 }

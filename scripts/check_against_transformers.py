@@ -101,6 +101,18 @@ def keep_f64_in_rms_norm_and_softmax():
     torch.nn.functional.softmax = softmax
 
 
+def report(label, errors, tol, n_grads, failures):
+    """Prints logits, loss and the worst gradient error of `errors` (name -> relative error) and
+    adds a failure for each over its limit in `tol` (logits, loss, grad)."""
+    worst = max((e, n) for n, e in errors.items() if n not in ("logits", "loss"))
+    print(f"{label}: logits {errors['logits']:.2e}, loss {errors['loss']:.2e}, "
+          f"worst gradient {worst[0]:.2e} ({worst[1]}), {n_grads} gradients")
+    for name, e in errors.items():
+        limit = tol.get(name, tol["grad"])
+        if not e < limit:
+            failures.append(f"{label} {name}: {e:.3e} >= {limit:.0e}")
+
+
 def rel(a, b):
     return float(np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64)) /
                  max(np.linalg.norm(np.asarray(b, np.float64)), 1e-30))
@@ -142,13 +154,7 @@ def check(kiln, work, tied):
             failures.append(f"{dtype}: no gradient from kiln for {sorted(missing)}")
         for name, g in grads.items():
             errors[name] = rel(g, named[name].grad.numpy())
-        worst = max((e, n) for n, e in errors.items() if n not in ("logits", "loss"))
-        print(f"tied={tied} {dtype}: logits {errors['logits']:.2e}, loss {errors['loss']:.2e}, "
-              f"worst gradient {worst[0]:.2e} ({worst[1]}), {len(grads)} gradients")
-        for name, e in errors.items():
-            limit = tol.get(name, tol["grad"])
-            if not e < limit:
-                failures.append(f"{dtype} {name}: {e:.3e} >= {limit:.0e}")
+        report(f"tied={tied} {dtype}", errors, tol, len(grads), failures)
     return failures
 
 

@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_against_transformers import (datasets_by_name, generated_text,  # noqa: E402
-                                        keep_f64_in_rms_norm_and_softmax, rel)
+                                        keep_f64_in_rms_norm_and_softmax, rel, report)
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
@@ -101,13 +101,7 @@ def compare(kiln, work, name, hf_dir, model_f64, failures):
                 continue
             ref = named[pname].grad.numpy()
             errors[pname] = rel(g.T if pname.endswith(CONV1D) else g, ref)
-        worst = max((e, n) for n, e in errors.items() if n not in ("logits", "loss"))
-        print(f"{name} {dtype}: logits {errors['logits']:.2e}, loss {errors['loss']:.2e}, "
-              f"worst gradient {worst[0]:.2e} ({worst[1]}), {len(grads)} gradients")
-        for pname, e in errors.items():
-            limit = tol.get(pname, tol["grad"])
-            if not e < limit:
-                failures.append(f"{name} {dtype} {pname}: {e:.3e} >= {limit:.0e}")
+        report(f"{name} {dtype}", errors, tol, len(grads), failures)
     return weights
 
 

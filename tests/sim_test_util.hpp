@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
+
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/cuda/kir/kir.hpp>
 #include <kiln/cuda/sim/simulator.hpp>
@@ -47,16 +49,7 @@ std::vector<T> download(const DeviceMemory& mem, uint64_t addr, size_t n) {
   return v;
 }
 
-// Runs f, which must throw kiln::Error whose message contains every one of `parts`.
-inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning '" << parts.front() << "'";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
+using kiln::expect_error;  // expect_error.hpp
 
 inline uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
 

@@ -20,6 +20,8 @@
 #include <kiln/train/hf_model.hpp>
 #include <kiln/train/safetensors.hpp>
 
+#include "expect_error.hpp"
+
 namespace kiln {
 namespace {
 
@@ -81,16 +83,6 @@ std::string gpt2_dir(const std::string& name, const std::string& prefix, const s
   write_text(dir + "/config.json", config);
   write_tensors(dir + "/model.safetensors", gpt2_tensors(prefix));
   return dir;
-}
-
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
-  }
 }
 
 // Each stored value where kiln's GPT must hold it: Conv1D weights transposed, the rest as stored.

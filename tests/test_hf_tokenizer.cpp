@@ -16,6 +16,8 @@
 #include <kiln/train/tokenizer.hpp>
 #include <kiln/train/weights.hpp>
 
+#include "expect_error.hpp"
+
 namespace kiln {
 namespace {
 
@@ -34,16 +36,6 @@ std::string replaced(std::string s, const std::string& from, const std::string& 
   EXPECT_NE(at, std::string::npos) << from;
   if (at != std::string::npos) s.replace(at, from.size(), to);
   return s;
-}
-
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
-  }
 }
 
 TEST(HfTokenizer, KilnsOwnExportRunsToKilnsIds) {

@@ -30,20 +30,13 @@
 #include <kiln/train/tokenizer.hpp>
 #include <kiln/train/weights.hpp>
 
+#include "expect_error.hpp"
+
 namespace kiln {
 namespace {
 
 std::string tmp_file(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("kiln_hostile_" + std::to_string(getpid()) + "_" + name)).string();
-}
-
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning '" << parts.front() << "'";
-  } catch (const Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << p << " in " << e.what();
-  }
 }
 
 // Writes an attribute of `count` elements of `type` (count 0: a scalar) on the root group.

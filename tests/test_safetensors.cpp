@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +67,19 @@ TEST(Safetensors, WrittenTensorsReadBackInEveryFloatDtype) {
     EXPECT_NEAR(rb.get(i), b.get(i), 1.0 / 128);  // bf16 keeps 8 bits
   }
   EXPECT_EQ(f.read_f32(*f.find("s")).get(0), 7.5);
+  std::filesystem::remove(path);
+  // f16's edges: the largest half, the smallest subnormal, a value it rounds (1/3 -> 0x3555), negative
+  // zero, and what overflows to infinity.
+  HostTensor edges = HostTensor::zeros(DType::f32, Shape{6});
+  const double in[] = {65504.0, std::ldexp(1.0, -24), 1.0 / 3, -0.0, 70000.0, -1e-9};
+  const double out[] = {65504.0, std::ldexp(1.0, -24), 0.333251953125, -0.0, INFINITY, -0.0};
+  for (int i = 0; i < 6; ++i) edges.set(i, in[i]);
+  write_safetensors(path, {{"h", DType::f16, Shape{6}}}, [&](size_t) { return edges; });
+  const HostTensor halves = SafetensorsFile(path).read_f32(*SafetensorsFile(path).find("h"));
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(halves.get(i), out[i]) << in[i];
+    EXPECT_EQ(std::signbit(halves.get(i)), std::signbit(out[i])) << in[i];
+  }
   EXPECT_EQ(f.find("missing"), nullptr);
   std::filesystem::remove(path);
 }

@@ -316,7 +316,8 @@ ImportPlan plan_import(const std::string& dir, const Checkpoint& ckpt, const mod
       plan.skipped.push_back(name);
       continue;
     }
-    auto alias = std::find_if(tied.begin(), tied.end(), [&](const auto& t) { return t.first == name; });
+    const std::string& stored_name = name;  // (clang 14 cannot capture a structured binding)
+    auto alias = std::find_if(tied.begin(), tied.end(), [&](const auto& t) { return t.first == stored_name; });
     if (alias != tied.end()) {
       const auto& [file, e] = where;
       const auto& [lfile, le] = *stored(alias->second);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -64,8 +65,31 @@ uint64_t checked_offset(const nlohmann::json& v, const std::string& where) {
   return v.get<uint64_t>();
 }
 
-float f16_to_f32(uint16_t bits) { return static_cast<float>(std::bit_cast<_Float16>(bits)); }
-uint16_t f32_to_f16(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }
+// IEEE half precision by hand (clang 14, which builds the sanitizer tier, has no _Float16 on x86).
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  if (exponent == 0) {  // zero or subnormal: mantissa x 2^-24
+    const float v = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -v : v;
+  }
+  if (exponent == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+// Rounded to nearest, ties to even; beyond the largest half (65504) rounds to infinity from 65520.
+uint16_t f32_to_f16(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f), sign = (x >> 16) & 0x8000, a = x & 0x7fffffff;
+  if (a >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00 | (a > 0x7f800000u ? 0x200 : 0));  // inf, NaN
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00);                                  // overflow
+  if (a < 0x38800000u) {  // below 2^-14: a subnormal half, mantissa = round(v x 2^24), exact in float
+    const float scaled = std::bit_cast<float>(a) * 16777216.0f;
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(scaled)));
+  }
+  uint32_t h = ((((a >> 23) - 112) << 10) | ((a & 0x7fffff) >> 13));
+  const uint32_t rest = a & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;  // a carry into the exponent is still right
+  return static_cast<uint16_t>(sign | h);
+}
 
 }  // namespace
 

@@ -97,6 +97,7 @@ thread_local bool empty_parameters = false;
 
 EmptyParameters::EmptyParameters() : previous_(empty_parameters) { empty_parameters = true; }
 EmptyParameters::~EmptyParameters() { empty_parameters = previous_; }
+bool EmptyParameters::active() { return empty_parameters; }
 
 HostTensor normal_init(const Shape& shape, double std, DType dtype) {
   if (empty_parameters) return HostTensor::view(dtype, shape, nullptr);

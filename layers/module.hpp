@@ -106,6 +106,8 @@ class EmptyParameters {
   ~EmptyParameters();
   EmptyParameters(const EmptyParameters&) = delete;
   EmptyParameters& operator=(const EmptyParameters&) = delete;
+  // Whether one is alive on this thread (models skip their memory check: nothing is touched).
+  static bool active();
 
  private:
   bool previous_;

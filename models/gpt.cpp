@@ -67,7 +67,7 @@ GPT::GPT(const GPTConfig& c) : config_(c) {
   // whose parameters alone exceed the machine's memory is refused before building anything.
   const double params = c.parameter_count();
   const double physical = physical_memory_bytes();
-  if (physical > 0 && 16 * params > physical)
+  if (physical > 0 && 16 * params > physical && !nn::EmptyParameters::active())
     throw Error("GPT: " + std::to_string(c.n_layer) + " layers of width " + std::to_string(c.n_embd) + " have " +
                 std::to_string(params / 1e9) + " billion parameters; training them needs " +
                 std::to_string(16 * params / (1 << 30)) + " GiB, more than this machine's " +

@@ -87,7 +87,7 @@ Llama::Llama(const LlamaConfig& c) : config_(c) {
   if (c.vocab_size < 1 || c.block_size < 1 || c.n_layer < 1 || c.n_embd < 1 || c.n_head < 1 || c.n_kv_head < 1)
     throw Error("Llama: vocab_size, block_size, n_layer, n_embd, n_head and n_kv_head must be positive");
   const double physical = physical_memory_bytes();
-  if (physical > 0 && 16 * c.parameter_count() > physical)
+  if (physical > 0 && 16 * c.parameter_count() > physical && !nn::EmptyParameters::active())
     throw Error("Llama: " + std::to_string(c.parameter_count() / 1e9) + " billion parameters need " +
                 std::to_string(16 * c.parameter_count() / (1 << 30)) + " GiB to train, more than this machine's " +
                 std::to_string(physical / (1 << 30)) + " GiB");

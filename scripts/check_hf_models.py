@@ -217,7 +217,7 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
 def byte_level_tokenizer(kind, corpus):
     """A tokenizer.json as tokenizers makes them: GPT-2's kind (ByteLevel with its own regex, an
     end-of-text token) or Llama 3's (a Split of its pattern, ByteLevel without one, ignore_merges,
-    a begin-of-text token the post-processor puts first)."""
+    a begin-of-text token the post-processor's template puts first)."""
     from tokenizers import Regex, decoders, models, pre_tokenizers, processors, trainers
     if kind == "gpt2":
         tok = tokenizers.Tokenizer(models.BPE())
@@ -234,8 +234,11 @@ def byte_level_tokenizer(kind, corpus):
                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([corpus], trainer)
     if kind == "llama3":
-        tok.post_processor = processors.TemplateProcessing(
-            single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])
+        # Meta's Llama 3 files wrap the template in a Sequence after a ByteLevel (offsets only).
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                          special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])])
     return tok
 
 

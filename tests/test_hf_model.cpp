@@ -17,7 +17,9 @@
 
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/models/llama.hpp>
+#include <kiln/train/bpe.hpp>
 #include <kiln/train/hf_model.hpp>
+#include <kiln/train/hf_tokenizer.hpp>
 #include <kiln/train/safetensors.hpp>
 
 #include "expect_error.hpp"
@@ -222,6 +224,42 @@ TEST(HfModel, SettingsKilnDoesNotImplementAreRefusedByName) {
   EXPECT_EQ(spec.attributes.get("rope_scaling_factor"), 32.0);
   EXPECT_EQ(spec.attributes.get("mlp_bias"), 1.0);
   EXPECT_EQ(spec.attributes.get("n_kv_head"), 1.0);
+}
+
+// A tokenizer.json kiln does not run leaves the weights imported and says why; one it runs joins
+// them (Llama 3's post-processor Sequence included); an export never leaves stale files beside
+// its own; deeply nested JSON is refused before it is parsed.
+TEST(HfModel, TokenizerJsonBesideTheWeights) {
+  const std::string dir = gpt2_dir("gpt2_tokenizer", "transformer.");
+  const std::string json = BpeModel::from_merges({}).hf_tokenizer_json();  // the 256 bytes, no merges
+  write_text(dir + "/tokenizer.json", [&] {
+    std::string j = json;
+    j.replace(j.find("\"normalizer\": null"), 18, "\"normalizer\": {\"type\": \"NFC\"}");
+    return j;
+  }());
+  HfImport imported = import_hf_model(dir);  // a 6-token model: a 256-byte tokenizer would not fit
+  EXPECT_FALSE(imported.tokenizer);
+  EXPECT_NE(imported.tokenizer_note.find("normalizer (NFC) is not supported"), std::string::npos)
+      << imported.tokenizer_note;
+  write_text(dir + "/tokenizer.json", json);
+  expect_error([&] { import_hf_model(dir); }, {"tokenizer.json' has ids up to 255", "vocab_size is 6"});
+  // Llama 3's post-processor form, on a model whose vocabulary holds the bytes.
+  std::string sequence = json;
+  sequence.replace(sequence.find("\"post_processor\": null"), 22,
+                   R"("post_processor": {"type": "Sequence", "processors": [{"type": "ByteLevel"}, )"
+                   R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "A", "type_id": 0}}, )"
+                   R"({"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"A": {"id": "A", "ids": [65]}}}]})");
+  const auto t = HfBpeTokenizer::from_json(sequence, "sequence");
+  EXPECT_EQ(t->encode("b"), (std::vector<int32_t>{65, 98}));
+  // Export refuses a directory whose files it would leave stale.
+  const std::string out = fresh_dir("gpt2_export_stale");
+  write_text(out + "/model.safetensors.index.json", "{}");
+  expect_error([&] { export_hf_model(*imported.model, out, DType::f32); }, {"sharded checkpoint"});
+  fs::remove(out + "/model.safetensors.index.json");
+  write_text(out + "/tokenizer.json", "{}");
+  expect_error([&] { export_hf_model(*imported.model, out, DType::f32); }, {"tokenizer.json", "would not replace"});
+  write_text(dir + "/config.json", "{\"n_embd\": " + std::string(200, '[') + std::string(200, ']') + "}");
+  expect_error([&] { read_hf_config(dir); }, {"config.json", "nested deeper than 64"});
 }
 
 TEST(HfModel, Llama3RopeScalingKeepsDividesAndInterpolatesItsBands) {

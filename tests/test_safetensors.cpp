@@ -97,6 +97,9 @@ TEST(Safetensors, HostileHeadersAreRefusedNamingFileAndTensor) {
   expect_refused(file_with("huge", ok, 8, 200'000'000), {"over the limit"});
   expect_refused(file_with("not_json", "{\"w\":", 8), {"not valid JSON"});
   expect_refused(file_with("array", "[1,2]", 0), {"not a JSON object"});
+  // Nesting that would make copying or printing the value recurse deeply.
+  expect_refused(file_with("deep", "{\"w\":" + std::string(100, '[') + std::string(100, ']') + "}", 0),
+                 {"nested deeper than 64"});
   expect_refused(file_with("twice", R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                                     R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
                  {"'w' twice"});

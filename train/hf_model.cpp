@@ -18,6 +18,7 @@
 #include <kiln/train/atomic_file.hpp>
 #include <kiln/train/hf_model.hpp>
 #include <kiln/train/hf_tokenizer.hpp>
+#include <kiln/train/json_text.hpp>
 #include <kiln/train/safetensors.hpp>
 #include <kiln/version.hpp>
 
@@ -35,6 +36,7 @@ json read_json_file(const std::string& path) {
   if (!in) throw Error("cannot open '" + path + "'");
   std::stringstream text;
   text << in.rdbuf();
+  require_json_depth(text.str(), "'" + path + "'");
   try {
     return json::parse(text.str());
   } catch (const json::exception& e) {
@@ -48,24 +50,29 @@ struct Config {
   json doc;
 
   bool has(const std::string& key) const { return doc.contains(key) && !doc[key].is_null(); }
+  // The setting as an error message shows it: a value as written, a container by its kind.
+  std::string shown(const std::string& key) const {
+    if (!doc.contains(key)) return "(absent)";
+    return doc[key].is_primitive() ? doc[key].dump() : "an " + std::string(doc[key].type_name());
+  }
   double number(const std::string& key) const {
     if (!has(key)) throw Error("'" + path + "': setting '" + key + "' is missing");
-    if (!doc[key].is_number()) throw Error("'" + path + "': setting '" + key + "' is " + doc[key].dump() + ", not a number");
+    if (!doc[key].is_number()) throw Error("'" + path + "': setting '" + key + "' is " + shown(key) + ", not a number");
     return doc[key].get<double>();
   }
   double number(const std::string& key, double fallback) const { return has(key) ? number(key) : fallback; }
   std::string string(const std::string& key, const std::string& fallback) const {
     if (!has(key)) return fallback;
-    if (!doc[key].is_string()) throw Error("'" + path + "': setting '" + key + "' is " + doc[key].dump() + ", not a string");
+    if (!doc[key].is_string()) throw Error("'" + path + "': setting '" + key + "' is " + shown(key) + ", not a string");
     return doc[key].get<std::string>();
   }
   bool boolean(const std::string& key, bool fallback) const {
     if (!has(key)) return fallback;
-    if (!doc[key].is_boolean()) throw Error("'" + path + "': setting '" + key + "' is " + doc[key].dump() + ", not true or false");
+    if (!doc[key].is_boolean()) throw Error("'" + path + "': setting '" + key + "' is " + shown(key) + ", not true or false");
     return doc[key].get<bool>();
   }
   [[noreturn]] void refuse(const std::string& key, const std::string& why) const {
-    throw Error("'" + path + "': setting " + key + " = " + (doc.contains(key) ? doc[key].dump() : "(absent)") +
+    throw Error("'" + path + "': setting " + key + " = " + shown(key) +
                 " is not supported: " + why);
   }
 };
@@ -162,16 +169,14 @@ models::ModelAttributes llama_attributes(const Config& c) {
   return a;
 }
 
-bool is_gpt_conv1d_weight(const std::string& name) {
-  for (const char* suffix : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
-    const std::string s = suffix;
-    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) return true;
-  }
-  return false;
-}
-
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_gpt_conv1d_weight(const std::string& name) {
+  for (const char* suffix : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"})
+    if (ends_with(name, suffix)) return true;
+  return false;
 }
 
 // Stored tensors that are not parameters: GPT-2's causal-mask buffers, Llama's rotary frequencies.
@@ -198,7 +203,10 @@ struct Checkpoint {
 
   explicit Checkpoint(const std::string& dir) {
     const fs::path single = fs::path(dir) / "model.safetensors", index = fs::path(dir) / "model.safetensors.index.json";
-    if (fs::exists(index)) {
+    if (fs::exists(single)) {  // transformers' order: the single file first
+      files.emplace_back(single.string());
+      for (const SafetensorsEntry& e : files[0].header().tensors) tensors[e.name] = {0, &e};
+    } else if (fs::exists(index)) {
       const json doc = read_json_file(index.string());
       if (!doc.contains("weight_map") || !doc["weight_map"].is_object())
         throw Error("'" + index.string() + "': no weight_map object");
@@ -225,9 +233,6 @@ struct Checkpoint {
         for (const SafetensorsEntry& e : f.header().tensors)
           if (!listed.count(e.name))
             throw Error("'" + f.path() + "': tensor '" + e.name + "' is not in " + index.string() + "'s weight_map");
-    } else if (fs::exists(single)) {
-      files.emplace_back(single.string());
-      for (const SafetensorsEntry& e : files[0].header().tensors) tensors[e.name] = {0, &e};
     } else {
       throw Error("'" + dir + "' has neither model.safetensors nor model.safetensors.index.json (kiln reads " +
                   "safetensors only: save a PyTorch checkpoint with save_pretrained(DIR, safe_serialization=True))");
@@ -354,7 +359,11 @@ void read_tokenizer_json(const std::string& dir, HfImport& out) {
     out.tokenizer_note = "'" + path.string() + "' is not a byte-level BPE tokenizer (GPT-2's or Llama 3's kind): not imported";
     return;
   }
-  out.tokenizer = Tokenizer::hf_bpe(HfBpeTokenizer::from_json(text.str(), "'" + path.string() + "'"));
+  try {
+    out.tokenizer = Tokenizer::hf_bpe(HfBpeTokenizer::from_json(text.str(), "'" + path.string() + "'"));
+  } catch (const UnsupportedTokenizer& e) {
+    out.tokenizer_note = std::string(e.what()) + ": the tokenizer is not imported";
+  }
 }
 
 HfImport import_into(const std::string& dir, const std::function<void(const Checkpoint&, const ImportPlan&, HfImport&)>& load,
@@ -363,6 +372,10 @@ HfImport import_into(const std::string& dir, const std::function<void(const Chec
   const Checkpoint ckpt(dir);
   HfImport out;
   read_tokenizer_json(dir, out);
+  const int64_t vocab = spec.attributes.get_int("vocab_size");
+  if (out.tokenizer && out.tokenizer->vocab_size() > vocab)  // said before any tensor is converted
+    throw Error("'" + dir + "/tokenizer.json' has ids up to " + std::to_string(out.tokenizer->vocab_size() - 1) +
+                ", the model's vocab_size is " + std::to_string(vocab));
   for (const SafetensorsFile& f : ckpt.files) out.files.push_back(f.path());
   {
     std::optional<nn::EmptyParameters> empty;
@@ -473,6 +486,15 @@ void export_hf_model(const models::CausalLM& model, const std::string& dir, DTyp
   }
   config["torch_dtype"] = dtype_word;
   config["kiln_version"] = version_string;
+  // Files an export would leave stale beside the new ones: refused rather than deleted.
+  const bool writes_tokenizer = tokenizer && tokenizer->hf_tokenizer_json();
+  if (fs::exists(fs::path(dir) / "model.safetensors.index.json"))
+    throw Error("kiln export: '" + dir + "' holds a sharded checkpoint (model.safetensors.index.json); export into "
+                "another directory");
+  if (!writes_tokenizer && fs::exists(fs::path(dir) / "tokenizer.json"))
+    throw Error("kiln export: '" + dir + "' holds a tokenizer.json that this model's (" +
+                (tokenizer ? std::string(tokenizer->kind_name()) + " tokenizer" : std::string("no tokenizer")) +
+                ") would not replace; export into another directory");
   fs::create_directories(dir);
   const std::vector<HfTensorName> names = hf_tensor_names(model);
   std::map<std::string, Tensor> params;

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/train/hf_tokenizer.hpp>
+#include <kiln/train/json_text.hpp>
 #include <kiln/train/tokenizer.hpp>
 
 namespace kiln {
@@ -68,17 +70,26 @@ uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_c
 
 struct HfBpeTokenizer::Pattern {
   pcre2_code* code = nullptr;
-  pcre2_match_data* match = nullptr;
   std::string text;
   ~Pattern() {
-    if (match) pcre2_match_data_free(match);
     if (code) pcre2_code_free(code);
   }
 };
 
+namespace {
+// A JSON value in an error message: scalars as written (cut at 80 characters), containers by kind.
+std::string brief(const Json& j) {
+  if (j.is_object()) return "an object";
+  if (j.is_array()) return "an array";
+  std::string s = j.dump();
+  return s.size() > 80 ? s.substr(0, 77) + "..." : s;
+}
+}  // namespace
+
 HfBpeTokenizer::~HfBpeTokenizer() = default;
 
 bool HfBpeTokenizer::is_byte_level_bpe_unchecked(const std::string& json_text) {
+  require_json_depth(json_text, "tokenizer.json");
   const Json doc = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object()) return false;
   if (doc["model"].value("type", "") != "BPE") return false;
@@ -96,14 +107,16 @@ bool HfBpeTokenizer::is_byte_level_bpe_unchecked(const std::string& json_text) {
 
 std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const std::string& json_text,
                                                                         const std::string& source) {
+  require_json_depth(json_text, source);
   Json doc;
   try {
     doc = Json::parse(json_text);
   } catch (const Json::exception& e) {
     throw Error(source + " is not valid JSON (" + e.what() + ")");
   }
-  auto refuse = [&](const std::string& setting, const std::string& why) -> Error {
-    return Error(source + ": " + setting + " is not supported: " + why);
+  static const Json none;  // an absent setting
+  auto refuse = [&](const std::string& setting, const std::string& why) {
+    return UnsupportedTokenizer(source + ": " + setting + " is not supported: " + why);
   };
   if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object())
     throw Error(source + ": no \"model\" object");
@@ -125,7 +138,7 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
   std::vector<std::pair<int64_t, std::string>> entries;
   for (const auto& [entry, id] : model["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= std::numeric_limits<int32_t>::max())
-      throw Error(source + ": vocab entry '" + entry + "' has id " + id.dump() + ", not a non-negative int32");
+      throw Error(source + ": vocab entry '" + entry + "' has id " + brief(id) + ", not a non-negative int32");
     entries.emplace_back(id.get<int64_t>(), entry);
   }
   // Added tokens: their text is taken as it is (not byte characters).
@@ -134,7 +147,7 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
     for (const Json& a : doc["added_tokens"]) {
       if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
           !a["content"].is_string())
-        throw Error(source + ": an added token without an integer id and a content string: " + a.dump());
+        throw Error(source + ": an added token without an integer id and a content string: " + brief(a.value("content", Json())));
       const std::string content = a["content"].get<std::string>();
       for (const char* flag : {"single_word", "lstrip", "rstrip"})
         if (a.value(flag, false)) throw refuse("added token '" + content + "' with " + flag, "kiln matches added tokens exactly");
@@ -147,6 +160,10 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
   int64_t size = 0;
   for (const auto& [id, entry] : entries) size = std::max(size, id + 1);
   for (const Added& a : added) size = std::max<int64_t>(size, a.id + 1);
+  const int64_t defined = static_cast<int64_t>(entries.size() + added.size());
+  if (size > defined + 65536)
+    throw Error(source + ": ids run up to " + std::to_string(size - 1) + " for " + std::to_string(defined) +
+                " tokens: the vocabulary leaves more than 65536 ids undefined");
   t->pieces_.assign(static_cast<size_t>(size), "");
   std::vector<bool> taken(static_cast<size_t>(size), false);
   for (const Added& a : added) {
@@ -185,7 +202,7 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       left = m[0].get<std::string>(), right = m[1].get<std::string>();
     } else {
-      throw Error(source + ": merge " + std::to_string(rank) + " is " + m.dump() + ", not a pair of tokens");
+      throw Error(source + ": merge " + std::to_string(rank) + " is " + brief(m) + ", not a pair of tokens");
     }
     std::string lb, rb;
     if (!entry_bytes(left, lb) || !entry_bytes(right, rb))
@@ -194,7 +211,8 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
     if (l == t->ids_.end() || r == t->ids_.end() || merged == t->ids_.end())
       throw Error(source + ": merge " + std::to_string(rank) + " (" + left + ", " + right +
                   ") names a token the vocabulary lacks");
-    t->merges_.emplace(pair_key(l->second, r->second), std::make_pair(rank, merged->second));
+    // A repeated merge keeps its last rank, as tokenizers' map of merges does.
+    t->merges_.insert_or_assign(pair_key(l->second, r->second), std::make_pair(rank, merged->second));
     ++rank;
   }
   std::sort(added.begin(), added.end(), [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
@@ -211,8 +229,10 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
       pattern = kGpt2Pattern;
     }
     t->add_prefix_space_ = p.value("add_prefix_space", false);
+    // After a Split, ByteLevel would prefix every chunk; kiln prefixes the text once.
+    if (split_before && t->add_prefix_space_) throw refuse("add_prefix_space after a Split", "kiln prefixes the text once");
   };
-  const Json pre = doc.contains("pre_tokenizer") ? doc["pre_tokenizer"] : Json();
+  const Json& pre = doc.contains("pre_tokenizer") ? doc["pre_tokenizer"] : none;
   const std::string pre_type = pre.is_object() ? pre.value("type", "") : "";
   if (pre_type == "ByteLevel") {
     byte_level(pre, false);
@@ -229,7 +249,7 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
     pattern = s["pattern"]["Regex"].get<std::string>();
     byte_level(pre["pretokenizers"][1], true);
   } else {
-    throw refuse("pre_tokenizer " + (pre.is_null() ? std::string("null") : pre.dump().substr(0, 200)),
+    throw refuse("pre_tokenizer " + (pre_type.empty() ? brief(pre) : pre_type),
                  "kiln runs ByteLevel, or a Split then a ByteLevel");
   }
   if (!pattern.empty()) {
@@ -246,36 +266,46 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
                   reinterpret_cast<const char*>(message) + " at offset " + std::to_string(offset));
     }
     pcre2_jit_compile(t->pattern_->code, PCRE2_JIT_COMPLETE);  // the interpreter serves where JIT is unavailable
-    t->pattern_->match = pcre2_match_data_create_from_pattern(t->pattern_->code, nullptr);
   }
   // The post-processor: none, ByteLevel (offsets only), or a TemplateProcessing whose single
   // template is special tokens around the sequence $A.
-  const Json post = doc.contains("post_processor") ? doc["post_processor"] : Json();
-  const std::string post_type = post.is_object() ? post.value("type", "") : "";
+  // Llama 3's files wrap them in a Sequence [ByteLevel, TemplateProcessing].
+  const Json* post = doc.contains("post_processor") ? &doc["post_processor"] : &none;
+  if (post->is_object() && post->value("type", "") == "Sequence" && post->contains("processors") &&
+      (*post)["processors"].is_array()) {
+    const Json* template_processing = nullptr;
+    for (const Json& p : (*post)["processors"]) {
+      const std::string type = p.is_object() ? p.value("type", "") : "";
+      if (type == "TemplateProcessing" && !template_processing) template_processing = &p;
+      else if (type != "ByteLevel") throw refuse("post_processor Sequence with " + (type.empty() ? brief(p) : type), "kiln runs ByteLevel and one TemplateProcessing");
+    }
+    post = template_processing ? template_processing : &none;
+  }
+  const std::string post_type = post->is_object() ? post->value("type", "") : "";
   if (post_type == "TemplateProcessing") {
-    if (!post.contains("single") || !post["single"].is_array()) throw Error(source + ": a TemplateProcessing without a single template");
+    if (!post->contains("single") || !(*post)["single"].is_array()) throw Error(source + ": a TemplateProcessing without a single template");
     bool seen_sequence = false;
-    for (const Json& piece : post["single"]) {
+    for (const Json& piece : (*post)["single"]) {
       if (piece.contains("Sequence")) {
         if (seen_sequence) throw refuse("a single template with two sequences", "one text is one sequence");
         seen_sequence = true;
         continue;
       }
       if (!piece.contains("SpecialToken") || !piece["SpecialToken"].contains("id"))
-        throw refuse("template piece " + piece.dump(), "kiln runs SpecialToken and Sequence pieces");
+        throw refuse("a template piece other than SpecialToken and Sequence", "kiln runs those two");
       const std::string name = piece["SpecialToken"]["id"].get<std::string>();
-      const Json* special = post.contains("special_tokens") && post["special_tokens"].contains(name)
-                                ? &post["special_tokens"][name] : nullptr;
+      const Json* special = post->contains("special_tokens") && (*post)["special_tokens"].contains(name)
+                                ? &(*post)["special_tokens"][name] : nullptr;
       if (!special || !special->contains("ids") || !(*special)["ids"].is_array())
         throw Error(source + ": the template's special token '" + name + "' has no ids");
       for (const Json& id : (*special)["ids"]) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= size)
-          throw Error(source + ": the template's special token '" + name + "' has id " + id.dump() + " outside the vocabulary");
+          throw Error(source + ": the template's special token '" + name + "' has id " + brief(id) + " outside the vocabulary");
         (seen_sequence ? t->suffix_ : t->prefix_).push_back(id.get<int32_t>());
       }
     }
     if (!seen_sequence) throw refuse("a single template without $A", "the text must appear in it");
-  } else if (!post.is_null() && post_type != "ByteLevel") {
+  } else if (!post->is_null() && post_type != "ByteLevel") {
     throw refuse("post_processor " + post_type, "kiln runs TemplateProcessing and ByteLevel");
   }
   return t;
@@ -299,7 +329,9 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json(const std::strin
   }
 }
 
-std::vector<std::pair<size_t, size_t>> HfBpeTokenizer::split(const std::string& text, size_t begin, size_t end) const {
+std::vector<std::pair<size_t, size_t>> HfBpeTokenizer::split(const std::string& text, size_t begin, size_t end,
+                                                             void* match_data) const {
+  auto* match = static_cast<pcre2_match_data*>(match_data);
   std::vector<std::pair<size_t, size_t>> out;
   if (!pattern_) {
     if (end > begin) out.emplace_back(begin, end);
@@ -310,7 +342,7 @@ std::vector<std::pair<size_t, size_t>> HfBpeTokenizer::split(const std::string& 
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t gap = begin, search = begin;
   while (search < end) {
-    const int rc = pcre2_match(pattern_->code, subject, end, search, PCRE2_NO_UTF_CHECK, pattern_->match, nullptr);
+    const int rc = pcre2_match(pattern_->code, subject, end, search, PCRE2_NO_UTF_CHECK, match, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR message[256];
@@ -318,8 +350,10 @@ std::vector<std::pair<size_t, size_t>> HfBpeTokenizer::split(const std::string& 
       throw Error("tokenizer: the pattern '" + pattern_->text + "' failed at byte " + std::to_string(search) + ": " +
                   reinterpret_cast<const char*>(message));
     }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(pattern_->match);
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match);
     const size_t s = ov[0], e = ov[1];
+    if (s < search || e < s || e > end)  // (\K in a lookaround can report such a match)
+      throw Error("tokenizer: the pattern '" + pattern_->text + "' matched backwards at byte " + std::to_string(search));
     if (e == s) {  // step over one character
       search = s + 1;
       while (search < end && (static_cast<unsigned char>(text[search]) & 0xC0) == 0x80) ++search;
@@ -364,12 +398,14 @@ void HfBpeTokenizer::encode_chunk(const std::string& chunk, std::vector<int32_t>
 std::vector<int32_t> HfBpeTokenizer::encode(const std::string& text) const {
   utf8_decode(text);  // invalid UTF-8 is an error naming the offset (PCRE2 then skips its own check)
   std::vector<int32_t> out = prefix_;
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
+      pattern_ ? pcre2_match_data_create_from_pattern(pattern_->code, nullptr) : nullptr, &pcre2_match_data_free);
   // The added tokens are cut out first; each stretch between them is pre-tokenized alone.
   auto encode_stretch = [&](size_t begin, size_t end) {
     if (begin == end) return;
     std::string piece = text.substr(begin, end - begin);
     if (add_prefix_space_ && piece[0] != ' ') piece.insert(piece.begin(), ' ');
-    for (auto [b, e] : split(piece, 0, piece.size())) encode_chunk(piece.substr(b, e - b), out);
+    for (auto [b, e] : split(piece, 0, piece.size(), match.get())) encode_chunk(piece.substr(b, e - b), out);
   };
   size_t stretch = 0, at = 0;
   while (at < text.size()) {

@@ -10,8 +10,10 @@
 //   4. a TemplateProcessing post-processor adds its special tokens around the sequence.
 // Decoding maps the tokens' characters back to bytes (added tokens are their text). Anything else
 // (a normalizer, another model or pre-tokenizer, byte fallback, dropout, subword prefixes, added
-// tokens that strip or match single words) is refused with an error naming the file and the
-// setting; a pattern PCRE2 cannot compile is an error naming the pattern.
+// tokens that strip or match single words, add_prefix_space after a Split) is refused with an
+// error naming the file and the setting; a pattern PCRE2 cannot compile is an error naming the
+// pattern. Ids must lie below the number of tokens plus 65536 (a file cannot make kiln allocate
+// for ids it never defines).
 #pragma once
 
 #include <cstdint>
@@ -20,11 +22,22 @@
 #include <unordered_map>
 #include <vector>
 
+#include <kiln/circuit/ir/error.hpp>
+
 namespace kiln {
+
+// A well-formed tokenizer.json with a setting kiln does not run: kiln import then imports the
+// weights without it and says why (a malformed file, or a pattern PCRE2 cannot compile, is a
+// plain kiln::Error, which stops the import).
+class UnsupportedTokenizer : public Error {
+ public:
+  using Error::Error;
+};
 
 class HfBpeTokenizer {
  public:
-  // Parses and checks tokenizer.json's text; `source` names it in errors.
+  // Parses and checks tokenizer.json's text; `source` names it in errors (UnsupportedTokenizer for
+  // a setting kiln does not run).
   static std::shared_ptr<const HfBpeTokenizer> from_json(const std::string& json_text, const std::string& source);
   // Whether the text is a tokenizer.json of a BPE model with a ByteLevel pre-tokenizer or decoder
   // (the kind this class runs); a valid file of another kind (SentencePiece's Metaspace, WordPiece)
@@ -47,7 +60,9 @@ class HfBpeTokenizer {
     int32_t id;
   };
   struct Pattern;  // a compiled PCRE2 expression
-  std::vector<std::pair<size_t, size_t>> split(const std::string& text, size_t begin, size_t end) const;
+  // The pre-tokenizer's chunks of text[begin, end), matched with `match` (PCRE2 match data, one
+  // per encode call: the tokenizer is shared between threads).
+  std::vector<std::pair<size_t, size_t>> split(const std::string& text, size_t begin, size_t end, void* match) const;
   void encode_chunk(const std::string& chunk, std::vector<int32_t>& out) const;
 
   std::string json_;

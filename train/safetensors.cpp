@@ -18,6 +18,7 @@
 #include <kiln/circuit/ir/bf16.hpp>
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/train/atomic_file.hpp>
+#include <kiln/train/json_text.hpp>
 #include <kiln/train/safetensors.hpp>
 
 // The format is little-endian, as are the machines kiln runs on: data is copied as it lies.
@@ -116,6 +117,7 @@ SafetensorsHeader parse_safetensors(std::span<const uint8_t> file, const std::st
     throw Error(source + ": the header length " + std::to_string(n) + " runs past the end of the file (" +
                 std::to_string(file.size()) + " bytes)");
   const std::string_view text(reinterpret_cast<const char*>(file.data() + 8), n);
+  require_json_depth(text, source);
   const nlohmann::json doc = parse_without_repeated_keys(text, source);
   if (!doc.is_object()) throw Error(source + ": the header is not a JSON object");
   SafetensorsHeader h;

@@ -148,10 +148,13 @@ std::optional<Tokenizer> read_tokenizer(const h5::File& f) {
     throw Error("'" + f.path() + "': unknown tokenizer '" + kind + "'");
   if (kind == "hf-bpe") {
     const int64_t bytes = f.read_int_attribute("tokenizer_json_bytes");
+    if (bytes < 0 || bytes > (int64_t{1} << 32))
+      throw Error("'" + f.path() + "': attribute tokenizer_json_bytes is " + std::to_string(bytes) +
+                  "; a tokenizer.json of 0 to 4 GiB is expected");
     if (!f.exists("tokenizer/json")) throw Error("'" + f.path() + "': dataset 'tokenizer/json' is missing");
     const DType dtype = f.dataset_dtype("tokenizer/json");
     const Shape shape = f.dataset_shape("tokenizer/json");
-    if (bytes < 0 || dtype != DType::i32 || shape != Shape{(bytes + 3) / 4})
+    if (dtype != DType::i32 || shape != Shape{(bytes + 3) / 4})
       throw Error("'" + f.path() + "': dataset 'tokenizer/json' must be int32 [" + std::to_string((bytes + 3) / 4) +
                   "] (tokenizer_json_bytes " + std::to_string(bytes) + ", four to an int32), received " +
                   dtype_name(dtype) + shape.str());

@@ -215,8 +215,8 @@ std::unique_ptr<models::CausalLM> load_initial_model(const std::string& path, co
   if (a.has("rope-theta") && (!file.has("rope_theta") || a.real("rope-theta", 0) != file.get("rope_theta")))
     refuse("rope-theta", a.str("rope-theta", ""), file.has("rope_theta") ? fmt::format("rope_theta {}", file.get("rope_theta")) : "no rope_theta");
   if (a.has("tie-embeddings") && (!file.has("tie_embeddings") || file.get_int("tie_embeddings") != 1))
-    refuse("tie-embeddings", "", "an untied head");
-  if (dropout != 0 && (!file.has("dropout") || file.get("dropout") != dropout))
+    refuse("tie-embeddings", "(given)", file.has("tie_embeddings") ? "an untied head" : "no such option (it is Llama's)");
+  if (a.has("dropout") && (!file.has("dropout") || file.get("dropout") != dropout))
     refuse("dropout", fmt::format("{}", dropout), file.has("dropout") ? fmt::format("dropout {}", file.get("dropout")) : "no dropout");
   spdlog::info("init from {}: {}, {} parameters", path, model->architecture(), model->num_parameters());
   return model;

@@ -38,8 +38,8 @@ constexpr const char* kNonStrictHelp =
     "holds are loaded, the missing and unexpected ones reported";
 std::unique_ptr<models::CausalLM> load_model_as_flagged(const std::string& path, const Args& a);
 // --init-from: the model a kiln weights file or a Hugging Face model directory holds, its weights
-// loaded, and its tokenizer (none where it has none kiln reads); every model flag given (and a
-// nonzero `dropout`) must agree with its config, or it is an error naming the flag and both values.
+// loaded, and its tokenizer (none where it has none kiln reads); every model flag given (and
+// --dropout, `dropout`) must agree with its config, or it is an error naming the flag and both values.
 std::unique_ptr<models::CausalLM> load_initial_model(const std::string& path, const Args& a, double dropout,
                                                      std::optional<Tokenizer>& tokenizer);
 // Checks the model flags (architecture and sizes) without building anything.

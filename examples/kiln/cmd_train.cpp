@@ -146,8 +146,9 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::string text;
   std::unique_ptr<models::CausalLM> initial;  // --init-from: the model, its weights loaded
   if (!init_from.empty()) {
+    // On a token file the tokenizer (where the weights have one) goes on into checkpoints, the
+    // weights written and the closing sample.
     initial = load_initial_model(init_from, a, dropout, tok);
-    if (pretokenized) tok.reset();  // the token file's ids are the data; a tokenizer would only sample
     if (!tok && !pretokenized)
       throw Error("'" + init_from + "' holds no tokenizer kiln reads: train it on pre-tokenized data with --tokens");
     if (!pretokenized) text = read_corpus(a.str("data", kDefaultCorpus));

@@ -113,6 +113,11 @@ def report(label, errors, tol, n_grads, failures):
             failures.append(f"{label} {name}: {e:.3e} >= {limit:.0e}")
 
 
+def first_difference(a, b):
+    """The first index where two id lists differ (the shorter length where one is a prefix)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def rel(a, b):
     return float(np.linalg.norm(np.asarray(a, np.float64) - np.asarray(b, np.float64)) /
                  max(np.linalg.norm(np.asarray(b, np.float64)), 1e-30))
@@ -192,7 +197,7 @@ def check_bpe(kiln, work):
         print(f"bpe {name}: {len(text)} characters, kiln {len(kiln_ids)} tokens, tokenizers {len(hf_ids)}, "
               f"{'identical' if same else 'DIFFERENT'}; decode round trip {hf.decode(hf_ids) == text}")
         if not same:
-            at = next((i for i, (a, b) in enumerate(zip(hf_ids, kiln_ids)) if a != b), min(len(hf_ids), len(kiln_ids)))
+            at = first_difference(hf_ids, kiln_ids)
             failures.append(f"bpe {name}: first difference at token {at}: tokenizers {hf_ids[at:at + 5]}, "
                             f"kiln {kiln_ids[at:at + 5]}")
         if hf.decode(hf_ids) != text:

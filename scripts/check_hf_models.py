@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_against_transformers import (datasets_by_name, generated_text,  # noqa: E402
+from check_against_transformers import (datasets_by_name, first_difference, generated_text,  # noqa: E402
                                         keep_f64_in_rms_norm_and_softmax, rel, report)
 
 import h5py  # noqa: E402
@@ -274,7 +274,7 @@ def check_tokenizers(kiln, work, failures):
         print(f"tokenizer.json ({kind}): {len(text)} characters, tokenizers {len(hf_ids)} ids ({specials} special), "
               f"kiln {len(kiln_ids)}: {'identical' if same else 'DIFFERENT'}")
         if not same:
-            at = next((i for i, (a, b) in enumerate(zip(hf_ids, kiln_ids)) if a != b), min(len(hf_ids), len(kiln_ids)))
+            at = first_difference(hf_ids, kiln_ids)
             failures.append(f"tokenizer {kind}: first difference at token {at}: tokenizers {hf_ids[at:at + 5]} "
                             f"{[tok.id_to_token(i) for i in hf_ids[at:at + 5]]}, kiln {kiln_ids[at:at + 5]}")
         # gpt2: the text's <|endoftext|>; llama3: the template's <|begin_of_text|> and the text's two.

@@ -29,16 +29,20 @@ using nlohmann::json;
 
 namespace {
 
-constexpr double kGptLayerNormEps = 1e-5;  // GPT-2's layer_norm_epsilon when config.json has none
-
-json read_json_file(const std::string& path) {
+std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open '" + path + "'");
   std::stringstream text;
   text << in.rdbuf();
-  require_json_depth(text.str(), "'" + path + "'");
+  if (!in) throw Error("cannot read '" + path + "'");
+  return text.str();
+}
+
+json read_json_file(const std::string& path) {
+  const std::string text = read_text_file(path);
+  require_json_depth(text, "'" + path + "'");
   try {
-    return json::parse(text.str());
+    return json::parse(text);
   } catch (const json::exception& e) {
     throw Error("'" + path + "' is not valid JSON (" + e.what() + ")");
   }
@@ -111,7 +115,7 @@ models::ModelAttributes gpt_attributes(const Config& c) {
   a.set("n_embd", n_embd);
   a.set("dropout", resid);
   a.set("ffn_hidden", c.has("n_inner") ? c.number("n_inner") : 4 * n_embd);
-  a.set("norm_eps", c.number("layer_norm_epsilon", kGptLayerNormEps));
+  a.set("norm_eps", c.number("layer_norm_epsilon", models::GPTConfig{}.norm_eps));  // GPT-2's default
   return a;
 }
 
@@ -351,16 +355,13 @@ HostTensor read_source(const Checkpoint& ckpt, const ImportPlan::Source& src) {
 void read_tokenizer_json(const std::string& dir, HfImport& out) {
   const fs::path path = fs::path(dir) / "tokenizer.json";
   if (!fs::exists(path)) return;
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) throw Error("cannot read '" + path.string() + "'");
-  if (!HfBpeTokenizer::is_byte_level_bpe(text.str())) {
+  const std::string text = read_text_file(path.string());
+  if (!HfBpeTokenizer::is_byte_level_bpe(text)) {
     out.tokenizer_note = "'" + path.string() + "' is not a byte-level BPE tokenizer (GPT-2's or Llama 3's kind): not imported";
     return;
   }
   try {
-    out.tokenizer = Tokenizer::hf_bpe(HfBpeTokenizer::from_json(text.str(), "'" + path.string() + "'"));
+    out.tokenizer = Tokenizer::hf_bpe(HfBpeTokenizer::from_json(text, "'" + path.string() + "'"));
   } catch (const UnsupportedTokenizer& e) {
     out.tokenizer_note = std::string(e.what()) + ": the tokenizer is not imported";
   }
@@ -506,12 +507,7 @@ void export_hf_model(const models::CausalLM& model, const std::string& dir, DTyp
   }
   write_safetensors((fs::path(dir) / "model.safetensors").string(), specs,
                     [&](size_t i) {
-                      HostTensor h = params.at(names[i].kiln).to_host();
-                      if (h.dtype() != DType::f32) {  // f64 or bf16 models: their values as f32
-                        HostTensor f = HostTensor::zeros(DType::f32, h.shape());
-                        for (int64_t j = 0; j < h.numel(); ++j) f.set(j, h.get(j));
-                        h = f;
-                      }
+                      const HostTensor h = values_as_f32(params.at(names[i].kiln));
                       return names[i].transposed ? transposed(h) : h;
                     },
                     {{"format", "pt"}});

@@ -234,12 +234,9 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
 }
 
 HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
-  size_t element = 0;
-  if (e.dtype == "F32") element = 4;
-  if (e.dtype == "BF16" || e.dtype == "F16") element = 2;
-  if (e.dtype == "F64") element = 8;
-  if (element == 0)
+  if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16" && e.dtype != "F64")
     throw Error("'" + path_ + "': tensor '" + e.name + "' is " + e.dtype + "; kiln reads F32, BF16, F16 and F64 weights");
+  const size_t element = dtype_sizes().at(e.dtype);
   HostTensor out = HostTensor::zeros(DType::f32, Shape(e.shape));
   float* dst = out.data<float>();
   const uint8_t* src = map_ + header_.data_offset + e.begin;

@@ -266,7 +266,6 @@ std::optional<Tokenizer> load_tokenizer(const std::string& path) {
   return read_tokenizer(f);
 }
 
-namespace {
 HostTensor values_as_f32(const Tensor& p) {
   HostTensor h = p.to_host();
   if (h.dtype() != DType::f32) {  // one copy of a tensor at a time: large models are written near 1x
@@ -276,6 +275,8 @@ HostTensor values_as_f32(const Tensor& p) {
   }
   return h;
 }
+
+namespace {
 
 void write_parameters(h5::File& f, const nn::Module& module, const ParameterValues& values) {
   f.write_attribute("format", std::string("kiln-weights"));

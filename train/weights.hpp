@@ -69,6 +69,8 @@ void save_weights(const std::string& path, const models::CausalLM& model, const 
 // from the model: a model of empty parameters (nn::EmptyParameters) then gives the names, shapes
 // and config, and one tensor at a time is in memory (kiln import).
 using ParameterValues = std::function<HostTensor(const std::string& name, const Tensor& parameter)>;
+// A parameter's values as f32 on the host (f64 and bf16 models converted; an f32 one is copied once).
+HostTensor values_as_f32(const Tensor& parameter);
 void save_weights(const std::string& path, const models::CausalLM& model, const ParameterValues& values,
                   const Tokenizer* tokenizer = nullptr);
 // Writes any Module's parameters by name, without a config: load_weights reads them back into a

@@ -86,6 +86,11 @@ class Engine {
   // optimizer counting its steps). Hooks run in the order they were recorded.
   void on_each_run(std::function<void()> hook);
 
+  // A value of `info` that stands for an argument of a function being traced into a Circuit of
+  // its own (a custom VJP rule, core/user_prim.cpp): an input of the pending recording that is
+  // never bound. Realizing a recording that holds one is an error naming `traced_for`.
+  Tensor placeholder(const ValueInfo& info, const std::string& name, const std::string& traced_for);
+
   Tensor new_persistent(ArenaKind kind, const std::string& name, const HostTensor& init, bool requires_grad);
   void backward(const Tensor& loss);
   // Moves a persistent tensor (and its gradient buffer) to new arena slots of `dtype`, values
@@ -159,6 +164,7 @@ class Engine {
     std::vector<std::weak_ptr<TensorImpl>> handles;        // pending handles of this recording
     std::vector<std::function<void()>> run_hooks;          // see on_each_run
     std::vector<std::pair<size_t, InputWriter>> computed;  // external index, writer
+    std::string traced_for;  // non-empty: holds placeholders for this function; never realized
     uint64_t epoch = 0;
   };
   Recording take_recording();

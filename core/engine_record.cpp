@@ -17,6 +17,14 @@ ValueId Engine::add_input(HostTensor data, const std::string& name) {
   return id;
 }
 
+Tensor Engine::placeholder(const ValueInfo& info, const std::string& name, const std::string& traced_for) {
+  ValueId id = rec_.circuit.add_external(info, ValueRole::Input, name);
+  rec_.bound.emplace_back();
+  rec_.external_slot.push_back(-1);
+  rec_.traced_for = traced_for;
+  return wrap(id, false);
+}
+
 ValueId Engine::value_of(const Tensor& t) {
   if (!t.defined()) throw Error("use of an undefined Tensor (default-constructed or moved from)");
   TensorImpl& impl = *t.impl();

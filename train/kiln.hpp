@@ -12,8 +12,10 @@
 #include <kiln/core/distributed.hpp>
 #include <kiln/core/engine.hpp>
 #include <kiln/core/gradcheck.hpp>
+#include <kiln/core/prim_catalogue.hpp>
 #include <kiln/core/tensor.hpp>
 #include <kiln/core/traced_step.hpp>
+#include <kiln/core/user_prim.hpp>
 #include <kiln/layers/attention.hpp>
 #include <kiln/layers/dropout.hpp>
 #include <kiln/layers/embedding.hpp>

@@ -23,11 +23,15 @@ bool Op::is(PrimId id) const { return prim->id == id; }
 
 std::vector<ValueId> Circuit::add_op(const std::string& prim_name, Params params, std::vector<ValueId> inputs,
                                      const std::string& scope) {
-  return add_op(PrimRegistry::instance().find(prim_name).id, std::move(params), std::move(inputs), scope);
+  return add_op(PrimRegistry::instance().find(prim_name), std::move(params), std::move(inputs), scope);
 }
 
 std::vector<ValueId> Circuit::add_op(PrimId id, Params params, std::vector<ValueId> inputs, const std::string& scope) {
-  const PrimDef& prim = PrimRegistry::instance().get(id);
+  return add_op(PrimRegistry::instance().get(id), std::move(params), std::move(inputs), scope);
+}
+
+std::vector<ValueId> Circuit::add_op(const PrimDef& prim, Params params, std::vector<ValueId> inputs,
+                                     const std::string& scope) {
   std::vector<ValueInfo> in_infos;
   for (ValueId v : inputs) {
     if (v < 0 || static_cast<size_t>(v) >= values_.size())

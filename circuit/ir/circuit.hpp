@@ -49,6 +49,9 @@ class Circuit {
   // The same by the Prim's name (tests, tools); unknown names are an error.
   std::vector<ValueId> add_op(const std::string& prim, Params params, std::vector<ValueId> inputs,
                               const std::string& scope = {});
+  // The same by the PrimDef (passes copying ops of any Prim, a user's included).
+  std::vector<ValueId> add_op(const PrimDef& prim, Params params, std::vector<ValueId> inputs,
+                              const std::string& scope = {});
 
   const Value& value(ValueId id) const { return values_.at(static_cast<size_t>(id)); }
   const ValueInfo& info(ValueId id) const { return value(id).info; }

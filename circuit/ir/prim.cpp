@@ -60,24 +60,52 @@ const char* prim_name(PrimId id) {
 
 std::optional<PrimId> prim_id(std::string_view name) {
   for (int i = 0; i < kPrimCount; ++i)
-    if (name == prim_name(static_cast<PrimId>(i))) return static_cast<PrimId>(i);
+    if (static_cast<PrimId>(i) != PrimId::user && name == prim_name(static_cast<PrimId>(i)))
+      return static_cast<PrimId>(i);
   return std::nullopt;
 }
 
-const PrimDef& PrimRegistry::get(PrimId id) const { return *prims_.at(static_cast<size_t>(id)); }
+const PrimDef& PrimRegistry::get(PrimId id) const {
+  if (id == PrimId::user) throw Error("user Prims are found by their names (PrimRegistry::find), not by PrimId::user");
+  return *prims_.at(static_cast<size_t>(id));
+}
+
+const PrimDef* PrimRegistry::find_user(const std::string& name) const {
+  std::lock_guard lock(user_mutex_);
+  for (const auto& p : user_)
+    if (p->name == name) return p.get();
+  return nullptr;
+}
 
 const PrimDef& PrimRegistry::find(const std::string& name) const {
-  const std::optional<PrimId> id = prim_id(name);
-  if (!id) throw Error("unknown Prim '" + name + "'");
-  return get(*id);
+  if (const std::optional<PrimId> id = prim_id(name)) return get(*id);
+  if (const PrimDef* p = find_user(name)) return *p;
+  throw Error("unknown Prim '" + name + "'");
 }
 
 PrimDef& PrimRegistry::mutable_find(const std::string& name) { return const_cast<PrimDef&>(find(name)); }
 
 std::vector<const PrimDef*> PrimRegistry::all() const {
   std::vector<const PrimDef*> out;
-  for (const auto& p : prims_) out.push_back(p.get());
+  for (const auto& p : prims_)
+    if (p) out.push_back(p.get());
+  std::lock_guard lock(user_mutex_);
+  for (const auto& p : user_) out.push_back(p.get());
   return out;
+}
+
+const PrimDef& PrimRegistry::add_user(PrimDef def) {
+  def.id = PrimId::user;
+  if (const std::optional<PrimId> id = prim_id(def.name))
+    throw Error("register_prim: the name '" + def.name + "' (registered at " + def.registered_at +
+                ") is taken by kiln's own Prim from " + get(*id).family);
+  std::lock_guard lock(user_mutex_);
+  for (const auto& p : user_)
+    if (p->name == def.name)
+      throw Error("register_prim: the name '" + def.name + "' is registered twice: at " + p->registered_at +
+                  " and at " + def.registered_at);
+  user_.push_back(std::make_unique<PrimDef>(std::move(def)));
+  return *user_.back();
 }
 
 void PrimRegistry::add(PrimDef def, const char* source_file) {

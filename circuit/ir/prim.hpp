@@ -4,8 +4,10 @@
 #pragma once
 
 #include <array>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,9 @@ class Builder;
 using VjpRule = std::function<std::vector<ValueId>(Builder& b, const Op& op, const std::vector<ValueId>& out_grads)>;
 // Short text of the params for dumps, e.g. "axis=1 kind=sum".
 using DescribeFn = std::function<std::string(const Params& params)>;
+// A user Prim's GPU lowering as a pointwise body over in0, in1, ... (its inputs), given the op's
+// params: the plan for a GPU replaces the op with a pointwise op of this body.
+using PointwiseBodyFn = std::function<ScalarExp(const Params& params)>;
 
 struct PrimDef {
   PrimId id{};
@@ -90,21 +95,37 @@ struct PrimDef {
   bool differentiable = true;
   // Inputs with no gradient by nature (indices, masks, seeds): the sweep skips them.
   std::vector<int> nondiff_inputs;
+
+  // --- user Prims only (id == PrimId::user; core/user_prim.hpp registers them) ----------------
+  std::string registered_at;  // "file:line" of the registration, for errors naming it
+  PointwiseBodyFn pointwise_body;  // the GPU lowering, or empty: CPU only
+  // A composite (kiln::CustomVjp): output 0 is input 0, the composite's forward value; the other
+  // inputs are its arguments, which only the VJP rule reads. Every plan forwards input 0.
+  bool forwards_input0 = false;
 };
 
+// kiln's own Prims, registered when the registry is first used, and the Prims programs register
+// at run time (thread-safe; a user Prim stays registered, at a fixed address, until the process ends).
 class PrimRegistry {
  public:
   static PrimRegistry& instance();
-  const PrimDef& get(PrimId id) const;
+  const PrimDef& get(PrimId id) const;                 // kiln's own Prims (not PrimId::user)
   const PrimDef& find(const std::string& name) const;  // throws kiln::Error for unknown names
   PrimDef& mutable_find(const std::string& name);      // tests swap rules through this
-  std::vector<const PrimDef*> all() const;             // in PrimId order
+  // kiln's own in PrimId order, then the user Prims in registration order.
+  std::vector<const PrimDef*> all() const;
   // A family registers each of its Prims: `source_file` is the family's __FILE__.
   void add(PrimDef def, const char* source_file);
+  // Registers a user Prim (def.id is set to PrimId::user; def.name and def.registered_at given).
+  // Throws kiln::Error when the name is taken, naming both registrations.
+  const PrimDef& add_user(PrimDef def);
 
  private:
   PrimRegistry();
+  const PrimDef* find_user(const std::string& name) const;
   std::array<std::unique_ptr<PrimDef>, kPrimCount> prims_;
+  mutable std::mutex user_mutex_;
+  std::deque<std::unique_ptr<PrimDef>> user_;
 };
 
 // Replaces a Prim's VJP rule for the guard's lifetime (tests of the gradient checker).

@@ -10,7 +10,9 @@
 
 namespace kiln {
 
-// X(name) for every Prim, one family (circuit/prims/<family>.cpp) a line.
+// X(name) for every Prim, one family (circuit/prims/<family>.cpp) a line. `user` is the id of
+// every Prim a program registers at run time (core/user_prim.hpp): such a PrimDef carries its own
+// name, and ops tell user Prims apart by their PrimDef, never by this id.
 // clang-format off
 #define KILN_PRIMS(X)                                          \
   X(pointwise)                                                 \
@@ -29,7 +31,8 @@ namespace kiln {
   X(fused_matmul)                                              \
   X(column_sums)                                               \
   X(attention) X(attention_grad)                              \
-  X(all_reduce)
+  X(all_reduce)                                                \
+  X(user)
 // clang-format on
 
 enum class PrimId : uint8_t {
@@ -45,7 +48,7 @@ inline constexpr int kPrimCount = 0
     ;
 
 const char* prim_name(PrimId id);
-// The Prim of a name (the CLI, tests), or nullopt.
+// The built-in Prim of a name (the CLI, tests), or nullopt (`user` included: no Prim is named so).
 std::optional<PrimId> prim_id(std::string_view name);
 
 }  // namespace kiln

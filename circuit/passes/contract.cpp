@@ -50,7 +50,7 @@ void Rebuild::copy(const Op& op, const Params* params) {
 }
 
 std::vector<ValueId> Rebuild::emit(const Op& like, const Params& params, const std::vector<ValueId>& inputs) {
-  std::vector<ValueId> outs = out_.add_op(like.prim->id, params, inputs, like.scope);
+  std::vector<ValueId> outs = out_.add_op(*like.prim, params, inputs, like.scope);
   out_.set_absorbed(out_.ops().size() - 1, like.absorbed);
   out_.set_phase(out_.ops().size() - 1, like.phase);
   return outs;

@@ -607,7 +607,7 @@ Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs) {
     const Op& op = c.ops()[i];
     const int32_t k = role[i];
     if (k < 0) {
-      std::vector<ValueId> r = out.add_op(op.prim->id, op.params, mapped(op.inputs), op.scope);
+      std::vector<ValueId> r = out.add_op(*op.prim, op.params, mapped(op.inputs), op.scope);
       out.set_phase(out.ops().size() - 1, op.phase);
       out.set_absorbed(out.ops().size() - 1, op.absorbed);
       for (size_t j = 0; j < r.size(); ++j) map[static_cast<size_t>(op.outputs[j])] = r[j];

@@ -117,7 +117,7 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs) {
       outs = out.add_op(PrimId::fill, *fill, {}, ops[i].scope);
       folded = true;
     } else {
-      outs = out.add_op(ops[i].prim->id, fused[i].params, r.at(fused[i].inputs), ops[i].scope);
+      outs = out.add_op(*ops[i].prim, fused[i].params, r.at(fused[i].inputs), ops[i].scope);
     }
     out.set_absorbed(out.ops().size() - 1, fused[i].absorbed);
     out.set_phase(out.ops().size() - 1, fused[i].phase);

@@ -9,6 +9,7 @@
 #include <kiln/circuit/passes/absorb_padding.hpp>
 #include <kiln/circuit/passes/bf16_as_rounded_f32.hpp>
 #include <kiln/circuit/passes/cleanup.hpp>
+#include <kiln/circuit/passes/expand_user_prims.hpp>
 #include <kiln/circuit/passes/fusion.hpp>
 #include <kiln/circuit/passes/matmul_column_sums.hpp>
 #include <kiln/circuit/passes/pad_bf16_rows.hpp>
@@ -91,6 +92,7 @@ Circuit optimize(const Circuit& recorded, std::vector<ValueId>& outputs, const T
   const std::vector<std::string>& disabled = options.disabled;
   auto off = [&](std::string_view name) { return std::find(disabled.begin(), disabled.end(), name) != disabled.end(); };
   Circuit c = off("cse") ? dce(recorded, outputs) : cse(recorded, outputs);
+  c = expand_user_prims(c, outputs, target);
   for (const PassInfo& pass : std::span(kPasses).subspan(1)) {
     // Without fuse_matmul nothing folds pad_bf16_rows's slices: the padding would only add kernels.
     const bool needs_fuse_matmul = std::string_view(pass.name) == "pad_bf16_rows" && off("fuse_matmul");

@@ -16,7 +16,7 @@ PrimRegistry& PrimRegistry::instance() {
 PrimRegistry::PrimRegistry() {
   register_all_prims(*this);
   for (int i = 0; i < kPrimCount; ++i)
-    if (!prims_[static_cast<size_t>(i)])
+    if (static_cast<PrimId>(i) != PrimId::user && !prims_[static_cast<size_t>(i)])
       throw Error(std::string("Prim '") + prim_name(static_cast<PrimId>(i)) + "' has no registration");
 }
 

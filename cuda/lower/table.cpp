@@ -23,12 +23,20 @@ void LoweringTable::add_alias(PrimId prim, int input, const char* summary) {
 
 namespace {
 
+// A user Prim reaches lowering only if the plan skipped expand_user_prims, which gives each one a
+// kiln Prim or refuses the plan; so this is a bug of the pipeline, and says so.
+LoweredOp lower_unexpanded_user_prim(const Circuit&, const Op& op, const Target&) {
+  throw Error("user Prim '" + op.prim->name + "' reached the PTX back end unexpanded (expand_user_prims did not run)");
+}
+
 // Every Prim has a lowering: a Prim without one would fail only when a plan containing it first
 // runs on a GPU, so the table refuses to start instead (a test builds it).
 const LoweringTable& table() {
   static const LoweringTable t = [] {
     LoweringTable built;
     register_all_lowerings(built);
+    built.add(PrimId::user, lower_unexpanded_user_prim,
+              "user Prims: a pointwise body fused like kiln's own, or CPU only (expand_user_prims)");
     for (int i = 0; i < kPrimCount; ++i)
       if (!built.at(static_cast<PrimId>(i)).summary)
         throw Error(std::string("Prim '") + prim_name(static_cast<PrimId>(i)) + "' has no GPU lowering");

@@ -1,0 +1,59 @@
+// expand_user_prims: composites forwarded, pointwise bodies substituted for the GPU.
+#include <string>
+
+#include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/contract.hpp>
+#include <kiln/circuit/passes/expand_user_prims.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
+
+namespace kiln {
+
+Circuit expand_user_prims(const Circuit& c, std::vector<ValueId>& outputs, const Target& target) {
+  bool any = false;
+  for (const Op& op : c.ops()) any = any || op.is(PrimId::user);
+  if (!any) return c;
+  Rebuild r(c);
+  for (const Op& op : c.ops()) {
+    if (!op.is(PrimId::user)) {
+      r.copy(op);
+      continue;
+    }
+    const PrimDef& prim = *op.prim;
+    if (prim.forwards_input0) {
+      r.map(op.outputs[0], r.at(op.inputs[0]));
+      continue;
+    }
+    if (!target.gpu()) {
+      r.copy(op);
+      continue;
+    }
+    if (!prim.pointwise_body)
+      fail(prim.name, op.scope,
+           "has no GPU lowering (registered at " + prim.registered_at +
+               "): it runs on the CPU only; give its UserPrimSpec a pointwise_body, or run this step on the CPU");
+    const ValueInfo& out = c.info(op.outputs[0]);
+    if (op.outputs.size() != 1)
+      fail(prim.name, op.scope, "has " + std::to_string(op.outputs.size()) +
+                                    " outputs, and a pointwise body gives one (registered at " + prim.registered_at + ")");
+    Params params;
+    params.body = prim.pointwise_body(op.params);
+    std::vector<ValueId> emitted;
+    try {
+      emitted = r.out().add_op(PrimId::pointwise, params, r.at(op.inputs), op.scope);
+    } catch (const Error& e) {
+      fail(prim.name, op.scope, "its pointwise body does not apply (registered at " + prim.registered_at + "): " + e.what());
+    }
+    r.out().set_phase(r.out().ops().size() - 1, op.phase);
+    // The body's op replaces op only if it has op's output: say which piece disagrees.
+    const ValueInfo& got = r.out().info(emitted[0]);
+    if (!(got == out))
+      fail(prim.name, op.scope,
+           "its pointwise body " + params.body.str() + " gives " + dtype_name(got.dtype) + got.shape.str() +
+               " where its shape rule gives " + dtype_name(out.dtype) + out.shape.str() + " (registered at " +
+               prim.registered_at + ")");
+    r.map(op.outputs[0], emitted[0]);
+  }
+  return r.finish(outputs);
+}
+
+}  // namespace kiln

@@ -5,8 +5,9 @@
 # ./build aside and builds examples/external (LANGUAGES CXX, <kiln/kiln.hpp> alone) against the
 # prefix with find_package alone; then builds examples/external with kiln's source added
 # (add_subdirectory; FetchContent does the same), as a shared library, and checks its SONAME. Each
-# program runs: it checks its gradients, draws its data, trains in a replayed step, and writes an
-# HDF5 data file and a weights file. Needs scripts/setup.sh's build (the README's test command).
+# program runs: tiny_regression checks its gradients, draws its data, trains in a replayed step,
+# and writes an HDF5 data file and a weights file; user_prims (against the prefix) registers a
+# Prim and a custom VJP, checks them, and trains through them on the CPU and the fake GPU. Needs scripts/setup.sh's build (the README's test command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f build/CMakeCache.txt ] || { echo "check_install: no ./build (run scripts/setup.sh first)" >&2; exit 2; }
@@ -48,6 +49,16 @@ trap 'mv build.moved-aside build; rm -rf "$work"' EXIT
 cmake -S examples/external -B "$work/installed" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$work/installed" -j"$jobs" >/dev/null
 "$work/installed/tiny_regression" "$work/installed.h5"
+# The user Prims (softcap, round_ste) on the CPU and on the fake GPU (the SIMT simulator); with a
+# planted wrong VJP the gradient check, and so the program, must fail.
+"$work/installed/user_prims" --device cpu
+"$work/installed/user_prims" --device sim
+if "$work/installed/user_prims" --plant-wrong-vjp >"$work/wrong_vjp.txt" 2>&1 || ! grep -q 'softcap: FAILED' "$work/wrong_vjp.txt"; then
+  cat "$work/wrong_vjp.txt" >&2
+  echo "check_install: user_prims --plant-wrong-vjp did not fail its gradient check" >&2
+  exit 1
+fi
+echo "user_prims --plant-wrong-vjp: the gradient check caught the wrong VJP"
 mv build.moved-aside build
 trap 'rm -rf "$work"' EXIT
 if grep -q -- '-march' "$work/installed/CMakeFiles/tiny_regression.dir/flags.make"; then

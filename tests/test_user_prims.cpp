@@ -13,8 +13,10 @@
 #include <kiln/core/gradcheck.hpp>
 #include <kiln/core/prim_catalogue.hpp>
 #include <kiln/core/user_prim.hpp>
+#include <kiln/cuda/lower/lower.hpp>
 
 #include "device_test_util.hpp"
+#include "ptxas_skip.hpp"
 #include "expect_error.hpp"
 #include "prim_test_util.hpp"
 
@@ -167,11 +169,24 @@ TEST(UserPrims, TheGpuPlanFusesThePointwiseBodyWithKilnsOwn) {
   Builder b(c);
   ValueId y = c.add_op(softcap().def(), cap(3.0), {b.scale(x, 2.0)})[0];
   ValueId z = b.pointwise(se::exp(se::in(0)) + se::c(1.0), {y});
-  std::vector<ValueId> gpu_outs{z}, cpu_outs{z};
+  std::vector<ValueId> gpu_outs{z};
   Circuit gpu = optimize(c, gpu_outs, cuda_target(90, true));
   EXPECT_EQ(gpu.ops().size(), 1u) << gpu.dump();
   EXPECT_EQ(testing::count_prim(gpu, PrimId::pointwise), 1u) << gpu.dump();
-  Circuit cpu = optimize(c, cpu_outs, cpu_target());
+  // Its kernel, forward and backward alike, is kiln's pointwise kernel: ptxas accepts it.
+  const cuda::LoweredOp lowered = cuda::lower(gpu, 0, cuda_target(90, true));
+  ASSERT_EQ(lowered.launches.size(), 1u);
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  testing::expect_ptxas_accepts({lowered.launches[0].kernel.get()});
+}
+
+TEST(UserPrims, ACpuPlanRunsTheReferenceBetweenKilnsOps) {
+  Circuit c;
+  ValueId x = c.add_external({Shape{8, 16}, DType::f32}, ValueRole::Input, "x");
+  Builder b(c);
+  ValueId y = c.add_op(softcap().def(), cap(3.0), {b.scale(x, 2.0)})[0];
+  std::vector<ValueId> outs{b.pointwise(se::exp(se::in(0)), {y})};
+  Circuit cpu = optimize(c, outs, cpu_target());
   EXPECT_EQ(testing::count_prim(cpu, PrimId::user), 1u) << cpu.dump();
 }
 

@@ -17,6 +17,8 @@ std::string gpu_lowering(const PrimDef& p) {
     return s.empty() ? "no" : s;
   }
   if (p.forwards_input0) return "none needed: a custom VJP's value is its forward's";
+  if (p.gpu_kernel) return "kernels of its own (kernel IR)";
+  if (p.row_body) return "row body (fused_rows, fused like kiln's own)";
   return p.pointwise_body ? "pointwise body (fused like kiln's own)" : "no (CPU only)";
 }
 

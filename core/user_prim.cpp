@@ -168,6 +168,11 @@ UserPrim register_prim(UserPrimSpec spec, std::source_location where) {
   if (!spec.vjp) missing("VJP rule (a Prim no gradient flows through returns undefined Tensors from it)");
   if (std::find(spec.dtypes.begin(), spec.dtypes.end(), DType::f64) == spec.dtypes.end())
     missing("f64 in its dtypes (the gradient check runs in f64)");
+  if (int{static_cast<bool>(spec.pointwise_body)} + int{static_cast<bool>(spec.row_body)} +
+          int{static_cast<bool>(spec.gpu_kernel)} >
+      1)
+    throw Error("register_prim: Prim '" + spec.name + "' (registered at " + at +
+                ") has more than one GPU lowering (pointwise_body, row_body, gpu_kernel): give one");
   for (DType t : spec.dtypes)
     if (!is_float(t))
       throw Error("register_prim: Prim '" + spec.name + "' (registered at " + at + ") lists " + dtype_name(t) +
@@ -180,6 +185,12 @@ UserPrim register_prim(UserPrimSpec spec, std::source_location where) {
   d.nondiff_inputs = spec.nondiff_inputs;
   d.describe = spec.describe;
   d.pointwise_body = spec.pointwise_body;
+  d.gpu_kernel = static_cast<bool>(spec.gpu_kernel);
+  if (spec.row_body)
+    d.row_body = [row_body = spec.row_body](const std::vector<ValueInfo>& in, const Params& p) {
+      const auto floating = std::find_if(in.begin(), in.end(), [](const ValueInfo& i) { return is_float(i.dtype); });
+      return row_body(in, p).to_params(floating == in.end() ? DType::f32 : floating->dtype);
+    };
   d.ref_f32 = std::find(spec.dtypes.begin(), spec.dtypes.end(), DType::f32) != spec.dtypes.end();
   d.ref_f64 = true;
   d.shape = [dtypes = spec.dtypes, rule = spec.shape](const ShapeCtx& ctx, const std::vector<ValueInfo>& in,
@@ -204,7 +215,9 @@ UserPrim register_prim(UserPrimSpec spec, std::source_location where) {
     split_args(op, t, a.inputs, a.outputs, a.out_grads);
     return vjp(a);
   });
-  return UserPrim(PrimRegistry::instance().add_user(std::move(d)));
+  const PrimDef& def = PrimRegistry::instance().add_user(std::move(d));
+  if (spec.gpu_kernel) cuda::register_user_lowering(def, spec.gpu_kernel);
+  return UserPrim(def);
 }
 
 namespace {

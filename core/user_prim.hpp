@@ -12,7 +12,9 @@
 #include <vector>
 
 #include <kiln/circuit/ir/prim.hpp>
+#include <kiln/circuit/prims/fused_rows.hpp>
 #include <kiln/core/tensor.hpp>
+#include <kiln/cuda/lower/lower.hpp>
 
 namespace kiln {
 
@@ -56,6 +58,14 @@ struct UserPrimSpec {
   // passes fuse it with kiln's own pointwise ops. Without one the Prim runs on the CPU only, and
   // a GPU plan that meets it is an error naming it.
   PointwiseBodyFn pointwise_body;
+  // Or the GPU lowering as row reductions and bodies (reductions along the last axis, then
+  // outputs: circuit/prims/fused_rows.hpp), given the input infos and params: plans for the GPU
+  // substitute a fused_rows op, kiln's kernel for softmax and norms.
+  std::function<RowProgram(const std::vector<ValueInfo>& inputs, const Params& params)> row_body;
+  // Or the GPU lowering as kernels of its own, written with kiln's kernel IR (kir::KernelBuilder;
+  // the helpers of cuda/lower/util.hpp): given a plan's op, its launches (cuda/lower/lower.hpp).
+  // Such an op is not fused. Give at most one of pointwise_body, row_body and gpu_kernel.
+  cuda::UserLowering gpu_kernel;
   DescribeFn describe;  // the params as text for dumps ("cap=30"), optional
 };
 
@@ -75,8 +85,8 @@ class UserPrim {
 };
 
 // Registers a Prim for the rest of the process. Throws kiln::Error for a name that is taken (naming
-// both registrations: `where` is this call's file and line), a malformed name, a missing piece, or
-// a dtype list without f64.
+// both registrations: `where` is this call's file and line), a malformed name, a missing piece, two
+// GPU lowerings, or a dtype list without f64.
 UserPrim register_prim(UserPrimSpec spec, std::source_location where = std::source_location::current());
 
 // A custom VJP's backward is given the forward's inputs, its output and the output's gradient,

@@ -14,6 +14,7 @@
 #include <kiln/core/prim_catalogue.hpp>
 #include <kiln/core/user_prim.hpp>
 #include <kiln/cuda/lower/lower.hpp>
+#include <kiln/cuda/lower/util.hpp>
 
 #include "device_test_util.hpp"
 #include "ptxas_skip.hpp"
@@ -219,6 +220,168 @@ TEST(UserPrims, AGpuPlanMeetingAPrimWithoutLoweringNamesIt) {
   EXPECT_NO_THROW(optimize(c, cpu_outs, cpu_target()));
 }
 
+// y = x * x + 1 with a kernel of its own, written with kernel IR: a grid-stride loop over the
+// elements (f32), as a user writes one. `plus` is what the kernel adds (1 is right; a planted
+// wrong kernel adds 2).
+UserPrimSpec square_plus_one_spec(const std::string& name, float plus) {
+  UserPrimSpec s;
+  s.name = name;
+  s.shape = [](const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params&) {
+    if (in.size() != 1) ctx.fail("takes one input");
+    return std::vector<ValueInfo>{in[0]};
+  };
+  s.reference = [](const PrimCall& call) {
+    for (int64_t i = 0; i < call.inputs[0]->numel(); ++i)
+      call.outputs[0].set(i, call.inputs[0]->get(i) * call.inputs[0]->get(i) + 1.0);
+  };
+  s.vjp = [](const VjpArgs& a) { return std::vector<Tensor>{a.out_grads[0] * a.inputs[0] * 2.0}; };
+  s.gpu_kernel = [name, plus](const Circuit& c, const Op& op, const Target&) {
+    const int64_t n = c.info(op.outputs[0]).shape.numel();
+    kir::KernelBuilder b(name);
+    const kir::Reg x = b.param("x", kir::Type::u64), y = b.param("y", kir::Type::u64);
+    cuda::grid_stride_loop(b, kir::Type::u32, n, [&](kir::Reg i) {
+      const kir::Reg v = cuda::load_as_f32(b, DType::f32, x, i);
+      cuda::store_from_f32(b, DType::f32, y, i, b.fma(kir::Type::f32, v, v, kir::imm_f32(plus)));
+    });
+    cuda::LoweredOp r;
+    r.launches.push_back({std::make_shared<const kir::Kernel>(b.finish()), cuda::elementwise_grid(n),
+                          {cuda::kElementwiseThreads, 1, 1},
+                          {{cuda::ArgRef::Kind::Input, 0}, {cuda::ArgRef::Kind::Output, 0}}});
+    return r;
+  };
+  return s;
+}
+
+// The step on the fake GPU: x * 3, the Prim's kernel, exp; compared with the CPU reference's.
+std::pair<std::vector<double>, std::vector<double>> cpu_and_sim(const UserPrim& p) {
+  HostTensor xs = varied(Shape{5, 70}, DType::f32, 0.5);
+  auto step = [&] { return exp(p({Tensor::from_host(xs) * 3.0}) * -1.0).to_vector(); };
+  std::vector<double> cpu = step(), sim;
+  testing::OnDevice on(testing::fake_runtime());
+  sim = step();
+  return {cpu, sim};
+}
+
+TEST(UserPrims, AKernelOfItsOwnRunsInTheSimulatorAndPassesPtxas) {
+  const UserPrim p = register_prim(square_plus_one_spec("test_square_plus_one", 1.0f));
+  const auto [cpu, sim] = cpu_and_sim(p);
+  ASSERT_EQ(cpu.size(), sim.size());
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(sim[i], cpu[i], 1e-6 * (1 + std::fabs(cpu[i]))) << i;
+
+  Circuit c;
+  ValueId x = c.add_external({Shape{8, 16}, DType::f32}, ValueRole::Input, "x");
+  Builder b(c);
+  std::vector<ValueId> outs{b.scale(c.add_op(p.def(), {}, {b.scale(x, 3.0)})[0], 2.0)};
+  Circuit gpu = optimize(c, outs, cuda_target(90, true));
+  ASSERT_EQ(testing::count_prim(gpu, PrimId::user), 1u) << gpu.dump();  // not fused: a kernel of its own
+  for (size_t i = 0; i < gpu.ops().size(); ++i) {
+    if (!gpu.ops()[i].is(PrimId::user)) continue;
+    const cuda::LoweredOp lowered = cuda::lower(gpu, static_cast<int>(i), cuda_target(90, true));
+    ASSERT_EQ(lowered.launches.size(), 1u);
+    EXPECT_NE(lowered.summary.find("test_square_plus_one"), std::string::npos) << lowered.summary;
+    KILN_REQUIRE_PTXAS_OR_SKIP();
+    testing::expect_ptxas_accepts({lowered.launches[0].kernel.get()});
+  }
+}
+
+// The check above rests on this: a kernel that adds 2 instead of 1 differs from the reference.
+TEST(UserPrims, APlantedWrongKernelDiffersFromTheReference) {
+  const UserPrim p = register_prim(square_plus_one_spec("test_square_plus_two", 2.0f));
+  const auto [cpu, sim] = cpu_and_sim(p);
+  size_t differ = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) differ += std::fabs(sim[i] - cpu[i]) > 1e-6 * (1 + std::fabs(cpu[i]));
+  EXPECT_EQ(differ, cpu.size());
+}
+
+TEST(UserPrims, AKernelLoweringWithWrongArgumentsIsAnErrorNamingThePrim) {
+  UserPrimSpec s = square_plus_one_spec("test_kernel_bad_args", 1.0f);
+  s.gpu_kernel = [inner = s.gpu_kernel](const Circuit& c, const Op& op, const Target& t) {
+    cuda::LoweredOp r = inner(c, op, t);
+    r.launches[0].args[0].index = 3;  // the op has one input
+    return r;
+  };
+  const UserPrim p = register_prim(s);
+  UserPrimSpec both = square_plus_one_spec("test_two_lowerings", 1.0f);
+  both.pointwise_body = [](const Params&) { return se::in(0) * se::in(0) + se::c(1.0); };
+  expect_error([&] { register_prim(both); }, {"'test_two_lowerings'", "more than one GPU lowering"});
+  Circuit c;
+  ValueId x = c.add_external({Shape{4}, DType::f32}, ValueRole::Input, "x");
+  std::vector<ValueId> outs{c.add_op(p.def(), {}, {x})[0]};
+  Circuit gpu = optimize(c, outs, cuda_target(90, true));
+  expect_error([&] { cuda::lower(gpu, 0, cuda_target(90, true)); },
+               {"test_kernel_bad_args", "names buffer 3 of 1"});
+}
+
+// rms_scale(x) = x / sqrt(mean(x^2 over the last axis) + eps), eps = params.reals[0], with a row
+// body as its GPU lowering and a VJP of Tensor functions: dx = r (g - x r^2 mean(g x)), r the
+// row's scale.
+UserPrimSpec rms_scale_spec(const std::string& name) {
+  UserPrimSpec s;
+  s.name = name;
+  s.shape = [](const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
+    if (in.size() != 1 || in[0].shape.rank() < 1 || p.reals.size() != 1) ctx.fail("takes one input and eps");
+    return std::vector<ValueInfo>{in[0]};
+  };
+  s.reference = [](const PrimCall& call) {
+    const HostTensor& x = *call.inputs[0];
+    const int64_t n = x.shape()[x.shape().rank() - 1];
+    for (int64_t row = 0; row < x.numel() / n; ++row) {
+      double ms = 0;
+      for (int64_t j = 0; j < n; ++j) ms += x.get(row * n + j) * x.get(row * n + j);
+      const double r = 1.0 / std::sqrt(ms / static_cast<double>(n) + call.params.reals[0]);
+      for (int64_t j = 0; j < n; ++j) call.outputs[0].set(row * n + j, x.get(row * n + j) * r);
+    }
+  };
+  s.vjp = [](const VjpArgs& a) {
+    const Tensor& x = a.inputs[0];
+    const Tensor& g = a.out_grads[0];
+    const Tensor r = rsqrt(mean(x * x, -1, true) + a.params.reals[0]);
+    return std::vector<Tensor>{r * (g - x * r * r * mean(g * x, -1, true))};
+  };
+  s.row_body = [](const std::vector<ValueInfo>& in, const Params& p) {
+    RowProgram rp;
+    rp.inputs = 1;
+    rp.domain = in[0].shape;
+    const double n = static_cast<double>(in[0].shape[in[0].shape.rank() - 1]);
+    rp.reduction_kinds = {ReduceKind::Sum};
+    rp.reduction_bodies = {se::in(0) * se::in(0)};  // in1: the row's sum of squares
+    rp.output_per_row = {false};
+    rp.output_bodies = {se::in(0) * se::rsqrt(se::in(1) / se::c(n) + se::c(p.reals[0]))};
+    return rp;
+  };
+  return s;
+}
+
+TEST(UserPrims, ARowBodyBecomesAFusedRowsOpAndMatchesTheReferenceInTheSimulator) {
+  const UserPrim p = register_prim(rms_scale_spec("test_rms_scale"));
+  Params eps;
+  eps.reals = {1e-5};
+  auto f = [&](const std::vector<Tensor>& in) { return sum(p({in[0]}, eps) * in[1]); };
+  ad::GradCheckResult r = gradcheck(f, {varied(Shape{3, 7}, DType::f64), varied(Shape{3, 7}, DType::f64, 1.3)});
+  EXPECT_TRUE(r.ok) << r.report;
+
+  HostTensor xs = varied(Shape{9, 50}, DType::f32, 2.0);
+  auto step = [&] { return (p({Tensor::from_host(xs) * 3.0}, eps) + 1.0).to_vector(); };
+  const std::vector<double> cpu = step();
+  std::vector<double> sim;
+  {
+    testing::OnDevice on(testing::fake_runtime());
+    sim = step();
+  }
+  ASSERT_EQ(cpu.size(), sim.size());
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(sim[i], cpu[i], 1e-5 * (1 + std::fabs(cpu[i]))) << i;
+
+  Circuit c;
+  ValueId x = c.add_external({Shape{9, 50}, DType::f32}, ValueRole::Input, "x");
+  std::vector<ValueId> outs{c.add_op(p.def(), eps, {x})[0]};
+  Circuit gpu = optimize(c, outs, cuda_target(90, true));
+  ASSERT_EQ(gpu.ops().size(), 1u) << gpu.dump();
+  EXPECT_TRUE(gpu.ops()[0].is(PrimId::fused_rows)) << gpu.dump();
+  const cuda::LoweredOp lowered = cuda::lower(gpu, 0, cuda_target(90, true));
+  KILN_REQUIRE_PTXAS_OR_SKIP();
+  for (const cuda::Launch& l : lowered.launches) testing::expect_ptxas_accepts({l.kernel.get()});
+}
+
 TEST(UserPrims, TheCatalogueListsUserPrims) {
   softcap();
   const std::string text = prim_catalogue();
@@ -258,6 +421,16 @@ TEST(CustomVjps, ACustomBackwardPassesTheGradientCheckAndAWrongOneFails) {
   EXPECT_TRUE(ok.ok) << ok.report;
   ad::GradCheckResult bad = gradcheck(f(wrong), {varied(Shape{6}, DType::f64, 2.0)});
   EXPECT_FALSE(bad.ok) << bad.report;
+}
+
+// A backward may use the program's own Prims: the gradient comes back softcapped.
+TEST(CustomVjps, ABackwardMayUseUserPrims) {
+  static const CustomVjp capped_grad("test_capped_gradient", [](const std::vector<Tensor>& x) { return x[0] * 1.0; },
+                                     [](const CustomVjpArgs& a) { return std::vector<Tensor>{softcap()({a.out_grad}, cap(0.5))}; });
+  HostTensor ws = varied(Shape{6}, DType::f32, 2.0);
+  Tensor x = Tensor::from_host(varied(Shape{6}, DType::f32)), w = Tensor::from_host(ws);
+  const std::vector<double> g = grad(sum(capped_grad({x}) * w), {x})[0].to_vector();
+  for (int64_t i = 0; i < 6; ++i) EXPECT_NEAR(g[static_cast<size_t>(i)], 0.5 * std::tanh(ws.get(i) / 0.5), 1e-6) << i;
 }
 
 TEST(CustomVjps, EveryPlanForwardsTheForwardsValue) {

@@ -76,6 +76,10 @@ using DescribeFn = std::function<std::string(const Params& params)>;
 // A user Prim's GPU lowering as a pointwise body over in0, in1, ... (its inputs), given the op's
 // params: the plan for a GPU replaces the op with a pointwise op of this body.
 using PointwiseBodyFn = std::function<ScalarExp(const Params& params)>;
+// A user Prim's GPU lowering as row reductions and bodies: given the op's input infos and params,
+// the params of the `fused_rows` op (circuit/prims/fused_rows.hpp, RowProgram::to_params) that
+// the plan for a GPU puts in its place.
+using RowBodyFn = std::function<Params(const std::vector<ValueInfo>& inputs, const Params& params)>;
 
 struct PrimDef {
   PrimId id{};
@@ -98,7 +102,9 @@ struct PrimDef {
 
   // --- user Prims only (id == PrimId::user; core/user_prim.hpp registers them) ----------------
   std::string registered_at;  // "file:line" of the registration, for errors naming it
-  PointwiseBodyFn pointwise_body;  // the GPU lowering, or empty: CPU only
+  PointwiseBodyFn pointwise_body;  // a GPU lowering fused like kiln's own, or empty
+  RowBodyFn row_body;               // or one as a fused_rows op, fused like kiln's own
+  bool gpu_kernel = false;          // or the GPU lowering is kernels of its own (cuda::register_user_lowering)
   // A composite (kiln::CustomVjp): output 0 is input 0, the composite's forward value; the other
   // inputs are its arguments, which only the VJP rule reads. Every plan forwards input 0.
   bool forwards_input0 = false;

@@ -23,14 +23,39 @@ Circuit expand_user_prims(const Circuit& c, std::vector<ValueId>& outputs, const
       r.map(op.outputs[0], r.at(op.inputs[0]));
       continue;
     }
-    if (!target.gpu()) {
+    if (!target.gpu() || prim.gpu_kernel) {  // the reference, or the Prim's own kernels
       r.copy(op);
+      continue;
+    }
+    if (prim.row_body) {
+      std::vector<ValueInfo> in;
+      for (ValueId v : op.inputs) in.push_back(c.info(v));
+      std::vector<ValueId> emitted;
+      try {
+        emitted = r.out().add_op(PrimId::fused_rows, prim.row_body(in, op.params), r.at(op.inputs), op.scope);
+      } catch (const Error& e) {
+        fail(prim.name, op.scope, "its row body does not apply (registered at " + prim.registered_at + "): " + e.what());
+      }
+      r.out().set_phase(r.out().ops().size() - 1, op.phase);
+      for (size_t k = 0; k < op.outputs.size(); ++k) {
+        const ValueInfo& want = c.info(op.outputs[k]);
+        const ValueInfo* got = k < emitted.size() ? &r.out().info(emitted[k]) : nullptr;
+        if (!got || !(*got == want) || emitted.size() != op.outputs.size())
+          fail(prim.name, op.scope,
+               "its row body gives " + std::to_string(emitted.size()) + " outputs" +
+                   (got ? ", output " + std::to_string(k) + " " + dtype_name(got->dtype) + got->shape.str() : "") +
+                   ", where its shape rule gives " + std::to_string(op.outputs.size()) + ", output " +
+                   std::to_string(k) + " " + dtype_name(want.dtype) + want.shape.str() + " (registered at " +
+                   prim.registered_at + ")");
+        r.map(op.outputs[k], emitted[k]);
+      }
       continue;
     }
     if (!prim.pointwise_body)
       fail(prim.name, op.scope,
            "has no GPU lowering (registered at " + prim.registered_at +
-               "): it runs on the CPU only; give its UserPrimSpec a pointwise_body, or run this step on the CPU");
+               "): it runs on the CPU only; give its UserPrimSpec a pointwise_body, row_body or gpu_kernel, or run "
+               "this step on the CPU");
     const ValueInfo& out = c.info(op.outputs[0]);
     if (op.outputs.size() != 1)
       fail(prim.name, op.scope, "has " + std::to_string(op.outputs.size()) +

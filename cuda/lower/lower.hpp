@@ -4,6 +4,7 @@
 // per op, and shown in the dump of lowered kernels; the Circuit knows nothing of the GPU.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,5 +81,12 @@ int alias_input(PrimId prim);
 
 // One line per Prim for `kiln prims`: how it lowers ("" when it has no lowering).
 std::string lowering_summary(PrimId prim);
+
+// A user Prim's own kernels (core/user_prim.hpp registers them with the Prim): given a plan's op of
+// that Prim, its launches of kernel IR, as kiln's lowerings in cuda/lower/ make them. lower()
+// checks what it returns (a kernel per launch, one argument per kernel parameter, each naming an
+// input, output or scratch buffer the op has) and names the Prim when it does not hold.
+using UserLowering = std::function<LoweredOp(const Circuit& c, const Op& op, const Target& target)>;
+void register_user_lowering(const PrimDef& prim, UserLowering lowering);
 
 }  // namespace kiln::cuda

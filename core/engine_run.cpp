@@ -35,7 +35,8 @@ std::vector<HostTensor> Engine::prepare_run(Recording& rec, bool on_device) {
 
 void Engine::realize() {
   if (!rec_.traced_for.empty())
-    throw Error(rec_.traced_for + " asked for a value (item, to_vector, to_host, an optimizer step): it is traced "
+    throw Error(rec_.traced_for +
+                " asked for a value (item, to_vector, to_host, an optimizer step): it is traced "
                 "into the step's Circuit, so it may only record Tensor operations on its arguments");
   if (rec_.circuit.ops().empty()) {
     take_recording();

@@ -30,9 +30,9 @@ std::string prim_catalogue() {
   int n = 0;
   for (const PrimDef* p : PrimRegistry::instance().all()) {
     const char* vjp = !p->differentiable ? "n/a" : p->vjp ? "yes" : "no";
-    out += fmt::format("{:<18} {:<18} {:<6} {:<8} {:<8} {:<6} {}\n", p->name, p->family, p->shape ? "yes" : "no",
-                       p->eval && p->ref_f32 ? "yes" : "no", p->eval && p->ref_f64 ? "yes" : "no", vjp,
-                       gpu_lowering(*p));
+    out +=
+        fmt::format("{:<18} {:<18} {:<6} {:<8} {:<8} {:<6} {}\n", p->name, p->family, p->shape ? "yes" : "no",
+                    p->eval && p->ref_f32 ? "yes" : "no", p->eval && p->ref_f64 ? "yes" : "no", vjp, gpu_lowering(*p));
     ++n;
   }
   out += fmt::format("{} prims\n\npasses, in order (--passes -name,... switches them off):\n", n);

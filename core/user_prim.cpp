@@ -14,15 +14,15 @@ namespace kiln {
 
 namespace {
 
-std::string location(const std::source_location& where) {
-  return std::filesystem::path(where.file_name()).filename().string() + ":" + std::to_string(where.line());
+std::string location(const SourceLocation& where) {
+  return std::filesystem::path(where.file).filename().string() + ":" + std::to_string(where.line);
 }
 
 void check_name(const std::string& name, const std::string& at) {
   const bool ok = !name.empty() && (std::islower(static_cast<unsigned char>(name[0])) || name[0] == '_') &&
                   std::all_of(name.begin(), name.end(), [](char ch) {
-                    return std::islower(static_cast<unsigned char>(ch)) || std::isdigit(static_cast<unsigned char>(ch)) ||
-                           ch == '_';
+                    return std::islower(static_cast<unsigned char>(ch)) ||
+                           std::isdigit(static_cast<unsigned char>(ch)) || ch == '_';
                   });
   if (!ok)
     throw Error("register_prim: the name '" + name + "' (registered at " + at +
@@ -103,7 +103,8 @@ std::vector<ValueId> trace_into(Builder& b, const std::string& what, const std::
 
 // A Tensor-level VJP rule as the reverse sweep calls it: the op's values in, one gradient per
 // input out, each checked against its input's dtype and count.
-VjpRule traced_vjp(const std::string& prim, const std::function<std::vector<Tensor>(const Op& op, std::vector<Tensor>&)>& rule) {
+VjpRule traced_vjp(const std::string& prim,
+                   const std::function<std::vector<Tensor>(const Op& op, const std::vector<Tensor>& args)>& rule) {
   return [prim, rule](Builder& b, const Op& op, const std::vector<ValueId>& g) {
     // The op is copied: the ops the rule appends may move the circuit's op list.
     const Op copy = op;
@@ -113,17 +114,15 @@ VjpRule traced_vjp(const std::string& prim, const std::function<std::vector<Tens
     const std::string what = "the VJP rule of Prim '" + prim + "'";
     std::vector<DType> dtypes;
     for (ValueId in : copy.inputs) dtypes.push_back(b.info(in).dtype);
-    std::vector<ValueId> grads = trace_into(b, what, args, [&](const std::vector<Tensor>& t) {
-      std::vector<Tensor> values = t;
-      return rule(copy, values);
-    });
+    std::vector<ValueId> grads = trace_into(b, what, args, [&](const std::vector<Tensor>& t) { return rule(copy, t); });
     if (grads.size() != copy.inputs.size())
       throw Error(what + " returned " + std::to_string(grads.size()) + " gradients for " +
                   std::to_string(copy.inputs.size()) + " inputs (one per input; an undefined Tensor for none)");
     for (size_t k = 0; k < grads.size(); ++k)
       if (grads[k] != kNoValue && b.info(grads[k]).dtype != gradient_dtype(dtypes[k]))
         throw Error(what + " returned a " + dtype_name(b.info(grads[k]).dtype) + b.info(grads[k]).shape.str() +
-                    " gradient for input " + std::to_string(k) + " of " + dtype_name(dtypes[k]) + ", whose gradients are " + dtype_name(gradient_dtype(dtypes[k])));
+                    " gradient for input " + std::to_string(k) + " of " + dtype_name(dtypes[k]) +
+                    ", whose gradients are " + dtype_name(gradient_dtype(dtypes[k])));
     return grads;
   };
 }
@@ -157,7 +156,7 @@ Tensor UserPrim::operator()(const std::vector<Tensor>& inputs, Params params) co
   return r[0];
 }
 
-UserPrim register_prim(UserPrimSpec spec, std::source_location where) {
+UserPrim register_prim(UserPrimSpec spec, SourceLocation where) {
   const std::string at = location(where);
   check_name(spec.name, at);
   auto missing = [&](const char* piece) {
@@ -210,7 +209,7 @@ UserPrim register_prim(UserPrimSpec spec, std::source_location where) {
     reference(PrimCall{in, outs, op.params});
     return outs;
   };
-  d.vjp = traced_vjp(spec.name, [vjp = spec.vjp](const Op& op, std::vector<Tensor>& t) {
+  d.vjp = traced_vjp(spec.name, [vjp = spec.vjp](const Op& op, const std::vector<Tensor>& t) {
     VjpArgs a{{}, {}, {}, op.params};
     split_args(op, t, a.inputs, a.outputs, a.out_grads);
     return vjp(a);
@@ -225,7 +224,7 @@ namespace {
 // The Prim of a custom VJP: output 0 is input 0 (the forward's value), the other inputs are the
 // forward's arguments, and the VJP rule is the user's backward on them.
 UserPrim register_custom_vjp(const std::string& name, bool has_forward, CustomVjp::Backward backward,
-                             const std::source_location& where) {
+                             const SourceLocation& where) {
   const std::string at = location(where);
   check_name(name, at);
   if (!has_forward) throw Error("CustomVjp: '" + name + "' (registered at " + at + ") has no forward");
@@ -244,7 +243,7 @@ UserPrim register_custom_vjp(const std::string& name, bool has_forward, CustomVj
   d.eval = [](const Op&, const std::vector<const HostTensor*>& in, EvalBuffers&) {
     return std::vector<HostTensor>{*in[0]};  // values are immutable: share the storage
   };
-  d.vjp = traced_vjp(name, [name, backward = std::move(backward)](const Op& op, std::vector<Tensor>& t) {
+  d.vjp = traced_vjp(name, [name, backward = std::move(backward)](const Op& op, const std::vector<Tensor>& t) {
     std::vector<Tensor> inputs, outputs, grads;
     split_args(op, t, inputs, outputs, grads);
     CustomVjpArgs a{std::vector<Tensor>(inputs.begin() + 1, inputs.end()), outputs[0], grads[0]};
@@ -260,7 +259,7 @@ UserPrim register_custom_vjp(const std::string& name, bool has_forward, CustomVj
 
 }  // namespace
 
-CustomVjp::CustomVjp(std::string name, Forward forward, Backward backward, std::source_location where)
+CustomVjp::CustomVjp(std::string name, Forward forward, Backward backward, SourceLocation where)
     : forward_(std::move(forward)), prim_(register_custom_vjp(name, forward_ != nullptr, std::move(backward), where)) {}
 
 Tensor CustomVjp::operator()(const std::vector<Tensor>& inputs) const {

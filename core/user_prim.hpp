@@ -7,7 +7,6 @@
 #pragma once
 
 #include <functional>
-#include <source_location>
 #include <string>
 #include <vector>
 
@@ -17,6 +16,16 @@
 #include <kiln/cuda/lower/lower.hpp>
 
 namespace kiln {
+
+// Where a registration was made, for errors naming it: the caller's file and line, taken as
+// default arguments (std::source_location, which not every compiler kiln supports provides).
+struct SourceLocation {
+  const char* file = "";
+  int line = 0;
+  static SourceLocation current(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return {file, line};
+  }
+};
 
 // What a CPU reference is given. `outputs` hold the shapes and dtypes the shape rule gave; their
 // contents are undefined, and the reference writes every element. Inputs of a float dtype are one
@@ -87,7 +96,7 @@ class UserPrim {
 // Registers a Prim for the rest of the process. Throws kiln::Error for a name that is taken (naming
 // both registrations: `where` is this call's file and line), a malformed name, a missing piece, two
 // GPU lowerings, or a dtype list without f64.
-UserPrim register_prim(UserPrimSpec spec, std::source_location where = std::source_location::current());
+UserPrim register_prim(UserPrimSpec spec, SourceLocation where = SourceLocation::current());
 
 // A custom VJP's backward is given the forward's inputs, its output and the output's gradient,
 // and returns one gradient per input (undefined: none), traced as a Prim's VJP rule is.
@@ -107,8 +116,7 @@ class CustomVjp {
  public:
   using Forward = std::function<Tensor(const std::vector<Tensor>&)>;
   using Backward = std::function<std::vector<Tensor>(const CustomVjpArgs&)>;
-  CustomVjp(std::string name, Forward forward, Backward backward,
-            std::source_location where = std::source_location::current());
+  CustomVjp(std::string name, Forward forward, Backward backward, SourceLocation where = SourceLocation::current());
   Tensor operator()(const std::vector<Tensor>& inputs) const;
   const std::string& name() const { return prim_.name(); }
 

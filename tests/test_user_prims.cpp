@@ -17,9 +17,9 @@
 #include <kiln/cuda/lower/util.hpp>
 
 #include "device_test_util.hpp"
-#include "ptxas_skip.hpp"
 #include "expect_error.hpp"
 #include "prim_test_util.hpp"
+#include "ptxas_skip.hpp"
 
 namespace kiln {
 namespace {
@@ -116,7 +116,9 @@ TEST(UserPrims, RegistrationRefusesClashesMalformedNamesAndMissingPieces) {
   expect_error([] { register_prim(softcap_spec("matmul")); }, {"'matmul'", "kiln's own Prim", "matmul.cpp"});
   expect_error([] { register_prim(softcap_spec("Soft Cap")); }, {"'Soft Cap'", "lower case"});
   for (const char* piece : {"shape rule", "CPU reference", "VJP rule"}) {
-    UserPrimSpec s = softcap_spec(std::string("test_missing_") + (piece[0] == 's' ? "shape" : piece[0] == 'C' ? "ref" : "vjp"));
+    UserPrimSpec s = softcap_spec(std::string("test_missing_") + (piece[0] == 's'   ? "shape"
+                                                                  : piece[0] == 'C' ? "ref"
+                                                                                    : "vjp"));
     if (piece[0] == 's') s.shape = nullptr;
     if (piece[0] == 'C') s.reference = nullptr;
     if (piece[0] == 'V') s.vjp = nullptr;
@@ -128,8 +130,12 @@ TEST(UserPrims, RegistrationRefusesClashesMalformedNamesAndMissingPieces) {
   UserPrimSpec ints = softcap_spec("test_int_dtypes");
   ints.dtypes = {DType::f64, DType::i32};
   expect_error([&] { register_prim(ints); }, {"lists i32"});
-  expect_error([] { CustomVjp("test_no_backward", [](const std::vector<Tensor>& x) { return x[0]; }, nullptr); },
-               {"'test_no_backward'", "has no backward"});
+  expect_error(
+      [] {
+        CustomVjp(
+            "test_no_backward", [](const std::vector<Tensor>& x) { return x[0]; }, nullptr);
+      },
+      {"'test_no_backward'", "has no backward"});
   // None of the failed registrations took its name.
   EXPECT_NO_THROW(register_prim(softcap_spec("test_missing_vjp")));
 }
@@ -146,7 +152,9 @@ TEST(UserPrims, TheDtypeRuleAndTheShapeRuleNameThePrimWhenRecording) {
 
 TEST(UserPrims, TheVjpMayUseOnlyItsArguments) {
   UserPrimSpec s = softcap_spec("test_vjp_reads_a_host_tensor");
-  s.vjp = [](const VjpArgs& a) { return std::vector<Tensor>{a.out_grads[0] * Tensor::scalar(2.0, a.inputs[0].dtype())}; };
+  s.vjp = [](const VjpArgs& a) {
+    return std::vector<Tensor>{a.out_grads[0] * Tensor::scalar(2.0, a.inputs[0].dtype())};
+  };
   const UserPrim p = register_prim(s);
   auto f = [&](const std::vector<Tensor>& in) { return sum(p({in[0]}, cap(1.0))); };
   expect_error([&] { gradcheck(f, {varied(Shape{3}, DType::f64)}); },
@@ -244,7 +252,8 @@ UserPrimSpec square_plus_one_spec(const std::string& name, float plus) {
       cuda::store_from_f32(b, DType::f32, y, i, b.fma(kir::Type::f32, v, v, kir::imm_f32(plus)));
     });
     cuda::LoweredOp r;
-    r.launches.push_back({std::make_shared<const kir::Kernel>(b.finish()), cuda::elementwise_grid(n),
+    r.launches.push_back({std::make_shared<const kir::Kernel>(b.finish()),
+                          cuda::elementwise_grid(n),
                           {cuda::kElementwiseThreads, 1, 1},
                           {{cuda::ArgRef::Kind::Input, 0}, {cuda::ArgRef::Kind::Output, 0}}});
     return r;
@@ -308,8 +317,7 @@ TEST(UserPrims, AKernelLoweringWithWrongArgumentsIsAnErrorNamingThePrim) {
   ValueId x = c.add_external({Shape{4}, DType::f32}, ValueRole::Input, "x");
   std::vector<ValueId> outs{c.add_op(p.def(), {}, {x})[0]};
   Circuit gpu = optimize(c, outs, cuda_target(90, true));
-  expect_error([&] { cuda::lower(gpu, 0, cuda_target(90, true)); },
-               {"test_kernel_bad_args", "names buffer 3 of 1"});
+  expect_error([&] { cuda::lower(gpu, 0, cuda_target(90, true)); }, {"test_kernel_bad_args", "names buffer 3 of 1"});
 }
 
 // rms_scale(x) = x / sqrt(mean(x^2 over the last axis) + eps), eps = params.reals[0], with a row
@@ -398,10 +406,12 @@ TEST(CustomVjps, AStraightThroughRoundingRoundsForwardAndPassesGradientsBack) {
   HostTensor xs = varied(Shape{5}, DType::f32, 1.7);
   Tensor x = Tensor::from_host(xs);
   const std::vector<double> y = round_ste({x}).to_vector();
-  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(y[static_cast<size_t>(i)], static_cast<double>(round_to_bf16(static_cast<float>(xs.get(i)))));
+  for (int64_t i = 0; i < 5; ++i)
+    EXPECT_EQ(y[static_cast<size_t>(i)], static_cast<double>(round_to_bf16(static_cast<float>(xs.get(i)))));
   const std::vector<Tensor> g = grad(sum(round_ste({x}) * x), {x});
   const std::vector<double> gv = g[0].to_vector();
-  for (int64_t i = 0; i < 5; ++i) EXPECT_NEAR(gv[static_cast<size_t>(i)], y[static_cast<size_t>(i)] + xs.get(i), 1e-6) << i;
+  for (int64_t i = 0; i < 5; ++i)
+    EXPECT_NEAR(gv[static_cast<size_t>(i)], y[static_cast<size_t>(i)] + xs.get(i), 1e-6) << i;
 }
 
 // A composite's backward checked by finite differences: softplus with the backward sigmoid(x).
@@ -425,8 +435,9 @@ TEST(CustomVjps, ACustomBackwardPassesTheGradientCheckAndAWrongOneFails) {
 
 // A backward may use the program's own Prims: the gradient comes back softcapped.
 TEST(CustomVjps, ABackwardMayUseUserPrims) {
-  static const CustomVjp capped_grad("test_capped_gradient", [](const std::vector<Tensor>& x) { return x[0] * 1.0; },
-                                     [](const CustomVjpArgs& a) { return std::vector<Tensor>{softcap()({a.out_grad}, cap(0.5))}; });
+  static const CustomVjp capped_grad(
+      "test_capped_gradient", [](const std::vector<Tensor>& x) { return x[0] * 1.0; },
+      [](const CustomVjpArgs& a) { return std::vector<Tensor>{softcap()({a.out_grad}, cap(0.5))}; });
   HostTensor ws = varied(Shape{6}, DType::f32, 2.0);
   Tensor x = Tensor::from_host(varied(Shape{6}, DType::f32)), w = Tensor::from_host(ws);
   const std::vector<double> g = grad(sum(capped_grad({x}) * w), {x})[0].to_vector();
@@ -434,8 +445,9 @@ TEST(CustomVjps, ABackwardMayUseUserPrims) {
 }
 
 TEST(CustomVjps, EveryPlanForwardsTheForwardsValue) {
-  static const CustomVjp ident("test_identity_vjp", [](const std::vector<Tensor>& x) { return x[0] * 3.0; },
-                               [](const CustomVjpArgs& a) { return std::vector<Tensor>{a.out_grad * 3.0}; });
+  static const CustomVjp ident(
+      "test_identity_vjp", [](const std::vector<Tensor>& x) { return x[0] * 3.0; },
+      [](const CustomVjpArgs& a) { return std::vector<Tensor>{a.out_grad * 3.0}; });
   Circuit c;
   ValueId x = c.add_external({Shape{4}, DType::f32}, ValueRole::Input, "x");
   Builder b(c);

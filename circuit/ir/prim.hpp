@@ -101,10 +101,10 @@ struct PrimDef {
   std::vector<int> nondiff_inputs;
 
   // --- user Prims only (id == PrimId::user; core/user_prim.hpp registers them) ----------------
-  std::string registered_at;  // "file:line" of the registration, for errors naming it
+  std::string registered_at;       // "file:line" of the registration, for errors naming it
   PointwiseBodyFn pointwise_body;  // a GPU lowering fused like kiln's own, or empty
-  RowBodyFn row_body;               // or one as a fused_rows op, fused like kiln's own
-  bool gpu_kernel = false;          // or the GPU lowering is kernels of its own (cuda::register_user_lowering)
+  RowBodyFn row_body;              // or one as a fused_rows op, fused like kiln's own
+  bool gpu_kernel = false;         // or the GPU lowering is kernels of its own (cuda::register_user_lowering)
   // A composite (kiln::CustomVjp): output 0 is input 0, the composite's forward value; the other
   // inputs are its arguments, which only the VJP rule reads. Every plan forwards input 0.
   bool forwards_input0 = false;

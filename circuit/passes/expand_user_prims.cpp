@@ -34,7 +34,8 @@ Circuit expand_user_prims(const Circuit& c, std::vector<ValueId>& outputs, const
       try {
         emitted = r.out().add_op(PrimId::fused_rows, prim.row_body(in, op.params), r.at(op.inputs), op.scope);
       } catch (const Error& e) {
-        fail(prim.name, op.scope, "its row body does not apply (registered at " + prim.registered_at + "): " + e.what());
+        fail(prim.name, op.scope,
+             "its row body does not apply (registered at " + prim.registered_at + "): " + e.what());
       }
       r.out().set_phase(r.out().ops().size() - 1, op.phase);
       for (size_t k = 0; k < op.outputs.size(); ++k) {
@@ -58,15 +59,17 @@ Circuit expand_user_prims(const Circuit& c, std::vector<ValueId>& outputs, const
                "this step on the CPU");
     const ValueInfo& out = c.info(op.outputs[0]);
     if (op.outputs.size() != 1)
-      fail(prim.name, op.scope, "has " + std::to_string(op.outputs.size()) +
-                                    " outputs, and a pointwise body gives one (registered at " + prim.registered_at + ")");
+      fail(prim.name, op.scope,
+           "has " + std::to_string(op.outputs.size()) + " outputs, and a pointwise body gives one (registered at " +
+               prim.registered_at + ")");
     Params params;
     params.body = prim.pointwise_body(op.params);
     std::vector<ValueId> emitted;
     try {
       emitted = r.out().add_op(PrimId::pointwise, params, r.at(op.inputs), op.scope);
     } catch (const Error& e) {
-      fail(prim.name, op.scope, "its pointwise body does not apply (registered at " + prim.registered_at + "): " + e.what());
+      fail(prim.name, op.scope,
+           "its pointwise body does not apply (registered at " + prim.registered_at + "): " + e.what());
     }
     r.out().set_phase(r.out().ops().size() - 1, op.phase);
     // The body's op replaces op only if it has op's output: say which piece disagrees.

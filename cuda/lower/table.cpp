@@ -49,8 +49,8 @@ void check_user_lowering(const Op& op, const LoweredOp& r) {
       bad("gives launch " + std::to_string(l) + " " + std::to_string(launch.args.size()) + " arguments for the " +
           std::to_string(launch.kernel->params.size()) + " parameters of kernel " + launch.kernel->name);
     for (const ArgRef& a : launch.args) {
-      const size_t count = a.kind == ArgRef::Kind::Input    ? op.inputs.size()
-                           : a.kind == ArgRef::Kind::Output ? op.outputs.size()
+      const size_t count = a.kind == ArgRef::Kind::Input     ? op.inputs.size()
+                           : a.kind == ArgRef::Kind::Output  ? op.outputs.size()
                            : a.kind == ArgRef::Kind::Scratch ? r.scratch_bytes.size()
                            : a.kind == ArgRef::Kind::Status  ? 1
                                                              : r.tensor_maps.size();
@@ -71,7 +71,8 @@ LoweredOp lower_user_prim(const Circuit& c, const Op& op, const Target& target) 
     if (it != user_lowerings().by_prim.end()) fn = it->second;
   }
   if (!fn)
-    throw Error("user Prim '" + op.prim->name + "' reached the PTX back end unexpanded (expand_user_prims did not run)");
+    throw Error("user Prim '" + op.prim->name +
+                "' reached the PTX back end unexpanded (expand_user_prims did not run)");
   LoweredOp r = fn(c, op, target);
   check_user_lowering(op, r);
   if (r.summary.empty()) r.summary = op.prim->name + ": the program's own kernel";

@@ -123,8 +123,9 @@ int main(int argc, char** argv) {
     // 1. softcap's VJP against central differences in f64, and the network's parameters through it.
     HostTensor probe = HostTensor::zeros(DType::f64, Shape{4, 6});
     for (int64_t i = 0; i < probe.numel(); ++i) probe.set(i, 5.0 * std::sin(1.3 * static_cast<double>(i)));
-    ok &= report("softcap", gradcheck([&](const std::vector<Tensor>& in) { return sum(square(softcap({in[0]}, cap(2.0)))); },
-                                      {probe}));
+    ok &= report(
+        "softcap",
+        gradcheck([&](const std::vector<Tensor>& in) { return sum(square(softcap({in[0]}, cap(2.0)))); }, {probe}));
     {
       CappedNet net(8, softcap, round_ste);
       net.to(DType::f64);

@@ -57,7 +57,7 @@ double matmul_uses(const Circuit& c, ValueId v, const std::vector<std::vector<in
       continue;
     }
     const Shape& a = c.info(r.inputs[0]).shape;
-    const int64_t k = r.params.ints[0] != 0 ? a[a.rank() - 2] : a[a.rank() - 1];
+    const int64_t k = MatmulParams::of(r).transpose_a ? a[a.rank() - 2] : a[a.rank() - 1];
     uses += static_cast<double>(c.info(r.outputs[0]).shape.numel()) * static_cast<double>(k) /
             static_cast<double>(std::max<int64_t>(1, c.info(v).shape.numel()));
   }

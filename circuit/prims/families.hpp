@@ -9,7 +9,7 @@ class PrimRegistry;
 void register_pointwise(PrimRegistry& r);     // pointwise
 void register_reduce(PrimRegistry& r);        // reduce, reduce_all
 void register_matmul(PrimRegistry& r);        // matmul
-void register_gather(PrimRegistry& r);        // gather_rows, scatter_add_rows, one_hot
+void register_gather(PrimRegistry& r);        // gather_rows, scatter_add_rows, gather_last, one_hot
 void register_shape_ops(PrimRegistry& r);     // reshape, permute, broadcast
 void register_slice_concat(PrimRegistry& r);  // slice, concat, split
 void register_where(PrimRegistry& r);         // where

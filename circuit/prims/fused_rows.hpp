@@ -1,4 +1,4 @@
-// The program of a `fused_rows` op: what the row-epilogue fusion pass (circuit/fuse_rows.hpp)
+// The program of a `fused_rows` op: what the row fusion pass (circuit/passes/fuse_rows.cpp)
 // builds, the Eigen reference runs and cuda/lower/fused_rows.cpp lowers to one kernel.
 //
 // The op computes over a domain (rows..., n). Its inputs broadcast to the domain (numpy rules).

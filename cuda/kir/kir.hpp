@@ -74,6 +74,12 @@ enum class MmaShape : uint8_t { m16n8k8_tf32, m16n8k16_bf16, m16n8k16_f16 };
 const char* mma_shape_name(MmaShape s);  // "m16n8k8.row.col.f32.tf32.tf32.f32", ...
 enum class Space : uint8_t { global, shared };
 
+// A launch's grid or block: counts of blocks or threads along x, y and z.
+struct Dim3 {
+  uint32_t x = 1, y = 1, z = 1;
+  uint64_t count() const { return uint64_t{x} * y * z; }
+};
+
 // Opcodes. Types: `type` is the operation type (PTX's instruction type suffix).
 enum class Opc : uint8_t {
   Mov,      // dst = a                        (also: Reg = shared array address, see SharedAddr)

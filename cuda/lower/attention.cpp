@@ -150,7 +150,7 @@ std::vector<Reg> zeros(KernelBuilder& b, size_t n) {
   return z;
 }
 
-sim::Dim3 grid_for(int64_t rows) { return {static_cast<uint32_t>((rows + kWarps - 1) / kWarps), 1, 1}; }
+kir::Dim3 grid_for(int64_t rows) { return {static_cast<uint32_t>((rows + kWarps - 1) / kWarps), 1, 1}; }
 
 // The tiled forward: a thread per query row, 64 rows a block (one (batch, head) entry each),
 // keys in tiles of 32 staged in shared memory by the whole block (16-byte copies), every thread
@@ -350,7 +350,7 @@ LoweredOp lower_attention_tiled(const AttentionParams& a, const Sizes& s) {
     b.st(Space::global, Type::f32, b.address(lse, row, 4),
          b.add(Type::f32, m, emit_scalar_exp(b, se::log(se::in(0)), {l})));
   });
-  const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows), 1};
+  const kir::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows), 1};
   return single_launch(finish_launch(b, "kiln_attention_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, f.args),
                        std::string("attention") + (a.causal ? " (causal)" : "") + (a.dropout() ? " (dropout)" : "") +
                            ": a thread per query row, 64 rows a block, keys in shared tiles of 32, online softmax "
@@ -465,7 +465,7 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
       });
     });
     b.if_(valid, [&] { store_own_row(b, dq, g.dq_copy, row_first(b, s, entry, i, s.tq, s.d, s.q), acc, scale); });
-    const sim::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows),
+    const kir::Dim3 grid{static_cast<uint32_t>(s.entries), static_cast<uint32_t>((s.tq + kTileRows - 1) / kTileRows),
                          1};
     lo.launches.push_back(
         finish_launch(b, "kiln_attention_grad_q_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, g.args));
@@ -541,7 +541,7 @@ LoweredOp lower_attention_grad_tiled(const Op& op, const AttentionParams& a, con
       store_own_row(b, dk, g.dk_copy, row_first(b, s, entry, j, s.tk, s.d, s.k), acc_k, scale);
       store_own_row(b, dv, g.dv_copy, row_first(b, s, entry, j, s.tk, s.dv, s.v), acc_v);
     });
-    const sim::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups),
+    const kir::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups),
                          static_cast<uint32_t>((s.tk + kTileRows - 1) / kTileRows), 1};
     lo.launches.push_back(
         finish_launch(b, "kiln_attention_grad_kv_tiled", grid, {static_cast<uint32_t>(kTileRows), 1, 1}, g.args));

@@ -442,7 +442,7 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
       });
     }
   });
-  const sim::Dim3 grid{static_cast<uint32_t>(s.entries), qb.tiles, 1};
+  const kir::Dim3 grid{static_cast<uint32_t>(s.entries), qb.tiles, 1};
   return single_launch(finish_launch(b, "kiln_attention_mma", grid, {bl.threads(), 1, 1}, f.args),
                        description(a, "attention", bl) + ", online softmax, o and the row log-sum-exp written");
 }
@@ -543,7 +543,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
     });
     store_rows(b, s, l, g.dq, g.dq_copy, s.q, entry, row_lo, s.tq, s.d, dq,
                {b.mov(Type::f32, imm_f32(scale)), b.mov(Type::f32, imm_f32(scale))});
-    const sim::Dim3 grid{static_cast<uint32_t>(s.entries), qb.tiles, 1};
+    const kir::Dim3 grid{static_cast<uint32_t>(s.entries), qb.tiles, 1};
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q_mma", grid, {bl.threads(), 1, 1}, g.args));
   }
   {
@@ -641,7 +641,7 @@ LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const
                {b.mov(Type::f32, imm_f32(scale)), b.mov(Type::f32, imm_f32(scale))});
     store_rows(b, s, l, g.dv, g.dv_copy, s.v, entry, key_lo, s.tk, s.dv, dv,
                {b.mov(Type::f32, imm_f32(1.0f)), b.mov(Type::f32, imm_f32(1.0f))});
-    const sim::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups), tiles, 1};
+    const kir::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups), tiles, 1};
     lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv_mma", grid, {bl.threads(), 1, 1}, g.args));
   }
   lo.summary = description(a, "attention_grad", backward_blocking(s)) +

@@ -57,7 +57,7 @@ Launch elementwise_launch(const Target& target, const std::string& prefix, const
   return finish_launch(b, prefix, elementwise_grid(n), {kElementwiseThreads, 1, 1}, std::move(args));
 }
 
-Launch finish_launch(KernelBuilder& b, const std::string& prefix, sim::Dim3 grid, sim::Dim3 block,
+Launch finish_launch(KernelBuilder& b, const std::string& prefix, kir::Dim3 grid, kir::Dim3 block,
                      std::vector<ArgRef> args) {
   kir::Kernel k = b.finish();
   // Blocks of up to 256 threads fit the register file at ptxas's limit of 255 registers a thread;

@@ -31,7 +31,7 @@ Launch elementwise_launch(const Target& target, const std::string& prefix, const
                           const ValueFn& value, bool value_needs_coords = false);
 
 // Finishes a kernel (checked), names it by prefix and structural hash, and wraps it in a Launch.
-Launch finish_launch(KernelBuilder& b, const std::string& prefix, sim::Dim3 grid, sim::Dim3 block,
+Launch finish_launch(KernelBuilder& b, const std::string& prefix, kir::Dim3 grid, kir::Dim3 block,
                      std::vector<ArgRef> args);
 
 // Status words (see lower.hpp): count one index error and keep the offending index.

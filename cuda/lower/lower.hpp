@@ -12,7 +12,6 @@
 #include <kiln/circuit/ir/circuit.hpp>
 #include <kiln/circuit/ir/target.hpp>
 #include <kiln/cuda/kir/kir.hpp>
-#include <kiln/cuda/sim/simulator.hpp>
 
 namespace kiln::cuda {
 
@@ -45,7 +44,7 @@ struct TensorMapArg {
 
 struct Launch {
   std::shared_ptr<const kir::Kernel> kernel;
-  sim::Dim3 grid, block;
+  kir::Dim3 grid, block;
   std::vector<ArgRef> args;  // one per kernel parameter, in order
 };
 

@@ -34,7 +34,7 @@ Reg scaled_add(KernelBuilder& b, Type it, Reg r, int64_t stride, Reg x) {
 
 std::string kernel_name(const std::string& prefix, uint64_t hash) { return fmt::format("{}_{:016x}", prefix, hash); }
 
-sim::Dim3 elementwise_grid(int64_t n) {
+kir::Dim3 elementwise_grid(int64_t n) {
   // Enough blocks to fill a large GPU (132 SMs x 16 blocks of 256 threads) without launching
   // one block per 256 elements of a huge tensor: the grid-stride loop covers the rest.
   int64_t blocks = std::clamp<int64_t>((n + kElementwiseThreads - 1) / kElementwiseThreads, 1, 8192);

@@ -31,7 +31,7 @@ std::string kernel_name(const std::string& prefix, uint64_t hash);
 
 // Threads per block and blocks for a grid-stride loop over n elements.
 constexpr uint32_t kElementwiseThreads = 256;
-sim::Dim3 elementwise_grid(int64_t n);
+kir::Dim3 elementwise_grid(int64_t n);
 
 // for (i = global thread index; i < n; i += threads in grid) body(i), i of type it.
 void grid_stride_loop(KernelBuilder& b, Type it, int64_t n, const std::function<void(Reg)>& body);

@@ -15,11 +15,10 @@
 #include <kiln/circuit/ir/target.hpp>
 #include <kiln/cuda/driver/driver_api.hpp>
 #include <kiln/cuda/kir/kir.hpp>
-#include <kiln/cuda/sim/simulator.hpp>
 
 namespace kiln::cuda {
 
-using Dim3 = sim::Dim3;
+using Dim3 = kir::Dim3;
 class DeviceCollective;
 
 struct RuntimeOptions {

@@ -32,10 +32,7 @@
 
 namespace kiln::sim {
 
-struct Dim3 {
-  uint32_t x = 1, y = 1, z = 1;
-  uint64_t count() const { return uint64_t{x} * y * z; }
-};
+using Dim3 = kir::Dim3;
 
 // The simulator's record of the last write to a 4-byte word of global memory during a launch
 // (launch ids are unique per process, so a record from an earlier launch is simply stale).

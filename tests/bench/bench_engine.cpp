@@ -1,8 +1,10 @@
 // Benchmarks of the engine's per-step host work: realizing an identical recorded step (cache
 // hit: hash, lookup, bind), and building its plan from scratch (passes + planning); and of the
 // CPU executor's pointwise bodies (GELU's backward, spelled out in ops or as one op).
+// And softcap as kiln's pointwise op or as a user Prim (BM_SoftcapStep).
 #include <benchmark/benchmark.h>
 
+#include <Eigen/Core>
 #include <cmath>
 #include <numbers>
 
@@ -13,6 +15,8 @@
 #include <kiln/circuit/prims/builder.hpp>
 #include <kiln/circuit/prims/composites.hpp>
 #include <kiln/core/engine.hpp>
+#include <kiln/core/traced_step.hpp>
+#include <kiln/core/user_prim.hpp>
 #include <kiln/train/sgd.hpp>
 
 using namespace kiln;
@@ -176,6 +180,54 @@ void BM_AdamWUpdate(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * shape.numel());
 }
 BENCHMARK(BM_AdamWUpdate)->ArgsProduct({{0, 1}, {512, 1}})->Unit(benchmark::kMicrosecond);
+
+// softcap(h) = 2 tanh(h / 2) over a (4096, 256) Linear output, forward and backward in a traced
+// step: 0 kiln's own pointwise op (map), 1 a user Prim whose reference is Eigen arrays, 2 a user
+// Prim whose reference loops over HostTensor::get/set (docs/BENCHMARKS.md, "User Prims on the CPU").
+UserPrim softcap_prim(bool eigen_reference) {
+  UserPrimSpec s;
+  s.name = eigen_reference ? "bench_softcap_eigen" : "bench_softcap_get_set";
+  s.shape = [](const ShapeCtx&, const std::vector<ValueInfo>& in, const Params&) {
+    return std::vector<ValueInfo>{in[0]};
+  };
+  if (eigen_reference)
+    s.reference = [](const PrimCall& c) {  // f32 only in this benchmark
+      const auto k = static_cast<float>(c.params.reals[0]);
+      const Eigen::Index n = c.inputs[0]->numel();
+      Eigen::Map<Eigen::ArrayXf>(c.outputs[0].data<float>(), n) =
+          k * (Eigen::Map<const Eigen::ArrayXf>(c.inputs[0]->data<float>(), n) / k).tanh();
+    };
+  else
+    s.reference = [](const PrimCall& c) {
+      const double k = c.params.reals[0];
+      for (int64_t i = 0; i < c.inputs[0]->numel(); ++i) c.outputs[0].set(i, k * std::tanh(c.inputs[0]->get(i) / k));
+    };
+  s.vjp = [](const VjpArgs& a) {
+    const Tensor t = a.outputs[0] / a.params.reals[0];
+    return std::vector<Tensor>{a.out_grads[0] * (1.0 - t * t)};
+  };
+  return register_prim(s);
+}
+
+void BM_SoftcapStep(benchmark::State& state) {
+  static const UserPrim eigen_prim = softcap_prim(true), get_set_prim = softcap_prim(false);
+  HostTensor xs = HostTensor::zeros(DType::f32, Shape{4096, 256});
+  for (int64_t i = 0; i < xs.numel(); ++i) xs.set(i, 3 * std::sin(0.01 * static_cast<double>(i)));
+  Params cap;
+  cap.reals = {2.0};
+  const Tensor w = Tensor::parameter("softcap_w", Tensor::randn({256, 256}).to_host());
+  Tensor x = Tensor::from_host(xs);
+  TracedStep step({x}, [&] {
+    const Tensor h = matmul(x, w) * 0.0625;
+    const Tensor y = state.range(0) == 0 ? map(se::c(2.0) * se::tanh(se::in(0) / se::c(2.0)), {h})
+                                         : (state.range(0) == 1 ? eigen_prim : get_set_prim)({h}, cap);
+    mean(square(y)).backward();
+    Engine::current().realize();
+    return std::vector<Tensor>{};
+  });
+  for (auto _ : state) step.run({xs});
+}
+BENCHMARK(BM_SoftcapStep)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

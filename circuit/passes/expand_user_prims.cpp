@@ -1,10 +1,9 @@
-// expand_user_prims: composites forwarded, pointwise bodies substituted for the GPU.
+// expand_user_prims: custom VJPs forwarded; pointwise and row bodies substituted for the GPU.
 #include <string>
 
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/circuit/passes/contract.hpp>
 #include <kiln/circuit/passes/expand_user_prims.hpp>
-#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 

@@ -41,7 +41,8 @@ void check_user_lowering(const Op& op, const LoweredOp& r) {
   auto bad = [&](const std::string& what) {
     fail(op.prim->name, op.scope, "its GPU kernel lowering (registered at " + op.prim->registered_at + ") " + what);
   };
-  if (r.launches.empty() && r.alias_of < 0) bad("returned no launch");
+  if (r.launches.empty() || r.alias_of >= 0)
+    bad("must return launches (and no alias: a user Prim's output is its own)");
   for (size_t l = 0; l < r.launches.size(); ++l) {
     const Launch& launch = r.launches[l];
     if (!launch.kernel) bad("returned launch " + std::to_string(l) + " without a kernel");
@@ -86,7 +87,7 @@ const LoweringTable& table() {
     LoweringTable built;
     register_all_lowerings(built);
     built.add(PrimId::user, lower_user_prim,
-              "user Prims: a pointwise body fused like kiln's own, kernels of their own, or CPU only");
+              "user Prims: a pointwise or row body fused like kiln's own, kernels of their own, or CPU only");
     for (int i = 0; i < kPrimCount; ++i)
       if (!built.at(static_cast<PrimId>(i)).summary)
         throw Error(std::string("Prim '") + prim_name(static_cast<PrimId>(i)) + "' has no GPU lowering");

@@ -82,10 +82,9 @@ RowProgram RowProgram::from_params(const Params& p) {
 }
 
 std::string RowProgram::describe() const {
-  static const char* kinds[] = {"sum", "max", "mean"};
   std::string s = fmt::format("rows {} x {}, reductions read as in{}..", row_shape().str(), n(), inputs);
   for (size_t j = 0; j < reduction_bodies.size(); ++j)
-    s += fmt::format(" r{}={}{{{}}}", j, kinds[static_cast<int>(reduction_kinds[j])], reduction_bodies[j].str());
+    s += fmt::format(" r{}={}{{{}}}", j, reduce_kind_name(reduction_kinds[j]), reduction_bodies[j].str());
   for (size_t o = 0; o < output_bodies.size(); ++o)
     s += fmt::format(" out{}{}{}{}={{{}}}", o, output_per_row[o] ? "[per row]" : "", stored_bf16(o) ? ":bf16" : "",
                      padding(o) > 0 ? fmt::format("+{} zero columns", padding(o)) : "", output_bodies[o].str());
@@ -249,12 +248,12 @@ std::vector<HostTensor> run(const Op& op, const std::vector<const HostTensor*>& 
       for (size_t j = 0; j < red_runners.size(); ++j) {
         const ReduceKind kind = rp.reduction_kinds[j];
         T& acc = reds[j].data<T>()[row];
-        acc = kind == ReduceKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
+        acc = reduce_identity<T>(kind);
         for (int64_t s = e0; s < e1; s += ref::kBlock) {
           const int64_t len = std::min(ref::kBlock, e1 - s);
           ref::reduce_into<T>(kind, red_runners[j].run(s, len, red_regs[j]), len, acc);
         }
-        if (kind == ReduceKind::Mean) acc /= static_cast<T>(n);
+        acc = reduce_finish(kind, acc, n);
       }
       for (size_t o = 0; o < out_runners.size(); ++o) {
         const int64_t b0 = rp.output_per_row[o] ? row : e0, b1 = rp.output_per_row[o] ? row + 1 : e1;

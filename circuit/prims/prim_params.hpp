@@ -5,8 +5,10 @@
 // Params::ints by position.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -20,6 +22,24 @@ struct Op;
 void require_view_of(const Op& op, std::initializer_list<PrimId> prims, const char* view);
 
 enum class ReduceKind : int64_t { Sum = 0, Max = 1, Mean = 2 };
+// A reduction kind's semantics, written once for every CPU reference (reduce, reduce_all,
+// fused_rows) and the GPU lowering's names and identities: its name in dumps, the accumulator's
+// starting value, how an element joins it (max propagates NaN: a NaN anywhere in the row gives
+// NaN, as the GPU kernels' max does), and how the accumulator finishes (mean divides by the count).
+const char* reduce_kind_name(ReduceKind kind);
+template <class T>
+T reduce_identity(ReduceKind kind) {
+  return kind == ReduceKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
+}
+template <class T>
+T reduce_combine(ReduceKind kind, T acc, T v) {
+  if (kind != ReduceKind::Max) return acc + v;
+  return std::isnan(acc) || !(v > acc || std::isnan(v)) ? acc : v;
+}
+template <class T>
+T reduce_finish(ReduceKind kind, T acc, int64_t count) {
+  return kind == ReduceKind::Mean ? acc / static_cast<T>(count) : acc;
+}
 enum class RandomKind : int64_t { Uniform = 0, Normal = 1, Bernoulli = 2 };
 
 // reduce {kind, axis}; reduce_all {kind} (axis -1).

@@ -16,15 +16,6 @@
 namespace kiln {
 namespace {
 
-const char* kind_name(int64_t k) {
-  switch (static_cast<ReduceKind>(k)) {
-    case ReduceKind::Sum: return "sum";
-    case ReduceKind::Max: return "max";
-    case ReduceKind::Mean: return "mean";
-  }
-  return "?";
-}
-
 std::vector<ValueInfo> reduce_shape(const ShapeCtx& ctx, const std::vector<ValueInfo>& in, const Params& p) {
   if (in.size() != 1) ctx.fail("takes one input");
   ctx.require_float(in[0], "input");
@@ -46,20 +37,10 @@ void reduce_axis(const T* x, T* out, int64_t outer, int64_t n, int64_t inner, Re
   for (int64_t o = 0; o < outer; ++o) {
     T* dst = out + o * inner;
     const T* src = x + o * n * inner;
-    if (kind == ReduceKind::Max) {
-      std::fill(dst, dst + inner, -std::numeric_limits<T>::infinity());
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < inner; ++j) {
-          T v = src[i * inner + j];
-          if (v > dst[j] || std::isnan(v)) dst[j] = std::isnan(dst[j]) ? dst[j] : v;
-        }
-    } else {
-      std::fill(dst, dst + inner, T(0));
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < inner; ++j) dst[j] += src[i * inner + j];
-      if (kind == ReduceKind::Mean)
-        for (int64_t j = 0; j < inner; ++j) dst[j] /= static_cast<T>(n);
-    }
+    std::fill(dst, dst + inner, reduce_identity<T>(kind));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < inner; ++j) dst[j] = reduce_combine(kind, dst[j], src[i * inner + j]);
+    for (int64_t j = 0; j < inner; ++j) dst[j] = reduce_finish(kind, dst[j], n);
   }
 }
 
@@ -83,7 +64,7 @@ std::vector<HostTensor> reduce_eval(const Op& op, const std::vector<const HostTe
       } else {
         o = m.colwise().sum().transpose();
       }
-      if (kind == ReduceKind::Mean) o /= static_cast<T>(n);
+      o = o.unaryExpr([&](T v) { return reduce_finish(kind, v, n); });
     } else {
       reduce_axis<T>(x.data<T>(), out.data<T>(), outer, n, inner, kind);
     }
@@ -119,7 +100,7 @@ std::vector<HostTensor> reduce_all_eval(const Op& op, const std::vector<const Ho
   ref::dispatch_float(in[0]->dtype(), "reduce_all", [&](auto t) {
     using T = decltype(t);
     T s = ref::array_of<T>(*in[0]).sum();
-    if (static_cast<ReduceKind>(op.params.ints[0]) == ReduceKind::Mean) s /= static_cast<T>(in[0]->numel());
+    s = reduce_finish(static_cast<ReduceKind>(op.params.ints[0]), s, in[0]->numel());
     out.data<T>()[0] = s;
   });
   return {out};
@@ -157,7 +138,9 @@ void register_reduce(PrimRegistry& r) {
   d.shape = reduce_shape;
   d.eval = reduce_eval;
   d.vjp = reduce_vjp;
-  d.describe = [](const Params& p) { return std::string(kind_name(p.ints[0])) + " axis=" + std::to_string(p.ints[1]); };
+  d.describe = [](const Params& p) {
+    return std::string(reduce_kind_name(static_cast<ReduceKind>(p.ints[0]))) + " axis=" + std::to_string(p.ints[1]);
+  };
   r.add(d, __FILE__);
 
   PrimDef all;
@@ -165,8 +148,17 @@ void register_reduce(PrimRegistry& r) {
   all.shape = reduce_all_shape;
   all.eval = reduce_all_eval;
   all.vjp = reduce_all_vjp;
-  all.describe = [](const Params& p) { return std::string(kind_name(p.ints[0])); };
+  all.describe = [](const Params& p) { return std::string(reduce_kind_name(static_cast<ReduceKind>(p.ints[0]))); };
   r.add(all, __FILE__);
+}
+
+const char* reduce_kind_name(ReduceKind kind) {
+  switch (kind) {
+    case ReduceKind::Sum: return "sum";
+    case ReduceKind::Max: return "max";
+    case ReduceKind::Mean: return "mean";
+  }
+  return "?";
 }
 
 }  // namespace kiln

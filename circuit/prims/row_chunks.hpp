@@ -27,8 +27,7 @@ namespace kiln::ref {
 template <class T>
 void reduce_into(ReduceKind kind, const T* v, int64_t n, T& acc) {
   if (kind == ReduceKind::Max) {
-    for (int64_t i = 0; i < n; ++i)
-      if (v[i] > acc || std::isnan(v[i])) acc = std::isnan(acc) ? acc : v[i];
+    for (int64_t i = 0; i < n; ++i) acc = reduce_combine(kind, acc, v[i]);
   } else {
     acc += Eigen::Map<const Arr<T>>(v, n).sum();
   }
@@ -257,9 +256,9 @@ class RowChunks {
       v = tmp;
     }
     for (int64_t r = 0; r < rows; ++r) {
-      acc[r] = kind == ReduceKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
+      acc[r] = reduce_identity<T>(kind);
       reduce_into<T>(kind, v + (place_[root].everywhere ? 0 : r * n_), n_, acc[r]);
-      if (kind == ReduceKind::Mean) acc[r] /= static_cast<T>(n_);
+      acc[r] = reduce_finish(kind, acc[r], n_);
     }
   }
 

@@ -57,7 +57,7 @@ LoweredOp strided_copy(const Circuit& c, const Op& op, const Target& target, std
 // max), the identity, a butterfly over the warp after which every lane holds the warp's value
 // (full-mask shuffles: every lane must reach it), and mean's division by n.
 Reg reduce_combine(KernelBuilder& b, ReduceKind kind, Reg acc, Reg x);
-Operand reduce_identity(ReduceKind kind);
+Operand reduce_identity_operand(ReduceKind kind);
 Reg warp_reduce(KernelBuilder& b, ReduceKind kind, Reg acc);
 Reg reduce_finalize(KernelBuilder& b, ReduceKind kind, Reg v, int64_t n);
 // Combines `acc` over the block's `threads` (a multiple of 32); `emit_result(v)` is emitted

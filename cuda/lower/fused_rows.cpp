@@ -276,7 +276,7 @@ LoweredOp lower_fused_rows(const Circuit& c, const Op& op, const Target& target)
         continue;
       }
       const ScalarExp per_column = hoisted_pass({body}, j)[0];
-      Reg acc = b.mov(Type::f32, reduce_identity(kind));
+      Reg acc = b.mov(Type::f32, reduce_identity_operand(kind));
       over_row([&](Reg col) { return operands_at(col, {&per_column}); },
                [&](Reg, const std::vector<Reg>& ops) {
                  b.set(acc, reduce_combine(b, kind, acc, emit_scalar_exp(b, per_column, ops)));

@@ -172,7 +172,7 @@ class MultiTensorLowering {
       start = b.cvt(Type::u64, start);
       stride = b.cvt(Type::u64, stride);
     }
-    Reg acc = b.mov(Type::f32, reduce_identity(ReduceKind::Sum));
+    Reg acc = b.mov(Type::f32, reduce_identity_operand(ReduceKind::Sum));
     b.for_(start, n, stride, [&](Reg i) {
       std::vector<Reg> ops = vals;
       for (int j = 0; j < nin; ++j) {
@@ -215,7 +215,7 @@ class MultiTensorLowering {
     Reg sums = b.shared_addr(b.shared_array("group_sums", 4 * static_cast<int64_t>(groups_.size()), 4));
     for (const GroupRange& g : groups_) {
       b.if_(b.setp(Cmp::eq, warp, imm_u32(static_cast<uint32_t>(g.g) % (kThreads / 32))), [&] {
-        Reg acc = b.mov(Type::f32, reduce_identity(ReduceKind::Sum));
+        Reg acc = b.mov(Type::f32, reduce_identity_operand(ReduceKind::Sum));
         b.for_(lane, imm_u32(g.blocks), imm_u32(32), [&](Reg j) {
           Reg at = b.add(Type::u32, j, imm_u32(g.first_partial));
           b.set(acc,
@@ -250,7 +250,7 @@ class MultiTensorLowering {
       b.set(out, b.param(fmt_name("out", chunk[k].g, 0), Type::u64));
       args.push_back({ArgRef::Kind::Output, static_cast<int>(mp_.output(chunk[k].g, 0))});
     });
-    Reg acc = b.mov(Type::f32, reduce_identity(ReduceKind::Sum));
+    Reg acc = b.mov(Type::f32, reduce_identity_operand(ReduceKind::Sum));
     b.for_(b.sreg(SReg::tid_x), count, imm_u32(kThreads), [&](Reg j) {
       Reg v = b.ld(Space::global, Type::f32, b.address(partials, b.add(Type::u32, first, j), 4));
       b.set(acc, reduce_combine(b, ReduceKind::Sum, acc, v));

@@ -31,7 +31,7 @@ Reg reduce_combine(KernelBuilder& b, ReduceKind kind, Reg acc, Reg x) {
   return kind == ReduceKind::Max ? emit_minmax(b, true, acc, x) : b.add(Type::f32, acc, x);
 }
 
-Operand reduce_identity(ReduceKind kind) { return imm_f32(kind == ReduceKind::Max ? -INFINITY : 0.0f); }
+Operand reduce_identity_operand(ReduceKind kind) { return imm_f32(reduce_identity<float>(kind)); }
 
 Reg warp_reduce(KernelBuilder& b, ReduceKind kind, Reg acc) {
   for (uint32_t off = 16; off >= 1; off /= 2)
@@ -58,7 +58,7 @@ void block_reduce(KernelBuilder& b, ReduceKind kind, Reg acc, uint32_t threads,
         [&] { b.st(Space::shared, Type::f32, b.mad(Type::u32, warp, imm_u32(4), smem), acc); });
   b.bar();
   b.if_(b.setp(Cmp::eq, warp, imm_u32(0)), [&] {
-    Reg v = b.mov(Type::f32, reduce_identity(kind));
+    Reg v = b.mov(Type::f32, reduce_identity_operand(kind));
     b.if_(b.setp(Cmp::lt, lane, imm_u32(warps)), [&] {
       Reg s = b.ld(Space::shared, Type::f32, b.mad(Type::u32, lane, imm_u32(4), smem));
       b.set(v, s);
@@ -94,8 +94,6 @@ uint32_t block_threads_for(int64_t n) {
   return static_cast<uint32_t>(t);
 }
 
-const char* kind_text(ReduceKind k) { return k == ReduceKind::Sum ? "sum" : k == ReduceKind::Max ? "max" : "mean"; }
-
 LoweredOp lower_reduce(const Circuit& c, const Op& op, const Target& target) {
   const ValueInfo& x = c.info(op.inputs[0]);
   const Type it = index_type(target, x.shape.numel());
@@ -111,14 +109,14 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op, const Target& target) {
     KernelBuilder b("kiln_reduce_all");
     Reg xp = b.param("x", Type::u64), y = b.param("y", Type::u64);
     Reg part = b.param("partials", Type::u64), counter = b.param("counter", Type::u64);
-    Reg acc = b.mov(Type::f32, reduce_identity(kind));
+    Reg acc = b.mov(Type::f32, reduce_identity_operand(kind));
     grid_stride_loop(b, it, n, [&](Reg i) {
       b.set(acc, reduce_combine(b, kind, acc, b.ld(Space::global, Type::f32, b.address(xp, i, 4))));
     });
     block_reduce(b, kind, acc, threads,
                  [&](Reg v) { b.st(Space::global, Type::f32, b.address(part, b.sreg(SReg::ctaid_x), 4), v); });
     after_last_block(b, counter, static_cast<uint32_t>(blocks), [&] {
-      Reg total = b.mov(Type::f32, reduce_identity(kind));
+      Reg total = b.mov(Type::f32, reduce_identity_operand(kind));
       b.for_(b.sreg(SReg::tid_x), imm_u32(static_cast<uint32_t>(blocks)), imm_u32(threads), [&](Reg j) {
         b.set(total, reduce_combine(b, kind, total, b.ld(Space::global, Type::f32, b.address(part, j, 4))));
       });
@@ -127,7 +125,7 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op, const Target& target) {
     });
     r.launches.push_back(finish_launch(b, "kiln_reduce_all", {static_cast<uint32_t>(blocks), 1, 1}, {threads, 1, 1},
                                        {in, out, scratch, {ArgRef::Kind::Scratch, 1}}));
-    r.summary = std::string("reduce_all ") + kind_text(kind) + ": " + std::to_string(blocks) +
+    r.summary = std::string("reduce_all ") + reduce_kind_name(kind) + ": " + std::to_string(blocks) +
                 " block partials, the last block to finish combines them";
     return r;
   }
@@ -145,7 +143,7 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op, const Target& target) {
     Reg row = b.sreg(SReg::ctaid_x);
     Reg row_i = it == Type::u32 ? row : b.cvt(Type::u64, row);
     Reg start = b.mul(it, row_i, imm_index(it, n));
-    Reg acc = b.mov(Type::f32, reduce_identity(kind));
+    Reg acc = b.mov(Type::f32, reduce_identity_operand(kind));
     Reg tid = b.sreg(SReg::tid_x);
     b.for_(it == Type::u32 ? tid : b.cvt(Type::u64, tid), imm_index(it, n), imm_index(it, threads), [&](Reg j) {
       Reg v = b.ld(Space::global, Type::f32, b.address(xp, b.add(it, start, j), 4));
@@ -156,14 +154,14 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op, const Target& target) {
     if (outer > 0x7fffffff) fail(op.prim->name, op.scope, "more than 2^31 - 1 rows");
     r.launches.push_back(
         finish_launch(b, "kiln_reduce_row", {static_cast<uint32_t>(outer), 1, 1}, {threads, 1, 1}, {in, out}));
-    r.summary = std::string("reduce ") + kind_text(kind) + " of rows: one block per row";
+    r.summary = std::string("reduce ") + reduce_kind_name(kind) + " of rows: one block per row";
   } else {
     KernelBuilder b("kiln_reduce_axis");
     Reg xp = b.param("x", Type::u64), y = b.param("y", Type::u64);
     grid_stride_loop(b, it, outer * inner, [&](Reg o) {
       Reg oi = b.div(it, o, imm_index(it, inner)), ii = b.rem(it, o, imm_index(it, inner));
       Reg base = b.mad(it, oi, imm_index(it, n * inner), ii);
-      Reg acc = b.mov(Type::f32, reduce_identity(kind));
+      Reg acc = b.mov(Type::f32, reduce_identity_operand(kind));
       b.for_(imm_index(it, 0), imm_index(it, n), imm_index(it, 1), [&](Reg j) {
         Reg v = b.ld(Space::global, Type::f32, b.address(xp, b.mad(it, j, imm_index(it, inner), base), 4));
         b.set(acc, reduce_combine(b, kind, acc, v));
@@ -172,8 +170,8 @@ LoweredOp lower_reduce(const Circuit& c, const Op& op, const Target& target) {
     });
     r.launches.push_back(
         finish_launch(b, "kiln_reduce_axis", elementwise_grid(outer * inner), {kElementwiseThreads, 1, 1}, {in, out}));
-    r.summary =
-        std::string("reduce ") + kind_text(kind) + " along axis " + std::to_string(axis) + ": one thread per output";
+    r.summary = std::string("reduce ") + reduce_kind_name(kind) + " along axis " + std::to_string(axis) +
+                ": one thread per output";
   }
   r.summary += ", " + launch_text(r.launches.back());
   return r;

@@ -27,6 +27,8 @@ void check_name(const std::string& name, const std::string& at) {
   if (!ok)
     throw Error("register_prim: the name '" + name + "' (registered at " + at +
                 ") must be lower case letters, digits and '_', starting with a letter or '_'");
+  if (name == "user")
+    throw Error("register_prim: the name 'user' (registered at " + at + ") is the id every user Prim shares");
 }
 
 // Traces fn over tensors standing for `args` (values of b's circuit; kNoValue: an undefined
@@ -57,7 +59,13 @@ std::vector<ValueId> trace_into(Builder& b, const std::string& what, const std::
       placeholders.push_back(e.placeholder(infos[i], "argument " + std::to_string(i), what));
       placeholder_ids.push_back(e.value_of(placeholders.back()));
     }
-    const std::vector<Tensor> results = fn(placeholders);
+    std::vector<Tensor> results;
+    try {
+      results = fn(placeholders);
+    } catch (const Error& err) {
+      throw Error(what +
+                  " failed while it was traced (it may record Tensor operations on its arguments only): " + err.what());
+    }
     for (size_t k = 0; k < results.size(); ++k) {
       if (!results[k].defined()) {
         result_ids.push_back(kNoValue);
@@ -81,18 +89,24 @@ std::vector<ValueId> trace_into(Builder& b, const std::string& what, const std::
   std::vector<ValueId> map(t.num_values(), kNoValue);
   for (size_t i = 0; i < args.size(); ++i)
     if (placeholder_ids[i] != kNoValue) map[static_cast<size_t>(placeholder_ids[i])] = args[i];
+  // Checked before anything is appended: a refused rule leaves b's circuit as it was.
+  auto foreign = [&](ValueId v) { return t.value(v).producer < 0 && map[static_cast<size_t>(v)] == kNoValue; };
+  auto refuse = [&](ValueId v, const std::string& use) {
+    const Value& x = t.value(v);
+    throw Error(what + " " + use + " " +
+                (x.role == ValueRole::Persistent ? "the parameter or state '" : "the tensor '") + x.name + "' " +
+                dtype_name(x.info.dtype) + x.info.shape.str() +
+                ", which is not one of its arguments: it may read only its arguments and constants it records "
+                "(Tensor::full), no parameter, host tensor, scalar input or random draw");
+  };
+  for (const Op& op : t.ops())
+    for (ValueId in : op.inputs)
+      if (foreign(in)) refuse(in, "reads");
+  for (ValueId r : result_ids)
+    if (r != kNoValue && foreign(r)) refuse(r, "returns");
   for (const Op& op : t.ops()) {
     std::vector<ValueId> inputs;
-    for (ValueId in : op.inputs) {
-      if (map[static_cast<size_t>(in)] == kNoValue) {
-        const Value& v = t.value(in);
-        throw Error(what + " reads " + (v.role == ValueRole::Persistent ? "the parameter or state '" : "the tensor '") +
-                    v.name + "' " + dtype_name(v.info.dtype) + v.info.shape.str() +
-                    ", which is not one of its arguments: it may read only its arguments and constants it records "
-                    "(Tensor::full), no parameter, host tensor, scalar input or random draw");
-      }
-      inputs.push_back(map[static_cast<size_t>(in)]);
-    }
+    for (ValueId in : op.inputs) inputs.push_back(map[static_cast<size_t>(in)]);
     const std::vector<ValueId> outs = b.circuit().add_op(*op.prim, op.params, inputs, b.scope());
     for (size_t k = 0; k < outs.size(); ++k) map[static_cast<size_t>(op.outputs[k])] = outs[k];
   }

@@ -159,6 +159,16 @@ TEST(UserPrims, TheVjpMayUseOnlyItsArguments) {
   auto f = [&](const std::vector<Tensor>& in) { return sum(p({in[0]}, cap(1.0))); };
   expect_error([&] { gradcheck(f, {varied(Shape{3}, DType::f64)}); },
                {"the VJP rule of Prim 'test_vjp_reads_a_host_tensor'", "not one of its arguments"});
+  // A gradient returned that the rule did not compute (a host tensor) is refused, not dropped.
+  UserPrimSpec h2 = softcap_spec("test_vjp_returns_a_host_tensor_alone");
+  h2.vjp = [](const VjpArgs& a) {
+    return std::vector<Tensor>{Tensor::from_host(HostTensor::zeros(a.inputs[0].dtype(), a.inputs[0].shape()))};
+  };
+  const UserPrim returns_host = register_prim(h2);
+  auto f2 = [&](const std::vector<Tensor>& in) { return sum(returns_host({in[0]}, cap(1.0))); };
+  expect_error([&] { gradcheck(f2, {varied(Shape{3}, DType::f64)}); },
+               {"the VJP rule of Prim 'test_vjp_returns_a_host_tensor_alone' returns", "not one of its arguments"});
+  EXPECT_THROW(register_prim(softcap_spec("user")), Error);
   UserPrimSpec r = softcap_spec("test_vjp_reads_a_value");
   r.vjp = [](const VjpArgs& a) {
     (void)a.inputs[0].item();

@@ -56,15 +56,15 @@ Circuit expand_user_prims(const Circuit& c, std::vector<ValueId>& outputs, const
            "has no GPU lowering (registered at " + prim.registered_at +
                "): it runs on the CPU only; give its UserPrimSpec a pointwise_body, row_body or gpu_kernel, or run "
                "this step on the CPU");
-    const ValueInfo& out = c.info(op.outputs[0]);
     if (op.outputs.size() != 1)
       fail(prim.name, op.scope,
            "has " + std::to_string(op.outputs.size()) + " outputs, and a pointwise body gives one (registered at " +
                prim.registered_at + ")");
+    const ValueInfo& out = c.info(op.outputs[0]);
     Params params;
-    params.body = prim.pointwise_body(op.params);
     std::vector<ValueId> emitted;
     try {
+      params.body = prim.pointwise_body(op.params);
       emitted = r.out().add_op(PrimId::pointwise, params, r.at(op.inputs), op.scope);
     } catch (const Error& e) {
       fail(prim.name, op.scope,

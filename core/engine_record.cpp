@@ -4,6 +4,7 @@
 
 #include <kiln/ad/backward.hpp>
 #include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/passes/fusion.hpp>
 #include <kiln/core/engine.hpp>
 
 namespace kiln {
@@ -90,6 +91,21 @@ ValueId Engine::add_computed_input(ValueInfo info, const std::string& name, Inpu
 void Engine::on_each_run(std::function<void()> hook) { rec_.run_hooks.push_back(std::move(hook)); }
 
 namespace {
+// Attention chains of the recording become attention ops before the sweep (unless the pipeline
+// has fuse_attention off), so that the sweep records attention's own VJP. Kept: the loss, the
+// values differentiated for and every live handle's value.
+void fuse_attention_before_sweep(Circuit& c, const PipelineOptions& pipeline,
+                                 const std::vector<std::weak_ptr<TensorImpl>>& handles, ValueId loss,
+                                 const std::vector<ValueId>& wrt) {
+  const auto& off = pipeline.disabled;
+  if (std::find(off.begin(), off.end(), "fuse_attention") != off.end()) return;
+  std::vector<ValueId> keep = wrt;
+  keep.push_back(loss);
+  for (const auto& w : handles)
+    if (auto h = w.lock(); h && h->pending != kNoValue) keep.push_back(h->pending);
+  fuse_attention_in_place(c, keep, wrt);
+}
+
 void require_scalar_loss(const Circuit& c, ValueId out, const char* op, const std::string& scope) {
   const ValueInfo& info = c.info(out);
   if (info.shape.numel() != 1)
@@ -103,6 +119,7 @@ std::vector<Tensor> Engine::grad(const Tensor& loss, const std::vector<Tensor>& 
   require_scalar_loss(rec_.circuit, out, "grad", scope_path_);
   std::vector<ValueId> ids;
   for (const Tensor& t : wrt) ids.push_back(value_of(t));
+  fuse_attention_before_sweep(rec_.circuit, pipeline_, rec_.handles, out, ids);
   Builder b = builder();
   std::vector<ValueId> grads = ad::backward(b, out, ids);
   std::vector<Tensor> result;
@@ -141,6 +158,7 @@ void Engine::backward(const Tensor& loss) {
       wrt.push_back(read[s]);
       wrt_slots.push_back(s);
     }
+  fuse_attention_before_sweep(rec_.circuit, pipeline_, rec_.handles, out, wrt);
   rec_.circuit.set_recording_phase(Phase::Backward);
   Builder b = builder();
   std::vector<ValueId> grads = ad::backward(b, out, wrt);

@@ -71,6 +71,44 @@ TEST(CircuitDce, RemovesUnusedOpKeepsAssignWhoseResultIsUnused) {
   }
 }
 
+// replace_ops: y = exp(x) * 2, z = y + 1 with (exp, mul) replaced in place by one pointwise op
+// that keeps y's id: z still reads y, the values are the same, and the exp's output is left
+// without a producer. A replacement naming an op twice, a place that is not removed, or a kept
+// value of another type is an error.
+TEST(CircuitReplaceOps, OneOpTakesTheRemovedOpsPlaceAndKeepsTheirValueIds) {
+  Circuit c;
+  Builder b(c);
+  const ValueId x = c.add_external({Shape{3}, f64}, ValueRole::Input);
+  const ValueId e = b.pointwise(se::exp(se::in(0)), {x});
+  const ValueId y = b.scale(e, 2.0);
+  const ValueId z = b.add(y, b.fill(Shape{3}, f64, 1.0));
+  const HostTensor xs = testing::random_tensor({Shape{3}, f64, -1, 1}, 3);
+  const HostTensor want = execute(c, {xs}, {z})[0];
+  OpReplacement r;
+  r.removed = {c.value(e).producer, c.value(y).producer};
+  r.at = c.value(y).producer;
+  r.prim = &PrimRegistry::instance().get(PrimId::pointwise);
+  r.params.body = se::exp(se::in(0)) * se::c(2.0);
+  r.inputs = {x};
+  r.kept = {y};
+  c.replace_ops({r});
+  EXPECT_EQ(c.ops().size(), 3u);  // the fill, the new op, the add
+  EXPECT_EQ(c.value(e).producer, -1);
+  EXPECT_EQ(c.ops()[static_cast<size_t>(c.value(y).producer)].params.body, r.params.body);
+  EXPECT_LT(testing::relative_error(execute(c, {xs}, {z})[0], want), 1e-15);
+
+  Circuit d;
+  Builder bd(d);
+  const ValueId u = d.add_external({Shape{3}, f64}, ValueRole::Input);
+  const ValueId v = bd.pointwise(se::exp(se::in(0)), {u});
+  const OpReplacement twice{{0, 0}, 0, &PrimRegistry::instance().get(PrimId::pointwise), r.params, {u}, {v}};
+  EXPECT_HAS(error_of([&] { d.replace_ops({twice}); }), "op #0 is not an op left to remove");
+  OpReplacement elsewhere{{0}, 1, twice.prim, r.params, {u}, {v}};
+  EXPECT_HAS(error_of([&] { d.replace_ops({elsewhere}); }), "op #1, is not a removed op");
+  OpReplacement wrong_type{{0}, 0, twice.prim, r.params, {bd.reduce_all(ReduceKind::Sum, u)}, {v}};
+  EXPECT_HAS(error_of([&] { d.replace_ops({wrong_type}); }), "replace_ops: kept value");
+}
+
 TEST(CircuitCse, MergesIdenticalPointwiseOps) {
   Circuit c;
   ValueId x = c.add_external({Shape{2, 3}, f32}, ValueRole::Input, "x");

@@ -1,9 +1,10 @@
-// T2 for the attention fusion (circuit/passes/fuse_attention.cpp): the attention chain and its
-// backward become attention and attention_grad, with no (T, T) value left; fused and unfused
-// circuits agree on the Eigen executor (f64 to rounding: 1e-12 norm-relative); variants the
-// pattern does not cover stay unfused and still agree; recorded GPT and Llama steps (causal,
-// grouped-query with rotary embeddings, non-causal) carry the fused ops in their plans, and the
-// switch turns the pass off.
+// T2 for attention as a Prim before differentiation (circuit/passes/fuse_attention.cpp): the
+// attention chain becomes an attention op before the reverse sweep, whose VJP is attention_grad,
+// with no (T, T) value left; fused and unfused circuits agree on the Eigen executor (f64 to
+// rounding: 1e-12 norm-relative); variants the pattern does not cover stay unfused and still
+// agree; recorded GPT and Llama steps (causal, grouped-query with rotary embeddings, non-causal)
+// carry the fused ops in their plans, also when softmax's VJP is written another way, and the
+// switch turns the rewrite off.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,16 +47,27 @@ struct Variant {
 };
 
 struct Built {
+  bool fuse = false;  // attention chains become attention ops before each differentiation
   Circuit c;
   std::vector<ValueId> outputs;
   std::vector<HostTensor> bindings;
 };
 
+// The gradients of `loss` for `wrt` as Engine::backward records them: with b.fuse the attention
+// chains become attention ops first, keeping what is requested so far, the loss and wrt.
+std::vector<ValueId> differentiate(Built& b, Builder& bl, ValueId loss, const std::vector<ValueId>& wrt) {
+  if (b.fuse) {
+    std::vector<ValueId> keep = b.outputs;
+    keep.insert(keep.end(), wrt.begin(), wrt.end());
+    keep.push_back(loss);
+    fuse_attention_in_place(b.c, keep, wrt);
+  }
+  return ad::backward(bl, loss, wrt);
+}
+
 // q (2, 3, tq, 5), k (2, 3, tk, 5), v (2, 3, tk, 4), f64 (f32 with bf16 operands): y =
 // softmax(mask(q kᵀ)) v, and the gradients of sum(y * r) for a fixed random r.
-Built build(const Variant& v) {
-  Built b;
-  Builder bl(b.c);
+void record(const Variant& v, Built& b, Builder& bl) {
   const Shape qs{2, 3, v.tq, 5}, ks{2, 3, v.tk, 5}, vs{2, 3, v.tk, 4}, ys{2, 3, v.tq, 4};
   const DType dt = v.bf16 ? DType::f32 : DType::f64;
   std::vector<ValueId> x;
@@ -96,8 +108,14 @@ Built build(const Variant& v) {
     std::vector<ValueId> wrt;
     for (int i : v.wrt) wrt.push_back(x[static_cast<size_t>(i)]);
     if (v.mask_gradient) wrt.push_back(mask);
-    for (ValueId g : ad::backward(bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, x[3])), wrt)) b.outputs.push_back(g);
+    for (ValueId g : differentiate(b, bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, x[3])), wrt)) b.outputs.push_back(g);
   }
+}
+Built build(const Variant& v, bool fuse) {
+  Built b;
+  b.fuse = fuse;
+  Builder bl(b.c);
+  record(v, b, bl);
   return b;
 }
 
@@ -112,24 +130,47 @@ size_t square_values(const Circuit& c, int64_t tq, int64_t tk) {
   return n;
 }
 
-// Runs the circuit unfused (CSE only) and fused; returns the fused circuit after checking that
-// both give the same values (shapes, and to f64 rounding: 1e-12 norm-relative).
-Circuit check_built_equivalent(const Built& b, const std::string& what = {}) {
-  std::vector<ValueId> plain_out = b.outputs;
-  const Circuit plain = cse(b.c, plain_out);
-  std::vector<ValueId> fused_out = plain_out;
-  const Circuit fused = fuse_attention(plain, fused_out);
-  const std::vector<HostTensor> want = execute(plain, b.bindings, plain_out);
-  const std::vector<HostTensor> got = execute(fused, b.bindings, fused_out);
+using Recorder = std::function<void(Built&, Builder&)>;
+
+// A recording unfused (CSE only) and fused (the rewrite before differentiation, then CSE and the
+// pipeline's pass for chains no backward followed), as plans of the recorded step see them.
+struct Pair {
+  Built plain, fused;
+  Circuit plain_c, fused_c;
+  std::vector<ValueId> plain_out, fused_out;
+};
+Pair record_both(const Recorder& rec) {
+  Pair p;
+  p.fused.fuse = true;
+  for (Built* b : {&p.plain, &p.fused}) {
+    Builder bl(b->c);
+    rec(*b, bl);
+  }
+  p.plain_out = p.plain.outputs;
+  p.plain_c = cse(p.plain.c, p.plain_out);
+  p.fused_out = p.fused.outputs;
+  p.fused_c = cse(p.fused.c, p.fused_out);
+  p.fused_c = fuse_attention(p.fused_c, p.fused_out);
+  return p;
+}
+
+// Returns the fused circuit after checking that both give the same values (shapes, and to f64
+// rounding: 1e-12 norm-relative).
+Circuit check_built_equivalent(const Recorder& rec, const std::string& what = {}) {
+  const Pair p = record_both(rec);
+  const std::vector<HostTensor> want = execute(p.plain_c, p.plain.bindings, p.plain_out);
+  const std::vector<HostTensor> got = execute(p.fused_c, p.fused.bindings, p.fused_out);
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(got[i].shape(), want[i].shape()) << what << " output " << i;
     if (got[i].shape() == want[i].shape()) {
       EXPECT_LT(testing::relative_error(got[i], want[i]), 1e-12) << what << " output " << i;
     }
   }
-  return fused;
+  return p.fused_c;
 }
-Circuit check_equivalent(const Variant& v) { return check_built_equivalent(build(v)); }
+Circuit check_equivalent(const Variant& v) {
+  return check_built_equivalent([&](Built& b, Builder& bl) { record(v, b, bl); });
+}
 
 TEST(FuseAttention, CausalForwardAndBackwardBecomeTwoOpsWithNoSquareValue) {
   const Circuit f = check_equivalent({});
@@ -212,6 +253,14 @@ TEST(FuseAttention, AdditiveMasksAreFused) {
       }
   }
 }
+// Only dq wanted: attention_grad computes all three gradients, and dk, dv go unread.
+TEST(FuseAttention, APartialBackwardIsFused) {
+  const Circuit f = check_equivalent({.wrt = {0}});
+  EXPECT_EQ(count_prim(f, PrimId::attention), 1u);
+  EXPECT_EQ(count_prim(f, PrimId::attention_grad), 1u);
+  EXPECT_EQ(square_values(f, 13, 13), 0u) << f.dump();
+}
+
 TEST(FuseAttention, ForwardAloneFusesAlone) {
   const Circuit f = check_equivalent({.backward = false});
   EXPECT_EQ(count_prim(f, PrimId::attention), 1u);
@@ -223,7 +272,6 @@ TEST(FuseAttention, ForwardAloneFusesAlone) {
 TEST(FuseAttention, VariantsOutsideThePatternAreLeftAlone) {
   const std::vector<Variant> left_alone = {
       {.probabilities_out = true},  // something outside reads the probabilities
-      {.wrt = {0}},                 // a partial backward (only dq)
       {.probabilities_out = true, .dropout = 0.25},
       {.mask = Shape{2, 1, 1, 13}, .mask_gradient = true},  // a learned mask (bias)
   };
@@ -262,7 +310,7 @@ TEST(FuseAttention, NearMissesGiveTheUnfusedValues) {
     if (want_split) b.outputs.push_back(parts[0]);
     std::vector<ValueId> wrt = {x};
     if (want_dq_heads) wrt.push_back(hd[0]);
-    for (ValueId g : ad::backward(bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, r)), wrt)) b.outputs.push_back(g);
+    for (ValueId g : differentiate(b, bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, r)), wrt)) b.outputs.push_back(g);
   };
   const std::vector<Case> cases = {
       {"the scores themselves as the additive mask (forward only)",
@@ -279,7 +327,7 @@ TEST(FuseAttention, NearMissesGiveTheUnfusedValues) {
                               bl.fill(Shape{}, DType::f64, -std::numeric_limits<double>::infinity()));
          ValueId y = bl.matmul(composite::softmax(bl, a), v);
          b.outputs = {y};
-         for (ValueId g : ad::backward(bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, r)), {q, k, v}))
+         for (ValueId g : differentiate(b, bl, bl.reduce_all(ReduceKind::Sum, bl.mul(y, r)), {q, k, v}))
            b.outputs.push_back(g);
        }},
       {"q = k, scaled",
@@ -292,24 +340,16 @@ TEST(FuseAttention, NearMissesGiveTheUnfusedValues) {
       {"packed, (B, T, H, d) gradient requested", [&](Built& b, Builder& bl) { packed(b, bl, false, true, false); }},
       {"packed, reshaped to (T, B, H, d)", [&](Built& b, Builder& bl) { packed(b, bl, false, false, true); }},
   };
-  for (const Case& k : cases) {
-    Built b;
-    Builder bl(b.c);
-    k.build(b, bl);
-    check_built_equivalent(b, k.name);
-  }
+  for (const Case& k : cases) check_built_equivalent(k.build, k.name);
 }
 
 // A planted error in the fused backward (dk's sign) fails the equivalence check above: the
 // check is not vacuous.
 TEST(FuseAttention, APlantedWrongGradientIsCaught) {
-  Built b = build({});
-  std::vector<ValueId> plain_out = b.outputs;
-  const Circuit plain = cse(b.c, plain_out);
-  std::vector<ValueId> fused_out = plain_out;
-  Circuit fused = fuse_attention(plain, fused_out);
-  std::vector<HostTensor> want = execute(plain, b.bindings, plain_out);
-  std::vector<HostTensor> got = execute(fused, b.bindings, fused_out);
+  const Pair p = record_both([](Built& b, Builder& bl) { record({}, b, bl); });
+  ASSERT_EQ(count_prim(p.fused_c, PrimId::attention_grad), 1u);
+  std::vector<HostTensor> want = execute(p.plain_c, p.plain.bindings, p.plain_out);
+  std::vector<HostTensor> got = execute(p.fused_c, p.fused.bindings, p.fused_out);
   ASSERT_LT(testing::relative_error(got[2], want[2]), 1e-12);
   for (int64_t i = 0; i < got[2].numel(); ++i) got[2].set(i, -got[2].get(i));
   EXPECT_GT(testing::relative_error(got[2], want[2]), 1.0);
@@ -360,6 +400,76 @@ TEST(FuseAttention, GptStepsCarryFusedAttentionInEveryLayer) {
     const Circuit& c = step_plan(model, t);
     EXPECT_EQ(count_prim(c, PrimId::attention), 0u);
     EXPECT_GT(square_values(c, t, t), 0u);
+  }
+}
+
+// Attention is found before differentiation, so the way other Prims' VJPs are written does not
+// matter: with every pointwise gradient re-expressed (times a filled 1: the same values, ops the
+// old matcher of the sweep's output did not know), the GPT step still carries fused attention in
+// both layers, forward and backward, and its values equal the unfused step's.
+TEST(FuseAttention, ReExpressedSoftmaxGradientsKeepAttentionFused) {
+  int rewritten = 0;
+  ScopedVjpOverride* self = nullptr;
+  ScopedVjpOverride guard("pointwise", [&](Builder& b, const Op& op, const std::vector<ValueId>& g) {
+    std::vector<ValueId> grads = self->original()(b, op, g);
+    for (ValueId& x : grads)
+      if (x != kNoValue) {
+        x = b.mul(x, b.fill(Shape{}, b.info(x).dtype, 1.0));
+        ++rewritten;
+      }
+    return grads;
+  });
+  self = &guard;
+  models::GPTConfig cfg = testing::tiny_gpt_config(2);
+  cfg.dropout = 0;  // the two steps draw other streams
+  manual_seed(5);
+  models::GPT model(cfg);
+  const int64_t t = 7;
+  auto step = [&] {
+    model.zero_grad();
+    HostTensor tokens = HostTensor::zeros(DType::i32, Shape{2, t});
+    for (int64_t i = 0; i < tokens.numel(); ++i) tokens.set(i, static_cast<double>((i * 7 + 3) % cfg.vocab_size));
+    Tensor x = Tensor::from_host(tokens);
+    Tensor loss = model.loss(x, x);
+    loss.backward();
+    Engine::current().realize();
+    return std::make_pair(loss.item(), model.parameters()[0].grad().to_host());
+  };
+  const auto [loss, grad] = step();
+  const Circuit& c = Engine::current().last_plan()->program->circuit();
+  EXPECT_GT(rewritten, 0);
+  EXPECT_EQ(count_prim(c, PrimId::attention), 2u) << c.dump();
+  EXPECT_EQ(count_prim(c, PrimId::attention_grad), 2u);
+  EXPECT_EQ(square_values(c, t, t), 0u);
+  testing::ScopedPipeline off("-fuse_attention");
+  const auto [plain_loss, plain_grad] = step();
+  EXPECT_GT(square_values(Engine::current().last_plan()->program->circuit(), t, t), 0u);
+  EXPECT_NEAR(loss, plain_loss, 1e-5 * std::abs(plain_loss));
+  EXPECT_LT(testing::relative_error(grad, plain_grad), 1e-4);
+}
+
+// A handle a user keeps on the probabilities when backward() runs keeps the chain as recorded
+// (the handle gets its values); dropped before backward(), the chain becomes attention.
+TEST(FuseAttention, AHandleOnTheProbabilitiesKeepsTheChain) {
+  Engine& engine = Engine::current();
+  const Tensor q = Tensor::parameter("fa_q", testing::random_tensor({Shape{2, 5, 4}, DType::f32}, 1));
+  const Tensor k = Tensor::parameter("fa_k", testing::random_tensor({Shape{2, 5, 4}, DType::f32}, 2));
+  const Tensor v = Tensor::parameter("fa_v", testing::random_tensor({Shape{2, 5, 4}, DType::f32}, 3));
+  for (bool keep : {true, false}) {
+    Tensor p = softmax(causal_mask_fill(matmul(q, k, false, true)));
+    Tensor y = matmul(p, v);
+    const Tensor loss = sum(y * y);
+    if (!keep) p = Tensor();
+    loss.backward();
+    engine.realize();
+    const Circuit& c = engine.last_plan()->program->circuit();
+    EXPECT_EQ(count_prim(c, PrimId::attention), keep ? 0u : 1u) << c.dump();
+    EXPECT_EQ(count_prim(c, PrimId::attention_grad), keep ? 0u : 1u);
+    if (keep) {
+      const HostTensor probabilities = p.to_host();
+      EXPECT_NEAR(probabilities.get(0), 1.0, 1e-6);  // query 0 sees key 0 only
+      EXPECT_EQ(probabilities.get(1), 0.0);
+    }
   }
 }
 
@@ -473,11 +583,9 @@ TEST(FuseAttention, Bf16OperandsAreFusedAndKeepTheUnfusedAccuracy) {
                                          {.causal = false, .tq = 7, .tk = 11, .scores_scale = 0.45, .bf16 = true},
                                          {.dropout = 0.25, .q_scale = 0.3, .mask = Shape{2, 1, 1, 13}, .bf16 = true}};
   for (const Variant& v : variants) {
-    const Built b = build(v);
-    std::vector<ValueId> plain_out = b.outputs;
-    const Circuit plain = cse(b.c, plain_out);
-    std::vector<ValueId> fused_out = plain_out;
-    const Circuit fused = fuse_attention(plain, fused_out);
+    const Pair p = record_both([&](Built& b, Builder& bl) { record(v, b, bl); });
+    const Circuit &plain = p.plain_c, &fused = p.fused_c;
+    const Built& b = p.plain;
     ASSERT_EQ(count_prim(fused, PrimId::attention), 1u) << fused.dump();
     ASSERT_EQ(count_prim(fused, PrimId::attention_grad), 1u) << fused.dump();
     EXPECT_EQ(count_prim(fused, PrimId::cast), 0u) << fused.dump();
@@ -485,13 +593,13 @@ TEST(FuseAttention, Bf16OperandsAreFusedAndKeepTheUnfusedAccuracy) {
     // The exact values: the same inputs in f64, no rounding.
     Variant exact_v = v;
     exact_v.bf16 = false;
-    Built exact = build(exact_v);
+    Built exact = build(exact_v, false);
     for (size_t i = 0; i < exact.bindings.size(); ++i)
       if (b.bindings[i].dtype() == DType::f32)
         for (int64_t j = 0; j < b.bindings[i].numel(); ++j) exact.bindings[i].set(j, b.bindings[i].get(j));
     const std::vector<HostTensor> truth = execute(exact.c, exact.bindings, exact.outputs);
-    const std::vector<HostTensor> unfused_values = execute(plain, b.bindings, plain_out);
-    const std::vector<HostTensor> fused_values = execute(fused, b.bindings, fused_out);
+    const std::vector<HostTensor> unfused_values = execute(plain, b.bindings, p.plain_out);
+    const std::vector<HostTensor> fused_values = execute(fused, p.fused.bindings, p.fused_out);
     for (size_t i = 0; i < truth.size(); ++i) {
       const double unfused_error = testing::relative_error(unfused_values[i], truth[i]),
                    fused_error = testing::relative_error(fused_values[i], truth[i]);

@@ -1,4 +1,5 @@
 // Circuit construction, verification, structural hashing/equality and the text dump.
+#include <algorithm>
 #include <unordered_map>
 
 #include <kiln/circuit/ir/circuit.hpp>
@@ -50,6 +51,53 @@ std::vector<ValueId> Circuit::add_op(const PrimDef& prim, Params params, std::ve
   }
   ops_.push_back(std::move(op));
   return ops_.back().outputs;
+}
+
+void Circuit::replace_ops(const std::vector<OpReplacement>& replacements) {
+  constexpr int32_t kCopied = -1, kRemoved = -2;
+  std::vector<int32_t> role(ops_.size(), kCopied);  // else the replacement taking the op's place
+  for (size_t k = 0; k < replacements.size(); ++k) {
+    const OpReplacement& r = replacements[k];
+    for (int32_t i : r.removed) {
+      if (i < 0 || static_cast<size_t>(i) >= ops_.size() || role[static_cast<size_t>(i)] != kCopied)
+        throw Error("Circuit::replace_ops: op #" + std::to_string(i) + " is not an op left to remove");
+      role[static_cast<size_t>(i)] = kRemoved;
+    }
+    if (std::find(r.removed.begin(), r.removed.end(), r.at) == r.removed.end())
+      throw Error("Circuit::replace_ops: the new op's place, op #" + std::to_string(r.at) + ", is not a removed op");
+    role[static_cast<size_t>(r.at)] = static_cast<int32_t>(k);
+  }
+  std::vector<Op> ops;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    if (role[i] == kCopied) ops.push_back(std::move(ops_[i]));
+    if (role[i] < 0) continue;
+    const OpReplacement& r = replacements[static_cast<size_t>(role[i])];
+    const std::string& scope = ops_[i].scope;
+    std::vector<ValueInfo> in_infos;
+    for (ValueId v : r.inputs) in_infos.push_back(info(v));
+    ShapeCtx ctx{*r.prim, scope};
+    std::vector<ValueInfo> out_infos = r.prim->shape(ctx, in_infos, r.params);
+    Op op{r.prim, r.params, r.inputs, {}, scope, static_cast<int32_t>(r.removed.size()), ops_[i].phase};
+    for (size_t j = 0; j < out_infos.size(); ++j) {
+      if (j < r.kept.size()) {
+        if (info(r.kept[j]) != out_infos[j])
+          fail(r.prim->name, scope,
+               "replace_ops: kept value %" + std::to_string(r.kept[j]) + " is " + value_type(info(r.kept[j])) +
+                   ", the op's output " + std::to_string(j) + " " + value_type(out_infos[j]));
+        op.outputs.push_back(r.kept[j]);
+      } else {
+        op.outputs.push_back(static_cast<ValueId>(values_.size()));
+        values_.push_back(Value{std::move(out_infos[j]), ValueRole::Computed, -1, {}});
+      }
+    }
+    ops.push_back(std::move(op));
+  }
+  ops_ = std::move(ops);
+  for (Value& v : values_)
+    if (v.role == ValueRole::Computed) v.producer = -1;
+  for (size_t i = 0; i < ops_.size(); ++i)
+    for (ValueId o : ops_[i].outputs) values_[static_cast<size_t>(o)].producer = static_cast<int32_t>(i);
+  verify();
 }
 
 ValueId Circuit::assign_root(ValueId id) const {

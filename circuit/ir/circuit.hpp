@@ -41,6 +41,18 @@ struct Op {
   bool is(PrimId id) const;
 };
 
+// One op in place of several, for Circuit::replace_ops: the ops at `removed` (indices) go, and an
+// op of `prim` takes the place of removed op `at`. Its outputs are `kept` (values the removed ops
+// produced, of the types its shape rule gives, in order), then new values for the rest.
+struct OpReplacement {
+  std::vector<int32_t> removed;
+  int32_t at = -1;
+  const PrimDef* prim = nullptr;
+  Params params;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> kept;
+};
+
 class Circuit {
  public:
   ValueId add_external(ValueInfo info, ValueRole role, std::string name = {});
@@ -58,6 +70,12 @@ class Circuit {
   size_t num_values() const { return values_.size(); }
   const std::vector<Op>& ops() const { return ops_; }
   const std::vector<ValueId>& externals() const { return externals_; }
+
+  // Rewrites ops in place, every value id staying valid: what a fusion before differentiation
+  // does, while Tensor handles hold ids of the recording. The removed ops' other outputs are left
+  // with no producer; reading one is an error (verify(), run at the end). The replacing op
+  // takes the phase and scope of the op whose place it takes.
+  void replace_ops(const std::vector<OpReplacement>& replacements);
 
   // Rebuilds the circuit keeping only `keep_ops` (indices, ascending); values are renumbered.
   // `remap` receives old value id -> new id (kNoValue for dropped values).

@@ -13,14 +13,21 @@
 
 namespace kiln {
 
-// Attention fusion (fuse_attention.cpp states the exact pattern): q kᵀ, the causal mask (or
-// none), softmax over the keys and the product with v become one attention op, and that chain's
-// backward as the reverse sweep emits it one attention_grad op, which recomputes the
-// probabilities from the row log-sum-exp attention saves: no (T, T) value remains. The scale on
-// q, the heads' permutes and a fused projection's split (with the concat of the gradients) join
-// the ops where only the chain reads them. Where any op differs or an intermediate is read
-// outside the chain, nothing changes. Run before fuse_pointwise (which would merge the chain's
-// pointwise ops into others).
+// Attention as a Prim before differentiation (fuse_attention.cpp states the exact pattern): q kᵀ,
+// the causal mask (or none), an additive mask, softmax over the keys, dropout and the product
+// with v, recorded in c, become one attention op in place, with the scale on q, the heads'
+// permutes, grouped-query repeats and a fused projection's split where only the chain reads
+// them. Every value id stays valid (Circuit::replace_ops), so Engine::backward runs it on the
+// recording before the reverse sweep, which then records attention's own VJP (attention_grad,
+// which recomputes the probabilities from the row log-sum-exp: no (T, T) value remains). A chain
+// whose intermediates an op outside it reads or `keep` names (the loss, live handles, `wrt`), or
+// whose additive mask depends on a value of `wrt` (attention gives the mask no gradient), stays
+// as recorded. It runs before CSE: an intermediate read twice by the same op recorded twice
+// (p v computed twice) keeps the chain too. Returns the number of attention ops made.
+size_t fuse_attention_in_place(Circuit& c, const std::vector<ValueId>& keep, const std::vector<ValueId>& wrt = {});
+// The pipeline's pass: the same on a copy, for chains that no backward followed (an evaluation
+// step); `outputs` are kept. Run before fuse_pointwise (which would merge the chain's pointwise
+// ops into others).
 Circuit fuse_attention(const Circuit& c, std::vector<ValueId>& outputs);
 
 // Chains and trees of pointwise ops become one pointwise op whose body composes theirs: a

@@ -1,6 +1,7 @@
-// Prim family `attention`: scaled dot-product attention as one op, forward and backward, which
-// the attention fusion (circuit/passes/fuse_attention.cpp) builds from the matmul / causal mask /
-// softmax / matmul chain a model records, and the chain's backward.
+// Prim family `attention`: scaled dot-product attention as one op, forward and backward. The
+// attention rewrite (circuit/passes/fuse_attention.cpp) makes attention ops from the matmul / mask /
+// softmax / dropout / matmul chain a model records, before differentiation; the reverse sweep
+// then records attention's VJP, one attention_grad op.
 //
 // attention(q, k, v) -> (o, lse). Shape contract: q (..., Tq, d), k (..., Tk, d), v (..., Tk, dv),
 // one float dtype, the same batch dims -> o (..., Tq, dv), lse (..., Tq, 1); or with heads_inside

@@ -21,7 +21,7 @@ void register_fused_rows(PrimRegistry& r);    // fused_rows (built by the row fu
 void register_multi_tensor(PrimRegistry& r);  // multi_tensor (built by the multi-tensor merge)
 void register_fused_matmul(PrimRegistry& r);  // fused_matmul (built by the matmul fusion)
 void register_column_sums(PrimRegistry& r);   // column_sums (built by the column fusion)
-void register_attention(PrimRegistry& r);     // attention, attention_grad (built by the attention fusion)
+void register_attention(PrimRegistry& r);     // attention (made before differentiation), attention_grad
 void register_all_reduce(PrimRegistry& r);    // all_reduce (data-parallel gradient averaging)
 
 inline void register_all_prims(PrimRegistry& r) {

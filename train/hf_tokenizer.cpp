@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <limits>
 #include <memory>
-
 #include <nlohmann/json.hpp>
 
 #include <kiln/circuit/ir/error.hpp>
@@ -64,7 +63,9 @@ std::string bytes_as_entry(const std::string& bytes) {
   return utf8_encode(cps);
 }
 
-uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
 
 }  // namespace
 
@@ -105,58 +106,102 @@ bool HfBpeTokenizer::is_byte_level_bpe_unchecked(const std::string& json_text) {
   return false;
 }
 
-std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const std::string& json_text,
-                                                                        const std::string& source) {
-  require_json_depth(json_text, source);
-  Json doc;
-  try {
-    doc = Json::parse(json_text);
-  } catch (const Json::exception& e) {
-    throw Error(source + " is not valid JSON (" + e.what() + ")");
-  }
-  static const Json none;  // an absent setting
-  auto refuse = [&](const std::string& setting, const std::string& why) {
-    return UnsupportedTokenizer(source + ": " + setting + " is not supported: " + why);
-  };
-  if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object())
-    throw Error(source + ": no \"model\" object");
-  const Json& model = doc["model"];
-  if (model.value("type", "") != "BPE") throw refuse("model type '" + model.value("type", "?") + "'", "kiln reads BPE models");
+namespace {
+// A setting of a tokenizer.json that kiln does not run, and why: for the file `source`.
+UnsupportedTokenizer refuse(const std::string& source, const std::string& setting, const std::string& why) {
+  return UnsupportedTokenizer(source + ": " + setting + " is not supported: " + why);
+}
+
+// An absent setting.
+const Json& none() {
+  static const Json j;
+  return j;
+}
+
+// Refuses the model settings kiln does not run: another model type, a normalizer, dropout, byte
+// fallback, subword affixes.
+void check_model(const Json& doc, const Json& model, const std::string& source) {
+  if (model.value("type", "") != "BPE")
+    throw refuse(source, "model type '" + model.value("type", "?") + "'", "kiln reads BPE models");
   if (doc.contains("normalizer") && !doc["normalizer"].is_null())
-    throw refuse("a normalizer (" + doc["normalizer"].value("type", "?") + ")", "byte-level BPE tokenizers have none");
-  if (model.contains("dropout") && !model["dropout"].is_null()) throw refuse("BPE dropout", "kiln encodes deterministically");
-  if (model.value("byte_fallback", false)) throw refuse("byte_fallback", "byte-level BPE covers every byte");
+    throw refuse(source, "a normalizer (" + doc["normalizer"].value("type", "?") + ")",
+                 "byte-level BPE tokenizers have none");
+  if (model.contains("dropout") && !model["dropout"].is_null())
+    throw refuse(source, "BPE dropout", "kiln encodes deterministically");
+  if (model.value("byte_fallback", false)) throw refuse(source, "byte_fallback", "byte-level BPE covers every byte");
   for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(affix) && model[affix].is_string() && !model[affix].get<std::string>().empty())
-      throw refuse(std::string(affix), "byte-level BPE uses none");
+      throw refuse(source, std::string(affix), "byte-level BPE uses none");
+}
+}  // namespace
 
-  auto t = std::shared_ptr<HfBpeTokenizer>(new HfBpeTokenizer());
-  t->json_ = json_text;
-  t->ignore_merges_ = model.value("ignore_merges", false);
+// The phases of from_json_unchecked, in its order, reading the parsed file `doc` (its BPE
+// model: `model`) into `t`; errors name the file `source`.
+struct HfBpeTokenizer::Loader {
+  Json& doc;
+  const Json& model;
+  const std::string& source;
+  HfBpeTokenizer& t;
+
+  UnsupportedTokenizer refuse(const std::string& setting, const std::string& why) const {
+    return kiln::refuse(source, setting, why);
+  }
+  // The vocabulary's (id, entry) pairs, ids checked to be non-negative int32s.
+  std::vector<std::pair<int64_t, std::string>> vocab_entries() const;
+  // The added tokens (those that strip or match single words refused), in the file's order.
+  std::vector<Added> added_tokens() const;
+  // Sets t's pieces_, ids_ and byte_ids_ from the vocabulary and the added tokens (an added
+  // token's id takes its text); returns the vocabulary size (the largest id + 1).
+  int64_t fill_vocabulary(const std::vector<std::pair<int64_t, std::string>>& entries,
+                          const std::vector<Added>& added) const;
+  // Reads the merges into t.merges_ (rank: the position; a repeated merge keeps its last).
+  void read_merges() const;
+  // Reads the pre-tokenizer (sets t.add_prefix_space_); returns its pattern ("" for none).
+  std::string pre_tokenizer_pattern() const;
+  // Compiles `pattern` with PCRE2 into t.pattern_ (JIT where available).
+  void compile_pattern(const std::string& pattern) const;
+  // Reads the post-processor's special tokens into t.prefix_ and t.suffix_ (ids below `size`).
+  void read_post_processor(int64_t size) const;
+};
+
+std::vector<std::pair<int64_t, std::string>> HfBpeTokenizer::Loader::vocab_entries() const {
   // The vocabulary: entries are byte characters; ids may leave gaps (filled by added tokens).
-  if (!model.contains("vocab") || !model["vocab"].is_object()) throw Error(source + ": the BPE model has no vocab object");
+  if (!model.contains("vocab") || !model["vocab"].is_object())
+    throw Error(source + ": the BPE model has no vocab object");
   std::vector<std::pair<int64_t, std::string>> entries;
   for (const auto& [entry, id] : model["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= std::numeric_limits<int32_t>::max())
       throw Error(source + ": vocab entry '" + entry + "' has id " + brief(id) + ", not a non-negative int32");
     entries.emplace_back(id.get<int64_t>(), entry);
   }
+  return entries;
+}
+
+std::vector<HfBpeTokenizer::Added> HfBpeTokenizer::Loader::added_tokens() const {
   // Added tokens: their text is taken as it is (not byte characters).
   std::vector<Added> added;
   if (doc.contains("added_tokens") && doc["added_tokens"].is_array()) {
     for (const Json& a : doc["added_tokens"]) {
       if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
           !a["content"].is_string())
-        throw Error(source + ": an added token without an integer id and a content string: " + brief(a.value("content", Json())));
+        throw Error(source + ": an added token without an integer id and a content string: " +
+                    brief(a.value("content", Json())));
       const std::string content = a["content"].get<std::string>();
       for (const char* flag : {"single_word", "lstrip", "rstrip"})
-        if (a.value(flag, false)) throw refuse("added token '" + content + "' with " + flag, "kiln matches added tokens exactly");
+        if (a.value(flag, false))
+          throw refuse("added token '" + content + "' with " + flag, "kiln matches added tokens exactly");
       if (content.empty()) throw Error(source + ": an added token with empty content");
       const int64_t id = a["id"].get<int64_t>();
-      if (id < 0 || id >= std::numeric_limits<int32_t>::max()) throw Error(source + ": added token '" + content + "' has id " + std::to_string(id));
+      if (id < 0 || id >= std::numeric_limits<int32_t>::max())
+        throw Error(source + ": added token '" + content + "' has id " + std::to_string(id));
       added.push_back({content, static_cast<int32_t>(id)});
     }
   }
+  return added;
+}
+
+int64_t HfBpeTokenizer::Loader::fill_vocabulary(const std::vector<std::pair<int64_t, std::string>>& entries,
+                                                const std::vector<Added>& added) const {
   int64_t size = 0;
   for (const auto& [id, entry] : entries) size = std::max(size, id + 1);
   for (const Added& a : added) size = std::max<int64_t>(size, a.id + 1);
@@ -164,10 +209,10 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
   if (size > defined + 65536)
     throw Error(source + ": ids run up to " + std::to_string(size - 1) + " for " + std::to_string(defined) +
                 " tokens: the vocabulary leaves more than 65536 ids undefined");
-  t->pieces_.assign(static_cast<size_t>(size), "");
+  t.pieces_.assign(static_cast<size_t>(size), "");
   std::vector<bool> taken(static_cast<size_t>(size), false);
   for (const Added& a : added) {
-    t->pieces_[static_cast<size_t>(a.id)] = a.content;
+    t.pieces_[static_cast<size_t>(a.id)] = a.content;
     taken[static_cast<size_t>(a.id)] = true;
   }
   std::string bytes;
@@ -176,20 +221,25 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
     if (!entry_bytes(entry, bytes))
       throw Error(source + ": vocab entry '" + entry + "' (id " + std::to_string(id) +
                   ") is not made of byte-level characters: not a byte-level BPE vocabulary");
-    t->pieces_[static_cast<size_t>(id)] = bytes;
+    t.pieces_[static_cast<size_t>(id)] = bytes;
     taken[static_cast<size_t>(id)] = true;
-    t->ids_.emplace(bytes, static_cast<int32_t>(id));
+    t.ids_.emplace(bytes, static_cast<int32_t>(id));
   }
-  t->byte_ids_.assign(256, -1);
+  t.byte_ids_.assign(256, -1);
   for (int b = 0; b < 256; ++b) {
-    auto it = t->ids_.find(std::string(1, static_cast<char>(b)));
-    if (it == t->ids_.end())
+    auto it = t.ids_.find(std::string(1, static_cast<char>(b)));
+    if (it == t.ids_.end())
       throw Error(source + ": the vocabulary lacks byte " + std::to_string(b) + " ('" +
                   bytes_as_entry(std::string(1, static_cast<char>(b))) + "'): not a byte-level BPE vocabulary");
-    t->byte_ids_[static_cast<size_t>(b)] = it->second;
+    t.byte_ids_[static_cast<size_t>(b)] = it->second;
   }
+  return size;
+}
+
+void HfBpeTokenizer::Loader::read_merges() const {
   // Merges: "left right" strings (older files) or [left, right] pairs; rank = position.
-  if (!model.contains("merges") || !model["merges"].is_array()) throw Error(source + ": the BPE model has no merges array");
+  if (!model.contains("merges") || !model["merges"].is_array())
+    throw Error(source + ": the BPE model has no merges array");
   int32_t rank = 0;
   for (const Json& m : model["merges"]) {
     std::string left, right;
@@ -206,20 +256,19 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
     }
     std::string lb, rb;
     if (!entry_bytes(left, lb) || !entry_bytes(right, rb))
-      throw Error(source + ": merge " + std::to_string(rank) + " (" + left + ", " + right + ") joins tokens that are not byte-level");
-    auto l = t->ids_.find(lb), r = t->ids_.find(rb), merged = t->ids_.find(lb + rb);
-    if (l == t->ids_.end() || r == t->ids_.end() || merged == t->ids_.end())
+      throw Error(source + ": merge " + std::to_string(rank) + " (" + left + ", " + right +
+                  ") joins tokens that are not byte-level");
+    auto l = t.ids_.find(lb), r = t.ids_.find(rb), merged = t.ids_.find(lb + rb);
+    if (l == t.ids_.end() || r == t.ids_.end() || merged == t.ids_.end())
       throw Error(source + ": merge " + std::to_string(rank) + " (" + left + ", " + right +
                   ") names a token the vocabulary lacks");
     // A repeated merge keeps its last rank, as tokenizers' map of merges does.
-    t->merges_.insert_or_assign(pair_key(l->second, r->second), std::make_pair(rank, merged->second));
+    t.merges_.insert_or_assign(pair_key(l->second, r->second), std::make_pair(rank, merged->second));
     ++rank;
   }
-  std::sort(added.begin(), added.end(), [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
-  t->added_first_byte_.assign(256, false);
-  for (const Added& a : added) t->added_first_byte_[static_cast<unsigned char>(a.content[0])] = true;
-  t->added_ = std::move(added);
+}
 
+std::string HfBpeTokenizer::Loader::pre_tokenizer_pattern() const {
   // The pre-tokenizer: ByteLevel (its own GPT-2 split with use_regex), or a Sequence of one Split
   // (Isolated, not inverted) and a ByteLevel without a regex.
   std::string pattern;
@@ -228,11 +277,12 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
       if (split_before) throw refuse("a Split followed by a ByteLevel with use_regex", "two splits");
       pattern = kGpt2Pattern;
     }
-    t->add_prefix_space_ = p.value("add_prefix_space", false);
+    t.add_prefix_space_ = p.value("add_prefix_space", false);
     // After a Split, ByteLevel would prefix every chunk; kiln prefixes the text once.
-    if (split_before && t->add_prefix_space_) throw refuse("add_prefix_space after a Split", "kiln prefixes the text once");
+    if (split_before && t.add_prefix_space_)
+      throw refuse("add_prefix_space after a Split", "kiln prefixes the text once");
   };
-  const Json& pre = doc.contains("pre_tokenizer") ? doc["pre_tokenizer"] : none;
+  const Json& pre = doc.contains("pre_tokenizer") ? doc["pre_tokenizer"] : none();
   const std::string pre_type = pre.is_object() ? pre.value("type", "") : "";
   if (pre_type == "ByteLevel") {
     byte_level(pre, false);
@@ -252,38 +302,47 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
     throw refuse("pre_tokenizer " + (pre_type.empty() ? brief(pre) : pre_type),
                  "kiln runs ByteLevel, or a Split then a ByteLevel");
   }
-  if (!pattern.empty()) {
-    t->pattern_ = std::make_unique<Pattern>();
-    t->pattern_->text = pattern;
-    int code = 0;
-    PCRE2_SIZE offset = 0;
-    t->pattern_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
-                                      &code, &offset, nullptr);
-    if (!t->pattern_->code) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(code, message, sizeof message);
-      throw Error(source + ": the pre-tokenizer pattern '" + pattern + "' cannot run on PCRE2: " +
-                  reinterpret_cast<const char*>(message) + " at offset " + std::to_string(offset));
-    }
-    pcre2_jit_compile(t->pattern_->code, PCRE2_JIT_COMPLETE);  // the interpreter serves where JIT is unavailable
+  return pattern;
+}
+
+void HfBpeTokenizer::Loader::compile_pattern(const std::string& pattern) const {
+  t.pattern_ = std::make_unique<Pattern>();
+  t.pattern_->text = pattern;
+  int code = 0;
+  PCRE2_SIZE offset = 0;
+  t.pattern_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                                   &code, &offset, nullptr);
+  if (!t.pattern_->code) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(code, message, sizeof message);
+    throw Error(source + ": the pre-tokenizer pattern '" + pattern + "' cannot run on PCRE2: " +
+                reinterpret_cast<const char*>(message) + " at offset " + std::to_string(offset));
   }
+  pcre2_jit_compile(t.pattern_->code, PCRE2_JIT_COMPLETE);  // the interpreter serves where JIT is unavailable
+}
+
+void HfBpeTokenizer::Loader::read_post_processor(int64_t size) const {
   // The post-processor: none, ByteLevel (offsets only), or a TemplateProcessing whose single
   // template is special tokens around the sequence $A.
   // Llama 3's files wrap them in a Sequence [ByteLevel, TemplateProcessing].
-  const Json* post = doc.contains("post_processor") ? &doc["post_processor"] : &none;
+  const Json* post = doc.contains("post_processor") ? &doc["post_processor"] : &none();
   if (post->is_object() && post->value("type", "") == "Sequence" && post->contains("processors") &&
       (*post)["processors"].is_array()) {
     const Json* template_processing = nullptr;
     for (const Json& p : (*post)["processors"]) {
       const std::string type = p.is_object() ? p.value("type", "") : "";
-      if (type == "TemplateProcessing" && !template_processing) template_processing = &p;
-      else if (type != "ByteLevel") throw refuse("post_processor Sequence with " + (type.empty() ? brief(p) : type), "kiln runs ByteLevel and one TemplateProcessing");
+      if (type == "TemplateProcessing" && !template_processing)
+        template_processing = &p;
+      else if (type != "ByteLevel")
+        throw refuse("post_processor Sequence with " + (type.empty() ? brief(p) : type),
+                     "kiln runs ByteLevel and one TemplateProcessing");
     }
-    post = template_processing ? template_processing : &none;
+    post = template_processing ? template_processing : &none();
   }
   const std::string post_type = post->is_object() ? post->value("type", "") : "";
   if (post_type == "TemplateProcessing") {
-    if (!post->contains("single") || !(*post)["single"].is_array()) throw Error(source + ": a TemplateProcessing without a single template");
+    if (!post->contains("single") || !(*post)["single"].is_array())
+      throw Error(source + ": a TemplateProcessing without a single template");
     bool seen_sequence = false;
     for (const Json& piece : (*post)["single"]) {
       if (piece.contains("Sequence")) {
@@ -295,19 +354,54 @@ std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const 
         throw refuse("a template piece other than SpecialToken and Sequence", "kiln runs those two");
       const std::string name = piece["SpecialToken"]["id"].get<std::string>();
       const Json* special = post->contains("special_tokens") && (*post)["special_tokens"].contains(name)
-                                ? &(*post)["special_tokens"][name] : nullptr;
+                                ? &(*post)["special_tokens"][name]
+                                : nullptr;
       if (!special || !special->contains("ids") || !(*special)["ids"].is_array())
         throw Error(source + ": the template's special token '" + name + "' has no ids");
       for (const Json& id : (*special)["ids"]) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= size)
-          throw Error(source + ": the template's special token '" + name + "' has id " + brief(id) + " outside the vocabulary");
-        (seen_sequence ? t->suffix_ : t->prefix_).push_back(id.get<int32_t>());
+          throw Error(source + ": the template's special token '" + name + "' has id " + brief(id) +
+                      " outside the vocabulary");
+        (seen_sequence ? t.suffix_ : t.prefix_).push_back(id.get<int32_t>());
       }
     }
     if (!seen_sequence) throw refuse("a single template without $A", "the text must appear in it");
   } else if (!post->is_null() && post_type != "ByteLevel") {
     throw refuse("post_processor " + post_type, "kiln runs TemplateProcessing and ByteLevel");
   }
+}
+
+std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json_unchecked(const std::string& json_text,
+                                                                          const std::string& source) {
+  require_json_depth(json_text, source);
+  Json doc;
+  try {
+    doc = Json::parse(json_text);
+  } catch (const Json::exception& e) {
+    throw Error(source + " is not valid JSON (" + e.what() + ")");
+  }
+  if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object())
+    throw Error(source + ": no \"model\" object");
+  const Json& model = doc["model"];
+  check_model(doc, model, source);
+
+  auto t = std::shared_ptr<HfBpeTokenizer>(new HfBpeTokenizer());
+  t->json_ = json_text;
+  t->ignore_merges_ = model.value("ignore_merges", false);
+  const Loader load{doc, model, source, *t};
+  const std::vector<std::pair<int64_t, std::string>> entries = load.vocab_entries();
+  std::vector<Added> added = load.added_tokens();
+  const int64_t size = load.fill_vocabulary(entries, added);
+  load.read_merges();
+  std::sort(added.begin(), added.end(),
+            [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
+  t->added_first_byte_.assign(256, false);
+  for (const Added& a : added) t->added_first_byte_[static_cast<unsigned char>(a.content[0])] = true;
+  t->added_ = std::move(added);
+
+  const std::string pattern = load.pre_tokenizer_pattern();
+  if (!pattern.empty()) load.compile_pattern(pattern);
+  load.read_post_processor(size);
   return t;
 }
 
@@ -321,7 +415,8 @@ bool HfBpeTokenizer::is_byte_level_bpe(const std::string& json_text) {
   }
 }
 
-std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json(const std::string& json_text, const std::string& source) {
+std::shared_ptr<const HfBpeTokenizer> HfBpeTokenizer::from_json(const std::string& json_text,
+                                                                const std::string& source) {
   try {
     return from_json_unchecked(json_text, source);
   } catch (const Json::exception& e) {
@@ -353,7 +448,8 @@ std::vector<std::pair<size_t, size_t>> HfBpeTokenizer::split(const std::string& 
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match);
     const size_t s = ov[0], e = ov[1];
     if (s < search || e < s || e > end)  // (\K in a lookaround can report such a match)
-      throw Error("tokenizer: the pattern '" + pattern_->text + "' matched backwards at byte " + std::to_string(search));
+      throw Error("tokenizer: the pattern '" + pattern_->text + "' matched backwards at byte " +
+                  std::to_string(search));
     if (e == s) {  // step over one character
       search = s + 1;
       while (search < end && (static_cast<unsigned char>(text[search]) & 0xC0) == 0x80) ++search;
@@ -436,7 +532,8 @@ std::string HfBpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab_size())
-      throw Error("tokenizer: id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab_size()) + ")");
+      throw Error("tokenizer: id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                  std::to_string(vocab_size()) + ")");
     out += pieces_[static_cast<size_t>(id)];
   }
   return out;

@@ -48,7 +48,7 @@ class HfBpeTokenizer {
   std::vector<int32_t> encode(const std::string& text) const;  // text: valid UTF-8
   std::string decode(const std::vector<int32_t>& ids) const;
   int64_t vocab_size() const { return static_cast<int64_t>(pieces_.size()); }  // the largest id + 1
-  const std::string& json() const { return json_; }  // the file as read
+  const std::string& json() const { return json_; }                            // the file as read
 
  private:
   HfBpeTokenizer() = default;
@@ -60,18 +60,19 @@ class HfBpeTokenizer {
     int32_t id;
   };
   struct Pattern;  // a compiled PCRE2 expression
+  struct Loader;   // from_json_unchecked's phases on one file (hf_tokenizer.cpp)
   // The pre-tokenizer's chunks of text[begin, end), matched with `match` (PCRE2 match data, one
   // per encode call: the tokenizer is shared between threads).
   std::vector<std::pair<size_t, size_t>> split(const std::string& text, size_t begin, size_t end, void* match) const;
   void encode_chunk(const std::string& chunk, std::vector<int32_t>& out) const;
 
   std::string json_;
-  std::vector<std::string> pieces_;              // per id: its bytes ("" for an unused id)
-  std::unordered_map<std::string, int32_t> ids_;  // vocabulary entry (as bytes) -> id
+  std::vector<std::string> pieces_;                                   // per id: its bytes ("" for an unused id)
+  std::unordered_map<std::string, int32_t> ids_;                      // vocabulary entry (as bytes) -> id
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (left << 32 | right) -> (rank, merged id)
-  std::vector<Added> added_;                      // longest content first
-  std::vector<bool> added_first_byte_;            // bytes an added token starts with
-  std::vector<int32_t> byte_ids_;                 // byte value -> its token
+  std::vector<Added> added_;                                          // longest content first
+  std::vector<bool> added_first_byte_;                                // bytes an added token starts with
+  std::vector<int32_t> byte_ids_;                                     // byte value -> its token
   std::unique_ptr<Pattern> pattern_;
   bool add_prefix_space_ = false;
   bool ignore_merges_ = false;

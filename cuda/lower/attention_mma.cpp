@@ -447,203 +447,217 @@ LoweredOp lower_attention_mma(const AttentionParams& a, const Sizes& s) {
                        description(a, "attention", bl) + ", online softmax, o and the row log-sum-exp written");
 }
 
-LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const Sizes& s) {
-  const bool has_dlse = static_cast<int>(op.inputs.size()) == s.rest + 4;
+namespace {
+
+// The first backward launch, a block per query rows: D = rowsum(do * o) - dlse (to the scratch,
+// for the second launch) and dq. has_dlse: the op takes the gradient of the row log-sum-exp.
+Launch grad_q_launch(const AttentionParams& a, const Sizes& s, bool has_dlse) {
   const float scale = static_cast<float>(a.scale);
   const uint32_t pd = pitch_of(s.d), pv = pitch_of(s.dv);
   const auto tq = static_cast<uint32_t>(s.tq), tk = static_cast<uint32_t>(s.tk);
-  LoweredOp lo;
-  lo.scratch_bytes = {static_cast<size_t>(s.entries * s.tq) * 4};  // D, a value per query row
+  KernelBuilder b("kiln_attention_grad_q_mma");
+  const Blocking bl = backward_blocking(s);
+  const GradQParams g = grad_q_params(b, s, has_dlse);
+  Reg q_s = b.shared_addr(b.shared_array("q_tile", staged_bytes(bl.rows, s.d)));
+  Reg do_s = b.shared_addr(b.shared_array("do_tile", staged_bytes(bl.rows, s.dv)));
+  Reg k_s = b.shared_addr(b.shared_array("k_tile", staged_bytes(bl.tile, s.d)));
+  Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(bl.tile, s.dv)));
+  Reg rows_s = b.shared_addr(b.shared_array("lse_and_d", 2 * bl.rows * 4));
+  const Lanes l = lanes(b);
+  const QueryBlock qb = query_block(b, s, a, bl.rows);
+  const Reg entry = qb.entry, kv_entry = qb.kv_entry, q0 = qb.q0;
+  stage(b, s, g.q, s.q, entry, q0, s.tq, s.d, q_s, l.tid, bl.rows, bl.threads());
+  stage(b, s, g.d_o, Piece{}, entry, q0, s.tq, s.dv, do_s, l.tid, bl.rows, bl.threads());
+  // D = rowsum(do * o) - dlse from do itself (f32): two threads a row, half a row each.
   {
-    KernelBuilder b("kiln_attention_grad_q_mma");
-    const Blocking bl = backward_blocking(s);
-    const GradQParams g = grad_q_params(b, s, has_dlse);
-    Reg q_s = b.shared_addr(b.shared_array("q_tile", staged_bytes(bl.rows, s.d)));
-    Reg do_s = b.shared_addr(b.shared_array("do_tile", staged_bytes(bl.rows, s.dv)));
-    Reg k_s = b.shared_addr(b.shared_array("k_tile", staged_bytes(bl.tile, s.d)));
-    Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(bl.tile, s.dv)));
-    Reg rows_s = b.shared_addr(b.shared_array("lse_and_d", 2 * bl.rows * 4));
-    const Lanes l = lanes(b);
-    const QueryBlock qb = query_block(b, s, a, bl.rows);
-    const Reg entry = qb.entry, kv_entry = qb.kv_entry, q0 = qb.q0;
-    stage(b, s, g.q, s.q, entry, q0, s.tq, s.d, q_s, l.tid, bl.rows, bl.threads());
-    stage(b, s, g.d_o, Piece{}, entry, q0, s.tq, s.dv, do_s, l.tid, bl.rows, bl.threads());
-    // D = rowsum(do * o) - dlse from do itself (f32): two threads a row, half a row each.
-    {
-      Reg local = b.shr(Type::u32, l.tid, imm_u32(1)), half = b.and_(Type::u32, l.tid, imm_u32(1));
-      Reg i = b.add(Type::u32, q0, local);
-      Reg part = b.mov(Type::f32, imm_f32(0.0f)), lse_i = b.mov(Type::f32, imm_f32(0.0f));
-      Reg valid = b.setp(Cmp::lt, i, imm_u32(tq));
-      b.if_(valid, [&] {
-        Reg first = b.add(s.it, row_first(b, s, entry, in_index_type(b, s, i), s.tq, s.dv),
-                          in_index_type(b, s, b.mul(Type::u32, half, imm_u32(static_cast<uint32_t>(s.dv / 2)))));
-        for (int64_t c4 = 0; c4 < s.dv / 2; c4 += 4) {
-          std::vector<Reg> y = b.ld_vec(Space::global, Type::f32, b.address(g.d_o, first, 4), 4, 4 * c4);
-          std::vector<Reg> z = b.ld_vec(Space::global, Type::f32, b.address(g.o, first, 4), 4, 4 * c4);
-          for (size_t e = 0; e < 4; ++e) b.assign(kir::Opc::Fma, part, {y[e], z[e], part});
-        }
-      });
-      b.assign(kir::Opc::Add, part, {part, b.shfl(kir::ShflMode::bfly, part, imm_u32(1))});
-      b.if_(valid, [&] {
-        Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), in_index_type(b, s, i));
-        if (has_dlse) b.assign(kir::Opc::Sub, part, {part, b.ld(Space::global, Type::f32, b.address(g.dlse, row, 4))});
-        b.set(lse_i, b.ld(Space::global, Type::f32, b.address(g.lse, row, 4)));
-        b.if_(b.setp(Cmp::eq, half, imm_u32(0)),
-              [&] { b.st(Space::global, Type::f32, b.address(g.dd, row, 4), part); });
-      });
-      b.if_(b.setp(Cmp::eq, half, imm_u32(0)), [&] {
-        Reg at = b.mad(Type::u32, local, imm_u32(4), rows_s);
-        b.st(Space::shared, Type::f32, at, lse_i);
-        b.st(Space::shared, Type::f32, at, part, 4 * bl.rows);
-      });
-    }
+    Reg local = b.shr(Type::u32, l.tid, imm_u32(1)), half = b.and_(Type::u32, l.tid, imm_u32(1));
+    Reg i = b.add(Type::u32, q0, local);
+    Reg part = b.mov(Type::f32, imm_f32(0.0f)), lse_i = b.mov(Type::f32, imm_f32(0.0f));
+    Reg valid = b.setp(Cmp::lt, i, imm_u32(tq));
+    b.if_(valid, [&] {
+      Reg first = b.add(s.it, row_first(b, s, entry, in_index_type(b, s, i), s.tq, s.dv),
+                        in_index_type(b, s, b.mul(Type::u32, half, imm_u32(static_cast<uint32_t>(s.dv / 2)))));
+      for (int64_t c4 = 0; c4 < s.dv / 2; c4 += 4) {
+        std::vector<Reg> y = b.ld_vec(Space::global, Type::f32, b.address(g.d_o, first, 4), 4, 4 * c4);
+        std::vector<Reg> z = b.ld_vec(Space::global, Type::f32, b.address(g.o, first, 4), 4, 4 * c4);
+        for (size_t e = 0; e < 4; ++e) b.assign(kir::Opc::Fma, part, {y[e], z[e], part});
+      }
+    });
+    b.assign(kir::Opc::Add, part, {part, b.shfl(kir::ShflMode::bfly, part, imm_u32(1))});
+    b.if_(valid, [&] {
+      Reg row = b.mad(s.it, entry, imm_index(s.it, s.tq), in_index_type(b, s, i));
+      if (has_dlse) b.assign(kir::Opc::Sub, part, {part, b.ld(Space::global, Type::f32, b.address(g.dlse, row, 4))});
+      b.set(lse_i, b.ld(Space::global, Type::f32, b.address(g.lse, row, 4)));
+      b.if_(b.setp(Cmp::eq, half, imm_u32(0)), [&] { b.st(Space::global, Type::f32, b.address(g.dd, row, 4), part); });
+    });
+    b.if_(b.setp(Cmp::eq, half, imm_u32(0)), [&] {
+      Reg at = b.mad(Type::u32, local, imm_u32(4), rows_s);
+      b.st(Space::shared, Type::f32, at, lse_i);
+      b.st(Space::shared, Type::f32, at, part, 4 * bl.rows);
+    });
+  }
+  b.bar();
+  Reg warp_rows = b.mul(Type::u32, l.warp, imm_u32(16));
+  Reg row_lo = b.add(Type::u32, b.add(Type::u32, q0, warp_rows), l.g);
+  std::array<Reg, 2> lse_h, d_h;
+  for (uint32_t h = 0; h < 2; ++h) {
+    Reg at = b.mad(Type::u32, b.add(Type::u32, b.add(Type::u32, warp_rows, l.g), imm_u32(8 * h)), imm_u32(4), rows_s);
+    lse_h[h] = b.ld(Space::shared, Type::f32, at);
+    d_h[h] = b.ld(Space::shared, Type::f32, at, 4 * bl.rows);
+  }
+  Reg q_frags = warp_a_base(b, l, q_s, pd, warp_rows);
+  Reg do_frags = warp_a_base(b, l, do_s, pv, warp_rows);
+  Reg k_frags = b.add(Type::u32, k_s, lane_offset(b, l, pd, false));
+  Reg v_frags = b.add(Type::u32, v_s, lane_offset(b, l, pv, false));
+  Reg k_trans = b.add(Type::u32, k_s, lane_offset(b, l, pd, true));
+  std::vector<Acc> dq = zero_accs(b, s.d / 8);
+  const Reg mask_first = s.mask ? mask_base(b, s, entry) : Reg{};
+  const std::array<Reg, 2> stream_row = g.stream.on() ? stream_rows(b, s, entry, row_lo) : std::array<Reg, 2>{};
+  Operand key_end =
+      a.causal ? Operand(b.min(Type::u32, b.add(Type::u32, q0, imm_u32(bl.rows)), imm_u32(tk))) : imm_u32(tk);
+  b.for_(imm_u32(0), key_end, imm_u32(bl.tile), [&](Reg j0) {
     b.bar();
-    Reg warp_rows = b.mul(Type::u32, l.warp, imm_u32(16));
-    Reg row_lo = b.add(Type::u32, b.add(Type::u32, q0, warp_rows), l.g);
-    std::array<Reg, 2> lse_h, d_h;
-    for (uint32_t h = 0; h < 2; ++h) {
-      Reg at = b.mad(Type::u32, b.add(Type::u32, b.add(Type::u32, warp_rows, l.g), imm_u32(8 * h)), imm_u32(4), rows_s);
-      lse_h[h] = b.ld(Space::shared, Type::f32, at);
-      d_h[h] = b.ld(Space::shared, Type::f32, at, 4 * bl.rows);
-    }
-    Reg q_frags = warp_a_base(b, l, q_s, pd, warp_rows);
-    Reg do_frags = warp_a_base(b, l, do_s, pv, warp_rows);
-    Reg k_frags = b.add(Type::u32, k_s, lane_offset(b, l, pd, false));
-    Reg v_frags = b.add(Type::u32, v_s, lane_offset(b, l, pv, false));
-    Reg k_trans = b.add(Type::u32, k_s, lane_offset(b, l, pd, true));
-    std::vector<Acc> dq = zero_accs(b, s.d / 8);
-    const Reg mask_first = s.mask ? mask_base(b, s, entry) : Reg{};
-    const std::array<Reg, 2> stream_row = g.stream.on() ? stream_rows(b, s, entry, row_lo) : std::array<Reg, 2>{};
-    Operand key_end =
-        a.causal ? Operand(b.min(Type::u32, b.add(Type::u32, q0, imm_u32(bl.rows)), imm_u32(tk))) : imm_u32(tk);
-    b.for_(imm_u32(0), key_end, imm_u32(bl.tile), [&](Reg j0) {
-      b.bar();
-      stage(b, s, g.k, s.k, kv_entry, j0, s.tk, s.d, k_s, l.tid, bl.tile, bl.threads());
-      stage(b, s, g.v, s.v, kv_entry, j0, s.tk, s.dv, v_s, l.tid, bl.tile, bl.threads());
+    stage(b, s, g.k, s.k, kv_entry, j0, s.tk, s.d, k_s, l.tid, bl.tile, bl.threads());
+    stage(b, s, g.v, s.v, kv_entry, j0, s.tk, s.dv, v_s, l.tid, bl.tile, bl.threads());
+    b.bar();
+    std::vector<Acc> p = zero_accs(b, bl.tile / 8), dp = zero_accs(b, bl.tile / 8);
+    product_of_rows(b, p, q_frags, k_frags, pd, s.d);
+    product_of_rows(b, dp, do_frags, v_frags, pv, s.dv);
+    query_scores(b, s, a, p, g.mask, mask_first, l, row_lo, b.add(Type::u32, q0, warp_rows), j0, bl.tile);
+    // p = exp(s - lse), then ds = p (dp - D) in dp's registers (dp times the dropout factor).
+    for (size_t nt = 0; nt < p.size(); ++nt)
+      for (uint32_t h = 0; h < 2; ++h) {
+        std::array<Reg, 2> factor;
+        if (g.stream.on()) {
+          Reg key = b.add(Type::u32, b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1))), imm_u32(8 * nt));
+          factor = pair_factors(b, s, g.stream, stream_row[h], key);
+        }
+        for (uint32_t e : {2 * h, 2 * h + 1}) {
+          b.set(p[nt][e], exp_of(b, b.sub(Type::f32, p[nt][e], lse_h[h])));
+          Reg dpe = g.stream.on() ? b.mul(Type::f32, dp[nt][e], factor[e & 1]) : dp[nt][e];
+          b.set(dp[nt][e], b.mul(Type::f32, p[nt][e], b.sub(Type::f32, dpe, d_h[h])));
+        }
+      }
+    product_from_acc(b, dq, dp, k_trans, pd, s.d);
+  });
+  store_rows(b, s, l, g.dq, g.dq_copy, s.q, entry, row_lo, s.tq, s.d, dq,
+             {b.mov(Type::f32, imm_f32(scale)), b.mov(Type::f32, imm_f32(scale))});
+  const kir::Dim3 grid{static_cast<uint32_t>(s.entries), qb.tiles, 1};
+  return finish_launch(b, "kiln_attention_grad_q_mma", grid, {bl.threads(), 1, 1}, g.args);
+}
+
+// The second backward launch, a block per key rows: dk and dv, from q, do, the row log-sum-exp
+// and the D that grad_q_launch wrote (no atomics: the block loops over all query rows of its group).
+Launch grad_kv_launch(const AttentionParams& a, const Sizes& s) {
+  const float scale = static_cast<float>(a.scale);
+  const uint32_t pd = pitch_of(s.d), pv = pitch_of(s.dv);
+  const auto tq = static_cast<uint32_t>(s.tq);
+  KernelBuilder b("kiln_attention_grad_kv_mma");
+  const Blocking bl = backward_blocking(s);
+  const GradKvParams g = grad_kv_params(b, s);
+  Reg k_s = b.shared_addr(b.shared_array("k_tile", staged_bytes(bl.rows, s.d)));
+  Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(bl.rows, s.dv)));
+  Reg q_s = b.shared_addr(b.shared_array("q_tile", staged_bytes(bl.tile, s.d)));
+  Reg do_s = b.shared_addr(b.shared_array("do_tile", staged_bytes(bl.tile, s.dv)));
+  Reg rows_s = b.shared_addr(b.shared_array("lse_and_d", 2 * bl.tile * 4));
+  const Lanes l = lanes(b);
+  const auto tiles = static_cast<uint32_t>((s.tk + bl.rows - 1) / bl.rows);
+  // (Causal: the first key tiles see the most queries, and they come first anyway.)
+  Reg tile = b.sreg(SReg::ctaid_y);
+  Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x));
+  Reg k0 = b.mul(Type::u32, tile, imm_u32(bl.rows));
+  stage(b, s, g.k, s.k, entry, k0, s.tk, s.d, k_s, l.tid, bl.rows, bl.threads());
+  stage(b, s, g.v, s.v, entry, k0, s.tk, s.dv, v_s, l.tid, bl.rows, bl.threads());
+  Reg warp_rows = b.mul(Type::u32, l.warp, imm_u32(16));
+  Reg key_lo = b.add(Type::u32, b.add(Type::u32, k0, warp_rows), l.g);
+  Reg k_frags = warp_a_base(b, l, k_s, pd, warp_rows);
+  Reg v_frags = warp_a_base(b, l, v_s, pv, warp_rows);
+  Reg q_frags = b.add(Type::u32, q_s, lane_offset(b, l, pd, false));
+  Reg do_frags = b.add(Type::u32, do_s, lane_offset(b, l, pv, false));
+  Reg q_trans = b.add(Type::u32, q_s, lane_offset(b, l, pd, true));
+  Reg do_trans = b.add(Type::u32, do_s, lane_offset(b, l, pv, true));
+  std::vector<Acc> dk = zero_accs(b, s.d / 8), dv = zero_accs(b, s.dv / 8);
+  Operand first_query = a.causal ? Operand(k0) : imm_u32(0);
+  b.for_(imm_index(s.it, 0), imm_index(s.it, s.groups), imm_index(s.it, 1), [&](Reg grp) {
+    Reg q_entry = b.mad(s.it, entry, imm_index(s.it, s.groups), grp);
+    const Reg mask_first = s.mask ? mask_base(b, s, q_entry) : Reg{};
+    b.for_(first_query, imm_u32(tq), imm_u32(bl.tile), [&](Reg i0) {
+      b.bar();  // the previous tile's readers are done (and, the first time, k and v are staged)
+      stage(b, s, g.q, s.q, q_entry, i0, s.tq, s.d, q_s, l.tid, bl.tile, bl.threads());
+      stage(b, s, g.d_o, Piece{}, q_entry, i0, s.tq, s.dv, do_s, l.tid, bl.tile, bl.threads());
+      b.if_(b.setp(Cmp::lt, l.tid, imm_u32(bl.tile)), [&] {
+        Reg i = b.add(Type::u32, i0, l.tid);
+        Reg lse_i = b.mov(Type::f32, imm_f32(0.0f)), d_i = b.mov(Type::f32, imm_f32(0.0f));
+        b.if_(b.setp(Cmp::lt, i, imm_u32(tq)), [&] {
+          Reg row = b.mad(s.it, q_entry, imm_index(s.it, s.tq), in_index_type(b, s, i));
+          b.set(lse_i, b.ld(Space::global, Type::f32, b.address(g.lse, row, 4)));
+          b.set(d_i, b.ld(Space::global, Type::f32, b.address(g.dd, row, 4)));
+        });
+        Reg at = b.mad(Type::u32, l.tid, imm_u32(4), rows_s);
+        b.st(Space::shared, Type::f32, at, lse_i);
+        b.st(Space::shared, Type::f32, at, d_i, 4 * bl.tile);
+      });
       b.bar();
       std::vector<Acc> p = zero_accs(b, bl.tile / 8), dp = zero_accs(b, bl.tile / 8);
-      product_of_rows(b, p, q_frags, k_frags, pd, s.d);
-      product_of_rows(b, dp, do_frags, v_frags, pv, s.dv);
-      query_scores(b, s, a, p, g.mask, mask_first, l, row_lo, b.add(Type::u32, q0, warp_rows), j0, bl.tile);
-      // p = exp(s - lse), then ds = p (dp - D) in dp's registers (dp times the dropout factor).
-      for (size_t nt = 0; nt < p.size(); ++nt)
-        for (uint32_t h = 0; h < 2; ++h) {
-          std::array<Reg, 2> factor;
-          if (g.stream.on()) {
-            Reg key = b.add(Type::u32, b.add(Type::u32, j0, b.shl(Type::u32, l.t, imm_u32(1))), imm_u32(8 * nt));
-            factor = pair_factors(b, s, g.stream, stream_row[h], key);
-          }
-          for (uint32_t e : {2 * h, 2 * h + 1}) {
-            b.set(p[nt][e], exp_of(b, b.sub(Type::f32, p[nt][e], lse_h[h])));
-            Reg dpe = g.stream.on() ? b.mul(Type::f32, dp[nt][e], factor[e & 1]) : dp[nt][e];
-            b.set(dp[nt][e], b.mul(Type::f32, p[nt][e], b.sub(Type::f32, dpe, d_h[h])));
-          }
-        }
-      product_from_acc(b, dq, dp, k_trans, pd, s.d);
-    });
-    store_rows(b, s, l, g.dq, g.dq_copy, s.q, entry, row_lo, s.tq, s.d, dq,
-               {b.mov(Type::f32, imm_f32(scale)), b.mov(Type::f32, imm_f32(scale))});
-    const kir::Dim3 grid{static_cast<uint32_t>(s.entries), qb.tiles, 1};
-    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_q_mma", grid, {bl.threads(), 1, 1}, g.args));
-  }
-  {
-    KernelBuilder b("kiln_attention_grad_kv_mma");
-    const Blocking bl = backward_blocking(s);
-    const GradKvParams g = grad_kv_params(b, s);
-    Reg k_s = b.shared_addr(b.shared_array("k_tile", staged_bytes(bl.rows, s.d)));
-    Reg v_s = b.shared_addr(b.shared_array("v_tile", staged_bytes(bl.rows, s.dv)));
-    Reg q_s = b.shared_addr(b.shared_array("q_tile", staged_bytes(bl.tile, s.d)));
-    Reg do_s = b.shared_addr(b.shared_array("do_tile", staged_bytes(bl.tile, s.dv)));
-    Reg rows_s = b.shared_addr(b.shared_array("lse_and_d", 2 * bl.tile * 4));
-    const Lanes l = lanes(b);
-    const auto tiles = static_cast<uint32_t>((s.tk + bl.rows - 1) / bl.rows);
-    // (Causal: the first key tiles see the most queries, and they come first anyway.)
-    Reg tile = b.sreg(SReg::ctaid_y);
-    Reg entry = in_index_type(b, s, b.sreg(SReg::ctaid_x));
-    Reg k0 = b.mul(Type::u32, tile, imm_u32(bl.rows));
-    stage(b, s, g.k, s.k, entry, k0, s.tk, s.d, k_s, l.tid, bl.rows, bl.threads());
-    stage(b, s, g.v, s.v, entry, k0, s.tk, s.dv, v_s, l.tid, bl.rows, bl.threads());
-    Reg warp_rows = b.mul(Type::u32, l.warp, imm_u32(16));
-    Reg key_lo = b.add(Type::u32, b.add(Type::u32, k0, warp_rows), l.g);
-    Reg k_frags = warp_a_base(b, l, k_s, pd, warp_rows);
-    Reg v_frags = warp_a_base(b, l, v_s, pv, warp_rows);
-    Reg q_frags = b.add(Type::u32, q_s, lane_offset(b, l, pd, false));
-    Reg do_frags = b.add(Type::u32, do_s, lane_offset(b, l, pv, false));
-    Reg q_trans = b.add(Type::u32, q_s, lane_offset(b, l, pd, true));
-    Reg do_trans = b.add(Type::u32, do_s, lane_offset(b, l, pv, true));
-    std::vector<Acc> dk = zero_accs(b, s.d / 8), dv = zero_accs(b, s.dv / 8);
-    Operand first_query = a.causal ? Operand(k0) : imm_u32(0);
-    b.for_(imm_index(s.it, 0), imm_index(s.it, s.groups), imm_index(s.it, 1), [&](Reg grp) {
-      Reg q_entry = b.mad(s.it, entry, imm_index(s.it, s.groups), grp);
-      const Reg mask_first = s.mask ? mask_base(b, s, q_entry) : Reg{};
-      b.for_(first_query, imm_u32(tq), imm_u32(bl.tile), [&](Reg i0) {
-        b.bar();  // the previous tile's readers are done (and, the first time, k and v are staged)
-        stage(b, s, g.q, s.q, q_entry, i0, s.tq, s.d, q_s, l.tid, bl.tile, bl.threads());
-        stage(b, s, g.d_o, Piece{}, q_entry, i0, s.tq, s.dv, do_s, l.tid, bl.tile, bl.threads());
-        b.if_(b.setp(Cmp::lt, l.tid, imm_u32(bl.tile)), [&] {
-          Reg i = b.add(Type::u32, i0, l.tid);
-          Reg lse_i = b.mov(Type::f32, imm_f32(0.0f)), d_i = b.mov(Type::f32, imm_f32(0.0f));
-          b.if_(b.setp(Cmp::lt, i, imm_u32(tq)), [&] {
-            Reg row = b.mad(s.it, q_entry, imm_index(s.it, s.tq), in_index_type(b, s, i));
-            b.set(lse_i, b.ld(Space::global, Type::f32, b.address(g.lse, row, 4)));
-            b.set(d_i, b.ld(Space::global, Type::f32, b.address(g.dd, row, 4)));
-          });
-          Reg at = b.mad(Type::u32, l.tid, imm_u32(4), rows_s);
-          b.st(Space::shared, Type::f32, at, lse_i);
-          b.st(Space::shared, Type::f32, at, d_i, 4 * bl.tile);
+      product_of_rows(b, p, k_frags, q_frags, pd, s.d);     // S^T: keys x queries
+      product_of_rows(b, dp, v_frags, do_frags, pv, s.dv);  // dP^T
+      for (Acc& t : p)
+        for (Reg& x : t) b.assign(kir::Opc::Mul, x, {x, imm_f32(scale)});
+      Reg col0 = b.shl(Type::u32, l.t, imm_u32(1));  // the lane's first query column in the tile
+      if (s.mask) add_mask(b, s, g.mask, mask_first, p, key_lo, b.add(Type::u32, i0, col0), true);
+      Reg tile_end = b.add(Type::u32, i0, imm_u32(bl.tile));
+      Reg needs = b.setp(Cmp::gt, tile_end, imm_u32(tq));
+      if (a.causal)
+        needs = b.or_(Type::pred, needs,
+                      b.setp(Cmp::lt, i0, b.add(Type::u32, b.add(Type::u32, k0, warp_rows), imm_u32(16))));
+      b.if_(needs, [&] {
+        hide(b, p, key_lo, b.add(Type::u32, i0, col0), [&](Reg key, Reg query) {
+          Reg past = b.setp(Cmp::ge, query, imm_u32(tq));
+          return a.causal ? b.or_(Type::pred, past, b.setp(Cmp::lt, query, key)) : past;
         });
-        b.bar();
-        std::vector<Acc> p = zero_accs(b, bl.tile / 8), dp = zero_accs(b, bl.tile / 8);
-        product_of_rows(b, p, k_frags, q_frags, pd, s.d);     // S^T: keys x queries
-        product_of_rows(b, dp, v_frags, do_frags, pv, s.dv);  // dP^T
-        for (Acc& t : p)
-          for (Reg& x : t) b.assign(kir::Opc::Mul, x, {x, imm_f32(scale)});
-        Reg col0 = b.shl(Type::u32, l.t, imm_u32(1));  // the lane's first query column in the tile
-        if (s.mask) add_mask(b, s, g.mask, mask_first, p, key_lo, b.add(Type::u32, i0, col0), true);
-        Reg tile_end = b.add(Type::u32, i0, imm_u32(bl.tile));
-        Reg needs = b.setp(Cmp::gt, tile_end, imm_u32(tq));
-        if (a.causal)
-          needs = b.or_(Type::pred, needs,
-                        b.setp(Cmp::lt, i0, b.add(Type::u32, b.add(Type::u32, k0, warp_rows), imm_u32(16))));
-        b.if_(needs, [&] {
-          hide(b, p, key_lo, b.add(Type::u32, i0, col0), [&](Reg key, Reg query) {
-            Reg past = b.setp(Cmp::ge, query, imm_u32(tq));
-            return a.causal ? b.or_(Type::pred, past, b.setp(Cmp::lt, query, key)) : past;
-          });
-        });
-        // P^T = exp(S^T - lse[query]), dS^T = P^T (dP^T - D[query]): the query is the column.
-        for (size_t nt = 0; nt < p.size(); ++nt) {
-          Reg at = b.mad(Type::u32, b.add(Type::u32, col0, imm_u32(static_cast<uint32_t>(8 * nt))), imm_u32(4), rows_s);
-          std::vector<Reg> lse2 = b.ld_vec(Space::shared, Type::f32, at, 2);
-          std::vector<Reg> d2 = b.ld_vec(Space::shared, Type::f32, at, 2, 4 * bl.tile);
-          for (uint32_t e = 0; e < 4; ++e) {
-            b.set(p[nt][e], exp_of(b, b.sub(Type::f32, p[nt][e], lse2[e & 1])));
-            if (!g.stream.on()) {
-              b.set(dp[nt][e], b.mul(Type::f32, p[nt][e], b.sub(Type::f32, dp[nt][e], d2[e & 1])));
-              continue;
-            }
-            // Dropout: ds = p (dp f - D) and dv takes p f; a Philox call an element (a column's
-            // queries are tk elements apart in the stream).
-            Reg query = b.add(Type::u32, b.add(Type::u32, i0, col0), imm_u32(static_cast<uint32_t>(8 * nt) + (e & 1)));
-            Reg key = b.add(Type::u32, key_lo, imm_u32(8 * (e >> 1)));
-            Reg row = b.mad(s.it, q_entry, imm_index(s.it, s.tq), in_index_type(b, s, query));
-            Reg factor = dropout_factor(b, s, g.stream, row, in_index_type(b, s, key));
-            b.set(dp[nt][e],
-                  b.mul(Type::f32, p[nt][e], b.sub(Type::f32, b.mul(Type::f32, dp[nt][e], factor), d2[e & 1])));
-            b.assign(kir::Opc::Mul, p[nt][e], {p[nt][e], factor});
-          }
-        }
-        product_from_acc(b, dv, p, do_trans, pv, s.dv);
-        product_from_acc(b, dk, dp, q_trans, pd, s.d);
       });
+      // P^T = exp(S^T - lse[query]), dS^T = P^T (dP^T - D[query]): the query is the column.
+      for (size_t nt = 0; nt < p.size(); ++nt) {
+        Reg at = b.mad(Type::u32, b.add(Type::u32, col0, imm_u32(static_cast<uint32_t>(8 * nt))), imm_u32(4), rows_s);
+        std::vector<Reg> lse2 = b.ld_vec(Space::shared, Type::f32, at, 2);
+        std::vector<Reg> d2 = b.ld_vec(Space::shared, Type::f32, at, 2, 4 * bl.tile);
+        for (uint32_t e = 0; e < 4; ++e) {
+          b.set(p[nt][e], exp_of(b, b.sub(Type::f32, p[nt][e], lse2[e & 1])));
+          if (!g.stream.on()) {
+            b.set(dp[nt][e], b.mul(Type::f32, p[nt][e], b.sub(Type::f32, dp[nt][e], d2[e & 1])));
+            continue;
+          }
+          // Dropout: ds = p (dp f - D) and dv takes p f; a Philox call an element (a column's
+          // queries are tk elements apart in the stream).
+          Reg query = b.add(Type::u32, b.add(Type::u32, i0, col0), imm_u32(static_cast<uint32_t>(8 * nt) + (e & 1)));
+          Reg key = b.add(Type::u32, key_lo, imm_u32(8 * (e >> 1)));
+          Reg row = b.mad(s.it, q_entry, imm_index(s.it, s.tq), in_index_type(b, s, query));
+          Reg factor = dropout_factor(b, s, g.stream, row, in_index_type(b, s, key));
+          b.set(dp[nt][e],
+                b.mul(Type::f32, p[nt][e], b.sub(Type::f32, b.mul(Type::f32, dp[nt][e], factor), d2[e & 1])));
+          b.assign(kir::Opc::Mul, p[nt][e], {p[nt][e], factor});
+        }
+      }
+      product_from_acc(b, dv, p, do_trans, pv, s.dv);
+      product_from_acc(b, dk, dp, q_trans, pd, s.d);
     });
-    store_rows(b, s, l, g.dk, g.dk_copy, s.k, entry, key_lo, s.tk, s.d, dk,
-               {b.mov(Type::f32, imm_f32(scale)), b.mov(Type::f32, imm_f32(scale))});
-    store_rows(b, s, l, g.dv, g.dv_copy, s.v, entry, key_lo, s.tk, s.dv, dv,
-               {b.mov(Type::f32, imm_f32(1.0f)), b.mov(Type::f32, imm_f32(1.0f))});
-    const kir::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups), tiles, 1};
-    lo.launches.push_back(finish_launch(b, "kiln_attention_grad_kv_mma", grid, {bl.threads(), 1, 1}, g.args));
-  }
+  });
+  store_rows(b, s, l, g.dk, g.dk_copy, s.k, entry, key_lo, s.tk, s.d, dk,
+             {b.mov(Type::f32, imm_f32(scale)), b.mov(Type::f32, imm_f32(scale))});
+  store_rows(b, s, l, g.dv, g.dv_copy, s.v, entry, key_lo, s.tk, s.dv, dv,
+             {b.mov(Type::f32, imm_f32(1.0f)), b.mov(Type::f32, imm_f32(1.0f))});
+  const kir::Dim3 grid{static_cast<uint32_t>(s.entries / s.groups), tiles, 1};
+  return finish_launch(b, "kiln_attention_grad_kv_mma", grid, {bl.threads(), 1, 1}, g.args);
+}
+
+}  // namespace
+
+LoweredOp lower_attention_grad_mma(const Op& op, const AttentionParams& a, const Sizes& s) {
+  const bool has_dlse = static_cast<int>(op.inputs.size()) == s.rest + 4;
+  LoweredOp lo;
+  lo.scratch_bytes = {static_cast<size_t>(s.entries * s.tq) * 4};  // D, a value per query row
+  lo.launches.push_back(grad_q_launch(a, s, has_dlse));
+  lo.launches.push_back(grad_kv_launch(a, s));
   lo.summary = description(a, "attention_grad", backward_blocking(s)) +
                "; a block of query rows (D, dq), then a block of key rows (dk, dv), probabilities recomputed from "
                "the row log-sum-exp, no atomics, " +

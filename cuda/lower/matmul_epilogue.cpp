@@ -20,38 +20,90 @@ using kir::SReg;
 namespace {
 constexpr int kQuadrant = kMatmulQuadrant, kQuadrantSpacing = kMatmulQuadrantSpacing;
 constexpr int kWarpTileM = kMatmulWarpTileM, kWarpsN = kMatmulWarpsN;
-}  // namespace
 
-MatmulEpilogueEmitted emit_matmul_epilogue(const MatmulEpilogueInputs& in) {
-  KernelBuilder& b = in.b;
-  const Type it = in.it;
-  const FusedMatmul& f = in.f;
-  const int64_t M = f.m, N = f.n;
-  const int nb = static_cast<int>(f.batch.size());
-  const std::vector<int>& read_extras = in.read_extras;
-  const std::vector<std::vector<int64_t>>& extra_strides = in.extra_strides;
-  const std::vector<Reg>& extra_base = in.extra_base;
-  const std::vector<Reg>& p_out = in.p_out;
-  const std::vector<Reg>& acc = in.acc;
-  const MatmulTiling tile = in.tile;
-  const MmaTiling& mma = in.mma;
-  const std::optional<std::array<MmaStage, 2>>& mma_stages = in.mma_stages;
-  const int threads = in.threads, m_tiles = in.m_tiles;
-  const int64_t splits = in.splits, grid_m = in.grid_m, grid_n = in.grid_n;
-  const Reg out_off = in.out_off, p_block_sums = in.p_block_sums, p_partials = in.p_partials,
-            p_counters = in.p_counters, z = in.z, grid_z = in.grid_z, m0 = in.m0, n0 = in.n0, tid = in.tid, as = in.as,
-            tx = in.tx, ty = in.ty, warp_m = in.warp_m, warp_n = in.warp_n, g = in.g, q = in.q;
-  auto widen = [&](Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); };
-  auto thread_offset = [&](int i) { return (i % kQuadrant) + kQuadrantSpacing * (i / kQuadrant); };
+// The epilogue's state: the inputs under the names the kernel gave them, and what prepare()
+// computes (the tensor-core tiles' first row and column, the block sums' partials, how interior
+// tiles are stored). The phases emit in the order emit_matmul_epilogue calls them, each in its
+// original order: the kernel's text depends on it.
+struct Epilogue {
+  explicit Epilogue(const MatmulEpilogueInputs& in)
+      : b(in.b),
+        it(in.it),
+        f(in.f),
+        M(f.m),
+        N(f.n),
+        nb(static_cast<int>(f.batch.size())),
+        read_extras(in.read_extras),
+        extra_strides(in.extra_strides),
+        extra_base(in.extra_base),
+        p_out(in.p_out),
+        acc(in.acc),
+        tile(in.tile),
+        mma(in.mma),
+        mma_stages(in.mma_stages),
+        threads(in.threads),
+        m_tiles(in.m_tiles),
+        splits(in.splits),
+        grid_m(in.grid_m),
+        grid_n(in.grid_n),
+        out_off(in.out_off),
+        p_block_sums(in.p_block_sums),
+        p_partials(in.p_partials),
+        p_counters(in.p_counters),
+        z(in.z),
+        grid_z(in.grid_z),
+        m0(in.m0),
+        n0(in.n0),
+        tid(in.tid),
+        as(in.as),
+        tx(in.tx),
+        ty(in.ty),
+        warp_m(in.warp_m),
+        warp_n(in.warp_n),
+        g(in.g),
+        q(in.q) {}
+
+  KernelBuilder& b;
+  const Type it;
+  const FusedMatmul& f;
+  const int64_t M, N;
+  const int nb;
+  const std::vector<int>& read_extras;
+  const std::vector<std::vector<int64_t>>& extra_strides;
+  const std::vector<Reg>& extra_base;
+  const std::vector<Reg>& p_out;
+  const std::vector<Reg>& acc;
+  const MatmulTiling tile;
+  const MmaTiling& mma;
+  const std::optional<std::array<MmaStage, 2>>& mma_stages;
+  const int threads, m_tiles;
+  const int64_t splits, grid_m, grid_n;
+  const Reg out_off, p_block_sums, p_partials, p_counters, z, grid_z, m0, n0, tid, as, tx, ty, warp_m, warp_n, g, q;
+  // Set by prepare().
+  int n_tiles = 0;
+  Reg row0, col0;
+  std::vector<Reg> partials;
+  bool pairs = false;
+  std::vector<uint32_t> bytes;
+  bool whole_chunks = false;
+  std::optional<StagedStores> staged;
+  bool staged_chunks = false;
+  bool staging_emitted = false;  // the kernel's interior blocks store through the staged tiles
+
+  Reg widen(Reg r) { return it == Type::u32 ? r : b.cvt(Type::u64, r); }
+  static int thread_offset(int i) { return (i % kQuadrant) + kQuadrantSpacing * (i / kQuadrant); }
+  int out_bytes(size_t r) const { return f.stored_bf16(r) ? 2 : 4; }  // output r's element
+
   // The block sums body's value from the epilogues' values (the same body: not evaluated twice).
-  auto block_sum_value = [&](const std::vector<Reg>& values, const std::vector<Reg>& inputs) {
+  Reg block_sum_value(const std::vector<Reg>& values, const std::vector<Reg>& inputs) {
     for (size_t r = 0; r < f.epilogues.size(); ++r)
       if (f.epilogues[r] == f.block_sums_body) return values[r];
     return emit_scalar_exp(b, f.block_sums_body, inputs);
-  };
+  }
+
   // Epilogue: per element in bounds, the extras at its logical coordinates, then each output;
   // with block sums the element's block sums body is added to `partial`.
-  auto store_element = [&](Reg value, Reg row, Reg col, Reg partial) {
+  void store_element(Reg value, Reg row, Reg col, Reg partial) {
     Reg ok = b.and_(Type::pred, b.setp(Cmp::lt, row, imm_index(it, M)), b.setp(Cmp::lt, col, imm_index(it, N)));
     b.if_(ok, [&] {
       std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras), value);
@@ -71,37 +123,65 @@ MatmulEpilogueEmitted emit_matmul_epilogue(const MatmulEpilogueInputs& in) {
       }
       if (f.block_sums) b.assign(kir::Opc::Add, partial, {partial, block_sum_value(values, inputs)});
     });
-  };
+  }
+
   // Tensor-core tiles: acc[(mi * n_tiles + ni) * 4 + i] sits at row row0 + mi * 16 + 8 (i / 2),
   // column col0 + ni * 8 + i % 2; for_each_accumulator(fn) calls fn(index, row, column) for each.
-  const int n_tiles = mma.wgmma ? tile.tn / 8 : tile.tn / kWarpsN / 8;
-  Reg row0, col0;
-  if (tile.tf32) {
-    row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
-    col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
-  }
-  auto for_each_accumulator = [&](const std::function<void(size_t, Reg, Reg)>& fn) {
+  void for_each_accumulator(const std::function<void(size_t, Reg, Reg)>& fn) {
     for (int mi = 0; mi < m_tiles; ++mi)
       for (int ni = 0; ni < n_tiles; ++ni)
         for (int i = 0; i < 4; ++i)
           fn(static_cast<size_t>((mi * n_tiles + ni) * 4 + i), b.add(it, row0, imm_index(it, mi * 16 + 8 * (i / 2))),
              b.add(it, col0, imm_index(it, ni * 8 + i % 2)));
-  };
-  auto out_bytes = [&](size_t r) { return f.stored_bf16(r) ? 2 : 4; };  // output r's element
-  // Block sums: the thread's partial sums of its columns over its rows, added in the epilogue
-  // (tensor-core tiles: per n-tile and column of the pair, acc's index e at (e / 4 % n_tiles) * 2
-  // + e % 2; FFMA tiles: its pn columns). Split-K's last block keeps one of its own.
-  std::vector<Reg> partials;
-  if (f.block_sums && splits == 1)
-    for (int i = 0; i < (tile.tf32 ? 2 * n_tiles : tile.pn); ++i) partials.push_back(b.mov(Type::f32, imm_f32(0.0f)));
-  auto partial_of_acc = [&](size_t e) {
+  }
+
+  // The tensor-core tiles' first row and column (row0, col0), the block sums' partials (zero),
+  // and how interior tiles are stored (pairs, staged): emits the first two only.
+  void prepare() {
+    n_tiles = mma.wgmma ? tile.tn / 8 : tile.tn / kWarpsN / 8;
+    if (tile.tf32) {
+      row0 = b.add(it, m0, widen(b.add(Type::u32, warp_m, g)));
+      col0 = b.add(it, n0, widen(b.add(Type::u32, warp_n, b.mul(Type::u32, q, imm_u32(2)))));
+    }
+    // Block sums: the thread's partial sums of its columns over its rows, added in the epilogue
+    // (tensor-core tiles: per n-tile and column of the pair, acc's index e at (e / 4 % n_tiles) * 2
+    // + e % 2; FFMA tiles: its pn columns). Split-K's last block keeps one of its own.
+    if (f.block_sums && splits == 1)
+      for (int i = 0; i < (tile.tf32 ? 2 * n_tiles : tile.pn); ++i) partials.push_back(b.mov(Type::f32, imm_f32(0.0f)));
+    // Tensor-core tiles whose output columns are unit-stride, with rows and batch items of even
+    // stride, store a column pair as one store (each output buffer's alignment checked at run time).
+    // wgmma tiles whose rows cannot (an odd stride: GPT-2's logits) store their interior blocks
+    // through shared memory where the tiles fit in the stages (matmul_staged_stores.hpp); with
+    // MatmulPolicy::staged_stores = all the others too, 16 bytes a store, where every output's rows and
+    // batch items start at 16-byte boundaries (each buffer's checked at run time).
+    pairs = f.out_col == 1 && f.out_row % 2 == 0;
+    for (int64_t st : f.out_batch) pairs = pairs && st % 2 == 0;
+    for (size_t r = 0; r < f.epilogues.size(); ++r) bytes.push_back(static_cast<uint32_t>(out_bytes(r)));
+    whole_chunks = f.out_col == 1;
+    for (uint32_t e : bytes) {
+      whole_chunks = whole_chunks && f.out_row * e % 16 == 0;
+      for (int64_t st : f.out_batch) whole_chunks = whole_chunks && st * e % 16 == 0;
+    }
+    const MmaStaging staging = mma.staging;
+    const bool odd_rows = f.out_col == 1 && !pairs;
+    if (mma.wgmma && splits == 1 &&
+        ((staging != MmaStaging::none && odd_rows) || (staging == MmaStaging::all && pairs && whole_chunks))) {
+      const int64_t stages_bytes =
+          mma.stages * (mma.stage_bytes((*mma_stages)[0], tile.tm) + mma.stage_bytes((*mma_stages)[1], tile.tn));
+      staged = StagedStores::plan(tile.tm, tile.tn, threads, bytes, pairs && whole_chunks, stages_bytes, f.out_row);
+    }
+    staged_chunks = staged && pairs && whole_chunks;
+  }
+
+  Reg partial_of_acc(size_t e) {
     return f.block_sums ? partials[(e / 4 % static_cast<size_t>(n_tiles)) * 2 + e % 2] : Reg{};
-  };
+  }
+
   // Adds the block's partial sums through shared memory (the stages or tiles, free once every
   // warp is past the main loop): `writes` (value, column in the tile) of the threads `writer`
   // picks (all where invalid) go to row `slot` of `slots` rows of tn floats; then thread t < tn
   // adds column t's rows in order and stores block (batch, ctaid.y)'s sum of column n0 + t.
-  auto store_block_sums = [&](int64_t slots, Reg slot, const std::vector<std::pair<Reg, Reg>>& writes, Reg writer) {
+  void store_block_sums(int64_t slots, Reg slot, const std::vector<std::pair<Reg, Reg>>& writes, Reg writer) {
     b.bar();
     auto write = [&] {
       for (const std::pair<Reg, Reg>& w : writes)
@@ -127,172 +207,159 @@ MatmulEpilogueEmitted emit_matmul_epilogue(const MatmulEpilogueInputs& in) {
             b.st(Space::global, Type::f32, b.address(p_block_sums, b.mad(it, block, imm_index(it, N), column), 4),
                  total);
           });
-  };
-  // Tensor-core tiles whose output columns are unit-stride, with rows and batch items of even
-  // stride, store a column pair as one store (each output buffer's alignment checked at run time).
-  // wgmma tiles whose rows cannot (an odd stride: GPT-2's logits) store their interior blocks
-  // through shared memory where the tiles fit in the stages (matmul_staged_stores.hpp); with
-  // MatmulPolicy::staged_stores = all the others too, 16 bytes a store, where every output's rows and
-  // batch items start at 16-byte boundaries (each buffer's checked at run time).
-  bool pairs = f.out_col == 1 && f.out_row % 2 == 0;
-  for (int64_t st : f.out_batch) pairs = pairs && st % 2 == 0;
-  std::vector<uint32_t> bytes;
-  for (size_t r = 0; r < f.epilogues.size(); ++r) bytes.push_back(static_cast<uint32_t>(out_bytes(r)));
-  bool whole_chunks = f.out_col == 1;
-  for (uint32_t e : bytes) {
-    whole_chunks = whole_chunks && f.out_row * e % 16 == 0;
-    for (int64_t st : f.out_batch) whole_chunks = whole_chunks && st * e % 16 == 0;
   }
-  const MmaStaging staging = mma.staging;
-  std::optional<StagedStores> staged;
-  const bool odd_rows = f.out_col == 1 && !pairs;
-  if (mma.wgmma && splits == 1 &&
-      ((staging != MmaStaging::none && odd_rows) || (staging == MmaStaging::all && pairs && whole_chunks))) {
-    const int64_t stages_bytes =
-        mma.stages * (mma.stage_bytes((*mma_stages)[0], tile.tm) + mma.stage_bytes((*mma_stages)[1], tile.tn));
-    staged = StagedStores::plan(tile.tm, tile.tn, threads, bytes, pairs && whole_chunks, stages_bytes, f.out_row);
-  }
-  const bool staged_chunks = staged && pairs && whole_chunks;
-  bool staging_emitted = false;  // the kernel's interior blocks store through the staged tiles
-  auto epilogue = [&] {
-    if (tile.tf32) {
-      auto store_checked = [&] {
-        for_each_accumulator([&](size_t e, Reg row, Reg col) { store_element(acc[e], row, col, partial_of_acc(e)); });
-      };
-      // Blocks wholly inside c (all but the last row and column of tiles) store without bounds
-      // checks: each output and extra is addressed once, every element at an immediate byte offset
-      // from the thread's first (row0, col0), and where columns are unit-stride and rows of even
-      // stride a column pair (c0 c1, c2 c3) goes out as one 8-byte store, or for an output
-      // stored as bf16 one 4-byte store of the rounded pair (each output buffer's alignment
-      // checked at run time). Each distinct extra element (a bias: one per column) is loaded
-      // once. The offsets (counted in 4-byte elements: bf16's are half) must fit PTX's 32-bit
-      // immediates and the strides be non-negative.
-      const int64_t last_row = (m_tiles - 1) * 16 + 8, last_col = (n_tiles - 1) * 8 + 1;
-      auto reach = [&](int64_t row_stride, int64_t col_stride) {
-        return row_stride < 0 || col_stride < 0 ? std::numeric_limits<int64_t>::max()
-                                                : 4 * (last_row * row_stride + last_col * col_stride);
-      };
-      int64_t farthest = reach(f.out_row, f.out_col);
-      for (int x : read_extras) {
-        const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-        farthest = std::max(farthest, reach(st[static_cast<size_t>(nb)], st[static_cast<size_t>(nb + 1)]));
-      }
-      // `through_shared`: by the staged tiles (staged), else each pair or element to global memory.
-      auto store_interior = [&](bool through_shared) {
-        std::vector<Reg> out_addr;
-        if (through_shared) {
-          staged->begin(b, as, b.add(Type::u32, warp_m, g), b.add(Type::u32, warp_n, b.shl(Type::u32, q, imm_u32(1))));
-          staging_emitted = true;
-        } else {
-          Reg out_at = scaled_add(b, it, col0, f.out_col, scaled_add(b, it, row0, f.out_row, out_off));
-          for (size_t r = 0; r < p_out.size(); ++r) out_addr.push_back(b.address(p_out[r], out_at, out_bytes(r)));
-        }
-        std::vector<Reg> extra_addr(static_cast<size_t>(f.extras));
-        std::vector<std::map<int64_t, Reg>> loaded(static_cast<size_t>(f.extras));  // by byte offset
-        for (int x : read_extras) {
-          const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-          Reg at = b.mul(it, row0, imm_index(it, st[static_cast<size_t>(nb)]));
-          at = b.mad(it, col0, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
-          extra_addr[static_cast<size_t>(x)] = b.address(extra_base[static_cast<size_t>(x)], at, 4);
-        }
-        // Extra x's element at (dr, dc) from the thread's first: loaded once.
-        auto extra_at = [&](int x, int64_t dr, int64_t dc) {
-          const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
-          const int64_t at = 4 * (dr * st[static_cast<size_t>(nb)] + dc * st[static_cast<size_t>(nb + 1)]);
-          auto [slot, fresh] = loaded[static_cast<size_t>(x)].try_emplace(at);
-          if (fresh) slot->second = b.ld(Space::global, Type::f32, extra_addr[static_cast<size_t>(x)], at);
-          return slot->second;
-        };
-        // Units: row g + dr (dr = 16 mi + 8 half) of the 16x8 product (mi, ni), two columns. The extras
-        // of kUnitsAhead units are loaded before the first of their stores: ptxas does not move a
-        // load above a store that may alias it, so loads placed between stores each wait their
-        // full latency (one product's GELU-gradient epilogue took 280 us for 160 of main loop).
-        constexpr int kUnitsAhead = 8;
-        struct Unit {
-          int mi, ni, half;
-          int64_t dr;
-        };
-        std::vector<Unit> units;
-        for (int mi = 0; mi < m_tiles; ++mi)
-          for (int ni = 0; ni < n_tiles; ++ni)
-            for (int half = 0; half < 2; ++half) units.push_back({mi, ni, half, mi * 16 + 8 * half});
-        for (size_t u0 = 0; u0 < units.size(); u0 += kUnitsAhead) {
-          const size_t u1 = std::min(units.size(), u0 + kUnitsAhead);
-          for (size_t u = u0; u < u1; ++u)
-            for (int j = 0; j < 2; ++j)
-              for (int x : read_extras) extra_at(x, units[u].dr, units[u].ni * 8 + j);
-          for (size_t u = u0; u < u1; ++u) {
-            const auto [mi, ni, half, dr] = units[u];
-            std::vector<std::array<Reg, 2>> values(f.epilogues.size());
-            for (int j = 0; j < 2; ++j) {
-              const int64_t dc = ni * 8 + j;
-              std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras),
-                                      acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + 2 * half + j)]);
-              for (int x : read_extras) inputs[static_cast<size_t>(1 + x)] = extra_at(x, dr, dc);
-              std::vector<Reg> of_j;
-              for (size_t r = 0; r < f.epilogues.size(); ++r) {
-                values[r][static_cast<size_t>(j)] =
-                    f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
-                of_j.push_back(values[r][static_cast<size_t>(j)]);
-              }
-              if (f.block_sums) {
-                Reg& partial = partials[static_cast<size_t>(ni * 2 + j)];
-                b.assign(kir::Opc::Add, partial, {partial, block_sum_value(of_j, inputs)});
-              }
-            }
-            for (size_t r = 0; r < f.epilogues.size(); ++r) {
-              const int64_t e = out_bytes(r), at = e * (dr * f.out_row + ni * 8 * f.out_col);
-              if (through_shared) {
-                staged->put(b, r, dr, ni * 8, values[r]);
-              } else if (f.stored_bf16(r) && pairs) {  // a pair of bf16: one 4-byte store
-                b.st(Space::global, Type::u32, out_addr[r], b.pack_bf16x2(values[r][0], values[r][1]), at);
-              } else if (f.stored_bf16(r)) {
-                b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][0]), at);
-                b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][1]), at + e * f.out_col);
-              } else if (pairs) {
-                b.st_vec(Space::global, Type::f32, out_addr[r], {values[r][0], values[r][1]}, at);
-              } else {
-                b.st(Space::global, Type::f32, out_addr[r], values[r][0], at);
-                b.st(Space::global, Type::f32, out_addr[r], values[r][1], at + e * f.out_col);
-              }
-            }
+
+  // Tensor-core tiles, a block wholly inside c: every output and extra addressed once from the
+  // thread's first (row0, col0) and each element at an immediate offset (store_tensor_core_tiles
+  // checks that they fit); `through_shared`: by the staged tiles (staged), else each pair or
+  // element to global memory.
+  void store_interior(bool through_shared) {
+    std::vector<Reg> out_addr;
+    if (through_shared) {
+      staged->begin(b, as, b.add(Type::u32, warp_m, g), b.add(Type::u32, warp_n, b.shl(Type::u32, q, imm_u32(1))));
+      staging_emitted = true;
+    } else {
+      Reg out_at = scaled_add(b, it, col0, f.out_col, scaled_add(b, it, row0, f.out_row, out_off));
+      for (size_t r = 0; r < p_out.size(); ++r) out_addr.push_back(b.address(p_out[r], out_at, out_bytes(r)));
+    }
+    std::vector<Reg> extra_addr(static_cast<size_t>(f.extras));
+    std::vector<std::map<int64_t, Reg>> loaded(static_cast<size_t>(f.extras));  // by byte offset
+    for (int x : read_extras) {
+      const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+      Reg at = b.mul(it, row0, imm_index(it, st[static_cast<size_t>(nb)]));
+      at = b.mad(it, col0, imm_index(it, st[static_cast<size_t>(nb + 1)]), at);
+      extra_addr[static_cast<size_t>(x)] = b.address(extra_base[static_cast<size_t>(x)], at, 4);
+    }
+    // Extra x's element at (dr, dc) from the thread's first: loaded once.
+    auto extra_at = [&](int x, int64_t dr, int64_t dc) {
+      const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+      const int64_t at = 4 * (dr * st[static_cast<size_t>(nb)] + dc * st[static_cast<size_t>(nb + 1)]);
+      auto [slot, fresh] = loaded[static_cast<size_t>(x)].try_emplace(at);
+      if (fresh) slot->second = b.ld(Space::global, Type::f32, extra_addr[static_cast<size_t>(x)], at);
+      return slot->second;
+    };
+    // Units: row g + dr (dr = 16 mi + 8 half) of the 16x8 product (mi, ni), two columns. The extras
+    // of kUnitsAhead units are loaded before the first of their stores: ptxas does not move a
+    // load above a store that may alias it, so loads placed between stores each wait their
+    // full latency (one product's GELU-gradient epilogue took 280 us for 160 of main loop).
+    constexpr int kUnitsAhead = 8;
+    struct Unit {
+      int mi, ni, half;
+      int64_t dr;
+    };
+    std::vector<Unit> units;
+    for (int mi = 0; mi < m_tiles; ++mi)
+      for (int ni = 0; ni < n_tiles; ++ni)
+        for (int half = 0; half < 2; ++half) units.push_back({mi, ni, half, mi * 16 + 8 * half});
+    for (size_t u0 = 0; u0 < units.size(); u0 += kUnitsAhead) {
+      const size_t u1 = std::min(units.size(), u0 + kUnitsAhead);
+      for (size_t u = u0; u < u1; ++u)
+        for (int j = 0; j < 2; ++j)
+          for (int x : read_extras) extra_at(x, units[u].dr, units[u].ni * 8 + j);
+      for (size_t u = u0; u < u1; ++u) {
+        const auto [mi, ni, half, dr] = units[u];
+        std::vector<std::array<Reg, 2>> values(f.epilogues.size());
+        for (int j = 0; j < 2; ++j) {
+          const int64_t dc = ni * 8 + j;
+          std::vector<Reg> inputs(static_cast<size_t>(1 + f.extras),
+                                  acc[static_cast<size_t>((mi * n_tiles + ni) * 4 + 2 * half + j)]);
+          for (int x : read_extras) inputs[static_cast<size_t>(1 + x)] = extra_at(x, dr, dc);
+          std::vector<Reg> of_j;
+          for (size_t r = 0; r < f.epilogues.size(); ++r) {
+            values[r][static_cast<size_t>(j)] =
+                f.epilogues[r] == se::in(0) ? inputs[0] : emit_scalar_exp(b, f.epilogues[r], inputs);
+            of_j.push_back(values[r][static_cast<size_t>(j)]);
+          }
+          if (f.block_sums) {
+            Reg& partial = partials[static_cast<size_t>(ni * 2 + j)];
+            b.assign(kir::Opc::Add, partial, {partial, block_sum_value(of_j, inputs)});
           }
         }
-        if (through_shared) {
-          Reg tile_at = b.add(it, n0, scaled_add(b, it, m0, f.out_row, out_off));  // element (0, 0)
-          std::vector<Reg> tiles;
-          for (size_t r = 0; r < p_out.size(); ++r) tiles.push_back(b.address(p_out[r], tile_at, out_bytes(r)));
-          staged->copy_out(b, it, tid, tiles);
+        for (size_t r = 0; r < f.epilogues.size(); ++r) {
+          const int64_t e = out_bytes(r), at = e * (dr * f.out_row + ni * 8 * f.out_col);
+          if (through_shared) {
+            staged->put(b, r, dr, ni * 8, values[r]);
+          } else if (f.stored_bf16(r) && pairs) {  // a pair of bf16: one 4-byte store
+            b.st(Space::global, Type::u32, out_addr[r], b.pack_bf16x2(values[r][0], values[r][1]), at);
+          } else if (f.stored_bf16(r)) {
+            b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][0]), at);
+            b.st(Space::global, Type::bf16, out_addr[r], b.cvt(Type::bf16, values[r][1]), at + e * f.out_col);
+          } else if (pairs) {
+            b.st_vec(Space::global, Type::f32, out_addr[r], {values[r][0], values[r][1]}, at);
+          } else {
+            b.st(Space::global, Type::f32, out_addr[r], values[r][0], at);
+            b.st(Space::global, Type::f32, out_addr[r], values[r][1], at + e * f.out_col);
+          }
         }
-      };
-      if (farthest > std::numeric_limits<int32_t>::max()) {
-        store_checked();
-      } else {
-        Reg inside = b.and_(Type::pred, b.setp(Cmp::le, b.add(it, m0, imm_index(it, tile.tm)), imm_index(it, M)),
-                            b.setp(Cmp::le, b.add(it, n0, imm_index(it, tile.tn)), imm_index(it, N)));
-        // Inside, with every output buffer aligned to `bytes` (1: no condition).
-        auto inside_aligned = [&](int64_t bytes) {
-          Reg all = inside;
-          if (bytes > 1)
-            for (Reg p : p_out)
-              all = b.and_(
-                  Type::pred, all,
-                  b.setp(Cmp::eq, b.and_(Type::u64, p, imm_index(Type::u64, bytes - 1)), imm_index(Type::u64, 0)));
-          return all;
-        };
-        auto unstaged = [&] {
-          b.if_(
-              inside_aligned(pairs ? 8 : 1), [&] { store_interior(false); }, store_checked);
-        };
-        if (!staged)
-          unstaged();
-        else if (!staged_chunks)  // odd rows: no alignment beyond the element's
-          b.if_(
-              inside, [&] { store_interior(true); }, store_checked);
-        else  // 16-byte copies where every buffer allows them, else pairs
-          b.if_(
-              inside_aligned(16), [&] { store_interior(true); }, unstaged);
       }
+    }
+    if (through_shared) {
+      Reg tile_at = b.add(it, n0, scaled_add(b, it, m0, f.out_row, out_off));  // element (0, 0)
+      std::vector<Reg> tiles;
+      for (size_t r = 0; r < p_out.size(); ++r) tiles.push_back(b.address(p_out[r], tile_at, out_bytes(r)));
+      staged->copy_out(b, it, tid, tiles);
+    }
+  }
+
+  // Tensor-core tiles' epilogue on the accumulators: interior blocks unchecked (store_interior,
+  // staged or not), the others (or all where the offsets would not fit) element by element.
+  void store_tensor_core_tiles() {
+    auto store_checked = [&] {
+      for_each_accumulator([&](size_t e, Reg row, Reg col) { store_element(acc[e], row, col, partial_of_acc(e)); });
+    };
+    // Blocks wholly inside c (all but the last row and column of tiles) store without bounds
+    // checks: each output and extra is addressed once, every element at an immediate byte offset
+    // from the thread's first (row0, col0), and where columns are unit-stride and rows of even
+    // stride a column pair (c0 c1, c2 c3) goes out as one 8-byte store, or for an output
+    // stored as bf16 one 4-byte store of the rounded pair (each output buffer's alignment
+    // checked at run time). Each distinct extra element (a bias: one per column) is loaded
+    // once. The offsets (counted in 4-byte elements: bf16's are half) must fit PTX's 32-bit
+    // immediates and the strides be non-negative.
+    const int64_t last_row = (m_tiles - 1) * 16 + 8, last_col = (n_tiles - 1) * 8 + 1;
+    auto reach = [&](int64_t row_stride, int64_t col_stride) {
+      return row_stride < 0 || col_stride < 0 ? std::numeric_limits<int64_t>::max()
+                                              : 4 * (last_row * row_stride + last_col * col_stride);
+    };
+    int64_t farthest = reach(f.out_row, f.out_col);
+    for (int x : read_extras) {
+      const std::vector<int64_t>& st = extra_strides[static_cast<size_t>(x)];
+      farthest = std::max(farthest, reach(st[static_cast<size_t>(nb)], st[static_cast<size_t>(nb + 1)]));
+    }
+    if (farthest > std::numeric_limits<int32_t>::max()) {
+      store_checked();
+    } else {
+      Reg inside = b.and_(Type::pred, b.setp(Cmp::le, b.add(it, m0, imm_index(it, tile.tm)), imm_index(it, M)),
+                          b.setp(Cmp::le, b.add(it, n0, imm_index(it, tile.tn)), imm_index(it, N)));
+      // Inside, with every output buffer aligned to `bytes` (1: no condition).
+      auto inside_aligned = [&](int64_t bytes) {
+        Reg all = inside;
+        if (bytes > 1)
+          for (Reg p : p_out)
+            all =
+                b.and_(Type::pred, all,
+                       b.setp(Cmp::eq, b.and_(Type::u64, p, imm_index(Type::u64, bytes - 1)), imm_index(Type::u64, 0)));
+        return all;
+      };
+      auto unstaged = [&] {
+        b.if_(
+            inside_aligned(pairs ? 8 : 1), [&] { store_interior(false); }, store_checked);
+      };
+      if (!staged)
+        unstaged();
+      else if (!staged_chunks)  // odd rows: no alignment beyond the element's
+        b.if_(
+            inside, [&] { store_interior(true); }, store_checked);
+      else  // 16-byte copies where every buffer allows them, else pairs
+        b.if_(
+            inside_aligned(16), [&] { store_interior(true); }, unstaged);
+    }
+  }
+
+  // The epilogue on the block's accumulators (no split): tensor-core tiles by
+  // store_tensor_core_tiles, FFMA tiles element by element.
+  void epilogue() {
+    if (tile.tf32) {
+      store_tensor_core_tiles();
     } else {
       Reg row0 = b.add(it, m0, widen(b.mul(Type::u32, ty, imm_u32(kQuadrant))));
       Reg col0 = b.add(it, n0, widen(b.mul(Type::u32, tx, imm_u32(kQuadrant))));
@@ -302,8 +369,11 @@ MatmulEpilogueEmitted emit_matmul_epilogue(const MatmulEpilogueInputs& in) {
                         b.add(it, col0, imm_index(it, thread_offset(j))),
                         f.block_sums ? partials[static_cast<size_t>(j)] : Reg{});
     }
-  };
-  if (splits > 1) {
+  }
+
+  // Split-K: the block's accumulators to its partials, then the tile's last block adds the
+  // splits' partials in order and applies the epilogue (and its block sums).
+  void add_split_partials() {
     // Partials [batch][split][M][N]: this block's at grid z, its accumulators in bounds.
     Reg mine = b.address(p_partials, b.mul(it, grid_z, imm_index(it, M * N)), 4);
     for_each_accumulator([&](size_t e, Reg row, Reg col) {
@@ -341,8 +411,10 @@ MatmulEpilogueEmitted emit_matmul_epilogue(const MatmulEpilogueInputs& in) {
                          {{split_partial, b.rem(Type::u32, tid, imm_u32(tn))}}, Reg{});
       }
     });
-  } else {
-    epilogue();
+  }
+
+  // After the epilogue (no split), with block sums: the threads' partials to the block's sums.
+  void store_tile_block_sums() {
     if (f.block_sums && tile.tf32) {
       // Lanes g = lane / 4 hold rows g and g + 8 of the same columns: the warp's sums over g
       // (a butterfly over xor 4, 8, 16 leaves them in every lane; lanes 0-3 write them), one row
@@ -369,7 +441,20 @@ MatmulEpilogueEmitted emit_matmul_epilogue(const MatmulEpilogueInputs& in) {
       store_block_sums(threads / (tile.tn / tile.pn), ty, writes, Reg{});
     }
   }
-  return {staging_emitted, staged_chunks};
+};
+
+}  // namespace
+
+MatmulEpilogueEmitted emit_matmul_epilogue(const MatmulEpilogueInputs& in) {
+  Epilogue ep(in);
+  ep.prepare();
+  if (ep.splits > 1) {
+    ep.add_split_partials();
+  } else {
+    ep.epilogue();
+    ep.store_tile_block_sums();
+  }
+  return {ep.staging_emitted, ep.staged_chunks};
 }
 
 }  // namespace kiln::cuda

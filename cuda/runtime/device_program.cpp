@@ -184,9 +184,40 @@ void DeviceProgram::plan_workspace() {
   peak_live_bytes_ = kiln::peak_live_bytes(blocks);
 }
 
+// One run's state, shared by the phases of run(): its bindings and residency, every buffer it
+// holds (freed when the run ends, normally or by an exception), the assigned resident tensors'
+// spares, and the command list with the status words' address and the tensor maps it takes.
+struct DeviceProgram::RunState {
+  const std::vector<HostTensor>& bindings;
+  const Residency& residency;
+  const std::vector<ValueId>& root;  // the program's root_
+  const bool resident;
+  Buffers buf;
+  std::vector<CUdeviceptr> into_spare;              // root -> the spare it is computed into
+  std::vector<std::pair<int32_t, ValueId>> copies;  // key, the root copied into its spare
+  std::vector<int32_t> assigned;                    // keys flipped after the step
+  CUdeviceptr status = 0;                           // the status words
+  std::vector<DeviceCommand> commands;
+  size_t maps = 0;  // tensor maps encoded so far
+  RunState(const std::vector<HostTensor>& b, const Residency& r, const std::vector<ValueId>& roots, Runtime& rt,
+           size_t values)
+      : bindings(b), residency(r), root(roots), resident(r.buffers != nullptr), buf(rt, values) {}
+  // External `external`'s resident key, or -1 (uploaded from its binding).
+  int32_t key_of(size_t external) const { return resident ? residency.keys[external] : -1; }
+  // The buffer of value v (its root's).
+  CUdeviceptr ptr(ValueId v) const { return buf.of[static_cast<size_t>(root[static_cast<size_t>(v)])]; }
+  // Appends a command that sets `bytes` at dst to zero, tagged with op (-1: none).
+  void zero(int op, CUdeviceptr dst, size_t bytes) {
+    DeviceCommand c;
+    c.tag = op;
+    c.dst = dst;
+    c.bytes = bytes;
+    commands.push_back(std::move(c));
+  }
+};
+
 std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindings, const Residency& residency) {
   check_bindings(circuit_, bindings, "device program");
-  const auto& ops = circuit_.ops();
   const auto& ext = circuit_.externals();
   const bool resident = residency.buffers != nullptr;
   if (resident) {
@@ -195,47 +226,82 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
       throw Error("device program: " + std::to_string(residency.keys.size()) + " resident keys for " +
                   std::to_string(ext.size()) + " externals");
   }
-  auto key_of = [&](size_t external) { return resident ? residency.keys[external] : -1; };
   const RuntimeStats before = rt_.stats();
   if (static_memory_ && !workspace_) workspace_ = rt_.alloc(workspace_bytes_);
-  Buffers buf(rt_, circuit_.num_values());
-  auto ptr = [&](ValueId v) { return buf.of[static_cast<size_t>(root_[static_cast<size_t>(v)])]; };
+  RunState st(bindings, residency, root_, rt_, circuit_.num_values());
   for (size_t i = 0; i < ext.size(); ++i)
-    if (key_of(i) >= 0) buf.borrow(ext[i], residency.buffers->on_device(key_of(i), bindings[i]));
+    if (st.key_of(i) >= 0) st.buf.borrow(ext[i], residency.buffers->on_device(st.key_of(i), bindings[i]));
+  choose_spares(st);
+  upload_inputs(st);
+  build_commands(st);
+  if (st.maps > 0 && !tensor_maps_current_) {
+    rt_.upload(tensor_maps_at_, tensor_maps_.data(), 2 * st.maps * sizeof(CUtensorMap));
+    tensor_maps_current_ = true;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  const int64_t launches = execute(st.commands);
+  if (has_collectives_ && device_world())
+    device_world()->synchronize(rt_);  // NCCL: waits at most its timeout (a rank that died or hangs)
+  else
+    rt_.synchronize();
+  last_run_.device_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  if (status_slots_ > 0) check_status(st.status);
+  std::vector<HostTensor> results;
+  for (ValueId o : outputs_) {
+    const ValueInfo& info = circuit_.info(o);
+    HostTensor h = HostTensor::zeros(info.dtype, info.shape);
+    if (h.nbytes()) rt_.download(h.raw(), st.ptr(o), h.nbytes());
+    results.push_back(std::move(h));
+  }
+  commit(st);
+  last_run_.launches = launches;
+  last_run_.peak_bytes = workspace_bytes_ + st.buf.peak;
+  last_run_.uploaded_bytes = rt_.stats().bytes_uploaded - before.bytes_uploaded;
+  last_run_.downloaded_bytes = rt_.stats().bytes_downloaded - before.bytes_downloaded;
+  last_run_.uploads = rt_.stats().uploads - before.uploads;
+  last_run_.downloads = rt_.stats().downloads - before.downloads;
+  return results;
+}
 
+void DeviceProgram::choose_spares(RunState& st) const {
   // Assigned resident tensors: the step writes each one's spare buffer (flipped in once it has
   // succeeded). The last assign of a tensor counts; a computed value not yet placed there is
   // computed into it, any other (an external, or a value two tensors take) is copied at the end.
-  std::vector<CUdeviceptr> into_spare(circuit_.num_values(), 0);  // root -> the spare it is computed into
-  std::vector<std::pair<int32_t, ValueId>> copies;                // key, the root copied into its spare
-  std::vector<int32_t> assigned;                                  // keys flipped after the step
+  const auto& ops = circuit_.ops();
+  st.into_spare.assign(circuit_.num_values(), 0);
   for (size_t i = ops.size(); i-- > 0;) {
     if (assign_target_[i] < 0) continue;
-    const int32_t key = key_of(static_cast<size_t>(assign_target_[i]));
-    if (key < 0 || std::find(assigned.begin(), assigned.end(), key) != assigned.end()) continue;
-    assigned.push_back(key);
+    const int32_t key = st.key_of(static_cast<size_t>(assign_target_[i]));
+    if (key < 0 || std::find(st.assigned.begin(), st.assigned.end(), key) != st.assigned.end()) continue;
+    st.assigned.push_back(key);
     const auto root = static_cast<size_t>(root_[static_cast<size_t>(ops[i].outputs[0])]);
-    if (circuit_.value(static_cast<ValueId>(root)).role == ValueRole::Computed && !into_spare[root])
-      into_spare[root] = residency.buffers->spare(key);
+    if (circuit_.value(static_cast<ValueId>(root)).role == ValueRole::Computed && !st.into_spare[root])
+      st.into_spare[root] = st.residency.buffers->spare(key);
     else
-      copies.emplace_back(key, static_cast<ValueId>(root));
+      st.copies.emplace_back(key, static_cast<ValueId>(root));
   }
+}
+
+CUdeviceptr DeviceProgram::place(RunState& st, ValueId v, size_t bytes) const {
   // A value's buffer: the spare it is computed into, its place in the workspace, or its own.
-  auto place = [&](ValueId v, size_t bytes) {
-    if (CUdeviceptr spare = into_spare[static_cast<size_t>(v)]) {
-      buf.borrow(v, spare);
-      return spare;
-    }
-    const size_t at = planned_offset_[static_cast<size_t>(v)];
-    if (at == kUnplanned) return buf.alloc(v, bytes);
-    buf.borrow(v, workspace_ + at);
-    return workspace_ + at;
-  };
+  if (CUdeviceptr spare = st.into_spare[static_cast<size_t>(v)]) {
+    st.buf.borrow(v, spare);
+    return spare;
+  }
+  const size_t at = planned_offset_[static_cast<size_t>(v)];
+  if (at == kUnplanned) return st.buf.alloc(v, bytes);
+  st.buf.borrow(v, workspace_ + at);
+  return workspace_ + at;
+}
+
+void DeviceProgram::upload_inputs(RunState& st) {
   // Inputs: packed and uploaded in one copy when they lie together in the workspace.
+  const auto& ext = circuit_.externals();
+  const std::vector<HostTensor>& bindings = st.bindings;
   auto* staged = reinterpret_cast<std::byte*>(staging_.data());
   for (size_t i = 0; i < ext.size(); ++i) {
-    if (key_of(i) >= 0) continue;
-    CUdeviceptr d = place(ext[i], bindings[i].nbytes());
+    if (st.key_of(i) >= 0) continue;
+    CUdeviceptr d = place(st, ext[i], bindings[i].nbytes());
     if (!bindings[i].nbytes()) continue;
     const size_t at = planned_offset_[static_cast<size_t>(ext[i])];
     if (at == kUnplanned)
@@ -244,158 +310,142 @@ std::vector<HostTensor> DeviceProgram::run(const std::vector<HostTensor>& bindin
       std::memcpy(staged + (at - inputs_offset_), bindings[i].raw(), bindings[i].nbytes());
   }
   if (!staging_.empty()) rt_.upload(workspace_ + inputs_offset_, staged, staging_.size() * 8);
+}
 
+void DeviceProgram::build_commands(RunState& st) {
   // Every buffer gets its address first; the work is then one list of commands, run in order.
   // Status words: two u32 per op that checks indices, zeroed.
-  const CUdeviceptr status =
-      static_memory_ ? workspace_ + status_offset_ : buf.alloc(buf.add_slot(), status_bytes(status_slots_));
-  std::vector<DeviceCommand> commands;
-  auto zero = [&](int op, CUdeviceptr dst, size_t bytes) {
-    DeviceCommand c;
-    c.tag = op;
-    c.dst = dst;
-    c.bytes = bytes;
-    commands.push_back(std::move(c));
-  };
-  zero(-1, status, status_bytes(status_slots_));
-  size_t maps = 0;  // tensor maps encoded so far
+  st.status =
+      static_memory_ ? workspace_ + status_offset_ : st.buf.alloc(st.buf.add_slot(), status_bytes(status_slots_));
+  st.zero(-1, st.status, status_bytes(status_slots_));
+  for (size_t i = 0; i < circuit_.ops().size(); ++i) {
+    if (lowered_[i].alias_of < 0) op_commands(st, i);
+    for (ValueId dead : free_after_[i]) st.buf.release(dead);
+  }
+}
+
+void DeviceProgram::op_commands(RunState& st, size_t i) {
+  const Op& op = circuit_.ops()[i];
+  const LoweredOp& l = lowered_[i];
+  const int tag = static_cast<int>(i);
+  for (ValueId o : op.outputs) {
+    CUdeviceptr d = place(st, o, nbytes(circuit_.info(o)));
+    if (l.zero_outputs) st.zero(tag, d, nbytes(circuit_.info(o)));
+  }
+  // Scratch buffers: in the workspace, or in `buf` past the values (an exception frees them
+  // too; one released here is reused only by a later command).
+  std::vector<CUdeviceptr> scratch;
+  std::vector<ValueId> scratch_slots;
+  for (size_t s = 0; s < l.scratch_bytes.size(); ++s) {
+    if (static_memory_) {
+      scratch.push_back(workspace_ + scratch_offset_[i][s]);
+      continue;
+    }
+    scratch_slots.push_back(st.buf.add_slot());
+    scratch.push_back(st.buf.alloc(scratch_slots.back(), l.scratch_bytes[s]));
+  }
+  for (size_t s : l.zeroed_scratch) st.zero(tag, scratch[s], l.scratch_bytes[s]);
+  // all_reduce with a device collective: the collective, out of place where it can (the
+  // lowering's copy is the op of one process without one, and precedes an in-place one).
+  DeviceCollective* collective = l.mean_over_ranks ? device_world() : nullptr;
+  const bool skip_launches = collective && !collective->in_place();
+  for (size_t k = 0; k < l.launches.size() && !skip_launches; ++k) {
+    if (l.launches[k].grid.count() == 0) continue;  // an empty output
+    st.commands.push_back(launch_command(st, i, k, scratch));
+  }
+  if (l.mean_over_ranks) {
+    require_device_collective(tag);
+    if (collective) {
+      DeviceCommand c;
+      c.tag = tag;
+      c.collective = collective;
+      c.generation = device_world_generation();
+      c.src = collective->in_place() ? st.ptr(op.outputs[0]) : st.ptr(op.inputs[0]);
+      c.dst = st.ptr(op.outputs[0]);
+      c.bytes = nbytes(circuit_.info(op.outputs[0]));
+      st.commands.push_back(std::move(c));
+    }
+  }
+  for (ValueId slot : scratch_slots) st.buf.release(slot);
+}
+
+DeviceCommand DeviceProgram::launch_command(RunState& st, size_t i, size_t k, const std::vector<CUdeviceptr>& scratch) {
+  const Op& op = circuit_.ops()[i];
+  const Launch& launch = lowered_[i].launches[k];
+  DeviceCommand c;
+  c.tag = static_cast<int>(i);
+  c.kernel = &loaded_[i][k];
+  c.grid = launch.grid;
+  c.block = launch.block;
+  for (const ArgRef& a : launch.args) {
+    switch (a.kind) {
+      case ArgRef::Kind::Input: c.args.push_back(st.ptr(op.inputs[static_cast<size_t>(a.index)])); break;
+      case ArgRef::Kind::Output: c.args.push_back(st.ptr(op.outputs[static_cast<size_t>(a.index)])); break;
+      case ArgRef::Kind::Scratch: c.args.push_back(scratch[static_cast<size_t>(a.index)]); break;
+      case ArgRef::Kind::Status:
+        c.args.push_back(st.status + static_cast<CUdeviceptr>(status_slot_[i]) * kStatusWords * 4);
+        break;
+      case ArgRef::Kind::TensorMap:
+        c.args.push_back(tensor_map_arg(st, i, lowered_[i].tensor_maps[static_cast<size_t>(a.index)]));
+        break;
+    }
+  }
+  return c;
+}
+
+CUdeviceptr DeviceProgram::tensor_map_arg(RunState& st, size_t i, const TensorMapArg& m) {
+  const Op& op = circuit_.ops()[i];
+  const CUdeviceptr at =
+      st.ptr(op.inputs[static_cast<size_t>(m.input)]) + static_cast<CUdeviceptr>(m.offset) * m.element_bytes;
+  // The entry encoded over this buffer in an earlier run, else the one not used last.
+  const size_t first = 2 * st.maps;
+  size_t entry = tensor_map_over_[first] == at ? first : first + 1;
+  if (tensor_map_over_[entry] != at) {
+    entry = first + 1 - tensor_map_last_[st.maps];
+    tensor_maps_current_ = false;
+    tensor_map_over_[entry] = 0;  // until encoded
+    tensor_maps_[entry] =
+        rt_.encode_tensor_map(fmt::format("op {} ({}): input {}'s tensor map", i, op.prim->name, m.input), at,
+                              m.element_bytes, m.dims, m.strides, m.box, m.swizzle_128);
+    tensor_map_over_[entry] = at;
+  }
+  tensor_map_last_[st.maps++] = static_cast<uint8_t>(entry - first);
+  return tensor_maps_at_ + entry * sizeof(CUtensorMap);
+}
+
+void DeviceProgram::check_status(CUdeviceptr status) const {
+  const auto& ops = circuit_.ops();
+  std::vector<int32_t> words(static_cast<size_t>(status_slots_) * kStatusWords);
+  rt_.download(words.data(), status, words.size() * 4);
   for (size_t i = 0; i < ops.size(); ++i) {
-    const Op& op = ops[i];
-    const LoweredOp& l = lowered_[i];
-    const int tag = static_cast<int>(i);
-    if (l.alias_of < 0) {
-      for (ValueId o : op.outputs) {
-        CUdeviceptr d = place(o, nbytes(circuit_.info(o)));
-        if (l.zero_outputs) zero(tag, d, nbytes(circuit_.info(o)));
-      }
-      // Scratch buffers: in the workspace, or in `buf` past the values (an exception frees them
-      // too; one released here is reused only by a later command).
-      std::vector<CUdeviceptr> scratch;
-      std::vector<ValueId> scratch_slots;
-      for (size_t s = 0; s < l.scratch_bytes.size(); ++s) {
-        if (static_memory_) {
-          scratch.push_back(workspace_ + scratch_offset_[i][s]);
-          continue;
-        }
-        scratch_slots.push_back(buf.add_slot());
-        scratch.push_back(buf.alloc(scratch_slots.back(), l.scratch_bytes[s]));
-      }
-      for (size_t s : l.zeroed_scratch) zero(tag, scratch[s], l.scratch_bytes[s]);
-      // all_reduce with a device collective: the collective, out of place where it can (the
-      // lowering's copy is the op of one process without one, and precedes an in-place one).
-      DeviceCollective* collective = l.mean_over_ranks ? device_world() : nullptr;
-      const bool skip_launches = collective && !collective->in_place();
-      for (size_t k = 0; k < l.launches.size() && !skip_launches; ++k) {
-        const Launch& launch = l.launches[k];
-        if (launch.grid.count() == 0) continue;  // an empty output
-        DeviceCommand c;
-        c.tag = tag;
-        c.kernel = &loaded_[i][k];
-        c.grid = launch.grid;
-        c.block = launch.block;
-        for (const ArgRef& a : launch.args) {
-          switch (a.kind) {
-            case ArgRef::Kind::Input: c.args.push_back(ptr(op.inputs[static_cast<size_t>(a.index)])); break;
-            case ArgRef::Kind::Output: c.args.push_back(ptr(op.outputs[static_cast<size_t>(a.index)])); break;
-            case ArgRef::Kind::Scratch: c.args.push_back(scratch[static_cast<size_t>(a.index)]); break;
-            case ArgRef::Kind::Status:
-              c.args.push_back(status + static_cast<CUdeviceptr>(status_slot_[i]) * kStatusWords * 4);
-              break;
-            case ArgRef::Kind::TensorMap: {
-              const TensorMapArg& m = l.tensor_maps[static_cast<size_t>(a.index)];
-              const CUdeviceptr at =
-                  ptr(op.inputs[static_cast<size_t>(m.input)]) + static_cast<CUdeviceptr>(m.offset) * m.element_bytes;
-              // The entry encoded over this buffer in an earlier run, else the one not used last.
-              const size_t first = 2 * maps;
-              size_t entry = tensor_map_over_[first] == at ? first : first + 1;
-              if (tensor_map_over_[entry] != at) {
-                entry = first + 1 - tensor_map_last_[maps];
-                tensor_maps_current_ = false;
-                tensor_map_over_[entry] = 0;  // until encoded
-                tensor_maps_[entry] =
-                    rt_.encode_tensor_map(fmt::format("op {} ({}): input {}'s tensor map", i, op.prim->name, m.input),
-                                          at, m.element_bytes, m.dims, m.strides, m.box, m.swizzle_128);
-                tensor_map_over_[entry] = at;
-              }
-              tensor_map_last_[maps++] = static_cast<uint8_t>(entry - first);
-              c.args.push_back(tensor_maps_at_ + entry * sizeof(CUtensorMap));
-              break;
-            }
-          }
-        }
-        commands.push_back(std::move(c));
-      }
-      if (l.mean_over_ranks) {
-        require_device_collective(tag);
-        if (collective) {
-          DeviceCommand c;
-          c.tag = tag;
-          c.collective = collective;
-          c.generation = device_world_generation();
-          c.src = collective->in_place() ? ptr(op.outputs[0]) : ptr(op.inputs[0]);
-          c.dst = ptr(op.outputs[0]);
-          c.bytes = nbytes(circuit_.info(op.outputs[0]));
-          commands.push_back(std::move(c));
-        }
-      }
-      for (ValueId slot : scratch_slots) buf.release(slot);
-    }
-    for (ValueId dead : free_after_[i]) buf.release(dead);
+    if (status_slot_[i] < 0) continue;
+    const int32_t* w = &words[static_cast<size_t>(status_slot_[i]) * kStatusWords];
+    if (w[0] != 0)
+      fail(ops[i].prim->name, ops[i].scope,
+           fmt::format("{} index(es) out of range on the device, e.g. {} (input {})", w[0], w[1],
+                       circuit_.info(ops[i].inputs[index_input(ops[i])]).shape.str()));
   }
-  if (maps > 0 && !tensor_maps_current_) {
-    rt_.upload(tensor_maps_at_, tensor_maps_.data(), 2 * maps * sizeof(CUtensorMap));
-    tensor_maps_current_ = true;
-  }
-  const auto started = std::chrono::steady_clock::now();
-  const int64_t launches = execute(commands);
-  if (has_collectives_ && device_world())
-    device_world()->synchronize(rt_);  // NCCL: waits at most its timeout (a rank that died or hangs)
-  else
-    rt_.synchronize();
-  last_run_.device_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-  if (status_slots_ > 0) {
-    std::vector<int32_t> words(static_cast<size_t>(status_slots_) * kStatusWords);
-    rt_.download(words.data(), status, words.size() * 4);
-    for (size_t i = 0; i < ops.size(); ++i) {
-      if (status_slot_[i] < 0) continue;
-      const int32_t* w = &words[static_cast<size_t>(status_slot_[i]) * kStatusWords];
-      if (w[0] != 0)
-        fail(ops[i].prim->name, ops[i].scope,
-             fmt::format("{} index(es) out of range on the device, e.g. {} (input {})", w[0], w[1],
-                         circuit_.info(ops[i].inputs[index_input(ops[i])]).shape.str()));
-    }
-  }
-  std::vector<HostTensor> results;
-  for (ValueId o : outputs_) {
-    const ValueInfo& info = circuit_.info(o);
-    HostTensor h = HostTensor::zeros(info.dtype, info.shape);
-    if (h.nbytes()) rt_.download(h.raw(), ptr(o), h.nbytes());
-    results.push_back(std::move(h));
-  }
+}
+
+void DeviceProgram::commit(RunState& st) const {
   // The step succeeded: commit. Assigned tensors without a device copy are written into their
   // host bindings (every download first, so a failing one leaves every host buffer as it was);
   // resident ones get their copies, then their spares flip in.
+  const auto& ops = circuit_.ops();
   std::vector<std::pair<const HostTensor*, HostTensor>> commits;
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (assign_target_[i] < 0 || key_of(static_cast<size_t>(assign_target_[i])) >= 0) continue;
-    const HostTensor& host = bindings[static_cast<size_t>(assign_target_[i])];
+    if (assign_target_[i] < 0 || st.key_of(static_cast<size_t>(assign_target_[i])) >= 0) continue;
+    const HostTensor& host = st.bindings[static_cast<size_t>(assign_target_[i])];
     HostTensor contents = HostTensor::zeros(host.dtype(), host.shape());
-    if (host.nbytes()) rt_.download(contents.raw(), ptr(ops[i].outputs[0]), host.nbytes());
+    if (host.nbytes()) rt_.download(contents.raw(), st.ptr(ops[i].outputs[0]), host.nbytes());
     commits.emplace_back(&host, std::move(contents));
   }
-  for (const auto& [key, root] : copies)
-    rt_.copy(residency.buffers->spare(key), ptr(root), nbytes(circuit_.info(root)));
-  if (!copies.empty()) rt_.synchronize();
-  for (int32_t key : assigned) residency.buffers->flip(key);
+  for (const auto& [key, root] : st.copies)
+    rt_.copy(st.residency.buffers->spare(key), st.ptr(root), nbytes(circuit_.info(root)));
+  if (!st.copies.empty()) rt_.synchronize();
+  for (int32_t key : st.assigned) st.residency.buffers->flip(key);
   for (const auto& [host, contents] : commits)
     if (host->nbytes()) std::memcpy(host->raw(), contents.raw(), host->nbytes());
-  last_run_.launches = launches;
-  last_run_.peak_bytes = workspace_bytes_ + buf.peak;
-  last_run_.uploaded_bytes = rt_.stats().bytes_uploaded - before.bytes_uploaded;
-  last_run_.downloaded_bytes = rt_.stats().bytes_downloaded - before.bytes_downloaded;
-  last_run_.uploads = rt_.stats().uploads - before.uploads;
-  last_run_.downloads = rt_.stats().downloads - before.downloads;
-  return results;
 }
 
 void DeviceProgram::require_device_collective(int op) const {

@@ -85,6 +85,35 @@ class DeviceProgram {
   std::vector<int> status_slot_;                   // per op: its status words, or -1
   int status_slots_ = 0;
   DeviceRunStats last_run_;
+  // The phases of run(), in its order, on one run's state (defined in device_program.cpp).
+  struct RunState;
+  // Chooses, for each assigned resident tensor (its last assign), the root computed into its
+  // spare buffer (st.into_spare) or copied there after the step (st.copies); st.assigned: the
+  // keys to flip once the step has succeeded.
+  void choose_spares(RunState& st) const;
+  // Gives value v its buffer: the spare it is computed into, its place in the workspace, or one
+  // of its own of `bytes` held by st.buf.
+  CUdeviceptr place(RunState& st, ValueId v, size_t bytes) const;
+  // Places the non-resident externals and uploads their bindings (packed in staging_ and sent
+  // in one copy where they lie together in the workspace).
+  void upload_inputs(RunState& st);
+  // Places the status words (st.status) and every op's outputs and scratch, releasing buffers
+  // as they die, and lists the run's commands in st.commands, in order.
+  void build_commands(RunState& st);
+  // Op i's part of build_commands (an op that is not an alias): its zeroings, launches and
+  // collective; its scratch buffers of its own are released after them.
+  void op_commands(RunState& st, size_t i);
+  // Op i's launch k as a command, its arguments resolved to addresses (scratch: op i's).
+  DeviceCommand launch_command(RunState& st, size_t i, size_t k, const std::vector<CUdeviceptr>& scratch);
+  // The device address of the run's next tensor map (st.maps counts them), map m of op i:
+  // the entry encoded over the same buffer in an earlier run, else the one not used last,
+  // encoded now (tensor_maps_current_ then false).
+  CUdeviceptr tensor_map_arg(RunState& st, size_t i, const TensorMapArg& m);
+  // Reads the status words at `status` and throws, naming the op, for the first index error.
+  void check_status(CUdeviceptr status) const;
+  // After a successful step: writes the assigned tensors into their host bindings, copies the
+  // resident ones' values into their spares (st.copies) and flips the spares in.
+  void commit(RunState& st) const;
   // Runs the commands in order (as a CUDA graph when graphs are on); returns the kernels run.
   int64_t execute(const std::vector<DeviceCommand>& commands);
   bool has_collectives_ = false;   // all_reduce ops (mean_over_ranks)

@@ -161,14 +161,86 @@ class Flattener {
     return Code::Cvt;
   }
 
+  // The operand slots every instruction takes (allocated in this order), then its group's opcode.
   void instr(const Instr& in) {
     Op op;
     const Type t = in.type;
-    const Code X = Code::Exit;  // "not available for this type" in pick()
     if (in.dsts.size() == 1) op.d = reg_slot(in.dsts[0]);
     if (!in.srcs.empty()) op.a = slot(in.srcs[0]);
     if (in.srcs.size() > 1) op.b = slot(in.srcs[1]);
     if (in.srcs.size() > 2) op.c = slot(in.srcs[2]);
+    switch (in.op) {
+      case Opc::Mov:
+      case Opc::Add:
+      case Opc::Sub:
+      case Opc::Mul:
+      case Opc::MulHi:
+      case Opc::MulWide:
+      case Opc::Mad:
+      case Opc::Fma:
+      case Opc::Div:
+      case Opc::Rem:
+      case Opc::Min:
+      case Opc::Max:
+      case Opc::Neg:
+      case Opc::Abs:
+      case Opc::And:
+      case Opc::Or:
+      case Opc::Xor:
+      case Opc::Not:
+      case Opc::Shl:
+      case Opc::Shr:
+      case Opc::Setp:
+      case Opc::Selp:
+      case Opc::Cvt:
+      case Opc::Ex2:
+      case Opc::Lg2:
+      case Opc::Rcp:
+      case Opc::Rsqrt:
+      case Opc::Sqrt:
+      case Opc::Tanh:
+      case Opc::Sin:
+      case Opc::Cos:
+      case Opc::RoundTf32:
+      case Opc::PackBf16x2: arith(in, op); break;
+      case Opc::LdParam:
+      case Opc::Sreg:
+      case Opc::SharedAddr:
+      case Opc::Ld:
+      case Opc::St:
+      case Opc::AtomAdd: memory(in, op); break;
+      case Opc::Bar:
+      case Opc::Shfl:
+      case Opc::Ret:
+      case Opc::Membar: sync(in, op); break;
+      case Opc::Mma:
+      case Opc::Ldmatrix:
+      case Opc::Wgmma:
+      case Opc::WgmmaFence:
+      case Opc::WgmmaCommit:
+      case Opc::WgmmaWait:
+      case Opc::FenceProxyAsync: matrix(in, op); break;
+      case Opc::CpAsync:
+      case Opc::CpAsyncCommit:
+      case Opc::CpAsyncWait:
+      case Opc::MbarrierInit:
+      case Opc::MbarrierArriveExpectTx:
+      case Opc::MbarrierWait:
+      case Opc::FenceMbarrierInit:
+      case Opc::FenceProxyTensormap:
+      case Opc::TensorCopy: async_copy(in, op); break;
+    }
+    if (op.code == Code::Half) {
+      op.aux = static_cast<uint8_t>(in.op);
+      op.size = static_cast<uint8_t>(t);
+    }
+    emit(op, kir::describe(k_, in));
+  }
+
+  // Arithmetic, comparisons, conversions and the f32 approximations (also cvt.rna.tf32, cvt.rn.bf16x2).
+  void arith(const Instr& in, Op& op) const {
+    const Type t = in.type;
+    const Code X = Code::Exit;  // "not available for this type" in pick()
     switch (in.op) {
       case Opc::Mov: op.code = Code::Mov; break;
       case Opc::Add:
@@ -247,6 +319,14 @@ class Flattener {
         op.code = Code::Approx;
         op.aux = static_cast<uint8_t>(in.op);
         break;
+      default: break;  // not in this group: instr() dispatches
+    }
+  }
+
+  // Parameters, special registers, shared-array addresses, loads, stores and atomics.
+  void memory(const Instr& in, Op& op) {
+    const Type t = in.type;
+    switch (in.op) {
       case Opc::LdParam:
         op.code = Code::LdParam;
         op.imm = in.param;
@@ -280,6 +360,13 @@ class Flattener {
         op.size = 4;
         op.imm = in.offset;
         break;
+      default: break;  // not in this group: instr() dispatches
+    }
+  }
+
+  // Block barriers, warp shuffles, thread exits and membar.
+  void sync(const Instr& in, Op& op) const {
+    switch (in.op) {
       case Opc::Bar: op.code = Code::Bar; break;
       case Opc::Shfl:
         op.code = Code::Shfl;
@@ -287,18 +374,13 @@ class Flattener {
         break;
       case Opc::Ret: op.code = Code::Exit; break;
       case Opc::Membar: op.code = Code::Fence; break;  // orders global memory (simulator.hpp)
-      case Opc::CpAsync:
-        op.code = Code::CpAsync;
-        op.size = static_cast<uint8_t>(in.vec);
-        op.a = slot(in.srcs[0]);
-        op.b = slot(in.srcs[1]);
-        op.c = slot(in.srcs[2]);
-        break;
-      case Opc::CpAsyncCommit: op.code = Code::CpAsyncCommit; break;
-      case Opc::CpAsyncWait:
-        op.code = Code::CpAsyncWait;
-        op.imm = in.offset;
-        break;
+      default: break;                                  // not in this group: instr() dispatches
+    }
+  }
+
+  // Warp and warpgroup matrix operations (mma.sync, ldmatrix, wgmma) and their fences and groups.
+  void matrix(const Instr& in, Op& op) {
+    switch (in.op) {
       case Opc::Ldmatrix:
         op.code = Code::Ldmatrix;
         op.aux = static_cast<uint8_t>(in.vec);
@@ -334,6 +416,32 @@ class Flattener {
         op.code = Code::FenceProxyAsync;
         out_.uses_wgmma = true;
         break;
+      case Opc::Mma:
+        op.code = Code::Mma;
+        op.aux = static_cast<uint8_t>(in.mma);
+        op.b = static_cast<uint32_t>(out_.vslots.size());
+        for (Reg r : in.dsts) out_.vslots.push_back(reg_slot(r));
+        for (const auto& s : in.srcs) out_.vslots.push_back(slot(s));
+        break;
+      default: break;  // not in this group: instr() dispatches
+    }
+  }
+
+  // Asynchronous copies: cp.async, mbarriers and tensor-map copies.
+  void async_copy(const Instr& in, Op& op) {
+    switch (in.op) {
+      case Opc::CpAsync:
+        op.code = Code::CpAsync;
+        op.size = static_cast<uint8_t>(in.vec);
+        op.a = slot(in.srcs[0]);
+        op.b = slot(in.srcs[1]);
+        op.c = slot(in.srcs[2]);
+        break;
+      case Opc::CpAsyncCommit: op.code = Code::CpAsyncCommit; break;
+      case Opc::CpAsyncWait:
+        op.code = Code::CpAsyncWait;
+        op.imm = in.offset;
+        break;
       case Opc::MbarrierInit:
       case Opc::MbarrierArriveExpectTx:
       case Opc::MbarrierWait:
@@ -363,19 +471,8 @@ class Flattener {
         for (size_t i = 3; i < in.srcs.size(); ++i) out_.vslots.push_back(slot(in.srcs[i]));
         out_.uses_mbarriers = true;
         break;
-      case Opc::Mma:
-        op.code = Code::Mma;
-        op.aux = static_cast<uint8_t>(in.mma);
-        op.b = static_cast<uint32_t>(out_.vslots.size());
-        for (Reg r : in.dsts) out_.vslots.push_back(reg_slot(r));
-        for (const auto& s : in.srcs) out_.vslots.push_back(slot(s));
-        break;
+      default: break;  // not in this group: instr() dispatches
     }
-    if (op.code == Code::Half) {
-      op.aux = static_cast<uint8_t>(in.op);
-      op.size = static_cast<uint8_t>(t);
-    }
-    emit(op, kir::describe(k_, in));
   }
 
   const kir::Kernel& k_;

@@ -9,11 +9,15 @@
 // gathers, casts, masks and Philox bits exactly.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <numbers>
 #include <optional>
+#include <regex>
 #include <set>
+#include <sstream>
 
 #include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/ir/bf16.hpp>
@@ -306,7 +310,62 @@ TEST(Lowering, BadIndexOnTheDeviceIsAnErrorNamingTheOp) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("gather_rows"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("9"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(input [4])"), std::string::npos) << e.what();  // the indices' shape
   }
+}
+
+// The comments of the two family lists (circuit/prims/families.hpp, cuda/lower/families.hpp)
+// name each family's Prims, checked against the registry (a Prim's family is the file that
+// registered it): a Prim added to a family without its line fails here.
+TEST(Lowering, FamilyListsNameEachFamilysPrims) {
+  std::map<std::string, std::set<std::string>> registered;  // family file -> its Prims
+  for (const PrimDef* p : PrimRegistry::instance().all())
+    if (p->id != PrimId::user) registered[p->family].insert(p->name);
+  const std::filesystem::path root = std::filesystem::path(__FILE__).parent_path().parent_path();
+  for (const auto& [header, suffix] : {std::pair{"circuit/prims/families.hpp", std::string()},
+                                       std::pair{"cuda/lower/families.hpp", std::string("_lowering")}}) {
+    std::ifstream in(root / header);
+    ASSERT_TRUE(in) << root / header;
+    const std::regex line("^void register_(\\w+)" + suffix + "\\([A-Za-z]+& [a-z]\\);\\s*// (.*)$");
+    std::map<std::string, std::set<std::string>> listed;
+    for (std::string text; std::getline(in, text);) {
+      std::smatch m;
+      if (!std::regex_match(text, m, line)) continue;
+      std::stringstream items(m[2].str());
+      for (std::string item; std::getline(items, item, ',');) {
+        std::stringstream words(item);
+        std::string name;
+        words >> name;  // the Prim's name; a parenthesis after it says how it is made
+        listed[m[1].str() + ".cpp"].insert(name);
+      }
+    }
+    EXPECT_EQ(listed, registered) << header;
+  }
+}
+
+// Every op of the cases whose kernels check indices (a status argument) names the input that
+// holds them (PrimDef::index_input: an i32 input without a gradient), which device index errors
+// name: a gather-like Prim added without it fails here.
+TEST(Lowering, PrimsWhoseKernelsCheckIndicesNameTheirIndexInput) {
+  std::set<std::string> checking;
+  for (const LoweringCase& lc : cases()) {
+    testing::Harness h(lc.inputs, lc.build);
+    for (size_t i = 0; i < h.circuit.ops().size(); ++i) {
+      const Op& op = h.circuit.ops()[i];
+      bool status = false;
+      for (const cuda::Launch& l :
+           cuda::lower(h.circuit, static_cast<int>(i), cuda::device_target(testing::fake_runtime())).launches)
+        for (const cuda::ArgRef& a : l.args) status = status || a.kind == cuda::ArgRef::Kind::Status;
+      if (!status) continue;
+      checking.insert(op.prim->name);
+      const int k = op.prim->index_input;
+      ASSERT_GE(k, 0) << op.prim->name << " checks indices but names no index input";
+      EXPECT_EQ(h.circuit.info(op.inputs[static_cast<size_t>(k)]).dtype, DType::i32) << op.prim->name;
+      const auto& nd = op.prim->nondiff_inputs;
+      EXPECT_NE(std::find(nd.begin(), nd.end(), k), nd.end()) << op.prim->name;
+    }
+  }
+  EXPECT_EQ(checking, (std::set<std::string>{"gather_rows", "gather_last", "scatter_add_rows", "one_hot"}));
 }
 
 TEST(Lowering, F64IsAClearError) {

@@ -99,6 +99,9 @@ struct PrimDef {
   bool differentiable = true;
   // Inputs with no gradient by nature (indices, masks, seeds): the sweep skips them.
   std::vector<int> nondiff_inputs;
+  // The input of i32 indices whose range the Prim's kernels check (gather and scatter), or -1:
+  // a device index error names that input's shape.
+  int index_input = -1;
 
   // --- user Prims only (id == PrimId::user; core/user_prim.hpp registers them) ----------------
   std::string registered_at;       // "file:line" of the registration, for errors naming it

@@ -188,6 +188,7 @@ void register_gather(PrimRegistry& r) {
   g.eval = gather_eval;
   g.vjp = gather_vjp;
   g.nondiff_inputs = {1};
+  g.index_input = 1;
   r.add(g, __FILE__);
 
   PrimDef s;
@@ -196,6 +197,7 @@ void register_gather(PrimRegistry& r) {
   s.eval = scatter_eval;
   s.vjp = scatter_vjp;
   s.nondiff_inputs = {0};
+  s.index_input = 0;
   s.describe = [](const Params& p) {
     return "rows=" + std::to_string(p.ints[0]) + (p.ints.size() == 2 && p.ints[1] ? " ordered" : "");
   };
@@ -207,6 +209,7 @@ void register_gather(PrimRegistry& r) {
   gl.eval = gather_last_eval;
   gl.vjp = gather_last_vjp;
   gl.nondiff_inputs = {1};
+  gl.index_input = 1;
   r.add(gl, __FILE__);
 
   PrimDef o;
@@ -215,6 +218,7 @@ void register_gather(PrimRegistry& r) {
   o.eval = one_hot_eval;
   o.differentiable = false;
   o.nondiff_inputs = {0};
+  o.index_input = 0;
   o.describe = [](const Params& p) { return "depth=" + std::to_string(p.ints[0]) + " " + dtype_name(p.dtype); };
   r.add(o, __FILE__);
 }

@@ -23,9 +23,6 @@ namespace {
 size_t nbytes(const ValueInfo& info) { return static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype); }
 size_t status_bytes(int slots) { return static_cast<size_t>(std::max(slots, 1)) * kStatusWords * 4; }
 
-// The input holding the indices of an op that checks them (for its error message).
-size_t index_input(const Op& op) { return op.is(PrimId::gather_rows) || op.is(PrimId::gather_last) ? 1 : 0; }
-
 // Frees every buffer still held when a run ends, normally or by an exception. A borrowed
 // buffer (the workspace's, or a resident tensor's copy or spare) is only referred to.
 struct Buffers {
@@ -420,10 +417,11 @@ void DeviceProgram::check_status(CUdeviceptr status) const {
   for (size_t i = 0; i < ops.size(); ++i) {
     if (status_slot_[i] < 0) continue;
     const int32_t* w = &words[static_cast<size_t>(status_slot_[i]) * kStatusWords];
+    const int k = ops[i].prim->index_input;
     if (w[0] != 0)
       fail(ops[i].prim->name, ops[i].scope,
            fmt::format("{} index(es) out of range on the device, e.g. {} (input {})", w[0], w[1],
-                       circuit_.info(ops[i].inputs[index_input(ops[i])]).shape.str()));
+                       k >= 0 ? circuit_.info(ops[i].inputs[static_cast<size_t>(k)]).shape.str() : "of indices"));
   }
 }
 

@@ -45,7 +45,11 @@ std::vector<ValueId> backward(Builder& b, ValueId output, const std::vector<Valu
                      op.prim->nondiff_inputs.end();
       any = any || (!nondiff && needs[static_cast<size_t>(op.inputs[k])]);
     }
-    for (ValueId o : op.outputs) needs[static_cast<size_t>(o)] = any && is_float(c.info(o).dtype);
+    // A computed value in wrt keeps its mark: its gradient is wanted whatever it depends on.
+    for (ValueId o : op.outputs) {
+      char& n = needs[static_cast<size_t>(o)];
+      n = n || (any && is_float(c.info(o).dtype));
+    }
   }
 
   std::vector<ValueId> grad(c.num_values(), kNoValue);

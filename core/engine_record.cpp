@@ -119,7 +119,8 @@ std::vector<Tensor> Engine::grad(const Tensor& loss, const std::vector<Tensor>& 
   require_scalar_loss(rec_.circuit, out, "grad", scope_path_);
   std::vector<ValueId> ids;
   for (const Tensor& t : wrt) ids.push_back(value_of(t));
-  fuse_attention_before_sweep(rec_.circuit, pipeline_, rec_.handles, out, ids);
+  // No attention rewrite here: grad()'s results may be differentiated again, and attention_grad
+  // has no VJP. Its attention chains stay as recorded (unfused).
   Builder b = builder();
   std::vector<ValueId> grads = ad::backward(b, out, ids);
   std::vector<Tensor> result;

@@ -73,8 +73,9 @@ TEST(CircuitDce, RemovesUnusedOpKeepsAssignWhoseResultIsUnused) {
 
 // replace_ops: y = exp(x) * 2, z = y + 1 with (exp, mul) replaced in place by one pointwise op
 // that keeps y's id: z still reads y, the values are the same, and the exp's output is left
-// without a producer. A replacement naming an op twice, a place that is not removed, or a kept
-// value of another type is an error.
+// without a producer. A replacement naming an op twice, a place that is not removed, a kept
+// value of another type or from no removed op, or one that leaves a read value without a
+// producer is an error and changes nothing.
 TEST(CircuitReplaceOps, OneOpTakesTheRemovedOpsPlaceAndKeepsTheirValueIds) {
   Circuit c;
   Builder b(c);
@@ -107,6 +108,17 @@ TEST(CircuitReplaceOps, OneOpTakesTheRemovedOpsPlaceAndKeepsTheirValueIds) {
   EXPECT_HAS(error_of([&] { d.replace_ops({elsewhere}); }), "op #1, is not a removed op");
   OpReplacement wrong_type{{0}, 0, twice.prim, r.params, {bd.reduce_all(ReduceKind::Sum, u)}, {v}};
   EXPECT_HAS(error_of([&] { d.replace_ops({wrong_type}); }), "replace_ops: kept value");
+  // Keeping a value no removed op made, or leaving a reader of a removed op's output: refused,
+  // the circuit unchanged.
+  const ValueId w = bd.pointwise(se::in(0) * se::c(3.0), {v});  // op #2 reads v
+  const size_t ops_before = d.ops().size();
+  OpReplacement foreign{{0}, 0, twice.prim, r.params, {u}, {u}};
+  EXPECT_HAS(error_of([&] { d.replace_ops({foreign}); }), "is not an output of a removed op");
+  OpReplacement orphaning{{0}, 0, twice.prim, r.params, {u}, {}};
+  EXPECT_HAS(error_of([&] { d.replace_ops({orphaning}); }), "an output of a removed op");
+  EXPECT_EQ(d.ops().size(), ops_before);
+  EXPECT_EQ(d.value(w).producer, 2);
+  EXPECT_EQ(d.value(v).producer, 0);
 }
 
 TEST(CircuitCse, MergesIdenticalPointwiseOps) {

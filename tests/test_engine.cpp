@@ -196,6 +196,15 @@ TEST(EngineGradients, FunctionalGradOfInputsAndIntermediates) {
   EXPECT_EQ(g[2].to_vector(), (std::vector<double>{0}));  // loss does not depend on it
 }
 
+// The gradient of an intermediate alone (what it is computed from not differentiated): the sweep
+// once lost its mark and returned zeros.
+TEST(EngineGradients, GradOfAnIntermediateAlone) {
+  Tensor x = Tensor::from_vector({1, 2, 3}, Shape{3}, DType::f64);
+  Tensor h = x * x;
+  Tensor loss = sum(h * h);  // d/dh = 2h
+  EXPECT_EQ(grad(loss, {h})[0].to_vector(), (std::vector<double>{2, 8, 18}));
+}
+
 TEST(EngineArenas, ParametersAreViewsOfPerDtypeArenas) {
   Engine& e = Engine::current();
   Tensor a = Tensor::parameter("arena.a", host({1, 2, 3}, Shape{3}));

@@ -282,11 +282,10 @@ TEST(FuseAttention, VariantsOutsideThePatternAreLeftAlone) {
   }
 }
 
-// Circuits close to the pattern that the pass must leave alone or fuse correctly (a second read
-// of the pass found each of them fused wrongly or crashing): a (1, 1) "causal" mask (all true, by
-// broadcasting), q = k with a scale, a requested split output or (B, T, H, d) gradient, and a
-// packed projection reshaped to (T, B, H, d), and the scores added to themselves as an "additive
-// mask". Each must give the unfused values.
+// Circuits close to the pattern that the rewrite must leave alone or fuse correctly: a (1, 1)
+// "causal" mask (all true, by broadcasting), q = k with a scale, a requested split output or a
+// (B, T, H, d) value differentiated, a packed projection reshaped to (T, B, H, d), and the scores
+// added to themselves as an "additive mask". Each must give the unfused values.
 TEST(FuseAttention, NearMissesGiveTheUnfusedValues) {
   struct Case {
     const char* name;
@@ -446,6 +445,46 @@ TEST(FuseAttention, ReExpressedSoftmaxGradientsKeepAttentionFused) {
   EXPECT_GT(square_values(Engine::current().last_plan()->program->circuit(), t, t), 0u);
   EXPECT_NEAR(loss, plain_loss, 1e-5 * std::abs(plain_loss));
   EXPECT_LT(testing::relative_error(grad, plain_grad), 1e-4);
+}
+
+// One bf16 cast read as both k and v (a value in two roles, the cast listed once): the chain
+// becomes one attention op, after CSE in the pipeline's pass and in place before a backward.
+TEST(FuseAttention, OneCastAsKeyAndValueIsFusedOnce) {
+  for (bool backward : {false, true}) {
+    Built b;
+    Builder bl(b.c);
+    const Shape s{2, 3, 5, 4};
+    const ValueId q = b.c.add_external({s, DType::f32}, ValueRole::Input),
+                  x = b.c.add_external({s, DType::f32}, ValueRole::Input);
+    const ValueId kv = bl.cast(x, DType::bf16);
+    const ValueId p = composite::softmax(bl, bl.matmul(bl.cast(q, DType::bf16), kv, false, true));
+    const ValueId y = bl.matmul(bl.cast(p, DType::bf16), kv);
+    b.outputs = {y};
+    if (backward) {
+      b.fuse = true;
+      for (ValueId g : differentiate(b, bl, bl.reduce_all(ReduceKind::Sum, y), {q, x})) b.outputs.push_back(g);
+    }
+    std::vector<ValueId> out = b.outputs;
+    const Circuit f = fuse_attention(cse(b.c, out), out);
+    EXPECT_EQ(count_prim(f, PrimId::attention), 1u) << f.dump();
+    EXPECT_EQ(count_prim(f, PrimId::attention_grad), backward ? 1u : 0u);
+  }
+}
+
+// grad() leaves attention as recorded, so that its gradients can be differentiated again
+// (attention_grad has no VJP): a gradient of a gradient through attention.
+TEST(FuseAttention, GradientsOfGradientsThroughAttention) {
+  const Tensor q = Tensor::from_host(testing::random_tensor({Shape{2, 5, 4}, DType::f64}, 1));
+  const Tensor k = Tensor::from_host(testing::random_tensor({Shape{2, 5, 4}, DType::f64}, 2));
+  const Tensor v = Tensor::from_host(testing::random_tensor({Shape{2, 5, 4}, DType::f64}, 3));
+  const Tensor y = matmul(softmax(causal_mask_fill(matmul(q, k, false, true))), v);
+  const Tensor dq = grad(sum(y * y), {q})[0];
+  const Tensor dk = grad(sum(dq * dq), {k})[0];
+  const std::vector<double> values = dk.to_vector();
+  double norm = 0;
+  for (double d : values) norm += d * d;
+  EXPECT_TRUE(std::isfinite(norm));
+  EXPECT_GT(norm, 0.0);
 }
 
 // A handle a user keeps on the probabilities when backward() runs keeps the chain as recorded

@@ -67,28 +67,58 @@ void Circuit::replace_ops(const std::vector<OpReplacement>& replacements) {
       throw Error("Circuit::replace_ops: the new op's place, op #" + std::to_string(r.at) + ", is not a removed op");
     role[static_cast<size_t>(r.at)] = static_cast<int32_t>(k);
   }
+  // Every check before anything changes: a refused replacement leaves the circuit as it was.
+  std::vector<char> dropped(values_.size(), 0);  // outputs of the removed ops that nothing keeps
+  for (size_t i = 0; i < ops_.size(); ++i)
+    if (role[i] != kCopied)
+      for (ValueId o : ops_[i].outputs) dropped[static_cast<size_t>(o)] = 1;
+  std::vector<std::vector<ValueInfo>> out_infos;
+  for (const OpReplacement& r : replacements) {
+    const std::string& scope = ops_[static_cast<size_t>(r.at)].scope;
+    std::vector<ValueInfo> in_infos;
+    for (ValueId v : r.inputs) {
+      if (v < 0 || static_cast<size_t>(v) >= values_.size())
+        fail(r.prim->name, scope, "replace_ops: input %" + std::to_string(v) + " does not exist in this circuit");
+      in_infos.push_back(info(v));
+    }
+    ShapeCtx ctx{*r.prim, scope};
+    out_infos.push_back(r.prim->shape(ctx, in_infos, r.params));
+    if (r.kept.size() > out_infos.back().size())
+      fail(r.prim->name, scope,
+           "replace_ops: keeps " + std::to_string(r.kept.size()) + " values, the op has " +
+               std::to_string(out_infos.back().size()) + " outputs");
+    for (size_t j = 0; j < r.kept.size(); ++j) {
+      const ValueId v = r.kept[j];
+      if (v < 0 || static_cast<size_t>(v) >= values_.size() || dropped[static_cast<size_t>(v)] != 1)
+        fail(r.prim->name, scope,
+             "replace_ops: kept value %" + std::to_string(v) + " is not an output of a removed op (or is kept twice)");
+      if (info(v) != out_infos.back()[j])
+        fail(r.prim->name, scope,
+             "replace_ops: kept value %" + std::to_string(v) + " is " + value_type(info(v)) + ", the op's output " +
+                 std::to_string(j) + " " + value_type(out_infos.back()[j]));
+      dropped[static_cast<size_t>(v)] = 0;
+    }
+  }
+  auto refuse_dropped_reads = [&](const std::vector<ValueId>& inputs, const PrimDef& prim, const std::string& scope) {
+    for (ValueId v : inputs)
+      if (dropped[static_cast<size_t>(v)])
+        fail(prim.name, scope, "replace_ops: reads %" + std::to_string(v) + ", an output of a removed op");
+  };
+  for (size_t i = 0; i < ops_.size(); ++i)
+    if (role[i] == kCopied) refuse_dropped_reads(ops_[i].inputs, *ops_[i].prim, ops_[i].scope);
+  for (const OpReplacement& r : replacements)
+    refuse_dropped_reads(r.inputs, *r.prim, ops_[static_cast<size_t>(r.at)].scope);
+
   std::vector<Op> ops;
   for (size_t i = 0; i < ops_.size(); ++i) {
     if (role[i] == kCopied) ops.push_back(std::move(ops_[i]));
     if (role[i] < 0) continue;
-    const OpReplacement& r = replacements[static_cast<size_t>(role[i])];
-    const std::string& scope = ops_[i].scope;
-    std::vector<ValueInfo> in_infos;
-    for (ValueId v : r.inputs) in_infos.push_back(info(v));
-    ShapeCtx ctx{*r.prim, scope};
-    std::vector<ValueInfo> out_infos = r.prim->shape(ctx, in_infos, r.params);
-    Op op{r.prim, r.params, r.inputs, {}, scope, static_cast<int32_t>(r.removed.size()), ops_[i].phase};
-    for (size_t j = 0; j < out_infos.size(); ++j) {
-      if (j < r.kept.size()) {
-        if (info(r.kept[j]) != out_infos[j])
-          fail(r.prim->name, scope,
-               "replace_ops: kept value %" + std::to_string(r.kept[j]) + " is " + value_type(info(r.kept[j])) +
-                   ", the op's output " + std::to_string(j) + " " + value_type(out_infos[j]));
-        op.outputs.push_back(r.kept[j]);
-      } else {
-        op.outputs.push_back(static_cast<ValueId>(values_.size()));
-        values_.push_back(Value{std::move(out_infos[j]), ValueRole::Computed, -1, {}});
-      }
+    const auto k = static_cast<size_t>(role[i]);
+    const OpReplacement& r = replacements[k];
+    Op op{r.prim, r.params, r.inputs, r.kept, ops_[i].scope, static_cast<int32_t>(r.removed.size()), ops_[i].phase};
+    for (size_t j = r.kept.size(); j < out_infos[k].size(); ++j) {
+      op.outputs.push_back(static_cast<ValueId>(values_.size()));
+      values_.push_back(Value{std::move(out_infos[k][j]), ValueRole::Computed, -1, {}});
     }
     ops.push_back(std::move(op));
   }

@@ -73,8 +73,10 @@ class Circuit {
 
   // Rewrites ops in place, every value id staying valid: what a fusion before differentiation
   // does, while Tensor handles hold ids of the recording. The removed ops' other outputs are left
-  // with no producer; reading one is an error (verify(), run at the end). The replacing op
-  // takes the phase and scope of the op whose place it takes.
+  // with no producer. Refused, changing nothing: an op removed twice, a place not removed, a kept
+  // value that no removed op made (or of another type than the op's output), and any op left
+  // that reads a value left without a producer. The replacing op takes the phase and scope of the
+  // op whose place it takes.
   void replace_ops(const std::vector<OpReplacement>& replacements);
 
   // Rebuilds the circuit keeping only `keep_ops` (indices, ascending); values are renumbered.

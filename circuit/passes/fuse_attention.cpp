@@ -25,7 +25,7 @@
 // (the op works with heads inside) and then a fused projection's split into q, k, v (the op reads
 // the packed value, and its VJP writes the packed gradient); see absorb_scale_and_heads.
 //
-// Two callers: Engine::backward (and Engine::grad) rewrite the recording in place before the
+// Two callers: Engine::backward rewrites the recording in place before the
 // sweep (fuse_attention_in_place), and the pipeline's pass (fuse_attention) rewrites chains no
 // backward followed: an evaluation step, or a chain recorded after the last backward().
 #include <algorithm>
@@ -71,7 +71,8 @@ class Matcher {
         any = any || (std::find(nd.begin(), nd.end(), static_cast<int>(k)) == nd.end() &&
                       depends_on_wrt_[static_cast<size_t>(op.inputs[k])]);
       }
-      for (ValueId o : op.outputs) depends_on_wrt_[static_cast<size_t>(o)] = any;
+      for (ValueId o : op.outputs)
+        depends_on_wrt_[static_cast<size_t>(o)] = depends_on_wrt_[static_cast<size_t>(o)] || any;
     }
   }
 
@@ -180,6 +181,9 @@ class Matcher {
     absorb_scale_and_heads(mt);
     if (!mask_from_outside(mt) || (mt.mask != kNoValue && depends_on_wrt_[static_cast<size_t>(mt.mask)]))
       return std::nullopt;
+    // One op in two roles (a bf16 cast read as both k and v) is listed once.
+    std::sort(mt.forward.begin(), mt.forward.end());
+    mt.forward.erase(std::unique(mt.forward.begin(), mt.forward.end()), mt.forward.end());
     return mt;
   }
 

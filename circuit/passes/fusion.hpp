@@ -18,7 +18,8 @@ namespace kiln {
 // with v, recorded in c, become one attention op in place, with the scale on q, the heads'
 // permutes, grouped-query repeats and a fused projection's split where only the chain reads
 // them. Every value id stays valid (Circuit::replace_ops), so Engine::backward runs it on the
-// recording before the reverse sweep, which then records attention's own VJP (attention_grad,
+// recording before the reverse sweep (Engine::grad does not: its results may be differentiated
+// again, and attention_grad has no VJP), which then records attention's own VJP (attention_grad,
 // which recomputes the probabilities from the row log-sum-exp: no (T, T) value remains). A chain
 // whose intermediates an op outside it reads or `keep` names (the loss, live handles, `wrt`), or
 // whose additive mask depends on a value of `wrt` (attention gives the mask no gradient), stays

@@ -12,7 +12,7 @@
 
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/core/engine.hpp>
-#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/matmul.hpp>
 #include <kiln/train/adamw.hpp>
 #include <kiln/train/hdf5_file.hpp>
 #include <kiln/train/trainer.hpp>

@@ -1,7 +1,7 @@
 // The f32 FFMA matmul kernel's operands stored along their rows (b of x W with W stored [k][n],
 // both of a weight gradient's X^T dY) are copied into its tiles by cp.async, 16 bytes a copy,
 // where their 4-row chunks are 16-byte aligned and they take no prologue (TileLoader::async,
-// cuda/lower/matmul_tiles.hpp); the other operands keep the register-staged loads. Each case
+// cuda/lower/matmul.hpp); the other operands keep the register-staged loads. Each case
 // counts the kernel's copies and runs in the SIMT simulator (which reports a tile read before its
 // copies' wait group completes) against the Eigen executor.
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <kiln/circuit/passes/pipeline.hpp>
 #include <kiln/circuit/prims/fused_matmul.hpp>
 #include <kiln/cuda/kir/ptx_printer.hpp>
-#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/matmul.hpp>
 #include <kiln/cuda/runtime/device_program.hpp>
 
 #include "device_test_util.hpp"

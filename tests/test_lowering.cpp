@@ -29,7 +29,7 @@
 #include <kiln/circuit/prims/fused_rows.hpp>
 #include <kiln/circuit/prims/multi_tensor.hpp>
 #include <kiln/circuit/prims/prim_params.hpp>
-#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/matmul.hpp>
 #include <kiln/cuda/lower/util.hpp>
 #include <kiln/cuda/runtime/runtime.hpp>
 

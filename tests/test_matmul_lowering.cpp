@@ -17,7 +17,7 @@
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/circuit/passes/fusion.hpp>
 #include <kiln/circuit/passes/pipeline.hpp>
-#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/matmul.hpp>
 #include <kiln/cuda/lower/util.hpp>
 #include <kiln/cuda/runtime/runtime.hpp>
 
@@ -370,7 +370,7 @@ TEST(Lowering, GpuMatmulsOnMmaMatchEigen) {
   check_mma_cases(*rt, false);
 }
 
-// The bf16 cases on sm_90a's wgmma (wgmma=on; matmul_mma.hpp): every tiling it takes (3
+// The bf16 cases on sm_90a's wgmma (wgmma=on; matmul.hpp): every tiling it takes (3
 // and 4 stages, 128x256 tiles in 4 stages taking 193 KiB, 192x256 tiles of three warpgroups in 4
 // taking 225 KiB), split-K (3 stages: a wait for every group but none; 4: all but one; none in
 // 192-row tiles, whatever split-k says), the fused interior epilogues and the sliced

@@ -1,5 +1,5 @@
 // The wgmma matmul kernel stores outputs whose rows start at odd elements (odd row strides: GPT-2's
-// logits) through shared memory, a row a warp (cuda/lower/matmul_staged_stores.hpp), in the blocks
+// logits) through shared memory, a row a warp (StagedStores, cuda/lower/matmul.hpp), in the blocks
 // wholly inside the output; edge blocks keep their checked stores. Each case runs in the SIMT
 // simulator (which reports a shared read of a byte another thread wrote with no barrier between)
 // against the Eigen executor, at every wgmma tiling.
@@ -15,7 +15,7 @@
 #include <kiln/cuda/driver/fake_driver.hpp>
 #include <kiln/cuda/kir/ptx_printer.hpp>
 #include <kiln/cuda/kir/ptxas.hpp>
-#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/matmul.hpp>
 #include <kiln/cuda/lower/util.hpp>
 #include <kiln/cuda/runtime/device_program.hpp>
 

@@ -1,5 +1,5 @@
-// Which tiles, grids and splits of K the GPU matmul kernels take (cuda/lower/matmul_mma.cpp's
-// choose_mma_tiling and choose_splits, fused_matmul.cpp's fold_batch_into_rows): split-K auto,
+// Which tiles, grids and splits of K the GPU matmul kernels take (cuda/lower/matmul_tiling.cpp's
+// choose_mma_tiling, choose_splits and fold_batch_into_rows): split-K auto,
 // tile=auto, waves and 192x256, the wgmma default of an sm_90 lowering, and batch dims
 // folded into the rows. Each checks the kernels' summaries; the small products also run in the
 // SIMT simulator against the Eigen executor (the kernels' values under every tiling:
@@ -16,9 +16,8 @@
 #include <kiln/circuit/passes/pipeline.hpp>
 #include <kiln/cuda/kir/ptx_printer.hpp>
 #include <kiln/cuda/lower/elementwise.hpp>
-#include <kiln/cuda/lower/fused_matmul.hpp>
 #include <kiln/cuda/lower/lower.hpp>
-#include <kiln/cuda/lower/matmul_mma.hpp>
+#include <kiln/cuda/lower/matmul.hpp>
 #include <kiln/cuda/runtime/device_program.hpp>
 
 #include "device_test_util.hpp"
@@ -120,7 +119,7 @@ TEST(Lowering, Bf16MmaTileAutoTakes128x256WhereItsGridFillsTheSms) {
   }
 }
 
-// tile=waves (matmul_mma.cpp: wave_tile): the tile of the least time in whole waves of
+// tile=waves (matmul_tiling.cpp: wave_tile): the tile of the least time in whole waves of
 // 132 blocks, a 128x256 wave counted 1.6 and a 192x256 one 2.4. GPT-2's MLP weight gradient 768 x
 // 3072 (144 blocks of 128x128: two waves; 72 of 128x256: one; 48 of 192x256: one) takes 128x256,
 // which auto does not; 768 x 768 (36, 18 or 12 blocks: a wave each) and 1024^2 take 128x128;
@@ -152,7 +151,7 @@ TEST(Lowering, Bf16MmaTileWavesTakesTheTileOfFewerWaves) {
   EXPECT_NE(d.find("tile 128x128"), std::string::npos) << d;
 }
 
-// fold_batch_into_rows (fused_matmul.cpp): x W + bias + r over [3, 70, C] activations (the rows
+// fold_batch_into_rows (matmul_tiling.cpp): x W + bias + r over [3, 70, C] activations (the rows
 // continue from one batch item into the next in x, r and the output; W and the bias shared) is
 // one product of 210 rows: 64x64 FFMA tiles in a 3 x 4 grid (unfolded: 3 x 2 x 3), 128x128
 // mma.sync and wgmma tiles in 2 x 2 (2 x 1 x 3), 192x256 wgmma tiles in 1 x 2. A batched W, or a

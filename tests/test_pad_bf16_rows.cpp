@@ -11,7 +11,7 @@
 #include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/passes/pad_bf16_rows.hpp>
 #include <kiln/circuit/passes/pipeline.hpp>
-#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/matmul.hpp>
 #include <kiln/cuda/runtime/device_program.hpp>
 
 #include "device_test_util.hpp"

@@ -19,7 +19,7 @@
 #include <kiln/cuda/kir/kir.hpp>
 #include <kiln/cuda/kir/ptx_printer.hpp>
 #include <kiln/cuda/kir/ptxas.hpp>
-#include <kiln/cuda/lower/fused_matmul.hpp>
+#include <kiln/cuda/lower/matmul.hpp>
 #include <kiln/cuda/runtime/device_program.hpp>
 #include <kiln/cuda/runtime/runtime.hpp>
 #include <kiln/cuda/sim/tensor_map.hpp>

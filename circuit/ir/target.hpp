@@ -25,13 +25,13 @@ struct CpuFeatures {
 };
 CpuFeatures detect_cpu_features();
 
-// Which wgmma matmul outputs go out through shared memory (cuda/lower/matmul_staged_stores.hpp):
+// Which wgmma matmul outputs go out through shared memory (StagedStores, cuda/lower/matmul.hpp):
 // none (the default: no GPU has timed the others yet); those whose rows start at odd elements
 // (GPT-2's logits); all, also rows and batch items of whole 16-byte chunks.
 enum class MmaStaging { none, odd_rows, all };
 
 // The GPU matmul kernels' choices. Unset fields (0, nullopt) leave the choice to the kernel's
-// rules per shape (cuda/lower/fused_matmul.cpp, matmul_mma.cpp).
+// rules per shape (cuda/lower/matmul_tiling.cpp).
 struct MatmulPolicy {
   int simt_tile = 0;     // the FFMA / tf32-FFMA kernel's square tile: 64 or 128; 0 per shape
   bool bf16_mma = true;  // bf16 operands on mma tensor cores (false: the FFMA kernel, widened to f32)

@@ -1,5 +1,7 @@
 // One registration function per Prim family (one source file each under circuit/prims/).
 // Registration is explicit, not by static initializers, which a static library would drop.
+// Each line lists its family's Prims; a parenthesis after a name says what makes it, for the
+// Prims that no Builder method records (tests check both against the registry and builder.hpp).
 #pragma once
 
 namespace kiln {
@@ -21,7 +23,7 @@ void register_fused_rows(PrimRegistry& r);    // fused_rows (built by the row fu
 void register_multi_tensor(PrimRegistry& r);  // multi_tensor (built by the multi-tensor merge)
 void register_fused_matmul(PrimRegistry& r);  // fused_matmul (built by the matmul fusion)
 void register_column_sums(PrimRegistry& r);   // column_sums (built by the column fusion)
-void register_attention(PrimRegistry& r);     // attention (made before differentiation), attention_grad
+void register_attention(PrimRegistry& r);     // attention (made before differentiation), attention_grad (its VJP's)
 void register_all_reduce(PrimRegistry& r);    // all_reduce (data-parallel gradient averaging)
 
 inline void register_all_prims(PrimRegistry& r) {

@@ -1,7 +1,9 @@
 // Kernel IR: type helpers, the Kernel's shared-memory layout, describe() and the builder. The
 // structural checker (check(), needs_sm90a()) is in kir_check.cpp.
 #include <bit>
+#include <cstddef>
 #include <cstring>
+#include <iterator>
 
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/cuda/kir/kir.hpp>
@@ -36,20 +38,83 @@ const char* mma_shape_name(MmaShape s) {
   return "?";
 }
 
-const char* opc_name(Opc op) {
-  // clang-format off
-  static const char* kNames[] = {
-      "mov",         "add", "sub", "mul",      "mul.hi",   "mul.wide",  "mad",  "fma",      "div", "rem",      "min",
-      "max",         "neg", "abs", "and",      "or",       "xor",       "not",  "shl",      "shr", "setp",     "selp",
-      "cvt",         "ex2", "lg2", "rcp",      "rsqrt",    "sqrt",      "tanh", "sin",      "cos", "ld.param", "sreg",
-      "shared.addr", "ld",  "st",  "atom.add", "bar.sync", "shfl.sync", "ret",  "membar.gl",
-      "mma.sync", "cvt.rna.tf32", "ldmatrix", "cp.async", "cp.async.commit_group", "cp.async.wait_group",
-      "cvt.rn.bf16x2", "wgmma.mma_async", "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group",
-      "fence.proxy.async", "mbarrier.init", "fence.mbarrier_init", "mbarrier.arrive.expect_tx",
-      "mbarrier.try_wait.parity", "cp.async.bulk.tensor", "fence.proxy.tensormap"};
-  // clang-format on
-  return kNames[static_cast<int>(op)];
+namespace {
+
+using G = OpcGroup;
+constexpr OpcInfo kOpcodes[] = {
+    {Opc::Mov, "mov", G::arith, false, 0},
+    {Opc::Add, "add", G::arith, false, 0},
+    {Opc::Sub, "sub", G::arith, false, 0},
+    {Opc::Mul, "mul", G::arith, false, 0},
+    {Opc::MulHi, "mul.hi", G::arith, false, 0},
+    {Opc::MulWide, "mul.wide", G::arith, false, 0},
+    {Opc::Mad, "mad", G::arith, false, 0},
+    {Opc::Fma, "fma", G::arith, false, 0},
+    {Opc::Div, "div", G::arith, false, 0},
+    {Opc::Rem, "rem", G::arith, false, 0},
+    {Opc::Min, "min", G::arith, false, 0},
+    {Opc::Max, "max", G::arith, false, 0},
+    {Opc::Neg, "neg", G::arith, false, 0},
+    {Opc::Abs, "abs", G::arith, false, 0},
+    {Opc::And, "and", G::arith, false, 0},
+    {Opc::Or, "or", G::arith, false, 0},
+    {Opc::Xor, "xor", G::arith, false, 0},
+    {Opc::Not, "not", G::arith, false, 0},
+    {Opc::Shl, "shl", G::arith, false, 0},
+    {Opc::Shr, "shr", G::arith, false, 0},
+    {Opc::Setp, "setp", G::arith, false, 0},
+    {Opc::Selp, "selp", G::arith, false, 0},
+    {Opc::Cvt, "cvt", G::arith, false, 0},
+    {Opc::Ex2, "ex2", G::arith, false, 0},
+    {Opc::Lg2, "lg2", G::arith, false, 0},
+    {Opc::Rcp, "rcp", G::arith, false, 0},
+    {Opc::Rsqrt, "rsqrt", G::arith, false, 0},
+    {Opc::Sqrt, "sqrt", G::arith, false, 0},
+    {Opc::Tanh, "tanh", G::arith, false, 0},
+    {Opc::Sin, "sin", G::arith, false, 0},
+    {Opc::Cos, "cos", G::arith, false, 0},
+    {Opc::LdParam, "ld.param", G::memory, false, 0},
+    {Opc::Sreg, "sreg", G::memory, false, 0},
+    {Opc::SharedAddr, "shared.addr", G::memory, false, 0},
+    {Opc::Ld, "ld", G::memory, false, 0},
+    {Opc::St, "st", G::memory, false, 0},
+    {Opc::AtomAdd, "atom.add", G::memory, false, 0},
+    {Opc::Bar, "bar.sync", G::sync, false, 0},
+    {Opc::Shfl, "shfl.sync", G::sync, false, 0},
+    {Opc::Ret, "ret", G::sync, false, 0},
+    {Opc::Membar, "membar.gl", G::sync, false, 0},
+    {Opc::Mma, "mma.sync", G::matrix, false, 0},
+    {Opc::RoundTf32, "cvt.rna.tf32", G::arith, false, 0},
+    {Opc::Ldmatrix, "ldmatrix", G::matrix, false, 0},
+    {Opc::CpAsync, "cp.async", G::async_copy, false, 0},
+    {Opc::CpAsyncCommit, "cp.async.commit_group", G::async_copy, false, 0},
+    {Opc::CpAsyncWait, "cp.async.wait_group", G::async_copy, false, 0},
+    {Opc::PackBf16x2, "cvt.rn.bf16x2", G::arith, false, 0},
+    {Opc::Wgmma, "wgmma.mma_async", G::matrix, true, 80},
+    {Opc::WgmmaFence, "wgmma.fence", G::matrix, true, 80},
+    {Opc::WgmmaCommit, "wgmma.commit_group", G::matrix, true, 80},
+    {Opc::WgmmaWait, "wgmma.wait_group", G::matrix, true, 80},
+    {Opc::FenceProxyAsync, "fence.proxy.async", G::matrix, true, 80},
+    {Opc::MbarrierInit, "mbarrier.init", G::async_copy, true, 80},
+    {Opc::FenceMbarrierInit, "fence.mbarrier_init", G::async_copy, true, 80},
+    {Opc::MbarrierArriveExpectTx, "mbarrier.arrive.expect_tx", G::async_copy, true, 80},
+    {Opc::MbarrierWait, "mbarrier.try_wait.parity", G::async_copy, true, 80},
+    {Opc::TensorCopy, "cp.async.bulk.tensor", G::async_copy, true, 80},
+    {Opc::FenceProxyTensormap, "fence.proxy.tensormap", G::async_copy, true, 83},
+};
+
+// Every opcode once, in Opc order, so that opc_info indexes the table: an opcode added to Opc
+// without its row here (or out of order) fails to compile.
+constexpr bool table_in_order() {
+  for (size_t i = 0; i < std::size(kOpcodes); ++i)
+    if (static_cast<size_t>(kOpcodes[i].op) != i) return false;
+  return static_cast<size_t>(kLastOpc) + 1 == std::size(kOpcodes);
 }
+static_assert(table_in_order(), "kOpcodes must list every Opc once, in the enum's order");
+
+}  // namespace
+
+const OpcInfo& opc_info(Opc op) { return kOpcodes[static_cast<size_t>(op)]; }
 
 Operand Operand::imm(Type t, uint64_t bits) {
   Operand o;

@@ -198,7 +198,31 @@ enum class Opc : uint8_t {
   // (PTX 8.3: kernels with it print for that ISA).
   FenceProxyTensormap,
 };
-const char* opc_name(Opc op);
+constexpr Opc kLastOpc = Opc::FenceProxyTensormap;  // the opcode table's length: move it when appending
+
+// The opcode table (kOpcodes, kir.cpp): each opcode's name, group and ISA, in Opc order (a
+// missing or misplaced row fails to compile). The builder's diagnostics (describe) read the
+// name; the checker and the simulator's preparation dispatch on the group to one handler each,
+// and a handler given an opcode of its group that it has no case for throws, naming it; the
+// printer's .target and .version come from the ISA columns (needs_sm90a, min_ptx_version). The
+// interpreter runs the preparation's own opcodes (sim::Code), one per (operation, type).
+enum class OpcGroup : uint8_t {
+  arith,       // arithmetic, comparisons, conversions, f32 approximations (one destination)
+  memory,      // parameters, special registers, shared addresses, loads, stores, atomics
+  sync,        // barriers, shuffles, exit, memory fences
+  matrix,      // mma.sync, ldmatrix, wgmma and its fences
+  async_copy,  // cp.async, mbarriers, tensor copies
+};
+struct OpcInfo {
+  Opc op;
+  const char* name;  // the PTX mnemonic's stem, for diagnostics
+  OpcGroup group;
+  bool sm90a;   // PTX for sm_90a only (wgmma, mbarriers, tensor copies and their fences)
+  int min_ptx;  // the lowest PTX ISA version with it, times 10 (83: 8.3); 0: every ISA kiln prints
+};
+const OpcInfo& opc_info(Opc op);
+inline const char* opc_name(Opc op) { return opc_info(op).name; }
+inline OpcGroup opc_group(Opc op) { return opc_info(op).group; }
 
 struct Instr {
   Opc op = Opc::Mov;
@@ -278,10 +302,13 @@ struct Kernel {
   int64_t static_shared_bytes() const { return dynamic_shared_bytes() > 0 ? 0 : shared_bytes(); }  // declared static
 };
 
-// Whether a kernel uses instructions of sm_90a only (Wgmma, its fence and group operations,
-// FenceProxyAsync, mbarriers and tensor copies):
-// it prints for sm_90a and loads on sm_90 devices only.
+// Whether a kernel uses instructions of sm_90a only (OpcInfo::sm90a: wgmma, its fence and group
+// operations, FenceProxyAsync, mbarriers and tensor copies): it prints for sm_90a and loads on
+// sm_90 devices only.
 bool needs_sm90a(const Kernel& k);
+// The lowest PTX ISA version (times 10) that has every instruction of the kernel (OpcInfo::min_ptx;
+// 0 where the target's own ISA has them all).
+int min_ptx_version(const Kernel& k);
 // kMaxSharedBytesSm90a for those, else kMaxSharedBytes.
 int64_t max_shared_bytes(const Kernel& k);
 

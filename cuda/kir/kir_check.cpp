@@ -1,6 +1,6 @@
 // Kernel IR: the structural checker (check()) that the builder runs on finish(), and the
 // sm_90a test (needs_sm90a()) that sets the shared-memory limit it enforces.
-#include <functional>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -39,66 +39,12 @@ struct Checker {
     for (Reg r : in.dsts) reg_ok(in, r);
     for (const auto& o : in.srcs)
       if (!o.is_imm) reg_ok(in, o.reg);
-    switch (in.op) {
-      case Opc::Mov:
-      case Opc::Add:
-      case Opc::Sub:
-      case Opc::Mul:
-      case Opc::MulHi:
-      case Opc::MulWide:
-      case Opc::Mad:
-      case Opc::Fma:
-      case Opc::Div:
-      case Opc::Rem:
-      case Opc::Min:
-      case Opc::Max:
-      case Opc::Neg:
-      case Opc::Abs:
-      case Opc::And:
-      case Opc::Or:
-      case Opc::Xor:
-      case Opc::Not:
-      case Opc::Shl:
-      case Opc::Shr:
-      case Opc::Setp:
-      case Opc::Selp:
-      case Opc::Cvt:
-      case Opc::Ex2:
-      case Opc::Lg2:
-      case Opc::Rcp:
-      case Opc::Rsqrt:
-      case Opc::Sqrt:
-      case Opc::Tanh:
-      case Opc::Sin:
-      case Opc::Cos:
-      case Opc::RoundTf32:
-      case Opc::PackBf16x2: arith(in); break;
-      case Opc::LdParam:
-      case Opc::Sreg:
-      case Opc::SharedAddr:
-      case Opc::Ld:
-      case Opc::St:
-      case Opc::AtomAdd: memory(in); break;
-      case Opc::Bar:
-      case Opc::Shfl:
-      case Opc::Ret:
-      case Opc::Membar: sync(in); break;
-      case Opc::Mma:
-      case Opc::Ldmatrix:
-      case Opc::Wgmma:
-      case Opc::WgmmaFence:
-      case Opc::WgmmaCommit:
-      case Opc::WgmmaWait:
-      case Opc::FenceProxyAsync: matrix(in); break;
-      case Opc::CpAsync:
-      case Opc::CpAsyncCommit:
-      case Opc::CpAsyncWait:
-      case Opc::MbarrierInit:
-      case Opc::MbarrierArriveExpectTx:
-      case Opc::MbarrierWait:
-      case Opc::FenceMbarrierInit:
-      case Opc::FenceProxyTensormap:
-      case Opc::TensorCopy: async_copy(in); break;
+    switch (opc_group(in.op)) {
+      case OpcGroup::arith: arith(in); break;
+      case OpcGroup::memory: memory(in); break;
+      case OpcGroup::sync: sync(in); break;
+      case OpcGroup::matrix: matrix(in); break;
+      case OpcGroup::async_copy: async_copy(in); break;
     }
   }
   // Arithmetic, comparisons, conversions and the f32 approximations (also cvt.rna.tf32, cvt.rn.bf16x2).
@@ -192,7 +138,7 @@ struct Checker {
         type_is(in, in.srcs[1], Type::f32, "high half");
         dst_is(in, Type::u32);
         break;
-      default: break;  // not in this group: instr() dispatches
+      default: fail(in, "no check for this opcode in its group (kir::opc_info)");
     }
   }
   // Parameters, special registers, shared-array addresses, loads, stores and atomics.
@@ -236,7 +182,7 @@ struct Checker {
         }
         break;
       }
-      default: break;  // not in this group: instr() dispatches
+      default: fail(in, "no check for this opcode in its group (kir::opc_info)");
     }
   }
   // Block barriers, warp shuffles, thread exits (which set exit_seen) and membar.
@@ -257,7 +203,7 @@ struct Checker {
         break;
       case Opc::Ret: exit_seen = true; break;
       case Opc::Membar: break;
-      default: break;  // not in this group: instr() dispatches
+      default: fail(in, "no check for this opcode in its group (kir::opc_info)");
     }
   }
   // Warp and warpgroup matrix operations (mma.sync, ldmatrix, wgmma) and their fences and groups.
@@ -308,7 +254,7 @@ struct Checker {
         if (exit_seen)
           fail(in, "a thread may have exited before this wgmma.wait_group (guard the work with an if instead)");
         break;
-      default: break;  // not in this group: instr() dispatches
+      default: fail(in, "no check for this opcode in its group (kir::opc_info)");
     }
   }
   // Asynchronous copies: cp.async, mbarriers and tensor-map copies.
@@ -352,7 +298,7 @@ struct Checker {
         for (size_t i = 3; i < in.srcs.size(); ++i) type_is(in, in.srcs[i], Type::s32, "coordinate");
         if (!in.dsts.empty()) fail(in, "a tensor copy writes no register");
         break;
-      default: break;  // not in this group: instr() dispatches
+      default: fail(in, "no check for this opcode in its group (kir::opc_info)");
     }
   }
   void body(const std::vector<Stmt>& stmts) {
@@ -395,23 +341,26 @@ struct Checker {
 
 }  // namespace
 
+namespace {
+
+// The largest of f over the kernel's instructions (0 for none), inside ifs and loops too.
+template <class F>
+int max_over_instrs(const std::vector<Stmt>& stmts, const F& f) {
+  int m = 0;
+  for (const Stmt& s : stmts)
+    m = std::max(
+        {m, s.kind == Stmt::Kind::Instr ? f(s.instr) : 0, max_over_instrs(s.body, f), max_over_instrs(s.else_body, f)});
+  return m;
+}
+
+}  // namespace
+
 bool needs_sm90a(const Kernel& k) {
-  std::function<bool(const std::vector<Stmt>&)> any = [&](const std::vector<Stmt>& stmts) {
-    for (const Stmt& s : stmts) {
-      if (s.kind == Stmt::Kind::Instr) {
-        const Opc op = s.instr.op;
-        if (op == Opc::Wgmma || op == Opc::WgmmaFence || op == Opc::WgmmaCommit || op == Opc::WgmmaWait ||
-            op == Opc::FenceProxyAsync || op == Opc::MbarrierInit || op == Opc::FenceMbarrierInit ||
-            op == Opc::MbarrierArriveExpectTx || op == Opc::MbarrierWait || op == Opc::TensorCopy ||
-            op == Opc::FenceProxyTensormap)
-          return true;
-      } else if (any(s.body) || any(s.else_body)) {
-        return true;
-      }
-    }
-    return false;
-  };
-  return any(k.body);
+  return max_over_instrs(k.body, [](const Instr& in) { return opc_info(in.op).sm90a ? 1 : 0; }) > 0;
+}
+
+int min_ptx_version(const Kernel& k) {
+  return max_over_instrs(k.body, [](const Instr& in) { return opc_info(in.op).min_ptx; });
 }
 
 int64_t max_shared_bytes(const Kernel& k) { return needs_sm90a(k) ? kMaxSharedBytesSm90a : kMaxSharedBytes; }

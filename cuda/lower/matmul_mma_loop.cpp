@@ -1,4 +1,4 @@
-// The tensor-core matmul kernel's main loop (mma_main_loop, matmul_mma.hpp): each operand's tile
+// The tensor-core matmul kernel's main loop (mma_main_loop, matmul.hpp): each operand's tile
 // in 2-4 stages laid out as it is stored, filled by cp.async (or on wgmma, with
 // MatmulPolicy::tensor_copies, by the tensor copy engine); products by mma.sync (bf16 fragments by
 // ldmatrix into m16n8k16, tf32 fragments by scalar loads rounded in registers into m16n8k8; both
@@ -7,7 +7,7 @@
 #include <functional>
 #include <utility>
 
-#include <kiln/cuda/lower/matmul_mma.hpp>
+#include <kiln/cuda/lower/matmul.hpp>
 
 namespace kiln::cuda {
 

@@ -11,6 +11,7 @@ namespace kiln::sim {
 
 using kir::Instr;
 using kir::Opc;
+using kir::OpcGroup;
 using kir::Operand;
 using kir::Reg;
 using kir::Stmt;
@@ -169,66 +170,12 @@ class Flattener {
     if (!in.srcs.empty()) op.a = slot(in.srcs[0]);
     if (in.srcs.size() > 1) op.b = slot(in.srcs[1]);
     if (in.srcs.size() > 2) op.c = slot(in.srcs[2]);
-    switch (in.op) {
-      case Opc::Mov:
-      case Opc::Add:
-      case Opc::Sub:
-      case Opc::Mul:
-      case Opc::MulHi:
-      case Opc::MulWide:
-      case Opc::Mad:
-      case Opc::Fma:
-      case Opc::Div:
-      case Opc::Rem:
-      case Opc::Min:
-      case Opc::Max:
-      case Opc::Neg:
-      case Opc::Abs:
-      case Opc::And:
-      case Opc::Or:
-      case Opc::Xor:
-      case Opc::Not:
-      case Opc::Shl:
-      case Opc::Shr:
-      case Opc::Setp:
-      case Opc::Selp:
-      case Opc::Cvt:
-      case Opc::Ex2:
-      case Opc::Lg2:
-      case Opc::Rcp:
-      case Opc::Rsqrt:
-      case Opc::Sqrt:
-      case Opc::Tanh:
-      case Opc::Sin:
-      case Opc::Cos:
-      case Opc::RoundTf32:
-      case Opc::PackBf16x2: arith(in, op); break;
-      case Opc::LdParam:
-      case Opc::Sreg:
-      case Opc::SharedAddr:
-      case Opc::Ld:
-      case Opc::St:
-      case Opc::AtomAdd: memory(in, op); break;
-      case Opc::Bar:
-      case Opc::Shfl:
-      case Opc::Ret:
-      case Opc::Membar: sync(in, op); break;
-      case Opc::Mma:
-      case Opc::Ldmatrix:
-      case Opc::Wgmma:
-      case Opc::WgmmaFence:
-      case Opc::WgmmaCommit:
-      case Opc::WgmmaWait:
-      case Opc::FenceProxyAsync: matrix(in, op); break;
-      case Opc::CpAsync:
-      case Opc::CpAsyncCommit:
-      case Opc::CpAsyncWait:
-      case Opc::MbarrierInit:
-      case Opc::MbarrierArriveExpectTx:
-      case Opc::MbarrierWait:
-      case Opc::FenceMbarrierInit:
-      case Opc::FenceProxyTensormap:
-      case Opc::TensorCopy: async_copy(in, op); break;
+    switch (opc_group(in.op)) {
+      case OpcGroup::arith: arith(in, op); break;
+      case OpcGroup::memory: memory(in, op); break;
+      case OpcGroup::sync: sync(in, op); break;
+      case OpcGroup::matrix: matrix(in, op); break;
+      case OpcGroup::async_copy: async_copy(in, op); break;
     }
     if (op.code == Code::Half) {
       op.aux = static_cast<uint8_t>(in.op);
@@ -319,7 +266,7 @@ class Flattener {
         op.code = Code::Approx;
         op.aux = static_cast<uint8_t>(in.op);
         break;
-      default: break;  // not in this group: instr() dispatches
+      default: throw Error(std::string("simulator: no preparation for ") + kir::opc_name(in.op) + " in its group");
     }
   }
 
@@ -360,7 +307,7 @@ class Flattener {
         op.size = 4;
         op.imm = in.offset;
         break;
-      default: break;  // not in this group: instr() dispatches
+      default: throw Error(std::string("simulator: no preparation for ") + kir::opc_name(in.op) + " in its group");
     }
   }
 
@@ -374,7 +321,7 @@ class Flattener {
         break;
       case Opc::Ret: op.code = Code::Exit; break;
       case Opc::Membar: op.code = Code::Fence; break;  // orders global memory (simulator.hpp)
-      default: break;                                  // not in this group: instr() dispatches
+      default: throw Error(std::string("simulator: no preparation for ") + kir::opc_name(in.op) + " in its group");
     }
   }
 
@@ -423,7 +370,7 @@ class Flattener {
         for (Reg r : in.dsts) out_.vslots.push_back(reg_slot(r));
         for (const auto& s : in.srcs) out_.vslots.push_back(slot(s));
         break;
-      default: break;  // not in this group: instr() dispatches
+      default: throw Error(std::string("simulator: no preparation for ") + kir::opc_name(in.op) + " in its group");
     }
   }
 
@@ -471,7 +418,7 @@ class Flattener {
         for (size_t i = 3; i < in.srcs.size(); ++i) out_.vslots.push_back(slot(in.srcs[i]));
         out_.uses_mbarriers = true;
         break;
-      default: break;  // not in this group: instr() dispatches
+      default: throw Error(std::string("simulator: no preparation for ") + kir::opc_name(in.op) + " in its group");
     }
   }
 

@@ -1,4 +1,4 @@
-// The cases of fused_matmul (circuit/prims/fused_matmul.cpp, cuda/lower/fused_matmul.cpp); no VJP: built after
+// The cases of fused_matmul (circuit/prims/fused_matmul.cpp, cuda/lower/matmul.cpp); no VJP: built after
 // differentiation.
 #include <kiln/circuit/prims/fused_matmul.hpp>
 

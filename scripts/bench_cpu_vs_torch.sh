@@ -18,9 +18,9 @@
 #   bash scripts/bench_cpu_vs_torch.sh                        # both configs, f32
 #   bash scripts/bench_cpu_vs_torch.sh default                # one of: default wide
 #   bash scripts/bench_cpu_vs_torch.sh --precision bf16 wide  # mixed precision
-#   bash scripts/bench_cpu_vs_torch.sh --precision bf16 --cpu-bf16 onednn  # oneDNN's bf16 kernels
+#   bash scripts/bench_cpu_vs_torch.sh --precision bf16 --cpu-bf16 onednn  # oneDNN's bf16 kernels (AMX: the default)
 set -euo pipefail
-precision=f32 cpu_bf16=rounded-f32
+precision=f32 cpu_bf16=""  # "": kiln's default for the CPU (onednn with AMX-BF16, else rounded-f32)
 while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do
   case $1 in
   --precision) precision=${2:?--precision f32 or bf16} ;;
@@ -44,7 +44,7 @@ declare -A steps=([default]=40 [wide]=12)
 
 kiln_ms() {  # the traced (replayed) step, as training runs it; $3: the precision
   local out
-  out=$(./build/examples/kiln bench $1 --steps "$2" --precision "$3" --cpu-bf16 "$cpu_bf16" 2>&1) ||
+  out=$(./build/examples/kiln bench $1 --steps "$2" --precision "$3" ${cpu_bf16:+--cpu-bf16 "$cpu_bf16"} 2>&1) ||
     { echo "kiln bench failed: $out" >&2 && return 1; }
   sed -n 's/^step (traced, replayed): \([0-9.]*\) ms.*/\1/p' <<<"$out"
 }
@@ -62,8 +62,9 @@ peer=PyTorch
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //');" \
   "flags: $(grep -m1 '^flags' /proc/cpuinfo | grep -oE 'avx2|avx512f|avx512_bf16|amx_bf16' | paste -sd' ');" \
-  "precision $precision, --cpu-bf16 $cpu_bf16"
-./build/examples/kiln bench --steps 1 --precision "$precision" --cpu-bf16 "$cpu_bf16" 2>/dev/null | grep '^CPU bf16' || true
+  "precision $precision, --cpu-bf16 ${cpu_bf16:-kiln default}"
+./build/examples/kiln bench --steps 1 --precision "$precision" ${cpu_bf16:+--cpu-bf16 "$cpu_bf16"} 2>/dev/null |
+  grep '^CPU bf16' || true
 for config in ${@:-default wide}; do
   f=${flags[$config]:?unknown config $config (default or wide)}
   n=${steps[$config]}

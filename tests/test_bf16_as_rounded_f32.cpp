@@ -15,6 +15,14 @@
 namespace kiln {
 namespace {
 
+// The host's Target with the bf16 products this pass serves (the default where the CPU has no
+// AMX-BF16; cpu_target() picks oneDNN's bf16 products where it has).
+Target rounded_f32_target() {
+  Target t = cpu_target();
+  t.cpu_bf16 = CpuBf16Products::rounded_f32;
+  return t;
+}
+
 size_t bf16_matmuls(const Circuit& c) {
   size_t n = 0;
   for (const Op& op : c.ops()) n += op.is(PrimId::matmul) && c.info(op.inputs[0]).dtype == DType::bf16 ? 1 : 0;
@@ -44,13 +52,15 @@ TEST(Bf16AsRoundedF32, HoldsBf16InF32WithTheSameBits) {
       {bld.cast(x, DType::bf16), bld.assign(buffer, bld.cast(bld.slice(x, 1, 0, 2), DType::bf16))}, 1);  // (6, 12)
   const ValueId r = bld.matmul(joined, h, true, false);                                                  // (12, 12)
   b.outs = {p, q, r, bld.cast(joined, DType::f32), bld.cast(joined, DType::f64), joined};
-  const std::vector<HostTensor> want = execute(b.c, b.fresh_binds(), b.outs);
+  // bf16 storage whose products widen both operands into f32 copies (the rounded-f32 Target's
+  // matmul reference), against the pass's f32 values rounded to bf16.
+  const std::vector<HostTensor> want = Program(b.c, b.outs, rounded_f32_target()).run(b.fresh_binds());
 
   std::vector<ValueId> outs = b.outs;
-  const Circuit rounded = bf16_as_rounded_f32(b.c, outs, cpu_target());
+  const Circuit rounded = bf16_as_rounded_f32(b.c, outs, rounded_f32_target());
   EXPECT_GT(bf16_matmuls(b.c), 0u);
   EXPECT_EQ(bf16_matmuls(rounded), 0u) << rounded.dump("rounded");
-  const std::vector<HostTensor> got = execute(rounded, b.fresh_binds(), outs);
+  const std::vector<HostTensor> got = Program(rounded, outs, rounded_f32_target()).run(b.fresh_binds());
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     SCOPED_TRACE("output " + std::to_string(i));
@@ -68,7 +78,7 @@ TEST(Bf16AsRoundedF32, LeavesGpuTargetsAlone) {
   std::vector<ValueId> outs = b.outs;
   const Circuit same = bf16_as_rounded_f32(b.c, outs, cuda_target(80, /*fake=*/true));
   EXPECT_EQ(same.dump("c"), b.c.dump("c"));
-  EXPECT_EQ(bf16_matmuls(bf16_as_rounded_f32(b.c, outs, cpu_target())), 0u);
+  EXPECT_EQ(bf16_matmuls(bf16_as_rounded_f32(b.c, outs, rounded_f32_target())), 0u);
 }
 
 }  // namespace

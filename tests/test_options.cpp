@@ -10,6 +10,7 @@
 #include <kiln/circuit/ir/target.hpp>
 #include <kiln/circuit/passes/pipeline.hpp>
 #include <kiln/circuit/prims/builder.hpp>
+#include <kiln/circuit/prims/onednn_matmul.hpp>
 
 #include "scoped_env.hpp"
 
@@ -99,6 +100,20 @@ TEST(TargetOptions, MatmulPolicyParsesValidatesAndPrintsBack) {
 
 // The device decides wgmma where the policy does not: a real sm_90 GPU takes it, the fake driver
 // (which reports sm_90) and sm_80 do not; the policy decides either way.
+// oneDNN's bf16 products are the CPU default only where they were timed faster: AMX-BF16 (not
+// AVX512-BF16 alone, untimed), and only in a build with oneDNN.
+TEST(TargetOptions, CpuBf16ProductsDefaultToOneDnnWithAmxOnly) {
+  CpuFeatures amx;
+  amx.avx2 = amx.fma = amx.avx512f = amx.avx512_bf16 = amx.amx_bf16 = true;
+  CpuFeatures avx512_bf16 = amx;
+  avx512_bf16.amx_bf16 = false;
+  EXPECT_EQ(default_cpu_bf16(amx, true), CpuBf16Products::onednn);
+  EXPECT_EQ(default_cpu_bf16(amx, false), CpuBf16Products::rounded_f32);
+  EXPECT_EQ(default_cpu_bf16(avx512_bf16, true), CpuBf16Products::rounded_f32);
+  EXPECT_EQ(default_cpu_bf16(CpuFeatures{}, true), CpuBf16Products::rounded_f32);
+  EXPECT_EQ(cpu_target().cpu_bf16, default_cpu_bf16(cpu_target().cpu, OneDnnMatmul::available(DType::bf16)));
+}
+
 TEST(TargetOptions, WgmmaIsTheDefaultOfARealSm90Only) {
   EXPECT_TRUE(cuda_target(90, false).wgmma());
   EXPECT_FALSE(cuda_target(90, true).wgmma());

@@ -27,9 +27,21 @@ CpuFeatures detect_cpu_features() {
   return f;
 }
 
+// On a 2-core Xeon with AMX, oneDNN's bf16 products made the bf16 step 0.58x (P2) and 0.85x (P1)
+// of the rounded-f32 one (docs/BENCHMARKS.md); on CPUs with AVX512-BF16 alone they are untimed.
+CpuBf16Products default_cpu_bf16(const CpuFeatures& cpu, bool have_onednn) {
+  return have_onednn && cpu.amx_bf16 ? CpuBf16Products::onednn : CpuBf16Products::rounded_f32;
+}
+
 Target cpu_target() {
+#if KILN_HAVE_DNNL
+  constexpr bool have_onednn = true;
+#else
+  constexpr bool have_onednn = false;
+#endif
   Target t;
   t.cpu = detect_cpu_features();
+  t.cpu_bf16 = default_cpu_bf16(t.cpu, have_onednn);
   return t;
 }
 
@@ -134,8 +146,9 @@ std::string matmul_policy_str(const MatmulPolicy& p) {
   if (p.split_k) items.push_back("split-k=" + (*p.split_k < 0 ? std::string("auto") : std::to_string(*p.split_k)));
   if (p.wgmma) items.push_back(std::string("wgmma=") + (*p.wgmma ? "on" : "off"));
   if (p.staged_stores != d.staged_stores)
-    items.push_back(std::string("staged-stores=") +
-                    (p.staged_stores == MmaStaging::none ? "none" : p.staged_stores == MmaStaging::odd_rows ? "odd" : "all"));
+    items.push_back(std::string("staged-stores=") + (p.staged_stores == MmaStaging::none       ? "none"
+                                                     : p.staged_stores == MmaStaging::odd_rows ? "odd"
+                                                                                               : "all"));
   if (p.products_first) items.push_back("products-first=on");
   if (p.tensor_copies) items.push_back("tensor-copies=on");
   std::string out;
@@ -165,7 +178,7 @@ std::string cpu_bf16_summary(const Target& t, bool* warn) {
     return hardware ? hardware : "oneDNN's, emulated on AVX-512 without AMX-BF16 or AVX512-BF16 (slower than f32)";
   if (!hardware) return "none: bf16 is emulated and slower than f32";
   return std::string("none used: bf16 is emulated and slower than f32 (the CPU has ") + hardware +
-         ": --cpu-bf16 onednn runs oneDNN's bf16 kernels, not yet the default)";
+         ": --cpu-bf16 onednn runs oneDNN's bf16 kernels)";
 }
 
 std::string Target::str() const {

@@ -70,8 +70,8 @@ struct Target {
   bool tf32 = false;
   MatmulPolicy matmul;
   AttentionPath attention = AttentionPath::mma;
-  // rounded_f32 on every CPU until oneDNN's bf16 kernels have been timed on one with bf16
-  // arithmetic (docs/BENCHMARKS.md); `--cpu-bf16 onednn` asks for them.
+  // cpu_target() chooses: onednn where the CPU has AMX-BF16 and kiln has oneDNN (timed on one:
+  // docs/BENCHMARKS.md), rounded_f32 elsewhere (AVX512-BF16 alone is untimed); `--cpu-bf16` overrides.
   CpuBf16Products cpu_bf16 = CpuBf16Products::rounded_f32;
   bool wide_indices = false;   // every kernel indexes with 64 bits (tests of the u64 paths)
   bool deterministic = false;  // no float atomics; on the CPU a fixed thread count
@@ -88,8 +88,11 @@ struct Target {
   std::string str() const;
 };
 
-// The host's Target: Kind::cpu with its features.
+// The host's Target: Kind::cpu with its features, and the bf16 products they make fastest
+// (cpu_bf16: default_cpu_bf16 of the features and of whether kiln was built with oneDNN).
 Target cpu_target();
+// oneDNN's bf16 products where the CPU has AMX-BF16 and kiln has oneDNN, else rounded f32.
+CpuBf16Products default_cpu_bf16(const CpuFeatures& cpu, bool have_onednn);
 // A CUDA device's Target; the choices keep their defaults.
 Target cuda_target(int sm, bool fake);
 // `to` with the device fields of `device` (kind, sm, fake, cpu) and its own choices.

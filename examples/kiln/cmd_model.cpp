@@ -95,8 +95,9 @@ std::map<std::string, std::string> with_target_flags(std::map<std::string, std::
       "split-k=0|auto|2|3|4, wgmma=on|off, staged-stores=none|odd|all, products-first=on|off, tensor-copies=on|off, "
       "simt-tile=64|128, bf16-mma=on|off (default: per device and shape; docs/CLI.md)";
   options["cpu-bf16"] =
-      "CPU bf16 products: rounded-f32 (default: operands rounded to bf16, held and multiplied in f32) or onednn "
-      "(stored in bf16, oneDNN's bf16 kernels: AMX or AVX512-BF16; CPUs with AVX-512)";
+      "CPU bf16 products: rounded-f32 (operands rounded to bf16, held and multiplied in f32; the default without "
+      "AMX) or onednn (stored in bf16, oneDNN's bf16 kernels: AMX or AVX512-BF16; CPUs with AVX-512; the default "
+      "with AMX-BF16)";
   options["tf32"] = "GPU f32 matmuls on tf32 tensor cores (10-bit mantissas; default off, as PyTorch)";
   options["attention-path"] = "GPU bf16 attention on mma (default) or simt (FFMA) kernels";
   options["passes"] = "-NAME,...: passes switched off (`kiln prims` lists them), e.g. -fuse_attention";

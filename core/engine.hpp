@@ -101,6 +101,10 @@ class Engine {
   // --- realization ------------------------------------------------------------------------
   // Runs everything recorded so far; live handles get their values. No-op when empty.
   void realize();
+  // While on, realize() makes (or finds) each step's plan, keeps it as last_plan() and runs
+  // nothing: the recording is dropped, persistent tensors keep their values, and the step's
+  // handles never get values. `kiln bench --plan-only` reads a step's memory so.
+  void set_plan_only(bool on) { plan_only_ = on; }
   // The current contents of a persistent tensor (a copy).
   HostTensor read_persistent(const TensorImpl& t) const;
   // Overwrites a persistent tensor with `values` (same shape; converted to its dtype).
@@ -214,6 +218,7 @@ class Engine {
   Target target_ = cpu_target();
   PipelineOptions pipeline_;
   bool tune_next_plan_ = false;
+  bool plan_only_ = false;  // set_plan_only
   Device device_ = Device::CPU;
   cuda::Runtime* runtime_ = nullptr;
   // On the GPU: device copies of persistent tensors, kept between steps.

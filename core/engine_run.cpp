@@ -76,6 +76,10 @@ void Engine::realize() {
         std::fprintf(stderr, "%s%s", rec.circuit.dump("recorded (forward, backward, updates)").c_str(),
                      plan->program->circuit().dump("optimized (CSE, DCE, fusion)").c_str());
     }
+    if (plan_only_) {
+      last_plan_ = plan;
+      return;
+    }
     const ProcessCounters before = ProcessCounters::now();
     std::vector<HostTensor> binds = prepare_run(rec, device_ == Device::CUDA);
     stats_.last_hash_bind_ms = ms_since(t0) - plan_ms;

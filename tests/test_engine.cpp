@@ -50,6 +50,35 @@ TEST(EnginePlanCache, IdenticalStepsReuseOnePlanWithoutPasses) {
   EXPECT_GT(e.stats().last_recorded_ops, 0u);
 }
 
+// Plan-only realization (kiln bench --plan-only) makes the plan a realization of the same step
+// then finds in the cache, and runs nothing: the parameter keeps its value.
+TEST(EnginePlanCache, APlanMadeWithoutRunningIsTheOneTheStepRuns) {
+  Engine& e = Engine::current();
+  Tensor w = Tensor::parameter("plan_only.w", host({0.1, -0.2, 0.3}, Shape{3, 1}));
+  optim::SGD opt({w}, 0.05);
+  auto record = [&] {
+    Tensor xs = Tensor::from_vector({1, 2, 3}, Shape{1, 3});
+    Tensor err = matmul(xs, w) - 1.0;
+    Tensor loss = mean(err * err);
+    loss.backward();
+    opt.step();
+    return loss;
+  };
+  const std::vector<double> before = w.to_vector();
+  e.set_plan_only(true);
+  record();  // the optimizer's step realizes
+  e.set_plan_only(false);
+  const Plan* plan = e.last_plan();
+  ASSERT_NE(plan, nullptr);
+  EXPECT_GT(plan->program->workspace_bytes(), 0u);
+  EXPECT_EQ(w.to_vector(), before);  // the step did not run
+  const uint64_t built = e.stats().plans_built;
+  record().item();
+  EXPECT_EQ(e.stats().plans_built, built);  // found in the cache
+  EXPECT_EQ(e.last_plan(), plan);
+  EXPECT_NE(w.to_vector(), before);
+}
+
 TEST(EnginePlanCache, ConstantsAndShapesAreStructure) {
   Engine& e = Engine::current();
   Tensor x = Tensor::from_vector({1, 2}, Shape{2});

@@ -83,6 +83,41 @@ class GemmProbe {
   std::unique_ptr<Program> program_;
   std::vector<HostTensor> binds_;
 };
+constexpr double kMiB = 1 << 20;
+
+// --plan-only: the step recorded and its plan made, never run (the engine in plan-only mode;
+// the model initialized on the CPU, which the simulator would take minutes over for GPT-2
+// small): what the step will hold in memory, in seconds. The CPU executor's workspace for a CPU
+// device; for a CUDA one the GPU plan lowered (not launched) and its workspace.
+int print_plan_memory(const std::function<std::vector<Tensor>()>& record, const double& flops,
+                      const DeviceSelection& device) {
+  auto t0 = std::chrono::steady_clock::now();
+  record();  // the optimizer's step realizes: its plan is made, not run
+  const Plan* plan = Engine::current().last_plan();
+  size_t persistent = 0;
+  for (ValueId e : plan->program->circuit().externals())
+    if (plan->program->circuit().value(e).role == ValueRole::Persistent)
+      persistent += static_cast<size_t>(plan->program->circuit().info(e).shape.numel()) *
+                    dtype_size(plan->program->circuit().info(e).dtype);
+  std::printf("plan only (not run): %zu recorded ops -> %zu ops, made in %.0f ms\n", plan->recorded_ops,
+              plan->optimized_ops, 1000 * seconds_since(t0));
+  std::printf("matmul FLOPs per step (forward + backward): %.3f GFLOP\n", flops / 1e9);
+  std::printf("persistent tensors the step reads: %.2f MiB (parameters, gradients, optimizer state)\n",
+              static_cast<double>(persistent) / kMiB);
+  if (device.device == Device::CUDA) {
+    const Program& p = *plan->program;
+    const cuda::DeviceProgram dp(p.circuit(), p.outputs(), *device.runtime, plan->target);
+    std::printf("GPU workspace: %.2f MiB for a live peak of %.2f MiB of intermediates; %zu kernels\n",
+                static_cast<double>(dp.workspace_bytes()) / kMiB, static_cast<double>(dp.peak_live_bytes()) / kMiB,
+                dp.kernels().size());
+  } else {
+    std::printf("CPU workspace: %.2f MiB for a live peak of %.2f MiB of intermediates\n",
+                static_cast<double>(plan->program->workspace_bytes()) / kMiB,
+                static_cast<double>(plan->program->peak_live_bytes()) / kMiB);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_bench(const std::vector<std::string>& argv) {
@@ -103,12 +138,15 @@ int cmd_bench(const std::vector<std::string>& argv) {
                                 "BxHxTxD shapes, e.g. 8x12x1024x64 (--passes -fuse_attention: unfused)"},
                                {"skip-non-finite",
                                 "guard AdamW's update with the loss's and gradient norm's finiteness, as "
-                                "kiln train does"}},
+                                "kiln train does"},
+                               {"plan-only",
+                                "make the step's plan without running it and print its memory (the CPU workspace, "
+                                "or the GPU plan's with --device cuda or sim)"}},
                               true))))),
          "usage: kiln bench [options]\n\nTimes full training steps of a GPT or a Llama (--model llama) (AdamW) on the "
          "CPU or the GPU.\n"
          "GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8",
-         with_target_switches(with_model_switches({"skip-non-finite"})));
+         with_target_switches(with_model_switches({"skip-non-finite", "plan-only"})));
   if (a.help()) {
     a.print_help();
     return 0;
@@ -124,6 +162,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   connect_device_collective_if_needed(device, cuda::parse_collective_choice(a.str("collectives", "auto")));
   if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps);
   if (a.has("attention")) return bench_attention(a.str("attention", ""), steps);
+  const bool plan_only = a.has("plan-only");
+  if (plan_only) Engine::current().set_device(Device::CPU);
   manual_seed(1);
   std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a, 0, a.real("dropout", 0.0, 0.0, 1.0));
   models::CausalLM& model = *model_ptr;
@@ -170,6 +210,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
     t.outside_ms = median(outside_ms);
     return t;
   };
+  if (plan_only) {
+    Engine::current().set_device(device.device, device.runtime);
+    Engine::current().set_plan_only(true);
+    return print_plan_memory(record, flops, device);
+  }
   Engine::current().set_tune_next_plan(tune == TuneMode::on);  // the first step's plan (--tune on)
   Timing recorded = time_steps([&] { record()[0].item(); });
   TracedStep traced({x, y}, record);

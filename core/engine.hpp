@@ -103,7 +103,9 @@ class Engine {
   void realize();
   // While on, realize() makes (or finds) each step's plan, keeps it as last_plan() and runs
   // nothing: the recording is dropped, persistent tensors keep their values, and the step's
-  // handles never get values. `kiln bench --plan-only` reads a step's memory so.
+  // handles never get values (reading one is an error). No kernel is tuned (a pending
+  // set_tune_next_plan waits for a plan that runs), and a traced step cannot be made meanwhile.
+  // `kiln bench --plan-only` reads a step's memory so.
   void set_plan_only(bool on) { plan_only_ = on; }
   // The current contents of a persistent tensor (a copy).
   HostTensor read_persistent(const TensorImpl& t) const;

@@ -59,7 +59,7 @@ void Engine::realize() {
       ++stats_.cache_hits;
     } else {
       auto tp = std::chrono::steady_clock::now();
-      if (tune_next_plan_) {
+      if (tune_next_plan_ && !plan_only_) {
         // The plan's kernels the cache lacks are tuned first, and the plan is made with the choices.
         tune_next_plan_ = false;
         if (device_ == Device::CPU && !target_.deterministic) {

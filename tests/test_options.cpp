@@ -98,8 +98,6 @@ TEST(TargetOptions, MatmulPolicyParsesValidatesAndPrintsBack) {
             std::string::npos);
 }
 
-// The device decides wgmma where the policy does not: a real sm_90 GPU takes it, the fake driver
-// (which reports sm_90) and sm_80 do not; the policy decides either way.
 // oneDNN's bf16 products are the CPU default only where they were timed faster: AMX-BF16 (not
 // AVX512-BF16 alone, untimed), and only in a build with oneDNN.
 TEST(TargetOptions, CpuBf16ProductsDefaultToOneDnnWithAmxOnly) {
@@ -111,9 +109,12 @@ TEST(TargetOptions, CpuBf16ProductsDefaultToOneDnnWithAmxOnly) {
   EXPECT_EQ(default_cpu_bf16(amx, false), CpuBf16Products::rounded_f32);
   EXPECT_EQ(default_cpu_bf16(avx512_bf16, true), CpuBf16Products::rounded_f32);
   EXPECT_EQ(default_cpu_bf16(CpuFeatures{}, true), CpuBf16Products::rounded_f32);
-  EXPECT_EQ(cpu_target().cpu_bf16, default_cpu_bf16(cpu_target().cpu, OneDnnMatmul::available(DType::bf16)));
+  // A build with oneDNN has its f32 matmul everywhere.
+  EXPECT_EQ(cpu_target().cpu_bf16, default_cpu_bf16(cpu_target().cpu, OneDnnMatmul::available(DType::f32)));
 }
 
+// The device decides wgmma where the policy does not: a real sm_90 GPU takes it, the fake driver
+// (which reports sm_90) and sm_80 do not; the policy decides either way.
 TEST(TargetOptions, WgmmaIsTheDefaultOfARealSm90Only) {
   EXPECT_TRUE(cuda_target(90, false).wgmma());
   EXPECT_FALSE(cuda_target(90, true).wgmma());

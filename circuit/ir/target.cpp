@@ -16,11 +16,22 @@ CpuFeatures detect_cpu_features() {
   CpuFeatures f;
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(1, &a, &b, &c, &d)) f.fma = (c >> 12) & 1;
+  bool osxsave = false;
+  if (__get_cpuid(1, &a, &b, &c, &d)) {
+    f.fma = (c >> 12) & 1;
+    osxsave = (c >> 27) & 1;
+  }
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
     f.avx2 = (b >> 5) & 1;
     f.avx512f = (b >> 16) & 1;
     f.amx_bf16 = (d >> 22) & 1;
+  }
+  // AMX tiles are usable only where the OS (or the hypervisor) enables their register state:
+  // XCR0 bits 17 (tile configuration) and 18 (tile data).
+  if (f.amx_bf16) {
+    unsigned lo = 0, hi = 0;
+    if (osxsave) __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    f.amx_bf16 = ((lo >> 17) & 3) == 3;
   }
   if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = (a >> 5) & 1;
 #endif

@@ -108,9 +108,12 @@ constexpr OpcInfo kOpcodes[] = {
 constexpr bool table_in_order() {
   for (size_t i = 0; i < std::size(kOpcodes); ++i)
     if (static_cast<size_t>(kOpcodes[i].op) != i) return false;
+  // The printer applies min_ptx to sm_90a kernels only (the others print 7.1 or 7.8).
+  for (const OpcInfo& o : kOpcodes)
+    if (o.min_ptx > 0 && !o.sm90a) return false;
   return static_cast<size_t>(kLastOpc) + 1 == std::size(kOpcodes);
 }
-static_assert(table_in_order(), "kOpcodes must list every Opc once, in the enum's order");
+static_assert(table_in_order(), "kOpcodes must list every Opc once, in the enum's order (min_ptx: sm_90a only)");
 
 }  // namespace
 

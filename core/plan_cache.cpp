@@ -1,6 +1,8 @@
 // PlanCache: structural lookup, pass pipeline on a miss, LRU eviction.
+#include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include <kiln/circuit/ir/error.hpp>
 #include <kiln/core/plan_cache.hpp>
 
 namespace kiln {
@@ -32,20 +34,68 @@ const Plan* PlanCache::largest() const {
   return best;
 }
 
+namespace {
+
+std::unique_ptr<Program> make_program(const Circuit& recorded, const std::vector<ValueId>& requested,
+                                      const Target& target, const PipelineOptions& pipeline) {
+  std::vector<ValueId> outputs = requested;
+  Circuit optimized = optimize(recorded, outputs, target, pipeline);
+  return std::make_unique<Program>(std::move(optimized), std::move(outputs), target);
+}
+
+std::string mib(size_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0)); }
+
+// The plan under pipeline.memory_budget that recomputes least: the mode asked for, else blocks
+// mode in the first k blocks for the least k that fits (the workspace shrinks as k grows: each
+// block checkpointed keeps only its input), else an error stating what the most recomputation
+// needs. The workspace measured is the CPU plan's (a GPU plan of the same circuit places the
+// same values, within its alignment).
+std::unique_ptr<Program> program_within_budget(const Circuit& recorded, const std::vector<ValueId>& requested,
+                                               const Target& target, const PipelineOptions& pipeline) {
+  std::unique_ptr<Program> asked = make_program(recorded, requested, target, pipeline);
+  const size_t budget = pipeline.memory_budget;
+  if (budget == 0 || asked->workspace_bytes() <= budget) return asked;
+  PipelineOptions p = pipeline;
+  p.recompute = RecomputeMode::blocks;
+  p.checkpointed_blocks = -1;
+  std::unique_ptr<Program> best = make_program(recorded, requested, target, p);
+  if (best->workspace_bytes() > budget)
+    throw Error("--memory-budget: " + mib(budget) + " is below what this step needs with the most recomputation (" +
+                mib(best->workspace_bytes()) + " of workspace with --recompute blocks; --recompute " +
+                recompute_mode_name(recompute_mode(pipeline, target)) + " needs " + mib(asked->workspace_bytes()) +
+                ")");
+  if (recompute_mode(pipeline, target) == RecomputeMode::blocks && pipeline.checkpointed_blocks < 0) return best;
+  // The least k in [1, blocks] that fits; `best` is blocks mode in all of them.
+  int lo = 1, hi = count_blocks(recorded);
+  while (lo < hi) {
+    p.checkpointed_blocks = lo + (hi - lo) / 2;
+    std::unique_ptr<Program> candidate = make_program(recorded, requested, target, p);
+    if (candidate->workspace_bytes() <= budget) {
+      hi = p.checkpointed_blocks;
+      best = std::move(candidate);
+    } else {
+      lo = p.checkpointed_blocks + 1;
+    }
+  }
+  spdlog::info("--memory-budget {}: blocks recomputed from their inputs in {} of {} blocks, workspace {}", mib(budget),
+               hi, count_blocks(recorded), mib(best->workspace_bytes()));
+  return best;
+}
+
+}  // namespace
+
 std::shared_ptr<const Plan> PlanCache::build(uint64_t hash, const Circuit& recorded,
                                              const std::vector<ValueId>& requested, const Target& target,
                                              const PipelineOptions& pipeline) {
   recorded.verify();  // ordering of buffer reads and writes, before passes could hide it
-  std::vector<ValueId> outputs = requested;
-  Circuit optimized = optimize(recorded, outputs, target, pipeline);
   auto plan = std::make_shared<Plan>();
   plan->recorded = recorded;
   plan->requested = requested;
   plan->target = target;
   plan->pipeline = pipeline;
   plan->recorded_ops = recorded.ops().size();
-  plan->optimized_ops = optimized.ops().size();
-  plan->program = std::make_unique<Program>(std::move(optimized), std::move(outputs), target);
+  plan->program = program_within_budget(recorded, requested, target, pipeline);
+  plan->optimized_ops = plan->program->circuit().ops().size();
   plan->program->set_adaptive_threads(!target.deterministic);  // a deterministic run keeps its team size
   entries_.push_front(Entry{hash, std::move(plan)});
   if (entries_.size() > capacity_) {

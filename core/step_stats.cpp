@@ -3,6 +3,8 @@
 
 #include <kiln/circuit/exec/liveness.hpp>
 #include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/prims/fused_matmul.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 #include <kiln/core/step_stats.hpp>
 #include <kiln/cuda/lower/lower.hpp>
 
@@ -13,6 +15,19 @@ namespace {
 size_t bytes_of(const ValueInfo& v) { return static_cast<size_t>(v.shape.numel()) * dtype_size(v.dtype); }
 
 }  // namespace
+
+double matmul_flops(const Circuit& c, const Op& op) {
+  if (op.is(PrimId::matmul)) {
+    const Shape& a = c.info(op.inputs[0]).shape;
+    const int64_t k = MatmulParams::of(op).transpose_a ? a[a.rank() - 2] : a[a.rank() - 1];
+    return 2.0 * static_cast<double>(c.info(op.outputs[0]).shape.numel()) * static_cast<double>(k);
+  }
+  if (op.is(PrimId::fused_matmul)) {
+    const FusedMatmul fm = FusedMatmul::from_params(op.params);
+    return 2.0 * static_cast<double>(fm.logical().numel()) * static_cast<double>(fm.k);
+  }
+  return 0;
+}
 
 StepStats measure_step(const Plan& plan) {
   StepStats s;
@@ -27,6 +42,7 @@ StepStats measure_step(const Plan& plan) {
     alias_input[i] = cuda::alias_input(op.prim->id);
     if (alias_input[i] >= 0) continue;
     ++s.ops[static_cast<size_t>(op.phase)];
+    if (op.phase == Phase::Recompute) s.recomputed_matmul_flops += matmul_flops(c, op);
     for (ValueId in : op.inputs) s.bytes_read += static_cast<double>(bytes_of(c.info(in)));
     for (ValueId out : op.outputs) s.bytes_written += static_cast<double>(bytes_of(c.info(out)));
     if (!s.lowered) continue;
@@ -35,6 +51,21 @@ StepStats measure_step(const Plan& plan) {
       s.launches[static_cast<size_t>(op.phase)] += cuda::lower(c, static_cast<int>(i), plan.target).launches.size();
     } catch (const Error&) {
       s.lowered = false;  // a dtype the GPU does not run
+    }
+  }
+  std::vector<char> counted(c.num_values(), 0);
+  for (const Op& op : c.ops()) {
+    if (op.phase == Phase::Forward) continue;
+    for (ValueId in : op.inputs) {
+      int32_t p = c.value(in).producer;
+      while (p >= 0 && alias_input[static_cast<size_t>(p)] >= 0) {  // a view: the buffer it reads
+        in = c.ops()[static_cast<size_t>(p)].inputs[static_cast<size_t>(alias_input[static_cast<size_t>(p)])];
+        p = c.value(in).producer;
+      }
+      if (p < 0 || c.ops()[static_cast<size_t>(p)].phase != Phase::Forward || counted[static_cast<size_t>(in)])
+        continue;
+      counted[static_cast<size_t>(in)] = 1;
+      s.saved_bytes += bytes_of(c.info(in));
     }
   }
   // Peak of live intermediates, with buffers allocated when their op runs and freed as the
@@ -52,12 +83,17 @@ StepStats measure_step(const Plan& plan) {
 
 std::string StepStats::summary() const {
   auto mb = [](double b) { return b / (1024.0 * 1024.0); };
-  std::string kernels = lowered ? fmt::format("GPU kernels {}/{}/{}", launches[0], launches[1], launches[2])
-                                : std::string("GPU kernels n/a (dtype)");
+  auto at = [](const auto& by_phase, Phase p) { return by_phase[static_cast<size_t>(p)]; };
+  std::string kernels =
+      lowered ? fmt::format("GPU kernels {}/{}/{}/{}", at(launches, Phase::Forward), at(launches, Phase::Recompute),
+                            at(launches, Phase::Backward), at(launches, Phase::Update))
+              : std::string("GPU kernels n/a (dtype)");
   return fmt::format(
-      "ops forward/backward/update {}/{}/{} ({}); read {:.1f} MiB, written {:.1f} MiB; peak intermediates {:.2f} "
-      "MiB (+ {:.2f} MiB parameters and state, {:.2f} MiB inputs)",
-      ops[0], ops[1], ops[2], kernels, mb(bytes_read), mb(bytes_written),
+      "ops forward/backward/update {}/{}/{} and {} recomputing ({}); read {:.1f} MiB, written {:.1f} MiB; saved for "
+      "the backward {:.2f} MiB, recomputed {:.3f} matmul GFLOP; peak intermediates {:.2f} MiB (+ {:.2f} MiB "
+      "parameters and state, {:.2f} MiB inputs)",
+      at(ops, Phase::Forward), at(ops, Phase::Backward), at(ops, Phase::Update), at(ops, Phase::Recompute), kernels,
+      mb(bytes_read), mb(bytes_written), mb(static_cast<double>(saved_bytes)), recomputed_matmul_flops / 1e9,
       mb(static_cast<double>(peak_intermediate_bytes)), mb(static_cast<double>(persistent_bytes)),
       mb(static_cast<double>(input_bytes)));
 }

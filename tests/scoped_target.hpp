@@ -1,6 +1,6 @@
-// ScopedTarget and ScopedPipeline: the thread's engine plans for another Target (or with passes
-// switched off) for a scope, and for what it planned before when the scope ends, also when a
-// failed ASSERT leaves it early. Plans are keyed by both, so nothing needs clearing.
+// ScopedTarget, ScopedPipeline and ScopedRecompute: the thread's engine plans for another Target
+// (or with passes switched off, or another recompute mode) for a scope, and for what it planned before when the scope
+// ends, also when a failed ASSERT leaves it early. Plans are keyed by both, so nothing needs clearing.
 #pragma once
 
 #include <functional>
@@ -37,11 +37,30 @@ class ScopedPipeline {
  public:
   // `--passes` text: "-cse,-fuse_rows".
   explicit ScopedPipeline(const std::string& passes) : saved_(Engine::current().pipeline()) {
-    Engine::current().set_pipeline(parse_pipeline_options(passes));
+    PipelineOptions p = saved_;
+    p.disabled = parse_pipeline_options(passes).disabled;
+    Engine::current().set_pipeline(p);
   }
   ~ScopedPipeline() { Engine::current().set_pipeline(saved_); }
   ScopedPipeline(const ScopedPipeline&) = delete;
   ScopedPipeline& operator=(const ScopedPipeline&) = delete;
+
+ private:
+  PipelineOptions saved_;
+};
+
+// The engine plans with this recompute mode (and memory budget, 0: none) for a scope.
+class ScopedRecompute {
+ public:
+  explicit ScopedRecompute(RecomputeMode mode, size_t budget = 0) : saved_(Engine::current().pipeline()) {
+    PipelineOptions p = saved_;
+    p.recompute = mode;
+    p.memory_budget = budget;
+    Engine::current().set_pipeline(p);
+  }
+  ~ScopedRecompute() { Engine::current().set_pipeline(saved_); }
+  ScopedRecompute(const ScopedRecompute&) = delete;
+  ScopedRecompute& operator=(const ScopedRecompute&) = delete;
 
  private:
   PipelineOptions saved_;

@@ -25,9 +25,17 @@ struct Value {
   std::string name;       // for dumps: parameter name, "lr", ...
 };
 
-// Which part of a training step recorded an op (for statistics; not part of the structure).
-// A fused op takes the latest phase among the ops it absorbed.
-enum class Phase : uint8_t { Forward = 0, Backward = 1, Update = 2 };
+// Which part of a training step recorded an op (not part of the structure): statistics, and the
+// passes that keep phases apart. Recompute marks forward work made again in the backward (the
+// recompute pass's copies), which no fusion joins with the forward's own ops. In step order: a
+// fused op takes the latest phase among the ops it absorbed.
+enum class Phase : uint8_t { Forward = 0, Recompute = 1, Backward = 2, Update = 3 };
+inline constexpr size_t kPhaseCount = 4;
+// Forward work and its recomputation stay in separate ops: an op made of both would write the
+// recomputed value in the forward again, and keep it.
+inline bool phases_kept_apart(Phase a, Phase b) {
+  return (a == Phase::Forward && b == Phase::Recompute) || (a == Phase::Recompute && b == Phase::Forward);
+}
 
 struct Op {
   const PrimDef* prim = nullptr;

@@ -23,7 +23,7 @@ bool absorbable(const Circuit& c, const Op& op) {
   const int32_t producer = c.value(x).producer;
   if (producer < 0 || c.info(x).dtype != DType::f32) return false;
   const Op& p = c.ops()[static_cast<size_t>(producer)];
-  if (p.params.dtype != DType::f32) return false;
+  if (p.params.dtype != DType::f32 || phases_kept_apart(p.phase, op.phase)) return false;
   if (p.is(PrimId::fused_rows)) return true;
   return p.is(PrimId::fused_matmul) &&
          static_cast<size_t>(std::find(p.outputs.begin(), p.outputs.end(), x) - p.outputs.begin()) <
@@ -115,9 +115,10 @@ struct CastOf {
   int32_t cast = -1, reshape = -1;
 };
 CastOf bf16_cast_of(const Circuit& c, ValueId v, const std::vector<std::vector<int32_t>>& readers) {
+  const Phase made_in = c.ops()[static_cast<size_t>(c.value(v).producer)].phase;
   auto is_bf16_cast = [&](int32_t i) {
     const Op& op = c.ops()[static_cast<size_t>(i)];
-    return op.is(PrimId::cast) && op.params.dtype == DType::bf16;
+    return op.is(PrimId::cast) && op.params.dtype == DType::bf16 && !phases_kept_apart(made_in, op.phase);
   };
   for (int32_t r : readers[static_cast<size_t>(v)]) {
     if (is_bf16_cast(r)) return {r, -1};

@@ -151,6 +151,12 @@ class RowFuser {
     else
       uni.push_back(k);
     std::sort(uni.begin(), uni.end());
+    bool forward = false, recompute = false;
+    for (int32_t m : uni) {
+      forward = forward || ops_[static_cast<size_t>(m)].phase == Phase::Forward;
+      recompute = recompute || ops_[static_cast<size_t>(m)].phase == Phase::Recompute;
+    }
+    if (forward && recompute) return false;  // phases_kept_apart
     if (leaves_and_returns(uni, g, h)) return false;
     for (int32_t m : uni) group_[static_cast<size_t>(m)] = g;
     Group& into = groups_[static_cast<size_t>(g)];

@@ -87,6 +87,11 @@ PipelineOptions parse_pipeline_options(std::string_view text) {
   return options;
 }
 
+RecomputeMode recompute_mode(const PipelineOptions& options, const Target& target) {
+  if (options.recompute) return *options.recompute;
+  return target.gpu() ? RecomputeMode::none : RecomputeMode::automatic;
+}
+
 Circuit optimize(const Circuit& recorded, std::vector<ValueId>& outputs, const Target& target,
                  const PipelineOptions& options) {
   check_pipeline_options(options);
@@ -94,6 +99,7 @@ Circuit optimize(const Circuit& recorded, std::vector<ValueId>& outputs, const T
   auto off = [&](std::string_view name) { return std::find(disabled.begin(), disabled.end(), name) != disabled.end(); };
   Circuit c = off("cse") ? dce(recorded, outputs) : cse(recorded, outputs);
   c = expand_user_prims(c, outputs, target);
+  c = recompute(c, outputs, recompute_mode(options, target), options.checkpointed_blocks);
   for (const PassInfo& pass : std::span(kPasses).subspan(1)) {
     // Without fuse_matmul nothing folds pad_bf16_rows's slices: the padding would only add kernels.
     const bool needs_fuse_matmul = std::string_view(pass.name) == "pad_bf16_rows" && off("fuse_matmul");

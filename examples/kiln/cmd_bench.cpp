@@ -22,6 +22,7 @@
 #include <kiln/core/device.hpp>
 #include <kiln/core/distributed.hpp>
 #include <kiln/core/engine.hpp>
+#include <kiln/core/step_stats.hpp>
 #include <kiln/core/traced_step.hpp>
 #include <kiln/train/adamw.hpp>
 
@@ -94,16 +95,16 @@ int print_plan_memory(const std::function<std::vector<Tensor>()>& record, const 
   auto t0 = std::chrono::steady_clock::now();
   record();  // the optimizer's step realizes: its plan is made, not run
   const Plan* plan = Engine::current().last_plan();
-  size_t persistent = 0;
-  for (ValueId e : plan->program->circuit().externals())
-    if (plan->program->circuit().value(e).role == ValueRole::Persistent)
-      persistent += static_cast<size_t>(plan->program->circuit().info(e).shape.numel()) *
-                    dtype_size(plan->program->circuit().info(e).dtype);
+  const double made_in = seconds_since(t0);
+  const StepStats stats = measure_step(*plan);
   std::printf("plan only (not run): %zu recorded ops -> %zu ops, made in %.0f ms\n", plan->recorded_ops,
-              plan->optimized_ops, 1000 * seconds_since(t0));
+              plan->optimized_ops, 1000 * made_in);
   std::printf("matmul FLOPs per step (forward + backward): %.3f GFLOP\n", flops / 1e9);
+  std::printf("recompute %s: %.2f MiB saved for the backward, %.3f GFLOP of matmuls recomputed\n",
+              recompute_mode_name(recompute_mode(plan->pipeline, plan->target)),
+              static_cast<double>(stats.saved_bytes) / kMiB, stats.recomputed_matmul_flops / 1e9);
   std::printf("persistent tensors the step reads: %.2f MiB (parameters, gradients, optimizer state)\n",
-              static_cast<double>(persistent) / kMiB);
+              static_cast<double>(stats.persistent_bytes) / kMiB);
   if (device.device == Device::CUDA) {
     const Program& p = *plan->program;
     const cuda::DeviceProgram dp(p.circuit(), p.outputs(), *device.runtime, plan->target);

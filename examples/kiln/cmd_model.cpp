@@ -101,6 +101,14 @@ std::map<std::string, std::string> with_target_flags(std::map<std::string, std::
   options["tf32"] = "GPU f32 matmuls on tf32 tensor cores (10-bit mantissas; default off, as PyTorch)";
   options["attention-path"] = "GPU bf16 attention on mma (default) or simt (FFMA) kernels";
   options["passes"] = "-NAME,...: passes switched off (`kiln prims` lists them), e.g. -fuse_attention";
+  options["recompute"] =
+      "what the backward computes again instead of keeping from the forward: none (the default on the GPU, "
+      "where recomputation is untimed), auto (the default on the CPU: what costs no matmul: GELU outputs, layer "
+      "norm outputs, dropout masks) or blocks (each transformer block from its input, matmuls and attention "
+      "included)";
+  options["memory-budget"] =
+      "BYTES (K, M, G suffixes: KiB, MiB, GiB): the most workspace the step may take; kiln recomputes more, block "
+      "by block, until it fits, and says so (an error states what the most recomputation needs)";
   options["wide-indices"] = "GPU: every kernel indexes with 64 bits (as tensors of 2^31 elements and more need)";
   options["no-cuda-graphs"] = "GPU: launch kernels one by one instead of replaying the step as a CUDA graph";
   options["poison-buffers"] =
@@ -133,7 +141,40 @@ void apply_target_flags(const Args& a) {
   Engine& engine = Engine::current();
   engine.set_target(target_from_flags(a, engine.target()));
   if (a.has("poison-buffers")) set_poison_buffers(true);
-  if (a.has("passes")) engine.set_pipeline(parse_pipeline_options(a.str("passes", "")));
+  engine.set_pipeline(pipeline_from_flags(a, engine.pipeline()));
+}
+
+PipelineOptions pipeline_from_flags(const Args& a, PipelineOptions p) {
+  if (a.has("passes")) p.disabled = parse_pipeline_options(a.str("passes", "")).disabled;
+  if (a.has("recompute")) p.recompute = parse_recompute_mode(a.str("recompute", ""));
+  if (a.has("memory-budget")) p.memory_budget = parse_byte_size("--memory-budget", a.str("memory-budget", ""));
+  return p;
+}
+
+size_t parse_byte_size(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string suffix = text.substr(used);
+  double scale = 0;
+  if (suffix.empty())
+    scale = 1;
+  else if (suffix == "K" || suffix == "k")
+    scale = 1024.0;
+  else if (suffix == "M" || suffix == "m")
+    scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g")
+    scale = 1024.0 * 1024 * 1024;
+  if (used == 0 || scale == 0 || !(value > 0))
+    throw Error(flag +
+                ": expected a positive size in bytes, with an optional K, M or G suffix (KiB, MiB, GiB), "
+                "received '" +
+                text + "'");
+  return static_cast<size_t>(value * scale);
 }
 
 void log_cpu_bf16(const Target& t, Precision precision) {
@@ -208,17 +249,22 @@ std::unique_ptr<models::CausalLM> load_initial_model(const std::string& path, co
   if (a.has("model") && models::architecture(a.str("model", "")).name != model->architecture())
     refuse("model", a.str("model", ""), "that architecture");
   const std::pair<const char*, const char*> sizes[] = {
-      {"vocab-size", "vocab_size"}, {"block", "block_size"},  {"layers", "n_layer"},         {"heads", "n_head"},
+      {"vocab-size", "vocab_size"}, {"block", "block_size"},   {"layers", "n_layer"},       {"heads", "n_head"},
       {"embd", "n_embd"},           {"kv-heads", "n_kv_head"}, {"ffn-hidden", "ffn_hidden"}};
   for (const auto& [flag, attribute] : sizes)
     if (a.has(flag) && (!file.has(attribute) || a.integer(flag, 0) != file.get_int(attribute)))
-      refuse(flag, a.str(flag, ""), file.has(attribute) ? std::string(attribute) + " " + std::to_string(file.get_int(attribute)) : std::string("no ") + attribute);
+      refuse(flag, a.str(flag, ""),
+             file.has(attribute) ? std::string(attribute) + " " + std::to_string(file.get_int(attribute))
+                                 : std::string("no ") + attribute);
   if (a.has("rope-theta") && (!file.has("rope_theta") || a.real("rope-theta", 0) != file.get("rope_theta")))
-    refuse("rope-theta", a.str("rope-theta", ""), file.has("rope_theta") ? fmt::format("rope_theta {}", file.get("rope_theta")) : "no rope_theta");
+    refuse("rope-theta", a.str("rope-theta", ""),
+           file.has("rope_theta") ? fmt::format("rope_theta {}", file.get("rope_theta")) : "no rope_theta");
   if (a.has("tie-embeddings") && (!file.has("tie_embeddings") || file.get_int("tie_embeddings") != 1))
-    refuse("tie-embeddings", "(given)", file.has("tie_embeddings") ? "an untied head" : "no such option (it is Llama's)");
+    refuse("tie-embeddings", "(given)",
+           file.has("tie_embeddings") ? "an untied head" : "no such option (it is Llama's)");
   if (a.has("dropout") && (!file.has("dropout") || file.get("dropout") != dropout))
-    refuse("dropout", fmt::format("{}", dropout), file.has("dropout") ? fmt::format("dropout {}", file.get("dropout")) : "no dropout");
+    refuse("dropout", fmt::format("{}", dropout),
+           file.has("dropout") ? fmt::format("dropout {}", file.get("dropout")) : "no dropout");
   spdlog::info("init from {}: {}, {} parameters", path, model->architecture(), model->num_parameters());
   return model;
 }
@@ -240,7 +286,8 @@ int cmd_sample(const std::vector<std::string>& argv) {
           {"no-kv-cache", "run the model on the whole window for every token instead of one cached step"},
           {"non-strict", kNonStrictHelp}},
          "usage: kiln sample --weights model.h5 [options]\n\nGenerates text from a trained model (GPT or Llama), one "
-         "decode step per token with a key/value cache\n(recorded once, replayed for each token), and reports tokens per second on standard error.",
+         "decode step per token with a key/value cache\n(recorded once, replayed for each token), and reports tokens "
+         "per second on standard error.",
          {"no-kv-cache", "non-strict"});
   if (a.help()) {
     a.print_help();

@@ -62,7 +62,7 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   Target target = target_from_flags(a, cuda_target(sm, /*fake=*/false));
   target.matmul.wgmma = target.wgmma();
   Engine::current().set_target(target);  // the passes a GPU run would get; the step runs on the CPU
-  if (a.has("passes")) Engine::current().set_pipeline(parse_pipeline_options(a.str("passes", "")));
+  Engine::current().set_pipeline(pipeline_from_flags(a, Engine::current().pipeline()));
   if (a.has("poison-buffers")) set_poison_buffers(true);
   const int64_t batch = a.integer("batch", 16, 1);
   std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a);

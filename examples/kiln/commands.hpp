@@ -60,6 +60,10 @@ std::map<std::string, std::string> with_target_flags(std::map<std::string, std::
 std::set<std::string> with_target_switches(std::set<std::string> switches);
 Target target_from_flags(const Args& a, Target target);
 void apply_target_flags(const Args& a);  // to Engine::current(): its Target and pipeline options
+// --passes, --recompute and --memory-budget over `p`.
+PipelineOptions pipeline_from_flags(const Args& a, PipelineOptions p);
+// "512M" -> 536870912 (K, M, G: KiB, MiB, GiB); an error names `flag` for anything else.
+size_t parse_byte_size(const std::string& flag, const std::string& text);
 // "CPU bf16: AMX" (or AVX512-BF16, or "none: bf16 is emulated and slower than f32", a warning
 // under --precision bf16): what a CPU run does with bf16 products.
 void log_cpu_bf16(const Target& t, Precision precision);

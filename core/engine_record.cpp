@@ -177,6 +177,9 @@ void Engine::backward(const Tensor& loss) {
     rec_.slot_version[grad.impl()->slot] = b.assign(value_of(grad), g);
     rec_.grad_written[grad.impl()->slot] = true;
   }
+  // What is recorded next is forward work again (a later micro-batch's forward under gradient
+  // accumulation) until the optimizer marks its update.
+  rec_.circuit.set_recording_phase(Phase::Forward);
 }
 
 Engine::Recording Engine::take_recording() {

@@ -19,12 +19,14 @@
 #   bash scripts/bench_cpu_vs_torch.sh default                # one of: default wide
 #   bash scripts/bench_cpu_vs_torch.sh --precision bf16 wide  # mixed precision
 #   bash scripts/bench_cpu_vs_torch.sh --precision bf16 --cpu-bf16 onednn  # oneDNN's bf16 kernels (AMX: the default)
+#   bash scripts/bench_cpu_vs_torch.sh --recompute none wide  # kiln keeping every saved value (default: auto)
 set -euo pipefail
-precision=f32 cpu_bf16=""  # "": kiln's default for the CPU (onednn with AMX-BF16, else rounded-f32)
+precision=f32 cpu_bf16="" recompute=""  # "": kiln's defaults for the CPU
 while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do
   case $1 in
   --precision) precision=${2:?--precision f32 or bf16} ;;
   --cpu-bf16) cpu_bf16=${2:?--cpu-bf16 rounded-f32 or onednn} ;;
+  --recompute) recompute=${2:?--recompute none, auto or blocks} ;;
   *) echo "bench_cpu_vs_torch.sh: unknown option $1" >&2 && exit 2 ;;
   esac
   shift 2
@@ -44,7 +46,7 @@ declare -A steps=([default]=40 [wide]=12)
 
 kiln_ms() {  # the traced (replayed) step, as training runs it; $3: the precision
   local out
-  out=$(./build/examples/kiln bench $1 --steps "$2" --precision "$3" ${cpu_bf16:+--cpu-bf16 "$cpu_bf16"} 2>&1) ||
+  out=$(./build/examples/kiln bench $1 --steps "$2" --precision "$3" ${cpu_bf16:+--cpu-bf16 "$cpu_bf16"} ${recompute:+--recompute "$recompute"} 2>&1) ||
     { echo "kiln bench failed: $out" >&2 && return 1; }
   sed -n 's/^step (traced, replayed): \([0-9.]*\) ms.*/\1/p' <<<"$out"
 }

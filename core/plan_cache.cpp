@@ -43,15 +43,20 @@ std::unique_ptr<Program> make_program(const Circuit& recorded, const std::vector
   return std::make_unique<Program>(std::move(optimized), std::move(outputs), target);
 }
 
-std::string mib(size_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0)); }
+std::string mib(size_t bytes) {  // "512.00 MiB"; below a MiB in KiB
+  const double b = static_cast<double>(bytes);
+  return b < 1024.0 * 1024.0 ? fmt::format("{:.2f} KiB", b / 1024.0) : fmt::format("{:.2f} MiB", b / (1024.0 * 1024.0));
+}
 
 // The plan under pipeline.memory_budget that recomputes least: the mode asked for, else blocks
-// mode in the first k blocks for the least k that fits (the workspace shrinks as k grows: each
-// block checkpointed keeps only its input), else an error stating what the most recomputation
-// needs. The workspace measured is the CPU plan's (a GPU plan of the same circuit places the
-// same values, within its alignment).
+// mode in the first k blocks (k = 0: auto), k found by bisection (the workspace shrinks as k
+// grows, each block checkpointed keeping only its input), else an error stating what the most
+// recomputation needs. The workspace measured is the CPU plan's (a GPU plan of the same circuit
+// places the same values, within its alignment). `chosen` receives the options it was made with.
 std::unique_ptr<Program> program_within_budget(const Circuit& recorded, const std::vector<ValueId>& requested,
-                                               const Target& target, const PipelineOptions& pipeline) {
+                                               const Target& target, const PipelineOptions& pipeline,
+                                               PipelineOptions& chosen) {
+  chosen = pipeline;
   std::unique_ptr<Program> asked = make_program(recorded, requested, target, pipeline);
   const size_t budget = pipeline.memory_budget;
   if (budget == 0 || asked->workspace_bytes() <= budget) return asked;
@@ -64,9 +69,8 @@ std::unique_ptr<Program> program_within_budget(const Circuit& recorded, const st
                 mib(best->workspace_bytes()) + " of workspace with --recompute blocks; --recompute " +
                 recompute_mode_name(recompute_mode(pipeline, target)) + " needs " + mib(asked->workspace_bytes()) +
                 ")");
-  if (recompute_mode(pipeline, target) == RecomputeMode::blocks && pipeline.checkpointed_blocks < 0) return best;
-  // The least k in [1, blocks] that fits; `best` is blocks mode in all of them.
-  int lo = 1, hi = count_blocks(recorded);
+  const int blocks = count_blocks(recorded);
+  int lo = 0, hi = blocks;  // blocks mode in all of them (`best`) fits
   while (lo < hi) {
     p.checkpointed_blocks = lo + (hi - lo) / 2;
     std::unique_ptr<Program> candidate = make_program(recorded, requested, target, p);
@@ -77,8 +81,12 @@ std::unique_ptr<Program> program_within_budget(const Circuit& recorded, const st
       lo = p.checkpointed_blocks + 1;
     }
   }
-  spdlog::info("--memory-budget {}: blocks recomputed from their inputs in {} of {} blocks, workspace {}", mib(budget),
-               hi, count_blocks(recorded), mib(best->workspace_bytes()));
+  p.checkpointed_blocks = hi == blocks ? -1 : hi;
+  chosen = p;
+  spdlog::info(
+      "--memory-budget {}: each block recomputed from its input in {} of {} blocks (the rest as auto), "
+      "workspace {}",
+      mib(budget), hi, blocks, mib(best->workspace_bytes()));
   return best;
 }
 
@@ -94,7 +102,7 @@ std::shared_ptr<const Plan> PlanCache::build(uint64_t hash, const Circuit& recor
   plan->target = target;
   plan->pipeline = pipeline;
   plan->recorded_ops = recorded.ops().size();
-  plan->program = program_within_budget(recorded, requested, target, pipeline);
+  plan->program = program_within_budget(recorded, requested, target, pipeline, plan->made_with);
   plan->optimized_ops = plan->program->circuit().ops().size();
   plan->program->set_adaptive_threads(!target.deterministic);  // a deterministic run keeps its team size
   entries_.push_front(Entry{hash, std::move(plan)});

@@ -21,7 +21,8 @@ struct Plan {
   std::vector<ValueId> requested;    // the key: the values the caller asked for (recorded ids)
   std::unique_ptr<Program> program;  // optimized circuit; outputs in the order of `requested`
   Target target;                     // the key: what the passes and the lowering were for
-  PipelineOptions pipeline;          // the key: the passes switched off
+  PipelineOptions pipeline;          // the key: the passes switched off, recomputation, budget
+  PipelineOptions made_with;         // `pipeline`, or under a memory budget the recomputation chosen
   size_t recorded_ops = 0, optimized_ops = 0;
   // The optimized circuit lowered for `target` on the GPU, built on the plan's first run there.
   mutable std::unique_ptr<cuda::DeviceProgram> device;

@@ -85,8 +85,8 @@ std::string StepStats::summary() const {
   auto mb = [](double b) { return b / (1024.0 * 1024.0); };
   auto at = [](const auto& by_phase, Phase p) { return by_phase[static_cast<size_t>(p)]; };
   std::string kernels =
-      lowered ? fmt::format("GPU kernels {}/{}/{}/{}", at(launches, Phase::Forward), at(launches, Phase::Recompute),
-                            at(launches, Phase::Backward), at(launches, Phase::Update))
+      lowered ? fmt::format("GPU kernels {}/{}/{} and {} recomputing", at(launches, Phase::Forward),
+                            at(launches, Phase::Backward), at(launches, Phase::Update), at(launches, Phase::Recompute))
               : std::string("GPU kernels n/a (dtype)");
   return fmt::format(
       "ops forward/backward/update {}/{}/{} and {} recomputing ({}); read {:.1f} MiB, written {:.1f} MiB; saved for "

@@ -1,5 +1,6 @@
 // Statistics of a compiled step for `kiln train --stats`: the work its plan does per phase
-// (forward, backward, optimizer update), the bytes its ops read and write, and the memory it
+// (forward, the recompute pass's copies, backward, optimizer update; an op fused from copies and
+// backward work counts as backward), the bytes its ops read and write, and the memory it
 // needs: the peak of intermediates live at once when each is freed after its last use as the
 // device program frees them (circuit/exec/liveness.hpp), next to the persistent buffers and inputs.
 #pragma once
@@ -18,7 +19,8 @@ struct StepStats {
   double bytes_read = 0, bytes_written = 0;    // each input and output of each working op once
   size_t peak_intermediate_bytes = 0;
   // Forward values the backward reads (what training keeps between the two), and the matmul
-  // FLOPs that the recompute pass's copies do again (circuit/passes/recompute.hpp).
+  // FLOPs that the recompute pass's copies do again (circuit/passes/recompute.hpp; a matmul is
+  // never fused with backward work, so none is missed).
   size_t saved_bytes = 0;
   double recomputed_matmul_flops = 0;
   size_t persistent_bytes = 0, input_bytes = 0;

@@ -25,10 +25,11 @@ struct Value {
   std::string name;       // for dumps: parameter name, "lr", ...
 };
 
-// Which part of a training step recorded an op (not part of the structure): statistics, and the
-// passes that keep phases apart. Recompute marks forward work made again in the backward (the
-// recompute pass's copies), which no fusion joins with the forward's own ops. In step order: a
-// fused op takes the latest phase among the ops it absorbed.
+// Which part of a training step recorded an op: statistics, the passes that keep phases apart,
+// and the recompute pass, which reads it to tell saved values (not part of the structural hash
+// or equality: recordings differing only in phases share a plan, correct for both). Recompute marks forward work made
+// again in the backward (the recompute pass's copies), which no fusion joins with the forward's own ops. In step order:
+// a fused op takes the latest phase among the ops it absorbed.
 enum class Phase : uint8_t { Forward = 0, Recompute = 1, Backward = 2, Update = 3 };
 inline constexpr size_t kPhaseCount = 4;
 // Forward work and its recomputation stay in separate ops: an op made of both would write the

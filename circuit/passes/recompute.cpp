@@ -65,6 +65,10 @@ bool cheap(const Op& op) {
   }
 }
 
+// Work a checkpointed block may do again: any but side effects, collectives and user Prims
+// (whose references need not give the same values twice).
+bool repeatable(const Op& op) { return !op.prim->side_effect && !op.is(PrimId::all_reduce) && !op.is(PrimId::user); }
+
 // Per op, the block it is in (an index in order of first appearance among forward ops), or -1.
 std::vector<int> blocks_of_ops(const Circuit& c, int* count) {
   std::map<std::string, int> ids;
@@ -102,6 +106,18 @@ class Recomputer {
         }
     }
     block_ = blocks_of_ops(c, nullptr);
+    // A checkpointed block's outputs (what forward ops outside it read: the residual stream) are
+    // the next block's input, kept: a copy of them would make each block's copies read the
+    // previous block's, all recomputed at the start of the backward.
+    block_output_.assign(nv, false);
+    for (size_t i = 0; i < n; ++i) {
+      if (ops_[i].phase != Phase::Forward) continue;
+      for (ValueId in : ops_[i].inputs) {
+        const int32_t q = c.value(in).producer;
+        if (q >= 0 && checkpointed(block_[static_cast<size_t>(q)]) && block_[static_cast<size_t>(q)] != block_[i])
+          block_output_[static_cast<size_t>(in)] = true;
+      }
+    }
     resolvable_.assign(n, false);
     deadline_.assign(n, kNever);
     uses_copy_.resize(n);
@@ -114,27 +130,33 @@ class Recomputer {
       const Op& op = ops_[p];
       if (op.phase != Phase::Forward || op.prim->side_effect || op.outputs.empty()) continue;
       const bool in_block = checkpointed(block_[p]);
-      if (!in_block && !cheap(op)) continue;
+      if (in_block ? !repeatable(op) : !cheap(op)) continue;
+      // Another block's work (or, outside checkpointed blocks, a checkpointed block's) is read
+      // as it is, never through a copy.
+      auto crosses = [&](int32_t q) {
+        return in_block ? block_[static_cast<size_t>(q)] != block_[p] : checkpointed(block_[static_cast<size_t>(q)]);
+      };
       bool ok = true;
       int32_t deadline = kNever;
       std::vector<char> copy(op.inputs.size(), 0);
       for (size_t k = 0; k < op.inputs.size() && ok; ++k) {
         const ValueId x = op.inputs[k];
         const int32_t q = c_.value(x).producer;
+        deadline = std::min(deadline, assigned_at_[static_cast<size_t>(x)]);  // a buffer version read
         if (q < 0) {
-          deadline = std::min(deadline, assigned_at_[static_cast<size_t>(x)]);
+          // An external: read as it is.
         } else if (redirected_[static_cast<size_t>(x)]) {
-          copy[k] = 1;  // the original dies in the forward: read its copy
+          copy[k] = 1;  // the original dies in the forward: read its copy (never another block's)
         } else if (saved(x)) {
           // Kept for the backward anyway: read as it is.
         } else if (ops_[static_cast<size_t>(q)].phase != Phase::Forward) {
           ok = false;
-        } else if (resolvable_[static_cast<size_t>(q)] && (!in_block || block_[static_cast<size_t>(q)] == block_[p])) {
+        } else if (resolvable_[static_cast<size_t>(q)] && !crosses(q)) {
           copy[k] = 1;
         } else {
           // A block reads what other blocks (or no block) made as its input, kept from then on;
           // cheap work outside a block may not keep anything longer than it lived.
-          ok = in_block && block_[static_cast<size_t>(q)] != block_[p];
+          ok = in_block && crosses(q);
         }
         if (copy[k]) deadline = std::min(deadline, deadline_[static_cast<size_t>(q)]);
       }
@@ -147,8 +169,9 @@ class Recomputer {
       deadline_[p] = deadline;
       uses_copy_[p] = std::move(copy);
       for (ValueId v : op.outputs)
-        redirected_[static_cast<size_t>(v)] =
-            saved(v) && !requested_[static_cast<size_t>(v)] && deadline > first_reader_[static_cast<size_t>(v)];
+        redirected_[static_cast<size_t>(v)] = saved(v) && !requested_[static_cast<size_t>(v)] &&
+                                              !block_output_[static_cast<size_t>(v)] &&
+                                              deadline > first_reader_[static_cast<size_t>(v)];
     }
   }
 
@@ -219,6 +242,7 @@ class Recomputer {
   std::vector<int32_t> assigned_at_;   // per buffer version: the first assign overwriting it
   std::vector<bool> requested_;
   std::vector<int> block_;                    // per op
+  std::vector<bool> block_output_;            // per value: a checkpointed block's, read outside it
   std::vector<bool> resolvable_;              // per op: can be made again in the backward
   std::vector<int32_t> deadline_;             // per resolvable op: the first overwrite of a buffer its copy reads
   std::vector<std::vector<char>> uses_copy_;  // per resolvable op and input: read through a copy

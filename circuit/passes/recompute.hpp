@@ -38,13 +38,14 @@ std::string block_of_scope(const std::string& scope);
 //   masks from their Philox counters (the same counters give the same bits).
 // - blocks: in the first `checkpointed_blocks` blocks (block_of_scope, in order of appearance;
 //   all of them when negative) every saved value is recomputed from values made outside its
-//   block (its input) and externals, matmuls and attention included; outside blocks, and in the
+//   block (its input) and externals, matmuls and attention included (not collectives or user
+//   Prims); a block's outputs are kept (the next block's input). Outside blocks, and in the
 //   blocks past the count, as automatic.
 // The copies are ops of Phase::Recompute, placed just before the first backward op that reads
 // what they make (a value several copies need goes before the first of them); every backward
-// read of a recomputed value reads the copy. A persistent buffer overwritten before such a read
-// keeps its readers' values saved. Requested outputs are never recomputed (they live to the end
-// anyway). Run after CSE (which would merge the copies back into the originals).
+// read of a recomputed value reads the copy. A value whose copy would read a buffer version
+// after an assign has overwritten it stays saved. Requested outputs are never recomputed (they
+// live to the end anyway). Run after CSE (which would merge the copies back into the originals).
 Circuit recompute(const Circuit& c, std::vector<ValueId>& outputs, RecomputeMode mode, int checkpointed_blocks = -1);
 
 // The number of distinct blocks (block_of_scope) among c's forward ops.

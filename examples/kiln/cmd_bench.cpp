@@ -100,8 +100,12 @@ int print_plan_memory(const std::function<std::vector<Tensor>()>& record, const 
   std::printf("plan only (not run): %zu recorded ops -> %zu ops, made in %.0f ms\n", plan->recorded_ops,
               plan->optimized_ops, 1000 * made_in);
   std::printf("matmul FLOPs per step (forward + backward): %.3f GFLOP\n", flops / 1e9);
-  std::printf("recompute %s: %.2f MiB saved for the backward, %.3f GFLOP of matmuls recomputed\n",
-              recompute_mode_name(recompute_mode(plan->pipeline, plan->target)),
+  const int checkpointed = plan->made_with.checkpointed_blocks;
+  const std::string some_blocks = checkpointed >= 0 ? " in " + std::to_string(checkpointed) + " of " +
+                                                          std::to_string(count_blocks(plan->recorded)) + " blocks"
+                                                    : "";
+  std::printf("recompute %s%s: %.2f MiB saved for the backward, %.3f GFLOP of matmuls recomputed\n",
+              recompute_mode_name(recompute_mode(plan->made_with, plan->target)), some_blocks.c_str(),
               static_cast<double>(stats.saved_bytes) / kMiB, stats.recomputed_matmul_flops / 1e9);
   std::printf("persistent tensors the step reads: %.2f MiB (parameters, gradients, optimizer state)\n",
               static_cast<double>(stats.persistent_bytes) / kMiB);

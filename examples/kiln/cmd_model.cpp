@@ -169,7 +169,7 @@ size_t parse_byte_size(const std::string& flag, const std::string& text) {
     scale = 1024.0 * 1024;
   else if (suffix == "G" || suffix == "g")
     scale = 1024.0 * 1024 * 1024;
-  if (used == 0 || scale == 0 || !(value > 0))
+  if (used == 0 || scale == 0 || !(value * scale >= 1))
     throw Error(flag +
                 ": expected a positive size in bytes, with an optional K, M or G suffix (KiB, MiB, GiB), "
                 "received '" +

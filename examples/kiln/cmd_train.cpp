@@ -62,7 +62,9 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"device",
                "auto (default), cpu, cuda or sim (the CUDA back end on the SIMT simulator: slow, no GPU needed)"},
               {"collectives", "data parallel on GPUs: auto (default: NCCL where it loads), nccl or host"},
-              {"stats", "log each step's kernels (forward/backward/update), bytes, host time and peak memory"},
+              {"stats",
+               "log each step's kernels (forward/backward/update and recomputing), bytes, the bytes saved for the "
+               "backward, host time and peak memory"},
               {"deterministic",
                "GPU steps without float atomics, CPU steps at a fixed thread count: a run (and a "
                "resumed run) repeats bit for bit"},
@@ -171,9 +173,10 @@ int cmd_train(const std::vector<std::string>& argv) {
     }
   }
   manual_seed(seed);
-  std::unique_ptr<models::CausalLM> model_ptr = initial               ? std::move(initial)
-                                                : a.has("resume") ? read_checkpoint_model(a.str("resume", ""))
-                                                                  : model_from_flags(a, tok ? tok->vocab_size() : 0, dropout);
+  std::unique_ptr<models::CausalLM> model_ptr = initial ? std::move(initial)
+                                                : a.has("resume")
+                                                    ? read_checkpoint_model(a.str("resume", ""))
+                                                    : model_from_flags(a, tok ? tok->vocab_size() : 0, dropout);
   models::CausalLM& model = *model_ptr;
   std::unique_ptr<TextDataset> data_ptr;
   if (pretokenized) {

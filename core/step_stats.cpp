@@ -10,12 +10,6 @@
 
 namespace kiln {
 
-namespace {
-
-size_t bytes_of(const ValueInfo& v) { return static_cast<size_t>(v.shape.numel()) * dtype_size(v.dtype); }
-
-}  // namespace
-
 double matmul_flops(const Circuit& c, const Op& op) {
   if (op.is(PrimId::matmul)) {
     const Shape& a = c.info(op.inputs[0]).shape;
@@ -33,7 +27,7 @@ StepStats measure_step(const Plan& plan) {
   StepStats s;
   const Circuit& c = plan.program->circuit();
   for (ValueId x : c.externals())
-    (c.value(x).role == ValueRole::Persistent ? s.persistent_bytes : s.input_bytes) += bytes_of(c.info(x));
+    (c.value(x).role == ValueRole::Persistent ? s.persistent_bytes : s.input_bytes) += c.info(x).nbytes();
   // Working ops and their launches (aliases launch nothing and do no work).
   std::vector<int> alias_input(c.ops().size(), -1);
   s.lowered = true;
@@ -43,8 +37,8 @@ StepStats measure_step(const Plan& plan) {
     if (alias_input[i] >= 0) continue;
     ++s.ops[static_cast<size_t>(op.phase)];
     if (op.phase == Phase::Recompute) s.recomputed_matmul_flops += matmul_flops(c, op);
-    for (ValueId in : op.inputs) s.bytes_read += static_cast<double>(bytes_of(c.info(in)));
-    for (ValueId out : op.outputs) s.bytes_written += static_cast<double>(bytes_of(c.info(out)));
+    for (ValueId in : op.inputs) s.bytes_read += static_cast<double>(c.info(in).nbytes());
+    for (ValueId out : op.outputs) s.bytes_written += static_cast<double>(c.info(out).nbytes());
     if (!s.lowered) continue;
     try {
       // Lowered for the plan's Target (a CPU plan's: its choices, lowered as a GPU would lower them).
@@ -65,7 +59,7 @@ StepStats measure_step(const Plan& plan) {
       if (p < 0 || c.ops()[static_cast<size_t>(p)].phase != Phase::Forward || counted[static_cast<size_t>(in)])
         continue;
       counted[static_cast<size_t>(in)] = 1;
-      s.saved_bytes += bytes_of(c.info(in));
+      s.saved_bytes += c.info(in).nbytes();
     }
   }
   // Peak of live intermediates, with buffers allocated when their op runs and freed as the
@@ -74,9 +68,9 @@ StepStats measure_step(const Plan& plan) {
   size_t now = 0;
   for (size_t i = 0; i < c.ops().size(); ++i) {
     if (alias_input[i] < 0)
-      for (ValueId out : c.ops()[i].outputs) now += bytes_of(c.info(out));
+      for (ValueId out : c.ops()[i].outputs) now += c.info(out).nbytes();
     s.peak_intermediate_bytes = std::max(s.peak_intermediate_bytes, now);
-    for (ValueId v : live.free_after[i]) now -= bytes_of(c.info(v));
+    for (ValueId v : live.free_after[i]) now -= c.info(v).nbytes();
   }
   return s;
 }

@@ -9,15 +9,11 @@
 // gathers, casts, masks and Philox bits exactly.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <numbers>
 #include <optional>
-#include <regex>
 #include <set>
-#include <sstream>
 
 #include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/ir/bf16.hpp>
@@ -311,35 +307,6 @@ TEST(Lowering, BadIndexOnTheDeviceIsAnErrorNamingTheOp) {
     EXPECT_NE(std::string(e.what()).find("gather_rows"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("9"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("(input [4])"), std::string::npos) << e.what();  // the indices' shape
-  }
-}
-
-// The comments of the two family lists (circuit/prims/families.hpp, cuda/lower/families.hpp)
-// name each family's Prims, checked against the registry (a Prim's family is the file that
-// registered it): a Prim added to a family without its line fails here.
-TEST(Lowering, FamilyListsNameEachFamilysPrims) {
-  std::map<std::string, std::set<std::string>> registered;  // family file -> its Prims
-  for (const PrimDef* p : PrimRegistry::instance().all())
-    if (p->id != PrimId::user) registered[p->family].insert(p->name);
-  const std::filesystem::path root = std::filesystem::path(__FILE__).parent_path().parent_path();
-  for (const auto& [header, suffix] : {std::pair{"circuit/prims/families.hpp", std::string()},
-                                       std::pair{"cuda/lower/families.hpp", std::string("_lowering")}}) {
-    std::ifstream in(root / header);
-    ASSERT_TRUE(in) << root / header;
-    const std::regex line("^void register_(\\w+)" + suffix + "\\([A-Za-z]+& [a-z]\\);\\s*// (.*)$");
-    std::map<std::string, std::set<std::string>> listed;
-    for (std::string text; std::getline(in, text);) {
-      std::smatch m;
-      if (!std::regex_match(text, m, line)) continue;
-      std::stringstream items(m[2].str());
-      for (std::string item; std::getline(items, item, ',');) {
-        std::stringstream words(item);
-        std::string name;
-        words >> name;  // the Prim's name; a parenthesis after it says how it is made
-        listed[m[1].str() + ".cpp"].insert(name);
-      }
-    }
-    EXPECT_EQ(listed, registered) << header;
   }
 }
 

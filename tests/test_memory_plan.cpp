@@ -92,8 +92,7 @@ TEST(MemoryPlan, APlannedWorkspaceRunsTrainingStepsToTheBitOfSeparateBuffers) {
     r.workspace = dp.workspace_bytes();
     r.peak_live = dp.peak_live_bytes();
     for (ValueId v = 0; v < static_cast<ValueId>(dp.circuit().num_values()); ++v)
-      if (dp.circuit().value(v).role != ValueRole::Persistent)
-        r.buffers += static_cast<size_t>(dp.circuit().info(v).shape.numel()) * dtype_size(dp.circuit().info(v).dtype);
+      if (dp.circuit().value(v).role != ValueRole::Persistent) r.buffers += dp.circuit().info(v).nbytes();
     return r;
   };
   Run separate = train(testing::fake_runtime()), planned = train(planned_rt);

@@ -7,13 +7,9 @@
 #include <array>
 #include <cctype>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <numbers>
-#include <regex>
 #include <set>
 #include <span>
-#include <sstream>
 
 #include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/ir/error.hpp>
@@ -866,50 +862,6 @@ TEST(PrimReferenceTable, EveryRegisteredPrimHasATestNamedForIt) {
     EXPECT_TRUE(std::any_of(names.begin(), names.end(),
                             [&](const std::string& n) { return n.find(want) != std::string::npos; }))
         << "Prim '" << p->name << "' has no reference test (none named with '" << want << "')";
-  }
-}
-
-// The Builder's typed methods (circuit/prims/builder.hpp) are the hand-kept list through which
-// VJP rules, composites and core's Tensor record kiln's Prims: every registered Prim has a method
-// of its name, except those that circuit/prims/families.hpp says something else makes (a
-// parenthesis after the name: a fusion pass, a VJP, the data-parallel trainer). A Prim added
-// without either fails here.
-TEST(PrimReferenceTable, EveryRecordedPrimHasABuilderMethod) {
-  const std::filesystem::path root = std::filesystem::path(__FILE__).parent_path().parent_path();
-  auto read_lines = [&](const char* file) {
-    std::ifstream in(root / file);
-    EXPECT_TRUE(in) << root / file;
-    std::vector<std::string> lines;
-    for (std::string line; std::getline(in, line);) lines.push_back(line);
-    return lines;
-  };
-  std::set<std::string> made_otherwise;  // named in families.hpp with a parenthesis after it
-  const std::regex family(R"(^void register_\w+\(PrimRegistry& r\);\s*// (.*)$)");
-  for (const std::string& line : read_lines("circuit/prims/families.hpp")) {
-    std::smatch m;
-    if (!std::regex_match(line, m, family)) continue;
-    std::stringstream items(m[1].str());
-    for (std::string item; std::getline(items, item, ',');) {
-      std::stringstream words(item);
-      std::string name, rest;
-      words >> name >> rest;
-      if (!rest.empty() && rest[0] == '(') made_otherwise.insert(name);
-    }
-  }
-  ASSERT_FALSE(made_otherwise.empty());
-  std::set<std::string> methods;
-  const std::regex method(R"(^  (?:ValueId|std::vector<ValueId>) (\w+)\(.*)");
-  for (const std::string& line : read_lines("circuit/prims/builder.hpp")) {
-    std::smatch m;
-    if (std::regex_match(line, m, method)) methods.insert(m[1].str());
-  }
-  ASSERT_TRUE(methods.count("matmul")) << "no Builder method parsed from circuit/prims/builder.hpp";
-  for (const PrimDef* p : PrimRegistry::instance().all()) {
-    if (p->id == PrimId::user) continue;  // recorded through core/user_prim.hpp
-    EXPECT_NE(methods.count(p->name) + made_otherwise.count(p->name), 0u)
-        << "Prim '" << p->name << "' has no Builder method and circuit/prims/families.hpp does not say what makes it";
-    EXPECT_FALSE(methods.count(p->name) && made_otherwise.count(p->name))
-        << "Prim '" << p->name << "' has a Builder method, but circuit/prims/families.hpp says something else makes it";
   }
 }
 

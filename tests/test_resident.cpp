@@ -14,8 +14,6 @@
 namespace kiln {
 namespace {
 
-size_t nbytes(const ValueInfo& info) { return static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype); }
-
 TEST(ResidentGpu, AfterTheFirstStepAStepCopiesOnlyItsInputsAndRequestedValues) {
   testing::OnDevice on(testing::fake_runtime());
   manual_seed(3);
@@ -38,8 +36,9 @@ TEST(ResidentGpu, AfterTheFirstStepAStepCopiesOnlyItsInputsAndRequestedValues) {
   ASSERT_EQ(Engine::current().last_plan(), &plan);
   size_t inputs = 0, persistent = 0, outputs = 0;
   const Circuit& c = plan.device->circuit();
-  for (ValueId e : c.externals()) (c.value(e).role == ValueRole::Persistent ? persistent : inputs) += nbytes(c.info(e));
-  for (ValueId o : plan.program->outputs()) outputs += nbytes(c.info(o));
+  for (ValueId e : c.externals())
+    (c.value(e).role == ValueRole::Persistent ? persistent : inputs) += c.info(e).nbytes();
+  for (ValueId o : plan.program->outputs()) outputs += c.info(o).nbytes();
   EXPECT_EQ(first.uploaded_bytes, inputs + persistent);
   EXPECT_EQ(second.uploaded_bytes, inputs);
   // Downloads: the values asked for, and the index checks' status words (8 bytes per checking op).

@@ -157,8 +157,7 @@ Program::Program(Circuit circuit, std::vector<ValueId> outputs, Target target)
       const auto v = static_cast<size_t>(out);
       if (root_[v] != out || storage_[v] != Storage::Planned) continue;
       const ValueInfo& info = circuit_.info(out);
-      blocks.push_back(
-          {static_cast<int>(i), last[v], static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype)});
+      blocks.push_back({static_cast<int>(i), last[v], info.nbytes()});
       block_value.push_back(out);
     }
   // 64-byte offsets: every planned tensor starts on a cache line (and an AVX-512 vector).

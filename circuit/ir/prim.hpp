@@ -26,6 +26,7 @@ struct ValueInfo {
   Shape shape;
   DType dtype = DType::f32;
   bool operator==(const ValueInfo& o) const { return shape == o.shape && dtype == o.dtype; }
+  size_t nbytes() const { return static_cast<size_t>(shape.numel()) * dtype_size(dtype); }
 };
 
 // Compile-time parameters of an op; each Prim documents which fields it uses. Everything that

@@ -20,7 +20,6 @@ namespace kiln::cuda {
 
 namespace {
 
-size_t nbytes(const ValueInfo& info) { return static_cast<size_t>(info.shape.numel()) * dtype_size(info.dtype); }
 size_t status_bytes(int slots) { return static_cast<size_t>(std::max(slots, 1)) * kStatusWords * 4; }
 
 // Frees every buffer still held when a run ends, normally or by an exception. A borrowed
@@ -159,7 +158,7 @@ void DeviceProgram::plan_workspace() {
     if (circuit_.value(e).role == ValueRole::Persistent || escapes[static_cast<size_t>(e)]) continue;
     inputs.push_back(e);
     planned_offset_[static_cast<size_t>(e)] = inputs_bytes;
-    inputs_bytes += (nbytes(circuit_.info(e)) + 15) / 16 * 16;
+    inputs_bytes += (circuit_.info(e).nbytes() + 15) / 16 * 16;
   }
   if (!inputs.empty()) add(0, end, inputs_bytes, &inputs_offset_);
   staging_.assign((inputs_bytes + 7) / 8, 0);
@@ -169,7 +168,7 @@ void DeviceProgram::plan_workspace() {
     const int step = static_cast<int>(i);
     for (ValueId o : ops[i].outputs)
       if (!escapes[static_cast<size_t>(o)])
-        add(step, last[static_cast<size_t>(o)], nbytes(circuit_.info(o)), &planned_offset_[static_cast<size_t>(o)]);
+        add(step, last[static_cast<size_t>(o)], circuit_.info(o).nbytes(), &planned_offset_[static_cast<size_t>(o)]);
     scratch_offset_[i].resize(lowered_[i].scratch_bytes.size());
     for (size_t k = 0; k < scratch_offset_[i].size(); ++k)
       add(step, step, lowered_[i].scratch_bytes[k], &scratch_offset_[i][k]);
@@ -326,8 +325,8 @@ void DeviceProgram::op_commands(RunState& st, size_t i) {
   const LoweredOp& l = lowered_[i];
   const int tag = static_cast<int>(i);
   for (ValueId o : op.outputs) {
-    CUdeviceptr d = place(st, o, nbytes(circuit_.info(o)));
-    if (l.zero_outputs) st.zero(tag, d, nbytes(circuit_.info(o)));
+    CUdeviceptr d = place(st, o, circuit_.info(o).nbytes());
+    if (l.zero_outputs) st.zero(tag, d, circuit_.info(o).nbytes());
   }
   // Scratch buffers: in the workspace, or in `buf` past the values (an exception frees them
   // too; one released here is reused only by a later command).
@@ -359,7 +358,7 @@ void DeviceProgram::op_commands(RunState& st, size_t i) {
       c.generation = device_world_generation();
       c.src = collective->in_place() ? st.ptr(op.outputs[0]) : st.ptr(op.inputs[0]);
       c.dst = st.ptr(op.outputs[0]);
-      c.bytes = nbytes(circuit_.info(op.outputs[0]));
+      c.bytes = circuit_.info(op.outputs[0]).nbytes();
       st.commands.push_back(std::move(c));
     }
   }
@@ -439,7 +438,7 @@ void DeviceProgram::commit(RunState& st) const {
     commits.emplace_back(&host, std::move(contents));
   }
   for (const auto& [key, root] : st.copies)
-    rt_.copy(st.residency.buffers->spare(key), st.ptr(root), nbytes(circuit_.info(root)));
+    rt_.copy(st.residency.buffers->spare(key), st.ptr(root), circuit_.info(root).nbytes());
   if (!st.copies.empty()) rt_.synchronize();
   for (int32_t key : st.assigned) st.residency.buffers->flip(key);
   for (const auto& [host, contents] : commits)

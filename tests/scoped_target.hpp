@@ -1,6 +1,7 @@
-// ScopedTarget, ScopedPipeline and ScopedRecompute: the thread's engine plans for another Target
-// (or with passes switched off, or another recompute mode) for a scope, and for what it planned before when the scope
-// ends, also when a failed ASSERT leaves it early. Plans are keyed by both, so nothing needs clearing.
+// ScopedTarget and ScopedPipeline: the thread's engine plans for another Target (or with other
+// pipeline options: passes switched off, another recompute mode) for a scope, and for what it
+// planned before when the scope ends, also when a failed ASSERT leaves it early. Plans are keyed
+// by both, so nothing needs clearing.
 #pragma once
 
 #include <functional>
@@ -35,12 +36,15 @@ inline std::function<void(Target&)> matmul(const std::string& text) {
 
 class ScopedPipeline {
  public:
-  // `--passes` text: "-cse,-fuse_rows".
-  explicit ScopedPipeline(const std::string& passes) : saved_(Engine::current().pipeline()) {
+  // The engine's pipeline options with `change` applied.
+  explicit ScopedPipeline(const std::function<void(PipelineOptions&)>& change) : saved_(Engine::current().pipeline()) {
     PipelineOptions p = saved_;
-    p.disabled = parse_pipeline_options(passes).disabled;
+    change(p);
     Engine::current().set_pipeline(p);
   }
+  // `--passes` text: "-cse,-fuse_rows".
+  explicit ScopedPipeline(const std::string& passes)
+      : ScopedPipeline([&](PipelineOptions& p) { p.disabled = parse_pipeline_options(passes).disabled; }) {}
   ~ScopedPipeline() { Engine::current().set_pipeline(saved_); }
   ScopedPipeline(const ScopedPipeline&) = delete;
   ScopedPipeline& operator=(const ScopedPipeline&) = delete;
@@ -49,22 +53,13 @@ class ScopedPipeline {
   PipelineOptions saved_;
 };
 
-// The engine plans with this recompute mode (and memory budget, 0: none) for a scope.
-class ScopedRecompute {
- public:
-  explicit ScopedRecompute(RecomputeMode mode, size_t budget = 0) : saved_(Engine::current().pipeline()) {
-    PipelineOptions p = saved_;
+// A change for ScopedPipeline: this recompute mode, and memory budget (0: none).
+inline std::function<void(PipelineOptions&)> recompute(RecomputeMode mode, size_t budget = 0) {
+  return [mode, budget](PipelineOptions& p) {
     p.recompute = mode;
     p.memory_budget = budget;
-    Engine::current().set_pipeline(p);
-  }
-  ~ScopedRecompute() { Engine::current().set_pipeline(saved_); }
-  ScopedRecompute(const ScopedRecompute&) = delete;
-  ScopedRecompute& operator=(const ScopedRecompute&) = delete;
-
- private:
-  PipelineOptions saved_;
-};
+  };
+}
 
 // `target` with the matmul policy `text` applied (for tests that lower with a Target of their own).
 inline Target with_matmul(Target target, const std::string& text) {

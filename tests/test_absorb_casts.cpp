@@ -60,7 +60,7 @@ size_t casts_of_rows(const Circuit& c) {
 std::vector<HostTensor> unabsorbed_results(const Case& k) {
   std::vector<ValueId> outs = k.outputs;
   Circuit unabsorbed;
-  { unabsorbed = optimize(k.circuit, outs, cuda_target(90, /*fake=*/true), PipelineOptions{{"absorb_casts"}}); }
+  { unabsorbed = optimize(k.circuit, outs, cuda_target(90, /*fake=*/true), parse_pipeline_options("-absorb_casts")); }
   return execute(unabsorbed, k.bindings, outs);
 }
 
@@ -312,8 +312,9 @@ TEST(AbsorbCasts, AttentionCastsBecomeTheOpsCopies) {
 TEST(AbsorbCasts, TheSwitchKeepsTheCasts) {
   Case k = norm_then_matmul(37, false);
   std::vector<ValueId> outs = k.outputs;
-  EXPECT_EQ(casts_of_rows(optimize(k.circuit, outs, cuda_target(90, /*fake=*/true), PipelineOptions{{"absorb_casts"}})),
-            1u);
+  EXPECT_EQ(
+      casts_of_rows(optimize(k.circuit, outs, cuda_target(90, /*fake=*/true), parse_pipeline_options("-absorb_casts"))),
+      1u);
 }
 
 // CPU plans: where the Target's bf16 products are oneDNN's (bf16 storage) the row op writes the

@@ -153,7 +153,7 @@ TEST(AbsorbPadding, TheGpuPipelinePadsOddBf16RowsInTheirProducer) {
   EXPECT_LT(testing::relative_error(dev[0], cpu[0]), 1e-5);
   std::vector<ValueId> kept = k.outputs;
   EXPECT_EQ(testing::count_prim(
-                optimize(k.circuit, kept, cuda_target(90, /*fake=*/true), PipelineOptions{{"absorb_padding"}}),
+                optimize(k.circuit, kept, cuda_target(90, /*fake=*/true), parse_pipeline_options("-absorb_padding")),
                 PrimId::concat),
             1u);
 }

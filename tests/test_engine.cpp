@@ -133,8 +133,8 @@ TEST(EnginePlanCache, TwoTargetsGiveTwoPlans) {
     ASSERT_NE(p, nullptr) << t.str();
     EXPECT_EQ(p->target, t);
   }
-  EXPECT_EQ(cache.find(1, c, outs, gpu, PipelineOptions{{"cse"}}), nullptr);
-  cache.build(1, c, outs, gpu, PipelineOptions{{"cse"}});
+  EXPECT_EQ(cache.find(1, c, outs, gpu, parse_pipeline_options("-cse")), nullptr);
+  cache.build(1, c, outs, gpu, parse_pipeline_options("-cse"));
   EXPECT_EQ(cache.size(), targets.size() + 1);
 }
 

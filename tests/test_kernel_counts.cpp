@@ -89,11 +89,11 @@ TEST(KernelCounts, AutoRecomputationCostsALaunchABlockInF32AndThreeInBf16) {
   for (Precision precision : {Precision::f32, Precision::bf16}) {
     size_t none = 0, automatic = 0;
     {
-      testing::ScopedRecompute mode(RecomputeMode::none);
+      testing::ScopedPipeline mode(testing::recompute(RecomputeMode::none));
       none = launches(4, Part::Step, 1.0, false, precision);
     }
     {
-      testing::ScopedRecompute mode(RecomputeMode::automatic);
+      testing::ScopedPipeline mode(testing::recompute(RecomputeMode::automatic));
       automatic = launches(4, Part::Step, 1.0, false, precision);
     }
     std::printf("4-layer %s step: %zu launches keeping every saved value, %zu with --recompute auto\n",

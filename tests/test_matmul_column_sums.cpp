@@ -216,10 +216,10 @@ TEST(MatmulColumnSums, AnOnlyEpilogueIsKept) {
 TEST(MatmulColumnSums, TheSwitchKeepsTheColumnSumsOfTheStoredEpilogue) {
   Case k = bias_gradient(300, 64, true);
   std::vector<ValueId> outs = k.outputs;
-  EXPECT_EQ(
-      block_summing(optimize(k.circuit, outs, cuda_target(90, /*fake=*/true), PipelineOptions{{"matmul_column_sums"}}))
-          .first,
-      0u);
+  EXPECT_EQ(block_summing(optimize(k.circuit, outs, cuda_target(90, /*fake=*/true),
+                                   parse_pipeline_options("-matmul_column_sums")))
+                .first,
+            0u);
 }
 
 // Params round trip; block sums are not taken with row sums of a.

@@ -23,8 +23,6 @@
 namespace kiln {
 namespace {
 
-using testing::ScopedRecompute;
-
 // One training step's loss and gradients (the same dropout draws each time: the seed is reset).
 struct StepResult {
   double loss = 0;
@@ -54,11 +52,11 @@ bool same_bits(const HostTensor& a, const HostTensor& b) {
 void expect_modes_equal_none(models::CausalLM& model, int64_t t, const std::string& what) {
   StepResult none;
   {
-    ScopedRecompute mode(RecomputeMode::none);
+    testing::ScopedPipeline mode(testing::recompute(RecomputeMode::none));
     none = run_step(model, t);
   }
   for (RecomputeMode m : {RecomputeMode::automatic, RecomputeMode::blocks}) {
-    ScopedRecompute mode(m);
+    testing::ScopedPipeline mode(testing::recompute(m));
     const StepResult got = run_step(model, t);
     const StepStats stats = measure_step(*Engine::current().last_plan());
     EXPECT_GT(stats.ops[static_cast<size_t>(Phase::Recompute)], 0u) << what << " " << recompute_mode_name(m);
@@ -78,16 +76,21 @@ TEST(Recompute, GptStepsWithDropoutEqualNone) {
   expect_modes_equal_none(model, 7, "gpt");
 }
 
-TEST(Recompute, LlamaStepsEqualNone) {
+// A small Llama: 4 heads over 2 key/value heads (grouped queries), 32 wide, vocabulary 13.
+models::LlamaConfig small_llama(int64_t layers, int64_t block) {
   models::LlamaConfig cfg;
-  cfg.n_layer = 2;
+  cfg.n_layer = layers;
   cfg.n_head = 4;
   cfg.n_kv_head = 2;
   cfg.n_embd = 32;
-  cfg.block_size = 16;
+  cfg.block_size = block;
   cfg.vocab_size = 13;
+  return cfg;
+}
+
+TEST(Recompute, LlamaStepsEqualNone) {
   manual_seed(5);
-  models::Llama model(cfg);
+  models::Llama model(small_llama(2, 16));
   expect_modes_equal_none(model, 9, "llama");
 }
 
@@ -112,10 +115,10 @@ TEST(Recompute, AccumulatedMicroBatchesEqualNone) {
   };
   std::vector<HostTensor> none;
   {
-    ScopedRecompute mode(RecomputeMode::none);
+    testing::ScopedPipeline mode(testing::recompute(RecomputeMode::none));
     none = step(2);
   }
-  ScopedRecompute mode(RecomputeMode::automatic);
+  testing::ScopedPipeline mode(testing::recompute(RecomputeMode::automatic));
   step(1);
   const StepStats one = measure_step(*Engine::current().last_plan());
   const std::vector<HostTensor> got = step(2);
@@ -149,7 +152,7 @@ TEST(Recompute, EachModeKeepsLessAndAutoRecomputesNoMatmul) {
   StepStats stats[3];
   size_t workspace[3];
   for (RecomputeMode m : {RecomputeMode::none, RecomputeMode::automatic, RecomputeMode::blocks}) {
-    ScopedRecompute mode(m);
+    testing::ScopedPipeline mode(testing::recompute(m));
     run_step(model, t, batch);
     const Plan& plan = *Engine::current().last_plan();
     stats[static_cast<int>(m)] = measure_step(plan);
@@ -176,18 +179,11 @@ TEST(Recompute, EachModeKeepsLessAndAutoRecomputesNoMatmul) {
 // block's input rather than recomputing one block from the previous block's copies (which would
 // recompute every block at the start of the backward and hold them all: no memory saved).
 TEST(Recompute, LlamaBlocksRecomputeEachBlockFromItsInput) {
-  models::LlamaConfig cfg;
-  cfg.n_layer = 4;
-  cfg.n_head = 4;
-  cfg.n_kv_head = 2;
-  cfg.n_embd = 32;
-  cfg.block_size = 32;
-  cfg.vocab_size = 13;
   manual_seed(5);
-  models::Llama model(cfg);
+  models::Llama model(small_llama(4, 32));
   size_t workspace[3];
   for (RecomputeMode m : {RecomputeMode::none, RecomputeMode::automatic, RecomputeMode::blocks}) {
-    ScopedRecompute mode(m);
+    testing::ScopedPipeline mode(testing::recompute(m));
     run_step(model, 32, 4);
     workspace[static_cast<int>(m)] = Engine::current().last_plan()->program->workspace_bytes();
   }
@@ -205,7 +201,7 @@ TEST(Recompute, AMemoryBudgetRecomputesBlocksUntilTheStepFits) {
   manual_seed(5);
   models::GPT model(cfg);
   auto workspace_of = [&](RecomputeMode m, size_t budget) {
-    ScopedRecompute mode(m, budget);
+    testing::ScopedPipeline mode(testing::recompute(m, budget));
     run_step(model, 32, 4);
     return Engine::current().last_plan()->program->workspace_bytes();
   };
@@ -217,7 +213,7 @@ TEST(Recompute, AMemoryBudgetRecomputesBlocksUntilTheStepFits) {
   EXPECT_GT(measure_step(*Engine::current().last_plan()).recomputed_matmul_flops, 0.0);
   EXPECT_EQ(workspace_of(RecomputeMode::automatic, automatic), automatic);  // fits: nothing more recomputed
   {
-    ScopedRecompute mode(RecomputeMode::automatic, blocks - 1);
+    testing::ScopedPipeline mode(testing::recompute(RecomputeMode::automatic, blocks - 1));
     expect_error([&] { run_step(model, 32, 4); },
                  {"--memory-budget", "below what this step needs", "with --recompute blocks"});
   }

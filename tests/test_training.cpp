@@ -238,6 +238,22 @@ TEST(Checkpoint, ResumeIsBitExact) {
   std::filesystem::remove(ckpt);
 }
 
+// Outputs stored over dying inputs and AdamW's new state written over the old (Program,
+// Target::cpu_overwrite_inputs) train the same bits as every value in a buffer of its own,
+// replayed (traced) or not.
+TEST(Training, OverwritingDyingValuesAndUpdatingInPlaceTrainsBitForBit) {
+  for (bool traced : {true, false}) {
+    TrainRun apart;
+    {
+      testing::ScopedTarget own_buffers([](Target& t) { t.cpu_overwrite_inputs = false; });
+      apart = train_tiny(6, "", "", 0, 1e-2, traced);
+    }
+    const TrainRun over = train_tiny(6, "", "", 0, 1e-2, traced);
+    EXPECT_EQ(over.losses, apart.losses) << traced;
+    EXPECT_EQ(over.weights, apart.weights) << traced;
+  }
+}
+
 // The metrics log: a line per step (loss, lr, gradient norm, ms/step, tokens/s) and per
 // validation; a run resumed from a checkpoint appends to it, a new run replaces it.
 TEST(Training, WritesAMetricsLogThatAResumedRunAppendsTo) {

@@ -136,6 +136,7 @@ Program::Program(Circuit circuit, std::vector<ValueId> outputs, Target target)
   Liveness live = buffer_liveness(circuit_, outputs_, alias_input);
   root_ = std::move(live.root);
   storage_.assign(n, Storage::Planned);
+  in_buffer_.assign(n, kNoValue);
   for (size_t v = 0; v < n; ++v)
     if (circuit_.value(static_cast<ValueId>(v)).role != ValueRole::Computed)
       storage_[v] = Storage::External;
@@ -146,30 +147,122 @@ Program::Program(Circuit circuit, std::vector<ValueId> outputs, Target target)
     Storage& s = storage_[static_cast<size_t>(root_[static_cast<size_t>(o)])];
     if (s == Storage::Planned) s = Storage::Fresh;
   }
+  overwrites_.assign(ops.size(), 0);
+  if (target_.cpu_overwrite_inputs) store_updates_in_their_buffers();
   const int end = static_cast<int>(ops.size());
   std::vector<int> last(n, end);  // never freed: to the end of the run (assigned contents)
   for (size_t i = 0; i < live.free_after.size(); ++i)
     for (ValueId v : live.free_after[i]) last[static_cast<size_t>(v)] = static_cast<int>(i);
   std::vector<PlannedBlock> blocks;
   std::vector<ValueId> block_value;
-  for (size_t i = 0; i < ops.size(); ++i)
-    for (ValueId out : ops[i].outputs) {
+  std::vector<int> block_of(n, -1);  // per planned root: its block
+  for (size_t i = 0; i < ops.size(); ++i) {
+    std::vector<int> taken;  // blocks this op's outputs write over
+    for (size_t o = 0; o < ops[i].outputs.size(); ++o) {
+      const ValueId out = ops[i].outputs[o];
       const auto v = static_cast<size_t>(out);
       if (root_[v] != out || storage_[v] != Storage::Planned) continue;
-      const ValueInfo& info = circuit_.info(out);
-      blocks.push_back({static_cast<int>(i), last[v], info.nbytes()});
+      const int over = target_.cpu_overwrite_inputs ? dying_input_to_overwrite(i, o, last, block_of, taken) : -1;
+      if (over >= 0) {  // the input's block lives on as this output
+        blocks[static_cast<size_t>(over)].last = last[v];
+        block_of[v] = over;
+        taken.push_back(over);
+        overwrites_[i] = 1;
+        continue;
+      }
+      block_of[v] = static_cast<int>(blocks.size());
+      blocks.push_back({static_cast<int>(i), last[v], circuit_.info(out).nbytes()});
       block_value.push_back(out);
     }
+  }
   // 64-byte offsets: every planned tensor starts on a cache line (and an AVX-512 vector).
   const MemoryPlan plan = plan_memory(blocks, 64);
   offset_.assign(n, 0);
-  for (size_t b = 0; b < blocks.size(); ++b) offset_[static_cast<size_t>(block_value[b])] = plan.offset[b];
+  for (size_t v = 0; v < n; ++v)
+    if (block_of[v] >= 0) offset_[v] = plan.offset[static_cast<size_t>(block_of[v])];
   workspace_bytes_ = plan.size;
   peak_live_bytes_ = kiln::peak_live_bytes(blocks);
   op_state_.resize(ops.size());
   if (!target_.tuned.empty())
     for (size_t i = 0; i < ops.size(); ++i)
       if (const KernelChoice* c = target_.tuned.find(kernel_signature(circuit_, ops[i]))) op_state_[i].choice = *c;
+}
+
+void Program::store_updates_in_their_buffers() {
+  const auto& ops = circuit_.ops();
+  const size_t n = circuit_.num_values();
+  const int end = static_cast<int>(ops.size());
+  // From `safe_from` on, no op can fail: assigns, and references that may write over their
+  // inputs (pointwise and row bodies: their checks were made with the plan).
+  int safe_from = end;
+  while (safe_from > 0 && (ops[safe_from - 1].prim->side_effect || ops[safe_from - 1].prim->may_overwrite)) --safe_from;
+  // Per persistent buffer: how often it is assigned, its new contents, and its old contents'
+  // last reader (an assign's target is not a read of it; its result is the new contents).
+  std::vector<int> assigns(n, 0), last_read(n, -1);
+  std::vector<ValueId> buffer_of(n, kNoValue);  // per value: the buffer it is assigned to
+  auto root = [&](ValueId v) { return static_cast<size_t>(root_[static_cast<size_t>(v)]); };
+  for (int i = 0; i < end; ++i) {
+    const Op& op = ops[static_cast<size_t>(i)];
+    for (size_t k = op.prim->side_effect ? 1 : 0; k < op.inputs.size(); ++k)
+      last_read[root(op.inputs[k])] = std::max(last_read[root(op.inputs[k])], i);
+    if (op.prim->side_effect) {
+      const ValueId buffer = circuit_.assign_root(op.inputs[0]);
+      ++assigns[static_cast<size_t>(buffer)];
+      buffer_of[static_cast<size_t>(op.inputs[1])] = buffer;
+      last_read[root(op.outputs[0])] = end;
+    }
+  }
+  for (ValueId o : outputs_) last_read[root(o)] = end;  // a result viewing a buffer shows its old contents
+  std::vector<ValueInfo> inputs;
+  for (int i = safe_from; i < end; ++i) {
+    const Op& op = ops[static_cast<size_t>(i)];
+    if (!op.prim->may_overwrite) continue;
+    inputs.clear();
+    for (ValueId in : op.inputs) inputs.push_back(circuit_.info(in));
+    for (size_t o = 0; o < op.outputs.size(); ++o) {
+      const auto v = static_cast<size_t>(op.outputs[o]);
+      const ValueId buffer = buffer_of[v];
+      if (buffer == kNoValue || root_[v] != op.outputs[o] || storage_[v] != Storage::Planned) continue;
+      const auto b = static_cast<size_t>(buffer);
+      if (assigns[b] != 1 || last_read[b] != i || circuit_.info(buffer) != circuit_.info(op.outputs[o])) continue;
+      // The op reads the buffer's old contents (Adam's moment, the weight it updates), and each
+      // of its reads of them allows writing the output over them.
+      bool reads = false, allowed = true;
+      for (size_t k = 0; k < op.inputs.size(); ++k)
+        if (root(op.inputs[k]) == b) {
+          reads = true;
+          allowed = allowed && inputs[k] == circuit_.info(buffer) && op.prim->may_overwrite(op, inputs, o, k);
+        }
+      if (!reads || !allowed) continue;
+      storage_[v] = Storage::InBuffer;
+      in_buffer_[v] = buffer;
+      overwrites_[static_cast<size_t>(i)] = 1;
+    }
+  }
+}
+
+int Program::dying_input_to_overwrite(size_t op_index, size_t output, const std::vector<int>& last,
+                                      const std::vector<int>& block_of, const std::vector<int>& taken) const {
+  const Op& op = circuit_.ops()[op_index];
+  if (!op.prim->may_overwrite) return -1;
+  const ValueInfo& out = circuit_.info(op.outputs[output]);
+  auto root_of = [&](size_t k) { return static_cast<size_t>(root_[static_cast<size_t>(op.inputs[k])]); };
+  std::vector<ValueInfo> inputs;
+  for (ValueId in : op.inputs) inputs.push_back(circuit_.info(in));
+  for (size_t k = 0; k < op.inputs.size(); ++k) {
+    const size_t r = root_of(k);
+    const int block = block_of[r];
+    // Read by nothing after this op, the whole of its buffer, and not yet written over here.
+    if (storage_[r] != Storage::Planned || block < 0 || last[r] != static_cast<int>(op_index)) continue;
+    if (inputs[k] != out || circuit_.info(static_cast<ValueId>(r)).nbytes() != out.nbytes()) continue;
+    if (std::find(taken.begin(), taken.end(), block) != taken.end()) continue;
+    // Every input slot reading that buffer must allow it (pointwise(x, x) reads x twice).
+    bool allowed = true;
+    for (size_t j = 0; j < op.inputs.size() && allowed; ++j)
+      if (root_of(j) == r) allowed = inputs[j] == out && op.prim->may_overwrite(op, inputs, output, j);
+    if (allowed) return block;
+  }
+  return -1;
 }
 
 int Program::threads() const {
@@ -284,9 +377,11 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
     for (ValueId v : op.inputs) in.push_back(&values[static_cast<size_t>(v)]);
     for (ValueId v : op.outputs) {
       out_info.push_back(circuit_.info(v));
-      planned.push_back(planned_[static_cast<size_t>(v)]);
+      const ValueId buffer = in_buffer_[static_cast<size_t>(v)];
+      planned.push_back(buffer == kNoValue ? planned_[static_cast<size_t>(v)] : values[static_cast<size_t>(buffer)]);
     }
-    EvalBuffers bufs(out_info, planned, &op_state_[i], poison, &target_);
+    // Poison would write over an input the op writes an output over before it reads it.
+    EvalBuffers bufs(out_info, planned, &op_state_[i], poison && !overwrites_[i], &target_);
     std::vector<HostTensor> out;
     const bool timed = profile().on || record_op_times_;
     auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};

@@ -50,16 +50,28 @@ class Program {
   bool adaptive_threads() const { return adaptive_threads_; }
 
  private:
-  enum class Storage : uint8_t { External, Planned, Fresh, Constant };
+  // InBuffer: written straight into the persistent buffer it is assigned to.
+  enum class Storage : uint8_t { External, Planned, Fresh, Constant, InBuffer };
   void prepare_storage() const;
+  // Where an op that no failing op follows computes a buffer's new contents from its old ones
+  // (AdamW's weights and moments), and nothing reads the old ones after it, the new contents
+  // are written over the old (Storage::InBuffer): the update stages no copy of the state.
+  void store_updates_in_their_buffers();
+  // The block of an input of op `op_index` that its output `output` may be stored over (see
+  // PrimDef::may_overwrite), or -1. `last`: per planned root, its last reader; `block_of`: per
+  // planned root, its block so far; `taken`: blocks the op's earlier outputs are stored over.
+  int dying_input_to_overwrite(size_t op_index, size_t output, const std::vector<int>& last,
+                               const std::vector<int>& block_of, const std::vector<int>& taken) const;
 
   Circuit circuit_;
   std::vector<ValueId> outputs_;
   Target target_;
-  std::vector<ValueId> root_;      // value -> the value whose storage it shares
-  std::vector<Storage> storage_;   // per root
-  std::vector<size_t> offset_;     // per planned root: its workspace offset
-  std::vector<char> constant_op_;  // per op: computed once, on the first run
+  std::vector<ValueId> root_;       // value -> the value whose storage it shares
+  std::vector<Storage> storage_;    // per root
+  std::vector<size_t> offset_;      // per planned root: its workspace offset
+  std::vector<char> constant_op_;   // per op: computed once, on the first run
+  std::vector<char> overwrites_;    // per op: stores an output over an input
+  std::vector<ValueId> in_buffer_;  // per value: the persistent buffer it is written into, or kNoValue
   size_t workspace_bytes_ = 0, peak_live_bytes_ = 0;
   bool adaptive_threads_ = true;
   bool record_op_times_ = false;

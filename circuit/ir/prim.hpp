@@ -74,6 +74,12 @@ class Builder;
 using VjpRule = std::function<std::vector<ValueId>(Builder& b, const Op& op, const std::vector<ValueId>& out_grads)>;
 // Short text of the params for dumps, e.g. "axis=1 kind=sum".
 using DescribeFn = std::function<std::string(const Params& params)>;
+// Whether the Eigen reference may write output `output` over the memory of input `input` (the
+// executor asks only where that input has the output's dtype and shape and nothing reads it
+// after the op): true when every read of an element of the input comes before the write of the
+// output's element at the same place, or in the coefficient-wise operation that writes it.
+using OverwriteRule =
+    std::function<bool(const Op& op, const std::vector<ValueInfo>& inputs, size_t output, size_t input)>;
 // A user Prim's GPU lowering as a pointwise body over in0, in1, ... (its inputs), given the op's
 // params: the plan for a GPU replaces the op with a pointwise op of this body.
 using PointwiseBodyFn = std::function<ScalarExp(const Params& params)>;
@@ -95,6 +101,9 @@ struct PrimDef {
   // The input whose storage output 0 is (reshape, stop_gradient: 0; assign: 1), or -1: the
   // reference then writes every output into the buffer the executor planned for it.
   int output_aliases = -1;
+  // Empty: every output gets a buffer of its own. The executor writes an output over an input
+  // that dies at the op where this allows it (a loss's gradient over its logits).
+  OverwriteRule may_overwrite;
   // False for Prims with no input a gradient could flow to (fill, iota, random, one_hot): they
   // need no VJP rule, since the sweep never reaches them.
   bool differentiable = true;

@@ -213,6 +213,7 @@ std::string Target::str() const {
   if (wide_indices) s += " wide-indices";
   if (deterministic) s += " deterministic";
   if (!cuda_graphs) s += " no-cuda-graphs";
+  if (!cpu_overwrite_inputs) s += " no-overwrite";
   if (!tuned.empty()) s += " tuned=" + std::to_string(tuned.size()) + ":" + tuned.fingerprint();
   return s;
 }

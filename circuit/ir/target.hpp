@@ -76,6 +76,9 @@ struct Target {
   bool wide_indices = false;   // every kernel indexes with 64 bits (tests of the u64 paths)
   bool deterministic = false;  // no float atomics; on the CPU a fixed thread count
   bool cuda_graphs = true;     // replay a step's launches as a CUDA graph where the driver can
+  // The CPU executor stores an output over an input that dies at its op, where the Prim's
+  // reference allows it (PrimDef::may_overwrite): less workspace, the same results bit for bit.
+  bool cpu_overwrite_inputs = true;
   // The autotuner's measured choices per kernel (core/tuning.hpp; `--tune`); empty: the defaults.
   KernelChoices tuned;
 

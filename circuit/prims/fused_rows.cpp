@@ -268,6 +268,24 @@ std::vector<HostTensor> run(const Op& op, const std::vector<const HostTensor*>& 
   return finish();
 }
 
+// Output o over input k (of o's shape and dtype, so neither bf16 nor padded: stored as computed).
+// Rows that fit a block: as the chunk's instruction list reads and writes (RowChunks). Longer
+// rows: row by row, the reductions read the row first, then each output in turn is computed
+// block by block, the last instruction of its body writing the block; so no later output may
+// read input k, and that last instruction must be coefficient-wise.
+bool may_overwrite(const Op& op, const std::vector<ValueInfo>& inputs, size_t o, size_t k) {
+  const RowProgram rp = RowProgram::from_params(op.params);
+  if (rp.output_per_row[o] || rp.stored_bf16(o) || rp.padding(o) > 0 || inputs[k].shape != rp.domain) return false;
+  if (rp.n() <= ref::kBlock) {
+    std::vector<Shape> shapes;
+    for (const ValueInfo& info : inputs) shapes.push_back(info.shape);
+    return ref::RowChunks<double>(rp, shapes).output_may_overwrite_input(o, static_cast<int>(k));
+  }
+  for (size_t later = o + 1; later < rp.output_bodies.size(); ++later)
+    if (rp.output_bodies[later].depends_on(static_cast<int>(k))) return false;
+  return rp.output_bodies[o].op() != ExpOp::GeluGrad;
+}
+
 std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>& in, EvalBuffers& bufs) {
   return ref::dispatch_float(op.params.dtype, "fused_rows", [&](auto t) { return run<decltype(t)>(op, in, bufs); });
 }
@@ -279,6 +297,7 @@ void register_fused_rows(PrimRegistry& r) {
   d.id = PrimId::fused_rows;
   d.shape = shape_rule;
   d.eval = eval;
+  d.may_overwrite = may_overwrite;
   d.describe = [](const Params& p) { return RowProgram::from_params(p).describe(); };
   r.add(std::move(d), __FILE__);
 }

@@ -48,6 +48,12 @@ std::vector<HostTensor> eval(const Op& op, const std::vector<const HostTensor*>&
   return {out};
 }
 
+// The body runs block by block (BodyRunner), its last instruction writing the block: input k
+// may be overwritten where that instruction is coefficient-wise, as all are but GELU's gradient.
+bool may_overwrite(const Op& op, const std::vector<ValueInfo>&, size_t, size_t) {
+  return op.params.body.op() != ExpOp::GeluGrad;
+}
+
 std::vector<ValueId> vjp(Builder& b, const Op& op, const std::vector<ValueId>& g) {
   std::vector<ValueId> grads(op.inputs.size(), kNoValue);
   for (size_t k = 0; k < op.inputs.size(); ++k) {
@@ -78,6 +84,7 @@ void register_pointwise(PrimRegistry& r) {
   d.id = PrimId::pointwise;
   d.shape = shape_rule;
   d.eval = eval;
+  d.may_overwrite = may_overwrite;
   d.vjp = vjp;
   d.describe = [](const Params& p) { return fmt::format("{{{}}}", p.body.str()); };
   r.add(std::move(d), __FILE__);

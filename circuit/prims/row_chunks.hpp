@@ -64,6 +64,32 @@ class RowChunks {
   // Most rows a chunk holds.
   int64_t chunk_rows() const { return chunk_rows_; }
 
+  // Whether row output o may be stored over input k (of the domain's shape): in a chunk, every
+  // read of input k comes before output o's store, or is an argument of the coefficient-wise
+  // instruction that computes output o in place (GELU's gradient excepted: it writes its
+  // destination before it has read all of its argument). Over-approximates the reads: an input
+  // read in place is counted at its instruction and at each of its readers.
+  bool output_may_overwrite_input(size_t o, int k) const {
+    const int end = static_cast<int>(code_.size());
+    const int root = output_roots_[o];
+    const int store =
+        place_[static_cast<size_t>(root)].output == static_cast<int>(o) ? root : end + static_cast<int>(o);
+    auto is_k = [&](int v) {
+      return v >= 0 && is_input(code_[static_cast<size_t>(v)]) && code_[static_cast<size_t>(v)].input == k;
+    };
+    for (int i = 0; i < end; ++i) {
+      const Instr& I = code_[static_cast<size_t>(i)];
+      if (is_k(i) && i > store) return false;
+      for (int a : {I.a, I.b, I.c})
+        if (is_k(a) && (i > store || (i == store && I.op == ExpOp::GeluGrad))) return false;
+    }
+    for (size_t j = 0; j < reduction_roots_.size(); ++j)
+      if (is_k(reduction_roots_[j]) && reduce_after_[j] >= store) return false;
+    for (size_t p = 0; p < output_roots_.size(); ++p)  // the copies after the last instruction
+      if (is_k(output_roots_[p]) && end + static_cast<int>(p) >= store) return false;
+    return true;
+  }
+
   // Rows [r0, r1) (at most chunk_rows()) of the bound run: reductions and outputs written.
   // `regs` is the calling thread's, ready (see prepare).
   void run(int64_t r0, int64_t r1, Registers<T>& regs) const {

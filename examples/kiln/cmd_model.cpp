@@ -111,13 +111,16 @@ std::map<std::string, std::string> with_target_flags(std::map<std::string, std::
       "by block, until it fits, and says so (an error states what the most recomputation needs)";
   options["wide-indices"] = "GPU: every kernel indexes with 64 bits (as tensors of 2^31 elements and more need)";
   options["no-cuda-graphs"] = "GPU: launch kernels one by one instead of replaying the step as a CUDA graph";
+  options["no-overwrite"] =
+      "CPU: every value in a buffer of its own (no output written over an input that dies at its op, no optimizer "
+      "update written over the state it replaces): more workspace, the same results";
   options["poison-buffers"] =
       "CPU: fill buffers with NaN / -1 bytes before each op writes them (finds unwritten elements)";
   return options;
 }
 
 std::set<std::string> with_target_switches(std::set<std::string> switches) {
-  switches.insert({"tf32", "wide-indices", "no-cuda-graphs", "poison-buffers"});
+  switches.insert({"tf32", "wide-indices", "no-cuda-graphs", "no-overwrite", "poison-buffers"});
   return switches;
 }
 
@@ -134,6 +137,7 @@ Target target_from_flags(const Args& a, Target t) {
           "flags) or kiln was built without oneDNN");
   }
   t.cuda_graphs = !a.has("no-cuda-graphs");
+  t.cpu_overwrite_inputs = !a.has("no-overwrite");
   return t;
 }
 

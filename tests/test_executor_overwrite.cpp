@@ -153,6 +153,14 @@ TEST(ExecutorOverwrite, AnUpdateIsWrittenIntoItsBufferWhereNoOpThatCanFailFollow
     EXPECT_TRUE(same_bits(p, updated[0]));
     for (int64_t i = 0; i < start.numel(); ++i) EXPECT_EQ(twice.get(i), 2 * start.get(i)) << i;
   }
+  // A buffer written in place, bound to memory another binding reads: an error, not a wrong result.
+  {
+    Update u(false);
+    HostTensor shared = start.clone();
+    Program prog(u.c, u.results, overwriting(true));
+    EXPECT_THROW(prog.run({shared, shared}), kiln::Error);
+    EXPECT_TRUE(same_bits(shared, start));
+  }
   // An index error after the update: the failed run leaves the buffer as it was.
   Update u(true);
   HostTensor p = start.clone();

@@ -237,6 +237,46 @@ void Program::store_updates_in_their_buffers() {
       storage_[v] = Storage::InBuffer;
       in_buffer_[v] = buffer;
       overwrites_[static_cast<size_t>(i)] = 1;
+      writes_in_buffers_ = true;
+    }
+  }
+}
+
+void Program::check_in_buffer_bindings(const std::vector<HostTensor>& bindings) const {
+  struct Range {
+    const std::byte *begin, *end;
+    size_t external;
+  };
+  std::vector<Range> ranges;
+  const auto& ext = circuit_.externals();
+  for (size_t i = 0; i < bindings.size(); ++i)
+    if (bindings[i].nbytes() > 0) {
+      const auto* b = static_cast<const std::byte*>(bindings[i].raw());
+      ranges.push_back({b, b + bindings[i].nbytes(), i});
+    }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  const std::byte* reach = nullptr;  // the furthest end of the ranges before
+  size_t reach_external = 0;
+  for (size_t j = 0; j < ranges.size(); ++j) {
+    const Range& r = ranges[j];
+    const bool overlaps_before = reach != nullptr && reach > r.begin;
+    const bool overlaps_next = j + 1 < ranges.size() && ranges[j + 1].begin < r.end;
+    auto in_buffer = [&](size_t e) {
+      return std::find(in_buffer_.begin(), in_buffer_.end(), ext[e]) != in_buffer_.end();
+    };
+    const size_t other = overlaps_before ? reach_external : overlaps_next ? ranges[j + 1].external : r.external;
+    if (other != r.external && (in_buffer(r.external) || in_buffer(other))) {
+      auto name = [&](size_t e) {
+        const Value& v = circuit_.value(ext[e]);
+        return "%" + std::to_string(ext[e]) + (v.name.empty() ? "" : " '" + v.name + "'");
+      };
+      throw Error("executor: the bindings for " + name(r.external) + " and " + name(other) +
+                  " share memory, and the run writes one of them in place (an optimizer's update): bind "
+                  "tensors of their own, or plan with Target::cpu_overwrite_inputs off");
+    }
+    if (reach == nullptr || r.end > reach) {
+      reach = r.end;
+      reach_external = r.external;
     }
   }
 }
@@ -353,6 +393,7 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
   flush_subnormals_once();
   keep_freed_memory_once();
   check_bindings(circuit_, bindings, "executor");
+  if (writes_in_buffers_) check_in_buffer_bindings(bindings);
   if (planned_.empty()) prepare_storage();
   const auto& ext = circuit_.externals();
   const auto& ops = circuit_.ops();

@@ -23,7 +23,9 @@ class Program {
 
   // `bindings` holds one tensor per circuit().externals(), in order; each must match the
   // external's dtype and shape exactly (an error names the value otherwise). Persistent
-  // externals are written in place by assign ops, all at the end of a run that succeeded.
+  // externals are written in place by assign ops, all at the end of a run that succeeded, or
+  // (Storage::InBuffer) by an update that only ops which cannot fail follow. Bindings of
+  // persistent externals must not share memory with other bindings.
   // The results own their storage (or view a binding, through a reshape): later runs leave
   // them alone. One run at a time: a Program keeps its workspace between runs.
   std::vector<HostTensor> run(const std::vector<HostTensor>& bindings) const;
@@ -57,6 +59,8 @@ class Program {
   // (AdamW's weights and moments), and nothing reads the old ones after it, the new contents
   // are written over the old (Storage::InBuffer): the update stages no copy of the state.
   void store_updates_in_their_buffers();
+  // Throws unless the persistent buffers written in place share no memory with other bindings.
+  void check_in_buffer_bindings(const std::vector<HostTensor>& bindings) const;
   // The block of an input of op `op_index` that its output `output` may be stored over (see
   // PrimDef::may_overwrite), or -1. `last`: per planned root, its last reader; `block_of`: per
   // planned root, its block so far; `taken`: blocks the op's earlier outputs are stored over.
@@ -72,6 +76,7 @@ class Program {
   std::vector<char> constant_op_;   // per op: computed once, on the first run
   std::vector<char> overwrites_;    // per op: stores an output over an input
   std::vector<ValueId> in_buffer_;  // per value: the persistent buffer it is written into, or kNoValue
+  bool writes_in_buffers_ = false;  // some value is (Storage::InBuffer)
   size_t workspace_bytes_ = 0, peak_live_bytes_ = 0;
   bool adaptive_threads_ = true;
   bool record_op_times_ = false;

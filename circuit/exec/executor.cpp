@@ -154,7 +154,6 @@ Program::Program(Circuit circuit, std::vector<ValueId> outputs, Target target)
   for (size_t i = 0; i < live.free_after.size(); ++i)
     for (ValueId v : live.free_after[i]) last[static_cast<size_t>(v)] = static_cast<int>(i);
   std::vector<PlannedBlock> blocks;
-  std::vector<ValueId> block_value;
   std::vector<int> block_of(n, -1);  // per planned root: its block
   for (size_t i = 0; i < ops.size(); ++i) {
     std::vector<int> taken;  // blocks this op's outputs write over
@@ -172,7 +171,6 @@ Program::Program(Circuit circuit, std::vector<ValueId> outputs, Target target)
       }
       block_of[v] = static_cast<int>(blocks.size());
       blocks.push_back({static_cast<int>(i), last[v], circuit_.info(out).nbytes()});
-      block_value.push_back(out);
     }
   }
   // 64-byte offsets: every planned tensor starts on a cache line (and an AVX-512 vector).

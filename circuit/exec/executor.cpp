@@ -190,8 +190,9 @@ void Program::store_updates_in_their_buffers() {
   const auto& ops = circuit_.ops();
   const size_t n = circuit_.num_values();
   const int end = static_cast<int>(ops.size());
-  // From `safe_from` on, no op can fail: assigns, and references that may write over their
-  // inputs (pointwise and row bodies: their checks were made with the plan).
+  // From `safe_from` on, no op fails but through a bug or memory running out: assigns, and
+  // references that may write over their inputs (pointwise and row bodies, whose params, dtypes
+  // and shapes were checked with the plan). So a run whose error comes before changes no buffer.
   int safe_from = end;
   while (safe_from > 0 && (ops[safe_from - 1].prim->side_effect || ops[safe_from - 1].prim->may_overwrite)) --safe_from;
   // Per persistent buffer: how often it is assigned, its new contents, and its old contents'
@@ -210,7 +211,7 @@ void Program::store_updates_in_their_buffers() {
       last_read[root(op.outputs[0])] = end;
     }
   }
-  for (ValueId o : outputs_) last_read[root(o)] = end;  // a result viewing a buffer shows its old contents
+  for (ValueId o : outputs_) last_read[root(o)] = end;  // a buffer a result views is left to the commit
   std::vector<ValueInfo> inputs;
   for (int i = safe_from; i < end; ++i) {
     const Op& op = ops[static_cast<size_t>(i)];
@@ -419,7 +420,8 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
       const ValueId buffer = in_buffer_[static_cast<size_t>(v)];
       planned.push_back(buffer == kNoValue ? planned_[static_cast<size_t>(v)] : values[static_cast<size_t>(buffer)]);
     }
-    // Poison would write over an input the op writes an output over before it reads it.
+    // Poison would write over an input the op writes an output over before it reads it (so
+    // nothing of such an op is poisoned, its other outputs and scratch included).
     EvalBuffers bufs(out_info, planned, &op_state_[i], poison && !overwrites_[i], &target_);
     std::vector<HostTensor> out;
     const bool timed = profile().on || record_op_times_;

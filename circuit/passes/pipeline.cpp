@@ -8,6 +8,7 @@
 #include <kiln/circuit/passes/absorb_casts.hpp>
 #include <kiln/circuit/passes/absorb_padding.hpp>
 #include <kiln/circuit/passes/bf16_as_rounded_f32.hpp>
+#include <kiln/circuit/passes/chunk_loss_head.hpp>
 #include <kiln/circuit/passes/cleanup.hpp>
 #include <kiln/circuit/passes/expand_user_prims.hpp>
 #include <kiln/circuit/passes/fusion.hpp>
@@ -32,9 +33,18 @@ Circuit absorb_stored_casts(const Circuit& c, std::vector<ValueId>& outputs, con
   return target.gpu() || target.cpu_bf16 == CpuBf16Products::onednn ? absorb_casts(c, outputs) : c;
 }
 
+// Listed for its name and description; optimize() runs it with PipelineOptions::loss_chunk_bytes.
+Circuit chunk_loss_head_with_default_size(const Circuit& c, std::vector<ValueId>& outputs, const Target& target) {
+  return chunk_loss_head(c, outputs, target);
+}
+
 // In pipeline order. Switching cse off leaves dead-code elimination in its place.
-constexpr std::array<PassInfo, 14> kPasses = {{
+constexpr std::array<PassInfo, 15> kPasses = {{
     {"cse", false, "common-subexpression elimination (off: dead-code elimination only)", any_target<cse>},
+    {"chunk_loss_head", false,
+     "CPU: a language model's head, loss and the head's backward products run chunk by chunk of sequences where "
+     "the logits exceed 256 MiB (the whole batch's logits never held at once; before recompute)",
+     chunk_loss_head_with_default_size},
     {"simplify_row_indexing", false, "gathers by 0..R-1 read the table itself", any_target<simplify_row_indexing>},
     {"forward_assigns", false, "readers of an assign read the assigned value", any_target<forward_assigns>},
     {"fuse_attention", false,
@@ -99,8 +109,9 @@ Circuit optimize(const Circuit& recorded, std::vector<ValueId>& outputs, const T
   auto off = [&](std::string_view name) { return std::find(disabled.begin(), disabled.end(), name) != disabled.end(); };
   Circuit c = off("cse") ? dce(recorded, outputs) : cse(recorded, outputs);
   c = expand_user_prims(c, outputs, target);
+  if (!off("chunk_loss_head")) c = chunk_loss_head(c, outputs, target, options.loss_chunk_bytes);  // kPasses[1]
   c = recompute(c, outputs, recompute_mode(options, target), options.checkpointed_blocks);
-  for (const PassInfo& pass : std::span(kPasses).subspan(1)) {
+  for (const PassInfo& pass : std::span(kPasses).subspan(2)) {
     // Without fuse_matmul nothing folds pad_bf16_rows's slices: the padding would only add kernels.
     const bool needs_fuse_matmul = std::string_view(pass.name) == "pad_bf16_rows" && off("fuse_matmul");
     if (!off(pass.name) && !needs_fuse_matmul && (target.gpu() || !pass.gpu_only)) c = pass.run(c, outputs, target);

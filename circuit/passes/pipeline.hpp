@@ -37,6 +37,9 @@ struct PipelineOptions {
   // `--memory-budget`: the most bytes the plan's workspace may take, 0 for no limit. A plan over
   // it recomputes more, block by block (PlanCache::build); none fitting is an error.
   size_t memory_budget = 0;
+  // chunk_loss_head: logits over this many bytes are computed this many bytes at a time (whole
+  // sequences; one at least).
+  size_t loss_chunk_bytes = size_t{256} << 20;
   bool operator==(const PipelineOptions&) const = default;
 };
 
@@ -51,8 +54,8 @@ PipelineOptions parse_pipeline_options(std::string_view text);
 // Throws the same error for a name in options.disabled that names no pass.
 void check_pipeline_options(const PipelineOptions& options);
 
-// Runs the pipeline over `recorded` for `target`: CSE, the recompute pass (options.recompute),
-// then the others: the GPU-only passes where target.gpu(),
+// Runs the pipeline over `recorded` for `target`: CSE, chunk_loss_head (CPU), the recompute pass
+// (options.recompute), then the others: the GPU-only passes where target.gpu(),
 // scatter sums in source order (ordered_scatter_sums) where target.deterministic. `outputs`
 // (values of `recorded` the caller needs) are rewritten to their ids in the result.
 Circuit optimize(const Circuit& recorded, std::vector<ValueId>& outputs, const Target& target,

@@ -97,6 +97,69 @@ TEST(ChunkLossHead, LlamaStepsEqualTheWholeBatchsStep) {
   expect_chunked_equals_whole(model, "llama");
 }
 
+size_t head_products_of_last_plan() {
+  const Plan& plan = *Engine::current().last_plan();
+  size_t n = 0;
+  for (const Op& op : plan.program->circuit().ops())
+    if (op.is(PrimId::matmul) && plan.program->circuit().info(op.outputs[0]).shape.dims().back() == 13) ++n;
+  return n;
+}
+
+// Two micro-batches recorded before one realize (gradient accumulation): each head is chunked,
+// and the gradients equal the unchunked step's.
+TEST(ChunkLossHead, EachMicroBatchsHeadIsChunked) {
+  manual_seed(5);
+  models::GPT model(testing::tiny_gpt_config(2));
+  auto step = [&](bool chunk) {
+    testing::ScopedPipeline p([&](PipelineOptions& o) {
+      if (chunk)
+        o.loss_chunk_bytes = kSequenceBytes;
+      else
+        o.disabled = {"chunk_loss_head"};
+    });
+    model.zero_grad();
+    manual_seed(11);
+    HostTensor tokens = HostTensor::zeros(DType::i32, Shape{2 * kBatch, kTokens});
+    for (int64_t i = 0; i < tokens.numel(); ++i) tokens.set(i, static_cast<double>((i * 5 + 1) % 13));
+    for (const Tensor& x : split(Tensor::from_host(tokens), 0, {kBatch, kBatch})) (model.loss(x, x) * 0.5).backward();
+    Engine::current().realize();
+    std::vector<HostTensor> grads;
+    for (Tensor& p : model.parameters()) grads.push_back(p.grad().to_host());
+    return std::make_pair(grads, head_products_of_last_plan());
+  };
+  const auto [whole, whole_products] = step(false);
+  const auto [got, products] = step(true);
+  EXPECT_EQ(whole_products, 2u);
+  EXPECT_EQ(products, 2u * kBatch);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LT(testing::relative_error(got[i], whole[i]), 1e-5) << "gradient " << i;
+}
+
+// Logits the caller keeps would be rebuilt whole from the chunks beside them: that head is left
+// unchunked.
+TEST(ChunkLossHead, RequestedLogitsLeaveTheHeadWhole) {
+  manual_seed(5);
+  models::GPT model(testing::tiny_gpt_config(2));
+  testing::ScopedPipeline p([&](PipelineOptions& o) { o.loss_chunk_bytes = kSequenceBytes; });
+  HostTensor tokens = HostTensor::zeros(DType::i32, Shape{kBatch, kTokens});
+  Tensor x = Tensor::from_host(tokens);
+  Tensor logits = model.forward(x);  // kept by the caller, and the loss's
+  Tensor loss = cross_entropy(logits, x);
+  loss.backward();
+  Engine::current().realize();
+  // The kept logits come from one whole-batch product, not from a concat of chunks.
+  const Circuit& plan = Engine::current().last_plan()->program->circuit();
+  size_t whole = 0, concats = 0;
+  for (const Op& op : plan.ops()) {
+    whole += op.is(PrimId::matmul) && plan.info(op.outputs[0]).shape == Shape{kBatch, kTokens, 13};
+    concats += op.is(PrimId::concat) && plan.info(op.outputs[0]).shape == Shape{kBatch, kTokens, 13};
+  }
+  EXPECT_EQ(whole, 1u);
+  EXPECT_EQ(concats, 0u);
+  EXPECT_EQ(head_products_of_last_plan(), 1u);
+  EXPECT_EQ(logits.shape(), (Shape{kBatch, kTokens, 13}));
+}
+
 // GPT-2 small's plan (made, not run): the whole batch's logits, 1570 MiB, are not held at once.
 TEST(ChunkLossHead, Gpt2SmallsStepHoldsOneSequencesLogits) {
   models::GPTConfig cfg;

@@ -34,8 +34,9 @@ bool separable(const Circuit& c, const Op& op, int64_t batch) {
     return (axis < 0 ? axis + rank : axis) != 0;
   }
   if (op.is(PrimId::broadcast) || op.is(PrimId::reshape)) {
+    // A broadcast aligns shapes from the right: only one of the output's rank keeps B at axis 0.
     const Shape& in = c.info(op.inputs[0]).shape;
-    return in.rank() >= 1 && in[0] == batch;
+    return in.rank() >= 1 && in[0] == batch && (op.is(PrimId::reshape) || in.rank() == out.rank());
   }
   return false;
 }
@@ -102,7 +103,9 @@ std::optional<Region> find_region(const Circuit& c, int32_t m, const std::vector
           continue;
         }
       }
-      if (!separable(c, op, r.batch)) continue;  // reads the region's values whole (the mean loss)
+      // A pointwise operand of lower rank aligns with the output's last axes, not the batch's.
+      const bool aligned = !op.is(PrimId::pointwise) || c.info(v).shape.rank() == c.info(op.outputs[0]).shape.rank();
+      if (!aligned || !separable(c, op, r.batch)) continue;  // reads the region's values whole (the mean loss)
       r.in_s[static_cast<size_t>(q)] = 1;
       r.s_value[static_cast<size_t>(op.outputs[0])] = 1;
       work.push_back(op.outputs[0]);
@@ -131,7 +134,9 @@ std::optional<Region> find_region(const Circuit& c, int32_t m, const std::vector
       }
     }
   }
-  // What the chunks read whole or concatenate stays small.
+  // What the chunks read whole or concatenate (for readers and for the caller) stays small.
+  for (size_t v = 0; v < c.num_values(); ++v)
+    if (r.s_value[v] && requested[v] && c.info(static_cast<ValueId>(v)).nbytes() > max_chunk_bytes) return std::nullopt;
   for (size_t i = 0; i < ops.size(); ++i) {
     if (r.in_s[i]) {
       for (size_t k = 0; k < ops[i].inputs.size(); ++k) {
@@ -166,6 +171,10 @@ std::optional<Circuit> chunked(const Circuit& c, const Region& g, std::vector<Va
   // The group goes after the last producer of what it reads.
   int32_t place = g.head;
   for (ValueId v : reads) place = std::max(place, c.value(v).producer);
+  // Moving the head's work to there, and what reads it after, must not cross an assign (whose
+  // old contents an op moved past it might read).
+  for (int32_t i = g.head; i <= place; ++i)
+    if (ops[static_cast<size_t>(i)].prim->side_effect) return std::nullopt;
   // Values of S that something else reads, or the caller: concatenated.
   std::vector<ValueId> needed;
   for (size_t i = 0; i < ops.size(); ++i)
@@ -274,7 +283,9 @@ Circuit chunk_loss_head(const Circuit& c, std::vector<ValueId>& outputs, const T
     std::optional<Circuit> result = chunked(c, *g, out, max_chunk_bytes);
     if (!result) continue;
     outputs = out;
-    return dce(*result, outputs);  // the whole batch's head, now read by nothing; one head a step
+    // The whole batch's head, now read by nothing, goes; then the next head (a step of several
+    // micro-batches has one each). A chunked head does not match again: its logits fit a chunk.
+    return chunk_loss_head(dce(*result, outputs), outputs, target, max_chunk_bytes);
   }
   return c;
 }

@@ -112,6 +112,12 @@ std::optional<Region> find_region(const Circuit& c, int32_t m, const std::vector
     }
   }
   if (r.dh < 0 || r.dw < 0) return std::nullopt;
+  // Every operand of the region's own (a second one found after the op joined) aligned too.
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (r.in_s[i] && ops[i].is(PrimId::pointwise))
+      for (ValueId v : ops[i].inputs)
+        if (r.s_value[static_cast<size_t>(v)] && c.info(v).shape.rank() != c.info(ops[i].outputs[0]).shape.rank())
+          return std::nullopt;
   // The producers of large inputs that only the region reads join it (the targets' one-hot
   // select, [B, T, V]), so that no input is sliced from a whole-batch tensor of that size.
   auto only_region_reads = [&](ValueId v) {

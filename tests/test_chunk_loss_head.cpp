@@ -29,6 +29,15 @@ struct StepResult {
   size_t workspace = 0;
 };
 
+// Matmuls of the last plan that make logits (13 classes): the head, one per chunk.
+size_t head_products_of_last_plan() {
+  const Plan& plan = *Engine::current().last_plan();
+  size_t n = 0;
+  for (const Op& op : plan.program->circuit().ops())
+    if (op.is(PrimId::matmul) && plan.program->circuit().info(op.outputs[0]).shape.dims().back() == 13) ++n;
+  return n;
+}
+
 StepResult run_step(models::CausalLM& model) {
   model.zero_grad();
   manual_seed(11);
@@ -38,13 +47,9 @@ StepResult run_step(models::CausalLM& model) {
   Tensor loss = model.loss(x, x);
   loss.backward();
   Engine::current().realize();
-  StepResult r{loss.item(), {}, 0, 0};
+  StepResult r{
+      loss.item(), {}, head_products_of_last_plan(), Engine::current().last_plan()->program->workspace_bytes()};
   for (Tensor& p : model.parameters()) r.grads.push_back(p.grad().to_host());
-  const Plan& plan = *Engine::current().last_plan();
-  for (const Op& op : plan.program->circuit().ops())
-    if (op.is(PrimId::matmul) && plan.program->circuit().info(op.outputs[0]).shape.dims().back() == 13)
-      ++r.head_products;
-  r.workspace = plan.program->workspace_bytes();
   return r;
 }
 
@@ -95,14 +100,6 @@ TEST(ChunkLossHead, LlamaStepsEqualTheWholeBatchsStep) {
   manual_seed(5);
   models::Llama model(cfg);
   expect_chunked_equals_whole(model, "llama");
-}
-
-size_t head_products_of_last_plan() {
-  const Plan& plan = *Engine::current().last_plan();
-  size_t n = 0;
-  for (const Op& op : plan.program->circuit().ops())
-    if (op.is(PrimId::matmul) && plan.program->circuit().info(op.outputs[0]).shape.dims().back() == 13) ++n;
-  return n;
 }
 
 // Two micro-batches recorded before one realize (gradient accumulation): each head is chunked,

@@ -226,13 +226,7 @@ void Program::store_updates_in_their_buffers() {
       if (assigns[b] != 1 || last_read[b] != i || circuit_.info(buffer) != circuit_.info(op.outputs[o])) continue;
       // The op reads the buffer's old contents (Adam's moment, the weight it updates), and each
       // of its reads of them allows writing the output over them.
-      bool reads = false, allowed = true;
-      for (size_t k = 0; k < op.inputs.size(); ++k)
-        if (root(op.inputs[k]) == b) {
-          reads = true;
-          allowed = allowed && inputs[k] == circuit_.info(buffer) && op.prim->may_overwrite(op, inputs, o, k);
-        }
-      if (!reads || !allowed) continue;
+      if (!every_read_allows_overwrite(op, inputs, o, b)) continue;
       storage_[v] = Storage::InBuffer;
       in_buffer_[v] = buffer;
       overwrites_[static_cast<size_t>(i)] = 1;
@@ -295,13 +289,21 @@ int Program::dying_input_to_overwrite(size_t op_index, size_t output, const std:
     if (storage_[r] != Storage::Planned || block < 0 || last[r] != static_cast<int>(op_index)) continue;
     if (inputs[k] != out || circuit_.info(static_cast<ValueId>(r)).nbytes() != out.nbytes()) continue;
     if (std::find(taken.begin(), taken.end(), block) != taken.end()) continue;
-    // Every input slot reading that buffer must allow it (pointwise(x, x) reads x twice).
-    bool allowed = true;
-    for (size_t j = 0; j < op.inputs.size() && allowed; ++j)
-      if (root_of(j) == r) allowed = inputs[j] == out && op.prim->may_overwrite(op, inputs, output, j);
-    if (allowed) return block;
+    if (every_read_allows_overwrite(op, inputs, output, r)) return block;
   }
   return -1;
+}
+
+bool Program::every_read_allows_overwrite(const Op& op, const std::vector<ValueInfo>& inputs, size_t output,
+                                          size_t root) const {
+  const ValueInfo& out = circuit_.info(op.outputs[output]);
+  bool reads = false;
+  for (size_t k = 0; k < op.inputs.size(); ++k) {
+    if (static_cast<size_t>(root_[static_cast<size_t>(op.inputs[k])]) != root) continue;
+    reads = true;
+    if (inputs[k] != out || !op.prim->may_overwrite(op, inputs, output, k)) return false;
+  }
+  return reads;
 }
 
 int Program::threads() const {

@@ -66,6 +66,11 @@ class Program {
   // planned root, its block so far; `taken`: blocks the op's earlier outputs are stored over.
   int dying_input_to_overwrite(size_t op_index, size_t output, const std::vector<int>& last,
                                const std::vector<int>& block_of, const std::vector<int>& taken) const;
+  // Whether `op` reads the value rooted at `root` and every input slot reading it (pointwise(x, x)
+  // reads x twice) has the output's dtype and shape and lets output `output` be written over it.
+  // `inputs`: the infos of op's inputs.
+  bool every_read_allows_overwrite(const Op& op, const std::vector<ValueInfo>& inputs, size_t output,
+                                   size_t root) const;
 
   Circuit circuit_;
   std::vector<ValueId> outputs_;

@@ -53,10 +53,7 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs) {
   for (size_t i = 0; i < ops.size(); ++i)
     if (ops[i].prim->side_effect) assigned_at[static_cast<size_t>(ops[i].inputs[0])] = static_cast<int32_t>(i);
 
-  // Matmuls before each op: a producer of a large value is not moved past one (below).
-  std::vector<int32_t> matmuls_before(ops.size() + 1, 0);
-  for (size_t i = 0; i < ops.size(); ++i)
-    matmuls_before[i + 1] = matmuls_before[i] + (ops[i].is(PrimId::matmul) || ops[i].is(PrimId::fused_matmul) ? 1 : 0);
+  const std::vector<int32_t> matmuls_before = matmuls_before_each_op(c);  // kLargeValueBytes (below)
 
   std::vector<FusedOp> fused(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) fused[i] = {ops[i].params, ops[i].inputs, 0, false, ops[i].phase};
@@ -81,11 +78,9 @@ Circuit fuse_pointwise(const Circuit& c, std::vector<ValueId>& outputs) {
           moves_past_assign = moves_past_assign || (a > p && a < static_cast<int32_t>(i));
         }
         if (moves_past_assign) continue;
-        // Absorbing the producer keeps its inputs live until the consumer: across a product, for
-        // a value of 64 MiB and more, that is memory the plan had free (the chunked loss's running
-        // sum of weight gradients would keep every chunk's partial sum to the end).
-        constexpr size_t kLarge = size_t{64} << 20;
-        if (out.nbytes() >= kLarge && matmuls_before[i] > matmuls_before[static_cast<size_t>(p) + 1]) continue;
+        // Absorbing the producer keeps its inputs live until the consumer (kLargeValueBytes).
+        if (out.nbytes() >= kLargeValueBytes && matmuls_before[i] > matmuls_before[static_cast<size_t>(p) + 1])
+          continue;
         // in_j of the producer's body -> the consumer's input holding the same value.
         std::vector<ScalarExp> prod_subs;
         for (ValueId pin : prod.inputs) {

@@ -48,10 +48,7 @@ class RowFuser {
     protected_.assign(c.num_values(), false);
     for (ValueId o : outputs) protected_[static_cast<size_t>(o)] = true;
     consumers_.resize(c.num_values());
-    matmuls_before_.assign(n + 1, 0);
-    for (size_t i = 0; i < n; ++i)
-      matmuls_before_[i + 1] =
-          matmuls_before_[i] + (ops_[i].is(PrimId::matmul) || ops_[i].is(PrimId::fused_matmul) ? 1 : 0);
+    matmuls_before_ = matmuls_before_each_op(c);
     for (size_t i = 0; i < n; ++i) {
       role_[i] = role_of(c, ops_[i], &shape_[i]);
       for (ValueId in : ops_[i].inputs) consumers_[static_cast<size_t>(in)].push_back(static_cast<int32_t>(i));
@@ -162,11 +159,11 @@ class RowFuser {
     }
     if (forward && recompute) return false;  // phases_kept_apart
     // The group runs where its last member was: members before a product would keep what they
-    // read live across it. Refused for domains of 64 MiB and more (the chunked loss's running sum
-    // of weight gradients would keep every chunk's partial sum to the end).
-    constexpr size_t kLarge = size_t{64} << 20;
-    const Shape& domain = groups_[static_cast<size_t>(g)].domain;
-    if (static_cast<size_t>(domain.numel()) * 4 >= kLarge &&
+    // read live across it. Refused where a member makes a large value (kLargeValueBytes).
+    size_t largest = 0;
+    for (int32_t m : uni)
+      for (ValueId o : ops_[static_cast<size_t>(m)].outputs) largest = std::max(largest, c_.info(o).nbytes());
+    if (largest >= kLargeValueBytes &&
         matmuls_before_[static_cast<size_t>(uni.back())] > matmuls_before_[static_cast<size_t>(uni.front()) + 1])
       return false;
     if (leaves_and_returns(uni, g, h)) return false;

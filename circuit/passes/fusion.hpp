@@ -5,6 +5,8 @@
 // such as a saved activation), and only when both compute over the same index domain.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,20 @@
 #include <kiln/circuit/ir/target.hpp>
 
 namespace kiln {
+
+// Shared by fuse_pointwise and fuse_rows: moving the producer of a value of kLargeValueBytes or
+// more past a product keeps the producer's inputs live across that product, memory the plan had
+// free (the chunked loss's running sum of weight gradients would keep every chunk's partial sum to
+// the end), so neither pass does it. matmuls_before_each_op(c)[i] counts the products (matmul,
+// fused_matmul) among ops [0, i); it has ops().size() + 1 entries.
+inline constexpr size_t kLargeValueBytes = size_t{64} << 20;
+inline std::vector<int32_t> matmuls_before_each_op(const Circuit& c) {
+  const auto& ops = c.ops();
+  std::vector<int32_t> before(ops.size() + 1, 0);
+  for (size_t i = 0; i < ops.size(); ++i)
+    before[i + 1] = before[i] + (ops[i].is(PrimId::matmul) || ops[i].is(PrimId::fused_matmul) ? 1 : 0);
+  return before;
+}
 
 // Attention as a Prim before differentiation (fuse_attention.cpp states the exact pattern): q kᵀ,
 // the causal mask (or none), an additive mask, softmax over the keys, dropout and the product

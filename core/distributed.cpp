@@ -1,6 +1,7 @@
 // Data parallelism at the Tensor level: gradient buckets and the parameters' broadcast.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <map>
 
 #include <kiln/circuit/comm/communicator.hpp>
@@ -11,14 +12,23 @@
 
 namespace kiln {
 
-std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, int64_t bucket_elements) {
+std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, size_t bucket_bytes) {
   // One process records nothing, unless a device collective is installed (a one-rank NCCL run,
   // which tests the GPU path of the op).
   if (world().size() == 1 && !cuda::device_world()) return xs;
+  Engine& engine = Engine::current();
   std::vector<Tensor> out(xs.size());
   std::map<DType, std::vector<size_t>> by_dtype;
   for (size_t i = 0; i < xs.size(); ++i) by_dtype[xs[i].dtype()].push_back(i);
-  for (const auto& [dtype, members] : by_dtype) {
+  // In the order the recording makes them (the backward makes the last layer's gradients
+  // first): a bucket fills with gradients made near each other, and can start early.
+  std::vector<int32_t> producer(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i)
+    producer[i] = engine.builder().circuit().value(engine.value_of(xs[i])).producer;
+  for (auto& [dtype, members] : by_dtype) {
+    std::stable_sort(members.begin(), members.end(), [&](size_t a, size_t b) { return producer[a] < producer[b]; });
+    const auto bucket_elements =
+        std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / static_cast<size_t>(dtype_size(dtype))));
     // Consecutive members while the bucket has room (a value larger than a bucket is one alone).
     for (size_t first = 0; first < members.size();) {
       size_t last = first;
@@ -33,7 +43,6 @@ std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, int64_t bu
         sizes.push_back(x.numel());
       }
       Tensor bucket = flat.size() == 1 ? flat[0] : concat(flat, 0);
-      Engine& engine = Engine::current();
       const ValueId in = engine.value_of(bucket);
       const Tensor averaged = engine.wrap(engine.builder().circuit().add_op(PrimId::all_reduce, {}, {in})[0]);
       std::vector<Tensor> pieces = flat.size() == 1 ? std::vector<Tensor>{averaged} : split(averaged, 0, sizes);

@@ -11,10 +11,12 @@
 namespace kiln {
 
 // The element-wise mean over the ranks of each of xs (same shapes and dtypes back): the values
-// of a dtype flattened side by side into buckets of at most bucket_elements, one all_reduce op
-// (one collective) per bucket. With one rank, xs themselves (nothing is recorded) unless a
-// device collective is installed (cuda::set_device_world).
-std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, int64_t bucket_elements = int64_t{1} << 22);
+// of a dtype, in the order the recording made them, flattened side by side into buckets of at
+// most bucket_bytes (a larger value is one alone), one all_reduce op (one collective) per bucket.
+// With one rank, xs themselves (nothing is recorded) unless a device collective is installed
+// (cuda::set_device_world).
+// (AdamWOptions::bucket_bytes is the training default.)
+std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, size_t bucket_bytes);
 
 // Steps on the GPU with several ranks (or with a collective chosen, in one process) get a device
 // collective to average their gradients (cuda/runtime/collective.hpp: NCCL where it loads, else

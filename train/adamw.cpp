@@ -33,7 +33,7 @@ Tensor AdamW::step(double max_grad_norm, const Tensor& local_loss) {
   std::vector<Tensor> grads;
   for (const Tensor& p : params_) grads.push_back(p.grad());
   if (local_loss.defined()) grads.push_back(local_loss);
-  grads = average_over_ranks(grads);
+  grads = average_over_ranks(grads, opts_.bucket_bytes);
   const Tensor loss = local_loss.defined() ? grads.back() : Tensor();
   if (local_loss.defined()) grads.pop_back();
   // Clipping scales each gradient by min(1, max_norm / (norm + 1e-6)), written into the

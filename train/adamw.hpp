@@ -18,6 +18,10 @@ struct AdamWOptions {
   // GradScaler skips optimizer.step(). The test runs inside the step (no host round trip);
   // last_step_applied() tells the host afterwards. Off: every update is applied as computed.
   bool skip_non_finite = false;
+  // Data parallel: the gradients are averaged in buckets of at most this many bytes (`--bucket-mb`),
+  // each of which starts its all-reduce as soon as the backward has made it (CPU plans). 25 MiB,
+  // as PyTorch DDP's buckets.
+  size_t bucket_bytes = size_t{25} << 20;
 };
 
 class AdamW {

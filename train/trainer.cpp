@@ -28,6 +28,7 @@ optim::AdamWOptions adamw_options(const TrainOptions& o) {
   a.lr = o.lr;
   a.beta2 = o.beta2;
   a.weight_decay = o.weight_decay;
+  a.bucket_bytes = o.bucket_bytes;
   a.skip_non_finite = true;  // the update is always guarded; run() decides whether to go on
   return a;
 }
@@ -153,6 +154,7 @@ TrainResult Trainer::run() {
     opt_.set_lr(lr);
     Batch b = shard(data_.train_batch(static_cast<uint64_t>(step_), opts_.batch, block));
     auto ts = std::chrono::steady_clock::now();
+    const double waited_before = world().seconds_waited();
     Tensor loss;
     if (opts_.tune_first_step && step_ == first) Engine::current().set_tune_next_plan(true);
     if (traced) {
@@ -188,7 +190,8 @@ TrainResult Trainer::run() {
     // synchronize after the last) and in the whole step, which adds recording the model's C++
     // code and hashing (untraced, or the first traced step), binding, and on the GPU the copies.
     const double this_run_ms = Engine::current().stats().last_work_ms,
-                 this_step_ms = 1000 * std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+                 this_step_ms = 1000 * std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count(),
+                 this_step_waited_ms = 1000 * (world().seconds_waited() - waited_before);
     if (step_ > first) {
       run_ms += this_run_ms;
       step_ms += this_step_ms;
@@ -249,6 +252,10 @@ TrainResult Trainer::run() {
                                static_cast<double>(r.downloaded_bytes) / 1024, r.downloads,
                                r.graph ? "; kernels launched as one CUDA graph" : "");
         }
+        if (world().size() > 1)  // the exposed time itself: kiln bench under mpirun (docs/CLI.md)
+          copies +=
+              fmt::format("; this step waited {:.2f} ms for collectives ({} ranks, buckets of {:.3g} MiB)",
+                          this_step_waited_ms, world().size(), static_cast<double>(opts_.bucket_bytes) / (1 << 20));
         const ProcessCounters& fresh = Engine::current().stats().last_counters;
         spdlog::info(
             "stats: {}; host time outside {} {:.3f} ms/step ({:.1f}% of the step; {}){}; this step: {} minor page "

@@ -1,4 +1,5 @@
 // The single-process communicator and the current one.
+#include <cstdlib>
 #include <cstring>
 
 #include <kiln/circuit/comm/communicator.hpp>
@@ -19,6 +20,27 @@ class SingleProcess final : public Communicator {
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
 };
 
+class NoopCollectives final : public Communicator {
+ public:
+  explicit NoopCollectives(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend() + " with no-op collectives"; }
+  void all_reduce_sum(float*, int64_t) override {}
+  void all_reduce_sum(double*, int64_t) override {}
+  void start_all_reduce_sum(float*, int64_t) override {}
+  void start_all_reduce_sum(double*, int64_t) override {}
+  void broadcast(void* data, int64_t n, int root) override { inner_->broadcast(data, n, root); }
+  void barrier() override { inner_->barrier(); }
+  [[noreturn]] void abort(int code) override {
+    inner_->abort(code);
+    std::_Exit(code);  // not reached: the inner abort does not return
+  }
+
+ private:
+  std::shared_ptr<Communicator> inner_;
+};
+
 std::shared_ptr<Communicator>& current() {
   static std::shared_ptr<Communicator> c = std::make_shared<SingleProcess>();
   return c;
@@ -27,8 +49,13 @@ std::shared_ptr<Communicator>& current() {
 }  // namespace
 
 Communicator& world() { return *current(); }
+std::shared_ptr<Communicator> shared_world() { return current(); }
 
 void set_world(std::shared_ptr<Communicator> c) { current() = c ? std::move(c) : std::make_shared<SingleProcess>(); }
+
+std::shared_ptr<Communicator> with_noop_collectives(std::shared_ptr<Communicator> comm) {
+  return std::make_shared<NoopCollectives>(std::move(comm));
+}
 
 bool launched_by_mpi_with_several_ranks() { return settings().launcher_several_ranks; }
 

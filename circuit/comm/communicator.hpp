@@ -25,6 +25,17 @@ class Communicator {
   // data[0, n) becomes the element-wise sum over the ranks (each passes n elements).
   virtual void all_reduce_sum(float* data, int64_t n) = 0;
   virtual void all_reduce_sum(double* data, int64_t n) = 0;
+  // Nonblocking sums: start_all_reduce_sum begins the same sum as all_reduce_sum and returns;
+  // data must be left alone until finish_all_reduce(data) has returned (the sum is then there).
+  // Every rank starts its collectives in the same order; progress() lets those in flight advance
+  // (MPI moves a nonblocking collective on only inside its calls: the executor calls it between
+  // ops). Here: the blocking sum at the start, nothing at the finish.
+  virtual void start_all_reduce_sum(float* data, int64_t n) { all_reduce_sum(data, n); }
+  virtual void start_all_reduce_sum(double* data, int64_t n) { all_reduce_sum(data, n); }
+  virtual void finish_all_reduce(const void* /*data*/) {}
+  virtual void progress() {}
+  // Seconds this rank has spent waiting for collectives to complete, since it joined.
+  virtual double seconds_waited() const { return 0.0; }
   // Rank `root`'s bytes [0, n) reach every rank's data.
   virtual void broadcast(void* data, int64_t n, int root) = 0;
   virtual void barrier() = 0;
@@ -35,7 +46,14 @@ class Communicator {
 
 // The communicator steps use: one rank unless set_world installed another.
 Communicator& world();
+std::shared_ptr<Communicator> shared_world();  // the same, to wrap or keep
 void set_world(std::shared_ptr<Communicator> c);
+
+// `comm` whose step collectives (the all-reduces, started or whole) are local no-ops of the same
+// size: they leave each rank's data as it is (`--collectives noop`, which measures a step's
+// exposed communication time: the step's time less this one's). Broadcasts and barriers still
+// reach the other ranks (a run's start stays in step).
+std::shared_ptr<Communicator> with_noop_collectives(std::shared_ptr<Communicator> comm);
 
 // Whether an MPI launcher (mpirun, srun) started this process as one of several.
 bool launched_by_mpi_with_several_ranks();

@@ -14,11 +14,13 @@
 #include <string>
 #include <utility>
 
+#include <kiln/circuit/comm/communicator.hpp>
 #include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/exec/liveness.hpp>
 #include <kiln/circuit/exec/memory_plan.hpp>
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/circuit/ir/settings.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 
@@ -193,8 +195,12 @@ void Program::store_updates_in_their_buffers() {
   // From `safe_from` on, no op fails but through a bug or memory running out: assigns, and
   // references that may write over their inputs (pointwise and row bodies, whose params, dtypes
   // and shapes were checked with the plan). So a run whose error comes before changes no buffer.
+  // A collective's finish may still fail (a rank that died), so it ends the safe tail too.
   int safe_from = end;
-  while (safe_from > 0 && (ops[safe_from - 1].prim->side_effect || ops[safe_from - 1].prim->may_overwrite)) --safe_from;
+  auto cannot_fail = [](const Op& op) {
+    return (op.prim->side_effect || op.prim->may_overwrite) && !op.is(PrimId::all_reduce);
+  };
+  while (safe_from > 0 && cannot_fail(ops[static_cast<size_t>(safe_from - 1)])) --safe_from;
   // Per persistent buffer: how often it is assigned, its new contents, and its old contents'
   // last reader (an assign's target is not a read of it; its result is the new contents).
   std::vector<int> assigns(n, 0), last_read(n, -1);
@@ -410,9 +416,16 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
   std::vector<const HostTensor*> in;
   std::vector<ValueInfo> out_info;
   std::vector<HostTensor> planned;
+  int collectives_in_flight = 0;  // all_reduce starts not yet finished (overlap_collectives)
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     if (constant_op_[i] && constants_ready_) continue;
+    // MPI moves a started collective on only inside its calls: one between every two ops.
+    if (collectives_in_flight > 0) world().progress();
+    if (op.is(PrimId::all_reduce)) {
+      const AllReduceStage stage = AllReduceParams::of(op).stage;
+      collectives_in_flight += stage == AllReduceStage::start ? 1 : stage == AllReduceStage::finish ? -1 : 0;
+    }
     in.clear();
     out_info.clear();
     planned.clear();

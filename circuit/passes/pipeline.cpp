@@ -13,6 +13,7 @@
 #include <kiln/circuit/passes/expand_user_prims.hpp>
 #include <kiln/circuit/passes/fusion.hpp>
 #include <kiln/circuit/passes/matmul_column_sums.hpp>
+#include <kiln/circuit/passes/overlap_collectives.hpp>
 #include <kiln/circuit/passes/pad_bf16_rows.hpp>
 #include <kiln/circuit/passes/pipeline.hpp>
 
@@ -39,7 +40,7 @@ Circuit chunk_loss_head_with_default_size(const Circuit& c, std::vector<ValueId>
 }
 
 // In pipeline order. Switching cse off leaves dead-code elimination in its place.
-constexpr std::array<PassInfo, 15> kPasses = {{
+constexpr std::array<PassInfo, 16> kPasses = {{
     {"cse", false, "common-subexpression elimination (off: dead-code elimination only)", any_target<cse>},
     {"chunk_loss_head", false,
      "CPU: a language model's head, loss and the head's backward products run chunk by chunk of sequences where "
@@ -68,6 +69,10 @@ constexpr std::array<PassInfo, 15> kPasses = {{
      "column sums of a matmul epilogue become 128-row block sums the matmul writes (the epilogue not stored)",
      any_target<matmul_column_sums>},
     {"merge_multi_tensor", true, "per-parameter update work in one op (multi_tensor)", any_target<merge_multi_tensor>},
+    {"overlap_collectives", false,
+     "CPU: each gradient bucket's all-reduce starts as soon as the backward has made the bucket and finishes just "
+     "before the first read of the mean (nonblocking MPI, moved on between ops)",
+     overlap_collectives},
 }};
 
 }  // namespace

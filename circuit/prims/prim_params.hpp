@@ -59,6 +59,16 @@ struct MatmulParams {
   Params to_params() const;
 };
 
+// all_reduce {} (whole: start and finish in one op) or {stage}. The overlap_collectives pass
+// splits a CPU plan's all_reduce into a start, as soon as its bucket is made, and a finish, just
+// before the bucket's first reader, so that the collective runs while the backward goes on.
+enum class AllReduceStage : int64_t { whole = 0, start = 1, finish = 2 };
+struct AllReduceParams {
+  AllReduceStage stage = AllReduceStage::whole;
+  static AllReduceParams of(const Op& op);
+  Params to_params() const;
+};
+
 // scatter_add_rows {rows} or {rows, 1}: `ordered` asks the GPU to add in source order.
 struct ScatterAddRowsParams {
   int64_t rows = 0;

@@ -266,7 +266,7 @@ CollectiveChoice parse_collective_choice(const std::string& text) {
   if (text == "auto") return CollectiveChoice::automatic;
   if (text == "nccl") return CollectiveChoice::nccl;
   if (text == "host") return CollectiveChoice::host;
-  throw Error("--collectives: expected auto, nccl or host, received '" + text + "'");
+  throw Error("--collectives: expected auto, nccl, host or noop, received '" + text + "'");
 }
 
 std::shared_ptr<DeviceCollective> connect_device_collective(Runtime& rt, Communicator& comm, double timeout_s,

@@ -14,8 +14,10 @@
 #include <memory>
 #include <vector>
 
+#include <kiln/circuit/comm/communicator.hpp>
 #include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/exec/thread_governor.hpp>
+#include <kiln/circuit/ir/error.hpp>
 #include <kiln/circuit/prims/builder.hpp>
 #include <kiln/circuit/prims/cpu_gemm.hpp>
 #include <kiln/circuit/prims/onednn_matmul.hpp>
@@ -123,31 +125,64 @@ int print_plan_memory(const std::function<std::vector<Tensor>()>& record, const 
   return 0;
 }
 
+// The exposed communication time: the traced step's median time less the median of the same
+// step with every all-reduce a local no-op of the same size (`--collectives noop`), in turns (a
+// shared machine's load changes within seconds). Each timed step starts after a barrier, so that
+// a rank's head start is not counted as its collective's time.
+void print_exposed_communication(TracedStep& traced, const HostTensor& ids, const std::shared_ptr<Communicator>& real,
+                                 int64_t steps) {
+  const std::shared_ptr<Communicator> noop = with_noop_collectives(real);
+  std::vector<double> with_ms, without_ms, exposed_ms, waited_ms;
+  for (int64_t i = 0; i < std::max<int64_t>(steps, 5); ++i) {
+    double ms[2];
+    for (int k = 0; k < 2; ++k) {
+      set_world(k == 0 ? real : noop);
+      real->barrier();
+      const double waited = real->seconds_waited();
+      auto t0 = std::chrono::steady_clock::now();
+      traced.run({ids, ids})[0].item();
+      ms[k] = 1000 * seconds_since(t0);
+      if (k == 0) waited_ms.push_back(1000 * (real->seconds_waited() - waited));
+    }
+    set_world(real);
+    with_ms.push_back(ms[0]);
+    without_ms.push_back(ms[1]);
+    exposed_ms.push_back(ms[0] - ms[1]);
+  }
+  std::printf(
+      "exposed communication: %.2f ms a step (median of %zu turns: step %.2f ms, with no-op collectives %.2f ms; "
+      "waiting for collectives %.2f ms; %d ranks through %s)\n",
+      median(exposed_ms), exposed_ms.size(), median(with_ms), median(without_ms), median(waited_ms), real->size(),
+      real->backend().c_str());
+}
+
 }  // namespace
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv,
-         with_tune_flag(with_target_flags(with_precision_flag(with_thread_flag(
-             with_model_flags({{"batch", "sequences per step (default 16)"},
-                               {"steps", "timed steps (default 20)"},
-                               {"dropout", "gpt: dropout probability, attention's included (default 0)"},
-                               {"device", "cpu (default), cuda, auto or sim (the CUDA back end on the SIMT simulator)"},
-                               {"collectives",
-                                "auto (default: none in one process), nccl or host: the step averages its gradients "
-                                "through that device collective, as data parallel runs do"},
-                               {"gemm",
-                                "time kiln's matmul alone instead: comma-separated N (N^3) or MxNxK "
-                                "shapes, e.g. 1024,4096,8192x2304x768"},
-                               {"attention",
-                                "time causal attention forward + backward alone instead: comma-separated "
-                                "BxHxTxD shapes, e.g. 8x12x1024x64 (--passes -fuse_attention: unfused)"},
-                               {"skip-non-finite",
-                                "guard AdamW's update with the loss's and gradient norm's finiteness, as "
-                                "kiln train does"},
-                               {"plan-only",
-                                "make the step's plan without running it and print its memory (the CPU workspace, "
-                                "or the GPU plan's with --device cuda or sim)"}},
-                              true))))),
+         with_tune_flag(with_target_flags(with_precision_flag(with_thread_flag(with_model_flags(
+             {{"batch", "sequences per step (default 16)"},
+              {"steps", "timed steps (default 20)"},
+              {"dropout", "gpt: dropout probability, attention's included (default 0)"},
+              {"device", "cpu (default), cuda, auto or sim (the CUDA back end on the SIMT simulator)"},
+              {"collectives",
+               "auto (default: none in one process), nccl or host: the step averages its gradients "
+               "through that device collective, as data parallel runs do; noop (CPU, under mpirun): "
+               "every all-reduce a local no-op"},
+              {"bucket-mb", "under mpirun: gradients averaged in buckets of at most this many MiB (default 25)"},
+              {"gemm",
+               "time kiln's matmul alone instead: comma-separated N (N^3) or MxNxK "
+               "shapes, e.g. 1024,4096,8192x2304x768"},
+              {"attention",
+               "time causal attention forward + backward alone instead: comma-separated "
+               "BxHxTxD shapes, e.g. 8x12x1024x64 (--passes -fuse_attention: unfused)"},
+              {"skip-non-finite",
+               "guard AdamW's update with the loss's and gradient norm's finiteness, as "
+               "kiln train does"},
+              {"plan-only",
+               "make the step's plan without running it and print its memory (the CPU workspace, "
+               "or the GPU plan's with --device cuda or sim)"}},
+             true))))),
          "usage: kiln bench [options]\n\nTimes full training steps of a GPT or a Llama (--model llama) (AdamW) on the "
          "CPU or the GPU.\n"
          "GPT-2 small: --layers 12 --heads 12 --embd 768 --block 1024 --vocab-size 50257 --batch 8",
@@ -158,13 +193,18 @@ int cmd_bench(const std::vector<std::string>& argv) {
   }
   apply_thread_flag(a);
   apply_precision_flag(a);
+  // Under mpirun every rank runs the step on the same batch, its gradients averaged; rank 0 prints.
+  join_ranks();
+  if (world().rank() != 0 && std::freopen("/dev/null", "w", stdout) == nullptr)
+    throw Error("kiln bench: rank " + std::to_string(world().rank()) + " could not silence its output");
   const int64_t batch = a.integer("batch", 16, 1), steps = a.integer("steps", 20, 1);
   const DeviceSelection device = parse_device(a.str("device", "cpu"));
   Engine::current().set_device(device.device, device.runtime);
   apply_target_flags(a);
   const TuneMode tune = apply_tune_flag(a, device.runtime);
   // --collectives nccl: the step with NCCL in its graph, in one process
-  connect_device_collective_if_needed(device, cuda::parse_collective_choice(a.str("collectives", "auto")));
+  const std::shared_ptr<Communicator> ranks = shared_world();
+  apply_collectives_flag(a, device);
   if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps);
   if (a.has("attention")) return bench_attention(a.str("attention", ""), steps);
   const bool plan_only = a.has("plan-only");
@@ -176,6 +216,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int64_t block_size = model.block_size(), vocab_size = model.vocab_size();
   optim::AdamWOptions adamw;
   adamw.skip_non_finite = a.has("skip-non-finite");
+  adamw.bucket_bytes = static_cast<size_t>(a.real("bucket-mb", 25.0, 1.0 / 1024, 1 << 20) * (1 << 20));
   optim::AdamW opt(model.parameters(), adamw);
   HostTensor ids = HostTensor::zeros(DType::i32, Shape{batch, block_size});
   for (int64_t i = 0; i < ids.numel(); ++i) ids.set(i, static_cast<double>((i * 7919) % vocab_size));
@@ -256,6 +297,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
         static_cast<double>(t.counters.storage_allocations) / n,
         static_cast<double>(t.counters.storage_bytes) / n / 1024);
   std::printf("matmul FLOPs per step (forward + backward): %.3f GFLOP -> %.1f GFLOP/s\n", flops / 1e9, achieved);
+  if (world().size() > 1 && a.str("collectives", "auto") != "noop")
+    print_exposed_communication(traced, ids, ranks, steps);
   if (device.device == Device::CUDA) return 0;
   const Program& program = *Engine::current().last_plan()->program;
   std::printf("CPU workspace: %.2f MiB for a live peak of %.2f MiB of intermediates; %zu ops computed once per plan\n",

@@ -5,11 +5,14 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <kiln/circuit/comm/communicator.hpp>
 #include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/exec/thread_governor.hpp>
 #include <kiln/circuit/ir/error.hpp>
+#include <kiln/circuit/ir/settings.hpp>
 #include <kiln/circuit/passes/pipeline.hpp>
 #include <kiln/circuit/prims/onednn_matmul.hpp>
+#include <kiln/core/distributed.hpp>
 #include <kiln/core/engine.hpp>
 #include <kiln/core/precision.hpp>
 #include <kiln/models/llama.hpp>
@@ -197,6 +200,24 @@ void apply_thread_flag(const Args& a) {
       throw Error("--threads: expected a thread count from 1 to 4096, received " + std::to_string(n));
     set_num_threads(static_cast<int>(n));
   }
+}
+
+void join_ranks() {
+  if (!launched_by_mpi_with_several_ranks()) return;
+  set_world(connect_mpi(settings().collective_timeout));
+  if (world().rank() != 0) spdlog::set_level(spdlog::level::warn);
+}
+
+void apply_collectives_flag(const Args& a, const DeviceSelection& device) {
+  const std::string choice = a.str("collectives", "auto");
+  if (choice != "noop") {
+    connect_device_collective_if_needed(device, cuda::parse_collective_choice(choice));
+    return;
+  }
+  if (device.device == Device::CUDA)
+    throw Error("--collectives noop: for CPU steps only (a GPU step's all-reduce is a node of its graph)");
+  set_world(with_noop_collectives(shared_world()));
+  spdlog::info("--collectives noop: every all-reduce of the step is a local no-op (the results are this rank's own)");
 }
 
 namespace {

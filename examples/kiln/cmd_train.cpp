@@ -61,7 +61,12 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"sample-tokens", "tokens of the sample printed at the end (default 300; 0: none)"},
               {"device",
                "auto (default), cpu, cuda or sim (the CUDA back end on the SIMT simulator: slow, no GPU needed)"},
-              {"collectives", "data parallel on GPUs: auto (default: NCCL where it loads), nccl or host"},
+              {"collectives",
+               "data parallel: auto (default: on GPUs NCCL where it loads), nccl or host (GPUs); noop (CPU): every "
+               "all-reduce a local no-op, the baseline of the exposed communication time"},
+              {"bucket-mb",
+               "data parallel: gradients averaged in buckets of at most this many MiB, each started as soon as the "
+               "backward has made it (default 25)"},
               {"stats",
                "log each step's kernels (forward/backward/update and recomputing), bytes, the bytes saved for the "
                "backward, host time and peak memory"},
@@ -84,9 +89,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   apply_precision_flag(a);
   // Launched by mpirun/srun as one of several processes: data parallel over them. Rank 0 logs,
   // writes the metrics, checkpoints and weights; the others log warnings and errors only.
-  if (launched_by_mpi_with_several_ranks()) {
-    set_world(connect_mpi(settings().collective_timeout));
-    if (world().rank() != 0) spdlog::set_level(spdlog::level::warn);
+  join_ranks();
+  if (world().size() > 1) {
     spdlog::info("data parallel: {} ranks through {}; each step's batch of {} sequences split over them",
                  world().size(), world().backend(), a.integer("batch", 16, 1));
   }
@@ -94,7 +98,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   Engine::current().set_device(device.device, device.runtime);
   apply_target_flags(a);
   const TuneMode tune = apply_tune_flag(a, device.runtime, a.has("stats"));
-  connect_device_collective_if_needed(device, cuda::parse_collective_choice(a.str("collectives", "auto")));
+  apply_collectives_flag(a, device);
   Engine::current().set_deterministic(a.has("deterministic"));
   spdlog::info("device: {}{}, {} matmuls", device_name(device.device), device.simulated() ? " (simulated)" : "",
                precision_name(Engine::current().precision()));
@@ -125,6 +129,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   TrainOptions o;
   o.batch = a.integer("batch", 16, 1);
   o.grad_accum = a.integer("grad-accum", 1, 1);
+  o.bucket_bytes = static_cast<size_t>(a.real("bucket-mb", 25.0, 1.0 / 1024, 1 << 20) * (1 << 20));
   o.steps = a.integer("steps", 2000, 1);
   o.stop_at = a.integer("stop-at", 0, 0);
   const int64_t sample_tokens = a.integer("sample-tokens", 300, 0);

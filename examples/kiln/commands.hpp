@@ -48,6 +48,12 @@ void check_model_flags(const Args& a);
 // and uses fewer while other work holds cores) added to a command's options, and applied.
 std::map<std::string, std::string> with_thread_flag(std::map<std::string, std::string> options);
 void apply_thread_flag(const Args& a);
+// Under mpirun (or srun) with several ranks: joins the job through MPI; ranks other than 0 log
+// warnings and errors only. Then `--collectives`: auto, nccl or host choose a GPU step's device
+// collective; noop (CPU steps) makes every all-reduce of the step a local no-op of the same size,
+// the baseline of the exposed communication time (docs/CLI.md).
+void join_ranks();
+void apply_collectives_flag(const Args& a, const DeviceSelection& device);
 // --precision f32|bf16 (core/precision.hpp) added to a command's options, and applied to the
 // engine.
 std::map<std::string, std::string> with_precision_flag(std::map<std::string, std::string> options);

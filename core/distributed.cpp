@@ -53,6 +53,18 @@ std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, size_t buc
   return out;
 }
 
+namespace {
+Tensor collective(PrimId prim, const Tensor& x) {
+  Engine& engine = Engine::current();
+  Params p;
+  p.ints = {world().size()};
+  return engine.wrap(engine.builder().circuit().add_op(prim, p, {engine.value_of(x)})[0]);
+}
+}  // namespace
+
+Tensor reduce_scatter_mean(const Tensor& x) { return collective(PrimId::reduce_scatter, x); }
+Tensor all_gather(const Tensor& x) { return collective(PrimId::all_gather, x); }
+
 void connect_device_collective_if_needed(const DeviceSelection& device, cuda::CollectiveChoice choice) {
   if (device.device != Device::CUDA || (world().size() == 1 && choice == cuda::CollectiveChoice::automatic)) return;
   cuda::set_device_world(

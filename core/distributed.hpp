@@ -18,6 +18,13 @@ namespace kiln {
 // (AdamWOptions::bucket_bytes is the training default.)
 std::vector<Tensor> average_over_ranks(const std::vector<Tensor>& xs, size_t bucket_bytes);
 
+// ZeRO-1's collectives over world()'s N ranks (recorded ops: reduce_scatter, all_gather).
+// reduce_scatter_mean: x, a vector of N S values, -> [S], this rank's chunk (rank r: [r S, (r + 1) S))
+// of x's element-wise mean over the ranks. all_gather: x [S] -> [N S], every rank's x, rank r's at
+// [r S, (r + 1) S). Every element is summed in rank order, as average_over_ranks sums it.
+Tensor reduce_scatter_mean(const Tensor& x);
+Tensor all_gather(const Tensor& x);
+
 // Steps on the GPU with several ranks (or with a collective chosen, in one process) get a device
 // collective to average their gradients (cuda/runtime/collective.hpp: NCCL where it loads, else
 // through host memory, unless `choice` forces one); logs which. Nothing for the CPU, or one

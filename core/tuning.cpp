@@ -255,7 +255,7 @@ struct FixedTeam {
 };
 
 bool tunable(const Op& op) {
-  return !op.prim->side_effect && op.prim->output_aliases < 0 && !op.inputs.empty() && !op.is(PrimId::all_reduce);
+  return !op.prim->side_effect && op.prim->output_aliases < 0 && !op.inputs.empty() && !is_collective(op);
 }
 
 // The plan as a Program that times its ops, on made-up bindings.

@@ -75,6 +75,34 @@ std::vector<double> losses(const fs::path& metrics) {
   return out;
 }
 
+// The weights' distance between two weights files, norm-relative, the worst parameter. The key
+// third of each c_attn.bias is apart: its gradient is zero in exact arithmetic (a constant added
+// to every score of a row leaves the softmax as it is), so AdamW turns rounding noise into steps
+// of about lr, whose signs any change of summation order (or a weight an ulp apart) flips. For
+// it: |difference| at most 2 lr a step, 20 steps (0.08), the q and v thirds as the other
+// parameters.
+double weights_distance(const fs::path& got, const fs::path& want) {
+  std::unique_ptr<models::CausalLM> g = load_model(got.string()), w = load_model(want.string());
+  const auto a = w->named_parameters(), b = g->named_parameters();
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const HostTensor x = b[i].second.to_host(), y = a[i].second.to_host();
+    if (a[i].first.find("attn.c_attn.bias") == std::string::npos) {
+      worst = std::max(worst, testing::relative_error(x, y));
+      continue;
+    }
+    const int64_t c = x.numel() / 3;
+    for (int third : {0, 2}) {
+      HostTensor xs = HostTensor::zeros(DType::f32, Shape{c}), ys = HostTensor::zeros(DType::f32, Shape{c});
+      for (int64_t e = 0; e < c; ++e) xs.set(e, x.get(third * c + e)), ys.set(e, y.get(third * c + e));
+      worst = std::max(worst, testing::relative_error(xs, ys));
+    }
+    for (int64_t e = c; e < 2 * c; ++e) EXPECT_LE(std::fabs(x.get(e) - y.get(e)), 0.08) << a[i].first << " " << e;
+  }
+  return worst;
+}
+
 // kiln train on the corpus in `dir`: a small GPT, 20 steps, a global batch of 6, `threads` threads;
 // its buffers poisoned, as the suite's own (tests/test_environment.cpp).
 std::string train_command(const fs::path& dir, const std::string& tag, int threads = 1) {
@@ -105,36 +133,9 @@ TEST(DataParallel, RanksAndMicroBatchesTrainAsOneProcessOnTheSameGlobalBatch) {
   ASSERT_EQ(status, 0) << read(dir / "one.log");
   const std::vector<double> one = losses(dir / "one.jsonl");
   ASSERT_EQ(one.size(), 20u) << read(dir / "one.jsonl");
-  std::unique_ptr<models::CausalLM> one_model = load_model((dir / "one.h5").string());
-  // The weights' distance from one_model's, norm-relative, the worst parameter. The key third
-  // of each c_attn.bias is apart: its gradient is zero in exact arithmetic (a constant added to
-  // every score of a row leaves the softmax as it is), so AdamW turns rounding noise into steps of
-  // about lr, whose signs any change of summation order flips. For it: |difference| at most
-  // 2 lr a step, 20 steps (0.08), the q and v thirds as the other parameters.
-  auto weight_distance = [&](const std::string& tag) {
-    std::unique_ptr<models::CausalLM> model = load_model((dir / (tag + ".h5")).string());
-    const auto a = one_model->named_parameters(), b = model->named_parameters();
-    EXPECT_EQ(a.size(), b.size());
-    double worst = 0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-      const HostTensor x = b[i].second.to_host(), y = a[i].second.to_host();
-      if (a[i].first.find("attn.c_attn.bias") == std::string::npos) {
-        worst = std::max(worst, testing::relative_error(x, y));
-        continue;
-      }
-      const int64_t c = x.numel() / 3;
-      for (int third : {0, 2}) {
-        HostTensor xs = HostTensor::zeros(DType::f32, Shape{c}), ys = HostTensor::zeros(DType::f32, Shape{c});
-        for (int64_t e = 0; e < c; ++e) xs.set(e, x.get(third * c + e)), ys.set(e, y.get(third * c + e));
-        worst = std::max(worst, testing::relative_error(xs, ys));
-      }
-      for (int64_t e = c; e < 2 * c; ++e) EXPECT_LE(std::fabs(x.get(e) - y.get(e)), 0.08) << a[i].first << " " << e;
-    }
-    return worst;
-  };
   auto [ts, tsecs] = run(train_command(dir, "two_threads", 2), dir / "two_threads.log");
   ASSERT_EQ(ts, 0) << read(dir / "two_threads.log");
-  const double thread_floor = weight_distance("two_threads");
+  const double thread_floor = weights_distance(dir / "two_threads.h5", dir / "one.h5");
   // Ranks, and micro-batches a rank (--grad-accum): the same global batch of 6 every time.
   for (auto [ranks, accum] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{1, 3}, std::pair{3, 2}}) {
     const std::string tag = "ranks" + std::to_string(ranks) + "_accum" + std::to_string(accum);
@@ -151,7 +152,7 @@ TEST(DataParallel, RanksAndMicroBatchesTrainAsOneProcessOnTheSameGlobalBatch) {
     double worst = 0;
     for (size_t i = 0; i < one.size(); ++i) worst = std::max(worst, std::fabs(many[i] - one[i]) / one[i]);
     EXPECT_LT(worst, 1e-5) << tag;
-    const double worst_weight = weight_distance(tag);
+    const double worst_weight = weights_distance(dir / (tag + ".h5"), dir / "one.h5");
     EXPECT_LT(worst_weight, 1e-5) << tag;
     std::printf(
         "%d rank(s), %d micro-batches each, against one process: losses %.2g relative at worst, weights %.2g "
@@ -296,6 +297,82 @@ TEST(DataParallel, OverlappedAllReducesEqualTheBlockingOnes) {
   auto [status, secs] = run(mpirun(2) + train_command(dir, "noop") + " --collectives noop", dir / "noop.log");
   ASSERT_EQ(status, 0) << read(dir / "noop.log");
   EXPECT_NE(read(dir / "noop.log").find("--collectives noop"), std::string::npos) << read(dir / "noop.log");
+  fs::remove_all(dir);
+}
+
+double worst_relative(const std::vector<double>& got, const std::vector<double>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    worst = std::max(worst, std::fabs(got[i] - want[i]) / std::fabs(want[i]));
+  return worst;
+}
+
+// "optimizer state: X MiB on rank 0, ... (Y MiB whole)" of a training log: {X, Y}.
+std::pair<double, double> optimizer_state_mib(const std::string& log) {
+  const size_t at = log.find("optimizer state: ");
+  if (at == std::string::npos) return {-1, -1};
+  const size_t whole = log.find('(', at);
+  return {std::stod(log.substr(at + 17)), std::stod(log.substr(whole + 1))};
+}
+
+// ZeRO-1 (--shard-optimizer): 2 and 3 ranks train as the unsharded run with the same ranks over
+// 20 steps to 1e-6 (losses and weights, the attention keys' biases as weights_distance says; each
+// element is updated as without sharding, only the global norm's sum is grouped otherwise), rank 0
+// holding 1/N of the moments.
+TEST(DataParallel, ShardedOptimizerTrainsAsTheUnshardedRun) {
+  KILN_REQUIRE_MPI_OR_SKIP();
+  const fs::path dir = workdir("zero");
+  for (int ranks : {2, 3}) {
+    const std::string plain = "r" + std::to_string(ranks), sharded = plain + "_sharded";
+    for (const std::string& tag : {plain, sharded}) {
+      const std::string command =
+          mpirun(ranks) + train_command(dir, tag) + (tag == sharded ? " --shard-optimizer" : "");
+      auto [status, secs] = run(command, dir / (tag + ".log"));
+      ASSERT_EQ(status, 0) << read(dir / (tag + ".log"));
+    }
+    const double loss_error = worst_relative(losses(dir / (sharded + ".jsonl")), losses(dir / (plain + ".jsonl")));
+    const double weight_error = weights_distance(dir / (sharded + ".h5"), dir / (plain + ".h5"));
+    EXPECT_LT(loss_error, 1e-6) << ranks << " ranks";
+    EXPECT_LT(weight_error, 1e-6) << ranks << " ranks";
+    const auto [shard_mib, whole_mib] = optimizer_state_mib(read(dir / (sharded + ".log")));
+    const auto [plain_mib, plain_whole] = optimizer_state_mib(read(dir / (plain + ".log")));
+    EXPECT_EQ(plain_mib, plain_whole) << read(dir / (plain + ".log"));
+    EXPECT_NEAR(shard_mib, whole_mib / ranks, 0.002) << read(dir / (sharded + ".log"));
+    std::printf(
+        "ZeRO-1 on %d ranks against unsharded: losses %.2g relative at worst, weights %.2g; optimizer state "
+        "%.3f MiB a rank against %.3f\n",
+        ranks, loss_error, weight_error, shard_mib, plain_mib);
+  }
+  fs::remove_all(dir);
+}
+
+// A sharded run's checkpoint holds the whole moments: stopped after step 10 on 2 ranks and resumed
+// on 3 (sharded) or 1 (unsharded), it goes on as the uninterrupted sharded run.
+TEST(DataParallel, AShardedRunResumesOnAnotherNumberOfRanks) {
+  KILN_REQUIRE_MPI_OR_SKIP();
+  const fs::path dir = workdir("zero_resume");
+  auto [ws, wsecs] = run(mpirun(2) + train_command(dir, "whole") + " --shard-optimizer", dir / "whole.log");
+  ASSERT_EQ(ws, 0) << read(dir / "whole.log");
+  const std::string ckpt = (dir / "half.ckpt.h5").string();
+  auto [hs, hsecs] =
+      run(mpirun(2) + train_command(dir, "half") + " --shard-optimizer --stop-at 10 --checkpoint '" + ckpt + "'",
+          dir / "half.log");
+  ASSERT_EQ(hs, 0) << read(dir / "half.log");
+  const std::vector<double> whole = losses(dir / "whole.jsonl");
+  ASSERT_EQ(whole.size(), 20u);
+  const std::vector<double> rest_of_whole(whole.begin() + 10, whole.end());
+  for (const auto& [tag, launch] : {std::pair<std::string, std::string>{"rest3", mpirun(3)}, {"rest1", ""}}) {
+    const std::string flags = tag == "rest3" ? " --shard-optimizer" : "";
+    auto [rs, rsecs] = run(launch + train_command(dir, tag) + flags + " --resume '" + ckpt + "'", dir / (tag + ".log"));
+    ASSERT_EQ(rs, 0) << read(dir / (tag + ".log"));
+    const double error = worst_relative(losses(dir / (tag + ".jsonl")), rest_of_whole);
+    const double weights = weights_distance(dir / (tag + ".h5"), dir / "whole.h5");
+    EXPECT_LT(error, 1e-6) << tag;
+    EXPECT_LT(weights, 1e-6) << tag;
+    std::printf("a 2-rank sharded run resumed at step 10 (%s): losses %.2g relative at worst, weights %.2g\n",
+                tag.c_str(), error, weights);
+  }
   fs::remove_all(dir);
 }
 

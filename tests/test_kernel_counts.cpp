@@ -151,15 +151,15 @@ TEST(KernelCounts, EachPassLowersTheStepAndTheSwitchTurnsPassesOff) {
   // Every pass of the pipeline but cse (a GPT step records no duplicate work for it to find),
   // pad_bf16_rows (a layout pass: it adds a concat where it pads; an f32 step has no bf16 casts)
   // and absorb_casts, absorb_padding and matmul_column_sums (no bf16 casts, padding or stored
-  // epilogue summed in an f32 step either; tested above in bf16), and bf16_as_rounded_f32 and
-  // chunk_loss_head (the CPU's: they leave GPU plans as they are; tests/test_bf16_as_rounded_f32.cpp,
-  // tests/test_chunk_loss_head.cpp).
+  // epilogue summed in an f32 step either; tested above in bf16), and bf16_as_rounded_f32,
+  // chunk_loss_head and overlap_collectives (the CPU's: they leave GPU plans as they are;
+  // tests/test_bf16_as_rounded_f32.cpp, tests/test_chunk_loss_head.cpp, tests/test_overlap_collectives.cpp).
   for (const PassInfo& p : pipeline_passes()) {
     const std::string pass = p.name;
     if (pass == "cse") continue;
     every_pass += (every_pass.empty() ? "-" : ",-") + pass;
     if (pass == "pad_bf16_rows" || pass == "absorb_casts" || pass == "absorb_padding" || pass == "matmul_column_sums" ||
-        pass == "bf16_as_rounded_f32" || pass == "chunk_loss_head")
+        pass == "bf16_as_rounded_f32" || pass == "chunk_loss_head" || pass == "overlap_collectives")
       continue;
     {
       testing::ScopedPipeline off("-" + pass);

@@ -55,8 +55,11 @@ Outcome run(const std::vector<std::vector<double>>& xs, bool traced, double max_
     out.applied.push_back(opt.last_step_applied());
   }
   out.w = w.to_vector();
-  out.exp_avg = opt.exp_avg()[0].to_vector();
-  out.exp_avg_sq = opt.exp_avg_sq()[0].to_vector();
+  const optim::AdamWMoments moments = opt.whole_moments();
+  for (int64_t i = 0; i < moments.exp_avg[0].numel(); ++i) {
+    out.exp_avg.push_back(moments.exp_avg[0].get(i));
+    out.exp_avg_sq.push_back(moments.exp_avg_sq[0].get(i));
+  }
   out.steps = opt.steps();
   return out;
 }

@@ -1,10 +1,9 @@
 // overlap_collectives (circuit/passes/overlap_collectives.hpp) and the executor's started
-// collectives, in one process: a world of two ranks whose other rank's contribution (1 to every
-// element) arrives only when a started all-reduce is finished. A plan that read a bucket before its
-// finish, or let another value's storage take the bucket while it was in flight, would read no
-// contribution or a clobbered one: the averaged gradients, the update and the loss would differ
-// from the step with whole (blocking) all-reduces. Several ranks in processes:
-// tests/test_data_parallel.cpp.
+// collectives, and ZeRO-1's reduce_scatter and all_gather, in one process: a world of two ranks whose other rank's
+// contribution (1 to every element) arrives only when a started all-reduce is finished. A plan that read a bucket
+// before its finish, or let another value's storage take the bucket while it was in flight, would read no contribution
+// or a clobbered one: the averaged gradients, the update and the loss would differ from the step with whole (blocking)
+// all-reduces. Several ranks in processes: tests/test_data_parallel.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include <kiln/models/gpt.hpp>
 #include <kiln/train/adamw.hpp>
 
+#include "expect_error.hpp"
 #include "prim_test_util.hpp"
 #include "scoped_target.hpp"
 
@@ -186,6 +186,55 @@ TEST(OverlapCollectives, NoopCollectivesChangeNothing) {
   noop->progress();
   noop->finish_all_reduce(v.data());
   EXPECT_EQ(v, (std::vector<float>{1, 2, 3}));
+}
+
+// reduce_scatter and all_gather (ZeRO-1's collectives) in a world of two ranks whose other rank
+// holds what this one holds: the mean of a chunk is the chunk, and the gathered vector is this
+// rank's chunk twice. Their shape rules name the op; a plan made for other ranks is refused.
+class MirrorWorld final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string backend() const override { return "mirror"; }
+  void all_reduce_sum(float* data, int64_t n) override {
+    std::transform(data, data + n, data, [](float x) { return 2 * x; });
+  }
+  void all_reduce_sum(double* data, int64_t n) override {
+    std::transform(data, data + n, data, [](double x) { return 2 * x; });
+  }
+  void all_gather(float* data, int64_t n) override { std::copy(data, data + n / 2, data + n / 2); }
+  void broadcast(void*, int64_t, int) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override { std::_Exit(code); }
+};
+
+TEST(PrimReferenceZeroCollectives, ReduceScatterAndAllGatherGoThroughTheCommunicator) {
+  ScopedWorld scoped(std::make_shared<MirrorWorld>());
+  Circuit c;
+  const ValueId x = c.add_external({Shape{6}, DType::f32}, ValueRole::Input);
+  Params two;
+  two.ints = {2};
+  const ValueId chunk = c.add_op(PrimId::reduce_scatter, two, {x})[0];
+  const ValueId gathered = c.add_op(PrimId::all_gather, two, {chunk})[0];
+  EXPECT_EQ(c.info(chunk).shape, Shape{3});
+  EXPECT_EQ(c.info(gathered).shape, Shape{6});
+  const HostTensor in = testing::random_tensor({Shape{6}, DType::f32}, 4);
+  const std::vector<HostTensor> r = execute(c, {in}, {chunk, gathered});
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_FLOAT_EQ(static_cast<float>(r[0].get(i)), static_cast<float>(in.get(i)));  // (x + x) / 2, rank 0's chunk
+    EXPECT_FLOAT_EQ(static_cast<float>(r[1].get(i)), static_cast<float>(in.get(i)));
+    EXPECT_FLOAT_EQ(static_cast<float>(r[1].get(3 + i)), static_cast<float>(in.get(i)));
+  }
+  Circuit bad;
+  const ValueId odd = bad.add_external({Shape{5}, DType::f32}, ValueRole::Input);
+  expect_error([&] { bad.add_op(PrimId::reduce_scatter, two, {odd}); },
+               {"reduce_scatter", "5 values", "2 equal chunks"});
+  Params three;
+  three.ints = {3};
+  Circuit other;
+  const ValueId y = other.add_external({Shape{6}, DType::f32}, ValueRole::Input);
+  const ValueId z = other.add_op(PrimId::reduce_scatter, three, {y})[0];
+  expect_error([&] { execute(other, {in}, {z}); }, {"reduce_scatter", "planned for 3 ranks", "has 2"});
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 // per-run scalars), so every step replays one plan and a traced step needs no re-recording.
 #pragma once
 
+#include <map>
 #include <vector>
 
+#include <kiln/circuit/ir/host_tensor.hpp>
+#include <kiln/circuit/ir/scalar_exp.hpp>
 #include <kiln/core/tensor.hpp>
 
 namespace kiln::optim {
@@ -22,6 +25,17 @@ struct AdamWOptions {
   // each of which starts its all-reduce as soon as the backward has made it (CPU plans). 25 MiB,
   // as PyTorch DDP's buckets.
   size_t bucket_bytes = size_t{25} << 20;
+  // ZeRO stage 1 (`--shard-optimizer`), with several ranks: the parameters, flattened side by side
+  // (f32) and padded to N equal chunks, are updated chunk by chunk, rank r's chunk by rank r, which
+  // alone holds its moments: the gradients are reduce-scattered, the global norm summed from the
+  // chunks, and the updated chunks all-gathered into every rank's parameters. Each element is
+  // computed as without sharding (the same sums in the same order), up to the norm's rounding.
+  bool shard_over_ranks = false;
+};
+
+// Adam's moments of every parameter, whole (a checkpoint's; gathered from the ranks when sharded).
+struct AdamWMoments {
+  std::vector<HostTensor> exp_avg, exp_avg_sq;
 };
 
 class AdamW {
@@ -41,15 +55,44 @@ class AdamW {
   // non-finite norm or loss. A skipped step is taken off the step count here (it waits for the
   // step to finish), so call this after each step before anything reads steps().
   bool last_step_applied();
-  // Adam moments, for checkpoints.
-  const std::vector<Tensor>& exp_avg() const { return m_; }
-  const std::vector<Tensor>& exp_avg_sq() const { return v_; }
+  // Adam's moments of every parameter, whole, for checkpoints. Sharded, every rank must call
+  // whole_moments (it gathers them); set_moments keeps this rank's chunk. set_moments checks
+  // shapes and dtypes against the parameters' (an error names the parameter).
+  AdamWMoments whole_moments() const;
+  void set_moments(const AdamWMoments& moments);
+  // This rank's optimizer-state bytes (its moments).
+  size_t state_bytes() const;
+  bool sharded() const { return shard_ > 0; }
   void set_steps(int64_t t) { t_ = t; }
   void set_lr(double lr) { opts_.lr = lr; }
   int64_t steps() const { return t_; }
 
  private:
-  std::vector<Tensor> params_, m_, v_;
+  struct Scalars {
+    Tensor step_size, inv_sqrt_bc2, decay, no_decay;
+  };
+  // A step's norm (of the averaged gradients' sum of squares, where clipping or skip_non_finite
+  // needs it) and its finiteness guard.
+  void prepare_norm_and_guard(const Tensor& sum_of_squares, const Tensor& loss, double max_grad_norm);
+  // `updated` where the guard's scalars are finite, else `old` (updated itself without a guard).
+  Tensor guarded(const Tensor& updated, const Tensor& old) const;
+  const Scalars& scalars_for(DType dt);
+  // Records one update: m, v assigned, p's new value returned (clipped, guarded).
+  Tensor update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, bool decays);
+  Tensor step_sharded(std::vector<Tensor> grads, const Tensor& local_loss, double max_grad_norm);
+  // Sharded: a parameter's flat elements [begin, end) lie in this rank's chunk at `at`.
+  struct Piece {
+    size_t param;
+    int64_t begin, end, at;
+  };
+
+  std::vector<Tensor> params_;
+  std::vector<Tensor> m_, v_;  // per parameter, or sharded per piece
+  std::vector<Piece> pieces_;
+  int64_t total_ = 0, shard_ = 0;     // sharded: the parameters' elements, a chunk's (N chunks)
+  std::map<DType, Scalars> scalars_;  // the step's, per dtype (made once per recording)
+  double max_grad_norm_ = 0;
+  ScalarExp all_finite_;  // the guard's test over in0 .. in(n-1)
   Tensor last_norm_;
   std::vector<Tensor> guard_;  // skip_non_finite: the scalars that must be finite (norm, loss)
   AdamWOptions opts_;

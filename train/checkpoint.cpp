@@ -30,6 +30,11 @@ void save_checkpoint(const std::string& path, const models::CausalLM& model, con
 
 void save_checkpoint(const std::string& path, const models::CausalLM& model, const optim::AdamW& opt,
                      const Tokenizer* tokenizer, const CheckpointState& state) {
+  save_checkpoint(path, model, opt.whole_moments(), tokenizer, state);
+}
+
+void save_checkpoint(const std::string& path, const models::CausalLM& model, const optim::AdamWMoments& moments,
+                     const Tokenizer* tokenizer, const CheckpointState& state) {
   h5::write_atomically(path, [&](h5::File& f) {
     f.write_attribute("format", std::string("kiln-checkpoint"));
     f.write_attribute("format_version", kCheckpointFormatVersion);
@@ -43,8 +48,8 @@ void save_checkpoint(const std::string& path, const models::CausalLM& model, con
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string ds = dataset_path(params[i].first);
       f.write("model/" + ds, params[i].second.to_host());
-      f.write("exp_avg/" + ds, opt.exp_avg()[i].to_host());
-      f.write("exp_avg_sq/" + ds, opt.exp_avg_sq()[i].to_host());
+      f.write("exp_avg/" + ds, moments.exp_avg.at(i));
+      f.write("exp_avg_sq/" + ds, moments.exp_avg_sq.at(i));
     }
   });
 }
@@ -79,12 +84,12 @@ CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model
                 model.architecture());
   auto params = model.named_parameters();
   std::vector<std::pair<Tensor, HostTensor>> loaded;
+  optim::AdamWMoments moments;
   std::vector<std::string> read;
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string ds = dataset_path(params[i].first);
-    for (const auto& [group, target] : {std::pair<std::string, Tensor>{"model/", params[i].second},
-                                        {"exp_avg/", opt.exp_avg()[i]},
-                                        {"exp_avg_sq/", opt.exp_avg_sq()[i]}}) {
+    for (const std::string group : {"model/", "exp_avg/", "exp_avg_sq/"}) {
+      const Tensor& target = params[i].second;  // the moments have the parameter's shape and dtype
       if (!f.exists(group + ds)) throw Error("checkpoint '" + path + "': dataset '" + group + ds + "' is missing");
       HostTensor h = f.read(group + ds);
       if (h.shape() != target.shape() || h.dtype() != target.dtype())
@@ -96,7 +101,9 @@ CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model
           if (h.get(e) < 0)
             throw Error("checkpoint '" + path + "': dataset '" + group + ds + "' holds a negative second moment (" +
                         std::to_string(h.get(e)) + ") at element " + std::to_string(e));
-      loaded.emplace_back(target, h);
+      if (group == "model/") loaded.emplace_back(target, h);
+      if (group == "exp_avg/") moments.exp_avg.push_back(h);
+      if (group == "exp_avg_sq/") moments.exp_avg_sq.push_back(h);
       read.push_back(group + ds);
     }
   }
@@ -119,6 +126,7 @@ CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model
     throw Error("checkpoint '" + path + "': attribute 'rng_counter' is " + std::to_string(rng_counter) +
                 "; it counts the random values drawn and must be at least 0");
   for (const auto& [t, h] : loaded) Engine::current().write_persistent(*t.impl(), h);
+  opt.set_moments(moments);
   opt.set_steps(state.step);
   Engine::current().manual_seed(rng_seed);
   Engine::current().set_random_counter(static_cast<uint64_t>(rng_counter));

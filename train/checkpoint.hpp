@@ -29,8 +29,13 @@ void save_checkpoint(const std::string& path, const models::CausalLM& model, con
 // The same without a tokenizer (training on pre-tokenized data) when `tokenizer` is null.
 void save_checkpoint(const std::string& path, const models::CausalLM& model, const optim::AdamW& opt,
                      const Tokenizer* tokenizer, const CheckpointState& state);
+// The same with the optimizer's moments given whole (AdamW::whole_moments, which every rank of a
+// sharded optimizer calls before one of them writes: the checkpoint is the same whatever the ranks).
+void save_checkpoint(const std::string& path, const models::CausalLM& model, const optim::AdamWMoments& moments,
+                     const Tokenizer* tokenizer, const CheckpointState& state);
 // Restores weights, moments, the optimizer's step and the engine's RNG state into an existing
-// model and optimizer of the same config; checks everything before changing anything.
+// model and optimizer of the same config; checks everything before changing anything. A sharded
+// optimizer keeps its rank's chunk of the moments (any number of ranks reads any checkpoint).
 CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model, optim::AdamW& opt);
 // The model a checkpoint holds, built (initialized, not loaded: load_checkpoint loads it), and a
 // GPT checkpoint's config.

@@ -5,11 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/core/engine.hpp>
@@ -72,12 +71,12 @@ struct Config {
   }
   bool boolean(const std::string& key, bool fallback) const {
     if (!has(key)) return fallback;
-    if (!doc[key].is_boolean()) throw Error("'" + path + "': setting '" + key + "' is " + shown(key) + ", not true or false");
+    if (!doc[key].is_boolean())
+      throw Error("'" + path + "': setting '" + key + "' is " + shown(key) + ", not true or false");
     return doc[key].get<bool>();
   }
   [[noreturn]] void refuse(const std::string& key, const std::string& why) const {
-    throw Error("'" + path + "': setting " + key + " = " + shown(key) +
-                " is not supported: " + why);
+    throw Error("'" + path + "': setting " + key + " = " + shown(key) + " is not supported: " + why);
   }
 };
 
@@ -106,7 +105,8 @@ models::ModelAttributes gpt_attributes(const Config& c) {
   // kiln's GPT has one dropout rate where GPT-2 has three (embeddings, attention, residual).
   const double resid = c.number("resid_pdrop", 0.1);
   for (const char* key : {"embd_pdrop", "attn_pdrop"})
-    if (c.number(key, 0.1) != resid) c.refuse(key, "kiln's GPT has one dropout rate; resid_pdrop is " + std::to_string(resid));
+    if (c.number(key, 0.1) != resid)
+      c.refuse(key, "kiln's GPT has one dropout rate; resid_pdrop is " + std::to_string(resid));
   models::ModelAttributes a;
   a.set("vocab_size", c.number("vocab_size"));
   a.set("block_size", c.number("n_positions"));
@@ -249,8 +249,7 @@ struct Checkpoint {
 std::vector<HfTensorName> hf_tensor_names(const models::CausalLM& model) {
   std::vector<HfTensorName> out;
   const bool gpt = model.architecture() == "gpt";
-  for (const auto& [name, p] : model.named_parameters())
-    out.push_back({name, name, gpt && is_gpt_conv1d_weight(name)});
+  for (const auto& [name, p] : model.named_parameters()) out.push_back({name, name, gpt && is_gpt_conv1d_weight(name)});
   return out;
 }
 
@@ -357,7 +356,8 @@ void read_tokenizer_json(const std::string& dir, HfImport& out) {
   if (!fs::exists(path)) return;
   const std::string text = read_text_file(path.string());
   if (!HfBpeTokenizer::is_byte_level_bpe(text)) {
-    out.tokenizer_note = "'" + path.string() + "' is not a byte-level BPE tokenizer (GPT-2's or Llama 3's kind): not imported";
+    out.tokenizer_note =
+        "'" + path.string() + "' is not a byte-level BPE tokenizer (GPT-2's or Llama 3's kind): not imported";
     return;
   }
   try {
@@ -367,7 +367,8 @@ void read_tokenizer_json(const std::string& dir, HfImport& out) {
   }
 }
 
-HfImport import_into(const std::string& dir, const std::function<void(const Checkpoint&, const ImportPlan&, HfImport&)>& load,
+HfImport import_into(const std::string& dir,
+                     const std::function<void(const Checkpoint&, const ImportPlan&, HfImport&)>& load,
                      bool empty_parameters) {
   const ModelSpec spec = read_hf_config(dir);
   const Checkpoint ckpt(dir);
@@ -490,7 +491,8 @@ void export_hf_model(const models::CausalLM& model, const std::string& dir, DTyp
   // Files an export would leave stale beside the new ones: refused rather than deleted.
   const bool writes_tokenizer = tokenizer && tokenizer->hf_tokenizer_json();
   if (fs::exists(fs::path(dir) / "model.safetensors.index.json"))
-    throw Error("kiln export: '" + dir + "' holds a sharded checkpoint (model.safetensors.index.json); export into "
+    throw Error("kiln export: '" + dir +
+                "' holds a sharded checkpoint (model.safetensors.index.json); export into "
                 "another directory");
   if (!writes_tokenizer && fs::exists(fs::path(dir) / "tokenizer.json"))
     throw Error("kiln export: '" + dir + "' holds a tokenizer.json that this model's (" +

@@ -11,9 +11,8 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include <kiln/circuit/ir/bf16.hpp>
 #include <kiln/circuit/ir/error.hpp>
@@ -31,8 +30,8 @@ namespace {
 // Element sizes of the format's dtypes (all it defines; kiln converts only the float ones).
 const std::map<std::string, uint64_t>& dtype_sizes() {
   static const std::map<std::string, uint64_t> sizes = {
-      {"BOOL", 1}, {"U8", 1},   {"I8", 1},   {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
-      {"BF16", 2}, {"I32", 4},  {"U32", 4},  {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8}};
   return sizes;
 }
 
@@ -135,7 +134,8 @@ SafetensorsHeader parse_safetensors(std::span<const uint8_t> file, const std::st
     }
     if (!v.is_object()) throw Error(where + " is not an object {dtype, shape, data_offsets}");
     for (const auto& [key, value] : v.items())
-      if (key != "dtype" && key != "shape" && key != "data_offsets") throw Error(where + ": unknown field '" + key + "'");
+      if (key != "dtype" && key != "shape" && key != "data_offsets")
+        throw Error(where + ": unknown field '" + key + "'");
     if (!v.contains("dtype") || !v["dtype"].is_string()) throw Error(where + ": no dtype string");
     if (!v.contains("shape") || !v["shape"].is_array()) throw Error(where + ": no shape array");
     if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
@@ -158,8 +158,9 @@ SafetensorsHeader parse_safetensors(std::span<const uint8_t> file, const std::st
     }
     e.begin = checked_offset(v["data_offsets"][0], where);
     e.end = checked_offset(v["data_offsets"][1], where);
-    if (e.begin > e.end) throw Error(where + ": data_offsets [" + std::to_string(e.begin) + ", " +
-                                     std::to_string(e.end) + ") end before they begin");
+    if (e.begin > e.end)
+      throw Error(where + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                  ") end before they begin");
     if (e.end > data_size)
       throw Error(where + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
                   ") run past the data section's " + std::to_string(data_size) + " bytes");
@@ -218,7 +219,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
-    : path_(std::move(o.path_)), map_(o.map_), size_(o.size_), header_(std::move(o.header_)),
+    : path_(std::move(o.path_)),
+      map_(o.map_),
+      size_(o.size_),
+      header_(std::move(o.header_)),
       by_name_(std::move(o.by_name_)) {
   o.map_ = nullptr;
   o.size_ = 0;
@@ -235,7 +239,8 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
 
 HostTensor SafetensorsFile::read_f32(const SafetensorsEntry& e) const {
   if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16" && e.dtype != "F64")
-    throw Error("'" + path_ + "': tensor '" + e.name + "' is " + e.dtype + "; kiln reads F32, BF16, F16 and F64 weights");
+    throw Error("'" + path_ + "': tensor '" + e.name + "' is " + e.dtype +
+                "; kiln reads F32, BF16, F16 and F64 weights");
   const size_t element = dtype_sizes().at(e.dtype);
   HostTensor out = HostTensor::zeros(DType::f32, Shape(e.shape));
   float* dst = out.data<float>();
@@ -289,7 +294,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
     if (s.name == "__metadata__" || !names.insert(s.name).second)
       throw Error("write_safetensors '" + path + "': the name '" + s.name + "' is reserved or given twice");
     const uint64_t bytes = static_cast<uint64_t>(s.shape.numel()) * dtype_size(s.dtype);
-    header[s.name] = {{"dtype", safetensors_dtype_name(s.dtype)}, {"shape", s.shape.dims()}, {"data_offsets", {at, at + bytes}}};
+    header[s.name] = {
+        {"dtype", safetensors_dtype_name(s.dtype)}, {"shape", s.shape.dims()}, {"data_offsets", {at, at + bytes}}};
     at += bytes;
   }
   std::string text = header.dump();

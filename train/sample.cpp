@@ -27,7 +27,8 @@ int32_t draw(const HostTensor& logits, int64_t offset, int64_t usable, const Sam
   double mx = -INFINITY;
   for (int64_t v = 0; v < usable; ++v) mx = std::max(mx, logits.get(offset + v) / opts.temperature);
   std::vector<double> p(static_cast<size_t>(usable));
-  for (int64_t v = 0; v < usable; ++v) p[static_cast<size_t>(v)] = std::exp(logits.get(offset + v) / opts.temperature - mx);
+  for (int64_t v = 0; v < usable; ++v)
+    p[static_cast<size_t>(v)] = std::exp(logits.get(offset + v) / opts.temperature - mx);
   if ((opts.top_k > 0 && opts.top_k < usable) || opts.top_p < 1) {
     std::vector<int32_t> order(static_cast<size_t>(usable));
     std::iota(order.begin(), order.end(), 0);
@@ -131,7 +132,8 @@ void sample_cached(const models::CausalLM& model, nn::KVCache& cache, std::vecto
 std::string sample_text(const models::CausalLM& model, const Tokenizer& tokenizer, const std::string& prompt,
                         const SampleOptions& opts) {
   if (!(opts.temperature >= 0.0) || std::isinf(opts.temperature))
-    throw Error("sample: temperature must be finite and >= 0 (0: greedy), received " + std::to_string(opts.temperature));
+    throw Error("sample: temperature must be finite and >= 0 (0: greedy), received " +
+                std::to_string(opts.temperature));
   if (opts.top_k < 0) throw Error("sample: top_k must be >= 0 (0: off), received " + std::to_string(opts.top_k));
   if (!(opts.top_p > 0.0 && opts.top_p <= 1.0))
     throw Error("sample: top_p must lie in (0, 1] (1: off), received " + std::to_string(opts.top_p));

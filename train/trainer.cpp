@@ -29,6 +29,7 @@ optim::AdamWOptions adamw_options(const TrainOptions& o) {
   a.beta2 = o.beta2;
   a.weight_decay = o.weight_decay;
   a.bucket_bytes = o.bucket_bytes;
+  a.shard_over_ranks = o.shard_optimizer;
   a.skip_non_finite = true;  // the update is always guarded; run() decides whether to go on
   return a;
 }
@@ -100,6 +101,14 @@ TrainResult Trainer::run() {
                             comm.size()));
   broadcast_from_rank0(model_.parameters());
   const bool writes = comm.rank() == 0;
+  if (comm.size() > 1) {
+    size_t whole = 0;  // unsharded: two moments of every parameter
+    for (const Tensor& p : model_.parameters()) whole += 2 * static_cast<size_t>(p.numel()) * dtype_size(p.dtype());
+    spdlog::info("optimizer state: {:.3f} MiB on rank 0{} ({:.3f} MiB whole)",
+                 static_cast<double>(opt_.state_bytes()) / (1 << 20),
+                 opt_.sharded() ? fmt::format(", sharded over {} ranks", comm.size()) : std::string(", not sharded"),
+                 static_cast<double>(whole) / (1 << 20));
+  }
   // Each rank its own random streams (dropout masks), rank 0 keeping the run's (the one its
   // checkpoints record, from which every rank derives its own again on resume).
   if (comm.rank() > 0) {
@@ -127,7 +136,10 @@ TrainResult Trainer::run() {
   int64_t timed = 0;
   int64_t skipped_in_a_row = 0;
   auto save = [&](const std::string& path) {
-    if (writes) save_checkpoint(path, model_, opt_, tokenizer_, {step_, data_seed_});
+    // A sharded optimizer's moments are gathered by every rank; one writes them.
+    if (!writes && !opt_.sharded()) return;
+    const optim::AdamWMoments moments = opt_.whole_moments();
+    if (writes) save_checkpoint(path, model_, moments, tokenizer_, {step_, data_seed_});
   };
   const InterruptGuard interrupts;
   std::unique_ptr<TracedStep> traced;  // made by the first step when opts_.traced

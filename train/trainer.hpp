@@ -22,6 +22,7 @@ struct TrainOptions {
   // alive), for a batch larger than memory or few ranks allow. It must divide the rank's share.
   int64_t grad_accum = 1;
   size_t bucket_bytes = size_t{25} << 20;  // data parallel: AdamWOptions::bucket_bytes
+  bool shard_optimizer = false;            // data parallel: AdamWOptions::shard_over_ranks (ZeRO-1)
   int64_t steps = 1000;
   double lr = 1e-3, min_lr = 1e-4;
   int64_t warmup = 100;

@@ -1,4 +1,5 @@
 // The single-process communicator and the current one.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -30,6 +31,11 @@ class NoopCollectives final : public Communicator {
   void all_reduce_sum(double*, int64_t) override {}
   void start_all_reduce_sum(float*, int64_t) override {}
   void start_all_reduce_sum(double*, int64_t) override {}
+  void reduce_scatter_sum(float*, int64_t) override {}
+  void reduce_scatter_sum(double*, int64_t) override {}
+  // The other chunks get this rank's own (the same bytes moved; finite values for the update).
+  void all_gather(float* data, int64_t n) override { fill_with_own_chunk(data, n); }
+  void all_gather(double* data, int64_t n) override { fill_with_own_chunk(data, n); }
   void broadcast(void* data, int64_t n, int root) override { inner_->broadcast(data, n, root); }
   void barrier() override { inner_->barrier(); }
   [[noreturn]] void abort(int code) override {
@@ -38,6 +44,15 @@ class NoopCollectives final : public Communicator {
   }
 
  private:
+  template <class T>
+  void fill_with_own_chunk(T* data, int64_t n) {
+    const int p = size();
+    const int64_t own = rank() * n / p, length = (rank() + 1) * n / p - own;
+    for (int k = 0; k < p; ++k) {
+      const int64_t begin = k * n / p, count = std::min(length, (k + 1) * n / p - begin);
+      if (k != rank()) std::copy(data + own, data + own + count, data + begin);
+    }
+  }
   std::shared_ptr<Communicator> inner_;
 };
 

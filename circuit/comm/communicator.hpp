@@ -36,12 +36,30 @@ class Communicator {
   virtual void progress() {}
   // Seconds this rank has spent waiting for collectives to complete, since it joined.
   virtual double seconds_waited() const { return 0.0; }
+  // ZeRO's halves of an all-reduce over data[0, n) cut in size() chunks, chunk k = [k n / size(),
+  // (k + 1) n / size()) kept by rank k. reduce_scatter_sum: this rank's chunk becomes the sum over
+  // the ranks (the rest is left undefined); all_gather: every rank's chunk reaches every rank's
+  // data. Here: an all-reduce of the whole buffer, and an all-reduce of the buffer with every
+  // chunk but this rank's zeroed (x + 0 is x).
+  virtual void reduce_scatter_sum(float* data, int64_t n) { all_reduce_sum(data, n); }
+  virtual void reduce_scatter_sum(double* data, int64_t n) { all_reduce_sum(data, n); }
+  virtual void all_gather(float* data, int64_t n) { gather_by_all_reduce(data, n); }
+  virtual void all_gather(double* data, int64_t n) { gather_by_all_reduce(data, n); }
   // Rank `root`'s bytes [0, n) reach every rank's data.
   virtual void broadcast(void* data, int64_t n, int root) = 0;
   virtual void barrier() = 0;
   // Ends every rank of the job now (after an error on this one: the others may be waiting in a
   // collective); does not return.
   [[noreturn]] virtual void abort(int code) = 0;
+
+ private:
+  template <class T>
+  void gather_by_all_reduce(T* data, int64_t n) {
+    const int64_t begin = rank() * n / size(), end = (rank() + 1) * n / size();
+    for (int64_t i = 0; i < n; ++i)
+      if (i < begin || i >= end) data[i] = T(0);
+    all_reduce_sum(data, n);
+  }
 };
 
 // The communicator steps use: one rank unless set_world installed another.

@@ -64,7 +64,7 @@ class ChunkExchange {
         tag_(tag),
         scratch_(std::move(scratch)) {
     reducing_ = phases_ != Phases::gather;
-    if (reducing_) scratch_.resize(static_cast<size_t>(p_) * static_cast<size_t>(n_ / p_ + 1));
+    if (reducing_) scratch_.resize(static_cast<size_t>(p_ - 1) * static_cast<size_t>(n_ / p_ + 1));
     post();
   }
   // True once every phase is done.
@@ -87,7 +87,10 @@ class ChunkExchange {
  private:
   int64_t begin(int k) const { return static_cast<int64_t>(k) * n_ / p_; }
   int64_t length(int k) const { return begin(k + 1) - begin(k); }
-  T* slot(int q) { return scratch_.data() + static_cast<size_t>(q) * static_cast<size_t>(n_ / p_ + 1); }
+  // Where rank q's part of this rank's chunk arrives (a slot per other rank).
+  T* slot(int q) {
+    return scratch_.data() + static_cast<size_t>(q < rank_ ? q : q - 1) * static_cast<size_t>(n_ / p_ + 1);
+  }
   void post() {
     requests_.assign(2 * static_cast<size_t>(p_ - 1), MPI_REQUEST_NULL);
     size_t at = 0;
@@ -156,8 +159,28 @@ class MpiCommunicator final : public Communicator {
     start_all_reduce_sum(data, n);
     finish_all_reduce(data);
   }
-  void start_all_reduce_sum(float* data, int64_t n) override { start(data, n, MPI_FLOAT, "f32", f32_scratch_); }
-  void start_all_reduce_sum(double* data, int64_t n) override { start(data, n, MPI_DOUBLE, "f64", f64_scratch_); }
+  void start_all_reduce_sum(float* data, int64_t n) override {
+    start(data, n, Phases::both, MPI_FLOAT, "f32", f32_scratch_);
+  }
+  void start_all_reduce_sum(double* data, int64_t n) override {
+    start(data, n, Phases::both, MPI_DOUBLE, "f64", f64_scratch_);
+  }
+  void reduce_scatter_sum(float* data, int64_t n) override {
+    start(data, n, Phases::reduce, MPI_FLOAT, "f32", f32_scratch_);
+    finish_all_reduce(data);
+  }
+  void reduce_scatter_sum(double* data, int64_t n) override {
+    start(data, n, Phases::reduce, MPI_DOUBLE, "f64", f64_scratch_);
+    finish_all_reduce(data);
+  }
+  void all_gather(float* data, int64_t n) override {
+    start(data, n, Phases::gather, MPI_FLOAT, "f32", f32_scratch_);
+    finish_all_reduce(data);
+  }
+  void all_gather(double* data, int64_t n) override {
+    start(data, n, Phases::gather, MPI_DOUBLE, "f64", f64_scratch_);
+    finish_all_reduce(data);
+  }
   void finish_all_reduce(const void* data) override {
     auto it = std::find_if(in_flight_.begin(), in_flight_.end(), [&](const InFlight& f) { return f.data == data; });
     if (it == in_flight_.end())
@@ -225,8 +248,15 @@ class MpiCommunicator final : public Communicator {
     return done != 0;
   }
   template <class T>
-  void start(T* data, int64_t n, MPI_Datatype type, const char* dtype, std::vector<std::vector<T>>& scratch) {
-    InFlight f{data, fmt::format("all-reduce of {} {} values", n, dtype), {}, nullptr, nullptr};
+  void start(T* data, int64_t n, Phases phases, MPI_Datatype type, const char* dtype,
+             std::vector<std::vector<T>>& scratch) {
+    const char* what = phases == Phases::both     ? "all-reduce"
+                       : phases == Phases::reduce ? "reduce-scatter"
+                                                  : "all-gather";
+    InFlight f{data, fmt::format("{} of {} {} values", what, n, dtype), {}, nullptr, nullptr};
+    if (phases != Phases::both && n / size_ + 1 >= std::numeric_limits<int>::max())
+      throw Error(
+          fmt::format("{} of {} values over {} ranks: a rank's chunk is more than an MPI count holds", what, n, size_));
     if (n / size_ + 1 < std::numeric_limits<int>::max()) {
       const int tag = kFirstTag + static_cast<int>(started_++ % kTags);
       std::vector<T> buffer;
@@ -234,8 +264,7 @@ class MpiCommunicator final : public Communicator {
         buffer = std::move(scratch.back());
         scratch.pop_back();
       }
-      auto exchange =
-          std::make_unique<ChunkExchange<T>>(data, n, Phases::both, type, rank_, size_, tag, std::move(buffer));
+      auto exchange = std::make_unique<ChunkExchange<T>>(data, n, phases, type, rank_, size_, tag, std::move(buffer));
       if constexpr (std::is_same_v<T, float>)
         f.f32_exchange = std::move(exchange);
       else

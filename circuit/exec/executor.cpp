@@ -198,7 +198,7 @@ void Program::store_updates_in_their_buffers() {
   // A collective's finish may still fail (a rank that died), so it ends the safe tail too.
   int safe_from = end;
   auto cannot_fail = [](const Op& op) {
-    return (op.prim->side_effect || op.prim->may_overwrite) && !op.is(PrimId::all_reduce);
+    return (op.prim->side_effect || op.prim->may_overwrite) && !is_collective(op);
   };
   while (safe_from > 0 && cannot_fail(ops[static_cast<size_t>(safe_from - 1)])) --safe_from;
   // Per persistent buffer: how often it is assigned, its new contents, and its old contents'

@@ -31,7 +31,7 @@ namespace kiln {
   X(fused_matmul)                                              \
   X(column_sums)                                               \
   X(attention) X(attention_grad)                              \
-  X(all_reduce)                                                \
+  X(all_reduce) X(reduce_scatter) X(all_gather)                \
   X(user)
 // clang-format on
 

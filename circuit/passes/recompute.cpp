@@ -8,6 +8,7 @@
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/circuit/passes/contract.hpp>
 #include <kiln/circuit/passes/recompute.hpp>
+#include <kiln/circuit/prims/prim_params.hpp>
 
 namespace kiln {
 
@@ -67,7 +68,7 @@ bool cheap(const Op& op) {
 
 // Work a checkpointed block may do again: any but side effects, collectives and user Prims
 // (whose references need not give the same values twice).
-bool repeatable(const Op& op) { return !op.prim->side_effect && !op.is(PrimId::all_reduce) && !op.is(PrimId::user); }
+bool repeatable(const Op& op) { return !op.prim->side_effect && !is_collective(op) && !op.is(PrimId::user); }
 
 // Per op, the block it is in (an index in order of first appearance among forward ops), or -1.
 std::vector<int> blocks_of_ops(const Circuit& c, int* count) {

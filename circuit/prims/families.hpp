@@ -24,7 +24,7 @@ void register_multi_tensor(PrimRegistry& r);  // multi_tensor (built by the mult
 void register_fused_matmul(PrimRegistry& r);  // fused_matmul (built by the matmul fusion)
 void register_column_sums(PrimRegistry& r);   // column_sums (built by the column fusion)
 void register_attention(PrimRegistry& r);     // attention (made before differentiation), attention_grad (its VJP's)
-void register_all_reduce(PrimRegistry& r);    // all_reduce (data-parallel gradient averaging)
+void register_all_reduce(PrimRegistry& r);    // all_reduce (data parallelism), reduce_scatter (ZeRO-1), all_gather (ZeRO-1)
 
 inline void register_all_prims(PrimRegistry& r) {
   register_pointwise(r);

@@ -63,6 +63,9 @@ struct MatmulParams {
 // splits a CPU plan's all_reduce into a start, as soon as its bucket is made, and a finish, just
 // before the bucket's first reader, so that the collective runs while the backward goes on.
 enum class AllReduceStage : int64_t { whole = 0, start = 1, finish = 2 };
+// all_reduce, reduce_scatter, all_gather: ops that talk to the other ranks. They are never run
+// twice (the tuner times no such op), never recomputed, and may fail (a rank that died).
+bool is_collective(const Op& op);
 struct AllReduceParams {
   AllReduceStage stage = AllReduceStage::whole;
   static AllReduceParams of(const Op& op);

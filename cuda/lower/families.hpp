@@ -44,7 +44,7 @@ void register_multi_tensor_lowering(LoweringTable& t);  // multi_tensor
 void register_fused_matmul_lowering(LoweringTable& t);  // fused_matmul
 void register_column_sums_lowering(LoweringTable& t);   // column_sums
 void register_attention_lowering(LoweringTable& t);     // attention, attention_grad
-void register_all_reduce_lowering(LoweringTable& t);    // all_reduce
+void register_all_reduce_lowering(LoweringTable& t);    // all_reduce, reduce_scatter, all_gather
 
 inline void register_all_lowerings(LoweringTable& t) {
   register_pointwise_lowering(t);

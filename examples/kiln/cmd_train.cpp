@@ -64,6 +64,9 @@ int cmd_train(const std::vector<std::string>& argv) {
               {"collectives",
                "data parallel: auto (default: on GPUs NCCL where it loads), nccl or host (GPUs); noop (CPU): every "
                "all-reduce a local no-op, the baseline of the exposed communication time"},
+              {"shard-optimizer",
+               "data parallel on the CPU: each rank updates and keeps AdamW's moments for 1/N of the parameters "
+               "(ZeRO-1: gradients reduce-scattered, parameters all-gathered); checkpoints stay whole"},
               {"bucket-mb",
                "data parallel: gradients averaged in buckets of at most this many MiB, each started as soon as the "
                "backward has made it (default 25)"},
@@ -80,7 +83,8 @@ int cmd_train(const std::vector<std::string>& argv) {
              true))))),
          "usage: kiln train [options]\n\nTrains a GPT (GPT-2 architecture) or a Llama (--model llama) with AdamW on a "
          "text corpus (char, byte or BPE tokens)\nor on a pre-tokenized token file.",
-         with_target_switches(with_model_switches({"stats", "deterministic", "no-trace", "skip-non-finite"})));
+         with_target_switches(
+             with_model_switches({"stats", "deterministic", "no-trace", "skip-non-finite", "shard-optimizer"})));
   if (a.help()) {
     a.print_help();
     return 0;
@@ -129,6 +133,9 @@ int cmd_train(const std::vector<std::string>& argv) {
   TrainOptions o;
   o.batch = a.integer("batch", 16, 1);
   o.grad_accum = a.integer("grad-accum", 1, 1);
+  o.shard_optimizer = a.has("shard-optimizer");
+  if (o.shard_optimizer && device.device == Device::CUDA)
+    throw Error("--shard-optimizer: for CPU steps so far (a GPU step has no reduce-scatter or all-gather yet)");
   o.bucket_bytes = static_cast<size_t>(a.real("bucket-mb", 25.0, 1.0 / 1024, 1 << 20) * (1 << 20));
   o.steps = a.integer("steps", 2000, 1);
   o.stop_at = a.integer("stop-at", 0, 0);

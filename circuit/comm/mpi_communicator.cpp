@@ -151,36 +151,14 @@ class MpiCommunicator final : public Communicator {
   std::string backend() const override { return "MPI (" + library_ + ")"; }
   // A blocking sum is a started one finished at once: the same algorithm for the same buffer,
   // so that overlapped and blocking runs agree to the bit.
-  void all_reduce_sum(float* data, int64_t n) override {
-    start_all_reduce_sum(data, n);
-    finish_all_reduce(data);
-  }
-  void all_reduce_sum(double* data, int64_t n) override {
-    start_all_reduce_sum(data, n);
-    finish_all_reduce(data);
-  }
-  void start_all_reduce_sum(float* data, int64_t n) override {
-    start(data, n, Phases::both, MPI_FLOAT, "f32", f32_scratch_);
-  }
-  void start_all_reduce_sum(double* data, int64_t n) override {
-    start(data, n, Phases::both, MPI_DOUBLE, "f64", f64_scratch_);
-  }
-  void reduce_scatter_sum(float* data, int64_t n) override {
-    start(data, n, Phases::reduce, MPI_FLOAT, "f32", f32_scratch_);
-    finish_all_reduce(data);
-  }
-  void reduce_scatter_sum(double* data, int64_t n) override {
-    start(data, n, Phases::reduce, MPI_DOUBLE, "f64", f64_scratch_);
-    finish_all_reduce(data);
-  }
-  void all_gather(float* data, int64_t n) override {
-    start(data, n, Phases::gather, MPI_FLOAT, "f32", f32_scratch_);
-    finish_all_reduce(data);
-  }
-  void all_gather(double* data, int64_t n) override {
-    start(data, n, Phases::gather, MPI_DOUBLE, "f64", f64_scratch_);
-    finish_all_reduce(data);
-  }
+  void all_reduce_sum(float* data, int64_t n) override { now(data, n, Phases::both); }
+  void all_reduce_sum(double* data, int64_t n) override { now(data, n, Phases::both); }
+  void start_all_reduce_sum(float* data, int64_t n) override { start(data, n, Phases::both); }
+  void start_all_reduce_sum(double* data, int64_t n) override { start(data, n, Phases::both); }
+  void reduce_scatter_sum(float* data, int64_t n) override { now(data, n, Phases::reduce); }
+  void reduce_scatter_sum(double* data, int64_t n) override { now(data, n, Phases::reduce); }
+  void all_gather(float* data, int64_t n) override { now(data, n, Phases::gather); }
+  void all_gather(double* data, int64_t n) override { now(data, n, Phases::gather); }
   void finish_all_reduce(const void* data) override {
     auto it = std::find_if(in_flight_.begin(), in_flight_.end(), [&](const InFlight& f) { return f.data == data; });
     if (it == in_flight_.end())
@@ -248,8 +226,21 @@ class MpiCommunicator final : public Communicator {
     return done != 0;
   }
   template <class T>
-  void start(T* data, int64_t n, Phases phases, MPI_Datatype type, const char* dtype,
-             std::vector<std::vector<T>>& scratch) {
+  void now(T* data, int64_t n, Phases phases) {
+    start(data, n, phases);
+    finish_all_reduce(data);
+  }
+  template <class T>
+  void start(T* data, int64_t n, Phases phases) {
+    constexpr bool f32 = std::is_same_v<T, float>;
+    const MPI_Datatype type = f32 ? MPI_FLOAT : MPI_DOUBLE;
+    const char* dtype = f32 ? "f32" : "f64";
+    std::vector<std::vector<T>>& scratch = [this]() -> std::vector<std::vector<T>>& {
+      if constexpr (f32)
+        return f32_scratch_;
+      else
+        return f64_scratch_;
+    }();
     const char* what = phases == Phases::both     ? "all-reduce"
                        : phases == Phases::reduce ? "reduce-scatter"
                                                   : "all-gather";
@@ -265,7 +256,7 @@ class MpiCommunicator final : public Communicator {
         scratch.pop_back();
       }
       auto exchange = std::make_unique<ChunkExchange<T>>(data, n, phases, type, rank_, size_, tag, std::move(buffer));
-      if constexpr (std::is_same_v<T, float>)
+      if constexpr (f32)
         f.f32_exchange = std::move(exchange);
       else
         f.f64_exchange = std::move(exchange);

@@ -48,6 +48,9 @@ class LateWorld final : public Communicator {
     started.erase(it);
   }
   void progress() override { ++progress_calls; }
+  void finish_all_started() override {
+    while (!started.empty()) finish_all_reduce(started.front().data);
+  }
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
@@ -123,6 +126,30 @@ TEST(OverlapCollectives, EachBucketStartsWhenMadeAndFinishesBeforeItsFirstReader
         << i;
   EXPECT_EQ(late->finished, 2);
   EXPECT_GT(late->progress_calls, 0);  // ops ran while a collective was in flight
+}
+
+// A run that fails between a start and its finish (an index out of range) waits for the started
+// collective before it returns the error: its buffer belongs to the plan's next run.
+TEST(OverlapCollectives, ARunThatFailsFinishesTheCollectivesItStarted) {
+  Circuit c;
+  const ValueId a = c.add_external({Shape{4, 3}, DType::f32}, ValueRole::Input);
+  const ValueId table = c.add_external({Shape{5, 3}, DType::f32}, ValueRole::Input);
+  const ValueId idx = c.add_external({Shape{2}, DType::i32}, ValueRole::Input);
+  Builder bl(c);
+  const ValueId flat = bl.reshape(bl.mul(a, a), Shape{12});
+  const ValueId rows = bl.gather_rows(table, idx);  // between the start and the finish
+  const ValueId mean = c.add_op(PrimId::all_reduce, {}, {flat})[0];
+  std::vector<ValueId> outputs{bl.add(mean, mean), rows};
+  const Circuit got = overlap_collectives(c, outputs, cpu_target());
+  auto late = std::make_shared<LateWorld>();
+  ScopedWorld scoped(late);
+  HostTensor bad = HostTensor::zeros(DType::i32, Shape{2});
+  bad.set(1, 9);  // out of range
+  const std::vector<HostTensor> in{testing::random_tensor({Shape{4, 3}, DType::f32}, 1),
+                                   testing::random_tensor({Shape{5, 3}, DType::f32}, 2), bad};
+  expect_error([&] { Program(got, outputs).run(in); }, {"gather_rows"});
+  EXPECT_TRUE(late->started.empty());
+  EXPECT_EQ(late->finished, 1);
 }
 
 // A GPT step with AdamW and clipping on two (fake) ranks, gradients in buckets of 4 KiB: with the

@@ -242,7 +242,7 @@ AdamWMoments AdamW::whole_moments() const {
   return out;
 }
 
-void AdamW::set_moments(const AdamWMoments& moments) {
+void AdamW::check_moments(const AdamWMoments& moments) const {
   if (moments.exp_avg.size() != params_.size() || moments.exp_avg_sq.size() != params_.size())
     throw Error(fmt::format("AdamW: moments for {} and {} parameters, the optimizer has {}", moments.exp_avg.size(),
                             moments.exp_avg_sq.size(), params_.size()));
@@ -252,6 +252,10 @@ void AdamW::set_moments(const AdamWMoments& moments) {
         throw Error(fmt::format("AdamW: a moment of '{}' is {}{}, the parameter {}{}", params_[i].name(),
                                 dtype_name(h->dtype()), h->shape().str(), dtype_name(params_[i].dtype()),
                                 params_[i].shape().str()));
+}
+
+void AdamW::set_moments(const AdamWMoments& moments) {
+  check_moments(moments);
   Engine& engine = Engine::current();
   if (!sharded()) {
     for (size_t i = 0; i < params_.size(); ++i) {

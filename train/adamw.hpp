@@ -60,6 +60,7 @@ class AdamW {
   // shapes and dtypes against the parameters' (an error names the parameter).
   AdamWMoments whole_moments() const;
   void set_moments(const AdamWMoments& moments);
+  void check_moments(const AdamWMoments& moments) const;  // set_moments' checks alone
   // This rank's optimizer-state bytes (its moments).
   size_t state_bytes() const;
   bool sharded() const { return shard_ > 0; }

@@ -125,6 +125,7 @@ CheckpointState load_checkpoint(const std::string& path, models::CausalLM& model
   if (rng_counter < 0)
     throw Error("checkpoint '" + path + "': attribute 'rng_counter' is " + std::to_string(rng_counter) +
                 "; it counts the random values drawn and must be at least 0");
+  opt.check_moments(moments);  // before anything changes
   for (const auto& [t, h] : loaded) Engine::current().write_persistent(*t.impl(), h);
   opt.set_moments(moments);
   opt.set_steps(state.step);

@@ -34,6 +34,9 @@ class Communicator {
   virtual void start_all_reduce_sum(double* data, int64_t n) { all_reduce_sum(data, n); }
   virtual void finish_all_reduce(const void* /*data*/) {}
   virtual void progress() {}
+  // Waits for every started collective (a run that failed between a start and its finish: their
+  // buffers are about to be reused). Throws, as a finish does, when the other ranks do not come.
+  virtual void finish_all_started() {}
   // Seconds this rank has spent waiting for collectives to complete, since it joined.
   virtual double seconds_waited() const { return 0.0; }
   // ZeRO's halves of an all-reduce over data[0, n) cut in size() chunks, chunk k = [k n / size(),
@@ -67,10 +70,11 @@ Communicator& world();
 std::shared_ptr<Communicator> shared_world();  // the same, to wrap or keep
 void set_world(std::shared_ptr<Communicator> c);
 
-// `comm` whose step collectives (the all-reduces, started or whole) are local no-ops of the same
-// size: they leave each rank's data as it is (`--collectives noop`, which measures a step's
-// exposed communication time: the step's time less this one's). Broadcasts and barriers still
-// reach the other ranks (a run's start stays in step).
+// `comm` whose sums and gathers (all-reduces, started or whole, reduce-scatters, all-gathers)
+// are local no-ops of the same size: each rank's data stays its own (a step's mean is then its
+// own values divided by N, the scaling still run), so that `--collectives noop` measures a
+// step's exposed communication time: the step's time less this one's. Broadcasts and barriers
+// still reach the other ranks (a run's start stays in step).
 std::shared_ptr<Communicator> with_noop_collectives(std::shared_ptr<Communicator> comm);
 
 // Whether an MPI launcher (mpirun, srun) started this process as one of several.

@@ -172,6 +172,9 @@ class MpiCommunicator final : public Communicator {
     in_flight_.erase(it);
   }
   double seconds_waited() const override { return seconds_waited_; }
+  void finish_all_started() override {
+    while (!in_flight_.empty()) finish_all_reduce(in_flight_.front().data);
+  }
   void progress() override {
     for (InFlight& f : in_flight_) advance(f);
   }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <iterator>
 #include <map>
 #include <string>
@@ -417,6 +418,17 @@ std::vector<HostTensor> Program::run(const std::vector<HostTensor>& bindings) co
   std::vector<ValueInfo> out_info;
   std::vector<HostTensor> planned;
   int collectives_in_flight = 0;  // all_reduce starts not yet finished (overlap_collectives)
+  // A run that fails with collectives in flight waits for them before its buffers are reused
+  // (their messages still arrive there); if that fails too, the first error is the one reported.
+  struct FinishStartedOnFailure {
+    const int& in_flight;
+    ~FinishStartedOnFailure() {
+      if (in_flight > 0 && std::uncaught_exceptions() > 0) try {
+          world().finish_all_started();
+        } catch (...) {
+        }
+    }
+  } finish_started{collectives_in_flight};
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     if (constant_op_[i] && constants_ready_) continue;

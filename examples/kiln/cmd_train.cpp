@@ -134,6 +134,10 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.batch = a.integer("batch", 16, 1);
   o.grad_accum = a.integer("grad-accum", 1, 1);
   o.shard_optimizer = a.has("shard-optimizer");
+  if (o.shard_optimizer && a.str("collectives", "auto") == "noop")
+    throw Error(
+        "--shard-optimizer with --collectives noop: the moments a checkpoint gathers would be this rank's "
+        "alone (time the collectives with kiln bench under mpirun)");
   if (o.shard_optimizer && device.device == Device::CUDA)
     throw Error("--shard-optimizer: for CPU steps so far (a GPU step has no reduce-scatter or all-gather yet)");
   o.bucket_bytes = static_cast<size_t>(a.real("bucket-mb", 25.0, 1.0 / 1024, 1 << 20) * (1 << 20));

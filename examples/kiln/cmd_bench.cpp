@@ -125,10 +125,11 @@ int print_plan_memory(const std::function<std::vector<Tensor>()>& record, const 
   return 0;
 }
 
-// The exposed communication time: the traced step's median time less the median of the same
-// step with every all-reduce a local no-op of the same size (`--collectives noop`), in turns (a
-// shared machine's load changes within seconds). Each timed step starts after a barrier, so that
-// a rank's head start is not counted as its collective's time.
+// The exposed communication time: the median over turns of the traced step's time less the same
+// step's with every all-reduce a local no-op of the same size (`--collectives noop`), the two
+// taken in each turn (a shared machine's load changes within seconds). Each timed step starts
+// after a barrier, so that a rank's head start is not counted as its collective's time. CPU steps
+// (a GPU step's all-reduce is its device collective's).
 void print_exposed_communication(TracedStep& traced, const HostTensor& ids, const std::shared_ptr<Communicator>& real,
                                  int64_t steps) {
   const std::shared_ptr<Communicator> noop = with_noop_collectives(real);
@@ -297,7 +298,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
         static_cast<double>(t.counters.storage_allocations) / n,
         static_cast<double>(t.counters.storage_bytes) / n / 1024);
   std::printf("matmul FLOPs per step (forward + backward): %.3f GFLOP -> %.1f GFLOP/s\n", flops / 1e9, achieved);
-  if (world().size() > 1 && a.str("collectives", "auto") != "noop")
+  if (world().size() > 1 && device.device != Device::CUDA && a.str("collectives", "auto") != "noop")
     print_exposed_communication(traced, ids, ranks, steps);
   if (device.device == Device::CUDA) return 0;
   const Program& program = *Engine::current().last_plan()->program;

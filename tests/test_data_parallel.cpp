@@ -103,6 +103,15 @@ double weights_distance(const fs::path& got, const fs::path& want) {
   return worst;
 }
 
+// The largest relative distance between two runs' losses, step by step.
+double worst_relative(const std::vector<double>& got, const std::vector<double>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    worst = std::max(worst, std::fabs(got[i] - want[i]) / std::fabs(want[i]));
+  return worst;
+}
+
 // kiln train on the corpus in `dir`: a small GPT, 20 steps, a global batch of 6, `threads` threads;
 // its buffers poisoned, as the suite's own (tests/test_environment.cpp).
 std::string train_command(const fs::path& dir, const std::string& tag, int threads = 1) {
@@ -149,8 +158,7 @@ TEST(DataParallel, RanksAndMicroBatchesTrainAsOneProcessOnTheSameGlobalBatch) {
     }
     const std::vector<double> many = losses(dir / (tag + ".jsonl"));
     ASSERT_EQ(many.size(), one.size());
-    double worst = 0;
-    for (size_t i = 0; i < one.size(); ++i) worst = std::max(worst, std::fabs(many[i] - one[i]) / one[i]);
+    const double worst = worst_relative(many, one);
     EXPECT_LT(worst, 1e-5) << tag;
     const double worst_weight = weights_distance(dir / (tag + ".h5"), dir / "one.h5");
     EXPECT_LT(worst_weight, 1e-5) << tag;
@@ -298,14 +306,6 @@ TEST(DataParallel, OverlappedAllReducesEqualTheBlockingOnes) {
   ASSERT_EQ(status, 0) << read(dir / "noop.log");
   EXPECT_NE(read(dir / "noop.log").find("--collectives noop"), std::string::npos) << read(dir / "noop.log");
   fs::remove_all(dir);
-}
-
-double worst_relative(const std::vector<double>& got, const std::vector<double>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double worst = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
-    worst = std::max(worst, std::fabs(got[i] - want[i]) / std::fabs(want[i]));
-  return worst;
 }
 
 // "optimizer state: X MiB on rank 0, ... (Y MiB whole)" of a training log: {X, Y}.

@@ -4,6 +4,7 @@
 // (GpuCollective.*) NCCL over one rank inside a step's CUDA graph.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include <kiln/circuit/comm/communicator.hpp>
+#include <kiln/circuit/exec/executor.hpp>
 #include <kiln/circuit/ir/error.hpp>
 #include <kiln/core/engine.hpp>
 #include <kiln/cuda/driver/fake_driver.hpp>
@@ -24,6 +26,7 @@
 #include <kiln/train/adamw.hpp>
 
 #include "device_test_util.hpp"
+#include "expect_error.hpp"
 #include "prim_test_util.hpp"
 
 namespace kiln {
@@ -157,6 +160,87 @@ TEST(FakeGpuCollective, APlanAveragingOverRanksNeedsAMatchingDeviceCollective) {
   }
 }
 
+// Rank 1 of two, whose peer (rank 0) holds `peer` in every element: a reduce-scatter adds it, an
+// all-gather brings it as rank 0's chunk. Rank 1, so that a chunk taken at the wrong rank's offset
+// shows.
+class SecondOfTwo final : public Communicator {
+ public:
+  explicit SecondOfTwo(float peer) : peer_(peer) {}
+  int rank() const override { return 1; }
+  int size() const override { return 2; }
+  std::string backend() const override { return "rank 1 of two (test)"; }
+  void all_reduce_sum(float* data, int64_t n) override { std::for_each(data, data + n, [&](float& x) { x += peer_; }); }
+  void all_reduce_sum(double* data, int64_t n) override {
+    std::for_each(data, data + n, [&](double& x) { x += peer_; });
+  }
+  void all_gather(float* data, int64_t n) override {
+    ++gathers;
+    std::fill(data, data + n / 2, peer_);
+  }
+  void broadcast(void*, int64_t, int) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override { std::_Exit(code); }
+  int gathers = 0;
+
+ private:
+  float peer_;
+};
+
+// x [2 S] -> reduce_scatter {2} -> chunk [S] -> all_gather {2} -> [2 S], ZeRO-1's pair.
+struct Sharded {
+  Circuit circuit;
+  ValueId chunk = 0, gathered = 0;
+};
+Sharded sharded_circuit(int64_t s) {
+  Sharded z;
+  Params two;
+  two.ints = {2};
+  const ValueId x = z.circuit.add_external({Shape{2 * s}, DType::f32}, ValueRole::Input);
+  z.chunk = z.circuit.add_op(PrimId::reduce_scatter, two, {x})[0];
+  z.gathered = z.circuit.add_op(PrimId::all_gather, two, {z.chunk})[0];
+  return z;
+}
+
+// ZeRO-1's collectives on the fake GPU through the host-staged collective: rank 1's chunk of the
+// mean ((x + peer) / 2 over x's second half), then rank 0's chunk (the peer's) and rank 1's side by
+// side; bit for bit the CPU reference's through the same communicator.
+TEST(FakeGpuCollective, HostStagedReduceScattersAndAllGathers) {
+  auto second = std::make_shared<SecondOfTwo>(0.25f);
+  Installed installed(second, cuda::host_staged_collective(*second));
+  const int64_t s = 1000;
+  const HostTensor x = testing::random_tensor({Shape{2 * s}, DType::f32}, 17);
+  Sharded z = sharded_circuit(s);
+  const std::vector<HostTensor> want = execute(z.circuit, {x}, {z.chunk, z.gathered});
+  cuda::DeviceProgram program(z.circuit, {z.chunk, z.gathered}, testing::fake_runtime());
+  const std::vector<HostTensor> got = program.run({x});
+  for (int64_t i = 0; i < s; ++i) {
+    const float mean = (static_cast<float>(x.get(s + i)) + 0.25f) * 0.5f;
+    ASSERT_EQ(static_cast<float>(got[0].get(i)), mean) << i;
+    ASSERT_EQ(static_cast<float>(got[1].get(i)), 0.25f) << i;
+    ASSERT_EQ(static_cast<float>(got[1].get(s + i)), mean) << i;
+  }
+  EXPECT_EQ(testing::relative_error(got[0], want[0]), 0.0);
+  EXPECT_EQ(testing::relative_error(got[1], want[1]), 0.0);
+  EXPECT_EQ(second->gathers, 2);  // the reference's and the device's
+  EXPECT_NE(program.dump().find("the device collective's reduce-scatter"), std::string::npos) << program.dump();
+}
+
+// A plan made for 2 ranks run by one process, and one made for 3 run by 2, are refused when the
+// program is built, naming the op and both counts.
+TEST(FakeGpuCollective, AShardedPlanForOtherRanksIsRefused) {
+  expect_error([] { cuda::DeviceProgram(sharded_circuit(4).circuit, {}, testing::fake_runtime()); },
+               {"reduce_scatter", "planned for 2 ranks", "the run has 1"});
+  auto two = std::make_shared<TwoRanks>(0.0);
+  Installed installed(two, cuda::host_staged_collective(*two));
+  Circuit c;
+  Params three;
+  three.ints = {3};
+  const ValueId x = c.add_external({Shape{6}, DType::f32}, ValueRole::Input);
+  const ValueId y = c.add_op(PrimId::all_gather, three, {x})[0];
+  expect_error([&] { cuda::DeviceProgram(c, {y}, testing::fake_runtime()); },
+               {"all_gather", "planned for 3 ranks", "the run has 2"});
+}
+
 // NCCL's waits: a blocking wait on a helper thread returns when it does, its error comes back,
 // and one that outlasts the timeout ends in on_timeout's error, long before the wait would end.
 TEST(WaitWithin, ReturnsWithTheWaitAndEndsAtTheTimeout) {
@@ -209,6 +293,13 @@ TEST(FakeGpuCollective, NcclNeedsStreamCapture) {
 // call at the timeout, and the communicator the late call still makes is aborted, not used.
 struct FakeNccl {
   static inline std::atomic<int> init_ms{0}, all_reduce_ms{0}, aborts{0}, destroys{0}, all_reduces{0};
+  struct Call {
+    std::string what;
+    size_t count;
+    int type, op;
+    bool operator==(const Call&) const = default;
+  };
+  static inline std::vector<Call> calls;  // reduce-scatters and all-gathers, in order
   static cuda::NcclComm comm() { return reinterpret_cast<cuda::NcclComm>(0x1000); }
   static cuda::Nccl table() {
     cuda::Nccl n;
@@ -236,6 +327,14 @@ struct FakeNccl {
     n.api.ncclAllReduce = [](const void*, void*, size_t, int, int, cuda::NcclComm, cuda::CUstream) {
       ++all_reduces;
       std::this_thread::sleep_for(std::chrono::milliseconds(all_reduce_ms.load()));
+      return cuda::NCCL_SUCCESS;
+    };
+    n.api.ncclReduceScatter = [](const void*, void*, size_t count, int type, int op, cuda::NcclComm, cuda::CUstream) {
+      calls.push_back({"reduce_scatter", count, type, op});
+      return cuda::NCCL_SUCCESS;
+    };
+    n.api.ncclAllGather = [](const void*, void*, size_t count, int type, cuda::NcclComm, cuda::CUstream) {
+      calls.push_back({"all_gather", count, type, -1});
       return cuda::NCCL_SUCCESS;
     };
     return n;
@@ -279,6 +378,22 @@ TEST(FakeGpuCollective, NcclSetUpAndFirstCallEndAtTheTimeout) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1300));  // the helper's call returns
   EXPECT_EQ(FakeNccl::aborts.load(), 1);
   EXPECT_EQ(FakeNccl::destroys.load(), 0);
+}
+
+// ZeRO-1's collectives through NCCL (a table of entry points: no GPU here): a reduce-scatter of
+// a [2 S] bucket asks for S floats a rank, averaged; an all-gather into [2 S] sends S.
+TEST(FakeGpuCollective, NcclReduceScattersAndAllGathersCountFloatsARank) {
+  FakeNccl::init_ms = 0;
+  FakeNccl::all_reduce_ms = 0;
+  FakeNccl::calls.clear();
+  auto two = std::make_shared<TwoRanks>(0.0);
+  Installed installed(two, cuda::connect_nccl_library(FakeNccl::table(), testing::fake_runtime(), *two, 5));
+  Sharded z = sharded_circuit(6);
+  cuda::DeviceProgram program(z.circuit, {z.gathered}, testing::fake_runtime());
+  program.run({testing::random_tensor({Shape{12}, DType::f32}, 5)});
+  using Call = FakeNccl::Call;
+  EXPECT_EQ(FakeNccl::calls, (std::vector<Call>{{"reduce_scatter", 6, cuda::NCCL_FLOAT32, cuda::NCCL_AVG},
+                                                {"all_gather", 6, cuda::NCCL_FLOAT32, -1}}));
 }
 
 // NCCL over one rank on the GPU: the first run goes launch by launch (NCCL sets up on its first

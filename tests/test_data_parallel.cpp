@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -193,22 +194,25 @@ TEST(DataParallel, AResumedRunMayChangeTheNumberOfRanks) {
   fs::remove_all(dir);
 }
 
-// GPUs across ranks, on the fake driver (--device sim: kernels in the simulator): 2 ranks
-// whose gradients are averaged by the device collective (through host memory and MPI: the fake
-// driver has no stream capture for NCCL) train as one process on the same global batch.
+// kiln train on the fake driver (--device sim: kernels in the simulator): a GPT small enough for
+// the simulator, `steps` steps of a global batch of `batch`, no sample (300 tokens on the simulator
+// take 100 s under ASan, near mpirun's limit).
+std::string fake_gpu_command(const fs::path& dir, const std::string& tag, int steps, int batch) {
+  return std::string(kCli) + " train --device sim --poison-buffers --data '" + (dir / "corpus.txt").string() +
+         "' --layers 1 --heads 2 --embd 16 --block 8 --batch " + std::to_string(batch) + " --steps " +
+         std::to_string(steps) + " --warmup 2 --eval-every 0 --threads 1 --sample-tokens 0 --out '" +
+         (dir / (tag + ".h5")).string() + "' --metrics '" + (dir / (tag + ".jsonl")).string() + "'";
+}
+
+// GPUs across ranks, on the fake driver: 2 ranks whose gradients are averaged by the device
+// collective (through host memory and MPI: the fake driver has no stream capture for NCCL) train
+// as one process on the same global batch.
 TEST(DataParallel, FakeGpuRanksTrainAsOneProcess) {
   KILN_REQUIRE_MPI_OR_SKIP();
   const fs::path dir = workdir("fakegpu");
-  auto command = [&](const std::string& tag) {
-    return std::string(kCli) + " train --device sim --poison-buffers --data '" + (dir / "corpus.txt").string() +
-           "' --layers 1 --heads 2 --embd 16 --block 8 --batch 4 --steps 4 --warmup 2 --eval-every 0 --threads 1 "
-           "--sample-tokens 0 "  // 300 tokens on the simulator take 100 s under ASan, near mpirun's limit
-           "--out '" +
-           (dir / (tag + ".h5")).string() + "' --metrics '" + (dir / (tag + ".jsonl")).string() + "'";
-  };
-  auto [os, osecs] = run(command("one"), dir / "one.log");
+  auto [os, osecs] = run(fake_gpu_command(dir, "one", 4, 4), dir / "one.log");
   ASSERT_EQ(os, 0) << read(dir / "one.log");
-  auto [ts, tsecs] = run(mpirun(2) + command("two"), dir / "two.log");
+  auto [ts, tsecs] = run(mpirun(2) + fake_gpu_command(dir, "two", 4, 4), dir / "two.log");
   ASSERT_EQ(ts, 0) << read(dir / "two.log");
   EXPECT_NE(read(dir / "two.log").find("gradients averaged through host memory and MPI"), std::string::npos)
       << read(dir / "two.log");
@@ -316,33 +320,54 @@ std::pair<double, double> optimizer_state_mib(const std::string& log) {
   return {std::stod(log.substr(at + 17)), std::stod(log.substr(whole + 1))};
 }
 
-// ZeRO-1 (--shard-optimizer): 2 and 3 ranks train as the unsharded run with the same ranks over
-// 20 steps to 1e-6 (losses and weights, the attention keys' biases as weights_distance says; each
-// element is updated as without sharding, only the global norm's sum is grouped otherwise), rank 0
-// holding 1/N of the moments.
+// Trains `ranks` ranks with `command(tag)`, unsharded and with --shard-optimizer, and expects the
+// same run over its 20 steps to 1e-6 (losses and weights, the attention keys' biases as
+// weights_distance says; each element is updated as without sharding, only the global norm's sum
+// is grouped otherwise), rank 0 holding 1/N of the moments.
+void expect_sharding_changes_nothing(const fs::path& dir, int ranks,
+                                     const std::function<std::string(const std::string&)>& command,
+                                     const std::string& device) {
+  const std::string plain = "r" + std::to_string(ranks), sharded = plain + "_sharded";
+  for (const std::string& tag : {plain, sharded}) {
+    auto [status, secs] = run(mpirun(ranks) + command(tag) + (tag == sharded ? " --shard-optimizer" : ""),
+                              dir / (tag + ".log"));
+    ASSERT_EQ(status, 0) << read(dir / (tag + ".log"));
+  }
+  const std::vector<double> got = losses(dir / (sharded + ".jsonl"));
+  ASSERT_EQ(got.size(), 20u) << read(dir / (sharded + ".log"));
+  const double loss_error = worst_relative(got, losses(dir / (plain + ".jsonl")));
+  const double weight_error = weights_distance(dir / (sharded + ".h5"), dir / (plain + ".h5"));
+  EXPECT_LT(loss_error, 1e-6) << ranks << " ranks";
+  EXPECT_LT(weight_error, 1e-6) << ranks << " ranks";
+  const auto [shard_mib, whole_mib] = optimizer_state_mib(read(dir / (sharded + ".log")));
+  const auto [plain_mib, plain_whole] = optimizer_state_mib(read(dir / (plain + ".log")));
+  EXPECT_EQ(plain_mib, plain_whole) << read(dir / (plain + ".log"));
+  EXPECT_NEAR(shard_mib, whole_mib / ranks, 0.002) << read(dir / (sharded + ".log"));
+  std::printf(
+      "ZeRO-1 on %d ranks (%s) against unsharded: losses %.2g relative at worst, weights %.2g; optimizer state "
+      "%.3f MiB a rank against %.3f\n",
+      ranks, device.c_str(), loss_error, weight_error, shard_mib, plain_mib);
+}
+
+// ZeRO-1 (--shard-optimizer) on the CPU: 2 and 3 ranks train as the unsharded run.
 TEST(DataParallel, ShardedOptimizerTrainsAsTheUnshardedRun) {
   KILN_REQUIRE_MPI_OR_SKIP();
   const fs::path dir = workdir("zero");
+  for (int ranks : {2, 3})
+    expect_sharding_changes_nothing(dir, ranks, [&](const std::string& tag) { return train_command(dir, tag); }, "CPU");
+  fs::remove_all(dir);
+}
+
+// ZeRO-1 on the fake GPU: the device collective's reduce-scatter and all-gather (host staged, the
+// fake driver has no NCCL) in the step, 2 and 3 ranks as the unsharded run.
+TEST(DataParallel, FakeGpuShardedOptimizerTrainsAsTheUnshardedRun) {
+  KILN_REQUIRE_MPI_OR_SKIP();
+  const fs::path dir = workdir("zero_fakegpu");
   for (int ranks : {2, 3}) {
-    const std::string plain = "r" + std::to_string(ranks), sharded = plain + "_sharded";
-    for (const std::string& tag : {plain, sharded}) {
-      const std::string command =
-          mpirun(ranks) + train_command(dir, tag) + (tag == sharded ? " --shard-optimizer" : "");
-      auto [status, secs] = run(command, dir / (tag + ".log"));
-      ASSERT_EQ(status, 0) << read(dir / (tag + ".log"));
-    }
-    const double loss_error = worst_relative(losses(dir / (sharded + ".jsonl")), losses(dir / (plain + ".jsonl")));
-    const double weight_error = weights_distance(dir / (sharded + ".h5"), dir / (plain + ".h5"));
-    EXPECT_LT(loss_error, 1e-6) << ranks << " ranks";
-    EXPECT_LT(weight_error, 1e-6) << ranks << " ranks";
-    const auto [shard_mib, whole_mib] = optimizer_state_mib(read(dir / (sharded + ".log")));
-    const auto [plain_mib, plain_whole] = optimizer_state_mib(read(dir / (plain + ".log")));
-    EXPECT_EQ(plain_mib, plain_whole) << read(dir / (plain + ".log"));
-    EXPECT_NEAR(shard_mib, whole_mib / ranks, 0.002) << read(dir / (sharded + ".log"));
-    std::printf(
-        "ZeRO-1 on %d ranks against unsharded: losses %.2g relative at worst, weights %.2g; optimizer state "
-        "%.3f MiB a rank against %.3f\n",
-        ranks, loss_error, weight_error, shard_mib, plain_mib);
+    expect_sharding_changes_nothing(
+        dir, ranks, [&](const std::string& tag) { return fake_gpu_command(dir, tag, 20, 6); }, "fake GPU");
+    const std::string log = read(dir / ("r" + std::to_string(ranks) + "_sharded.log"));
+    EXPECT_NE(log.find("--shard-optimizer on GPUs: collectives through host memory"), std::string::npos) << log;
   }
   fs::remove_all(dir);
 }

@@ -37,6 +37,8 @@ std::optional<Nccl> load_nccl(std::string* why) {
   resolve("ncclCommGetAsyncError", a.ncclCommGetAsyncError);
   resolve("ncclGetErrorString", a.ncclGetErrorString);
   resolve("ncclAllReduce", a.ncclAllReduce);
+  resolve("ncclReduceScatter", a.ncclReduceScatter);
+  resolve("ncclAllGather", a.ncclAllGather);
   if (ok && a.ncclGetVersion(&n.version) != NCCL_SUCCESS) {
     ok = false;
     if (why) *why = library + ": ncclGetVersion failed";

@@ -35,6 +35,10 @@ struct NcclApi {
   const char* (*ncclGetErrorString)(NcclResult result);
   NcclResult (*ncclAllReduce)(const void* send, void* recv, size_t count, int datatype, int op, NcclComm comm,
                               CUstream stream);
+  NcclResult (*ncclReduceScatter)(const void* send, void* recv, size_t recv_count, int datatype, int op,
+                                  NcclComm comm, CUstream stream);
+  NcclResult (*ncclAllGather)(const void* send, void* recv, size_t send_count, int datatype, NcclComm comm,
+                              CUstream stream);
 };
 
 struct Nccl {

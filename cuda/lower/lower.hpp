@@ -12,6 +12,7 @@
 #include <kiln/circuit/ir/circuit.hpp>
 #include <kiln/circuit/ir/target.hpp>
 #include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/lower/rank_collective.hpp>
 
 namespace kiln::cuda {
 
@@ -57,10 +58,11 @@ struct LoweredOp {
   std::vector<size_t> scratch_bytes;
   std::vector<size_t> zeroed_scratch;  // scratch buffers set to zero before the launches (counters)
   std::vector<Launch> launches;
-  // all_reduce: with a device collective installed (cuda/runtime/collective.hpp) the device
-  // program adds its mean over the ranks: in place on output 0 after the launches (NCCL), or from
-  // input 0 into output 0 instead of them (host staged).
-  bool mean_over_ranks = false;
+  // The collective between ranks the device program adds with the process's device collective
+  // (cuda/runtime/collective.hpp). all_reduce_mean: in place on output 0 after the launches (NCCL),
+  // or from input 0 into output 0 instead of them (host staged). reduce_scatter_mean and
+  // all_gather (ZeRO-1 over several ranks): from input 0 into output 0, with no launches.
+  RankCollective collective = RankCollective::none;
   std::vector<TensorMapArg> tensor_maps;  // those ArgRef::Kind::TensorMap names
   std::string summary;                    // "matmul tile 64x64x16, 256 threads"
 };

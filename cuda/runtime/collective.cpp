@@ -40,6 +40,25 @@ class HostStaged final : public DeviceCollective {
     for (float& v : staged_) v *= inv;
     rt.upload(out, staged_.data(), staged_.size() * sizeof(float));
   }
+  // As the reduce_scatter and all_gather Prims' references: the communicator's in-place
+  // collectives over every rank's chunks side by side.
+  void reduce_scatter_mean(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream) override {
+    rt.synchronize();
+    staged_.resize(static_cast<size_t>(n * comm_.size()));
+    rt.download(staged_.data(), in, staged_.size() * sizeof(float));
+    comm_.reduce_scatter_sum(staged_.data(), n * comm_.size());
+    float* own = staged_.data() + comm_.rank() * n;
+    const float inv = 1.0f / static_cast<float>(comm_.size());
+    for (int64_t i = 0; i < n; ++i) own[i] *= inv;
+    rt.upload(out, own, static_cast<size_t>(n) * sizeof(float));
+  }
+  void all_gather(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream) override {
+    rt.synchronize();
+    staged_.resize(static_cast<size_t>(n * comm_.size()));
+    rt.download(staged_.data() + comm_.rank() * n, in, static_cast<size_t>(n) * sizeof(float));
+    comm_.all_gather(staged_.data(), n * comm_.size());
+    rt.upload(out, staged_.data(), staged_.size() * sizeof(float));
+  }
 
  private:
   Communicator& comm_;
@@ -72,6 +91,23 @@ class NcclCollective final : public DeviceCollective {
     check(nccl_.api.ncclAllReduce(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out),
                                   static_cast<size_t>(n), NCCL_FLOAT32, NCCL_AVG, comm_, stream),
           fmt::format("ncclAllReduce of {} floats", n));
+  }
+  // Out of place (NCCL's in-place forms would need the chunk at the input's rank offset). These
+  // two have not run on a GPU yet: `kiln train --shard-optimizer` takes them only when asked
+  // (--collectives nccl).
+  void reduce_scatter_mean(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream stream) override {
+    if (!comm_) throw Error("NCCL: the communicator was aborted after an earlier error");
+    rt.make_current();
+    check(nccl_.api.ncclReduceScatter(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out),
+                                      static_cast<size_t>(n), NCCL_FLOAT32, NCCL_AVG, comm_, stream),
+          fmt::format("ncclReduceScatter of {} floats a rank", n));
+  }
+  void all_gather(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream stream) override {
+    if (!comm_) throw Error("NCCL: the communicator was aborted after an earlier error");
+    rt.make_current();
+    check(nccl_.api.ncclAllGather(reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out),
+                                  static_cast<size_t>(n), NCCL_FLOAT32, comm_, stream),
+          fmt::format("ncclAllGather of {} floats a rank", n));
   }
   // A rank that died or hangs leaves its peers' NCCL kernels spinning: the wait ends in an error
   // after the timeout (NCCL aborted, which frees the device) or at NCCL's asynchronous error.
@@ -114,6 +150,18 @@ class NcclCollective final : public DeviceCollective {
 };
 
 }  // namespace
+
+void run_collective(Runtime& rt, const DeviceCommand& c, CUstream stream) {
+  DeviceCollective& d = *c.collective;
+  const auto floats = static_cast<int64_t>(c.bytes / sizeof(float));  // of the output
+  switch (c.rank_collective) {
+    case RankCollective::all_reduce_mean: d.all_reduce_mean(rt, c.src, c.dst, floats, stream); return;
+    case RankCollective::reduce_scatter_mean: d.reduce_scatter_mean(rt, c.src, c.dst, floats, stream); return;
+    case RankCollective::all_gather: d.all_gather(rt, c.src, c.dst, floats / d.size(), stream); return;
+    case RankCollective::none: break;
+  }
+  throw Error("run_collective: a command with a device collective but no collective named");
+}
 
 void wait_within(const std::function<void()>& wait, double timeout_s, const std::function<void()>& check,
                  const std::function<void()>& on_timeout) {

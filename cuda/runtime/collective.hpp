@@ -6,6 +6,8 @@
 //   host staged  download, the CPU communicator's all-reduce (world(): MPI), upload: works with
 //                any GPU and the fake driver, but synchronizes and leaves the step unreplayed.
 // A single process with no device collective installed averages over one rank: a copy.
+// ZeRO-1's reduce_scatter and all_gather ops over several ranks (cuda/lower/all_reduce.cpp) are
+// the collective's reduce_scatter_mean and all_gather, always from input into output.
 #pragma once
 
 #include <cstdint>
@@ -32,12 +34,21 @@ class DeviceCollective {
   // in == out allowed), ordered after the work before it on `stream` (nullptr: the legacy
   // default stream kiln launches on).
   virtual void all_reduce_mean(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream stream) = 0;
+  // out[0, n) becomes this rank's chunk (rank r: [r n, (r + 1) n)) of the element-wise mean over
+  // the ranks of in[0, size() n); in != out. Ordered on `stream` as all_reduce_mean.
+  virtual void reduce_scatter_mean(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream stream) = 0;
+  // out[r n, (r + 1) n) becomes rank r's in[0, n), for every rank r; in != out.
+  virtual void all_gather(Runtime& rt, CUdeviceptr in, CUdeviceptr out, int64_t n, CUstream stream) = 0;
   // Waits for the device's work; NCCL's waits at most its timeout for the step's work (the other
   // ranks' part included), then throws kiln::Error saying so, and the communicator is unusable
   // after that. (Connecting and NCCL's first call are not timed: a rank that dies then hangs the
   // others until the launcher ends them.)
   virtual void synchronize(Runtime& rt) { rt.synchronize(); }
 };
+
+// Runs command `c`'s collective (c.collective, of kind c.rank_collective, from c.src into c.dst,
+// c.bytes of output) on `stream`.
+void run_collective(Runtime& rt, const DeviceCommand& c, CUstream stream);
 
 // Runs `wait` (a blocking wait: the driver's synchronize) on a helper thread and returns when it
 // does, with its error as kiln::Error; meanwhile calls `check` every 100 ms (it may throw), and

@@ -65,7 +65,8 @@ struct Buffers {
 };
 
 bool same_work(const DeviceCommand& a, const DeviceCommand& b) {
-  return a.kernel == b.kernel && a.collective == b.collective && a.generation == b.generation && a.src == b.src &&
+  return a.kernel == b.kernel && a.collective == b.collective && a.rank_collective == b.rank_collective &&
+         a.generation == b.generation && a.src == b.src &&
          a.dst == b.dst && a.bytes == b.bytes && a.grid.x == b.grid.x && a.grid.y == b.grid.y && a.grid.z == b.grid.z &&
          a.block.x == b.block.x && a.block.y == b.block.y && a.block.z == b.block.z && a.args == b.args;
 }
@@ -105,11 +106,18 @@ DeviceProgram::DeviceProgram(Circuit circuit, std::vector<ValueId> outputs, Runt
     if (ops[i].prim->side_effect)
       assign_target_[i] =
           static_cast<int>(std::find(ext.begin(), ext.end(), circuit_.assign_root(ops[i].inputs[0])) - ext.begin());
-  for (size_t i = 0; i < ops.size(); ++i)
-    if (lowered_[i].mean_over_ranks) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].is(PrimId::reduce_scatter) || ops[i].is(PrimId::all_gather)) {
+      const int64_t planned = ops[i].params.ints.size() == 1 ? ops[i].params.ints[0] : 0;
+      if (planned != world().size())
+        fail(ops[i].prim->name, ops[i].scope,
+             fmt::format("planned for {} ranks, the run has {}", planned, world().size()));
+    }
+    if (lowered_[i].collective != RankCollective::none) {
       has_collectives_ = true;
       require_device_collective(static_cast<int>(i));
     }
+  }
   runtime_alive_ = rt_.lifetime();
   static_memory_ = !rt_.exact_block_sizes();
   plan_workspace();
@@ -341,22 +349,24 @@ void DeviceProgram::op_commands(RunState& st, size_t i) {
     scratch.push_back(st.buf.alloc(scratch_slots.back(), l.scratch_bytes[s]));
   }
   for (size_t s : l.zeroed_scratch) st.zero(tag, scratch[s], l.scratch_bytes[s]);
-  // all_reduce with a device collective: the collective, out of place where it can (the
-  // lowering's copy is the op of one process without one, and precedes an in-place one).
-  DeviceCollective* collective = l.mean_over_ranks ? device_world() : nullptr;
+  // A collective between ranks: the device collective's, out of place where it can (all_reduce's
+  // copy is the op of one process without one, and precedes an in-place one).
+  DeviceCollective* collective = l.collective != RankCollective::none ? device_world() : nullptr;
   const bool skip_launches = collective && !collective->in_place();
   for (size_t k = 0; k < l.launches.size() && !skip_launches; ++k) {
     if (l.launches[k].grid.count() == 0) continue;  // an empty output
     st.commands.push_back(launch_command(st, i, k, scratch));
   }
-  if (l.mean_over_ranks) {
+  if (l.collective != RankCollective::none) {
     require_device_collective(tag);
     if (collective) {
       DeviceCommand c;
       c.tag = tag;
       c.collective = collective;
+      c.rank_collective = l.collective;
       c.generation = device_world_generation();
-      c.src = collective->in_place() ? st.ptr(op.outputs[0]) : st.ptr(op.inputs[0]);
+      const bool after_copy = l.collective == RankCollective::all_reduce_mean && collective->in_place();
+      c.src = after_copy ? st.ptr(op.outputs[0]) : st.ptr(op.inputs[0]);
       c.dst = st.ptr(op.outputs[0]);
       c.bytes = circuit_.info(op.outputs[0]).nbytes();
       st.commands.push_back(std::move(c));
@@ -488,7 +498,7 @@ int64_t DeviceProgram::execute(const std::vector<DeviceCommand>& commands) {
   for (const DeviceCommand& c : commands) {
     try {
       if (c.collective) {
-        c.collective->all_reduce_mean(rt_, c.src, c.dst, static_cast<int64_t>(c.bytes / 4), nullptr);
+        run_collective(rt_, c, nullptr);
         collectives_warm_ = true;
         continue;
       }

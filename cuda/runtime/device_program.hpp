@@ -116,7 +116,7 @@ class DeviceProgram {
   void commit(RunState& st) const;
   // Runs the commands in order (as a CUDA graph when graphs are on); returns the kernels run.
   int64_t execute(const std::vector<DeviceCommand>& commands);
-  bool has_collectives_ = false;   // all_reduce ops (mean_over_ranks)
+  bool has_collectives_ = false;   // ops with a collective between ranks (LoweredOp::collective)
   bool collectives_warm_ = false;  // a run without a graph has called a collective
   // With several ranks the process's device collective must span them; throws naming op `op`.
   void require_device_collective(int op) const;

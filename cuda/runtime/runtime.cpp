@@ -522,7 +522,7 @@ CUgraphNode Runtime::add_collective_node(CUgraph graph, CUgraphNode after, const
     // Relaxed: a library may allocate while it is captured (NCCL's first use of a buffer).
     check(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED), what + ": cuStreamBeginCapture");
     try {
-      c.collective->all_reduce_mean(*this, c.src, c.dst, static_cast<int64_t>(c.bytes / 4), stream);
+      run_collective(*this, c, stream);
     } catch (...) {
       api.cuStreamEndCapture(stream, &child);
       throw;

@@ -15,6 +15,7 @@
 #include <kiln/circuit/ir/target.hpp>
 #include <kiln/cuda/driver/driver_api.hpp>
 #include <kiln/cuda/kir/kir.hpp>
+#include <kiln/cuda/lower/rank_collective.hpp>
 
 namespace kiln::cuda {
 
@@ -62,7 +63,8 @@ struct LoadedKernel {
 struct DeviceCommand {
   const LoadedKernel* kernel = nullptr;
   DeviceCollective* collective = nullptr;
-  CUdeviceptr src = 0;      // a collective's input
+  RankCollective rank_collective = RankCollective::none;  // which of its collectives
+  CUdeviceptr src = 0;                                    // a collective's input
   uint64_t generation = 0;  // a collective's device_world_generation()
   CUdeviceptr dst = 0;
   size_t bytes = 0;

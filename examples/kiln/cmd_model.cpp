@@ -208,10 +208,18 @@ void join_ranks() {
   if (world().rank() != 0) spdlog::set_level(spdlog::level::warn);
 }
 
-void apply_collectives_flag(const Args& a, const DeviceSelection& device) {
+void apply_collectives_flag(const Args& a, const DeviceSelection& device, bool shard_optimizer) {
   const std::string choice = a.str("collectives", "auto");
   if (choice != "noop") {
-    connect_device_collective_if_needed(device, cuda::parse_collective_choice(choice));
+    cuda::CollectiveChoice c = cuda::parse_collective_choice(choice);
+    if (shard_optimizer && device.device == Device::CUDA && world().size() > 1 &&
+        c == cuda::CollectiveChoice::automatic) {
+      c = cuda::CollectiveChoice::host;
+      spdlog::info(
+          "--shard-optimizer on GPUs: collectives through host memory (NCCL's reduce-scatter and all-gather have "
+          "not run on a GPU in kiln's checks yet; --collectives nccl takes them)");
+    }
+    connect_device_collective_if_needed(device, c);
     return;
   }
   if (device.device == Device::CUDA)

@@ -65,8 +65,8 @@ int cmd_train(const std::vector<std::string>& argv) {
                "data parallel: auto (default: on GPUs NCCL where it loads), nccl or host (GPUs); noop (CPU): every "
                "all-reduce a local no-op, the baseline of the exposed communication time"},
               {"shard-optimizer",
-               "data parallel on the CPU: each rank updates and keeps AdamW's moments for 1/N of the parameters "
-               "(ZeRO-1: gradients reduce-scattered, parameters all-gathered); checkpoints stay whole"},
+               "data parallel: each rank updates and keeps AdamW's moments for 1/N of the parameters (ZeRO-1: "
+               "gradients reduce-scattered, parameters all-gathered); checkpoints stay whole"},
               {"bucket-mb",
                "data parallel: gradients averaged in buckets of at most this many MiB, each started as soon as the "
                "backward has made it (default 25)"},
@@ -102,7 +102,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   Engine::current().set_device(device.device, device.runtime);
   apply_target_flags(a);
   const TuneMode tune = apply_tune_flag(a, device.runtime, a.has("stats"));
-  apply_collectives_flag(a, device);
+  apply_collectives_flag(a, device, a.has("shard-optimizer"));
   Engine::current().set_deterministic(a.has("deterministic"));
   spdlog::info("device: {}{}, {} matmuls", device_name(device.device), device.simulated() ? " (simulated)" : "",
                precision_name(Engine::current().precision()));
@@ -138,8 +138,6 @@ int cmd_train(const std::vector<std::string>& argv) {
     throw Error(
         "--shard-optimizer with --collectives noop: the moments a checkpoint gathers would be this rank's "
         "alone (time the collectives with kiln bench under mpirun)");
-  if (o.shard_optimizer && device.device == Device::CUDA)
-    throw Error("--shard-optimizer: for CPU steps so far (a GPU step has no reduce-scatter or all-gather yet)");
   o.bucket_bytes = static_cast<size_t>(a.real("bucket-mb", 25.0, 1.0 / 1024, 1 << 20) * (1 << 20));
   o.steps = a.integer("steps", 2000, 1);
   o.stop_at = a.integer("stop-at", 0, 0);

@@ -53,7 +53,9 @@ void apply_thread_flag(const Args& a);
 // collective; noop (CPU steps) makes every all-reduce of the step a local no-op of the same size,
 // the baseline of the exposed communication time (docs/CLI.md).
 void join_ranks();
-void apply_collectives_flag(const Args& a, const DeviceSelection& device);
+// With `shard_optimizer` on GPUs, auto means host staging: NCCL's reduce-scatter and all-gather
+// have not run on a GPU yet (--collectives nccl takes them).
+void apply_collectives_flag(const Args& a, const DeviceSelection& device, bool shard_optimizer = false);
 // --precision f32|bf16 (core/precision.hpp) added to a command's options, and applied to the
 // engine.
 std::map<std::string, std::string> with_precision_flag(std::map<std::string, std::string> options);

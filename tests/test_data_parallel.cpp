@@ -321,12 +321,13 @@ std::pair<double, double> optimizer_state_mib(const std::string& log) {
 }
 
 // Trains `ranks` ranks with `command(tag)`, unsharded and with --shard-optimizer, and expects the
-// same run over its 20 steps to 1e-6 (losses and weights, the attention keys' biases as
+// same run over its 20 steps to the tolerances (losses, weights; the attention keys' biases as
 // weights_distance says; each element is updated as without sharding, only the global norm's sum
 // is grouped otherwise), rank 0 holding 1/N of the moments.
 void expect_sharding_changes_nothing(const fs::path& dir, int ranks,
                                      const std::function<std::string(const std::string&)>& command,
-                                     const std::string& device) {
+                                     const std::string& device, double loss_tolerance = 1e-6,
+                                     double weight_tolerance = 1e-6) {
   const std::string plain = "r" + std::to_string(ranks), sharded = plain + "_sharded";
   for (const std::string& tag : {plain, sharded}) {
     auto [status, secs] = run(mpirun(ranks) + command(tag) + (tag == sharded ? " --shard-optimizer" : ""),
@@ -337,8 +338,8 @@ void expect_sharding_changes_nothing(const fs::path& dir, int ranks,
   ASSERT_EQ(got.size(), 20u) << read(dir / (sharded + ".log"));
   const double loss_error = worst_relative(got, losses(dir / (plain + ".jsonl")));
   const double weight_error = weights_distance(dir / (sharded + ".h5"), dir / (plain + ".h5"));
-  EXPECT_LT(loss_error, 1e-6) << ranks << " ranks";
-  EXPECT_LT(weight_error, 1e-6) << ranks << " ranks";
+  EXPECT_LT(loss_error, loss_tolerance) << ranks << " ranks";
+  EXPECT_LT(weight_error, weight_tolerance) << ranks << " ranks";
   const auto [shard_mib, whole_mib] = optimizer_state_mib(read(dir / (sharded + ".log")));
   const auto [plain_mib, plain_whole] = optimizer_state_mib(read(dir / (plain + ".log")));
   EXPECT_EQ(plain_mib, plain_whole) << read(dir / (plain + ".log"));
@@ -355,6 +356,21 @@ TEST(DataParallel, ShardedOptimizerTrainsAsTheUnshardedRun) {
   const fs::path dir = workdir("zero");
   for (int ranks : {2, 3})
     expect_sharding_changes_nothing(dir, ranks, [&](const std::string& tag) { return train_command(dir, tag); }, "CPU");
+  fs::remove_all(dir);
+}
+
+// With bf16 matmuls and 3 micro-batches a rank (the reduce-scatter after the last one) the runs
+// agree less closely than in f32: the f32 weights still differ by the norm's rounding (about
+// 1e-7), the few that then round to a neighbouring bf16 value (2^-8 apart) move the losses by about
+// 1e-5 (measured 1e-5), and weights whose gradients are at the level of that noise take AdamW
+// steps of about lr in either direction (the worst parameter 1.3e-3 apart). Hence 1e-4 and 1e-2:
+// a wrong chunk moves the losses by 1e-2 and the weights by more than 1.
+TEST(DataParallel, ShardedOptimizerWithBf16AndMicroBatches) {
+  KILN_REQUIRE_MPI_OR_SKIP();
+  const fs::path dir = workdir("zero_bf16");
+  expect_sharding_changes_nothing(
+      dir, 2, [&](const std::string& tag) { return train_command(dir, tag) + " --precision bf16 --grad-accum 3"; },
+      "CPU, bf16, 3 micro-batches", 1e-4, 1e-2);
   fs::remove_all(dir);
 }
 

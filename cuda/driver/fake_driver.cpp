@@ -419,6 +419,13 @@ void fake_driver_count_bank_conflicts(bool on) {
   if (on) d.kernel_stats.clear();
 }
 
+void fake_driver_sample_blocks(uint64_t blocks) {
+  FakeDevice& d = device();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (blocks && !d.sample_blocks && !d.count_bank_conflicts) d.kernel_stats.clear();
+  d.sample_blocks = blocks;
+}
+
 std::map<std::string, FakeKernelStats> fake_driver_kernel_stats() {
   FakeDevice& d = device();
   std::lock_guard<std::mutex> lock(d.mu);

@@ -40,14 +40,26 @@ void fake_driver_recover();
 
 // Tools and tests: from now on (until switched off) every launch counts its shared-memory bank
 // conflicts and the instructions it executed in the simulator (slower), summed per kernel name.
+// With blocks sampled (fake_driver_sample_blocks) the counts are the sampled blocks' scaled to the
+// whole grid (count * grid blocks / blocks run).
 struct FakeKernelStats {
   int64_t launches = 0;
   int64_t shared_requests = 0;    // warp-level shared-memory requests
   int64_t shared_wavefronts = 0;  // the wavefronts they took
   int64_t bank_conflicts = 0;     // wavefronts beyond one per request phase
   int64_t instructions = 0;       // kernel-IR instructions executed, by all threads
+  int64_t barriers = 0;           // block-wide barrier completions
+  int64_t fp32_flops = 0;         // sim::SimStats' work counts
+  int64_t tensor_flops = 0;
+  int64_t global_load_bytes = 0;
+  int64_t global_store_bytes = 0;
 };
 void fake_driver_count_bank_conflicts(bool on);
+// Tools: from now on (until 0) every launch runs only `blocks` blocks spread over its grid
+// (sim::SimOptions::sample_blocks), without race checks, and its work is counted as above (bank
+// conflicts included). What the other blocks would write is not written: the values are
+// meaningless, the counts of kernels whose work does not depend on them are not.
+void fake_driver_sample_blocks(uint64_t blocks);
 std::map<std::string, FakeKernelStats> fake_driver_kernel_stats();
 
 // The message of the last failed fake-driver call (the simulator's report for a failed launch),

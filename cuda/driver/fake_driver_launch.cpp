@@ -96,15 +96,25 @@ CUresult launch_locked(FakeDevice& d, CUfunction fn, sim::Dim3 grid, sim::Dim3 b
   if (CUresult r = unpack_params(k, extra, who, &values)) return r;
   try {
     sim::SimOptions options;
-    options.count_bank_conflicts = d.count_bank_conflicts;
+    const bool counting = d.count_bank_conflicts || d.sample_blocks > 0;
+    options.count_bank_conflicts = counting;
+    options.sample_blocks = d.sample_blocks;
+    options.check_races = d.sample_blocks == 0;
     const sim::SimStats stats = sim::simulate(*kernel.prepared, grid, block, values, d.memory, options);
-    if (d.count_bank_conflicts) {
+    if (counting) {
       FakeKernelStats& s = d.kernel_stats[k.name];
+      const auto whole = static_cast<int64_t>(grid.count());
+      auto scaled = [&](int64_t count) { return count / stats.blocks * whole + count % stats.blocks * whole / stats.blocks; };
       ++s.launches;
-      s.shared_requests += stats.shared_requests;
-      s.shared_wavefronts += stats.shared_wavefronts;
-      s.bank_conflicts += stats.bank_conflicts;
-      s.instructions += stats.instructions;
+      s.shared_requests += scaled(stats.shared_requests);
+      s.shared_wavefronts += scaled(stats.shared_wavefronts);
+      s.bank_conflicts += scaled(stats.bank_conflicts);
+      s.instructions += scaled(stats.instructions);
+      s.barriers += scaled(stats.barriers);
+      s.fp32_flops += scaled(stats.fp32_flops);
+      s.tensor_flops += scaled(stats.tensor_flops);
+      s.global_load_bytes += scaled(stats.global_load_bytes);
+      s.global_store_bytes += scaled(stats.global_store_bytes);
     }
   } catch (const Error& e) {
     d.sticky = CUDA_ERROR_LAUNCH_FAILED;

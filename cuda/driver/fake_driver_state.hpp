@@ -103,6 +103,7 @@ struct FakeDevice {
   CUresult sticky = CUDA_SUCCESS;
   std::string sticky_message;
   bool count_bank_conflicts = false;
+  uint64_t sample_blocks = 0;                           // fake_driver_sample_blocks
   std::map<std::string, FakeKernelStats> kernel_stats;  // while counting
   uintptr_t last_handle = 0x1000;
 

@@ -56,6 +56,7 @@ void Executor::complete_warpgroup(uint32_t g) {
       const uint32_t key = k_.vslots[op.b];
       if (!wg.expected.contains(key)) wg.expected[key] = accumulators(first, op);
       wg.open.push_back(issue_wgmma(first, pc, desc_a, desc_b));
+      stats_.tensor_flops += int64_t{2} * 64 * op.imm * 16;  // m64 nN k16 (bf16)
       break;
     }
     case Code::WgmmaCommit:
@@ -199,6 +200,7 @@ void Executor::note_shared_write(uint32_t t, uint32_t pc, uint32_t addr, uint32_
 void Executor::complete_mma(uint32_t first, const Op& op) {
   const auto shape = static_cast<kir::MmaShape>(op.aux);
   const bool tf32 = shape == kir::MmaShape::m16n8k8_tf32;
+  stats_.tensor_flops += int64_t{2} * 16 * 8 * (tf32 ? 8 : 16);
   const int depth = tf32 ? 8 : 16;
   const uint32_t* s = k_.vslots.data() + op.b;  // D[4], A[4], B[2], C[4]
   auto half = [&](uint32_t bits16) {
@@ -371,6 +373,7 @@ void Executor::tensor_copy(uint32_t t, uint32_t pc, const Op& op, const uint64_t
              ", whose init no fence.mbarrier_init followed");
   const uint32_t align = map->swizzle == TensorSwizzle::b128 ? 1024 : 128;
   const uint64_t bytes = map->box_bytes();
+  stats_.global_load_bytes += static_cast<int64_t>(bytes);
   if (dst % align || dst + bytes > b.shared.size())
     fail(t, pc,
          "a tensor copy of " + std::to_string(bytes) + " bytes to shared " + hex_address(dst) + " (" +
@@ -428,6 +431,7 @@ void Executor::issue_async_copy(uint32_t t, uint32_t pc, uint32_t dst, uint64_t 
          "cp.async reads " + std::to_string(src_bytes) + " source bytes of a " + std::to_string(bytes) + "-byte copy");
   AsyncCopy c;
   c.dst = dst, c.pc = pc, c.bytes = static_cast<uint8_t>(bytes);
+  stats_.global_load_bytes += src_bytes;
   if (src_bytes > 0) {
     const std::byte* p = global(t, pc, src, src_bytes, "cp.async source", bytes);  // aligned as the whole copy
     if (options_.check_races) check_global_read(t, pc, src, src_bytes);

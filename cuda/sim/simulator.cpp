@@ -48,11 +48,15 @@ namespace detail {
 // runs the resident ones: one after another when there is one slot, else a seeded random
 // block's random ready thread for a segment of 1 to kSegment instructions at a time.
 SimStats Executor::run() {
+  // The blocks run, in order: every one, or SimOptions::sample_blocks spread over the grid.
   const uint64_t total = grid_.count();
+  const uint64_t runs = options_.sample_blocks == 0 ? total : std::min(total, options_.sample_blocks);
+  auto block = [&](uint64_t i) { return runs == total ? i : runs == 1 ? 0 : i * (total - 1) / (runs - 1); };
+  stats_.blocks = static_cast<int64_t>(runs);
   uint64_t next = 0;
   std::vector<size_t> active;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    admit(slots_[i], next++);
+  for (size_t i = 0; i < slots_.size() && next < runs; ++i) {
+    admit(slots_[i], block(next++));
     active.push_back(i);
   }
   const bool interleave = slots_.size() > 1;
@@ -66,8 +70,8 @@ SimStats Executor::run() {
     BlockRun& b = slots_[active[which]];
     cur_ = &b;
     if (step(b, interleave)) continue;
-    if (next < total) {
-      admit(b, next++);
+    if (next < runs) {
+      admit(b, block(next++));
     } else {
       active[which] = active.back();
       active.pop_back();
@@ -236,6 +240,18 @@ bool Executor::step(BlockRun& b, bool interleave) {
   }
 }
 
+namespace {
+
+// The f32 floating-point operations an instruction does in one thread (fma: a multiply and an add).
+constexpr auto kFp32Flops = [] {
+  std::array<uint8_t, static_cast<size_t>(Code::FenceProxyTensormap) + 1> f{};
+  for (Code c : {Code::AddF32, Code::SubF32, Code::MulF32, Code::MinF32, Code::MaxF32}) f[static_cast<size_t>(c)] = 1;
+  f[static_cast<size_t>(Code::FmaF32)] = 2;
+  return f;
+}();
+
+}  // namespace
+
 bool Executor::run_thread(uint32_t t, int64_t budget) {
   BlockRun& blk = *cur_;
   const Op* const code = k_.code.data();
@@ -321,9 +337,13 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
       case Code::Selp: r[op.d] = r[op.c] ? r[op.a] : r[op.b]; break;
       case Code::LdParam: r[op.d] = params_[static_cast<size_t>(op.imm)]; break;
       case Code::Sreg: r[op.d] = sreg(t, static_cast<kir::SReg>(op.aux)); break;
-      default: arithmetic(op, r); break;
+      default:
+        stats_.fp32_flops += kFp32Flops[static_cast<size_t>(op.code)];
+        arithmetic(op, r);
+        break;
       case Code::LdG: {
         const uint64_t addr = U64(a) + static_cast<uint64_t>(op.imm);
+        stats_.global_load_bytes += int64_t{op.size} * op.aux;
         const std::byte* p = global(t, pc, addr, uint32_t{op.size} * op.aux, "load");
         if (races) check_global_read(t, pc, addr, uint32_t{op.size} * op.aux);
         for (int i = 0; i < op.aux; ++i) r[vslots[op.b + i]] = load_elem(p + i * op.size, op.size);
@@ -331,6 +351,7 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
       }
       case Code::StG: {
         const uint64_t addr = U64(a) + static_cast<uint64_t>(op.imm);
+        stats_.global_store_bytes += int64_t{op.size} * op.aux;
         std::byte* p = global(t, pc, addr, uint32_t{op.size} * op.aux, "store");
         if (races) record_global_write(t, pc, addr, uint32_t{op.size} * op.aux);
         for (int i = 0; i < op.aux; ++i) store_elem(p + i * op.size, r[vslots[op.b + i]], op.size);
@@ -356,7 +377,11 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
         const uint64_t addr = U64(a) + static_cast<uint64_t>(op.imm);
         std::byte* p = op.code == Code::AtomG ? global(t, pc, addr, 4, "atomic add")
                                               : shared(t, pc, addr, 4, "atomic add", Access::atomic);
-        if (races && op.code == Code::AtomG) atomic_sync(t, addr);
+        if (op.code == Code::AtomG) {
+          stats_.global_load_bytes += 4;
+          stats_.global_store_bytes += 4;
+          if (races) atomic_sync(t, addr);
+        }
         const auto old = static_cast<uint32_t>(load_elem(p, 4));
         const uint32_t sum = op.aux ? std::bit_cast<uint32_t>(std::bit_cast<float>(old) + F32(b)) : old + U32(b);
         store_elem(p, sum, 4);

@@ -81,11 +81,21 @@ struct SimOptions {
   // Count shared-memory bank conflicts (SimStats): lanes of a warp that run the same shared
   // access the same time round are one request, served in wavefronts of one word per bank.
   bool count_bank_conflicts = false;
+  // 0: every block of the grid. k > 0: k blocks spread evenly over it (the first and the last
+  // among them) and no others, for counts a performance model scales by grid / SimStats::blocks;
+  // what the skipped blocks would have written is left as it was.
+  uint64_t sample_blocks = 0;
 };
 
 struct SimStats {
+  int64_t blocks = 0;        // blocks run: the grid's, or SimOptions::sample_blocks of them
   int64_t instructions = 0;  // executed by all threads
   int64_t barriers = 0;      // block-wide barrier completions
+  // The work a performance model bounds the time with (cuda/perf/estimate.hpp):
+  int64_t fp32_flops = 0;          // f32 add, sub, mul and min/max 1, fma 2, per thread
+  int64_t tensor_flops = 0;        // mma.sync and wgmma: 2 m n k per warp or warpgroup instruction
+  int64_t global_load_bytes = 0;   // ld.global, atomics, cp.async sources, tensor copies' boxes
+  int64_t global_store_bytes = 0;  // st.global, atomics
   // With SimOptions::count_bank_conflicts: warp-level shared-memory requests, the wavefronts
   // they took (32 banks of 4 bytes; 8- and 16-byte accesses are served a half or a quarter
   // warp at a time, as on NVIDIA GPUs; lanes reading one word share it), and the wavefronts

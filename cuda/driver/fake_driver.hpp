@@ -51,6 +51,7 @@ struct FakeKernelStats {
   int64_t barriers = 0;           // block-wide barrier completions
   int64_t fp32_flops = 0;         // sim::SimStats' work counts
   int64_t tensor_flops = 0;
+  int64_t tf32_tensor_flops = 0;
   int64_t global_load_bytes = 0;
   int64_t global_store_bytes = 0;
 };

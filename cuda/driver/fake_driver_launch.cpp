@@ -113,6 +113,7 @@ CUresult launch_locked(FakeDevice& d, CUfunction fn, sim::Dim3 grid, sim::Dim3 b
       s.barriers += scaled(stats.barriers);
       s.fp32_flops += scaled(stats.fp32_flops);
       s.tensor_flops += scaled(stats.tensor_flops);
+      s.tf32_tensor_flops += scaled(stats.tf32_tensor_flops);
       s.global_load_bytes += scaled(stats.global_load_bytes);
       s.global_store_bytes += scaled(stats.global_store_bytes);
     }

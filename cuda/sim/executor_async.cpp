@@ -201,6 +201,7 @@ void Executor::complete_mma(uint32_t first, const Op& op) {
   const auto shape = static_cast<kir::MmaShape>(op.aux);
   const bool tf32 = shape == kir::MmaShape::m16n8k8_tf32;
   stats_.tensor_flops += int64_t{2} * 16 * 8 * (tf32 ? 8 : 16);
+  if (tf32) stats_.tf32_tensor_flops += int64_t{2} * 16 * 8 * 8;
   const int depth = tf32 ? 8 : 16;
   const uint32_t* s = k_.vslots.data() + op.b;  // D[4], A[4], B[2], C[4]
   auto half = [&](uint32_t bits16) {

@@ -94,6 +94,7 @@ struct SimStats {
   // The work a performance model bounds the time with (cuda/perf/estimate.hpp):
   int64_t fp32_flops = 0;          // f32 add, sub, mul and min/max 1, fma 2, per thread
   int64_t tensor_flops = 0;        // mma.sync and wgmma: 2 m n k per warp or warpgroup instruction
+  int64_t tf32_tensor_flops = 0;   // the part of them on tf32 (tensor cores take twice as long)
   int64_t global_load_bytes = 0;   // ld.global, atomics, cp.async sources, tensor copies' boxes
   int64_t global_store_bytes = 0;  // st.global, atomics
   // With SimOptions::count_bank_conflicts: warp-level shared-memory requests, the wavefronts

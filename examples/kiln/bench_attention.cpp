@@ -32,16 +32,19 @@ std::vector<AttentionShape> parse_shapes(const std::string& spec) {
 }
 }  // namespace
 
-int bench_attention(const std::string& spec, int64_t runs) {
+int bench_attention(const std::string& spec, int64_t runs, const std::optional<EstimateRequest>& estimate) {
   manual_seed(1);
   for (const AttentionShape& s : parse_shapes(spec)) {
     const std::string tag =
         std::to_string(s.b) + "x" + std::to_string(s.h) + "x" + std::to_string(s.t) + "x" + std::to_string(s.d);
     auto operand = [&](const std::string& name) {
+      if (estimate)  // the work counted, whatever the values: not random numbers drawn on the simulator
+        return Tensor::parameter(name + tag, HostTensor::zeros(DType::f32, Shape{s.b, s.t, s.h, s.d}));
       return Tensor::parameter(name + tag, Tensor::randn({s.b, s.t, s.h, s.d}).to_host());
     };
     Tensor q = operand("attention_q_"), k = operand("attention_k_"), v = operand("attention_v_");
     auto heads = [](const Tensor& x) { return permute(x, {0, 2, 1, 3}); };  // (B, H, T, D)
+    const SampledBlocks sampled(estimate);
     TracedStep step({}, [&] {
       Tensor total;
       {  // the scores and the output go out of scope before the realization: a live handle would
@@ -54,6 +57,11 @@ int bench_attention(const std::string& spec, int64_t runs) {
       Engine::current().realize();
       return std::vector<Tensor>{total};
     });
+    if (estimate) {
+      print_estimate(step, {}, *estimate,
+                     "attention " + tag + " " + precision_name(Engine::current().precision()) + ", forward + backward");
+      continue;
+    }
     const double t = median_work_ms(step, runs);
     const double flops = 12.0 * static_cast<double>(s.b * s.h) * static_cast<double>(s.t) * static_cast<double>(s.t) *
                          static_cast<double>(s.d) / 2;

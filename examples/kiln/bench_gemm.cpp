@@ -39,7 +39,7 @@ std::vector<GemmShape> parse_shapes(const std::string& spec) {
 }
 }  // namespace
 
-int bench_gemm(const std::string& spec, int64_t runs) {
+int bench_gemm(const std::string& spec, int64_t runs, const std::optional<EstimateRequest>& estimate) {
   const std::vector<GemmShape> shapes = parse_shapes(spec);
   const bool gpu = Engine::current().device() == Device::CUDA;
   // The GPU times the precision asked for; the CPU times f32 and bf16 products side by side.
@@ -57,12 +57,17 @@ int bench_gemm(const std::string& spec, int64_t runs) {
       // step's are (whose rounded_f32 products take the rounding pass, and oneDNN's the casts).
       const bool stored_bf16 = bf16 && gpu;
       auto operand = [&](const std::string& name, Shape shape) {
+        // An estimate counts the work, whatever the values: zeros, not random numbers drawn on the
+        // simulator.
+        if (estimate)
+          return Tensor::parameter(name + tag, HostTensor::zeros(stored_bf16 ? DType::bf16 : DType::f32, shape), false);
         Tensor init = Tensor::randn(std::move(shape));
         return Tensor::parameter(name + tag, (stored_bf16 ? cast(init, DType::bf16) : init).to_host(), false);
       };
       Tensor a = operand("gemm_a_", {s.m, s.k});
       Tensor b = operand("gemm_b_", {s.k, s.n});
       Tensor c = Tensor::state("gemm_c_" + tag, {s.m, s.n}, stored_bf16 ? DType::bf16 : DType::f32);
+      const SampledBlocks sampled(estimate);
       TracedStep step({}, [&] {
         // No handle of the f32 product stays alive to realize: a live one would be written out.
         if (stored_bf16)
@@ -74,6 +79,12 @@ int bench_gemm(const std::string& spec, int64_t runs) {
         Engine::current().realize();
         return std::vector<Tensor>{};
       });
+      if (estimate) {
+        print_estimate(step, {}, *estimate,
+                       "gemm " + std::to_string(s.m) + " x " + std::to_string(s.n) + " x " + std::to_string(s.k) +
+                           (bf16 ? " bf16" : " f32"));
+        continue;
+      }
       const double t = median_work_ms(step, runs),
                    flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
       const std::string what = !bf16 ? "f32"

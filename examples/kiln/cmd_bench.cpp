@@ -30,6 +30,7 @@
 
 #include "args.hpp"
 #include "bench_attention.hpp"
+#include "bench_estimate.hpp"
 #include "bench_gemm.hpp"
 #include "commands.hpp"
 
@@ -180,6 +181,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
               {"skip-non-finite",
                "guard AdamW's update with the loss's and gradient norm's finiteness, as "
                "kiln train does"},
+              {"estimate",
+               "h100 or h200, with --device sim: instead of timing, run the step (or --gemm, --attention) once "
+               "with blocks sampled and print each kernel's estimated time on that GPU"},
+              {"sample-blocks", "with --estimate: blocks simulated per launch, spread over its grid (default 8)"},
               {"plan-only",
                "make the step's plan without running it and print its memory (the CPU workspace, "
                "or the GPU plan's with --device cuda or sim)"}},
@@ -206,10 +211,13 @@ int cmd_bench(const std::vector<std::string>& argv) {
   // --collectives nccl: the step with NCCL in its graph, in one process
   const std::shared_ptr<Communicator> ranks = shared_world();
   apply_collectives_flag(a, device);
-  if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps);
-  if (a.has("attention")) return bench_attention(a.str("attention", ""), steps);
+  const std::optional<EstimateRequest> estimate = estimate_flags(a, device);
+  if (a.has("gemm")) return bench_gemm(a.str("gemm", ""), steps, estimate);
+  if (a.has("attention")) return bench_attention(a.str("attention", ""), steps, estimate);
   const bool plan_only = a.has("plan-only");
-  if (plan_only) Engine::current().set_device(Device::CPU);
+  // The model made on the CPU where the step is not run on the device (random numbers drawn on
+  // the simulator would take minutes at GPT-2's size).
+  if (plan_only || estimate) Engine::current().set_device(Device::CPU);
   manual_seed(1);
   std::unique_ptr<models::CausalLM> model_ptr = model_from_flags(a, 0, a.real("dropout", 0.0, 0.0, 1.0));
   models::CausalLM& model = *model_ptr;
@@ -261,6 +269,14 @@ int cmd_bench(const std::vector<std::string>& argv) {
     Engine::current().set_device(device.device, device.runtime);
     Engine::current().set_plan_only(true);
     return print_plan_memory(record, flops, device);
+  }
+  if (estimate) {
+    Engine::current().set_device(device.device, device.runtime);
+    Engine::current().set_target(estimate->target);
+    const SampledBlocks sampled(estimate);
+    TracedStep traced({x, y}, record);
+    print_estimate(traced, {ids, ids}, *estimate, "the training step");
+    return 0;
   }
   Engine::current().set_tune_next_plan(tune == TuneMode::on);  // the first step's plan (--tune on)
   Timing recorded = time_steps([&] { record()[0].item(); });

@@ -57,6 +57,29 @@ TEST(SimCounts, SampledBlocksAreSpreadOverTheGridAndRunAlone) {
   }
 }
 
+// Global requests in 32-byte sectors: 32 lanes reading consecutive floats touch 4 sectors, lanes
+// 32 floats apart one sector each.
+TEST(SimCounts, GlobalRequestsCountTheirSectors) {
+  using namespace sim::testing;
+  auto strided = [](uint32_t stride) {
+    KernelBuilder b("strided_copy");
+    Reg x = b.param("x", Type::u64), y = b.param("y", Type::u64);
+    Reg i = b.global_index_x();
+    Reg v = b.ld(Space::global, Type::f32, b.address(x, b.mul(Type::u32, i, imm_u32(stride)), 4));
+    b.st(Space::global, Type::f32, b.address(y, i, 4), v);
+    return b.finish();
+  };
+  sim::SimOptions o;
+  o.count_requests = true;
+  for (const uint32_t stride : {1u, 32u}) {
+    sim::DeviceMemory mem;
+    const uint64_t x = upload(mem, test_inputs(256 * stride)), y = mem.alloc(256 * 4);
+    const sim::SimStats s = sim::simulate(strided(stride), {2, 1, 1}, {128, 1, 1}, {x, y}, mem, o);
+    EXPECT_EQ(s.global_requests, 16) << "stride " << stride;  // 8 warps, a load and a store each
+    EXPECT_EQ(s.global_sectors, 8 * (stride == 1 ? 4 : 32) + 8 * 4) << "stride " << stride;
+  }
+}
+
 // A product's tensor FLOPs are 2 M N K on mma.sync and on wgmma (whole tiles, K a multiple of
 // the k step), counted by the fake driver per kernel; sampled, scaled to the grid, the same.
 TEST(SimCounts, AProductsTensorFlopsAreTwoMNK) {

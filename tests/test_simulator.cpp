@@ -557,7 +557,7 @@ TEST(SimulatorBanks, ConflictsAreCountedPerWarpRequest) {
     DeviceMemory mem;
     const uint64_t o = mem.alloc(32 * 4);
     const SimStats st =
-        simulate(b.finish(), {1}, {32}, {o}, mem, SimOptions{.check_races = false, .count_bank_conflicts = true});
+        simulate(b.finish(), {1}, {32}, {o}, mem, SimOptions{.check_races = false, .count_requests = true});
     EXPECT_EQ(st.shared_requests, 1) << p.name;
     EXPECT_EQ(st.shared_wavefronts, p.wavefronts) << p.name;
     EXPECT_EQ(st.bank_conflicts, p.conflicts) << p.name;

@@ -54,6 +54,9 @@ struct FakeKernelStats {
   int64_t tf32_tensor_flops = 0;
   int64_t global_load_bytes = 0;
   int64_t global_store_bytes = 0;
+  int64_t tensor_copy_bytes = 0;
+  int64_t global_requests = 0;
+  int64_t global_sectors = 0;
 };
 void fake_driver_count_bank_conflicts(bool on);
 // Tools: from now on (until 0) every launch runs only `blocks` blocks spread over its grid

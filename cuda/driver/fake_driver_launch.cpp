@@ -97,7 +97,7 @@ CUresult launch_locked(FakeDevice& d, CUfunction fn, sim::Dim3 grid, sim::Dim3 b
   try {
     sim::SimOptions options;
     const bool counting = d.count_bank_conflicts || d.sample_blocks > 0;
-    options.count_bank_conflicts = counting;
+    options.count_requests = counting;
     options.sample_blocks = d.sample_blocks;
     options.check_races = d.sample_blocks == 0;
     const sim::SimStats stats = sim::simulate(*kernel.prepared, grid, block, values, d.memory, options);
@@ -116,6 +116,9 @@ CUresult launch_locked(FakeDevice& d, CUfunction fn, sim::Dim3 grid, sim::Dim3 b
       s.tf32_tensor_flops += scaled(stats.tf32_tensor_flops);
       s.global_load_bytes += scaled(stats.global_load_bytes);
       s.global_store_bytes += scaled(stats.global_store_bytes);
+      s.tensor_copy_bytes += scaled(stats.tensor_copy_bytes);
+      s.global_requests += scaled(stats.global_requests);
+      s.global_sectors += scaled(stats.global_sectors);
     }
   } catch (const Error& e) {
     d.sticky = CUDA_ERROR_LAUNCH_FAILED;

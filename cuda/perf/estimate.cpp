@@ -25,13 +25,13 @@ namespace {
 
 // The fractions of each limit kiln's kernels reach, the cycles an instruction of a thread's chain
 // takes and the shortest kernel, fitted (scripts/perf_model_calibration.py --fit, 2026-12-06) to
-// 20 products and attentions timed on H100s and H200s (docs/BENCHMARKS.md, "GPU performance
-// model"). No figure there is bound by tensor cores or shared memory in the model: their
-// fractions (0.7, 1.0) are the starting guesses, not fitted. Order: dram, l2, tensor, fp32, issue,
-// shared, latency (unused: kLatencyCycles), launch (unused: launch_s).
-constexpr std::array<double, kLimits> kReached{0.537, 0.875, 0.70, 0.525, 0.524, 1.0, 1.0, 1.0};
+// 15 products and attentions timed on H100s and H200s (docs/BENCHMARKS.md, "GPU performance
+// model"). No figure there is bound by tensor cores, f32 units or shared memory in the model: those
+// three fractions are guesses, not fitted. Order: dram, l2, tensor, fp32, issue, shared, latency
+// (unused: kLatencyCycles), launch (unused: kLaunchSeconds).
+constexpr std::array<double, kLimits> kReached{0.698, 0.969, 0.70, 0.525, 0.552, 1.0, 1.0, 1.0};
 constexpr double kLatencyCycles = 3.34;
-constexpr double kLaunchSeconds = 2.32e-6;
+constexpr double kLaunchSeconds = 2.3e-6;
 
 DeviceLimits hopper(const char* name, double dram_bytes_per_s) {
   DeviceLimits d;

@@ -6,7 +6,8 @@
 // cuda/perf/calibration.hpp); the estimate is the largest, and the binding limit names it.
 //   dram    the bytes the kernel's op must move at least (its inputs and outputs, once; no more
 //           than its threads move: a gather reads part of its table)
-//   l2      the global bytes its threads load and store (L1 and L2 serve the reuse)
+//   l2      the global bytes its threads load and store, in whole 32-byte sectors (L1 and L2 serve
+//           the reuse; a request whose lanes scatter moves a sector each)
 //   tensor  mma.sync and wgmma FLOPs                } on the busiest SM: ceil(blocks / SMs) of
 //   fp32    f32 adds, multiplies and FMAs           } the grid's blocks (a grid of few blocks
 //   issue   warp instructions, 4 a clock an SM      } uses few SMs' rates)
@@ -61,7 +62,7 @@ struct KernelWork {
   double fp32_flops = 0;
   double tensor_flops = 0;       // bf16 and f16
   double tf32_tensor_flops = 0;  // tf32 (half the rate)
-  double global_bytes = 0;      // loaded and stored by threads, copies and tensor copies
+  double global_bytes = 0;      // through L2: the 32-byte sectors of threads' requests, copies, tensor copies
   double shared_wavefronts = 0;
   double compulsory_bytes = 0;  // the op's inputs and outputs
 };

@@ -31,7 +31,10 @@ KernelWork work_per_launch(const cuda::FakeKernelStats& s, const cuda::Launch& l
   w.fp32_flops = static_cast<double>(s.fp32_flops) / n;
   w.tensor_flops = static_cast<double>(s.tensor_flops - s.tf32_tensor_flops) / n;
   w.tf32_tensor_flops = static_cast<double>(s.tf32_tensor_flops) / n;
-  w.global_bytes = static_cast<double>(s.global_load_bytes + s.global_store_bytes) / n;
+  // Through L2 in 32-byte sectors: a request's lanes that touch one sector share it, scattered
+  // lanes touch one each (the fake driver counts them while it counts anything).
+  w.global_bytes = s.global_requests > 0 ? static_cast<double>(32 * s.global_sectors + s.tensor_copy_bytes) / n
+                                         : static_cast<double>(s.global_load_bytes + s.global_store_bytes) / n;
   w.shared_wavefronts = static_cast<double>(s.shared_wavefronts) / n;
   w.compulsory_bytes = compulsory_bytes;
   return w;

@@ -26,12 +26,14 @@ Executor::Executor(const SimKernel& k, Dim3 grid, Dim3 block, const std::vector<
   }
   nthreads_ = static_cast<uint32_t>(block.count());
   nslots_ = static_cast<uint32_t>(k.init.size());
-  if (options.count_bank_conflicts) {
+  if (options.count_requests) {
     shared_slot_.assign(k.code.size(), -1);
+    global_slot_.assign(k.code.size(), -1);
     for (size_t pc = 0; pc < k.code.size(); ++pc) {
       const Code c = k.code[pc].code;
       if (c == Code::LdS || c == Code::StS || c == Code::AtomS || c == Code::Ldmatrix || c == Code::CpAsync)
         shared_slot_[pc] = shared_ops_++;
+      if (c == Code::LdG || c == Code::StG || c == Code::AtomG || c == Code::CpAsync) global_slot_[pc] = global_ops_++;
     }
   }
   const uint64_t resident = std::clamp<uint64_t>(options.resident_blocks, 1, grid.count());
@@ -69,6 +71,7 @@ Executor::Executor(const SimKernel& k, Dim3 grid, Dim3 block, const std::vector<
     }
     b.stores.resize(nthreads_);
     b.shared_runs.resize(size_t{nthreads_} * static_cast<size_t>(shared_ops_));
+    b.global_runs.resize(size_t{nthreads_} * static_cast<size_t>(global_ops_));
   }
 }
 
@@ -101,6 +104,7 @@ void Executor::admit(BlockRun& b, uint64_t index) {
   b.any_seen = false;
   b.rng = mix(options_.schedule_seed) ^ mix(index + 0x51ed2701);
   std::fill(b.shared_runs.begin(), b.shared_runs.end(), 0);
+  std::fill(b.global_runs.begin(), b.global_runs.end(), 0);
   if (k_.uses_wgmma) {
     for (auto& w : b.wgmma) w = WarpgroupWgmma{};
     std::fill(b.wgmma_fenced.begin(), b.wgmma_fenced.end(), 0);

@@ -196,6 +196,9 @@ struct BlockRun {
   // lanes' n-th runs of one instruction form one warp request), and the requests being gathered.
   std::vector<uint32_t> shared_runs;
   std::unordered_map<uint64_t, WarpRequest> requests;
+  // The same for global accesses (ld, st, atom, cp.async sources), whose 32-byte sectors count.
+  std::vector<uint32_t> global_runs;
+  std::unordered_map<uint64_t, WarpRequest> global_requests;
   // cp.async: per thread its committed groups (oldest first) and the group still open, and per
   // shared byte the copies still to land there (an access to such a byte is an error: the
   // kernel lacks a cp.async.wait_group, or a barrier after it).
@@ -368,11 +371,18 @@ class Executor {
   // Lane t's part of its warp's request at instruction pc; a request is counted once all 32
   // lanes have joined, or at the block's next barrier or end (fewer active lanes).
   void gather_request(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes);
+  // The same for a global access of `bytes` at `addr` (with SimOptions::count_requests).
+  void gather_global_request(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes);
 
   void flush_requests(BlockRun& b) {
     for (const auto& [key, r] : b.requests) count_request(r);
     b.requests.clear();
+    for (const auto& [key, r] : b.global_requests) count_global_request(r);
+    b.global_requests.clear();
   }
+
+  // The distinct 32-byte sectors a warp's global request touches.
+  void count_global_request(const WarpRequest& r);
 
   // Phases of 32, 16 or 8 lanes (4-, 8- or 16-byte accesses); in each, the wavefronts are the
   // most distinct words any one bank holds.
@@ -438,6 +448,8 @@ class Executor {
   uint32_t epochs_ = 0;               // shared-race epochs handed out
   std::vector<int32_t> shared_slot_;  // per pc: its index among the shared accesses, or -1
   int32_t shared_ops_ = 0;
+  std::vector<int32_t> global_slot_;  // the same among the global accesses
+  int32_t global_ops_ = 0;
   std::unordered_map<uint64_t, Knowledge> sync_;  // per atomically updated word: the releases made there
   SimStats stats_;
 };
@@ -479,7 +491,7 @@ inline std::byte* Executor::shared(uint32_t t, uint32_t pc, uint64_t raw, uint32
                  "cp.async.wait_group, or this thread read it without a barrier after that wait)");
   if (k_.uses_mbarriers) check_copy_seen(t, pc, addr, bytes, what, kind);
   if (options_.check_races) check_race(t, pc, addr, bytes, kind);
-  if (count && options_.count_bank_conflicts) gather_request(t, pc, addr, bytes);
+  if (count && options_.count_requests) gather_request(t, pc, addr, bytes);
   return cur_->shared.data() + addr;
 }
 

@@ -375,6 +375,7 @@ void Executor::tensor_copy(uint32_t t, uint32_t pc, const Op& op, const uint64_t
   const uint32_t align = map->swizzle == TensorSwizzle::b128 ? 1024 : 128;
   const uint64_t bytes = map->box_bytes();
   stats_.global_load_bytes += static_cast<int64_t>(bytes);
+  stats_.tensor_copy_bytes += static_cast<int64_t>(bytes);
   if (dst % align || dst + bytes > b.shared.size())
     fail(t, pc,
          "a tensor copy of " + std::to_string(bytes) + " bytes to shared " + hex_address(dst) + " (" +
@@ -433,6 +434,7 @@ void Executor::issue_async_copy(uint32_t t, uint32_t pc, uint32_t dst, uint64_t 
   AsyncCopy c;
   c.dst = dst, c.pc = pc, c.bytes = static_cast<uint8_t>(bytes);
   stats_.global_load_bytes += src_bytes;
+  if (options_.count_requests && src_bytes > 0) gather_global_request(t, pc, src, src_bytes);
   if (src_bytes > 0) {
     const std::byte* p = global(t, pc, src, src_bytes, "cp.async source", bytes);  // aligned as the whole copy
     if (options_.check_races) check_global_read(t, pc, src, src_bytes);

@@ -84,6 +84,31 @@ void Executor::gather_request(uint32_t t, uint32_t pc, uint32_t addr, uint32_t b
   }
 }
 
+void Executor::gather_global_request(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes) {
+  BlockRun& b = *cur_;
+  const auto slot = static_cast<uint32_t>(global_slot_[pc]);
+  const uint32_t run = b.global_runs[size_t{t} * static_cast<size_t>(global_ops_) + slot]++;
+  const uint64_t key = (uint64_t{t / kWarp} * static_cast<uint64_t>(global_ops_) + slot) << 32 | run;
+  WarpRequest& r = b.global_requests[key];
+  r.bytes = bytes;
+  r.addr[t % kWarp] = static_cast<int64_t>(addr);
+  if (++r.lanes == kWarp) {
+    count_global_request(r);
+    b.global_requests.erase(key);
+  }
+}
+
+void Executor::count_global_request(const WarpRequest& r) {
+  std::array<int64_t, 2 * kWarp> sectors;  // an access of at most 16 bytes spans at most 2
+  size_t n = 0;
+  for (int64_t a : r.addr)
+    if (a >= 0)
+      for (int64_t s = a / 32; s <= (a + r.bytes - 1) / 32; ++s) sectors[n++] = s;
+  std::sort(sectors.begin(), sectors.begin() + static_cast<std::ptrdiff_t>(n));
+  ++stats_.global_requests;
+  stats_.global_sectors += std::unique(sectors.begin(), sectors.begin() + static_cast<std::ptrdiff_t>(n)) - sectors.begin();
+}
+
 // Phases of 32, 16 or 8 lanes (4-, 8- or 16-byte accesses); in each, the wavefronts are the
 // most distinct words any one bank holds.
 void Executor::count_request(const WarpRequest& r) {

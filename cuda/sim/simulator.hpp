@@ -78,9 +78,10 @@ struct SimOptions {
   // Blocks resident at once, their threads interleaved in segments of 1 to 32 instructions.
   // 1: blocks run one after another, each thread of a block to its next synchronization.
   uint32_t resident_blocks = 8;
-  // Count shared-memory bank conflicts (SimStats): lanes of a warp that run the same shared
-  // access the same time round are one request, served in wavefronts of one word per bank.
-  bool count_bank_conflicts = false;
+  // Count warp-level requests (SimStats): lanes of a warp that run the same access the same time
+  // round are one request; a shared one is served in wavefronts of one word per bank (bank
+  // conflicts), a global one moves the 32-byte sectors its lanes touch.
+  bool count_requests = false;
   // 0: every block of the grid. k > 0: k blocks spread evenly over it (the first and the last
   // among them) and no others, for counts a performance model scales by grid / SimStats::blocks;
   // what the skipped blocks would have written is left as it was.
@@ -97,7 +98,13 @@ struct SimStats {
   int64_t tf32_tensor_flops = 0;   // the part of them on tf32 (tensor cores take twice as long)
   int64_t global_load_bytes = 0;   // ld.global, atomics, cp.async sources, tensor copies' boxes
   int64_t global_store_bytes = 0;  // st.global, atomics
-  // With SimOptions::count_bank_conflicts: warp-level shared-memory requests, the wavefronts
+  int64_t tensor_copy_bytes = 0;   // the tensor copies' part of the loads
+  // With SimOptions::count_requests: warp-level global requests of ld, st, atom and cp.async
+  // (tensor copies are not), and the distinct 32-byte sectors they touch (4 a request where 32
+  // lanes read consecutive floats).
+  int64_t global_requests = 0;
+  int64_t global_sectors = 0;
+  // With SimOptions::count_requests: warp-level shared-memory requests, the wavefronts
   // they took (32 banks of 4 bytes; 8- and 16-byte accesses are served a half or a quarter
   // warp at a time, as on NVIDIA GPUs; lanes reading one word share it), and the wavefronts
   // beyond one per request phase (bank conflicts).

@@ -371,6 +371,11 @@ class Executor {
   // Lane t's part of its warp's request at instruction pc; a request is counted once all 32
   // lanes have joined, or at the block's next barrier or end (fewer active lanes).
   void gather_request(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes);
+  // Adds lane t to its request in `open`; the request once its 32nd lane joined (then removed
+  // from `open`, valid until the next call), else nullptr.
+  const WarpRequest* join_request(std::vector<uint32_t>& runs, std::unordered_map<uint64_t, WarpRequest>& open,
+                                  int32_t ops, int32_t slot, uint32_t t, int64_t addr, uint32_t bytes);
+  WarpRequest done_;  // join_request's last completed request
   // The same for a global access of `bytes` at `addr` (with SimOptions::count_requests).
   void gather_global_request(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes);
 

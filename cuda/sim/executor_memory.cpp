@@ -69,33 +69,33 @@ void Executor::atomic_sync(uint32_t t, uint64_t addr) {
 }
 
 // Lane t's part of its warp's request at instruction pc; a request is counted once all 32
-// lanes have joined, or at the block's next barrier or end (fewer active lanes).
-void Executor::gather_request(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes) {
-  BlockRun& b = *cur_;
-  const auto slot = static_cast<uint32_t>(shared_slot_[pc]);
-  const uint32_t run = b.shared_runs[size_t{t} * static_cast<size_t>(shared_ops_) + slot]++;
-  const uint64_t key = (uint64_t{t / kWarp} * static_cast<uint64_t>(shared_ops_) + slot) << 32 | run;
-  WarpRequest& r = b.requests[key];
+// lanes have joined, or at the block's next barrier or end (fewer active lanes). The lanes' n-th
+// runs of an instruction (its slot among the `ops` of its kind) form one request.
+const WarpRequest* Executor::join_request(std::vector<uint32_t>& runs, std::unordered_map<uint64_t, WarpRequest>& open,
+                                          int32_t ops, int32_t slot, uint32_t t, int64_t addr, uint32_t bytes) {
+  const auto n = static_cast<uint64_t>(ops), s = static_cast<uint64_t>(slot);
+  const uint32_t run = runs[size_t{t} * n + s]++;
+  const uint64_t key = (uint64_t{t / kWarp} * n + s) << 32 | run;
+  WarpRequest& r = open[key];
   r.bytes = bytes;
   r.addr[t % kWarp] = addr;
-  if (++r.lanes == kWarp) {
-    count_request(r);
-    b.requests.erase(key);
-  }
+  if (++r.lanes < kWarp) return nullptr;
+  done_ = r;
+  open.erase(key);
+  return &done_;
+}
+
+void Executor::gather_request(uint32_t t, uint32_t pc, uint32_t addr, uint32_t bytes) {
+  BlockRun& b = *cur_;
+  if (const WarpRequest* r = join_request(b.shared_runs, b.requests, shared_ops_, shared_slot_[pc], t, addr, bytes))
+    count_request(*r);
 }
 
 void Executor::gather_global_request(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes) {
   BlockRun& b = *cur_;
-  const auto slot = static_cast<uint32_t>(global_slot_[pc]);
-  const uint32_t run = b.global_runs[size_t{t} * static_cast<size_t>(global_ops_) + slot]++;
-  const uint64_t key = (uint64_t{t / kWarp} * static_cast<uint64_t>(global_ops_) + slot) << 32 | run;
-  WarpRequest& r = b.global_requests[key];
-  r.bytes = bytes;
-  r.addr[t % kWarp] = static_cast<int64_t>(addr);
-  if (++r.lanes == kWarp) {
-    count_global_request(r);
-    b.global_requests.erase(key);
-  }
+  if (const WarpRequest* r = join_request(b.global_runs, b.global_requests, global_ops_, global_slot_[pc], t,
+                                          static_cast<int64_t>(addr), bytes))
+    count_global_request(*r);
 }
 
 void Executor::count_global_request(const WarpRequest& r) {

@@ -123,10 +123,12 @@ TEST(PerfModel, AnAddsEstimateComesFromItsSampledCounts) {
   const ValueId b = c.add_external({Shape{n}, DType::f32}, ValueRole::Input);
   const ValueId y = Builder(c).add(a, b);
   cuda::DeviceProgram program(c, {y}, testing::fake_runtime());
-  cuda::fake_driver_sample_blocks(4);
-  program.run({testing::random_tensor({Shape{n}, DType::f32}, 1), testing::random_tensor({Shape{n}, DType::f32}, 2)});
-  const auto counted = cuda::fake_driver_kernel_stats();
-  cuda::fake_driver_sample_blocks(0);
+  std::map<std::string, cuda::FakeKernelStats> counted;
+  {
+    const cuda::ScopedSampledBlocks sampled(4);
+    program.run({testing::random_tensor({Shape{n}, DType::f32}, 1), testing::random_tensor({Shape{n}, DType::f32}, 2)});
+    counted = cuda::fake_driver_kernel_stats();
+  }
   const std::vector<perf::KernelRowEstimate> rows = perf::estimate_program(program, counted, whole_h100(), 90);
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0].launches, 1);

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include <kiln/circuit/ir/circuit.hpp>
@@ -98,14 +100,14 @@ TEST(SimCounts, AProductsTensorFlopsAreTwoMNK) {
       t.matmul.wgmma = wgmma;
       t.matmul.split_k = 0;
       cuda::DeviceProgram program(c, {y}, testing::fake_runtime(), t);
-      if (sample)
-        cuda::fake_driver_sample_blocks(sample);
-      else
-        cuda::fake_driver_count_bank_conflicts(true);
-      program.run({ha, hb});
-      const auto stats = cuda::fake_driver_kernel_stats();
-      cuda::fake_driver_sample_blocks(0);
-      cuda::fake_driver_count_bank_conflicts(false);
+      std::map<std::string, cuda::FakeKernelStats> stats;
+      {
+        const cuda::ScopedSampledBlocks sampled(sample);
+        if (!sample) cuda::fake_driver_count_bank_conflicts(true);
+        program.run({ha, hb});
+        stats = cuda::fake_driver_kernel_stats();
+        cuda::fake_driver_count_bank_conflicts(false);
+      }
       int64_t tensor = 0, loads = 0;
       for (const auto& [name, s] : stats) tensor += s.tensor_flops, loads += s.global_load_bytes;
       EXPECT_EQ(tensor, 2 * m * n * k) << (wgmma ? "wgmma" : "mma.sync") << ", sampled " << sample;

@@ -64,6 +64,21 @@ void fake_driver_count_bank_conflicts(bool on);
 // conflicts included). What the other blocks would write is not written: the values are
 // meaningless, the counts of kernels whose work does not depend on them are not.
 void fake_driver_sample_blocks(uint64_t blocks);
+// fake_driver_sample_blocks(blocks) for its lifetime (0: nothing), off again however it ends.
+class ScopedSampledBlocks {
+ public:
+  explicit ScopedSampledBlocks(uint64_t blocks) : on_(blocks > 0) {
+    if (on_) fake_driver_sample_blocks(blocks);
+  }
+  ~ScopedSampledBlocks() {
+    if (on_) fake_driver_sample_blocks(0);
+  }
+  ScopedSampledBlocks(const ScopedSampledBlocks&) = delete;
+  ScopedSampledBlocks& operator=(const ScopedSampledBlocks&) = delete;
+
+ private:
+  bool on_;
+};
 std::map<std::string, FakeKernelStats> fake_driver_kernel_stats();
 
 // The message of the last failed fake-driver call (the simulator's report for a failed launch),

@@ -2,8 +2,8 @@
 // (sim::SimStats, summed per kernel by the fake driver), the launch's shape and occupancy
 // (registers from ptxas, shared memory), and the device's published limits. Each limit gives the
 // time the kernel needs at least (a roofline over several limits), divided by the fraction of
-// that limit kiln's kernels reach (calibrated against kernel times measured on H100s,
-// cuda/perf/calibration.hpp); the estimate is the largest, and the binding limit names it.
+// that limit kiln's kernels reach (fitted to kernel times measured on H100s and H200s by
+// scripts/perf_model_calibration.py); the estimate is the largest, and the binding limit names it.
 //   dram    the bytes the kernel's op must move at least (its inputs and outputs, once; no more
 //           than its threads move: a gather reads part of its table)
 //   l2      the global bytes its threads load and store, in whole 32-byte sectors (L1 and L2 serve

@@ -70,7 +70,10 @@ std::vector<KernelRowEstimate> estimate_program(const cuda::DeviceProgram& progr
     if (have_ptxas)
       if (const cuda::PtxasResult r = cuda::run_ptxas(kir::print_ptx(*kernel.launch->kernel, sm), sm); r.ok)
         registers = r.registers;
-    KernelRowEstimate row{name, kernel.prims, kernel.launches};
+    KernelRowEstimate row;
+    row.kernel = name;
+    row.prims = kernel.prims;
+    row.launches = kernel.launches;
     row.work = work_per_launch(it->second, *kernel.launch, registers,
                                kernel.compulsory / static_cast<double>(kernel.launches));
     row.estimate = estimate(row.work, d);

@@ -137,7 +137,7 @@ class NcclCollective final : public DeviceCollective {
   [[noreturn]] void abort_with(const std::string& why) {
     if (comm_) nccl_.api.ncclCommAbort(comm_);
     comm_ = nullptr;
-    throw Error(fmt::format("NCCL all-reduce on {} ranks: {}", size_, why));
+    throw Error(fmt::format("NCCL collective on {} ranks: {}", size_, why));
   }
   void check(NcclResult r, const std::string& what) {
     if (r != NCCL_SUCCESS) throw Error(fmt::format("{}: NCCL error {}: {}", what, r, nccl_.api.ncclGetErrorString(r)));

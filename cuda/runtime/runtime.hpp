@@ -56,10 +56,9 @@ struct LoadedKernel {
 };
 
 // One piece of a device program's work, in order: zero `bytes` at `dst` (no kernel, no
-// collective), write to `dst` the mean over the ranks of the `bytes / 4` floats at `src` through
-// `collective`, or
-// launch `kernel` over grid x block with `args` (one raw value per parameter, as Runtime::launch
-// takes).
+// collective), run `collective`'s `rank_collective` from `src` into the `bytes` at `dst`
+// (cuda/runtime/collective.hpp's run_collective), or launch `kernel` over grid x block with
+// `args` (one raw value per parameter, as Runtime::launch takes).
 struct DeviceCommand {
   const LoadedKernel* kernel = nullptr;
   DeviceCollective* collective = nullptr;

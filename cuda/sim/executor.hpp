@@ -377,7 +377,8 @@ class Executor {
                                   int32_t ops, int32_t slot, uint32_t t, int64_t addr, uint32_t bytes);
   WarpRequest done_;  // join_request's last completed request
   // The same for a global access of `bytes` at `addr` (with SimOptions::count_requests).
-  void gather_global_request(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes);
+  // `addr` -1: the lane joins touching nothing.
+  void gather_global_request(uint32_t t, uint32_t pc, int64_t addr, uint32_t bytes);
 
   void flush_requests(BlockRun& b) {
     for (const auto& [key, r] : b.requests) count_request(r);

@@ -434,7 +434,8 @@ void Executor::issue_async_copy(uint32_t t, uint32_t pc, uint32_t dst, uint64_t 
   AsyncCopy c;
   c.dst = dst, c.pc = pc, c.bytes = static_cast<uint8_t>(bytes);
   stats_.global_load_bytes += src_bytes;
-  if (options_.count_requests && src_bytes > 0) gather_global_request(t, pc, src, src_bytes);
+  // A lane that reads nothing (zero fill) still joins its warp's request, touching no sector.
+  if (options_.count_requests) gather_global_request(t, pc, src_bytes > 0 ? static_cast<int64_t>(src) : -1, src_bytes);
   if (src_bytes > 0) {
     const std::byte* p = global(t, pc, src, src_bytes, "cp.async source", bytes);  // aligned as the whole copy
     if (options_.check_races) check_global_read(t, pc, src, src_bytes);

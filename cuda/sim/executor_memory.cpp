@@ -77,7 +77,7 @@ const WarpRequest* Executor::join_request(std::vector<uint32_t>& runs, std::unor
   const uint32_t run = runs[size_t{t} * n + s]++;
   const uint64_t key = (uint64_t{t / kWarp} * n + s) << 32 | run;
   WarpRequest& r = open[key];
-  r.bytes = bytes;
+  r.bytes = std::max(r.bytes, bytes);  // a lane of a zero-filling cp.async reads less than the rest
   r.addr[t % kWarp] = addr;
   if (++r.lanes < kWarp) return nullptr;
   done_ = r;
@@ -91,10 +91,9 @@ void Executor::gather_request(uint32_t t, uint32_t pc, uint32_t addr, uint32_t b
     count_request(*r);
 }
 
-void Executor::gather_global_request(uint32_t t, uint32_t pc, uint64_t addr, uint32_t bytes) {
+void Executor::gather_global_request(uint32_t t, uint32_t pc, int64_t addr, uint32_t bytes) {
   BlockRun& b = *cur_;
-  if (const WarpRequest* r = join_request(b.global_runs, b.global_requests, global_ops_, global_slot_[pc], t,
-                                          static_cast<int64_t>(addr), bytes))
+  if (const WarpRequest* r = join_request(b.global_runs, b.global_requests, global_ops_, global_slot_[pc], t, addr, bytes))
     count_global_request(*r);
 }
 

@@ -344,7 +344,7 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
       case Code::LdG: {
         const uint64_t addr = U64(a) + static_cast<uint64_t>(op.imm);
         stats_.global_load_bytes += int64_t{op.size} * op.aux;
-        if (options_.count_requests) gather_global_request(t, pc, addr, uint32_t{op.size} * op.aux);
+        if (options_.count_requests) gather_global_request(t, pc, static_cast<int64_t>(addr), uint32_t{op.size} * op.aux);
         const std::byte* p = global(t, pc, addr, uint32_t{op.size} * op.aux, "load");
         if (races) check_global_read(t, pc, addr, uint32_t{op.size} * op.aux);
         for (int i = 0; i < op.aux; ++i) r[vslots[op.b + i]] = load_elem(p + i * op.size, op.size);
@@ -353,7 +353,7 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
       case Code::StG: {
         const uint64_t addr = U64(a) + static_cast<uint64_t>(op.imm);
         stats_.global_store_bytes += int64_t{op.size} * op.aux;
-        if (options_.count_requests) gather_global_request(t, pc, addr, uint32_t{op.size} * op.aux);
+        if (options_.count_requests) gather_global_request(t, pc, static_cast<int64_t>(addr), uint32_t{op.size} * op.aux);
         std::byte* p = global(t, pc, addr, uint32_t{op.size} * op.aux, "store");
         if (races) record_global_write(t, pc, addr, uint32_t{op.size} * op.aux);
         for (int i = 0; i < op.aux; ++i) store_elem(p + i * op.size, r[vslots[op.b + i]], op.size);
@@ -382,7 +382,7 @@ bool Executor::run_thread(uint32_t t, int64_t budget) {
         if (op.code == Code::AtomG) {
           stats_.global_load_bytes += 4;
           stats_.global_store_bytes += 4;
-          if (options_.count_requests) gather_global_request(t, pc, addr, 4);
+          if (options_.count_requests) gather_global_request(t, pc, static_cast<int64_t>(addr), 4);
           if (races) atomic_sync(t, addr);
         }
         const auto old = static_cast<uint32_t>(load_elem(p, 4));

@@ -29,13 +29,6 @@ std::optional<EstimateRequest> estimate_flags(const Args& a, const DeviceSelecti
   return r;
 }
 
-SampledBlocks::SampledBlocks(const std::optional<EstimateRequest>& r) : on_(r.has_value()) {
-  if (on_) cuda::fake_driver_sample_blocks(static_cast<uint64_t>(r->sample_blocks));
-}
-SampledBlocks::~SampledBlocks() {
-  if (on_) cuda::fake_driver_sample_blocks(0);
-}
-
 double print_estimate(TracedStep& step, const std::vector<HostTensor>& inputs, const EstimateRequest& r,
                       const std::string& what) {
   step.run(inputs);

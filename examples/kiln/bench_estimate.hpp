@@ -11,6 +11,7 @@
 
 #include <kiln/circuit/ir/target.hpp>
 #include <kiln/core/device.hpp>
+#include <kiln/cuda/driver/fake_driver.hpp>
 #include <kiln/cuda/perf/estimate.hpp>
 
 #include "args.hpp"
@@ -37,13 +38,10 @@ std::optional<EstimateRequest> estimate_flags(const Args& a, const DeviceSelecti
 // counts its work: made before the step is recorded, whose recording runs it too.
 class SampledBlocks {
  public:
-  explicit SampledBlocks(const std::optional<EstimateRequest>& r);
-  ~SampledBlocks();
-  SampledBlocks(const SampledBlocks&) = delete;
-  SampledBlocks& operator=(const SampledBlocks&) = delete;
+  explicit SampledBlocks(const std::optional<EstimateRequest>& r) : scoped_(r ? static_cast<uint64_t>(r->sample_blocks) : 0) {}
 
  private:
-  bool on_ = false;
+  cuda::ScopedSampledBlocks scoped_;
 };
 
 // Runs `step` once more (inputs `inputs`) under SampledBlocks and prints "estimate on DEVICE,

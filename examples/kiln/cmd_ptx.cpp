@@ -110,16 +110,13 @@ int cmd_ptx(const std::vector<std::string>& argv) {
   if (a.has("bank-conflicts") || limits) {
     cuda::Runtime fake(cuda::fake_driver(), cuda::RuntimeOptions{"off", "", true});
     Engine::current().set_device(Device::CUDA, &fake);
-    if (limits)
-      cuda::fake_driver_sample_blocks(static_cast<uint64_t>(sample_blocks));
-    else
-      cuda::fake_driver_count_bank_conflicts(true);
+    const cuda::ScopedSampledBlocks sampled(limits ? static_cast<uint64_t>(sample_blocks) : 0);
+    if (!limits) cuda::fake_driver_count_bank_conflicts(true);
     Tensor device_loss = model.loss(x, y);
     device_loss.backward();
     opt.step();
     device_loss.item();
     counted = cuda::fake_driver_kernel_stats();
-    cuda::fake_driver_sample_blocks(0);
     cuda::fake_driver_count_bank_conflicts(false);
     Engine::current().set_device(Device::CPU);
   }
